@@ -1,0 +1,1 @@
+"""The kopf operator that plans, launches and tracks HolmesJobs."""

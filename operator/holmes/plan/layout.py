@@ -1,0 +1,254 @@
+"""The Layout contract: what the planner decides, the operator stores in a ConfigMap and
+the trainer executes. JSON with camelCase keys, versioned; pure Python, no third-party import.
+
+The JSON stays O(nodes + stages) so it fits a ConfigMap (1 MiB) at thousands of nodes:
+per-rank facts and the member ranks of every process group are *derived* by the rules
+below, never listed.
+
+Rank numbering (G = gpusPerNode, T = tensor, D = data, P = pipeline, W = P*D*T = nodes*G):
+- ``nodes[i]`` is node rank i and hosts global ranks ``[i*G, (i+1)*G)``; local rank is
+  ``rank % G`` -- exactly torchrun's numbering, so the launcher needs no rank remapping.
+- Stage s owns the contiguous block ``[s*D*T, (s+1)*D*T)``. Inside it the tensor index is
+  innermost: ``tp = r % T``, ``dp = (r - s*D*T) // T`` (Megatron's order, pipeline outermost).
+  The planner chooses the *order of nodes*; that is how it puts a stage on one NIC island.
+
+Process groups (``groups`` in JSON holds one *family* per kind and stage; expand with
+:meth:`Layout.process_groups`):
+- ``dp`` of stage s: for each tp index t, ranks ``s*D*T + t + k*T`` for k < D.
+- ``tp`` of stage s: for each dp index d, ranks ``s*D*T + d*T + t`` for t < T.
+- ``pp``: for each j < D*T, ranks ``s*D*T + j`` for s < P (one group spans all stages).
+- ``embedding``: first and last stage ranks of each pp group (tied embeddings, P > 1).
+
+``net`` is the NCCL network of a group: ``IB`` (InfiniBand and RoCE) or ``Socket``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+LAYOUT_VERSION = 1
+NIC_KINDS = ("infiniband", "roce", "ethernet")
+NETS = ("IB", "Socket")
+GROUP_KINDS = ("dp", "tp", "pp", "embedding")
+
+
+class LayoutError(ValueError):
+    """A Layout document that breaks the contract; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    layers: tuple[int, int]          # half-open [start, end) of transformer layers
+    island: str                      # cluster label x NIC kind, e.g. "east/infiniband"
+    nic: str                         # infiniband | roce | ethernet (the stage's nodes' kind, or the slowest when mixed)
+    dp_net: str                      # NCCL net of this stage's DP groups
+    nodes: tuple[str, ...] = ()      # node names hosting this stage's ranks (derived, for humans)
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+@dataclass(frozen=True)
+class GroupFamily:
+    kind: str                        # dp | tp | pp | embedding
+    net: str                         # IB | Socket
+    stage: int | None = None         # dp/tp families are per stage; pp/embedding span stages
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    kind: str
+    ranks: tuple[int, ...]
+    net: str
+    stage: int | None = None
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    node: str
+    node_rank: int
+    local_rank: int
+    stage: int
+    dp_index: int
+    tp_index: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    tensor: int
+    pipeline: int
+    data: int
+    gpus_per_node: int
+    nodes: tuple[str, ...]
+    stages: tuple[Stage, ...]
+    groups: tuple[GroupFamily, ...]
+    micro_batch_size: int
+    micro_batches: int               # per iteration, per DP rank (1F1B depth)
+    estimate: dict[str, Any] = field(default_factory=dict)
+    explanation: tuple[str, ...] = ()
+    version: int = LAYOUT_VERSION
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    # ---- derived facts -------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.pipeline * self.data * self.tensor
+
+    @property
+    def num_layers(self) -> int:
+        return self.stages[-1].layers[1]
+
+    @property
+    def ranks_per_stage(self) -> int:
+        return self.data * self.tensor
+
+    def rank_info(self, rank: int) -> RankInfo:
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank {rank} outside world of size {self.world_size}")
+        node_rank, local = divmod(rank, self.gpus_per_node)
+        stage, within = divmod(rank, self.ranks_per_stage)
+        dp, tp = divmod(within, self.tensor)
+        return RankInfo(rank, self.nodes[node_rank], node_rank, local, stage, dp, tp)
+
+    def stage_ranks(self, stage: int) -> range:
+        n = self.ranks_per_stage
+        return range(stage * n, (stage + 1) * n)
+
+    def stage_nodes(self, stage: int) -> tuple[str, ...]:
+        r = self.stage_ranks(stage)
+        first, last = r.start // self.gpus_per_node, (r.stop - 1) // self.gpus_per_node
+        return self.nodes[first:last + 1]
+
+    def process_groups(self, kind: str | None = None) -> Iterator[ProcessGroup]:
+        """Every process group of the layout, in a fixed order all ranks agree on."""
+        T, D, P, n = self.tensor, self.data, self.pipeline, self.ranks_per_stage
+        for fam in self.groups:
+            if kind is not None and fam.kind != kind:
+                continue
+            if fam.kind == "dp":
+                base = fam.stage * n
+                for t in range(T):
+                    yield ProcessGroup("dp", tuple(range(base + t, base + n, T)), fam.net, fam.stage)
+            elif fam.kind == "tp":
+                base = fam.stage * n
+                for d in range(D):
+                    yield ProcessGroup("tp", tuple(range(base + d * T, base + (d + 1) * T)), fam.net, fam.stage)
+            elif fam.kind == "pp":
+                for j in range(n):
+                    yield ProcessGroup("pp", tuple(j + s * n for s in range(P)), fam.net)
+            elif fam.kind == "embedding":
+                for j in range(n):
+                    yield ProcessGroup("embedding", (j, j + (P - 1) * n), fam.net)
+
+    def groups_of(self, rank: int) -> dict[str, ProcessGroup]:
+        """The groups this rank belongs to, by kind."""
+        return {g.kind: g for g in self.process_groups() if rank in g.ranks}
+
+    # ---- JSON ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "worldSize": self.world_size,
+            "tensor": self.tensor,
+            "pipeline": self.pipeline,
+            "data": self.data,
+            "gpusPerNode": self.gpus_per_node,
+            "microBatchSize": self.micro_batch_size,
+            "microBatches": self.micro_batches,
+            "nodes": list(self.nodes),
+            "stages": [
+                {"index": s.index, "layers": list(s.layers), "island": s.island, "nic": s.nic,
+                 "dpNet": s.dp_net, "nodes": list(s.nodes or self.stage_nodes(s.index))}
+                for s in self.stages
+            ],
+            "groups": [
+                {"kind": g.kind, "net": g.net, **({"stage": g.stage} if g.stage is not None else {})}
+                for g in self.groups
+            ],
+            "estimate": self.estimate,
+            "explanation": list(self.explanation),
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Layout":
+        if not isinstance(d, dict):
+            raise LayoutError("layout must be a JSON object")
+        version = d.get("version")
+        if version != LAYOUT_VERSION:
+            raise LayoutError(f"layout version {version!r} is not supported (this build reads version {LAYOUT_VERSION})")
+        try:
+            stages = tuple(
+                Stage(index=int(s["index"]), layers=(int(s["layers"][0]), int(s["layers"][1])),
+                      island=str(s["island"]), nic=str(s["nic"]), dp_net=str(s["dpNet"]),
+                      nodes=tuple(s.get("nodes", ())))
+                for s in d["stages"]
+            )
+            groups = tuple(GroupFamily(kind=g["kind"], net=g["net"], stage=g.get("stage")) for g in d["groups"])
+            layout = cls(
+                tensor=int(d["tensor"]), pipeline=int(d["pipeline"]), data=int(d["data"]),
+                gpus_per_node=int(d["gpusPerNode"]), nodes=tuple(d["nodes"]), stages=stages,
+                groups=groups, micro_batch_size=int(d["microBatchSize"]),
+                micro_batches=int(d["microBatches"]), estimate=dict(d.get("estimate", {})),
+                explanation=tuple(d.get("explanation", ())), version=version,
+            )
+        except KeyError as e:
+            raise LayoutError(f"layout is missing the field {e.args[0]!r}") from None
+        except (TypeError, ValueError, IndexError) as e:
+            if isinstance(e, LayoutError):
+                raise
+            raise LayoutError(f"layout has a malformed field: {e}") from None
+        if "worldSize" in d and int(d["worldSize"]) != layout.world_size:
+            raise LayoutError(f"worldSize {d['worldSize']} != pipeline*data*tensor = {layout.world_size}")
+        return layout
+
+    @classmethod
+    def from_json(cls, text: str) -> "Layout":
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise LayoutError(f"layout is not valid JSON: {e}") from None
+
+
+def validate(layout: Layout) -> None:
+    """Check the invariants every consumer relies on; raise LayoutError naming the broken one."""
+    T, D, P, G = layout.tensor, layout.data, layout.pipeline, layout.gpus_per_node
+    for name, v in (("tensor", T), ("data", D), ("pipeline", P), ("gpusPerNode", G),
+                    ("microBatchSize", layout.micro_batch_size), ("microBatches", layout.micro_batches)):
+        if v < 1:
+            raise LayoutError(f"{name} must be >= 1, got {v}")
+    if G % T:
+        raise LayoutError(f"tensor {T} must divide gpusPerNode {G}: tensor parallelism stays inside a node")
+    if len(layout.nodes) * G != P * D * T:
+        raise LayoutError(f"{len(layout.nodes)} nodes x {G} GPUs = {len(layout.nodes) * G} ranks, "
+                          f"but pipeline*data*tensor = {P}*{D}*{T} = {P * D * T}")
+    if len(set(layout.nodes)) != len(layout.nodes):
+        raise LayoutError("a node appears twice in nodes: every GPU is used at most once")
+    if len(layout.stages) != P:
+        raise LayoutError(f"{len(layout.stages)} stages listed for pipeline={P}")
+    start = 0
+    for i, s in enumerate(layout.stages):
+        if s.index != i:
+            raise LayoutError(f"stage {i} has index {s.index}: stages must be listed in pipeline order")
+        if s.layers[0] != start or s.layers[1] <= s.layers[0]:
+            raise LayoutError(f"stage {i} layers {list(s.layers)} must start at {start} and hold at least one layer")
+        start = s.layers[1]
+        if s.nic not in NIC_KINDS:
+            raise LayoutError(f"stage {i} nic {s.nic!r} is not one of {', '.join(NIC_KINDS)}")
+        if s.dp_net not in NETS:
+            raise LayoutError(f"stage {i} dpNet {s.dp_net!r} is not one of {', '.join(NETS)}")
+    for g in layout.groups:
+        if g.kind not in GROUP_KINDS:
+            raise LayoutError(f"group kind {g.kind!r} is not one of {', '.join(GROUP_KINDS)}")
+        if g.net not in NETS:
+            raise LayoutError(f"group {g.kind} net {g.net!r} is not one of {', '.join(NETS)}")
+        if g.kind in ("dp", "tp") and (g.stage is None or not 0 <= g.stage < P):
+            raise LayoutError(f"group {g.kind} needs a stage in [0, {P}), got {g.stage!r}")

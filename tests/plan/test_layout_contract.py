@@ -1,0 +1,61 @@
+import json
+
+import pytest
+
+from holmes.plan.layout import GroupFamily, Layout, LayoutError, Stage
+
+
+def two_stage_layout(**kw) -> Layout:
+    args = dict(
+        tensor=1, pipeline=2, data=4, gpus_per_node=2,
+        nodes=("ib-0", "ib-1", "roce-0", "roce-1"),
+        stages=(Stage(0, (0, 5), "east/infiniband", "infiniband", "IB"),
+                Stage(1, (5, 8), "west/roce", "roce", "IB")),
+        groups=(GroupFamily("dp", "IB", 0), GroupFamily("dp", "IB", 1), GroupFamily("pp", "Socket")),
+        micro_batch_size=2, micro_batches=4,
+    )
+    args.update(kw)
+    return Layout(**args)
+
+
+def test_rank_numbering_follows_torchrun_and_stage_blocks():
+    lay = two_stage_layout()
+    info = lay.rank_info(5)
+    assert (info.node, info.local_rank, info.stage, info.dp_index) == ("roce-0", 1, 1, 1)
+    assert lay.stage_nodes(0) == ("ib-0", "ib-1")
+    dp = [g.ranks for g in lay.process_groups("dp")]
+    assert dp == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    pp = [g.ranks for g in lay.process_groups("pp")]
+    assert pp == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert lay.groups_of(6)["dp"].ranks == (4, 5, 6, 7)
+
+
+def test_json_round_trip_is_lossless():
+    lay = two_stage_layout(estimate={"iterationSeconds": 1.5})
+    text = lay.to_json()
+    again = Layout.from_json(text)
+    assert again.to_dict() == lay.to_dict()
+    assert json.loads(text)["worldSize"] == 8
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(data=3), "ranks"),
+    (dict(nodes=("a", "a", "b", "c")), "twice"),
+    (dict(stages=(Stage(0, (0, 5), "e", "infiniband", "IB"), Stage(1, (6, 8), "w", "roce", "IB"))), "must start at 5"),
+    (dict(stages=(Stage(0, (0, 5), "e", "infiniband", "IB"), Stage(1, (5, 8), "w", "myrinet", "IB"))), "nic"),
+    (dict(groups=(GroupFamily("dp", "IB", 7),)), "stage"),
+])
+def test_broken_layouts_are_refused_with_the_reason(change, message):
+    with pytest.raises(LayoutError, match=message):
+        two_stage_layout(**change)
+
+
+def test_from_json_names_missing_field_and_version():
+    d = two_stage_layout().to_dict()
+    del d["nodes"]
+    with pytest.raises(LayoutError, match="'nodes'"):
+        Layout.from_dict(d)
+    d = two_stage_layout().to_dict()
+    d["version"] = 99
+    with pytest.raises(LayoutError, match="version 99"):
+        Layout.from_dict(d)
