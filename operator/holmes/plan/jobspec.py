@@ -1,0 +1,611 @@
+"""The HolmesJob spec as frozen dataclasses: one config that flows from the manifest to the
+planner, the operator and the trainer (torchtitan style). Pure Python, no third-party import.
+
+Parse with :meth:`JobSpec.from_manifest` (a whole HolmesJob object) or :meth:`JobSpec.from_spec`
+(its ``spec``); turn back into camelCase with :meth:`JobSpec.to_spec`. Bad input raises
+:class:`SpecError`, whose message lists *every* problem with its field path and what to do, e.g.
+``spec.training.microBatchSize: must be a positive integer, got 'four'``. Unknown fields are
+rejected by name. Types are strict (a YAML string "8" is not the integer 8; booleans are not
+numbers), like the API server's schema validation.
+
+Fields (camelCase in the manifest, snake_case here) and their documented defaults; a field
+without a default is required:
+
+    model:       layers, hiddenSize, attentionHeads, seqLength, vocabSize,
+                 ffnHiddenSize = 4 * hiddenSize, tiedEmbeddings = false
+    training:    globalBatchSize, microBatchSize, iterations, learningRate,
+                 seed = 1234, weightDecay = 0.01, gradClip = 1.0 (0 disables),
+                 warmupIterations = 0,
+                 data = {synthetic: {}}  (or {path: /data/tokens.bin}),
+                 checkpoint = none  (or {path: /ckpt, intervalIterations: 100})
+    parallelism: tensor = 1, pipeline = auto, data = auto  (an integer or "auto"),
+                 partition = adaptive  (adaptive | uniform | [layers per stage, ...]),
+                 nicSelection = auto   (auto | off: plain rank order, the Megatron default)
+    nodes:       count, gpusPerNode, selector = none (all nodes; a Kubernetes LabelSelector),
+                 clusterLabel = holmes.dev/cluster
+    template:    {} (PodTemplateSpec-like, opaque here, kept as given)
+    runPolicy:   backoffLimit = 3, suspend = false, ttlSecondsAfterFinished = none,
+                 activeDeadlineSeconds = none
+
+Cross-field checks done here are the ones that need no cluster facts (hiddenSize divisible by
+attentionHeads, globalBatchSize divisible by microBatchSize, tensor dividing gpusPerNode and
+attentionHeads, fixed degrees matching the GPU count, an explicit partition summing to the
+layers, ...). Checks that need the nodes (enough GPUs, NIC kinds) belong to the planner.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Mapping, Union
+
+API_VERSION = "holmes.dev/v1alpha1"
+KIND = "HolmesJob"
+AUTO = "auto"
+PARTITION_MODES = ("adaptive", "uniform")
+NIC_SELECTION_MODES = ("auto", "off")
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+DEFAULT_CLUSTER_LABEL = "holmes.dev/cluster"
+
+Degree = Union[int, str]               # an integer >= 1, or AUTO
+Partition = Union[str, tuple]          # "adaptive" | "uniform" | tuple of layer counts
+
+
+class SpecError(ValueError):
+    """A HolmesJob spec that cannot be used. ``problems`` holds one line per problem, each
+    starting with the field path; ``str()`` lists them all."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        n = len(self.problems)
+        head = "HolmesJob spec is invalid" + (f" ({n} problems)" if n > 1 else "")
+        super().__init__(head + ":\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+# ---- the dataclasses ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelSpec:
+    layers: int
+    hidden_size: int
+    attention_heads: int
+    seq_length: int
+    vocab_size: int
+    ffn_hidden_size: int              # resolved: 4 * hidden_size when not given
+    tied_embeddings: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.attention_heads
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    synthetic: bool = True            # random tokens from the seed
+    path: str | None = None           # a token file on a volume
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    path: str
+    interval_iterations: int
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    global_batch_size: int
+    micro_batch_size: int
+    iterations: int
+    learning_rate: float
+    seed: int = 1234
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    warmup_iterations: int = 0
+    data: DataSpec = field(default_factory=DataSpec)
+    checkpoint: CheckpointSpec | None = None
+
+
+@dataclass(frozen=True)
+class ParallelismSpec:
+    tensor: Degree = 1
+    pipeline: Degree = AUTO
+    data: Degree = AUTO
+    partition: Partition = "adaptive"
+    nic_selection: str = "auto"
+
+    @property
+    def explicit_partition(self) -> tuple[int, ...] | None:
+        return self.partition if isinstance(self.partition, tuple) else None
+
+
+@dataclass(frozen=True)
+class SelectorRequirement:
+    key: str
+    operator: str                     # In | NotIn | Exists | DoesNotExist
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        has = self.key in labels
+        if self.operator == "Exists":
+            return has
+        if self.operator == "DoesNotExist":
+            return not has
+        if self.operator == "In":
+            return has and labels[self.key] in self.values
+        return not has or labels[self.key] not in self.values   # NotIn
+
+
+@dataclass(frozen=True)
+class LabelSelector:
+    """A Kubernetes LabelSelector; all requirements must hold (an empty selector matches all)."""
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[SelectorRequirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str] | None) -> bool:
+        labels = labels or {}
+        return (all(labels.get(k) == v for k, v in self.match_labels)
+                and all(e.matches(labels) for e in self.match_expressions))
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.match_labels]
+        for e in self.match_expressions:
+            if e.operator == "Exists":
+                parts.append(e.key)
+            elif e.operator == "DoesNotExist":
+                parts.append(f"!{e.key}")
+            else:
+                parts.append(f"{e.key} {'in' if e.operator == 'In' else 'notin'} ({','.join(e.values)})")
+        return ",".join(parts) or "<all nodes>"
+
+
+@dataclass(frozen=True)
+class NodesSpec:
+    count: int
+    gpus_per_node: int
+    selector: LabelSelector | None = None
+    cluster_label: str = DEFAULT_CLUSTER_LABEL
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    backoff_limit: int = 3
+    suspend: bool = False
+    ttl_seconds_after_finished: int | None = None
+    active_deadline_seconds: int | None = None
+
+
+@dataclass(frozen=True, eq=True)
+class JobSpec:
+    model: ModelSpec
+    training: TrainingSpec
+    nodes: NodesSpec
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
+    template: dict = field(default_factory=dict, hash=False)
+    run_policy: RunPolicy = field(default_factory=RunPolicy)
+
+    __hash__ = None  # template is a dict
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes.count * self.nodes.gpus_per_node
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.training.global_batch_size * self.model.seq_length
+
+    # ---- parsing --------------------------------------------------------------------
+    @classmethod
+    def from_manifest(cls, obj: Any) -> "JobSpec":
+        """Parse a whole HolmesJob object (apiVersion, kind, metadata, spec, status)."""
+        if not isinstance(obj, Mapping):
+            raise SpecError([f"HolmesJob manifest: must be a mapping (apiVersion, kind, spec), got {_show(obj)}"])
+        problems = []
+        if obj.get("apiVersion") != API_VERSION:
+            problems.append(f"apiVersion: must be {API_VERSION}, got {_show(obj.get('apiVersion'))}")
+        if obj.get("kind") != KIND:
+            problems.append(f"kind: must be {KIND}, got {_show(obj.get('kind'))}")
+        if "spec" not in obj:
+            raise SpecError(problems + ["spec: missing; a HolmesJob needs spec.model, spec.training and spec.nodes"])
+        try:
+            spec = cls.from_spec(obj["spec"])
+        except SpecError as e:
+            raise SpecError(problems + e.problems) from None
+        if problems:
+            raise SpecError(problems)
+        return spec
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> "JobSpec":
+        """Parse the ``spec`` of a HolmesJob; raise SpecError listing every problem."""
+        r = _Reader()
+        top = r.mapping(spec, "spec", required=("model", "training", "nodes"),
+                        optional=("parallelism", "template", "runPolicy"))
+        if top is None:
+            raise SpecError(r.problems)
+        model = _model(r, top.get("model"), "spec.model")
+        training = _training(r, top.get("training"), "spec.training")
+        nodes = _nodes(r, top.get("nodes"), "spec.nodes")
+        par = _parallelism(r, top.get("parallelism", {}), "spec.parallelism")
+        template = top.get("template", {})
+        if template is None:
+            template = {}
+        if not isinstance(template, Mapping):
+            r.add("spec.template", f"must be a mapping (a PodTemplateSpec-like object), got {_show(template)}")
+            template = {}
+        run_policy = _run_policy(r, top.get("runPolicy", {}), "spec.runPolicy")
+        if r.problems:
+            raise SpecError(r.problems)
+        job = cls(model=model, training=training, nodes=nodes, parallelism=par,
+                  template=dict(template), run_policy=run_policy)
+        problems = cross_check(job)
+        if problems:
+            raise SpecError(problems)
+        return job
+
+    def to_spec(self) -> dict[str, Any]:
+        """The spec back in camelCase; ``JobSpec.from_spec(job.to_spec()) == job``."""
+        return _to_camel(self)
+
+    def replace(self, **sections: Any) -> "JobSpec":
+        """A copy with whole sections swapped (``job.replace(parallelism=...)``)."""
+        from dataclasses import replace
+        return replace(self, **sections)
+
+
+# ---- cross-field checks -------------------------------------------------------------------
+
+def cross_check(job: JobSpec) -> list[str]:
+    """Pure consistency checks across fields; one message per problem, with the fix."""
+    m, t, n, p = job.model, job.training, job.nodes, job.parallelism
+    out: list[str] = []
+    if m.hidden_size % m.attention_heads:
+        out.append(f"spec.model.hiddenSize: {m.hidden_size} is not divisible by attentionHeads "
+                   f"{m.attention_heads}; pick a head count that divides it")
+    if t.global_batch_size % t.micro_batch_size:
+        out.append(f"spec.training.globalBatchSize: {t.global_batch_size} is not divisible by microBatchSize "
+                   f"{t.micro_batch_size}; use a multiple of {t.micro_batch_size}")
+    if t.warmup_iterations > t.iterations:
+        out.append(f"spec.training.warmupIterations: {t.warmup_iterations} exceeds iterations {t.iterations}")
+    world = job.world_size
+    T = p.tensor
+    if isinstance(T, int):
+        if n.gpus_per_node % T:
+            out.append(f"spec.parallelism.tensor: {T} must divide nodes.gpusPerNode {n.gpus_per_node} "
+                       f"(tensor parallelism stays inside a node)")
+        if m.attention_heads % T:
+            out.append(f"spec.parallelism.tensor: {T} must divide model.attentionHeads {m.attention_heads}")
+        if m.ffn_hidden_size % T:
+            out.append(f"spec.parallelism.tensor: {T} must divide model.ffnHiddenSize {m.ffn_hidden_size}")
+    parts = p.explicit_partition
+    P = p.pipeline
+    if parts is not None:
+        if isinstance(P, int) and len(parts) != P:
+            out.append(f"spec.parallelism.partition: lists {len(parts)} stages but pipeline is {P}; "
+                       f"give {P} layer counts or set pipeline: auto")
+        if sum(parts) != m.layers:
+            out.append(f"spec.parallelism.partition: layer counts sum to {sum(parts)} but model.layers is "
+                       f"{m.layers}; make them add up to {m.layers}")
+        P = len(parts)
+    if isinstance(P, int) and P > m.layers:
+        out.append(f"spec.parallelism.pipeline: {P} stages but only {m.layers} layers; every stage needs "
+                   f"at least one layer, use pipeline <= {m.layers}")
+    fixed = [(name, v) for name, v in (("tensor", T), ("pipeline", P), ("data", p.data)) if isinstance(v, int)]
+    prod = math.prod(v for _, v in fixed)
+    names = "*".join(name for name, _ in fixed)
+    if fixed and len(fixed) == 3 and prod != world:
+        out.append(f"spec.parallelism: tensor*pipeline*data = {prod} but the job has nodes.count*gpusPerNode = "
+                   f"{world} GPUs; make the product equal {world} or set one degree to auto")
+    elif fixed and world % prod:
+        out.append(f"spec.parallelism: {names} = {prod} does not divide the job's {world} GPUs "
+                   f"(nodes.count*gpusPerNode)")
+    D = p.data
+    if isinstance(D, int) and t.global_batch_size % (D * t.micro_batch_size):
+        out.append(f"spec.training.globalBatchSize: {t.global_batch_size} is not divisible by "
+                   f"data*microBatchSize = {D}*{t.micro_batch_size}; use a multiple of {D * t.micro_batch_size}")
+    return out
+
+
+# ---- section parsers ----------------------------------------------------------------------
+
+def _model(r: "_Reader", v: Any, path: str) -> ModelSpec | None:
+    d = r.mapping(v, path, required=("layers", "hiddenSize", "attentionHeads", "seqLength", "vocabSize"),
+                  optional=("ffnHiddenSize", "tiedEmbeddings"))
+    if d is None:
+        return None
+    hidden = r.integer(d, "hiddenSize", path)
+    return ModelSpec(
+        layers=r.integer(d, "layers", path),
+        hidden_size=hidden,
+        attention_heads=r.integer(d, "attentionHeads", path),
+        seq_length=r.integer(d, "seqLength", path),
+        vocab_size=r.integer(d, "vocabSize", path),
+        ffn_hidden_size=r.integer(d, "ffnHiddenSize", path,
+                                  default=4 * hidden if isinstance(hidden, int) else None),
+        tied_embeddings=r.boolean(d, "tiedEmbeddings", path, default=False),
+    )
+
+
+def _training(r: "_Reader", v: Any, path: str) -> TrainingSpec | None:
+    d = r.mapping(v, path, required=("globalBatchSize", "microBatchSize", "iterations", "learningRate"),
+                  optional=("seed", "weightDecay", "gradClip", "warmupIterations", "data", "checkpoint"))
+    if d is None:
+        return None
+    return TrainingSpec(
+        global_batch_size=r.integer(d, "globalBatchSize", path),
+        micro_batch_size=r.integer(d, "microBatchSize", path),
+        iterations=r.integer(d, "iterations", path),
+        learning_rate=r.number(d, "learningRate", path, positive=True),
+        seed=r.integer(d, "seed", path, default=1234, minimum=0),
+        weight_decay=r.number(d, "weightDecay", path, default=0.01),
+        grad_clip=r.number(d, "gradClip", path, default=1.0),
+        warmup_iterations=r.integer(d, "warmupIterations", path, default=0, minimum=0),
+        data=_data(r, d.get("data"), f"{path}.data"),
+        checkpoint=_checkpoint(r, d.get("checkpoint"), f"{path}.checkpoint"),
+    )
+
+
+def _data(r: "_Reader", v: Any, path: str) -> DataSpec:
+    if v is None:
+        return DataSpec()
+    d = r.mapping(v, path, optional=("synthetic", "path"))
+    if d is None:
+        return DataSpec()
+    if ("synthetic" in d) == ("path" in d):
+        r.add(path, "set exactly one of synthetic: {} (random tokens) or path: <token file>")
+        return DataSpec()
+    if "synthetic" in d:
+        r.mapping(d["synthetic"] if d["synthetic"] is not None else {}, f"{path}.synthetic")
+        return DataSpec()
+    return DataSpec(synthetic=False, path=r.string(d, "path", path))
+
+
+def _checkpoint(r: "_Reader", v: Any, path: str) -> CheckpointSpec | None:
+    if v is None:
+        return None
+    d = r.mapping(v, path, required=("path", "intervalIterations"))
+    if d is None:
+        return None
+    return CheckpointSpec(path=r.string(d, "path", path),
+                          interval_iterations=r.integer(d, "intervalIterations", path))
+
+
+def _parallelism(r: "_Reader", v: Any, path: str) -> ParallelismSpec:
+    if v is None:
+        v = {}
+    d = r.mapping(v, path, optional=("tensor", "pipeline", "data", "partition", "nicSelection"))
+    if d is None:
+        return ParallelismSpec()
+    return ParallelismSpec(
+        tensor=r.degree(d, "tensor", path, default=1),
+        pipeline=r.degree(d, "pipeline", path, default=AUTO),
+        data=r.degree(d, "data", path, default=AUTO),
+        partition=_partition(r, d.get("partition", "adaptive"), f"{path}.partition"),
+        nic_selection=r.choice(d, "nicSelection", path, NIC_SELECTION_MODES, default="auto"),
+    )
+
+
+def _partition(r: "_Reader", v: Any, path: str) -> Partition:
+    if isinstance(v, str) and v in PARTITION_MODES:
+        return v
+    if isinstance(v, (list, tuple)):
+        if not v:
+            r.add(path, "an explicit partition needs one layer count per stage, got an empty list")
+            return "adaptive"
+        bad = [i for i, x in enumerate(v) if not _is_int(x) or x < 1]
+        for i in bad:
+            r.add(f"{path}[{i}]", f"must be a positive integer (layers of stage {i}), got {_show(v[i])}")
+        return tuple(v) if not bad else "adaptive"
+    r.add(path, f"must be adaptive, uniform or a list of layer counts per stage, got {_show(v)}")
+    return "adaptive"
+
+
+def _nodes(r: "_Reader", v: Any, path: str) -> NodesSpec | None:
+    d = r.mapping(v, path, required=("count", "gpusPerNode"), optional=("selector", "clusterLabel"))
+    if d is None:
+        return None
+    return NodesSpec(
+        count=r.integer(d, "count", path),
+        gpus_per_node=r.integer(d, "gpusPerNode", path),
+        selector=_selector(r, d.get("selector"), f"{path}.selector"),
+        cluster_label=r.string(d, "clusterLabel", path, default=DEFAULT_CLUSTER_LABEL),
+    )
+
+
+def _selector(r: "_Reader", v: Any, path: str) -> LabelSelector | None:
+    if v is None:
+        return None
+    d = r.mapping(v, path, optional=("matchLabels", "matchExpressions"))
+    if d is None:
+        return None
+    labels: list[tuple[str, str]] = []
+    ml = d.get("matchLabels") or {}
+    if not isinstance(ml, Mapping):
+        r.add(f"{path}.matchLabels", f"must be a mapping of label to value, got {_show(ml)}")
+    else:
+        for k, val in ml.items():
+            if not isinstance(k, str) or not isinstance(val, str):
+                r.add(f"{path}.matchLabels.{k}", f"label values must be strings (quote them in YAML), got {_show(val)}")
+            else:
+                labels.append((k, val))
+    exprs: list[SelectorRequirement] = []
+    me = d.get("matchExpressions") or []
+    if not isinstance(me, (list, tuple)):
+        r.add(f"{path}.matchExpressions", f"must be a list of {{key, operator, values}}, got {_show(me)}")
+        me = []
+    for i, e in enumerate(me):
+        p = f"{path}.matchExpressions[{i}]"
+        ed = r.mapping(e, p, required=("key", "operator"), optional=("values",))
+        if ed is None:
+            continue
+        key = r.string(ed, "key", p)
+        op = r.choice(ed, "operator", p, SELECTOR_OPERATORS)
+        vals = ed.get("values") or []
+        if not isinstance(vals, (list, tuple)) or not all(isinstance(x, str) for x in vals):
+            r.add(f"{p}.values", f"must be a list of strings, got {_show(vals)}")
+            vals = []
+        if op in ("In", "NotIn") and not vals:
+            r.add(f"{p}.values", f"operator {op} needs at least one value")
+        if op in ("Exists", "DoesNotExist") and vals:
+            r.add(f"{p}.values", f"operator {op} takes no values")
+        exprs.append(SelectorRequirement(key=key, operator=op, values=tuple(vals)))
+    return LabelSelector(match_labels=tuple(sorted(labels)), match_expressions=tuple(exprs))
+
+
+def _run_policy(r: "_Reader", v: Any, path: str) -> RunPolicy:
+    if v is None:
+        v = {}
+    d = r.mapping(v, path, optional=("backoffLimit", "suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds"))
+    if d is None:
+        return RunPolicy()
+    return RunPolicy(
+        backoff_limit=r.integer(d, "backoffLimit", path, default=3, minimum=0),
+        suspend=r.boolean(d, "suspend", path, default=False),
+        ttl_seconds_after_finished=r.integer(d, "ttlSecondsAfterFinished", path, default=None, minimum=0),
+        active_deadline_seconds=r.integer(d, "activeDeadlineSeconds", path, default=None),
+    )
+
+
+# ---- field readers that collect problems instead of stopping at the first ------------------
+
+_REQUIRED = object()
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, Mapping):
+        return "a mapping"
+    if isinstance(v, (list, tuple)):
+        return "a list"
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def add(self, path: str, what: str) -> None:
+        self.problems.append(f"{path}: {what}")
+
+    def mapping(self, v: Any, path: str, required: tuple = (), optional: tuple = ()) -> Mapping | None:
+        if not isinstance(v, Mapping):
+            self.add(path, f"must be a mapping, got {_show(v)}")
+            return None
+        allowed = set(required) | set(optional)
+        unknown = sorted(str(k) for k in v if k not in allowed)
+        if unknown:
+            known = ", ".join(list(required) + list(optional)) or "no fields"
+            self.add(path, f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                           f"(known: {known}); remove or fix the spelling")
+        for k in required:
+            if v.get(k) is None:
+                self.add(f"{path}.{k}", "required field is missing")
+        return v
+
+    def _get(self, d: Mapping, key: str, default: Any) -> Any:
+        v = d.get(key)
+        if v is None:
+            return _REQUIRED if default is _REQUIRED else default
+        return v
+
+    def integer(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
+        v = self._get(d, key, default)
+        if v is _REQUIRED:
+            return None                     # reported by mapping()
+        if v is None and default is None:
+            return None
+        if not _is_int(v) or v < minimum:
+            kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            hint = " (a string: remove the quotes)" if isinstance(v, str) and v.strip().lstrip("-").isdigit() else ""
+            self.add(f"{path}.{key}", f"must be {kind}, got {_show(v)}{hint}")
+            return None
+        return v
+
+    def number(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED, positive: bool = False) -> Any:
+        v = self._get(d, key, default)
+        if v is _REQUIRED:
+            return None
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or v < 0 or (positive and v == 0):
+            hint = ""
+            if isinstance(v, str):
+                try:
+                    float(v)
+                    hint = " (a string: YAML 1.1 reads 3e-4 as text, write 3.0e-4)"
+                except ValueError:
+                    pass
+            self.add(f"{path}.{key}", f"must be a {'positive' if positive else 'non-negative'} number, "
+                                      f"got {_show(v)}{hint}")
+            return None
+        return float(v)
+
+    def boolean(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED) -> Any:
+        v = self._get(d, key, default)
+        if v is _REQUIRED:
+            return None
+        if not isinstance(v, bool):
+            self.add(f"{path}.{key}", f"must be true or false, got {_show(v)}")
+            return None
+        return v
+
+    def string(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED) -> Any:
+        v = self._get(d, key, default)
+        if v is _REQUIRED:
+            return None
+        if not isinstance(v, str) or not v:
+            self.add(f"{path}.{key}", f"must be a non-empty string, got {_show(v)}")
+            return None
+        return v
+
+    def choice(self, d: Mapping, key: str, path: str, options: tuple, default: Any = _REQUIRED) -> Any:
+        v = self._get(d, key, default)
+        if v is _REQUIRED:
+            return None
+        if v not in options:
+            self.add(f"{path}.{key}", f"must be one of {', '.join(options)}, got {_show(v)}")
+            return None
+        return v
+
+    def degree(self, d: Mapping, key: str, path: str, default: Degree) -> Any:
+        v = self._get(d, key, default)
+        if v == AUTO:
+            return AUTO
+        if not _is_int(v) or v < 1:
+            self.add(f"{path}.{key}", f"must be a positive integer or \"auto\", got {_show(v)}")
+            return None
+        return v
+
+
+# ---- back to camelCase --------------------------------------------------------------------
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+def _to_camel(obj: Any) -> Any:
+    if isinstance(obj, LabelSelector):
+        out: dict[str, Any] = {}
+        if obj.match_labels:
+            out["matchLabels"] = dict(obj.match_labels)
+        if obj.match_expressions:
+            out["matchExpressions"] = [
+                {"key": e.key, "operator": e.operator, **({"values": list(e.values)} if e.values else {})}
+                for e in obj.match_expressions]
+        return out
+    if isinstance(obj, DataSpec):
+        return {"synthetic": {}} if obj.synthetic else {"path": obj.path}
+    if isinstance(obj, JobSpec):
+        return {"model": _to_camel(obj.model), "training": _to_camel(obj.training),
+                "parallelism": _to_camel(obj.parallelism), "nodes": _to_camel(obj.nodes),
+                "template": dict(obj.template), "runPolicy": _to_camel(obj.run_policy)}
+    if is_dataclass(obj):
+        return {_camel(f.name): _to_camel(getattr(obj, f.name))
+                for f in fields(obj) if getattr(obj, f.name) is not None}
+    if isinstance(obj, tuple):
+        return [_to_camel(x) for x in obj]
+    return obj

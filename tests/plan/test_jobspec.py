@@ -1,0 +1,162 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from holmes.plan.jobspec import (AUTO, JobSpec, LabelSelector, SelectorRequirement, SpecError)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "gpt-7b.yaml"
+
+
+def minimal_spec(**sections):
+    spec = {
+        "model": {"layers": 8, "hiddenSize": 256, "attentionHeads": 8, "seqLength": 128, "vocabSize": 1000},
+        "training": {"globalBatchSize": 16, "microBatchSize": 2, "iterations": 10, "learningRate": 1.0e-3},
+        "nodes": {"count": 2, "gpusPerNode": 4},
+    }
+    spec.update(sections)
+    return spec
+
+
+def manifest(spec):
+    return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": "j"}, "spec": spec}
+
+
+def problems_of(spec):
+    with pytest.raises(SpecError) as e:
+        JobSpec.from_spec(spec)
+    return e.value.problems
+
+
+def test_example_manifest_parses_with_every_field():
+    job = JobSpec.from_manifest(yaml.safe_load(EXAMPLE.read_text()))
+    assert job.model.layers == 36 and job.model.hidden_size == 4096
+    assert job.model.ffn_hidden_size == 4 * 4096 and job.model.tied_embeddings is False
+    assert job.training.learning_rate == pytest.approx(3e-4)
+    assert job.training.data.synthetic and job.training.data.path is None
+    assert job.training.checkpoint.interval_iterations == 100
+    assert job.parallelism.pipeline == AUTO and job.parallelism.tensor == 1
+    assert job.nodes.selector.matches({"pool": "llm", "x": "y"})
+    assert not job.nodes.selector.matches({"pool": "web"})
+    assert job.template["spec"]["containers"][0]["name"] == "trainer"
+    assert job.world_size == 64
+
+
+def test_documented_defaults_and_round_trip():
+    job = JobSpec.from_spec(minimal_spec())
+    assert (job.training.seed, job.training.weight_decay, job.training.grad_clip) == (1234, 0.01, 1.0)
+    assert job.training.checkpoint is None and job.training.data.synthetic
+    p = job.parallelism
+    assert (p.tensor, p.pipeline, p.data, p.partition, p.nic_selection) == (1, "auto", "auto", "adaptive", "auto")
+    assert job.nodes.cluster_label == "holmes.dev/cluster" and job.nodes.selector is None
+    assert job.run_policy.backoff_limit == 3 and job.run_policy.ttl_seconds_after_finished is None
+    spec = job.to_spec()
+    assert spec["model"]["ffnHiddenSize"] == 1024 and "runPolicy" in spec
+    assert JobSpec.from_spec(spec) == job
+    full = JobSpec.from_manifest(yaml.safe_load(EXAMPLE.read_text()))
+    assert JobSpec.from_spec(full.to_spec()) == full
+
+
+def test_round_trip_of_explicit_partition_path_data_and_expressions():
+    spec = minimal_spec(
+        parallelism={"pipeline": 2, "partition": [5, 3], "nicSelection": "off"},
+        nodes={"count": 2, "gpusPerNode": 4, "selector": {"matchExpressions": [
+            {"key": "pool", "operator": "In", "values": ["a", "b"]}, {"key": "bad", "operator": "DoesNotExist"}]}},
+    )
+    spec["training"]["data"] = {"path": "/data/tokens.bin"}
+    job = JobSpec.from_spec(spec)
+    assert job.parallelism.explicit_partition == (5, 3)
+    assert job.training.data.path == "/data/tokens.bin" and not job.training.data.synthetic
+    assert job.nodes.selector.matches({"pool": "b"}) and not job.nodes.selector.matches({"pool": "b", "bad": "1"})
+    assert JobSpec.from_spec(job.to_spec()) == job
+
+
+def test_type_errors_name_field_and_value():
+    spec = minimal_spec()
+    spec["training"]["microBatchSize"] = "four"
+    spec["model"]["layers"] = "8"
+    spec["training"]["learningRate"] = "3e-4"
+    spec["runPolicy"] = {"suspend": "yes"}
+    spec["parallelism"] = {"pipeline": 0, "tensor": True}
+    msgs = problems_of(spec)
+    text = "\n".join(msgs)
+    assert "spec.training.microBatchSize: must be a positive integer, got 'four'" in text
+    assert "spec.model.layers: must be a positive integer, got '8' (a string: remove the quotes)" in text
+    assert "spec.training.learningRate" in text and "write 3.0e-4" in text
+    assert "spec.runPolicy.suspend: must be true or false" in text
+    assert "spec.parallelism.pipeline" in text and "spec.parallelism.tensor" in text
+    assert len(msgs) == 6
+
+
+def test_unknown_and_missing_fields_are_named():
+    spec = minimal_spec()
+    spec["model"]["hiden"] = 3
+    spec["extra"] = 1
+    del spec["training"]["iterations"]
+    text = "\n".join(problems_of(spec))
+    assert "spec.model: unknown field hiden" in text
+    assert "spec: unknown field extra" in text
+    assert "spec.training.iterations: required field is missing" in text
+
+
+def test_all_problems_in_one_message():
+    spec = minimal_spec()
+    spec["nodes"]["count"] = -1
+    spec["training"]["data"] = {"synthetic": {}, "path": "/x"}
+    with pytest.raises(SpecError) as e:
+        JobSpec.from_spec(spec)
+    assert "2 problems" in str(e.value) and "spec.nodes.count" in str(e.value) and "exactly one" in str(e.value)
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda s: s["model"].update(attentionHeads=7), "hiddenSize: 256 is not divisible by attentionHeads 7"),
+    (lambda s: s["training"].update(globalBatchSize=15), "globalBatchSize: 15 is not divisible by microBatchSize 2"),
+    (lambda s: s.update(parallelism={"tensor": 3}), "tensor: 3 must divide nodes.gpusPerNode 4"),
+    (lambda s: s.update(parallelism={"pipeline": 9}), "only 8 layers"),
+    (lambda s: s.update(parallelism={"pipeline": 2, "partition": [4, 3]}), "sum to 7 but model.layers is 8"),
+    (lambda s: s.update(parallelism={"pipeline": 3, "partition": [4, 4]}), "lists 2 stages but pipeline is 3"),
+    (lambda s: s.update(parallelism={"partition": [4, 0, 4]}), "partition[1]: must be a positive integer"),
+    (lambda s: s.update(parallelism={"partition": "even"}), "must be adaptive, uniform or a list"),
+    (lambda s: s.update(parallelism={"tensor": 1, "pipeline": 2, "data": 2}), "tensor*pipeline*data = 4 but the job has"),
+    (lambda s: s.update(parallelism={"pipeline": 3}), "pipeline = 3 does not divide the job's 8 GPUs"),
+    (lambda s: (s["training"].update(globalBatchSize=8), s.update(parallelism={"data": 8, "pipeline": 1})),
+     "not divisible by data*microBatchSize = 8*2"),
+    (lambda s: s.update(parallelism={"nicSelection": "manual"}), "nicSelection: must be one of auto, off"),
+    (lambda s: s["training"].update(warmupIterations=11), "warmupIterations: 11 exceeds iterations 10"),
+    (lambda s: s["nodes"].update(selector={"matchExpressions": [{"key": "a", "operator": "In"}]}), "needs at least one value"),
+    (lambda s: s["nodes"].update(selector={"matchLabels": {"gpu": True}}), "label values must be strings"),
+    (lambda s: s["training"].update(checkpoint={"path": "/c"}), "checkpoint.intervalIterations: required"),
+])
+def test_cross_field_and_value_checks(change, expected):
+    spec = copy.deepcopy(minimal_spec())
+    change(spec)
+    assert any(expected in p for p in problems_of(spec)), problems_of(spec)
+
+
+def test_manifest_header_is_checked():
+    m = manifest(minimal_spec())
+    m["kind"] = "Job"
+    with pytest.raises(SpecError, match="kind: must be HolmesJob"):
+        JobSpec.from_manifest(m)
+    with pytest.raises(SpecError, match="spec: missing"):
+        JobSpec.from_manifest({"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob"})
+    with pytest.raises(SpecError, match="must be a mapping"):
+        JobSpec.from_manifest(["not", "a", "job"])
+
+
+def test_selector_semantics():
+    sel = LabelSelector(match_labels=(("a", "1"),), match_expressions=(
+        SelectorRequirement("b", "NotIn", ("x",)), SelectorRequirement("c", "Exists")))
+    assert sel.matches({"a": "1", "c": ""})
+    assert sel.matches({"a": "1", "b": "y", "c": "z"})
+    assert not sel.matches({"a": "1", "b": "x", "c": "z"})
+    assert not sel.matches({"a": "1"})
+    assert LabelSelector().matches(None)
+    assert sel.describe() == "a=1,b notin (x),c"
+
+
+def test_specs_are_frozen():
+    job = JobSpec.from_spec(minimal_spec())
+    with pytest.raises(AttributeError):
+        job.model.layers = 3
