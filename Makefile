@@ -17,3 +17,8 @@ $(VENV)/.installed: pyproject.toml
 
 test: venv
 	$(PY) -m pytest
+
+# Copy crds/ into the chart and re-render deploy/install.yaml (tests/packaging checks both).
+.PHONY: chart-sync
+chart-sync:
+	hack/chart-sync.sh

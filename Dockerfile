@@ -1,0 +1,99 @@
+# syntax=docker/dockerfile:1.7
+#
+# Two images from one file:
+#   docker build --target operator -t holmes-operator:0.1.0 .
+#   docker build --target trainer  -t holmes-trainer:0.1.0  .
+#
+# The chart (charts/holmes) runs the operator image with the same command as its ENTRYPOINT;
+# the operator gives trainer pods the trainer image and a command on its PATH (python,
+# torchrun). tests/packaging/test_dockerfile.py checks both, and that every COPY source exists.
+
+# Base images, pinned by tag (add @sha256 digests in a release pipeline that can resolve them).
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# torch 2.13.0 wheels on PyPI are built against CUDA 13.0 and bring their own CUDA, cuDNN and
+# NCCL libraries as pip packages; the CUDA "base" image adds what the NVIDIA container runtime
+# expects (driver capability settings, cudart) without duplicating those libraries.
+ARG CUDA_IMAGE=nvidia/cuda:13.0.2-base-ubuntu24.04
+
+# ---------------------------------------------------------------------------------------------
+# wheel: the holmes package (pure Python), built once for both images.
+FROM ${PYTHON_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY trainer/ trainer/
+RUN pip install --no-cache-dir --disable-pip-version-check setuptools==84.2.1 \
+ && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
+
+# ---------------------------------------------------------------------------------------------
+# operator-venv: the operator's dependencies only (no torch), at the versions the tests ran.
+FROM ${PYTHON_IMAGE} AS operator-venv
+COPY docker/constraints.txt /tmp/constraints.txt
+COPY --from=wheel /wheels/ /wheels/
+RUN python -m venv /opt/holmes \
+ && /opt/holmes/bin/pip install --no-cache-dir --disable-pip-version-check \
+      -c /tmp/constraints.txt /wheels/holmes-*.whl \
+ && /opt/holmes/bin/python -m compileall -q /opt/holmes/lib
+
+# ---------------------------------------------------------------------------------------------
+# operator: python -m holmes.operator (kopf). Runs as UID 65532 with a read-only root
+# filesystem in the chart; it writes nothing but /tmp (an emptyDir there).
+FROM ${PYTHON_IMAGE} AS operator
+LABEL org.opencontainers.image.title="holmes-operator" \
+      org.opencontainers.image.description="Holmes Kubernetes operator: plans and runs HolmesJobs across heterogeneous NICs" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --gid 65532 holmes \
+ && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin holmes
+COPY --from=operator-venv /opt/holmes /opt/holmes
+ENV PATH=/opt/holmes/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 65532:65532
+WORKDIR /tmp
+# 8080: liveness (/healthz), 9090: Prometheus metrics; the chart's defaults.
+EXPOSE 8080 9090
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4)"]
+ENTRYPOINT ["python", "-m", "holmes.operator"]
+CMD ["--all-namespaces"]
+
+# ---------------------------------------------------------------------------------------------
+# trainer-venv: torch (CUDA 13 build from PyPI, NCCL included) + the holmes trainer.
+FROM ${CUDA_IMAGE} AS trainer-venv
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+COPY docker/constraints.txt /tmp/constraints.txt
+COPY --from=wheel /wheels/ /wheels/
+RUN set -- /wheels/holmes-*.whl \
+ && python3 -m venv /opt/holmes \
+ && /opt/holmes/bin/pip install --no-cache-dir --disable-pip-version-check \
+      -c /tmp/constraints.txt "$1[trainer]"
+
+# ---------------------------------------------------------------------------------------------
+# trainer: the image HolmesJob pods run by default. rdma-core's user-space libraries let
+# NCCL's IB transport use InfiniBand and RoCE HCAs (libibverbs + the mlx5/other providers,
+# librdmacm); ibv_devinfo (ibverbs-utils) helps checking a node's HCAs from inside a pod.
+FROM ${CUDA_IMAGE} AS trainer
+LABEL org.opencontainers.image.title="holmes-trainer" \
+      org.opencontainers.image.description="Holmes trainer: pipeline x data-parallel GPT training with an overlapped distributed optimizer (PyTorch, NCCL, RDMA)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# The distribution is pinned by the base image tag; its packages take security updates.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 libibverbs1 librdmacm1 ibverbs-providers ibverbs-utils \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 65532 holmes \
+ && useradd --uid 65532 --gid 65532 --create-home --home-dir /home/holmes --shell /usr/sbin/nologin holmes
+COPY --from=trainer-venv /opt/holmes /opt/holmes
+ENV PATH=/opt/holmes/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+USER 65532:65532
+WORKDIR /home/holmes
+# Training is a batch run: the pod's phase is its health, there is no server to probe.
+HEALTHCHECK NONE
+# The operator sets each pod's command (the launcher and the trainer's flags); this default only
+# shows how to run the trainer by hand.
+CMD ["python", "-m", "holmes.trainer", "--help"]

@@ -1,0 +1,67 @@
+"""Shared helpers for the packaging tests: where things are, running helm, rendering the chart."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "holmes"
+DEPLOY = REPO / "deploy"
+CRDS = REPO / "crds"
+CHART_CRDS = CHART / "files" / "crds"
+GITOPS = REPO / "examples" / "gitops"
+
+
+def cache_bin() -> Path:
+    return Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache" / "holmes")) / "bin"
+
+
+def helm_path() -> str:
+    """helm v3 built by hack/build-k8s.sh (or $HELM, or one on PATH)."""
+    for cand in (os.environ.get("HELM"), str(cache_bin() / "helm"), shutil.which("helm")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    raise RuntimeError("helm not found: run hack/build-k8s.sh (make test does) or set HELM=/path/to/helm")
+
+
+def run(cmd: list[str], *, check: bool = True, timeout: float = 300, env: dict | None = None,
+        input: str | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input,
+                          env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n"
+                             f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def helm(*args: str, check: bool = True, timeout: float = 300, env: dict | None = None):
+    return run([helm_path(), *args], check=check, timeout=timeout, env=env)
+
+
+def set_args(values: dict[str, str] | None) -> list[str]:
+    out: list[str] = []
+    for key, val in (values or {}).items():
+        out += ["--set", f"{key}={val}"]
+    return out
+
+
+def render(values: dict[str, str] | None = None, *, namespace: str = "holmes-system",
+           release: str = "holmes", extra: list[str] = ()) -> list[dict]:
+    """`helm template` of the chart, parsed into a list of objects."""
+    out = helm("template", release, str(CHART), "--namespace", namespace,
+               *set_args(values), *extra).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def one(docs: list[dict], kind: str) -> dict:
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]

