@@ -1,0 +1,113 @@
+"""Entry point: ``python -m holmes.trainer --job JOB.yaml --layout LAYOUT.json [--metrics-file F]``.
+
+Run under torchrun (one process per GPU); rank, world size and the master address come from
+the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+
+Environment knobs (flags win over them):
+- HOLMES_METRICS_PORT: Prometheus port on rank 0 (unset: no endpoint); HOLMES_METRICS_ADDR (0.0.0.0)
+- HOLMES_CHECKPOINT_DIR: overrides training.checkpoint.path of the job
+- HOLMES_BACKEND: nccl | gloo (default: nccl when CUDA is available, else gloo)
+- HOLMES_TIMEOUT_SECONDS: process-group timeout, how long a dead peer can stall the others
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from dataclasses import replace
+from datetime import timedelta
+
+import yaml
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    env = os.environ.get
+    ap = argparse.ArgumentParser(prog="python -m holmes.trainer", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", required=True, help="HolmesJob manifest (YAML) or its spec")
+    ap.add_argument("--layout", required=True, help="Layout JSON written by the planner")
+    ap.add_argument("--metrics-file", help="append one JSON line per event here (rank 0)")
+    ap.add_argument("--metrics-port", type=int, default=int(env("HOLMES_METRICS_PORT")) if env("HOLMES_METRICS_PORT") else None)
+    ap.add_argument("--metrics-addr", default=env("HOLMES_METRICS_ADDR", "0.0.0.0"))
+    ap.add_argument("--checkpoint-dir", default=env("HOLMES_CHECKPOINT_DIR"))
+    ap.add_argument("--backend", default=env("HOLMES_BACKEND"), choices=["nccl", "gloo", None])
+    ap.add_argument("--timeout-seconds", type=float,
+                    default=float(env("HOLMES_TIMEOUT_SECONDS")) if env("HOLMES_TIMEOUT_SECONDS") else None)
+    ap.add_argument("--iterations", type=int, help="override training.iterations")
+    ap.add_argument("--no-overlap", action="store_true", help="synchronous optimizer (same math), for comparison")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        print(f"holmes.trainer: {', '.join(missing)} not set: start it with torchrun "
+              "(torchrun --nnodes N --nproc-per-node G ... -m holmes.trainer ...)", file=sys.stderr)
+        return 2
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+
+    import torch
+    import torch.distributed as dist
+
+    from holmes.plan.layout import Layout, LayoutError
+
+    from .config import CheckpointConfig, ConfigError, TrainConfig
+    from .engine import Trainer
+    from .metrics import MetricsSink
+
+    try:
+        with open(args.job) as f:
+            cfg = TrainConfig.from_manifest(yaml.safe_load(f))
+        with open(args.layout) as f:
+            layout = Layout.from_json(f.read())
+        if args.checkpoint_dir:
+            cfg = replace(cfg, checkpoint=CheckpointConfig(args.checkpoint_dir, cfg.checkpoint.interval))
+        if args.iterations:
+            cfg = replace(cfg, iterations=args.iterations)
+        if args.no_overlap:
+            cfg = replace(cfg, overlap=False)
+        if args.timeout_seconds:
+            cfg = replace(cfg, timeout_seconds=args.timeout_seconds)
+        cfg.check_against_layout(layout)
+        world = int(os.environ["WORLD_SIZE"])
+        if world != layout.world_size:
+            raise ConfigError(f"torchrun started {world} processes but the layout needs {layout.world_size} "
+                              "(nnodes x nproc-per-node must equal the layout's worldSize)")
+    except (OSError, yaml.YAMLError, ConfigError, LayoutError) as e:
+        print(f"holmes.trainer: rank {rank}: {e}", file=sys.stderr)
+        return 2
+
+    cuda = torch.cuda.is_available()
+    backend = args.backend or ("nccl" if cuda else "gloo")
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    sink = MetricsSink(enabled=rank == 0, metrics_file=args.metrics_file,
+                       port=args.metrics_port, addr=args.metrics_addr)
+    code = 0
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_seconds))
+        Trainer(cfg, layout, rank=rank, device=device, backend=backend, sink=sink).train()
+    except Exception as e:  # every rank says why it stopped; the launcher sees a non-zero exit
+        msg = f"{type(e).__name__}: {e}"
+        print(f"holmes.trainer: rank {rank} failed: {msg}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        sink.emit("error", rank=rank, message=msg[:2000])
+        code = 1
+    finally:
+        sink.close()
+    if code:
+        # Peers may still hold this process's sockets in a collective; leave now instead of
+        # letting interpreter shutdown wait on communicator threads.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

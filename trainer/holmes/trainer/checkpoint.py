@@ -1,0 +1,84 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP).
+
+``<path>/iter_00000042/`` holds one DCP checkpoint: model tensors under their global names
+(replicated across DP ranks, so DCP writes each once), this rank's optimizer shards under
+``optim.stage<s>.dp<d>.*``, and each rank's RNG state. Rank 0 writes ``holmes.json`` last,
+after every rank has finished: a directory without it is incomplete and is never resumed from.
+The data position is the iteration number (data.py draws batches by iteration), so
+restoring the iteration restores the data stream exactly.
+
+The optimizer shards depend on the layout (pipeline/data degrees, stage split, micro-batching),
+so a checkpoint resumes only under the same layout; a different one is refused by name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+MARKER = "holmes.json"
+_DIR = re.compile(r"^iter_(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def iteration_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter_{iteration:08d}")
+
+
+def newest_complete(root: str | None) -> int | None:
+    """The iteration of the newest checkpoint whose marker exists, or None."""
+    if not root or not os.path.isdir(root):
+        return None
+    done = [int(m.group(1)) for name in os.listdir(root) if (m := _DIR.match(name))
+            and os.path.isfile(os.path.join(root, name, MARKER))]
+    return max(done) if done else None
+
+
+def rng_state(rank: int) -> dict[str, torch.Tensor]:
+    out = {f"rng.cpu.rank{rank}": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out[f"rng.cuda.rank{rank}"] = torch.cuda.get_rng_state()
+    return out
+
+
+def save(root: str, iteration: int, state: dict[str, Any], rank: int, meta: dict[str, Any]) -> str:
+    """Collective: every rank calls it with its own state; returns the directory."""
+    path = iteration_dir(root, iteration)
+    dcp.save(state, checkpoint_id=path)
+    dist.barrier()
+    if rank == 0:
+        tmp = os.path.join(path, MARKER + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"iteration": iteration, **meta}, f)
+        os.replace(tmp, os.path.join(path, MARKER))
+    dist.barrier()
+    return path
+
+
+def load(root: str, iteration: int, state: dict[str, Any], expect_meta: dict[str, Any]) -> dict[str, Any]:
+    """Collective: fill ``state``'s tensors in place from the checkpoint; returns its marker."""
+    path = iteration_dir(root, iteration)
+    with open(os.path.join(path, MARKER)) as f:
+        meta = json.load(f)
+    for key, want in expect_meta.items():
+        if meta.get(key) != want:
+            raise CheckpointError(f"checkpoint {path} was written with {key}={meta.get(key)!r} but this run "
+                                  f"has {key}={want!r}; resume with the same layout, or start in a new "
+                                  "checkpoint directory")
+    dcp.load(state, checkpoint_id=path)
+    return meta
+
+
+def restore_rng(state: dict[str, Any], rank: int) -> None:
+    if f"rng.cpu.rank{rank}" in state:
+        torch.set_rng_state(state[f"rng.cpu.rank{rank}"])
+    if f"rng.cuda.rank{rank}" in state:
+        torch.cuda.set_rng_state(state[f"rng.cuda.rank{rank}"])

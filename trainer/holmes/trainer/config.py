@@ -1,0 +1,229 @@
+"""TrainConfig: everything the engine needs, as one frozen dataclass.
+
+Built from the HolmesJob spec (``TrainConfig.from_manifest``) and checked against the Layout
+(``check_against_layout``); the engine never reads YAML itself. Errors say what to fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from holmes.plan.layout import Layout
+
+DTYPES = ("float32", "bfloat16")
+OPTIMIZERS = ("adamw", "sgd")
+
+
+class ConfigError(ValueError):
+    """A job or layout the trainer cannot run; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    layers: int
+    hidden_size: int
+    attention_heads: int
+    seq_length: int
+    vocab_size: int
+    ffn_hidden_size: int = 0          # 0: 4 * hidden_size
+    tied_embeddings: bool = False
+    dtype: str = "float32"            # parameters and activations; bfloat16 on GPUs
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden_size", "attention_heads", "seq_length", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.attention_heads:
+            raise ConfigError(f"model.hiddenSize {self.hidden_size} must be divisible by "
+                              f"attentionHeads {self.attention_heads}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"model dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    def num_parameters(self) -> int:
+        h, f, V, s, L = self.hidden_size, self.ffn, self.vocab_size, self.seq_length, self.layers
+        per_layer = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+        head = 2 * h + (0 if self.tied_embeddings else V * h)
+        return V * h + s * h + L * per_layer + head
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    kind: str = "adamw"
+    learning_rate: float = 3e-4
+    min_learning_rate: float = 0.0
+    warmup_iterations: int = 0
+    decay: str = "cosine"             # cosine | constant (after warm-up)
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0            # global L2 norm; 0 disables clipping
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTIMIZERS:
+            raise ConfigError(f"optimizer {self.kind!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.decay not in ("cosine", "constant"):
+            raise ConfigError(f"learning-rate decay {self.decay!r} is not cosine or constant")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learningRate must be > 0, got {self.learning_rate}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str | None = None           # None: synthetic data; else a flat token file (see data.py)
+    token_dtype: str | None = None    # uint16 | uint32; None: read the file's sidecar, else uint16
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    path: str | None = None           # a directory shared by all ranks (one PVC for all pods)
+    interval: int = 0                 # save every N iterations (and at the end); 0: only at the end
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig
+    global_batch_size: int
+    micro_batch_size: int
+    iterations: int
+    seed: int = 1234
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    overlap: bool = True              # overlapped grad reduce-scatter and param all-gather
+    bucket_elements: int = 40_000_000  # gradient bucket size (elements), as Megatron's default
+    timeout_seconds: float = 600.0    # process-group timeout: how long a dead peer can stall us
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch_size", "micro_batch_size", "iterations", "bucket_elements"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.timeout_seconds <= 0:
+            raise ConfigError("timeoutSeconds must be > 0")
+
+    def with_(self, **changes: Any) -> "TrainConfig":
+        return replace(self, **changes)
+
+    # ---- from the HolmesJob ------------------------------------------------------------
+    @classmethod
+    def from_manifest(cls, doc: dict[str, Any]) -> "TrainConfig":
+        """A HolmesJob manifest (or its ``spec``) -> TrainConfig, via holmes.plan.jobspec when present."""
+        try:
+            from holmes.plan.jobspec import JobSpec  # the operator's own parser: one source of truth
+        except ImportError:  # pragma: no cover - only before the operator side lands
+            JobSpec = None
+        if JobSpec is not None:
+            return cls.from_jobspec(JobSpec.from_manifest(doc))
+        return cls._from_spec_dict(doc.get("spec", doc))
+
+    @classmethod
+    def from_jobspec(cls, job: Any) -> "TrainConfig":
+        m, t = job.model, job.training
+        model = ModelConfig(
+            layers=m.layers, hidden_size=m.hidden_size, attention_heads=m.attention_heads,
+            seq_length=m.seq_length, vocab_size=m.vocab_size,
+            ffn_hidden_size=getattr(m, "ffn_hidden_size", 0) or 0,
+            tied_embeddings=bool(getattr(m, "tied_embeddings", False)),
+            dtype=_dtype_name(getattr(m, "dtype", None) or getattr(t, "dtype", None) or "float32"))
+        tr = _trainer_extras(getattr(t, "trainer", None) or {})
+        data = getattr(t, "data", None)
+        ckpt = getattr(t, "checkpoint", None)
+        return cls(
+            model=model, global_batch_size=t.global_batch_size, micro_batch_size=t.micro_batch_size,
+            iterations=t.iterations, seed=t.seed,
+            optimizer=OptimizerConfig(learning_rate=t.learning_rate, **tr.pop("optimizer")),
+            data=DataConfig(path=_attr(data, "path")),
+            checkpoint=CheckpointConfig(path=_attr(ckpt, "path"),
+                                        interval=int(_attr(ckpt, "interval_iterations") or 0)),
+            **tr)
+
+    @classmethod
+    def _from_spec_dict(cls, spec: dict[str, Any]) -> "TrainConfig":
+        try:
+            m, t = spec["model"], spec["training"]
+            model = ModelConfig(
+                layers=int(m["layers"]), hidden_size=int(m["hiddenSize"]),
+                attention_heads=int(m["attentionHeads"]), seq_length=int(m["seqLength"]),
+                vocab_size=int(m["vocabSize"]), ffn_hidden_size=int(m.get("ffnHiddenSize", 0)),
+                tied_embeddings=bool(m.get("tiedEmbeddings", False)),
+                dtype=_dtype_name(m.get("dtype", "float32")))
+            data = t.get("data") or {}
+            ckpt = t.get("checkpoint") or {}
+            tr = _trainer_extras(t.get("trainer") or {})
+            return cls(
+                model=model, global_batch_size=int(t["globalBatchSize"]),
+                micro_batch_size=int(t["microBatchSize"]), iterations=int(t["iterations"]),
+                seed=int(t.get("seed", 1234)),
+                optimizer=OptimizerConfig(learning_rate=float(t["learningRate"]), **tr.pop("optimizer")),
+                data=DataConfig(path=data.get("path")),
+                checkpoint=CheckpointConfig(path=ckpt.get("path"),
+                                            interval=int(ckpt.get("intervalIterations", 0))),
+                **tr)
+        except KeyError as e:
+            raise ConfigError(f"job spec is missing {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"job spec has a malformed field: {e}") from None
+
+    # ---- against the Layout --------------------------------------------------------------
+    def check_against_layout(self, layout: Layout) -> None:
+        if layout.tensor != 1:
+            raise ConfigError(f"tensor parallelism {layout.tensor} is not supported by this trainer yet; "
+                              "plan the job with parallelism.tensor: 1")
+        if layout.num_layers != self.model.layers:
+            raise ConfigError(f"layout stages cover {layout.num_layers} layers but model.layers is "
+                              f"{self.model.layers}: re-plan the layout for this model")
+        if layout.micro_batch_size != self.micro_batch_size:
+            raise ConfigError(f"layout microBatchSize {layout.micro_batch_size} != job microBatchSize "
+                              f"{self.micro_batch_size}")
+        per_iter = layout.micro_batch_size * layout.micro_batches * layout.data
+        if per_iter != self.global_batch_size:
+            raise ConfigError(f"layout runs microBatchSize*microBatches*data = {layout.micro_batch_size}*"
+                              f"{layout.micro_batches}*{layout.data} = {per_iter} samples per iteration, "
+                              f"but globalBatchSize is {self.global_batch_size}")
+        if layout.pipeline > 1 and layout.micro_batches < layout.pipeline:
+            raise ConfigError(f"1F1B needs microBatches ({layout.micro_batches}) >= pipeline stages "
+                              f"({layout.pipeline}); raise globalBatchSize or lower microBatchSize")
+
+
+def _attr(obj: Any, name: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        camel = name.split("_")[0] + "".join(w.title() for w in name.split("_")[1:])
+        return obj.get(name, obj.get(camel))
+    return getattr(obj, name, None)
+
+
+def _dtype_name(v: str) -> str:
+    aliases = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
+    if str(v) not in aliases:
+        raise ConfigError(f"dtype {v!r} is not one of bf16, bfloat16, fp32, float32")
+    return aliases[str(v)]
+
+
+def _trainer_extras(d: dict[str, Any]) -> dict[str, Any]:
+    """Optional trainer knobs under spec.training.trainer (camelCase), with their defaults."""
+    known = {"optimizer", "minLearningRate", "warmupIterations", "decay", "weightDecay", "beta1",
+             "beta2", "eps", "gradClip", "overlap", "bucketElements", "timeoutSeconds"}
+    unknown = set(d) - known
+    if unknown:
+        raise ConfigError(f"unknown training.trainer fields {sorted(unknown)}; known: {sorted(known)}")
+    opt = {k: v for k, v in dict(
+        kind=d.get("optimizer"), min_learning_rate=d.get("minLearningRate"),
+        warmup_iterations=d.get("warmupIterations"), decay=d.get("decay"),
+        weight_decay=d.get("weightDecay"), beta1=d.get("beta1"), beta2=d.get("beta2"),
+        eps=d.get("eps"), grad_clip=d.get("gradClip")).items() if v is not None}
+    out: dict[str, Any] = {"optimizer": opt}
+    if "overlap" in d:
+        out["overlap"] = bool(d["overlap"])
+    if "bucketElements" in d:
+        out["bucket_elements"] = int(d["bucketElements"])
+    if "timeoutSeconds" in d:
+        out["timeout_seconds"] = float(d["timeoutSeconds"])
+    return out

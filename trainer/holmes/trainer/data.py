@@ -1,0 +1,116 @@
+"""Training data: which samples make up iteration i, and how a DP rank gets its share.
+
+The global batch of iteration i is samples ``[i*B, (i+1)*B)`` of a deterministic stream that
+depends only on the seed, never on the pipeline/data degrees; DP rank d takes the contiguous
+slice ``[d*B/D, (d+1)*B/D)`` of it. So two layouts of the same job see the same data, and
+resuming needs only the iteration number.
+
+Sources:
+- ``SyntheticSource``: sample k is an arithmetic progression ``(a + t*c) mod V`` with (a, c) drawn
+  from a generator seeded by (seed, k) -- learnable, so the loss falls.
+- ``TokenFileSource``: a flat binary file of token ids (uint16 or uint32, little endian),
+  memory-mapped; sample k is window ``perm[k mod n]`` of ``n = (N-1)//s`` non-overlapping
+  windows of s+1 tokens, with a fresh seeded permutation per epoch.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+class DataError(ValueError):
+    pass
+
+
+class SyntheticSource:
+    def __init__(self, vocab_size: int, seq_length: int, seed: int):
+        self.vocab, self.seq, self.seed = vocab_size, seq_length, seed
+
+    def sample(self, k: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 7_919 + k + 1)
+        a = torch.randint(0, self.vocab, (1,), generator=g)
+        c = torch.randint(1, min(self.vocab, 8), (1,), generator=g)
+        return (a + c * torch.arange(self.seq + 1)) % self.vocab
+
+
+def sidecar_path(path: str) -> str:
+    return path + ".json"
+
+
+class TokenFileSource:
+    def __init__(self, path: str, vocab_size: int, seq_length: int, seed: int, dtype: str | None = None):
+        if not os.path.isfile(path):
+            raise DataError(f"token file {path!r} does not exist (make one with "
+                            "`python -m holmes.trainer.tokenize`)")
+        meta = {}
+        if os.path.isfile(sidecar_path(path)):
+            with open(sidecar_path(path)) as f:
+                meta = json.load(f)
+        dtype = dtype or meta.get("dtype", "uint16")
+        if dtype not in TOKEN_DTYPES:
+            raise DataError(f"token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
+        if meta.get("vocabSize", 0) > vocab_size:
+            raise DataError(f"token file {path!r} was made for a vocabulary of {meta['vocabSize']} "
+                            f"but model.vocabSize is {vocab_size}: raise vocabSize")
+        self.tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
+        self.seq, self.seed, self.vocab = seq_length, seed, vocab_size
+        self.windows = (len(self.tokens) - 1) // seq_length
+        if self.windows < 1:
+            raise DataError(f"token file {path!r} holds {len(self.tokens)} tokens, fewer than one "
+                            f"sample of seqLength+1 = {seq_length + 1}")
+        self._epoch, self._perm = -1, None
+
+    def sample(self, k: int) -> torch.Tensor:
+        epoch, pos = divmod(k, self.windows)
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed * 104_729 + epoch)
+            self._perm, self._epoch = torch.randperm(self.windows, generator=g), epoch
+        start = int(self._perm[pos]) * self.seq
+        window = torch.from_numpy(self.tokens[start:start + self.seq + 1].astype(np.int64))
+        if int(window.max()) >= self.vocab:
+            raise DataError(f"token id {int(window.max())} in the token file is >= vocabSize {self.vocab}")
+        return window
+
+
+@dataclass(frozen=True)
+class Sharding:
+    global_batch: int
+    dp_size: int
+    dp_rank: int
+
+    def __post_init__(self) -> None:
+        if self.global_batch % self.dp_size:
+            raise DataError(f"global batch {self.global_batch} is not divisible by data parallelism {self.dp_size}")
+
+    @property
+    def local_batch(self) -> int:
+        return self.global_batch // self.dp_size
+
+
+class BatchLoader:
+    """``batch(i)`` -> (inputs, targets) of shape [local_batch, s] for iteration i on this DP rank."""
+
+    def __init__(self, source, sharding: Sharding):
+        self.source, self.sharding = source, sharding
+
+    def sample_ids(self, iteration: int) -> range:
+        sh = self.sharding
+        first = iteration * sh.global_batch + sh.dp_rank * sh.local_batch
+        return range(first, first + sh.local_batch)
+
+    def batch(self, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.stack([self.source.sample(k) for k in self.sample_ids(iteration)])
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+def make_source(data_path: str | None, vocab_size: int, seq_length: int, seed: int,
+                token_dtype: str | None = None):
+    if data_path is None:
+        return SyntheticSource(vocab_size, seq_length, seed)
+    return TokenFileSource(data_path, vocab_size, seq_length, seed, token_dtype)

@@ -1,0 +1,313 @@
+"""The overlapped distributed optimizer (ZeRO-1 with Megatron-style overlap), written here.
+
+Layout in memory: all parameters of a stage live in one contiguous buffer (model dtype) and
+their gradients in one contiguous fp32 buffer, both cut into the same buckets. Parameters are
+laid out in reverse registration order (roughly the order backward produces gradients). Each
+bucket is padded to a multiple of the DP size (gloo rejects uneven reduce-scatter) and DP rank r
+owns shard r of every bucket: fp32 master weights and optimizer state exist only for that shard.
+
+One iteration:
+1. Backward of each micro-batch runs each parameter's post-accumulate-grad hook, which adds the
+   gradient into the fp32 buffer. When a parameter has seen all M micro-batches it is done; when
+   every parameter of a bucket is done, the bucket is scaled by 1/(M*D) and its
+   ``reduce_scatter_tensor`` starts asynchronously (overlap on) while backward goes on.
+2. ``finish_grad_sync`` waits for those (exposed communication), first summing a tied embedding
+   over the embedding group, and fails loudly if any parameter missed a gradient.
+3. The engine all-reduces ``local_grad_sq()`` across all ranks -> the global norm; ``step``
+   clips, runs AdamW/SGD on the shard, writes it back in model dtype and starts each bucket's
+   ``all_gather_into_tensor``; a forward pre-hook on each module waits for its buckets only when
+   the next forward first needs them.
+With ``overlap=False`` the same collectives run synchronously in the same order: same math.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .config import OptimizerConfig
+
+
+@dataclass
+class _Bucket:
+    index: int
+    start: int                        # offset in the flat buffers
+    size: int                         # padded, a multiple of dp size
+    params: list[int]                 # indices into DistributedOptimizer.params
+    shard: slice = None               # type: ignore[assignment]  # this rank's part, as offsets in the flat buffers
+    deferred: bool = False            # tied embedding: summed over the embedding group first
+    in_norm: bool = True              # False for the last stage's copy of a tied embedding
+    pending: int = 0                  # parameters still waiting for their last micro-batch
+    grad_work: Any = None
+    gather_work: Any = None
+    launched: bool = False
+    grad_shard: torch.Tensor | None = None
+    master: torch.Tensor | None = None
+    exp_avg: torch.Tensor | None = None
+    exp_avg_sq: torch.Tensor | None = None
+    decay: torch.Tensor | None = None  # bool mask over the shard: which elements get weight decay
+    gather_src: torch.Tensor | None = None
+
+
+@dataclass
+class CommTimes:
+    grad_wait: float = 0.0            # waiting for reduce-scatters after backward
+    param_wait: float = 0.0           # waiting for all-gathers in forward pre-hooks
+    embedding: float = 0.0            # tied-embedding all-reduce
+
+    def reset(self) -> None:
+        self.grad_wait = self.param_wait = self.embedding = 0.0
+
+
+class DistributedOptimizer:
+    def __init__(
+        self,
+        module: nn.Module,
+        cfg: OptimizerConfig,
+        *,
+        dp_group: Any,
+        dp_size: int,
+        dp_rank: int,
+        micro_batches: int,
+        overlap: bool = True,
+        bucket_elements: int = 40_000_000,
+        embedding_group: Any = None,
+        tied_param_name: str | None = None,
+        tied_in_norm: bool = True,
+        sync: Callable[[], None] = lambda: None,
+    ):
+        self.cfg, self.dp_group, self.D, self.r = cfg, dp_group, dp_size, dp_rank
+        self.M, self.overlap, self.embedding_group = micro_batches, overlap, embedding_group
+        self.sync = sync                # device sync for honest timing (cuda.synchronize on GPU)
+        self.times = CommTimes()
+        self.step_count = 0
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("the stage has no trainable parameters")
+        named.reverse()
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.dtype = self.params[0].dtype
+        device = self.params[0].device
+        self.grad_scale = 1.0 / (micro_batches * dp_size)
+
+        # ---- buckets (the tied embedding gets a bucket of its own) -----------------------
+        self.buckets: list[_Bucket] = []
+        self.offsets: list[int] = []
+        cur: list[int] = []
+        cur_elems, pos = 0, 0
+
+        def close(deferred: bool = False, in_norm: bool = True) -> None:
+            nonlocal cur, cur_elems, pos
+            if not cur:
+                return
+            size = math.ceil(cur_elems / dp_size) * dp_size
+            self.buckets.append(_Bucket(len(self.buckets), pos, size, cur, deferred=deferred,
+                                        in_norm=in_norm))
+            pos += size
+            cur, cur_elems = [], 0
+
+        for i, (n, p) in enumerate(named):
+            tied = n == tied_param_name
+            if tied:
+                close()
+            self.offsets.append(pos + cur_elems)
+            cur.append(i)
+            cur_elems += p.numel()
+            if tied:
+                close(deferred=embedding_group is not None, in_norm=tied_in_norm)
+            elif cur_elems >= bucket_elements:
+                close()
+        close()
+        total = pos
+        self.param_buffer = torch.zeros(total, dtype=self.dtype, device=device)
+        self.grad_buffer = torch.zeros(total, dtype=torch.float32, device=device)
+        self.bucket_of = [0] * len(self.params)
+        for b in self.buckets:
+            for i in b.params:
+                self.bucket_of[i] = b.index
+
+        # ---- params become views of the flat buffer -------------------------------------
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                view = self.param_buffer[self.offsets[i]:self.offsets[i] + p.numel()].view_as(p)
+                view.copy_(p.data)
+                p.data = view
+        self.main_grads = [self.grad_buffer[self.offsets[i]:self.offsets[i] + p.numel()].view_as(p)
+                           for i, p in enumerate(self.params)]
+
+        # ---- this rank's shard of each bucket: master weights + state -------------------
+        for b in self.buckets:
+            s = b.size // dp_size
+            b.shard = slice(b.start + dp_rank * s, b.start + (dp_rank + 1) * s)
+            b.master = self.param_buffer[b.shard].detach().clone().float()
+            b.grad_shard = torch.zeros(s, dtype=torch.float32, device=device)
+            if cfg.kind == "adamw":
+                b.exp_avg = torch.zeros_like(b.master)
+                b.exp_avg_sq = torch.zeros_like(b.master)
+            b.decay = torch.zeros(s, dtype=torch.bool, device=device)
+            for i in b.params:
+                if self.params[i].ndim < 2:        # biases and norms: no weight decay
+                    continue
+                lo = max(self.offsets[i], b.shard.start)
+                hi = min(self.offsets[i] + self.params[i].numel(), b.shard.stop)
+                if lo < hi:
+                    b.decay[lo - b.shard.start:hi - b.shard.start] = True
+            if self.dtype != torch.float32:
+                b.gather_src = torch.empty(s, dtype=self.dtype, device=device)
+
+        # ---- hooks ----------------------------------------------------------------------
+        self.seen = [0] * len(self.params)
+        self._reset_pending()
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(self._make_grad_hook(i))
+        index_of = {id(p): i for i, p in enumerate(self.params)}
+        for mod in module.modules():
+            ids = sorted({self.bucket_of[index_of[id(p)]] for p in mod.parameters(recurse=False)
+                          if id(p) in index_of})
+            if ids:
+                mod.register_forward_pre_hook(self._make_gather_wait(ids))
+
+    # ---- gradient side --------------------------------------------------------------------
+    def _reset_pending(self) -> None:
+        for b in self.buckets:
+            b.pending, b.launched, b.grad_work = len(b.params), False, None
+        self.seen = [0] * len(self.params)
+
+    def _make_grad_hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        def hook(p: torch.Tensor) -> None:
+            self.main_grads[i].add_(p.grad)
+            p.grad = None
+            self.seen[i] += 1
+            if self.seen[i] > self.M:
+                raise RuntimeError(f"parameter {self.names[i]} received {self.seen[i]} gradients in one "
+                                   f"iteration of {self.M} micro-batches: zero_grad/step were skipped")
+            if self.seen[i] == self.M:
+                b = self.buckets[self.bucket_of[i]]
+                b.pending -= 1
+                if b.pending == 0 and self.overlap and not b.deferred:
+                    self._launch_reduce(b, async_op=True)
+        return hook
+
+    def _launch_reduce(self, b: _Bucket, async_op: bool) -> None:
+        full = self.grad_buffer[b.start:b.start + b.size]
+        full.mul_(self.grad_scale)
+        b.launched = True
+        if self.D == 1:
+            b.grad_shard.copy_(full)
+            return
+        b.grad_work = dist.reduce_scatter_single(b.grad_shard, full, group=self.dp_group,
+                                                 async_op=async_op)
+
+    def finish_grad_sync(self) -> None:
+        """All gradients reduced into this rank's shards; raises if a parameter missed one."""
+        missing = [f"{self.names[i]} ({self.seen[i]}/{self.M})" for i in range(len(self.params))
+                   if self.seen[i] != self.M]
+        if missing:
+            raise RuntimeError("these parameters did not receive a gradient from every micro-batch, so "
+                               "their buckets can never be reduced: " + ", ".join(missing[:8]) +
+                               (" ..." if len(missing) > 8 else "") +
+                               ". Every parameter must take part in the loss (or set requires_grad=False).")
+        t0, t_emb = time.perf_counter(), 0.0
+        for b in self.buckets:
+            if b.deferred:                       # tied embedding: sum both copies first
+                te = time.perf_counter()
+                dist.all_reduce(self.grad_buffer[b.start:b.start + b.size], group=self.embedding_group)
+                t_emb += time.perf_counter() - te
+            if not b.launched:
+                self._launch_reduce(b, async_op=False)
+        for b in self.buckets:
+            if b.grad_work is not None:
+                b.grad_work.wait()
+                b.grad_work = None
+        self.sync()
+        self.times.embedding += t_emb
+        self.times.grad_wait += time.perf_counter() - t0 - t_emb
+
+    def local_grad_sq(self) -> torch.Tensor:
+        """Sum of squares of this rank's reduced gradient shards (the tied copy counted once)."""
+        total = torch.zeros((), dtype=torch.float32, device=self.grad_buffer.device)
+        for b in self.buckets:
+            if b.in_norm:
+                total += b.grad_shard.pow(2).sum()
+        return total
+
+    # ---- the step --------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, lr: float, clip_coef: float = 1.0) -> None:
+        self.step_count += 1
+        c = self.cfg
+        for b in self.buckets:
+            g = b.grad_shard
+            if clip_coef != 1.0:
+                g.mul_(clip_coef)
+            if c.weight_decay and c.kind == "adamw":
+                b.master.sub_(torch.where(b.decay, b.master, 0.0), alpha=lr * c.weight_decay)
+            if c.kind == "adamw":
+                b.exp_avg.lerp_(g, 1 - c.beta1)
+                b.exp_avg_sq.mul_(c.beta2).addcmul_(g, g, value=1 - c.beta2)
+                bc1 = 1 - c.beta1 ** self.step_count
+                bc2 = 1 - c.beta2 ** self.step_count
+                denom = (b.exp_avg_sq.sqrt() / math.sqrt(bc2)).add_(c.eps)
+                b.master.addcdiv_(b.exp_avg, denom, value=-lr / bc1)
+            else:                                 # plain SGD (tests compare parameters with it)
+                if c.weight_decay:
+                    g = g + torch.where(b.decay, b.master, 0.0) * c.weight_decay
+                b.master.add_(g, alpha=-lr)
+        self.grad_buffer.zero_()
+        self._reset_pending()
+        self._gather_params()
+
+    def _gather_params(self) -> None:
+        t0 = time.perf_counter()
+        for b in reversed(self.buckets):          # forward order is reverse bucket order
+            src = b.master if b.gather_src is None else b.gather_src.copy_(b.master)
+            if self.D == 1:
+                self.param_buffer[b.shard].copy_(src)
+                continue
+            out = self.param_buffer[b.start:b.start + b.size]
+            b.gather_work = dist.all_gather_single(out, src, group=self.dp_group,
+                                                        async_op=self.overlap)
+            if not self.overlap:
+                b.gather_work = None
+        if not self.overlap and self.D > 1:       # synchronous gathers are exposed communication
+            self.sync()
+            self.times.param_wait += time.perf_counter() - t0
+
+    def _make_gather_wait(self, ids: list[int]) -> Callable[..., None]:
+        def pre_hook(module: nn.Module, args: Any) -> None:
+            for i in ids:
+                b = self.buckets[i]
+                if b.gather_work is not None:
+                    t0 = time.perf_counter()
+                    b.gather_work.wait()
+                    b.gather_work = None
+                    self.sync()
+                    self.times.param_wait += time.perf_counter() - t0
+        return pre_hook
+
+    def wait_param_gathers(self) -> None:
+        """Wait for every outstanding all-gather (before a checkpoint or leaving training)."""
+        for b in self.buckets:
+            if b.gather_work is not None:
+                b.gather_work.wait()
+                b.gather_work = None
+
+    # ---- checkpoint state (this rank's shards) --------------------------------------------
+    def state_dict(self, prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {f"{prefix}.step": torch.tensor(self.step_count)}
+        for b in self.buckets:
+            out[f"{prefix}.bucket{b.index}.master"] = b.master
+            if b.exp_avg is not None:
+                out[f"{prefix}.bucket{b.index}.exp_avg"] = b.exp_avg
+                out[f"{prefix}.bucket{b.index}.exp_avg_sq"] = b.exp_avg_sq
+        return out
+
+    def loaded(self, state: dict[str, Any], prefix: str) -> None:
+        """After the tensors of state_dict() were filled in place: restore the step counter."""
+        self.step_count = int(state[f"{prefix}.step"])

@@ -1,0 +1,197 @@
+"""The training engine: one rank's part of a Layout, from groups to metrics and checkpoints.
+
+The default process group must already be initialised (the entry point or a test does it).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from holmes.plan.layout import Layout
+
+from . import checkpoint
+from .config import OptimizerConfig, TrainConfig
+from .data import BatchLoader, Sharding, make_source
+from .dist_optimizer import DistributedOptimizer
+from .groups import build_groups
+from .metrics import MetricsSink, tflops_per_gpu
+from .model import TIED_COPY, build_stage
+from .schedule import MicroBatchRunner
+
+
+def learning_rate(cfg: OptimizerConfig, iteration: int, total: int) -> float:
+    """Linear warm-up, then cosine (or constant) decay to min_learning_rate; a pure function of i."""
+    lr, lo, warm = cfg.learning_rate, cfg.min_learning_rate, cfg.warmup_iterations
+    if iteration < warm:
+        return lr * (iteration + 1) / warm
+    if cfg.decay == "constant" or total <= warm:
+        return lr
+    progress = min(1.0, (iteration - warm) / max(1, total - warm))
+    return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * progress))
+
+
+def layout_signature(layout: Layout) -> dict[str, Any]:
+    return {"pipeline": layout.pipeline, "data": layout.data, "tensor": layout.tensor,
+            "stageLayers": [list(s.layers) for s in layout.stages],
+            "microBatchSize": layout.micro_batch_size, "microBatches": layout.micro_batches}
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, layout: Layout, *, rank: int, device: torch.device,
+                 backend: str, sink: MetricsSink | None = None):
+        cfg.check_against_layout(layout)
+        if dist.get_world_size() != layout.world_size:
+            raise RuntimeError(f"the layout needs {layout.world_size} ranks but {dist.get_world_size()} "
+                               "were started: launch nnodes*nproc-per-node = layout worldSize processes")
+        self.cfg, self.layout, self.rank, self.device = cfg, layout, rank, device
+        self.sink = sink or MetricsSink(enabled=False)
+        info = layout.rank_info(rank)
+        self.info = info
+        P, D, M = layout.pipeline, layout.data, layout.micro_batches
+        self.first, self.last = info.stage == 0, info.stage == P - 1
+        tied_split = cfg.model.tied_embeddings and P > 1
+        self.groups = build_groups(layout, rank, backend, cfg.timeout_seconds, need_embedding=tied_split)
+        stage = layout.stages[info.stage]
+        self.module = build_stage(cfg.model, stage.layers[0], stage.layers[1], self.first, self.last,
+                                  cfg.seed, device)
+        self.sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        tied_name = None
+        if tied_split:
+            tied_name = "embedding.tok.weight" if self.first else TIED_COPY
+        self.opt = DistributedOptimizer(
+            self.module, cfg.optimizer, dp_group=self.groups.dp, dp_size=D, dp_rank=info.dp_index,
+            micro_batches=M, overlap=cfg.overlap, bucket_elements=cfg.bucket_elements,
+            embedding_group=self.groups.embedding if tied_split else None,
+            tied_param_name=tied_name, tied_in_norm=self.first, sync=self.sync)
+        self.runner = MicroBatchRunner(
+            self.module, cfg.model, stage=info.stage, stages=P, micro_batches=M,
+            micro_batch_size=layout.micro_batch_size, device=device, pp_group=self.groups.pp,
+            sync=self.sync)
+        self.loader = None
+        if self.first or self.last:
+            source = make_source(cfg.data.path, cfg.model.vocab_size, cfg.model.seq_length, cfg.seed,
+                                 cfg.data.token_dtype)
+            self.loader = BatchLoader(source, Sharding(cfg.global_batch_size, D, info.dp_index))
+        self.iteration = 0
+        self.history: list[dict[str, Any]] = []
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def _opt_prefix(self) -> str:
+        return f"optim.stage{self.info.stage}.dp{self.info.dp_index}"
+
+    def _state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {f"model.{k}": v for k, v in self.module.state_dict().items()}
+        state.update(self.opt.state_dict(self._opt_prefix()))
+        state.update(checkpoint.rng_state(self.rank))
+        return state
+
+    def save_checkpoint(self) -> None:
+        root = self.cfg.checkpoint.path
+        self.opt.wait_param_gathers()
+        t0 = time.perf_counter()
+        path = checkpoint.save(root, self.iteration, self._state(), self.rank,
+                               {"layout": layout_signature(self.layout),
+                                "consumedSamples": self.iteration * self.cfg.global_batch_size})
+        self.sink.emit("checkpoint", iteration=self.iteration, path=path,
+                       seconds=round(time.perf_counter() - t0, 3))
+
+    def maybe_resume(self) -> None:
+        root = self.cfg.checkpoint.path
+        if not root:
+            return
+        found = torch.tensor([-1 if (n := checkpoint.newest_complete(root)) is None else n],
+                             dtype=torch.long, device=self.device)
+        dist.broadcast(found, src=0)             # rank 0 decides, so all ranks load the same one
+        iteration = int(found.item())
+        if iteration < 0:
+            return
+        self.opt.wait_param_gathers()
+        state = self._state()
+        checkpoint.load(root, iteration, state, {"layout": layout_signature(self.layout)})
+        self.opt.loaded(state, self._opt_prefix())
+        checkpoint.restore_rng(state, self.rank)
+        self.iteration = iteration
+        self.sink.emit("resume", iteration=iteration, path=checkpoint.iteration_dir(root, iteration))
+
+    # ---- one iteration -------------------------------------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        cfg, lay, i = self.cfg, self.layout, self.iteration
+        M, D = lay.micro_batches, lay.data
+        lr = learning_rate(cfg.optimizer, i, cfg.iterations)
+        t0 = time.perf_counter()
+        self.opt.times.reset()
+        self.runner.reset_times()
+        inputs = targets = None
+        if self.loader is not None:
+            x, y = self.loader.batch(i)
+            inputs = x.to(self.device) if self.first else None
+            targets = y.to(self.device) if self.last else None
+        t_data = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        loss_sum = self.runner.run(inputs, targets)
+        self.sync()
+        t_sched = time.perf_counter() - t1
+
+        self.opt.finish_grad_sync()
+        t2 = time.perf_counter()
+        loss_part = (loss_sum / (M * D)) if loss_sum is not None else torch.zeros((), device=self.device)
+        red = torch.stack([self.opt.local_grad_sq(), loss_part.to(torch.float32)])
+        dist.all_reduce(red)                     # every rank: global grad norm and mean loss
+        grad_norm, loss = math.sqrt(float(red[0])), float(red[1])
+        t_norm = time.perf_counter() - t2
+        if not (math.isfinite(grad_norm) and math.isfinite(loss)):
+            raise FloatingPointError(f"iteration {i + 1}: loss {loss} / grad norm {grad_norm} is not finite; "
+                                     "lower learningRate or check the data")
+        clip = cfg.optimizer.grad_clip
+        coef = min(1.0, clip / (grad_norm + 1e-6)) if clip > 0 else 1.0
+
+        t3 = time.perf_counter()
+        self.opt.step(lr, coef)
+        self.sync()
+        t_step = time.perf_counter() - t3
+        self.iteration += 1
+        seconds = time.perf_counter() - t0
+
+        times = self.opt.times
+        compute = max(0.0, self.runner.compute - times.param_wait)
+        exposed = times.grad_wait + times.param_wait + times.embedding + t_norm
+        if not cfg.overlap:                      # synchronous all-gathers ran inside step
+            t_step = max(0.0, t_step - times.param_wait)
+        bubble = max(0.0, t_sched - self.runner.compute)
+        tokens = cfg.global_batch_size * cfg.model.seq_length
+        record = {
+            "iteration": self.iteration, "loss": loss, "learningRate": lr, "gradNorm": grad_norm,
+            "iterationSeconds": seconds, "tokensPerSecond": tokens / seconds,
+            "tflopsPerGpu": tflops_per_gpu(cfg.model, cfg.global_batch_size, seconds, lay.world_size),
+            "time": {"compute": compute, "bubble": bubble, "exposedComm": exposed,
+                     "optimizer": t_step, "data": t_data},
+        }
+        self.history.append(record)
+        return record
+
+    def train(self, on_iteration: Callable[["Trainer", dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        self.maybe_resume()
+        self.sink.emit("start", iteration=self.iteration, iterations=cfg.iterations,
+                       worldSize=self.layout.world_size, pipeline=self.layout.pipeline,
+                       data=self.layout.data, parameters=cfg.model.num_parameters(),
+                       overlap=cfg.overlap, device=str(self.device))
+        every = cfg.checkpoint.interval
+        while self.iteration < cfg.iterations:
+            record = self.train_step()
+            self.sink.emit("iteration", **record)
+            if on_iteration is not None:
+                on_iteration(self, record)
+            if cfg.checkpoint.path and (self.iteration == cfg.iterations
+                                        or every and self.iteration % every == 0):
+                self.save_checkpoint()
+        self.opt.wait_param_gathers()
+        last = self.history[-1] if self.history else {}
+        self.sink.emit("done", iteration=self.iteration, loss=last.get("loss"),
+                       tokensPerSecond=last.get("tokensPerSecond"), tflopsPerGpu=last.get("tflopsPerGpu"))
+        return self.history

@@ -1,0 +1,75 @@
+"""Process groups from the Layout, each on the NCCL network the planner chose for it.
+
+Every rank creates every group of ``layout.process_groups()`` in the Layout's order (torch
+requires all ranks to take part in each ``new_group``), keeping the ones it belongs to. On NCCL a
+group gets ``ProcessGroupNCCL.Options().config.net_name`` = the group's ``net`` ("IB" or
+"Socket"), so a DP group inside an InfiniBand island uses IB while a pipeline group crossing
+islands uses sockets; gloo takes no options, the same code path builds plain groups.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from holmes.plan.layout import Layout, ProcessGroup
+
+
+@dataclass
+class RankGroups:
+    """The groups one rank belongs to (None where the kind does not exist for it)."""
+    dp: Any
+    pp: Any
+    embedding: Any
+    dp_ranks: tuple[int, ...]
+    pp_ranks: tuple[int, ...]
+    embedding_ranks: tuple[int, ...]
+    nets: dict[str, str]              # kind -> NCCL net, for the log
+
+
+def group_options(backend: str, net: str) -> Any:
+    """pg_options selecting the NCCL network of one group; None for backends without options."""
+    if backend != "nccl":
+        return None
+    from torch.distributed import ProcessGroupNCCL  # only in CUDA builds
+    opts = ProcessGroupNCCL.Options()
+    opts.config.net_name = net
+    return opts
+
+
+def embedding_groups(layout: Layout) -> list[ProcessGroup]:
+    """The Layout's embedding groups, or the first/last rank of each pp group if it lists none."""
+    listed = list(layout.process_groups("embedding"))
+    if listed or layout.pipeline == 1:
+        return listed
+    return [ProcessGroup("embedding", (g.ranks[0], g.ranks[-1]), g.net) for g in layout.process_groups("pp")]
+
+
+def build_groups(layout: Layout, rank: int, backend: str, timeout_s: float,
+                 need_embedding: bool = False) -> RankGroups:
+    timeout = timedelta(seconds=timeout_s)
+    mine: dict[str, tuple[Any, tuple[int, ...], str]] = {}
+    specs = [g for g in layout.process_groups() if g.kind in ("dp", "pp")]
+    if need_embedding:
+        specs += embedding_groups(layout)
+    for g in specs:
+        if g.kind == "dp" and len(g.ranks) == 1 or g.kind == "pp" and len(g.ranks) == 1:
+            handle = None           # a group of one needs no communicator
+        else:
+            handle = dist.new_group(list(g.ranks), timeout=timeout, backend=backend,
+                                    pg_options=group_options(backend, g.net))
+        if rank in g.ranks:
+            if g.kind in mine:
+                raise RuntimeError(f"rank {rank} is in two {g.kind} groups: the layout is inconsistent")
+            mine[g.kind] = (handle, g.ranks, g.net)
+    me = layout.rank_info(rank)
+    dp = mine.get("dp", (None, (rank,), "-"))
+    pp = mine.get("pp", (None, (rank,), "-"))
+    emb = mine.get("embedding", (None, (), "-"))
+    if layout.data > 1 and dp[0] is None or layout.pipeline > 1 and pp[0] is None:
+        raise RuntimeError(f"rank {rank} (stage {me.stage}, dp index {me.dp_index}) found no dp/pp group "
+                           "in the layout: it must list a dp family per stage and a pp family")
+    return RankGroups(dp=dp[0], pp=pp[0], embedding=emb[0], dp_ranks=dp[1], pp_ranks=pp[1],
+                      embedding_ranks=emb[1], nets={"dp": dp[2], "pp": pp[2], "embedding": emb[2]})

@@ -1,0 +1,83 @@
+"""Per-iteration metrics: one JSON line on stdout (and in --metrics-file), and Prometheus gauges.
+
+Only rank 0 reports. Keys are camelCase like HolmesJob.status.progress (iteration, loss,
+tokensPerSecond, tflopsPerGpu). Every line carries ``"holmes": "<event>"`` so a reader can pick
+them out of other output: ``start``, ``iteration``, ``checkpoint``, ``resume``, ``done``, ``error``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from .config import ModelConfig
+
+
+def flops_per_iteration(m: ModelConfig, global_batch: int) -> float:
+    """Narayanan et al. 2021 (with activation recomputation), the formula the Holmes paper reports."""
+    B, s, l, h, V = global_batch, m.seq_length, m.layers, m.hidden_size, m.vocab_size
+    return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+def tflops_per_gpu(m: ModelConfig, global_batch: int, seconds: float, world_size: int) -> float:
+    return flops_per_iteration(m, global_batch) / (seconds * world_size * 1e12)
+
+
+class MetricsSink:
+    """Writes metric records; a no-op on ranks other than 0."""
+
+    GAUGES = {
+        "iteration": "holmes_trainer_iteration",
+        "loss": "holmes_trainer_loss",
+        "learningRate": "holmes_trainer_learning_rate",
+        "gradNorm": "holmes_trainer_grad_norm",
+        "tokensPerSecond": "holmes_trainer_tokens_per_second",
+        "tflopsPerGpu": "holmes_trainer_tflops_per_gpu",
+        "iterationSeconds": "holmes_trainer_iteration_seconds",
+    }
+
+    def __init__(self, enabled: bool, metrics_file: str | None = None, port: int | None = None,
+                 addr: str = "0.0.0.0", stream: TextIO | None = None):
+        self.enabled = enabled
+        self.stream = stream or sys.stdout
+        self.file = open(metrics_file, "a") if enabled and metrics_file else None
+        self.server = None
+        self.port: int | None = None
+        self._gauges: dict[str, Any] = {}
+        if enabled and port is not None:
+            self._start_prometheus(port, addr)
+
+    def _start_prometheus(self, port: int, addr: str) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+        self.registry = CollectorRegistry()
+        for key, name in self.GAUGES.items():
+            self._gauges[key] = Gauge(name, f"Holmes trainer {key}", registry=self.registry)
+        self._time = Gauge("holmes_trainer_time_seconds", "Where the last iteration's time went",
+                           ["part"], registry=self.registry)
+        started = start_http_server(port, addr=addr, registry=self.registry)
+        self.server = started[0] if isinstance(started, tuple) else None
+        self.port = self.server.server_port if self.server is not None else port
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        line = json.dumps({"holmes": event, **fields}, sort_keys=False)
+        print(line, file=self.stream, flush=True)
+        if self.file:
+            self.file.write(line + "\n")
+            self.file.flush()
+        if event == "iteration" and self._gauges:
+            for key, gauge in self._gauges.items():
+                if fields.get(key) is not None:
+                    gauge.set(fields[key])
+            for part, secs in (fields.get("time") or {}).items():
+                self._time.labels(part).set(secs)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+            self.file = None
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None

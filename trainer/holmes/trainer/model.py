@@ -1,0 +1,145 @@
+"""A GPT-style decoder, built one pipeline stage at a time.
+
+Parameter names are global (``layers.17.attn.qkv.weight``) and every parameter is initialised
+from a generator seeded by (seed, name): a stage holding layers [a, b) gets exactly the values a
+single-process model would have, whatever the split. That is what makes runs with different
+layouts comparable and lets the last stage build a bit-identical copy of a tied embedding.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+TIED_COPY = "head.tied_embedding"   # last stage's copy of embedding.tok.weight when P > 1
+
+
+class Embedding(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.pos = nn.Embedding(cfg.seq_length, cfg.hidden_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        return self.tok(ids) + self.pos(positions)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.heads = cfg.attention_heads
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, s, h))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.hidden_size, cfg.ffn)
+        self.proj = nn.Linear(cfg.ffn, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.hidden_size)
+        self.attn = Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.hidden_size)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Head(nn.Module):
+    """Final norm + LM head. ``weight`` None: an own Linear; else the tied embedding matrix."""
+
+    def __init__(self, cfg: ModelConfig, tied: nn.Parameter | None, own_tied_copy: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.hidden_size)
+        self._tied = [tied] if tied is not None else None      # a list: not registered twice
+        if own_tied_copy:
+            self.tied_embedding = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        elif tied is None:
+            self.out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        if self._tied is not None:
+            return F.linear(x, self._tied[0])
+        if hasattr(self, "tied_embedding"):
+            return F.linear(x, self.tied_embedding)
+        return self.out(x)
+
+
+class StageModule(nn.Module):
+    """Layers [start, end) of the model; the first stage adds the embedding, the last the head."""
+
+    def __init__(self, cfg: ModelConfig, start: int, end: int, first: bool, last: bool):
+        super().__init__()
+        self.cfg, self.start, self.end, self.first, self.last = cfg, start, end, first, last
+        self.embedding = Embedding(cfg) if first else None
+        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(start, end)})
+        if last:
+            tied = self.embedding.tok.weight if (cfg.tied_embeddings and first) else None
+            self.head = Head(cfg, tied, own_tied_copy=cfg.tied_embeddings and not first)
+        else:
+            self.head = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embedding is not None:
+            x = self.embedding(x)
+        for block in self.layers.values():
+            x = block(x)
+        return self.head(x) if self.head is not None else x
+
+
+def build_stage(cfg: ModelConfig, start: int, end: int, first: bool, last: bool, seed: int,
+                device: torch.device | str = "cpu") -> StageModule:
+    """Build and deterministically initialise one stage, in cfg.dtype on ``device``."""
+    module = StageModule(cfg, start, end, first, last)
+    init_parameters(module, cfg, seed)
+    return module.to(device=device, dtype=getattr(torch, cfg.dtype))
+
+
+def build_full(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> StageModule:
+    return build_stage(cfg, 0, cfg.layers, True, True, seed, device)
+
+
+@torch.no_grad()
+def init_parameters(module: nn.Module, cfg: ModelConfig, seed: int) -> None:
+    out_std = 0.02 / math.sqrt(2 * cfg.layers)        # GPT-2's scaled init of residual outputs
+    for name, p in module.named_parameters():
+        key = "embedding.tok.weight" if name == TIED_COPY else name
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
+        leaf = key.rsplit(".", 1)[-1]
+        if ".ln" in key or "norm" in key:
+            p.fill_(1.0 if leaf == "weight" else 0.0)
+        elif leaf == "bias":
+            p.zero_()
+        else:
+            std = out_std if key.endswith("proj.weight") else 0.02
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of one micro-batch, computed in fp32."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -1,0 +1,106 @@
+"""Running the micro-batches of one iteration: 1F1B across stages, or a plain loop for one stage.
+
+Pipeline stages use torch.distributed.pipelining with fixed shapes (no shape inference: it
+trips on first steps with hooks) and ``scale_grads=False``: the distributed optimizer scales
+each bucket by 1/(M*D) when it reduces it. Compute time is measured around each stage forward
+and backward, so the rest of the schedule's time is waiting on neighbours (the bubble).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+from .config import ModelConfig
+from .model import loss_fn
+
+
+class _TimedStage(PipelineStage):
+    """A PipelineStage that adds the time of each forward/backward chunk to ``compute``."""
+
+    compute = 0.0
+    sync: Callable[[], None] = staticmethod(lambda: None)
+
+    def forward_maybe_with_nosync(self, *args: Any, **kwargs: Any):
+        t0 = time.perf_counter()
+        out = super().forward_maybe_with_nosync(*args, **kwargs)
+        self.sync()
+        self.compute += time.perf_counter() - t0
+        return out
+
+    def backward_maybe_with_nosync(self, *args: Any, **kwargs: Any):
+        t0 = time.perf_counter()
+        out = super().backward_maybe_with_nosync(*args, **kwargs)
+        self.sync()
+        self.compute += time.perf_counter() - t0
+        return out
+
+
+class MicroBatchRunner:
+    """``run(inputs, targets)`` does forward+backward of all micro-batches of one iteration.
+
+    Returns the sum of the micro-batch losses on the last stage (a 0-dim tensor), else None.
+    ``compute`` holds the seconds spent computing since the last ``reset_times``.
+    """
+
+    def __init__(self, module: nn.Module, cfg: ModelConfig, *, stage: int, stages: int,
+                 micro_batches: int, micro_batch_size: int, device: torch.device, pp_group: Any,
+                 sync: Callable[[], None] = lambda: None):
+        self.module, self.stage, self.stages, self.M = module, stage, stages, micro_batches
+        self.first, self.last = stage == 0, stage == stages - 1
+        self.sync = sync
+        self._compute = 0.0
+        if stages == 1:
+            self.schedule = None
+            return
+        dtype = getattr(torch, cfg.dtype)
+        mb, s, h, V = micro_batch_size, cfg.seq_length, cfg.hidden_size, cfg.vocab_size
+        if self.first:
+            example_in = torch.zeros(mb, s, dtype=torch.long, device=device)
+        else:
+            example_in = torch.zeros(mb, s, h, dtype=dtype, device=device, requires_grad=True)
+        example_out = torch.zeros(mb, s, V if self.last else h, dtype=dtype, device=device,
+                                  requires_grad=True)   # so the stage expects an output gradient
+        self.pstage = _TimedStage(module, stage, stages, device, input_args=(example_in,),
+                                  output_args=(example_out,), group=pp_group)
+        self.pstage.sync = sync
+        self.schedule = Schedule1F1B(self.pstage, micro_batches, loss_fn=loss_fn, scale_grads=False)
+
+    @property
+    def compute(self) -> float:
+        return self.pstage.compute if self.schedule is not None else self._compute
+
+    def reset_times(self) -> None:
+        if self.schedule is not None:
+            self.pstage.compute = 0.0
+        self._compute = 0.0
+
+    def run(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> torch.Tensor | None:
+        if self.schedule is None:
+            return self._run_local(inputs, targets)
+        losses: list[torch.Tensor] = []
+        if self.first and self.last:
+            raise AssertionError("a single stage runs locally")
+        if self.first:
+            self.schedule.step(inputs, return_outputs=False)
+        elif self.last:
+            self.schedule.step(target=targets, losses=losses, return_outputs=False)
+        else:
+            self.schedule.step(return_outputs=False)
+        if not self.last:
+            return None
+        return torch.stack([l.detach().float() for l in losses]).sum()
+
+    def _run_local(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=inputs.device)
+        t0 = time.perf_counter()
+        for x, y in zip(inputs.chunk(self.M), targets.chunk(self.M)):
+            loss = loss_fn(self.module(x), y)
+            loss.backward()
+            total += loss.detach()
+        self.sync()
+        self._compute += time.perf_counter() - t0
+        return total
