@@ -8,10 +8,14 @@ Environment knobs (flags win over them):
 - HOLMES_CHECKPOINT_DIR: overrides training.checkpoint.path of the job
 - HOLMES_BACKEND: nccl | gloo (default: nccl when CUDA is available, else gloo)
 - HOLMES_TIMEOUT_SECONDS: process-group timeout, how long a dead peer can stall the others
+- HOLMES_DTYPE: float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)
+- HOLMES_OPTIMIZER: adamw | sgd;  HOLMES_OVERLAP=0: synchronous optimizer (same math)
+- HOLMES_BUCKET_ELEMENTS: gradient bucket size in elements (default 40M)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -35,7 +39,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout-seconds", type=float,
                     default=float(env("HOLMES_TIMEOUT_SECONDS")) if env("HOLMES_TIMEOUT_SECONDS") else None)
     ap.add_argument("--iterations", type=int, help="override training.iterations")
-    ap.add_argument("--no-overlap", action="store_true", help="synchronous optimizer (same math), for comparison")
+    ap.add_argument("--dtype", default=env("HOLMES_DTYPE"), help="float32 | bfloat16")
+    ap.add_argument("--optimizer", default=env("HOLMES_OPTIMIZER", "adamw"), choices=["adamw", "sgd"])
+    ap.add_argument("--bucket-elements", type=int,
+                    default=int(env("HOLMES_BUCKET_ELEMENTS")) if env("HOLMES_BUCKET_ELEMENTS") else None)
+    ap.add_argument("--no-overlap", action="store_true", default=env("HOLMES_OVERLAP", "1") == "0",
+                    help="synchronous optimizer (same math), for comparison")
     return ap.parse_args(argv)
 
 
@@ -51,35 +60,39 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from holmes.plan.layout import Layout, LayoutError
+    from holmes.plan.layout import Layout
 
     from .config import CheckpointConfig, ConfigError, TrainConfig
     from .engine import Trainer
     from .metrics import MetricsSink
 
+    cuda = torch.cuda.is_available()
     try:
+        overrides = {"dtype": args.dtype or ("bfloat16" if cuda else "float32"),
+                     "optimizer": args.optimizer, "overlap": not args.no_overlap}
+        if args.bucket_elements:
+            overrides["bucket_elements"] = args.bucket_elements
+        if args.timeout_seconds:
+            overrides["timeout_seconds"] = args.timeout_seconds
         with open(args.job) as f:
-            cfg = TrainConfig.from_manifest(yaml.safe_load(f))
+            cfg = TrainConfig.from_manifest(yaml.safe_load(f), **overrides)
         with open(args.layout) as f:
             layout = Layout.from_json(f.read())
         if args.checkpoint_dir:
             cfg = replace(cfg, checkpoint=CheckpointConfig(args.checkpoint_dir, cfg.checkpoint.interval))
         if args.iterations:
             cfg = replace(cfg, iterations=args.iterations)
-        if args.no_overlap:
-            cfg = replace(cfg, overlap=False)
-        if args.timeout_seconds:
-            cfg = replace(cfg, timeout_seconds=args.timeout_seconds)
         cfg.check_against_layout(layout)
         world = int(os.environ["WORLD_SIZE"])
         if world != layout.world_size:
             raise ConfigError(f"torchrun started {world} processes but the layout needs {layout.world_size} "
                               "(nnodes x nproc-per-node must equal the layout's worldSize)")
-    except (OSError, yaml.YAMLError, ConfigError, LayoutError) as e:
+    except (OSError, yaml.YAMLError, ValueError) as e:   # SpecError, ConfigError, LayoutError
         print(f"holmes.trainer: rank {rank}: {e}", file=sys.stderr)
+        if rank == 0:   # the operator reads stdout: say why in its format too
+            print(json.dumps({"holmes": "error", "rank": rank, "message": str(e)[:2000]}), flush=True)
         return 2
 
-    cuda = torch.cuda.is_available()
     backend = args.backend or ("nccl" if cuda else "gloo")
     if cuda:
         torch.cuda.set_device(local_rank)

@@ -110,65 +110,37 @@ class TrainConfig:
 
     # ---- from the HolmesJob ------------------------------------------------------------
     @classmethod
-    def from_manifest(cls, doc: dict[str, Any]) -> "TrainConfig":
-        """A HolmesJob manifest (or its ``spec``) -> TrainConfig, via holmes.plan.jobspec when present."""
-        try:
-            from holmes.plan.jobspec import JobSpec  # the operator's own parser: one source of truth
-        except ImportError:  # pragma: no cover - only before the operator side lands
-            JobSpec = None
-        if JobSpec is not None:
-            return cls.from_jobspec(JobSpec.from_manifest(doc))
-        return cls._from_spec_dict(doc.get("spec", doc))
+    def from_manifest(cls, doc: dict[str, Any], **overrides: Any) -> "TrainConfig":
+        """A HolmesJob manifest, or just its ``spec``, parsed by holmes.plan.jobspec (one parser)."""
+        from holmes.plan.jobspec import JobSpec
+        if not isinstance(doc, dict):
+            raise ConfigError("the job file must hold a HolmesJob manifest or its spec (a mapping)")
+        if "kind" in doc or "apiVersion" in doc:
+            job = JobSpec.from_manifest(doc)
+        else:
+            job = JobSpec.from_spec(doc.get("spec", doc))
+        return cls.from_jobspec(job, **overrides)
 
     @classmethod
-    def from_jobspec(cls, job: Any) -> "TrainConfig":
+    def from_jobspec(cls, job: Any, *, dtype: str = "float32", optimizer: str = "adamw",
+                     **overrides: Any) -> "TrainConfig":
+        """JobSpec -> TrainConfig. Knobs the HolmesJob API does not carry (dtype, optimizer kind,
+        overlap, bucket size, timeout) come as keyword overrides from the entry point."""
         m, t = job.model, job.training
         model = ModelConfig(
             layers=m.layers, hidden_size=m.hidden_size, attention_heads=m.attention_heads,
-            seq_length=m.seq_length, vocab_size=m.vocab_size,
-            ffn_hidden_size=getattr(m, "ffn_hidden_size", 0) or 0,
-            tied_embeddings=bool(getattr(m, "tied_embeddings", False)),
-            dtype=_dtype_name(getattr(m, "dtype", None) or getattr(t, "dtype", None) or "float32"))
-        tr = _trainer_extras(getattr(t, "trainer", None) or {})
-        data = getattr(t, "data", None)
-        ckpt = getattr(t, "checkpoint", None)
+            seq_length=m.seq_length, vocab_size=m.vocab_size, ffn_hidden_size=m.ffn_hidden_size,
+            tied_embeddings=m.tied_embeddings, dtype=_dtype_name(dtype))
+        opt = OptimizerConfig(kind=optimizer, learning_rate=t.learning_rate, weight_decay=t.weight_decay,
+                              grad_clip=t.grad_clip, warmup_iterations=t.warmup_iterations)
+        ckpt = t.checkpoint
         return cls(
             model=model, global_batch_size=t.global_batch_size, micro_batch_size=t.micro_batch_size,
-            iterations=t.iterations, seed=t.seed,
-            optimizer=OptimizerConfig(learning_rate=t.learning_rate, **tr.pop("optimizer")),
-            data=DataConfig(path=_attr(data, "path")),
-            checkpoint=CheckpointConfig(path=_attr(ckpt, "path"),
-                                        interval=int(_attr(ckpt, "interval_iterations") or 0)),
-            **tr)
-
-    @classmethod
-    def _from_spec_dict(cls, spec: dict[str, Any]) -> "TrainConfig":
-        try:
-            m, t = spec["model"], spec["training"]
-            model = ModelConfig(
-                layers=int(m["layers"]), hidden_size=int(m["hiddenSize"]),
-                attention_heads=int(m["attentionHeads"]), seq_length=int(m["seqLength"]),
-                vocab_size=int(m["vocabSize"]), ffn_hidden_size=int(m.get("ffnHiddenSize", 0)),
-                tied_embeddings=bool(m.get("tiedEmbeddings", False)),
-                dtype=_dtype_name(m.get("dtype", "float32")))
-            data = t.get("data") or {}
-            ckpt = t.get("checkpoint") or {}
-            tr = _trainer_extras(t.get("trainer") or {})
-            return cls(
-                model=model, global_batch_size=int(t["globalBatchSize"]),
-                micro_batch_size=int(t["microBatchSize"]), iterations=int(t["iterations"]),
-                seed=int(t.get("seed", 1234)),
-                optimizer=OptimizerConfig(learning_rate=float(t["learningRate"]), **tr.pop("optimizer")),
-                data=DataConfig(path=data.get("path")),
-                checkpoint=CheckpointConfig(path=ckpt.get("path"),
-                                            interval=int(ckpt.get("intervalIterations", 0))),
-                **tr)
-        except KeyError as e:
-            raise ConfigError(f"job spec is missing {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            if isinstance(e, ConfigError):
-                raise
-            raise ConfigError(f"job spec has a malformed field: {e}") from None
+            iterations=t.iterations, seed=t.seed, optimizer=opt,
+            data=DataConfig(path=None if t.data.synthetic else t.data.path),
+            checkpoint=CheckpointConfig(path=ckpt.path, interval=ckpt.interval_iterations) if ckpt
+            else CheckpointConfig(),
+            **overrides)
 
     # ---- against the Layout --------------------------------------------------------------
     def check_against_layout(self, layout: Layout) -> None:
@@ -191,39 +163,8 @@ class TrainConfig:
                               f"({layout.pipeline}); raise globalBatchSize or lower microBatchSize")
 
 
-def _attr(obj: Any, name: str) -> Any:
-    if obj is None:
-        return None
-    if isinstance(obj, dict):
-        camel = name.split("_")[0] + "".join(w.title() for w in name.split("_")[1:])
-        return obj.get(name, obj.get(camel))
-    return getattr(obj, name, None)
-
-
 def _dtype_name(v: str) -> str:
     aliases = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
     if str(v) not in aliases:
         raise ConfigError(f"dtype {v!r} is not one of bf16, bfloat16, fp32, float32")
     return aliases[str(v)]
-
-
-def _trainer_extras(d: dict[str, Any]) -> dict[str, Any]:
-    """Optional trainer knobs under spec.training.trainer (camelCase), with their defaults."""
-    known = {"optimizer", "minLearningRate", "warmupIterations", "decay", "weightDecay", "beta1",
-             "beta2", "eps", "gradClip", "overlap", "bucketElements", "timeoutSeconds"}
-    unknown = set(d) - known
-    if unknown:
-        raise ConfigError(f"unknown training.trainer fields {sorted(unknown)}; known: {sorted(known)}")
-    opt = {k: v for k, v in dict(
-        kind=d.get("optimizer"), min_learning_rate=d.get("minLearningRate"),
-        warmup_iterations=d.get("warmupIterations"), decay=d.get("decay"),
-        weight_decay=d.get("weightDecay"), beta1=d.get("beta1"), beta2=d.get("beta2"),
-        eps=d.get("eps"), grad_clip=d.get("gradClip")).items() if v is not None}
-    out: dict[str, Any] = {"optimizer": opt}
-    if "overlap" in d:
-        out["overlap"] = bool(d["overlap"])
-    if "bucketElements" in d:
-        out["bucket_elements"] = int(d["bucketElements"])
-    if "timeoutSeconds" in d:
-        out["timeout_seconds"] = float(d["timeoutSeconds"])
-    return out

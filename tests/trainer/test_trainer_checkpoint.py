@@ -1,0 +1,46 @@
+"""Checkpoint at k, kill, resume: the losses from k+1 on equal an uninterrupted run."""
+import os
+
+import pytest
+
+from trainer_harness import make_layout, run_ranks, tiny_config, train_on_layout
+from holmes.trainer import checkpoint
+from holmes.trainer.config import CheckpointConfig, OptimizerConfig
+
+ADAMW = OptimizerConfig(kind="adamw", learning_rate=3e-3, warmup_iterations=2)
+
+
+def _kill_after(n):
+    def on_iteration(trainer, record):
+        if trainer.iteration == n:
+            os._exit(17)          # no cleanup, like a node going away
+    return on_iteration
+
+
+def test_resume_after_kill_continues_exactly(tmp_path):
+    lay = make_layout(2, 2, [3, 1], 2, 4)
+    full = run_ranks(4, train_on_layout, tiny_config(optimizer=ADAMW, iterations=6), lay)
+    want = full[0][1]["losses"]
+
+    ckpt = CheckpointConfig(path=str(tmp_path / "ckpt"), interval=3)
+    cfg = tiny_config(optimizer=ADAMW, iterations=6, checkpoint=ckpt)
+    killed = run_ranks(4, train_on_layout, cfg, lay, _kill_after(5), allow_exit=True)
+    assert all(v == ("exit", 17) for v in killed.values()), killed
+    assert checkpoint.newest_complete(ckpt.path) == 3
+    # a checkpoint that was being written when the job died has no marker and is skipped
+    os.makedirs(checkpoint.iteration_dir(ckpt.path, 4))
+
+    resumed = run_ranks(4, train_on_layout, cfg, lay)
+    got = resumed[0][1]["records"]
+    assert [r["iteration"] for r in got] == [4, 5, 6]
+    assert [r["loss"] for r in got] == pytest.approx(want[3:], abs=1e-6)
+    assert checkpoint.newest_complete(ckpt.path) == 6
+
+
+def test_resume_under_another_layout_is_refused(tmp_path):
+    ckpt = CheckpointConfig(path=str(tmp_path / "ckpt"), interval=2)
+    cfg = tiny_config(iterations=2, checkpoint=ckpt)
+    run_ranks(2, train_on_layout, cfg, make_layout(2, 1, [3, 1], 2, 8))
+    res = run_ranks(2, train_on_layout, cfg.with_(iterations=4), make_layout(2, 1, [2, 2], 2, 8),
+                    allow_exit=True)
+    assert res[0][0] == "error" and "same layout" in res[0][1]
