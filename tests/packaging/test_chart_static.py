@@ -117,7 +117,7 @@ def test_values_flow_into_the_pod():
 def test_metrics_off_and_service_monitor_on():
     docs = render({"metrics.enabled": "false"})
     assert not by_kind(docs, "Service")
-    assert not any(a.startswith("--metrics") for a in operator_pod(docs)["containers"][0]["args"])
+    assert "--metrics-port=0" in operator_pod(docs)["containers"][0]["args"]
     docs = render({"metrics.serviceMonitor.enabled": "true", "metrics.serviceMonitor.labels.release": "prom"})
     sm = one(docs, "ServiceMonitor")
     svc = one(docs, "Service")
@@ -170,3 +170,4 @@ def test_values_yaml_documents_every_top_level_key_of_the_schema():
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(values) == set(schema["properties"]) - {"global"}
+
