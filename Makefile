@@ -15,8 +15,30 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[trainer,test]'
 	touch $@
 
-test: venv
+# The local control plane (hack/build-k8s.sh): built once, cached outside the repo.
+HOLMES_CACHE ?= $(HOME)/.cache/holmes
+export HOLMES_CACHE
+TOPOLOGY ?= hack/topologies/default.yaml
+LOCALKUBE := PYTHONPATH=hack $(PY) -m localkube
+
+.PHONY: k8s cluster-up cluster-down demo
+k8s:
+	@bash hack/build-k8s.sh
+
+test: venv k8s
 	$(PY) -m pytest
+
+# Start (idempotent) the local cluster; writes .holmes/kubeconfig. TOPOLOGY=path picks the nodes.
+cluster-up: venv k8s
+	@$(LOCALKUBE) up --topology $(TOPOLOGY)
+
+# Stop what cluster-up started (by the PIDs it recorded in .holmes/cluster/cluster.json).
+cluster-down:
+	@if [ -x $(PY) ]; then $(LOCALKUBE) down; fi
+
+demo: cluster-up
+	@echo ">> the simulated nodes and how each advertises its NIC"
+	@$(LOCALKUBE) nodes
 
 # Copy crds/ into the chart and re-render deploy/install.yaml (tests/packaging checks both).
 .PHONY: chart-sync

@@ -1,0 +1,88 @@
+"""CLI: `python -m localkube up|down|status|nodes|agent` (PYTHONPATH=hack)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .controlplane import REPO, ClusterError, ControlPlane, binary
+from .topology import TopologyError
+
+DEFAULT_STATE = REPO / ".holmes" / "cluster"
+DEFAULT_TOPOLOGY = REPO / "hack" / "topologies" / "default.yaml"
+NODE_COLUMNS = ("NAME:.metadata.name,READY:.status.conditions[?(@.type==\"Ready\")].status,"
+                "CLUSTER:.metadata.labels.holmes\\.dev/cluster,"
+                "HOLMES-NIC:.metadata.labels.holmes\\.dev/nic,"
+                "NIC-GBPS:.metadata.labels.holmes\\.dev/nic-gbps,"
+                "NFD-RDMA:.metadata.labels.feature\\.node\\.kubernetes\\.io/rdma\\.available,"
+                "GPUS:.status.allocatable.nvidia\\.com/gpu,"
+                "TRUE-NIC:.metadata.annotations.localkube\\.holmes\\.dev/true-nic")
+
+
+def link_kubeconfig(cp: ControlPlane, link: Path) -> None:
+    """`make cluster-up` promises .holmes/kubeconfig: a copy of the state dir's kubeconfig."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.write_text(cp.kubeconfig.read_text())
+    link.chmod(0o600)
+
+
+def show_nodes(cp: ControlPlane) -> int:
+    r = subprocess.run([binary("kubectl"), f"--kubeconfig={cp.kubeconfig}", "get", "nodes",
+                        "-o", f"custom-columns={NODE_COLUMNS}"], text=True, capture_output=True)
+    print(r.stdout, end="")
+    if r.returncode:
+        print(r.stderr, file=sys.stderr, end="")
+        return r.returncode
+    rdma = subprocess.run([binary("kubectl"), f"--kubeconfig={cp.kubeconfig}", "get", "nodes", "-o", "json"],
+                          text=True, capture_output=True, check=True)
+    print("\nRDMA device-plugin resources (status.allocatable):")
+    for n in json.loads(rdma.stdout)["items"]:
+        res = {k: v for k, v in n["status"]["allocatable"].items() if k.startswith("rdma/")}
+        print(f"  {n['metadata']['name']:<10} {', '.join(f'{k}={v}' for k, v in res.items()) or '-'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="localkube", description=__doc__)
+    ap.add_argument("--state-dir", default=os.environ.get("HOLMES_STATE_DIR", str(DEFAULT_STATE)))
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start (or keep) the cluster")
+    up.add_argument("--topology", default=os.environ.get("TOPOLOGY") or str(DEFAULT_TOPOLOGY))
+    up.add_argument("--kubeconfig-link", default=str(REPO / ".holmes" / "kubeconfig"))
+    sub.add_parser("down", help="stop everything recorded in the state dir")
+    sub.add_parser("status", help="exit 0 when the cluster runs")
+    sub.add_parser("nodes", help="show the nodes and their NIC labels")
+    sub.add_parser("agent", help="run the node agent in the foreground (started by `up`)")
+    a = ap.parse_args(argv)
+    cp = ControlPlane(a.state_dir)
+    try:
+        if a.cmd == "up":
+            cp.dir.mkdir(parents=True, exist_ok=True)
+            cp.up(a.topology, log=lambda m: print(f">> {m}", flush=True))
+            link_kubeconfig(cp, Path(a.kubeconfig_link))
+            print(f">> export KUBECONFIG={a.kubeconfig_link}  # kubectl: {binary('kubectl')}")
+            print(f">> pod logs: {cp.dir / 'pods'}/<namespace>/<pod>/<container>.log")
+        elif a.cmd == "down":
+            cp.down(log=lambda m: print(f">> {m}", flush=True))
+        elif a.cmd == "status":
+            ok = cp.running()
+            print("running" if ok else "not running")
+            return 0 if ok else 1
+        elif a.cmd == "nodes":
+            if not cp.running():
+                raise ClusterError("the cluster is not running: `make cluster-up` first")
+            return show_nodes(cp)
+        elif a.cmd == "agent":
+            from .agent import main as agent_main
+            agent_main(a.state_dir)
+    except (ClusterError, TopologyError) as e:
+        print(f"!! {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,631 @@
+"""The node agent: plays the kubelet for every node of a topology, with local processes.
+
+- Registers the topology's Nodes (labels, allocatable) and keeps them Ready (heartbeats).
+- For each pod the scheduler binds to one of its nodes: gives it a unique loopback IP
+  127.<octet>.x.y, materializes its volumes, resolves its env and runs its init containers, then
+  its one container, as a local process (images are mapped to the local environment: the repo's
+  .venv/bin comes first on PATH) inside `unshare --mount --uts` with the pod's hostname, volumes
+  bind-mounted at their mountPaths and a per-pod hosts file over /etc/hosts (no cluster DNS).
+- Reports phase, container states, exit codes and restart counts per restartPolicy; a deleted pod's
+  process group gets SIGTERM, then SIGKILL after the grace period.
+- Logs: <state-dir>/pods/<namespace>/<pod>/<container>.log (there is no `kubectl logs`).
+
+It is a test/demo harness, not a kubelet: no probes, no resource limits, no images.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from . import podspec as ps
+from . import volumes
+from .topology import Topology, load_topology
+
+log = logging.getLogger("localkube.agent")
+REPO = Path(__file__).resolve().parents[2]
+HEARTBEAT_S = 10.0
+NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+POD_MARKER = "LOCALKUBE_POD"   # env var naming the pod; lets `down` verify a PID before killing it
+HACK_DIR = str(Path(__file__).resolve().parents[1])
+
+
+@dataclass
+class PodRun:
+    """What the agent knows about one pod it runs (keyed by uid)."""
+    uid: str
+    pod: dict
+    ip: str
+    dir: Path                      # pods/<ns>/<name>/ : logs
+    work: Path                     # pods/<ns>/<name>/<uid>/ : volumes, hosts, specs
+    step: int = 0                  # index into containers(): init containers first, then the app
+    proc: subprocess.Popen | None = None
+    started_at: str = ""
+    restarts: dict = field(default_factory=dict)     # container name -> restart count
+    states: dict = field(default_factory=dict)       # container name -> state dict
+    last: dict = field(default_factory=dict)         # container name -> lastState dict
+    next_start: float = 0.0
+    phase: str = "Pending"
+    deleting: bool = False
+    kill_deadline: float = 0.0
+    gone: bool = False             # the API object no longer exists
+    message: str = ""
+    reason: str = ""
+    volume_paths: dict | None = None
+
+    @property
+    def ns(self) -> str:
+        return self.pod["metadata"]["namespace"]
+
+    @property
+    def name(self) -> str:
+        return self.pod["metadata"]["name"]
+
+    def containers(self) -> list[tuple[bool, dict]]:
+        spec = self.pod["spec"]
+        return [(True, c) for c in spec.get("initContainers") or []] + \
+               [(False, c) for c in spec.get("containers") or []]
+
+
+class Agent:
+    def __init__(self, state_dir: Path, topology: Topology, kubeconfig: Path, api_port: int,
+                 ip_octet: int):
+        self.dir = state_dir
+        self.topology = topology
+        self.nodes = set(topology.names)
+        self.api_port = api_port
+        self.octet = ip_octet
+        api = config.new_client_from_config(str(kubeconfig))
+        self.core = client.CoreV1Api(api)
+        self.q: queue.Queue = queue.Queue()
+        self.runs: dict[str, PodRun] = {}
+        self.ips: set[str] = set()
+        self.services: list[dict] = []
+        self.stop = threading.Event()
+        self.hosts_dirty = False
+        self.pgid_file = state_dir / "pods" / "pgids.json"
+        self.mountpoints = state_dir / "pods" / "mountpoints.txt"
+
+    # ---- API helpers ---------------------------------------------------------------------------
+    def _get(self, kind: str, ns: str, name: str) -> dict | None:
+        fn = self.core.read_namespaced_config_map if kind == "cm" else self.core.read_namespaced_secret
+        try:
+            obj = json.loads(fn(name, ns, _preload_content=False).data)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        if kind == "secret":
+            return ps.decode_secret(obj.get("data"))
+        return {**(obj.get("data") or {})}
+
+    def configmap(self, ns: str, name: str) -> dict | None:
+        return self._get("cm", ns, name)
+
+    def secret(self, ns: str, name: str) -> dict | None:
+        return self._get("secret", ns, name)
+
+    def token(self, ns: str, sa: str, audience: str | None, seconds: int) -> str:
+        spec = {"expirationSeconds": max(600, seconds)}
+        if audience:
+            spec["audiences"] = [audience]
+        r = self.core.create_namespaced_service_account_token(
+            sa, ns, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+        return r.status.token
+
+    def event(self, run: PodRun, reason: str, message: str, warning: bool = False) -> None:
+        ts = ps.now_iso()
+        body = {"metadata": {"generateName": f"{run.name}.", "namespace": run.ns},
+                "involvedObject": {"kind": "Pod", "namespace": run.ns, "name": run.name, "uid": run.uid,
+                                   "apiVersion": "v1"},
+                "reason": reason, "message": message, "type": "Warning" if warning else "Normal",
+                "source": {"component": "localkube-agent", "host": run.pod["spec"].get("nodeName")},
+                "firstTimestamp": ts, "lastTimestamp": ts, "count": 1}
+        try:
+            self.core.create_namespaced_event(run.ns, body)
+        except ApiException as e:   # e.g. the namespace is being deleted
+            log.debug("event %s/%s %s not posted: %s", run.ns, run.name, reason, e.reason)
+
+    # ---- nodes ---------------------------------------------------------------------------------
+    def register_nodes(self) -> None:
+        for n in self.topology.nodes:
+            body = n.node_object()
+            body["status"]["conditions"] = self._node_conditions()
+            try:
+                self.core.create_node(body)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                self.core.patch_node(n.name, {"metadata": {"labels": body["metadata"]["labels"],
+                                                           "annotations": body["metadata"]["annotations"]}})
+            self.core.patch_node_status(n.name, {"status": body["status"]})
+            # The TaintNodesByCondition admission taints new nodes not-ready; the node lifecycle
+            # controller, which would lift it, is off (heartbeats come from us), so lift it here.
+            node = json.loads(self.core.read_node(n.name, _preload_content=False).data)
+            taints = node["spec"].get("taints") or []
+            kept = [t for t in taints if t["key"] not in NOT_READY_TAINTS]
+            if kept != taints:
+                self.core.patch_node(n.name, {"spec": {"taints": kept or None}})
+        log.info("registered nodes %s", ", ".join(self.topology.names))
+
+    @staticmethod
+    def _node_conditions() -> list[dict]:
+        ts = ps.now_iso()
+        conds = [("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+                 ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+                 ("PIDPressure", "False", "KubeletHasSufficientPID"),
+                 ("Ready", "True", "KubeletReady")]
+        return [{"type": t, "status": s, "reason": r, "message": "localkube node agent",
+                 "lastHeartbeatTime": ts, "lastTransitionTime": ts} for t, s, r in conds]
+
+    def heartbeat(self) -> None:
+        for name in self.topology.names:
+            try:
+                self.core.patch_node_status(name, {"status": {"conditions": self._node_conditions()}})
+            except ApiException as e:
+                if e.status == 404:   # someone deleted the node: register it again
+                    self.register_nodes()
+                    return
+                log.warning("heartbeat for %s failed: %s", name, e.reason)
+
+    # ---- watching ------------------------------------------------------------------------------
+    def watch_pods(self) -> None:
+        """Feeds ("sync", [pods]) after each (re)list and ("event", type, pod) after that."""
+        while not self.stop.is_set():
+            try:
+                resp = self.core.list_pod_for_all_namespaces(_preload_content=False)
+                lst = json.loads(resp.data)
+                self.q.put(("sync", lst["items"]))
+                w = watch.Watch()
+                for ev in w.stream(self.core.list_pod_for_all_namespaces,
+                                   resource_version=lst["metadata"]["resourceVersion"],
+                                   timeout_seconds=120, allow_watch_bookmarks=False):
+                    if self.stop.is_set():
+                        w.stop()
+                        break
+                    if ev["type"] == "ERROR":
+                        break   # e.g. 410 Gone: list again
+                    self.q.put(("event", ev["type"], ev["raw_object"]))
+            except Exception as e:   # API restarts, timeouts: list again after a pause
+                if not self.stop.is_set():
+                    log.warning("pod watch interrupted (%s); re-listing", e)
+                    time.sleep(1)
+
+    def poll_services(self) -> None:
+        while not self.stop.wait(1.0):
+            try:
+                items = json.loads(self.core.list_service_for_all_namespaces(_preload_content=False).data)["items"]
+            except Exception as e:
+                log.debug("service list failed: %s", e)
+                continue
+            self.q.put(("services", items))
+
+    # ---- main loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        self.register_nodes()
+        threading.Thread(target=self.watch_pods, daemon=True, name="watch-pods").start()
+        threading.Thread(target=self.poll_services, daemon=True, name="services").start()
+        next_beat = time.monotonic() + HEARTBEAT_S
+        while not self.stop.is_set():
+            try:
+                item = self.q.get(timeout=0.1)
+                while True:
+                    self.handle(item)
+                    item = self.q.get_nowait()
+            except queue.Empty:
+                pass
+            for run in list(self.runs.values()):
+                try:
+                    self.advance(run)
+                except Exception:
+                    log.exception("pod %s/%s", run.ns, run.name)
+            if self.hosts_dirty:
+                self.write_hosts()
+            if time.monotonic() >= next_beat:
+                self.heartbeat()
+                next_beat = time.monotonic() + HEARTBEAT_S
+        self.shutdown()
+
+    def handle(self, item: tuple) -> None:
+        if item[0] == "services":
+            if item[1] != self.services:
+                self.services, self.hosts_dirty = item[1], True
+            return
+        if item[0] == "sync":
+            pods = [p for p in item[1] if p["spec"].get("nodeName") in self.nodes]
+            present = {p["metadata"]["uid"] for p in pods}
+            for uid, run in list(self.runs.items()):
+                if uid not in present:
+                    self.on_gone(run)
+            for p in pods:
+                self.on_pod(p)
+            return
+        _, etype, pod = item
+        if pod.get("spec", {}).get("nodeName") not in self.nodes:
+            return
+        if etype == "DELETED":
+            run = self.runs.get(pod["metadata"]["uid"])
+            if run:
+                self.on_gone(run)
+        else:
+            self.on_pod(pod)
+
+    def on_pod(self, pod: dict) -> None:
+        uid = pod["metadata"]["uid"]
+        run = self.runs.get(uid)
+        md = pod["metadata"]
+        if run is None:
+            phase = pod.get("status", {}).get("phase", "Pending")
+            if phase in ("Succeeded", "Failed"):
+                if md.get("deletionTimestamp"):
+                    self.force_delete(md["namespace"], md["name"], uid)
+                return
+            run = self.new_run(pod)
+            if phase == "Running":   # the agent restarted: the old process is gone
+                run.restarts = {c["name"]: cs.get("restartCount", 0) + 1 for c, cs in
+                                zip(pod["spec"]["containers"], pod["status"].get("containerStatuses") or [])}
+        run.pod = pod
+        if md.get("deletionTimestamp") and not run.deleting:
+            grace = md.get("deletionGracePeriodSeconds")
+            self.terminate(run, 30 if grace is None else grace, "Killing", "Stopping container (pod deleted)")
+
+    def on_gone(self, run: PodRun) -> None:
+        run.gone = True
+        if not run.deleting:
+            self.terminate(run, 0, "Killing", "pod object removed")
+
+    def new_run(self, pod: dict) -> PodRun:
+        md = pod["metadata"]
+        ip = self.alloc_ip()
+        pdir = self.dir / "pods" / md["namespace"] / md["name"]
+        run = PodRun(uid=md["uid"], pod=pod, ip=ip, dir=pdir, work=pdir / md["uid"])
+        run.work.mkdir(parents=True, exist_ok=True)
+        (run.work / "hosts").touch()
+        self.runs[run.uid] = run
+        self.hosts_dirty = True
+        problem = self.unsupported(pod)
+        if problem:
+            run.reason, run.message = "Unsupported", problem
+            self.finish(run, "Failed")
+            self.event(run, "Unsupported", problem, warning=True)
+        return run
+
+    @staticmethod
+    def unsupported(pod: dict) -> str:
+        containers = pod["spec"].get("containers") or []
+        if len(containers) != 1:
+            return (f"the local node agent runs exactly one container per pod (plus init containers); "
+                    f"this pod has {len(containers)}: {[c['name'] for c in containers]}")
+        return ""
+
+    def alloc_ip(self) -> str:
+        for i in range(250 * 250):
+            ip = f"127.{self.octet}.{i // 250}.{i % 250 + 1}"
+            if ip not in self.ips:
+                self.ips.add(ip)
+                return ip
+        raise RuntimeError("out of pod IPs")
+
+    # ---- pod state machine ---------------------------------------------------------------------
+    def advance(self, run: PodRun) -> None:
+        now = time.monotonic()
+        if run.deleting:
+            alive = run.proc is not None and run.proc.poll() is None
+            if alive and now >= run.kill_deadline:
+                self.killpg(run.proc, signal.SIGKILL)
+            if alive:
+                return
+            if run.proc is not None:
+                self.killpg(run.proc, signal.SIGKILL)   # leftovers in the group
+                run.proc = None
+            if not run.gone:
+                self.force_delete(run.ns, run.name, run.uid)
+            self.forget(run)
+            return
+        if run.phase in ("Succeeded", "Failed"):
+            return
+        if run.proc is None:
+            if now >= run.next_start:
+                self.start(run)
+            return
+        code = run.proc.poll()
+        if code is not None:
+            self.exited(run, code)
+
+    def start(self, run: PodRun) -> None:
+        is_init, c = run.containers()[run.step]
+        pod = run.pod
+        node = self.topology.node(pod["spec"]["nodeName"])
+        # Downward API reads status.podIP/hostIP: fill them in before resolving.
+        pod.setdefault("status", {}).update({"podIP": run.ip, "podIPs": [{"ip": run.ip}], "hostIP": "127.0.0.1"})
+        try:
+            if run.volume_paths is None:
+                run.volume_paths = volumes.materialize(pod, run.work, self.configmap, self.secret, self.token)
+            env = ps.resolve_env(pod, c, self.base_env(run), self.configmap, self.secret, node.allocatable)
+            argv = ps.container_argv(c, env)
+            mounts = volumes.mounts_for(c, run.volume_paths)
+        except ps.ConfigError as e:
+            run.states[c["name"]] = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
+            run.next_start = time.monotonic() + 2
+            if run.message != str(e):
+                run.message = str(e)
+                self.event(run, "Failed", f"Error: {e}", warning=True)
+                self.report(run)
+            return
+        except ps.Unsupported as e:
+            run.reason, run.message = "Unsupported", str(e)
+            run.states[c["name"]] = {"terminated": {"exitCode": 128, "reason": "Unsupported", "message": str(e),
+                                                    "startedAt": ps.now_iso(), "finishedAt": ps.now_iso()}}
+            self.event(run, "Unsupported", str(e), warning=True)
+            self.finish(run, "Failed")
+            return
+        run.message = ""
+        workdir = c.get("workingDir") or ""
+        if not (workdir and os.path.isdir(workdir)):
+            workdir = str(run.work / "workdir")
+            os.makedirs(workdir, exist_ok=True)
+        spec = {"hostname": ps.pod_hostname(pod)[:63], "hosts": str(run.work / "hosts"), "mounts": mounts,
+                "cwd": workdir, "argv": argv, "env": env, "mountpoints": str(self.mountpoints)}
+        spec_path = run.work / f"{c['name']}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        sandbox = ["unshare", "--mount", "--uts"] if os.geteuid() == 0 else \
+            ["unshare", "--user", "--map-root-user", "--mount", "--uts"]
+        logf = open(run.dir / f"{c['name']}.log", "ab")
+        n = run.restarts.get(c["name"], 0)
+        logf.write(f"==== localkube: {run.ns}/{run.name} container {c['name']} start #{n} at {ps.now_iso()}\n".encode())
+        logf.flush()
+        run.proc = subprocess.Popen([*sandbox, sys.executable, "-m", "localkube.podexec", str(spec_path)],
+                                    stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True,
+                                    env={"PYTHONPATH": HACK_DIR, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                         POD_MARKER: env[POD_MARKER]})
+        logf.close()
+        self.save_pgids()
+        run.started_at = ps.now_iso()
+        run.states[c["name"]] = {"running": {"startedAt": run.started_at}}
+        run.phase = "Pending" if is_init else "Running"
+        self.event(run, "Started", f"Started container {c['name']} (pid {run.proc.pid})")
+        self.report(run)
+
+    def exited(self, run: PodRun, code: int) -> None:
+        is_init, c = run.containers()[run.step]
+        self.killpg(run.proc, signal.SIGKILL)  # the container is gone: so is what it left running
+        if code < 0:
+            code = 128 - code                    # killed by a signal, like container runtimes report
+        run.proc = None
+        self.save_pgids()
+        term = ps.terminated_state(code, run.started_at, ps.now_iso(), f"localkube://{run.uid}/{c['name']}")
+        policy = run.pod["spec"].get("restartPolicy", "Always")
+        if is_init and code == 0:
+            run.states[c["name"]] = term
+            run.step += 1
+            self.report(run)
+            return
+        if ps.restart_wanted("OnFailure" if is_init and policy == "Always" else policy, code):
+            n = run.restarts[c["name"]] = run.restarts.get(c["name"], 0) + 1
+            delay = ps.backoff_seconds(n)
+            run.last[c["name"]] = term
+            run.states[c["name"]] = {"waiting": {"reason": "CrashLoopBackOff" if code else "Completed",
+                                                 "message": f"back-off {delay:g}s restarting container {c['name']}"}}
+            run.next_start = time.monotonic() + delay
+            if code:
+                self.event(run, "BackOff", f"Back-off restarting failed container {c['name']} (exit {code})",
+                           warning=True)
+            self.report(run)
+            return
+        run.states[c["name"]] = term
+        self.finish(run, "Succeeded" if code == 0 and not is_init else "Failed")
+
+    def finish(self, run: PodRun, phase: str) -> None:
+        run.phase = phase
+        if run.volume_paths is not None:
+            volumes.cleanup(run.work, run.uid)   # memory-backed emptyDirs free their RAM now
+        self.report(run)
+
+    def terminate(self, run: PodRun, grace: float, reason: str, message: str) -> None:
+        run.deleting = True
+        run.kill_deadline = time.monotonic() + max(0.0, float(grace))
+        if run.proc is not None and run.proc.poll() is None:
+            self.killpg(run.proc, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+            if not run.gone:
+                self.event(run, reason, message)
+
+    @staticmethod
+    def killpg(proc: subprocess.Popen | None, sig: int) -> None:
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if sig == signal.SIGKILL:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def force_delete(self, ns: str, name: str, uid: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, ns, body=client.V1DeleteOptions(
+                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
+        except ApiException as e:
+            if e.status not in (404, 409):
+                log.warning("could not delete pod %s/%s: %s", ns, name, e.reason)
+
+    def forget(self, run: PodRun) -> None:
+        self.runs.pop(run.uid, None)
+        self.ips.discard(run.ip)
+        volumes.cleanup(run.work, run.uid)
+        shutil.rmtree(run.work, ignore_errors=True)
+        self.hosts_dirty = True
+        self.save_pgids()
+
+    # ---- status --------------------------------------------------------------------------------
+    def report(self, run: PodRun) -> None:
+        if run.gone:
+            return
+        pod = run.pod
+        init_specs = pod["spec"].get("initContainers") or []
+        app = (pod["spec"].get("containers") or [])[:1]
+        running = run.phase == "Running" and run.proc is not None
+
+        def statuses(specs, ready_if_running):
+            out = []
+            for c in specs:
+                st = run.states.get(c["name"]) or {"waiting": {"reason": "PodInitializing"}}
+                out.append(ps.container_status(c, st, run.restarts.get(c["name"], 0), run.last.get(c["name"]),
+                                               ready_if_running and "running" in st,
+                                               f"localkube://{run.uid}/{c['name']}"))
+            return out
+
+        initialized = run.step >= len(init_specs)
+        status = {"phase": run.phase, "hostIP": "127.0.0.1", "podIP": run.ip, "podIPs": [{"ip": run.ip}],
+                  "startTime": pod.get("status", {}).get("startTime") or ps.now_iso(),
+                  "conditions": ps.pod_conditions(initialized, running, ps.now_iso()),
+                  "containerStatuses": statuses(app, True), "qosClass": "BestEffort",
+                  "reason": run.reason or None, "message": run.message or None}
+        if init_specs:
+            status["initContainerStatuses"] = statuses(init_specs, False)
+        try:
+            # A JSON merge patch replaces lists and container states whole (a strategic merge
+            # patch would keep an old `waiting` next to a new `running`).
+            self.core.api_client.call_api(
+                f"/api/v1/namespaces/{run.ns}/pods/{run.name}/status", "PATCH",
+                header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
+                body={"status": status}, auth_settings=["BearerToken"], _preload_content=False)
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("status of %s/%s not written: %s %s", run.ns, run.name, e.status, e.body)
+
+    # ---- hosts files ---------------------------------------------------------------------------
+    def base_env(self, run: PodRun) -> dict[str, str]:
+        venv = os.environ.get("LOCALKUBE_VENV", str(REPO / ".venv"))
+        return {"PATH": f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "HOME": "/root", "LANG": "C.UTF-8", "HOSTNAME": ps.pod_hostname(run.pod)[:63],
+                "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.api_port),
+                "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port),
+                "KUBERNETES_PORT": f"tcp://127.0.0.1:{self.api_port}",
+                POD_MARKER: f"{self.dir}:{run.ns}/{run.name}"}
+
+    def write_hosts(self) -> None:
+        """Rewrite every pod's hosts file in place (same inode: it is bind-mounted)."""
+        self.hosts_dirty = False
+        entries = []
+        live = [r for r in self.runs.values() if not r.deleting]
+        for r in live:
+            entries += [(r.ip, n, scope) for n, scope in ps.host_names(r.pod)]
+        for svc in self.services:
+            sel = svc.get("spec", {}).get("selector")
+            ips = [r.ip for r in live if r.ns == svc["metadata"]["namespace"]
+                   and ps.selector_matches(sel, r.pod["metadata"].get("labels"))]
+            for ip in sorted(ips, key=lambda s: tuple(int(x) for x in s.split("."))):
+                entries += [(ip, n, scope) for n, scope in ps.service_names(svc)]
+        for r in self.runs.values():
+            text = ps.render_hosts(r.pod, r.ip, entries)
+            try:
+                with open(r.work / "hosts", "r+") as f:
+                    if f.read() != text:
+                        f.seek(0)
+                        f.write(text)
+                        f.truncate()
+            except OSError:
+                pass
+
+    # ---- shutdown ------------------------------------------------------------------------------
+    def save_pgids(self) -> None:
+        pg = {str(r.proc.pid): f"{r.ns}/{r.name}" for r in self.runs.values() if r.proc is not None}
+        tmp = self.pgid_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(pg))
+        tmp.replace(self.pgid_file)
+
+    def shutdown(self) -> None:
+        procs = [r.proc for r in self.runs.values() if r.proc is not None and r.proc.poll() is None]
+        for p in procs:
+            self.killpg(p, signal.SIGTERM)
+        end = time.monotonic() + 5
+        while any(p.poll() is None for p in procs) and time.monotonic() < end:
+            time.sleep(0.1)
+        for p in procs:
+            self.killpg(p, signal.SIGKILL)
+        for r in list(self.runs.values()):
+            volumes.cleanup(r.work, r.uid)
+        self.save_pgids()
+        remove_mountpoints(self.mountpoints)
+        log.info("node agent stopped")
+
+
+def other_pods_running() -> bool:
+    """Whether any localkube pod process (of any cluster on this machine) is alive."""
+    marker = f"{POD_MARKER}=".encode()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker in (d / "environ").read_bytes():
+                    return True
+            except OSError:
+                pass
+    return False
+
+
+def remove_mountpoints(path: Path) -> None:
+    """Remove the empty mount points podexec had to create on the root filesystem. Skipped while
+    pods of another cluster run: removing a directory they have mounted would unmount it there."""
+    try:
+        created = sorted(set(path.read_text().split("\n")) - {""}, key=len, reverse=True)
+    except OSError:
+        return
+    if other_pods_running():
+        return
+    for p in created:
+        try:
+            if os.path.isdir(p):
+                os.rmdir(p)
+            elif os.path.isfile(p) and os.path.getsize(p) == 0:
+                os.unlink(p)
+        except OSError:
+            pass
+    path.unlink(missing_ok=True)
+
+
+def kill_recorded_pods(state_dir: Path) -> None:
+    """SIGKILL pod process groups the agent recorded, if their leader still carries our marker."""
+    f = state_dir / "pods" / "pgids.json"
+    try:
+        pgids = json.loads(f.read_text())
+    except (OSError, ValueError):
+        pgids = {}
+    for pid in pgids:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"{POD_MARKER}={state_dir}:".encode() in environ:
+            try:
+                os.killpg(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+    f.unlink(missing_ok=True)
+    remove_mountpoints(state_dir / "pods" / "mountpoints.txt")
+
+
+def main(state_dir: str) -> None:
+    d = Path(state_dir).resolve()
+    st = json.loads((d / "cluster.json").read_text())
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    (d / "pods").mkdir(exist_ok=True)
+    agent = Agent(d, load_topology(st["topology"]), d / "kubeconfig", st["apiserverPort"], st["podIPOctet"])
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
+    agent.run()

@@ -1,0 +1,145 @@
+"""Shared pytest fixtures: a real local Kubernetes cluster, started only for tests that ask for it.
+
+Fixtures
+--------
+``cluster`` (session scope)
+    A running local control plane (kube-apiserver/controller-manager/scheduler v1.20.2 + etcd)
+    with the node agent simulating the nodes of ``hack/topologies/default.yaml``. Started on
+    first use in a private state dir (``.holmes/pytest-<pid>``, own ports) and stopped at the end
+    of the session. Set ``HOLMES_KUBECONFIG=path`` to reuse a running cluster instead (e.g. after
+    ``make cluster-up``: ``HOLMES_KUBECONFIG=.holmes/kubeconfig``); it is then left running.
+    Attributes and methods:
+
+    - ``kubeconfig``: path (str) of an admin kubeconfig.
+    - ``kubectl(*args, check=True, input=None, timeout=60)`` -> ``subprocess.CompletedProcess``
+      (text mode, stdout/stderr captured; raises ``AssertionError`` with stderr when ``check`` and
+      the command fails).
+    - ``api_client()`` -> a new ``kubernetes.client.ApiClient`` for the cluster.
+    - ``topology``: the ``localkube.topology.Topology`` of the simulated nodes (``.nodes``, each a
+      ``SimNode`` with ``name, cluster, nic, gbps, gpus, labels, allocatable``; ``.by_nic(kind)``).
+    - ``state_dir``: the cluster's state dir (``Path``), or None for a reused cluster.
+    - ``pod_log(namespace, pod, container)`` -> str: the container's output so far (all starts
+      appended). There is no kubelet, so ``kubectl logs`` does not work; logs live in
+      ``<state_dir>/pods/<namespace>/<pod>/<container>.log``.
+    - ``wait_pod(namespace, name, phases=("Succeeded","Failed"), timeout=60)`` -> the pod as a dict
+      once its ``status.phase`` is in ``phases`` (``AssertionError`` with the pod's status on time-out).
+
+``namespace`` (function scope)
+    A fresh namespace name (``t-<random>``) whose ``default`` service account and its token exist
+    (so pods can be created at once); deleted after the test, without waiting.
+
+Tests that use ``cluster`` are marked ``cluster`` automatically: ``pytest -m "not cluster"``
+runs only the pure tests, which never start a cluster.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))   # the localkube harness (not part of the holmes package)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cluster: needs the local Kubernetes control plane")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+class LocalCluster:
+    """What the ``cluster`` fixture yields; see the module docstring."""
+
+    def __init__(self, kubeconfig: str, topology, state_dir: Path | None):
+        from localkube.controlplane import binary
+        self.kubeconfig = kubeconfig
+        self.topology = topology
+        self.state_dir = state_dir
+        self._kubectl = binary("kubectl")
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess:
+        r = subprocess.run([self._kubectl, f"--kubeconfig={self.kubeconfig}", *args], input=input,
+                           capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
+        return r
+
+    def api_client(self):
+        from kubernetes import config
+        return config.new_client_from_config(self.kubeconfig)
+
+    def pod_log(self, namespace: str, pod: str, container: str) -> str:
+        if self.state_dir is None:
+            raise RuntimeError("pod logs are only reachable for a cluster this session started")
+        p = self.state_dir / "pods" / namespace / pod / f"{container}.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def get_json(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def wait_pod(self, namespace: str, name: str, phases=("Succeeded", "Failed"),
+                 timeout: float = 60) -> dict:
+        end = time.monotonic() + timeout
+        pod: dict = {}
+        while time.monotonic() < end:
+            r = self.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+            if r.returncode == 0:
+                pod = json.loads(r.stdout)
+                if pod.get("status", {}).get("phase") in phases:
+                    return pod
+            time.sleep(0.3)
+        raise AssertionError(f"pod {namespace}/{name} not in {phases} after {timeout}s; "
+                             f"status: {json.dumps(pod.get('status'), indent=1)}")
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    from localkube.controlplane import ControlPlane
+    from localkube.topology import load_topology
+
+    reuse = os.environ.get("HOLMES_KUBECONFIG")
+    if reuse:
+        state_dir = Path(reuse).resolve().parent / "cluster"
+        st = json.loads((state_dir / "cluster.json").read_text()) if (state_dir / "cluster.json").exists() else {}
+        topo = load_topology(st.get("topology") or REPO / "hack/topologies/default.yaml")
+        yield LocalCluster(reuse, topo, state_dir if st else None)
+        return
+    cp = ControlPlane(REPO / ".holmes" / f"pytest-{os.getpid()}")
+    cp.dir.mkdir(parents=True, exist_ok=True)
+    topo_path = REPO / "hack" / "topologies" / "default.yaml"
+    try:
+        cp.up(topo_path, log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
+        yield LocalCluster(str(cp.kubeconfig), load_topology(topo_path), cp.dir)
+    finally:
+        cp.down(log=lambda m: None)
+        import shutil
+        shutil.rmtree(cp.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def namespace(cluster):
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    # Pods are refused until the namespace's default service account and its token secret exist.
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        r = cluster.kubectl("get", "serviceaccount", "default", "-n", name, "-o",
+                            "jsonpath={.secrets[0].name}", check=False)
+        if r.returncode == 0 and r.stdout.strip():
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"namespace {name}: default service account token never appeared")
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
