@@ -1,6 +1,7 @@
 """Helpers for the trainer tests: forked gloo workers, tiny configs, hand-built Layouts, a reference loop."""
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import queue
@@ -59,13 +60,19 @@ def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, q: Any,
         dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
                                 timeout=timedelta(seconds=timeout))
         out = fn(rank, *args)
-        q.put((rank, "ok", out))
+        buf = io.BytesIO()            # by value: torch's queue pickler would share fds that die with us
+        torch.save(out, buf)
+        q.put((rank, "ok", buf.getvalue()))
         dist.destroy_process_group()
     except BaseException as e:  # report, then leave without waiting for peers
         q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         q.close()
         q.join_thread()               # flush the queue before skipping interpreter shutdown
         os._exit(1)
+
+
+def _load(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
 
 
 def run_ranks(world: int, fn: Callable, *args: Any, timeout: float = 120.0, pg_timeout: float = 30.0,
@@ -83,13 +90,13 @@ def run_ranks(world: int, fn: Callable, *args: Any, timeout: float = 120.0, pg_t
         while len(results) < world and time.monotonic() < deadline:
             try:
                 rank, status, out = q.get(timeout=0.2)
-                results[rank] = (status, out)
+                results[rank] = (status, _load(out) if status == "ok" else out)
             except queue.Empty:
                 if all(not p.is_alive() for p in procs):
                     while True:           # drain what was put just before exiting
                         try:
                             rank, status, out = q.get(timeout=0.5)
-                            results[rank] = (status, out)
+                            results[rank] = (status, _load(out) if status == "ok" else out)
                         except queue.Empty:
                             break
                     break

@@ -1,0 +1,108 @@
+"""The real entry point under torchrun: two launchers (one per "node") x 2 processes, like the operator's pods."""
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import yaml
+
+from trainer_harness import free_port, make_layout
+from holmes.trainer.config import ConfigError, ModelConfig, TrainConfig
+from holmes.trainer.metrics import MetricsSink, flops_per_iteration
+
+JOB = {
+    "apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": "tiny"},
+    "spec": {
+        "model": {"layers": 4, "hiddenSize": 32, "attentionHeads": 4, "seqLength": 16, "vocabSize": 64},
+        "training": {"globalBatchSize": 16, "microBatchSize": 2, "iterations": 3, "learningRate": 1e-3,
+                     "seed": 5},
+        "parallelism": {"pipeline": 2, "data": 2},
+        "nodes": {"count": 2, "gpusPerNode": 2},
+    },
+}
+
+
+def _write(tmp_path, job=JOB, layout=None):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    layout = layout or make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2)
+    (tmp_path / "layout.json").write_text(layout.to_json())
+
+
+def _launch(tmp_path, nnodes, nproc, extra_env=None, args=()):
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HOLMES_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+           **(extra_env or {})}
+    procs = []
+    for node in range(nnodes):
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+               f"--node-rank={node}", "--rdzv-backend=static", "--master-addr=127.0.0.1",
+               f"--master-port={port}", "-m", "holmes.trainer", "--job", str(tmp_path / "job.yaml"),
+               "--layout", str(tmp_path / "layout.json"), "--metrics-file", str(tmp_path / "metrics.jsonl"),
+               *args]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append((p.returncode, out, err))
+    return outs
+
+
+def test_torchrun_two_nodes_of_two_runs_the_layout_and_reports(tmp_path):
+    _write(tmp_path)
+    outs = _launch(tmp_path, nnodes=2, nproc=2)
+    for code, out, err in outs:
+        assert code == 0, err[-3000:]
+    lines = [json.loads(l) for l in outs[0][1].splitlines() if l.startswith('{"holmes"')]
+    events = [l["holmes"] for l in lines]
+    assert events[0] == "start" and events[-1] == "done" and events.count("iteration") == 3
+    it = [l for l in lines if l["holmes"] == "iteration"]
+    assert [l["iteration"] for l in it] == [1, 2, 3]
+    for l in it:
+        assert l["loss"] > 0 and l["tokensPerSecond"] > 0 and l["tflopsPerGpu"] > 0
+        assert set(l["time"]) == {"compute", "bubble", "exposedComm", "optimizer", "data"}
+    assert "checkpoint" in events and os.path.isfile(tmp_path / "ckpt/iter_00000003/holmes.json")
+    assert [json.loads(l)["holmes"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == events
+    assert outs[1][1].strip() == ""             # only rank 0 reports
+
+
+def test_a_world_that_does_not_match_the_layout_is_refused_clearly(tmp_path):
+    _write(tmp_path)
+    outs = _launch(tmp_path, nnodes=1, nproc=2)
+    code, out, err = outs[0]
+    assert code != 0 and "layout needs 4" in err
+    assert json.loads(out.splitlines()[0])["holmes"] == "error"
+
+
+def test_config_checks_against_layout():
+    cfg = TrainConfig.from_manifest(JOB)
+    assert cfg.model.ffn == 128 and cfg.optimizer.kind == "adamw" and cfg.checkpoint.path is None
+    lay = make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2)
+    cfg.check_against_layout(lay)
+    from dataclasses import replace
+    with pytest.raises(ConfigError, match="tensor parallelism 2 is not supported"):
+        cfg.check_against_layout(replace(lay, tensor=2, data=1))
+    with pytest.raises(ConfigError, match="globalBatchSize is 32"):
+        cfg.with_(global_batch_size=32).check_against_layout(lay)
+    with pytest.raises(ConfigError, match="cover 4 layers"):
+        cfg.with_(model=replace(cfg.model, layers=6)).check_against_layout(lay)
+
+
+def test_paper_flops_formula_and_prometheus_endpoint():
+    m = ModelConfig(layers=36, hidden_size=4096, attention_heads=32, seq_length=2048, vocab_size=50257)
+    # design §1: 96 samples/s on 64 GPUs -> 196.8 TFLOPS/GPU
+    assert flops_per_iteration(m, 96) / (1.0 * 64 * 1e12) == pytest.approx(196.8, abs=0.1)
+    sink = MetricsSink(enabled=True, port=0, addr="127.0.0.1", stream=open(os.devnull, "w"))
+    try:
+        sink.emit("iteration", iteration=7, loss=2.5, tokensPerSecond=1000.0, time={"bubble": 0.25})
+        body = urllib.request.urlopen(f"http://127.0.0.1:{sink.port}/metrics", timeout=5).read().decode()
+        assert "holmes_trainer_loss 2.5" in body and "holmes_trainer_iteration 7.0" in body
+        assert 'holmes_trainer_time_seconds{part="bubble"} 0.25' in body
+    finally:
+        sink.close()
