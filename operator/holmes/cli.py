@@ -1,0 +1,135 @@
+"""`holmes` command line. `holmes plan --nodes NODES.yaml --job JOB.yaml [--json] [--compare]`
+prints the layout Holmes would run, without any cluster (or with --kubeconfig, reading the
+nodes of a live cluster)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+
+class CliError(Exception):
+    pass
+
+
+def _load_yaml(path: str, what: str) -> Any:
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as f:
+            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    except OSError as e:
+        raise CliError(f"cannot read {what} file {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise CliError(f"{what} file {path} is not valid YAML: {e}") from None
+    if not docs:
+        raise CliError(f"{what} file {path} is empty")
+    return docs
+
+
+def load_nodes(path: str) -> list[dict]:
+    """A v1 List of Nodes (kubectl get nodes -o yaml), a NodeList, a plain list, or Node documents."""
+    docs = _load_yaml(path, "nodes")
+    nodes: list = []
+    for d in docs:
+        if isinstance(d, dict) and isinstance(d.get("items"), list):
+            nodes.extend(d["items"])
+        elif isinstance(d, list):
+            nodes.extend(d)
+        else:
+            nodes.append(d)
+    bad = [i for i, n in enumerate(nodes) if not isinstance(n, dict) or n.get("kind", "Node") != "Node"]
+    if bad:
+        raise CliError(f"nodes file {path}: item {bad[0]} is not a v1 Node object")
+    if not nodes:
+        raise CliError(f"nodes file {path} holds no nodes")
+    return nodes
+
+
+def load_job(path: str):
+    from holmes.plan.jobspec import JobSpec, SpecError
+    docs = _load_yaml(path, "job")
+    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "HolmesJob"] or docs
+    if len(jobs) != 1:
+        raise CliError(f"job file {path} must hold exactly one HolmesJob, found {len(jobs)}")
+    try:
+        return JobSpec.from_manifest(jobs[0])
+    except SpecError as e:
+        raise CliError(f"{path}: {e}") from None
+
+
+def nodes_from_cluster(kubeconfig: str | None, context: str | None) -> list[dict]:
+    try:
+        from kubernetes import client, config     # only this path needs the Kubernetes client
+    except ImportError:
+        raise CliError("--kubeconfig needs the kubernetes Python package (pip install kubernetes)") from None
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context)
+        api = client.ApiClient()
+        items = client.CoreV1Api(api).list_node().items
+    except Exception as e:                          # config errors, connection refused, 403...
+        raise CliError(f"cannot list nodes from the cluster: {e}") from None
+    return [api.sanitize_for_serialization(n) for n in items]
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    from holmes.plan import PlanError, compare, explain, plan
+    if args.kubeconfig is None and args.nodes is None:
+        raise CliError("give --nodes NODES.yaml or --kubeconfig PATH")
+    nodes = load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig, args.context)
+    job = load_job(args.job)
+    try:
+        if args.compare:
+            holmes, base, ratio = compare(nodes, job)
+        else:
+            holmes = plan(nodes, job)
+    except PlanError as e:
+        raise CliError(f"no layout: {e}") from None
+    if args.json:
+        doc: dict = holmes.to_dict()
+        if args.compare:
+            doc = {"holmes": doc, "megatronDefault": base.to_dict(), "speedup": round(ratio, 4)}
+        print(json.dumps(doc, indent=2))
+        return 0
+    print("Holmes layout")
+    print(explain(holmes))
+    if args.compare:
+        print()
+        print("Megatron default (nodes in name order, equal layers, same degrees)")
+        print(explain(base))
+        he, be = holmes.estimate, base.estimate
+        print()
+        print(f"{'':24}{'Holmes':>12}{'Megatron':>12}{'ratio':>8}")
+        for key, label in (("iterationSeconds", "iteration seconds"), ("tokensPerSecond", "tokens/s"),
+                           ("tflopsPerGpu", "TFLOPS/GPU")):
+            r = he[key] / be[key]
+            print(f"{label:24}{he[key]:>12.4g}{be[key]:>12.4g}{r:>8.3f}")
+        print(f"Holmes is {ratio:.3f}x the Megatron-default speed (estimated)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="holmes", description="Holmes: LLM training across clusters with heterogeneous NICs")
+    sub = p.add_subparsers(dest="command", required=True)
+    pl = sub.add_parser("plan", help="print the layout Holmes would run for a job on some nodes")
+    pl.add_argument("--nodes", help="YAML: a v1 List of Nodes (kubectl get nodes -o yaml) or a list of Node objects")
+    pl.add_argument("--kubeconfig", help="read the nodes from this cluster instead of --nodes")
+    pl.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
+    pl.add_argument("--job", required=True, help="YAML: a HolmesJob manifest")
+    pl.add_argument("--json", action="store_true", help="print the Layout JSON instead of the table")
+    pl.add_argument("--compare", action="store_true", help="also plan the Megatron default and print the ratio")
+    pl.set_defaults(func=plan_command)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"holmes {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""Cost model: time of one training iteration of a GPT-style model on a placement.
+
+Assumptions (defaults in :class:`PlannerConfig`, all configurable):
+
+- Compute: every GPU reaches ``compute_efficiency`` x ``gpu_peak_tflops`` on transformer
+  FLOPs (A100 bf16 dense: 312 TFLOP/s, efficiency 0.66). FLOPs per token and layer, forward:
+  ``8h^2 + 4h*ffn + 4sh`` (QKV/proj/MLP GEMMs + attention scores; = 24h^2(1 + s/6h) for ffn=4h);
+  backward twice the forward; activation recomputation adds one more forward (``96 B s l h^2
+  (1 + s/6h + V/16lh)`` per iteration, the formula the paper reports TFLOPS with). The LM head
+  (``2 s h V`` forward) sits on the last stage; the embedding lookup costs no FLOPs but its
+  parameters sit on the first stage (and a copy on the last when embeddings are tied).
+- Tensor parallelism stays in a node: 2 all-reduces of the activations per layer in forward,
+  2 in backward (+2 with recomputation), ring cost over NVLink (``nvlink_gbps`` per GPU).
+- Pipeline: 1F1B with m micro-batches. Stage s takes ``t_s = fwd + bwd`` per micro-batch plus the
+  p2p of its activations in and out; iteration = ``(m-1) * max_s(step_s) + sum_s t_s + 2*sum p2p``
+  (warm-up/cool-down bubble), then each stage's exposed DP communication. A stage's last backward
+  ends earlier than stage 0's by the backward chain before it, which it may use to hide DP time.
+- P2P: each tensor-parallel group sends one activation ``mb*s*h`` (bf16) per micro-batch and
+  direction (scatter-gather over the TP ranks); the boundary is NVLink when both stages share a
+  node, else the pp group's net: RDMA only if every stage is on one RDMA island, else sockets.
+- DP (distributed optimizer): per iteration a reduce-scatter of the stage's gradients
+  (``grad_bytes`` = 4, fp32 main grads) and an all-gather of its parameters (``param_bytes`` = 2),
+  ring cost ``bytes*(D-1)/D`` through each node's NICs (all T tensor-parallel DP groups of a node
+  share them) and over NVLink inside a node, whichever is slower. Bandwidth-bound: per-message
+  latency is ignored (buckets are tens of MB).
+- Overlap: the overlapped optimizer starts reduce-scatter during the last micro-batch's backward
+  and waits for the all-gather in the next first forward, hiding up to ``overlap_efficiency``
+  (0.5: the collectives compete with compute for SMs and memory bandwidth) of those windows; ``overlap=False`` exposes all of it. Tied embeddings add an all-reduce of the
+  embedding gradient between first and last stage (exposed).
+- Bandwidth per node, Gbit/s (all NICs of a node together): from ``holmes.dev/nic-gbps`` or the
+  NIC mapping's defaults (InfiniBand 200, RoCE 100, Ethernet 25). NCCL efficiency on RDMA:
+  InfiniBand 0.9, RoCE 0.5 (congestion, PFC); sockets 0.6 of the TCP path, which is the host
+  network (``socket_gbps`` = 100) for RDMA nodes and capped by ``cross_cluster_gbps`` (100)
+  across clusters.
+- Calibration: with these defaults a 3.6B GPT (30 layers, h=3072, global batch 1024) on 4 nodes
+  x 8 A100 is estimated at 199 / 160 / 121 TFLOPS/GPU on InfiniBand / RoCE / Ethernet, the
+  paper's measured 197 / 160 / 122.
+- Memory per GPU: weights + grads (``param_bytes + grad_bytes``), optimizer state (12 bytes per
+  parameter) sharded over D, and activations: with recomputation each layer keeps its input per
+  in-flight micro-batch (``min(P - s, m)`` at stage s) plus one layer's full working set
+  (Korthikanti et al. 2022: ``s b h (10 + 24/T + 5 a s / (h T))`` bytes); a candidate that needs
+  more than ``memory_headroom`` x ``gpu_memory_gib`` is rejected.
+- Optimizer step time, kernel launch overheads and stragglers are ignored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .discovery import NicMapping
+from .jobspec import ModelSpec
+from .topology import Fabric
+
+GBIT = 1e9 / 8        # bytes per second in one Gbit/s
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    gpu_peak_tflops: float = 312.0
+    compute_efficiency: float = 0.66
+    gpu_memory_gib: float = 80.0
+    memory_headroom: float = 0.9
+    nvlink_gbps: float = 2400.0           # per GPU, one direction (A100 NVLink3: 300 GB/s)
+    fabric: Fabric = field(default_factory=Fabric)
+    overlap: bool = True
+    overlap_efficiency: float = 0.5
+    grad_bytes: int = 4
+    param_bytes: int = 2
+    activation_bytes: int = 2
+    optimizer_bytes: int = 12             # fp32 master weights + two Adam moments
+    activation_recompute: bool = True
+    nic_mapping: NicMapping = field(default_factory=NicMapping)
+    max_island_orders: int = 24           # island orders tried per (tensor, pipeline, data)
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_peak_tflops", "compute_efficiency", "gpu_memory_gib", "nvlink_gbps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"PlannerConfig.{name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.overlap_efficiency <= 1:
+            raise ValueError(f"PlannerConfig.overlap_efficiency must be in [0, 1], got {self.overlap_efficiency}")
+
+    @property
+    def flops_per_second(self) -> float:
+        return self.gpu_peak_tflops * 1e12 * self.compute_efficiency
+
+
+# ---- the model ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Parameter counts and FLOPs of the GPT model, computed from its shape."""
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: int
+    tied: bool
+
+    @classmethod
+    def of(cls, m: ModelSpec) -> "ModelCost":
+        return cls(m.layers, m.hidden_size, m.attention_heads, m.seq_length, m.vocab_size,
+                   m.ffn_hidden_size, m.tied_embeddings)
+
+    @property
+    def layer_params(self) -> int:
+        h, f = self.hidden, self.ffn
+        # QKV + proj (with biases), MLP up/down (with biases), two LayerNorms.
+        return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden + self.seq * self.hidden    # token + learned positions
+
+    @property
+    def head_params(self) -> int:
+        return 2 * self.hidden + (0 if self.tied else self.vocab * self.hidden)   # final LayerNorm + LM head
+
+    @property
+    def total_params(self) -> int:
+        return self.layers * self.layer_params + self.embedding_params + self.head_params
+
+    def layer_fwd_flops_per_token(self) -> float:
+        h = self.hidden
+        return 8 * h * h + 4 * h * self.ffn + 4 * self.seq * h
+
+    def head_fwd_flops_per_token(self) -> float:
+        return 2 * self.hidden * self.vocab
+
+    def flops_per_iteration(self, global_batch: int) -> float:
+        """Paper formula (Narayanan et al. 2021, with recomputation), general in ffn:
+        ``96 B s l h^2 (1 + s/6h + V/16lh)`` when ffn = 4h."""
+        tokens = global_batch * self.seq
+        return tokens * (4 * self.layers * self.layer_fwd_flops_per_token() + 3 * self.head_fwd_flops_per_token())
+
+
+def tflops_per_gpu(model: ModelCost, global_batch: int, iteration_seconds: float, world: int) -> float:
+    return model.flops_per_iteration(global_batch) / (iteration_seconds * world * 1e12)
+
+
+# ---- per-stage costs ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StagePlace:
+    """Where a stage runs, as far as its costs go (layer count excluded)."""
+    index: int
+    first: bool
+    last: bool
+    dp_gbps: float | None          # achieved per-node bandwidth of its DP groups; None = inside one node
+    p2p_in: float                  # seconds per micro-batch for the boundary before it (0 for stage 0)
+    p2p_out: float
+    inflight: int                  # micro-batches whose activations are alive at once (1F1B)
+    embedding_sync: float = 0.0    # seconds: tied-embedding gradient all-reduce (first/last stage)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What every stage shares: the job's degrees and batch."""
+    tensor: int
+    data: int
+    pipeline: int
+    micro_batch: int
+    micro_batches: int
+
+
+class StageCost:
+    """Costs of one stage as a function of its layer count (the adaptive partition's input)."""
+
+    def __init__(self, model: ModelCost, shape: Shape, place: StagePlace, cfg: PlannerConfig):
+        self.model, self.shape, self.place, self.cfg = model, shape, place, cfg
+        T, mb = shape.tensor, shape.micro_batch
+        tokens = mb * model.seq
+        rate = cfg.flops_per_second
+        act = tokens * model.hidden * cfg.activation_bytes
+        nvlink = cfg.nvlink_gbps * GBIT
+        tp_allreduce = 0.0 if T == 1 else 2 * (T - 1) / T * act / nvlink
+        recompute = 1 if cfg.activation_recompute else 0
+        f = tokens * model.layer_fwd_flops_per_token() / T / rate
+        self.layer_fwd = f + 2 * tp_allreduce
+        self.layer_bwd = 2 * f + 2 * tp_allreduce + recompute * (f + 2 * tp_allreduce)
+        hf = tokens * model.head_fwd_flops_per_token() / T / rate if place.last else 0.0
+        self.head_fwd, self.head_bwd = hf, 2 * hf
+        self.extra_params = ((model.embedding_params if place.first else 0)
+                             + (model.head_params if place.last else 0)
+                             + (model.vocab * model.hidden if place.last and model.tied and not place.first else 0))
+        mem_cap = cfg.gpu_memory_gib * 2**30 * cfg.memory_headroom
+        self.mem_cap = mem_cap
+
+    # per micro-batch
+    def fwd(self, n: int) -> float:
+        return n * self.layer_fwd + self.head_fwd
+
+    def bwd(self, n: int) -> float:
+        return n * self.layer_bwd + self.head_bwd
+
+    def step(self, n: int) -> float:
+        """Steady-state 1F1B step: one forward, one backward, the p2p on both sides."""
+        return self.fwd(n) + self.bwd(n) + self.place.p2p_in + self.place.p2p_out
+
+    def params(self, n: int) -> int:
+        return n * self.model.layer_params + self.extra_params
+
+    def dp_times(self, n: int) -> tuple[float, float]:
+        """(reduce-scatter, all-gather) seconds per iteration for this stage's DP groups."""
+        D, T = self.shape.data, self.shape.tensor
+        if D == 1:
+            return 0.0, 0.0
+        ring = (D - 1) / D
+        p = self.params(n)
+        nvlink = self.cfg.nvlink_gbps * GBIT
+        def t(nbytes: int) -> float:
+            inside = nbytes / T * ring / nvlink            # each GPU's share over NVLink
+            if self.place.dp_gbps is None:
+                return inside
+            through_nics = nbytes * ring / (self.place.dp_gbps * GBIT)   # all T groups share the node's NICs
+            return max(inside, through_nics)
+        return t(p * self.cfg.grad_bytes), t(p * self.cfg.param_bytes)
+
+    def dp_exposed(self, n: int) -> float:
+        rs, ag = self.dp_times(n)
+        if self.cfg.overlap:
+            e = self.cfg.overlap_efficiency
+            rs = max(0.0, rs - e * self.bwd(n))
+            ag = max(0.0, ag - e * self.fwd(n))
+        return rs + ag + self.place.embedding_sync
+
+    def busy(self, n: int) -> float:
+        """Per-iteration time this stage is busy: what the adaptive partition balances."""
+        if self.memory(n) > self.mem_cap:
+            return float("inf")
+        return self.shape.micro_batches * self.step(n) + self.dp_exposed(n)
+
+    def memory(self, n: int) -> float:
+        m, s = self.model, self.shape
+        T, D = s.tensor, s.data
+        cfg = self.cfg
+        p = self.params(n) / T
+        static = p * (cfg.param_bytes + cfg.grad_bytes) + p * cfg.optimizer_bytes / D
+        b, seq, h, a = s.micro_batch, m.seq, m.hidden, m.heads
+        full_layer = seq * b * h * (10 + 24 / T + 5 * a * seq / (h * T))
+        inflight = min(self.place.inflight, s.micro_batches)
+        if cfg.activation_recompute:
+            acts = n * inflight * seq * b * h * cfg.activation_bytes + full_layer
+        else:
+            acts = n * inflight * full_layer
+        if self.place.last:
+            acts += b * seq * m.vocab / T * 4 * 2       # fp32 logits and their gradient
+        return static + acts
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    index: int
+    layers: int
+    compute: float          # seconds per iteration: m * (fwd + bwd)
+    p2p: float              # seconds per iteration: m * (p2p in + out)
+    bubble: float           # idle seconds inside the pipeline (warm-up / cool-down / waiting on slower stages)
+    dp_comm: float          # reduce-scatter + all-gather, seconds
+    dp_exposed: float       # the part not hidden by overlap
+    finish: float           # when this stage is done with the iteration
+    memory_gib: float
+
+
+def _timeline(costs: Sequence[StageCost], layers: Sequence[int]) -> tuple[float, list[float], list[float], float]:
+    """(iteration seconds, per-stage finish times, per-stage steady steps, pipeline seconds)."""
+    m = costs[0].shape.micro_batches
+    steps = [c.step(n) for c, n in zip(costs, layers)]
+    t_pp = ((m - 1) * max(steps) + sum(c.fwd(n) + c.bwd(n) for c, n in zip(costs, layers))
+            + 2 * sum(c.place.p2p_out for c in costs[:-1]))
+    finishes, chain = [], 0.0          # chain: backward path from stage s back to stage 0
+    for c, n in zip(costs, layers):
+        finishes.append(t_pp - chain + c.dp_exposed(n))
+        chain += c.bwd(n) + c.place.p2p_out
+    return max(finishes), finishes, steps, t_pp
+
+
+def iteration_seconds(costs: Sequence[StageCost], layers: Sequence[int]) -> float:
+    return _timeline(costs, layers)[0]
+
+
+def estimate_pipeline(costs: Sequence[StageCost], layers: Sequence[int]) -> tuple[float, list[StageEstimate]]:
+    """Iteration seconds and per-stage breakdown for a partition (see module docstring)."""
+    m = costs[0].shape.micro_batches
+    seconds, finishes, steps, t_pp = _timeline(costs, layers)
+    out = []
+    for s, (c, n) in enumerate(zip(costs, layers)):
+        rs, ag = c.dp_times(n)
+        out.append(StageEstimate(
+            index=s, layers=n, compute=m * (c.fwd(n) + c.bwd(n)), p2p=m * (c.place.p2p_in + c.place.p2p_out),
+            bubble=max(0.0, t_pp - m * steps[s]), dp_comm=rs + ag, dp_exposed=c.dp_exposed(n),
+            finish=finishes[s], memory_gib=c.memory(n) / 2**30))
+    return seconds, out
+
+
+def refine_partition(costs: Sequence[StageCost], layers: Sequence[int], max_moves: int = 10_000) -> tuple[int, ...]:
+    """Move single layers away from the stages that set the iteration time (the slowest steady
+    step, the latest finisher) while the full estimate improves: the min-max partition cannot see
+    the pipeline fill/drain or the DP time later stages hide behind the backward chain.
+    Best improvement first, lowest indices on ties: deterministic."""
+    cur = list(layers)
+    best, finishes, steps, _ = _timeline(costs, cur)
+    P = len(cur)
+    for _ in range(max_moves):
+        donors = sorted({max(range(P), key=lambda s: (steps[s], -s)), max(range(P), key=lambda s: (finishes[s], -s))})
+        move = None
+        for i in donors:
+            if cur[i] == 1:
+                continue
+            for j in range(P):
+                if j == i:
+                    continue
+                cur[i] -= 1
+                cur[j] += 1
+                if costs[i].memory(cur[i]) <= costs[i].mem_cap and costs[j].memory(cur[j]) <= costs[j].mem_cap:
+                    t = iteration_seconds(costs, cur)
+                    if t < best * (1 - 1e-12) and (move is None or t < move[0]):
+                        move = (t, i, j)
+                cur[i] += 1
+                cur[j] -= 1
+        if move is None:
+            break
+        _, i, j = move
+        cur[i] -= 1
+        cur[j] += 1
+        best, finishes, steps, _ = _timeline(costs, cur)
+    return tuple(cur)

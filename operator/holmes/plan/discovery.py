@@ -1,0 +1,233 @@
+"""NIC discovery: classify a Kubernetes Node (a v1 Node as a plain dict, as ``kubectl get node
+-o json`` prints it) into ``infiniband``, ``roce`` or ``ethernet`` with a bandwidth.
+
+Rules, first match wins (every name is configurable in :class:`NicMapping`):
+
+1. ``holmes-labels``: Holmes' own labels, written by an admin or the NIC labeller:
+   ``holmes.dev/nic`` (kind), ``holmes.dev/nic-gbps`` (node bandwidth), ``holmes.dev/cluster``.
+2. ``nfd``: Node Feature Discovery's ``feature.node.kubernetes.io/rdma.capable`` /
+   ``rdma.available`` / ``pci-15b3.present`` say "RDMA" but not which kind. The kind then comes
+   from a link-layer label (``holmes.dev/link-layer``: ``InfiniBand`` or ``Ethernet`` = RoCE, as
+   ``/sys/class/infiniband/*/ports/*/link_layer`` says), or from ``NicMapping.rdma_default_kind``
+   when an admin knows the whole cluster; otherwise the node gets a *problem*, never a guess.
+3. ``device-plugin``: an ``rdma/*`` resource in ``status.allocatable`` (Mellanox shared device
+   plugin) or a configured SR-IOV resource: RDMA, kind as in rule 2.
+4. ``no-rdma``: none of the above: plain Ethernet (sockets).
+
+``gbps`` is the bandwidth of the node's NICs *together* for collective traffic (e.g. 8 x 200
+Gb/s HDR rails = 1600); when no label says it, a per-kind default from the mapping is used and
+``gbps_source`` says so. HCAs (for ``NCCL_IB_HCA``) come from the annotation
+``holmes.dev/nic-hcas`` (comma-separated) or the label of that name ('.'-separated, since label
+values cannot hold commas); the socket interface (``NCCL_SOCKET_IFNAME``) from
+``holmes.dev/socket-ifname`` (annotation or label).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+INFINIBAND, ROCE, ETHERNET = "infiniband", "roce", "ethernet"
+RDMA_KINDS = (INFINIBAND, ROCE)
+
+# Spellings an admin may write in holmes.dev/nic or a link-layer label.
+_KIND_ALIASES = {
+    "infiniband": INFINIBAND, "ib": INFINIBAND,
+    "roce": ROCE, "rocev2": ROCE, "roce-v2": ROCE,
+    "ethernet": ETHERNET, "eth": ETHERNET, "tcp": ETHERNET, "socket": ETHERNET,
+}
+# The link_layer file says Ethernet for RoCE ports: on an RDMA port that *is* RoCE.
+_LINK_LAYER_ALIASES = {"infiniband": INFINIBAND, "ib": INFINIBAND, "ethernet": ROCE, "roce": ROCE}
+
+
+@dataclass(frozen=True)
+class NicMapping:
+    """Where the NIC facts live on a Node, and what to assume when nothing says."""
+    nic_label: str = "holmes.dev/nic"
+    gbps_label: str = "holmes.dev/nic-gbps"
+    cluster_label: str = "holmes.dev/cluster"
+    link_layer_label: str = "holmes.dev/link-layer"
+    hcas_key: str = "holmes.dev/nic-hcas"
+    socket_ifname_key: str = "holmes.dev/socket-ifname"
+    nfd_rdma_labels: tuple[str, ...] = (
+        "feature.node.kubernetes.io/rdma.capable",
+        "feature.node.kubernetes.io/rdma.available",
+        "feature.node.kubernetes.io/pci-15b3.present",
+    )
+    rdma_resource_prefixes: tuple[str, ...] = ("rdma/",)
+    rdma_resource_names: tuple[str, ...] = ()        # e.g. an SR-IOV "nvidia.com/mlnx_sriov_rdma"
+    gpu_resource: str = "nvidia.com/gpu"
+    # Kind for nodes that advertise RDMA but not which kind; None = report a problem.
+    rdma_default_kind: str | None = None
+    # Node bandwidth (Gbit/s, all NICs together) when no label gives it.
+    default_gbps: tuple[tuple[str, float], ...] = ((INFINIBAND, 200.0), (ROCE, 100.0), (ETHERNET, 25.0))
+    default_cluster: str = "default"
+
+    def gbps_for(self, kind: str) -> float:
+        return dict(self.default_gbps)[kind]
+
+    def with_cluster_label(self, label: str | None) -> "NicMapping":
+        from dataclasses import replace
+        return self if not label or label == self.cluster_label else replace(self, cluster_label=label)
+
+
+@dataclass(frozen=True)
+class NodeNic:
+    name: str
+    cluster: str                      # island name from the cluster label
+    nic: str                          # infiniband | roce | ethernet
+    gbps: float                       # all NICs of the node together, Gbit/s
+    gpus: int                         # allocatable nvidia.com/gpu
+    rdma_resource: str | None = None  # e.g. "rdma/rdma_shared_device_a": pods request it
+    hcas: tuple[str, ...] = ()
+    socket_ifname: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    source: str = "no-rdma"           # holmes-labels | nfd | device-plugin | no-rdma
+    gbps_source: str = "default"      # label | default
+    ready: bool = True                # Ready condition not False
+    schedulable: bool = True          # spec.unschedulable not set (not cordoned)
+    problems: tuple[str, ...] = ()
+
+    @property
+    def island(self) -> str:
+        """Nodes that can talk RDMA (or, for Ethernet, fast sockets) to each other."""
+        return f"{self.cluster}/{self.nic}"
+
+    @property
+    def rdma(self) -> bool:
+        return self.nic in RDMA_KINDS
+
+    @property
+    def usable(self) -> bool:
+        return self.ready and self.schedulable and not self.problems
+
+
+def _quantity_int(v: Any) -> int:
+    """Integer resource quantities ("8", 8, "1k"); anything else counts as 0."""
+    if isinstance(v, bool):
+        return 0
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        s = v.strip()
+        mult = {"k": 10**3, "M": 10**6, "G": 10**9}.get(s[-1:], 1)
+        if mult != 1:
+            s = s[:-1]
+        try:
+            return int(s) * mult
+        except ValueError:
+            return 0
+    return 0
+
+
+def _truthy(v: str | None) -> bool:
+    return v is not None and v.strip().lower() == "true"
+
+
+def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) -> NodeNic:
+    """Classify one v1 Node dict. Never raises on odd nodes: what is wrong goes to ``problems``."""
+    m = mapping or NicMapping()
+    meta = node.get("metadata") or {}
+    status = node.get("status") or {}
+    spec = node.get("spec") or {}
+    name = str(meta.get("name") or "")
+    labels = dict(meta.get("labels") or {})
+    annotations = dict(meta.get("annotations") or {})
+    allocatable = dict(status.get("allocatable") or {})
+    problems: list[str] = []
+    if not name:
+        problems.append("node has no metadata.name")
+
+    rdma_resource = next((r for r in sorted(allocatable)
+                          if (r.startswith(m.rdma_resource_prefixes) or r in m.rdma_resource_names)
+                          and _quantity_int(allocatable[r]) > 0), None)
+    nfd_hits = [lab for lab in m.nfd_rdma_labels if _truthy(labels.get(lab))]
+    link_kind, link_problem = _link_layer_kind(labels.get(m.link_layer_label), m)
+    if link_problem:
+        problems.append(link_problem)
+
+    kind: str | None
+    label_kind = labels.get(m.nic_label)
+    if label_kind is not None:
+        source = "holmes-labels"
+        kind = _KIND_ALIASES.get(label_kind.strip().lower())
+        if kind is None:
+            problems.append(f"label {m.nic_label}={label_kind!r} is not a NIC kind: use infiniband, roce or ethernet")
+        elif link_kind and kind in RDMA_KINDS and link_kind != kind:
+            problems.append(f"label {m.nic_label}={label_kind} contradicts {m.link_layer_label}="
+                            f"{labels[m.link_layer_label]} ({link_kind}): fix one of them")
+    elif nfd_hits or rdma_resource:
+        source = "nfd" if nfd_hits else "device-plugin"
+        why = f"label {nfd_hits[0]}=true" if nfd_hits else f"resource {rdma_resource}"
+        kind = link_kind or m.rdma_default_kind
+        if kind is None:
+            problems.append(f"advertises RDMA ({why}) but no InfiniBand/RoCE kind: set label "
+                            f"{m.nic_label}=infiniband|roce (or {m.link_layer_label}, or a default kind "
+                            f"in the NIC mapping)")
+    else:
+        source, kind = "no-rdma", ETHERNET
+
+    gbps_source = "label"
+    gbps_text = labels.get(m.gbps_label)
+    gbps: float | None = None
+    if gbps_text is not None:
+        try:
+            gbps = float(gbps_text)
+            if not gbps > 0:
+                raise ValueError
+        except ValueError:
+            problems.append(f"label {m.gbps_label}={gbps_text!r} is not a positive number of Gbit/s")
+            gbps = None
+    if gbps is None:
+        gbps_source = "default"
+        gbps = m.gbps_for(kind) if kind else 0.0
+
+    hcas_text = annotations.get(m.hcas_key)
+    if hcas_text is not None:
+        hcas = tuple(h.strip() for h in hcas_text.split(",") if h.strip())
+    else:
+        hcas = tuple(h for h in (labels.get(m.hcas_key) or "").split(".") if h)
+    ifname = annotations.get(m.socket_ifname_key) or labels.get(m.socket_ifname_key) or None
+
+    ready = True
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Ready":
+            ready = str(c.get("status")) == "True"
+    return NodeNic(
+        name=name,
+        cluster=labels.get(m.cluster_label) or m.default_cluster,
+        nic=kind or ETHERNET,
+        gbps=gbps,
+        gpus=_quantity_int(allocatable.get(m.gpu_resource, 0)),
+        rdma_resource=rdma_resource,
+        hcas=hcas,
+        socket_ifname=ifname,
+        labels=labels,
+        source=source,
+        gbps_source=gbps_source,
+        ready=ready,
+        schedulable=not bool(spec.get("unschedulable")),
+        problems=tuple(problems),
+    )
+
+
+def _link_layer_kind(value: str | None, m: NicMapping) -> tuple[str | None, str | None]:
+    if value is None:
+        return None, None
+    kind = _LINK_LAYER_ALIASES.get(value.strip().lower())
+    if kind is None:
+        return None, f"label {m.link_layer_label}={value!r} is not a link layer: use InfiniBand or Ethernet (RoCE)"
+    return kind, None
+
+
+def classify_nodes(nodes, mapping: NicMapping | None = None) -> list[NodeNic]:
+    """Classify many nodes; NodeNic entries pass through unchanged."""
+    return [n if isinstance(n, NodeNic) else classify_node(n, mapping) for n in nodes]
+
+
+def why_unusable(n: NodeNic) -> str:
+    reasons = list(n.problems)
+    if not n.ready:
+        reasons.append("not Ready")
+    if not n.schedulable:
+        reasons.append("cordoned (spec.unschedulable)")
+    return "; ".join(reasons)

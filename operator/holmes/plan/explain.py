@@ -1,0 +1,106 @@
+"""Human explanation of a layout: a table per stage and a few lines on why."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from .layout import Layout
+
+if TYPE_CHECKING:
+    from .jobspec import JobSpec
+    from .planner import Candidate
+
+
+def _nodes_cell(nodes: Sequence[str]) -> str:
+    if len(nodes) <= 2:
+        return ",".join(nodes)
+    return f"{nodes[0]}..{nodes[-1]} ({len(nodes)})"
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x:.3g}s"
+
+
+def table(layout: Layout) -> list[str]:
+    """The per-stage table, from the layout alone (works on a layout read back from JSON)."""
+    est = layout.estimate or {}
+    per_stage = {s["stage"]: s for s in est.get("stages", [])}
+    head = (f"{len(layout.nodes)} nodes x {layout.gpus_per_node} GPUs = {layout.world_size} ranks: "
+            f"tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data}, "
+            f"{layout.micro_batches} micro-batches of {layout.micro_batch_size} per DP rank")
+    cols = ["stage", "layers", "n", "island", "nic", "dpNet", "nodes", "compute", "bubble", "p2p", "dp comm", "exposed"]
+    rows = []
+    for s in layout.stages:
+        e = per_stage.get(s.index, {})
+        nodes = s.nodes or layout.stage_nodes(s.index)
+        rows.append([str(s.index), f"[{s.layers[0]},{s.layers[1]})", str(s.num_layers), s.island, s.nic, s.dp_net,
+                     _nodes_cell(nodes)]
+                    + [_fmt_s(e[k]) if k in e else "-" for k in
+                       ("computeSeconds", "bubbleSeconds", "p2pSeconds", "dpCommSeconds", "dpExposedSeconds")])
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    out = [head, line(cols)] + [line(r) for r in rows]
+    nets = {g.kind: g.net for g in layout.groups if g.kind in ("pp", "embedding")}
+    tail = f"pp net {nets.get('pp', '-')}"
+    if "embedding" in nets:
+        tail += f", embedding net {nets['embedding']}"
+    if "iterationSeconds" in est:
+        tail += (f"; estimate {est['iterationSeconds']:.4g} s/iteration, {est['tokensPerSecond']:.4g} tokens/s, "
+                 f"{est['tflopsPerGpu']:.4g} TFLOPS/GPU, {est.get('memoryPerGpuGiB', 0):.3g} GiB/GPU")
+    out.append(tail)
+    return out
+
+
+def why_lines(layout: Layout, best: "Candidate", alternatives: Sequence["Candidate"], job: "JobSpec") -> list[str]:
+    out = []
+    kinds = {s.nic for s in layout.stages}
+    mixed = [s.index for s in layout.stages if s.dp_net == "Socket" and s.nic != "ethernet"]
+    if job.parallelism.nic_selection == "off":
+        out.append("nicSelection off: nodes in name order (Megatron default); DP groups take whatever NICs that gives")
+    elif not mixed and len(kinds) > 1:
+        out.append("automatic NIC selection: every stage's DP groups stay on one NIC kind ("
+                   + ", ".join(f"stage {s.index} on {s.island}" for s in layout.stages[:6])
+                   + (", ..." if len(layout.stages) > 6 else "") + ")")
+    if mixed:
+        cause = ("name order puts different islands in one stage" if job.parallelism.nic_selection == "off"
+                 else "the islands' sizes do not split into whole stages")
+        out.append(f"stage(s) {', '.join(map(str, mixed[:8]))} mix NIC kinds or clusters, so their DP groups use "
+                   f"sockets: {cause}")
+    if layout.pipeline > 1:
+        pp = next(g.net for g in layout.groups if g.kind == "pp")
+        out.append(f"pipeline p2p uses {pp}: " + ("all stages on one RDMA island" if pp == "IB" else
+                                                   "stages span islands, so only activations cross the slow link"))
+    stages = best.stages
+    if layout.pipeline > 1 and len(set(s.layers for s in stages)) > 1:
+        mode = layout.estimate.get("partition")
+        if mode == "adaptive":
+            L = layout.num_layers
+            fast = max(stages, key=lambda s: (s.layers, -s.index))
+            slow = min(stages, key=lambda s: (s.layers, s.index))
+            fs, ss = layout.stages[fast.index], layout.stages[slow.index]
+            reason = ""
+            if slow.dp_exposed > fast.dp_exposed * 1.05 + 1e-9:
+                rate_fast = fast.dp_comm / max(fast.layers, 1)
+                rate_slow = slow.dp_comm / max(slow.layers, 1)
+                ratio = rate_slow / rate_fast if rate_fast > 0 else float("inf")
+                reason = (f": its DP communication per layer is {ratio:.2g}x slower "
+                          f"({_fmt_s(slow.dp_exposed)} exposed vs {_fmt_s(fast.dp_exposed)})")
+            elif slow.index == len(stages) - 1:
+                reason = ": it also computes the LM head"
+            out.append(f"stage {slow.index} on {ss.island} gets {slow.layers} of {L} layers, stage {fast.index} on "
+                       f"{fs.island} gets {fast.layers}{reason}; the partition minimises the slowest stage")
+    if len(alternatives) > 1:
+        nxt = alternatives[1]
+        d = nxt.degrees
+        out.append(f"chose tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data} over "
+                   f"{len(alternatives) - 1} other degree choice(s); next best tensor {d.tensor} x pipeline "
+                   f"{d.pipeline} x data {d.data} is {nxt.seconds / best.seconds:.3g}x slower")
+    return ["why:"] + [f"- {x}" for x in out]
+
+
+def explanation_lines(layout: Layout, best: "Candidate", alternatives: Sequence["Candidate"], job: "JobSpec") -> list[str]:
+    return table(layout) + why_lines(layout, best, alternatives, job)
+
+
+def explain(layout: Layout) -> str:
+    """The stored explanation (table + why), or the table alone for a layout without one."""
+    return "\n".join(layout.explanation) if layout.explanation else "\n".join(table(layout))

@@ -1,0 +1,411 @@
+"""Layout search: which nodes form which pipeline stage, in which order, with how many layers.
+
+Steps (all deterministic):
+
+1. Classify the nodes (:mod:`.discovery`); keep those the job's selector matches, with enough
+   allocatable GPUs, Ready, not cordoned, and without classification problems.
+2. Enumerate (tensor, pipeline, data): tensor divides gpusPerNode and the heads; what the spec
+   fixes is kept; a stage is a whole number of nodes or a whole fraction of one node; the
+   global batch splits into an integer number of micro-batches per DP rank, at least one per
+   stage (1F1B needs m >= pipeline).
+3. Place stages (``nicSelection: auto``): nodes are grouped by island (cluster x NIC kind) and
+   each island filled with whole stages, so a stage's DP groups stay on one NIC kind whenever
+   island sizes allow; leftover nodes form mixed stages (sockets). Island groups are tried in
+   every order (up to ``max_island_orders``; heuristic orders beyond). ``nicSelection: off``
+   is Megatron's default: nodes in name order.
+4. Partition the layers (:mod:`.partition`) and estimate the iteration (:mod:`.costmodel`);
+   keep the fastest candidate.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from . import partition as parts_mod
+from .costmodel import (GBIT, ModelCost, PlannerConfig, Shape, StageCost, StageEstimate, StagePlace,
+                        estimate_pipeline, iteration_seconds, refine_partition, tflops_per_gpu)
+from .discovery import NodeNic, classify_nodes, why_unusable
+from .jobspec import AUTO, JobSpec, SpecError
+from .layout import GroupFamily, Layout, Stage
+from .topology import (IB_NET, SOCKET_NET, NodeSet, group_bandwidth_gbps, islands_of, merge, summarize)
+
+
+class PlanError(ValueError):
+    """No valid layout; the message says what is missing and what would fix it."""
+
+
+class InsufficientNodes(PlanError):
+    """Not enough suitable nodes (yet): the operator waits for nodes instead of stalling."""
+
+
+def as_job(job: JobSpec | Mapping[str, Any]) -> JobSpec:
+    if isinstance(job, JobSpec):
+        return job
+    if isinstance(job, Mapping) and ("apiVersion" in job or "kind" in job):
+        return JobSpec.from_manifest(job)
+    return JobSpec.from_spec(job)
+
+
+# ---- 1. node selection ------------------------------------------------------------------------
+
+def select_nodes(nodes: Sequence[Any], job: JobSpec, cfg: PlannerConfig) -> list[NodeNic]:
+    """The nodes this job may use, sorted by name; InsufficientNodes when fewer than count."""
+    mapping = cfg.nic_mapping.with_cluster_label(job.nodes.cluster_label)
+    nics = classify_nodes(nodes, mapping)
+    sel = job.nodes.selector
+    G = job.nodes.gpus_per_node
+    matched = [n for n in nics if sel is None or sel.matches(n.labels)]
+    usable, few_gpus, broken = [], [], []
+    for n in matched:
+        if n.gpus < G:
+            few_gpus.append(n)
+        elif not n.usable:
+            broken.append(n)
+        else:
+            usable.append(n)
+    names = [n.name for n in usable]
+    dupes = sorted({x for x in names if names.count(x) > 1}) if len(set(names)) != len(names) else []
+    if dupes:
+        raise PlanError(f"node names appear twice in the node list: {', '.join(dupes[:5])}")
+    usable.sort(key=lambda n: n.name)
+    need = job.nodes.count
+    if len(usable) >= need:
+        return usable
+    kinds: dict[str, int] = {}
+    for n in usable:
+        kinds[n.nic] = kinds.get(n.nic, 0) + 1
+    have = ", ".join(f"{c} {k}" for k, c in sorted(kinds.items()))
+    where = f" matching {sel.describe()}" if sel is not None else ""
+    msg = [f"needs {need} nodes with {G} nvidia.com/gpu{where}; have {len(usable)}" + (f": {have}" if have else "")]
+    if sel is not None and len(matched) < len(nics):
+        msg.append(f"{len(nics) - len(matched)} node(s) do not match the selector")
+    if few_gpus:
+        msg.append(f"{len(few_gpus)} node(s) have fewer than {G} allocatable nvidia.com/gpu: "
+                   + ", ".join(f"{n.name} ({n.gpus})" for n in few_gpus[:5]) + (" ..." if len(few_gpus) > 5 else ""))
+    for n in broken[:5]:
+        msg.append(f"node {n.name} is not usable: {why_unusable(n)}")
+    if len(broken) > 5:
+        msg.append(f"... and {len(broken) - 5} more unusable nodes")
+    msg.append(f"add nodes, fix the ones listed, or lower nodes.count to {len(usable)}" if usable
+               else "add nodes, fix the ones listed, or change nodes.selector")
+    raise InsufficientNodes("; ".join(msg))
+
+
+# ---- 2. degrees -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Degrees:
+    tensor: int
+    pipeline: int
+    data: int
+    micro_batches: int
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def degree_candidates(job: JobSpec) -> list[Degrees]:
+    m, t, p = job.model, job.training, job.parallelism
+    G, N = job.nodes.gpus_per_node, job.nodes.count
+    W = G * N
+    tensors = [p.tensor] if p.tensor != AUTO else [
+        x for x in _divisors(G) if m.attention_heads % x == 0 and m.ffn_hidden_size % x == 0]
+    explicit = p.explicit_partition
+    out: list[Degrees] = []
+    problems: list[str] = []
+    for T in tensors:
+        if W % T:
+            continue
+        if explicit is not None:
+            pipes = [len(explicit)]
+        elif p.pipeline != AUTO:
+            pipes = [p.pipeline]
+        else:
+            pipes = [x for x in _divisors(W // T) if x <= m.layers]
+        for P in pipes:
+            label = f"tensor {T} x pipeline {P}"
+            if (W // T) % P:
+                problems.append(f"{label}: does not divide {W} GPUs")
+                continue
+            D = W // (T * P)
+            label += f" x data {D}"
+            if p.data != AUTO and D != p.data:
+                problems.append(f"{label}: data is fixed to {p.data}")
+                continue
+            if P > m.layers:
+                problems.append(f"{label}: more stages than the {m.layers} layers")
+                continue
+            R = D * T
+            if R % G and G % R:
+                problems.append(f"{label}: a stage has {R} GPUs, neither a multiple nor a divisor of "
+                                f"gpusPerNode {G}")
+                continue
+            per_step = D * t.micro_batch_size
+            if t.global_batch_size % per_step:
+                problems.append(f"{label}: globalBatchSize {t.global_batch_size} is not divisible by "
+                                f"data*microBatchSize = {per_step}")
+                continue
+            mb = t.global_batch_size // per_step
+            if mb < P:
+                problems.append(f"{label}: {mb} micro-batches per iteration < {P} stages (1F1B needs at least "
+                                f"one per stage)")
+                continue
+            out.append(Degrees(T, P, D, mb))
+    if not out:
+        fixed = {k: v for k, v in (("tensor", p.tensor), ("pipeline", p.pipeline), ("data", p.data)) if v != AUTO}
+        head = (f"no (tensor, pipeline, data) fits {N} nodes x {G} GPUs = {W} GPUs"
+                + (f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""))
+        shown = problems[:6] + ([f"... {len(problems) - 6} more"] if len(problems) > 6 else [])
+        fix = ("fix: make globalBatchSize a multiple of data*microBatchSize with at least pipeline "
+               "micro-batches per DP rank, or change the fixed degrees / nodes.count")
+        raise PlanError(head + ": " + "; ".join(shown) + "; " + fix)
+    return out
+
+
+# ---- 3. placement -----------------------------------------------------------------------------
+
+def _island_speed(nodes: Sequence[NodeNic], cfg: PlannerConfig) -> float:
+    return group_bandwidth_gbps(summarize(nodes, cfg.fabric), cfg.fabric)
+
+
+def arrange_groups(usable: Sequence[NodeNic], count: int, block: int, cfg: PlannerConfig
+                   ) -> list[list[tuple[NodeNic, ...]]]:
+    """Choose ``count`` nodes and cut them into blocks of ``block`` nodes, grouped by island:
+    whole blocks inside one island first (fastest islands first), leftovers as mixed blocks."""
+    islands = sorted(islands_of(usable), key=lambda i: (-_island_speed(i.nodes, cfg), i.name))
+    blocks_needed = count // block
+    groups: list[list[tuple[NodeNic, ...]]] = []
+    leftovers: list[NodeNic] = []
+    for isl in islands:
+        take = min(len(isl.nodes) // block, blocks_needed - sum(len(g) for g in groups))
+        if take > 0:
+            groups.append([isl.nodes[i * block:(i + 1) * block] for i in range(take)])
+        leftovers.extend(isl.nodes[max(take, 0) * block:])
+    missing = blocks_needed - sum(len(g) for g in groups)
+    if missing:
+        rest = leftovers[:missing * block]
+        groups.append([tuple(rest[i * block:(i + 1) * block]) for i in range(missing)])
+    return groups
+
+
+def island_orders(n_groups: int, cfg: PlannerConfig, groups) -> list[tuple[int, ...]]:
+    base = tuple(range(n_groups))
+    if math.factorial(n_groups) <= cfg.max_island_orders:
+        return list(itertools.permutations(base))
+    by_cluster = tuple(sorted(base, key=lambda g: (sorted(n.cluster for n in groups[g][0])[0], g)))
+    cands = [base, base[::-1], by_cluster, by_cluster[::-1]]
+    return list(dict.fromkeys(cands))
+
+
+# ---- 4. evaluation ----------------------------------------------------------------------------
+
+@dataclass
+class Candidate:
+    seconds: float
+    degrees: Degrees
+    nodes: tuple[NodeNic, ...]           # node rank order
+    stage_sets: list[NodeSet]
+    stage_nodes: list[tuple[NodeNic, ...]]
+    layers: tuple[int, ...]
+    stages: list[StageEstimate]
+    pp_net: str
+    emb_net: str | None
+    costs: list[StageCost]
+
+    def key(self, order_index: int) -> tuple:
+        return (round(self.seconds, 9), self.degrees.pipeline, self.degrees.tensor, order_index)
+
+
+def _evaluate(job: JobSpec, deg: Degrees, nodes: Sequence[NodeNic], model: ModelCost,
+              cfg: PlannerConfig, sets_cache: dict, refine: bool = False) -> Candidate | str:
+    """Cost one placement (nodes in rank order); a string says why it is impossible."""
+    G = job.nodes.gpus_per_node
+    T, P, D = deg.tensor, deg.pipeline, deg.data
+    R = D * T
+    per_node = max(1, G // R)                         # stages per node
+    span = max(1, R // G)                             # nodes per stage
+    stage_nodes = [tuple(nodes[(s // per_node) * span:(s // per_node) * span + span]) for s in range(P)]
+    sets = []
+    for sn in stage_nodes:
+        key = tuple(n.name for n in sn)
+        if key not in sets_cache:
+            sets_cache[key] = summarize(sn, cfg.fabric)
+        sets.append(sets_cache[key])
+    everything = sets[0]
+    for s in sets[1:]:
+        everything = merge(everything, s)
+    pp_net = everything.net if P > 1 else sets[0].net
+    tied = model.tied and P > 1
+    emb_net = merge(sets[0], sets[-1]).net if tied else None
+    shape = Shape(T, D, P, job.training.micro_batch_size, deg.micro_batches)
+    act = shape.micro_batch * model.seq * model.hidden * cfg.activation_bytes
+    nvlink = cfg.nvlink_gbps * GBIT
+    ranks_on_node = min(R, G)
+    boundary = []
+    for s in range(P - 1):
+        if stage_nodes[s] == stage_nodes[s + 1]:
+            boundary.append(act / T / nvlink)
+        else:
+            pair = merge(sets[s], sets[s + 1])
+            bw = group_bandwidth_gbps(pair, cfg.fabric, pp_net if pp_net == SOCKET_NET or pair.rdma_island else SOCKET_NET)
+            boundary.append(ranks_on_node / T * act / (bw * GBIT))
+    emb_sync = 0.0
+    if tied:
+        both = merge(sets[0], sets[-1])
+        nbytes = ranks_on_node * model.vocab * model.hidden / T * cfg.grad_bytes
+        emb_sync = nbytes / (group_bandwidth_gbps(both, cfg.fabric, emb_net) * GBIT) if stage_nodes[0] != stage_nodes[-1] \
+            else nbytes / ranks_on_node / nvlink
+    costs = []
+    for s in range(P):
+        place = StagePlace(
+            index=s, first=s == 0, last=s == P - 1,
+            dp_gbps=None if span == 1 else group_bandwidth_gbps(sets[s], cfg.fabric),
+            p2p_in=boundary[s - 1] if s > 0 else 0.0,
+            p2p_out=boundary[s] if s < P - 1 else 0.0,
+            inflight=P - s,
+            embedding_sync=emb_sync if tied and s in (0, P - 1) else 0.0)
+        costs.append(StageCost(model, shape, place, cfg))
+    mode = job.parallelism.partition
+    L = model.layers
+    if isinstance(mode, tuple):
+        layers = parts_mod.check_explicit(mode, P, L)
+    elif mode == "uniform":
+        layers = parts_mod.uniform(P, L)
+    else:
+        layers = parts_mod.adaptive([c.busy for c in costs], L)
+        even = parts_mod.uniform(P, L)
+        if all(c.memory(n) <= c.mem_cap for c, n in zip(costs, even)) and \
+                iteration_seconds(costs, even) < iteration_seconds(costs, layers):
+            layers = even
+        if refine:
+            layers = refine_partition(costs, layers)
+    over = [(s, c.memory(n)) for s, (c, n) in enumerate(zip(costs, layers)) if c.memory(n) > c.mem_cap]
+    if over:
+        s, mem = max(over, key=lambda x: x[1])
+        return (f"tensor {T} x pipeline {P} x data {D}: stage {s} needs {mem / 2**30:.1f} GiB per GPU, "
+                f"more than {cfg.memory_headroom:.0%} of {cfg.gpu_memory_gib:g} GiB")
+    seconds, stages = estimate_pipeline(costs, layers)
+    return Candidate(seconds, deg, tuple(nodes), sets, stage_nodes, layers, stages, pp_net, emb_net, costs)
+
+
+def search(usable: Sequence[NodeNic], job: JobSpec, cfg: PlannerConfig) -> tuple[Candidate, list[Candidate]]:
+    """Best candidate and the best one per degree choice (for the explanation)."""
+    model = ModelCost.of(job.model)
+    G, N = job.nodes.gpus_per_node, job.nodes.count
+    best_per_degree: list[Candidate] = []
+    why_not: list[str] = []
+    sets_cache: dict = {}
+    arrangements: dict[int, list] = {}
+    for deg in degree_candidates(job):
+        span = max(1, deg.data * deg.tensor // G)
+        if job.parallelism.nic_selection == "off":
+            orders = [tuple(sorted(usable, key=lambda n: n.name)[:N])]
+        else:
+            if span not in arrangements:
+                groups = arrange_groups(usable, N, span, cfg)
+                arrangements[span] = [
+                    tuple(n for g in order for blk in groups[g] for n in blk)
+                    for order in island_orders(len(groups), cfg, groups)]
+            orders = arrangements[span]
+        best: tuple | None = None
+        for i, order in enumerate(orders):
+            c = _evaluate(job, deg, order, model, cfg, sets_cache)
+            if isinstance(c, str):
+                why_not.append(c)
+                break          # memory does not depend on the island order
+            if best is None or c.key(i) < best[0]:
+                best = (c.key(i), c)
+        if best is not None:
+            c = best[1]
+            if isinstance(job.parallelism.partition, str) and job.parallelism.partition == "adaptive":
+                c = _evaluate(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
+            best_per_degree.append(c)
+    if not best_per_degree:
+        raise PlanError("no layout fits in GPU memory: " + "; ".join(why_not[:4])
+                        + "; fix: raise pipeline or tensor (or set them to auto), lower microBatchSize, "
+                          "or use more nodes")
+    best_per_degree.sort(key=lambda c: c.key(0))
+    return best_per_degree[0], best_per_degree
+
+
+# ---- the public entry point -------------------------------------------------------------------
+
+def plan(nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: PlannerConfig | None = None) -> Layout:
+    """Plan a layout for ``job`` on these nodes (v1 Node dicts or classified NodeNic)."""
+    from .explain import explanation_lines
+    cfg = config or PlannerConfig()
+    try:
+        job = as_job(job)
+    except SpecError as e:
+        raise PlanError(str(e)) from None
+    usable = select_nodes(nodes, job, cfg)
+    best, alternatives = search(usable, job, cfg)
+    layout = to_layout(best, job, cfg)
+    return replace(layout, explanation=tuple(explanation_lines(layout, best, alternatives, job)))
+
+
+def to_layout(c: Candidate, job: JobSpec, cfg: PlannerConfig) -> Layout:
+    d = c.degrees
+    model = ModelCost.of(job.model)
+    G = job.nodes.gpus_per_node
+    stages, groups = [], []
+    start = 0
+    for s, (st, nodes, n) in enumerate(zip(c.stage_sets, c.stage_nodes, c.layers)):
+        stages.append(Stage(index=s, layers=(start, start + n), island=st.island_name(), nic=st.nic,
+                            dp_net=st.net, nodes=tuple(x.name for x in nodes)))
+        start += n
+    for s, st in enumerate(c.stage_sets):
+        groups.append(GroupFamily("dp", st.net, s))
+    for s, st in enumerate(c.stage_sets):
+        groups.append(GroupFamily("tp", st.net, s))
+    groups.append(GroupFamily("pp", c.pp_net))
+    if c.emb_net is not None:
+        groups.append(GroupFamily("embedding", c.emb_net))
+    world = d.tensor * d.pipeline * d.data
+    tokens = job.tokens_per_iteration
+    r = _round
+    estimate = {
+        "iterationSeconds": r(c.seconds),
+        "tokensPerSecond": r(tokens / c.seconds),
+        "samplesPerSecond": r(job.training.global_batch_size / c.seconds),
+        "tflopsPerGpu": r(tflops_per_gpu(model, job.training.global_batch_size, c.seconds, world)),
+        "memoryPerGpuGiB": r(max(s.memory_gib for s in c.stages)),
+        "parameters": model.total_params,
+        "flopsPerIteration": r(model.flops_per_iteration(job.training.global_batch_size)),
+        "stages": [{"stage": s.index, "layers": s.layers, "computeSeconds": r(s.compute),
+                    "bubbleSeconds": r(s.bubble), "p2pSeconds": r(s.p2p), "dpCommSeconds": r(s.dp_comm),
+                    "dpExposedSeconds": r(s.dp_exposed), "finishSeconds": r(s.finish),
+                    "memoryGiB": r(s.memory_gib)} for s in c.stages],
+        "partition": job.parallelism.partition if isinstance(job.parallelism.partition, str) else "explicit",
+        "nicSelection": job.parallelism.nic_selection,
+    }
+    return Layout(tensor=d.tensor, pipeline=d.pipeline, data=d.data, gpus_per_node=G,
+                  nodes=tuple(n.name for n in c.nodes), stages=tuple(stages), groups=tuple(groups),
+                  micro_batch_size=job.training.micro_batch_size, micro_batches=d.micro_batches,
+                  estimate=estimate)
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def megatron_default(job: JobSpec, like: Layout | None = None) -> JobSpec:
+    """The same job as Megatron-LM would run it: nodes in name order, equal layers; with ``like``,
+    the same (tensor, pipeline, data) as that layout so only placement and partition differ."""
+    par = replace(job.parallelism, nic_selection="off", partition="uniform")
+    if like is not None:
+        par = replace(par, tensor=like.tensor, pipeline=like.pipeline, data=like.data)
+    return replace(job, parallelism=par)
+
+
+def compare(nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: PlannerConfig | None = None
+            ) -> tuple[Layout, Layout, float]:
+    """(Holmes layout, Megatron-default layout with the same degrees, speed-up of Holmes)."""
+    job = as_job(job)
+    holmes = plan(nodes, job, config)
+    base = plan(nodes, megatron_default(job, holmes), config)
+    return holmes, base, base.estimate["iterationSeconds"] / holmes.estimate["iterationSeconds"]

@@ -1,0 +1,121 @@
+"""Topology: islands of nodes that share a fabric, and the bandwidth between sets of nodes.
+
+An *island* is (cluster label x NIC kind): its nodes reach each other over RDMA (InfiniBand or
+RoCE) or, for Ethernet, over sockets. Between islands only sockets work (IB and RoCE cannot do
+RDMA to each other; different clusters are different fabrics), at the host network's speed and,
+across clusters, at most the cross-cluster bandwidth.
+
+Bandwidths are Gbit/s per node (all of a node's NICs together); efficiencies turn line rate
+into what NCCL achieves (see :class:`holmes.plan.costmodel.PlannerConfig`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .discovery import ETHERNET, RDMA_KINDS, NodeNic
+
+IB_NET, SOCKET_NET = "IB", "Socket"
+
+
+@dataclass(frozen=True)
+class Island:
+    name: str                         # "cluster/kind"
+    cluster: str
+    nic: str
+    nodes: tuple[NodeNic, ...]        # sorted by name
+
+    @property
+    def gbps(self) -> float:
+        return min(n.gbps for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The network constants the topology needs (a slice of PlannerConfig)."""
+    net_efficiency: tuple[tuple[str, float], ...] = (("infiniband", 0.9), ("roce", 0.5))
+    socket_efficiency: float = 0.6
+    socket_gbps: float = 25.0           # host TCP network of RDMA nodes (per node)
+    cross_cluster_gbps: float = 25.0    # per node, between clusters
+
+    def rdma_efficiency(self, kind: str) -> float:
+        return dict(self.net_efficiency)[kind]
+
+
+def islands_of(nodes: Iterable[NodeNic]) -> list[Island]:
+    groups: dict[tuple[str, str], list[NodeNic]] = {}
+    for n in nodes:
+        groups.setdefault((n.cluster, n.nic), []).append(n)
+    return [Island(f"{c}/{k}", c, k, tuple(sorted(ns, key=lambda n: n.name)))
+            for (c, k), ns in sorted(groups.items())]
+
+
+@dataclass(frozen=True)
+class NodeSet:
+    """Summary of a set of nodes (a stage, a DP group's nodes) for the cost model."""
+    count: int
+    kinds: frozenset
+    clusters: frozenset
+    min_gbps: float
+    min_socket_gbps: float            # slowest host-network link among them
+
+    @property
+    def single_island(self) -> bool:
+        return len(self.kinds) == 1 and len(self.clusters) == 1
+
+    @property
+    def rdma_island(self) -> bool:
+        return self.single_island and next(iter(self.kinds)) in RDMA_KINDS
+
+    @property
+    def net(self) -> str:
+        """NCCL net of a group over these nodes: IB iff one RDMA island."""
+        return IB_NET if self.rdma_island else SOCKET_NET
+
+    @property
+    def nic(self) -> str:
+        """The set's NIC kind, or the slowest kind when mixed (ethernet < roce < infiniband)."""
+        for k in (ETHERNET, "roce", "infiniband"):
+            if k in self.kinds:
+                return k
+        raise AssertionError("empty node set")
+
+    def island_name(self) -> str:
+        if self.single_island:
+            return f"{next(iter(self.clusters))}/{next(iter(self.kinds))}"
+        return "mixed:" + "+".join(sorted(f"{c}" for c in self.clusters)) + "/" + "+".join(sorted(self.kinds))
+
+
+def summarize(nodes: Sequence[NodeNic], fabric: Fabric) -> NodeSet:
+    return NodeSet(
+        count=len(nodes),
+        kinds=frozenset(n.nic for n in nodes),
+        clusters=frozenset(n.cluster for n in nodes),
+        min_gbps=min(n.gbps for n in nodes),
+        min_socket_gbps=min(socket_gbps(n, fabric) for n in nodes),
+    )
+
+
+def merge(a: NodeSet, b: NodeSet) -> NodeSet:
+    return NodeSet(a.count + b.count, a.kinds | b.kinds, a.clusters | b.clusters,
+                   min(a.min_gbps, b.min_gbps), min(a.min_socket_gbps, b.min_socket_gbps))
+
+
+def socket_gbps(n: NodeNic, fabric: Fabric) -> float:
+    """A node's TCP bandwidth: its own NICs if Ethernet, else the host network."""
+    return n.gbps if n.nic == ETHERNET else min(fabric.socket_gbps, n.gbps)
+
+
+def group_bandwidth_gbps(s: NodeSet, fabric: Fabric, net: str | None = None) -> float:
+    """Achieved per-node bandwidth of a collective over these nodes on ``net`` (default: the net
+    the set would use). RDMA needs one RDMA island; sockets go over the host network, capped by
+    the cross-cluster bandwidth when the set spans clusters."""
+    net = net or s.net
+    if net == IB_NET:
+        if not s.rdma_island:
+            raise ValueError("an IB group needs nodes on one RDMA island")
+        return s.min_gbps * fabric.rdma_efficiency(next(iter(s.kinds)))
+    bw = s.min_socket_gbps
+    if len(s.clusters) > 1:
+        bw = min(bw, fabric.cross_cluster_gbps)
+    return bw * fabric.socket_efficiency
