@@ -18,9 +18,10 @@ Fixtures
     - ``topology``: the ``localkube.topology.Topology`` of the simulated nodes (``.nodes``, each a
       ``SimNode`` with ``name, cluster, nic, gbps, gpus, labels, allocatable``; ``.by_nic(kind)``).
     - ``state_dir``: the cluster's state dir (``Path``), or None for a reused cluster.
-    - ``pod_log(namespace, pod, container)`` -> str: the container's output so far (all starts
-      appended). There is no kubelet, so ``kubectl logs`` does not work; logs live in
-      ``<state_dir>/pods/<namespace>/<pod>/<container>.log``.
+    - ``pod_log(namespace, pod, container)`` -> str: the container's output so far, every start
+      appended after a ``==== localkube:`` header line; the file is
+      ``<state_dir>/pods/<namespace>/<pod>/<container>.log``. ``kubectl logs [--previous]`` works
+      too (the node agent serves the kubelet's log endpoint) and shows the current start only.
     - ``wait_pod(namespace, name, phases=("Succeeded","Failed"), timeout=60)`` -> the pod as a dict
       once its ``status.phase`` is in ``phases`` (``AssertionError`` with the pod's status on time-out).
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from . import logserver
 from . import podspec as ps
 from . import volumes
 from .topology import Topology, load_topology
@@ -81,12 +82,13 @@ class PodRun:
 
 class Agent:
     def __init__(self, state_dir: Path, topology: Topology, kubeconfig: Path, api_port: int,
-                 ip_octet: int):
+                 ip_octet: int, kubelet_port: int):
         self.dir = state_dir
         self.topology = topology
         self.nodes = set(topology.names)
         self.api_port = api_port
         self.octet = ip_octet
+        self.kubelet_port = kubelet_port
         api = config.new_client_from_config(str(kubeconfig))
         self.core = client.CoreV1Api(api)
         self.q: queue.Queue = queue.Queue()
@@ -143,6 +145,7 @@ class Agent:
         for n in self.topology.nodes:
             body = n.node_object()
             body["status"]["conditions"] = self._node_conditions()
+            body["status"]["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.kubelet_port}}
             try:
                 self.core.create_node(body)
             except ApiException as e:
@@ -213,7 +216,14 @@ class Agent:
             self.q.put(("services", items))
 
     # ---- main loop -----------------------------------------------------------------------------
+    def running(self, ns: str, name: str) -> bool:
+        return any(r.ns == ns and r.name == name and not r.deleting and r.phase not in ("Succeeded", "Failed")
+                   for r in list(self.runs.values()))
+
     def run(self) -> None:
+        pki = self.dir / "pki"
+        logs = logserver.serve(self.dir / "pods", pki / "kubelet.crt", pki / "kubelet.key",
+                               self.kubelet_port, self.running)
         self.register_nodes()
         threading.Thread(target=self.watch_pods, daemon=True, name="watch-pods").start()
         threading.Thread(target=self.poll_services, daemon=True, name="services").start()
@@ -236,6 +246,7 @@ class Agent:
             if time.monotonic() >= next_beat:
                 self.heartbeat()
                 next_beat = time.monotonic() + HEARTBEAT_S
+        logs.shutdown()
         self.shutdown()
 
     def handle(self, item: tuple) -> None:
@@ -625,7 +636,8 @@ def main(state_dir: str) -> None:
     st = json.loads((d / "cluster.json").read_text())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     (d / "pods").mkdir(exist_ok=True)
-    agent = Agent(d, load_topology(st["topology"]), d / "kubeconfig", st["apiserverPort"], st["podIPOctet"])
+    agent = Agent(d, load_topology(st["topology"]), d / "kubeconfig", st["apiserverPort"], st["podIPOctet"],
+                  st["kubeletPort"])
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
     agent.run()

@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CACHE_BIN = Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache" / "holmes")) / "bin"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-# Port blocks: base+0 etcd client, base+1 etcd peer, base+2 apiserver.
+# Port blocks: base+0 etcd client, base+1 etcd peer, base+2 apiserver, base+3 node agent's log server.
 PORT_RANGE = (26400, 29990)
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
 
@@ -58,9 +58,9 @@ def port_free(port: int) -> bool:
 
 
 def pick_ports(requested: int | None) -> int:
-    """A base port whose block of three is free. An explicit HOLMES_PORT_BASE must be free."""
+    """A base port whose block of four is free. An explicit HOLMES_PORT_BASE must be free."""
     if requested:
-        busy = [p for p in range(requested, requested + 3) if not port_free(p)]
+        busy = [p for p in range(requested, requested + 4) if not port_free(p)]
         if busy:
             raise ClusterError(f"port(s) {busy} on 127.0.0.1 already in use; choose another "
                                f"HOLMES_PORT_BASE or stop what listens there")
@@ -68,9 +68,9 @@ def pick_ports(requested: int | None) -> int:
     rnd = random.Random()
     for _ in range(50):
         base = rnd.randrange(PORT_RANGE[0], PORT_RANGE[1], 10)
-        if all(port_free(p) for p in range(base, base + 3)):
+        if all(port_free(p) for p in range(base, base + 4)):
             return base
-    raise ClusterError(f"no free block of 3 ports found in {PORT_RANGE}; set HOLMES_PORT_BASE")
+    raise ClusterError(f"no free block of 4 ports found in {PORT_RANGE}; set HOLMES_PORT_BASE")
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -149,7 +149,7 @@ class ControlPlane:
         for sub in ("pki", "logs", "pods"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         base = pick_ports(port_base or int(os.environ.get("HOLMES_PORT_BASE", 0)) or None)
-        st = {"portBase": base, "etcdPort": base, "apiserverPort": base + 2,
+        st = {"portBase": base, "etcdPort": base, "apiserverPort": base + 2, "kubeletPort": base + 3,
               # Pods get 127.<octet>.x.y: distinct per cluster so two clusters' pods never clash.
               "podIPOctet": 16 + (base // 10) % 224, "token": secrets.token_hex(16),
               "topology": topology, "stateDir": str(self.dir), "pids": {}}
@@ -161,6 +161,10 @@ class ControlPlane:
                            capture_output=True)
             subprocess.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out",
                             str(pki / "sa.pub")], check=True, capture_output=True)
+        if not (pki / "kubelet.key").exists():   # the node agent's log server (kubectl logs)
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+                            "-subj", "/CN=localkube-kubelet", "-keyout", str(pki / "kubelet.key"),
+                            "-out", str(pki / "kubelet.crt")], check=True, capture_output=True)
         try:
             self._start_all(st, bins, log)
         except BaseException:
@@ -214,7 +218,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--api-audiences=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none",
-            "--enable-priority-and-fairness=false", "--profiling=false", "--v=1"])
+            "--enable-priority-and-fairness=false", "--kubelet-preferred-address-types=InternalIP", "--profiling=false", "--v=1"])
         self._wait("kube-apiserver /readyz", st, "kube-apiserver", lambda: self._ready(st), 90)
         self._write_kubeconfig(st)
 

@@ -107,6 +107,7 @@ def test_failing_command_gives_failed_with_exit_code(cluster, namespace):
     assert cs["state"]["terminated"]["exitCode"] == 3 and cs["state"]["terminated"]["reason"] == "Error"
     assert cs["restartCount"] == 0
     assert "bye" in cluster.pod_log(namespace, "fails", "main")
+    assert cluster.kubectl("logs", "fails", "-n", namespace).stdout == "bye\n"   # via the agent's log server
 
 
 def test_on_failure_restarts_and_counts(cluster, namespace):
@@ -128,6 +129,8 @@ def test_on_failure_restarts_and_counts(cluster, namespace):
     assert cs["restartCount"] == 2
     assert cs["lastState"]["terminated"]["exitCode"] == 7
     assert cluster.pod_log(namespace, "flaky", "main").count("attempt") == 3
+    assert cluster.kubectl("logs", "flaky", "-n", namespace).stdout == "attempt 2\n"
+    assert cluster.kubectl("logs", "flaky", "-n", namespace, "--previous").stdout == "attempt 1\n"
 
 
 def _alive(pid: int) -> bool:
