@@ -24,6 +24,9 @@ def test_nfd_needs_a_kind_and_says_so():
     assert roce.nic == "roce" and roce.usable and roce.gbps == NicMapping().gbps_for("roce")
     ib = classify_node(node("b", labels=nfd), NicMapping(rdma_default_kind="infiniband"))
     assert ib.nic == "infiniband" and ib.usable
+    per_cluster = NicMapping(cluster_rdma_kinds=(("east", "infiniband"), ("west", "roce")))
+    assert classify_node(node("b", cluster="west", labels=nfd), per_cluster).nic == "roce"
+    assert classify_node(node("b", cluster="north", labels=nfd), per_cluster).problems
 
 
 def test_device_plugin_resource_alone_is_rdma_without_kind():

@@ -8,8 +8,9 @@ Rules, first match wins (every name is configurable in :class:`NicMapping`):
 2. ``nfd``: Node Feature Discovery's ``feature.node.kubernetes.io/rdma.capable`` /
    ``rdma.available`` / ``pci-15b3.present`` say "RDMA" but not which kind. The kind then comes
    from a link-layer label (``holmes.dev/link-layer``: ``InfiniBand`` or ``Ethernet`` = RoCE, as
-   ``/sys/class/infiniband/*/ports/*/link_layer`` says), or from ``NicMapping.rdma_default_kind``
-   when an admin knows the whole cluster; otherwise the node gets a *problem*, never a guess.
+   ``/sys/class/infiniband/*/ports/*/link_layer`` says), or from the mapping's per-cluster kinds
+   (``cluster_rdma_kinds``: "east is InfiniBand") or its ``rdma_default_kind``; otherwise the
+   node gets a *problem*, never a guess.
 3. ``device-plugin``: an ``rdma/*`` resource in ``status.allocatable`` (Mellanox shared device
    plugin) or a configured SR-IOV resource: RDMA, kind as in rule 2.
 4. ``no-rdma``: none of the above: plain Ethernet (sockets).
@@ -56,7 +57,9 @@ class NicMapping:
     rdma_resource_prefixes: tuple[str, ...] = ("rdma/",)
     rdma_resource_names: tuple[str, ...] = ()        # e.g. an SR-IOV "nvidia.com/mlnx_sriov_rdma"
     gpu_resource: str = "nvidia.com/gpu"
-    # Kind for nodes that advertise RDMA but not which kind; None = report a problem.
+    # Kind for nodes that advertise RDMA but not which kind: per cluster (an admin who knows
+    # "east is InfiniBand"), else one default; neither = report a problem.
+    cluster_rdma_kinds: tuple[tuple[str, str], ...] = ()
     rdma_default_kind: str | None = None
     # Node bandwidth (Gbit/s, all NICs together) when no label gives it.
     default_gbps: tuple[tuple[str, float], ...] = ((INFINIBAND, 200.0), (ROCE, 100.0), (ETHERNET, 25.0))
@@ -158,7 +161,8 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
     elif nfd_hits or rdma_resource:
         source = "nfd" if nfd_hits else "device-plugin"
         why = f"label {nfd_hits[0]}=true" if nfd_hits else f"resource {rdma_resource}"
-        kind = link_kind or m.rdma_default_kind
+        cluster = labels.get(m.cluster_label) or m.default_cluster
+        kind = link_kind or dict(m.cluster_rdma_kinds).get(cluster) or m.rdma_default_kind
         if kind is None:
             problems.append(f"advertises RDMA ({why}) but no InfiniBand/RoCE kind: set label "
                             f"{m.nic_label}=infiniband|roce (or {m.link_layer_label}, or a default kind "
