@@ -1,0 +1,122 @@
+"""python -m holmes.operator [--namespace NS ... | --all-namespaces] [--kubeconfig PATH] ...
+
+Runs the HolmesJob operator (kopf) with a liveness endpoint and Prometheus metrics.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+import kopf
+from kubernetes import client, config
+
+from .handlers import Runtime, register
+from .planning import default_planner
+from .render import RenderSettings
+
+log = logging.getLogger("holmes.operator")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m holmes.operator", description=__doc__.splitlines()[0])
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
+                       help="serve only this namespace (repeatable; glob patterns allowed)")
+    scope.add_argument("--all-namespaces", "-A", action="store_true",
+                       help="serve every namespace (the default when no --namespace is given)")
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                   help="kubeconfig file (default: $KUBECONFIG, else in-cluster, else ~/.kube/config)")
+    p.add_argument("--liveness", default="http://127.0.0.1:8080/healthz", metavar="URL",
+                   help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz ('' disables)")
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0 disables)")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="address the metrics server binds")
+    p.add_argument("--trainer-image", default=os.environ.get("HOLMES_TRAINER_IMAGE", RenderSettings.image),
+                   help="image of pods whose template names none (default: $HOLMES_TRAINER_IMAGE)")
+    p.add_argument("--master-port", type=int, default=RenderSettings.master_port,
+                   help="torch rendezvous port on the rank-0 pod")
+    p.add_argument("--trainer-metrics-port", type=int, default=RenderSettings.metrics_port,
+                   help="port of the rank-0 trainer's Prometheus endpoint, read for status.progress")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", default="json", choices=["json", "plain"],
+                   help="json: one structured record per line (default); plain: human-readable")
+    return p.parse_args(argv)
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    cfg = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = 32            # pods of a large job are created in parallel
+    return client.ApiClient(cfg)
+
+
+def connection_info(cfg: client.Configuration, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same client configuration the reconciler uses (so
+    --kubeconfig, in-cluster tokens and client certificates all work alike)."""
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    return kopf.ConnectionInfo(
+        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+        username=cfg.username or None, password=cfg.password or None, scheme=scheme, token=token,
+        certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
+        trust_env=settings.networking.trust_env)
+
+
+def build(args: argparse.Namespace) -> tuple[kopf.OperatorRegistry, Runtime]:
+    registry = kopf.OperatorRegistry()
+    settings = RenderSettings(image=args.trainer_image, master_port=args.master_port,
+                              metrics_port=args.trainer_metrics_port)
+    rt = Runtime(api=api_client(args.kubeconfig), planner=default_planner(), settings=settings)
+    register(rt, registry)
+
+    @kopf.on.login(registry=registry, id="login")
+    def login(settings: kopf.OperatorSettings, **_):
+        return connection_info(rt.api.configuration, settings)
+
+    @kopf.on.startup(registry=registry, id="configure")
+    def configure(settings: kopf.OperatorSettings, **_):
+        # Events: transitions are posted explicitly (kopf.event); kopf's own warnings and
+        # errors about an object (e.g. a crashed handler) are posted from its log calls too.
+        settings.posting.enabled = True
+        settings.posting.loggers = True
+        settings.posting.level = logging.WARNING
+        # Keep kopf's bookkeeping under our own domain; nothing in status (the schema owns it).
+        settings.persistence.finalizer = "holmes.dev/finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="holmes.dev")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="holmes.dev")
+        settings.watching.server_timeout = 270
+        settings.watching.client_timeout = 300
+        settings.watching.connect_timeout = 10
+    return registry, rt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    kopf.configure(verbose=args.log_level == "debug", quiet=args.log_level in ("warning", "error"),
+                   log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL)
+    logging.getLogger().setLevel(args.log_level.upper())
+    if args.log_level != "debug":   # kopf logs every watch-event handler call at INFO: keep its warnings
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    registry, _rt = build(args)
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+        start_http_server(args.metrics_port, addr=args.metrics_addr)
+    namespaces = args.namespace
+    log.info("starting", extra={"namespaces": namespaces or "*", "metrics_port": args.metrics_port,
+                                "liveness": args.liveness})
+    asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=not namespaces,
+                              namespaces=namespaces, liveness_endpoint=args.liveness or None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Names, labels and annotations shared by rendering, reconciling and tests: one place so a
+pod, its ConfigMap and the operator always agree."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+GROUP = "holmes.dev"
+VERSION = "v1alpha1"
+PLURAL = "holmesjobs"
+KIND = "HolmesJob"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Labels on every child (selectors and kubectl -l use these).
+LABEL_JOB = "holmes.dev/job-name"
+LABEL_ATTEMPT = "holmes.dev/attempt"
+LABEL_NODE_RANK = "holmes.dev/node-rank"
+LABEL_STAGE = "holmes.dev/stage"
+LABEL_NIC = "holmes.dev/nic"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "holmes-operator"
+
+# Annotations recording what an attempt was launched from.
+ANN_ATTEMPT = "holmes.dev/attempt"
+ANN_SPEC_HASH = "holmes.dev/spec-hash"      # model+training+parallelism+nodes+template
+ANN_MODEL_HASH = "holmes.dev/model-hash"    # model alone (immutable once started)
+ANN_NODE = "holmes.dev/node"
+
+TRAINER_CONTAINER = "trainer"
+LAYOUT_MOUNT = "/etc/holmes"
+LAYOUT_FILE = "layout.json"
+JOB_FILE = "job.yaml"
+LAYOUT_VOLUME = "holmes-layout"
+SHM_VOLUME = "dshm"
+
+# A pod is <job>-<attempt>-<node rank> and doubles as its DNS hostname (a 63-char label).
+MAX_JOB_NAME = 50
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def pod_name(job: str, attempt: int, node_rank: int) -> str:
+    return f"{job}-{attempt}-{node_rank}"
+
+
+def layout_configmap_name(job: str) -> str:
+    return f"{job}-layout"
+
+
+def service_name(job: str) -> str:
+    return job
+
+
+def master_addr(job: str, namespace: str, attempt: int) -> str:
+    """DNS name of the rank-0 pod through the headless Service (hostname.subdomain.ns.svc)."""
+    return f"{pod_name(job, attempt, 0)}.{service_name(job)}.{namespace}.svc"
+
+
+def job_name_problem(name: str) -> str | None:
+    """Why a HolmesJob name cannot be used for its children, or None when it can."""
+    if not _DNS1035.match(name or ""):
+        return (f"metadata.name: {name!r} must be a DNS-1035 label (lower-case letters, digits and '-', "
+                f"starting with a letter) because it names the job's Service and pod hostnames")
+    if len(name) > MAX_JOB_NAME:
+        return (f"metadata.name: {name!r} is {len(name)} characters; at most {MAX_JOB_NAME} leave room for "
+                f"the pod hostnames <name>-<attempt>-<rank> (63 characters at most)")
+    return None
+
+
+def digest(obj: Any) -> str:
+    """A short stable hash of a JSON-able object (key order does not matter)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def launch_spec(spec: dict) -> dict:
+    """The part of a spec whose change means a relaunch (everything but runPolicy)."""
+    return {k: v for k, v in (spec or {}).items() if k != "runPolicy"}
+
+
+def spec_hash(spec: dict) -> str:
+    return digest(launch_spec(spec))
+
+
+def model_hash(spec: dict) -> str:
+    return digest((spec or {}).get("model"))

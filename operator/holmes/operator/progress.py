@@ -1,0 +1,78 @@
+"""Training progress from the rank-0 trainer, for HolmesJob.status.progress.
+
+Two sources, both reachable without cluster DNS:
+- while the pod runs: its Prometheus endpoint at http://<podIP>:<metrics port>/metrics
+  (gauges holmes_trainer_iteration, _loss, _tokens_per_second, _tflops_per_gpu, ...);
+- once it has terminated: the container's termination message, where the trainer leaves its
+  last JSON metric line (``{"holmes": "done", "iteration": ..., ...}``).
+Parsing is pure; ``scrape`` is the only I/O.
+"""
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any, Mapping
+
+from prometheus_client.parser import text_string_to_metric_families
+
+GAUGES = {
+    "holmes_trainer_iteration": "iteration",
+    "holmes_trainer_loss": "loss",
+    "holmes_trainer_tokens_per_second": "tokensPerSecond",
+    "holmes_trainer_tflops_per_gpu": "tflopsPerGpu",
+    "holmes_trainer_iteration_seconds": "iterationSeconds",
+}
+KEYS = ("iteration", "loss", "tokensPerSecond", "tflopsPerGpu", "iterationSeconds")
+
+
+def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in KEYS:
+        v = d.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:   # drop NaN
+            out[k] = int(v) if k == "iteration" else round(float(v), 6)
+    return out
+
+
+def from_prometheus(text: str) -> dict[str, Any]:
+    values: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in GAUGES and not s.labels:
+                values[GAUGES[s.name]] = s.value
+    return _clean(values)
+
+
+def from_termination_message(message: str | None) -> dict[str, Any]:
+    """The last JSON metric line of a termination message (other text is ignored)."""
+    for line in reversed((message or "").strip().splitlines()):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "holmes" in rec:
+            return _clean(rec)
+    return {}
+
+
+def from_pod(pod: Mapping[str, Any], metrics_port: int, timeout: float = 1.0) -> dict[str, Any]:
+    """Progress of a rank-0 pod: its termination message when terminated, else a scrape."""
+    st = pod.get("status") or {}
+    for cs in st.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            found = from_termination_message(term.get("message"))
+            if found:
+                return found
+    ip = st.get("podIP")
+    if st.get("phase") != "Running" or not ip:
+        return {}
+    return scrape(f"http://{ip}:{metrics_port}/metrics", timeout)
+
+
+def scrape(url: str, timeout: float = 1.0) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:     # noqa: S310 (pod IP, http)
+            return from_prometheus(r.read().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return {}                      # not listening yet, or gone: try again next time

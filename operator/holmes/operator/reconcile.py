@@ -1,0 +1,378 @@
+"""The reconcile decision: observed state in, desired status + actions out. Pure (no I/O, no
+clock of its own), so every transition is unit-tested as data; ``kube.py`` applies the result.
+
+State kept in the HolmesJob status (the only memory the operator needs; a restarted operator
+reads it back):
+- ``attempt``: launches so far; pods are named ``<job>-<attempt>-<rank>``, so pods of any other
+  attempt are stale and deleted. Every teardown (gang restart, suspend, spec change) bumps it.
+- ``launched``: all pods of ``attempt`` were created. Until then missing pods are (re)created
+  from the ConfigMap of the same attempt (crash-safe: names are deterministic, creation of an
+  existing pod is a no-op); afterwards a missing or failed pod fails the attempt.
+- ``restarts``: gang restarts after failures, compared with runPolicy.backoffLimit.
+
+Spec edits: runPolicy takes effect at once; ``model`` is immutable once an attempt has been
+launched (Stalled, the running attempt is left alone); any other change of an active job
+relaunches it as a new attempt (reason SpecChanged, not counted in restarts). Edits to a
+finished job have no effect. While the spec is invalid the operator only updates the status.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Callable, Mapping
+
+from holmes.plan.layout import Layout, LayoutError
+
+from . import conditions as cond
+from . import names
+from .render import JobRef, RenderSettings, build_configmap, build_pod, build_service
+from .summary import failure_of, iso, layout_status, parse_time, pod_attempt, pod_counts, pod_node_rank
+
+PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
+SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
+FINISHED = (SUCCEEDED, FAILED)
+
+PROGRESS_INTERVAL = 5.0      # seconds between reads of the trainer's metrics while running
+WAIT_INTERVAL = 30.0         # re-plan a job waiting for nodes at least this often
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str        # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Observed:
+    job: dict                           # the HolmesJob as just read
+    pods: list[dict]                    # pods labelled with the job's name, any attempt
+    configmap: dict | None              # <job>-layout, or None
+    service: dict | None                # the headless Service, or None
+    nodes: list[dict]                   # node objects known to the operator
+    now: datetime
+    progress: dict | None = None        # numbers just read from the rank-0 trainer
+
+
+@dataclass
+class Decision:
+    status: dict
+    delete_pods: list[str] = field(default_factory=list)
+    configmap: dict | None = None       # create or replace
+    service: dict | None = None         # create when missing
+    create_pods: list[dict] = field(default_factory=list)
+    delete_job: bool = False
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    planned: bool = False               # the planner ran
+    waiting_for_nodes: bool = False     # wake this job when nodes change
+
+
+@dataclass(frozen=True)
+class Planner:
+    """The planner's functions, passed in so this module stays pure and testable."""
+    parse: Callable[[Mapping], Any]                 # manifest -> JobSpec (raises SpecError)
+    plan: Callable[[list, Any], Layout]             # (nodes, JobSpec) -> Layout
+    network: Callable[[Mapping], "NodeNetwork"]     # node -> its NIC kind, RDMA resource, NCCL env
+    spec_error: type = ValueError
+    insufficient: type = LookupError
+    plan_error: type = ValueError
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    nic: str                            # infiniband | roce | ethernet
+    rdma_resource: str | None
+    env: Mapping[str, str]
+
+
+def decide(obs: Observed, planner: Planner, settings: RenderSettings) -> Decision:
+    return _Reconciler(obs, planner, settings).run()
+
+
+class _Reconciler:
+    def __init__(self, obs: Observed, planner: Planner, settings: RenderSettings):
+        self.obs, self.planner, self.settings = obs, planner, settings
+        self.job = obs.job
+        meta = self.job.get("metadata") or {}
+        self.name, self.ns = meta.get("name", ""), meta.get("namespace", "default")
+        self.generation = meta.get("generation")
+        self.old = dict(self.job.get("status") or {})
+        self.status = dict(self.old)
+        self.now = iso(obs.now)
+        self.d = Decision(status=self.status)
+        self.attempt = int(self.old.get("attempt") or 0)
+
+    # ---- helpers -------------------------------------------------------------------------
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.d.events.append(Event(type_, reason, message))
+
+    def set_phase(self, phase: str, reason: str, message: str, stalled: tuple[str, str] | None = None,
+                  announce: bool = True) -> bool:
+        """Phase plus the matching kstatus conditions; an Event when the phase changes (True then)."""
+        previous = self.old.get("phase")
+        self.status["phase"] = phase
+        active = phase in (PENDING, RESTARTING)
+        ready = phase in (RUNNING, SUCCEEDED)
+        values = {
+            cond.READY: (ready, reason if not ready or phase != RUNNING else "AllPodsRunning", message),
+            cond.RECONCILING: (active and stalled is None, reason if active else phase, message if active else ""),
+            cond.STALLED: (stalled is not None, stalled[0] if stalled else "Healthy", stalled[1] if stalled else ""),
+            cond.SUCCEEDED: (phase == SUCCEEDED, reason if phase == SUCCEEDED else "NotSucceeded",
+                             message if phase == SUCCEEDED else ""),
+            cond.FAILED: (phase == FAILED, reason if phase == FAILED else "NotFailed", message if phase == FAILED else ""),
+            cond.SUSPENDED: (phase == SUSPENDED, reason if phase == SUSPENDED else "NotSuspended",
+                             message if phase == SUSPENDED else ""),
+        }
+        self.status["conditions"] = cond.set_many(self.old.get("conditions"), values, self.now, self.generation)
+        if phase != previous and announce:
+            kind = "Warning" if phase in (FAILED, RESTARTING) else "Normal"
+            self.event(kind, reason, f"{previous or 'New'} -> {phase}: {message}")
+            return True
+        return False
+
+    def stall(self, reason: str, message: str) -> Decision:
+        """Bad input: say what to fix (condition + one Warning Event per distinct message)."""
+        old = cond.get(self.old.get("conditions"), cond.STALLED)
+        phase = self.old.get("phase") or PENDING
+        keep_reason = (cond.get(self.old.get("conditions"), cond.READY) or {}).get("reason", reason)
+        self.set_phase(phase, keep_reason, message, stalled=(reason, message), announce=False)
+        if not (old and old.get("status") == "True" and old.get("message") == message):
+            self.event("Warning", reason, message)
+        self.status["observedGeneration"] = self.generation
+        return self.d
+
+    def current_pods(self) -> list[dict]:
+        return [p for p in self.obs.pods if pod_attempt(p) == self.attempt]
+
+    def delete_stale(self) -> None:
+        for p in self.obs.pods:
+            if (pod_attempt(p) != self.attempt and not p["metadata"].get("deletionTimestamp")
+                    and p["metadata"]["name"] not in self.d.delete_pods):
+                self.d.delete_pods.append(p["metadata"]["name"])
+
+    def teardown(self, *, restart: bool = False) -> None:
+        """Delete the current attempt's pods by moving to a new attempt."""
+        self.attempt += 1
+        self.status["attempt"] = self.attempt
+        self.status["launched"] = False
+        if restart:
+            self.status["restarts"] = int(self.old.get("restarts") or 0) + 1
+        self.delete_stale()
+
+    def job_ref(self, attempt: int | None = None) -> JobRef:
+        spec = self.job.get("spec") or {}
+        return JobRef(self.name, self.ns, self.attempt if attempt is None else attempt,
+                      names.spec_hash(spec), names.model_hash(spec))
+
+    def cm_annotation(self, key: str) -> str | None:
+        return ((self.obs.configmap or {}).get("metadata", {}).get("annotations") or {}).get(key)
+
+    # ---- the state machine ----------------------------------------------------------------
+    def run(self) -> Decision:
+        if (self.job.get("metadata") or {}).get("deletionTimestamp"):
+            return self.d                                   # owner references clean up
+        phase = self.old.get("phase")
+        if phase in FINISHED:
+            return self.finished(phase)
+
+        problem = names.job_name_problem(self.name)
+        if problem:
+            return self.stall("InvalidName", problem)
+        try:
+            spec = self.planner.parse(self.job)
+        except self.planner.spec_error as e:
+            return self.stall("InvalidSpec", f"{e} -- fix the spec with kubectl edit or apply")
+        started_model = self.cm_annotation(names.ANN_MODEL_HASH)
+        if started_model and started_model != names.model_hash(self.job.get("spec")):
+            return self.stall("ImmutableField", "spec.model cannot change once the job has started (its "
+                              "checkpoints hold this model); revert spec.model or create a new HolmesJob")
+        self.status["observedGeneration"] = self.generation
+        self.status.setdefault("restarts", 0)
+        self.status.setdefault("attempt", self.attempt)
+        rp = spec.run_policy
+
+        if rp.suspend:
+            return self.suspend()
+        if phase == SUSPENDED:                          # suspend already moved to a fresh attempt
+            self.status["launched"] = False
+            self.status["startTime"] = self.now         # the deadline counts from the resume
+            self.event("Normal", "Resumed", "runPolicy.suspend is false: planning again")
+
+        if not self.status.get("startTime"):
+            self.status["startTime"] = self.now
+        deadline = rp.active_deadline_seconds
+        started = parse_time(self.status.get("startTime"))
+        if deadline and started and self.obs.now >= started + timedelta(seconds=deadline):
+            return self.fail("DeadlineExceeded", f"the job was active longer than runPolicy.activeDeadlineSeconds={deadline}")
+
+        if self.attempt == 0:                           # first launch
+            self.teardown()
+        if self.status.get("launched"):
+            return self.track(spec)
+        return self.launch(spec)
+
+    def finished(self, phase: str) -> Decision:
+        self.status["observedGeneration"] = self.generation   # edits to a finished job have no effect
+        if phase == FAILED:                              # a failed gang leaves nothing running
+            self.d.delete_pods = [p["metadata"]["name"] for p in self.obs.pods
+                                  if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                                  and not p["metadata"].get("deletionTimestamp")]
+        ttl = ((self.job.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+        done = parse_time(self.old.get("completionTime"))
+        if isinstance(ttl, int) and not isinstance(ttl, bool) and done:
+            left = (done + timedelta(seconds=ttl) - self.obs.now).total_seconds()
+            if left <= 0:
+                self.d.delete_job = True
+                self.event("Normal", "TTLExpired", f"deleting the {phase.lower()} job {ttl}s after it finished")
+            else:
+                self.d.requeue_after = left
+        return self.d
+
+    def suspend(self) -> Decision:
+        if self.old.get("phase") != SUSPENDED:
+            self.teardown()
+        else:
+            self.delete_stale()
+        self.status["pods"] = pod_counts([])
+        self.set_phase(SUSPENDED, "Suspended", "runPolicy.suspend is true: pods deleted, status kept")
+        return self.d
+
+    def fail(self, reason: str, message: str) -> Decision:
+        self.d.delete_pods = [p["metadata"]["name"] for p in self.obs.pods
+                              if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                              and not p["metadata"].get("deletionTimestamp")]
+        self.status["completionTime"] = self.now
+        self.set_phase(FAILED, reason, message, stalled=(reason, message))
+        return self.d
+
+    # ---- launching --------------------------------------------------------------------------
+    def launch(self, spec: Any) -> Decision:
+        self.delete_stale()
+        spec_dict = self.job.get("spec") or {}
+        layout = None
+        if (self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt)
+                and self.cm_annotation(names.ANN_SPEC_HASH) == names.spec_hash(spec_dict)):
+            try:                                            # resume a launch cut short
+                layout = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE])
+            except (KeyError, TypeError, LayoutError):
+                layout = None
+        by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
+        if layout is None:
+            self.d.planned = True
+            try:
+                layout = self.planner.plan(self.obs.nodes, spec)
+            except self.planner.insufficient as e:
+                return self.wait_for_nodes(str(e))
+            except self.planner.plan_error as e:
+                return self.stall("PlanFailed", f"cannot plan this job: {e}")
+            missing = [n for n in layout.nodes if n not in by_name]
+            if missing:
+                return self.stall("PlanFailed", f"the planner chose unknown nodes {missing}")
+            self.event("Normal", "Planned", plan_message(layout))
+        elif any(n not in by_name for n in layout.nodes):
+            self.d.planned = True
+            self.teardown()                                 # a planned node vanished: plan again
+            return self.launch(spec)
+
+        ref = self.job_ref()
+        self.d.configmap = build_configmap(ref, layout, spec_dict)
+        if self.obs.service is None:
+            self.d.service = build_service(ref, self.settings)
+        existing = {pod_node_rank(p) for p in self.current_pods()}
+        template = spec_dict.get("template") or {}
+        for rank, node_name in enumerate(layout.nodes):
+            if rank in existing:
+                continue
+            node = by_name[node_name]
+            net = self.planner.network(node)
+            self.d.create_pods.append(build_pod(
+                ref, layout, rank, nic=net.nic, rdma_resource=net.rdma_resource, nccl_env=net.env,
+                template=template, settings=self.settings,
+                hostname_label=(node["metadata"].get("labels") or {}).get("kubernetes.io/hostname")))
+        nic_of = {n: self.planner.network(by_name[n]).nic for n in layout.nodes}
+        self.status["layout"] = layout_status(layout, nic_of, names.layout_configmap_name(self.name))
+        self.status["launched"] = True
+        self.status["pods"] = pod_counts(self.current_pods() + self.d.create_pods)
+        if self.d.create_pods:
+            self.event("Normal", "Launched", f"attempt {self.attempt}: created {len(self.d.create_pods)} pods "
+                       f"for layout {self.status['layout']['shape']} (pipeline x data x tensor)")
+        self.set_phase(PENDING, "PodsStarting", f"attempt {self.attempt}: waiting for "
+                       f"{len(layout.nodes)} pods to run")
+        self.d.requeue_after = PROGRESS_INTERVAL
+        return self.d
+
+    def wait_for_nodes(self, why: str) -> Decision:
+        self.status["pods"] = pod_counts([])
+        old = cond.get(self.old.get("conditions"), cond.RECONCILING)
+        announced = self.set_phase(PENDING, "WaitingForNodes", why)
+        self.d.waiting_for_nodes = True
+        if not announced and not (old and old.get("reason") == "WaitingForNodes" and old.get("message") == why):
+            self.event("Normal", "WaitingForNodes", why)
+        self.d.requeue_after = WAIT_INTERVAL
+        return self.d
+
+    # ---- tracking a launched attempt ------------------------------------------------------
+    def track(self, spec: Any) -> Decision:
+        self.delete_stale()
+        launched_hash = self.cm_annotation(names.ANN_SPEC_HASH)
+        if (self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt) and launched_hash
+                and launched_hash != names.spec_hash(self.job.get("spec"))):
+            self.teardown()
+            self.event("Normal", "SpecChanged", "the spec changed: relaunching all pods with a new plan "
+                       "(not counted as a restart)")
+            return self.launch(spec)
+
+        pods = self.current_pods()
+        counts = pod_counts(pods)
+        self.status["pods"] = counts
+        expected = int((self.status.get("layout") or {}).get("nodes") or spec.nodes.count)
+        self.merge_progress()
+
+        failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
+        gone = expected - len([p for p in pods if not p["metadata"].get("deletionTimestamp")])
+        if failed or gone > 0:
+            why = failure_of(failed[0]) if failed else f"{gone} pod(s) of attempt {self.attempt} were deleted"
+            return self.gang_failure(spec, why)
+        if counts["succeeded"] == expected:
+            self.status["completionTime"] = self.now
+            self.set_phase(SUCCEEDED, "AllPodsSucceeded", f"all {expected} pods finished training")
+            return self.d
+        if counts["running"] + counts["succeeded"] == expected:
+            self.set_phase(RUNNING, "AllPodsRunning", f"attempt {self.attempt}: {expected} pods running")
+        else:
+            self.set_phase(PENDING, "PodsStarting", f"attempt {self.attempt}: {counts['running']}/{expected} "
+                           f"pods running")
+        self.d.requeue_after = PROGRESS_INTERVAL
+        return self.d
+
+    def gang_failure(self, spec: Any, why: str) -> Decision:
+        restarts = int(self.old.get("restarts") or 0)
+        limit = spec.run_policy.backoff_limit
+        if restarts >= limit:
+            return self.fail("BackoffLimitExceeded", f"{why}; {restarts} restart(s) used of runPolicy.backoffLimit={limit}")
+        self.teardown(restart=True)
+        self.event("Warning", "PodFailed", why)
+        self.set_phase(RESTARTING, "GangRestart", f"{why}; restart {restarts + 1} of {limit}: "
+                       f"deleting the attempt's pods and planning again")
+        self.d.requeue_after = 0.5
+        return self.d
+
+    def merge_progress(self) -> None:
+        p = self.obs.progress
+        if p:
+            merged = dict(self.old.get("progress") or {})
+            merged.update({k: v for k, v in p.items() if v is not None})
+            merged["updateTime"] = self.now
+            self.status["progress"] = merged
+
+
+# ---- pure helpers -----------------------------------------------------------------------------
+
+def plan_message(layout: Layout) -> str:
+    stages = "; ".join(f"stage {s.index}: {s.island} {s.nic} layers {s.layers[0]}-{s.layers[1] - 1} "
+                       f"on {len(s.nodes or layout.stage_nodes(s.index))} node(s), DP over {s.dp_net}"
+                       for s in layout.stages)
+    est = layout.estimate or {}
+    tail = f"; estimate {est['tflopsPerGpu']:.1f} TFLOPS/GPU" if isinstance(est.get("tflopsPerGpu"), (int, float)) else ""
+    return f"layout {layout.pipeline}x{layout.data}x{layout.tensor} (PxDxT): {stages}{tail}"

@@ -1,0 +1,248 @@
+"""Pure rendering of a HolmesJob attempt's children: objects in, objects out, no I/O.
+
+- ``build_configmap``: layout.json (the Layout contract) and job.yaml (the spec) for the trainer.
+- ``build_service``: headless Service whose name is the pods' subdomain (rendezvous by DNS).
+- ``build_pod``: one pod per planned node, pinned there by required node affinity on
+  kubernetes.io/hostname, with rank/rendezvous env (also as torchrun's PET_* variables), NCCL
+  env for the node's NIC kind, GPU and RDMA resources, IPC_LOCK on RDMA nodes, a memory-backed
+  /dev/shm and the layout mounted at /etc/holmes. The user's template is respected: image,
+  command/args, env (wins over ours), resources (win over ours), volumes, tolerations,
+  schedulerName, labels, annotations and any other PodSpec field.
+
+Owner references are added by the caller (kopf.adopt), so these stay plain dicts.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from holmes.plan.layout import Layout
+
+from . import names
+
+GPU_RESOURCE = "nvidia.com/gpu"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """Operator-wide rendering choices (command-line flags of the operator)."""
+    image: str = "holmes-trainer:latest"
+    master_port: int = 29500
+    metrics_port: int = 9400            # the rank-0 trainer's Prometheus endpoint
+    gpu_resource: str = GPU_RESOURCE
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """What rendering needs to know of the HolmesJob object itself."""
+    name: str
+    namespace: str
+    attempt: int
+    spec_hash: str = ""
+    model_hash: str = ""
+
+
+# ---- ConfigMap and Service -------------------------------------------------------------------
+
+def child_labels(job: JobRef) -> dict[str, str]:
+    return {names.LABEL_JOB: job.name, names.LABEL_MANAGED_BY: names.MANAGED_BY}
+
+
+def build_configmap(job: JobRef, layout: Layout, spec: Mapping[str, Any]) -> dict:
+    manifest = {"apiVersion": names.API_VERSION, "kind": names.KIND,
+                "metadata": {"name": job.name, "namespace": job.namespace}, "spec": dict(spec)}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": names.layout_configmap_name(job.name),
+            "namespace": job.namespace,
+            "labels": child_labels(job),
+            "annotations": {names.ANN_ATTEMPT: str(job.attempt), names.ANN_SPEC_HASH: job.spec_hash,
+                            names.ANN_MODEL_HASH: job.model_hash},
+        },
+        "data": {
+            names.LAYOUT_FILE: layout.to_json(indent=1),
+            names.JOB_FILE: yaml.safe_dump(manifest, sort_keys=False),
+        },
+    }
+
+
+def build_service(job: JobRef, settings: RenderSettings) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": names.service_name(job.name), "namespace": job.namespace,
+                     "labels": child_labels(job)},
+        "spec": {
+            "clusterIP": "None",                     # headless: DNS records per pod, no proxy
+            "publishNotReadyAddresses": True,        # rendezvous happens before readiness
+            "selector": {names.LABEL_JOB: job.name},
+            "ports": [{"name": "rendezvous", "port": settings.master_port, "targetPort": settings.master_port}],
+        },
+    }
+
+
+# ---- Pods --------------------------------------------------------------------------------------
+
+def default_command(layout: Layout, node_rank: int, master: str, settings: RenderSettings) -> list[str]:
+    """torchrun with a static rendezvous: node ranks are the layout's node order."""
+    return [
+        "torchrun",
+        f"--nnodes={len(layout.nodes)}",
+        f"--nproc-per-node={layout.gpus_per_node}",
+        f"--node-rank={node_rank}",
+        "--rdzv-backend=static",
+        f"--master-addr={master}",
+        f"--master-port={settings.master_port}",
+        "-m", "holmes.trainer",
+        "--job", f"{names.LAYOUT_MOUNT}/{names.JOB_FILE}",
+        "--layout", f"{names.LAYOUT_MOUNT}/{names.LAYOUT_FILE}",
+    ]
+
+
+def rank_env(job: JobRef, layout: Layout, node_rank: int, settings: RenderSettings) -> dict[str, str]:
+    master = names.master_addr(job.name, job.namespace, job.attempt)
+    nnodes, nproc = len(layout.nodes), layout.gpus_per_node
+    env = {
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(settings.master_port),
+        "WORLD_SIZE": str(layout.world_size),
+        "NNODES": str(nnodes),
+        "NODE_RANK": str(node_rank),
+        "NPROC_PER_NODE": str(nproc),
+    }
+    # torchrun reads PET_<FLAG> as the default of --<flag> (Kubeflow's convention too).
+    env.update({
+        "PET_MASTER_ADDR": master,
+        "PET_MASTER_PORT": str(settings.master_port),
+        "PET_NNODES": str(nnodes),
+        "PET_NODE_RANK": str(node_rank),
+        "PET_NPROC_PER_NODE": str(nproc),
+    })
+    env.update({
+        "HOLMES_JOB_NAME": job.name,
+        "HOLMES_ATTEMPT": str(job.attempt),
+        "HOLMES_LAYOUT": f"{names.LAYOUT_MOUNT}/{names.LAYOUT_FILE}",
+        "HOLMES_JOB": f"{names.LAYOUT_MOUNT}/{names.JOB_FILE}",
+        "HOLMES_METRICS_PORT": str(settings.metrics_port),
+    })
+    return env
+
+
+def build_pod(job: JobRef, layout: Layout, node_rank: int, *, nic: str, rdma_resource: str | None,
+              nccl_env: Mapping[str, str], template: Mapping[str, Any] | None,
+              settings: RenderSettings, hostname_label: str | None = None) -> dict:
+    """The pod for node ``layout.nodes[node_rank]`` of this attempt."""
+    node = layout.nodes[node_rank]
+    template = copy.deepcopy(dict(template or {}))
+    tmeta = template.get("metadata") or {}
+    pspec: dict[str, Any] = dict(template.get("spec") or {})
+    name = names.pod_name(job.name, job.attempt, node_rank)
+    stage = layout.rank_info(node_rank * layout.gpus_per_node).stage
+
+    labels = {k: v for k, v in (tmeta.get("labels") or {}).items() if not k.startswith("holmes.dev/")}
+    labels.update(child_labels(job))
+    labels.update({names.LABEL_ATTEMPT: str(job.attempt), names.LABEL_NODE_RANK: str(node_rank),
+                   names.LABEL_STAGE: str(stage), names.LABEL_NIC: nic})
+    annotations = dict(tmeta.get("annotations") or {})
+    annotations.update({names.ANN_NODE: node, names.ANN_SPEC_HASH: job.spec_hash})
+
+    containers = [dict(c) for c in pspec.get("containers") or []]
+    idx = next((i for i, c in enumerate(containers) if c.get("name") == names.TRAINER_CONTAINER), 0)
+    if not containers:
+        containers = [{"name": names.TRAINER_CONTAINER}]
+    master = names.master_addr(job.name, job.namespace, job.attempt)
+    ours = dict(rank_env(job, layout, node_rank, settings))
+    ours["HOLMES_NIC"] = nic
+    ours.update(nccl_env)
+    containers[idx] = _trainer_container(
+        containers[idx], env=ours, rdma_resource=rdma_resource, gpus=layout.gpus_per_node,
+        command=default_command(layout, node_rank, master, settings), settings=settings,
+        expose_metrics=node_rank == 0)
+
+    volumes = [v for v in pspec.get("volumes") or [] if v.get("name") not in (names.LAYOUT_VOLUME, names.SHM_VOLUME)]
+    volumes.append({"name": names.LAYOUT_VOLUME, "configMap": {"name": names.layout_configmap_name(job.name)}})
+    if not _mounts_path(containers[idx], "/dev/shm"):
+        volumes.append({"name": names.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+
+    pspec.update({
+        "containers": containers,
+        "volumes": volumes,
+        "restartPolicy": "Never",            # a failed pod fails the attempt: the operator restarts the gang
+        "hostname": name,
+        "subdomain": names.service_name(job.name),
+        "affinity": _pin_to(pspec.get("affinity"), hostname_label or node),
+    })
+    pspec.setdefault("enableServiceLinks", False)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": job.namespace, "labels": labels, "annotations": annotations},
+        "spec": pspec,
+    }
+
+
+def _trainer_container(c: dict, *, env: Mapping[str, str], rdma_resource: str | None, gpus: int,
+                       command: Sequence[str], settings: RenderSettings, expose_metrics: bool) -> dict:
+    c = dict(c)
+    c.setdefault("name", names.TRAINER_CONTAINER)
+    c.setdefault("image", settings.image)
+    if "command" not in c:
+        c["command"] = list(command) + list(c.pop("args", None) or [])   # user args extend the trainer's
+    user_env = list(c.get("env") or [])
+    user_names = {e.get("name") for e in user_env}
+    ours = [{"name": k, "value": v} for k, v in env.items() if k not in user_names]
+    if "HOLMES_METRICS_ADDR" not in user_names:
+        # Bind the trainer's metrics to the pod IP (where the operator reads them); on a shared
+        # host network (the local node agent) 0.0.0.0 would clash between pods.
+        ours.append({"name": "HOLMES_METRICS_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    c["env"] = ours + user_env
+
+    resources = copy.deepcopy(c.get("resources") or {})
+    limits = resources.setdefault("limits", {})
+    limits.setdefault(settings.gpu_resource, gpus)
+    if rdma_resource:
+        limits.setdefault(rdma_resource, 1)
+    c["resources"] = resources
+
+    mounts = list(c.get("volumeMounts") or [])
+    mounts = [m for m in mounts if m.get("name") not in (names.LAYOUT_VOLUME, names.SHM_VOLUME)]
+    mounts.append({"name": names.LAYOUT_VOLUME, "mountPath": names.LAYOUT_MOUNT, "readOnly": True})
+    if not _mounts_path(c, "/dev/shm"):
+        mounts.append({"name": names.SHM_VOLUME, "mountPath": "/dev/shm"})
+    c["volumeMounts"] = mounts
+
+    if rdma_resource:                        # RDMA needs pinned memory (ibv_reg_mr)
+        sc = copy.deepcopy(c.get("securityContext") or {})
+        caps = sc.setdefault("capabilities", {})
+        add = list(caps.get("add") or [])
+        if "IPC_LOCK" not in add:
+            add.append("IPC_LOCK")
+        caps["add"] = add
+        c["securityContext"] = sc
+
+    ports = [p for p in c.get("ports") or [] if p.get("name") not in ("rendezvous", "metrics")]
+    ports.append({"name": "rendezvous", "containerPort": settings.master_port})
+    if expose_metrics:
+        ports.append({"name": "metrics", "containerPort": settings.metrics_port})
+    c["ports"] = ports
+    return c
+
+
+def _mounts_path(c: Mapping[str, Any], path: str) -> bool:
+    return any(m.get("mountPath") == path and m.get("name") != names.SHM_VOLUME
+               for m in c.get("volumeMounts") or [])
+
+
+def _pin_to(affinity: Mapping[str, Any] | None, hostname: str) -> dict:
+    """The user's affinity with the required node affinity replaced by 'this node only'."""
+    out = copy.deepcopy(dict(affinity or {}))
+    na = out.setdefault("nodeAffinity", {})
+    na["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": HOSTNAME_LABEL, "operator": "In", "values": [hostname]}]}]}
+    return out

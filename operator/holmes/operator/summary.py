@@ -1,0 +1,82 @@
+"""Pure summaries written into HolmesJob.status: the layout in use and the pods by phase."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Iterable, Mapping
+
+from holmes.plan.layout import Layout
+
+from . import names
+
+
+def iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(s: str | None) -> datetime | None:
+    if not s:
+        return None
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+def layout_status(layout: Layout, nic_of: Mapping[str, str], configmap: str) -> dict:
+    """Per stage island/nic/layers/nodes, the DP group families with the NIC kinds they span,
+    and the planner's estimate."""
+    dp_net = {g.stage: g.net for g in layout.groups if g.kind == "dp"}
+    stages, dp = [], []
+    for s in layout.stages:
+        nodes = list(s.nodes or layout.stage_nodes(s.index))
+        stages.append({"index": s.index, "island": s.island, "nic": s.nic, "layers": list(s.layers),
+                       "nodes": nodes})
+        dp.append({"stage": s.index, "size": layout.data,
+                   "nics": sorted({nic_of.get(n, "unknown") for n in nodes}),
+                   "net": dp_net.get(s.index, s.dp_net)})
+    return {
+        "shape": f"{layout.pipeline}x{layout.data}x{layout.tensor}",
+        "pipeline": layout.pipeline, "data": layout.data, "tensor": layout.tensor,
+        "worldSize": layout.world_size, "nodes": len(layout.nodes), "configMap": configmap,
+        "stages": stages, "dpGroups": dp,
+        "estimate": {k: v for k, v in (layout.estimate or {}).items() if isinstance(v, (int, float, str))},
+    }
+
+
+def pod_counts(pods: Iterable[Mapping]) -> dict[str, int]:
+    out = {"pending": 0, "running": 0, "succeeded": 0, "failed": 0}
+    for p in pods:
+        phase = (p.get("status") or {}).get("phase") or "Pending"
+        key = phase.lower() if phase in ("Running", "Succeeded", "Failed") else "pending"
+        out[key] += 1
+    return out
+
+
+def pod_attempt(pod: Mapping) -> int | None:
+    try:
+        return int(((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_ATTEMPT))
+    except (TypeError, ValueError):
+        return None
+
+
+def pod_node_rank(pod: Mapping) -> int | None:
+    try:
+        return int(((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_NODE_RANK))
+    except (TypeError, ValueError):
+        return None
+
+
+def failure_of(pod: Mapping) -> str:
+    """A one-line account of why a pod failed, from its status."""
+    st = pod.get("status") or {}
+    name = (pod.get("metadata") or {}).get("name", "?")
+    node = (pod.get("spec") or {}).get("nodeName") or (pod.get("metadata", {}).get("annotations") or {}).get(names.ANN_NODE, "?")
+    for cs in st.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if term:
+            what = f"exit code {term.get('exitCode')}"
+            if term.get("reason"):
+                what += f" ({term['reason']})"
+            msg = (term.get("message") or "").strip().splitlines()
+            if msg:
+                what += f": {msg[-1][:200]}"
+            return f"pod {name} on {node} failed with {what}"
+    reason = st.get("reason") or "Failed"
+    return f"pod {name} on {node} failed: {reason} {st.get('message') or ''}".strip()

@@ -1,0 +1,116 @@
+"""Objects shared by the operator's pure tests: the default topology's nodes as the API would
+return them, small HolmesJob manifests, and a pure 'cluster' that applies Decisions to dicts."""
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from localkube.topology import load_topology
+
+from holmes.operator import names
+from holmes.operator.planning import default_planner
+from holmes.operator.reconcile import Observed, decide
+from holmes.operator.render import RenderSettings
+
+REPO = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def default_nodes(ready: bool = True) -> list[dict]:
+    topo = load_topology(REPO / "hack" / "topologies" / "default.yaml")
+    out = []
+    for n in topo.nodes:
+        obj = n.node_object()
+        obj["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+        out.append(obj)
+    return out
+
+
+LINK_LAYER = {"infiniband": "InfiniBand", "roce": "Ethernet"}   # what /sys/class/infiniband/*/ports/*/link_layer says
+
+
+def with_link_layers(nodes: list[dict]) -> list[dict]:
+    """Label the NFD-advertised nodes with their link layer, as the Holmes NIC labeller would:
+    NFD alone says "RDMA" but not InfiniBand or RoCE, and the planner never guesses."""
+    for n in nodes:
+        labels = n["metadata"]["labels"]
+        if labels.get("feature.node.kubernetes.io/rdma.capable") == "true":
+            labels["holmes.dev/link-layer"] = LINK_LAYER[n["metadata"]["annotations"]["localkube.holmes.dev/true-nic"]]
+    return nodes
+
+
+def true_nic(nodes: list[dict]) -> dict[str, str]:
+    return {n["metadata"]["name"]: n["metadata"]["annotations"]["localkube.holmes.dev/true-nic"] for n in nodes}
+
+
+def manifest(name: str = "tiny", count: int = 4, gpus: int = 1, **spec_overrides) -> dict:
+    spec = {
+        "model": {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
+        "training": {"globalBatchSize": 8, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
+        "nodes": {"count": count, "gpusPerNode": gpus},
+        "runPolicy": {"backoffLimit": 2, "suspend": False},
+    }
+    for k, v in spec_overrides.items():
+        spec[k] = v
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND,
+            "metadata": {"name": name, "namespace": "ns", "uid": "uid-1", "generation": 1}, "spec": spec}
+
+
+class FakeWorld:
+    """The API objects of one job as plain dicts; applies Decisions like the API server would
+    (create is a no-op when the name exists). Lets tests drive the state machine step by step."""
+
+    def __init__(self, job: dict, nodes: list[dict] | None = None):
+        self.job = copy.deepcopy(job)
+        self.nodes = nodes if nodes is not None else default_nodes()
+        self.pods: dict[str, dict] = {}
+        self.configmap: dict | None = None
+        self.service: dict | None = None
+        self.now = T0
+        self.events: list = []
+        self.deleted_job = False
+        self.planner = default_planner()
+        self.settings = RenderSettings()
+
+    def step(self, seconds: float = 1.0, progress: dict | None = None):
+        self.now += timedelta(seconds=seconds)
+        obs = Observed(job=copy.deepcopy(self.job), pods=[copy.deepcopy(p) for p in self.pods.values()],
+                       configmap=copy.deepcopy(self.configmap), service=self.service, nodes=self.nodes,
+                       now=self.now, progress=progress)
+        d = decide(obs, self.planner, self.settings)
+        for name in d.delete_pods:
+            self.pods.pop(name, None)
+        if d.configmap is not None:
+            self.configmap = d.configmap
+        if d.service is not None and self.service is None:
+            self.service = d.service
+        for p in d.create_pods:
+            self.pods.setdefault(p["metadata"]["name"], copy.deepcopy(p))
+        self.job["status"] = d.status
+        self.events += d.events
+        self.deleted_job = self.deleted_job or d.delete_job
+        return d
+
+    # ---- what the kubelet/scheduler would do ---------------------------------------------
+    def set_phase(self, phase: str, *names_: str, exit_code: int = 1) -> None:
+        for n in names_ or list(self.pods):
+            st = self.pods[n].setdefault("status", {})
+            st["phase"] = phase
+            if phase == "Failed":
+                st["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": exit_code,
+                                                                                       "reason": "Error"}}}]
+
+    def edit_spec(self, **changes) -> None:
+        self.job["spec"].update(changes)
+        self.job["metadata"]["generation"] += 1
+
+    @property
+    def status(self) -> dict:
+        return self.job.get("status") or {}
+
+    def condition(self, type_: str) -> dict:
+        return next(c for c in self.status["conditions"] if c["type"] == type_)
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.events]

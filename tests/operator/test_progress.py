@@ -1,0 +1,63 @@
+"""Reading the trainer's progress (pure parsing of what the rank-0 pod exposes)."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from holmes.operator import progress
+
+
+def exposition(**values):
+    reg = CollectorRegistry()
+    for k, v in values.items():
+        Gauge(k, k, registry=reg).set(v)
+    return generate_latest(reg).decode()
+
+
+def test_prometheus_text_to_status_progress():
+    text = exposition(holmes_trainer_iteration=12, holmes_trainer_loss=3.25, holmes_trainer_tokens_per_second=1234.5,
+                      holmes_trainer_tflops_per_gpu=0.5, holmes_trainer_iteration_seconds=0.2, other_metric=7)
+    assert progress.from_prometheus(text) == {"iteration": 12, "loss": 3.25, "tokensPerSecond": 1234.5,
+                                              "tflopsPerGpu": 0.5, "iterationSeconds": 0.2}
+
+
+def test_nan_is_dropped():
+    assert progress.from_prometheus(exposition(holmes_trainer_loss=float("nan"), holmes_trainer_iteration=1)) == {
+        "iteration": 1}
+
+
+def test_termination_message_last_json_line_wins():
+    msg = "\n".join(["garbage", json.dumps({"holmes": "iteration", "iteration": 4, "loss": 2.0}),
+                     json.dumps({"holmes": "done", "iteration": 5, "loss": 1.5, "tflopsPerGpu": 0.1}), ""])
+    assert progress.from_termination_message(msg) == {"iteration": 5, "loss": 1.5, "tflopsPerGpu": 0.1}
+    assert progress.from_termination_message(None) == {}
+
+
+def test_from_pod_scrapes_a_running_rank0_and_reads_a_terminated_one():
+    body = exposition(holmes_trainer_iteration=7).encode()
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        running = {"status": {"phase": "Running", "podIP": "127.0.0.1"}}
+        assert progress.from_pod(running, srv.server_port) == {"iteration": 7}
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    done = {"status": {"phase": "Succeeded", "podIP": "127.0.0.1", "containerStatuses": [
+        {"state": {"terminated": {"exitCode": 0, "message": json.dumps({"holmes": "done", "iteration": 9})}}}]}}
+    assert progress.from_pod(done, 1) == {"iteration": 9}
+    assert progress.from_pod({"status": {"phase": "Pending"}}, 1) == {}

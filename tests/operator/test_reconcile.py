@@ -1,0 +1,239 @@
+"""The reconcile state machine as data: observed objects in, status + actions out."""
+from __future__ import annotations
+
+import pytest
+
+from holmes.operator import names
+from holmes.plan.layout import Layout
+from opfixtures import FakeWorld, default_nodes, manifest, true_nic, with_link_layers
+
+
+def launched(world: FakeWorld) -> FakeWorld:
+    world.step()
+    assert world.status["launched"] and len(world.pods) == world.job["spec"]["nodes"]["count"]
+    return world
+
+
+def test_first_reconcile_plans_writes_layout_and_creates_one_pod_per_planned_node():
+    w = FakeWorld(manifest(count=4))
+    d = w.step()
+    layout = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+    assert [p["metadata"]["name"] for p in d.create_pods] == [f"tiny-1-{r}" for r in range(4)]
+    placed = [p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+              ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0] for p in d.create_pods]
+    assert placed == list(layout.nodes)
+    assert w.service["spec"]["clusterIP"] == "None"
+    assert w.status["phase"] == "Pending" and w.status["attempt"] == 1 and w.status["restarts"] == 0
+    assert w.status["layout"]["shape"] == f"{layout.pipeline}x{layout.data}x{layout.tensor}"
+    assert {"Planned", "Launched"} <= set(w.reasons())
+    assert w.condition("Reconciling")["status"] == "True" and w.condition("Ready")["status"] == "False"
+
+
+def test_dp_groups_in_status_each_span_one_nic_kind():
+    nodes = with_link_layers(default_nodes())
+    w = FakeWorld(manifest(count=6, gpus=2, training={"globalBatchSize": 12, "microBatchSize": 1,
+                                                      "iterations": 5, "learningRate": 1.0e-3}), nodes)
+    w.step()
+    truth = true_nic(nodes)
+    for g in w.status["layout"]["dpGroups"]:
+        stage = w.status["layout"]["stages"][g["stage"]]
+        assert len(g["nics"]) == 1, g
+        assert {truth[n] for n in stage["nodes"]} == set(g["nics"])
+        assert g["net"] == ("Socket" if g["nics"] == ["ethernet"] else "IB")
+
+
+def test_running_then_succeeded_with_progress():
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running")
+    w.step(progress={"iteration": 3, "loss": 4.2, "tokensPerSecond": 100.0, "tflopsPerGpu": 0.01})
+    assert w.status["phase"] == "Running" and w.condition("Ready")["status"] == "True"
+    assert w.status["progress"]["iteration"] == 3
+    w.set_phase("Succeeded")
+    w.step()
+    assert w.status["phase"] == "Succeeded" and w.status["completionTime"]
+    assert w.condition("Succeeded")["status"] == "True"
+    assert w.status["progress"]["loss"] == 4.2          # kept from the last read
+    assert len(w.pods) == 4                             # finished pods stay for inspection
+
+
+def test_pod_failure_restarts_the_whole_gang_and_counts_it():
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running")
+    w.step()
+    w.set_phase("Failed", "tiny-1-2", exit_code=137)
+    d = w.step()
+    assert w.status["phase"] == "Restarting" and w.status["restarts"] == 1 and w.status["attempt"] == 2
+    assert sorted(d.delete_pods) == [f"tiny-1-{r}" for r in range(4)]
+    assert any(e.reason == "PodFailed" and "exit code 137" in e.message for e in d.events)
+    d = w.step()                                        # plans again, new pod names
+    assert sorted(w.pods) == [f"tiny-2-{r}" for r in range(4)] and w.status["launched"]
+
+
+def test_backoff_limit_exhausted_fails_the_job():
+    w = FakeWorld(manifest(runPolicy={"backoffLimit": 1}))
+    for _ in range(2):
+        launched(w)
+        w.set_phase("Failed", next(iter(w.pods)))
+        w.step()
+    assert w.status["phase"] == "Failed" and w.status["restarts"] == 1
+    failed = w.condition("Failed")
+    assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
+    assert "backoffLimit=1" in failed["message"]
+    assert not [p for p in w.pods.values() if p.get("status", {}).get("phase") not in ("Failed", "Succeeded")]
+
+
+def test_a_deleted_pod_of_a_running_attempt_is_a_failure():
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running")
+    w.step()
+    del w.pods["tiny-1-1"]
+    w.step()
+    assert w.status["restarts"] == 1 and w.status["phase"] == "Restarting"
+
+
+def test_suspend_deletes_pods_and_resume_plans_again():
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running")
+    w.step()
+    w.edit_spec(runPolicy={"backoffLimit": 2, "suspend": True})
+    w.step()
+    assert w.status["phase"] == "Suspended" and not w.pods
+    assert w.condition("Suspended")["status"] == "True" and w.status["restarts"] == 0
+    w.step()
+    assert w.status["phase"] == "Suspended" and not w.pods
+    w.edit_spec(runPolicy={"backoffLimit": 2, "suspend": False})
+    w.step()
+    assert w.status["phase"] == "Pending" and len(w.pods) == 4
+    assert all(n.startswith(f"tiny-{w.status['attempt']}-") for n in w.pods) and w.status["restarts"] == 0
+    assert "Resumed" in w.reasons()
+
+
+def test_waits_with_a_condition_naming_what_is_missing_then_starts_when_nodes_appear():
+    nodes = with_link_layers(default_nodes())
+    w = FakeWorld(manifest(count=7, training={"globalBatchSize": 14, "microBatchSize": 1, "iterations": 5,
+                                              "learningRate": 1.0e-3}), nodes)
+    d = w.step()
+    assert not d.create_pods and d.waiting_for_nodes
+    rec = w.condition("Reconciling")
+    assert rec["reason"] == "WaitingForNodes" and "needs 7 nodes" in rec["message"] and "have 6" in rec["message"]
+    assert w.reasons().count("WaitingForNodes") == 1
+    w.step()
+    assert w.reasons().count("WaitingForNodes") == 1        # no repeated Event for the same wait
+    extra = with_link_layers(default_nodes())[0]
+    extra["metadata"]["name"] = "ib-9"
+    nodes.append(extra)
+    w.step()
+    assert len(w.pods) == 7
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"model": {"layers": 4, "hiddenSize": 66, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128}},
+     "spec.model.hiddenSize"),
+    ({"training": {"globalBatchSize": 7, "microBatchSize": 2, "iterations": 5, "learningRate": 1.0e-3}},
+     "spec.training.globalBatchSize"),
+    ({"parallelism": {"partition": [1, 1]}}, "spec.parallelism.partition"),
+])
+def test_bad_input_stalls_with_the_field_and_creates_nothing(bad, fragment):
+    w = FakeWorld(manifest(**bad))
+    d = w.step()
+    stalled = w.condition("Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "InvalidSpec" and fragment in stalled["message"]
+    assert not d.create_pods and d.configmap is None
+    assert [e.type for e in d.events] == ["Warning"]
+    d = w.step()
+    assert not d.events                                   # the same problem is reported once
+
+
+def test_a_name_too_long_for_pod_hostnames_stalls():
+    job = manifest(name="x" * 51)
+    w = FakeWorld(job)
+    w.step()
+    assert w.condition("Stalled")["reason"] == "InvalidName"
+
+
+def test_model_is_immutable_once_started_and_the_attempt_keeps_running():
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running")
+    w.step()
+    model = dict(w.job["spec"]["model"], layers=8)
+    w.edit_spec(model=model)
+    d = w.step()
+    assert w.condition("Stalled")["reason"] == "ImmutableField" and not d.delete_pods
+    assert w.status["phase"] == "Running"
+
+
+def test_other_spec_edits_relaunch_without_counting_a_restart():
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running")
+    w.step()
+    w.edit_spec(training={"globalBatchSize": 16, "microBatchSize": 1, "iterations": 9, "learningRate": 1.0e-3})
+    d = w.step()
+    assert "SpecChanged" in w.reasons() and w.status["restarts"] == 0 and w.status["attempt"] == 2
+    assert sorted(d.delete_pods) == [f"tiny-1-{r}" for r in range(4)] and len(d.create_pods) == 4
+    assert "iterations: 9" in w.configmap["data"][names.JOB_FILE]
+
+
+def test_run_policy_edits_do_not_relaunch():
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running")
+    w.step()
+    w.edit_spec(runPolicy={"backoffLimit": 5, "suspend": False})
+    d = w.step()
+    assert not d.delete_pods and not d.create_pods and w.status["attempt"] == 1
+
+
+def test_crash_after_creating_some_pods_resumes_from_the_configmap_without_duplicates():
+    w = FakeWorld(manifest())
+    d = w.step()
+    layout_before = w.configmap["data"][names.LAYOUT_FILE]
+    # The operator died after the ConfigMap and two pods, before the status patch.
+    w.job.pop("status")
+    for n in ("tiny-1-2", "tiny-1-3"):
+        w.pods.pop(n)
+    d = w.step()
+    assert sorted(p["metadata"]["name"] for p in d.create_pods) == ["tiny-1-2", "tiny-1-3"]
+    assert w.configmap["data"][names.LAYOUT_FILE] == layout_before
+    assert sorted(w.pods) == [f"tiny-1-{r}" for r in range(4)]
+
+
+def test_active_deadline_fails_the_job():
+    w = launched(FakeWorld(manifest(runPolicy={"backoffLimit": 2, "activeDeadlineSeconds": 30})))
+    w.set_phase("Running")
+    w.step(seconds=10)
+    assert w.status["phase"] == "Running"
+    d = w.step(seconds=30)
+    assert w.status["phase"] == "Failed" and w.condition("Failed")["reason"] == "DeadlineExceeded"
+    assert sorted(d.delete_pods) == sorted(w.pods) or not w.pods
+
+
+def test_ttl_after_finished_deletes_the_job_when_due():
+    w = launched(FakeWorld(manifest(runPolicy={"backoffLimit": 2, "ttlSecondsAfterFinished": 60})))
+    w.set_phase("Succeeded")
+    w.step()
+    d = w.step(seconds=10)
+    assert not d.delete_job and 45 <= d.requeue_after <= 55
+    d = w.step(seconds=60)
+    assert d.delete_job and "TTLExpired" in w.reasons()
+
+
+def test_stale_pods_of_old_attempts_are_deleted():
+    w = launched(FakeWorld(manifest()))
+    stale = dict(next(iter(w.pods.values())))
+    stale["metadata"] = dict(stale["metadata"], name="tiny-0-0",
+                             labels=dict(stale["metadata"]["labels"], **{names.LABEL_ATTEMPT: "0"}))
+    w.pods["tiny-0-0"] = stale
+    d = w.step()
+    assert d.delete_pods == ["tiny-0-0"]
+
+
+def test_lost_planned_node_replans_an_unfinished_launch():
+    nodes = with_link_layers(default_nodes())
+    w = FakeWorld(manifest(count=4), nodes)
+    w.step()
+    first = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+    w.job["status"]["launched"] = False         # the launch did not finish
+    gone = first.nodes[0]
+    nodes[:] = [n for n in nodes if n["metadata"]["name"] != gone]
+    w.step()
+    second = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+    assert gone not in second.nodes and w.status["attempt"] == 2
