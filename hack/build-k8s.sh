@@ -168,7 +168,7 @@ build_kube() {
   done
   say "compiled in $((SECONDS - start))s; deleting the build tree"
   chmod -R u+w "$WORK/gopath" 2>/dev/null || true
-  rm -rf "$src" "$WORK/gopath" "$WORK/gocache" "$apt"
+  rm -rf "$src" "$WORK/gopath" "$WORK/gocache" "$apt" "$CACHE/go-venv"   # Go is only needed to build
 }
 
 main() {

@@ -104,6 +104,17 @@ class LocalCluster:
                              f"status: {json.dumps(pod.get('status'), indent=1)}")
 
 
+def _reap_abandoned_clusters() -> None:
+    """Stop clusters of earlier pytest sessions that were killed before they could clean up."""
+    import shutil
+    from localkube.controlplane import ControlPlane, pid_alive
+    for d in (REPO / ".holmes").glob("pytest-*"):
+        pid = d.name.split("-", 1)[1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            ControlPlane(d).down(log=lambda m: None)
+            shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def cluster():
     from localkube.controlplane import ControlPlane
@@ -116,6 +127,7 @@ def cluster():
         topo = load_topology(st.get("topology") or REPO / "hack/topologies/default.yaml")
         yield LocalCluster(reuse, topo, state_dir if st else None)
         return
+    _reap_abandoned_clusters()
     cp = ControlPlane(REPO / ".holmes" / f"pytest-{os.getpid()}")
     cp.dir.mkdir(parents=True, exist_ok=True)
     topo_path = REPO / "hack" / "topologies" / "default.yaml"

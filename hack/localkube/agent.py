@@ -232,7 +232,10 @@ class Agent:
             try:
                 item = self.q.get(timeout=0.1)
                 while True:
-                    self.handle(item)
+                    try:
+                        self.handle(item)
+                    except Exception:   # an API hiccup must not take every node down
+                        log.exception("handling %s", item[:2])
                     item = self.q.get_nowait()
             except queue.Empty:
                 pass
@@ -244,7 +247,10 @@ class Agent:
             if self.hosts_dirty:
                 self.write_hosts()
             if time.monotonic() >= next_beat:
-                self.heartbeat()
+                try:
+                    self.heartbeat()
+                except Exception:
+                    log.exception("heartbeat")
                 next_beat = time.monotonic() + HEARTBEAT_S
         logs.shutdown()
         self.shutdown()
