@@ -33,6 +33,7 @@ def _write(tmp_path, job=JOB, layout=None):
 def _launch(tmp_path, nnodes, nproc, extra_env=None, args=()):
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HOLMES_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+           "HOLMES_TERMINATION_LOG": str(tmp_path / "termination-log"),
            **(extra_env or {})}
     procs = []
     for node in range(nnodes):
@@ -70,6 +71,9 @@ def test_torchrun_two_nodes_of_two_runs_the_layout_and_reports(tmp_path):
     assert "checkpoint" in events and os.path.isfile(tmp_path / "ckpt/iter_00000003/holmes.json")
     assert [json.loads(l)["holmes"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == events
     assert outs[1][1].strip() == ""             # only rank 0 reports
+    from holmes.operator.progress import from_termination_message
+    last = from_termination_message((tmp_path / "termination-log").read_text())
+    assert last["iteration"] == 3 and last["loss"] == pytest.approx(it[-1]["loss"], abs=1e-6)
 
 
 def test_a_world_that_does_not_match_the_layout_is_refused_clearly(tmp_path):

@@ -51,3 +51,16 @@ def test_overlap_on_and_off_give_the_same_adamw_losses():
     ref_losses, _, _ = reference(tiny_config(optimizer=adamw, iterations=5))
     assert merged(on)[0] == pytest.approx(merged(off)[0], abs=1e-5)
     assert merged(on)[0] == pytest.approx(ref_losses, abs=1e-4)
+
+
+def test_bf16_model_with_fp32_master_weights_tracks_fp32():
+    from dataclasses import replace
+    from trainer_harness import TINY
+    adamw = OptimizerConfig(kind="adamw", learning_rate=3e-3)
+    lay = make_layout(2, 2, [2, 2], 2, 4)
+    fp32 = merged(run_ranks(4, train_on_layout, tiny_config(optimizer=adamw, iterations=6), lay))
+    bf16 = merged(run_ranks(4, train_on_layout, tiny_config(model=replace(TINY, dtype="bfloat16"), optimizer=adamw,
+                                                             iterations=6), lay))
+    assert all(v.dtype == torch.bfloat16 for v in bf16[1].values())
+    assert bf16[0] == pytest.approx(fp32[0], abs=3e-2)
+    assert bf16[0][-1] < bf16[0][0]

@@ -11,6 +11,8 @@ Environment knobs (flags win over them):
 - HOLMES_DTYPE: float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)
 - HOLMES_OPTIMIZER: adamw | sgd;  HOLMES_OVERLAP=0: synchronous optimizer (same math)
 - HOLMES_BUCKET_ELEMENTS: gradient bucket size in elements (default 40M)
+- HOLMES_TERMINATION_LOG: where rank 0 keeps its latest JSON line (default /dev/termination-log
+  when it exists), for the operator once the pod has terminated
 """
 from __future__ import annotations
 
@@ -99,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    sink = MetricsSink(enabled=rank == 0, metrics_file=args.metrics_file,
-                       port=args.metrics_port, addr=args.metrics_addr)
+    term = os.environ.get("HOLMES_TERMINATION_LOG",
+                          "/dev/termination-log" if os.path.exists("/dev/termination-log") else "")
+    sink = MetricsSink(enabled=rank == 0, metrics_file=args.metrics_file, port=args.metrics_port,
+                       addr=args.metrics_addr, termination_log=term or None)
     code = 0
     try:
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_seconds))

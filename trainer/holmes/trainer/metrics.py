@@ -3,6 +3,8 @@
 Only rank 0 reports. Keys are camelCase like HolmesJob.status.progress (iteration, loss,
 tokensPerSecond, tflopsPerGpu). Every line carries ``"holmes": "<event>"`` so a reader can pick
 them out of other output: ``start``, ``iteration``, ``checkpoint``, ``resume``, ``done``, ``error``.
+The latest iteration/done/error line also replaces the container's termination message file
+(Kubernetes' /dev/termination-log), where the operator reads progress once the pod has ended.
 """
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ class MetricsSink:
     }
 
     def __init__(self, enabled: bool, metrics_file: str | None = None, port: int | None = None,
-                 addr: str = "0.0.0.0", stream: TextIO | None = None):
+                 addr: str = "0.0.0.0", stream: TextIO | None = None, termination_log: str | None = None):
         self.enabled = enabled
+        self.termination_log = termination_log
         self.stream = stream or sys.stdout
         self.file = open(metrics_file, "a") if enabled and metrics_file else None
         self.server = None
@@ -66,6 +69,12 @@ class MetricsSink:
         if self.file:
             self.file.write(line + "\n")
             self.file.flush()
+        if self.termination_log and event in ("iteration", "done", "error"):
+            try:
+                with open(self.termination_log, "w") as f:   # Kubernetes keeps at most 4 KiB
+                    f.write(line[:4000] + "\n")
+            except OSError:
+                self.termination_log = None
         if event == "iteration" and self._gauges:
             for key, gauge in self._gauges.items():
                 if fields.get(key) is not None:
