@@ -14,7 +14,7 @@ import kopf
 from kubernetes import client, config
 
 from .handlers import Runtime, register
-from .planning import default_planner
+from .planning import default_planner, nic_mapping
 from .render import RenderSettings
 
 log = logging.getLogger("holmes.operator")
@@ -39,10 +39,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch rendezvous port on the rank-0 pod")
     p.add_argument("--trainer-metrics-port", type=int, default=RenderSettings.metrics_port,
                    help="port of the rank-0 trainer's Prometheus endpoint, read for status.progress")
+    p.add_argument("--cluster-rdma-kind", action="append", default=[], metavar="CLUSTER=KIND",
+                   help="NIC kind (infiniband|roce) of RDMA nodes in CLUSTER whose labels do not say which "
+                        "(e.g. Node Feature Discovery only); repeatable")
+    p.add_argument("--rdma-default-kind", choices=["infiniband", "roce"],
+                   help="NIC kind of such nodes in any other cluster (default: report them as unusable)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="json", choices=["json", "plain"],
                    help="json: one structured record per line (default); plain: human-readable")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    kinds = {}
+    for item in args.cluster_rdma_kind:
+        cluster, _, kind = item.partition("=")
+        if not cluster or kind not in ("infiniband", "roce"):
+            p.error(f"--cluster-rdma-kind {item!r}: expected CLUSTER=infiniband or CLUSTER=roce")
+        kinds[cluster] = kind
+    args.cluster_rdma_kinds = kinds
+    return args
 
 
 def api_client(kubeconfig: str | None) -> client.ApiClient:
@@ -75,7 +88,8 @@ def build(args: argparse.Namespace) -> tuple[kopf.OperatorRegistry, Runtime]:
     registry = kopf.OperatorRegistry()
     settings = RenderSettings(image=args.trainer_image, master_port=args.master_port,
                               metrics_port=args.trainer_metrics_port)
-    rt = Runtime(api=api_client(args.kubeconfig), planner=default_planner(), settings=settings)
+    planner = default_planner(nic_mapping(args.cluster_rdma_kinds, args.rdma_default_kind))
+    rt = Runtime(api=api_client(args.kubeconfig), planner=planner, settings=settings)
     register(rt, registry)
 
     @kopf.on.login(registry=registry, id="login")

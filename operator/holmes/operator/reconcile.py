@@ -32,7 +32,7 @@ PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 FINISHED = (SUCCEEDED, FAILED)
 
-PROGRESS_INTERVAL = 5.0      # seconds between reads of the trainer's metrics while running
+PROGRESS_INTERVAL = 2.0      # seconds between reads of the trainer's metrics while pods run
 WAIT_INTERVAL = 30.0         # re-plan a job waiting for nodes at least this often
 
 

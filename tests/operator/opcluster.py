@@ -1,0 +1,98 @@
+"""Running the operator as a real subprocess against the local cluster (tests and bench)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "holmesjob.yaml"
+# The default topology advertises some RDMA nodes through NFD labels only, which cannot tell
+# InfiniBand from RoCE: tell the operator what the admin knows about each cluster.
+RDMA_KINDS = ("east=infiniband", "west=roce")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def install_crd(cluster) -> None:
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+
+
+class OperatorProcess:
+    """python -m holmes.operator in a subprocess, with its own ports and log file."""
+
+    def __init__(self, kubeconfig: str, namespaces: list[str] | None, log_path: Path, extra: list[str] = ()):
+        self.kubeconfig, self.namespaces, self.log_path = kubeconfig, namespaces, log_path
+        self.extra = list(extra)
+        self.metrics_port, self.liveness_port = free_port(), free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> "OperatorProcess":
+        scope = [f"--namespace={n}" for n in self.namespaces] if self.namespaces else ["--all-namespaces"]
+        cmd = [sys.executable, "-m", "holmes.operator", f"--kubeconfig={self.kubeconfig}", *scope,
+               f"--metrics-port={self.metrics_port}", f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
+               *[f"--cluster-rdma-kind={k}" for k in RDMA_KINDS], *self.extra]
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"operator not live after {timeout}s:\n{self.tail()}")
+
+    def healthz(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as r:
+            return json.loads(r.read() or b"{}")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+            return r.read().decode()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, like a crashed or OOM-killed operator."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if getattr(self, "log", None):
+            self.log.close()
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0

@@ -1,0 +1,303 @@
+"""The operator against the real local control plane: manifests applied with kubectl, the
+operator running as a subprocess (killed and restarted where the test says so), pods run by
+the node agent as local processes."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from opcluster import OperatorProcess, install_crd
+
+pytestmark = pytest.mark.timeout(300)
+
+SLEEP = ["sh", "-c", "sleep 600"]
+
+
+@pytest.fixture(scope="module")
+def crd(cluster):
+    install_crd(cluster)
+    return cluster
+
+
+@pytest.fixture
+def operator(crd, namespace, tmp_path):
+    op = OperatorProcess(crd.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    yield op
+    op.stop()
+    print(op.tail(80))
+
+
+def job_manifest(name, ns, count=4, gpus=1, command=None, run_policy=None, iterations=5, **spec):
+    body = {
+        "model": {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
+        "training": {"globalBatchSize": 8, "microBatchSize": 1, "iterations": iterations, "learningRate": 1.0e-3},
+        "nodes": {"count": count, "gpusPerNode": gpus},
+        "runPolicy": run_policy or {"backoffLimit": 2},
+    }
+    if command is not None:
+        body["template"] = {"spec": {"containers": [{"name": "trainer", "command": command}]}}
+    body.update(spec)
+    return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": name, "namespace": ns},
+            "spec": body}
+
+
+def apply(cluster, obj, check=True):
+    return cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj), check=check)
+
+
+def get_job(cluster, ns, name):
+    r = cluster.kubectl("get", "holmesjob", name, "-n", ns, "-o", "json", check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def pods_of(cluster, ns, name):
+    return cluster.get_json("pods", "-n", ns, "-l", f"holmes.dev/job-name={name}")["items"]
+
+
+def wait_for(what, fn, timeout=90, every=0.3, op=None):
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last, default=str)[:2000]}"
+                         + (f"\noperator log:\n{op.tail()}" if op else ""))
+
+
+def wait_phase(cluster, ns, name, phase, timeout=90, op=None):
+    def check():
+        job = get_job(cluster, ns, name)
+        return job if job and job.get("status", {}).get("phase") == phase else None
+    try:
+        return wait_for(f"{name} phase {phase}", check, timeout, op=op)
+    except AssertionError:
+        raise AssertionError(f"{name} never reached {phase}: status "
+                             f"{json.dumps((get_job(cluster, ns, name) or {}).get('status'), indent=1)}\n"
+                             + (op.tail() if op else ""))
+
+
+def condition(job, type_):
+    return next((c for c in job["status"].get("conditions", []) if c["type"] == type_), {})
+
+
+def events_of(cluster, ns, name):
+    ev = cluster.get_json("events", "-n", ns, "--field-selector", f"involvedObject.name={name},involvedObject.kind=HolmesJob")
+    return ev["items"]
+
+
+def env_of(pod):
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+
+# ---- the API ------------------------------------------------------------------------------------
+
+def test_crd_installs_and_kubectl_explain_teaches_the_fields(crd):
+    out = crd.kubectl("explain", "holmesjob.spec.parallelism").stdout
+    assert "nicSelection" in out and "same NIC kind" in out and "partition" in out
+    out = crd.kubectl("explain", "hj.spec.runPolicy.backoffLimit").stdout
+    assert "Gang restarts allowed" in out
+    out = crd.kubectl("explain", "holmesjob.status.conditions").stdout
+    assert "Stalled" in out
+
+
+def test_the_schema_rejects_what_it_can(crd, namespace):
+    bad = job_manifest("bad-enum", namespace, parallelism={"nicSelection": "sometimes"})
+    r = apply(crd, bad, check=False)
+    assert r.returncode != 0 and "nicSelection" in r.stderr and "sometimes" in r.stderr
+    bad = job_manifest("bad-count", namespace, count=0)
+    r = apply(crd, bad, check=False)
+    assert r.returncode != 0 and "spec.nodes.count" in r.stderr
+    bad = job_manifest("bad-missing", namespace)
+    del bad["spec"]["model"]
+    r = apply(crd, bad, check=False)
+    assert r.returncode != 0 and "model" in r.stderr and "required" in r.stderr
+
+
+# ---- placement, env, status ---------------------------------------------------------------------
+
+def test_pods_land_on_the_planned_nodes_with_the_nccl_env_of_their_nic(crd, namespace, operator):
+    apply(crd, job_manifest("place", namespace, count=6, command=SLEEP,
+                            training={"globalBatchSize": 12, "microBatchSize": 1, "iterations": 5,
+                                      "learningRate": 1.0e-3}))
+    job = wait_phase(crd, namespace, "place", "Running", op=operator)
+    truth = {n.name: n.nic for n in crd.topology.nodes}
+    layout = json.loads(crd.get_json("configmap", "place-layout", "-n", namespace)["data"]["layout.json"])
+    pods = {p["metadata"]["name"]: p for p in pods_of(crd, namespace, "place")}
+    assert len(pods) == 6
+    for rank, node in enumerate(layout["nodes"]):
+        pod = pods[f"place-1-{rank}"]
+        assert pod["spec"]["nodeName"] == node, "the scheduler bound the pod where the layout put it"
+        env = env_of(pod)
+        assert env["NODE_RANK"] == str(rank) and env["HOLMES_NIC"] == truth[node]
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        if truth[node] == "ethernet":
+            assert env["NCCL_IB_DISABLE"] == "1" and not any(k.startswith("rdma/") for k in limits)
+        else:
+            assert env["NCCL_IB_DISABLE"] == "0" and any(k.startswith("rdma/") for k in limits)
+            assert "IPC_LOCK" in pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"]
+        assert ("NCCL_IB_GID_INDEX" in env) == (truth[node] == "roce")
+    st = job["status"]
+    assert st["layout"]["worldSize"] == 6 and st["pods"]["running"] == 6
+    for g in st["layout"]["dpGroups"]:
+        nodes = st["layout"]["stages"][g["stage"]]["nodes"]
+        assert len(g["nics"]) == 1 and {truth[n] for n in nodes} == set(g["nics"]), g
+    assert condition(job, "Ready")["status"] == "True" and condition(job, "Reconciling")["status"] == "False"
+    assert job["status"]["observedGeneration"] == job["metadata"]["generation"]
+    reasons = {e["reason"] for e in events_of(crd, namespace, "place")}
+    assert {"Planned", "Launched", "AllPodsRunning"} <= reasons, reasons
+    printed = crd.kubectl("get", "hj", "place", "-n", namespace).stdout
+    assert "Running" in printed and st["layout"]["shape"] in printed
+    # The operator's own endpoints.
+    assert "holmes_jobs{phase=\"Running\"} 1.0" in operator.metrics()
+    assert "holmes_pods_created_total 6.0" in operator.metrics()
+
+
+def test_trainer_pods_run_for_real_and_the_job_succeeds_with_progress(crd, namespace, operator):
+    apply(crd, job_manifest("train", namespace, count=4, iterations=6))
+    job = wait_phase(crd, namespace, "train", "Succeeded", timeout=180, op=operator)
+    st = job["status"]
+    prog = st.get("progress") or {}
+    assert prog.get("iteration", 0) >= 1 and prog.get("loss", 0) > 0 and prog.get("tflopsPerGpu", 0) > 0, st
+    assert st["completionTime"] and st["restarts"] == 0 and st["pods"]["succeeded"] == 4
+    assert condition(job, "Succeeded")["status"] == "True"
+    log = crd.pod_log(namespace, "train-1-0", "trainer")
+    assert '"holmes": "done"' in log
+
+
+# ---- failures and lifecycle ---------------------------------------------------------------------
+
+def test_a_pod_failure_restarts_the_gang_and_counts_it(crd, namespace, operator):
+    fail_once = ["sh", "-c", 'if [ "$NODE_RANK" = 1 ] && [ "$HOLMES_ATTEMPT" = 1 ]; then sleep 2; exit 3; fi; sleep 600']
+    apply(crd, job_manifest("gang", namespace, command=fail_once))
+    job = wait_for("a restart", lambda: (lambda j: j if j and j.get("status", {}).get("restarts") == 1
+                                         and j["status"].get("phase") == "Running" else None)(
+        get_job(crd, namespace, "gang")), timeout=90, op=operator)
+    assert job["status"]["attempt"] == 2
+    live = wait_for("old attempt gone", lambda: (lambda ps: ps if all(
+        p["metadata"]["labels"]["holmes.dev/attempt"] == "2" for p in ps) and len(ps) == 4 else None)(
+        pods_of(crd, namespace, "gang")), op=operator)
+    assert len(live) == 4
+    warnings = [e for e in events_of(crd, namespace, "gang") if e["type"] == "Warning"]
+    assert any(e["reason"] == "PodFailed" and "exit code 3" in e["message"] for e in warnings), warnings
+    assert "holmes_restarts_total 1.0" in operator.metrics()
+
+
+def test_backoff_limit_exhausted_fails_the_job_with_the_reason(crd, namespace, operator):
+    always_fail = ["sh", "-c", 'if [ "$NODE_RANK" = 0 ]; then exit 7; fi; sleep 600']
+    apply(crd, job_manifest("doomed", namespace, command=always_fail, run_policy={"backoffLimit": 1}))
+    job = wait_phase(crd, namespace, "doomed", "Failed", op=operator)
+    failed = condition(job, "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded" and "exit code 7" in failed["message"]
+    assert job["status"]["restarts"] == 1 and job["status"]["completionTime"]
+    wait_for("no running pods", lambda: not [p for p in pods_of(crd, namespace, "doomed")
+                                            if p["status"].get("phase") in ("Pending", "Running")
+                                            and not p["metadata"].get("deletionTimestamp")] or None, op=operator)
+
+
+def test_suspend_deletes_pods_and_resume_relaunches(crd, namespace, operator):
+    apply(crd, job_manifest("pause", namespace, command=SLEEP))
+    wait_phase(crd, namespace, "pause", "Running", op=operator)
+    crd.kubectl("patch", "hj", "pause", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    job = wait_phase(crd, namespace, "pause", "Suspended", op=operator)
+    assert condition(job, "Suspended")["status"] == "True"
+    wait_for("pods deleted", lambda: not pods_of(crd, namespace, "pause") or None, op=operator)
+    crd.kubectl("patch", "hj", "pause", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    job = wait_phase(crd, namespace, "pause", "Running", op=operator)
+    assert job["status"]["restarts"] == 0 and job["status"]["attempt"] == 2
+    assert {e["reason"] for e in events_of(crd, namespace, "pause")} >= {"Suspended", "Resumed"}
+
+
+def test_delete_garbage_collects_every_child(crd, namespace, operator):
+    apply(crd, job_manifest("gone", namespace, command=SLEEP))
+    job = wait_phase(crd, namespace, "gone", "Running", op=operator)
+    uid = job["metadata"]["uid"]
+    for kind in ("pods", "services", "configmaps"):
+        owned = [o for o in crd.get_json(kind, "-n", namespace, "-l", "holmes.dev/job-name=gone")["items"]]
+        assert owned and all(o["metadata"]["ownerReferences"][0]["uid"] == uid for o in owned), kind
+    crd.kubectl("delete", "hj", "gone", "-n", namespace, "--wait=false")
+
+    def children():
+        left = sum(len(crd.get_json(k, "-n", namespace, "-l", "holmes.dev/job-name=gone")["items"])
+                   for k in ("pods", "services", "configmaps"))
+        return left == 0 and get_job(crd, namespace, "gone") is None
+    wait_for("children garbage-collected", children, timeout=120, every=1, op=operator)
+
+
+def test_ttl_after_finished_deletes_the_job(crd, namespace, operator):
+    apply(crd, job_manifest("short", namespace, command=["sh", "-c", "exit 0"],
+                            run_policy={"backoffLimit": 0, "ttlSecondsAfterFinished": 2}))
+    wait_phase(crd, namespace, "short", "Succeeded", op=operator)
+    wait_for("ttl deletion", lambda: get_job(crd, namespace, "short") is None, timeout=60, op=operator)
+
+
+def test_operator_killed_mid_reconcile_creates_no_duplicates(crd, namespace, tmp_path):
+    op = OperatorProcess(crd.kubeconfig, [namespace], tmp_path / "op.log").start()
+    try:
+        apply(crd, job_manifest("crash", namespace, count=6, command=SLEEP,
+                                training={"globalBatchSize": 12, "microBatchSize": 1, "iterations": 5,
+                                          "learningRate": 1.0e-3}))
+        wait_for("the first pod", lambda: pods_of(crd, namespace, "crash") or None, every=0.02, op=op)
+        op.kill()                                     # SIGKILL while it is creating pods
+        created_before = len(pods_of(crd, namespace, "crash"))
+        op.start()
+        job = wait_phase(crd, namespace, "crash", "Running", op=op)
+    finally:
+        op.stop()
+        print(op.tail(60))
+    pods = pods_of(crd, namespace, "crash")
+    names_ = sorted(p["metadata"]["name"] for p in pods)
+    assert names_ == [f"crash-1-{r}" for r in range(6)], (created_before, names_)
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"] for p in pods)
+    assert job["status"]["restarts"] == 0 and job["status"]["attempt"] == 1
+    assert len(crd.get_json("services", "-n", namespace, "-l", "holmes.dev/job-name=crash")["items"]) == 1
+
+
+def test_bad_manifests_each_get_a_clear_message_and_the_operator_keeps_serving(crd, namespace, operator):
+    bad = {
+        "bad-heads": (dict(model={"layers": 4, "hiddenSize": 66, "attentionHeads": 4, "seqLength": 32,
+                                  "vocabSize": 128}), "InvalidSpec", "spec.model.hiddenSize"),
+        "bad-partition": (dict(parallelism={"partition": [1, 2]}), "InvalidSpec", "spec.parallelism.partition"),
+        "bad-pipeline": (dict(parallelism={"pipeline": "two"}), "InvalidSpec", "spec.parallelism.pipeline"),
+        "bad-batch": (dict(training={"globalBatchSize": 7, "microBatchSize": 2, "iterations": 5,
+                                     "learningRate": 1.0e-3}), "InvalidSpec", "spec.training.globalBatchSize"),
+        "bad-fit": (dict(parallelism={"pipeline": 3, "data": 1}), "InvalidSpec", "spec.parallelism"),
+        "x" * 51: ({}, "InvalidName", "metadata.name"),
+    }
+    for name, (spec, _, _) in bad.items():
+        apply(crd, job_manifest(name, namespace, command=SLEEP, **spec))
+    apply(crd, job_manifest("good", namespace, command=SLEEP))
+    wait_phase(crd, namespace, "good", "Running", op=operator)
+    for name, (_, reason, field) in bad.items():
+        def stalled():
+            job = get_job(crd, namespace, name)
+            c = condition(job, "Stalled") if job and job.get("status") else {}
+            return job if c.get("status") == "True" else None
+        job = wait_for(f"{name} stalled", stalled, op=operator)
+        c = condition(job, "Stalled")
+        assert c["reason"] == reason and field in c["message"], c
+        warnings = [e for e in events_of(crd, namespace, name) if e["type"] == "Warning"]
+        assert any(e["reason"] == reason and field in e["message"] for e in warnings), warnings
+        assert not pods_of(crd, namespace, name)
+    # Fixing a stalled job lets it run.
+    crd.kubectl("patch", "hj", "bad-partition", "-n", namespace, "--type=merge", "-p",
+                '{"spec":{"parallelism":{"partition":"adaptive"}}}')
+    job = wait_phase(crd, namespace, "bad-partition", "Running", op=operator)
+    assert condition(job, "Stalled")["status"] == "False"
+
+
+def test_waits_for_nodes_with_a_condition_saying_what_is_missing(crd, namespace, operator):
+    apply(crd, job_manifest("huge", namespace, count=8, command=SLEEP))
+
+    def waiting():
+        job = get_job(crd, namespace, "huge")
+        c = condition(job, "Reconciling") if job and job.get("status") else {}
+        return job if c.get("reason") == "WaitingForNodes" else None
+    job = wait_for("waiting", waiting, op=operator)
+    msg = condition(job, "Reconciling")["message"]
+    assert "needs 8 nodes" in msg and "have 6" in msg
+    assert job["status"]["phase"] == "Pending" and not pods_of(crd, namespace, "huge")
