@@ -1,0 +1,204 @@
+"""Operator benchmark: time from `kubectl apply` of a HolmesJob to all its pods created, for
+jobs of 8, 64 and 256 nodes, against the real local control plane; and the operator's memory.
+
+Extra GPU nodes (8 GPUs each, InfiniBand / RoCE / Ethernet in three clusters) are registered
+through the API only: they exist and are Ready, but no agent runs their pods (creation is what
+is measured). Side by side, the floor: the same pod objects created directly with the same
+client parallelism, so the ratio shows what planning + reconciling adds.
+
+    .venv/bin/python bench/operator_apply.py                 # starts a private local cluster
+    HOLMES_KUBECONFIG=.holmes/kubeconfig .venv/bin/python bench/operator_apply.py --sizes 8,64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests" / "operator")]
+
+import yaml  # noqa: E402
+from kubernetes import client, config  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
+
+from opcluster import OperatorProcess, install_crd  # noqa: E402
+
+KINDS = (("infiniband", "bench-a", 200), ("roce", "bench-b", 200), ("ethernet", "bench-c", 100))
+
+
+def bench_node(i: int) -> dict:
+    nic, cluster, gbps = KINDS[i % 3]
+    alloc = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}
+    if nic != "ethernet":
+        alloc[f"rdma/bench_{nic}"] = "1k"
+    name = f"bench-{i:04d}"
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "holmes.dev/bench": "1",
+                                                  "holmes.dev/nic": nic, "holmes.dev/nic-gbps": str(gbps),
+                                                  "holmes.dev/cluster": cluster}},
+            "spec": {"taints": [{"key": "holmes.dev/bench", "value": "1", "effect": "NoSchedule"}]},
+            "status": {"capacity": alloc, "allocatable": alloc,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "Bench",
+                                       "message": "registered by bench/operator_apply.py"}]}}
+
+
+def job(name: str, ns: str, nodes: int) -> dict:
+    return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": name, "namespace": ns},
+            "spec": {"model": {"layers": 32, "hiddenSize": 4096, "attentionHeads": 32, "seqLength": 2048,
+                               "vocabSize": 50257},
+                     "training": {"globalBatchSize": 4096, "microBatchSize": 1, "iterations": 10,
+                                  "learningRate": 1.0e-4},
+                     "nodes": {"count": nodes, "gpusPerNode": 8, "selector": {"matchLabels": {"holmes.dev/bench": "1"}}},
+                     "template": {"spec": {"tolerations": [{"key": "holmes.dev/bench", "operator": "Exists"}],
+                                           "containers": [{"name": "trainer", "command": ["sleep", "3600"]}]}},
+                     "runPolicy": {"backoffLimit": 0}}}
+
+
+class Bench:
+    def __init__(self, kubeconfig: str):
+        self.kubeconfig = kubeconfig
+        self.api = config.new_client_from_config(kubeconfig)
+        self.api.configuration.connection_pool_maxsize = 32
+        self.core = client.CoreV1Api(self.api)
+        from localkube.controlplane import binary
+        self.kubectl_bin = binary("kubectl")
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        return subprocess.run([self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args], input=input,
+                              capture_output=True, text=True, check=True).stdout
+
+    def register_nodes(self, n: int) -> None:
+        def make(i):
+            try:
+                self.core.create_node(bench_node(i), _preload_content=False)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+        with ThreadPoolExecutor(16) as ex:
+            list(ex.map(make, range(n)))
+
+    def remove_nodes(self, n: int) -> None:
+        with ThreadPoolExecutor(16) as ex:
+            list(ex.map(lambda i: self._ignore_404(self.core.delete_node, f"bench-{i:04d}"), range(n)))
+
+    @staticmethod
+    def _ignore_404(fn, *a):
+        try:
+            fn(*a, _preload_content=False)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def count_pods(self, ns: str, selector: str) -> int:
+        r = self.core.list_namespaced_pod(ns, label_selector=selector, _preload_content=False)
+        return len(json.loads(r.data)["items"])
+
+    def wait_pods(self, ns: str, selector: str, n: int, t0: float, timeout: float = 300) -> float:
+        while time.monotonic() - t0 < timeout:
+            if self.count_pods(ns, selector) >= n:
+                return time.monotonic() - t0
+            time.sleep(0.02)
+        raise TimeoutError(f"{n} pods not created in {timeout}s in {ns}")
+
+    def cleanup_ns(self, ns: str) -> None:
+        # Bench nodes have no kubelet to confirm graceful deletion: force the pods away.
+        self.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _preload_content=False)
+        self.core.delete_namespace(ns, _preload_content=False)
+
+    def floor(self, ns: str, pods: list[dict]) -> float:
+        """The same pods created directly, 16 in flight (the operator's parallelism)."""
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(16) as ex:
+            list(ex.map(lambda p: self.core.create_namespaced_pod(ns, p, _preload_content=False), pods))
+        return time.monotonic() - t0
+
+
+def start_cluster(state: Path):
+    from localkube.controlplane import ControlPlane
+    cp = ControlPlane(state)
+    cp.dir.mkdir(parents=True, exist_ok=True)
+    cp.up(REPO / "hack" / "topologies" / "default.yaml", log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
+    return cp
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="8,64,256")
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args()
+    sizes = [int(s) for s in a.sizes.split(",")]
+    cp = None
+    kubeconfig = os.environ.get("HOLMES_KUBECONFIG")
+    if not kubeconfig:
+        cp = start_cluster(REPO / ".holmes" / f"bench-operator-{os.getpid()}")
+        kubeconfig = str(cp.kubeconfig)
+    b = Bench(kubeconfig)
+    tmp = Path(tempfile.mkdtemp(prefix="holmes-bench-"))
+    op = None
+    rows = []
+    try:
+        class _C:  # what install_crd needs
+            def kubectl(self, *args, **kw):
+                return b.kubectl(*args)
+        install_crd(_C())
+        t = time.monotonic()
+        b.register_nodes(max(sizes))
+        print(f"registered {max(sizes)} bench nodes in {time.monotonic() - t:.1f}s", file=sys.stderr)
+        op = OperatorProcess(kubeconfig, None, tmp / "operator.log").start()
+        time.sleep(2)                                 # let the node index fill
+        rss0 = op.rss_bytes()
+        for n in sizes:
+            for rep in range(a.repeats):
+                ns = f"bench-{n}-{rep}-{os.getpid()}"
+                b.kubectl("create", "namespace", ns)
+                t0 = time.monotonic()
+                b.kubectl("apply", "-f", "-", input=yaml.safe_dump(job("j", ns, n)))
+                t_pods = b.wait_pods(ns, "holmes.dev/job-name=j", n, t0)
+                rss = op.rss_bytes()
+                pods = json.loads(b.core.list_namespaced_pod(ns, label_selector="holmes.dev/job-name=j",
+                                                             _preload_content=False).data)["items"]
+                b.cleanup_ns(ns)
+                fns = f"floor-{n}-{rep}-{os.getpid()}"
+                b.kubectl("create", "namespace", fns)
+                bare = [{"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": p["metadata"]["name"], "labels": {"bench": "floor"}},
+                         "spec": {k: v for k, v in p["spec"].items() if k not in ("nodeName",)}} for p in pods]
+                t_floor = b.floor(fns, bare)
+                b.cleanup_ns(fns)
+                rows.append((n, rep, t_pods, t_floor, rss))
+                print(f"  {n:>4} nodes  rep {rep}: {t_pods:6.2f}s apply->all pods, floor {t_floor:6.2f}s, "
+                      f"operator RSS {rss / 2**20:.0f} MiB", file=sys.stderr)
+    finally:
+        if op:
+            op.stop()
+        try:
+            b.remove_nodes(max(sizes))
+        except Exception as e:  # noqa: BLE001
+            print(f"node cleanup: {e}", file=sys.stderr)
+        if cp:
+            cp.down(log=lambda m: None)
+            import shutil
+            shutil.rmtree(cp.dir, ignore_errors=True)
+
+    print("\nHolmesJob apply -> all pods created (local v1.20 control plane, 2 cores; best of "
+          f"{a.repeats})")
+    print(f"{'nodes':>6} {'operator s':>11} {'direct create s':>16} {'ratio':>7} {'pods/s':>8} {'operator RSS MiB':>17}")
+    for n in sizes:
+        mine = [r for r in rows if r[0] == n]
+        best = min(mine, key=lambda r: r[2])
+        floor = min(r[3] for r in mine)
+        print(f"{n:>6} {best[2]:>11.2f} {floor:>16.2f} {best[2] / floor:>7.2f} {n / best[2]:>8.1f} "
+              f"{max(r[4] for r in mine) / 2**20:>17.0f}")
+    print(f"operator RSS before the first job: {rss0 / 2**20:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
