@@ -71,7 +71,7 @@ def test_watch_namespaces_gives_roles_per_namespace_and_flags():
     assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == ["team-a", "team-b"]
     # the ClusterRole keeps only cluster-scoped reads
     cr = one(docs, "ClusterRole")
-    assert {r for rule in cr["rules"] for r in rule["resources"]} == {"nodes", "customresourcedefinitions"}
+    assert {r for rule in cr["rules"] for r in rule["resources"]} == {"nodes", "customresourcedefinitions", "namespaces"}
     args = operator_pod(docs)["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     assert "--all-namespaces" not in args
@@ -147,6 +147,7 @@ def test_crd_rendering_switches():
     (["--set", "crds.install=yes"], "crds.install: Invalid type. Expected: boolean, given: string"),
     (["--set", "extraEnv[0].name=X", "--set", "extraEnv[0].value=1"],
      "extraEnv.0.value: Invalid type. Expected: string, given: integer"),
+    (["--set", "nics.clusterRdmaKinds.east=ib"], "nics.clusterRdmaKinds.east must be one of the following"),
     (["--set", "metrics.serviceMonitor.interval=often"], "metrics.serviceMonitor.interval: Does not match pattern"),
 ])
 def test_schema_rejects_wrong_values_clearly(args, message):

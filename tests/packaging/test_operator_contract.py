@@ -1,0 +1,42 @@
+"""The chart's operator command line is one the operator accepts, meaning what the values say."""
+from __future__ import annotations
+
+import pytest
+
+from packaging_helpers import one, render
+
+
+def operator_pod(docs):
+    return one(docs, "Deployment")["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("values", [
+    {},
+    {"watch.allNamespaces": "false", "watch.namespaces": "{team-a,team-b}", "logLevel": "debug",
+     "logFormat": "plain", "metrics.enabled": "false", "liveness.port": "18080",
+     "nics.clusterRdmaKinds.east": "infiniband", "nics.clusterRdmaKinds.west": "roce",
+     "nics.rdmaDefaultKind": "roce"},
+])
+def test_the_operator_accepts_the_chart_command_line(values, monkeypatch):
+    """The rendered args parse with the operator's own argument parser, to the intended settings."""
+    from holmes.operator.__main__ import parse_args
+
+    docs = render(values)
+    c = operator_pod(docs)["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    monkeypatch.setenv("HOLMES_TRAINER_IMAGE", env["HOLMES_TRAINER_IMAGE"])
+    assert c["command"][:3] == ["python", "-m", "holmes.operator"]
+    args = parse_args(c["args"])
+    if values.get("watch.allNamespaces") == "false":
+        assert args.namespace == ["team-a", "team-b"] and not args.all_namespaces
+    else:
+        assert args.all_namespaces and not args.namespace
+    assert args.log_level == values.get("logLevel", "info")
+    assert args.log_format == values.get("logFormat", "json")
+    port = int(values.get("liveness.port", 8080))
+    assert args.liveness == f"http://0.0.0.0:{port}/healthz"
+    assert args.metrics_port == (0 if values.get("metrics.enabled") == "false" else 9090)
+    assert args.trainer_image == "holmes-trainer:0.1.0"
+    kinds = {k.split(".")[-1]: v for k, v in values.items() if k.startswith("nics.clusterRdmaKinds.")}
+    assert sorted(args.cluster_rdma_kind) == sorted(f"{c}={k}" for c, k in kinds.items())
+    assert args.rdma_default_kind == (values.get("nics.rdmaDefaultKind") or None)
