@@ -7,6 +7,8 @@ pyproject.toml.
 """
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import re
 import shutil
 import sys
@@ -176,6 +178,7 @@ def test_operator_entrypoint_is_the_chart_command_and_healthcheck_the_liveness_p
     exposed = {int(p) for c in instr(op, "EXPOSE") for p in c.value}
     assert exposed == set(ports.values())
     assert entry[:2] == ["python", "-m"]
+    assert importlib.util.find_spec(entry[2] + ".__main__") is not None, f"{entry[2]} has no __main__"
 
 
 def test_trainer_image_provides_the_trainer_command():
@@ -192,6 +195,29 @@ def test_trainer_image_provides_the_trainer_command():
     assert "[trainer]" in vrun, "the trainer image must install the trainer extra (torch)"
     ovrun = " ".join(" ".join(c.value) for c in instr(stages()["operator-venv"], "RUN"))
     assert "[trainer]" not in ovrun and "torch" not in ovrun, "the operator image must not carry torch"
+
+
+def test_trainer_pods_command_runs_in_the_trainer_image():
+    """The operator's default pod command starts with an executable the trainer image's venv
+    provides (a console script of an installed distribution, or python), and runs a module that
+    the image installs."""
+    from types import SimpleNamespace
+
+    from holmes.operator.render import RenderSettings, default_command
+
+    layout = SimpleNamespace(nodes=["a", "b"], gpus_per_node=2, world_size=4)
+    cmd = default_command(layout, 0, "master.example", RenderSettings())
+    scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")}
+    assert cmd[0] == "python" or cmd[0] in scripts, f"{cmd[0]} is not provided by any installed package"
+    if cmd[0] in scripts:
+        provider = next(d for d in importlib.metadata.distributions()
+                        if any(ep.name == cmd[0] and ep.group == "console_scripts" for ep in d.entry_points))
+        trainer_reqs = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trainer"]
+        assert provider.metadata["Name"].lower() in {Requirement(r).name.lower() for r in trainer_reqs}, \
+            f"{cmd[0]} comes from {provider.metadata['Name']}, which the trainer image does not install"
+    module = cmd[cmd.index("-m") + 1]
+    assert module.startswith("holmes.trainer")
+    assert importlib.util.find_spec(module + ".__main__") is not None
 
 
 def pins() -> dict[str, Version]:
