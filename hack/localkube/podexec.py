@@ -48,9 +48,14 @@ def main(spec_path: str) -> None:
     created: list[str] = []
     try:
         socket.sethostname(spec["hostname"])
-        bind(spec["hosts"], "/etc/hosts", True, created)
-        for m in spec["mounts"]:
-            bind(m["src"], m["dst"], m["ro"], created)
+        # Pin every source before mounting anything: a volume mounted over a directory that holds
+        # other sources (an emptyDir at /tmp while the state dir is under /tmp) would hide them.
+        mounts = [(spec["hosts"], "/etc/hosts", True)] + [(m["src"], m["dst"], m["ro"]) for m in spec["mounts"]]
+        fds = [os.open(src, os.O_PATH) for src, _, _ in mounts]
+        for fd, (_, dst, ro) in zip(fds, mounts):
+            bind(f"/proc/self/fd/{fd}", dst, ro, created)
+        for fd in fds:
+            os.close(fd)
     except OSError as e:
         print(f"localkube: cannot set up the pod sandbox: {e}", file=sys.stderr, flush=True)
         os._exit(128)
