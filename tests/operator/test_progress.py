@@ -24,6 +24,10 @@ def test_prometheus_text_to_status_progress():
                                               "tflopsPerGpu": 0.5, "iterationSeconds": 0.2}
 
 
+def test_nothing_before_the_first_iteration():
+    assert progress.from_prometheus(exposition(holmes_trainer_iteration=0, holmes_trainer_loss=0)) == {}
+
+
 def test_nan_is_dropped():
     assert progress.from_prometheus(exposition(holmes_trainer_loss=float("nan"), holmes_trainer_iteration=1)) == {
         "iteration": 1}
@@ -32,8 +36,8 @@ def test_nan_is_dropped():
 def test_termination_message_last_json_line_wins():
     msg = "\n".join(["garbage", json.dumps({"holmes": "iteration", "iteration": 4, "loss": 2.0}),
                      json.dumps({"holmes": "done", "iteration": 5, "loss": 1.5, "tflopsPerGpu": 0.1}), ""])
-    assert progress.from_termination_message(msg) == {"iteration": 5, "loss": 1.5, "tflopsPerGpu": 0.1}
-    assert progress.from_termination_message(None) == {}
+    assert progress.from_json_lines(msg) == {"iteration": 5, "loss": 1.5, "tflopsPerGpu": 0.1}
+    assert progress.from_json_lines(None) == {}
 
 
 def test_from_pod_scrapes_a_running_rank0_and_reads_a_terminated_one():

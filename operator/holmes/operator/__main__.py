@@ -103,8 +103,8 @@ def build(args: argparse.Namespace) -> tuple[kopf.OperatorRegistry, Runtime]:
         settings.posting.enabled = True
         settings.posting.loggers = True
         settings.posting.level = logging.WARNING
-        # Keep kopf's bookkeeping under our own domain; nothing in status (the schema owns it).
-        settings.persistence.finalizer = "holmes.dev/finalizer"
+        # Keep any kopf bookkeeping under our own domain and out of status (the schema owns it).
+        # No finalizer is needed: no handler runs on deletion, ownerReferences clean up.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="holmes.dev")
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="holmes.dev")
         settings.watching.server_timeout = 270

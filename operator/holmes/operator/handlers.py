@@ -1,13 +1,19 @@
-"""kopf wiring: one daemon per HolmesJob runs the reconcile loop; watch events on the job, its
-pods and the nodes only wake that loop up (many events coalesce into one reconcile).
+"""kopf wiring: one asyncio task per HolmesJob runs its reconcile loop; watch events on the job,
+its pods and the nodes only wake that loop up (many events coalesce into one reconcile).
 
 - ``holmes_nodes`` (kopf index): every node, slimmed to what planning needs.
-- ``reconciler`` (kopf daemon per HolmesJob): read -> decide (pure) -> apply -> status -> Events,
-  then sleep until woken or until the decision's requeue time. Running inside kopf's per-object
-  context lets ``kopf.event`` post the Kubernetes Events of each transition.
+- ``job_changed`` (kopf event handler on HolmesJobs): starts the job's loop on first sight (also
+  for every existing job when the operator starts), wakes it on changes, ends it on deletion.
+- The loop: read -> decide (pure) -> apply -> status -> Events, then sleep until woken or until
+  the decision's requeue time. It is started from inside kopf's per-object handler context, so
+  ``kopf.event`` posts the Kubernetes Events of each transition.
 - Node changes that matter (labels, allocatable, readiness, cordon) wake the jobs waiting for nodes.
 
-Reconciles of one job never overlap (one daemon per job); different jobs run concurrently.
+Why not a kopf daemon: daemons make kopf put a finalizer on every HolmesJob, and a job could then
+not be deleted while the operator is down. Children go away through their ownerReferences, so
+Holmes needs no finalizer at all.
+
+Reconciles of one job never overlap (one loop per job); different jobs run concurrently.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ IDLE_RESYNC = 300.0          # a quiet job is still re-read this often
 
 
 class Waker:
-    """Wakes one job's daemon; set() from the event loop only."""
+    """Wakes one job's loop; set() from the event loop only."""
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
@@ -53,6 +59,7 @@ class Runtime:
     planner: Planner
     settings: RenderSettings = field(default_factory=RenderSettings)
     wakers: dict = field(default_factory=dict)           # (ns, name) -> Waker
+    loops: dict = field(default_factory=dict)            # (ns, name) -> asyncio.Task
     node_facts: dict = field(default_factory=dict)       # node name -> fingerprint
     phases: metrics.PhaseTracker = field(default_factory=metrics.PhaseTracker)
 
@@ -76,7 +83,7 @@ class Runtime:
                 w.event.set()
 
     # ---- one reconcile (sync; runs in a worker thread) ------------------------------------
-    def reconcile(self, ns: str, name: str, body: Any, nodes: list[dict]) -> Decision | None:
+    def reconcile(self, ns: str, name: str, nodes: list[dict]) -> Decision | None:
         started = time.monotonic()
         job = self.io.read_job(ns, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
@@ -91,7 +98,7 @@ class Runtime:
         self.io.patch_status(job, old, d.status)
         self._account(job, old, d, created)
         for ev in d.events:
-            kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1000])
+            kopf.event(job, type=ev.type, reason=ev.reason, message=ev.message[:1000])
             level = logging.WARNING if ev.type == "Warning" else logging.INFO
             log.log(level, ev.message, extra={"job": f"{ns}/{name}", "reason": ev.reason,
                                               "phase": d.status.get("phase"), "attempt": d.status.get("attempt")})
@@ -105,7 +112,12 @@ class Runtime:
         if not st.get("launched"):
             return None
         rank0 = [p for p in pods if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == 0]
-        return progress.from_pod(rank0[0], self.settings.metrics_port) if rank0 else None
+        if not rank0:
+            return None
+        found = progress.from_pod(rank0[0], self.settings.metrics_port)
+        if not found and progress.terminated(rank0[0]):     # the trainer's last line, from its log
+            found = progress.from_json_lines(self.io.log_tail(rank0[0]))
+        return found
 
     def _account(self, job: Mapping, old: Mapping, d: Decision, created: int) -> None:
         metrics.PODS_CREATED.inc(created)
@@ -159,34 +171,53 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         rt.wake((namespace, labels[names.LABEL_JOB]))
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry, id="job_changed")
-    async def job_changed(namespace: str, name: str, **_: Any) -> None:
-        rt.wake((namespace, name))
+    async def job_changed(namespace: str, name: str, type: str | None, holmes_nodes: kopf.Index, **_: Any) -> None:
+        key = (namespace, name)
+        if type == "DELETED":
+            task = rt.loops.pop(key, None)
+            if task is not None:
+                task.cancel()
+            return
+        task = rt.loops.get(key)
+        if task is None or task.done():
+            # Created here, the task inherits kopf's per-object context (Event posting).
+            rt.loops[key] = asyncio.create_task(job_loop(namespace, name, holmes_nodes), name=f"holmesjob {namespace}/{name}")
+        else:
+            rt.wake(key)
 
-    @kopf.daemon(names.GROUP, names.VERSION, names.PLURAL, registry=registry, id="reconciler",
-                 cancellation_backoff=1.0, cancellation_timeout=10.0)
-    async def reconciler(namespace: str, name: str, body: kopf.Body, stopped: kopf.DaemonStopped,
-                         holmes_nodes: kopf.Index, **_: Any) -> None:
+    async def job_loop(namespace: str, name: str, holmes_nodes: kopf.Index) -> None:
         key = (namespace, name)
         waker = rt.wakers.setdefault(key, Waker())
         backoff = 1.0
         try:
-            while not stopped:
+            while True:
                 nodes = [v for store in holmes_nodes.values() for v in store]
                 try:
-                    d = await asyncio.to_thread(rt.reconcile, namespace, name, body, nodes)
+                    d = await asyncio.to_thread(rt.reconcile, namespace, name, nodes)
+                    if d is None:                   # deleted (or being deleted): nothing left to do
+                        return
                     backoff = 1.0
-                    delay = d.requeue_after if d else None
-                    rt.phases.set(key, d.status.get("phase") if d else None)
-                    waker.waiting_for_nodes = bool(d and d.waiting_for_nodes)
+                    delay = IDLE_RESYNC if d.requeue_after is None else d.requeue_after
+                    rt.phases.set(key, d.status.get("phase"))
+                    waker.waiting_for_nodes = d.waiting_for_nodes
                 except Exception as e:          # an API hiccup must not end the job's loop
                     metrics.RECONCILE_ERRORS.inc()
                     log.exception("reconcile failed; retrying in %.0fs", backoff,
                                   extra={"job": f"{namespace}/{name}", "error": str(e)})
                     delay, backoff = backoff, min(backoff * 2, 60.0)
-                await waker.sleep(IDLE_RESYNC if delay is None else delay)
+                await waker.sleep(delay)
         finally:
             rt.wakers.pop(key, None)
             rt.phases.set(key, None)
+            if rt.loops.get(key) is asyncio.current_task():
+                rt.loops.pop(key, None)
+
+    @kopf.on.cleanup(registry=registry, id="stop_loops")
+    async def stop_loops(**_: Any) -> None:
+        loops = list(rt.loops.values())
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
 
     @kopf.on.probe(id="jobs", registry=registry)
     async def jobs_probe(**_: Any) -> dict:

@@ -1,5 +1,5 @@
 """Kubernetes I/O for one reconcile: read what is there, apply a Decision. Synchronous (the
-kubernetes client), run in a worker thread by the kopf daemon. Responses are read as raw JSON
+kubernetes client), run in a worker thread by the job's reconcile loop. Responses are read as raw JSON
 (camelCase dicts, like the API), which is also much faster than the client's models at 256 pods.
 
 Every write is idempotent: creates that find the object already there are fine (deterministic
@@ -45,6 +45,19 @@ class KubeIO:
     def list_pods(self, ns: str, job: str) -> list[dict]:
         resp = self.core.list_namespaced_pod(ns, label_selector=f"{names.LABEL_JOB}={job}", _preload_content=False)
         return _json(resp).get("items") or []
+
+    def log_tail(self, pod: dict, lines: int = 20) -> str:
+        """The last lines of a pod's training container log ('' when logs are not reachable)."""
+        meta = pod["metadata"]
+        names_ = [c["name"] for c in pod["spec"]["containers"]]
+        container = names.TRAINER_CONTAINER if names.TRAINER_CONTAINER in names_ else names_[0]
+        try:
+            resp = self.core.read_namespaced_pod_log(meta["name"], meta["namespace"], container=container,
+                                                     tail_lines=lines, _preload_content=False, _request_timeout=5)
+            return resp.data.decode("utf-8", "replace")
+        except (ApiException, OSError, ValueError) as e:
+            log.debug("no log tail for %s: %s", meta["name"], e)
+            return ""
 
     def _read(self, fn: Callable, ns: str, name: str) -> dict | None:
         try:

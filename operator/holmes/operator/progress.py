@@ -1,11 +1,12 @@
 """Training progress from the rank-0 trainer, for HolmesJob.status.progress.
 
-Two sources, both reachable without cluster DNS:
+Sources, all reachable without cluster DNS:
 - while the pod runs: its Prometheus endpoint at http://<podIP>:<metrics port>/metrics
   (gauges holmes_trainer_iteration, _loss, _tokens_per_second, _tflops_per_gpu, ...);
-- once it has terminated: the container's termination message, where the trainer leaves its
-  last JSON metric line (``{"holmes": "done", "iteration": ..., ...}``).
-Parsing is pure; ``scrape`` is the only I/O.
+- once it has terminated: the last JSON metric line the trainer printed
+  (``{"holmes": "done", "iteration": ..., ...}``), from the container's termination message or,
+  failing that, the tail of its log (read by the caller through the API).
+Parsing is pure; ``scrape`` is the only I/O here.
 """
 from __future__ import annotations
 
@@ -40,19 +41,25 @@ def from_prometheus(text: str) -> dict[str, Any]:
         for s in fam.samples:
             if s.name in GAUGES and not s.labels:
                 values[GAUGES[s.name]] = s.value
+    if values.get("iteration", 0) < 1:      # gauges read 0 until the first iteration (numbered from 1)
+        return {}
     return _clean(values)
 
 
-def from_termination_message(message: str | None) -> dict[str, Any]:
-    """The last JSON metric line of a termination message (other text is ignored)."""
+def from_json_lines(message: str | None) -> dict[str, Any]:
+    """The last JSON metric line of a termination message or log tail (other text is ignored)."""
     for line in reversed((message or "").strip().splitlines()):
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and "holmes" in rec:
+        if isinstance(rec, dict) and rec.get("holmes") in ("iteration", "done"):
             return _clean(rec)
     return {}
+
+
+def terminated(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 def from_pod(pod: Mapping[str, Any], metrics_port: int, timeout: float = 1.0) -> dict[str, Any]:
@@ -61,7 +68,7 @@ def from_pod(pod: Mapping[str, Any], metrics_port: int, timeout: float = 1.0) ->
     for cs in st.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term:
-            found = from_termination_message(term.get("message"))
+            found = from_json_lines(term.get("message"))
             if found:
                 return found
     ip = st.get("podIP")

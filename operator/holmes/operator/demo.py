@@ -1,0 +1,156 @@
+"""`make demo`'s last act: install the CRD, run the operator, apply a HolmesJob and follow it to
+the end, printing the layout the planner chose and the training metrics.
+
+    python -m holmes.operator.demo --kubeconfig .holmes/kubeconfig --job examples/holmesjob-demo.yaml
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Kubectl:
+    def __init__(self, binary: str, kubeconfig: str):
+        self.binary, self.kubeconfig = binary, kubeconfig
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        r = subprocess.run([self.binary, f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True)
+        if check and r.returncode:
+            raise SystemExit(f"kubectl {' '.join(args)} failed:\n{r.stderr}")
+        return r.stdout
+
+    def json(self, *args: str) -> dict | None:
+        out = self("get", *args, "-o", "json", check=False)
+        return json.loads(out) if out.strip() else None
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def show_layout(status: dict, layout_json: dict | None) -> None:
+    lay = status["layout"]
+    say(f">> layout {lay['shape']} (pipeline x data x tensor), {lay['worldSize']} ranks on {lay['nodes']} nodes")
+    say(f"   {'stage':<6}{'island':<18}{'nic':<12}{'layers':<10}nodes")
+    for s in lay["stages"]:
+        say(f"   {s['index']:<6}{s['island']:<18}{s['nic']:<12}{_layers(s):<10}{', '.join(s['nodes'])}")
+    for g in lay["dpGroups"]:
+        say(f"   data-parallel groups of stage {g['stage']}: {g['size']} ranks, NIC kinds {'+'.join(g['nics'])}, "
+            f"NCCL net {g['net']}")
+    est = lay.get("estimate") or {}
+    if est:
+        say(f"   planner estimate: {est.get('iterationSeconds', 0):.3g} s/iteration, "
+            f"{est.get('tflopsPerGpu', 0):.3g} TFLOPS/GPU (A100 cost model)")
+    for line in (layout_json or {}).get("explanation", [])[:8]:
+        say(f"   | {line}")
+
+
+def _layers(stage: dict) -> str:
+    a, b = stage["layers"]
+    return f"{a}-{b - 1}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--job", required=True, help="HolmesJob manifest to apply")
+    ap.add_argument("--crd", default="crds/holmesjob.yaml")
+    ap.add_argument("--namespace", default="holmes-demo")
+    ap.add_argument("--kubectl", default=str(Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache/holmes")) / "bin/kubectl"))
+    ap.add_argument("--cluster-rdma-kind", action="append", default=["east=infiniband", "west=roce"])
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--log", default=".holmes/demo-operator.log")
+    a = ap.parse_args(argv)
+    k = Kubectl(a.kubectl if Path(a.kubectl).exists() else "kubectl", a.kubeconfig)
+    import yaml
+    with open(a.job) as f:
+        name = yaml.safe_load(f)["metadata"]["name"]
+    ns = a.namespace
+
+    say(">> installing the HolmesJob CRD")
+    k("apply", "-f", a.crd)
+    k("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+    if k.json("namespace", ns) is None:
+        k("create", "namespace", ns)
+    k("delete", "holmesjob", name, "-n", ns, "--ignore-not-found", "--wait=true", "--timeout=60s")
+
+    liveness = free_port()
+    Path(a.log).parent.mkdir(parents=True, exist_ok=True)
+    log = open(a.log, "ab")
+    cmd = [sys.executable, "-m", "holmes.operator", f"--kubeconfig={a.kubeconfig}", f"--namespace={ns}",
+           f"--liveness=http://127.0.0.1:{liveness}/healthz", f"--metrics-port={free_port()}", "--log-format=plain",
+           *[f"--cluster-rdma-kind={x}" for x in a.cluster_rdma_kind]]
+    say(f">> starting the operator ({' '.join(cmd[1:4])} ...), log {a.log}")
+    op = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(2)
+        if op.poll() is not None:
+            raise SystemExit(f"the operator exited with {op.returncode}; see {a.log}")
+        say(f">> kubectl apply -f {a.job} -n {ns}")
+        k("apply", "-f", a.job, "-n", ns)
+        return follow(k, ns, name, a.timeout)
+    finally:
+        op.terminate()
+        try:
+            op.wait(15)
+        except subprocess.TimeoutExpired:
+            op.kill()
+        log.close()
+
+
+def follow(k: Kubectl, ns: str, name: str, timeout: float) -> int:
+    end = time.monotonic() + timeout
+    phase, shown_layout, last_iter = None, False, None
+    while time.monotonic() < end:
+        job = k.json("holmesjob", name, "-n", ns) or {}
+        st = job.get("status") or {}
+        if st.get("phase") != phase:
+            phase = st.get("phase")
+            ready = next((c for c in st.get("conditions", []) if c["type"] == "Ready"), {})
+            say(f">> phase {phase}: {ready.get('message', '')}")
+        if st.get("layout") and not shown_layout:
+            cm = k.json("configmap", st["layout"]["configMap"], "-n", ns)
+            show_layout(st, json.loads(cm["data"]["layout.json"]) if cm else None)
+            shown_layout = True
+        prog = st.get("progress") or {}
+        if prog.get("iteration") is not None and prog.get("iteration") != last_iter:
+            last_iter = prog["iteration"]
+            say(f"   iteration {last_iter}: loss {prog.get('loss', float('nan')):.4f}, "
+                f"{prog.get('tokensPerSecond', 0):.0f} tokens/s, {prog.get('tflopsPerGpu', 0):.3g} TFLOPS/GPU")
+        if phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(1)
+    else:
+        say(f"!! {name} did not finish in {timeout:.0f}s")
+        phase = "Timeout"
+    say(k("get", "holmesjob", name, "-n", ns, "-o", "wide"))
+    rank0 = f"{name}-{(k.json('holmesjob', name, '-n', ns) or {}).get('status', {}).get('attempt', 1)}-0"
+    logs = k("logs", rank0, "-n", ns, check=False)
+    lines = [json.loads(x) for x in logs.splitlines() if x.startswith('{"holmes"')]
+    if lines:
+        say(">> training metrics from the rank-0 trainer (its JSON lines)")
+        for rec in lines:
+            if rec.get("holmes") in ("iteration", "done"):
+                say(f"   {rec['holmes']:<9} it {rec.get('iteration'):>3}  loss {rec.get('loss', float('nan')):.4f}  "
+                    f"{rec.get('tokensPerSecond', 0):8.0f} tok/s  {rec.get('tflopsPerGpu', 0):.3g} TFLOPS/GPU")
+    uid = ((k.json("holmesjob", name, "-n", ns) or {}).get("metadata") or {}).get("uid", "")
+    say(">> events")
+    say(k("get", "events", "-n", ns, "--field-selector", f"involvedObject.kind=HolmesJob,involvedObject.uid={uid}",
+          "--sort-by=.lastTimestamp", check=False))
+    return 0 if phase == "Succeeded" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
