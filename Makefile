@@ -39,6 +39,8 @@ cluster-down:
 demo: cluster-up
 	@echo ">> the simulated nodes and how each advertises its NIC"
 	@$(LOCALKUBE) nodes
+	@# CRD + operator + a small HolmesJob trained to Succeeded: prints the layout and the metrics.
+	@$(PY) -m holmes.operator.demo --kubeconfig .holmes/kubeconfig --job examples/holmesjob-demo.yaml
 
 # Copy crds/ into the chart and re-render deploy/install.yaml (tests/packaging checks both).
 .PHONY: chart-sync
