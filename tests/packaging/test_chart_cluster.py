@@ -49,6 +49,9 @@ class Env:
         self.fullname = f"{self.release}-holmes"
         self.liveness_port = free_port()
         self.metrics_port = free_port()
+        # trainer ports of this module's jobs: other test sessions on the machine may train at once
+        self.master_port = free_port()
+        self.trainer_metrics_port = free_port()
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None):
         return run([str(cache_bin() / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
@@ -64,6 +67,8 @@ class Env:
         return ["--set", "watch.allNamespaces=false", "--set", f"watch.namespaces={{{self.job_ns}}}",
                 "--set", f"liveness.port={self.liveness_port}", "--set", f"metrics.port={self.metrics_port}",
                 "--set", "liveness.initialDelaySeconds=1",
+                "--set", f"trainer.masterPort={self.master_port}",
+                "--set", f"trainer.metricsPort={self.trainer_metrics_port}",
                 # the default topology advertises some RDMA nodes through NFD labels only
                 "--set", "nics.clusterRdmaKinds.east=infiniband", "--set", "nics.clusterRdmaKinds.west=roce"]
 
@@ -201,8 +206,11 @@ BASELINE = {"selfsubjectaccessreviews.authorization.k8s.io", "selfsubjectrulesre
 def granted(env: Env, ns: str) -> set[tuple[str, str]]:
     """(resource, verb) the operator's service account may use in namespace ns, as the
     apiserver's own authorizer lists them."""
-    out = env.kubectl("auth", "can-i", "--list", "-n", ns,
-                      f"--as=system:serviceaccount:{env.release_ns}:{env.fullname}").stdout
+    return parse_can_i(env.kubectl("auth", "can-i", "--list", "-n", ns,
+                                   f"--as=system:serviceaccount:{env.release_ns}:{env.fullname}").stdout)
+
+
+def parse_can_i(out: str) -> set[tuple[str, str]]:
     perms = set()
     for line in out.splitlines()[1:]:
         cols = line.split()
@@ -252,12 +260,24 @@ def test_a_forbidden_call_is_refused(env, tmp_path):
 
 # ---- jobs driven by the chart-installed operator, read by GitOps health rules ---------------
 
-def test_finished_job_succeeds_and_reads_healthy(env):
+def pod_logs(env: Env, cluster, job: str) -> str:
+    """The tail of each trainer pod's log, for failure messages."""
+    if cluster.state_dir is None:
+        return ""
+    out = []
+    for p in env.get("pods", "-n", env.job_ns, "-l", f"{names.LABEL_JOB}={job}")["items"]:
+        log = cluster.pod_log(env.job_ns, p["metadata"]["name"], names.TRAINER_CONTAINER)
+        out.append(f"--- {p['metadata']['name']}:\n" + "\n".join(log.splitlines()[-25:]))
+    return "\n".join(out)
+
+
+def test_finished_job_succeeds_and_reads_healthy(env, cluster):
     apply_job(env, tiny_job("done", runPolicy__ttlSecondsAfterFinished=8))
     obj = env.wait_for("HolmesJob done to succeed",
                        lambda: (lambda o: o if o.get("status", {}).get("phase") in ("Succeeded", "Failed") else None)(
                            job_obj(env, "done")), timeout=300)
-    assert obj["status"]["phase"] == "Succeeded", json.dumps(obj["status"], indent=1)[:3000]
+    assert obj["status"]["phase"] == "Succeeded", \
+        json.dumps(obj["status"].get("conditions"), indent=1)[:2000] + "\n" + pod_logs(env, cluster, "done")
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     assert kstatus(obj)[0] == "Current"
     assert argocd(obj)[0] == "Healthy"
@@ -374,3 +394,20 @@ def test_reinstall_adopts_the_kept_crd_and_restores_it(env):
     src = yaml.safe_load((CRDS / "holmesjob.yaml").read_text())
     assert live["spec"]["versions"][0]["schema"] == src["spec"]["versions"][0]["schema"]
     env.kubectl("delete", "holmesjob", "--all", "-n", env.job_ns, "--wait=true", "--timeout=60s")
+
+
+def test_cluster_wide_rbac_grants_the_same_calls_in_every_namespace(env):
+    """The default (watch.allNamespaces=true) RBAC, applied on its own: the same permissions in
+    any namespace, without the namespace reads kopf needs only when serving a list."""
+    rel = env.release + "-cw"
+    out = helm("template", rel, str(CHART), "-n", env.release_ns, "--show-only", "templates/rbac.yaml").stdout
+    env.kubectl("apply", "-f", "-", input=out)
+    try:
+        sa = f"--as=system:serviceaccount:{env.release_ns}:{rel}-holmes"
+        expected = {k for k in NEEDED if k[0] != "namespaces"}
+        for ns in (env.job_ns, "default"):
+            out = env.kubectl("auth", "can-i", "--list", "-n", ns, sa).stdout
+            assert parse_can_i(out) == expected
+    finally:
+        env.kubectl("delete", "-f", "-", input=helm("template", rel, str(CHART), "-n", env.release_ns,
+                                                     "--show-only", "templates/rbac.yaml").stdout, check=False)
