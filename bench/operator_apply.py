@@ -96,6 +96,24 @@ class Bench:
             if e.status != 404:
                 raise
 
+    def create_namespace(self, ns: str) -> None:
+        """A namespace whose default service account has its token (pods are refused before)."""
+        self.kubectl("create", "namespace", ns)
+        for _ in range(300):
+            sa = self.core.read_namespaced_service_account("default", ns, _preload_content=False) \
+                if self._exists(ns) else None
+            if sa is not None and json.loads(sa.data).get("secrets"):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"namespace {ns}: no service account token")
+
+    def _exists(self, ns: str) -> bool:
+        try:
+            self.core.read_namespaced_service_account("default", ns, _preload_content=False)
+            return True
+        except ApiException:
+            return False
+
     def count_pods(self, ns: str, selector: str) -> int:
         r = self.core.list_namespaced_pod(ns, label_selector=selector, _preload_content=False)
         return len(json.loads(r.data)["items"])
@@ -157,7 +175,7 @@ def main() -> int:
         for n in sizes:
             for rep in range(a.repeats):
                 ns = f"bench-{n}-{rep}-{os.getpid()}"
-                b.kubectl("create", "namespace", ns)
+                b.create_namespace(ns)
                 t0 = time.monotonic()
                 b.kubectl("apply", "-f", "-", input=yaml.safe_dump(job("j", ns, n)))
                 t_pods = b.wait_pods(ns, "holmes.dev/job-name=j", n, t0)
@@ -166,7 +184,7 @@ def main() -> int:
                                                              _preload_content=False).data)["items"]
                 b.cleanup_ns(ns)
                 fns = f"floor-{n}-{rep}-{os.getpid()}"
-                b.kubectl("create", "namespace", fns)
+                b.create_namespace(fns)
                 bare = [{"apiVersion": "v1", "kind": "Pod",
                          "metadata": {"name": p["metadata"]["name"], "labels": {"bench": "floor"}},
                          "spec": {k: v for k, v in p["spec"].items() if k not in ("nodeName",)}} for p in pods]
