@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -65,3 +66,39 @@ def one(docs: list[dict], kind: str) -> dict:
     found = by_kind(docs, kind)
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
+
+
+def dockerignore_excludes(rel: str) -> bool:
+    """Docker's .dockerignore semantics (last matching rule wins; '!' re-includes;
+    a pattern matching a parent directory matches everything below it)."""
+    rules = []
+    for line in (REPO / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        neg = line.startswith("!")
+        pat = line[1:] if neg else line
+        rx = ""
+        i = 0
+        while i < len(pat):
+            if pat.startswith("**/", i):
+                rx += "(?:.*/)?"
+                i += 3
+            elif pat.startswith("**", i):
+                rx += ".*"
+                i += 2
+            elif pat[i] == "*":
+                rx += "[^/]*"
+                i += 1
+            elif pat[i] == "?":
+                rx += "[^/]"
+                i += 1
+            else:
+                rx += re.escape(pat[i])
+                i += 1
+        rules.append((re.compile(rx.rstrip("/") + "(?:/.*)?$"), neg))
+    excluded = False
+    for rx, neg in rules:
+        if rx.match(rel):
+            excluded = not neg
+    return excluded

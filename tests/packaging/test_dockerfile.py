@@ -20,7 +20,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from packaging_helpers import REPO, one, render, run
+from packaging_helpers import REPO, dockerignore_excludes, one, render, run
 
 DOCKERFILE = REPO / "Dockerfile"
 CONSTRAINTS = REPO / "docker" / "constraints.txt"
@@ -85,42 +85,6 @@ def test_final_stages_run_as_numeric_non_root_user():
     dep = one(render(), "Deployment")
     image_uid = int(instr(stages()["operator"], "USER")[-1].value[0].split(":")[0])
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == image_uid
-
-
-def dockerignore_excludes(rel: str) -> bool:
-    """Docker's .dockerignore semantics (last matching rule wins; '!' re-includes;
-    a pattern matching a parent directory matches everything below it)."""
-    rules = []
-    for line in (REPO / ".dockerignore").read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        neg = line.startswith("!")
-        pat = line[1:] if neg else line
-        rx = ""
-        i = 0
-        while i < len(pat):
-            if pat.startswith("**/", i):
-                rx += "(?:.*/)?"
-                i += 3
-            elif pat.startswith("**", i):
-                rx += ".*"
-                i += 2
-            elif pat[i] == "*":
-                rx += "[^/]*"
-                i += 1
-            elif pat[i] == "?":
-                rx += "[^/]"
-                i += 1
-            else:
-                rx += re.escape(pat[i])
-                i += 1
-        rules.append((re.compile(rx.rstrip("/") + "(?:/.*)?$"), neg))
-    excluded = False
-    for rx, neg in rules:
-        if rx.match(rel):
-            excluded = not neg
-    return excluded
 
 
 def test_dockerignore_matcher_sanity():
