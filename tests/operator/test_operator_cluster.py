@@ -201,6 +201,7 @@ def test_backoff_limit_exhausted_fails_the_job_with_the_reason(crd, namespace, o
     failed = condition(job, "Failed")
     assert failed["reason"] == "BackoffLimitExceeded" and "exit code 7" in failed["message"]
     assert job["status"]["restarts"] == 1 and job["status"]["completionTime"]
+    assert 'holmes_job_failures_total{reason="BackoffLimitExceeded"} 1.0' in operator.metrics()
     wait_for("no running pods", lambda: not [p for p in pods_of(crd, namespace, "doomed")
                                             if p["status"].get("phase") in ("Pending", "Running")
                                             and not p["metadata"].get("deletionTimestamp")] or None, op=operator)
@@ -217,6 +218,22 @@ def test_suspend_deletes_pods_and_resume_relaunches(crd, namespace, operator):
     job = wait_phase(crd, namespace, "pause", "Running", op=operator)
     assert job["status"]["restarts"] == 0 and job["status"]["attempt"] == 2
     assert {e["reason"] for e in events_of(crd, namespace, "pause")} >= {"Suspended", "Resumed"}
+
+
+def test_spec_edits_relaunch_but_the_model_is_immutable(crd, namespace, operator):
+    apply(crd, job_manifest("edit", namespace, command=SLEEP))
+    wait_phase(crd, namespace, "edit", "Running", op=operator)
+    crd.kubectl("patch", "hj", "edit", "-n", namespace, "--type=merge", "-p", '{"spec":{"training":{"iterations":9}}}')
+    job = wait_for("relaunch", lambda: (lambda j: j if j["status"].get("attempt") == 2
+                                        and j["status"].get("phase") == "Running" else None)(
+        get_job(crd, namespace, "edit")), op=operator)
+    assert job["status"]["restarts"] == 0 and "SpecChanged" in {e["reason"] for e in events_of(crd, namespace, "edit")}
+    assert "iterations: 9" in crd.get_json("configmap", "edit-layout", "-n", namespace)["data"]["job.yaml"]
+    crd.kubectl("patch", "hj", "edit", "-n", namespace, "--type=merge", "-p", '{"spec":{"model":{"layers":8}}}')
+    job = wait_for("stalled", lambda: (lambda j: j if condition(j, "Stalled").get("status") == "True" else None)(
+        get_job(crd, namespace, "edit")), op=operator)
+    assert condition(job, "Stalled")["reason"] == "ImmutableField" and job["status"]["phase"] == "Running"
+    assert len([p for p in pods_of(crd, namespace, "edit") if not p["metadata"].get("deletionTimestamp")]) == 4
 
 
 def test_delete_garbage_collects_every_child(crd, namespace, operator):

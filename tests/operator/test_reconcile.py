@@ -237,3 +237,10 @@ def test_lost_planned_node_replans_an_unfinished_launch():
     w.step()
     second = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
     assert gone not in second.nodes and w.status["attempt"] == 2
+
+
+def test_a_deleted_service_is_recreated():
+    w = launched(FakeWorld(manifest()))
+    w.service = None
+    d = w.step()
+    assert d.service is not None and d.service["spec"]["clusterIP"] == "None" and not d.delete_pods

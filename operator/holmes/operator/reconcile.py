@@ -323,6 +323,8 @@ class _Reconciler:
                        "(not counted as a restart)")
             return self.launch(spec)
 
+        if self.obs.service is None:                       # rendezvous needs it: put it back
+            self.d.service = build_service(self.job_ref(), self.settings)
         pods = self.current_pods()
         counts = pod_counts(pods)
         self.status["pods"] = counts
