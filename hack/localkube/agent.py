@@ -394,7 +394,8 @@ class Agent:
             workdir = str(run.work / "workdir")
             os.makedirs(workdir, exist_ok=True)
         spec = {"hostname": ps.pod_hostname(pod)[:63], "hosts": str(run.work / "hosts"), "mounts": mounts,
-                "cwd": workdir, "argv": argv, "env": env, "mountpoints": str(self.mountpoints)}
+                "cwd": workdir, "argv": argv, "env": env, "mountpoints": str(self.mountpoints),
+                "preserve": sorted({str(REPO), os.environ.get("LOCALKUBE_VENV", str(REPO))})}
         spec_path = run.work / f"{c['name']}.spec.json"
         spec_path.write_text(json.dumps(spec))
         sandbox = ["unshare", "--mount", "--uts"] if os.geteuid() == 0 else \

@@ -145,7 +145,9 @@ class ControlPlane:
             if not shutil.which(tool):
                 raise ClusterError(f"`{tool}` not found: apt-get install "
                                    f"{'openssl' if tool == 'openssl' else 'util-linux'}")
+        # A fresh etcd each time: nothing of an earlier run survives, so neither do its pod dirs.
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+        shutil.rmtree(self.dir / "pods", ignore_errors=True)
         for sub in ("pki", "logs", "pods"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         base = pick_ports(port_base or int(os.environ.get("HOLMES_PORT_BASE", 0)) or None)

@@ -3,7 +3,8 @@ set the hostname, bind-mount the volumes, the hosts file and nothing else, then 
 container command. The pid stays the same through every exec, so the agent signals it directly.
 
 Usage: python -m localkube.podexec SPEC.json
-SPEC: {"hostname", "hosts", "mounts": [{"src","dst","ro"}], "cwd", "argv", "env", "mountpoints"}
+SPEC: {"hostname", "hosts", "mounts": [{"src","dst","ro"}], "cwd", "argv", "env", "mountpoints",
+       "preserve": [paths that must stay visible: the repository with its .venv]}
 """
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ def bind(src: str, dst: str, ro: bool, created: list[str]) -> None:
         _mount(src, dst, MS_REMOUNT | MS_BIND | MS_RDONLY)
 
 
+def covers(mount_point: str, path: str) -> bool:
+    mp = os.path.normpath(mount_point)
+    return path == mp or path.startswith(mp.rstrip("/") + "/")
+
+
 def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
@@ -51,6 +57,10 @@ def main(spec_path: str) -> None:
         # Pin every source before mounting anything: a volume mounted over a directory that holds
         # other sources (an emptyDir at /tmp while the state dir is under /tmp) would hide them.
         mounts = [(spec["hosts"], "/etc/hosts", True)] + [(m["src"], m["dst"], m["ro"]) for m in spec["mounts"]]
+        # Likewise a volume over a parent of the repository (an emptyDir at /work or /tmp) would
+        # hide the .venv the command runs from: bind the repository back on top, read-write.
+        mounts += [(p, p, False) for p in spec.get("preserve", [])
+                   if any(covers(dst, p) for _, dst, _ in mounts)]
         fds = [os.open(src, os.O_PATH) for src, _, _ in mounts]
         for fd, (_, dst, ro) in zip(fds, mounts):
             bind(f"/proc/self/fd/{fd}", dst, ro, created)

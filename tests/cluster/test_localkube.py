@@ -251,3 +251,25 @@ def test_multi_container_pod_is_refused_with_a_clear_message(cluster, namespace)
     done = cluster.wait_pod(namespace, "two")
     assert done["status"]["phase"] == "Failed"
     assert "exactly one container" in done["status"]["message"]
+
+
+def test_init_containers_run_first_and_always_restarts_even_on_success(cluster, namespace):
+    # The volume sits at /work, over the parent of this repo in the dev tree: .venv must stay visible.
+    p = pod("staged", "import time; print(open('/work/msg').read()); time.sleep(0.2)", restart="Always",
+            volumes=[{"name": "work", "emptyDir": {}}])
+    p["spec"]["initContainers"] = [{"name": "prepare", "image": "x", "command": ["sh", "-c", "echo ready > /work/msg"],
+                                    "volumeMounts": [{"name": "work", "mountPath": "/work"}]}]
+    p["spec"]["containers"][0]["volumeMounts"] = [{"name": "work", "mountPath": "/work"}]
+    apply(cluster, namespace, p)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        st = cluster.get_json("pod", "staged", "-n", namespace)["status"]
+        if st.get("containerStatuses") and st["containerStatuses"][0]["restartCount"] >= 2:
+            break
+        time.sleep(0.3)
+    assert st["phase"] == "Running" and st["containerStatuses"][0]["restartCount"] >= 2, st
+    init = st["initContainerStatuses"][0]["state"]["terminated"]
+    assert init["exitCode"] == 0 and init["reason"] == "Completed"
+    assert cluster.pod_log(namespace, "staged", "main").count("ready") >= 2
+    events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=staged")
+    assert {"Started"} <= {e["reason"] for e in events["items"]}
