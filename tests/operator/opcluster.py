@@ -16,6 +16,8 @@ CRD = REPO / "crds" / "holmesjob.yaml"
 # The default topology advertises some RDMA nodes through NFD labels only, which cannot tell
 # InfiniBand from RoCE: tell the operator what the admin knows about each cluster.
 RDMA_KINDS = ("east=infiniband", "west=roce")
+# The node agent runs every pod in the host's network namespace: per-attempt ports.
+PORT_RANGE = "20000-29999"
 
 
 def free_port() -> int:
@@ -42,7 +44,7 @@ class OperatorProcess:
         scope = [f"--namespace={n}" for n in self.namespaces] if self.namespaces else ["--all-namespaces"]
         cmd = [sys.executable, "-m", "holmes.operator", f"--kubeconfig={self.kubeconfig}", *scope,
                f"--metrics-port={self.metrics_port}", f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
-               *[f"--cluster-rdma-kind={k}" for k in RDMA_KINDS], *self.extra]
+               *[f"--cluster-rdma-kind={k}" for k in RDMA_KINDS], f"--port-range={PORT_RANGE}", *self.extra]
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -161,3 +161,24 @@ def test_metrics_bind_to_the_pod_ip_and_rank0_exposes_the_port():
     assert env["HOLMES_METRICS_ADDR"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["HOLMES_METRICS_PORT"] == "9411"
     assert {"name": "metrics", "containerPort": 9411} in pod["spec"]["containers"][0]["ports"]
+
+
+def test_a_port_range_gives_each_attempt_its_own_ports():
+    from dataclasses import replace
+
+    from holmes.operator.render import job_ports
+    ranged = replace(SETTINGS, port_range=(20000, 29999))
+    a1 = job_ports(REF, ranged)
+    a2 = job_ports(replace(REF, attempt=4), ranged)
+    assert a1 != a2 and all(20000 <= p <= 29999 for p in a1 + a2) and a1[1] == a1[0] + 1
+    assert job_ports(REF, ranged) == a1                      # stable across operator restarts
+    assert job_ports(REF, SETTINGS) == (29511, 9411)
+    assert "ports" not in build_service(REF, ranged)["spec"]
+    nodes, layout, job = planned()
+    net = node_network(nodes[layout.nodes[0]])
+    pod = build_pod(REF, layout, 0, nic=net.nic, rdma_resource=net.rdma_resource, nccl_env=net.env,
+                    template={}, settings=ranged)
+    env = env_of(pod)
+    assert env["MASTER_PORT"] == str(a1[0]) and env["HOLMES_METRICS_PORT"] == str(a1[1])
+    assert f"--master-port={a1[0]}" in pod["spec"]["containers"][0]["command"]
+    assert {"name": "metrics", "containerPort": a1[1]} in pod["spec"]["containers"][0]["ports"]

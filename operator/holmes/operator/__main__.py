@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="image of pods whose template names none (default: $HOLMES_TRAINER_IMAGE)")
     p.add_argument("--master-port", type=int, default=RenderSettings.master_port,
                    help="torch rendezvous port on the rank-0 pod")
+    p.add_argument("--port-range", metavar="LO-HI",
+                   help="give each attempt its own rendezvous and metrics ports from this range, for pods "
+                        "that share a network namespace (hostNetwork: true; the local node agent)")
     p.add_argument("--trainer-metrics-port", type=int, default=RenderSettings.metrics_port,
                    help="port of the rank-0 trainer's Prometheus endpoint, read for status.progress")
     p.add_argument("--cluster-rdma-kind", action="append", default=[], metavar="CLUSTER=KIND",
@@ -55,6 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--cluster-rdma-kind {item!r}: expected CLUSTER=infiniband or CLUSTER=roce")
         kinds[cluster] = kind
     args.cluster_rdma_kinds = kinds
+    args.port_range_tuple = None
+    if args.port_range:
+        lo, _, hi = args.port_range.partition("-")
+        if not (lo.isdigit() and hi.isdigit() and 1024 <= int(lo) < int(hi) <= 65535):
+            p.error(f"--port-range {args.port_range!r}: expected LO-HI with 1024 <= LO < HI <= 65535")
+        args.port_range_tuple = (int(lo), int(hi))
     return args
 
 
@@ -87,7 +96,7 @@ def connection_info(cfg: client.Configuration, settings: kopf.OperatorSettings) 
 def build(args: argparse.Namespace) -> tuple[kopf.OperatorRegistry, Runtime]:
     registry = kopf.OperatorRegistry()
     settings = RenderSettings(image=args.trainer_image, master_port=args.master_port,
-                              metrics_port=args.trainer_metrics_port)
+                              metrics_port=args.trainer_metrics_port, port_range=args.port_range_tuple)
     planner = default_planner(nic_mapping(args.cluster_rdma_kinds, args.rdma_default_kind))
     rt = Runtime(api=api_client(args.kubeconfig), planner=planner, settings=settings)
     register(rt, registry)

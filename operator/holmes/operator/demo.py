@@ -43,9 +43,9 @@ def say(msg: str = "") -> None:
 def show_layout(status: dict, layout_json: dict | None) -> None:
     lay = status["layout"]
     say(f">> layout {lay['shape']} (pipeline x data x tensor), {lay['worldSize']} ranks on {lay['nodes']} nodes")
-    say(f"   {'stage':<6}{'island':<18}{'nic':<12}{'layers':<10}nodes")
+    say(f"   {'stage':<6}{'island':<26}{'nic':<12}{'layers':<10}nodes")
     for s in lay["stages"]:
-        say(f"   {s['index']:<6}{s['island']:<18}{s['nic']:<12}{_layers(s):<10}{', '.join(s['nodes'])}")
+        say(f"   {s['index']:<6}{s['island']:<26}{s['nic']:<12}{_layers(s):<10}{', '.join(s['nodes'])}")
     for g in lay["dpGroups"]:
         say(f"   data-parallel groups of stage {g['stage']}: {g['size']} ranks, NIC kinds {'+'.join(g['nics'])}, "
             f"NCCL net {g['net']}")
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     log = open(a.log, "ab")
     cmd = [sys.executable, "-m", "holmes.operator", f"--kubeconfig={a.kubeconfig}", f"--namespace={ns}",
            f"--liveness=http://127.0.0.1:{liveness}/healthz", f"--metrics-port={free_port()}", "--log-format=plain",
+           "--port-range=20000-29999",          # the node agent's pods share the host network
            *[f"--cluster-rdma-kind={x}" for x in a.cluster_rdma_kind]]
     say(f">> starting the operator ({' '.join(cmd[1:4])} ...), log {a.log}")
     op = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

@@ -62,8 +62,17 @@ def terminated(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
+def metrics_port_of(pod: Mapping[str, Any], default: int) -> int:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == "metrics" and isinstance(p.get("containerPort"), int):
+                return p["containerPort"]
+    return default
+
+
 def from_pod(pod: Mapping[str, Any], metrics_port: int, timeout: float = 1.0) -> dict[str, Any]:
-    """Progress of a rank-0 pod: its termination message when terminated, else a scrape."""
+    """Progress of a rank-0 pod: its termination message when terminated, else a scrape of its
+    metrics port (the container port named "metrics", else ``metrics_port``)."""
     st = pod.get("status") or {}
     for cs in st.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
@@ -74,7 +83,7 @@ def from_pod(pod: Mapping[str, Any], metrics_port: int, timeout: float = 1.0) ->
     ip = st.get("podIP")
     if st.get("phase") != "Running" or not ip:
         return {}
-    return scrape(f"http://{ip}:{metrics_port}/metrics", timeout)
+    return scrape(f"http://{ip}:{metrics_port_of(pod, metrics_port)}/metrics", timeout)
 
 
 def scrape(url: str, timeout: float = 1.0) -> dict[str, Any]:

@@ -34,6 +34,20 @@ class RenderSettings:
     master_port: int = 29500
     metrics_port: int = 9400            # the rank-0 trainer's Prometheus endpoint
     gpu_resource: str = GPU_RESOURCE
+    # Pods sharing a network namespace (hostNetwork: true, or the local node agent) cannot all
+    # listen on one fixed port: with a range, each attempt gets its own pair of ports.
+    port_range: tuple[int, int] | None = None
+
+
+def job_ports(job: "JobRef", settings: RenderSettings) -> tuple[int, int]:
+    """(rendezvous port, trainer metrics port) of an attempt: fixed, or drawn from the range by
+    a hash of namespace/name/attempt (stable, so a restarted operator renders the same pods)."""
+    if not settings.port_range:
+        return settings.master_port, settings.metrics_port
+    lo, hi = settings.port_range
+    slots = max(1, (hi - lo + 1) // 2)
+    slot = int(names.digest(f"{job.namespace}/{job.name}/{job.attempt}"), 16) % slots
+    return lo + 2 * slot, lo + 2 * slot + 1
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,9 @@ def build_configmap(job: JobRef, layout: Layout, spec: Mapping[str, Any]) -> dic
 
 
 def build_service(job: JobRef, settings: RenderSettings) -> dict:
+    # A headless Service needs no ports for its per-pod DNS records; list the port when fixed.
+    ports = [] if settings.port_range else [
+        {"name": "rendezvous", "port": settings.master_port, "targetPort": settings.master_port}]
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -82,14 +99,14 @@ def build_service(job: JobRef, settings: RenderSettings) -> dict:
             "clusterIP": "None",                     # headless: DNS records per pod, no proxy
             "publishNotReadyAddresses": True,        # rendezvous happens before readiness
             "selector": {names.LABEL_JOB: job.name},
-            "ports": [{"name": "rendezvous", "port": settings.master_port, "targetPort": settings.master_port}],
+            **({"ports": ports} if ports else {}),
         },
     }
 
 
 # ---- Pods --------------------------------------------------------------------------------------
 
-def default_command(layout: Layout, node_rank: int, master: str, settings: RenderSettings) -> list[str]:
+def default_command(layout: Layout, node_rank: int, master: str, master_port: int) -> list[str]:
     """torchrun with a static rendezvous: node ranks are the layout's node order."""
     return [
         "torchrun",
@@ -98,7 +115,7 @@ def default_command(layout: Layout, node_rank: int, master: str, settings: Rende
         f"--node-rank={node_rank}",
         "--rdzv-backend=static",
         f"--master-addr={master}",
-        f"--master-port={settings.master_port}",
+        f"--master-port={master_port}",
         "-m", "holmes.trainer",
         "--job", f"{names.LAYOUT_MOUNT}/{names.JOB_FILE}",
         "--layout", f"{names.LAYOUT_MOUNT}/{names.LAYOUT_FILE}",
@@ -107,10 +124,11 @@ def default_command(layout: Layout, node_rank: int, master: str, settings: Rende
 
 def rank_env(job: JobRef, layout: Layout, node_rank: int, settings: RenderSettings) -> dict[str, str]:
     master = names.master_addr(job.name, job.namespace, job.attempt)
+    master_port, metrics_port = job_ports(job, settings)
     nnodes, nproc = len(layout.nodes), layout.gpus_per_node
     env = {
         "MASTER_ADDR": master,
-        "MASTER_PORT": str(settings.master_port),
+        "MASTER_PORT": str(master_port),
         "WORLD_SIZE": str(layout.world_size),
         "NNODES": str(nnodes),
         "NODE_RANK": str(node_rank),
@@ -119,7 +137,7 @@ def rank_env(job: JobRef, layout: Layout, node_rank: int, settings: RenderSettin
     # torchrun reads PET_<FLAG> as the default of --<flag> (Kubeflow's convention too).
     env.update({
         "PET_MASTER_ADDR": master,
-        "PET_MASTER_PORT": str(settings.master_port),
+        "PET_MASTER_PORT": str(master_port),
         "PET_NNODES": str(nnodes),
         "PET_NODE_RANK": str(node_rank),
         "PET_NPROC_PER_NODE": str(nproc),
@@ -129,7 +147,7 @@ def rank_env(job: JobRef, layout: Layout, node_rank: int, settings: RenderSettin
         "HOLMES_ATTEMPT": str(job.attempt),
         "HOLMES_LAYOUT": f"{names.LAYOUT_MOUNT}/{names.LAYOUT_FILE}",
         "HOLMES_JOB": f"{names.LAYOUT_MOUNT}/{names.JOB_FILE}",
-        "HOLMES_METRICS_PORT": str(settings.metrics_port),
+        "HOLMES_METRICS_PORT": str(metrics_port),
     })
     return env
 
@@ -160,10 +178,11 @@ def build_pod(job: JobRef, layout: Layout, node_rank: int, *, nic: str, rdma_res
     ours = dict(rank_env(job, layout, node_rank, settings))
     ours["HOLMES_NIC"] = nic
     ours.update(nccl_env)
+    master_port, metrics_port = job_ports(job, settings)
     containers[idx] = _trainer_container(
         containers[idx], env=ours, rdma_resource=rdma_resource, gpus=layout.gpus_per_node,
-        command=default_command(layout, node_rank, master, settings), settings=settings,
-        expose_metrics=node_rank == 0)
+        command=default_command(layout, node_rank, master, master_port), settings=settings,
+        ports=(master_port, metrics_port if node_rank == 0 else None))
 
     volumes = [v for v in pspec.get("volumes") or [] if v.get("name") not in (names.LAYOUT_VOLUME, names.SHM_VOLUME)]
     volumes.append({"name": names.LAYOUT_VOLUME, "configMap": {"name": names.layout_configmap_name(job.name)}})
@@ -188,7 +207,7 @@ def build_pod(job: JobRef, layout: Layout, node_rank: int, *, nic: str, rdma_res
 
 
 def _trainer_container(c: dict, *, env: Mapping[str, str], rdma_resource: str | None, gpus: int,
-                       command: Sequence[str], settings: RenderSettings, expose_metrics: bool) -> dict:
+                       command: Sequence[str], settings: RenderSettings, ports: tuple[int, int | None]) -> dict:
     c = dict(c)
     c.setdefault("name", names.TRAINER_CONTAINER)
     c.setdefault("image", settings.image)
@@ -226,11 +245,11 @@ def _trainer_container(c: dict, *, env: Mapping[str, str], rdma_resource: str | 
         caps["add"] = add
         c["securityContext"] = sc
 
-    ports = [p for p in c.get("ports") or [] if p.get("name") not in ("rendezvous", "metrics")]
-    ports.append({"name": "rendezvous", "containerPort": settings.master_port})
-    if expose_metrics:
-        ports.append({"name": "metrics", "containerPort": settings.metrics_port})
-    c["ports"] = ports
+    declared = [p for p in c.get("ports") or [] if p.get("name") not in ("rendezvous", "metrics")]
+    declared.append({"name": "rendezvous", "containerPort": ports[0]})
+    if ports[1] is not None:                 # rank 0 serves the trainer's metrics
+        declared.append({"name": "metrics", "containerPort": ports[1]})
+    c["ports"] = declared
     return c
 
 
