@@ -244,3 +244,14 @@ def test_a_deleted_service_is_recreated():
     w.service = None
     d = w.step()
     assert d.service is not None and d.service["spec"]["clusterIP"] == "None" and not d.delete_pods
+
+
+def test_an_unschedulable_pod_is_named_in_the_ready_condition():
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running", "tiny-1-0", "tiny-1-1", "tiny-1-2")
+    w.pods["tiny-1-3"]["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/6 nodes are available: 1 Insufficient nvidia.com/gpu."}]}
+    w.step()
+    msg = w.condition("Ready")["message"]
+    assert "3/4 pods running" in msg and "tiny-1-3" in msg and "Insufficient nvidia.com/gpu" in msg

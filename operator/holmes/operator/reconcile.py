@@ -26,7 +26,8 @@ from holmes.plan.layout import Layout, LayoutError
 from . import conditions as cond
 from . import names
 from .render import JobRef, RenderSettings, build_configmap, build_pod, build_service
-from .summary import failure_of, iso, layout_status, parse_time, pod_attempt, pod_counts, pod_node_rank
+from .summary import (failure_of, iso, layout_status, parse_time, pod_attempt, pod_counts, pod_node_rank,
+                      waiting_reason)
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
@@ -343,8 +344,9 @@ class _Reconciler:
         if counts["running"] + counts["succeeded"] == expected:
             self.set_phase(RUNNING, "AllPodsRunning", f"attempt {self.attempt}: {expected} pods running")
         else:
+            why = waiting_reason(pods)
             self.set_phase(PENDING, "PodsStarting", f"attempt {self.attempt}: {counts['running']}/{expected} "
-                           f"pods running")
+                           f"pods running" + (f"; {why}" if why else ""))
         self.d.requeue_after = PROGRESS_INTERVAL
         return self.d
 

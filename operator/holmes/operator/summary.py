@@ -80,3 +80,20 @@ def failure_of(pod: Mapping) -> str:
             return f"pod {name} on {node} failed with {what}"
     reason = st.get("reason") or "Failed"
     return f"pod {name} on {node} failed: {reason} {st.get('message') or ''}".strip()
+
+
+def waiting_reason(pods: Iterable[Mapping]) -> str:
+    """Why the first not-yet-running pod waits (unschedulable, image, ...), or ''."""
+    for p in pods:
+        st = p.get("status") or {}
+        if st.get("phase") not in (None, "Pending"):
+            continue
+        name = (p.get("metadata") or {}).get("name", "?")
+        for c in st.get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                return f"pod {name}: {c.get('reason', 'Unschedulable')}: {c.get('message', '')}".strip()
+        for cs in st.get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting")
+            if waiting and waiting.get("reason") not in (None, "ContainerCreating"):
+                return f"pod {name}: {waiting.get('reason')}: {waiting.get('message', '')}".strip()
+    return ""
