@@ -28,26 +28,7 @@ import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-from opcluster import OperatorProcess, install_crd  # noqa: E402
-
-KINDS = (("infiniband", "bench-a", 200), ("roce", "bench-b", 200), ("ethernet", "bench-c", 100))
-
-
-def bench_node(i: int) -> dict:
-    nic, cluster, gbps = KINDS[i % 3]
-    alloc = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}
-    if nic != "ethernet":
-        alloc[f"rdma/bench_{nic}"] = "1k"
-    name = f"bench-{i:04d}"
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "holmes.dev/bench": "1",
-                                                  "holmes.dev/nic": nic, "holmes.dev/nic-gbps": str(gbps),
-                                                  "holmes.dev/cluster": cluster}},
-            "spec": {"taints": [{"key": "holmes.dev/bench", "value": "1", "effect": "NoSchedule"}]},
-            "status": {"capacity": alloc, "allocatable": alloc,
-                       "conditions": [{"type": "Ready", "status": "True", "reason": "Bench",
-                                       "message": "registered by bench/operator_apply.py"}]}}
-
+from opcluster import OperatorProcess, fake_gpu_node, install_crd  # noqa: E402
 
 def job(name: str, ns: str, nodes: int) -> dict:
     return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": name, "namespace": ns},
@@ -55,8 +36,8 @@ def job(name: str, ns: str, nodes: int) -> dict:
                                "vocabSize": 50257},
                      "training": {"globalBatchSize": 4096, "microBatchSize": 1, "iterations": 10,
                                   "learningRate": 1.0e-4},
-                     "nodes": {"count": nodes, "gpusPerNode": 8, "selector": {"matchLabels": {"holmes.dev/bench": "1"}}},
-                     "template": {"spec": {"tolerations": [{"key": "holmes.dev/bench", "operator": "Exists"}],
+                     "nodes": {"count": nodes, "gpusPerNode": 8, "selector": {"matchLabels": {"holmes.dev/fake": "1"}}},
+                     "template": {"spec": {"tolerations": [{"key": "holmes.dev/fake", "operator": "Exists"}],
                                            "containers": [{"name": "trainer", "command": ["sleep", "3600"]}]}},
                      "runPolicy": {"backoffLimit": 0}}}
 
@@ -77,7 +58,7 @@ class Bench:
     def register_nodes(self, n: int) -> None:
         def make(i):
             try:
-                self.core.create_node(bench_node(i), _preload_content=False)
+                self.core.create_node(fake_gpu_node(i), _preload_content=False)
             except ApiException as e:
                 if e.status != 409:
                     raise
@@ -86,7 +67,7 @@ class Bench:
 
     def remove_nodes(self, n: int) -> None:
         with ThreadPoolExecutor(16) as ex:
-            list(ex.map(lambda i: self._ignore_404(self.core.delete_node, f"bench-{i:04d}"), range(n)))
+            list(ex.map(lambda i: self._ignore_404(self.core.delete_node, fake_gpu_node(i)["metadata"]["name"]), range(n)))
 
     @staticmethod
     def _ignore_404(fn, *a):

@@ -20,6 +20,28 @@ RDMA_KINDS = ("east=infiniband", "west=roce")
 PORT_RANGE = "20000-29999"
 
 
+FAKE_KINDS = (("infiniband", "fake-a", 200), ("roce", "fake-b", 200), ("ethernet", "fake-c", 100))
+
+
+def fake_gpu_node(i: int) -> dict:
+    """An 8-GPU node registered through the API only: it exists and is Ready, but nothing runs
+    its pods (for measuring and crashing the operator at scale). Tainted, and labelled
+    holmes.dev/fake=1 so jobs select it explicitly."""
+    nic, cluster, gbps = FAKE_KINDS[i % 3]
+    alloc = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}
+    if nic != "ethernet":
+        alloc[f"rdma/fake_{nic}"] = "1k"
+    name = f"fake-{i:04d}"
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "holmes.dev/fake": "1",
+                                                  "holmes.dev/nic": nic, "holmes.dev/nic-gbps": str(gbps),
+                                                  "holmes.dev/cluster": cluster}},
+            "spec": {"taints": [{"key": "holmes.dev/fake", "value": "1", "effect": "NoSchedule"}]},
+            "status": {"capacity": alloc, "allocatable": alloc,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "Fake",
+                                       "message": "registered through the API; no agent runs its pods"}]}}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

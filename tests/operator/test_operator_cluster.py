@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from opcluster import OperatorProcess, install_crd
+from opcluster import OperatorProcess, fake_gpu_node, install_crd
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -268,6 +268,7 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(crd, namespace, tmp
         wait_for("the first pod", lambda: pods_of(crd, namespace, "crash") or None, every=0.02, op=op)
         op.kill()                                     # SIGKILL while it is creating pods
         created_before = len(pods_of(crd, namespace, "crash"))
+        print(f"pods when the operator was killed: {created_before} of 6")
         op.start()
         job = wait_phase(crd, namespace, "crash", "Running", op=op)
     finally:
@@ -279,6 +280,58 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(crd, namespace, tmp
     assert all(p["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"] for p in pods)
     assert job["status"]["restarts"] == 0 and job["status"]["attempt"] == 1
     assert len(crd.get_json("services", "-n", namespace, "-l", "holmes.dev/job-name=crash")["items"]) == 1
+
+
+@pytest.fixture
+def fake_nodes(crd):
+    """64 extra 8-GPU nodes that exist only in the API (no agent runs their pods)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kubernetes import client
+    core = client.CoreV1Api(crd.api_client())
+    nodes = [fake_gpu_node(i) for i in range(64)]
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda n: core.create_node(n, _preload_content=False), nodes))
+    yield core
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda n: core.delete_node(n["metadata"]["name"], _preload_content=False), nodes))
+
+
+def test_operator_killed_while_creating_a_large_job_leaves_no_duplicates(crd, namespace, fake_nodes, tmp_path):
+    big = job_manifest("big", namespace, count=64, gpus=8, command=SLEEP,
+                       model={"layers": 8, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
+                       training={"globalBatchSize": 1024, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3})
+    big["spec"]["nodes"]["selector"] = {"matchLabels": {"holmes.dev/fake": "1"}}
+    big["spec"]["template"]["spec"]["tolerations"] = [{"key": "holmes.dev/fake", "operator": "Exists"}]
+    op = OperatorProcess(crd.kubeconfig, [namespace], tmp_path / "op.log").start()
+    try:
+        time.sleep(1)                                 # the node index fills
+        apply(crd, big)
+        def count():
+            r = fake_nodes.list_namespaced_pod(namespace, label_selector="holmes.dev/job-name=big",
+                                               _preload_content=False)
+            return len(json.loads(r.data)["items"])
+        wait_for("pods being created", lambda: count() >= 4 or None, every=0.005, op=op)
+        op.kill()                                     # SIGKILL in the middle of creating 64 pods
+        at_kill = count()
+        print(f"pods when the operator was killed: {at_kill} of 64")
+        op.start()
+        job = wait_for("launched", lambda: (lambda j: j if j.get("status", {}).get("launched")
+                                            and len(pods_of(crd, namespace, "big")) == 64 else None)(
+            get_job(crd, namespace, "big")), timeout=120, op=op)
+        time.sleep(2)                                 # a few more reconciles: still nothing extra
+        pods = pods_of(crd, namespace, "big")
+    finally:
+        op.stop()
+        # No kubelet confirms deletion on the fake nodes: remove the pods outright.
+        fake_nodes.delete_collection_namespaced_pod(namespace, grace_period_seconds=0, _preload_content=False)
+    assert sorted(p["metadata"]["name"] for p in pods) == sorted(f"big-1-{r}" for r in range(64))
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"] for p in pods)
+    assert job["status"]["attempt"] == 1 and job["status"]["restarts"] == 0
+    layout = json.loads(crd.get_json("configmap", "big-layout", "-n", namespace)["data"]["layout.json"])
+    placed = {p["metadata"]["name"]: p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+              ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0] for p in pods}
+    assert [placed[f"big-1-{r}"] for r in range(64)] == layout["nodes"]
 
 
 def test_bad_manifests_each_get_a_clear_message_and_the_operator_keeps_serving(crd, namespace, operator):
