@@ -1,6 +1,7 @@
-"""`holmes` command line. `holmes plan --nodes NODES.yaml --job JOB.yaml [--json] [--compare]`
-prints the layout Holmes would run, without any cluster (or with --kubeconfig, reading the
-nodes of a live cluster)."""
+"""`holmes` command line. `holmes plan --nodes NODES.yaml --job JOB.yaml [--json] [--compare]
+[--config COSTMODEL.yaml]` prints the layout Holmes would run, without any cluster (or with
+--kubeconfig, reading the nodes of a live cluster); `holmes plan --print-config` prints the cost
+model's numbers as YAML to start a --config file from."""
 from __future__ import annotations
 
 import argparse
@@ -72,17 +73,41 @@ def nodes_from_cluster(kubeconfig: str | None, context: str | None) -> list[dict
     return [api.sanitize_for_serialization(n) for n in items]
 
 
+def load_config(path: str | None):
+    """The cost model: PlannerConfig defaults overridden by a --config YAML file."""
+    from holmes.plan import PlannerConfig
+    from holmes.plan.config_file import ConfigError, load_yaml_text
+    if path is None:
+        return PlannerConfig()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise CliError(f"cannot read cost-model file {path}: {e.strerror}") from None
+    try:
+        return load_yaml_text(text, f"cost-model file {path}")
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+
+
 def plan_command(args: argparse.Namespace) -> int:
     from holmes.plan import PlanError, compare, explain, plan
+    config = load_config(args.config)
+    if args.print_config:
+        from holmes.plan.config_file import dump_yaml
+        print(dump_yaml(config), end="")
+        return 0
+    if args.job is None:
+        raise CliError("give --job JOB.yaml (a HolmesJob manifest)")
     if args.kubeconfig is None and args.nodes is None:
         raise CliError("give --nodes NODES.yaml or --kubeconfig PATH")
     nodes = load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig, args.context)
     job = load_job(args.job)
     try:
         if args.compare:
-            holmes, base, ratio = compare(nodes, job)
+            holmes, base, ratio = compare(nodes, job, config)
         else:
-            holmes = plan(nodes, job)
+            holmes = plan(nodes, job, config)
     except PlanError as e:
         raise CliError(f"no layout: {e}") from None
     if args.json:
@@ -115,7 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--nodes", help="YAML: a v1 List of Nodes (kubectl get nodes -o yaml) or a list of Node objects")
     pl.add_argument("--kubeconfig", help="read the nodes from this cluster instead of --nodes")
     pl.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
-    pl.add_argument("--job", required=True, help="YAML: a HolmesJob manifest")
+    pl.add_argument("--job", help="YAML: a HolmesJob manifest (required unless --print-config)")
+    pl.add_argument("--config", metavar="COSTMODEL.yaml",
+                    help="YAML: cost-model numbers (PlannerConfig fields, camelCase) overriding the defaults")
+    pl.add_argument("--print-config", action="store_true",
+                    help="print the cost model (defaults, or with --config the merged result) as YAML and exit")
     pl.add_argument("--json", action="store_true", help="print the Layout JSON instead of the table")
     pl.add_argument("--compare", action="store_true", help="also plan the Megatron default and print the ratio")
     pl.set_defaults(func=plan_command)

@@ -1,0 +1,227 @@
+"""The cost model's numbers as a YAML file: `holmes plan --config COSTMODEL.yaml` and
+`holmes plan --print-config`.
+
+The file is a mapping of :class:`~holmes.plan.costmodel.PlannerConfig` fields with camelCase
+keys (``gpuPeakTflops: 989``); nested dataclasses (``fabric``, ``nicMapping``) are nested
+mappings, and fields that hold ``(key, value)`` pairs (``fabric.netEfficiency``,
+``nicMapping.defaultGbps``...) are mappings that override the defaults key by key. Keys left
+out keep their defaults. The fields are read from the dataclasses themselves, so a field added
+to PlannerConfig is configurable (and printed) without touching this module.
+
+Pure: no file I/O here (the CLI reads and writes), no Kubernetes import.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import types
+import typing
+from typing import Any, Literal, Mapping, Union
+
+from .costmodel import PlannerConfig
+
+
+class ConfigError(ValueError):
+    """A cost-model file Holmes cannot use; the message names the key and what to write."""
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+# ---- types --------------------------------------------------------------------------------------
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType)
+
+
+def _pair_value_type(tp: Any) -> Any | None:
+    """``tuple[tuple[str, X], ...]`` (a mapping kept as pairs) -> X, else None."""
+    if typing.get_origin(tp) is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis and typing.get_origin(args[0]) is tuple:
+            inner = typing.get_args(args[0])
+            if len(inner) == 2 and inner[0] is str:
+                return inner[1]
+    return None
+
+
+def _describe(tp: Any) -> str:
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if tp is type(None):
+        return "null"
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    if _is_union(tp):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    vt = _pair_value_type(tp)
+    if vt is not None:
+        return f"a mapping of names to {_describe(vt)}"
+    if typing.get_origin(tp) is tuple:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return str(tp)
+
+
+def _number_rules(path: str, x: float) -> None:
+    """What no cost-model number may be: negative, NaN/infinite, a zero rate, an efficiency > 1."""
+    where = path.lower()                 # "fabric.netEfficiency.roce" is an efficiency too
+    if not math.isfinite(x) or x < 0:
+        raise ConfigError(f"{path}: {x} must be a finite number >= 0")
+    if x == 0 and (re.search(r"(gbps|tflops|gib)", where) or ("efficiency" in where and "overlap" not in where)):
+        raise ConfigError(f"{path}: a bandwidth, FLOP rate, memory size or efficiency must be > 0")
+    if "efficiency" in where and x > 1:
+        raise ConfigError(f"{path}: {x} is an efficiency, a fraction in [0, 1]")
+
+
+def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
+    """YAML value -> the field's Python value, or ConfigError naming ``path``."""
+    def wrong() -> ConfigError:
+        return ConfigError(f"{path}: expected {_describe(tp)}, got {type(value).__name__} {value!r}")
+
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise wrong()
+        return _build(tp, value, default, path + ".")
+    if _is_union(tp):
+        for arg in typing.get_args(tp):
+            if arg is type(None) and value is None:
+                return None
+        for arg in typing.get_args(tp):
+            if arg is not type(None):
+                try:
+                    return _convert(path, arg, value, default)
+                except ConfigError:
+                    pass
+        raise wrong()
+    if typing.get_origin(tp) is Literal:
+        if value not in typing.get_args(tp) or isinstance(value, bool) != any(
+                isinstance(a, bool) for a in typing.get_args(tp)):
+            raise wrong()
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise wrong()
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong()
+        _number_rules(path, value)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong()
+        _number_rules(path, float(value))
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise wrong()
+        return value
+    vt = _pair_value_type(tp)
+    if vt is not None:
+        if not isinstance(value, Mapping):
+            raise wrong()
+        merged = dict(default or ())
+        allowed = set(merged)            # a non-empty default fixes the names (NIC kinds)
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{path}: key {k!r} must be a string")
+            if allowed and k not in allowed:
+                raise ConfigError(f"{path}: unknown name {k!r}; valid: {', '.join(sorted(allowed))}")
+            merged[k] = _convert(f"{path}.{k}", vt, v, None)
+        return tuple(merged.items())
+    if typing.get_origin(tp) is tuple:
+        args = typing.get_args(tp)
+        if not (isinstance(value, list) and len(args) == 2 and args[1] is Ellipsis):
+            raise wrong()
+        return tuple(_convert(f"{path}[{i}]", args[0], v, None) for i, v in enumerate(value))
+    raise ConfigError(f"{path}: this field's type {tp} cannot be set from a file")
+
+
+def _build(cls: type, doc: Mapping[str, Any], base: Any, prefix: str) -> Any:
+    hints = _hints(cls)
+    fields = {camel(f.name): f.name for f in dataclasses.fields(cls) if f.init}
+    changes = {}
+    for key, value in doc.items():
+        if key not in fields:
+            guess = camel(key) if isinstance(key, str) and camel(key) in fields else None
+            guess = guess or next(iter(difflib.get_close_matches(str(key), list(fields), n=1)), None)
+            hint = f" (did you mean {guess}?)" if guess else ""
+            raise ConfigError(f"unknown key {prefix}{key}{hint}; valid keys"
+                              + (f" under {prefix[:-1]}" if prefix else "") + ": " + ", ".join(fields))
+        name = fields[key]
+        changes[name] = _convert(prefix + key, hints[name], value, getattr(base, name))
+    try:
+        return dataclasses.replace(base, **changes)
+    except (ValueError, TypeError) as e:       # the dataclass's own checks, in file terms
+        msg = re.sub(r"\b[A-Z]\w*\.(\w+)", lambda m: prefix + camel(m.group(1)), str(e))
+        raise ConfigError(msg) from None
+
+
+def from_mapping(doc: Any, base: PlannerConfig | None = None) -> PlannerConfig:
+    """A PlannerConfig from a YAML document (the defaults, or ``base``, where keys are absent)."""
+    base = base or PlannerConfig()
+    if doc is None:
+        return base
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"the cost-model file must be a mapping of keys to values, got {type(doc).__name__}")
+    return _build(PlannerConfig, doc, base, "")
+
+
+# ---- dumping ------------------------------------------------------------------------------------
+
+def _plain(tp: Any, value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return to_mapping(value)
+    if _pair_value_type(tp) is not None:
+        return {k: v for k, v in value}
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def to_mapping(cfg: Any) -> dict[str, Any]:
+    """A config (or a nested dataclass of it) as the camelCase mapping :func:`from_mapping` reads."""
+    hints = _hints(type(cfg))
+    return {camel(f.name): _plain(hints[f.name], getattr(cfg, f.name))
+            for f in dataclasses.fields(cfg) if f.init}
+
+
+HEADER = """\
+# Holmes cost model (PlannerConfig). Edit and pass with: holmes plan --config THIS_FILE ...
+# Keys left out keep these defaults; name -> value mappings (netEfficiency, defaultGbps...)
+# override key by key. Bandwidths are Gbit/s per node (all NICs of a node together);
+# efficiencies are the fraction of line rate (or of peak FLOP/s) actually achieved.
+"""
+
+
+def dump_yaml(cfg: PlannerConfig | None = None) -> str:
+    import yaml
+    return HEADER + yaml.safe_dump(to_mapping(cfg or PlannerConfig()), sort_keys=False, default_flow_style=False)
+
+
+def load_yaml_text(text: str, source: str = "cost-model file") -> PlannerConfig:
+    import yaml
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source} is not valid YAML: {e}") from None
+    try:
+        return from_mapping(doc)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
