@@ -70,3 +70,14 @@ def test_nccl_env_per_kind_never_sets_nccl_net():
     with pytest.raises(ValueError, match="unknown NIC kind"):
         nccl_env("myrinet")
     assert isinstance(ib, NodeNic)
+
+
+def test_nic_problem_from_the_labeller_makes_a_node_unusable_unless_the_kind_is_labelled():
+    nfd = {"feature.node.kubernetes.io/rdma.capable": "true"}
+    msg = "InfiniBand and RoCE ports are both ACTIVE"
+    n = classify_node(node("m", labels=nfd, annotations={"holmes.dev/nic-problem": msg}),
+                      NicMapping(rdma_default_kind="infiniband"))
+    assert not n.usable and n.problems == (f"holmes.dev/nic-problem: {msg}",)
+    fixed = classify_node(node("m", "roce", labels=nfd, annotations={"holmes.dev/nic-problem": msg}))
+    assert fixed.usable and fixed.nic == "roce"
+    assert classify_node(node("m", labels={"holmes.dev/nic-problem": "x"})).problems   # label form too

@@ -20,7 +20,10 @@ Gb/s HDR rails = 1600); when no label says it, a per-kind default from the mappi
 ``gbps_source`` says so. HCAs (for ``NCCL_IB_HCA``) come from the annotation
 ``holmes.dev/nic-hcas`` (comma-separated) or the label of that name ('.'-separated, since label
 values cannot hold commas); the socket interface (``NCCL_SOCKET_IFNAME``) from
-``holmes.dev/socket-ifname`` (annotation or label).
+``holmes.dev/socket-ifname`` (annotation or label). A ``holmes.dev/nic-problem`` annotation (or
+label), which the NIC labeller writes when a node's sysfs contradicts itself (InfiniBand and RoCE
+ports both active), makes the node unusable with that message, unless ``holmes.dev/nic`` says the
+kind: an explicit kind label is the admin's answer to it.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ class NicMapping:
     link_layer_label: str = "holmes.dev/link-layer"
     hcas_key: str = "holmes.dev/nic-hcas"
     socket_ifname_key: str = "holmes.dev/socket-ifname"
+    problem_key: str = "holmes.dev/nic-problem"
     nfd_rdma_labels: tuple[str, ...] = (
         "feature.node.kubernetes.io/rdma.capable",
         "feature.node.kubernetes.io/rdma.available",
@@ -169,6 +173,9 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
                             f"in the NIC mapping)")
     else:
         source, kind = "no-rdma", ETHERNET
+    nic_problem = annotations.get(m.problem_key) or labels.get(m.problem_key)
+    if nic_problem and label_kind is None:
+        problems.append(f"{m.problem_key}: {nic_problem}")
 
     gbps_source = "label"
     gbps_text = labels.get(m.gbps_label)

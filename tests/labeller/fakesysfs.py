@@ -1,0 +1,106 @@
+"""Build sysfs-shaped trees as real files, laid out as the kernel does: hardware under
+devices/pci0000:00/<pci>/{infiniband,net}/, software interfaces under devices/virtual/net/, and
+class/infiniband/<hca> and class/net/<if> as relative symlinks into them (so a tree still works
+when bind-mounted elsewhere, as the node agent does with a hostPath)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class FakeSysfs:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        (self.root / "class" / "net").mkdir(parents=True, exist_ok=True)
+        self._pci = 0
+
+    def _link(self, cls: str, name: str, target: Path) -> None:
+        link = self.root / "class" / cls / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(target, link.parent))
+
+    def _pci_dev(self) -> Path:
+        self._pci += 1
+        d = self.root / "devices" / "pci0000:00" / f"0000:{0x3a + self._pci:02x}:00.0"
+        d.mkdir(parents=True)
+        return d
+
+    @staticmethod
+    def _write(d: Path, **files: str) -> None:
+        d.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            if text is not None:
+                (d / name).write_text(text + "\n")
+
+    def netdev(self, name: str, *, speed_mbps: int | None = None, up: bool = True, link_type: int = 1,
+               pci: Path | None = None, virtual: bool = False, bond: bool = False) -> Path:
+        """A network interface. Hardware ones live under a PCI device (``pci``, or a new one)."""
+        if virtual or bond:
+            d = self.root / "devices" / "virtual" / "net" / name
+        else:
+            pci = pci or self._pci_dev()
+            d = pci / "net" / name
+        speed = None if speed_mbps is None else str(speed_mbps if up else -1)
+        self._write(d, operstate="up" if up else "down", type=str(link_type), speed=speed)
+        if bond:
+            (d / "bonding").mkdir()
+        if not (virtual or bond):
+            (d / "device").symlink_to(os.path.relpath(pci, d))
+        self._link("net", name, d)
+        return d
+
+    def hca(self, name: str, ports: list[tuple[str, str, str]], netdevs: list[tuple[str, int, int]] = ()) -> Path:
+        """An RDMA device. ``ports``: (link_layer, rate, state) for ports 1..n, e.g.
+        ("InfiniBand", "200 Gb/sec (4X HDR)", "4: ACTIVE"); ``netdevs``: (name, speed Mbit/s, type)."""
+        pci = self._pci_dev()
+        d = pci / "infiniband" / name
+        for i, (link_layer, rate, state) in enumerate(ports, start=1):
+            self._write(d / "ports" / str(i), link_layer=link_layer, rate=rate, state=state,
+                        phys_state="5: LinkUp" if "ACTIVE" in state else "3: Disabled")
+        (d / "device").symlink_to(os.path.relpath(pci, d))
+        self._link("infiniband", name, d)
+        for nd, speed, link_type in netdevs:
+            self.netdev(nd, speed_mbps=speed, link_type=link_type, pci=pci)
+        return d
+
+    def set_port_state(self, hca: str, port: int, state: str) -> None:
+        (self.root / "class" / "infiniband" / hca / "ports" / str(port) / "state").write_text(state + "\n")
+
+    # Whole nodes, as the tests and the cluster test use them.
+    def base_host(self) -> "FakeSysfs":
+        """What every Linux host has: lo, a docker bridge, a veth, and a 1 Gbit/s management NIC."""
+        self.netdev("lo", virtual=True, link_type=772)
+        self.netdev("docker0", speed_mbps=10000, virtual=True)
+        (self.root / "devices" / "virtual" / "net" / "docker0" / "bridge").mkdir()
+        self.netdev("veth1a2b3c", speed_mbps=10000, virtual=True)
+        self.netdev("eno1", speed_mbps=1000)
+        return self
+
+
+def infiniband_node(root: Path, hcas: int = 1, rate: str = "200 Gb/sec (4X HDR)") -> FakeSysfs:
+    fs = FakeSysfs(root).base_host()
+    for i in range(hcas):
+        fs.hca(f"mlx5_{i}", [("InfiniBand", rate, "4: ACTIVE")], netdevs=[(f"ib{i}", 200000, 32)])
+    return fs
+
+
+def roce_node(root: Path, gbit: int = 100) -> FakeSysfs:
+    fs = FakeSysfs(root).base_host()
+    fs.hca("mlx5_0", [("Ethernet", f"{gbit} Gb/sec (4X EDR)", "4: ACTIVE")],
+           netdevs=[("ens1f0np0", gbit * 1000, 1)])
+    return fs
+
+
+def ethernet_node(root: Path, gbit: int = 25) -> FakeSysfs:
+    fs = FakeSysfs(root).base_host()
+    fs.netdev("ens2f0", speed_mbps=gbit * 1000)
+    return fs
+
+
+def node_tree(root: Path, nic: str, gbps: float) -> FakeSysfs:
+    """A tree whose truth is ``nic`` at ``gbps`` (a localkube topology node's nic/gbps)."""
+    if nic == "infiniband":
+        return infiniband_node(root, rate=f"{gbps:g} Gb/sec (4X HDR)")
+    if nic == "roce":
+        return roce_node(root, int(gbps))
+    return ethernet_node(root, int(gbps))
