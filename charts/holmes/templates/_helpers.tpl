@@ -63,3 +63,30 @@ app.kubernetes.io/component: operator
 {{- toJson (list .Release.Namespace) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The NIC labeller DaemonSet's names and labels (component nic-labeller). */}}
+{{- define "holmes.labellerName" -}}
+{{- printf "%s-labeller" (include "holmes.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "holmes.labellerSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "holmes.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: nic-labeller
+{{- end -}}
+
+{{- define "holmes.labellerLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "holmes.labellerSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: holmes
+{{- end -}}
+
+{{- define "holmes.labellerServiceAccountName" -}}
+{{- if .Values.labeller.serviceAccount.create -}}
+{{- default (include "holmes.labellerName" .) .Values.labeller.serviceAccount.name -}}
+{{- else -}}
+{{- required "labeller.serviceAccount.name is required when labeller.serviceAccount.create is false" .Values.labeller.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
