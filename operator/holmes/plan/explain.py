@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from .layout import Layout
+from .partition_why import partition_lines
 
 if TYPE_CHECKING:
     from .jobspec import JobSpec
@@ -27,7 +28,8 @@ def table(layout: Layout) -> list[str]:
     head = (f"{len(layout.nodes)} nodes x {layout.gpus_per_node} GPUs = {layout.world_size} ranks: "
             f"tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data}, "
             f"{layout.micro_batches} micro-batches of {layout.micro_batch_size} per DP rank")
-    cols = ["stage", "layers", "n", "island", "nic", "dpNet", "nodes", "compute", "bubble", "p2p", "dp comm", "exposed"]
+    cols = ["stage", "layers", "n", "island", "nic", "dpNet", "nodes", "compute", "bubble", "p2p", "dp comm", "exposed",
+            "finish"]
     rows = []
     for s in layout.stages:
         e = per_stage.get(s.index, {})
@@ -35,7 +37,8 @@ def table(layout: Layout) -> list[str]:
         rows.append([str(s.index), f"[{s.layers[0]},{s.layers[1]})", str(s.num_layers), s.island, s.nic, s.dp_net,
                      _nodes_cell(nodes)]
                     + [_fmt_s(e[k]) if k in e else "-" for k in
-                       ("computeSeconds", "bubbleSeconds", "p2pSeconds", "dpCommSeconds", "dpExposedSeconds")])
+                       ("computeSeconds", "bubbleSeconds", "p2pSeconds", "dpCommSeconds", "dpExposedSeconds",
+                        "finishSeconds")])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
     out = [head, line(cols)] + [line(r) for r in rows]
@@ -69,32 +72,15 @@ def why_lines(layout: Layout, best: "Candidate", alternatives: Sequence["Candida
         pp = next(g.net for g in layout.groups if g.kind == "pp")
         out.append(f"pipeline p2p uses {pp}: " + ("all stages on one RDMA island" if pp == "IB" else
                                                    "stages span islands, so only activations cross the slow link"))
-    stages = best.stages
-    if layout.pipeline > 1 and len(set(s.layers for s in stages)) > 1:
-        mode = layout.estimate.get("partition")
-        if mode == "adaptive":
-            L = layout.num_layers
-            fast = max(stages, key=lambda s: (s.layers, -s.index))
-            slow = min(stages, key=lambda s: (s.layers, s.index))
-            fs, ss = layout.stages[fast.index], layout.stages[slow.index]
-            reason = ""
-            if slow.dp_exposed > fast.dp_exposed * 1.05 + 1e-9:
-                rate_fast = fast.dp_comm / max(fast.layers, 1)
-                rate_slow = slow.dp_comm / max(slow.layers, 1)
-                ratio = rate_slow / rate_fast if rate_fast > 0 else float("inf")
-                reason = (f": its DP communication per layer is {ratio:.2g}x slower "
-                          f"({_fmt_s(slow.dp_exposed)} exposed vs {_fmt_s(fast.dp_exposed)})")
-            elif slow.index == len(stages) - 1:
-                reason = ": it also computes the LM head"
-            out.append(f"stage {slow.index} on {ss.island} gets {slow.layers} of {L} layers, stage {fast.index} on "
-                       f"{fs.island} gets {fast.layers}{reason}; the partition minimises the slowest stage")
+    out.extend(partition_lines(best.costs, best.layers, [s.island for s in layout.stages],
+                               str((layout.estimate or {}).get("partition", "adaptive"))))
     if len(alternatives) > 1:
         nxt = alternatives[1]
         d = nxt.degrees
         out.append(f"chose tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data} over "
                    f"{len(alternatives) - 1} other degree choice(s); next best tensor {d.tensor} x pipeline "
                    f"{d.pipeline} x data {d.data} is {nxt.seconds / best.seconds:.3g}x slower")
-    return ["why:"] + [f"- {x}" for x in out]
+    return ["why:"] + [x if x.startswith(" ") else f"- {x}" for x in out]
 
 
 def explanation_lines(layout: Layout, best: "Candidate", alternatives: Sequence["Candidate"], job: "JobSpec") -> list[str]:
