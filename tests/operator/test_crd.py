@@ -57,7 +57,8 @@ def test_spec_fields_match_what_the_operator_parses():
         "model": {"layers": 2, "hiddenSize": 8, "attentionHeads": 2, "seqLength": 4, "vocabSize": 16,
                   "ffnHiddenSize": 32, "tiedEmbeddings": True},
         "training": {"globalBatchSize": 4, "microBatchSize": 1, "iterations": 1, "learningRate": 0.1, "seed": 1,
-                     "weightDecay": 0.0, "gradClip": 1.0, "warmupIterations": 0, "data": {"synthetic": {}},
+                     "weightDecay": 0.0, "gradClip": 1.0, "warmupIterations": 0, "activationRecompute": False,
+                     "data": {"synthetic": {}},
                      "checkpoint": {"path": "/c", "intervalIterations": 1}},
         "parallelism": {"tensor": 1, "pipeline": "auto", "data": "auto", "partition": "adaptive", "nicSelection": "auto"},
         "nodes": {"count": 1, "gpusPerNode": 4, "selector": {"matchLabels": {"a": "b"}, "matchExpressions": [

@@ -160,3 +160,18 @@ def test_specs_are_frozen():
     job = JobSpec.from_spec(minimal_spec())
     with pytest.raises(AttributeError):
         job.model.layers = 3
+
+
+def test_activation_recompute_defaults_on_round_trips_and_is_strict():
+    job = JobSpec.from_spec(minimal_spec())
+    assert job.training.activation_recompute is True            # the paper's / Megatron-at-scale setting
+    assert job.to_spec()["training"]["activationRecompute"] is True
+    spec = minimal_spec()
+    spec["training"]["activationRecompute"] = False
+    off = JobSpec.from_spec(spec)
+    assert off.training.activation_recompute is False and off != job
+    assert off.to_spec()["training"]["activationRecompute"] is False
+    assert JobSpec.from_spec(off.to_spec()) == off
+    for bad in ("false", 0, 1, "yes"):                          # booleans only, like the API server's schema
+        spec["training"]["activationRecompute"] = bad
+        assert any(p.startswith("spec.training.activationRecompute: must be true or false") for p in problems_of(spec))

@@ -13,7 +13,7 @@ from plan_helpers import job_spec, node, paper_nodes
 def test_paper_formula_gives_196_8():
     m = ModelCost.of(JobSpec.from_spec(job_spec()).model)
     # 96 samples/s on 64 GPUs: one iteration of 96 samples takes 1 s
-    assert tflops_per_gpu(m, 96, 1.0, 64) == pytest.approx(196.8, abs=0.05)
+    assert tflops_per_gpu(m, 96, 1.0, 64, recompute=True) == pytest.approx(196.8, abs=0.05)
     tied = job_spec()
     tied["model"]["tiedEmbeddings"] = True
     assert 7.4e9 < ModelCost.of(JobSpec.from_spec(tied).model).total_params < 7.5e9    # "GPT 7.4B", Megatron ties

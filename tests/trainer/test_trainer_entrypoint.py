@@ -65,14 +65,19 @@ def test_torchrun_two_nodes_of_two_runs_the_layout_and_reports(tmp_path):
     assert events[0] == "start" and events[-1] == "done" and events.count("iteration") == 3
     it = [l for l in lines if l["holmes"] == "iteration"]
     assert [l["iteration"] for l in it] == [1, 2, 3]
+    # the job leaves training.activationRecompute at its default (true): the 96 formula
+    assert lines[0]["activationRecompute"] is True and lines[0]["flopsFormula"].startswith("96")
+    m = TrainConfig.from_manifest(JOB).model
     for l in it:
         assert l["loss"] > 0 and l["tokensPerSecond"] > 0 and l["tflopsPerGpu"] > 0
+        assert l["tflopsPerGpu"] == pytest.approx(
+            flops_per_iteration(m, 16, recompute=True) / (l["iterationSeconds"] * 4 * 1e12), rel=1e-9)
         assert set(l["time"]) == {"compute", "bubble", "exposedComm", "optimizer", "data"}
     assert "checkpoint" in events and os.path.isfile(tmp_path / "ckpt/iter_00000003/holmes.json")
     assert [json.loads(l)["holmes"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == events
     assert outs[1][1].strip() == ""             # only rank 0 reports
-    from holmes.operator.progress import from_termination_message
-    last = from_termination_message((tmp_path / "termination-log").read_text())
+    from holmes.operator.progress import from_json_lines
+    last = from_json_lines((tmp_path / "termination-log").read_text())
     assert last["iteration"] == 3 and last["loss"] == pytest.approx(it[-1]["loss"], abs=1e-6)
 
 
@@ -101,7 +106,7 @@ def test_config_checks_against_layout():
 def test_paper_flops_formula_and_prometheus_endpoint():
     m = ModelConfig(layers=36, hidden_size=4096, attention_heads=32, seq_length=2048, vocab_size=50257)
     # design §1: 96 samples/s on 64 GPUs -> 196.8 TFLOPS/GPU
-    assert flops_per_iteration(m, 96) / (1.0 * 64 * 1e12) == pytest.approx(196.8, abs=0.1)
+    assert flops_per_iteration(m, 96, recompute=True) / (1.0 * 64 * 1e12) == pytest.approx(196.8, abs=0.1)
     sink = MetricsSink(enabled=True, port=0, addr="127.0.0.1", stream=open(os.devnull, "w"))
     try:
         sink.emit("iteration", iteration=7, loss=2.5, tokensPerSecond=1000.0, time={"bubble": 0.25})

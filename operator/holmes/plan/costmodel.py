@@ -5,8 +5,10 @@ Assumptions (defaults in :class:`PlannerConfig`, all configurable):
 - Compute: every GPU reaches ``compute_efficiency`` x ``gpu_peak_tflops`` on transformer
   FLOPs (A100 bf16 dense: 312 TFLOP/s, efficiency 0.66). FLOPs per token and layer, forward:
   ``8h^2 + 4h*ffn + 4sh`` (QKV/proj/MLP GEMMs + attention scores; = 24h^2(1 + s/6h) for ffn=4h);
-  backward twice the forward; activation recomputation adds one more forward (``96 B s l h^2
-  (1 + s/6h + V/16lh)`` per iteration, the formula the paper reports TFLOPS with). The LM head
+  backward twice the forward; activation recomputation adds one more forward. Model FLOPs per
+  iteration (:mod:`.flops`): ``96 B s l h^2 (1 + s/6h + V/16lh)`` with recomputation (the
+  formula the paper reports TFLOPS with), ``72 B s l h^2 (1 + s/6h + V/12lh)`` without; the
+  estimate's TFLOPS/GPU uses the one that matches the job. The LM head
   (``2 s h V`` forward) sits on the last stage; the embedding lookup costs no FLOPs but its
   parameters sit on the first stage (and a copy on the last when embeddings are tied).
 - Tensor parallelism stays in a node: 2 all-reduces of the activations per layer in forward,
@@ -39,7 +41,11 @@ Assumptions (defaults in :class:`PlannerConfig`, all configurable):
   parameter) sharded over D, and activations: with recomputation each layer keeps its input per
   in-flight micro-batch (``min(P - s, m)`` at stage s) plus one layer's full working set
   (Korthikanti et al. 2022: ``s b h (10 + 24/T + 5 a s / (h T))`` bytes); a candidate that needs
-  more than ``memory_headroom`` x ``gpu_memory_gib`` is rejected.
+  more than ``memory_headroom`` x ``gpu_memory_gib`` is rejected. Without recomputation every
+  layer keeps that full working set per in-flight micro-batch.
+- Recomputation on or off comes from the job (``spec.training.activationRecompute``, what the
+  trainer runs): :func:`.planner.plan` puts it into the config; ``PlannerConfig.activation_recompute``
+  only matters when the cost model is driven without a job.
 - Optimizer step time, kernel launch overheads and stragglers are ignored.
 """
 from __future__ import annotations
@@ -47,6 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from . import flops
 from .discovery import NicMapping
 from .jobspec import ModelSpec
 from .topology import Fabric
@@ -68,7 +75,7 @@ class PlannerConfig:
     param_bytes: int = 2
     activation_bytes: int = 2
     optimizer_bytes: int = 12             # fp32 master weights + two Adam moments
-    activation_recompute: bool = True
+    activation_recompute: bool = True     # fallback only: plan() uses the job's activationRecompute
     nic_mapping: NicMapping = field(default_factory=NicMapping)
     max_island_orders: int = 24           # island orders tried per (tensor, pipeline, data)
 
@@ -121,21 +128,22 @@ class ModelCost:
         return self.layers * self.layer_params + self.embedding_params + self.head_params
 
     def layer_fwd_flops_per_token(self) -> float:
-        h = self.hidden
-        return 8 * h * h + 4 * h * self.ffn + 4 * self.seq * h
+        return flops.layer_fwd_flops_per_token(self.hidden, self.ffn, self.seq)
 
     def head_fwd_flops_per_token(self) -> float:
-        return 2 * self.hidden * self.vocab
+        return flops.head_fwd_flops_per_token(self.hidden, self.vocab)
 
-    def flops_per_iteration(self, global_batch: int) -> float:
-        """Paper formula (Narayanan et al. 2021, with recomputation), general in ffn:
-        ``96 B s l h^2 (1 + s/6h + V/16lh)`` when ffn = 4h."""
-        tokens = global_batch * self.seq
-        return tokens * (4 * self.layers * self.layer_fwd_flops_per_token() + 3 * self.head_fwd_flops_per_token())
+    def flops_per_iteration(self, global_batch: int, *, recompute: bool) -> float:
+        """Model FLOPs of one iteration, general in ffn; for ffn = 4h the paper's
+        ``96 B s l h^2 (1 + s/6h + V/16lh)`` with recomputation, ``72 ... V/12lh`` without."""
+        return flops.flops_per_iteration(global_batch=global_batch, seq=self.seq, layers=self.layers,
+                                         hidden=self.hidden, vocab=self.vocab, ffn=self.ffn, recompute=recompute)
 
 
-def tflops_per_gpu(model: ModelCost, global_batch: int, iteration_seconds: float, world: int) -> float:
-    return model.flops_per_iteration(global_batch) / (iteration_seconds * world * 1e12)
+def tflops_per_gpu(model: ModelCost, global_batch: int, iteration_seconds: float, world: int, *,
+                   recompute: bool) -> float:
+    return flops.tflops_per_gpu(model.flops_per_iteration(global_batch, recompute=recompute),
+                                iteration_seconds, world)
 
 
 # ---- per-stage costs ------------------------------------------------------------------------

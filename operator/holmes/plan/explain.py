@@ -49,6 +49,8 @@ def table(layout: Layout) -> list[str]:
     if "iterationSeconds" in est:
         tail += (f"; estimate {est['iterationSeconds']:.4g} s/iteration, {est['tokensPerSecond']:.4g} tokens/s, "
                  f"{est['tflopsPerGpu']:.4g} TFLOPS/GPU, {est.get('memoryPerGpuGiB', 0):.3g} GiB/GPU")
+        if "activationRecompute" in est:
+            tail += f" (activation recompute {'on' if est['activationRecompute'] else 'off'})"
     out.append(tail)
     return out
 

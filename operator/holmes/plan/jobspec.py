@@ -15,7 +15,7 @@ without a default is required:
                  ffnHiddenSize = 4 * hiddenSize, tiedEmbeddings = false
     training:    globalBatchSize, microBatchSize, iterations, learningRate,
                  seed = 1234, weightDecay = 0.01, gradClip = 1.0 (0 disables),
-                 warmupIterations = 0,
+                 warmupIterations = 0, activationRecompute = true (see below),
                  data = {synthetic: {}}  (or {path: /data/tokens.bin}),
                  checkpoint = none  (or {path: /ckpt, intervalIterations: 100})
     parallelism: tensor = 1, pipeline = auto, data = auto  (an integer or "auto"),
@@ -26,6 +26,14 @@ without a default is required:
     template:    {} (PodTemplateSpec-like, opaque here, kept as given)
     runPolicy:   backoffLimit = 3, suspend = false, ttlSecondsAfterFinished = none,
                  activeDeadlineSeconds = none
+
+``activationRecompute`` (full recomputation: each transformer block keeps only its input and
+runs its forward again in backward) defaults to true because the paper's runs and Megatron-LM
+at scale use it: the planner's memory model then fits billion-parameter models at the paper's
+micro-batch sizes (without it, one layer keeps ``s b h (34 + 5 a s / h)`` bytes per in-flight
+micro-batch: several GiB per layer at h=4096, s=2048), and the reported TFLOPS use the paper's
+formula. The price is one extra forward (~33% more compute); small models that fit without it
+(the demo) should set it false. The planner, the operator and the trainer all read it from here.
 
 Cross-field checks done here are the ones that need no cluster facts (hiddenSize divisible by
 attentionHeads, globalBatchSize divisible by microBatchSize, tensor dividing gpusPerNode and
@@ -45,6 +53,7 @@ PARTITION_MODES = ("adaptive", "uniform")
 NIC_SELECTION_MODES = ("auto", "off")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 DEFAULT_CLUSTER_LABEL = "holmes.dev/cluster"
+DEFAULT_ACTIVATION_RECOMPUTE = True    # why: see the module docstring
 
 Degree = Union[int, str]               # an integer >= 1, or AUTO
 Partition = Union[str, tuple]          # "adaptive" | "uniform" | tuple of layer counts
@@ -100,6 +109,7 @@ class TrainingSpec:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     warmup_iterations: int = 0
+    activation_recompute: bool = DEFAULT_ACTIVATION_RECOMPUTE
     data: DataSpec = field(default_factory=DataSpec)
     checkpoint: CheckpointSpec | None = None
 
@@ -326,7 +336,8 @@ def _model(r: "_Reader", v: Any, path: str) -> ModelSpec | None:
 
 def _training(r: "_Reader", v: Any, path: str) -> TrainingSpec | None:
     d = r.mapping(v, path, required=("globalBatchSize", "microBatchSize", "iterations", "learningRate"),
-                  optional=("seed", "weightDecay", "gradClip", "warmupIterations", "data", "checkpoint"))
+                  optional=("seed", "weightDecay", "gradClip", "warmupIterations", "activationRecompute",
+                            "data", "checkpoint"))
     if d is None:
         return None
     return TrainingSpec(
@@ -338,6 +349,7 @@ def _training(r: "_Reader", v: Any, path: str) -> TrainingSpec | None:
         weight_decay=r.number(d, "weightDecay", path, default=0.01),
         grad_clip=r.number(d, "gradClip", path, default=1.0),
         warmup_iterations=r.integer(d, "warmupIterations", path, default=0, minimum=0),
+        activation_recompute=r.boolean(d, "activationRecompute", path, default=DEFAULT_ACTIVATION_RECOMPUTE),
         data=_data(r, d.get("data"), f"{path}.data"),
         checkpoint=_checkpoint(r, d.get("checkpoint"), f"{path}.checkpoint"),
     )

@@ -48,6 +48,14 @@ def as_job(job: JobSpec | Mapping[str, Any]) -> JobSpec:
     return JobSpec.from_spec(job)
 
 
+def for_job(cfg: PlannerConfig, job: JobSpec) -> PlannerConfig:
+    """The config with what the job decides: whether the trainer recomputes activations (the
+    cost model's time and memory follow it; the job wins over the config's fallback)."""
+    if cfg.activation_recompute == job.training.activation_recompute:
+        return cfg
+    return replace(cfg, activation_recompute=job.training.activation_recompute)
+
+
 # ---- 1. node selection ------------------------------------------------------------------------
 
 def select_nodes(nodes: Sequence[Any], job: JobSpec, cfg: PlannerConfig) -> list[NodeNic]:
@@ -294,6 +302,7 @@ def _evaluate(job: JobSpec, deg: Degrees, nodes: Sequence[NodeNic], model: Model
 
 def search(usable: Sequence[NodeNic], job: JobSpec, cfg: PlannerConfig) -> tuple[Candidate, list[Candidate]]:
     """Best candidate and the best one per degree choice (for the explanation)."""
+    cfg = for_job(cfg, job)
     model = ModelCost.of(job.model)
     G, N = job.nodes.gpus_per_node, job.nodes.count
     best_per_degree: list[Candidate] = []
@@ -325,9 +334,11 @@ def search(usable: Sequence[NodeNic], job: JobSpec, cfg: PlannerConfig) -> tuple
                 c = _evaluate(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
             best_per_degree.append(c)
     if not best_per_degree:
+        recompute = "" if cfg.activation_recompute else \
+            ", set training.activationRecompute: true (keeps one activation per layer)"
         raise PlanError("no layout fits in GPU memory: " + "; ".join(why_not[:4])
-                        + "; fix: raise pipeline or tensor (or set them to auto), lower microBatchSize, "
-                          "or use more nodes")
+                        + "; fix: raise pipeline or tensor (or set them to auto), lower microBatchSize"
+                        + recompute + ", or use more nodes")
     best_per_degree.sort(key=lambda c: c.key(0))
     return best_per_degree[0], best_per_degree
 
@@ -342,6 +353,7 @@ def plan(nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: Planner
         job = as_job(job)
     except SpecError as e:
         raise PlanError(str(e)) from None
+    cfg = for_job(cfg, job)
     usable = select_nodes(nodes, job, cfg)
     best, alternatives = search(usable, job, cfg)
     layout = to_layout(best, job, cfg)
@@ -349,6 +361,7 @@ def plan(nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: Planner
 
 
 def to_layout(c: Candidate, job: JobSpec, cfg: PlannerConfig) -> Layout:
+    cfg = for_job(cfg, job)
     d = c.degrees
     model = ModelCost.of(job.model)
     G = job.nodes.gpus_per_node
@@ -372,10 +385,13 @@ def to_layout(c: Candidate, job: JobSpec, cfg: PlannerConfig) -> Layout:
         "iterationSeconds": r(c.seconds),
         "tokensPerSecond": r(tokens / c.seconds),
         "samplesPerSecond": r(job.training.global_batch_size / c.seconds),
-        "tflopsPerGpu": r(tflops_per_gpu(model, job.training.global_batch_size, c.seconds, world)),
+        "tflopsPerGpu": r(tflops_per_gpu(model, job.training.global_batch_size, c.seconds, world,
+                                         recompute=cfg.activation_recompute)),
         "memoryPerGpuGiB": r(max(s.memory_gib for s in c.stages)),
         "parameters": model.total_params,
-        "flopsPerIteration": r(model.flops_per_iteration(job.training.global_batch_size)),
+        "flopsPerIteration": r(model.flops_per_iteration(job.training.global_batch_size,
+                                                         recompute=cfg.activation_recompute)),
+        "activationRecompute": cfg.activation_recompute,
         "stages": [{"stage": s.index, "layers": s.layers, "computeSeconds": r(s.compute),
                     "bubbleSeconds": r(s.bubble), "p2pSeconds": r(s.p2p), "dpCommSeconds": r(s.dp_comm),
                     "dpExposedSeconds": r(s.dp_exposed), "finishSeconds": r(s.finish),

@@ -95,6 +95,9 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     overlap: bool = True              # overlapped grad reduce-scatter and param all-gather
+    # checkpoint each transformer block (model.py). from_jobspec always takes the job's
+    # training.activationRecompute (default true there); False here keeps a bare engine plain.
+    activation_recompute: bool = False
     bucket_elements: int = 40_000_000  # gradient bucket size (elements), as Megatron's default
     timeout_seconds: float = 600.0    # process-group timeout: how long a dead peer can stall us
 
@@ -134,13 +137,15 @@ class TrainConfig:
         opt = OptimizerConfig(kind=optimizer, learning_rate=t.learning_rate, weight_decay=t.weight_decay,
                               grad_clip=t.grad_clip, warmup_iterations=t.warmup_iterations)
         ckpt = t.checkpoint
-        return cls(
+        kwargs: dict[str, Any] = dict(
             model=model, global_batch_size=t.global_batch_size, micro_batch_size=t.micro_batch_size,
             iterations=t.iterations, seed=t.seed, optimizer=opt,
             data=DataConfig(path=None if t.data.synthetic else t.data.path),
             checkpoint=CheckpointConfig(path=ckpt.path, interval=ckpt.interval_iterations) if ckpt
             else CheckpointConfig(),
-            **overrides)
+            activation_recompute=t.activation_recompute)
+        kwargs.update(overrides)
+        return cls(**kwargs)
 
     # ---- against the Layout --------------------------------------------------------------
     def check_against_layout(self, layout: Layout) -> None:

@@ -18,6 +18,8 @@ from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, make_source
 from .dist_optimizer import DistributedOptimizer
 from .groups import build_groups
+from holmes.plan.flops import formula_name
+
 from .metrics import MetricsSink, tflops_per_gpu
 from .model import TIED_COPY, build_stage
 from .schedule import MicroBatchRunner
@@ -57,7 +59,7 @@ class Trainer:
         self.groups = build_groups(layout, rank, backend, cfg.timeout_seconds, need_embedding=tied_split)
         stage = layout.stages[info.stage]
         self.module = build_stage(cfg.model, stage.layers[0], stage.layers[1], self.first, self.last,
-                                  cfg.seed, device)
+                                  cfg.seed, device, recompute=cfg.activation_recompute)
         self.sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         tied_name = None
         if tied_split:
@@ -167,7 +169,8 @@ class Trainer:
         record = {
             "iteration": self.iteration, "loss": loss, "learningRate": lr, "gradNorm": grad_norm,
             "iterationSeconds": seconds, "tokensPerSecond": tokens / seconds,
-            "tflopsPerGpu": tflops_per_gpu(cfg.model, cfg.global_batch_size, seconds, lay.world_size),
+            "tflopsPerGpu": tflops_per_gpu(cfg.model, cfg.global_batch_size, seconds, lay.world_size,
+                                           recompute=cfg.activation_recompute),
             "time": {"compute": compute, "bubble": bubble, "exposedComm": exposed,
                      "optimizer": t_step, "data": t_data},
         }
@@ -180,7 +183,8 @@ class Trainer:
         self.sink.emit("start", iteration=self.iteration, iterations=cfg.iterations,
                        worldSize=self.layout.world_size, pipeline=self.layout.pipeline,
                        data=self.layout.data, parameters=cfg.model.num_parameters(),
-                       overlap=cfg.overlap, device=str(self.device))
+                       overlap=cfg.overlap, activationRecompute=cfg.activation_recompute,
+                       flopsFormula=formula_name(cfg.activation_recompute), device=str(self.device))
         every = cfg.checkpoint.interval
         while self.iteration < cfg.iterations:
             record = self.train_step()

@@ -4,6 +4,16 @@ Parameter names are global (``layers.17.attn.qkv.weight``) and every parameter i
 from a generator seeded by (seed, name): a stage holding layers [a, b) gets exactly the values a
 single-process model would have, whatever the split. That is what makes runs with different
 layouts comparable and lets the last stage build a bit-identical copy of a tied embedding.
+
+Activation recomputation (``recompute=True``, the job's ``training.activationRecompute``): each
+transformer block runs under ``torch.utils.checkpoint`` (non-reentrant), so forward keeps only
+the block's input and backward runs the block's forward again to rebuild what it needs. The
+math is the same (same ops on the same values; the RNG state is replayed, so dropout would
+draw the same masks); the cost is one extra forward of the blocks, the gain the activations.
+The distributed optimizer's hooks see it as follows: parameter gradients still accumulate once
+per micro-batch (the recomputed forward only refills saved tensors), and its forward pre-hooks
+fire again during recomputation, where no all-gather is pending (they start after backward),
+so they do nothing.
 """
 from __future__ import annotations
 
@@ -13,6 +23,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
 
@@ -93,9 +104,11 @@ class Head(nn.Module):
 class StageModule(nn.Module):
     """Layers [start, end) of the model; the first stage adds the embedding, the last the head."""
 
-    def __init__(self, cfg: ModelConfig, start: int, end: int, first: bool, last: bool):
+    def __init__(self, cfg: ModelConfig, start: int, end: int, first: bool, last: bool,
+                 recompute: bool = False):
         super().__init__()
         self.cfg, self.start, self.end, self.first, self.last = cfg, start, end, first, last
+        self.recompute = recompute
         self.embedding = Embedding(cfg) if first else None
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(start, end)})
         if last:
@@ -107,21 +120,23 @@ class StageModule(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embedding is not None:
             x = self.embedding(x)
+        recompute = self.recompute and torch.is_grad_enabled()
         for block in self.layers.values():
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         return self.head(x) if self.head is not None else x
 
 
 def build_stage(cfg: ModelConfig, start: int, end: int, first: bool, last: bool, seed: int,
-                device: torch.device | str = "cpu") -> StageModule:
+                device: torch.device | str = "cpu", recompute: bool = False) -> StageModule:
     """Build and deterministically initialise one stage, in cfg.dtype on ``device``."""
-    module = StageModule(cfg, start, end, first, last)
+    module = StageModule(cfg, start, end, first, last, recompute=recompute)
     init_parameters(module, cfg, seed)
     return module.to(device=device, dtype=getattr(torch, cfg.dtype))
 
 
-def build_full(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> StageModule:
-    return build_stage(cfg, 0, cfg.layers, True, True, seed, device)
+def build_full(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu",
+               recompute: bool = False) -> StageModule:
+    return build_stage(cfg, 0, cfg.layers, True, True, seed, device, recompute)
 
 
 @torch.no_grad()
