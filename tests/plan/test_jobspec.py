@@ -35,7 +35,7 @@ def test_example_manifest_parses_with_every_field():
     assert job.model.ffn_hidden_size == 4 * 4096 and job.model.tied_embeddings is False
     assert job.training.learning_rate == pytest.approx(3e-4)
     assert job.training.data.synthetic and job.training.data.path is None
-    assert job.training.checkpoint.interval_iterations == 100
+    assert job.training.checkpoint.interval_iterations == 100 and job.training.activation_recompute is True
     assert job.parallelism.pipeline == AUTO and job.parallelism.tensor == 1
     assert job.nodes.selector.matches({"pool": "llm", "x": "y"})
     assert not job.nodes.selector.matches({"pool": "web"})
