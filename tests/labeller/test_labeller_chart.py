@@ -33,7 +33,7 @@ def test_objects_and_least_privilege_rbac():
         ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"])
     assert one(docs, "ClusterRole")["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     role = one(docs, "Role")
-    assert role["metadata"]["namespace"] == "holmes-system"
+    assert role["metadata"]["namespace"] == "default"    # where the API wants Events about Nodes
     assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     sa = one(docs, "ServiceAccount")["metadata"]["name"]
     assert sa == "holmes-labeller"
@@ -52,8 +52,7 @@ def test_daemonset_pod():
     (c,) = pod["containers"]
     operator = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert c["image"] == operator["image"] and c["command"] == ["python", "-m", "holmes.labeller"]
-    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]} == {
-        "NODE_NAME": "spec.nodeName", "POD_NAMESPACE": "metadata.namespace"}
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]} == {"NODE_NAME": "spec.nodeName"}
     assert c["volumeMounts"] == [{"name": "sys", "mountPath": "/host/sys", "readOnly": True}]
     assert pod["volumes"] == [{"name": "sys", "hostPath": {"path": "/sys", "type": "Directory"}}]
     # The args are what the labeller's own parser accepts, with the values given.
@@ -74,7 +73,7 @@ def test_values_flow_into_the_daemonset(tmp_path):
         "enabled": True, "intervalSeconds": 60, "socketIfname": False, "logLevel": "debug",
         "sysfs": {"hostPath": "/var/lib/fake-sys", "root": "/host/sys/$(NODE_NAME)"},
         "nodeSelector": {"nvidia.com/gpu.present": "true"}, "tolerations": [],
-        "extraArgs": ["--event-namespace=ops"], "serviceAccount": {"create": False, "name": "mine"},
+        "extraArgs": ["--no-socket-ifname"], "serviceAccount": {"create": False, "name": "mine"},
         "priorityClassName": "system-node-critical"}}))
     docs = [d for d in render(extra=["-f", str(vals)])
             if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "nic-labeller"]
@@ -82,8 +81,8 @@ def test_values_flow_into_the_daemonset(tmp_path):
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     c = pod["containers"][0]
     args = parse_args([a.replace("$(NODE_NAME)", "n") for a in c["args"]])
-    assert (args.sysfs_root, args.interval, args.socket_ifname, args.log_level, args.event_namespace) == (
-        "/host/sys/n", 60, False, "debug", "ops")
+    assert (args.sysfs_root, args.interval, args.socket_ifname, args.log_level) == ("/host/sys/n", 60, False, "debug")
+    assert c["args"].count("--no-socket-ifname") == 2   # from socketIfname: false and from extraArgs
     assert pod["volumes"][0]["hostPath"]["path"] == "/var/lib/fake-sys"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and "tolerations" not in pod
     assert pod["serviceAccountName"] == "mine" and pod["priorityClassName"] == "system-node-critical"

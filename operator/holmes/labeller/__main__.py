@@ -1,12 +1,13 @@
 """The Holmes NIC labeller: reads this node's sysfs and writes Holmes' NIC labels on its Node.
 
     python -m holmes.labeller --node-name $NODE_NAME [--sysfs-root /host/sys] [--interval 300]
-        [--once] [--kubeconfig PATH] [--no-socket-ifname] [--event-namespace NS]
+        [--once] [--kubeconfig PATH] [--no-socket-ifname]
 
 Each pass: read sysfs (:mod:`.sysfs`), decide the keys (:func:`.labels.desired_labels`), read the
 Node and patch only the Holmes keys the labeller owns (:func:`.labels.plan_patch`; a 409 from a
 concurrent edit is retried on a fresh read). A node problem (InfiniBand and RoCE both active)
-also becomes a Warning Event on the Node when it first appears. ``--once`` does one pass and
+also becomes a Warning Event on the Node when it first appears (in namespace ``default``: the API
+accepts Events about cluster-scoped objects only there, as the kubelet's own node Events). ``--once`` does one pass and
 exits 0, or 1 with the reason (API refused, node missing, sysfs not mounted); without it, errors
 are logged and retried at the next interval.
 """
@@ -58,8 +59,7 @@ def _core(kubeconfig: str | None):
     return client.CoreV1Api()
 
 
-def run_once(core, node: str, sysfs_root: str, keys: Keys, *, socket_ifname: bool = True,
-             event_namespace: str | None = None) -> Desired:
+def run_once(core, node: str, sysfs_root: str, keys: Keys, *, socket_ifname: bool = True) -> Desired:
     """One pass; raises LabellerError with the reason."""
     import json
 
@@ -102,18 +102,21 @@ def run_once(core, node: str, sysfs_root: str, keys: Keys, *, socket_ifname: boo
         log.info("%s: patched %s", node, ", ".join(f"{k}={'(removed)' if v is None else v}"
                                                     for k, v in sorted(plan.changes.items())) or "the record")
         if keys.problem in plan.changes and plan.changes[keys.problem]:
-            _post_event(core, obj, event_namespace, plan.changes[keys.problem])
+            _post_event(core, obj, plan.changes[keys.problem])
         break
     else:
         raise LabellerError(f"node {node!r} kept changing: {CONFLICT_RETRIES} patches refused with 409")
     return desired
 
 
-def _post_event(core, node_obj: dict, namespace: str | None, message: str) -> None:
+EVENT_NAMESPACE = "default"   # the only namespace the API accepts for Events about a Node
+
+
+def _post_event(core, node_obj: dict, message: str) -> None:
     """A Warning Event on the Node (``kubectl describe node`` shows it); best effort."""
     from kubernetes.client.rest import ApiException
     meta = node_obj.get("metadata") or {}
-    ns = namespace or "default"
+    ns = EVENT_NAMESPACE
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {"metadata": {"generateName": f"{meta.get('name')}.", "namespace": ns},
             "involvedObject": {"kind": "Node", "name": meta.get("name"), "uid": meta.get("uid"), "apiVersion": "v1"},
@@ -140,8 +143,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else ~/.kube/config)")
     p.add_argument("--no-socket-ifname", dest="socket_ifname", action="store_false",
                    help=f"do not write {Keys.from_mapping().socket_ifname}")
-    p.add_argument("--event-namespace", default=os.environ.get("POD_NAMESPACE"),
-                   help="namespace for the Node's problem Events (default: $POD_NAMESPACE, else default)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     a = p.parse_args(argv)
     if not a.node_name:
@@ -165,8 +166,7 @@ def main(argv=None) -> int:
         return 1
     while True:
         try:
-            run_once(core, a.node_name, a.sysfs_root, keys, socket_ifname=a.socket_ifname,
-                     event_namespace=a.event_namespace)
+            run_once(core, a.node_name, a.sysfs_root, keys, socket_ifname=a.socket_ifname)
         except LabellerError as e:
             log.error("%s", e)
             if a.once:
