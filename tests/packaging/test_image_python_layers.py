@@ -72,6 +72,10 @@ def test_operator_layer_installs_with_the_pins_and_runs(wheel, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "--all-namespaces" in res.stdout and "--liveness" in res.stdout
+    # the chart's NIC labeller DaemonSet runs the same image with another module
+    res = subprocess.run([str(py), "-m", "holmes.labeller", "--help"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "--sysfs-root" in res.stdout, res.stderr
 
 
 def test_trainer_layer_resolves_for_the_cuda_image(wheel, tmp_path):
