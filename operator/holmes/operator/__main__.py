@@ -13,8 +13,11 @@ import sys
 import kopf
 from kubernetes import client, config
 
+from holmes.plan.config_file import ConfigError
+
+from .cost_model import CostModel
 from .handlers import Runtime, register
-from .planning import default_planner, nic_mapping
+from .planning import planner_for, with_nic_flags
 from .render import RenderSettings
 
 log = logging.getLogger("holmes.operator")
@@ -47,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(e.g. Node Feature Discovery only); repeatable")
     p.add_argument("--rdma-default-kind", choices=["infiniband", "roce"],
                    help="NIC kind of such nodes in any other cluster (default: report them as unusable)")
+    p.add_argument("--cost-model", metavar="COSTMODEL.yaml",
+                   help="plan with this cost model (the YAML `holmes plan --config` reads; re-read before "
+                        "each plan when it changes, a bad edit keeps the last good one); default: built-in")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="json", choices=["json", "plain"],
                    help="json: one structured record per line (default); plain: human-readable")
@@ -93,11 +99,17 @@ def connection_info(cfg: client.Configuration, settings: kopf.OperatorSettings) 
         trust_env=settings.networking.trust_env)
 
 
-def build(args: argparse.Namespace) -> tuple[kopf.OperatorRegistry, Runtime]:
+def cost_model(args: argparse.Namespace) -> CostModel:
+    """The --cost-model file (or the defaults) with the NIC flags on top; ConfigError if bad."""
+    return CostModel(args.cost_model, adjust=lambda c: with_nic_flags(c, args.cluster_rdma_kinds,
+                                                                      args.rdma_default_kind))
+
+
+def build(args: argparse.Namespace, model: CostModel | None = None) -> tuple[kopf.OperatorRegistry, Runtime]:
     registry = kopf.OperatorRegistry()
     settings = RenderSettings(image=args.trainer_image, master_port=args.master_port,
                               metrics_port=args.trainer_metrics_port, port_range=args.port_range_tuple)
-    planner = default_planner(nic_mapping(args.cluster_rdma_kinds, args.rdma_default_kind))
+    planner = planner_for(model or cost_model(args))
     rt = Runtime(api=api_client(args.kubeconfig), planner=planner, settings=settings)
     register(rt, registry)
 
@@ -124,18 +136,23 @@ def build(args: argparse.Namespace) -> tuple[kopf.OperatorRegistry, Runtime]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        model = cost_model(args)          # a bad file stops here, before anything is served
+    except ConfigError as e:
+        print(f"python -m holmes.operator: error: --cost-model: {e}", file=sys.stderr)
+        return 2
     kopf.configure(verbose=args.log_level == "debug", quiet=args.log_level in ("warning", "error"),
                    log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL)
     logging.getLogger().setLevel(args.log_level.upper())
     if args.log_level != "debug":   # kopf logs every watch-event handler call at INFO: keep its warnings
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    registry, _rt = build(args)
+    registry, _rt = build(args, model)
     if args.metrics_port:
         from prometheus_client import start_http_server
         start_http_server(args.metrics_port, addr=args.metrics_addr)
     namespaces = args.namespace
     log.info("starting", extra={"namespaces": namespaces or "*", "metrics_port": args.metrics_port,
-                                "liveness": args.liveness})
+                                "liveness": args.liveness, "cost_model": args.cost_model or "built-in"})
     asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=not namespaces,
                               namespaces=namespaces, liveness_endpoint=args.liveness or None))
     return 0

@@ -15,6 +15,9 @@ PODS_CREATED = Counter("holmes_pods_created_total", "Pods created for HolmesJobs
 RESTARTS = Counter("holmes_restarts_total", "Gang restarts after a pod failure")
 FAILURES = Counter("holmes_job_failures_total", "HolmesJobs that ended Failed, by reason", ["reason"])
 RECONCILE_ERRORS = Counter("holmes_reconcile_errors_total", "Reconciles that raised (retried with backoff)")
+COST_MODEL_VALID = Gauge("holmes_cost_model_valid", "1 while the --cost-model file in use is valid; 0 while it is "
+                         "unreadable or invalid (planning keeps the last good model)")
+COST_MODEL_RELOADS = Counter("holmes_cost_model_reloads_total", "Changed --cost-model files taken into use")
 
 
 class PhaseTracker:
