@@ -51,7 +51,7 @@ Assumptions (defaults in :class:`PlannerConfig`, all configurable):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from . import flops
 from .discovery import NicMapping
@@ -269,35 +269,49 @@ class StageEstimate:
     memory_gib: float
 
 
-def _timeline(costs: Sequence[StageCost], layers: Sequence[int]) -> tuple[float, list[float], list[float], float]:
-    """(iteration seconds, per-stage finish times, per-stage steady steps, pipeline seconds)."""
+class Timeline(NamedTuple):
+    """One partition's iteration on the cost model's clock (see the module docstring)."""
+    seconds: float                  # the iteration: the latest stage finish
+    finishes: list[float]           # per stage: when it is done (pipeline - backward chain + exposed DP)
+    steps: list[float]              # per stage: steady 1F1B step
+    pipeline: float                 # (m-1) * slowest step + warm-up/cool-down
+    exposed: list[float]            # per stage: exposed DP communication
+
+
+def timeline(costs: Sequence[StageCost], layers: Sequence[int]) -> Timeline:
     m = costs[0].shape.micro_batches
     steps = [c.step(n) for c, n in zip(costs, layers)]
     t_pp = ((m - 1) * max(steps) + sum(c.fwd(n) + c.bwd(n) for c, n in zip(costs, layers))
             + 2 * sum(c.place.p2p_out for c in costs[:-1]))
+    exposed = [c.dp_exposed(n) for c, n in zip(costs, layers)]
     finishes, chain = [], 0.0          # chain: backward path from stage s back to stage 0
-    for c, n in zip(costs, layers):
-        finishes.append(t_pp - chain + c.dp_exposed(n))
+    for c, n, e in zip(costs, layers, exposed):
+        finishes.append(t_pp - chain + e)
         chain += c.bwd(n) + c.place.p2p_out
-    return max(finishes), finishes, steps, t_pp
+    return Timeline(max(finishes), finishes, steps, t_pp, exposed)
 
 
 def iteration_seconds(costs: Sequence[StageCost], layers: Sequence[int]) -> float:
-    return _timeline(costs, layers)[0]
+    return timeline(costs, layers).seconds
+
+
+def fits(costs: Sequence[StageCost], layers: Sequence[int]) -> bool:
+    """Every stage's memory within its cap."""
+    return all(c.memory(n) <= c.mem_cap for c, n in zip(costs, layers))
 
 
 def estimate_pipeline(costs: Sequence[StageCost], layers: Sequence[int]) -> tuple[float, list[StageEstimate]]:
     """Iteration seconds and per-stage breakdown for a partition (see module docstring)."""
     m = costs[0].shape.micro_batches
-    seconds, finishes, steps, t_pp = _timeline(costs, layers)
+    tl = timeline(costs, layers)
     out = []
     for s, (c, n) in enumerate(zip(costs, layers)):
         rs, ag = c.dp_times(n)
         out.append(StageEstimate(
             index=s, layers=n, compute=m * (c.fwd(n) + c.bwd(n)), p2p=m * (c.place.p2p_in + c.place.p2p_out),
-            bubble=max(0.0, t_pp - m * steps[s]), dp_comm=rs + ag, dp_exposed=c.dp_exposed(n),
-            finish=finishes[s], memory_gib=c.memory(n) / 2**30))
-    return seconds, out
+            bubble=max(0.0, tl.pipeline - m * tl.steps[s]), dp_comm=rs + ag, dp_exposed=tl.exposed[s],
+            finish=tl.finishes[s], memory_gib=c.memory(n) / 2**30))
+    return tl.seconds, out
 
 
 def refine_partition(costs: Sequence[StageCost], layers: Sequence[int], max_moves: int = 10_000) -> tuple[int, ...]:
@@ -306,7 +320,7 @@ def refine_partition(costs: Sequence[StageCost], layers: Sequence[int], max_move
     the pipeline fill/drain or the DP time later stages hide behind the backward chain.
     Best improvement first, lowest indices on ties: deterministic."""
     cur = list(layers)
-    best, finishes, steps, _ = _timeline(costs, cur)
+    best, finishes, steps, _, _ = timeline(costs, cur)
     P = len(cur)
     for _ in range(max_moves):
         donors = sorted({max(range(P), key=lambda s: (steps[s], -s)), max(range(P), key=lambda s: (finishes[s], -s))})
@@ -330,5 +344,5 @@ def refine_partition(costs: Sequence[StageCost], layers: Sequence[int], max_move
         _, i, j = move
         cur[i] -= 1
         cur[j] += 1
-        best, finishes, steps, _ = _timeline(costs, cur)
+        best, finishes, steps, _, _ = timeline(costs, cur)
     return tuple(cur)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .costmodel import StageCost, _timeline
+from .costmodel import StageCost, fits, timeline
 from .partition import PartitionError, uniform
 
 REL = 1.05          # DP rates within 5% count as the same fabric speed
@@ -46,18 +46,13 @@ class Breakdown:
 
 
 def breakdown(costs: Sequence[StageCost], layers: Sequence[int]) -> Breakdown:
-    seconds, finishes, steps, t_pp = _timeline(costs, layers)
+    tl = timeline(costs, layers)
     m = costs[0].shape.micro_batches
-    k = max(range(len(steps)), key=lambda s: (steps[s], -s))
-    last = max(range(len(finishes)), key=lambda s: (finishes[s], -s))
-    exposed = tuple(c.dp_exposed(n) for c, n in zip(costs, layers))
-    window = tuple(max(0.0, t_pp + e - f) for e, f in zip(exposed, finishes))
-    return Breakdown(tuple(layers), seconds, t_pp, m - 1, steps[k], k, t_pp - (m - 1) * steps[k],
-                     seconds - t_pp, last, exposed, window)
-
-
-def fits(costs: Sequence[StageCost], layers: Sequence[int]) -> bool:
-    return all(c.memory(n) <= c.mem_cap for c, n in zip(costs, layers))
+    k = max(range(len(tl.steps)), key=lambda s: (tl.steps[s], -s))
+    last = max(range(len(tl.finishes)), key=lambda s: (tl.finishes[s], -s))
+    window = tuple(max(0.0, tl.pipeline + e - f) for e, f in zip(tl.exposed, tl.finishes))
+    return Breakdown(tuple(layers), tl.seconds, tl.pipeline, m - 1, tl.steps[k], k,
+                     tl.pipeline - (m - 1) * tl.steps[k], tl.seconds - tl.pipeline, last, tuple(tl.exposed), window)
 
 
 @dataclass(frozen=True)

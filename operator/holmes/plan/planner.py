@@ -25,11 +25,11 @@ from typing import Any, Mapping, Sequence
 
 from . import partition as parts_mod
 from .costmodel import (GBIT, ModelCost, PlannerConfig, Shape, StageCost, StageEstimate, StagePlace,
-                        estimate_pipeline, iteration_seconds, refine_partition, tflops_per_gpu)
+                        estimate_pipeline, fits, iteration_seconds, refine_partition, tflops_per_gpu)
 from .discovery import NodeNic, classify_nodes, why_unusable
 from .jobspec import AUTO, JobSpec, SpecError
 from .layout import GroupFamily, Layout, Stage
-from .topology import (IB_NET, SOCKET_NET, NodeSet, group_bandwidth_gbps, islands_of, merge, summarize)
+from .topology import SOCKET_NET, NodeSet, group_bandwidth_gbps, islands_of, merge, summarize
 
 
 class PlanError(ValueError):
@@ -286,8 +286,7 @@ def _evaluate(job: JobSpec, deg: Degrees, nodes: Sequence[NodeNic], model: Model
     else:
         layers = parts_mod.adaptive([c.busy for c in costs], L)
         even = parts_mod.uniform(P, L)
-        if all(c.memory(n) <= c.mem_cap for c, n in zip(costs, even)) and \
-                iteration_seconds(costs, even) < iteration_seconds(costs, layers):
+        if fits(costs, even) and iteration_seconds(costs, even) < iteration_seconds(costs, layers):
             layers = even
         if refine:
             layers = refine_partition(costs, layers)
