@@ -149,6 +149,13 @@ def test_crd_rendering_switches():
      "extraEnv.0.value: Invalid type. Expected: string, given: integer"),
     (["--set", "nics.clusterRdmaKinds.east=ib"], "nics.clusterRdmaKinds.east must be one of the following"),
     (["--set", "metrics.serviceMonitor.interval=often"], "metrics.serviceMonitor.interval: Does not match pattern"),
+    (["--set", "costModel.gpuPeakTflop=989"], "costModel: Additional property gpuPeakTflop is not allowed"),
+    (["--set-json", 'costModel={"fabric":{"crossClusterGbps":-1}}'],
+     "costModel.fabric.crossClusterGbps: Must be greater than or equal to 0"),
+    (["--set-json", 'costModel={"fabric":{"netEfficiency":{"ib":0.9}}}'],
+     "costModel.fabric.netEfficiency: Additional property ib is not allowed"),
+    (["--set", "costModel.computeEfficiency=0.7"],      # --set keeps decimals as strings: use -f or --set-json
+     "costModel.computeEfficiency: Invalid type. Expected: number, given: string"),
 ])
 def test_schema_rejects_wrong_values_clearly(args, message):
     proc = helm("template", "r", str(CHART), *args, check=False)
@@ -172,3 +179,63 @@ def test_values_yaml_documents_every_top_level_key_of_the_schema():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(values) == set(schema["properties"]) - {"global"}
 
+
+
+COST_MODEL = {"gpuPeakTflops": 989, "computeEfficiency": 0.45, "gradBytes": 2,
+              "fabric": {"crossClusterGbps": 100, "netEfficiency": {"roce": 0.00005}},
+              "nicMapping": {"clusterRdmaKinds": {"east": "infiniband"}, "defaultGbps": {"roce": 400}}}
+
+
+def test_cost_model_value_becomes_a_configmap_mounted_and_passed_to_the_operator(tmp_path):
+    from holmes.plan.config_file import from_mapping, load_yaml_text
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"costModel": COST_MODEL}))
+    docs = render(extra=["-f", str(values)])
+    cm = one(docs, "ConfigMap")
+    assert cm["metadata"]["name"] == "holmes-cost-model" and cm["metadata"]["namespace"] == "holmes-system"
+    # The rendered file reads (with the reader `holmes plan --config` uses) to exactly these numbers,
+    # including one Helm's toYaml would have written as 5e-05 (a string to YAML 1.1).
+    assert load_yaml_text(cm["data"]["costmodel.yaml"]) == from_mapping(COST_MODEL)
+    pod = operator_pod(docs)
+    c = pod["containers"][0]
+    assert "--cost-model=/etc/holmes-operator/costmodel.yaml" in c["args"]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "cost-model")
+    assert mount == {"name": "cost-model", "mountPath": "/etc/holmes-operator", "readOnly": True}  # no subPath:
+    # the kubelet then updates the file when the ConfigMap changes, and the operator re-reads it.
+    vol = next(v for v in pod["volumes"] if v["name"] == "cost-model")
+    assert vol == {"name": "cost-model", "configMap": {"name": "holmes-cost-model"}}
+    # Mounting a ConfigMap needs no API permission: RBAC is what it is without a cost model.
+    rbac = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
+    default = render()
+    assert [d for d in docs if d["kind"] in rbac] == [d for d in default if d["kind"] in rbac]
+
+
+def test_no_cost_model_renders_nothing_for_it():
+    docs = render()
+    assert not by_kind(docs, "ConfigMap")
+    pod = operator_pod(docs)
+    assert not any(a.startswith("--cost-model") for a in pod["containers"][0]["args"])
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+
+
+def test_cost_model_schema_is_the_cost_model_files_schema():
+    """values.schema.json's costModel is holmes.plan.config_file.json_schema(): a PlannerConfig field
+    added later must be added there too (regenerate it with that function)."""
+    import json
+    from holmes.plan.config_file import json_schema
+
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["costModel"]
+    assert {k: v for k, v in schema.items() if k != "description"} == json_schema()
+
+
+def test_the_whole_print_config_output_is_a_valid_cost_model_value(tmp_path):
+    """`holmes plan --print-config` (every key, the defaults) pasted under costModel passes the
+    schema and reaches the operator unchanged."""
+    from holmes.plan import PlannerConfig
+    from holmes.plan.config_file import dump_yaml, load_yaml_text
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"costModel": yaml.safe_load(dump_yaml())}))
+    cm = one(render(extra=["-f", str(values)]), "ConfigMap")
+    assert load_yaml_text(cm["data"]["costmodel.yaml"]) == PlannerConfig()

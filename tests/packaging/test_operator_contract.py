@@ -42,3 +42,26 @@ def test_the_operator_accepts_the_chart_command_line(values, monkeypatch):
     kinds = {k.split(".")[-1]: v for k, v in values.items() if k.startswith("nics.clusterRdmaKinds.")}
     assert sorted(args.cluster_rdma_kind) == sorted(f"{c}={k}" for c, k in kinds.items())
     assert args.rdma_default_kind == (values.get("nics.rdmaDefaultKind") or None)
+
+
+def test_the_operator_plans_with_the_charts_cost_model(tmp_path):
+    """costModel: the rendered --cost-model flag and ConfigMap give the operator exactly the numbers
+    `holmes plan --config` reads from the same mapping (NIC flags from nics.* on top)."""
+    import yaml
+
+    from holmes.operator.__main__ import cost_model, parse_args
+    from holmes.plan.config_file import from_mapping
+
+    doc = {"fabric": {"crossClusterGbps": 100, "netEfficiency": {"roce": 0.7}}, "overlap": False,
+           "nicMapping": {"clusterRdmaKinds": {"east": "roce"}}}
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"costModel": doc, "nics": {"clusterRdmaKinds": {"west": "infiniband"}}}))
+    docs = render(extra=["-f", str(values)])
+    mounted = tmp_path / "costmodel.yaml"
+    mounted.write_text(one(docs, "ConfigMap")["data"]["costmodel.yaml"])
+    args = [a.replace("/etc/holmes-operator/costmodel.yaml", str(mounted))
+            for a in operator_pod(docs)["containers"][0]["args"]]
+    cfg = cost_model(parse_args(args)).config
+    want = from_mapping(doc)
+    assert cfg.fabric == want.fabric and cfg.overlap is False
+    assert dict(cfg.nic_mapping.cluster_rdma_kinds) == {"east": "roce", "west": "infiniband"}

@@ -183,6 +183,44 @@ def from_mapping(doc: Any, base: PlannerConfig | None = None) -> PlannerConfig:
     return _build(PlannerConfig, doc, base, "")
 
 
+# ---- JSON Schema ------------------------------------------------------------------------------
+
+def _schema(tp: Any, default: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(tp):
+        hints = _hints(tp)
+        return {"type": "object", "additionalProperties": False,
+                "properties": {camel(f.name): _schema(hints[f.name], getattr(default, f.name))
+                               for f in dataclasses.fields(tp) if f.init}}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp in (int, float):
+        return {"type": "integer" if tp is int else "number", "minimum": 0}
+    if tp is str:
+        return {"type": "string"}
+    if tp is type(None):
+        return {"type": "null"}
+    if typing.get_origin(tp) is Literal:
+        return {"enum": list(typing.get_args(tp))}
+    if _is_union(tp):
+        return {"anyOf": [_schema(a, None) for a in typing.get_args(tp)]}
+    vt = _pair_value_type(tp)
+    if vt is not None:
+        names = [k for k, _ in default or ()]
+        if names:                        # a non-empty default fixes the names (NIC kinds)
+            return {"type": "object", "additionalProperties": False,
+                    "properties": {k: _schema(vt, None) for k in names}}
+        return {"type": "object", "additionalProperties": _schema(vt, None)}
+    if typing.get_origin(tp) is tuple:
+        return {"type": "array", "items": _schema(typing.get_args(tp)[0], None)}
+    raise TypeError(f"no JSON Schema for {tp}")
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema (draft-07) of the file: its keys and value types (the Helm chart checks its
+    ``costModel`` value with it). Ranges beyond ``>= 0`` are checked when the file is read."""
+    return _schema(PlannerConfig, PlannerConfig())
+
+
 # ---- dumping ------------------------------------------------------------------------------------
 
 def _plain(tp: Any, value: Any) -> Any:
