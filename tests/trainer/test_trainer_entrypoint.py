@@ -115,3 +115,17 @@ def test_paper_flops_formula_and_prometheus_endpoint():
         assert 'holmes_trainer_time_seconds{part="bubble"} 0.25' in body
     finally:
         sink.close()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_parameter_count_is_the_planners_and_matches_the_module(tied):
+    from dataclasses import replace
+
+    from holmes.plan.costmodel import ModelCost
+    from holmes.plan.jobspec import JobSpec
+    from holmes.trainer.model import build_full
+    spec = JobSpec.from_manifest(JOB)
+    m = TrainConfig.from_jobspec(replace(spec, model=replace(spec.model, tied_embeddings=tied))).model
+    module = build_full(m, seed=0)
+    assert m.num_parameters() == sum(p.numel() for p in module.parameters())
+    assert m.num_parameters() == ModelCost.of(replace(spec.model, tied_embeddings=tied)).total_params

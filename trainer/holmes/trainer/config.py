@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from holmes.plan.costmodel import ModelCost
 from holmes.plan.layout import Layout
 
 DTYPES = ("float32", "bfloat16")
@@ -43,11 +44,13 @@ class ModelConfig:
     def ffn(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size
 
+    def cost(self) -> ModelCost:
+        """The planner's arithmetic for this model (parameter count, FLOPs): one formula for both."""
+        return ModelCost(self.layers, self.hidden_size, self.attention_heads, self.seq_length,
+                         self.vocab_size, self.ffn, self.tied_embeddings)
+
     def num_parameters(self) -> int:
-        h, f, V, s, L = self.hidden_size, self.ffn, self.vocab_size, self.seq_length, self.layers
-        per_layer = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
-        head = 2 * h + (0 if self.tied_embeddings else V * h)
-        return V * h + s * h + L * per_layer + head
+        return self.cost().total_params
 
 
 @dataclass(frozen=True)

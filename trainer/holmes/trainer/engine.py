@@ -11,6 +11,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from holmes.plan import flops
 from holmes.plan.layout import Layout
 
 from . import checkpoint
@@ -18,9 +19,7 @@ from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, make_source
 from .dist_optimizer import DistributedOptimizer
 from .groups import build_groups
-from holmes.plan.flops import formula_name
-
-from .metrics import MetricsSink, tflops_per_gpu
+from .metrics import MetricsSink, flops_per_iteration
 from .model import TIED_COPY, build_stage
 from .schedule import MicroBatchRunner
 
@@ -78,6 +77,10 @@ class Trainer:
             source = make_source(cfg.data.path, cfg.model.vocab_size, cfg.model.seq_length, cfg.seed,
                                  cfg.data.token_dtype)
             self.loader = BatchLoader(source, Sharding(cfg.global_batch_size, D, info.dp_index))
+        # what one iteration computes never changes: count it once, not per iteration
+        self.flops_per_iteration = flops_per_iteration(cfg.model, cfg.global_batch_size,
+                                                       recompute=cfg.activation_recompute)
+        self.tokens_per_iteration = cfg.global_batch_size * cfg.model.seq_length
         self.iteration = 0
         self.history: list[dict[str, Any]] = []
 
@@ -165,12 +168,10 @@ class Trainer:
         if not cfg.overlap:                      # synchronous all-gathers ran inside step
             t_step = max(0.0, t_step - times.param_wait)
         bubble = max(0.0, t_sched - self.runner.compute)
-        tokens = cfg.global_batch_size * cfg.model.seq_length
         record = {
             "iteration": self.iteration, "loss": loss, "learningRate": lr, "gradNorm": grad_norm,
-            "iterationSeconds": seconds, "tokensPerSecond": tokens / seconds,
-            "tflopsPerGpu": tflops_per_gpu(cfg.model, cfg.global_batch_size, seconds, lay.world_size,
-                                           recompute=cfg.activation_recompute),
+            "iterationSeconds": seconds, "tokensPerSecond": self.tokens_per_iteration / seconds,
+            "tflopsPerGpu": flops.tflops_per_gpu(self.flops_per_iteration, seconds, lay.world_size),
             "time": {"compute": compute, "bubble": bubble, "exposedComm": exposed,
                      "optimizer": t_step, "data": t_data},
         }
@@ -184,7 +185,7 @@ class Trainer:
                        worldSize=self.layout.world_size, pipeline=self.layout.pipeline,
                        data=self.layout.data, parameters=cfg.model.num_parameters(),
                        overlap=cfg.overlap, activationRecompute=cfg.activation_recompute,
-                       flopsFormula=formula_name(cfg.activation_recompute), device=str(self.device))
+                       flopsFormula=flops.formula_name(cfg.activation_recompute), device=str(self.device))
         every = cfg.checkpoint.interval
         while self.iteration < cfg.iterations:
             record = self.train_step()

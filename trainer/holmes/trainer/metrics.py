@@ -2,8 +2,9 @@
 
 Only rank 0 reports. Keys are camelCase like HolmesJob.status.progress (iteration, loss,
 tokensPerSecond, tflopsPerGpu: model FLOPs per second per GPU, with the formula that matches
-whether the run recomputes activations, named in the ``start`` line's ``flopsFormula``). Every line carries ``"holmes": "<event>"`` so a reader can pick
-them out of other output: ``start``, ``iteration``, ``checkpoint``, ``resume``, ``done``, ``error``.
+whether the run recomputes activations, named in the ``start`` line's ``flopsFormula``). Every
+line carries ``"holmes": "<event>"`` so a reader can pick them out of other output: ``start``,
+``iteration``, ``checkpoint``, ``resume``, ``done``, ``error``.
 The latest iteration/done/error line also replaces the container's termination message file
 (Kubernetes' /dev/termination-log), where the operator reads progress once the pod has ended.
 """
@@ -13,22 +14,14 @@ import json
 import sys
 from typing import Any, TextIO
 
-from holmes.plan import flops
-
 from .config import ModelConfig
 
 
 def flops_per_iteration(m: ModelConfig, global_batch: int, *, recompute: bool) -> float:
-    """Model FLOPs of one iteration from holmes.plan.flops, the planner's own count: with
+    """Model FLOPs of one iteration, the planner's own count (holmes.plan.flops): with
     recomputation the paper's ``96 B s l h^2 (1 + s/6h + V/16lh)``, without it
     ``72 B s l h^2 (1 + s/6h + V/12lh)`` (general in ffnHiddenSize)."""
-    return flops.flops_per_iteration(global_batch=global_batch, seq=m.seq_length, layers=m.layers,
-                                     hidden=m.hidden_size, vocab=m.vocab_size, ffn=m.ffn, recompute=recompute)
-
-
-def tflops_per_gpu(m: ModelConfig, global_batch: int, seconds: float, world_size: int, *,
-                   recompute: bool) -> float:
-    return flops.tflops_per_gpu(flops_per_iteration(m, global_batch, recompute=recompute), seconds, world_size)
+    return m.cost().flops_per_iteration(global_batch, recompute=recompute)
 
 
 class MetricsSink:
