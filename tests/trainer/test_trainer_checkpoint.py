@@ -44,3 +44,13 @@ def test_resume_under_another_layout_is_refused(tmp_path):
     res = run_ranks(2, train_on_layout, cfg.with_(iterations=4), make_layout(2, 1, [2, 2], 2, 8),
                     allow_exit=True)
     assert res[0][0] == "error" and "same layout" in res[0][1]
+
+
+def test_a_marker_that_does_not_parse_is_an_incomplete_checkpoint(tmp_path):
+    # e.g. a node lost power after the rename reached the disk but before the marker's data did
+    root = str(tmp_path)
+    for it, text in ((3, '{"iteration": 3}'), (6, ""), (9, '{"iteration": 9')):
+        os.makedirs(checkpoint.iteration_dir(root, it))
+        with open(os.path.join(checkpoint.iteration_dir(root, it), checkpoint.MARKER), "w") as f:
+            f.write(text)
+    assert checkpoint.newest_complete(root) == 3

@@ -3,7 +3,8 @@
 ``<path>/iter_00000042/`` holds one DCP checkpoint: model tensors under their global names
 (replicated across DP ranks, so DCP writes each once), this rank's optimizer shards under
 ``optim.stage<s>.dp<d>.*``, and each rank's RNG state. Rank 0 writes ``holmes.json`` last,
-after every rank has finished: a directory without it is incomplete and is never resumed from.
+after every rank has finished (written to a temporary name, fsynced, renamed): a directory
+without it, or with one that does not parse, is incomplete and is never resumed from.
 The data position is the iteration number (data.py draws batches by iteration), so
 restoring the iteration restores the data stream exactly.
 
@@ -33,12 +34,22 @@ def iteration_dir(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:08d}")
 
 
+def _read_marker(path: str) -> dict[str, Any] | None:
+    """The marker of a checkpoint directory, or None when it is missing or does not parse."""
+    try:
+        with open(os.path.join(path, MARKER)) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def newest_complete(root: str | None) -> int | None:
-    """The iteration of the newest checkpoint whose marker exists, or None."""
+    """The iteration of the newest checkpoint whose marker exists and parses, or None."""
     if not root or not os.path.isdir(root):
         return None
     done = [int(m.group(1)) for name in os.listdir(root) if (m := _DIR.match(name))
-            and os.path.isfile(os.path.join(root, name, MARKER))]
+            and _read_marker(os.path.join(root, name)) is not None]
     return max(done) if done else None
 
 
@@ -58,6 +69,8 @@ def save(root: str, iteration: int, state: dict[str, Any], rank: int, meta: dict
         tmp = os.path.join(path, MARKER + ".tmp")
         with open(tmp, "w") as f:
             json.dump({"iteration": iteration, **meta}, f)
+            f.flush()
+            os.fsync(f.fileno())          # the data before the rename that publishes it
         os.replace(tmp, os.path.join(path, MARKER))
     dist.barrier()
     return path
@@ -66,8 +79,9 @@ def save(root: str, iteration: int, state: dict[str, Any], rank: int, meta: dict
 def load(root: str, iteration: int, state: dict[str, Any], expect_meta: dict[str, Any]) -> dict[str, Any]:
     """Collective: fill ``state``'s tensors in place from the checkpoint; returns its marker."""
     path = iteration_dir(root, iteration)
-    with open(os.path.join(path, MARKER)) as f:
-        meta = json.load(f)
+    meta = _read_marker(path)
+    if meta is None:
+        raise CheckpointError(f"checkpoint {path} has no readable {MARKER}: it is incomplete")
     for key, want in expect_meta.items():
         if meta.get(key) != want:
             raise CheckpointError(f"checkpoint {path} was written with {key}={meta.get(key)!r} but this run "
