@@ -150,6 +150,8 @@ def follow(k: Kubectl, ns: str, name: str, timeout: float) -> int:
     say(">> events")
     say(k("get", "events", "-n", ns, "--field-selector", f"involvedObject.kind=HolmesJob,involvedObject.uid={uid}",
           "--sort-by=.lastTimestamp", check=False))
+    say(f">> the cluster keeps running for a look around: export KUBECONFIG=$PWD/.holmes/kubeconfig; "
+        f"kubectl get hj,pods -n {ns}; `make cluster-down` stops it")
     return 0 if phase == "Succeeded" else 1
 
 
