@@ -162,7 +162,6 @@ class DistributedOptimizer:
                 b.gather_src = torch.empty(s, dtype=self.dtype, device=device)
 
         # ---- hooks ----------------------------------------------------------------------
-        self.seen = [0] * len(self.params)
         self._reset_pending()
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._make_grad_hook(i))
@@ -175,6 +174,7 @@ class DistributedOptimizer:
 
     # ---- gradient side --------------------------------------------------------------------
     def _reset_pending(self) -> None:
+        """A fresh iteration: no gradient seen yet, no reduce-scatter started."""
         for b in self.buckets:
             b.pending, b.launched, b.grad_work = len(b.params), False, None
         self.seen = [0] * len(self.params)

@@ -19,14 +19,11 @@ from holmes.plan.layout import Layout, ProcessGroup
 
 @dataclass
 class RankGroups:
-    """The groups one rank belongs to (None where the kind does not exist for it)."""
+    """The groups one rank belongs to (None where the kind does not exist for it, or where the
+    group would have one member: that needs no communicator)."""
     dp: Any
     pp: Any
     embedding: Any
-    dp_ranks: tuple[int, ...]
-    pp_ranks: tuple[int, ...]
-    embedding_ranks: tuple[int, ...]
-    nets: dict[str, str]              # kind -> NCCL net, for the log
 
 
 def group_options(backend: str, net: str) -> Any:
@@ -50,26 +47,21 @@ def embedding_groups(layout: Layout) -> list[ProcessGroup]:
 def build_groups(layout: Layout, rank: int, backend: str, timeout_s: float,
                  need_embedding: bool = False) -> RankGroups:
     timeout = timedelta(seconds=timeout_s)
-    mine: dict[str, tuple[Any, tuple[int, ...], str]] = {}
+    mine: dict[str, Any] = {}
     specs = [g for g in layout.process_groups() if g.kind in ("dp", "pp")]
     if need_embedding:
         specs += embedding_groups(layout)
     for g in specs:
-        if g.kind == "dp" and len(g.ranks) == 1 or g.kind == "pp" and len(g.ranks) == 1:
-            handle = None           # a group of one needs no communicator
-        else:
+        handle = None           # a group of one needs no communicator (every rank skips it alike)
+        if len(g.ranks) > 1:
             handle = dist.new_group(list(g.ranks), timeout=timeout, backend=backend,
                                     pg_options=group_options(backend, g.net))
         if rank in g.ranks:
             if g.kind in mine:
                 raise RuntimeError(f"rank {rank} is in two {g.kind} groups: the layout is inconsistent")
-            mine[g.kind] = (handle, g.ranks, g.net)
-    me = layout.rank_info(rank)
-    dp = mine.get("dp", (None, (rank,), "-"))
-    pp = mine.get("pp", (None, (rank,), "-"))
-    emb = mine.get("embedding", (None, (), "-"))
-    if layout.data > 1 and dp[0] is None or layout.pipeline > 1 and pp[0] is None:
+            mine[g.kind] = handle
+    if layout.data > 1 and mine.get("dp") is None or layout.pipeline > 1 and mine.get("pp") is None:
+        me = layout.rank_info(rank)
         raise RuntimeError(f"rank {rank} (stage {me.stage}, dp index {me.dp_index}) found no dp/pp group "
                            "in the layout: it must list a dp family per stage and a pp family")
-    return RankGroups(dp=dp[0], pp=pp[0], embedding=emb[0], dp_ranks=dp[1], pp_ranks=pp[1],
-                      embedding_ranks=emb[1], nets={"dp": dp[2], "pp": pp[2], "embedding": emb[2]})
+    return RankGroups(dp=mine.get("dp"), pp=mine.get("pp"), embedding=mine.get("embedding"))

@@ -24,19 +24,18 @@ class _TimedStage(PipelineStage):
     compute = 0.0
     sync: Callable[[], None] = staticmethod(lambda: None)
 
-    def forward_maybe_with_nosync(self, *args: Any, **kwargs: Any):
+    def _timed(self, chunk: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
-        out = super().forward_maybe_with_nosync(*args, **kwargs)
+        out = chunk(*args, **kwargs)
         self.sync()
         self.compute += time.perf_counter() - t0
         return out
 
+    def forward_maybe_with_nosync(self, *args: Any, **kwargs: Any):
+        return self._timed(super().forward_maybe_with_nosync, *args, **kwargs)
+
     def backward_maybe_with_nosync(self, *args: Any, **kwargs: Any):
-        t0 = time.perf_counter()
-        out = super().backward_maybe_with_nosync(*args, **kwargs)
-        self.sync()
-        self.compute += time.perf_counter() - t0
-        return out
+        return self._timed(super().backward_maybe_with_nosync, *args, **kwargs)
 
 
 class MicroBatchRunner:
@@ -82,8 +81,6 @@ class MicroBatchRunner:
         if self.schedule is None:
             return self._run_local(inputs, targets)
         losses: list[torch.Tensor] = []
-        if self.first and self.last:
-            raise AssertionError("a single stage runs locally")
         if self.first:
             self.schedule.step(inputs, return_outputs=False)
         elif self.last:
@@ -92,7 +89,7 @@ class MicroBatchRunner:
             self.schedule.step(return_outputs=False)
         if not self.last:
             return None
-        return torch.stack([l.detach().float() for l in losses]).sum()
+        return torch.stack([loss.detach().float() for loss in losses]).sum()
 
     def _run_local(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         total = torch.zeros((), dtype=torch.float32, device=inputs.device)
