@@ -192,7 +192,7 @@ def arrange_groups(usable: Sequence[NodeNic], count: int, block: int, cfg: Plann
         take = min(len(isl.nodes) // block, blocks_needed - sum(len(g) for g in groups))
         if take > 0:
             groups.append([isl.nodes[i * block:(i + 1) * block] for i in range(take)])
-        leftovers.extend(isl.nodes[max(take, 0) * block:])
+        leftovers.extend(isl.nodes[take * block:])
     missing = blocks_needed - sum(len(g) for g in groups)
     if missing:
         rest = leftovers[:missing * block]
@@ -200,9 +200,11 @@ def arrange_groups(usable: Sequence[NodeNic], count: int, block: int, cfg: Plann
     return groups
 
 
-def island_orders(n_groups: int, cfg: PlannerConfig, groups) -> list[tuple[int, ...]]:
-    base = tuple(range(n_groups))
-    if math.factorial(n_groups) <= cfg.max_island_orders:
+def island_orders(groups: Sequence[list[tuple[NodeNic, ...]]], cfg: PlannerConfig) -> list[tuple[int, ...]]:
+    """Orders in which to place the island groups: all of them while there are few, else the
+    given order, by cluster, and both reversed."""
+    base = tuple(range(len(groups)))
+    if math.factorial(len(groups)) <= cfg.max_island_orders:
         return list(itertools.permutations(base))
     by_cluster = tuple(sorted(base, key=lambda g: (sorted(n.cluster for n in groups[g][0])[0], g)))
     cands = [base, base[::-1], by_cluster, by_cluster[::-1]]
@@ -248,7 +250,8 @@ def _evaluate(job: JobSpec, deg: Degrees, nodes: Sequence[NodeNic], model: Model
         everything = merge(everything, s)
     pp_net = everything.net if P > 1 else sets[0].net
     tied = model.tied and P > 1
-    emb_net = merge(sets[0], sets[-1]).net if tied else None
+    ends = merge(sets[0], sets[-1])                  # the embedding group's nodes (tied, P > 1)
+    emb_net = ends.net if tied else None
     shape = Shape(T, D, P, job.training.micro_batch_size, deg.micro_batches)
     act = shape.micro_batch * model.seq * model.hidden * cfg.activation_bytes
     nvlink = cfg.nvlink_gbps * GBIT
@@ -263,9 +266,8 @@ def _evaluate(job: JobSpec, deg: Degrees, nodes: Sequence[NodeNic], model: Model
             boundary.append(ranks_on_node / T * act / (bw * GBIT))
     emb_sync = 0.0
     if tied:
-        both = merge(sets[0], sets[-1])
         nbytes = ranks_on_node * model.vocab * model.hidden / T * cfg.grad_bytes
-        emb_sync = nbytes / (group_bandwidth_gbps(both, cfg.fabric, emb_net) * GBIT) if stage_nodes[0] != stage_nodes[-1] \
+        emb_sync = nbytes / (group_bandwidth_gbps(ends, cfg.fabric, emb_net) * GBIT) if stage_nodes[0] != stage_nodes[-1] \
             else nbytes / ranks_on_node / nvlink
     costs = []
     for s in range(P):
@@ -290,9 +292,8 @@ def _evaluate(job: JobSpec, deg: Degrees, nodes: Sequence[NodeNic], model: Model
             layers = even
         if refine:
             layers = refine_partition(costs, layers)
-    over = [(s, c.memory(n)) for s, (c, n) in enumerate(zip(costs, layers)) if c.memory(n) > c.mem_cap]
-    if over:
-        s, mem = max(over, key=lambda x: x[1])
+    if not fits(costs, layers):
+        s, mem = max(((s, c.memory(n)) for s, (c, n) in enumerate(zip(costs, layers))), key=lambda x: x[1])
         return (f"tensor {T} x pipeline {P} x data {D}: stage {s} needs {mem / 2**30:.1f} GiB per GPU, "
                 f"more than {cfg.memory_headroom:.0%} of {cfg.gpu_memory_gib:g} GiB")
     seconds, stages = estimate_pipeline(costs, layers)
@@ -307,17 +308,17 @@ def search(usable: Sequence[NodeNic], job: JobSpec, cfg: PlannerConfig) -> tuple
     best_per_degree: list[Candidate] = []
     why_not: list[str] = []
     sets_cache: dict = {}
+    name_order = [tuple(sorted(usable, key=lambda n: n.name)[:N])]     # nicSelection off: Megatron's
     arrangements: dict[int, list] = {}
     for deg in degree_candidates(job):
         span = max(1, deg.data * deg.tensor // G)
         if job.parallelism.nic_selection == "off":
-            orders = [tuple(sorted(usable, key=lambda n: n.name)[:N])]
+            orders = name_order
         else:
             if span not in arrangements:
                 groups = arrange_groups(usable, N, span, cfg)
-                arrangements[span] = [
-                    tuple(n for g in order for blk in groups[g] for n in blk)
-                    for order in island_orders(len(groups), cfg, groups)]
+                arrangements[span] = [tuple(n for g in order for blk in groups[g] for n in blk)
+                                      for order in island_orders(groups, cfg)]
             orders = arrangements[span]
         best: tuple | None = None
         for i, order in enumerate(orders):
@@ -329,7 +330,7 @@ def search(usable: Sequence[NodeNic], job: JobSpec, cfg: PlannerConfig) -> tuple
                 best = (c.key(i), c)
         if best is not None:
             c = best[1]
-            if isinstance(job.parallelism.partition, str) and job.parallelism.partition == "adaptive":
+            if job.parallelism.partition == "adaptive":
                 c = _evaluate(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
             best_per_degree.append(c)
     if not best_per_degree:
