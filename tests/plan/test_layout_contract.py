@@ -44,6 +44,9 @@ def test_json_round_trip_is_lossless():
     (dict(stages=(Stage(0, (0, 5), "e", "infiniband", "IB"), Stage(1, (6, 8), "w", "roce", "IB"))), "must start at 5"),
     (dict(stages=(Stage(0, (0, 5), "e", "infiniband", "IB"), Stage(1, (5, 8), "w", "myrinet", "IB"))), "nic"),
     (dict(groups=(GroupFamily("dp", "IB", 7),)), "stage"),
+    # one stage has no first/last pair: the groups would list each rank twice
+    (dict(pipeline=1, data=8, stages=(Stage(0, (0, 8), "e", "infiniband", "IB"),),
+          groups=(GroupFamily("dp", "IB", 0), GroupFamily("embedding", "IB"))), "pipeline > 1"),
 ])
 def test_broken_layouts_are_refused_with_the_reason(change, message):
     with pytest.raises(LayoutError, match=message):

@@ -252,3 +252,6 @@ def validate(layout: Layout) -> None:
             raise LayoutError(f"group {g.kind} net {g.net!r} is not one of {', '.join(NETS)}")
         if g.kind in ("dp", "tp") and (g.stage is None or not 0 <= g.stage < P):
             raise LayoutError(f"group {g.kind} needs a stage in [0, {P}), got {g.stage!r}")
+        if g.kind == "embedding" and P == 1:
+            raise LayoutError("group embedding needs pipeline > 1: with one stage the first and last "
+                              "stage are the same ranks, the tied embedding is one tensor")
