@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .tokenize import sidecar_path
+
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
@@ -37,10 +39,6 @@ class SyntheticSource:
         a = torch.randint(0, self.vocab, (1,), generator=g)
         c = torch.randint(1, min(self.vocab, 8), (1,), generator=g)
         return (a + c * torch.arange(self.seq + 1)) % self.vocab
-
-
-def sidecar_path(path: str) -> str:
-    return path + ".json"
 
 
 class TokenFileSource:

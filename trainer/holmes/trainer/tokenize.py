@@ -21,6 +21,11 @@ BYTE_VOCAB = 257
 END_OF_DOCUMENT = 256
 
 
+def sidecar_path(path: str) -> str:
+    """Where the token file's dtype and vocabulary size are kept (the trainer reads it)."""
+    return path + ".json"
+
+
 def byte_encode(text: str) -> list[int]:
     return list(text.encode("utf-8")) + [END_OF_DOCUMENT]
 
@@ -48,7 +53,7 @@ def write_token_file(out: str, texts: Iterable[str], encode: Callable[[str], lis
             ids = np.asarray(encode(text), dtype=dtype)
             ids.tofile(f)
             count += len(ids)
-    with open(out + ".json", "w") as f:
+    with open(sidecar_path(out), "w") as f:
         json.dump({"dtype": dtype, "vocabSize": vocab_size, "tokens": count, "tokenizer": tokenizer}, f)
     return count
 
