@@ -180,7 +180,7 @@ class StageCost:
         tokens = mb * model.seq
         rate = cfg.flops_per_second
         act = tokens * model.hidden * cfg.activation_bytes
-        nvlink = cfg.nvlink_gbps * GBIT
+        self.nvlink = nvlink = cfg.nvlink_gbps * GBIT     # bytes/s per GPU
         tp_allreduce = 0.0 if T == 1 else 2 * (T - 1) / T * act / nvlink
         recompute = 1 if cfg.activation_recompute else 0
         f = tokens * model.layer_fwd_flops_per_token() / T / rate
@@ -191,8 +191,7 @@ class StageCost:
         self.extra_params = ((model.embedding_params if place.first else 0)
                              + (model.head_params if place.last else 0)
                              + (model.vocab * model.hidden if place.last and model.tied and not place.first else 0))
-        mem_cap = cfg.gpu_memory_gib * 2**30 * cfg.memory_headroom
-        self.mem_cap = mem_cap
+        self.mem_cap = cfg.gpu_memory_gib * 2**30 * cfg.memory_headroom
 
     # per micro-batch
     def fwd(self, n: int) -> float:
@@ -215,9 +214,9 @@ class StageCost:
             return 0.0, 0.0
         ring = (D - 1) / D
         p = self.params(n)
-        nvlink = self.cfg.nvlink_gbps * GBIT
+
         def t(nbytes: int) -> float:
-            inside = nbytes / T * ring / nvlink            # each GPU's share over NVLink
+            inside = nbytes / T * ring / self.nvlink       # each GPU's share over NVLink
             if self.place.dp_gbps is None:
                 return inside
             through_nics = nbytes * ring / (self.place.dp_gbps * GBIT)   # all T groups share the node's NICs
