@@ -21,15 +21,11 @@ import typing
 from typing import Any, Literal, Mapping, Union
 
 from .costmodel import PlannerConfig
+from .jobspec import camel
 
 
 class ConfigError(ValueError):
     """A cost-model file Holmes cannot use; the message names the key and what to write."""
-
-
-def camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(w[:1].upper() + w[1:] for w in rest)
 
 
 # ---- types --------------------------------------------------------------------------------------

@@ -594,9 +594,10 @@ class _Reader:
 
 # ---- back to camelCase --------------------------------------------------------------------
 
-def _camel(name: str) -> str:
+def camel(name: str) -> str:
+    """snake_case field name -> the camelCase key of the manifest (and of the cost-model file)."""
     head, *rest = name.split("_")
-    return head + "".join(w.capitalize() for w in rest)
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
 
 
 def _to_camel(obj: Any) -> Any:
@@ -616,7 +617,7 @@ def _to_camel(obj: Any) -> Any:
                 "parallelism": _to_camel(obj.parallelism), "nodes": _to_camel(obj.nodes),
                 "template": dict(obj.template), "runPolicy": _to_camel(obj.run_policy)}
     if is_dataclass(obj):
-        return {_camel(f.name): _to_camel(getattr(obj, f.name))
+        return {camel(f.name): _to_camel(getattr(obj, f.name))
                 for f in fields(obj) if getattr(obj, f.name) is not None}
     if isinstance(obj, tuple):
         return [_to_camel(x) for x in obj]
