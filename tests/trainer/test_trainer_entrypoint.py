@@ -101,6 +101,12 @@ def test_config_checks_against_layout():
         cfg.with_(global_batch_size=32).check_against_layout(lay)
     with pytest.raises(ConfigError, match="cover 4 layers"):
         cfg.with_(model=replace(cfg.model, layers=6)).check_against_layout(lay)
+    tied = cfg.with_(model=replace(cfg.model, tied_embeddings=True))
+    with pytest.raises(ConfigError, match="tiedEmbeddings is true but the layout has no embedding group"):
+        tied.check_against_layout(lay)
+    tied.check_against_layout(make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2, embedding=True))
+    with pytest.raises(ConfigError, match="does not tie embeddings"):
+        cfg.check_against_layout(make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2, embedding=True))
 
 
 def test_paper_flops_formula_and_prometheus_endpoint():

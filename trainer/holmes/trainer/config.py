@@ -166,6 +166,13 @@ class TrainConfig:
             raise ConfigError(f"layout runs microBatchSize*microBatches*data = {layout.micro_batch_size}*"
                               f"{layout.micro_batches}*{layout.data} = {per_iter} samples per iteration, "
                               f"but globalBatchSize is {self.global_batch_size}")
+        has_embedding = any(g.kind == "embedding" for g in layout.groups)
+        if self.model.tied_embeddings and layout.pipeline > 1 and not has_embedding:
+            raise ConfigError("model.tiedEmbeddings is true but the layout has no embedding group to sum the "
+                              "first and last stage's embedding gradients: re-plan the layout for this job")
+        if has_embedding and not (self.model.tied_embeddings and layout.pipeline > 1):
+            raise ConfigError("the layout has an embedding group but the job's model does not tie embeddings "
+                              "across stages: re-plan the layout for this job")
         if layout.pipeline > 1 and layout.micro_batches < layout.pipeline:
             raise ConfigError(f"1F1B needs microBatches ({layout.micro_batches}) >= pipeline stages "
                               f"({layout.pipeline}); raise globalBatchSize or lower microBatchSize")

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from holmes.plan.layout import Layout, ProcessGroup
+from holmes.plan.layout import Layout
 
 
 @dataclass
@@ -36,21 +36,13 @@ def group_options(backend: str, net: str) -> Any:
     return opts
 
 
-def embedding_groups(layout: Layout) -> list[ProcessGroup]:
-    """The Layout's embedding groups, or the first/last rank of each pp group if it lists none."""
-    listed = list(layout.process_groups("embedding"))
-    if listed or layout.pipeline == 1:
-        return listed
-    return [ProcessGroup("embedding", (g.ranks[0], g.ranks[-1]), g.net) for g in layout.process_groups("pp")]
-
-
 def build_groups(layout: Layout, rank: int, backend: str, timeout_s: float,
                  need_embedding: bool = False) -> RankGroups:
     timeout = timedelta(seconds=timeout_s)
     mine: dict[str, Any] = {}
     specs = [g for g in layout.process_groups() if g.kind in ("dp", "pp")]
     if need_embedding:
-        specs += embedding_groups(layout)
+        specs += layout.process_groups("embedding")   # check_against_layout: a tied model has them
     for g in specs:
         handle = None           # a group of one needs no communicator (every rank skips it alike)
         if len(g.ranks) > 1:
