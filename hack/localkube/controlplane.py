@@ -9,7 +9,8 @@ Everything lives in one state directory (``.holmes/cluster`` for ``make cluster-
     logs/<component>.log
     pods/<namespace>/<pod>/   per pod: <container>.log, volumes, hosts file (see agent.py)
 
-Stopping only ever signals the PIDs recorded in cluster.json.
+Stopping only ever signals the PIDs recorded in cluster.json, and only while their command
+line still names this state directory (a PID reused by another process is left alone).
 """
 from __future__ import annotations
 
@@ -90,6 +91,19 @@ def pid_alive(pid: int | None) -> bool:
         return False
 
 
+def mentions(pid: int, state_dir: Path) -> bool:
+    """Whether process ``pid`` was started for ``state_dir``: every component's command line
+    names a path in it (--data-dir, --cert-dir, --kubeconfig, --state-dir). A recorded PID that
+    fails this was reused by another process after ours died (a killed session, a reboot)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    d = str(state_dir)
+    values = (a.decode(errors="replace").split("=", 1)[-1] for a in args)
+    return any(v == d or v.startswith(d + "/") for v in values)
+
+
 class ControlPlane:
     def __init__(self, state_dir: str | Path):
         self.dir = Path(state_dir).resolve()
@@ -112,9 +126,13 @@ class ControlPlane:
         """True when every recorded component is alive and the apiserver answers /readyz."""
         st = self.state()
         pids = st.get("pids", {})
-        if not pids or not all(pid_alive(pids.get(c)) for c in COMPONENTS):
+        if not pids or not all(self._alive(pids.get(c)) for c in COMPONENTS):
             return False
         return self._ready(st)
+
+    def _alive(self, pid: int | None) -> bool:
+        """``pid`` is alive and is one of this cluster's processes (not a reused PID)."""
+        return pid_alive(pid) and mentions(pid, self.dir)
 
     def _ready(self, st: dict) -> bool:
         ctx = ssl.create_default_context()
@@ -281,7 +299,7 @@ class ControlPlane:
         pids = st.get("pids", {})
         for name in reversed(COMPONENTS):
             pid = pids.get(name)
-            if not pid_alive(pid):
+            if not self._alive(pid):
                 continue
             log(f"stopping {name} (pid {pid})")
             try:

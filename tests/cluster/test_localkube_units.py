@@ -108,3 +108,26 @@ def test_restart_policy_and_backoff():
     assert ps.resource_value({"resources": {"limits": {"memory": "1Gi"}}},
                              {"resource": "limits.memory", "divisor": "1Mi"}, {}) == "1024"
     assert ps.resource_value({}, {"resource": "limits.cpu"}, {"cpu": "32"}) == "32"
+
+
+def test_down_signals_only_processes_of_its_own_state_dir(tmp_path):
+    """cluster.json outlives its processes (a killed session, a reboot): a recorded PID now used
+    by another process must survive `down`; one started for this state dir is stopped."""
+    import json
+    import subprocess
+
+    from localkube.controlplane import ControlPlane
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    stranger = subprocess.Popen(sleeper)
+    ours = subprocess.Popen([*sleeper, f"--state-dir={tmp_path}"])
+    try:
+        (tmp_path / "cluster.json").write_text(json.dumps({"pids": {"etcd": stranger.pid,
+                                                                    "node-agent": ours.pid}}))
+        ControlPlane(tmp_path).down(log=lambda m: None, grace=5)
+        ours.wait(5)                                    # stopped (down reaped it: no exit status here)
+        assert stranger.poll() is None, "down killed a process that is not the cluster's"
+        assert json.loads((tmp_path / "cluster.json").read_text())["pids"] == {}
+    finally:
+        for p in (stranger, ours):
+            p.kill()
+            p.wait()
