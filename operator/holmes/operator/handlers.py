@@ -187,7 +187,8 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
 
     async def job_loop(namespace: str, name: str, holmes_nodes: kopf.Index) -> None:
         key = (namespace, name)
-        waker = rt.wakers.setdefault(key, Waker())
+        # A fresh waker: a cancelled loop of a deleted job of the same name may not have ended yet.
+        waker = rt.wakers[key] = Waker()
         backoff = 1.0
         try:
             while True:
@@ -207,8 +208,9 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
                     delay, backoff = backoff, min(backoff * 2, 60.0)
                 await waker.sleep(delay)
         finally:
-            rt.wakers.pop(key, None)
-            rt.phases.set(key, None)
+            if rt.wakers.get(key) is waker:     # else a newer loop serves this key: leave it its waker
+                rt.wakers.pop(key)
+                rt.phases.set(key, None)
             if rt.loops.get(key) is asyncio.current_task():
                 rt.loops.pop(key, None)
 
