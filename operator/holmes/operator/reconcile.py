@@ -143,6 +143,12 @@ class _Reconciler:
         self.status["observedGeneration"] = self.generation
         return self.d
 
+    def live_pods(self) -> list[str]:
+        """Names of pods still running or starting (any attempt) and not already being deleted."""
+        return [p["metadata"]["name"] for p in self.obs.pods
+                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                and not p["metadata"].get("deletionTimestamp")]
+
     def current_pods(self) -> list[dict]:
         return [p for p in self.obs.pods if pod_attempt(p) == self.attempt]
 
@@ -216,9 +222,7 @@ class _Reconciler:
     def finished(self, phase: str) -> Decision:
         self.status["observedGeneration"] = self.generation   # edits to a finished job have no effect
         if phase == FAILED:                              # a failed gang leaves nothing running
-            self.d.delete_pods = [p["metadata"]["name"] for p in self.obs.pods
-                                  if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-                                  and not p["metadata"].get("deletionTimestamp")]
+            self.d.delete_pods = self.live_pods()
         ttl = ((self.job.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
         done = parse_time(self.old.get("completionTime"))
         if isinstance(ttl, int) and not isinstance(ttl, bool) and done:
@@ -240,9 +244,7 @@ class _Reconciler:
         return self.d
 
     def fail(self, reason: str, message: str) -> Decision:
-        self.d.delete_pods = [p["metadata"]["name"] for p in self.obs.pods
-                              if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-                              and not p["metadata"].get("deletionTimestamp")]
+        self.d.delete_pods = self.live_pods()
         self.status["completionTime"] = self.now
         self.set_phase(FAILED, reason, message, stalled=(reason, message))
         return self.d
@@ -282,16 +284,16 @@ class _Reconciler:
             self.d.service = build_service(ref, self.settings)
         existing = {pod_node_rank(p) for p in self.current_pods()}
         template = spec_dict.get("template") or {}
+        nets = {n: self.planner.network(by_name[n]) for n in layout.nodes}
         for rank, node_name in enumerate(layout.nodes):
             if rank in existing:
                 continue
-            node = by_name[node_name]
-            net = self.planner.network(node)
+            net = nets[node_name]
             self.d.create_pods.append(build_pod(
                 ref, layout, rank, nic=net.nic, rdma_resource=net.rdma_resource, nccl_env=net.env,
                 template=template, settings=self.settings,
-                hostname_label=(node["metadata"].get("labels") or {}).get("kubernetes.io/hostname")))
-        nic_of = {n: self.planner.network(by_name[n]).nic for n in layout.nodes}
+                hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get("kubernetes.io/hostname")))
+        nic_of = {n: net.nic for n, net in nets.items()}
         self.status["layout"] = layout_status(layout, nic_of, names.layout_configmap_name(self.name))
         self.status["launched"] = True
         self.status["pods"] = pod_counts(self.current_pods() + self.d.create_pods)
