@@ -33,10 +33,7 @@ class PhaseTracker:
             self._phase.pop(key, None)
         else:
             self._phase[key] = phase
-        counts = dict.fromkeys(PHASES, 0)
-        for p in self._phase.values():
-            counts[p] = counts.get(p, 0) + 1
-        for p, n in counts.items():
+        for p, n in self.counts().items():
             JOBS.labels(p).set(n)
 
     def counts(self) -> dict[str, int]:
