@@ -400,16 +400,15 @@ class Agent:
         spec_path.write_text(json.dumps(spec))
         sandbox = ["unshare", "--mount", "--uts"] if os.geteuid() == 0 else \
             ["unshare", "--user", "--map-root-user", "--mount", "--uts"]
-        logf = open(run.dir / f"{c['name']}.log", "ab")
         n = run.restarts.get(c["name"], 0)
-        logf.write(f"==== localkube: {run.ns}/{run.name} container {c['name']} start #{n} at {ps.now_iso()}\n".encode())
-        logf.flush()
-        run.proc = subprocess.Popen([*sandbox, sys.executable, "-m", "localkube.podexec", str(spec_path)],
-                                    stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True,
-                                    env={"PYTHONPATH": HACK_DIR, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                         POD_MARKER: env[POD_MARKER]})
-        logf.close()
+        with open(run.dir / f"{c['name']}.log", "ab") as logf:   # the child keeps its own descriptor
+            logf.write(f"==== localkube: {run.ns}/{run.name} container {c['name']} start #{n} at {ps.now_iso()}\n".encode())
+            logf.flush()
+            run.proc = subprocess.Popen([*sandbox, sys.executable, "-m", "localkube.podexec", str(spec_path)],
+                                        stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                        start_new_session=True, close_fds=True,
+                                        env={"PYTHONPATH": HACK_DIR, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                             POD_MARKER: env[POD_MARKER]})
         self.save_pgids()
         run.started_at = ps.now_iso()
         run.states[c["name"]] = {"running": {"startedAt": run.started_at}}

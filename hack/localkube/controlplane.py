@@ -193,11 +193,10 @@ class ControlPlane:
         return st
 
     def _spawn(self, st: dict, name: str, argv: list[str], env: dict | None = None) -> None:
-        logf = open(self.dir / "logs" / f"{name}.log", "ab")
-        # Own session: Ctrl-C in the terminal does not hit it; we stop it by its recorded PID.
-        p = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True, cwd=self.dir, env=env)
-        logf.close()
+        with open(self.dir / "logs" / f"{name}.log", "ab") as logf:
+            # Own session: Ctrl-C in the terminal does not hit it; we stop it by its recorded PID.
+            p = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, cwd=self.dir, env=env)
         st["pids"][name] = p.pid
         self._save(st)
 
