@@ -39,26 +39,20 @@ def _write_items(dest: Path, data: dict[str, str], items: list | None, mode: int
 def _from_source(src: dict, ns: str, dest: Path, configmap: Lookup, secret: Lookup,
                  mode: int | None) -> None:
     if "configMap" in src:
-        ref = src["configMap"]
-        data = configmap(ns, ref["name"])
-        if data is None:
-            if ref.get("optional"):
-                return
-            raise ConfigError(f'configmap "{ref["name"]}" not found')
-        _write_items(dest, data, ref.get("items"), ref.get("defaultMode", mode),
-                     f"configmap {ref['name']}", bool(ref.get("optional")))
+        ref, lookup, kind = src["configMap"], configmap, "configmap"
+        name = ref["name"]
     elif "secret" in src:
-        ref = src["secret"]
+        ref, lookup, kind = src["secret"], secret, "secret"
         name = ref.get("secretName") or ref.get("name")
-        data = secret(ns, name)
-        if data is None:
-            if ref.get("optional"):
-                return
-            raise ConfigError(f'secret "{name}" not found')
-        _write_items(dest, data, ref.get("items"), ref.get("defaultMode", mode),
-                     f"secret {name}", bool(ref.get("optional")))
     else:
         raise Unsupported(f"volume source {sorted(src)} is not supported")
+    data = lookup(ns, name)
+    if data is None:
+        if ref.get("optional"):
+            return
+        raise ConfigError(f'{kind} "{name}" not found')
+    _write_items(dest, data, ref.get("items"), ref.get("defaultMode", mode), f"{kind} {name}",
+                 bool(ref.get("optional")))
 
 
 def materialize(pod: dict, pod_dir: Path, configmap: Lookup, secret: Lookup,
