@@ -16,10 +16,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
+import polling
 import pytest
 import yaml
 
@@ -37,14 +37,7 @@ NFD = {"feature.node.kubernetes.io/rdma.capable": "true", "feature.node.kubernet
 
 
 def wait_for(what: str, fn, timeout: float = 40.0, every: float = 0.5):
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+    return polling.wait_for(what, fn, timeout, every)
 
 
 def node_meta(cluster, name: str) -> dict:

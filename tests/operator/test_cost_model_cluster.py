@@ -4,10 +4,10 @@ for the next job without a restart."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import yaml
+from polling import wait_for
 
 from holmes.operator.__main__ import cost_model, parse_args
 from holmes.plan import plan
@@ -26,14 +26,10 @@ def job(name: str, ns: str) -> dict:
 
 
 def layout_of(cluster, ns: str, name: str, op: OperatorProcess, timeout: float = 60) -> dict:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
+    def layout():
         r = cluster.kubectl("get", "holmesjob", name, "-n", ns, "-o", "json", check=False)
-        st = (json.loads(r.stdout).get("status") or {}) if r.returncode == 0 else {}
-        if st.get("layout"):
-            return st["layout"]
-        time.sleep(0.3)
-    raise AssertionError(f"{name}: no status.layout after {timeout}s\n{op.tail()}")
+        return ((json.loads(r.stdout).get("status") or {}) if r.returncode == 0 else {}).get("layout")
+    return wait_for(f"{name}'s status.layout", layout, timeout, detail=lambda: f"\n{op.tail()}")
 
 
 def expected(cluster, manifest: dict, path: str) -> list:

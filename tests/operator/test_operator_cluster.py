@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import polling
 import pytest
 import yaml
 
@@ -58,15 +59,7 @@ def pods_of(cluster, ns, name):
 
 
 def wait_for(what, fn, timeout=90, every=0.3, op=None):
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last, default=str)[:2000]}"
-                         + (f"\noperator log:\n{op.tail()}" if op else ""))
+    return polling.wait_for(what, fn, timeout, every, detail=(lambda: f"\noperator log:\n{op.tail()}") if op else None)
 
 
 def wait_phase(cluster, ns, name, phase, timeout=90, op=None):

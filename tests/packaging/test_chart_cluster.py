@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import time
 import uuid
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from holmes.operator import names
 
 from health_rules import argocd, kstatus
 from packaging_helpers import CHART, CRDS, cache_bin, helm, run
+from polling import wait_for
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -73,14 +73,7 @@ class Env:
                 "--set", "nics.clusterRdmaKinds.east=infiniband", "--set", "nics.clusterRdmaKinds.west=roce"]
 
     def wait_for(self, what: str, fn, timeout: float = 180, every: float = 1.0):
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = fn()
-            if last:
-                return last
-            time.sleep(every)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+        return wait_for(what, fn, timeout, every)
 
 
 @pytest.fixture(scope="module")
