@@ -1,0 +1,139 @@
+"""Pure parts of bench/fabric_emulation.py and bench/fabric_netns.py: the emulated fabric's
+names, addresses and commands (which must never touch the host's network), the planner's
+layouts for the emulated islands, the launch commands, and the process-tree cleanup.
+The benchmark itself (root, namespaces, torchrun) is not run here."""
+import ipaddress
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import fabric_emulation as fe  # noqa: E402
+import fabric_netns as fab  # noqa: E402
+
+
+def test_two_islands_interleave_by_name_with_unique_addresses_and_short_interface_names():
+    spec = fab.two_islands(per_island=3)
+    assert [n.name for n in spec.nodes] == [f"node-{i}" for i in range(1, 7)]
+    assert [n.island for n in spec.nodes] == list("ababab")          # name order mixes the islands
+    addrs = [ipaddress.ip_address(n.addr) for n in spec.nodes]
+    assert len(set(addrs)) == 6 and all(a in ipaddress.ip_network("10.200.0.0/24") for a in addrs)
+    assert all(len(n.port) <= fab.IFNAMSIZ for n in spec.nodes)
+    assert {(n.cluster, n.nic) for n in spec.nodes} == {("east", "infiniband"), ("west", "roce")}
+    assert spec.node("node-4").island == "b"
+    with pytest.raises(KeyError, match="node-9"):
+        spec.node("node-9")
+    with pytest.raises(ValueError):
+        fab.two_islands(per_island=10)
+    with pytest.raises(ValueError):
+        fab.two_islands(cross_mbit=-1)
+
+
+@pytest.mark.parametrize("fast,cross", [(2000, 200), (0, 200), (2000, 0)])
+def test_setup_only_touches_our_namespaces_and_shapes_what_was_asked(fast, cross):
+    spec = fab.two_islands(fast_mbit=fast, cross_mbit=cross)
+    ours = set(spec.namespaces)
+    cmds = fab.setup_commands(spec)
+    for c in cmds:
+        if c[:3] == ["ip", "netns", "add"]:
+            assert c[3] in ours
+        else:       # everything else runs inside a namespace we created: never the host's
+            assert c[0] in ("ip", "tc") and c[1] == "-n" and c[2] in ours, c
+        if "veth" in c and "peer" in c and c[2] != fab.SWITCH_NS:
+            assert c[-2:] == ["netns", fab.SWITCH_NS]        # the peer is born outside the host too
+    tbf = [c for c in cmds if "tbf" in c]
+    trunk = [c for c in tbf if c[2] == fab.SWITCH_NS and c[6] in ("x-a", "x-b")]
+    assert len(trunk) == (2 if cross else 0)
+    assert len(tbf) - len(trunk) == (2 * len(spec.nodes) if fast else 0)   # each NIC, both directions
+    if cross:
+        assert trunk[0][trunk[0].index("rate") + 1] == f"{cross}mbit"
+
+
+def test_shape_command_and_burst():
+    assert fab.shape_cmd("hfe-switch", "x-a", 0) == ["tc", "-n", "hfe-switch", "qdisc", "del", "dev", "x-a", "root"]
+    assert fab.tbf_burst_bytes(200) == 256 * 1024                    # the measured-good setting
+    assert fab.tbf_burst_bytes(2000) == 2_000_000                     # 8 ms at line rate
+    assert "replace" in fab.shape_cmd("hfe-switch", "x-a", 150)      # re-shaping needs no delete first
+
+
+def test_hosts_file_names_every_node_and_maps_the_host_name_to_the_node_itself():
+    spec = fab.two_islands()
+    me = spec.node("node-2")
+    text = fab.hosts_file(spec, me, ("vm",))
+    lines = text.splitlines()
+    assert lines[0] == "127.0.0.1 localhost"
+    assert f"{me.addr} node-2 vm" in lines
+    assert sum("vm" in l.split() for l in lines) == 1
+    assert all(f"{n.addr} {n.name}" in text for n in spec.nodes)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    a = fe.build_parser().parse_args([])
+    spec = fab.two_islands()
+    return spec, a, fe.plans(spec, fe.job_manifest(a, 4), tflops=0.05, intra_gbps=1.9, cross_gbps=0.19)
+
+
+def test_planner_keeps_dp_inside_islands_and_rank_order_does_not(cases):
+    spec, a, cs = cases
+    by = {c.name: c for c in cs}
+    holmes, rank = by["holmes"].layout, by["rank order"].layout
+    assert (holmes.pipeline, holmes.data) == (rank.pipeline, rank.data) == (2, 2)
+    assert not fe.crosses(holmes, spec, "dp") and fe.crosses(holmes, spec, "pp")
+    assert fe.crosses(rank, spec, "dp") and not fe.crosses(rank, spec, "pp")
+    assert all(g.net == "IB" for g in holmes.process_groups("dp"))
+    assert all(g.net == "Socket" for g in rank.process_groups("dp"))
+    # the other two cases run the holmes layout itself; the estimates order as the physics does
+    assert by["holmes sync"].layout is holmes and by["all-fast"].layout is holmes
+    assert not by["all-fast"].trunk_shaped and by["holmes sync"].env == {"HOLMES_OVERLAP": "0"}
+    est = {n: c.estimate["iterationSeconds"] for n, c in by.items()}
+    assert est["all-fast"] <= est["holmes"] < est["holmes sync"] and est["holmes"] < est["rank order"]
+    job = fe.job_manifest(a, 4)["spec"]
+    assert job["training"]["globalBatchSize"] == 2 * a.micro_batch * a.micro_batches
+    assert job["training"]["iterations"] == a.warmup + a.iters
+
+
+def test_launch_commands_follow_the_layout_node_order(cases):
+    spec, _, cs = cases
+    lay = cs[1].layout                                              # rank order: node-1, node-2, ...
+    cmds = fe.launch_commands(lay, spec, "j.yaml", "l.json", "m.jsonl", python="py")
+    assert [n for n, _ in cmds] == list(lay.nodes)
+    for rank, (name, c) in enumerate(cmds):
+        assert c[:4] == ["ip", "netns", "exec", spec.node(name).netns]
+        assert f"--node-rank={rank}" in c and f"--master-addr={lay.nodes[0]}" in c
+        assert ("--metrics-file" in c) == (rank == 0)
+
+
+def test_each_core_runs_one_whole_pipeline_in_every_layout(cases):
+    _, _, cs = cases
+    for c in cs:
+        per_core = {}
+        for r in range(c.layout.world_size):
+            per_core.setdefault(fe.core_of(c.layout, r, [0, 1]), []).append(c.layout.rank_info(r).stage)
+        assert {k: sorted(v) for k, v in per_core.items()} == {0: [0, 1], 1: [0, 1]}, c.name
+
+
+def test_summary_drops_warmup_and_takes_medians():
+    lines = [{"holmes": "start"}] + [
+        {"holmes": "iteration", "iterationSeconds": s, "tokensPerSecond": 100 / s, "loss": s,
+         "time": {"exposedComm": 0.1 * s, "bubble": 0.0, "compute": s}} for s in (9.0, 1.0, 3.0, 2.0)]
+    its = fe.measured_iterations(lines, warmup=1)
+    r = fe.summarize_run(its)
+    assert r["seconds"] == 2.0 and r["tokensPerSecond"] == 50.0 and r["iterations"] == 3
+    with pytest.raises(ValueError, match="warm-up"):
+        fe.measured_iterations(lines, warmup=4)
+
+
+def test_kill_tree_stops_a_launcher_and_what_it_started():
+    p = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
+    deadline = time.time() + 5
+    while len(fe.descendants(p.pid)) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    kids = fe.descendants(p.pid)
+    assert len(kids) == 2
+    fe.kill_tree([p])
+    assert p.poll() is not None
+    assert all(fe._zombie(k) for k in kids)      # gone (or a zombie about to be reaped by init)
