@@ -376,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # SIGINT too: a background job starts with it ignored
+        signal.signal(sig, on_signal)
 
     workdir = tempfile.mkdtemp(prefix="holmes-fabric-")
     t_start = time.time()
