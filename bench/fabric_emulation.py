@@ -203,6 +203,19 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores have spent busy since boot (/proc/stat: everything but idle, iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process and of its waited-for descendants (the trainers, once reaped)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 LIVE: list[subprocess.Popen] = []      # what the signal handlers and finally blocks must stop
 
 
@@ -215,6 +228,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     iterations: list[dict[str, Any]] = field(default_factory=list)   # measured, all rounds
     error: str | None = None
+    other_cores: list[float] = field(default_factory=list)          # per run: CPU others used meanwhile
 
     @property
     def result(self) -> dict[str, float] | None:
@@ -237,14 +251,16 @@ def run_case(case: Case, spec: fab.FabricSpec, job: dict, a: argparse.Namespace,
            "HOLMES_TERMINATION_LOG": os.path.join(d, "termination-log"), "PYTHONUNBUFFERED": "1",
            **case.env}
     procs, logs = [], []
+    t0, busy0, own0 = time.time(), machine_busy_seconds(), own_cpu_seconds()
     try:
         cores = sorted(os.sched_getaffinity(0))
         for rank, (name, cmd) in enumerate(launch_commands(case.layout, spec, job_file, lay_file, metrics)):
             log = open(os.path.join(d, f"{name}.log"), "w")
             logs.append((name, log))
-            pin = {core_of(case.layout, rank, cores)} if a.pin else set(cores)
+            if a.pin:      # taskset, not preexec_fn: this process has torch's threads by now
+                cmd = ["taskset", "-c", str(core_of(case.layout, rank, cores))] + cmd
             p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
-                                 start_new_session=True, preexec_fn=lambda pin=pin: os.sched_setaffinity(0, pin))
+                                 start_new_session=True)
             procs.append(p)
             LIVE.append(p)
         deadline = time.time() + a.timeout
@@ -262,6 +278,9 @@ def run_case(case: Case, spec: fab.FabricSpec, job: dict, a: argparse.Namespace,
             LIVE.remove(p)
         for _, log in logs:
             log.close()
+    # other work on the machine while this case ran, in cores: it slows the case down
+    case.other_cores.append(max(0.0, (machine_busy_seconds() - busy0) - (own_cpu_seconds() - own0))
+                            / max(time.time() - t0, 1e-9))
     bad = [(name, p.returncode) for (name, _), p in zip(logs, procs) if p.returncode]
     if bad and not case.error:
         case.error = "exit codes " + ", ".join(f"{n}={c}" for n, c in bad)
@@ -269,8 +288,12 @@ def run_case(case: Case, spec: fab.FabricSpec, job: dict, a: argparse.Namespace,
         tail = open(os.path.join(d, f"{bad[0][0] if bad else logs[0][0]}.log")).read()[-1500:]
         case.error += f" (logs in {d}):\n{tail}"
         return []
-    with open(metrics) as f:
-        its = measured_iterations([json.loads(l) for l in f if l.strip()], a.warmup)
+    try:
+        with open(metrics) as f:
+            its = measured_iterations([json.loads(l) for l in f if l.strip()], a.warmup)
+    except (OSError, ValueError) as e:
+        case.error = f"rank 0's metrics unusable: {e} (logs in {d})"
+        return []
     case.iterations += its
     return its
 
@@ -363,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = fab.two_islands(per_island=2, fast_mbit=a.fast_mbit, cross_mbit=a.cross_mbit)
 
     problems = fab.missing_prerequisites()
+    if a.pin and shutil.which("taskset") is None:
+        problems.append("`taskset` not found: install util-linux, or pass --no-pin")
     if problems:
         print("fabric_emulation: cannot emulate the fabric on this machine:\n  - " + "\n  - ".join(problems),
               file=sys.stderr)
@@ -417,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                 its = run_case(case, spec, job, a, workdir, r)
                 status = (f"{statistics.median(i['iterationSeconds'] for i in its):.3f} s/iter" if its
                           else "FAILED")
-                print(f"  round {r + 1} {case.name:12} {status:14} ({time.time() - t:.0f} s)  "
-                      f"{describe(case, spec)}", flush=True)
+                print(f"  round {r + 1} {case.name:12} {status:14} ({time.time() - t:.0f} s, other load "
+                      f"{case.other_cores[-1]:.2f} cores)  {describe(case, spec)}", flush=True)
                 if case.error:
                     print(f"    {case.error}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -452,10 +477,15 @@ def print_table(cases: list[Case], spec: fab.FabricSpec) -> None:
                      "/".join(str(s.num_layers) for s in c.layout.stages),
                      r.get("seconds", float("nan")), r.get("tokensPerSecond", float("nan")),
                      r.get("exposedComm", float("nan")), est if est is not None else float("nan"),
-                     (r["seconds"] / est) if r and est else float("nan")])
+                     (r["seconds"] / est) if r and est else float("nan"),
+                     statistics.mean(c.other_cores) if c.other_cores else float("nan")])
     print()
     print(table(["case", "DP crosses trunk", "layers", "s/iter", "tokens/s", "exposed comm s",
-                 "planner est s", "measured/est"], rows))
+                 "planner est s", "measured/est", "other load"], rows))
+    busiest = max((x for c in cases for x in c.other_cores), default=0.0)
+    if busiest > 0.25:
+        print(f"warning: other work used up to {busiest:.2f} cores while a case ran (column 'other load'); "
+              "those times are inflated, rerun on a quiet machine to compare")
     hol = ok.get("holmes")
 
     def ratio(other: str, label: str) -> None:
