@@ -19,8 +19,10 @@ iterations after --warmup, pooled over --rounds (every other round in reverse or
   holmes sync the holmes layout with HOLMES_OVERLAP=0 (synchronous optimizer), shaped trunk
   all-fast    the holmes layout with the trunk unshaped (upper bound)
 The planner's estimate for each case is printed next to the measurement, with the cost model
-calibrated to this machine: compute rate from a matmul timing (shared by the processes on the
-cores), link rates from a TCP stream measured through the emulated fabric.
+calibrated to this machine: the compute rate of the trainer's transformer block on one thread
+(shared by the processes on a core), link rates from a TCP stream through the emulated fabric,
+and gloo's reduce-scatter counted as the all-reduce it runs. "other load" is the CPU other work
+used while a case ran (the machine's busy time minus ours): when it is not ~0, times are inflated.
 """
 from __future__ import annotations
 
@@ -141,7 +143,7 @@ def core_of(layout: Layout, node_rank: int, cores: list[int]) -> int:
 
 def summarize_run(its: list[dict[str, Any]]) -> dict[str, float]:
     """Medians over measured iteration lines (pooled over rounds)."""
-    med = lambda xs: statistics.median(xs)   # noqa: E731
+    med = statistics.median
     return {"seconds": med([l["iterationSeconds"] for l in its]),
             "tokensPerSecond": med([l["tokensPerSecond"] for l in its]),
             "exposedComm": med([l["time"]["exposedComm"] for l in its]),
