@@ -10,7 +10,7 @@ from localkube.topology import load_topology
 
 from holmes.operator import names
 from holmes.operator.planning import default_planner
-from holmes.operator.reconcile import Observed, decide
+from holmes.operator.reconcile import Observed, RestartBackoff, decide
 from holmes.operator.render import RenderSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ class FakeWorld:
     """The API objects of one job as plain dicts; applies Decisions like the API server would
     (create is a no-op when the name exists). Lets tests drive the state machine step by step."""
 
-    def __init__(self, job: dict, nodes: list[dict] | None = None):
+    def __init__(self, job: dict, nodes: list[dict] | None = None, backoff: RestartBackoff = RestartBackoff(0)):
         self.job = copy.deepcopy(job)
         self.nodes = nodes if nodes is not None else default_nodes()
         self.pods: dict[str, dict] = {}
@@ -72,13 +72,14 @@ class FakeWorld:
         self.deleted_job = False
         self.planner = default_planner()
         self.settings = RenderSettings()
+        self.backoff = backoff                  # none unless a test is about it: restarts relaunch at once
 
     def step(self, seconds: float = 1.0, progress: dict | None = None):
         self.now += timedelta(seconds=seconds)
         obs = Observed(job=copy.deepcopy(self.job), pods=[copy.deepcopy(p) for p in self.pods.values()],
                        configmap=copy.deepcopy(self.configmap), service=self.service, nodes=self.nodes,
                        now=self.now, progress=progress)
-        d = decide(obs, self.planner, self.settings)
+        d = decide(obs, self.planner, self.settings, self.backoff)
         for name in d.delete_pods:
             self.pods.pop(name, None)
         if d.configmap is not None:

@@ -25,7 +25,9 @@ def crd(cluster):
 
 @pytest.fixture
 def operator(crd, namespace, tmp_path):
-    op = OperatorProcess(crd.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    # A 1 s restart back-off: the path is exercised, the gang-restart tests stay fast.
+    op = OperatorProcess(crd.kubeconfig, [namespace], tmp_path / "operator.log",
+                         extra=["--restart-backoff-seconds=1", "--restart-backoff-max-seconds=2"]).start()
     yield op
     op.stop()
     print(op.tail(80))

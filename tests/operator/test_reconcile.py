@@ -1,9 +1,13 @@
 """The reconcile state machine as data: observed objects in, status + actions out."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from holmes.operator import names
+from holmes.operator.reconcile import RestartBackoff
+from holmes.operator.summary import iso
 from holmes.plan.layout import Layout
 from opfixtures import FakeWorld, default_nodes, manifest, true_nic, with_link_layers
 
@@ -256,3 +260,123 @@ def test_an_unschedulable_pod_is_named_in_the_ready_condition():
     w.step()
     msg = w.condition("Ready")["message"]
     assert "3/4 pods running" in msg and "tiny-1-3" in msg and "Insufficient nvidia.com/gpu" in msg
+
+
+# ---- restart back-off -------------------------------------------------------------------------
+
+def fail_one(w: FakeWorld, seconds: float = 1.0):
+    w.set_phase("Failed", sorted(w.pods)[0], exit_code=3)
+    return w.step(seconds=seconds)
+
+
+def test_restart_backoff_doubles_per_restart_up_to_the_cap():
+    assert [RestartBackoff().delay(k) for k in (1, 2, 3, 5, 6, 40)] == [10, 20, 40, 160, 300, 300]
+    assert RestartBackoff(0).delay(3) == 0 and RestartBackoff(10, 0).delay(1) == 0
+    with pytest.raises(ValueError, match="negative"):
+        RestartBackoff(-1)
+
+
+def test_gang_restart_waits_out_the_backoff_before_relaunching():
+    w = launched(FakeWorld(manifest(runPolicy={"backoffLimit": 5}), backoff=RestartBackoff(10, 25)))
+    d = fail_one(w)
+    assert w.status["phase"] == "Restarting" and w.status["restarts"] == 1 and d.requeue_after == 10
+    assert w.status["nextAttemptTime"] == iso(w.now + timedelta(seconds=10)) and not w.pods
+    assert "10s back-off" in w.condition("Reconciling")["message"]
+    d = w.step(seconds=4)                                   # still waiting: nothing created
+    rec = w.condition("Reconciling")
+    assert not d.create_pods and d.requeue_after == 6 and w.status["phase"] == "Restarting"
+    assert rec["status"] == "True" and rec["reason"] == "RestartBackoff"
+    assert w.status["nextAttemptTime"] in rec["message"] and "restart 1" in rec["message"]
+    assert not [e for e in d.events if e.reason == "PodFailed"]      # no repeated Events while waiting
+    del w.job["status"]["nextAttemptTime"]                  # pruned by a CRD schema without the field:
+    assert not w.step(seconds=1).create_pods                # the Reconciling message still says when
+    d = w.step(seconds=5)                                   # due: launch attempt 2
+    assert len(d.create_pods) == 4 and w.status["attempt"] == 2 and "nextAttemptTime" not in w.status
+    delays = []
+    for _ in range(3):                                      # 20 s, then capped at 25 s
+        w.set_phase("Running")
+        w.step()
+        delays.append(fail_one(w).requeue_after)
+        w.step(seconds=30)
+    assert delays == [20, 25, 25] and w.status["restarts"] == 4
+
+
+def test_backoff_disabled_relaunches_at_once():
+    w = launched(FakeWorld(manifest(), backoff=RestartBackoff(0)))
+    d = fail_one(w)
+    assert d.requeue_after == 0.5 and "nextAttemptTime" not in w.status
+    assert len(w.step().create_pods) == 4
+
+
+def test_suspend_during_the_backoff_and_resume_launches_at_once():
+    w = launched(FakeWorld(manifest(), backoff=RestartBackoff(60)))
+    fail_one(w)
+    w.edit_spec(runPolicy={"backoffLimit": 2, "suspend": True})
+    w.step()
+    assert w.status["phase"] == "Suspended" and "nextAttemptTime" not in w.status
+    w.edit_spec(runPolicy={"backoffLimit": 2, "suspend": False})
+    d = w.step()
+    assert len(d.create_pods) == 4 and w.status["phase"] == "Pending" and w.status["restarts"] == 1
+
+
+def test_a_spec_edit_during_the_backoff_launches_at_once_but_a_run_policy_edit_does_not():
+    w = launched(FakeWorld(manifest(), backoff=RestartBackoff(60)))
+    fail_one(w)
+    w.edit_spec(runPolicy={"backoffLimit": 4, "suspend": False})
+    assert not w.step().create_pods and w.status["phase"] == "Restarting"
+    w.edit_spec(training={"globalBatchSize": 8, "microBatchSize": 1, "iterations": 9, "learningRate": 1.0e-3})
+    d = w.step()
+    assert len(d.create_pods) == 4 and "SpecChanged" in w.reasons() and w.status["restarts"] == 1
+    assert "iterations: 9" in w.configmap["data"][names.JOB_FILE]
+
+
+def test_the_deadline_still_fails_a_job_waiting_out_its_backoff():
+    w = launched(FakeWorld(manifest(runPolicy={"backoffLimit": 2, "activeDeadlineSeconds": 30}),
+                           backoff=RestartBackoff(100)))
+    assert fail_one(w).requeue_after == 30 - 1              # started at t=1, failed at t=2: wakes for the deadline
+    d = w.step(seconds=3)
+    assert w.status["phase"] == "Restarting" and d.requeue_after == 30 - 4
+    w.step(seconds=d.requeue_after)
+    assert w.status["phase"] == "Failed" and w.condition("Failed")["reason"] == "DeadlineExceeded"
+    assert "nextAttemptTime" not in w.status
+
+
+# ---- pods stuck on a lost node ------------------------------------------------------------------
+
+def _lose(node: dict, how: str, nodes: list[dict]) -> None:
+    if how == "deleted":
+        nodes.remove(node)
+    elif how == "NotReady":
+        node["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    else:
+        node.setdefault("spec", {})["unschedulable"] = True
+
+
+@pytest.mark.parametrize("how, why", [("deleted", "was deleted"), ("NotReady", "not Ready"),
+                                      ("cordoned", "cordoned")])
+def test_a_pending_pod_on_a_lost_node_restarts_the_gang_on_the_nodes_left(how, why):
+    nodes = with_link_layers(default_nodes())
+    w = launched(FakeWorld(manifest(), nodes))
+    planned = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes
+    w.set_phase("Running", *[n for n in w.pods if not n.endswith("-2")])     # rank 2 never started
+    lost = planned[2]
+    _lose(next(n for n in nodes if n["metadata"]["name"] == lost), how, nodes)
+    d = w.step()
+    assert w.status["phase"] == "Restarting" and w.status["restarts"] == 1 and len(d.delete_pods) == 4
+    warning = next(e for e in d.events if e.reason == "NodeLost")
+    assert warning.type == "Warning" and lost in warning.message and why in warning.message
+    assert "tiny-1-2" in warning.message
+    w.step()
+    assert w.status["attempt"] == 2 and len(w.pods) == 4
+    assert lost not in Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes
+
+
+def test_running_pods_on_a_node_gone_not_ready_are_left_to_kubernetes():
+    nodes = with_link_layers(default_nodes())
+    w = launched(FakeWorld(manifest(), nodes))
+    w.set_phase("Running")
+    w.step()
+    lost = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes[1]
+    _lose(next(n for n in nodes if n["metadata"]["name"] == lost), "NotReady", nodes)
+    d = w.step()
+    assert not d.delete_pods and w.status["phase"] == "Running" and w.status["restarts"] == 0

@@ -18,6 +18,7 @@ from holmes.plan.config_file import ConfigError
 from .cost_model import CostModel
 from .handlers import Runtime, register
 from .planning import planner_for, with_nic_flags
+from .reconcile import RestartBackoff
 from .render import RenderSettings
 
 log = logging.getLogger("holmes.operator")
@@ -53,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cost-model", metavar="COSTMODEL.yaml",
                    help="plan with this cost model (the YAML `holmes plan --config` reads; re-read before "
                         "each plan when it changes, a bad edit keeps the last good one); default: built-in")
+    p.add_argument("--restart-backoff-seconds", type=float, default=RestartBackoff.base, metavar="S",
+                   help="wait S seconds before the attempt after the first gang restart, doubling with each "
+                        "further restart (like Kubernetes Jobs; 0 disables)")
+    p.add_argument("--restart-backoff-max-seconds", type=float, default=RestartBackoff.cap, metavar="S",
+                   help="the longest restart back-off")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="json", choices=["json", "plain"],
                    help="json: one structured record per line (default); plain: human-readable")
@@ -64,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--cluster-rdma-kind {item!r}: expected CLUSTER=infiniband or CLUSTER=roce")
         kinds[cluster] = kind
     args.cluster_rdma_kinds = kinds
+    try:
+        args.restart_backoff = RestartBackoff(args.restart_backoff_seconds, args.restart_backoff_max_seconds)
+    except ValueError as e:
+        p.error(f"--restart-backoff-seconds/--restart-backoff-max-seconds: {e}")
     args.port_range_tuple = None
     if args.port_range:
         lo, _, hi = args.port_range.partition("-")
@@ -110,7 +120,7 @@ def build(args: argparse.Namespace, model: CostModel | None = None) -> tuple[kop
     settings = RenderSettings(image=args.trainer_image, master_port=args.master_port,
                               metrics_port=args.trainer_metrics_port, port_range=args.port_range_tuple)
     planner = planner_for(model or cost_model(args))
-    rt = Runtime(api=api_client(args.kubeconfig), planner=planner, settings=settings)
+    rt = Runtime(api=api_client(args.kubeconfig), planner=planner, settings=settings, backoff=args.restart_backoff)
     register(rt, registry)
 
     @kopf.on.login(registry=registry, id="login")

@@ -7,7 +7,8 @@ its pods and the nodes only wake that loop up (many events coalesce into one rec
 - The loop: read -> decide (pure) -> apply -> status -> Events, then sleep until woken or until
   the decision's requeue time. It is started from inside kopf's per-object handler context, so
   ``kopf.event`` posts the Kubernetes Events of each transition.
-- Node changes that matter (labels, allocatable, readiness, cordon) wake the jobs waiting for nodes.
+- Node changes that matter (labels, allocatable, readiness, cordon) wake the jobs waiting for nodes;
+  jobs with pods still starting re-read the nodes every few seconds anyway (a lost node is noticed).
 
 Why not a kopf daemon: daemons make kopf put a finalizer on every HolmesJob, and a job could then
 not be deleted while the operator is down. Children go away through their ownerReferences, so
@@ -29,7 +30,7 @@ from kubernetes import client
 
 from . import metrics, names, progress
 from .kube import KubeIO
-from .reconcile import Decision, Observed, Planner, decide
+from .reconcile import Decision, Observed, Planner, RestartBackoff, decide
 from .render import RenderSettings
 from .summary import pod_attempt, pod_node_rank
 
@@ -58,6 +59,7 @@ class Runtime:
     api: client.ApiClient
     planner: Planner
     settings: RenderSettings = field(default_factory=RenderSettings)
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
     wakers: dict = field(default_factory=dict)           # (ns, name) -> Waker
     loops: dict = field(default_factory=dict)            # (ns, name) -> asyncio.Task
     node_facts: dict = field(default_factory=dict)       # node name -> fingerprint
@@ -92,7 +94,7 @@ class Runtime:
         obs = Observed(job=job, pods=pods, configmap=self.io.read_configmap(ns, name),
                        service=self.io.read_service(ns, name), nodes=nodes,
                        now=datetime.now(timezone.utc), progress=self._progress(job, pods))
-        d = decide(obs, self.planner, self.settings)
+        d = decide(obs, self.planner, self.settings, self.backoff)
         created = self.io.apply(d, job)
         old = job.get("status") or {}
         self.io.patch_status(job, old, d.status)

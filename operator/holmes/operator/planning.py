@@ -7,6 +7,7 @@ from typing import Mapping
 
 from holmes.plan import InsufficientNodes, JobSpec, NicMapping, PlanError, PlannerConfig, SpecError
 from holmes.plan import classify_node, nccl_env, plan
+from holmes.plan.discovery import why_unusable
 
 from .cost_model import CostModel
 from .reconcile import NodeNetwork, Planner
@@ -42,8 +43,15 @@ def planner_for(model: CostModel) -> Planner:
     def network_now(node: Mapping) -> NodeNetwork:
         return node_network(node, model.config.nic_mapping)
 
+    def unusable_now(node: Mapping) -> str:
+        """The planner's own verdict (not Ready, cordoned, classification problems), so a
+        node the planner would skip is also one a Pending pod is given up on."""
+        nic = classify_node(node, model.config.nic_mapping)
+        return "" if nic.usable else why_unusable(nic)
+
     return Planner(parse=JobSpec.from_manifest, plan=plan_now, network=network_now,
-                   spec_error=SpecError, insufficient=InsufficientNodes, plan_error=PlanError)
+                   spec_error=SpecError, insufficient=InsufficientNodes, plan_error=PlanError,
+                   unusable=unusable_now)
 
 
 def default_planner(mapping: NicMapping | None = None) -> Planner:

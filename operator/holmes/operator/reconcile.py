@@ -9,6 +9,16 @@ reads it back):
   from the ConfigMap of the same attempt (crash-safe: names are deterministic, creation of an
   existing pod is a no-op); afterwards a missing or failed pod fails the attempt.
 - ``restarts``: gang restarts after failures, compared with runPolicy.backoffLimit.
+- ``nextAttemptTime``: after a gang restart, the next attempt starts no earlier than this
+  (back-off ``base * 2^(restarts-1)``, capped, like Kubernetes Jobs), so a job that crashes at
+  start-up does not relaunch in a tight loop. Phase Restarting meanwhile; suspend, deletion and
+  the deadline act at once, and a spec edit (other than runPolicy) ends the wait.
+
+Lost nodes: a pod of the current attempt that is still Pending on a planned node that was
+deleted, is NotReady or is cordoned can never start there, so the attempt fails like a failed
+pod (gang restart, re-planned on the nodes usable now). Running pods on a node that goes
+NotReady are left to Kubernetes: the node lifecycle controller evicts them, and the failed or
+vanished pod then fails the attempt as usual.
 
 Spec edits: runPolicy takes effect at once; ``model`` is immutable once an attempt has been
 launched (Stalled, the running attempt is left alone); any other change of an active job
@@ -17,6 +27,7 @@ finished job have no effect. While the spec is invalid the operator only updates
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
@@ -33,6 +44,7 @@ PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 FINISHED = (SUCCEEDED, FAILED)
 
+_NEXT_ATTEMPT = re.compile(r"next attempt at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
 PROGRESS_INTERVAL = 2.0      # seconds between reads of the trainer's metrics while pods run
 WAIT_INTERVAL = 30.0         # re-plan a job waiting for nodes at least this often
 
@@ -78,6 +90,7 @@ class Planner:
     spec_error: type = ValueError
     insufficient: type = LookupError
     plan_error: type = ValueError
+    unusable: Callable[[Mapping], str] = lambda node: ""   # node -> why it cannot run pods ("" if it can)
 
 
 @dataclass(frozen=True)
@@ -87,13 +100,31 @@ class NodeNetwork:
     env: Mapping[str, str]
 
 
-def decide(obs: Observed, planner: Planner, settings: RenderSettings) -> Decision:
-    return _Reconciler(obs, planner, settings).run()
+@dataclass(frozen=True)
+class RestartBackoff:
+    """Delay before the attempt after gang restart k: ``base * 2^(k-1)`` seconds, at most ``cap``
+    (operator flags --restart-backoff-seconds / --restart-backoff-max-seconds; base 0 disables)."""
+    base: float = 10.0
+    cap: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.base < 0 or self.cap < 0:
+            raise ValueError(f"restart back-off must not be negative (base={self.base}, cap={self.cap})")
+
+    def delay(self, restarts: int) -> float:
+        if self.base <= 0 or restarts < 1:
+            return 0.0
+        return min(self.base * 2.0 ** min(restarts - 1, 62), self.cap)
+
+
+def decide(obs: Observed, planner: Planner, settings: RenderSettings,
+           backoff: RestartBackoff = RestartBackoff()) -> Decision:
+    return _Reconciler(obs, planner, settings, backoff).run()
 
 
 class _Reconciler:
-    def __init__(self, obs: Observed, planner: Planner, settings: RenderSettings):
-        self.obs, self.planner, self.settings = obs, planner, settings
+    def __init__(self, obs: Observed, planner: Planner, settings: RenderSettings, backoff: RestartBackoff):
+        self.obs, self.planner, self.settings, self.backoff = obs, planner, settings, backoff
         self.job = obs.job
         meta = self.job.get("metadata") or {}
         self.name, self.ns = meta.get("name", ""), meta.get("namespace", "default")
@@ -217,7 +248,54 @@ class _Reconciler:
             self.teardown()
         if self.status.get("launched"):
             return self.track(spec)
+        due = self.next_attempt_time()
+        if due is not None:
+            waiting = self.restart_backoff(due)
+            if waiting is not None:
+                return waiting
         return self.launch(spec)
+
+    def until_deadline(self, seconds: float) -> float:
+        """``seconds``, or less so the job wakes up in time to fail on runPolicy.activeDeadlineSeconds."""
+        deadline = ((self.job.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+        started = parse_time(self.status.get("startTime"))
+        if isinstance(deadline, int) and deadline > 0 and started:
+            seconds = min(seconds, (started + timedelta(seconds=deadline) - self.obs.now).total_seconds())
+        return max(seconds, 0.0)
+
+    def next_attempt_time(self) -> datetime | None:
+        """When the back-off after the last gang restart ends (None: no back-off pending). Read
+        from ``status.nextAttemptTime``, else from the Reconciling message that repeats it (an
+        API server whose CRD schema lacks the field prunes it from the status)."""
+        if self.old.get("phase") != RESTARTING:
+            return None
+        if self.status.get("nextAttemptTime"):
+            return parse_time(self.status["nextAttemptTime"])
+        msg = (cond.get(self.old.get("conditions"), cond.RECONCILING) or {}).get("message") or ""
+        m = _NEXT_ATTEMPT.search(msg)
+        return parse_time(m.group(1)) if m else None
+
+    def restart_backoff(self, due: datetime) -> Decision | None:
+        """Wait out the back-off after a gang restart (None: go on and launch now)."""
+        self.status["nextAttemptTime"] = iso(due)
+        last_hash = self.cm_annotation(names.ANN_SPEC_HASH)
+        if last_hash and last_hash != names.spec_hash(self.job.get("spec")):
+            self.status.pop("nextAttemptTime", None)    # the user changed the job: try it at once
+            self.event("Normal", "SpecChanged", "the spec changed during the restart back-off: "
+                       "launching now (not counted as a restart)")
+            return None
+        if self.obs.now >= due:
+            self.status.pop("nextAttemptTime", None)
+            return None
+        self.delete_stale()                             # the failed attempt's pods, if still there
+        self.status["pods"] = pod_counts([])
+        left = (due - self.obs.now).total_seconds()
+        restarts = int(self.status.get("restarts") or 0)
+        self.set_phase(RESTARTING, "RestartBackoff", f"restart {restarts}: next attempt at "
+                       f"{self.status['nextAttemptTime']} (back-off {self.backoff.delay(restarts):g}s after "
+                       f"{restarts} restart(s), so a job failing at start-up does not relaunch in a tight loop)")
+        self.d.requeue_after = self.until_deadline(left)
+        return self.d
 
     def finished(self, phase: str) -> Decision:
         self.status["observedGeneration"] = self.generation   # edits to a finished job have no effect
@@ -235,6 +313,7 @@ class _Reconciler:
         return self.d
 
     def suspend(self) -> Decision:
+        self.status.pop("nextAttemptTime", None)        # resuming is the user's call: no back-off after it
         if self.old.get("phase") != SUSPENDED:
             self.teardown()
         else:
@@ -245,6 +324,7 @@ class _Reconciler:
 
     def fail(self, reason: str, message: str) -> Decision:
         self.d.delete_pods = self.live_pods()
+        self.status.pop("nextAttemptTime", None)
         self.status["completionTime"] = self.now
         self.set_phase(FAILED, reason, message, stalled=(reason, message))
         return self.d
@@ -339,6 +419,9 @@ class _Reconciler:
         if failed or gone > 0:
             why = failure_of(failed[0]) if failed else f"{gone} pod(s) of attempt {self.attempt} were deleted"
             return self.gang_failure(spec, why)
+        stuck = self.stuck_on_lost_node(pods)
+        if stuck:
+            return self.gang_failure(spec, stuck, reason="NodeLost")
         if counts["succeeded"] == expected:
             self.status["completionTime"] = self.now
             self.set_phase(SUCCEEDED, "AllPodsSucceeded", f"all {expected} pods finished training")
@@ -352,16 +435,44 @@ class _Reconciler:
         self.d.requeue_after = PROGRESS_INTERVAL
         return self.d
 
-    def gang_failure(self, spec: Any, why: str) -> Decision:
+    def stuck_on_lost_node(self, pods: list[dict]) -> str:
+        """Why a Pending pod of this attempt can never start on its planned node ("" if none is
+        stuck). Only Pending pods: running ones on a failing node are Kubernetes' to evict."""
+        if self.cm_annotation(names.ANN_ATTEMPT) != str(self.attempt):
+            return ""                                   # the plan of this attempt is not known
+        try:
+            planned = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE]).nodes
+        except (KeyError, TypeError, LayoutError):
+            return ""
+        by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
+        for p in pods:
+            if (p.get("status") or {}).get("phase", "Pending") != "Pending" or p["metadata"].get("deletionTimestamp"):
+                continue
+            rank = pod_node_rank(p)
+            if rank is None or not 0 <= rank < len(planned):
+                continue
+            node = planned[rank]
+            why = "was deleted" if node not in by_name else self.planner.unusable(by_name[node])
+            if why:
+                why = why if node not in by_name else f"is {why}"
+                return f"pod {p['metadata']['name']} is Pending on its planned node {node}, which {why}; it cannot start there"
+        return ""
+
+    def gang_failure(self, spec: Any, why: str, reason: str = "PodFailed") -> Decision:
         restarts = int(self.old.get("restarts") or 0)
         limit = spec.run_policy.backoff_limit
         if restarts >= limit:
             return self.fail("BackoffLimitExceeded", f"{why}; {restarts} restart(s) used of runPolicy.backoffLimit={limit}")
         self.teardown(restart=True)
-        self.event("Warning", "PodFailed", why)
+        self.event("Warning", reason, why)
+        delay = self.backoff.delay(restarts + 1)
+        when = ""
+        if delay > 0:
+            self.status["nextAttemptTime"] = iso(self.obs.now + timedelta(seconds=delay))
+            when = f" after a {delay:g}s back-off: next attempt at {self.status['nextAttemptTime']}"
         self.set_phase(RESTARTING, "GangRestart", f"{why}; restart {restarts + 1} of {limit}: "
-                       f"deleting the attempt's pods and planning again")
-        self.d.requeue_after = 0.5
+                       f"deleting the attempt's pods and planning again{when}")
+        self.d.requeue_after = self.until_deadline(delay) if delay > 0 else 0.5
         return self.d
 
     def merge_progress(self) -> None:
