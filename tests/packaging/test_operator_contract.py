@@ -15,7 +15,8 @@ def operator_pod(docs):
     {"watch.allNamespaces": "false", "watch.namespaces": "{team-a,team-b}", "logLevel": "debug",
      "logFormat": "plain", "metrics.enabled": "false", "liveness.port": "18080",
      "nics.clusterRdmaKinds.east": "infiniband", "nics.clusterRdmaKinds.west": "roce",
-     "nics.rdmaDefaultKind": "roce", "trainer.masterPort": "23456", "trainer.metricsPort": "23457"},
+     "nics.rdmaDefaultKind": "roce", "trainer.masterPort": "23456", "trainer.metricsPort": "23457",
+     "restartBackoff.seconds": "3", "restartBackoff.maxSeconds": "60"},
 ])
 def test_the_operator_accepts_the_chart_command_line(values, monkeypatch):
     """The rendered args parse with the operator's own argument parser, to the intended settings."""
@@ -39,6 +40,8 @@ def test_the_operator_accepts_the_chart_command_line(values, monkeypatch):
     assert args.trainer_image == "holmes-trainer:0.1.0"
     assert args.master_port == int(values.get("trainer.masterPort", 29500))
     assert args.trainer_metrics_port == int(values.get("trainer.metricsPort", 9400))
+    assert (args.restart_backoff.base, args.restart_backoff.cap) == (
+        float(values.get("restartBackoff.seconds", 10)), float(values.get("restartBackoff.maxSeconds", 300)))
     kinds = {k.split(".")[-1]: v for k, v in values.items() if k.startswith("nics.clusterRdmaKinds.")}
     assert sorted(args.cluster_rdma_kind) == sorted(f"{c}={k}" for c, k in kinds.items())
     assert args.rdma_default_kind == (values.get("nics.rdmaDefaultKind") or None)
