@@ -220,12 +220,15 @@ def test_pods_find_each_other_by_name_and_share_ports(cluster, namespace):
     """
     client_src = """
         import socket, time
-        for _ in range(100):
+        deadline = time.monotonic() + 80      # the server pod may start later on a busy machine
+        while True:
             try:
                 c = socket.create_connection(("{host}.job.{ns}.svc", 29500), timeout=2)
                 break
-            except OSError:
-                time.sleep(0.1)
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"never reached {host}.job.{ns}.svc:29500: {{e}}")
+                time.sleep(0.2)
         print("GOT", c.recv(100).decode())
     """
     headless = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "job"},
@@ -238,7 +241,7 @@ def test_pods_find_each_other_by_name_and_share_ports(cluster, namespace):
         docs.append(pod(f"cli-{i}", client_src.format(host=f"rank{i}", ns=namespace)))
     apply(cluster, namespace, *docs)
     for i in range(2):
-        done = cluster.wait_pod(namespace, f"cli-{i}", timeout=60)
+        done = cluster.wait_pod(namespace, f"cli-{i}", timeout=120)
         assert done["status"]["phase"] == "Succeeded", cluster.pod_log(namespace, f"cli-{i}", "main")
         assert f"GOT rank{i}" in cluster.pod_log(namespace, f"cli-{i}", "main")
         assert cluster.wait_pod(namespace, f"srv-{i}")["status"]["phase"] == "Succeeded"
