@@ -181,7 +181,7 @@ def test_once_mixed_fabric_problem_then_fixed_and_clear_failures(cluster, namesp
     events = wait_for("the NicProblem event", lambda: [
         e for e in cluster.get_json("events", "-n", "default", "--field-selector",
                                     f"involvedObject.name={api_node}")["items"] if e["reason"] == "NicProblem"],
-        timeout=10)
+        timeout=30)
     assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "Node"
 
     roce_node(tmp_path / "roce", 200)
