@@ -56,27 +56,23 @@ ensure_tools() {  # host tools the steps below (and the node agent) need
 deb_extract() {  # deb_extract PACKAGE DEST
   local pkg=$1 dest=$2 dl="$WORK/deb-$1"
   rm -rf "$dl" && mkdir -p "$dl"
-  (cd "$dl" && apt_get -o APT::Sandbox::User=root download -qq "$pkg" >/dev/null) || die "apt-get download $pkg failed"
+  # apt-get download writes to the working directory; no subshell, so `apt-get update` runs once.
+  pushd "$dl" >/dev/null
+  apt_get -o APT::Sandbox::User=root download -qq "$pkg" >/dev/null || die "apt-get download $pkg failed"
+  popd >/dev/null
   dpkg-deb -x "$dl"/*.deb "$dest" || die "could not unpack $pkg"
   rm -rf "$dl"
 }
 
-build_etcd() {
-  have etcd && return
-  say "etcd: Debian etcd-server"
-  local x="$WORK/etcd-x"; rm -rf "$x"; mkdir -p "$x"
-  deb_extract etcd-server "$x"
-  [[ -x "$x/usr/bin/etcd" ]] || die "usr/bin/etcd not found inside Debian's etcd-server package"
-  install -m 0755 "$x/usr/bin/etcd" "$BIN/etcd"; rm -rf "$x"
-}
-
-build_kubectl() {
-  have kubectl && return
-  say "kubectl: Debian kubernetes-client (exact match for the v1.20.2 server)"
-  local x="$WORK/kubectl-x"; rm -rf "$x"; mkdir -p "$x"
-  deb_extract kubernetes-client "$x"
-  [[ -x "$x/usr/bin/kubectl" ]] || die "kubectl not found inside Debian's kubernetes-client package"
-  install -m 0755 "$x/usr/bin/kubectl" "$BIN/kubectl"; rm -rf "$x"
+# One binary out of a Debian package, unpacked (not installed: no service starts).
+binary_from_deb() {  # binary_from_deb NAME PACKAGE WHY
+  local name=$1 pkg=$2
+  have "$name" && return
+  say "$name: Debian $pkg ($3)"
+  local x="$WORK/$name-x"; rm -rf "$x"; mkdir -p "$x"
+  deb_extract "$pkg" "$x"
+  [[ -x "$x/usr/bin/$name" ]] || die "usr/bin/$name not found inside Debian's $pkg package"
+  install -m 0755 "$x/usr/bin/$name" "$BIN/$name"; rm -rf "$x"
 }
 
 build_helm() {
@@ -178,8 +174,8 @@ main() {
   for c in "${all[@]}"; do have "$c" || need=1; done
   ensure_tools
   if ((need == 0)); then say "cached binaries in $BIN"; return 0; fi
-  build_etcd
-  build_kubectl
+  binary_from_deb etcd etcd-server "etcd 3.4"
+  binary_from_deb kubectl kubernetes-client "exact match for the v1.20.2 server"
   build_helm
   build_kube
   for c in "${all[@]}"; do have "$c" || die "$c is still missing from $BIN"; done
