@@ -20,6 +20,7 @@ ARG CUDA_IMAGE=nvidia/cuda:13.0.2-base-ubuntu24.04
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY contract/ contract/
 COPY operator/ operator/
 COPY trainer/ trainer/
 RUN pip install --no-cache-dir --disable-pip-version-check setuptools==84.2.1 \

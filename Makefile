@@ -25,8 +25,17 @@ LOCALKUBE := PYTHONPATH=hack $(PY) -m localkube
 k8s:
 	@bash hack/build-k8s.sh
 
-test: venv k8s
+test: venv k8s lint
 	$(PY) -m pytest
+
+# ruff: lint and format check (config in pyproject.toml); `make fmt` applies both.
+.PHONY: lint fmt
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+fmt: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # Start (idempotent) the local cluster; writes .holmes/kubeconfig. TOPOLOGY=path picks the nodes.
 cluster-up: venv k8s
@@ -40,7 +49,7 @@ demo: cluster-up
 	@echo ">> the simulated nodes and how each advertises its NIC"
 	@$(LOCALKUBE) nodes
 	@# CRD + operator + a small HolmesJob trained to Succeeded: prints the layout and the metrics.
-	@$(PY) -m holmes.operator.demo --kubeconfig .holmes/kubeconfig --job examples/holmesjob-demo.yaml
+	@$(PY) hack/demo.py --kubeconfig .holmes/kubeconfig --job examples/holmesjob-demo.yaml
 
 # Copy crds/ into the chart and re-render deploy/install.yaml (tests/packaging checks both).
 .PHONY: chart-sync

@@ -21,6 +21,7 @@ through ``/etc/netns/<ns>/hosts`` (``ip netns exec`` bind-mounts it over /etc/ho
 The pure part (spec, commands, hosts files) is unit-tested; :func:`build`, :func:`destroy`,
 :func:`set_trunk` and :func:`measure_mbit` run them (root only).
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,8 @@ SWITCH_NS = f"{PREFIX}-switch"
 PROBE_NS = f"{PREFIX}-probe"
 SUBNET = "10.200.0"
 ETC_NETNS = "/etc/netns"
-ISLANDS = {"a": ("east", "infiniband"), "b": ("west", "roce")}   # island -> (cluster label, NIC kind)
-IFNAMSIZ = 15                                                     # longest Linux interface name
+ISLANDS = {"a": ("east", "infiniband"), "b": ("west", "roce")}  # island -> (cluster label, NIC kind)
+IFNAMSIZ = 15  # longest Linux interface name
 CMD_TIMEOUT = 15
 
 
@@ -47,9 +48,9 @@ class FabricError(RuntimeError):
 
 @dataclass(frozen=True)
 class EmuNode:
-    name: str          # node name, as the planner and the hosts files know it
-    island: str        # "a" | "b"
-    index: int         # 1-based, position in name order
+    name: str  # node name, as the planner and the hosts files know it
+    island: str  # "a" | "b"
+    index: int  # 1-based, position in name order
 
     @property
     def netns(self) -> str:
@@ -62,7 +63,7 @@ class EmuNode:
 
     @property
     def port(self) -> str:
-        return f"p-{self.name}"      # the node's veth peer inside the switch namespace
+        return f"p-{self.name}"  # the node's veth peer inside the switch namespace
 
     @property
     def cluster(self) -> str:
@@ -76,8 +77,8 @@ class EmuNode:
 @dataclass(frozen=True)
 class FabricSpec:
     nodes: tuple[EmuNode, ...]
-    fast_mbit: float          # each node's NIC, both directions; 0 = unshaped veth
-    cross_mbit: float         # the trunk between islands, both directions; 0 = unshaped
+    fast_mbit: float  # each node's NIC, both directions; 0 = unshaped veth
+    cross_mbit: float  # the trunk between islands, both directions; 0 = unshaped
 
     def node(self, name: str) -> EmuNode:
         for n in self.nodes:
@@ -105,6 +106,7 @@ def two_islands(per_island: int = 2, fast_mbit: float = 2000, cross_mbit: float 
 
 # ---- commands (pure) ---------------------------------------------------------------------------
 
+
 def tbf_burst_bytes(mbit: float) -> int:
     """Token-bucket depth: at least 256 KiB (measured good at 200 Mbit/s), else 8 ms of line rate
     so high rates are not capped by the kernel timer."""
@@ -115,8 +117,23 @@ def shape_cmd(ns: str, dev: str, mbit: float) -> list[str]:
     """Replace dev's root qdisc by a tbf at mbit (mbit 0: back to the default qdisc)."""
     if mbit <= 0:
         return ["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"]
-    return ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbit:g}mbit",
-            "burst", str(tbf_burst_bytes(mbit)), "latency", "50ms"]
+    return [
+        "tc",
+        "-n",
+        ns,
+        "qdisc",
+        "replace",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        f"{mbit:g}mbit",
+        "burst",
+        str(tbf_burst_bytes(mbit)),
+        "latency",
+        "50ms",
+    ]
 
 
 def setup_commands(spec: FabricSpec) -> list[list[str]]:
@@ -124,21 +141,26 @@ def setup_commands(spec: FabricSpec) -> list[list[str]]:
     cmds = [["ip", "netns", "add", ns] for ns in spec.namespaces]
     cmds += [["ip", "-n", sw, "link", "set", "lo", "up"]]
     for isl in ("a", "b"):
-        cmds += [["ip", "-n", sw, "link", "add", f"br-{isl}", "type", "bridge"],
-                 ["ip", "-n", sw, "link", "set", f"br-{isl}", "up"]]
+        cmds += [
+            ["ip", "-n", sw, "link", "add", f"br-{isl}", "type", "bridge"],
+            ["ip", "-n", sw, "link", "set", f"br-{isl}", "up"],
+        ]
     cmds += [["ip", "-n", sw, "link", "add", "x-a", "type", "veth", "peer", "name", "x-b"]]
     for isl in ("a", "b"):
-        cmds += [["ip", "-n", sw, "link", "set", f"x-{isl}", "master", f"br-{isl}"],
-                 ["ip", "-n", sw, "link", "set", f"x-{isl}", "up"]]
+        cmds += [
+            ["ip", "-n", sw, "link", "set", f"x-{isl}", "master", f"br-{isl}"],
+            ["ip", "-n", sw, "link", "set", f"x-{isl}", "up"],
+        ]
     for n in spec.nodes:
         # created inside the node's namespace, peer moved straight into the switch: never in the host's
-        cmds += [["ip", "-n", n.netns, "link", "add", "eth0", "type", "veth", "peer", "name", n.port,
-                  "netns", sw],
-                 ["ip", "-n", n.netns, "addr", "add", f"{n.addr}/24", "dev", "eth0"],
-                 ["ip", "-n", n.netns, "link", "set", "eth0", "up"],
-                 ["ip", "-n", n.netns, "link", "set", "lo", "up"],
-                 ["ip", "-n", sw, "link", "set", n.port, "master", f"br-{n.island}"],
-                 ["ip", "-n", sw, "link", "set", n.port, "up"]]
+        cmds += [
+            ["ip", "-n", n.netns, "link", "add", "eth0", "type", "veth", "peer", "name", n.port, "netns", sw],
+            ["ip", "-n", n.netns, "addr", "add", f"{n.addr}/24", "dev", "eth0"],
+            ["ip", "-n", n.netns, "link", "set", "eth0", "up"],
+            ["ip", "-n", n.netns, "link", "set", "lo", "up"],
+            ["ip", "-n", sw, "link", "set", n.port, "master", f"br-{n.island}"],
+            ["ip", "-n", sw, "link", "set", n.port, "up"],
+        ]
         if spec.fast_mbit > 0:
             cmds += [shape_cmd(n.netns, "eth0", spec.fast_mbit), shape_cmd(sw, n.port, spec.fast_mbit)]
     if spec.cross_mbit > 0:
@@ -154,12 +176,15 @@ def hosts_file(spec: FabricSpec, me: EmuNode, host_names: tuple[str, ...] = ()) 
     """/etc/hosts as node ``me`` sees it: every node by name, and this machine's own host name(s)
     as ``me`` (so anything that resolves the local host name gets the node's address, not DNS)."""
     lines = ["127.0.0.1 localhost"]
-    lines += [f"{n.addr} {n.name}" + (" " + " ".join(host_names) if n is me and host_names else "")
-              for n in spec.nodes]
+    lines += [
+        f"{n.addr} {n.name}" + (" " + " ".join(host_names) if n is me and host_names else "")
+        for n in spec.nodes
+    ]
     return "\n".join(lines) + "\n"
 
 
 # ---- I/O (root) --------------------------------------------------------------------------------
+
 
 def run(cmd: list[str], timeout: float = CMD_TIMEOUT, check: bool = True) -> subprocess.CompletedProcess:
     try:
@@ -167,7 +192,9 @@ def run(cmd: list[str], timeout: float = CMD_TIMEOUT, check: bool = True) -> sub
     except subprocess.TimeoutExpired:
         raise FabricError(f"`{' '.join(cmd)}` did not finish in {timeout:g} s") from None
     if check and p.returncode:
-        raise FabricError(f"`{' '.join(cmd)}` failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
+        raise FabricError(
+            f"`{' '.join(cmd)}` failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}"
+        )
     return p
 
 
@@ -186,11 +213,18 @@ def missing_prerequisites() -> list[str]:
     try:
         steps = [
             (["ip", "netns", "add", PROBE_NS], "network namespaces (ip netns add) are not permitted here"),
-            (["ip", "-n", PROBE_NS, "link", "add", "v0", "type", "veth", "peer", "name", "v1"],
-             "the kernel has no veth support (CONFIG_VETH / modprobe veth)"),
-            (["ip", "-n", PROBE_NS, "link", "add", "b0", "type", "bridge"],
-             "the kernel has no bridge support (CONFIG_BRIDGE / modprobe bridge)"),
-            (shape_cmd(PROBE_NS, "v0", 200), "the tbf qdisc is missing (CONFIG_NET_SCH_TBF / modprobe sch_tbf)"),
+            (
+                ["ip", "-n", PROBE_NS, "link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+                "the kernel has no veth support (CONFIG_VETH / modprobe veth)",
+            ),
+            (
+                ["ip", "-n", PROBE_NS, "link", "add", "b0", "type", "bridge"],
+                "the kernel has no bridge support (CONFIG_BRIDGE / modprobe bridge)",
+            ),
+            (
+                shape_cmd(PROBE_NS, "v0", 200),
+                "the tbf qdisc is missing (CONFIG_NET_SCH_TBF / modprobe sch_tbf)",
+            ),
         ]
         for cmd, why in steps:
             p = run(cmd, check=False)
@@ -221,7 +255,7 @@ def destroy(spec: FabricSpec) -> list[str]:
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     try:
-        os.rmdir(ETC_NETNS)          # only if empty: someone else's entries stay
+        os.rmdir(ETC_NETNS)  # only if empty: someone else's entries stay
     except OSError:
         pass
     return removed
@@ -231,8 +265,10 @@ def build(spec: FabricSpec) -> None:
     """Create the fabric (call destroy first to clear leftovers). Raises FabricError."""
     taken = existing_namespaces() & set(spec.namespaces)
     if taken:
-        raise FabricError(f"namespaces already exist: {', '.join(sorted(taken))} "
-                          "(leftovers of an earlier run? remove them with --cleanup)")
+        raise FabricError(
+            f"namespaces already exist: {', '.join(sorted(taken))} "
+            "(leftovers of an earlier run? remove them with --cleanup)"
+        )
     names = (socket.gethostname(),)
     for n in spec.nodes:
         d = os.path.join(ETC_NETNS, n.netns)
@@ -260,12 +296,30 @@ PROBE_PORT = 5999
 def measure_mbit(src: EmuNode, dst: EmuNode, megabytes: int, timeout: float = 60) -> float:
     """Goodput of one TCP stream src -> dst, Mbit/s (this file's __main__ is both ends)."""
     me = os.path.abspath(__file__)
-    server = subprocess.Popen(["ip", "netns", "exec", dst.netns, sys.executable, me, "serve", str(PROBE_PORT)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", dst.netns, sys.executable, me, "serve", str(PROBE_PORT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        time.sleep(0.3)   # the listener binds before the sender dials; retried below anyway
-        p = run(["ip", "netns", "exec", src.netns, sys.executable, me, "send", dst.addr, str(PROBE_PORT),
-                 str(megabytes)], timeout=timeout)
+        time.sleep(0.3)  # the listener binds before the sender dials; retried below anyway
+        p = run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                src.netns,
+                sys.executable,
+                me,
+                "send",
+                dst.addr,
+                str(PROBE_PORT),
+                str(megabytes),
+            ],
+            timeout=timeout,
+        )
         return float(p.stdout.split()[0])
     finally:
         if server.poll() is None:
@@ -301,7 +355,7 @@ def _send(host: str, port: int, megabytes: int) -> None:
     for _ in range(megabytes):
         c.sendall(buf)
     c.shutdown(socket.SHUT_WR)
-    c.recv(1)                         # the receiver has everything
+    c.recv(1)  # the receiver has everything
     print(f"{megabytes * 8 * 1.048576 / (time.perf_counter() - t):.1f}")
 
 

@@ -9,6 +9,7 @@ client parallelism, so the ratio shows what planning + reconciling adds.
     .venv/bin/python bench/operator_apply.py                 # starts a private local cluster
     HOLMES_KUBECONFIG=.holmes/kubeconfig .venv/bin/python bench/operator_apply.py --sizes 8,64
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,24 +23,48 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests" / "operator")]
+sys.path[:0] = [str(REPO / "hack")]  # the localkube harness (not part of the holmes package)
 
 import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-from opcluster import OperatorProcess, fake_gpu_node, install_crd  # noqa: E402
+from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd  # noqa: E402
+
 
 def job(name: str, ns: str, nodes: int) -> dict:
-    return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": name, "namespace": ns},
-            "spec": {"model": {"layers": 32, "hiddenSize": 4096, "attentionHeads": 32, "seqLength": 2048,
-                               "vocabSize": 50257},
-                     "training": {"globalBatchSize": 4096, "microBatchSize": 1, "iterations": 10,
-                                  "learningRate": 1.0e-4},
-                     "nodes": {"count": nodes, "gpusPerNode": 8, "selector": {"matchLabels": {"holmes.dev/fake": "1"}}},
-                     "template": {"spec": {"tolerations": [{"key": "holmes.dev/fake", "operator": "Exists"}],
-                                           "containers": [{"name": "trainer", "command": ["sleep", "3600"]}]}},
-                     "runPolicy": {"backoffLimit": 0}}}
+    return {
+        "apiVersion": "holmes.dev/v1alpha1",
+        "kind": "HolmesJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "model": {
+                "layers": 32,
+                "hiddenSize": 4096,
+                "attentionHeads": 32,
+                "seqLength": 2048,
+                "vocabSize": 50257,
+            },
+            "training": {
+                "globalBatchSize": 4096,
+                "microBatchSize": 1,
+                "iterations": 10,
+                "learningRate": 1.0e-4,
+            },
+            "nodes": {
+                "count": nodes,
+                "gpusPerNode": 8,
+                "selector": {"matchLabels": {"holmes.dev/fake": "1"}},
+            },
+            "template": {
+                "spec": {
+                    "tolerations": [{"key": "holmes.dev/fake", "operator": "Exists"}],
+                    "containers": [{"name": "trainer", "command": ["sleep", "3600"]}],
+                }
+            },
+            "runPolicy": {"backoffLimit": 0},
+        },
+    }
 
 
 class Bench:
@@ -49,11 +74,17 @@ class Bench:
         self.api.configuration.connection_pool_maxsize = 32
         self.core = client.CoreV1Api(self.api)
         from localkube.controlplane import binary
+
         self.kubectl_bin = binary("kubectl")
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
-        return subprocess.run([self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args], input=input,
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
 
     def register_nodes(self, n: int) -> None:
         def make(i):
@@ -62,12 +93,18 @@ class Bench:
             except ApiException as e:
                 if e.status != 409:
                     raise
+
         with ThreadPoolExecutor(16) as ex:
             list(ex.map(make, range(n)))
 
     def remove_nodes(self, n: int) -> None:
         with ThreadPoolExecutor(16) as ex:
-            list(ex.map(lambda i: self._ignore_404(self.core.delete_node, fake_gpu_node(i)["metadata"]["name"]), range(n)))
+            list(
+                ex.map(
+                    lambda i: self._ignore_404(self.core.delete_node, fake_gpu_node(i)["metadata"]["name"]),
+                    range(n),
+                )
+            )
 
     @staticmethod
     def _ignore_404(fn, *a):
@@ -81,8 +118,11 @@ class Bench:
         """A namespace whose default service account has its token (pods are refused before)."""
         self.kubectl("create", "namespace", ns)
         for _ in range(300):
-            sa = self.core.read_namespaced_service_account("default", ns, _preload_content=False) \
-                if self._exists(ns) else None
+            sa = (
+                self.core.read_namespaced_service_account("default", ns, _preload_content=False)
+                if self._exists(ns)
+                else None
+            )
             if sa is not None and json.loads(sa.data).get("secrets"):
                 return
             time.sleep(0.1)
@@ -121,9 +161,13 @@ class Bench:
 
 def start_cluster(state: Path):
     from localkube.controlplane import ControlPlane
+
     cp = ControlPlane(state)
     cp.dir.mkdir(parents=True, exist_ok=True)
-    cp.up(REPO / "hack" / "topologies" / "default.yaml", log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
+    cp.up(
+        REPO / "hack" / "topologies" / "default.yaml",
+        log=lambda m: print(f"[localkube] {m}", file=sys.stderr),
+    )
     return cp
 
 
@@ -143,15 +187,17 @@ def main() -> int:
     op = None
     rows = []
     try:
+
         class _C:  # what install_crd needs
             def kubectl(self, *args, **kw):
                 return b.kubectl(*args)
+
         install_crd(_C())
         t = time.monotonic()
         b.register_nodes(max(sizes))
         print(f"registered {max(sizes)} bench nodes in {time.monotonic() - t:.1f}s", file=sys.stderr)
         op = OperatorProcess(kubeconfig, None, tmp / "operator.log").start()
-        time.sleep(2)                                 # let the node index fill
+        time.sleep(2)  # let the node index fill
         rss0 = op.rss_bytes()
         for n in sizes:
             for rep in range(a.repeats):
@@ -161,19 +207,31 @@ def main() -> int:
                 b.kubectl("apply", "-f", "-", input=yaml.safe_dump(job("j", ns, n)))
                 t_pods = b.wait_pods(ns, "holmes.dev/job-name=j", n, t0)
                 rss = op.rss_bytes()
-                pods = json.loads(b.core.list_namespaced_pod(ns, label_selector="holmes.dev/job-name=j",
-                                                             _preload_content=False).data)["items"]
+                pods = json.loads(
+                    b.core.list_namespaced_pod(
+                        ns, label_selector="holmes.dev/job-name=j", _preload_content=False
+                    ).data
+                )["items"]
                 b.cleanup_ns(ns)
                 fns = f"floor-{n}-{rep}-{os.getpid()}"
                 b.create_namespace(fns)
-                bare = [{"apiVersion": "v1", "kind": "Pod",
-                         "metadata": {"name": p["metadata"]["name"], "labels": {"bench": "floor"}},
-                         "spec": {k: v for k, v in p["spec"].items() if k not in ("nodeName",)}} for p in pods]
+                bare = [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {"name": p["metadata"]["name"], "labels": {"bench": "floor"}},
+                        "spec": {k: v for k, v in p["spec"].items() if k not in ("nodeName",)},
+                    }
+                    for p in pods
+                ]
                 t_floor = b.floor(fns, bare)
                 b.cleanup_ns(fns)
                 rows.append((n, rep, t_pods, t_floor, rss))
-                print(f"  {n:>4} nodes  rep {rep}: {t_pods:6.2f}s apply->all pods, floor {t_floor:6.2f}s, "
-                      f"operator RSS {rss / 2**20:.0f} MiB", file=sys.stderr)
+                print(
+                    f"  {n:>4} nodes  rep {rep}: {t_pods:6.2f}s apply->all pods, floor {t_floor:6.2f}s, "
+                    f"operator RSS {rss / 2**20:.0f} MiB",
+                    file=sys.stderr,
+                )
     finally:
         if op:
             op.stop()
@@ -184,17 +242,22 @@ def main() -> int:
         if cp:
             cp.down(log=lambda m: None)
             import shutil
+
             shutil.rmtree(cp.dir, ignore_errors=True)
 
-    print("\nHolmesJob apply -> all pods created (local v1.20 control plane, 2 cores; best of "
-          f"{a.repeats})")
-    print(f"{'nodes':>6} {'operator s':>11} {'direct create s':>16} {'ratio':>7} {'pods/s':>8} {'operator RSS MiB':>17}")
+    print(f"\nHolmesJob apply -> all pods created (local v1.20 control plane, 2 cores; best of {a.repeats})")
+    print(
+        f"{'nodes':>6} {'operator s':>11} {'direct create s':>16} {'ratio':>7} {'pods/s':>8} "
+        f"{'operator RSS MiB':>17}"
+    )
     for n in sizes:
         mine = [r for r in rows if r[0] == n]
         best = min(mine, key=lambda r: r[2])
         floor = min(r[3] for r in mine)
-        print(f"{n:>6} {best[2]:>11.2f} {floor:>16.2f} {best[2] / floor:>7.2f} {n / best[2]:>8.1f} "
-              f"{max(r[4] for r in mine) / 2**20:>17.0f}")
+        print(
+            f"{n:>6} {best[2]:>11.2f} {floor:>16.2f} {best[2] / floor:>7.2f} {n / best[2]:>8.1f} "
+            f"{max(r[4] for r in mine) / 2**20:>17.0f}"
+        )
     print(f"operator RSS before the first job: {rss0 / 2**20:.0f} MiB")
     return 0
 

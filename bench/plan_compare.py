@@ -4,15 +4,18 @@ not measurements: they show what the planner's choices are worth under its docum
 
 Run: .venv/bin/python bench/plan_compare.py
 """
+
 from __future__ import annotations
 
 from holmes.plan import compare, plan
 from holmes.plan.discovery import NodeNic
 
 GBPS = {"infiniband": 200.0, "roce": 100.0, "ethernet": 25.0}
-GPT_7B = {"model": {"layers": 36, "hiddenSize": 4096, "attentionHeads": 32, "seqLength": 2048, "vocabSize": 50257},
-          "training": {"globalBatchSize": 2048, "microBatchSize": 4, "iterations": 1, "learningRate": 1e-4},
-          "nodes": {"count": 8, "gpusPerNode": 8}}
+GPT_7B = {
+    "model": {"layers": 36, "hiddenSize": 4096, "attentionHeads": 32, "seqLength": 2048, "vocabSize": 50257},
+    "training": {"globalBatchSize": 2048, "microBatchSize": 4, "iterations": 1, "learningRate": 1e-4},
+    "nodes": {"count": 8, "gpusPerNode": 8},
+}
 
 
 def nodes(mix: list[tuple[str, str, int]]) -> list[NodeNic]:
@@ -37,8 +40,14 @@ SCENARIOS = [
 
 
 def main() -> None:
-    print("GPT 7.4B (36 layers, h=4096), global batch 2048, micro-batch 4, 8 nodes x 8 GPUs; TFLOPS/GPU estimated")
-    print(f"{'cluster':28} {'Holmes':>8} {'Megatron':>9} {'all-IB':>7} {'Holmes/Megatron':>16} {'Holmes/all-IB':>14}  Holmes layout")
+    print(
+        "GPT 7.4B (36 layers, h=4096), global batch 2048, micro-batch 4, 8 nodes x 8 GPUs; "
+        "TFLOPS/GPU estimated"
+    )
+    print(
+        f"{'cluster':28} {'Holmes':>8} {'Megatron':>9} {'all-IB':>7} {'Holmes/Megatron':>16} "
+        f"{'Holmes/all-IB':>14}  Holmes layout"
+    )
     ib = plan(nodes([("infiniband", "east", 8)]), GPT_7B).estimate["tflopsPerGpu"]
     for name, mix in SCENARIOS:
         h, b, ratio = compare(nodes(mix), GPT_7B)

@@ -6,6 +6,7 @@ job is GPT-175B-like (96 layers, h=12288, 96 heads) with a global batch that gro
 cluster. Prints one table; times are the best of --repeat runs, and the last column compares each
 size with the 64-node time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,14 +19,29 @@ KINDS = (("infiniband", 200.0), ("roce", 100.0), ("ethernet", 25.0))
 
 
 def cluster(n: int) -> list[NodeNic]:
-    return [NodeNic(name=f"gpu-{i:05d}", cluster=f"dc{i % 3}", nic=KINDS[i % 3][0], gbps=KINDS[i % 3][1], gpus=8)
-            for i in range(n)]
+    return [
+        NodeNic(name=f"gpu-{i:05d}", cluster=f"dc{i % 3}", nic=KINDS[i % 3][0], gbps=KINDS[i % 3][1], gpus=8)
+        for i in range(n)
+    ]
 
 
 def job(n: int) -> dict:
-    return {"model": {"layers": 96, "hiddenSize": 12288, "attentionHeads": 96, "seqLength": 2048, "vocabSize": 50257},
-            "training": {"globalBatchSize": 2 * 8 * n, "microBatchSize": 1, "iterations": 1, "learningRate": 1e-4},
-            "nodes": {"count": n, "gpusPerNode": 8}}
+    return {
+        "model": {
+            "layers": 96,
+            "hiddenSize": 12288,
+            "attentionHeads": 96,
+            "seqLength": 2048,
+            "vocabSize": 50257,
+        },
+        "training": {
+            "globalBatchSize": 2 * 8 * n,
+            "microBatchSize": 1,
+            "iterations": 1,
+            "learningRate": 1e-4,
+        },
+        "nodes": {"count": n, "gpusPerNode": 8},
+    }
 
 
 def main() -> None:
@@ -34,7 +50,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     sizes = [n for n in (64, 128, 256, 512, 1024, 2048, 4096) if n <= args.max_nodes]
-    print(f"{'nodes':>6} {'GPUs':>6} {'plan s':>8} {'T x P x D':>14} {'layout KiB':>10} {'TFLOPS/GPU':>10} {'x 64 nodes':>10}")
+    print(
+        f"{'nodes':>6} {'GPUs':>6} {'plan s':>8} {'T x P x D':>14} {'layout KiB':>10} {'TFLOPS/GPU':>10} "
+        f"{'x 64 nodes':>10}"
+    )
     base = None
     for n in sizes:
         nodes, spec = cluster(n), job(n)
@@ -45,8 +64,10 @@ def main() -> None:
             best = min(best, time.perf_counter() - t0)
         base = base or best
         kib = len(lay.to_json().encode()) / 1024
-        print(f"{n:>6} {8 * n:>6} {best:>8.3f} {f'{lay.tensor}x{lay.pipeline}x{lay.data}':>14} {kib:>10.1f} "
-              f"{lay.estimate['tflopsPerGpu']:>10.1f} {best / base:>10.2f}")
+        print(
+            f"{n:>6} {8 * n:>6} {best:>8.3f} {f'{lay.tensor}x{lay.pipeline}x{lay.data}':>14} {kib:>10.1f} "
+            f"{lay.estimate['tflopsPerGpu']:>10.1f} {best / base:>10.2f}"
+        )
 
 
 if __name__ == "__main__":

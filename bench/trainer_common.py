@@ -1,4 +1,5 @@
 """Shared pieces of the trainer benchmarks: forked gloo workers and hand-built Layouts."""
+
 from __future__ import annotations
 
 import io
@@ -6,25 +7,36 @@ import multiprocessing as mp
 import os
 import socket
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from holmes.plan.layout import GroupFamily, Layout, Stage
+from holmes.contract.layout import GroupFamily, Layout, Stage
 
 
 def layout(pipeline: int, data: int, split: list[int], mb: int, micro_batches: int) -> Layout:
     bounds = [0]
     for n in split:
         bounds.append(bounds[-1] + n)
-    stages = tuple(Stage(i, (bounds[i], bounds[i + 1]), "bench/ethernet", "ethernet", "Socket")
-                   for i in range(pipeline))
+    stages = tuple(
+        Stage(i, (bounds[i], bounds[i + 1]), "bench/ethernet", "ethernet", "Socket") for i in range(pipeline)
+    )
     groups = tuple(GroupFamily("dp", "Socket", s) for s in range(pipeline)) + (GroupFamily("pp", "Socket"),)
     world = pipeline * data
-    return Layout(tensor=1, pipeline=pipeline, data=data, gpus_per_node=world, nodes=("bench",),
-                  stages=stages, groups=groups, micro_batch_size=mb, micro_batches=micro_batches)
+    return Layout(
+        tensor=1,
+        pipeline=pipeline,
+        data=data,
+        gpus_per_node=world,
+        nodes=("bench",),
+        stages=stages,
+        groups=groups,
+        micro_batch_size=mb,
+        micro_batches=micro_batches,
+    )
 
 
 def _port() -> int:
@@ -36,8 +48,13 @@ def _port() -> int:
 def _worker(rank, world, port, fn, args, q, threads):
     torch.set_num_threads(threads)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
-                                timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            "gloo",
+            rank=rank,
+            world_size=world,
+            init_method=f"tcp://127.0.0.1:{port}",
+            timeout=timedelta(seconds=120),
+        )
         out = fn(rank, *args)
         buf = io.BytesIO()
         torch.save(out, buf)

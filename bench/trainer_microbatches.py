@@ -6,6 +6,7 @@ With a fixed micro-batch size, a step should cost about (M + P - 1) micro-batch 
 share falls as (P-1)/(M+P-1). Prints step time, time per micro-batch and the bubble share measured
 on stage 0 next to that ideal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,17 +18,25 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer_common import layout, median, run_ranks, table  # noqa: E402
 
-from holmes.trainer.config import ModelConfig, OptimizerConfig, TrainConfig  # noqa: E402
+from holmes.contract import ModelSpec
+from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 
-MODEL = ModelConfig(layers=6, hidden_size=256, attention_heads=8, seq_length=128, vocab_size=2048)
+MODEL = ModelSpec(layers=6, hidden_size=256, attention_heads=8, seq_length=128, vocab_size=2048)
 MB, P, SPLIT = 2, 2, [3, 3]
 
 
 def worker(rank: int, m: int, iters: int) -> dict:
-    cfg = TrainConfig(model=MODEL, global_batch_size=MB * m, micro_batch_size=MB, iterations=iters,
-                      optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3))
-    hist = Trainer(cfg, layout(P, 1, SPLIT, MB, m), rank=rank, device=torch.device("cpu"), backend="gloo").train()
+    cfg = TrainConfig(
+        model=MODEL,
+        global_batch_size=MB * m,
+        micro_batch_size=MB,
+        iterations=iters,
+        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
+    )
+    hist = Trainer(
+        cfg, layout(P, 1, SPLIT, MB, m), rank=rank, device=torch.device("cpu"), backend="gloo"
+    ).train()
     return {"step": [h["iterationSeconds"] for h in hist], "bubble": [h["time"]["bubble"] for h in hist]}
 
 
@@ -44,10 +53,23 @@ def main() -> None:
         per_mb = step / m
         base = base or per_mb
         rows.append([m, step * 1e3, per_mb * 1e3, per_mb / base, bubble, (P - 1) / (m + P - 1)])
-    print(f"PP={P} stages {SPLIT} layers, GPT h={MODEL.hidden_size} s={MODEL.seq_length}, micro-batch {MB}, "
-          "1F1B, gloo, 1 thread/rank")
-    print(table(["micro-batches", "ms/step", "ms/micro-batch", "vs M=first", "bubble share (stage 0)",
-                 "ideal (P-1)/(M+P-1)"], rows))
+    print(
+        f"PP={P} stages {SPLIT} layers, GPT h={MODEL.hidden_size} s={MODEL.seq_length}, micro-batch {MB}, "
+        "1F1B, gloo, 1 thread/rank"
+    )
+    print(
+        table(
+            [
+                "micro-batches",
+                "ms/step",
+                "ms/micro-batch",
+                "vs M=first",
+                "bubble share (stage 0)",
+                "ideal (P-1)/(M+P-1)",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ same GPT, micro-batching (gradient accumulation), AdamW and clipping. The engine
 buffers, grad hooks, bucketed sharded optimizer, the global norm all-reduce and its timers.
 Reports median wall and CPU time per step and the ratios engine / plain.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,13 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer_common import _port, layout, median, table  # noqa: E402
 
-from holmes.trainer.config import ModelConfig, OptimizerConfig, TrainConfig  # noqa: E402
+from holmes.contract import ModelCost, ModelSpec
+from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
 from holmes.trainer.data import BatchLoader, Sharding, make_source  # noqa: E402
 from holmes.trainer.engine import Trainer, learning_rate  # noqa: E402
 from holmes.trainer.model import build_full, loss_fn  # noqa: E402
 
-MODEL = ModelConfig(layers=4, hidden_size=256, attention_heads=8, seq_length=128, vocab_size=4096)
+MODEL = ModelSpec(layers=4, hidden_size=256, attention_heads=8, seq_length=128, vocab_size=4096)
 MB, M = 4, 2
 
 
@@ -34,12 +36,20 @@ class Plain:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.model = build_full(MODEL, cfg.seed)
-        params = list(self.model.parameters())   # decay on matrices only, as the engine does
-        self.opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.01},
-                                      {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-                                     lr=1e-3, betas=(0.9, 0.95), foreach=True)
-        self.loader = BatchLoader(make_source(None, MODEL.vocab_size, MODEL.seq_length, cfg.seed),
-                                  Sharding(cfg.global_batch_size, 1, 0))
+        params = list(self.model.parameters())  # decay on matrices only, as the engine does
+        self.opt = torch.optim.AdamW(
+            [
+                {"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.01},
+                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+            ],
+            lr=1e-3,
+            betas=(0.9, 0.95),
+            foreach=True,
+        )
+        self.loader = BatchLoader(
+            make_source(None, MODEL.vocab_size, MODEL.seq_length, cfg.seed),
+            Sharding(cfg.global_batch_size, 1, 0),
+        )
         self.i = 0
 
     def step(self) -> float:
@@ -70,26 +80,50 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_port()}",
-                            timeout=timedelta(seconds=60))
-    cfg = TrainConfig(model=MODEL, global_batch_size=MB * M, micro_batch_size=MB, iterations=a.iters,
-                      optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3), bucket_elements=1_000_000)
+    dist.init_process_group(
+        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_port()}", timeout=timedelta(seconds=60)
+    )
+    cfg = TrainConfig(
+        model=MODEL,
+        global_batch_size=MB * M,
+        micro_batch_size=MB,
+        iterations=a.iters,
+        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
+        bucket_elements=1_000_000,
+    )
     plain = Plain(cfg)
-    engine = Trainer(cfg, layout(1, 1, [MODEL.layers], MB, M), rank=0, device=torch.device("cpu"), backend="gloo")
+    engine = Trainer(
+        cfg, layout(1, 1, [MODEL.layers], MB, M), rank=0, device=torch.device("cpu"), backend="gloo"
+    )
     pw, pc, ew, ec, diffs = [], [], [], [], []
-    for i in range(a.iters):
+    for _ in range(a.iters):
         w, c, lp = timed(plain.step)
         pw.append(w), pc.append(c)
         w, c, rec = timed(engine.train_step)
         ew.append(w), ec.append(c)
         diffs.append(abs(rec["loss"] - lp))
     dist.destroy_process_group()
-    skip = 3                                   # warm-up
-    rows = [["wall ms/step", median(pw[skip:]) * 1e3, median(ew[skip:]) * 1e3, median(ew[skip:]) / median(pw[skip:])],
-            ["cpu ms/step", median(pc[skip:]) * 1e3, median(ec[skip:]) * 1e3, median(ec[skip:]) / median(pc[skip:])]]
-    print(f"GPT {MODEL.layers}L h={MODEL.hidden_size} s={MODEL.seq_length} V={MODEL.vocab_size} "
-          f"({MODEL.num_parameters() / 1e6:.1f}M params), micro-batch {MB} x {M}, {a.threads} thread(s), "
-          f"CPU, {a.iters} steps each, median after {skip}")
+    skip = 3  # warm-up
+    rows = [
+        [
+            "wall ms/step",
+            median(pw[skip:]) * 1e3,
+            median(ew[skip:]) * 1e3,
+            median(ew[skip:]) / median(pw[skip:]),
+        ],
+        [
+            "cpu ms/step",
+            median(pc[skip:]) * 1e3,
+            median(ec[skip:]) * 1e3,
+            median(ec[skip:]) / median(pc[skip:]),
+        ],
+    ]
+    print(
+        f"GPT {MODEL.layers}L h={MODEL.hidden_size} s={MODEL.seq_length} V={MODEL.vocab_size} "
+        f"({ModelCost.of(MODEL).total_params / 1e6:.1f}M params), micro-batch {MB} x {M}, "
+        f"{a.threads} thread(s), "
+        f"CPU, {a.iters} steps each, median after {skip}"
+    )
     print(table(["", "plain loop", "engine", "engine/plain"], rows))
     print(f"max |loss engine - loss plain| over the run: {max(diffs):.2e} (same init, data and optimizer)")
 

@@ -6,6 +6,7 @@ Overlapped: each bucket's reduce-scatter starts in backward as soon as the bucke
 each all-gather is waited on only by the next forward. Synchronous: the same collectives after
 backward / after the step. Prints median step time, exposed communication and the ratio.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,21 +18,34 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer_common import layout, median, run_ranks, table  # noqa: E402
 
-from holmes.trainer.config import ModelConfig, OptimizerConfig, TrainConfig  # noqa: E402
+from holmes.contract import ModelCost, ModelSpec
+from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 
-MODEL = ModelConfig(layers=4, hidden_size=384, attention_heads=6, seq_length=128, vocab_size=8192)
+MODEL = ModelSpec(layers=4, hidden_size=384, attention_heads=6, seq_length=128, vocab_size=8192)
 MB, M = 2, 2
 
 
 def worker(rank: int, overlap: bool, iters: int, bucket: int) -> dict:
-    cfg = TrainConfig(model=MODEL, global_batch_size=MB * M * 2, micro_batch_size=MB, iterations=iters,
-                      optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3), overlap=overlap,
-                      bucket_elements=bucket)
-    t = Trainer(cfg, layout(1, 2, [MODEL.layers], MB, M), rank=rank, device=torch.device("cpu"), backend="gloo")
+    cfg = TrainConfig(
+        model=MODEL,
+        global_batch_size=MB * M * 2,
+        micro_batch_size=MB,
+        iterations=iters,
+        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
+        overlap=overlap,
+        bucket_elements=bucket,
+    )
+    t = Trainer(
+        cfg, layout(1, 2, [MODEL.layers], MB, M), rank=rank, device=torch.device("cpu"), backend="gloo"
+    )
     hist = t.train()
-    return {"step": [h["iterationSeconds"] for h in hist], "comm": [h["time"]["exposedComm"] for h in hist],
-            "loss": [h["loss"] for h in hist], "buckets": len(t.opt.buckets)}
+    return {
+        "step": [h["iterationSeconds"] for h in hist],
+        "comm": [h["time"]["exposedComm"] for h in hist],
+        "loss": [h["loss"] for h in hist],
+        "buckets": len(t.opt.buckets),
+    }
 
 
 def main() -> None:
@@ -53,14 +67,20 @@ def main() -> None:
         step = median([s for r in res[overlap] for s in r["step"][skip:]])
         comm = median([c for r in res[overlap] for c in r["comm"][skip:]])
         rows.append(["overlapped" if overlap else "synchronous", step * 1e3, comm * 1e3, comm / step])
-    print(f"DP=2 gloo on loopback, GPT {MODEL.layers}L h={MODEL.hidden_size} V={MODEL.vocab_size} "
-          f"({MODEL.num_parameters() / 1e6:.1f}M params, {res[True][0]['buckets']} buckets), "
-          f"micro-batch {MB} x {M}, 1 thread/rank")
+    print(
+        f"DP=2 gloo on loopback, GPT {MODEL.layers}L h={MODEL.hidden_size} V={MODEL.vocab_size} "
+        f"({ModelCost.of(MODEL).total_params / 1e6:.1f}M params, {res[True][0]['buckets']} buckets), "
+        f"micro-batch {MB} x {M}, 1 thread/rank"
+    )
     print(table(["optimizer", "ms/step", "exposed comm ms", "comm share"], rows))
-    print(f"step time overlapped/synchronous: {rows[1][1] / rows[0][1]:.3f}   "
-          f"exposed comm overlapped/synchronous: {rows[1][2] / max(rows[0][2], 1e-9):.3f}")
-    print(f"max |loss difference| overlapped vs synchronous: "
-          f"{max(abs(x - y) for x, y in zip(losses[True], losses[False])):.2e}")
+    print(
+        f"step time overlapped/synchronous: {rows[1][1] / rows[0][1]:.3f}   "
+        f"exposed comm overlapped/synchronous: {rows[1][2] / max(rows[0][2], 1e-9):.3f}"
+    )
+    print(
+        f"max |loss difference| overlapped vs synchronous: "
+        f"{max(abs(x - y) for x, y in zip(losses[True], losses[False])):.2e}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Print exact pins for docker/constraints.txt from the environment this runs in (the .venv that
 `make venv` builds and the tests ran against): the holmes package's dependency closure, then the
 trainer extra's. Usage: .venv/bin/python docker/print-constraints.py > docker/constraints.txt"""
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -16,7 +17,7 @@ def closure(root: str, extra: str = "", skip: frozenset = frozenset()) -> dict[s
         key = dist.metadata["Name"].lower().replace("_", "-")
         if key in seen or key in skip:
             return
-        seen[key] = dist.version.split("+")[0]          # torch's local "+cpu" is this machine's build
+        seen[key] = dist.version.split("+")[0]  # torch's local "+cpu" is this machine's build
         for line in dist.requires or []:
             req = Requirement(line)
             if req.marker and not any(req.marker.evaluate({"extra": e}) for e in extras):
@@ -37,7 +38,10 @@ def main() -> None:
     print("#\n# operator (holmes core dependencies and their closure)")
     for k in sorted(core):
         print(f"{k}=={core[k]}")
-    print("# trainer extra (torch from PyPI is the CUDA 13 build there; its nvidia-* wheels are pinned by torch)")
+    print(
+        "# trainer extra (torch from PyPI is the CUDA 13 build there; "
+        "its nvidia-* wheels are pinned by torch)"
+    )
     for k in sorted(trainer):
         print(f"{k}=={trainer[k]}")
 

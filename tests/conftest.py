@@ -32,6 +32,7 @@ Fixtures
 Tests that use ``cluster`` are marked ``cluster`` automatically: ``pytest -m "not cluster"``
 runs only the pure tests, which never start a cluster.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "hack"))   # the localkube harness (not part of the holmes package)
 
 
 def pytest_configure(config):
@@ -63,21 +63,29 @@ class LocalCluster:
 
     def __init__(self, kubeconfig: str, topology, state_dir: Path | None):
         from localkube.controlplane import binary
+
         self.kubeconfig = kubeconfig
         self.topology = topology
         self.state_dir = state_dir
         self._kubectl = binary("kubectl")
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
-                timeout: float = 60) -> subprocess.CompletedProcess:
-        r = subprocess.run([self._kubectl, f"--kubeconfig={self.kubeconfig}", *args], input=input,
-                           capture_output=True, text=True, timeout=timeout)
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        r = subprocess.run(
+            [self._kubectl, f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and r.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
         return r
 
     def api_client(self):
         from kubernetes import config
+
         return config.new_client_from_config(self.kubeconfig)
 
     def pod_log(self, namespace: str, pod: str, container: str) -> str:
@@ -89,8 +97,9 @@ class LocalCluster:
     def get_json(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
-    def wait_pod(self, namespace: str, name: str, phases=("Succeeded", "Failed"),
-                 timeout: float = 60) -> dict:
+    def wait_pod(
+        self, namespace: str, name: str, phases=("Succeeded", "Failed"), timeout: float = 60
+    ) -> dict:
         end = time.monotonic() + timeout
         pod: dict = {}
         while time.monotonic() < end:
@@ -100,14 +109,18 @@ class LocalCluster:
                 if pod.get("status", {}).get("phase") in phases:
                     return pod
             time.sleep(0.3)
-        raise AssertionError(f"pod {namespace}/{name} not in {phases} after {timeout}s; "
-                             f"status: {json.dumps(pod.get('status'), indent=1)}")
+        raise AssertionError(
+            f"pod {namespace}/{name} not in {phases} after {timeout}s; "
+            f"status: {json.dumps(pod.get('status'), indent=1)}"
+        )
 
 
 def _reap_abandoned_clusters() -> None:
     """Stop clusters of earlier pytest sessions that were killed before they could clean up."""
     import shutil
+
     from localkube.controlplane import ControlPlane, pid_alive
+
     for d in (REPO / ".holmes").glob("pytest-*"):
         pid = d.name.split("-", 1)[1]
         if pid.isdigit() and not pid_alive(int(pid)):
@@ -123,7 +136,11 @@ def cluster():
     reuse = os.environ.get("HOLMES_KUBECONFIG")
     if reuse:
         state_dir = Path(reuse).resolve().parent / "cluster"
-        st = json.loads((state_dir / "cluster.json").read_text()) if (state_dir / "cluster.json").exists() else {}
+        st = (
+            json.loads((state_dir / "cluster.json").read_text())
+            if (state_dir / "cluster.json").exists()
+            else {}
+        )
         topo = load_topology(st.get("topology") or REPO / "hack/topologies/default.yaml")
         yield LocalCluster(reuse, topo, state_dir if st else None)
         return
@@ -137,6 +154,7 @@ def cluster():
     finally:
         cp.down(log=lambda m: None)
         import shutil
+
         shutil.rmtree(cp.dir, ignore_errors=True)
 
 
@@ -147,8 +165,9 @@ def namespace(cluster):
     # Pods are refused until the namespace's default service account and its token secret exist.
     end = time.monotonic() + 30
     while time.monotonic() < end:
-        r = cluster.kubectl("get", "serviceaccount", "default", "-n", name, "-o",
-                            "jsonpath={.secrets[0].name}", check=False)
+        r = cluster.kubectl(
+            "get", "serviceaccount", "default", "-n", name, "-o", "jsonpath={.secrets[0].name}", check=False
+        )
         if r.returncode == 0 and r.stdout.strip():
             break
         time.sleep(0.2)

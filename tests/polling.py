@@ -1,16 +1,23 @@
 """Waiting for a cluster to get somewhere, shared by the cluster tests (operator, labeller,
 packaging): poll until true, or fail the test saying what never happened."""
+
 from __future__ import annotations
 
 import json
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 
 
-def wait_for(what: str, fn: Callable[[], T], timeout: float = 60.0, every: float = 0.3,
-             detail: Callable[[], str] | None = None) -> T:
+def wait_for(
+    what: str,
+    fn: Callable[[], T],
+    timeout: float = 60.0,
+    every: float = 0.3,
+    detail: Callable[[], str] | None = None,
+) -> T:
     """``fn()``'s first truthy result; AssertionError with the last result (and ``detail()``,
     e.g. a log tail) when none came within ``timeout`` seconds."""
     end = time.monotonic() + timeout
@@ -20,5 +27,7 @@ def wait_for(what: str, fn: Callable[[], T], timeout: float = 60.0, every: float
         if last:
             return last
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; "
-                         f"last: {json.dumps(last, default=str)[:2000]}" + (detail() if detail else ""))
+    raise AssertionError(
+        f"timed out after {timeout:g}s waiting for {what}; "
+        f"last: {json.dumps(last, default=str)[:2000]}" + (detail() if detail else "")
+    )

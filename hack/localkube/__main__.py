@@ -1,4 +1,5 @@
 """CLI: `python -m localkube up|down|status|nodes|agent` (PYTHONPATH=hack)."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,13 +14,15 @@ from .topology import TopologyError
 
 DEFAULT_STATE = REPO / ".holmes" / "cluster"
 DEFAULT_TOPOLOGY = REPO / "hack" / "topologies" / "default.yaml"
-NODE_COLUMNS = ("NAME:.metadata.name,READY:.status.conditions[?(@.type==\"Ready\")].status,"
-                "CLUSTER:.metadata.labels.holmes\\.dev/cluster,"
-                "HOLMES-NIC:.metadata.labels.holmes\\.dev/nic,"
-                "NIC-GBPS:.metadata.labels.holmes\\.dev/nic-gbps,"
-                "NFD-RDMA:.metadata.labels.feature\\.node\\.kubernetes\\.io/rdma\\.available,"
-                "GPUS:.status.allocatable.nvidia\\.com/gpu,"
-                "TRUE-NIC:.metadata.annotations.localkube\\.holmes\\.dev/true-nic")
+NODE_COLUMNS = (
+    'NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,'
+    "CLUSTER:.metadata.labels.holmes\\.dev/cluster,"
+    "HOLMES-NIC:.metadata.labels.holmes\\.dev/nic,"
+    "NIC-GBPS:.metadata.labels.holmes\\.dev/nic-gbps,"
+    "NFD-RDMA:.metadata.labels.feature\\.node\\.kubernetes\\.io/rdma\\.available,"
+    "GPUS:.status.allocatable.nvidia\\.com/gpu,"
+    "TRUE-NIC:.metadata.annotations.localkube\\.holmes\\.dev/true-nic"
+)
 
 
 def link_kubeconfig(cp: ControlPlane, link: Path) -> None:
@@ -30,14 +33,28 @@ def link_kubeconfig(cp: ControlPlane, link: Path) -> None:
 
 
 def show_nodes(cp: ControlPlane) -> int:
-    r = subprocess.run([binary("kubectl"), f"--kubeconfig={cp.kubeconfig}", "get", "nodes",
-                        "-o", f"custom-columns={NODE_COLUMNS}"], text=True, capture_output=True)
+    r = subprocess.run(
+        [
+            binary("kubectl"),
+            f"--kubeconfig={cp.kubeconfig}",
+            "get",
+            "nodes",
+            "-o",
+            f"custom-columns={NODE_COLUMNS}",
+        ],
+        text=True,
+        capture_output=True,
+    )
     print(r.stdout, end="")
     if r.returncode:
         print(r.stderr, file=sys.stderr, end="")
         return r.returncode
-    rdma = subprocess.run([binary("kubectl"), f"--kubeconfig={cp.kubeconfig}", "get", "nodes", "-o", "json"],
-                          text=True, capture_output=True, check=True)
+    rdma = subprocess.run(
+        [binary("kubectl"), f"--kubeconfig={cp.kubeconfig}", "get", "nodes", "-o", "json"],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
     print("\nRDMA device-plugin resources (status.allocatable):")
     for n in json.loads(rdma.stdout)["items"]:
         res = {k: v for k, v in n["status"]["allocatable"].items() if k.startswith("rdma/")}
@@ -77,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             return show_nodes(cp)
         elif a.cmd == "agent":
             from .agent import main as agent_main
+
             agent_main(a.state_dir)
     except (ClusterError, TopologyError) as e:
         print(f"!! {e}", file=sys.stderr)

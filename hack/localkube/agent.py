@@ -12,6 +12,7 @@
 
 It is a test/demo harness, not a kubelet: no probes, no resource limits, no images.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,38 +31,38 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from . import logserver
+from . import logserver, volumes
 from . import podspec as ps
-from . import volumes
 from .topology import Topology, load_topology
 
 log = logging.getLogger("localkube.agent")
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 10.0
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-POD_MARKER = "LOCALKUBE_POD"   # env var naming the pod; lets `down` verify a PID before killing it
+POD_MARKER = "LOCALKUBE_POD"  # env var naming the pod; lets `down` verify a PID before killing it
 HACK_DIR = str(Path(__file__).resolve().parents[1])
 
 
 @dataclass
 class PodRun:
     """What the agent knows about one pod it runs (keyed by uid)."""
+
     uid: str
     pod: dict
     ip: str
-    dir: Path                      # pods/<ns>/<name>/ : logs
-    work: Path                     # pods/<ns>/<name>/<uid>/ : volumes, hosts, specs
-    step: int = 0                  # index into containers(): init containers first, then the app
+    dir: Path  # pods/<ns>/<name>/ : logs
+    work: Path  # pods/<ns>/<name>/<uid>/ : volumes, hosts, specs
+    step: int = 0  # index into containers(): init containers first, then the app
     proc: subprocess.Popen | None = None
     started_at: str = ""
-    restarts: dict = field(default_factory=dict)     # container name -> restart count
-    states: dict = field(default_factory=dict)       # container name -> state dict
-    last: dict = field(default_factory=dict)         # container name -> lastState dict
+    restarts: dict = field(default_factory=dict)  # container name -> restart count
+    states: dict = field(default_factory=dict)  # container name -> state dict
+    last: dict = field(default_factory=dict)  # container name -> lastState dict
     next_start: float = 0.0
     phase: str = "Pending"
     deleting: bool = False
     kill_deadline: float = 0.0
-    gone: bool = False             # the API object no longer exists
+    gone: bool = False  # the API object no longer exists
     message: str = ""
     reason: str = ""
     volume_paths: dict | None = None
@@ -76,13 +77,21 @@ class PodRun:
 
     def containers(self) -> list[tuple[bool, dict]]:
         spec = self.pod["spec"]
-        return [(True, c) for c in spec.get("initContainers") or []] + \
-               [(False, c) for c in spec.get("containers") or []]
+        return [(True, c) for c in spec.get("initContainers") or []] + [
+            (False, c) for c in spec.get("containers") or []
+        ]
 
 
 class Agent:
-    def __init__(self, state_dir: Path, topology: Topology, kubeconfig: Path, api_port: int,
-                 ip_octet: int, kubelet_port: int):
+    def __init__(
+        self,
+        state_dir: Path,
+        topology: Topology,
+        kubeconfig: Path,
+        api_port: int,
+        ip_octet: int,
+        kubelet_port: int,
+    ):
         self.dir = state_dir
         self.topology = topology
         self.nodes = set(topology.names)
@@ -124,20 +133,32 @@ class Agent:
         if audience:
             spec["audiences"] = [audience]
         r = self.core.create_namespaced_service_account_token(
-            sa, ns, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+            sa, ns, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+        )
         return r.status.token
 
     def event(self, run: PodRun, reason: str, message: str, warning: bool = False) -> None:
         ts = ps.now_iso()
-        body = {"metadata": {"generateName": f"{run.name}.", "namespace": run.ns},
-                "involvedObject": {"kind": "Pod", "namespace": run.ns, "name": run.name, "uid": run.uid,
-                                   "apiVersion": "v1"},
-                "reason": reason, "message": message, "type": "Warning" if warning else "Normal",
-                "source": {"component": "localkube-agent", "host": run.pod["spec"].get("nodeName")},
-                "firstTimestamp": ts, "lastTimestamp": ts, "count": 1}
+        body = {
+            "metadata": {"generateName": f"{run.name}.", "namespace": run.ns},
+            "involvedObject": {
+                "kind": "Pod",
+                "namespace": run.ns,
+                "name": run.name,
+                "uid": run.uid,
+                "apiVersion": "v1",
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "localkube-agent", "host": run.pod["spec"].get("nodeName")},
+            "firstTimestamp": ts,
+            "lastTimestamp": ts,
+            "count": 1,
+        }
         try:
             self.core.create_namespaced_event(run.ns, body)
-        except ApiException as e:   # e.g. the namespace is being deleted
+        except ApiException as e:  # e.g. the namespace is being deleted
             log.debug("event %s/%s %s not posted: %s", run.ns, run.name, reason, e.reason)
 
     # ---- nodes ---------------------------------------------------------------------------------
@@ -151,8 +172,15 @@ class Agent:
             except ApiException as e:
                 if e.status != 409:
                     raise
-                self.core.patch_node(n.name, {"metadata": {"labels": body["metadata"]["labels"],
-                                                           "annotations": body["metadata"]["annotations"]}})
+                self.core.patch_node(
+                    n.name,
+                    {
+                        "metadata": {
+                            "labels": body["metadata"]["labels"],
+                            "annotations": body["metadata"]["annotations"],
+                        }
+                    },
+                )
             self.core.patch_node_status(n.name, {"status": body["status"]})
             # The TaintNodesByCondition admission taints new nodes not-ready; the node lifecycle
             # controller, which would lift it, is off (heartbeats come from us), so lift it here.
@@ -166,19 +194,30 @@ class Agent:
     @staticmethod
     def _node_conditions() -> list[dict]:
         ts = ps.now_iso()
-        conds = [("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-                 ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-                 ("PIDPressure", "False", "KubeletHasSufficientPID"),
-                 ("Ready", "True", "KubeletReady")]
-        return [{"type": t, "status": s, "reason": r, "message": "localkube node agent",
-                 "lastHeartbeatTime": ts, "lastTransitionTime": ts} for t, s, r in conds]
+        conds = [
+            ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+            ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+            ("PIDPressure", "False", "KubeletHasSufficientPID"),
+            ("Ready", "True", "KubeletReady"),
+        ]
+        return [
+            {
+                "type": t,
+                "status": s,
+                "reason": r,
+                "message": "localkube node agent",
+                "lastHeartbeatTime": ts,
+                "lastTransitionTime": ts,
+            }
+            for t, s, r in conds
+        ]
 
     def heartbeat(self) -> None:
         for name in self.topology.names:
             try:
                 self.core.patch_node_status(name, {"status": {"conditions": self._node_conditions()}})
             except ApiException as e:
-                if e.status == 404:   # someone deleted the node: register it again
+                if e.status == 404:  # someone deleted the node: register it again
                     self.register_nodes()
                     return
                 log.warning("heartbeat for %s failed: %s", name, e.reason)
@@ -192,16 +231,19 @@ class Agent:
                 lst = json.loads(resp.data)
                 self.q.put(("sync", lst["items"]))
                 w = watch.Watch()
-                for ev in w.stream(self.core.list_pod_for_all_namespaces,
-                                   resource_version=lst["metadata"]["resourceVersion"],
-                                   timeout_seconds=120, allow_watch_bookmarks=False):
+                for ev in w.stream(
+                    self.core.list_pod_for_all_namespaces,
+                    resource_version=lst["metadata"]["resourceVersion"],
+                    timeout_seconds=120,
+                    allow_watch_bookmarks=False,
+                ):
                     if self.stop.is_set():
                         w.stop()
                         break
                     if ev["type"] == "ERROR":
-                        break   # e.g. 410 Gone: list again
+                        break  # e.g. 410 Gone: list again
                     self.q.put(("event", ev["type"], ev["raw_object"]))
-            except Exception as e:   # API restarts, timeouts: list again after a pause
+            except Exception as e:  # API restarts, timeouts: list again after a pause
                 if not self.stop.is_set():
                     log.warning("pod watch interrupted (%s); re-listing", e)
                     time.sleep(1)
@@ -209,7 +251,9 @@ class Agent:
     def poll_services(self) -> None:
         while not self.stop.wait(1.0):
             try:
-                items = json.loads(self.core.list_service_for_all_namespaces(_preload_content=False).data)["items"]
+                items = json.loads(self.core.list_service_for_all_namespaces(_preload_content=False).data)[
+                    "items"
+                ]
             except Exception as e:
                 log.debug("service list failed: %s", e)
                 continue
@@ -217,13 +261,16 @@ class Agent:
 
     # ---- main loop -----------------------------------------------------------------------------
     def running(self, ns: str, name: str) -> bool:
-        return any(r.ns == ns and r.name == name and not r.deleting and r.phase not in ("Succeeded", "Failed")
-                   for r in list(self.runs.values()))
+        return any(
+            r.ns == ns and r.name == name and not r.deleting and r.phase not in ("Succeeded", "Failed")
+            for r in list(self.runs.values())
+        )
 
     def run(self) -> None:
         pki = self.dir / "pki"
-        logs = logserver.serve(self.dir / "pods", pki / "kubelet.crt", pki / "kubelet.key",
-                               self.kubelet_port, self.running)
+        logs = logserver.serve(
+            self.dir / "pods", pki / "kubelet.crt", pki / "kubelet.key", self.kubelet_port, self.running
+        )
         self.register_nodes()
         threading.Thread(target=self.watch_pods, daemon=True, name="watch-pods").start()
         threading.Thread(target=self.poll_services, daemon=True, name="services").start()
@@ -234,7 +281,7 @@ class Agent:
                 while True:
                     try:
                         self.handle(item)
-                    except Exception:   # an API hiccup must not take every node down
+                    except Exception:  # an API hiccup must not take every node down
                         log.exception("handling %s", item[:2])
                     item = self.q.get_nowait()
             except queue.Empty:
@@ -290,9 +337,11 @@ class Agent:
                     self.force_delete(md["namespace"], md["name"], uid)
                 return
             run = self.new_run(pod)
-            if phase == "Running":   # the agent restarted: the old process is gone
-                run.restarts = {c["name"]: cs.get("restartCount", 0) + 1 for c, cs in
-                                zip(pod["spec"]["containers"], pod["status"].get("containerStatuses") or [])}
+            if phase == "Running":  # the agent restarted: the old process is gone
+                run.restarts = {
+                    c["name"]: cs.get("restartCount", 0) + 1
+                    for c, cs in zip(pod["spec"]["containers"], pod["status"].get("containerStatuses") or [])
+                }
         run.pod = pod
         if md.get("deletionTimestamp") and not run.deleting:
             grace = md.get("deletionGracePeriodSeconds")
@@ -323,8 +372,10 @@ class Agent:
     def unsupported(pod: dict) -> str:
         containers = pod["spec"].get("containers") or []
         if len(containers) != 1:
-            return (f"the local node agent runs exactly one container per pod (plus init containers); "
-                    f"this pod has {len(containers)}: {[c['name'] for c in containers]}")
+            return (
+                f"the local node agent runs exactly one container per pod (plus init containers); "
+                f"this pod has {len(containers)}: {[c['name'] for c in containers]}"
+            )
         return ""
 
     def alloc_ip(self) -> str:
@@ -345,7 +396,7 @@ class Agent:
             if alive:
                 return
             if run.proc is not None:
-                self.killpg(run.proc, signal.SIGKILL)   # leftovers in the group
+                self.killpg(run.proc, signal.SIGKILL)  # leftovers in the group
                 run.proc = None
             if not run.gone:
                 self.force_delete(run.ns, run.name, run.uid)
@@ -366,7 +417,9 @@ class Agent:
         pod = run.pod
         node = self.topology.node(pod["spec"]["nodeName"])
         # Downward API reads status.podIP/hostIP: fill them in before resolving.
-        pod.setdefault("status", {}).update({"podIP": run.ip, "podIPs": [{"ip": run.ip}], "hostIP": "127.0.0.1"})
+        pod.setdefault("status", {}).update(
+            {"podIP": run.ip, "podIPs": [{"ip": run.ip}], "hostIP": "127.0.0.1"}
+        )
         try:
             if run.volume_paths is None:
                 run.volume_paths = volumes.materialize(pod, run.work, self.configmap, self.secret, self.token)
@@ -383,8 +436,15 @@ class Agent:
             return
         except ps.Unsupported as e:
             run.reason, run.message = "Unsupported", str(e)
-            run.states[c["name"]] = {"terminated": {"exitCode": 128, "reason": "Unsupported", "message": str(e),
-                                                    "startedAt": ps.now_iso(), "finishedAt": ps.now_iso()}}
+            run.states[c["name"]] = {
+                "terminated": {
+                    "exitCode": 128,
+                    "reason": "Unsupported",
+                    "message": str(e),
+                    "startedAt": ps.now_iso(),
+                    "finishedAt": ps.now_iso(),
+                }
+            }
             self.event(run, "Unsupported", str(e), warning=True)
             self.finish(run, "Failed")
             return
@@ -393,22 +453,43 @@ class Agent:
         if not (workdir and os.path.isdir(workdir)):
             workdir = str(run.work / "workdir")
             os.makedirs(workdir, exist_ok=True)
-        spec = {"hostname": ps.pod_hostname(pod)[:63], "hosts": str(run.work / "hosts"), "mounts": mounts,
-                "cwd": workdir, "argv": argv, "env": env, "mountpoints": str(self.mountpoints),
-                "preserve": sorted({str(REPO), os.environ.get("LOCALKUBE_VENV", str(REPO))})}
+        spec = {
+            "hostname": ps.pod_hostname(pod)[:63],
+            "hosts": str(run.work / "hosts"),
+            "mounts": mounts,
+            "cwd": workdir,
+            "argv": argv,
+            "env": env,
+            "mountpoints": str(self.mountpoints),
+            "preserve": sorted({str(REPO), os.environ.get("LOCALKUBE_VENV", str(REPO))}),
+        }
         spec_path = run.work / f"{c['name']}.spec.json"
         spec_path.write_text(json.dumps(spec))
-        sandbox = ["unshare", "--mount", "--uts"] if os.geteuid() == 0 else \
-            ["unshare", "--user", "--map-root-user", "--mount", "--uts"]
+        sandbox = (
+            ["unshare", "--mount", "--uts"]
+            if os.geteuid() == 0
+            else ["unshare", "--user", "--map-root-user", "--mount", "--uts"]
+        )
         n = run.restarts.get(c["name"], 0)
-        with open(run.dir / f"{c['name']}.log", "ab") as logf:   # the child keeps its own descriptor
-            logf.write(f"==== localkube: {run.ns}/{run.name} container {c['name']} start #{n} at {ps.now_iso()}\n".encode())
+        with open(run.dir / f"{c['name']}.log", "ab") as logf:  # the child keeps its own descriptor
+            logf.write(
+                f"==== localkube: {run.ns}/{run.name} container {c['name']} "
+                f"start #{n} at {ps.now_iso()}\n".encode()
+            )
             logf.flush()
-            run.proc = subprocess.Popen([*sandbox, sys.executable, "-m", "localkube.podexec", str(spec_path)],
-                                        stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                        start_new_session=True, close_fds=True,
-                                        env={"PYTHONPATH": HACK_DIR, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                             POD_MARKER: env[POD_MARKER]})
+            run.proc = subprocess.Popen(
+                [*sandbox, sys.executable, "-m", "localkube.podexec", str(spec_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                env={
+                    "PYTHONPATH": HACK_DIR,
+                    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    POD_MARKER: env[POD_MARKER],
+                },
+            )
         self.save_pgids()
         run.started_at = ps.now_iso()
         run.states[c["name"]] = {"running": {"startedAt": run.started_at}}
@@ -420,7 +501,7 @@ class Agent:
         is_init, c = run.containers()[run.step]
         self.killpg(run.proc, signal.SIGKILL)  # the container is gone: so is what it left running
         if code < 0:
-            code = 128 - code                    # killed by a signal, like container runtimes report
+            code = 128 - code  # killed by a signal, like container runtimes report
         run.proc = None
         self.save_pgids()
         term = ps.terminated_state(code, run.started_at, ps.now_iso(), f"localkube://{run.uid}/{c['name']}")
@@ -434,12 +515,20 @@ class Agent:
             n = run.restarts[c["name"]] = run.restarts.get(c["name"], 0) + 1
             delay = ps.backoff_seconds(n)
             run.last[c["name"]] = term
-            run.states[c["name"]] = {"waiting": {"reason": "CrashLoopBackOff" if code else "Completed",
-                                                 "message": f"back-off {delay:g}s restarting container {c['name']}"}}
+            run.states[c["name"]] = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff" if code else "Completed",
+                    "message": f"back-off {delay:g}s restarting container {c['name']}",
+                }
+            }
             run.next_start = time.monotonic() + delay
             if code:
-                self.event(run, "BackOff", f"Back-off restarting failed container {c['name']} (exit {code})",
-                           warning=True)
+                self.event(
+                    run,
+                    "BackOff",
+                    f"Back-off restarting failed container {c['name']} (exit {code})",
+                    warning=True,
+                )
             self.report(run)
             return
         run.states[c["name"]] = term
@@ -448,7 +537,7 @@ class Agent:
     def finish(self, run: PodRun, phase: str) -> None:
         run.phase = phase
         if run.volume_paths is not None:
-            volumes.cleanup(run.work, run.uid)   # memory-backed emptyDirs free their RAM now
+            volumes.cleanup(run.work, run.uid)  # memory-backed emptyDirs free their RAM now
         self.report(run)
 
     def terminate(self, run: PodRun, grace: float, reason: str, message: str) -> None:
@@ -475,8 +564,13 @@ class Agent:
 
     def force_delete(self, ns: str, name: str, uid: str) -> None:
         try:
-            self.core.delete_namespaced_pod(name, ns, body=client.V1DeleteOptions(
-                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
+            self.core.delete_namespaced_pod(
+                name,
+                ns,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)
+                ),
+            )
         except ApiException as e:
             if e.status not in (404, 409):
                 log.warning("could not delete pod %s/%s: %s", ns, name, e.reason)
@@ -502,26 +596,44 @@ class Agent:
             out = []
             for c in specs:
                 st = run.states.get(c["name"]) or {"waiting": {"reason": "PodInitializing"}}
-                out.append(ps.container_status(c, st, run.restarts.get(c["name"], 0), run.last.get(c["name"]),
-                                               ready_if_running and "running" in st,
-                                               f"localkube://{run.uid}/{c['name']}"))
+                out.append(
+                    ps.container_status(
+                        c,
+                        st,
+                        run.restarts.get(c["name"], 0),
+                        run.last.get(c["name"]),
+                        ready_if_running and "running" in st,
+                        f"localkube://{run.uid}/{c['name']}",
+                    )
+                )
             return out
 
         initialized = run.step >= len(init_specs)
-        status = {"phase": run.phase, "hostIP": "127.0.0.1", "podIP": run.ip, "podIPs": [{"ip": run.ip}],
-                  "startTime": pod.get("status", {}).get("startTime") or ps.now_iso(),
-                  "conditions": ps.pod_conditions(initialized, running, ps.now_iso()),
-                  "containerStatuses": statuses(app, True), "qosClass": "BestEffort",
-                  "reason": run.reason or None, "message": run.message or None}
+        status = {
+            "phase": run.phase,
+            "hostIP": "127.0.0.1",
+            "podIP": run.ip,
+            "podIPs": [{"ip": run.ip}],
+            "startTime": pod.get("status", {}).get("startTime") or ps.now_iso(),
+            "conditions": ps.pod_conditions(initialized, running, ps.now_iso()),
+            "containerStatuses": statuses(app, True),
+            "qosClass": "BestEffort",
+            "reason": run.reason or None,
+            "message": run.message or None,
+        }
         if init_specs:
             status["initContainerStatuses"] = statuses(init_specs, False)
         try:
             # A JSON merge patch replaces lists and container states whole (a strategic merge
             # patch would keep an old `waiting` next to a new `running`).
             self.core.api_client.call_api(
-                f"/api/v1/namespaces/{run.ns}/pods/{run.name}/status", "PATCH",
+                f"/api/v1/namespaces/{run.ns}/pods/{run.name}/status",
+                "PATCH",
                 header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
-                body={"status": status}, auth_settings=["BearerToken"], _preload_content=False)
+                body={"status": status},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+            )
         except ApiException as e:
             if e.status != 404:
                 log.warning("status of %s/%s not written: %s %s", run.ns, run.name, e.status, e.body)
@@ -529,12 +641,17 @@ class Agent:
     # ---- hosts files ---------------------------------------------------------------------------
     def base_env(self, run: PodRun) -> dict[str, str]:
         venv = os.environ.get("LOCALKUBE_VENV", str(REPO / ".venv"))
-        return {"PATH": f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "HOME": "/root", "LANG": "C.UTF-8", "HOSTNAME": ps.pod_hostname(run.pod)[:63],
-                "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.api_port),
-                "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port),
-                "KUBERNETES_PORT": f"tcp://127.0.0.1:{self.api_port}",
-                POD_MARKER: f"{self.dir}:{run.ns}/{run.name}"}
+        return {
+            "PATH": f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "HOSTNAME": ps.pod_hostname(run.pod)[:63],
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self.api_port),
+            "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port),
+            "KUBERNETES_PORT": f"tcp://127.0.0.1:{self.api_port}",
+            POD_MARKER: f"{self.dir}:{run.ns}/{run.name}",
+        }
 
     def write_hosts(self) -> None:
         """Rewrite every pod's hosts file in place (same inode: it is bind-mounted)."""
@@ -545,8 +662,12 @@ class Agent:
             entries += [(r.ip, n, scope) for n, scope in ps.host_names(r.pod)]
         for svc in self.services:
             sel = svc.get("spec", {}).get("selector")
-            ips = [r.ip for r in live if r.ns == svc["metadata"]["namespace"]
-                   and ps.selector_matches(sel, r.pod["metadata"].get("labels"))]
+            ips = [
+                r.ip
+                for r in live
+                if r.ns == svc["metadata"]["namespace"]
+                and ps.selector_matches(sel, r.pod["metadata"].get("labels"))
+            ]
             for ip in sorted(ips, key=lambda s: tuple(int(x) for x in s.split("."))):
                 entries += [(ip, n, scope) for n, scope in ps.service_names(svc)]
         for r in self.runs.values():
@@ -642,8 +763,14 @@ def main(state_dir: str) -> None:
     st = json.loads((d / "cluster.json").read_text())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     (d / "pods").mkdir(exist_ok=True)
-    agent = Agent(d, load_topology(st["topology"]), d / "kubeconfig", st["apiserverPort"], st["podIPOctet"],
-                  st["kubeletPort"])
+    agent = Agent(
+        d,
+        load_topology(st["topology"]),
+        d / "kubeconfig",
+        st["apiserverPort"],
+        st["podIPOctet"],
+        st["kubeletPort"],
+    )
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
     agent.run()

@@ -12,6 +12,7 @@ Everything lives in one state directory (``.holmes/cluster`` for ``make cluster-
 Stopping only ever signals the PIDs recorded in cluster.json, and only while their command
 line still names this state directory (a PID reused by another process is left alone).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,10 @@ class ClusterError(RuntimeError):
 def binary(name: str) -> str:
     p = CACHE_BIN / name
     if not os.access(p, os.X_OK):
-        raise ClusterError(f"{p} is missing: build the control plane first with `bash hack/build-k8s.sh` "
-                           f"(or `make test`/`make cluster-up`, which run it)")
+        raise ClusterError(
+            f"{p} is missing: build the control plane first with `bash hack/build-k8s.sh` "
+            f"(or `make test`/`make cluster-up`, which run it)"
+        )
     return str(p)
 
 
@@ -63,8 +66,10 @@ def pick_ports(requested: int | None) -> int:
     if requested:
         busy = [p for p in range(requested, requested + 4) if not port_free(p)]
         if busy:
-            raise ClusterError(f"port(s) {busy} on 127.0.0.1 already in use; choose another "
-                               f"HOLMES_PORT_BASE or stop what listens there")
+            raise ClusterError(
+                f"port(s) {busy} on 127.0.0.1 already in use; choose another "
+                f"HOLMES_PORT_BASE or stop what listens there"
+            )
         return requested
     rnd = random.Random()
     for _ in range(50):
@@ -137,8 +142,10 @@ class ControlPlane:
     def _ready(self, st: dict) -> bool:
         ctx = ssl.create_default_context()
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-        req = urllib.request.Request(f"https://127.0.0.1:{st['apiserverPort']}/readyz",
-                                     headers={"Authorization": f"Bearer {st['token']}"})
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{st['apiserverPort']}/readyz",
+            headers={"Authorization": f"Bearer {st['token']}"},
+        )
         try:
             with urllib.request.urlopen(req, context=ctx, timeout=2) as r:
                 return r.status == 200
@@ -150,6 +157,7 @@ class ControlPlane:
         """Start everything (idempotent: a healthy cluster with the same topology is kept)."""
         topology = str(Path(topology).resolve())
         from .topology import load_topology
+
         load_topology(topology)  # fail early on a bad file
         if self.running():
             st = self.state()
@@ -161,30 +169,60 @@ class ControlPlane:
         bins = {b: binary(b) for b in BINARIES}
         for tool in ("openssl", "unshare"):
             if not shutil.which(tool):
-                raise ClusterError(f"`{tool}` not found: apt-get install "
-                                   f"{'openssl' if tool == 'openssl' else 'util-linux'}")
+                raise ClusterError(
+                    f"`{tool}` not found: apt-get install {'openssl' if tool == 'openssl' else 'util-linux'}"
+                )
         # A fresh etcd each time: nothing of an earlier run survives, so neither do its pod dirs.
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
         shutil.rmtree(self.dir / "pods", ignore_errors=True)
         for sub in ("pki", "logs", "pods"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         base = pick_ports(port_base or int(os.environ.get("HOLMES_PORT_BASE", 0)) or None)
-        st = {"portBase": base, "etcdPort": base, "apiserverPort": base + 2, "kubeletPort": base + 3,
-              # Pods get 127.<octet>.x.y: distinct per cluster so two clusters' pods never clash.
-              "podIPOctet": 16 + (base // 10) % 224, "token": secrets.token_hex(16),
-              "topology": topology, "stateDir": str(self.dir), "pids": {}}
+        st = {
+            "portBase": base,
+            "etcdPort": base,
+            "apiserverPort": base + 2,
+            "kubeletPort": base + 3,
+            # Pods get 127.<octet>.x.y: distinct per cluster so two clusters' pods never clash.
+            "podIPOctet": 16 + (base // 10) % 224,
+            "token": secrets.token_hex(16),
+            "topology": topology,
+            "stateDir": str(self.dir),
+            "pids": {},
+        }
         self._save(st)
         pki = self.dir / "pki"
         (pki / "tokens.csv").write_text(f"{st['token']},admin,admin,system:masters\n")
         if not (pki / "sa.key").exists():
-            subprocess.run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"], check=True,
-                           capture_output=True)
-            subprocess.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out",
-                            str(pki / "sa.pub")], check=True, capture_output=True)
-        if not (pki / "kubelet.key").exists():   # the node agent's log server (kubectl logs)
-            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
-                            "-subj", "/CN=localkube-kubelet", "-keyout", str(pki / "kubelet.key"),
-                            "-out", str(pki / "kubelet.crt")], check=True, capture_output=True)
+            subprocess.run(
+                ["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"], check=True, capture_output=True
+            )
+            subprocess.run(
+                ["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")],
+                check=True,
+                capture_output=True,
+            )
+        if not (pki / "kubelet.key").exists():  # the node agent's log server (kubectl logs)
+            subprocess.run(
+                [
+                    "openssl",
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-days",
+                    "3650",
+                    "-subj",
+                    "/CN=localkube-kubelet",
+                    "-keyout",
+                    str(pki / "kubelet.key"),
+                    "-out",
+                    str(pki / "kubelet.crt"),
+                ],
+                check=True,
+                capture_output=True,
+            )
         try:
             self._start_all(st, bins, log)
         except BaseException:
@@ -195,8 +233,15 @@ class ControlPlane:
     def _spawn(self, st: dict, name: str, argv: list[str], env: dict | None = None) -> None:
         with open(self.dir / "logs" / f"{name}.log", "ab") as logf:
             # Own session: Ctrl-C in the terminal does not hit it; we stop it by its recorded PID.
-            p = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, cwd=self.dir, env=env)
+            p = subprocess.Popen(
+                argv,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.dir,
+                env=env,
+            )
         st["pids"][name] = p.pid
         self._save(st)
 
@@ -209,82 +254,157 @@ class ControlPlane:
                 tail = (self.dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
                 raise ClusterError(f"{name} exited while starting; log tail:\n{tail}")
             time.sleep(0.2)
-        raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; "
-                           f"see {self.dir / 'logs' / (name + '.log')}")
+        raise ClusterError(
+            f"timed out after {timeout:.0f}s waiting for {what}; see {self.dir / 'logs' / (name + '.log')}"
+        )
 
     def _start_all(self, st: dict, bins: dict, log) -> None:
         d, pki, ep = self.dir, self.dir / "pki", st["etcdPort"]
         t0 = time.monotonic()
         log(f"starting etcd on 127.0.0.1:{ep}")
-        self._spawn(st, "etcd", [
-            bins["etcd"], "--name", "localkube", "--data-dir", str(d / "etcd"),
-            "--listen-client-urls", f"http://127.0.0.1:{ep}", "--advertise-client-urls", f"http://127.0.0.1:{ep}",
-            "--listen-peer-urls", f"http://127.0.0.1:{ep + 1}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{ep + 1}",
-            "--initial-cluster", f"localkube=http://127.0.0.1:{ep + 1}",
-            "--quota-backend-bytes", str(2 << 30), "--log-level", "warn"])
+        self._spawn(
+            st,
+            "etcd",
+            [
+                bins["etcd"],
+                "--name",
+                "localkube",
+                "--data-dir",
+                str(d / "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{ep}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{ep}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{ep + 1}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{ep + 1}",
+                "--initial-cluster",
+                f"localkube=http://127.0.0.1:{ep + 1}",
+                "--quota-backend-bytes",
+                str(2 << 30),
+                "--log-level",
+                "warn",
+            ],
+        )
         self._wait("etcd", st, "etcd", lambda: not port_free(ep), 30)
 
         ap = st["apiserverPort"]
         log(f"starting kube-apiserver on https://127.0.0.1:{ap}")
-        self._spawn(st, "kube-apiserver", [
-            bins["kube-apiserver"], f"--etcd-servers=http://127.0.0.1:{ep}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={ap}",
-            "--insecure-port=0", f"--cert-dir={pki}", f"--token-auth-file={pki / 'tokens.csv'}",
-            "--authorization-mode=RBAC", "--allow-privileged=true",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--api-audiences=https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none",
-            "--enable-priority-and-fairness=false", "--kubelet-preferred-address-types=InternalIP", "--profiling=false", "--v=1"])
+        self._spawn(
+            st,
+            "kube-apiserver",
+            [
+                bins["kube-apiserver"],
+                f"--etcd-servers=http://127.0.0.1:{ep}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ap}",
+                "--insecure-port=0",
+                f"--cert-dir={pki}",
+                f"--token-auth-file={pki / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--api-audiences=https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--endpoint-reconciler-type=none",
+                "--enable-priority-and-fairness=false",
+                "--kubelet-preferred-address-types=InternalIP",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
         self._wait("kube-apiserver /readyz", st, "kube-apiserver", lambda: self._ready(st), 90)
         self._write_kubeconfig(st)
 
         common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--port=0", "--profiling=false"]
         log("starting kube-controller-manager and kube-scheduler")
-        self._spawn(st, "kube-controller-manager", [
-            bins["kube-controller-manager"], *common, "--secure-port=0",
-            # No node-lifecycle controller: the agent's heartbeats keep nodes Ready, and a paused
-            # agent should not get pods evicted.
-            "--controllers=*,-nodelifecycle,-csrsigning,-csrapproving,-csrcleaner,-bootstrapsigner,-tokencleaner",
-            "--use-service-account-credentials=true",
-            f"--service-account-private-key-file={pki / 'sa.key'}",
-            f"--root-ca-file={pki / 'apiserver.crt'}", "--concurrent-gc-syncs=5",
-            "--cluster-cidr=10.244.0.0/16", "--allocate-node-cidrs=false"])
+        self._spawn(
+            st,
+            "kube-controller-manager",
+            [
+                bins["kube-controller-manager"],
+                *common,
+                "--secure-port=0",
+                # No node-lifecycle controller: the agent's heartbeats keep nodes Ready, and a paused
+                # agent should not get pods evicted.
+                "--controllers=*,-nodelifecycle,-csrsigning,-csrapproving,-csrcleaner,-bootstrapsigner,-tokencleaner",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'apiserver.crt'}",
+                "--concurrent-gc-syncs=5",
+                "--cluster-cidr=10.244.0.0/16",
+                "--allocate-node-cidrs=false",
+            ],
+        )
         self._spawn(st, "kube-scheduler", [bins["kube-scheduler"], *common, "--secure-port=0"])
 
         log("starting the node agent")
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-               "PYTHONUNBUFFERED": "1"}
-        self._spawn(st, "node-agent", [sys.executable, "-m", "localkube", "--state-dir", str(d),
-                                       "agent"], env=env)
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONUNBUFFERED": "1"}
+        self._spawn(
+            st, "node-agent", [sys.executable, "-m", "localkube", "--state-dir", str(d), "agent"], env=env
+        )
         from .topology import load_topology
+
         names = set(load_topology(st["topology"]).names)
-        self._wait("the node agent to register Ready nodes", st, "node-agent",
-                   lambda: names <= self._ready_nodes(), 60)
-        self._wait("the default service account", st, "kube-controller-manager",
-                   lambda: self._kubectl_ok("get", "serviceaccount", "default", "-n", "default"), 60)
+        self._wait(
+            "the node agent to register Ready nodes",
+            st,
+            "node-agent",
+            lambda: names <= self._ready_nodes(),
+            60,
+        )
+        self._wait(
+            "the default service account",
+            st,
+            "kube-controller-manager",
+            lambda: self._kubectl_ok("get", "serviceaccount", "default", "-n", "default"),
+            60,
+        )
         log(f"cluster up in {time.monotonic() - t0:.1f}s: {len(names)} nodes; kubeconfig {self.kubeconfig}")
 
     def _kubectl_ok(self, *args: str) -> bool:
-        r = subprocess.run([binary("kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [binary("kubectl"), f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True
+        )
         return r.returncode == 0
 
     def _ready_nodes(self) -> set[str]:
-        r = subprocess.run([binary("kubectl"), f"--kubeconfig={self.kubeconfig}", "get", "nodes", "-o",
-                            "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                binary("kubectl"),
+                f"--kubeconfig={self.kubeconfig}",
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name}="
+                '{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}',
+            ],
+            capture_output=True,
+            text=True,
+        )
         return {ln.split("=")[0] for ln in r.stdout.split() if ln.endswith("=True")}
 
     def _write_kubeconfig(self, st: dict) -> None:
         import base64
+
         ca = base64.b64encode((self.dir / "pki" / "apiserver.crt").read_bytes()).decode()
         cfg = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "localkube",
-            "clusters": [{"name": "localkube", "cluster": {
-                "server": f"https://127.0.0.1:{st['apiserverPort']}", "certificate-authority-data": ca}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "localkube",
+            "clusters": [
+                {
+                    "name": "localkube",
+                    "cluster": {
+                        "server": f"https://127.0.0.1:{st['apiserverPort']}",
+                        "certificate-authority-data": ca,
+                    },
+                }
+            ],
             "users": [{"name": "admin", "user": {"token": st["token"]}}],
             "contexts": [{"name": "localkube", "context": {"cluster": "localkube", "user": "admin"}}],
         }
@@ -316,6 +436,7 @@ class ControlPlane:
                 pass
         # Pod process groups the agent recorded, in case the agent itself died uncleanly.
         from .agent import kill_recorded_pods
+
         kill_recorded_pods(self.dir)
         if pids:
             st["pids"] = {}

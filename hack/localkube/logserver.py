@@ -6,14 +6,15 @@ apiserver does not verify the kubelet's certificate unless told to). Log files h
 of a container, each after a "==== localkube:" header line; like the kubelet we serve the
 current start, or the one before with ?previous=true.
 """
+
 from __future__ import annotations
 
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 HEADER = b"==== localkube:"
@@ -46,10 +47,11 @@ def select(data: bytes, previous: bool, tail: int | None) -> bytes:
     return text
 
 
-def serve(pods_dir: Path, cert: Path, key: Path, port: int,
-          is_running: Callable[[str, str], bool]) -> ThreadingHTTPServer:
+def serve(
+    pods_dir: Path, cert: Path, key: Path, port: int, is_running: Callable[[str, str], bool]
+) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):   # quiet
+        def log_message(self, *args):  # quiet
             pass
 
         def do_GET(self):
@@ -78,7 +80,7 @@ def serve(pods_dir: Path, cert: Path, key: Path, port: int,
                 while follow and is_running(ns, pod):
                     time.sleep(0.2)
                     data = path.read_bytes()
-                    if data.count(HEADER) != starts:   # restarted: the kubelet ends the stream too
+                    if data.count(HEADER) != starts:  # restarted: the kubelet ends the stream too
                         break
                     if len(data) > offset:
                         self.wfile.write(data[offset:])

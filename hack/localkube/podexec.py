@@ -6,6 +6,7 @@ Usage: python -m localkube.podexec SPEC.json
 SPEC: {"hostname", "hosts", "mounts": [{"src","dst","ro"}], "cwd", "argv", "env", "mountpoints",
        "preserve": [paths that must stay visible: the repository with its .venv]}
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -56,11 +57,14 @@ def main(spec_path: str) -> None:
         socket.sethostname(spec["hostname"])
         # Pin every source before mounting anything: a volume mounted over a directory that holds
         # other sources (an emptyDir at /tmp while the state dir is under /tmp) would hide them.
-        mounts = [(spec["hosts"], "/etc/hosts", True)] + [(m["src"], m["dst"], m["ro"]) for m in spec["mounts"]]
+        mounts = [(spec["hosts"], "/etc/hosts", True)] + [
+            (m["src"], m["dst"], m["ro"]) for m in spec["mounts"]
+        ]
         # Likewise a volume over a parent of the repository (an emptyDir at /work or /tmp) would
         # hide the .venv the command runs from: bind the repository back on top, read-write.
-        mounts += [(p, p, False) for p in spec.get("preserve", [])
-                   if any(covers(dst, p) for _, dst, _ in mounts)]
+        mounts += [
+            (p, p, False) for p in spec.get("preserve", []) if any(covers(dst, p) for _, dst, _ in mounts)
+        ]
         fds = [os.open(src, os.O_PATH) for src, _, _ in mounts]
         for fd, (_, dst, ro) in zip(fds, mounts):
             bind(f"/proc/self/fd/{fd}", dst, ro, created)

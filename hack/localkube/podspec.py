@@ -3,12 +3,13 @@ files and the pod status it reports. No I/O here: lookups of ConfigMaps/Secrets 
 
 Pods are plain dicts in the API's camelCase JSON form.
 """
+
 from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Callable
 
 # (namespace, name) -> data dict or None when missing. Secret data is already base64-decoded.
 Lookup = Callable[[str, str], "dict[str, str] | None"]
@@ -40,10 +41,13 @@ def field_value(pod: dict, path: str) -> str:
     if m:
         return (md.get(m.group(1)) or {}).get(m.group(2), "")
     simple = {
-        "metadata.name": md.get("name", ""), "metadata.namespace": md.get("namespace", ""),
-        "metadata.uid": md.get("uid", ""), "spec.nodeName": spec.get("nodeName", ""),
+        "metadata.name": md.get("name", ""),
+        "metadata.namespace": md.get("namespace", ""),
+        "metadata.uid": md.get("uid", ""),
+        "spec.nodeName": spec.get("nodeName", ""),
         "spec.serviceAccountName": spec.get("serviceAccountName", ""),
-        "status.hostIP": status.get("hostIP", ""), "status.podIP": status.get("podIP", ""),
+        "status.hostIP": status.get("hostIP", ""),
+        "status.podIP": status.get("podIP", ""),
         "status.podIPs": ",".join(p["ip"] for p in status.get("podIPs") or []),
     }
     if path in simple:
@@ -55,8 +59,18 @@ def field_value(pod: dict, path: str) -> str:
 
 
 _QUANTITY = re.compile(r"^([0-9.]+)(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
-_FACTOR = {None: 1, "m": 1e-3, "k": 1e3, "Ki": 2**10, "M": 1e6, "Mi": 2**20, "G": 1e9, "Gi": 2**30,
-           "T": 1e12, "Ti": 2**40}
+_FACTOR = {
+    None: 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "Ki": 2**10,
+    "M": 1e6,
+    "Mi": 2**20,
+    "G": 1e9,
+    "Gi": 2**30,
+    "T": 1e12,
+    "Ti": 2**40,
+}
 
 
 def parse_quantity(q: str) -> float:
@@ -85,15 +99,23 @@ _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 def expand(value: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion: known names are replaced, unknown ones kept, $$ escapes."""
+
     def sub(m: re.Match) -> str:
         if m.group(0) == "$$":
             return "$"
         return env.get(m.group(1), m.group(0))
+
     return _VAR.sub(sub, value)
 
 
-def resolve_env(pod: dict, container: dict, base: dict[str, str], configmap: Lookup, secret: Lookup,
-                node_allocatable: dict | None = None) -> dict[str, str]:
+def resolve_env(
+    pod: dict,
+    container: dict,
+    base: dict[str, str],
+    configmap: Lookup,
+    secret: Lookup,
+    node_allocatable: dict | None = None,
+) -> dict[str, str]:
     """The container's environment: base (service vars etc.), then envFrom, then env, in order."""
     ns = pod["metadata"]["namespace"]
     env = dict(base)
@@ -130,8 +152,11 @@ def resolve_env(pod: dict, container: dict, base: dict[str, str], configmap: Loo
             if data is None or ref["key"] not in data:
                 if ref.get("optional"):
                     continue
-                what = f'{kind} "{ref["name"]}" not found' if data is None else \
-                    f'couldn\'t find key {ref["key"]} in {kind.capitalize()} {ns}/{ref["name"]}'
+                what = (
+                    f'{kind} "{ref["name"]}" not found'
+                    if data is None
+                    else f"couldn't find key {ref['key']} in {kind.capitalize()} {ns}/{ref['name']}"
+                )
                 raise ConfigError(what)
             env[name] = data[ref["key"]]
         else:
@@ -143,9 +168,11 @@ def container_argv(container: dict, env: dict[str, str]) -> list[str]:
     """command + args with $(VAR) expansion. Images are not run, so a command is required."""
     command, args = container.get("command") or [], container.get("args") or []
     if not command:
-        raise Unsupported(f"container {container['name']!r} has no `command`: the local node agent "
-                          f"runs commands, not images (image {container.get('image')!r} has no "
-                          f"known entrypoint here)")
+        raise Unsupported(
+            f"container {container['name']!r} has no `command`: the local node agent "
+            f"runs commands, not images (image {container.get('image')!r} has no "
+            f"known entrypoint here)"
+        )
     return [expand(a, env) for a in [*command, *args]]
 
 
@@ -161,14 +188,22 @@ def host_names(pod: dict) -> list[tuple[str, str]]:
     sub = pod.get("spec", {}).get("subdomain")
     if not sub:
         return []
-    return [(f"{host}.{sub}.{ns}.svc.cluster.local", ""), (f"{host}.{sub}.{ns}.svc", ""),
-            (f"{host}.{sub}.{ns}", ns), (f"{host}.{sub}", ns)]
+    return [
+        (f"{host}.{sub}.{ns}.svc.cluster.local", ""),
+        (f"{host}.{sub}.{ns}.svc", ""),
+        (f"{host}.{sub}.{ns}", ns),
+        (f"{host}.{sub}", ns),
+    ]
 
 
 def service_names(svc: dict) -> list[tuple[str, str]]:
     ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
-    return [(f"{name}.{ns}.svc.cluster.local", ""), (f"{name}.{ns}.svc", ""), (f"{name}.{ns}", ns),
-            (name, ns)]
+    return [
+        (f"{name}.{ns}.svc.cluster.local", ""),
+        (f"{name}.{ns}.svc", ""),
+        (f"{name}.{ns}", ns),
+        (name, ns),
+    ]
 
 
 def selector_matches(selector: dict | None, labels: dict | None) -> bool:
@@ -179,8 +214,11 @@ def render_hosts(own_pod: dict, own_ip: str, entries: list[tuple[str, str, str]]
     """A pod's /etc/hosts. entries: (ip, name, scope) from host_names/service_names of all pods
     and services; names scoped to another namespace are left out (emulating DNS search paths)."""
     ns = own_pod["metadata"]["namespace"]
-    lines = ["# managed by the localkube node agent (no cluster DNS here)",
-             "127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    lines = [
+        "# managed by the localkube node agent (no cluster DNS here)",
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+    ]
     own = [n for n, _ in host_names(own_pod)[:2]] + [pod_hostname(own_pod)]
     lines.append(f"{own_ip}\t" + " ".join(own))
     for ip, name, scope in entries:
@@ -190,11 +228,19 @@ def render_hosts(own_pod: dict, own_ip: str, entries: list[tuple[str, str, str]]
 
 
 # ---- status -----------------------------------------------------------------------------------
-def container_status(container: dict, state: dict, restarts: int, last_state: dict | None,
-                     ready: bool, container_id: str = "") -> dict:
-    out = {"name": container["name"], "image": container.get("image", ""),
-           "imageID": "localkube://local-environment", "ready": ready, "restartCount": restarts,
-           "started": "running" in state, "state": state, "lastState": last_state or {}}
+def container_status(
+    container: dict, state: dict, restarts: int, last_state: dict | None, ready: bool, container_id: str = ""
+) -> dict:
+    out = {
+        "name": container["name"],
+        "image": container.get("image", ""),
+        "imageID": "localkube://local-environment",
+        "ready": ready,
+        "restartCount": restarts,
+        "started": "running" in state,
+        "state": state,
+        "lastState": last_state or {},
+    }
     if container_id:
         out["containerID"] = container_id
     return out
@@ -202,17 +248,32 @@ def container_status(container: dict, state: dict, restarts: int, last_state: di
 
 def pod_conditions(initialized: bool, ready: bool, since: str) -> list[dict]:
     def cond(t, ok):
-        return {"type": t, "status": "True" if ok else "False", "lastProbeTime": None,
-                "lastTransitionTime": since}
-    return [cond("Initialized", initialized), cond("Ready", ready), cond("ContainersReady", ready),
-            cond("PodScheduled", True)]
+        return {
+            "type": t,
+            "status": "True" if ok else "False",
+            "lastProbeTime": None,
+            "lastTransitionTime": since,
+        }
+
+    return [
+        cond("Initialized", initialized),
+        cond("Ready", ready),
+        cond("ContainersReady", ready),
+        cond("PodScheduled", True),
+    ]
 
 
-def terminated_state(exit_code: int, started: str, finished: str, container_id: str,
-                     message: str = "") -> dict:
+def terminated_state(
+    exit_code: int, started: str, finished: str, container_id: str, message: str = ""
+) -> dict:
     reason = "Completed" if exit_code == 0 else "Error"
-    term = {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": finished,
-            "containerID": container_id}
+    term = {
+        "exitCode": exit_code,
+        "reason": reason,
+        "startedAt": started,
+        "finishedAt": finished,
+        "containerID": container_id,
+    }
     if message:
         term["message"] = message
     return {"terminated": term}

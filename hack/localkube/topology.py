@@ -20,6 +20,7 @@ A topology YAML looks like::
 The true NIC kind is also written as the annotation ``localkube.holmes.dev/true-nic`` so tests can
 compare what discovery found with the truth; the operator must not read it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,8 +34,20 @@ TRUE_NIC_ANNOTATION = "localkube.holmes.dev/true-nic"
 CLUSTER_LABEL = "holmes.dev/cluster"
 NFD = "feature.node.kubernetes.io/"
 _DEFAULTS = {"gpus": 8, "cpu": "64", "memory": "512Gi", "pods": "110", "advertise": "holmes"}
-_NODE_KEYS = {"name", "cluster", "nic", "gbps", "gpus", "cpu", "memory", "pods", "advertise",
-              "rdmaResource", "labels", "annotations"}
+_NODE_KEYS = {
+    "name",
+    "cluster",
+    "nic",
+    "gbps",
+    "gpus",
+    "cpu",
+    "memory",
+    "pods",
+    "advertise",
+    "rdmaResource",
+    "labels",
+    "annotations",
+}
 
 
 class TopologyError(ValueError):
@@ -58,15 +71,24 @@ class SimNode:
 
     @property
     def labels(self) -> dict[str, str]:
-        out = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux",
-               "kubernetes.io/arch": "amd64", CLUSTER_LABEL: self.cluster}
+        out = {
+            "kubernetes.io/hostname": self.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            CLUSTER_LABEL: self.cluster,
+        }
         rdma = self.nic in ("infiniband", "roce")
         if self.advertise == "holmes":
             out["holmes.dev/nic"] = self.nic
             out["holmes.dev/nic-gbps"] = f"{self.gbps:g}"
         elif self.advertise == "nfd" and rdma:
-            out.update({NFD + "rdma.capable": "true", NFD + "rdma.available": "true",
-                        NFD + "pci-15b3.present": "true"})
+            out.update(
+                {
+                    NFD + "rdma.capable": "true",
+                    NFD + "rdma.available": "true",
+                    NFD + "pci-15b3.present": "true",
+                }
+            )
         out.update(self.extra_labels)
         return out
 
@@ -76,26 +98,44 @@ class SimNode:
 
     @property
     def allocatable(self) -> dict[str, str]:
-        out = {"cpu": self.cpu, "memory": self.memory, "pods": self.pods,
-               "ephemeral-storage": "1Ti", "nvidia.com/gpu": str(self.gpus)}
+        out = {
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "pods": self.pods,
+            "ephemeral-storage": "1Ti",
+            "nvidia.com/gpu": str(self.gpus),
+        }
         if self.rdma_resource:
-            out[self.rdma_resource] = "1k"   # what k8s-rdma-shared-dev-plugin advertises by default
+            out[self.rdma_resource] = "1k"  # what k8s-rdma-shared-dev-plugin advertises by default
         return out
 
     def node_object(self) -> dict:
         """The v1 Node the agent registers (status included: nodes accept status on create)."""
         return {
-            "apiVersion": "v1", "kind": "Node",
+            "apiVersion": "v1",
+            "kind": "Node",
             "metadata": {"name": self.name, "labels": self.labels, "annotations": self.annotations},
             "spec": {},
-            "status": {"capacity": self.allocatable, "allocatable": self.allocatable,
-                       "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                                     {"type": "Hostname", "address": self.name}],
-                       "nodeInfo": {"kubeletVersion": "v1.20.2-localkube", "operatingSystem": "linux",
-                                    "architecture": "amd64", "containerRuntimeVersion": "localkube://process",
-                                    "kernelVersion": "", "osImage": "localkube simulated node",
-                                    "kubeProxyVersion": "", "machineID": "", "systemUUID": "",
-                                    "bootID": ""}},
+            "status": {
+                "capacity": self.allocatable,
+                "allocatable": self.allocatable,
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": self.name},
+                ],
+                "nodeInfo": {
+                    "kubeletVersion": "v1.20.2-localkube",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                    "containerRuntimeVersion": "localkube://process",
+                    "kernelVersion": "",
+                    "osImage": "localkube simulated node",
+                    "kubeProxyVersion": "",
+                    "machineID": "",
+                    "systemUUID": "",
+                    "bootID": "",
+                },
+            },
         }
 
 
@@ -152,12 +192,22 @@ def parse_topology(doc: object, path: str = "<topology>") -> Topology:
         rdma = d.get("rdmaResource")
         if rdma and d["nic"] == "ethernet":
             raise TopologyError(f"{where}: an ethernet node cannot advertise RDMA resource {rdma!r}")
-        nodes.append(SimNode(name=name, cluster=str(d["cluster"]), nic=d["nic"], gbps=gbps, gpus=gpus,
-                             cpu=str(d["cpu"]), memory=str(d["memory"]), pods=str(d["pods"]),
-                             advertise=d["advertise"], rdma_resource=rdma,
-                             extra_labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
-                             extra_annotations={str(k): str(v)
-                                                for k, v in (d.get("annotations") or {}).items()}))
+        nodes.append(
+            SimNode(
+                name=name,
+                cluster=str(d["cluster"]),
+                nic=d["nic"],
+                gbps=gbps,
+                gpus=gpus,
+                cpu=str(d["cpu"]),
+                memory=str(d["memory"]),
+                pods=str(d["pods"]),
+                advertise=d["advertise"],
+                rdma_resource=rdma,
+                extra_labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
+                extra_annotations={str(k): str(v) for k, v in (d.get("annotations") or {}).items()},
+            )
+        )
     return Topology(path=path, nodes=tuple(nodes))
 
 

@@ -3,12 +3,13 @@
 Supported: emptyDir (medium Memory -> under /dev/shm), configMap, secret, downwardAPI,
 projected (serviceAccountToken via the TokenRequest API, configMap, secret, downwardAPI), hostPath.
 """
+
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .podspec import ConfigError, Lookup, Unsupported, field_value
 
@@ -17,8 +18,9 @@ SHM_ROOT = Path("/dev/shm/localkube")
 TokenFn = Callable[[str, str, "str | None", int], str]
 
 
-def _write_items(dest: Path, data: dict[str, str], items: list | None, mode: int | None,
-                 what: str, optional: bool) -> None:
+def _write_items(
+    dest: Path, data: dict[str, str], items: list | None, mode: int | None, what: str, optional: bool
+) -> None:
     if items:
         chosen = []
         for it in items:
@@ -36,8 +38,7 @@ def _write_items(dest: Path, data: dict[str, str], items: list | None, mode: int
         p.chmod(item_mode if item_mode is not None else (mode if mode is not None else 0o644))
 
 
-def _from_source(src: dict, ns: str, dest: Path, configmap: Lookup, secret: Lookup,
-                 mode: int | None) -> None:
+def _from_source(src: dict, ns: str, dest: Path, configmap: Lookup, secret: Lookup, mode: int | None) -> None:
     if "configMap" in src:
         ref, lookup, kind = src["configMap"], configmap, "configmap"
         name = ref["name"]
@@ -51,12 +52,19 @@ def _from_source(src: dict, ns: str, dest: Path, configmap: Lookup, secret: Look
         if ref.get("optional"):
             return
         raise ConfigError(f'{kind} "{name}" not found')
-    _write_items(dest, data, ref.get("items"), ref.get("defaultMode", mode), f"{kind} {name}",
-                 bool(ref.get("optional")))
+    _write_items(
+        dest,
+        data,
+        ref.get("items"),
+        ref.get("defaultMode", mode),
+        f"{kind} {name}",
+        bool(ref.get("optional")),
+    )
 
 
-def materialize(pod: dict, pod_dir: Path, configmap: Lookup, secret: Lookup,
-                token: TokenFn) -> dict[str, str]:
+def materialize(
+    pod: dict, pod_dir: Path, configmap: Lookup, secret: Lookup, token: TokenFn
+) -> dict[str, str]:
     """Return {volume name: host path}. Raises ConfigError (retry) or Unsupported (fail pod)."""
     ns, uid = pod["metadata"]["namespace"], pod["metadata"]["uid"]
     out: dict[str, str] = {}
@@ -96,8 +104,10 @@ def materialize(pod: dict, pod_dir: Path, configmap: Lookup, secret: Lookup,
                     _from_source(src, ns, dest, configmap, secret, proj.get("defaultMode"))
         else:
             kinds = sorted(k for k in vol if k != "name")
-            raise Unsupported(f"volume {name!r}: type {kinds} is not supported by the local node agent "
-                              f"(supported: emptyDir, configMap, secret, downwardAPI, projected, hostPath)")
+            raise Unsupported(
+                f"volume {name!r}: type {kinds} is not supported by the local node agent "
+                f"(supported: emptyDir, configMap, secret, downwardAPI, projected, hostPath)"
+            )
         out[name] = str(dest)
     return out
 

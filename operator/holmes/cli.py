@@ -2,35 +2,28 @@
 [--config COSTMODEL.yaml]` prints the layout Holmes would run, without any cluster (or with
 --kubeconfig, reading the nodes of a live cluster); `holmes plan --print-config` prints the cost
 model's numbers as YAML to start a --config file from."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 
 class CliError(Exception):
     pass
 
 
-def _load_yaml(path: str, what: str) -> Any:
-    import yaml
-    try:
-        with open(path, encoding="utf-8") as f:
-            docs = [d for d in yaml.safe_load_all(f) if d is not None]
-    except OSError as e:
-        raise CliError(f"cannot read {what} file {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise CliError(f"{what} file {path} is not valid YAML: {e}") from None
-    if not docs:
-        raise CliError(f"{what} file {path} is empty")
-    return docs
-
-
 def load_nodes(path: str) -> list[dict]:
-    """A v1 List of Nodes (kubectl get nodes -o yaml), a NodeList, a plain list, or Node documents."""
-    docs = _load_yaml(path, "nodes")
+    """A v1 List of Nodes (kubectl get nodes -o yaml|json), a NodeList, a plain list, or Node
+    documents; JSON and libyaml-parsed YAML are fast (holmes.contract.documents)."""
+    from holmes.contract.documents import DocumentError, load_documents
+
+    try:
+        docs = load_documents(path, "nodes file")
+    except DocumentError as e:
+        raise CliError(str(e)) from None
     nodes: list = []
     for d in docs:
         if isinstance(d, dict) and isinstance(d.get("items"), list):
@@ -48,53 +41,48 @@ def load_nodes(path: str) -> list[dict]:
 
 
 def load_job(path: str):
-    from holmes.plan.jobspec import JobSpec, SpecError
-    docs = _load_yaml(path, "job")
-    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "HolmesJob"] or docs
-    if len(jobs) != 1:
-        raise CliError(f"job file {path} must hold exactly one HolmesJob, found {len(jobs)}")
+    from holmes.contract import SpecError, load_job
+
     try:
-        return JobSpec.from_manifest(jobs[0])
+        return load_job(path)
     except SpecError as e:
-        raise CliError(f"{path}: {e}") from None
+        raise CliError(str(e)) from None
 
 
 def nodes_from_cluster(kubeconfig: str | None, context: str | None) -> list[dict]:
     try:
-        from kubernetes import client, config     # only this path needs the Kubernetes client
+        from kubernetes import client, config  # only this path needs the Kubernetes client
     except ImportError:
         raise CliError("--kubeconfig needs the kubernetes Python package (pip install kubernetes)") from None
     try:
         config.load_kube_config(config_file=kubeconfig, context=context)
         api = client.ApiClient()
         items = client.CoreV1Api(api).list_node().items
-    except Exception as e:                          # config errors, connection refused, 403...
+    except Exception as e:  # config errors, connection refused, 403...
         raise CliError(f"cannot list nodes from the cluster: {e}") from None
     return [api.sanitize_for_serialization(n) for n in items]
 
 
 def load_config(path: str | None):
-    """The cost model: PlannerConfig defaults overridden by a --config YAML file."""
-    from holmes.plan import PlannerConfig
-    from holmes.plan.config_file import ConfigError, load_yaml_text
+    """The cost model: CostModelConfig defaults overridden by a --config YAML file."""
+    from holmes.plan import CostModelConfig
+    from holmes.plan.costmodel_file import CostModelError, load_file
+
     if path is None:
-        return PlannerConfig()
+        return CostModelConfig()
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise CliError(f"cannot read cost-model file {path}: {e.strerror}") from None
-    try:
-        return load_yaml_text(text, f"cost-model file {path}")
-    except ConfigError as e:
+        return load_file(path)
+    except CostModelError as e:
         raise CliError(str(e)) from None
 
 
 def plan_command(args: argparse.Namespace) -> int:
     from holmes.plan import PlanError, compare, explain, plan
+
     config = load_config(args.config)
     if args.print_config:
-        from holmes.plan.config_file import dump_yaml
+        from holmes.plan.costmodel_file import dump_yaml
+
         print(dump_yaml(config), end="")
         return 0
     if args.job is None:
@@ -125,8 +113,11 @@ def plan_command(args: argparse.Namespace) -> int:
         he, be = holmes.estimate, base.estimate
         print()
         print(f"{'':24}{'Holmes':>12}{'Megatron':>12}{'ratio':>8}")
-        for key, label in (("iterationSeconds", "iteration seconds"), ("tokensPerSecond", "tokens/s"),
-                           ("tflopsPerGpu", "TFLOPS/GPU")):
+        for key, label in (
+            ("iterationSeconds", "iteration seconds"),
+            ("tokensPerSecond", "tokens/s"),
+            ("tflopsPerGpu", "TFLOPS/GPU"),
+        ):
             r = he[key] / be[key]
             print(f"{label:24}{he[key]:>12.4g}{be[key]:>12.4g}{r:>8.3f}")
         print(f"Holmes is {ratio:.3f}x the Megatron-default speed (estimated)")
@@ -134,19 +125,31 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="holmes", description="Holmes: LLM training across clusters with heterogeneous NICs")
+    p = argparse.ArgumentParser(
+        prog="holmes", description="Holmes: LLM training across clusters with heterogeneous NICs"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     pl = sub.add_parser("plan", help="print the layout Holmes would run for a job on some nodes")
-    pl.add_argument("--nodes", help="YAML: a v1 List of Nodes (kubectl get nodes -o yaml) or a list of Node objects")
+    pl.add_argument(
+        "--nodes", help="YAML: a v1 List of Nodes (kubectl get nodes -o yaml) or a list of Node objects"
+    )
     pl.add_argument("--kubeconfig", help="read the nodes from this cluster instead of --nodes")
     pl.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
     pl.add_argument("--job", help="YAML: a HolmesJob manifest (required unless --print-config)")
-    pl.add_argument("--config", metavar="COSTMODEL.yaml",
-                    help="YAML: cost-model numbers (PlannerConfig fields, camelCase) overriding the defaults")
-    pl.add_argument("--print-config", action="store_true",
-                    help="print the cost model (defaults, or with --config the merged result) as YAML and exit")
+    pl.add_argument(
+        "--config",
+        metavar="COSTMODEL.yaml",
+        help="YAML: cost-model numbers (CostModelConfig fields, camelCase) overriding the defaults",
+    )
+    pl.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the cost model (defaults, or with --config the merged result) as YAML and exit",
+    )
     pl.add_argument("--json", action="store_true", help="print the Layout JSON instead of the table")
-    pl.add_argument("--compare", action="store_true", help="also plan the Megatron default and print the ratio")
+    pl.add_argument(
+        "--compare", action="store_true", help="also plan the Megatron default and print the ratio"
+    )
     pl.set_defaults(func=plan_command)
     return p
 
@@ -154,10 +157,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
     except CliError as e:
         print(f"holmes {args.command}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return quiet_closed_pipe()
+
+
+def quiet_closed_pipe() -> int:
+    """The reader went away (``holmes plan ... | head``): as any Unix filter, stop without a
+    traceback. stdout is pointed at /dev/null so the interpreter's final flush cannot fail again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE, what a shell reports
 
 
 if __name__ == "__main__":

@@ -2,23 +2,20 @@
 names, addresses and commands (which must never touch the host's network), the planner's
 layouts for the emulated islands, the launch commands, and the process-tree cleanup.
 The benchmark itself (root, namespaces, torchrun) is not run here."""
+
 import ipaddress
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import fabric_emulation as fe  # noqa: E402
 import fabric_netns as fab  # noqa: E402
+import pytest
 
 
 def test_two_islands_interleave_by_name_with_unique_addresses_and_short_interface_names():
     spec = fab.two_islands(per_island=3)
     assert [n.name for n in spec.nodes] == [f"node-{i}" for i in range(1, 7)]
-    assert [n.island for n in spec.nodes] == list("ababab")          # name order mixes the islands
+    assert [n.island for n in spec.nodes] == list("ababab")  # name order mixes the islands
     addrs = [ipaddress.ip_address(n.addr) for n in spec.nodes]
     assert len(set(addrs)) == 6 and all(a in ipaddress.ip_network("10.200.0.0/24") for a in addrs)
     assert all(len(n.port) <= fab.IFNAMSIZ for n in spec.nodes)
@@ -40,23 +37,32 @@ def test_setup_only_touches_our_namespaces_and_shapes_what_was_asked(fast, cross
     for c in cmds:
         if c[:3] == ["ip", "netns", "add"]:
             assert c[3] in ours
-        else:       # everything else runs inside a namespace we created: never the host's
+        else:  # everything else runs inside a namespace we created: never the host's
             assert c[0] in ("ip", "tc") and c[1] == "-n" and c[2] in ours, c
         if "veth" in c and "peer" in c and c[2] != fab.SWITCH_NS:
-            assert c[-2:] == ["netns", fab.SWITCH_NS]        # the peer is born outside the host too
+            assert c[-2:] == ["netns", fab.SWITCH_NS]  # the peer is born outside the host too
     tbf = [c for c in cmds if "tbf" in c]
     trunk = [c for c in tbf if c[2] == fab.SWITCH_NS and c[6] in ("x-a", "x-b")]
     assert len(trunk) == (2 if cross else 0)
-    assert len(tbf) - len(trunk) == (2 * len(spec.nodes) if fast else 0)   # each NIC, both directions
+    assert len(tbf) - len(trunk) == (2 * len(spec.nodes) if fast else 0)  # each NIC, both directions
     if cross:
         assert trunk[0][trunk[0].index("rate") + 1] == f"{cross}mbit"
 
 
 def test_shape_command_and_burst():
-    assert fab.shape_cmd("hfe-switch", "x-a", 0) == ["tc", "-n", "hfe-switch", "qdisc", "del", "dev", "x-a", "root"]
-    assert fab.tbf_burst_bytes(200) == 256 * 1024                    # the measured-good setting
-    assert fab.tbf_burst_bytes(2000) == 2_000_000                     # 8 ms at line rate
-    assert "replace" in fab.shape_cmd("hfe-switch", "x-a", 150)      # re-shaping needs no delete first
+    assert fab.shape_cmd("hfe-switch", "x-a", 0) == [
+        "tc",
+        "-n",
+        "hfe-switch",
+        "qdisc",
+        "del",
+        "dev",
+        "x-a",
+        "root",
+    ]
+    assert fab.tbf_burst_bytes(200) == 256 * 1024  # the measured-good setting
+    assert fab.tbf_burst_bytes(2000) == 2_000_000  # 8 ms at line rate
+    assert "replace" in fab.shape_cmd("hfe-switch", "x-a", 150)  # re-shaping needs no delete first
 
 
 def test_hosts_file_names_every_node_and_maps_the_host_name_to_the_node_itself():
@@ -98,7 +104,7 @@ def test_planner_keeps_dp_inside_islands_and_rank_order_does_not(cases):
 
 def test_launch_commands_follow_the_layout_node_order(cases):
     spec, _, cs = cases
-    lay = cs[1].layout                                              # rank order: node-1, node-2, ...
+    lay = cs[1].layout  # rank order: node-1, node-2, ...
     cmds = fe.launch_commands(lay, spec, "j.yaml", "l.json", "m.jsonl", python="py")
     assert [n for n, _ in cmds] == list(lay.nodes)
     for rank, (name, c) in enumerate(cmds):
@@ -118,8 +124,15 @@ def test_each_core_runs_one_whole_pipeline_in_every_layout(cases):
 
 def test_summary_drops_warmup_and_takes_medians():
     lines = [{"holmes": "start"}] + [
-        {"holmes": "iteration", "iterationSeconds": s, "tokensPerSecond": 100 / s, "loss": s,
-         "time": {"exposedComm": 0.1 * s, "bubble": 0.0, "compute": s}} for s in (9.0, 1.0, 3.0, 2.0)]
+        {
+            "holmes": "iteration",
+            "iterationSeconds": s,
+            "tokensPerSecond": 100 / s,
+            "loss": s,
+            "time": {"exposedComm": 0.1 * s, "bubble": 0.0, "compute": s},
+        }
+        for s in (9.0, 1.0, 3.0, 2.0)
+    ]
     its = fe.measured_iterations(lines, warmup=1)
     r = fe.summarize_run(its)
     assert r["seconds"] == 2.0 and r["tokensPerSecond"] == 50.0 and r["iterations"] == 3
@@ -136,4 +149,4 @@ def test_kill_tree_stops_a_launcher_and_what_it_started():
     assert len(kids) == 2
     fe.kill_tree([p])
     assert p.poll() is not None
-    assert all(fe._zombie(k) for k in kids)      # gone (or a zombie about to be reaped by init)
+    assert all(fe._zombie(k) for k in kids)  # gone (or a zombie about to be reaped by init)

@@ -1,4 +1,5 @@
 """The local cluster against the real kube-apiserver: simulated nodes, pods run as processes."""
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,33 @@ def apply(cluster, namespace, *docs):
 
 def pod(name, script, node=None, restart="Never", **spec):
     """A one-container pod running a Python snippet (images map to the local environment)."""
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
-            "spec": {"restartPolicy": restart, "terminationGracePeriodSeconds": 2,
-                     "containers": [{"name": "main", "image": "holmes:dev",
-                                     "command": ["python", "-c", textwrap.dedent(script)]}], **spec}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {"name": "main", "image": "holmes:dev", "command": ["python", "-c", textwrap.dedent(script)]}
+            ],
+            **spec,
+        },
+    }
     if node:
-        body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}
+        body["spec"]["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
     return body
 
 
@@ -40,22 +60,34 @@ def test_nodes_carry_the_topology(cluster):
         assert ready and ready[0]["status"] == "True"
         assert not [t for t in node["spec"].get("taints") or [] if "not-ready" in t["key"]]
     # The default topology mixes label schemes: some RDMA nodes advertise only through NFD.
-    nfd = [n for n in nodes.values() if "feature.node.kubernetes.io/rdma.available" in n["metadata"]["labels"]]
+    nfd = [
+        n for n in nodes.values() if "feature.node.kubernetes.io/rdma.available" in n["metadata"]["labels"]
+    ]
     assert nfd and all("holmes.dev/nic" not in n["metadata"]["labels"] for n in nfd)
     assert {s.nic for s in cluster.topology.nodes} == {"infiniband", "roce", "ethernet"}
 
 
 def test_pinned_pod_runs_with_resolved_env_and_volumes(cluster, namespace):
     target = cluster.topology.by_nic("roce")[-1].name
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"},
-          "data": {"layout.json": '{"worldSize": 8}', "greeting": "hi"}}
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sec"}, "stringData": {"pw": "s3cret"}}
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "cfg"},
+        "data": {"layout.json": '{"worldSize": 8}', "greeting": "hi"},
+    }
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "sec"},
+        "stringData": {"pw": "s3cret"},
+    }
     script = """
         import json, os, socket
         out = {k: v for k, v in os.environ.items() if k.startswith(("MY_", "CFG_", "KUBERNETES_SERVICE"))}
         out["hostname"] = socket.gethostname()
         out["layout"] = open("/etc/holmes/layout.json").read()
-        out["shm_is_tmpfs"] = any(l.split()[1] == "/dev/shm" and l.split()[2] == "tmpfs" for l in open("/proc/mounts"))
+        mounts = [line.split() for line in open("/proc/mounts")]
+        out["shm_is_tmpfs"] = any(m[1] == "/dev/shm" and m[2] == "tmpfs" for m in mounts)
         open("/dev/shm/probe", "w").write("x")
         print("RESULT " + json.dumps(out))
     """
@@ -71,22 +103,31 @@ def test_pinned_pod_runs_with_resolved_env_and_volumes(cluster, namespace):
         {"name": "MY_GREETING", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "greeting"}}},
         {"name": "MY_PW", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "pw"}}},
         {"name": "MY_EXPANDED", "value": "$(MY_NAME)@$(MY_NODE)"},
-        {"name": "MY_MEM_MI", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+        {
+            "name": "MY_MEM_MI",
+            "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}},
+        },
     ]
     c["envFrom"] = [{"configMapRef": {"name": "cfg"}, "prefix": "CFG_"}]
     c["resources"] = {"limits": {"nvidia.com/gpu": "2", "memory": "3Gi"}}
-    c["volumeMounts"] = [{"name": "cfg", "mountPath": "/etc/holmes", "readOnly": True},
-                         {"name": "shm", "mountPath": "/dev/shm"}]
-    p["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "cfg"}},
-                            {"name": "shm", "emptyDir": {"medium": "Memory"}}]
+    c["volumeMounts"] = [
+        {"name": "cfg", "mountPath": "/etc/holmes", "readOnly": True},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    p["spec"]["volumes"] = [
+        {"name": "cfg", "configMap": {"name": "cfg"}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+    ]
     apply(cluster, namespace, cm, secret, p)
     done = cluster.wait_pod(namespace, "envpod")
     assert done["status"]["phase"] == "Succeeded", done["status"]
     assert done["spec"]["nodeName"] == target
     term = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert term["exitCode"] == 0 and term["reason"] == "Completed"
-    line = [ln for ln in cluster.pod_log(namespace, "envpod", "main").splitlines() if ln.startswith("RESULT ")]
-    got = json.loads(line[-1][len("RESULT "):])
+    line = [
+        ln for ln in cluster.pod_log(namespace, "envpod", "main").splitlines() if ln.startswith("RESULT ")
+    ]
+    got = json.loads(line[-1][len("RESULT ") :])
     assert got["MY_NAME"] == "envpod" and got["MY_NS"] == namespace
     assert got["MY_UID"] == done["metadata"]["uid"] and got["MY_APP"] == "envpod"
     assert got["MY_IP"] == done["status"]["podIP"] and got["MY_IP"].startswith("127.")
@@ -107,7 +148,7 @@ def test_failing_command_gives_failed_with_exit_code(cluster, namespace):
     assert cs["state"]["terminated"]["exitCode"] == 3 and cs["state"]["terminated"]["reason"] == "Error"
     assert cs["restartCount"] == 0
     assert "bye" in cluster.pod_log(namespace, "fails", "main")
-    assert cluster.kubectl("logs", "fails", "-n", namespace).stdout == "bye\n"   # via the agent's log server
+    assert cluster.kubectl("logs", "fails", "-n", namespace).stdout == "bye\n"  # via the agent's log server
 
 
 def test_on_failure_restarts_and_counts(cluster, namespace):
@@ -162,7 +203,9 @@ def test_deleting_a_running_pod_ends_its_processes(cluster, namespace, tmp_path)
     pids = [int(x) for x in (tmp_path / "pids").read_text().split()]
     assert all(_alive(p) for p in pids)
     t0 = time.monotonic()
-    cluster.kubectl("delete", "pod", "longrun", "-n", namespace, "--grace-period=2", "--wait=true", timeout=30)
+    cluster.kubectl(
+        "delete", "pod", "longrun", "-n", namespace, "--grace-period=2", "--wait=true", timeout=30
+    )
     took = time.monotonic() - t0
     end = time.monotonic() + 5
     while any(_alive(p) for p in pids) and time.monotonic() < end:
@@ -174,17 +217,29 @@ def test_deleting_a_running_pod_ends_its_processes(cluster, namespace, tmp_path)
 def test_service_account_gets_only_what_rbac_allows(cluster, namespace):
     rbac = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "pod-reader"},
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "reader"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
-         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+        },
     ]
     apply(cluster, namespace, *rbac)
     # The admission controller mounts the SA token only once its token secret exists.
     end = time.monotonic() + 30
-    while not cluster.kubectl("get", "sa", "reader", "-n", namespace, "-o",
-                              "jsonpath={.secrets[0].name}").stdout and time.monotonic() < end:
+    while (
+        not cluster.kubectl(
+            "get", "sa", "reader", "-n", namespace, "-o", "jsonpath={.secrets[0].name}"
+        ).stdout
+        and time.monotonic() < end
+    ):
         time.sleep(0.2)
     script = """
         from kubernetes import client, config
@@ -231,8 +286,12 @@ def test_pods_find_each_other_by_name_and_share_ports(cluster, namespace):
                 time.sleep(0.2)
         print("GOT", c.recv(100).decode())
     """
-    headless = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "job"},
-                "spec": {"clusterIP": "None", "selector": {"job": "j"}, "ports": [{"port": 29500}]}}
+    headless = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "job"},
+        "spec": {"clusterIP": "None", "selector": {"job": "j"}, "ports": [{"port": 29500}]},
+    }
     docs = [headless]
     for i in range(2):
         srv = pod(f"srv-{i}", server, hostname=f"rank{i}", subdomain="job")
@@ -258,10 +317,20 @@ def test_multi_container_pod_is_refused_with_a_clear_message(cluster, namespace)
 
 def test_init_containers_run_first_and_always_restarts_even_on_success(cluster, namespace):
     # The volume sits at /work, over the parent of this repo in the dev tree: .venv must stay visible.
-    p = pod("staged", "import time; print(open('/work/msg').read()); time.sleep(0.2)", restart="Always",
-            volumes=[{"name": "work", "emptyDir": {}}])
-    p["spec"]["initContainers"] = [{"name": "prepare", "image": "x", "command": ["sh", "-c", "echo ready > /work/msg"],
-                                    "volumeMounts": [{"name": "work", "mountPath": "/work"}]}]
+    p = pod(
+        "staged",
+        "import time; print(open('/work/msg').read()); time.sleep(0.2)",
+        restart="Always",
+        volumes=[{"name": "work", "emptyDir": {}}],
+    )
+    p["spec"]["initContainers"] = [
+        {
+            "name": "prepare",
+            "image": "x",
+            "command": ["sh", "-c", "echo ready > /work/msg"],
+            "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+        }
+    ]
     p["spec"]["containers"][0]["volumeMounts"] = [{"name": "work", "mountPath": "/work"}]
     apply(cluster, namespace, p)
     end = time.monotonic() + 30

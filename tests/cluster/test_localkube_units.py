@@ -1,23 +1,26 @@
 """Pure parts of the localkube harness: topology files, env resolution, hosts files (no cluster)."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
-
-from localkube import podspec as ps  # noqa: E402
-from localkube.topology import TopologyError, load_topology, parse_topology  # noqa: E402
+from localkube import podspec as ps
+from localkube.topology import TopologyError, load_topology, parse_topology
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "hack" / "topologies"
 
 
 def test_shipped_topologies():
     default = load_topology(TOPOLOGIES / "default.yaml")
-    assert {k: len(default.by_nic(k)) for k in ("infiniband", "roce", "ethernet")} == \
-        {"infiniband": 2, "roce": 2, "ethernet": 2}
+    assert {k: len(default.by_nic(k)) for k in ("infiniband", "roce", "ethernet")} == {
+        "infiniband": 2,
+        "roce": 2,
+        "ethernet": 2,
+    }
     assert len({n.cluster for n in default.nodes}) == 2
     schemes = {n.advertise for n in default.nodes}
     assert {"holmes", "nfd"} <= schemes
@@ -27,59 +30,92 @@ def test_shipped_topologies():
     assert all(n.gpus == 8 for n in paper.nodes)
 
 
+def test_the_example_node_list_is_what_the_agent_registers():
+    """examples/nodes/default.yaml (holmes plan's example, the operator's pure tests) must not
+    drift from the default topology."""
+    example = yaml.safe_load((TOPOLOGIES.parents[1] / "examples" / "nodes" / "default.yaml").read_text())
+    assert example["items"] == [n.node_object() for n in load_topology(TOPOLOGIES / "default.yaml").nodes]
+
+
 def test_label_schemes():
-    t = parse_topology({"nodes": [
-        {"name": "a", "cluster": "x", "nic": "roce", "gbps": 100, "advertise": "holmes"},
-        {"name": "b", "cluster": "x", "nic": "infiniband", "advertise": "nfd", "rdmaResource": "rdma/hca"},
-        {"name": "c", "cluster": "y", "nic": "ethernet", "advertise": "nfd"},
-    ]})
+    t = parse_topology(
+        {
+            "nodes": [
+                {"name": "a", "cluster": "x", "nic": "roce", "gbps": 100, "advertise": "holmes"},
+                {
+                    "name": "b",
+                    "cluster": "x",
+                    "nic": "infiniband",
+                    "advertise": "nfd",
+                    "rdmaResource": "rdma/hca",
+                },
+                {"name": "c", "cluster": "y", "nic": "ethernet", "advertise": "nfd"},
+            ]
+        }
+    )
     a, b, c = t.nodes
     assert a.labels["holmes.dev/nic"] == "roce" and a.labels["holmes.dev/nic-gbps"] == "100"
     assert "holmes.dev/nic" not in b.labels
     assert b.labels["feature.node.kubernetes.io/rdma.available"] == "true"
     assert b.allocatable["rdma/hca"] == "1k"
-    assert not any(k.startswith("feature.node") for k in c.labels)   # NFD finds no Mellanox NIC
+    assert not any(k.startswith("feature.node") for k in c.labels)  # NFD finds no Mellanox NIC
     assert c.node_object()["metadata"]["annotations"]["localkube.holmes.dev/true-nic"] == "ethernet"
 
 
-@pytest.mark.parametrize("doc, fragment", [
-    ({}, "non-empty 'nodes'"),
-    ({"nodes": [{"name": "a", "cluster": "x", "nic": "myrinet"}]}, "nic must be one of"),
-    ({"nodes": [{"name": "a", "cluster": "x", "nic": "roce", "colour": 1}]}, "unknown keys"),
-    ({"nodes": [{"name": "a", "nic": "roce"}]}, "'cluster' is required"),
-    ({"nodes": [{"name": "a", "cluster": "x", "nic": "roce"}] * 2}, "duplicate node name"),
-    ({"nodes": [{"name": "a", "cluster": "x", "nic": "ethernet", "rdmaResource": "rdma/x"}]}, "cannot advertise RDMA"),
-])
+@pytest.mark.parametrize(
+    "doc, fragment",
+    [
+        ({}, "non-empty 'nodes'"),
+        ({"nodes": [{"name": "a", "cluster": "x", "nic": "myrinet"}]}, "nic must be one of"),
+        ({"nodes": [{"name": "a", "cluster": "x", "nic": "roce", "colour": 1}]}, "unknown keys"),
+        ({"nodes": [{"name": "a", "nic": "roce"}]}, "'cluster' is required"),
+        ({"nodes": [{"name": "a", "cluster": "x", "nic": "roce"}] * 2}, "duplicate node name"),
+        (
+            {"nodes": [{"name": "a", "cluster": "x", "nic": "ethernet", "rdmaResource": "rdma/x"}]},
+            "cannot advertise RDMA",
+        ),
+    ],
+)
 def test_bad_topologies_say_what_to_fix(doc, fragment):
     with pytest.raises(TopologyError, match=fragment):
         parse_topology(doc)
 
 
-POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "a"}},
-       "spec": {"nodeName": "ib-0", "hostname": "w0", "subdomain": "job"},
-       "status": {"podIP": "127.16.0.1"}}
+POD = {
+    "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "a"}},
+    "spec": {"nodeName": "ib-0", "hostname": "w0", "subdomain": "job"},
+    "status": {"podIP": "127.16.0.1"},
+}
 
 
 def test_env_order_expansion_and_refs():
     cms = {("ns", "cm"): {"A": "1", "B": "2"}}
     secrets = {("ns", "s"): {"pw": "x"}}
-    container = {"name": "c", "envFrom": [{"configMapRef": {"name": "cm"}, "prefix": "P_"}],
-                 "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                         {"name": "URL", "value": "$(POD):$(P_A)/$(NOPE)/$$(POD)"},
-                         {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "s", "key": "pw"}}},
-                         {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "gone", "key": "k",
-                                                                           "optional": True}}},
-                         {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}}],
-                 "command": ["run", "$(URL)"]}
-    env = ps.resolve_env(POD, container, {"PATH": "/bin"}, lambda n, k: cms.get((n, k)),
-                         lambda n, k: secrets.get((n, k)))
+    container = {
+        "name": "c",
+        "envFrom": [{"configMapRef": {"name": "cm"}, "prefix": "P_"}],
+        "env": [
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "URL", "value": "$(POD):$(P_A)/$(NOPE)/$$(POD)"},
+            {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "s", "key": "pw"}}},
+            {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "gone", "key": "k", "optional": True}}},
+            {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+        ],
+        "command": ["run", "$(URL)"],
+    }
+    env = ps.resolve_env(
+        POD, container, {"PATH": "/bin"}, lambda n, k: cms.get((n, k)), lambda n, k: secrets.get((n, k))
+    )
     assert env["P_A"] == "1" and env["URL"] == "p:1/$(NOPE)/$(POD)" and env["PW"] == "x"
     assert "OPT" not in env and env["APP"] == "a" and env["PATH"] == "/bin"
     assert ps.container_argv(container, env) == ["run", "p:1/$(NOPE)/$(POD)"]
 
 
 def test_missing_reference_is_retried_and_images_without_command_refused():
-    container = {"name": "c", "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]}
+    container = {
+        "name": "c",
+        "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}],
+    }
     with pytest.raises(ps.ConfigError, match='configmap "cm" not found'):
         ps.resolve_env(POD, container, {}, lambda *_: None, lambda *_: None)
     with pytest.raises(ps.ConfigError, match="couldn't find key k"):
@@ -92,12 +128,13 @@ def test_missing_reference_is_retried_and_images_without_command_refused():
 
 def test_hosts_file_scopes_short_names_to_the_namespace():
     other = {"metadata": {"name": "q", "namespace": "other"}, "spec": {"hostname": "w0", "subdomain": "job"}}
-    entries = [("127.16.0.1", n, s) for n, s in ps.host_names(POD)] + \
-              [("127.16.0.9", n, s) for n, s in ps.host_names(other)]
+    entries = [("127.16.0.1", n, s) for n, s in ps.host_names(POD)] + [
+        ("127.16.0.9", n, s) for n, s in ps.host_names(other)
+    ]
     text = ps.render_hosts(POD, "127.16.0.1", entries)
     assert "127.16.0.1\tw0.job.ns.svc.cluster.local w0.job.ns.svc w0" in text
-    assert "127.16.0.9\tw0.job.other.svc" in text          # fully qualified: visible everywhere
-    assert "127.16.0.9\tw0.job\n" not in text               # short name of another namespace: not
+    assert "127.16.0.9\tw0.job.other.svc" in text  # fully qualified: visible everywhere
+    assert "127.16.0.9\tw0.job\n" not in text  # short name of another namespace: not
     assert "127.16.0.1\tw0.job\n" in text
 
 
@@ -105,8 +142,12 @@ def test_restart_policy_and_backoff():
     assert ps.restart_wanted("Always", 0) and ps.restart_wanted("OnFailure", 1)
     assert not ps.restart_wanted("OnFailure", 0) and not ps.restart_wanted("Never", 1)
     assert ps.backoff_seconds(1) == 0.5 and ps.backoff_seconds(3) == 2 and ps.backoff_seconds(20) == 10
-    assert ps.resource_value({"resources": {"limits": {"memory": "1Gi"}}},
-                             {"resource": "limits.memory", "divisor": "1Mi"}, {}) == "1024"
+    assert (
+        ps.resource_value(
+            {"resources": {"limits": {"memory": "1Gi"}}}, {"resource": "limits.memory", "divisor": "1Mi"}, {}
+        )
+        == "1024"
+    )
     assert ps.resource_value({}, {"resource": "limits.cpu"}, {"cpu": "32"}) == "32"
 
 
@@ -117,14 +158,16 @@ def test_down_signals_only_processes_of_its_own_state_dir(tmp_path):
     import subprocess
 
     from localkube.controlplane import ControlPlane
+
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     stranger = subprocess.Popen(sleeper)
     ours = subprocess.Popen([*sleeper, f"--state-dir={tmp_path}"])
     try:
-        (tmp_path / "cluster.json").write_text(json.dumps({"pids": {"etcd": stranger.pid,
-                                                                    "node-agent": ours.pid}}))
+        (tmp_path / "cluster.json").write_text(
+            json.dumps({"pids": {"etcd": stranger.pid, "node-agent": ours.pid}})
+        )
         ControlPlane(tmp_path).down(log=lambda m: None, grace=5)
-        ours.wait(5)                                    # stopped (down reaped it: no exit status here)
+        ours.wait(5)  # stopped (down reaped it: no exit status here)
         assert stranger.poll() is None, "down killed a process that is not the cluster's"
         assert json.loads((tmp_path / "cluster.json").read_text())["pids"] == {}
     finally:

@@ -2,6 +2,7 @@
 devices/pci0000:00/<pci>/{infiniband,net}/, software interfaces under devices/virtual/net/, and
 class/infiniband/<hca> and class/net/<if> as relative symlinks into them (so a tree still works
 when bind-mounted elsewhere, as the node agent does with a hostPath)."""
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ class FakeSysfs:
 
     def _pci_dev(self) -> Path:
         self._pci += 1
-        d = self.root / "devices" / "pci0000:00" / f"0000:{0x3a + self._pci:02x}:00.0"
+        d = self.root / "devices" / "pci0000:00" / f"0000:{0x3A + self._pci:02x}:00.0"
         d.mkdir(parents=True)
         return d
 
@@ -32,8 +33,17 @@ class FakeSysfs:
             if text is not None:
                 (d / name).write_text(text + "\n")
 
-    def netdev(self, name: str, *, speed_mbps: int | None = None, up: bool = True, link_type: int = 1,
-               pci: Path | None = None, virtual: bool = False, bond: bool = False) -> Path:
+    def netdev(
+        self,
+        name: str,
+        *,
+        speed_mbps: int | None = None,
+        up: bool = True,
+        link_type: int = 1,
+        pci: Path | None = None,
+        virtual: bool = False,
+        bond: bool = False,
+    ) -> Path:
         """A network interface. Hardware ones live under a PCI device (``pci``, or a new one)."""
         if virtual or bond:
             d = self.root / "devices" / "virtual" / "net" / name
@@ -49,14 +59,21 @@ class FakeSysfs:
         self._link("net", name, d)
         return d
 
-    def hca(self, name: str, ports: list[tuple[str, str, str]], netdevs: list[tuple[str, int, int]] = ()) -> Path:
+    def hca(
+        self, name: str, ports: list[tuple[str, str, str]], netdevs: list[tuple[str, int, int]] = ()
+    ) -> Path:
         """An RDMA device. ``ports``: (link_layer, rate, state) for ports 1..n, e.g.
         ("InfiniBand", "200 Gb/sec (4X HDR)", "4: ACTIVE"); ``netdevs``: (name, speed Mbit/s, type)."""
         pci = self._pci_dev()
         d = pci / "infiniband" / name
         for i, (link_layer, rate, state) in enumerate(ports, start=1):
-            self._write(d / "ports" / str(i), link_layer=link_layer, rate=rate, state=state,
-                        phys_state="5: LinkUp" if "ACTIVE" in state else "3: Disabled")
+            self._write(
+                d / "ports" / str(i),
+                link_layer=link_layer,
+                rate=rate,
+                state=state,
+                phys_state="5: LinkUp" if "ACTIVE" in state else "3: Disabled",
+            )
         (d / "device").symlink_to(os.path.relpath(pci, d))
         self._link("infiniband", name, d)
         for nd, speed, link_type in netdevs:
@@ -67,7 +84,7 @@ class FakeSysfs:
         (self.root / "class" / "infiniband" / hca / "ports" / str(port) / "state").write_text(state + "\n")
 
     # Whole nodes, as the tests and the cluster test use them.
-    def base_host(self) -> "FakeSysfs":
+    def base_host(self) -> FakeSysfs:
         """What every Linux host has: lo, a docker bridge, a veth, and a 1 Gbit/s management NIC."""
         self.netdev("lo", virtual=True, link_type=772)
         self.netdev("docker0", speed_mbps=10000, virtual=True)
@@ -86,8 +103,11 @@ def infiniband_node(root: Path, hcas: int = 1, rate: str = "200 Gb/sec (4X HDR)"
 
 def roce_node(root: Path, gbit: int = 100) -> FakeSysfs:
     fs = FakeSysfs(root).base_host()
-    fs.hca("mlx5_0", [("Ethernet", f"{gbit} Gb/sec (4X EDR)", "4: ACTIVE")],
-           netdevs=[("ens1f0np0", gbit * 1000, 1)])
+    fs.hca(
+        "mlx5_0",
+        [("Ethernet", f"{gbit} Gb/sec (4X EDR)", "4: ACTIVE")],
+        netdevs=[("ens1f0np0", gbit * 1000, 1)],
+    )
     return fs
 
 

@@ -10,6 +10,7 @@
    (annotation + Warning Event), then the fix, and the exit codes for a missing node and a
    service account without rights.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,14 @@ import sys
 import uuid
 from pathlib import Path
 
-import polling
 import pytest
 import yaml
 
 from holmes.labeller.labels import RECORD_ANNOTATION
 from holmes.plan import classify_node
-
-from fakesysfs import FakeSysfs, infiniband_node, node_tree, roce_node
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packaging"))
-from packaging_helpers import CHART, helm  # noqa: E402
+from tests import polling
+from tests.labeller.fakesysfs import FakeSysfs, infiniband_node, node_tree, roce_node
+from tests.packaging.packaging_helpers import CHART, helm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TRUE_NIC = "localkube.holmes.dev/true-nic"
@@ -69,23 +67,58 @@ def sysfs_trees(tmp_path, cluster):
 
 def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sysfs_trees):
     names = cluster.topology.names
-    snaps = {n: {k: dict(v) for k, v in node_meta(cluster, n).items() if k in ("labels", "annotations")}
-             for n in names}
+    snaps = {
+        n: {k: dict(v) for k, v in node_meta(cluster, n).items() if k in ("labels", "annotations")}
+        for n in names
+    }
     nfd_only = [n for n in cluster.topology.nodes if n.advertise == "nfd"]
     assert {n.nic for n in nfd_only} == {"infiniband", "roce"}, "the default topology changed"
-    for n in nfd_only:   # the problem this solves: without a kind flag these nodes are unusable
+    for n in nfd_only:  # the problem this solves: without a kind flag these nodes are unusable
         assert not classify_node(cluster.get_json("node", n.name)).usable
 
     release = f"lbl-{namespace}"
     values = sysfs_trees.parent / "values.yaml"
-    values.write_text(yaml.safe_dump({"labeller": {
-        "enabled": True, "intervalSeconds": 1,
-        "sysfs": {"hostPath": str(sysfs_trees), "root": "/host/sys/$(NODE_NAME)"},
-        # only the simulated nodes: an API-only node another test left behind has no agent to run a pod
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": names}]}]}}}}}))
-    manifest = helm("template", release, str(CHART), "-n", namespace, "--show-only", "templates/labeller.yaml",
-                    "-f", str(values)).stdout
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "labeller": {
+                    "enabled": True,
+                    "intervalSeconds": 1,
+                    "sysfs": {"hostPath": str(sysfs_trees), "root": "/host/sys/$(NODE_NAME)"},
+                    # only the simulated nodes: an API-only node another test left behind
+                    # has no agent to run a pod
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [
+                                            {
+                                                "key": "kubernetes.io/hostname",
+                                                "operator": "In",
+                                                "values": names,
+                                            }
+                                        ]
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                }
+            }
+        )
+    )
+    manifest = helm(
+        "template",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "--show-only",
+        "templates/labeller.yaml",
+        "-f",
+        str(values),
+    ).stdout
     selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=nic-labeller"
     try:
         cluster.kubectl("apply", "-f", "-", input=manifest)
@@ -94,24 +127,32 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
             nodes = {n: cluster.get_json("node", n) for n in names}
             done = all(RECORD_ANNOTATION in nodes[n]["metadata"].get("annotations", {}) for n in names)
             return nodes if done else None
+
         nodes = wait_for("every node to carry the labeller's record", labelled)
 
         sa = f"system:serviceaccount:{namespace}:{release}-holmes-labeller"
-        for verb, args, allowed in (("patch", ["nodes"], "yes"), ("get", ["nodes"], "yes"),
-                                    ("list", ["nodes"], "no"), ("create", ["events", "-n", "default"], "yes"),
-                                    ("create", ["events", "-n", namespace], "no"),
-                                    ("get", ["secrets", "-n", namespace], "no")):
+        for verb, args, allowed in (
+            ("patch", ["nodes"], "yes"),
+            ("get", ["nodes"], "yes"),
+            ("list", ["nodes"], "no"),
+            ("create", ["events", "-n", "default"], "yes"),
+            ("create", ["events", "-n", namespace], "no"),
+            ("get", ["secrets", "-n", namespace], "no"),
+        ):
             r = cluster.kubectl("auth", "can-i", verb, *args, f"--as={sa}", check=False)
             assert r.stdout.strip() == allowed, (verb, args, r.stdout, r.stderr)
         pods = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
         assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(names), "one labeller pod per node"
         for n in cluster.topology.nodes:
-            got = classify_node(nodes[n.name])                  # default NicMapping: no kind flags
+            got = classify_node(nodes[n.name])  # default NicMapping: no kind flags
             assert got.usable and got.nic == nodes[n.name]["metadata"]["annotations"][TRUE_NIC], (n.name, got)
             assert got.gbps == n.gbps, (n.name, got.gbps)
         for n in nfd_only:
             meta = nodes[n.name]["metadata"]
-            assert meta["labels"]["holmes.dev/nic"] == n.nic and classify_node(nodes[n.name]).source == "holmes-labels"
+            assert (
+                meta["labels"]["holmes.dev/nic"] == n.nic
+                and classify_node(nodes[n.name]).source == "holmes-labels"
+            )
             assert meta["annotations"]["holmes.dev/nic-hcas"] == "mlx5_0"
             assert classify_node(nodes[n.name]).hcas == ("mlx5_0",)
         # Admin-set keys (the "holmes" advertise scheme) are untouched and not claimed.
@@ -126,45 +167,74 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
 
         def downgraded():
             meta = node_meta(cluster, roce1)
-            ok = meta["labels"].get("holmes.dev/nic") == "ethernet" and "holmes.dev/nic-hcas" not in meta["annotations"]
+            ok = (
+                meta["labels"].get("holmes.dev/nic") == "ethernet"
+                and "holmes.dev/nic-hcas" not in meta["annotations"]
+            )
             return meta if ok else None
+
         meta = wait_for(f"{roce1} to be labelled ethernet", downgraded, timeout=20)
         assert "holmes.dev/link-layer" not in meta["labels"]
         assert meta["annotations"]["holmes.dev/socket-ifname"] == "ens1f0np0"
-        log = cluster.pod_log(namespace, next(p["metadata"]["name"] for p in pods
-                                              if p["spec"]["nodeName"] == roce1), "labeller")
+        log = cluster.pod_log(
+            namespace, next(p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] == roce1), "labeller"
+        )
         assert f"{roce1}: roce: 1 ACTIVE port(s) on mlx5_0, 100 Gbit/s" in log, log[-2000:]
         assert "ports not ACTIVE, ignored: mlx5_0/1 (DOWN)" in log
     finally:
         cluster.kubectl("delete", "daemonset", "-n", namespace, "-l", selector, "--wait=true", check=False)
-        wait_for("the labeller pods to be gone", lambda: not cluster.get_json(
-            "pods", "-n", namespace, "-l", selector)["items"], timeout=30)
+        wait_for(
+            "the labeller pods to be gone",
+            lambda: not cluster.get_json("pods", "-n", namespace, "-l", selector)["items"],
+            timeout=30,
+        )
         cluster.kubectl("delete", "clusterrole,clusterrolebinding", "-l", selector, check=False)
         cluster.kubectl("delete", "role,rolebinding", "-n", "default", "-l", selector, check=False)
         for n in names:
             restore(cluster, n, snaps[n])
     for n in names:
         meta = node_meta(cluster, n)
-        assert (meta.get("labels") or {}) == snaps[n]["labels"] and (meta.get("annotations") or {}) == snaps[n]["annotations"]
+        assert (meta.get("labels") or {}) == snaps[n]["labels"] and (meta.get("annotations") or {}) == snaps[
+            n
+        ]["annotations"]
 
 
 def labeller(cluster, *args: str, kubeconfig: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "holmes.labeller", "--once", "--kubeconfig",
-                           kubeconfig or cluster.kubeconfig, *args],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "holmes.labeller",
+            "--once",
+            "--kubeconfig",
+            kubeconfig or cluster.kubeconfig,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
 
 
 @pytest.fixture
 def api_node(cluster):
     """An API-only Node of this test's own (no pods run there): NFD labels, an admin's gbps."""
     name = f"lbl-{uuid.uuid4().hex[:6]}"
-    body = {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **NFD,
-                                                  "holmes.dev/nic-gbps": "800", "team": "a"}}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, **NFD, "holmes.dev/nic-gbps": "800", "team": "a"},
+        },
+    }
     cluster.kubectl("create", "-f", "-", input=json.dumps(body))
     yield name
     cluster.kubectl("delete", "node", name, "--wait=false", check=False)
-    cluster.kubectl("delete", "events", "-n", "default", "--field-selector", f"involvedObject.name={name}", check=False)
+    cluster.kubectl(
+        "delete", "events", "-n", "default", "--field-selector", f"involvedObject.name={name}", check=False
+    )
 
 
 def test_once_mixed_fabric_problem_then_fixed_and_clear_failures(cluster, namespace, api_node, tmp_path):
@@ -178,10 +248,17 @@ def test_once_mixed_fabric_problem_then_fixed_and_clear_failures(cluster, namesp
     assert "InfiniBand on mlx5_0/1; Ethernet on mlx5_1/1" in ann["holmes.dev/nic-problem"]
     assert "holmes.dev/nic" not in node["metadata"]["labels"]
     assert any("both ACTIVE" in p for p in classify_node(node).problems)
-    events = wait_for("the NicProblem event", lambda: [
-        e for e in cluster.get_json("events", "-n", "default", "--field-selector",
-                                    f"involvedObject.name={api_node}")["items"] if e["reason"] == "NicProblem"],
-        timeout=30)
+    events = wait_for(
+        "the NicProblem event",
+        lambda: [
+            e
+            for e in cluster.get_json(
+                "events", "-n", "default", "--field-selector", f"involvedObject.name={api_node}"
+            )["items"]
+            if e["reason"] == "NicProblem"
+        ],
+        timeout=30,
+    )
     assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "Node"
 
     roce_node(tmp_path / "roce", 200)
@@ -190,8 +267,11 @@ def test_once_mixed_fabric_problem_then_fixed_and_clear_failures(cluster, namesp
     assert "holmes.dev/nic-gbps='800' set by someone else: left alone" in r.stderr
     meta = node_meta(cluster, api_node)
     assert "holmes.dev/nic-problem" not in meta["annotations"]
-    assert (meta["labels"]["holmes.dev/nic"], meta["labels"]["holmes.dev/nic-gbps"], meta["labels"]["team"]) == (
-        "roce", "800", "a")
+    assert (
+        meta["labels"]["holmes.dev/nic"],
+        meta["labels"]["holmes.dev/nic-gbps"],
+        meta["labels"]["team"],
+    ) == ("roce", "800", "a")
     n = classify_node(cluster.get_json("node", api_node))
     assert n.usable and (n.nic, n.gbps, n.hcas) == ("roce", 800.0, ("mlx5_0",))
     again = labeller(cluster, "--node-name", api_node, "--sysfs-root", str(tmp_path / "roce"))
@@ -204,6 +284,7 @@ def test_once_mixed_fabric_problem_then_fixed_and_clear_failures(cluster, namesp
 
     # The namespace's default service account has no rights on nodes.
     import base64
+
     sa = cluster.get_json("serviceaccount", "default", "-n", namespace)
     secret = cluster.get_json("secret", sa["secrets"][0]["name"], "-n", namespace)
     cfg = yaml.safe_load(Path(cluster.kubeconfig).read_text())
@@ -214,4 +295,6 @@ def test_once_mixed_fabric_problem_then_fixed_and_clear_failures(cluster, namesp
     kc.write_text(yaml.safe_dump(cfg))
     os.chmod(kc, 0o600)
     r = labeller(cluster, "--node-name", api_node, "--sysfs-root", str(tmp_path / "roce"), kubeconfig=str(kc))
-    assert r.returncode == 1 and "forbidden (403): the service account needs nodes get and patch" in r.stderr, r.stderr
+    assert (
+        r.returncode == 1 and "forbidden (403): the service account needs nodes get and patch" in r.stderr
+    ), r.stderr

@@ -1,5 +1,6 @@
 """The labeller without a cluster: sysfs trees built as real files -> facts -> labels -> the node
 patch, and what it writes classified by holmes.plan's discovery exactly as the operator would."""
+
 from __future__ import annotations
 
 import copy
@@ -10,20 +11,25 @@ import pytest
 from holmes.labeller.labels import RECORD_ANNOTATION, Keys, desired_labels, plan_patch
 from holmes.labeller.sysfs import SysfsError, parse_rate, parse_state, read_sysfs
 from holmes.plan import NicMapping, classify_node, nccl_env
-
-from fakesysfs import FakeSysfs, ethernet_node, infiniband_node, roce_node
+from tests.labeller.fakesysfs import FakeSysfs, ethernet_node, infiniband_node, roce_node
 
 NFD = {"feature.node.kubernetes.io/rdma.capable": "true", "feature.node.kubernetes.io/rdma.available": "true"}
 
 
 def nfd_node(name="n1", labels=None, annotations=None):
     """A Node as NFD leaves an RDMA node: RDMA yes, kind unknown."""
-    return {"metadata": {"name": name, "resourceVersion": "42",
-                         "labels": {"kubernetes.io/hostname": name, "holmes.dev/cluster": "east", **NFD,
-                                    **(labels or {})},
-                         "annotations": dict(annotations or {})},
-            "status": {"allocatable": {"nvidia.com/gpu": "8", "rdma/hca": "1k"},
-                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": "42",
+            "labels": {"kubernetes.io/hostname": name, "holmes.dev/cluster": "east", **NFD, **(labels or {})},
+            "annotations": dict(annotations or {}),
+        },
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8", "rdma/hca": "1k"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
 
 
 def apply(node: dict, patch: dict | None) -> dict:
@@ -57,11 +63,16 @@ def test_infiniband_hdr_200(tmp_path):
     infiniband_node(tmp_path, hcas=2)
     facts = read_sysfs(tmp_path)
     assert [(p.hca, p.port, p.link_layer, p.rate_gbps, p.state) for p in facts.ports] == [
-        ("mlx5_0", 1, "InfiniBand", 200.0, "ACTIVE"), ("mlx5_1", 1, "InfiniBand", 200.0, "ACTIVE")]
+        ("mlx5_0", 1, "InfiniBand", 200.0, "ACTIVE"),
+        ("mlx5_1", 1, "InfiniBand", 200.0, "ACTIVE"),
+    ]
     assert facts.ports[0].netdevs == ("ib0",)
     d = desired_labels(facts)
-    assert d.labels == {"holmes.dev/nic": "infiniband", "holmes.dev/nic-gbps": "400",
-                        "holmes.dev/link-layer": "InfiniBand"}
+    assert d.labels == {
+        "holmes.dev/nic": "infiniband",
+        "holmes.dev/nic-gbps": "400",
+        "holmes.dev/link-layer": "InfiniBand",
+    }
     # IPoIB (type 32) is not a socket interface; the management NIC is the only up hardware Ethernet.
     assert d.annotations == {"holmes.dev/nic-hcas": "mlx5_0,mlx5_1", "holmes.dev/socket-ifname": "eno1"}
     assert not d.problems
@@ -70,14 +81,18 @@ def test_infiniband_hdr_200(tmp_path):
 def test_roce_100_is_the_ethernet_link_layer(tmp_path):
     roce_node(tmp_path, 100)
     d = desired_labels(read_sysfs(tmp_path))
-    assert d.labels == {"holmes.dev/nic": "roce", "holmes.dev/nic-gbps": "100", "holmes.dev/link-layer": "Ethernet"}
+    assert d.labels == {
+        "holmes.dev/nic": "roce",
+        "holmes.dev/nic-gbps": "100",
+        "holmes.dev/link-layer": "Ethernet",
+    }
     assert d.annotations == {"holmes.dev/nic-hcas": "mlx5_0", "holmes.dev/socket-ifname": "ens1f0np0"}
 
 
 def test_plain_ethernet_25_ignores_lo_and_virtual_interfaces(tmp_path):
     fs = ethernet_node(tmp_path, 25)
-    fs.netdev("cni0", speed_mbps=100000, virtual=True)     # faster, but virtual: never chosen
-    fs.netdev("ens3f1", speed_mbps=100000, up=False)       # faster, but down
+    fs.netdev("cni0", speed_mbps=100000, virtual=True)  # faster, but virtual: never chosen
+    fs.netdev("ens3f1", speed_mbps=100000, up=False)  # faster, but down
     facts = read_sysfs(tmp_path)
     assert not facts.infiniband_class and not facts.ports
     by = {n.name: n for n in facts.netdevs}
@@ -95,17 +110,24 @@ def test_a_bond_counts_and_an_unknown_speed_leaves_gbps_to_discovery(tmp_path):
     fs.netdev("bond0", speed_mbps=50000, bond=True)
     assert desired_labels(read_sysfs(tmp_path)).annotations["holmes.dev/socket-ifname"] == "bond0"
     other = tmp_path / "vm"
-    FakeSysfs(other).netdev("eth0")          # virtio: no speed
+    FakeSysfs(other).netdev("eth0")  # virtio: no speed
     d = desired_labels(read_sysfs(other))
-    assert d.labels == {"holmes.dev/nic": "ethernet"} and d.annotations == {"holmes.dev/socket-ifname": "eth0"}
+    assert d.labels == {"holmes.dev/nic": "ethernet"} and d.annotations == {
+        "holmes.dev/socket-ifname": "eth0"
+    }
     assert any("left to discovery's default" in n for n in d.notes)
 
 
 def test_a_down_port_is_ignored(tmp_path):
     fs = FakeSysfs(tmp_path).base_host()
-    fs.hca("mlx5_0", [("InfiniBand", "200 Gb/sec (4X HDR)", "4: ACTIVE"),
-                      ("InfiniBand", "200 Gb/sec (4X HDR)", "1: DOWN")])
-    fs.hca("mlx5_1", [("Ethernet", "100 Gb/sec (4X EDR)", "1: DOWN")])   # would be "mixed" if counted
+    fs.hca(
+        "mlx5_0",
+        [
+            ("InfiniBand", "200 Gb/sec (4X HDR)", "4: ACTIVE"),
+            ("InfiniBand", "200 Gb/sec (4X HDR)", "1: DOWN"),
+        ],
+    )
+    fs.hca("mlx5_1", [("Ethernet", "100 Gb/sec (4X EDR)", "1: DOWN")])  # would be "mixed" if counted
     d = desired_labels(read_sysfs(tmp_path))
     assert d.labels["holmes.dev/nic"] == "infiniband" and d.labels["holmes.dev/nic-gbps"] == "200"
     assert d.annotations["holmes.dev/nic-hcas"] == "mlx5_0" and not d.problems
@@ -121,7 +143,9 @@ def test_mixed_infiniband_and_roce_is_a_problem_not_a_guess(tmp_path):
     fs.hca("mlx5_1", [("Ethernet", "100 Gb/sec (4X EDR)", "4: ACTIVE")])
     d = desired_labels(read_sysfs(tmp_path))
     assert "holmes.dev/nic" not in d.labels and "holmes.dev/nic-hcas" not in d.annotations
-    assert d.problems and "InfiniBand on mlx5_0/1" in d.problems[0] and "Ethernet on mlx5_1/1" in d.problems[0]
+    assert (
+        d.problems and "InfiniBand on mlx5_0/1" in d.problems[0] and "Ethernet on mlx5_1/1" in d.problems[0]
+    )
     node = label_node(nfd_node(), tmp_path)
     assert node["metadata"]["annotations"]["holmes.dev/nic-problem"] == d.problems[0]
     # even where an admin's per-cluster default would otherwise have guessed
@@ -140,18 +164,39 @@ def test_missing_infiniband_class_and_a_root_that_is_no_sysfs(tmp_path):
         read_sysfs(tmp_path / "empty")
 
 
-@pytest.mark.parametrize("build, kind, gbps, env", [
-    (lambda p: infiniband_node(p), "infiniband", 200.0,
-     {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eno1"}),
-    (lambda p: roce_node(p, 100), "roce", 100.0,
-     {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0", "NCCL_IB_GID_INDEX": "3", "NCCL_SOCKET_IFNAME": "ens1f0np0"}),
-    (lambda p: ethernet_node(p, 25), "ethernet", 25.0, {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "ens2f0"}),
-])
+@pytest.mark.parametrize(
+    "build, kind, gbps, env",
+    [
+        (
+            lambda p: infiniband_node(p),
+            "infiniband",
+            200.0,
+            {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eno1"},
+        ),
+        (
+            lambda p: roce_node(p, 100),
+            "roce",
+            100.0,
+            {
+                "NCCL_IB_DISABLE": "0",
+                "NCCL_IB_HCA": "mlx5_0",
+                "NCCL_IB_GID_INDEX": "3",
+                "NCCL_SOCKET_IFNAME": "ens1f0np0",
+            },
+        ),
+        (
+            lambda p: ethernet_node(p, 25),
+            "ethernet",
+            25.0,
+            {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "ens2f0"},
+        ),
+    ],
+)
 def test_what_it_writes_is_classified_by_discovery_without_a_kind_flag(tmp_path, build, kind, gbps, env):
     build(tmp_path)
     before = classify_node(nfd_node())
     assert not before.usable, "an NFD-only node needs --cluster-rdma-kind without the labeller"
-    n = classify_node(label_node(nfd_node(), tmp_path))     # default NicMapping: no kind configured
+    n = classify_node(label_node(nfd_node(), tmp_path))  # default NicMapping: no kind configured
     assert (n.nic, n.gbps, n.gbps_source, n.source, n.usable) == (kind, gbps, "label", "holmes-labels", True)
     assert nccl_env(n) == env
 
@@ -159,8 +204,9 @@ def test_what_it_writes_is_classified_by_discovery_without_a_kind_flag(tmp_path,
 def test_admin_keys_are_never_touched_and_stale_own_keys_are_removed(tmp_path):
     roce_node(tmp_path, 100)
     desired = desired_labels(read_sysfs(tmp_path))
-    admin = nfd_node(labels={"holmes.dev/nic-gbps": "400", "team": "a"},
-                     annotations={"holmes.dev/socket-ifname": "bond7"})
+    admin = nfd_node(
+        labels={"holmes.dev/nic-gbps": "400", "team": "a"}, annotations={"holmes.dev/socket-ifname": "bond7"}
+    )
     plan = plan_patch(admin["metadata"], desired)
     meta = plan.patch["metadata"]
     assert meta["resourceVersion"] == "42"
@@ -170,7 +216,8 @@ def test_admin_keys_are_never_touched_and_stale_own_keys_are_removed(tmp_path):
     node = apply(admin, plan.patch)
     assert json.loads(node["metadata"]["annotations"][RECORD_ANNOTATION]) == {
         "labels": {"holmes.dev/link-layer": "Ethernet", "holmes.dev/nic": "roce"},
-        "annotations": {"holmes.dev/nic-hcas": "mlx5_0"}}
+        "annotations": {"holmes.dev/nic-hcas": "mlx5_0"},
+    }
     assert plan_patch(node["metadata"], desired).patch is None, "a second pass changes nothing"
 
     # The RoCE port goes down: the labeller's own RDMA keys go, the admin's stay.
@@ -209,4 +256,10 @@ def test_keys_follow_discovery_mapping():
     k = Keys.from_mapping(NicMapping())
     m = NicMapping()
     assert (k.nic, k.gbps, k.link_layer, k.hcas, k.socket_ifname, k.problem) == (
-        m.nic_label, m.gbps_label, m.link_layer_label, m.hcas_key, m.socket_ifname_key, m.problem_key)
+        m.nic_label,
+        m.gbps_label,
+        m.link_layer_label,
+        m.hcas_key,
+        m.socket_ifname_key,
+        m.problem_key,
+    )

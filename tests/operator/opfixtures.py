@@ -1,15 +1,15 @@
 """Objects shared by the operator's pure tests: the default topology's nodes as the API would
 return them, small HolmesJob manifests, and a pure 'cluster' that applies Decisions to dicts."""
+
 from __future__ import annotations
 
 import copy
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from localkube.topology import load_topology
-
+from holmes.contract.documents import load_documents
 from holmes.operator import names
-from holmes.operator.planning import default_planner
+from holmes.operator.planning import ClusterPlanner
 from holmes.operator.reconcile import Observed, RestartBackoff, decide
 from holmes.operator.render import RenderSettings
 
@@ -18,16 +18,17 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def default_nodes(ready: bool = True) -> list[dict]:
-    topo = load_topology(REPO / "hack" / "topologies" / "default.yaml")
-    out = []
-    for n in topo.nodes:
-        obj = n.node_object()
+    """The local cluster's default nodes as the API returns them (examples/nodes/default.yaml)."""
+    out = load_documents(str(REPO / "examples" / "nodes" / "default.yaml"))[0]["items"]
+    for obj in out:
         obj["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
-        out.append(obj)
     return out
 
 
-LINK_LAYER = {"infiniband": "InfiniBand", "roce": "Ethernet"}   # what /sys/class/infiniband/*/ports/*/link_layer says
+LINK_LAYER = {
+    "infiniband": "InfiniBand",
+    "roce": "Ethernet",
+}  # what /sys/class/infiniband/*/ports/*/link_layer says
 
 
 def with_link_layers(nodes: list[dict]) -> list[dict]:
@@ -36,12 +37,16 @@ def with_link_layers(nodes: list[dict]) -> list[dict]:
     for n in nodes:
         labels = n["metadata"]["labels"]
         if labels.get("feature.node.kubernetes.io/rdma.capable") == "true":
-            labels["holmes.dev/link-layer"] = LINK_LAYER[n["metadata"]["annotations"]["localkube.holmes.dev/true-nic"]]
+            labels["holmes.dev/link-layer"] = LINK_LAYER[
+                n["metadata"]["annotations"]["localkube.holmes.dev/true-nic"]
+            ]
     return nodes
 
 
 def true_nic(nodes: list[dict]) -> dict[str, str]:
-    return {n["metadata"]["name"]: n["metadata"]["annotations"]["localkube.holmes.dev/true-nic"] for n in nodes}
+    return {
+        n["metadata"]["name"]: n["metadata"]["annotations"]["localkube.holmes.dev/true-nic"] for n in nodes
+    }
 
 
 def manifest(name: str = "tiny", count: int = 4, gpus: int = 1, **spec_overrides) -> dict:
@@ -53,15 +58,21 @@ def manifest(name: str = "tiny", count: int = 4, gpus: int = 1, **spec_overrides
     }
     for k, v in spec_overrides.items():
         spec[k] = v
-    return {"apiVersion": names.API_VERSION, "kind": names.KIND,
-            "metadata": {"name": name, "namespace": "ns", "uid": "uid-1", "generation": 1}, "spec": spec}
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name, "namespace": "ns", "uid": "uid-1", "generation": 1},
+        "spec": spec,
+    }
 
 
 class FakeWorld:
     """The API objects of one job as plain dicts; applies Decisions like the API server would
     (create is a no-op when the name exists). Lets tests drive the state machine step by step."""
 
-    def __init__(self, job: dict, nodes: list[dict] | None = None, backoff: RestartBackoff = RestartBackoff(0)):
+    def __init__(
+        self, job: dict, nodes: list[dict] | None = None, backoff: RestartBackoff = RestartBackoff(0)
+    ):
         self.job = copy.deepcopy(job)
         self.nodes = nodes if nodes is not None else default_nodes()
         self.pods: dict[str, dict] = {}
@@ -70,15 +81,21 @@ class FakeWorld:
         self.now = T0
         self.events: list = []
         self.deleted_job = False
-        self.planner = default_planner()
+        self.planner = ClusterPlanner.with_mapping()
         self.settings = RenderSettings()
-        self.backoff = backoff                  # none unless a test is about it: restarts relaunch at once
+        self.backoff = backoff  # none unless a test is about it: restarts relaunch at once
 
     def step(self, seconds: float = 1.0, progress: dict | None = None):
         self.now += timedelta(seconds=seconds)
-        obs = Observed(job=copy.deepcopy(self.job), pods=[copy.deepcopy(p) for p in self.pods.values()],
-                       configmap=copy.deepcopy(self.configmap), service=self.service, nodes=self.nodes,
-                       now=self.now, progress=progress)
+        obs = Observed(
+            job=copy.deepcopy(self.job),
+            pods=[copy.deepcopy(p) for p in self.pods.values()],
+            configmap=copy.deepcopy(self.configmap),
+            service=self.service,
+            nodes=self.nodes,
+            now=self.now,
+            progress=progress,
+        )
         d = decide(obs, self.planner, self.settings, self.backoff)
         for name in d.delete_pods:
             self.pods.pop(name, None)
@@ -99,8 +116,9 @@ class FakeWorld:
             st = self.pods[n].setdefault("status", {})
             st["phase"] = phase
             if phase == "Failed":
-                st["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": exit_code,
-                                                                                       "reason": "Error"}}}]
+                st["containerStatuses"] = [
+                    {"name": "trainer", "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}}}
+                ]
 
     def edit_spec(self, **changes) -> None:
         self.job["spec"].update(changes)

@@ -1,40 +1,51 @@
 """--cost-model against the local control plane: the operator subprocess plans with the file's
 numbers (status.layout is what holmes.plan gives with them), and an edit of the file is used
 for the next job without a restart."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 import yaml
-from polling import wait_for
 
+from holmes.contract.jobspec import JobSpec
 from holmes.operator.__main__ import cost_model, parse_args
 from holmes.plan import plan
-from holmes.plan.jobspec import JobSpec
-from opcluster import RDMA_KINDS, OperatorProcess, install_crd
+from localkube.operatorproc import RDMA_KINDS, OperatorProcess, install_crd
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def job(name: str, ns: str) -> dict:
-    return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": name, "namespace": ns},
-            "spec": {"model": {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
-                     "training": {"globalBatchSize": 8, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
-                     "nodes": {"count": 4, "gpusPerNode": 1}, "runPolicy": {"backoffLimit": 0},
-                     "template": {"spec": {"containers": [{"name": "trainer", "command": ["sh", "-c", "sleep 600"]}]}}}}
+    return {
+        "apiVersion": "holmes.dev/v1alpha1",
+        "kind": "HolmesJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "model": {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
+            "training": {"globalBatchSize": 8, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
+            "nodes": {"count": 4, "gpusPerNode": 1},
+            "runPolicy": {"backoffLimit": 0},
+            "template": {"spec": {"containers": [{"name": "trainer", "command": ["sh", "-c", "sleep 600"]}]}},
+        },
+    }
 
 
 def layout_of(cluster, ns: str, name: str, op: OperatorProcess, timeout: float = 60) -> dict:
     def layout():
         r = cluster.kubectl("get", "holmesjob", name, "-n", ns, "-o", "json", check=False)
         return ((json.loads(r.stdout).get("status") or {}) if r.returncode == 0 else {}).get("layout")
+
     return wait_for(f"{name}'s status.layout", layout, timeout, detail=lambda: f"\n{op.tail()}")
 
 
 def expected(cluster, manifest: dict, path: str) -> list:
     """What holmes.plan gives with the file (and the operator's NIC flags) on the cluster's nodes."""
-    cfg = cost_model(parse_args(["--cost-model", path, *[f"--cluster-rdma-kind={k}" for k in RDMA_KINDS]])).config
+    cfg = cost_model(
+        parse_args(["--cost-model", path, *[f"--cluster-rdma-kind={k}" for k in RDMA_KINDS]])
+    ).config
     nodes = cluster.get_json("nodes")["items"]
     layout = plan(nodes, JobSpec.from_manifest(manifest), cfg)
     return [[s.index, list(s.layers), list(s.nodes or layout.stage_nodes(s.index))] for s in layout.stages]
@@ -48,8 +59,9 @@ def test_the_operator_plans_with_its_cost_model_file_and_picks_up_edits(cluster,
     install_crd(cluster)
     f = tmp_path / "costmodel.yaml"
     f.write_text(yaml.safe_dump({"fabric": {"crossClusterGbps": 1}}))
-    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log",
-                         extra=["--cost-model", str(f)]).start()
+    op = OperatorProcess(
+        cluster.kubeconfig, [namespace], tmp_path / "operator.log", extra=["--cost-model", str(f)]
+    ).start()
     try:
         first = job("cm-a", namespace)
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(first))

@@ -1,4 +1,5 @@
 """The CRD file itself: structural, documented, with the printer columns users see."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,35 +37,73 @@ def test_names_scope_and_subresources():
 def test_every_spec_and_status_field_has_a_description():
     _, v = schema()
     root = v["schema"]["openAPIV3Schema"]
-    missing = [p for p, node in walk(root, "")
-               if p.startswith((".spec", ".status")) and not p.endswith("[]") and not node.get("description")]
+    missing = [
+        p
+        for p, node in walk(root, "")
+        if p.startswith((".spec", ".status")) and not p.endswith("[]") and not node.get("description")
+    ]
     assert not missing, f"fields without a description: {missing}"
 
 
 def test_structural_every_field_has_a_type_or_an_escape():
     _, v = schema()
     for p, node in walk(v["schema"]["openAPIV3Schema"], ""):
-        assert node.get("type") or node.get("x-kubernetes-int-or-string") or \
-            node.get("x-kubernetes-preserve-unknown-fields"), p
+        assert (
+            node.get("type")
+            or node.get("x-kubernetes-int-or-string")
+            or node.get("x-kubernetes-preserve-unknown-fields")
+        ), p
 
 
 def test_spec_fields_match_what_the_operator_parses():
     """Every field the schema offers is one JobSpec accepts (it rejects unknown fields)."""
-    from holmes.plan.jobspec import JobSpec
+    from holmes.contract.jobspec import JobSpec
+
     _, v = schema()
     spec = v["schema"]["openAPIV3Schema"]["properties"]["spec"]
     full = {
-        "model": {"layers": 2, "hiddenSize": 8, "attentionHeads": 2, "seqLength": 4, "vocabSize": 16,
-                  "ffnHiddenSize": 32, "tiedEmbeddings": True},
-        "training": {"globalBatchSize": 4, "microBatchSize": 1, "iterations": 1, "learningRate": 0.1, "seed": 1,
-                     "weightDecay": 0.0, "gradClip": 1.0, "warmupIterations": 0, "activationRecompute": False,
-                     "data": {"synthetic": {}},
-                     "checkpoint": {"path": "/c", "intervalIterations": 1}},
-        "parallelism": {"tensor": 1, "pipeline": "auto", "data": "auto", "partition": "adaptive", "nicSelection": "auto"},
-        "nodes": {"count": 1, "gpusPerNode": 4, "selector": {"matchLabels": {"a": "b"}, "matchExpressions": [
-            {"key": "k", "operator": "Exists"}]}, "clusterLabel": "c"},
-        "template": {}, "runPolicy": {"backoffLimit": 1, "suspend": False, "ttlSecondsAfterFinished": 5,
-                                      "activeDeadlineSeconds": 9},
+        "model": {
+            "layers": 2,
+            "hiddenSize": 8,
+            "attentionHeads": 2,
+            "seqLength": 4,
+            "vocabSize": 16,
+            "ffnHiddenSize": 32,
+            "tiedEmbeddings": True,
+        },
+        "training": {
+            "globalBatchSize": 4,
+            "microBatchSize": 1,
+            "iterations": 1,
+            "learningRate": 0.1,
+            "seed": 1,
+            "weightDecay": 0.0,
+            "gradClip": 1.0,
+            "warmupIterations": 0,
+            "activationRecompute": False,
+            "data": {"synthetic": {}},
+            "checkpoint": {"path": "/c", "intervalIterations": 1},
+        },
+        "parallelism": {
+            "tensor": 1,
+            "pipeline": "auto",
+            "data": "auto",
+            "partition": "adaptive",
+            "nicSelection": "auto",
+        },
+        "nodes": {
+            "count": 1,
+            "gpusPerNode": 4,
+            "selector": {"matchLabels": {"a": "b"}, "matchExpressions": [{"key": "k", "operator": "Exists"}]},
+            "clusterLabel": "c",
+        },
+        "template": {},
+        "runPolicy": {
+            "backoffLimit": 1,
+            "suspend": False,
+            "ttlSecondsAfterFinished": 5,
+            "activeDeadlineSeconds": 9,
+        },
     }
     for section, fields in full.items():
         if isinstance(fields, dict) and section != "template":

@@ -1,16 +1,17 @@
 """The operator against the real local control plane: manifests applied with kubectl, the
 operator running as a subprocess (killed and restarted where the test says so), pods run by
 the node agent as local processes."""
+
 from __future__ import annotations
 
 import json
 import time
 
-import polling
 import pytest
 import yaml
 
-from opcluster import OperatorProcess, fake_gpu_node, install_crd
+from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd
+from tests import polling
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,8 +27,12 @@ def crd(cluster):
 @pytest.fixture
 def operator(crd, namespace, tmp_path):
     # A 1 s restart back-off: the path is exercised, the gang-restart tests stay fast.
-    op = OperatorProcess(crd.kubeconfig, [namespace], tmp_path / "operator.log",
-                         extra=["--restart-backoff-seconds=1", "--restart-backoff-max-seconds=2"]).start()
+    op = OperatorProcess(
+        crd.kubeconfig,
+        [namespace],
+        tmp_path / "operator.log",
+        extra=["--restart-backoff-seconds=1", "--restart-backoff-max-seconds=2"],
+    ).start()
     yield op
     op.stop()
     print(op.tail(80))
@@ -36,15 +41,24 @@ def operator(crd, namespace, tmp_path):
 def job_manifest(name, ns, count=4, gpus=1, command=None, run_policy=None, iterations=5, **spec):
     body = {
         "model": {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
-        "training": {"globalBatchSize": 8, "microBatchSize": 1, "iterations": iterations, "learningRate": 1.0e-3},
+        "training": {
+            "globalBatchSize": 8,
+            "microBatchSize": 1,
+            "iterations": iterations,
+            "learningRate": 1.0e-3,
+        },
         "nodes": {"count": count, "gpusPerNode": gpus},
         "runPolicy": run_policy or {"backoffLimit": 2},
     }
     if command is not None:
         body["template"] = {"spec": {"containers": [{"name": "trainer", "command": command}]}}
     body.update(spec)
-    return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": name, "namespace": ns},
-            "spec": body}
+    return {
+        "apiVersion": "holmes.dev/v1alpha1",
+        "kind": "HolmesJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": body,
+    }
 
 
 def apply(cluster, obj, check=True):
@@ -61,19 +75,24 @@ def pods_of(cluster, ns, name):
 
 
 def wait_for(what, fn, timeout=90, every=0.3, op=None):
-    return polling.wait_for(what, fn, timeout, every, detail=(lambda: f"\noperator log:\n{op.tail()}") if op else None)
+    return polling.wait_for(
+        what, fn, timeout, every, detail=(lambda: f"\noperator log:\n{op.tail()}") if op else None
+    )
 
 
 def wait_phase(cluster, ns, name, phase, timeout=90, op=None):
     def check():
         job = get_job(cluster, ns, name)
         return job if job and job.get("status", {}).get("phase") == phase else None
+
     try:
         return wait_for(f"{name} phase {phase}", check, timeout, op=op)
     except AssertionError:
-        raise AssertionError(f"{name} never reached {phase}: status "
-                             f"{json.dumps((get_job(cluster, ns, name) or {}).get('status'), indent=1)}\n"
-                             + (op.tail() if op else ""))
+        raise AssertionError(
+            f"{name} never reached {phase}: status "
+            f"{json.dumps((get_job(cluster, ns, name) or {}).get('status'), indent=1)}\n"
+            + (op.tail() if op else "")
+        ) from None
 
 
 def condition(job, type_):
@@ -81,7 +100,9 @@ def condition(job, type_):
 
 
 def events_of(cluster, ns, name):
-    ev = cluster.get_json("events", "-n", ns, "--field-selector", f"involvedObject.name={name},involvedObject.kind=HolmesJob")
+    ev = cluster.get_json(
+        "events", "-n", ns, "--field-selector", f"involvedObject.name={name},involvedObject.kind=HolmesJob"
+    )
     return ev["items"]
 
 
@@ -91,10 +112,17 @@ def env_of(pod):
 
 # ---- the API ------------------------------------------------------------------------------------
 
+
 def test_crd_installs_and_kubectl_explain_teaches_the_fields(crd):
     # The API server publishes a new CRD's OpenAPI schema a few seconds after it is Established.
-    out = wait_for("the schema in OpenAPI", lambda: (lambda r: r.stdout if r.returncode == 0 else None)(
-        crd.kubectl("explain", "holmesjob.spec.parallelism", check=False)), timeout=60, every=1)
+    out = wait_for(
+        "the schema in OpenAPI",
+        lambda: (lambda r: r.stdout if r.returncode == 0 else None)(
+            crd.kubectl("explain", "holmesjob.spec.parallelism", check=False)
+        ),
+        timeout=60,
+        every=1,
+    )
     assert "nicSelection" in out and "same NIC kind" in out and "partition" in out
     out = crd.kubectl("explain", "hj.spec.runPolicy.backoffLimit").stdout
     assert "Gang restarts allowed" in out
@@ -117,10 +145,18 @@ def test_the_schema_rejects_what_it_can(crd, namespace):
 
 # ---- placement, env, status ---------------------------------------------------------------------
 
+
 def test_pods_land_on_the_planned_nodes_with_the_nccl_env_of_their_nic(crd, namespace, operator):
-    apply(crd, job_manifest("place", namespace, count=6, command=SLEEP,
-                            training={"globalBatchSize": 12, "microBatchSize": 1, "iterations": 5,
-                                      "learningRate": 1.0e-3}))
+    apply(
+        crd,
+        job_manifest(
+            "place",
+            namespace,
+            count=6,
+            command=SLEEP,
+            training={"globalBatchSize": 12, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
+        ),
+    )
     job = wait_phase(crd, namespace, "place", "Running", op=operator)
     truth = {n.name: n.nic for n in crd.topology.nodes}
     layout = json.loads(crd.get_json("configmap", "place-layout", "-n", namespace)["data"]["layout.json"])
@@ -150,10 +186,12 @@ def test_pods_land_on_the_planned_nodes_with_the_nccl_env_of_their_nic(crd, name
     printed = crd.kubectl("get", "hj", "place", "-n", namespace).stdout
     assert "Running" in printed and st["layout"]["shape"] in printed
     # The operator's own endpoints and structured (JSON) logs.
-    assert "holmes_jobs{phase=\"Running\"} 1.0" in operator.metrics()
+    assert 'holmes_jobs{phase="Running"} 1.0' in operator.metrics()
     assert "holmes_pods_created_total 6.0" in operator.metrics()
-    assert "Running" in operator.healthz()["jobs"]          # kopf caches probe results a while
-    records = [json.loads(line) for line in operator.log_path.read_text().splitlines() if line.startswith("{")]
+    assert "Running" in operator.healthz()["jobs"]  # kopf caches probe results a while
+    records = [
+        json.loads(line) for line in operator.log_path.read_text().splitlines() if line.startswith("{")
+    ]
     mine = [r for r in records if r.get("job") == f"{namespace}/place"]
     assert any(r.get("reason") == "Launched" and r.get("attempt") == 1 for r in mine), records[-5:]
 
@@ -173,16 +211,38 @@ def test_trainer_pods_run_for_real_and_the_job_succeeds_with_progress(crd, names
 
 # ---- failures and lifecycle ---------------------------------------------------------------------
 
+
 def test_a_pod_failure_restarts_the_gang_and_counts_it(crd, namespace, operator):
-    fail_once = ["sh", "-c", 'if [ "$NODE_RANK" = 1 ] && [ "$HOLMES_ATTEMPT" = 1 ]; then sleep 2; exit 3; fi; sleep 600']
+    fail_once = [
+        "sh",
+        "-c",
+        'if [ "$NODE_RANK" = 1 ] && [ "$HOLMES_ATTEMPT" = 1 ]; then sleep 2; exit 3; fi; sleep 600',
+    ]
     apply(crd, job_manifest("gang", namespace, command=fail_once))
-    job = wait_for("a restart", lambda: (lambda j: j if j and j.get("status", {}).get("restarts") == 1
-                                         and j["status"].get("phase") == "Running" else None)(
-        get_job(crd, namespace, "gang")), timeout=90, op=operator)
+    job = wait_for(
+        "a restart",
+        lambda: (
+            lambda j: (
+                j
+                if j and j.get("status", {}).get("restarts") == 1 and j["status"].get("phase") == "Running"
+                else None
+            )
+        )(get_job(crd, namespace, "gang")),
+        timeout=90,
+        op=operator,
+    )
     assert job["status"]["attempt"] == 2
-    live = wait_for("old attempt gone", lambda: (lambda ps: ps if all(
-        p["metadata"]["labels"]["holmes.dev/attempt"] == "2" for p in ps) and len(ps) == 4 else None)(
-        pods_of(crd, namespace, "gang")), op=operator)
+    live = wait_for(
+        "old attempt gone",
+        lambda: (
+            lambda ps: (
+                ps
+                if all(p["metadata"]["labels"]["holmes.dev/attempt"] == "2" for p in ps) and len(ps) == 4
+                else None
+            )
+        )(pods_of(crd, namespace, "gang")),
+        op=operator,
+    )
     assert len(live) == 4
     warnings = [e for e in events_of(crd, namespace, "gang") if e["type"] == "Warning"]
     assert any(e["reason"] == "PodFailed" and "exit code 3" in e["message"] for e in warnings), warnings
@@ -197,19 +257,47 @@ def test_backoff_limit_exhausted_fails_the_job_with_the_reason(crd, namespace, o
     assert failed["reason"] == "BackoffLimitExceeded" and "exit code 7" in failed["message"]
     assert job["status"]["restarts"] == 1 and job["status"]["completionTime"]
     assert 'holmes_job_failures_total{reason="BackoffLimitExceeded"} 1.0' in operator.metrics()
-    wait_for("no running pods", lambda: not [p for p in pods_of(crd, namespace, "doomed")
-                                            if p["status"].get("phase") in ("Pending", "Running")
-                                            and not p["metadata"].get("deletionTimestamp")] or None, op=operator)
+    wait_for(
+        "no running pods",
+        lambda: (
+            not [
+                p
+                for p in pods_of(crd, namespace, "doomed")
+                if p["status"].get("phase") in ("Pending", "Running")
+                and not p["metadata"].get("deletionTimestamp")
+            ]
+            or None
+        ),
+        op=operator,
+    )
 
 
 def test_suspend_deletes_pods_and_resume_relaunches(crd, namespace, operator):
     apply(crd, job_manifest("pause", namespace, command=SLEEP))
     wait_phase(crd, namespace, "pause", "Running", op=operator)
-    crd.kubectl("patch", "hj", "pause", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    crd.kubectl(
+        "patch",
+        "hj",
+        "pause",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":true}}}',
+    )
     job = wait_phase(crd, namespace, "pause", "Suspended", op=operator)
     assert condition(job, "Suspended")["status"] == "True"
     wait_for("pods deleted", lambda: not pods_of(crd, namespace, "pause") or None, op=operator)
-    crd.kubectl("patch", "hj", "pause", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    crd.kubectl(
+        "patch",
+        "hj",
+        "pause",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":false}}}',
+    )
     job = wait_phase(crd, namespace, "pause", "Running", op=operator)
     assert job["status"]["restarts"] == 0 and job["status"]["attempt"] == 2
     assert {e["reason"] for e in events_of(crd, namespace, "pause")} >= {"Suspended", "Resumed"}
@@ -218,17 +306,34 @@ def test_suspend_deletes_pods_and_resume_relaunches(crd, namespace, operator):
 def test_spec_edits_relaunch_but_the_model_is_immutable(crd, namespace, operator):
     apply(crd, job_manifest("edit", namespace, command=SLEEP))
     wait_phase(crd, namespace, "edit", "Running", op=operator)
-    crd.kubectl("patch", "hj", "edit", "-n", namespace, "--type=merge", "-p", '{"spec":{"training":{"iterations":9}}}')
-    job = wait_for("relaunch", lambda: (lambda j: j if j["status"].get("attempt") == 2
-                                        and j["status"].get("phase") == "Running" else None)(
-        get_job(crd, namespace, "edit")), op=operator)
-    assert job["status"]["restarts"] == 0 and "SpecChanged" in {e["reason"] for e in events_of(crd, namespace, "edit")}
+    crd.kubectl(
+        "patch", "hj", "edit", "-n", namespace, "--type=merge", "-p", '{"spec":{"training":{"iterations":9}}}'
+    )
+    job = wait_for(
+        "relaunch",
+        lambda: (
+            lambda j: j if j["status"].get("attempt") == 2 and j["status"].get("phase") == "Running" else None
+        )(get_job(crd, namespace, "edit")),
+        op=operator,
+    )
+    assert job["status"]["restarts"] == 0 and "SpecChanged" in {
+        e["reason"] for e in events_of(crd, namespace, "edit")
+    }
     assert "iterations: 9" in crd.get_json("configmap", "edit-layout", "-n", namespace)["data"]["job.yaml"]
-    crd.kubectl("patch", "hj", "edit", "-n", namespace, "--type=merge", "-p", '{"spec":{"model":{"layers":8}}}')
-    job = wait_for("stalled", lambda: (lambda j: j if condition(j, "Stalled").get("status") == "True" else None)(
-        get_job(crd, namespace, "edit")), op=operator)
+    crd.kubectl(
+        "patch", "hj", "edit", "-n", namespace, "--type=merge", "-p", '{"spec":{"model":{"layers":8}}}'
+    )
+    job = wait_for(
+        "stalled",
+        lambda: (lambda j: j if condition(j, "Stalled").get("status") == "True" else None)(
+            get_job(crd, namespace, "edit")
+        ),
+        op=operator,
+    )
     assert condition(job, "Stalled")["reason"] == "ImmutableField" and job["status"]["phase"] == "Running"
-    assert len([p for p in pods_of(crd, namespace, "edit") if not p["metadata"].get("deletionTimestamp")]) == 4
+    assert (
+        len([p for p in pods_of(crd, namespace, "edit") if not p["metadata"].get("deletionTimestamp")]) == 4
+    )
 
 
 def test_delete_garbage_collects_every_child(crd, namespace, operator):
@@ -241,15 +346,25 @@ def test_delete_garbage_collects_every_child(crd, namespace, operator):
     crd.kubectl("delete", "hj", "gone", "-n", namespace, "--wait=false")
 
     def children():
-        left = sum(len(crd.get_json(k, "-n", namespace, "-l", "holmes.dev/job-name=gone")["items"])
-                   for k in ("pods", "services", "configmaps"))
+        left = sum(
+            len(crd.get_json(k, "-n", namespace, "-l", "holmes.dev/job-name=gone")["items"])
+            for k in ("pods", "services", "configmaps")
+        )
         return left == 0 and get_job(crd, namespace, "gone") is None
+
     wait_for("children garbage-collected", children, timeout=120, every=1, op=operator)
 
 
 def test_ttl_after_finished_deletes_the_job(crd, namespace, operator):
-    apply(crd, job_manifest("short", namespace, command=["sh", "-c", "exit 0"],
-                            run_policy={"backoffLimit": 0, "ttlSecondsAfterFinished": 2}))
+    apply(
+        crd,
+        job_manifest(
+            "short",
+            namespace,
+            command=["sh", "-c", "exit 0"],
+            run_policy={"backoffLimit": 0, "ttlSecondsAfterFinished": 2},
+        ),
+    )
     wait_phase(crd, namespace, "short", "Succeeded", op=operator)
     wait_for("ttl deletion", lambda: get_job(crd, namespace, "short") is None, timeout=60, op=operator)
 
@@ -257,11 +372,23 @@ def test_ttl_after_finished_deletes_the_job(crd, namespace, operator):
 def test_operator_killed_mid_reconcile_creates_no_duplicates(crd, namespace, tmp_path):
     op = OperatorProcess(crd.kubeconfig, [namespace], tmp_path / "op.log").start()
     try:
-        apply(crd, job_manifest("crash", namespace, count=6, command=SLEEP,
-                                training={"globalBatchSize": 12, "microBatchSize": 1, "iterations": 5,
-                                          "learningRate": 1.0e-3}))
+        apply(
+            crd,
+            job_manifest(
+                "crash",
+                namespace,
+                count=6,
+                command=SLEEP,
+                training={
+                    "globalBatchSize": 12,
+                    "microBatchSize": 1,
+                    "iterations": 5,
+                    "learningRate": 1.0e-3,
+                },
+            ),
+        )
         wait_for("the first pod", lambda: pods_of(crd, namespace, "crash") or None, every=0.02, op=op)
-        op.kill()                                     # SIGKILL while it is creating pods
+        op.kill()  # SIGKILL while it is creating pods
         created_before = len(pods_of(crd, namespace, "crash"))
         print(f"pods when the operator was killed: {created_before} of 6")
         op.start()
@@ -283,6 +410,7 @@ def fake_nodes(crd):
     from concurrent.futures import ThreadPoolExecutor
 
     from kubernetes import client
+
     core = client.CoreV1Api(crd.api_client())
     nodes = [fake_gpu_node(i) for i in range(64)]
     with ThreadPoolExecutor(8) as ex:
@@ -292,29 +420,49 @@ def fake_nodes(crd):
         list(ex.map(lambda n: core.delete_node(n["metadata"]["name"], _preload_content=False), nodes))
 
 
-def test_operator_killed_while_creating_a_large_job_leaves_no_duplicates(crd, namespace, fake_nodes, tmp_path):
-    big = job_manifest("big", namespace, count=64, gpus=8, command=SLEEP,
-                       model={"layers": 8, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
-                       training={"globalBatchSize": 1024, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3})
+def test_operator_killed_while_creating_a_large_job_leaves_no_duplicates(
+    crd, namespace, fake_nodes, tmp_path
+):
+    big = job_manifest(
+        "big",
+        namespace,
+        count=64,
+        gpus=8,
+        command=SLEEP,
+        model={"layers": 8, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
+        training={"globalBatchSize": 1024, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
+    )
     big["spec"]["nodes"]["selector"] = {"matchLabels": {"holmes.dev/fake": "1"}}
     big["spec"]["template"]["spec"]["tolerations"] = [{"key": "holmes.dev/fake", "operator": "Exists"}]
     op = OperatorProcess(crd.kubeconfig, [namespace], tmp_path / "op.log").start()
     try:
-        time.sleep(1)                                 # the node index fills
+        time.sleep(1)  # the node index fills
         apply(crd, big)
+
         def count():
-            r = fake_nodes.list_namespaced_pod(namespace, label_selector="holmes.dev/job-name=big",
-                                               _preload_content=False)
+            r = fake_nodes.list_namespaced_pod(
+                namespace, label_selector="holmes.dev/job-name=big", _preload_content=False
+            )
             return len(json.loads(r.data)["items"])
+
         wait_for("pods being created", lambda: count() >= 4 or None, every=0.005, op=op)
-        op.kill()                                     # SIGKILL in the middle of creating 64 pods
+        op.kill()  # SIGKILL in the middle of creating 64 pods
         at_kill = count()
         print(f"pods when the operator was killed: {at_kill} of 64")
         op.start()
-        job = wait_for("launched", lambda: (lambda j: j if j.get("status", {}).get("launched")
-                                            and len(pods_of(crd, namespace, "big")) == 64 else None)(
-            get_job(crd, namespace, "big")), timeout=120, op=op)
-        time.sleep(2)                                 # a few more reconciles: still nothing extra
+        job = wait_for(
+            "launched",
+            lambda: (
+                lambda j: (
+                    j
+                    if j.get("status", {}).get("launched") and len(pods_of(crd, namespace, "big")) == 64
+                    else None
+                )
+            )(get_job(crd, namespace, "big")),
+            timeout=120,
+            op=op,
+        )
+        time.sleep(2)  # a few more reconciles: still nothing extra
         pods = pods_of(crd, namespace, "big")
     finally:
         op.stop()
@@ -324,19 +472,37 @@ def test_operator_killed_while_creating_a_large_job_leaves_no_duplicates(crd, na
     assert all(p["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"] for p in pods)
     assert job["status"]["attempt"] == 1 and job["status"]["restarts"] == 0
     layout = json.loads(crd.get_json("configmap", "big-layout", "-n", namespace)["data"]["layout.json"])
-    placed = {p["metadata"]["name"]: p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-              ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0] for p in pods}
+    placed = {
+        p["metadata"]["name"]: p["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0]
+        for p in pods
+    }
     assert [placed[f"big-1-{r}"] for r in range(64)] == layout["nodes"]
 
 
 def test_bad_manifests_each_get_a_clear_message_and_the_operator_keeps_serving(crd, namespace, operator):
     bad = {
-        "bad-heads": (dict(model={"layers": 4, "hiddenSize": 66, "attentionHeads": 4, "seqLength": 32,
-                                  "vocabSize": 128}), "InvalidSpec", "spec.model.hiddenSize"),
-        "bad-partition": (dict(parallelism={"partition": [1, 2]}), "InvalidSpec", "spec.parallelism.partition"),
+        "bad-heads": (
+            dict(
+                model={"layers": 4, "hiddenSize": 66, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128}
+            ),
+            "InvalidSpec",
+            "spec.model.hiddenSize",
+        ),
+        "bad-partition": (
+            dict(parallelism={"partition": [1, 2]}),
+            "InvalidSpec",
+            "spec.parallelism.partition",
+        ),
         "bad-pipeline": (dict(parallelism={"pipeline": "two"}), "InvalidSpec", "spec.parallelism.pipeline"),
-        "bad-batch": (dict(training={"globalBatchSize": 7, "microBatchSize": 2, "iterations": 5,
-                                     "learningRate": 1.0e-3}), "InvalidSpec", "spec.training.globalBatchSize"),
+        "bad-batch": (
+            dict(
+                training={"globalBatchSize": 7, "microBatchSize": 2, "iterations": 5, "learningRate": 1.0e-3}
+            ),
+            "InvalidSpec",
+            "spec.training.globalBatchSize",
+        ),
         "bad-fit": (dict(parallelism={"pipeline": 3, "data": 1}), "InvalidSpec", "spec.parallelism"),
         "x" * 51: ({}, "InvalidName", "metadata.name"),
     }
@@ -345,10 +511,12 @@ def test_bad_manifests_each_get_a_clear_message_and_the_operator_keeps_serving(c
     apply(crd, job_manifest("good", namespace, command=SLEEP))
     wait_phase(crd, namespace, "good", "Running", op=operator)
     for name, (_, reason, field) in bad.items():
-        def stalled():
+
+        def stalled(name=name):
             job = get_job(crd, namespace, name)
             c = condition(job, "Stalled") if job and job.get("status") else {}
             return job if c.get("status") == "True" else None
+
         job = wait_for(f"{name} stalled", stalled, op=operator)
         c = condition(job, "Stalled")
         assert c["reason"] == reason and field in c["message"], c
@@ -356,8 +524,16 @@ def test_bad_manifests_each_get_a_clear_message_and_the_operator_keeps_serving(c
         assert any(e["reason"] == reason and field in e["message"] for e in warnings), warnings
         assert not pods_of(crd, namespace, name)
     # Fixing a stalled job lets it run.
-    crd.kubectl("patch", "hj", "bad-partition", "-n", namespace, "--type=merge", "-p",
-                '{"spec":{"parallelism":{"partition":"adaptive"}}}')
+    crd.kubectl(
+        "patch",
+        "hj",
+        "bad-partition",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"parallelism":{"partition":"adaptive"}}}',
+    )
     job = wait_phase(crd, namespace, "bad-partition", "Running", op=operator)
     assert condition(job, "Stalled")["status"] == "False"
 
@@ -369,6 +545,7 @@ def test_waits_for_nodes_with_a_condition_saying_what_is_missing(crd, namespace,
         job = get_job(crd, namespace, "huge")
         c = condition(job, "Reconciling") if job and job.get("status") else {}
         return job if c.get("reason") == "WaitingForNodes" else None
+
     job = wait_for("waiting", waiting, op=operator)
     msg = condition(job, "Reconciling")["message"]
     assert "needs 8 nodes" in msg and "have 6" in msg

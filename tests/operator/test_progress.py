@@ -1,4 +1,5 @@
 """Reading the trainer's progress (pure parsing of what the rank-0 pod exposes)."""
+
 from __future__ import annotations
 
 import json
@@ -18,10 +19,21 @@ def exposition(**values):
 
 
 def test_prometheus_text_to_status_progress():
-    text = exposition(holmes_trainer_iteration=12, holmes_trainer_loss=3.25, holmes_trainer_tokens_per_second=1234.5,
-                      holmes_trainer_tflops_per_gpu=0.5, holmes_trainer_iteration_seconds=0.2, other_metric=7)
-    assert progress.from_prometheus(text) == {"iteration": 12, "loss": 3.25, "tokensPerSecond": 1234.5,
-                                              "tflopsPerGpu": 0.5, "iterationSeconds": 0.2}
+    text = exposition(
+        holmes_trainer_iteration=12,
+        holmes_trainer_loss=3.25,
+        holmes_trainer_tokens_per_second=1234.5,
+        holmes_trainer_tflops_per_gpu=0.5,
+        holmes_trainer_iteration_seconds=0.2,
+        other_metric=7,
+    )
+    assert progress.from_prometheus(text) == {
+        "iteration": 12,
+        "loss": 3.25,
+        "tokensPerSecond": 1234.5,
+        "tflopsPerGpu": 0.5,
+        "iterationSeconds": 0.2,
+    }
 
 
 def test_nothing_before_the_first_iteration():
@@ -29,13 +41,20 @@ def test_nothing_before_the_first_iteration():
 
 
 def test_nan_is_dropped():
-    assert progress.from_prometheus(exposition(holmes_trainer_loss=float("nan"), holmes_trainer_iteration=1)) == {
-        "iteration": 1}
+    assert progress.from_prometheus(
+        exposition(holmes_trainer_loss=float("nan"), holmes_trainer_iteration=1)
+    ) == {"iteration": 1}
 
 
 def test_termination_message_last_json_line_wins():
-    msg = "\n".join(["garbage", json.dumps({"holmes": "iteration", "iteration": 4, "loss": 2.0}),
-                     json.dumps({"holmes": "done", "iteration": 5, "loss": 1.5, "tflopsPerGpu": 0.1}), ""])
+    msg = "\n".join(
+        [
+            "garbage",
+            json.dumps({"holmes": "iteration", "iteration": 4, "loss": 2.0}),
+            json.dumps({"holmes": "done", "iteration": 5, "loss": 1.5, "tflopsPerGpu": 0.1}),
+            "",
+        ]
+    )
     assert progress.from_json_lines(msg) == {"iteration": 5, "loss": 1.5, "tflopsPerGpu": 0.1}
     assert progress.from_json_lines(None) == {}
 
@@ -61,7 +80,21 @@ def test_from_pod_scrapes_a_running_rank0_and_reads_a_terminated_one():
     finally:
         srv.shutdown()
         srv.server_close()
-    done = {"status": {"phase": "Succeeded", "podIP": "127.0.0.1", "containerStatuses": [
-        {"state": {"terminated": {"exitCode": 0, "message": json.dumps({"holmes": "done", "iteration": 9})}}}]}}
+    done = {
+        "status": {
+            "phase": "Succeeded",
+            "podIP": "127.0.0.1",
+            "containerStatuses": [
+                {
+                    "state": {
+                        "terminated": {
+                            "exitCode": 0,
+                            "message": json.dumps({"holmes": "done", "iteration": 9}),
+                        }
+                    }
+                }
+            ],
+        }
+    }
     assert progress.from_pod(done, 1) == {"iteration": 9}
     assert progress.from_pod({"status": {"phase": "Pending"}}, 1) == {}

@@ -1,15 +1,16 @@
 """The reconcile state machine as data: observed objects in, status + actions out."""
+
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
 
+from holmes.contract.layout import Layout
 from holmes.operator import names
 from holmes.operator.reconcile import RestartBackoff
 from holmes.operator.summary import iso
-from holmes.plan.layout import Layout
-from opfixtures import FakeWorld, default_nodes, manifest, true_nic, with_link_layers
+from tests.operator.opfixtures import FakeWorld, default_nodes, manifest, true_nic, with_link_layers
 
 
 def launched(world: FakeWorld) -> FakeWorld:
@@ -23,8 +24,12 @@ def test_first_reconcile_plans_writes_layout_and_creates_one_pod_per_planned_nod
     d = w.step()
     layout = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
     assert [p["metadata"]["name"] for p in d.create_pods] == [f"tiny-1-{r}" for r in range(4)]
-    placed = [p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-              ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0] for p in d.create_pods]
+    placed = [
+        p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ][0]["matchExpressions"][0]["values"][0]
+        for p in d.create_pods
+    ]
     assert placed == list(layout.nodes)
     assert w.service["spec"]["clusterIP"] == "None"
     assert w.status["phase"] == "Pending" and w.status["attempt"] == 1 and w.status["restarts"] == 0
@@ -35,8 +40,14 @@ def test_first_reconcile_plans_writes_layout_and_creates_one_pod_per_planned_nod
 
 def test_dp_groups_in_status_each_span_one_nic_kind():
     nodes = with_link_layers(default_nodes())
-    w = FakeWorld(manifest(count=6, gpus=2, training={"globalBatchSize": 12, "microBatchSize": 1,
-                                                      "iterations": 5, "learningRate": 1.0e-3}), nodes)
+    w = FakeWorld(
+        manifest(
+            count=6,
+            gpus=2,
+            training={"globalBatchSize": 12, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
+        ),
+        nodes,
+    )
     w.step()
     truth = true_nic(nodes)
     for g in w.status["layout"]["dpGroups"]:
@@ -56,8 +67,8 @@ def test_running_then_succeeded_with_progress():
     w.step()
     assert w.status["phase"] == "Succeeded" and w.status["completionTime"]
     assert w.condition("Succeeded")["status"] == "True"
-    assert w.status["progress"]["loss"] == 4.2          # kept from the last read
-    assert len(w.pods) == 4                             # finished pods stay for inspection
+    assert w.status["progress"]["loss"] == 4.2  # kept from the last read
+    assert len(w.pods) == 4  # finished pods stay for inspection
 
 
 def test_pod_failure_restarts_the_whole_gang_and_counts_it():
@@ -69,7 +80,7 @@ def test_pod_failure_restarts_the_whole_gang_and_counts_it():
     assert w.status["phase"] == "Restarting" and w.status["restarts"] == 1 and w.status["attempt"] == 2
     assert sorted(d.delete_pods) == [f"tiny-1-{r}" for r in range(4)]
     assert any(e.reason == "PodFailed" and "exit code 137" in e.message for e in d.events)
-    d = w.step()                                        # plans again, new pod names
+    d = w.step()  # plans again, new pod names
     assert sorted(w.pods) == [f"tiny-2-{r}" for r in range(4)] and w.status["launched"]
 
 
@@ -114,15 +125,24 @@ def test_suspend_deletes_pods_and_resume_plans_again():
 
 def test_waits_with_a_condition_naming_what_is_missing_then_starts_when_nodes_appear():
     nodes = with_link_layers(default_nodes())
-    w = FakeWorld(manifest(count=7, training={"globalBatchSize": 14, "microBatchSize": 1, "iterations": 5,
-                                              "learningRate": 1.0e-3}), nodes)
+    w = FakeWorld(
+        manifest(
+            count=7,
+            training={"globalBatchSize": 14, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
+        ),
+        nodes,
+    )
     d = w.step()
     assert not d.create_pods and d.waiting_for_nodes
     rec = w.condition("Reconciling")
-    assert rec["reason"] == "WaitingForNodes" and "needs 7 nodes" in rec["message"] and "have 6" in rec["message"]
+    assert (
+        rec["reason"] == "WaitingForNodes"
+        and "needs 7 nodes" in rec["message"]
+        and "have 6" in rec["message"]
+    )
     assert w.reasons().count("WaitingForNodes") == 1
     w.step()
-    assert w.reasons().count("WaitingForNodes") == 1        # no repeated Event for the same wait
+    assert w.reasons().count("WaitingForNodes") == 1  # no repeated Event for the same wait
     extra = with_link_layers(default_nodes())[0]
     extra["metadata"]["name"] = "ib-9"
     nodes.append(extra)
@@ -130,22 +150,46 @@ def test_waits_with_a_condition_naming_what_is_missing_then_starts_when_nodes_ap
     assert len(w.pods) == 7
 
 
-@pytest.mark.parametrize("bad, fragment", [
-    ({"model": {"layers": 4, "hiddenSize": 66, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128}},
-     "spec.model.hiddenSize"),
-    ({"training": {"globalBatchSize": 7, "microBatchSize": 2, "iterations": 5, "learningRate": 1.0e-3}},
-     "spec.training.globalBatchSize"),
-    ({"parallelism": {"partition": [1, 1]}}, "spec.parallelism.partition"),
-])
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        (
+            {
+                "model": {
+                    "layers": 4,
+                    "hiddenSize": 66,
+                    "attentionHeads": 4,
+                    "seqLength": 32,
+                    "vocabSize": 128,
+                }
+            },
+            "spec.model.hiddenSize",
+        ),
+        (
+            {
+                "training": {
+                    "globalBatchSize": 7,
+                    "microBatchSize": 2,
+                    "iterations": 5,
+                    "learningRate": 1.0e-3,
+                }
+            },
+            "spec.training.globalBatchSize",
+        ),
+        ({"parallelism": {"partition": [1, 1]}}, "spec.parallelism.partition"),
+    ],
+)
 def test_bad_input_stalls_with_the_field_and_creates_nothing(bad, fragment):
     w = FakeWorld(manifest(**bad))
     d = w.step()
     stalled = w.condition("Stalled")
-    assert stalled["status"] == "True" and stalled["reason"] == "InvalidSpec" and fragment in stalled["message"]
+    assert (
+        stalled["status"] == "True" and stalled["reason"] == "InvalidSpec" and fragment in stalled["message"]
+    )
     assert not d.create_pods and d.configmap is None
     assert [e.type for e in d.events] == ["Warning"]
     d = w.step()
-    assert not d.events                                   # the same problem is reported once
+    assert not d.events  # the same problem is reported once
 
 
 def test_a_name_too_long_for_pod_hostnames_stalls():
@@ -170,7 +214,9 @@ def test_other_spec_edits_relaunch_without_counting_a_restart():
     w = launched(FakeWorld(manifest()))
     w.set_phase("Running")
     w.step()
-    w.edit_spec(training={"globalBatchSize": 16, "microBatchSize": 1, "iterations": 9, "learningRate": 1.0e-3})
+    w.edit_spec(
+        training={"globalBatchSize": 16, "microBatchSize": 1, "iterations": 9, "learningRate": 1.0e-3}
+    )
     d = w.step()
     assert "SpecChanged" in w.reasons() and w.status["restarts"] == 0 and w.status["attempt"] == 2
     assert sorted(d.delete_pods) == [f"tiny-1-{r}" for r in range(4)] and len(d.create_pods) == 4
@@ -205,7 +251,7 @@ def test_active_deadline_fails_the_job():
     w.set_phase("Running")
     w.step(seconds=10)
     assert w.status["phase"] == "Running"
-    running = sorted(w.pods)                # step() removes the deleted pods from w.pods
+    running = sorted(w.pods)  # step() removes the deleted pods from w.pods
     d = w.step(seconds=30)
     assert w.status["phase"] == "Failed" and w.condition("Failed")["reason"] == "DeadlineExceeded"
     assert running and sorted(d.delete_pods) == running and not w.pods
@@ -224,8 +270,11 @@ def test_ttl_after_finished_deletes_the_job_when_due():
 def test_stale_pods_of_old_attempts_are_deleted():
     w = launched(FakeWorld(manifest()))
     stale = dict(next(iter(w.pods.values())))
-    stale["metadata"] = dict(stale["metadata"], name="tiny-0-0",
-                             labels=dict(stale["metadata"]["labels"], **{names.LABEL_ATTEMPT: "0"}))
+    stale["metadata"] = dict(
+        stale["metadata"],
+        name="tiny-0-0",
+        labels=dict(stale["metadata"]["labels"], **{names.LABEL_ATTEMPT: "0"}),
+    )
     w.pods["tiny-0-0"] = stale
     d = w.step()
     assert d.delete_pods == ["tiny-0-0"]
@@ -236,7 +285,7 @@ def test_lost_planned_node_replans_an_unfinished_launch():
     w = FakeWorld(manifest(count=4), nodes)
     w.step()
     first = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
-    w.job["status"]["launched"] = False         # the launch did not finish
+    w.job["status"]["launched"] = False  # the launch did not finish
     gone = first.nodes[0]
     nodes[:] = [n for n in nodes if n["metadata"]["name"] != gone]
     w.step()
@@ -254,15 +303,24 @@ def test_a_deleted_service_is_recreated():
 def test_an_unschedulable_pod_is_named_in_the_ready_condition():
     w = launched(FakeWorld(manifest()))
     w.set_phase("Running", "tiny-1-0", "tiny-1-1", "tiny-1-2")
-    w.pods["tiny-1-3"]["status"] = {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-         "message": "0/6 nodes are available: 1 Insufficient nvidia.com/gpu."}]}
+    w.pods["tiny-1-3"]["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/6 nodes are available: 1 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    }
     w.step()
     msg = w.condition("Ready")["message"]
     assert "3/4 pods running" in msg and "tiny-1-3" in msg and "Insufficient nvidia.com/gpu" in msg
 
 
 # ---- restart back-off -------------------------------------------------------------------------
+
 
 def fail_one(w: FakeWorld, seconds: float = 1.0):
     w.set_phase("Failed", sorted(w.pods)[0], exit_code=3)
@@ -282,18 +340,18 @@ def test_gang_restart_waits_out_the_backoff_before_relaunching():
     assert w.status["phase"] == "Restarting" and w.status["restarts"] == 1 and d.requeue_after == 10
     assert w.status["nextAttemptTime"] == iso(w.now + timedelta(seconds=10)) and not w.pods
     assert "10s back-off" in w.condition("Reconciling")["message"]
-    d = w.step(seconds=4)                                   # still waiting: nothing created
+    d = w.step(seconds=4)  # still waiting: nothing created
     rec = w.condition("Reconciling")
     assert not d.create_pods and d.requeue_after == 6 and w.status["phase"] == "Restarting"
     assert rec["status"] == "True" and rec["reason"] == "RestartBackoff"
     assert w.status["nextAttemptTime"] in rec["message"] and "restart 1" in rec["message"]
-    assert not [e for e in d.events if e.reason == "PodFailed"]      # no repeated Events while waiting
-    del w.job["status"]["nextAttemptTime"]                  # pruned by a CRD schema without the field:
-    assert not w.step(seconds=1).create_pods                # the Reconciling message still says when
-    d = w.step(seconds=5)                                   # due: launch attempt 2
+    assert not [e for e in d.events if e.reason == "PodFailed"]  # no repeated Events while waiting
+    del w.job["status"]["nextAttemptTime"]  # pruned by a CRD schema without the field:
+    assert not w.step(seconds=1).create_pods  # the Reconciling message still says when
+    d = w.step(seconds=5)  # due: launch attempt 2
     assert len(d.create_pods) == 4 and w.status["attempt"] == 2 and "nextAttemptTime" not in w.status
     delays = []
-    for _ in range(3):                                      # 20 s, then capped at 25 s
+    for _ in range(3):  # 20 s, then capped at 25 s
         w.set_phase("Running")
         w.step()
         delays.append(fail_one(w).requeue_after)
@@ -331,9 +389,12 @@ def test_a_spec_edit_during_the_backoff_launches_at_once_but_a_run_policy_edit_d
 
 
 def test_the_deadline_still_fails_a_job_waiting_out_its_backoff():
-    w = launched(FakeWorld(manifest(runPolicy={"backoffLimit": 2, "activeDeadlineSeconds": 30}),
-                           backoff=RestartBackoff(100)))
-    assert fail_one(w).requeue_after == 30 - 1              # started at t=1, failed at t=2: wakes for the deadline
+    w = launched(
+        FakeWorld(
+            manifest(runPolicy={"backoffLimit": 2, "activeDeadlineSeconds": 30}), backoff=RestartBackoff(100)
+        )
+    )
+    assert fail_one(w).requeue_after == 30 - 1  # started at t=1, failed at t=2: wakes for the deadline
     d = w.step(seconds=3)
     assert w.status["phase"] == "Restarting" and d.requeue_after == 30 - 4
     w.step(seconds=d.requeue_after)
@@ -342,6 +403,7 @@ def test_the_deadline_still_fails_a_job_waiting_out_its_backoff():
 
 
 # ---- pods stuck on a lost node ------------------------------------------------------------------
+
 
 def _lose(node: dict, how: str, nodes: list[dict]) -> None:
     if how == "deleted":
@@ -352,13 +414,14 @@ def _lose(node: dict, how: str, nodes: list[dict]) -> None:
         node.setdefault("spec", {})["unschedulable"] = True
 
 
-@pytest.mark.parametrize("how, why", [("deleted", "was deleted"), ("NotReady", "not Ready"),
-                                      ("cordoned", "cordoned")])
+@pytest.mark.parametrize(
+    "how, why", [("deleted", "was deleted"), ("NotReady", "not Ready"), ("cordoned", "cordoned")]
+)
 def test_a_pending_pod_on_a_lost_node_restarts_the_gang_on_the_nodes_left(how, why):
     nodes = with_link_layers(default_nodes())
     w = launched(FakeWorld(manifest(), nodes))
     planned = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes
-    w.set_phase("Running", *[n for n in w.pods if not n.endswith("-2")])     # rank 2 never started
+    w.set_phase("Running", *[n for n in w.pods if not n.endswith("-2")])  # rank 2 never started
     lost = planned[2]
     _lose(next(n for n in nodes if n["metadata"]["name"] == lost), how, nodes)
     d = w.step()

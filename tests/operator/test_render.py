@@ -1,23 +1,29 @@
 """Pure rendering: a planned attempt's ConfigMap, Service and pods as objects."""
+
 from __future__ import annotations
 
 import yaml
 
+from holmes.contract import JobSpec, Layout
 from holmes.operator import names
-from holmes.operator.planning import node_network
+from holmes.operator.planning import ClusterPlanner
 from holmes.operator.render import JobRef, RenderSettings, build_configmap, build_pod, build_service
 from holmes.plan import plan
-from holmes.plan.layout import Layout
-from opfixtures import default_nodes, manifest, with_link_layers
+from tests.operator.opfixtures import default_nodes, manifest, with_link_layers
 
 SETTINGS = RenderSettings(image="img:1", master_port=29511, metrics_port=9411)
 REF = JobRef("tiny", "ns", 3, "spechash", "modelhash")
+PLANNER = ClusterPlanner.with_mapping()
 
 
 def planned(count=6, gpus=2, **spec):
     nodes = with_link_layers(default_nodes())
-    job = manifest(count=count, gpus=gpus, training={"globalBatchSize": 24, "microBatchSize": 1, "iterations": 5,
-                                                      "learningRate": 1.0e-3}, **spec)
+    job = manifest(
+        count=count,
+        gpus=gpus,
+        training={"globalBatchSize": 24, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
+        **spec,
+    )
     layout = plan(nodes, job)
     return {n["metadata"]["name"]: n for n in nodes}, layout, job
 
@@ -25,10 +31,22 @@ def planned(count=6, gpus=2, **spec):
 def pod_for(rank, template=None, count=6):
     nodes, layout, job = planned(count=count)
     node = nodes[layout.nodes[rank]]
-    net = node_network(node)
-    return build_pod(REF, layout, rank, nic=net.nic, rdma_resource=net.rdma_resource, nccl_env=net.env,
-                     template=template if template is not None else job["spec"].get("template"),
-                     settings=SETTINGS, hostname_label=node["metadata"]["labels"]["kubernetes.io/hostname"]), layout, node
+    net = PLANNER.network(node)
+    return (
+        build_pod(
+            REF,
+            layout,
+            rank,
+            nic=net.nic,
+            rdma_resource=net.rdma_resource,
+            nccl_env=net.env,
+            template=template if template is not None else job["spec"].get("template"),
+            settings=SETTINGS,
+            hostname_label=node["metadata"]["labels"]["kubernetes.io/hostname"],
+        ),
+        layout,
+        node,
+    )
 
 
 def env_of(pod):
@@ -38,17 +56,19 @@ def env_of(pod):
 def rank_of_kind(kind):
     nodes, layout, _ = planned()
     for r, n in enumerate(layout.nodes):
-        if node_network(nodes[n]).nic == kind:
+        if PLANNER.network(nodes[n]).nic == kind:
             return r
     raise AssertionError(f"no {kind} node in {layout.nodes}")
 
 
 def test_configmap_holds_the_layout_and_the_spec():
     _, layout, job = planned()
-    cm = build_configmap(REF, layout, job["spec"])
+    cm = build_configmap(REF, layout, JobSpec.from_manifest(job))
     assert Layout.from_json(cm["data"]["layout.json"]) == layout
     doc = yaml.safe_load(cm["data"]["job.yaml"])
-    assert doc["kind"] == "HolmesJob" and doc["spec"] == job["spec"]
+    # the typed spec, defaults filled in: the trainer reads the job the operator planned
+    assert doc["kind"] == "HolmesJob" and JobSpec.from_spec(doc["spec"]) == JobSpec.from_manifest(job)
+    assert doc["spec"]["training"]["activationRecompute"] is True
     assert cm["metadata"]["name"] == "tiny-layout"
     assert cm["metadata"]["annotations"][names.ANN_ATTEMPT] == "3"
 
@@ -63,8 +83,12 @@ def test_headless_service_selects_the_jobs_pods():
 def test_pod_is_pinned_by_required_node_affinity_and_named_for_rendezvous():
     pod, layout, node = pod_for(2)
     spec = pod["spec"]
-    term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-    assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "In", "values": [layout.nodes[2]]}]
+    term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]
+    assert term["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [layout.nodes[2]]}
+    ]
     assert "nodeName" not in spec
     assert pod["metadata"]["name"] == spec["hostname"] == "tiny-3-2" and spec["subdomain"] == "tiny"
     assert spec["restartPolicy"] == "Never"
@@ -124,10 +148,17 @@ def test_user_template_fields_are_respected():
             "priorityClassName": "high",
             "containers": [
                 {"name": "sidecar", "image": "busybox"},
-                {"name": "trainer", "image": "mine:2", "args": ["--iterations", "3"],
-                 "env": [{"name": "NCCL_IB_DISABLE", "value": "1"}, {"name": "EXTRA", "value": "x"}],
-                 "resources": {"limits": {"nvidia.com/gpu": 8, "memory": "64Gi"}, "requests": {"cpu": "4"}},
-                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+                {
+                    "name": "trainer",
+                    "image": "mine:2",
+                    "args": ["--iterations", "3"],
+                    "env": [{"name": "NCCL_IB_DISABLE", "value": "1"}, {"name": "EXTRA", "value": "x"}],
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": 8, "memory": "64Gi"},
+                        "requests": {"cpu": "4"},
+                    },
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                },
             ],
         },
     }
@@ -141,9 +172,11 @@ def test_user_template_fields_are_respected():
     assert sidecar == {"name": "sidecar", "image": "busybox"}
     assert trainer["image"] == "mine:2" and trainer["command"][-2:] == ["--iterations", "3"]
     env = [e for e in trainer["env"] if e["name"] == "NCCL_IB_DISABLE"]
-    assert env == [{"name": "NCCL_IB_DISABLE", "value": "1"}]          # the user's value wins, once
+    assert env == [{"name": "NCCL_IB_DISABLE", "value": "1"}]  # the user's value wins, once
     assert {"name": "EXTRA", "value": "x"} in trainer["env"]
-    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 8 and trainer["resources"]["requests"] == {"cpu": "4"}
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 8 and trainer["resources"]["requests"] == {
+        "cpu": "4"
+    }
     assert {"name": "data", "mountPath": "/data"} in trainer["volumeMounts"]
     assert "data" in {v["name"] for v in spec["volumes"]}
 
@@ -151,7 +184,9 @@ def test_user_template_fields_are_respected():
 def test_default_image_and_user_command_override():
     pod, _, _ = pod_for(0, template={})
     assert pod["spec"]["containers"][0]["image"] == "img:1"
-    pod, _, _ = pod_for(0, template={"spec": {"containers": [{"name": "trainer", "command": ["sleep", "1"]}]}})
+    pod, _, _ = pod_for(
+        0, template={"spec": {"containers": [{"name": "trainer", "command": ["sleep", "1"]}]}}
+    )
     assert pod["spec"]["containers"][0]["command"] == ["sleep", "1"]
 
 
@@ -167,17 +202,26 @@ def test_a_port_range_gives_each_attempt_its_own_ports():
     from dataclasses import replace
 
     from holmes.operator.render import job_ports
+
     ranged = replace(SETTINGS, port_range=(20000, 29999))
     a1 = job_ports(REF, ranged)
     a2 = job_ports(replace(REF, attempt=4), ranged)
     assert a1 != a2 and all(20000 <= p <= 29999 for p in a1 + a2) and a1[1] == a1[0] + 1
-    assert job_ports(REF, ranged) == a1                      # stable across operator restarts
+    assert job_ports(REF, ranged) == a1  # stable across operator restarts
     assert job_ports(REF, SETTINGS) == (29511, 9411)
     assert "ports" not in build_service(REF, ranged)["spec"]
     nodes, layout, job = planned()
-    net = node_network(nodes[layout.nodes[0]])
-    pod = build_pod(REF, layout, 0, nic=net.nic, rdma_resource=net.rdma_resource, nccl_env=net.env,
-                    template={}, settings=ranged)
+    net = PLANNER.network(nodes[layout.nodes[0]])
+    pod = build_pod(
+        REF,
+        layout,
+        0,
+        nic=net.nic,
+        rdma_resource=net.rdma_resource,
+        nccl_env=net.env,
+        template={},
+        settings=ranged,
+    )
     env = env_of(pod)
     assert env["MASTER_PORT"] == str(a1[0]) and env["HOLMES_METRICS_PORT"] == str(a1[1])
     assert f"--master-port={a1[0]}" in pod["spec"]["containers"][0]["command"]

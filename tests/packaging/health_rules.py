@@ -9,13 +9,14 @@
   by a Lua 5.1 interpreter (Argo CD embeds gopher-lua, a Lua 5.1) with ``obj`` set the way Argo CD
   sets it.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
 
 import yaml
 
-from packaging_helpers import GITOPS
+from tests.packaging.packaging_helpers import GITOPS
 
 ARGOCD_CM = GITOPS / "argocd" / "argocd-cm-health.yaml"
 ARGOCD_KEY = "resource.customizations.health.holmes.dev_HolmesJob"
@@ -27,7 +28,10 @@ def kstatus(obj: dict) -> tuple[str, str]:
         return "Terminating", "Resource scheduled for deletion"
     gen, observed = meta.get("generation"), status.get("observedGeneration")
     if gen is not None and observed is not None and observed != gen:
-        return "InProgress", f"{obj.get('kind')} generation is {gen}, but latest observed generation is {observed}"
+        return (
+            "InProgress",
+            f"{obj.get('kind')} generation is {gen}, but latest observed generation is {observed}",
+        )
     for c in status.get("conditions") or []:
         if c.get("type") == "Reconciling" and c.get("status") == "True":
             return "InProgress", c.get("message", "")

@@ -1,4 +1,5 @@
 """Shared helpers for the packaging tests: where things are, running helm, rendering the chart."""
+
 from __future__ import annotations
 
 import os
@@ -29,13 +30,22 @@ def helm_path() -> str:
     raise RuntimeError("helm not found: run hack/build-k8s.sh (make test does) or set HELM=/path/to/helm")
 
 
-def run(cmd: list[str], *, check: bool = True, timeout: float = 300, env: dict | None = None,
-        input: str | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input,
-                          env={**os.environ, **(env or {})})
+def run(
+    cmd: list[str],
+    *,
+    check: bool = True,
+    timeout: float = 300,
+    env: dict | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, input=input, env={**os.environ, **(env or {})}
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n"
-                             f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -50,11 +60,15 @@ def set_args(values: dict[str, str] | None) -> list[str]:
     return out
 
 
-def render(values: dict[str, str] | None = None, *, namespace: str = "holmes-system",
-           release: str = "holmes", extra: list[str] = ()) -> list[dict]:
+def render(
+    values: dict[str, str] | None = None,
+    *,
+    namespace: str = "holmes-system",
+    release: str = "holmes",
+    extra: list[str] = (),
+) -> list[dict]:
     """`helm template` of the chart, parsed into a list of objects."""
-    out = helm("template", release, str(CHART), "--namespace", namespace,
-               *set_args(values), *extra).stdout
+    out = helm("template", release, str(CHART), "--namespace", namespace, *set_args(values), *extra).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 

@@ -9,6 +9,7 @@ The operator serves only this module's job namespace (watch.allNamespaces=false)
 touches other tests' jobs; the release lives in a namespace of its own, so the per-namespace
 Role really is created outside the release namespace.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,9 @@ import pytest
 import yaml
 
 from holmes.operator import names
-
-from health_rules import argocd, kstatus
-from packaging_helpers import CHART, CRDS, cache_bin, helm, run
-from polling import wait_for
+from tests.packaging.health_rules import argocd, kstatus
+from tests.packaging.packaging_helpers import CHART, CRDS, cache_bin, helm, run
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -54,8 +54,9 @@ class Env:
         self.trainer_metrics_port = free_port()
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None):
-        return run([str(cache_bin() / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-                   check=check, input=input)
+        return run(
+            [str(cache_bin() / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args], check=check, input=input
+        )
 
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
@@ -64,13 +65,27 @@ class Env:
         return helm(*args, "--kubeconfig", self.kubeconfig, check=check, timeout=timeout)
 
     def values(self) -> list[str]:
-        return ["--set", "watch.allNamespaces=false", "--set", f"watch.namespaces={{{self.job_ns}}}",
-                "--set", f"liveness.port={self.liveness_port}", "--set", f"metrics.port={self.metrics_port}",
-                "--set", "liveness.initialDelaySeconds=1",
-                "--set", f"trainer.masterPort={self.master_port}",
-                "--set", f"trainer.metricsPort={self.trainer_metrics_port}",
-                # the default topology advertises some RDMA nodes through NFD labels only
-                "--set", "nics.clusterRdmaKinds.east=infiniband", "--set", "nics.clusterRdmaKinds.west=roce"]
+        return [
+            "--set",
+            "watch.allNamespaces=false",
+            "--set",
+            f"watch.namespaces={{{self.job_ns}}}",
+            "--set",
+            f"liveness.port={self.liveness_port}",
+            "--set",
+            f"metrics.port={self.metrics_port}",
+            "--set",
+            "liveness.initialDelaySeconds=1",
+            "--set",
+            f"trainer.masterPort={self.master_port}",
+            "--set",
+            f"trainer.metricsPort={self.trainer_metrics_port}",
+            # the default topology advertises some RDMA nodes through NFD labels only
+            "--set",
+            "nics.clusterRdmaKinds.east=infiniband",
+            "--set",
+            "nics.clusterRdmaKinds.west=roce",
+        ]
 
     def wait_for(self, what: str, fn, timeout: float = 180, every: float = 1.0):
         return wait_for(what, fn, timeout, every)
@@ -85,8 +100,14 @@ def env(cluster):
     # its ownership metadata names this release.
     if e.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0:
         e.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
-        e.kubectl("annotate", "--overwrite", "crd", CRD_NAME, f"meta.helm.sh/release-name={e.release}",
-                  f"meta.helm.sh/release-namespace={e.release_ns}")
+        e.kubectl(
+            "annotate",
+            "--overwrite",
+            "crd",
+            CRD_NAME,
+            f"meta.helm.sh/release-name={e.release}",
+            f"meta.helm.sh/release-namespace={e.release_ns}",
+        )
     yield e
     e.helm("uninstall", e.release, "-n", e.release_ns, "--wait", check=False)
     e.kubectl("delete", "namespace", e.release_ns, e.job_ns, "--wait=false", check=False)
@@ -97,9 +118,21 @@ def env(cluster):
 def tiny_job(name: str, **overrides) -> dict:
     spec = {
         "model": {"layers": 2, "hiddenSize": 32, "attentionHeads": 2, "seqLength": 16, "vocabSize": 64},
-        "training": {"globalBatchSize": 4, "microBatchSize": 1, "iterations": 3, "learningRate": 1e-3,
-                     "seed": 1, "data": {"synthetic": {}}},
-        "parallelism": {"tensor": 1, "pipeline": 2, "data": 1, "partition": "uniform", "nicSelection": "auto"},
+        "training": {
+            "globalBatchSize": 4,
+            "microBatchSize": 1,
+            "iterations": 3,
+            "learningRate": 1e-3,
+            "seed": 1,
+            "data": {"synthetic": {}},
+        },
+        "parallelism": {
+            "tensor": 1,
+            "pipeline": 2,
+            "data": 1,
+            "partition": "uniform",
+            "nicSelection": "auto",
+        },
         "nodes": {"count": 2, "gpusPerNode": 1},
         "runPolicy": {"backoffLimit": 0},
     }
@@ -109,7 +142,12 @@ def tiny_job(name: str, **overrides) -> dict:
         for k in keys[:-1]:
             node = node.setdefault(k, {})
         node[keys[-1]] = value
-    return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "holmes.dev/v1alpha1",
+        "kind": "HolmesJob",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
 def apply_job(env: Env, job: dict) -> None:
@@ -128,6 +166,7 @@ def operator_pod(env: Env) -> dict | None:
 
 # ---- install -------------------------------------------------------------------------------
 
+
 def test_template_applies_with_server_side_dry_run(env):
     out = helm("template", env.release, str(CHART), "-n", env.release_ns, *env.values()).stdout
     res = env.kubectl("apply", "--dry-run=server", "-f", "-", input=out)
@@ -136,8 +175,18 @@ def test_template_applies_with_server_side_dry_run(env):
 
 
 def test_helm_install_wait_runs_the_operator_pod(env):
-    res = env.helm("install", env.release, str(CHART), "-n", env.release_ns, *env.values(),
-                   "--wait", "--timeout", "3m", timeout=240)
+    res = env.helm(
+        "install",
+        env.release,
+        str(CHART),
+        "-n",
+        env.release_ns,
+        *env.values(),
+        "--wait",
+        "--timeout",
+        "3m",
+        timeout=240,
+    )
     notes = res.stdout.split("NOTES:", 1)[1]
     assert f"rollout status deployment/{env.fullname}" in notes and env.job_ns in notes
     dep = env.get("deployment", env.fullname, "-n", env.release_ns)
@@ -149,15 +198,19 @@ def test_helm_install_wait_runs_the_operator_pod(env):
     role = env.get("role", env.fullname, "-n", env.job_ns)
     assert role["metadata"]["labels"]["app.kubernetes.io/instance"] == env.release
     # the operator's liveness endpoint answers (the agent runs no probes, so ask it ourselves)
-    env.wait_for("the liveness endpoint", lambda: http_ok(f"http://127.0.0.1:{env.liveness_port}/healthz"),
-                 timeout=60)
-    metrics = env.wait_for("the metrics endpoint", lambda: http_ok(f"http://127.0.0.1:{env.metrics_port}/metrics"))
+    env.wait_for(
+        "the liveness endpoint", lambda: http_ok(f"http://127.0.0.1:{env.liveness_port}/healthz"), timeout=60
+    )
+    metrics = env.wait_for(
+        "the metrics endpoint", lambda: http_ok(f"http://127.0.0.1:{env.metrics_port}/metrics")
+    )
     assert "holmes_jobs" in metrics
 
 
 def http_ok(url: str) -> str | None:
     import urllib.error
     import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             return r.read().decode() or "ok" if r.status == 200 else None
@@ -199,17 +252,20 @@ BASELINE = {"selfsubjectaccessreviews.authorization.k8s.io", "selfsubjectrulesre
 def granted(env: Env, ns: str) -> set[tuple[str, str]]:
     """(resource, verb) the operator's service account may use in namespace ns, as the
     apiserver's own authorizer lists them."""
-    return parse_can_i(env.kubectl("auth", "can-i", "--list", "-n", ns,
-                                   f"--as=system:serviceaccount:{env.release_ns}:{env.fullname}").stdout)
+    return parse_can_i(
+        env.kubectl(
+            "auth", "can-i", "--list", "-n", ns, f"--as=system:serviceaccount:{env.release_ns}:{env.fullname}"
+        ).stdout
+    )
 
 
 def parse_can_i(out: str) -> set[tuple[str, str]]:
     perms = set()
     for line in out.splitlines()[1:]:
         cols = line.split()
-        if not cols or cols[0] in BASELINE or cols[0].startswith("["):      # non-resource URLs
+        if not cols or cols[0] in BASELINE or cols[0].startswith("["):  # non-resource URLs
             continue
-        verbs = line[line.rindex("[") + 1:line.rindex("]")].split()
+        verbs = line[line.rindex("[") + 1 : line.rindex("]")].split()
         perms |= {(cols[0], v) for v in verbs}
     return perms
 
@@ -217,8 +273,9 @@ def parse_can_i(out: str) -> set[tuple[str, str]]:
 def test_operator_may_do_exactly_what_it_needs(env):
     assert granted(env, env.job_ns) == set(NEEDED)
     # outside the served namespace: only the cluster-scoped reads
-    assert granted(env, env.release_ns) == {k for k in NEEDED
-                                            if k[0].split(".")[0] in ("nodes", "customresourcedefinitions", "namespaces")}
+    assert granted(env, env.release_ns) == {
+        k for k in NEEDED if k[0].split(".")[0] in ("nodes", "customresourcedefinitions", "namespaces")
+    }
 
 
 def sa_kubeconfig(env: Env, tmp_path: Path) -> str:
@@ -226,6 +283,7 @@ def sa_kubeconfig(env: Env, tmp_path: Path) -> str:
     sa = env.get("serviceaccount", env.fullname, "-n", env.release_ns)
     secret = env.get("secret", sa["secrets"][0]["name"], "-n", env.release_ns)
     import base64
+
     token = base64.b64decode(secret["data"]["token"]).decode()
     cfg = yaml.safe_load(Path(env.kubeconfig).read_text())
     cfg["users"] = [{"name": "operator", "user": {"token": token}}]
@@ -243,15 +301,18 @@ def test_a_forbidden_call_is_refused(env, tmp_path):
     run(kubectl + ["get", "pods", "-n", env.job_ns])
     run(kubectl + ["get", "nodes"])
     # refused: secrets, nodes writes, pods outside the served namespaces, pod exec
-    for args in (["get", "secrets", "-n", env.job_ns],
-                 ["label", "node", "ib-0", "x=y"],
-                 ["get", "pods", "-n", env.release_ns],
-                 ["delete", "holmesjobs", "--all", "-n", env.release_ns]):
+    for args in (
+        ["get", "secrets", "-n", env.job_ns],
+        ["label", "node", "ib-0", "x=y"],
+        ["get", "pods", "-n", env.release_ns],
+        ["delete", "holmesjobs", "--all", "-n", env.release_ns],
+    ):
         proc = run(kubectl + args, check=False)
         assert proc.returncode != 0 and "Forbidden" in proc.stderr, (args, proc.stderr)
 
 
 # ---- jobs driven by the chart-installed operator, read by GitOps health rules ---------------
+
 
 def pod_logs(env: Env, cluster, job: str) -> str:
     """The tail of each trainer pod's log, for failure messages."""
@@ -266,27 +327,46 @@ def pod_logs(env: Env, cluster, job: str) -> str:
 
 def test_finished_job_succeeds_and_reads_healthy(env, cluster):
     apply_job(env, tiny_job("done", runPolicy__ttlSecondsAfterFinished=8))
-    obj = env.wait_for("HolmesJob done to succeed",
-                       lambda: (lambda o: o if o.get("status", {}).get("phase") in ("Succeeded", "Failed") else None)(
-                           job_obj(env, "done")), timeout=300)
-    assert obj["status"]["phase"] == "Succeeded", \
+    obj = env.wait_for(
+        "HolmesJob done to succeed",
+        lambda: (lambda o: o if o.get("status", {}).get("phase") in ("Succeeded", "Failed") else None)(
+            job_obj(env, "done")
+        ),
+        timeout=300,
+    )
+    assert obj["status"]["phase"] == "Succeeded", (
         json.dumps(obj["status"].get("conditions"), indent=1)[:2000] + "\n" + pod_logs(env, cluster, "done")
+    )
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     assert kstatus(obj)[0] == "Current"
     assert argocd(obj)[0] == "Healthy"
     events = env.get("events", "-n", env.job_ns, "--field-selector", "involvedObject.name=done")["items"]
     assert any(e["reason"] == "AllPodsSucceeded" or "Succeeded" in e.get("message", "") for e in events)
     # ttlSecondsAfterFinished: the operator deletes the finished job (holmesjobs delete)
-    env.wait_for("the finished job to be deleted after its TTL", lambda: env.kubectl(
-        "get", "holmesjob", "done", "-n", env.job_ns, check=False).returncode != 0, timeout=60)
+    env.wait_for(
+        "the finished job to be deleted after its TTL",
+        lambda: env.kubectl("get", "holmesjob", "done", "-n", env.job_ns, check=False).returncode != 0,
+        timeout=60,
+    )
 
 
 def test_stalled_job_reads_failed_and_degraded(env):
     # hiddenSize 30 is not divisible by 4 heads: the schema cannot say so, the operator does
     apply_job(env, tiny_job("bad", model__hiddenSize=30, model__attentionHeads=4))
-    obj = env.wait_for("HolmesJob bad to stall", lambda: (lambda o: o if any(
-        c["type"] == "Stalled" and c["status"] == "True" for c in o.get("status", {}).get("conditions", [])) else None)(
-        job_obj(env, "bad")), timeout=60)
+    obj = env.wait_for(
+        "HolmesJob bad to stall",
+        lambda: (
+            lambda o: (
+                o
+                if any(
+                    c["type"] == "Stalled" and c["status"] == "True"
+                    for c in o.get("status", {}).get("conditions", [])
+                )
+                else None
+            )
+        )(job_obj(env, "bad")),
+        timeout=60,
+    )
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     state, message = kstatus(obj)
     assert state == "Failed" and "not divisible" in message
@@ -296,30 +376,64 @@ def test_stalled_job_reads_failed_and_degraded(env):
 
 def test_running_job_reads_current_and_progressing_then_suspend_and_resume(env):
     apply_job(env, tiny_job("long", training__iterations=100000))
-    obj = env.wait_for("HolmesJob long to run", lambda: (lambda o: o if o.get("status", {}).get("phase") == "Running"
-                                                           else None)(job_obj(env, "long")), timeout=120)
+    obj = env.wait_for(
+        "HolmesJob long to run",
+        lambda: (lambda o: o if o.get("status", {}).get("phase") == "Running" else None)(
+            job_obj(env, "long")
+        ),
+        timeout=120,
+    )
     assert kstatus(obj)[0] == "Current"
     assert argocd(obj)[0] == "Progressing"
     assert len(env.get("pods", "-n", env.job_ns, "-l", f"{names.LABEL_JOB}=long")["items"]) == 2
     # an edit the operator has not seen yet reads InProgress / Progressing (observedGeneration)
-    env.kubectl("patch", "holmesjob", "long", "-n", env.job_ns, "--type=merge",
-                "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    env.kubectl(
+        "patch",
+        "holmesjob",
+        "long",
+        "-n",
+        env.job_ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":true}}}',
+    )
     obj = job_obj(env, "long")
     if obj["status"].get("observedGeneration") != obj["metadata"]["generation"]:
         assert kstatus(obj)[0] == "InProgress" and argocd(obj)[0] == "Progressing"
     # suspend deletes the pods (pods delete) ...
-    obj = env.wait_for("HolmesJob long to be suspended", lambda: (lambda o: o if o.get("status", {}).get(
-        "phase") == "Suspended" else None)(job_obj(env, "long")), timeout=60)
+    obj = env.wait_for(
+        "HolmesJob long to be suspended",
+        lambda: (lambda o: o if o.get("status", {}).get("phase") == "Suspended" else None)(
+            job_obj(env, "long")
+        ),
+        timeout=60,
+    )
     assert argocd(obj)[0] == "Suspended"
-    env.wait_for("the suspended job's pods to go", lambda: not env.get(
-        "pods", "-n", env.job_ns, "-l", f"{names.LABEL_JOB}=long")["items"], timeout=60)
+    env.wait_for(
+        "the suspended job's pods to go",
+        lambda: not env.get("pods", "-n", env.job_ns, "-l", f"{names.LABEL_JOB}=long")["items"],
+        timeout=60,
+    )
     # ... resume plans again and replaces the layout ConfigMap (configmaps update)
     cm = names.layout_configmap_name("long")
     cm_before = env.get("configmap", cm, "-n", env.job_ns)["metadata"]["resourceVersion"]
-    env.kubectl("patch", "holmesjob", "long", "-n", env.job_ns, "--type=merge",
-                "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
-    env.wait_for("HolmesJob long to run again", lambda: (lambda o: o if o.get("status", {}).get("phase") == "Running"
-                                                           else None)(job_obj(env, "long")), timeout=120)
+    env.kubectl(
+        "patch",
+        "holmesjob",
+        "long",
+        "-n",
+        env.job_ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":false}}}',
+    )
+    env.wait_for(
+        "HolmesJob long to run again",
+        lambda: (lambda o: o if o.get("status", {}).get("phase") == "Running" else None)(
+            job_obj(env, "long")
+        ),
+        timeout=120,
+    )
     assert env.get("configmap", cm, "-n", env.job_ns)["metadata"]["resourceVersion"] != cm_before
     env.kubectl("delete", "holmesjob", "long", "-n", env.job_ns, "--wait=true", "--timeout=60s")
 
@@ -327,8 +441,9 @@ def test_running_job_reads_current_and_progressing_then_suspend_and_resume(env):
 def test_operator_logged_no_forbidden_call(env, cluster):
     log = operator_log(env, cluster)
     assert log, "the operator pod's log was not found"
-    assert "Forbidden" not in log and " 403" not in log, \
-        [line for line in log.splitlines() if "Forbidden" in line or " 403" in line][:5]
+    assert "Forbidden" not in log and " 403" not in log, [
+        line for line in log.splitlines() if "Forbidden" in line or " 403" in line
+    ][:5]
 
 
 def operator_log(env: Env, cluster) -> str:
@@ -340,25 +455,47 @@ def operator_log(env: Env, cluster) -> str:
 
 # ---- upgrade and uninstall ------------------------------------------------------------------
 
+
 def test_helm_upgrade_changes_a_value_and_the_crd(env, tmp_path):
     chart = tmp_path / "holmes"
     shutil.copytree(CHART, chart)
     crd_file = next((chart / "files" / "crds").glob("*.yaml"))
     crd = yaml.safe_load(crd_file.read_text())
     crd["spec"]["versions"][0].setdefault("additionalPrinterColumns", []).append(
-        {"name": "Upgraded", "type": "string", "jsonPath": ".metadata.name"})
+        {"name": "Upgraded", "type": "string", "jsonPath": ".metadata.name"}
+    )
     crd_file.write_text(yaml.safe_dump(crd))
     old_pod = operator_pod(env)["metadata"]["name"]
-    env.helm("upgrade", env.release, str(chart), "-n", env.release_ns, *env.values(),
-             "--set", "logLevel=debug", "--wait", "--timeout", "3m", timeout=240)
+    env.helm(
+        "upgrade",
+        env.release,
+        str(chart),
+        "-n",
+        env.release_ns,
+        *env.values(),
+        "--set",
+        "logLevel=debug",
+        "--wait",
+        "--timeout",
+        "3m",
+        timeout=240,
+    )
     live = env.get("crd", CRD_NAME)
     assert "Upgraded" in [c["name"] for c in live["spec"]["versions"][0]["additionalPrinterColumns"]]
     dep = env.get("deployment", env.fullname, "-n", env.release_ns)
     assert "--log-level=debug" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
     # Recreate: the old operator pod is gone before the new one runs; one operator at a time
-    pod = env.wait_for("the new operator pod", lambda: (lambda p: p if p and p["metadata"]["name"] != old_pod
-                                                        and p["status"].get("phase") == "Running" else None)(
-        operator_pod(env)), timeout=120)
+    pod = env.wait_for(
+        "the new operator pod",
+        lambda: (
+            lambda p: (
+                p
+                if p and p["metadata"]["name"] != old_pod and p["status"].get("phase") == "Running"
+                else None
+            )
+        )(operator_pod(env)),
+        timeout=120,
+    )
     assert "--log-level=debug" in pod["spec"]["containers"][0]["args"]
 
 
@@ -366,11 +503,25 @@ def test_helm_uninstall_leaves_only_the_kept_crd(env):
     apply_job(env, tiny_job("left", runPolicy__suspend=True))
     env.helm("uninstall", env.release, "-n", env.release_ns, "--wait", timeout=180)
     # the Deployment's pod goes through garbage collection (ReplicaSet, then pod)
-    env.wait_for("the operator pod to go", lambda: not env.get(
-        "pods", "-n", env.release_ns, "-l", f"app.kubernetes.io/instance={env.release}")["items"], timeout=90)
+    env.wait_for(
+        "the operator pod to go",
+        lambda: (
+            not env.get("pods", "-n", env.release_ns, "-l", f"app.kubernetes.io/instance={env.release}")[
+                "items"
+            ]
+        ),
+        timeout=90,
+    )
     instance = f"app.kubernetes.io/instance={env.release}"
-    leftovers = env.kubectl("get", "all,serviceaccounts,configmaps,roles,rolebindings,clusterroles,"
-                            "clusterrolebindings,crd", "-A", "-l", instance, "-o", "name").stdout.split()
+    leftovers = env.kubectl(
+        "get",
+        "all,serviceaccounts,configmaps,roles,rolebindings,clusterroles,clusterrolebindings,crd",
+        "-A",
+        "-l",
+        instance,
+        "-o",
+        "name",
+    ).stdout.split()
     assert leftovers == [f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}"]
     crd = env.get("crd", CRD_NAME)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -379,11 +530,21 @@ def test_helm_uninstall_leaves_only_the_kept_crd(env):
 
 
 def test_reinstall_adopts_the_kept_crd_and_restores_it(env):
-    env.helm("install", env.release, str(CHART), "-n", env.release_ns, *env.values(),
-             "--wait", "--timeout", "3m", timeout=240)
+    env.helm(
+        "install",
+        env.release,
+        str(CHART),
+        "-n",
+        env.release_ns,
+        *env.values(),
+        "--wait",
+        "--timeout",
+        "3m",
+        timeout=240,
+    )
     live = env.get("crd", CRD_NAME)
     cols = [c["name"] for c in live["spec"]["versions"][0].get("additionalPrinterColumns", [])]
-    assert "Upgraded" not in cols      # back to crds/ as the chart carries it
+    assert "Upgraded" not in cols  # back to crds/ as the chart carries it
     src = yaml.safe_load((CRDS / "holmesjob.yaml").read_text())
     assert live["spec"]["versions"][0]["schema"] == src["spec"]["versions"][0]["schema"]
     env.kubectl("delete", "holmesjob", "--all", "-n", env.job_ns, "--wait=true", "--timeout=60s")
@@ -402,5 +563,12 @@ def test_cluster_wide_rbac_grants_the_same_calls_in_every_namespace(env):
             out = env.kubectl("auth", "can-i", "--list", "-n", ns, sa).stdout
             assert parse_can_i(out) == expected
     finally:
-        env.kubectl("delete", "-f", "-", input=helm("template", rel, str(CHART), "-n", env.release_ns,
-                                                     "--show-only", "templates/rbac.yaml").stdout, check=False)
+        env.kubectl(
+            "delete",
+            "-f",
+            "-",
+            input=helm(
+                "template", rel, str(CHART), "-n", env.release_ns, "--show-only", "templates/rbac.yaml"
+            ).stdout,
+            check=False,
+        )

@@ -1,11 +1,12 @@
 """The Helm chart without a cluster: lint, what it renders for each setting, and that
 values.schema.json turns wrong values into clear errors."""
+
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from packaging_helpers import CHART, by_kind, helm, one, render
+from tests.packaging.packaging_helpers import CHART, by_kind, helm, one, render
 
 
 def test_helm_lint_strict():
@@ -14,8 +15,17 @@ def test_helm_lint_strict():
 
 
 def test_lint_with_every_optional_part_on():
-    helm("lint", "--strict", str(CHART), "--set", "metrics.serviceMonitor.enabled=true",
-         "--set", "watch.allNamespaces=false", "--set", "watch.namespaces={team-a,team-b}")
+    helm(
+        "lint",
+        "--strict",
+        str(CHART),
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "watch.allNamespaces=false",
+        "--set",
+        "watch.namespaces={team-a,team-b}",
+    )
 
 
 def operator_pod(docs):
@@ -25,8 +35,16 @@ def operator_pod(docs):
 def test_defaults_one_replica_recreate_and_the_pieces():
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole",
-                            "ClusterRoleBinding", "Service", "Deployment"])
+    assert kinds == sorted(
+        [
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Service",
+            "Deployment",
+        ]
+    )
     dep = one(docs, "Deployment")
     assert dep["spec"]["replicas"] == 1
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
@@ -48,8 +66,16 @@ def test_pod_security_standard_restricted():
     psc = pod.get("securityContext", {})
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
     for vol in pod.get("volumes", []):
-        assert set(vol) - {"name"} <= {"emptyDir", "configMap", "secret", "projected", "downwardAPI",
-                                        "persistentVolumeClaim", "ephemeral", "csi"}, vol
+        assert set(vol) - {"name"} <= {
+            "emptyDir",
+            "configMap",
+            "secret",
+            "projected",
+            "downwardAPI",
+            "persistentVolumeClaim",
+            "ephemeral",
+            "csi",
+        }, vol
     for c in pod["containers"]:
         sc = c.get("securityContext", {})
         assert sc.get("allowPrivilegeEscalation") is False
@@ -60,7 +86,7 @@ def test_pod_security_standard_restricted():
         assert sc.get("runAsUser", psc.get("runAsUser", 1)) != 0
         seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {}))
         assert seccomp.get("type") in ("RuntimeDefault", "Localhost")
-        assert sc.get("readOnlyRootFilesystem") is True   # beyond the profile: asked by the design
+        assert sc.get("readOnlyRootFilesystem") is True  # beyond the profile: asked by the design
         assert not any(p.get("hostPort") for p in c.get("ports", []))
 
 
@@ -71,7 +97,11 @@ def test_watch_namespaces_gives_roles_per_namespace_and_flags():
     assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == ["team-a", "team-b"]
     # the ClusterRole keeps only cluster-scoped reads
     cr = one(docs, "ClusterRole")
-    assert {r for rule in cr["rules"] for r in rule["resources"]} == {"nodes", "customresourcedefinitions", "namespaces"}
+    assert {r for rule in cr["rules"] for r in rule["resources"]} == {
+        "nodes",
+        "customresourcedefinitions",
+        "namespaces",
+    }
     args = operator_pod(docs)["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     assert "--all-namespaces" not in args
@@ -92,15 +122,23 @@ def test_rbac_has_no_wildcards_and_no_secret_access():
 
 
 def test_values_flow_into_the_pod():
-    docs = render({
-        "image.repository": "reg.example/holmes-operator", "image.tag": "1.2.3",
-        "trainer.image.repository": "reg.example/holmes-trainer",
-        "trainer.image.digest": "sha256:" + "a" * 64,
-        "logLevel": "debug", "extraEnv[0].name": "FOO", "extraEnv[0].value": "bar",
-        "nodeSelector.pool": "system", "tolerations[0].key": "dedicated",
-        "tolerations[0].operator": "Exists", "resources.limits.memory": "1Gi",
-        "priorityClassName": "system-cluster-critical", "extraArgs[0]": "--verbose",
-    })
+    docs = render(
+        {
+            "image.repository": "reg.example/holmes-operator",
+            "image.tag": "1.2.3",
+            "trainer.image.repository": "reg.example/holmes-trainer",
+            "trainer.image.digest": "sha256:" + "a" * 64,
+            "logLevel": "debug",
+            "extraEnv[0].name": "FOO",
+            "extraEnv[0].value": "bar",
+            "nodeSelector.pool": "system",
+            "tolerations[0].key": "dedicated",
+            "tolerations[0].operator": "Exists",
+            "resources.limits.memory": "1Gi",
+            "priorityClassName": "system-cluster-critical",
+            "extraArgs[0]": "--verbose",
+        }
+    )
     pod = operator_pod(docs)
     c = pod["containers"][0]
     assert c["image"] == "reg.example/holmes-operator:1.2.3"
@@ -136,27 +174,53 @@ def test_crd_rendering_switches():
     assert not by_kind(render({"crds.install": "false"}), "CustomResourceDefinition")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--set", "logLevel=verbose"], 'logLevel must be one of the following: "debug", "info", "warning", "error"'),
-    (["--set", "imagee.tag=1"], "Additional property imagee is not allowed"),
-    (["--set", "metrics.port=http"], "metrics.port: Invalid type. Expected: integer, given: string"),
-    (["--set", "liveness.port=70000"], "liveness.port: Must be less than or equal to 65535"),
-    (["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy must be one of the following"),
-    (["--set", "image.digest=latest"], "image.digest: Does not match pattern"),
-    (["--set", "watch.namespaces={Bad_NS}"], "watch.namespaces.0: Does not match pattern"),
-    (["--set", "crds.install=yes"], "crds.install: Invalid type. Expected: boolean, given: string"),
-    (["--set", "extraEnv[0].name=X", "--set", "extraEnv[0].value=1"],
-     "extraEnv.0.value: Invalid type. Expected: string, given: integer"),
-    (["--set", "nics.clusterRdmaKinds.east=ib"], "nics.clusterRdmaKinds.east must be one of the following"),
-    (["--set", "metrics.serviceMonitor.interval=often"], "metrics.serviceMonitor.interval: Does not match pattern"),
-    (["--set", "costModel.gpuPeakTflop=989"], "costModel: Additional property gpuPeakTflop is not allowed"),
-    (["--set-json", 'costModel={"fabric":{"crossClusterGbps":-1}}'],
-     "costModel.fabric.crossClusterGbps: Must be greater than or equal to 0"),
-    (["--set-json", 'costModel={"fabric":{"netEfficiency":{"ib":0.9}}}'],
-     "costModel.fabric.netEfficiency: Additional property ib is not allowed"),
-    (["--set", "costModel.computeEfficiency=0.7"],      # --set keeps decimals as strings: use -f or --set-json
-     "costModel.computeEfficiency: Invalid type. Expected: number, given: string"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--set", "logLevel=verbose"],
+            'logLevel must be one of the following: "debug", "info", "warning", "error"',
+        ),
+        (["--set", "imagee.tag=1"], "Additional property imagee is not allowed"),
+        (["--set", "metrics.port=http"], "metrics.port: Invalid type. Expected: integer, given: string"),
+        (["--set", "liveness.port=70000"], "liveness.port: Must be less than or equal to 65535"),
+        (["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy must be one of the following"),
+        (["--set", "image.digest=latest"], "image.digest: Does not match pattern"),
+        (["--set", "watch.namespaces={Bad_NS}"], "watch.namespaces.0: Does not match pattern"),
+        (["--set", "crds.install=yes"], "crds.install: Invalid type. Expected: boolean, given: string"),
+        (
+            ["--set", "extraEnv[0].name=X", "--set", "extraEnv[0].value=1"],
+            "extraEnv.0.value: Invalid type. Expected: string, given: integer",
+        ),
+        (
+            ["--set", "nics.clusterRdmaKinds.east=ib"],
+            "nics.clusterRdmaKinds.east must be one of the following",
+        ),
+        (
+            ["--set", "metrics.serviceMonitor.interval=often"],
+            "metrics.serviceMonitor.interval: Does not match pattern",
+        ),
+        (
+            ["--set", "costModel.gpuPeakTflop=989"],
+            "costModel: Additional property gpuPeakTflop is not allowed",
+        ),
+        (
+            ["--set-json", 'costModel={"fabric":{"crossClusterGbps":-1}}'],
+            "costModel.fabric.crossClusterGbps: Must be greater than or equal to 0",
+        ),
+        (
+            ["--set-json", 'costModel={"fabric":{"netEfficiency":{"ib":0.9}}}'],
+            "costModel.fabric.netEfficiency: Additional property ib is not allowed",
+        ),
+        (
+            [
+                "--set",
+                "costModel.computeEfficiency=0.7",
+            ],  # --set keeps decimals as strings: use -f or --set-json
+            "costModel.computeEfficiency: Invalid type. Expected: number, given: string",
+        ),
+    ],
+)
 def test_schema_rejects_wrong_values_clearly(args, message):
     proc = helm("template", "r", str(CHART), *args, check=False)
     assert proc.returncode != 0, "a wrong value was accepted"
@@ -175,19 +239,23 @@ def test_service_account_name_required_when_not_created():
 
 def test_values_yaml_documents_every_top_level_key_of_the_schema():
     import json
+
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(values) == set(schema["properties"]) - {"global"}
 
 
-
-COST_MODEL = {"gpuPeakTflops": 989, "computeEfficiency": 0.45, "gradBytes": 2,
-              "fabric": {"crossClusterGbps": 100, "netEfficiency": {"roce": 0.00005}},
-              "nicMapping": {"clusterRdmaKinds": {"east": "infiniband"}, "defaultGbps": {"roce": 400}}}
+COST_MODEL = {
+    "gpuPeakTflops": 989,
+    "computeEfficiency": 0.45,
+    "gradBytes": 2,
+    "fabric": {"crossClusterGbps": 100, "netEfficiency": {"roce": 0.00005}},
+    "nicMapping": {"clusterRdmaKinds": {"east": "infiniband"}, "defaultGbps": {"roce": 400}},
+}
 
 
 def test_cost_model_value_becomes_a_configmap_mounted_and_passed_to_the_operator(tmp_path):
-    from holmes.plan.config_file import from_mapping, load_yaml_text
+    from holmes.plan.costmodel_file import from_mapping, load_yaml_text
 
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"costModel": COST_MODEL}))
@@ -201,7 +269,11 @@ def test_cost_model_value_becomes_a_configmap_mounted_and_passed_to_the_operator
     c = pod["containers"][0]
     assert "--cost-model=/etc/holmes-operator/costmodel.yaml" in c["args"]
     mount = next(m for m in c["volumeMounts"] if m["name"] == "cost-model")
-    assert mount == {"name": "cost-model", "mountPath": "/etc/holmes-operator", "readOnly": True}  # no subPath:
+    assert mount == {
+        "name": "cost-model",
+        "mountPath": "/etc/holmes-operator",
+        "readOnly": True,
+    }  # no subPath:
     # the kubelet then updates the file when the ConfigMap changes, and the operator re-reads it.
     vol = next(v for v in pod["volumes"] if v["name"] == "cost-model")
     assert vol == {"name": "cost-model", "configMap": {"name": "holmes-cost-model"}}
@@ -220,10 +292,11 @@ def test_no_cost_model_renders_nothing_for_it():
 
 
 def test_cost_model_schema_is_the_cost_model_files_schema():
-    """values.schema.json's costModel is holmes.plan.config_file.json_schema(): a PlannerConfig field
+    """values.schema.json's costModel is holmes.plan.costmodel_file.json_schema(): a CostModelConfig field
     added later must be added there too (regenerate it with that function)."""
     import json
-    from holmes.plan.config_file import json_schema
+
+    from holmes.plan.costmodel_file import json_schema
 
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["costModel"]
     assert {k: v for k, v in schema.items() if k != "description"} == json_schema()
@@ -232,10 +305,10 @@ def test_cost_model_schema_is_the_cost_model_files_schema():
 def test_the_whole_print_config_output_is_a_valid_cost_model_value(tmp_path):
     """`holmes plan --print-config` (every key, the defaults) pasted under costModel passes the
     schema and reaches the operator unchanged."""
-    from holmes.plan import PlannerConfig
-    from holmes.plan.config_file import dump_yaml, load_yaml_text
+    from holmes.plan import CostModelConfig
+    from holmes.plan.costmodel_file import dump_yaml, load_yaml_text
 
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"costModel": yaml.safe_load(dump_yaml())}))
     cm = one(render(extra=["-f", str(values)]), "ConfigMap")
-    assert load_yaml_text(cm["data"]["costmodel.yaml"]) == PlannerConfig()
+    assert load_yaml_text(cm["data"]["costmodel.yaml"]) == CostModelConfig()

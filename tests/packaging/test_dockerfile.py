@@ -5,6 +5,7 @@ Parsed with BuildKit's own parser (PyPI `dockerfile`), linted with hadolint (PyP
 be the commands the chart and the operator's pods run; the pinned versions must satisfy
 pyproject.toml.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -12,15 +13,15 @@ import importlib.util
 import re
 import shutil
 import sys
-import tomllib
 from pathlib import Path
 
 import dockerfile
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from packaging_helpers import REPO, dockerignore_excludes, one, render, run
+from tests.packaging.packaging_helpers import REPO, dockerignore_excludes, one, render, run
 
 DOCKERFILE = REPO / "Dockerfile"
 CONSTRAINTS = REPO / "docker" / "constraints.txt"
@@ -174,11 +175,17 @@ def test_trainer_pods_command_runs_in_the_trainer_image():
     scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")}
     assert cmd[0] == "python" or cmd[0] in scripts, f"{cmd[0]} is not provided by any installed package"
     if cmd[0] in scripts:
-        provider = next(d for d in importlib.metadata.distributions()
-                        if any(ep.name == cmd[0] and ep.group == "console_scripts" for ep in d.entry_points))
-        trainer_reqs = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trainer"]
-        assert provider.metadata["Name"].lower() in {Requirement(r).name.lower() for r in trainer_reqs}, \
+        provider = next(
+            d
+            for d in importlib.metadata.distributions()
+            if any(ep.name == cmd[0] and ep.group == "console_scripts" for ep in d.entry_points)
+        )
+        trainer_reqs = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+            "optional-dependencies"
+        ]["trainer"]
+        assert provider.metadata["Name"].lower() in {Requirement(r).name.lower() for r in trainer_reqs}, (
             f"{cmd[0]} comes from {provider.metadata['Name']}, which the trainer image does not install"
+        )
     module = cmd[cmd.index("-m") + 1]
     assert module.startswith("holmes.trainer")
     assert importlib.util.find_spec(module + ".__main__") is not None
@@ -205,5 +212,6 @@ def test_constraints_pin_every_direct_dependency_within_pyproject(group):
     for r in map(Requirement, reqs):
         name = r.name.lower().replace("_", "-")
         assert name in p, f"docker/constraints.txt does not pin {name} (pyproject {group})"
-        assert r.specifier.contains(p[name], prereleases=True), \
+        assert r.specifier.contains(p[name], prereleases=True), (
             f"docker/constraints.txt pins {name}=={p[name]}, outside pyproject's {r}"
+        )

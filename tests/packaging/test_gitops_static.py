@@ -1,5 +1,6 @@
 """GitOps artefacts without a cluster: deploy/ builds with kustomize; the Argo CD and Flux
 examples point at paths that exist and carry values the chart's schema accepts."""
+
 from __future__ import annotations
 
 import shutil
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from packaging_helpers import CHART, DEPLOY, GITOPS, REPO, cache_bin, helm, run
+from tests.packaging.packaging_helpers import CHART, DEPLOY, GITOPS, REPO, cache_bin, helm, run
 
 
 def kubectls() -> list[str]:
@@ -52,7 +53,8 @@ def test_argocd_application():
     docs = helm_values_accepted(src["helm"]["valuesObject"])
     dep = next(d for d in docs if d["kind"] == "Deployment")
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"].startswith(
-        src["helm"]["valuesObject"]["image"]["repository"] + ":")
+        src["helm"]["valuesObject"]["image"]["repository"] + ":"
+    )
     assert "ServerSideApply=true" in app["spec"]["syncPolicy"]["syncOptions"]
 
 

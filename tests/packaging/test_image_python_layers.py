@@ -9,6 +9,7 @@
   gigabytes): torch 2.13.0 must be the CUDA 13 build with its NCCL.
 Both use PyPI, which `make venv` needs anyway.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from packaging_helpers import REPO, dockerignore_excludes, run
+from tests.packaging.packaging_helpers import REPO, dockerignore_excludes, run
 
 CONSTRAINTS = REPO / "docker" / "constraints.txt"
-WHEEL_STAGE_SOURCES = ("pyproject.toml", "README.md", "operator", "trainer")
+WHEEL_STAGE_SOURCES = ("pyproject.toml", "README.md", "contract", "operator", "trainer")
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -47,8 +48,20 @@ def wheel(tmp_path_factory) -> Path:
     build_context(ctx)
     assert not list(ctx.rglob("__pycache__")), ".dockerignore let caches into the build context"
     out = tmp_path_factory.mktemp("wheels")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out),
-         str(ctx)], timeout=300)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(out),
+            str(ctx),
+        ],
+        timeout=300,
+    )
     (whl,) = out.glob("holmes-*.whl")
     return whl
 
@@ -57,36 +70,88 @@ def test_operator_layer_installs_with_the_pins_and_runs(wheel, tmp_path):
     env_dir = tmp_path / "opt-holmes"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
-    run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "-c", str(CONSTRAINTS), str(wheel)], timeout=500)
-    frozen = {line.split("==")[0].lower().replace("_", "-") for line in
-              run([str(py), "-m", "pip", "freeze", "--exclude-editable"]).stdout.splitlines() if "==" in line}
-    assert "torch" not in frozen and "numpy" not in frozen, "the operator image must not carry the trainer's deps"
+    run(
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-c",
+            str(CONSTRAINTS),
+            str(wheel),
+        ],
+        timeout=500,
+    )
+    frozen = {
+        line.split("==")[0].lower().replace("_", "-")
+        for line in run([str(py), "-m", "pip", "freeze", "--exclude-editable"]).stdout.splitlines()
+        if "==" in line
+    }
+    assert "torch" not in frozen and "numpy" not in frozen, (
+        "the operator image must not carry the trainer's deps"
+    )
     assert {"kopf", "kubernetes", "prometheus-client"} <= frozen
     pinned = {line.split("==")[0] for line in CONSTRAINTS.read_text().splitlines() if "==" in line}
     unpinned = frozen - pinned - {"holmes", "pip", "setuptools"}
-    assert not unpinned, f"the operator image installs packages docker/constraints.txt does not pin: {unpinned}"
+    assert not unpinned, (
+        f"the operator image installs packages docker/constraints.txt does not pin: {unpinned}"
+    )
     # the image's ENTRYPOINT, run from the image's venv (outside the repository, so only the
     # installed wheel can be imported)
-    res = subprocess.run([str(py), "-m", "holmes.operator", "--help"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [str(py), "-m", "holmes.operator", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "--all-namespaces" in res.stdout and "--liveness" in res.stdout
     # the chart's NIC labeller DaemonSet runs the same image with another module
-    res = subprocess.run([str(py), "-m", "holmes.labeller", "--help"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [str(py), "-m", "holmes.labeller", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0 and "--sysfs-root" in res.stdout, res.stderr
 
 
 def test_trainer_layer_resolves_for_the_cuda_image(wheel, tmp_path):
     report = tmp_path / "report.json"
     # --isolated: ignore this machine's pip configuration (its local CPU torch wheel)
-    run([sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--quiet", "--ignore-installed",
-         "--report", str(report), "--python-version", "3.12",
-         *[f"--platform=manylinux_2_{v}_x86_64" for v in range(28, 16, -1)], "--platform=manylinux2014_x86_64",
-         "--only-binary=:all:", "--target", str(tmp_path / "t"), "-c", str(CONSTRAINTS),
-         f"{wheel}[trainer]"], timeout=500)
-    got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--isolated",
+            "--dry-run",
+            "--quiet",
+            "--ignore-installed",
+            "--report",
+            str(report),
+            "--python-version",
+            "3.12",
+            *[f"--platform=manylinux_2_{v}_x86_64" for v in range(28, 16, -1)],
+            "--platform=manylinux2014_x86_64",
+            "--only-binary=:all:",
+            "--target",
+            str(tmp_path / "t"),
+            "-c",
+            str(CONSTRAINTS),
+            f"{wheel}[trainer]",
+        ],
+        timeout=500,
+    )
+    got = {
+        i["metadata"]["name"].lower(): i["metadata"]["version"]
+        for i in json.loads(report.read_text())["install"]
+    }
     assert got["torch"] == "2.13.0", got.get("torch")
     assert any(n.startswith("nvidia-nccl") for n in got), "torch from PyPI must bring NCCL"
     assert "holmes" in got and "numpy" in got

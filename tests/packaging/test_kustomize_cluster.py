@@ -1,16 +1,17 @@
 """`kubectl apply -k deploy/` is accepted by the real apiserver (server-side dry run: every
 object is validated and admitted, nothing is persisted, so no second operator starts)."""
+
 from __future__ import annotations
 
 import yaml
 
-from packaging_helpers import DEPLOY
+from tests.packaging.packaging_helpers import DEPLOY
 
 
 def test_apply_k_deploy_server_dry_run(cluster):
     ns = yaml.safe_load((DEPLOY / "namespace.yaml").read_text())["metadata"]["name"]
     created = cluster.kubectl("get", "namespace", ns, check=False).returncode != 0
-    if created:   # namespaced objects can only be dry-run into a namespace that exists
+    if created:  # namespaced objects can only be dry-run into a namespace that exists
         cluster.kubectl("create", "namespace", ns)
     try:
         out = cluster.kubectl("apply", "-k", str(DEPLOY), "--dry-run=server").stdout
@@ -21,6 +22,13 @@ def test_apply_k_deploy_server_dry_run(cluster):
     built = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(DEPLOY)).stdout) if d]
     assert len(lines) == len(built), out
     assert all("(server dry run)" in line for line in lines), out
-    for kind in ("namespace", "customresourcedefinition", "serviceaccount", "clusterrole",
-                 "clusterrolebinding", "service", "deployment"):
+    for kind in (
+        "namespace",
+        "customresourcedefinition",
+        "serviceaccount",
+        "clusterrole",
+        "clusterrolebinding",
+        "service",
+        "deployment",
+    ):
         assert any(line.startswith(kind) for line in lines), (kind, out)

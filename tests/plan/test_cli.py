@@ -56,8 +56,39 @@ def test_bad_inputs_exit_non_zero_with_a_message(tmp_path, capsys):
 
 
 def test_console_script_runs_without_kubernetes_or_torch_imported():
-    code = ("import sys; from holmes.cli import main; rc = main(['plan', '--nodes', %r, '--job', %r]);"
-            "assert 'kubernetes' not in sys.modules and 'torch' not in sys.modules; sys.exit(rc)") % (NODES, JOB)
+    code = (
+        "import sys; from holmes.cli import main; "
+        f"rc = main(['plan', '--nodes', {NODES!r}, '--job', {JOB!r}]);"
+        "assert 'kubernetes' not in sys.modules and 'torch' not in sys.modules; sys.exit(rc)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "why:" in r.stdout
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`holmes plan ... | head -1`: the reader goes away; no BrokenPipeError traceback."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "holmes.cli", "plan", "--nodes", NODES, "--job", JOB, "--compare"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    p.stdout.close()  # like `head` exiting before the plan is printed
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_node_lists_in_json_skip_the_yaml_parser(tmp_path, monkeypatch):
+    """kubectl get nodes -o json: parsed by the json module (a 15,000-node dump is ~100 MB)."""
+    from holmes.cli import load_nodes
+
+    nodes = load_nodes(NODES)
+    path = tmp_path / "nodes.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+
+    def no_yaml(*a, **k):
+        raise AssertionError("the YAML parser ran on a JSON file")
+
+    monkeypatch.setattr(yaml, "load_all", no_yaml)
+    assert load_nodes(str(path)) == nodes

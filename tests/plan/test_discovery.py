@@ -2,13 +2,20 @@ import pytest
 
 from holmes.plan import NicMapping, classify_node, nccl_env
 from holmes.plan.discovery import NodeNic
-
-from plan_helpers import node
+from tests.plan.plan_helpers import node
 
 
 def test_holmes_labels_win_with_speed_cluster_and_hcas():
-    n = classify_node(node("a", "InfiniBand", "east", gbps=400, labels={"holmes.dev/nic-hcas": "mlx5_0.mlx5_1"},
-                           allocatable={"rdma/rdma_shared_device_a": "1k"}))
+    n = classify_node(
+        node(
+            "a",
+            "InfiniBand",
+            "east",
+            gbps=400,
+            labels={"holmes.dev/nic-hcas": "mlx5_0.mlx5_1"},
+            allocatable={"rdma/rdma_shared_device_a": "1k"},
+        )
+    )
     assert (n.nic, n.gbps, n.cluster, n.gpus, n.source) == ("infiniband", 400.0, "east", 8, "holmes-labels")
     assert n.hcas == ("mlx5_0", "mlx5_1") and n.rdma_resource == "rdma/rdma_shared_device_a"
     assert n.island == "east/infiniband" and n.usable and n.gbps_source == "label"
@@ -18,7 +25,10 @@ def test_nfd_needs_a_kind_and_says_so():
     nfd = {"feature.node.kubernetes.io/rdma.capable": "true"}
     n = classify_node(node("b", labels=nfd))
     assert n.source == "nfd" and not n.usable
-    assert "advertises RDMA (label feature.node.kubernetes.io/rdma.capable=true) but no InfiniBand/RoCE kind" in n.problems[0]
+    assert (
+        "advertises RDMA (label feature.node.kubernetes.io/rdma.capable=true) but no InfiniBand/RoCE kind"
+        in n.problems[0]
+    )
     assert "holmes.dev/nic" in n.problems[0]
     roce = classify_node(node("b", labels={**nfd, "holmes.dev/link-layer": "Ethernet"}))
     assert roce.nic == "roce" and roce.usable and roce.gbps == NicMapping().gbps_for("roce")
@@ -34,8 +44,10 @@ def test_device_plugin_resource_alone_is_rdma_without_kind():
     assert n.source == "device-plugin" and n.rdma_resource == "rdma/hca" and n.problems
     zero = classify_node(node("c", allocatable={"rdma/hca": "0"}))
     assert zero.source == "no-rdma" and zero.nic == "ethernet" and zero.rdma_resource is None
-    sriov = classify_node(node("c", allocatable={"nvidia.com/sriov_rdma": "4"}),
-                          NicMapping(rdma_resource_names=("nvidia.com/sriov_rdma",), rdma_default_kind="roce"))
+    sriov = classify_node(
+        node("c", allocatable={"nvidia.com/sriov_rdma": "4"}),
+        NicMapping(rdma_resource_names=("nvidia.com/sriov_rdma",), rdma_default_kind="roce"),
+    )
     assert sriov.nic == "roce" and sriov.rdma_resource == "nvidia.com/sriov_rdma"
 
 
@@ -51,18 +63,32 @@ def test_plain_node_is_ethernet_and_contradictions_are_reported():
 def test_readiness_cordon_and_custom_cluster_label():
     assert not classify_node(node("h", "roce", ready=False)).usable
     assert not classify_node(node("h", "roce", unschedulable=True)).usable
-    n = classify_node(node("i", "roce", labels={"topology/zone": "z1"}), NicMapping(cluster_label="topology/zone"))
+    n = classify_node(
+        node("i", "roce", labels={"topology/zone": "z1"}), NicMapping(cluster_label="topology/zone")
+    )
     assert n.cluster == "z1"
     assert classify_node(node("j", "roce")).cluster == "default"
 
 
 def test_nccl_env_per_kind_never_sets_nccl_net():
-    ib = classify_node(node("a", "infiniband", annotations={"holmes.dev/nic-hcas": "mlx5_0,mlx5_3",
-                                                            "holmes.dev/socket-ifname": "bond0"}))
-    assert nccl_env(ib) == {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0,mlx5_3", "NCCL_SOCKET_IFNAME": "bond0"}
+    ib = classify_node(
+        node(
+            "a",
+            "infiniband",
+            annotations={"holmes.dev/nic-hcas": "mlx5_0,mlx5_3", "holmes.dev/socket-ifname": "bond0"},
+        )
+    )
+    assert nccl_env(ib) == {
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_IB_HCA": "mlx5_0,mlx5_3",
+        "NCCL_SOCKET_IFNAME": "bond0",
+    }
     assert nccl_env("roce") == {"NCCL_IB_DISABLE": "0", "NCCL_IB_GID_INDEX": "3"}
     assert nccl_env("roce", gid_index=5, hcas=["mlx5_2"])["NCCL_IB_GID_INDEX"] == "5"
-    assert nccl_env("ethernet", socket_ifname="eth0") == {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"}
+    assert nccl_env("ethernet", socket_ifname="eth0") == {
+        "NCCL_IB_DISABLE": "1",
+        "NCCL_SOCKET_IFNAME": "eth0",
+    }
     for kind in ("infiniband", "roce", "ethernet"):
         assert "NCCL_NET" not in nccl_env(kind)
     with pytest.raises(ValueError, match="NCCL_NET"):
@@ -75,9 +101,11 @@ def test_nccl_env_per_kind_never_sets_nccl_net():
 def test_nic_problem_from_the_labeller_makes_a_node_unusable_unless_the_kind_is_labelled():
     nfd = {"feature.node.kubernetes.io/rdma.capable": "true"}
     msg = "InfiniBand and RoCE ports are both ACTIVE"
-    n = classify_node(node("m", labels=nfd, annotations={"holmes.dev/nic-problem": msg}),
-                      NicMapping(rdma_default_kind="infiniband"))
+    n = classify_node(
+        node("m", labels=nfd, annotations={"holmes.dev/nic-problem": msg}),
+        NicMapping(rdma_default_kind="infiniband"),
+    )
     assert not n.usable and n.problems == (f"holmes.dev/nic-problem: {msg}",)
     fixed = classify_node(node("m", "roce", labels=nfd, annotations={"holmes.dev/nic-problem": msg}))
     assert fixed.usable and fixed.nic == "roce"
-    assert classify_node(node("m", labels={"holmes.dev/nic-problem": "x"})).problems   # label form too
+    assert classify_node(node("m", labels={"holmes.dev/nic-problem": "x"})).problems  # label form too

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from holmes.plan.jobspec import (AUTO, JobSpec, LabelSelector, SelectorRequirement, SpecError)
+from holmes.contract.jobspec import AUTO, JobSpec, LabelSelector, SelectorRequirement, SpecError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "gpt-7b.yaml"
 
@@ -48,7 +48,13 @@ def test_documented_defaults_and_round_trip():
     assert (job.training.seed, job.training.weight_decay, job.training.grad_clip) == (1234, 0.01, 1.0)
     assert job.training.checkpoint is None and job.training.data.synthetic
     p = job.parallelism
-    assert (p.tensor, p.pipeline, p.data, p.partition, p.nic_selection) == (1, "auto", "auto", "adaptive", "auto")
+    assert (p.tensor, p.pipeline, p.data, p.partition, p.nic_selection) == (
+        1,
+        "auto",
+        "auto",
+        "adaptive",
+        "auto",
+    )
     assert job.nodes.cluster_label == "holmes.dev/cluster" and job.nodes.selector is None
     assert job.run_policy.backoff_limit == 3 and job.run_policy.ttl_seconds_after_finished is None
     spec = job.to_spec()
@@ -61,14 +67,24 @@ def test_documented_defaults_and_round_trip():
 def test_round_trip_of_explicit_partition_path_data_and_expressions():
     spec = minimal_spec(
         parallelism={"pipeline": 2, "partition": [5, 3], "nicSelection": "off"},
-        nodes={"count": 2, "gpusPerNode": 4, "selector": {"matchExpressions": [
-            {"key": "pool", "operator": "In", "values": ["a", "b"]}, {"key": "bad", "operator": "DoesNotExist"}]}},
+        nodes={
+            "count": 2,
+            "gpusPerNode": 4,
+            "selector": {
+                "matchExpressions": [
+                    {"key": "pool", "operator": "In", "values": ["a", "b"]},
+                    {"key": "bad", "operator": "DoesNotExist"},
+                ]
+            },
+        },
     )
     spec["training"]["data"] = {"path": "/data/tokens.bin"}
     job = JobSpec.from_spec(spec)
     assert job.parallelism.explicit_partition == (5, 3)
     assert job.training.data.path == "/data/tokens.bin" and not job.training.data.synthetic
-    assert job.nodes.selector.matches({"pool": "b"}) and not job.nodes.selector.matches({"pool": "b", "bad": "1"})
+    assert job.nodes.selector.matches({"pool": "b"}) and not job.nodes.selector.matches(
+        {"pool": "b", "bad": "1"}
+    )
     assert JobSpec.from_spec(job.to_spec()) == job
 
 
@@ -106,28 +122,68 @@ def test_all_problems_in_one_message():
     spec["training"]["data"] = {"synthetic": {}, "path": "/x"}
     with pytest.raises(SpecError) as e:
         JobSpec.from_spec(spec)
-    assert "2 problems" in str(e.value) and "spec.nodes.count" in str(e.value) and "exactly one" in str(e.value)
+    assert (
+        "2 problems" in str(e.value) and "spec.nodes.count" in str(e.value) and "exactly one" in str(e.value)
+    )
 
 
-@pytest.mark.parametrize("change, expected", [
-    (lambda s: s["model"].update(attentionHeads=7), "hiddenSize: 256 is not divisible by attentionHeads 7"),
-    (lambda s: s["training"].update(globalBatchSize=15), "globalBatchSize: 15 is not divisible by microBatchSize 2"),
-    (lambda s: s.update(parallelism={"tensor": 3}), "tensor: 3 must divide nodes.gpusPerNode 4"),
-    (lambda s: s.update(parallelism={"pipeline": 9}), "only 8 layers"),
-    (lambda s: s.update(parallelism={"pipeline": 2, "partition": [4, 3]}), "sum to 7 but model.layers is 8"),
-    (lambda s: s.update(parallelism={"pipeline": 3, "partition": [4, 4]}), "lists 2 stages but pipeline is 3"),
-    (lambda s: s.update(parallelism={"partition": [4, 0, 4]}), "partition[1]: must be a positive integer"),
-    (lambda s: s.update(parallelism={"partition": "even"}), "must be adaptive, uniform or a list"),
-    (lambda s: s.update(parallelism={"tensor": 1, "pipeline": 2, "data": 2}), "tensor*pipeline*data = 4 but the job has"),
-    (lambda s: s.update(parallelism={"pipeline": 3}), "pipeline = 3 does not divide the job's 8 GPUs"),
-    (lambda s: (s["training"].update(globalBatchSize=8), s.update(parallelism={"data": 8, "pipeline": 1})),
-     "not divisible by data*microBatchSize = 8*2"),
-    (lambda s: s.update(parallelism={"nicSelection": "manual"}), "nicSelection: must be one of auto, off"),
-    (lambda s: s["training"].update(warmupIterations=11), "warmupIterations: 11 exceeds iterations 10"),
-    (lambda s: s["nodes"].update(selector={"matchExpressions": [{"key": "a", "operator": "In"}]}), "needs at least one value"),
-    (lambda s: s["nodes"].update(selector={"matchLabels": {"gpu": True}}), "label values must be strings"),
-    (lambda s: s["training"].update(checkpoint={"path": "/c"}), "checkpoint.intervalIterations: required"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (
+            lambda s: s["model"].update(attentionHeads=7),
+            "hiddenSize: 256 is not divisible by attentionHeads 7",
+        ),
+        (
+            lambda s: s["training"].update(globalBatchSize=15),
+            "globalBatchSize: 15 is not divisible by microBatchSize 2",
+        ),
+        (lambda s: s.update(parallelism={"tensor": 3}), "tensor: 3 must divide nodes.gpusPerNode 4"),
+        (lambda s: s.update(parallelism={"pipeline": 9}), "only 8 layers"),
+        (
+            lambda s: s.update(parallelism={"pipeline": 2, "partition": [4, 3]}),
+            "sum to 7 but model.layers is 8",
+        ),
+        (
+            lambda s: s.update(parallelism={"pipeline": 3, "partition": [4, 4]}),
+            "lists 2 stages but pipeline is 3",
+        ),
+        (
+            lambda s: s.update(parallelism={"partition": [4, 0, 4]}),
+            "partition[1]: must be a positive integer",
+        ),
+        (lambda s: s.update(parallelism={"partition": "even"}), "must be adaptive, uniform or a list"),
+        (
+            lambda s: s.update(parallelism={"tensor": 1, "pipeline": 2, "data": 2}),
+            "tensor*pipeline*data = 4 but the job has",
+        ),
+        (lambda s: s.update(parallelism={"pipeline": 3}), "pipeline = 3 does not divide the job's 8 GPUs"),
+        (
+            lambda s: (
+                s["training"].update(globalBatchSize=8),
+                s.update(parallelism={"data": 8, "pipeline": 1}),
+            ),
+            "not divisible by data*microBatchSize = 8*2",
+        ),
+        (
+            lambda s: s.update(parallelism={"nicSelection": "manual"}),
+            "nicSelection: must be one of auto, off",
+        ),
+        (lambda s: s["training"].update(warmupIterations=11), "warmupIterations: 11 exceeds iterations 10"),
+        (
+            lambda s: s["nodes"].update(selector={"matchExpressions": [{"key": "a", "operator": "In"}]}),
+            "needs at least one value",
+        ),
+        (
+            lambda s: s["nodes"].update(selector={"matchLabels": {"gpu": True}}),
+            "label values must be strings",
+        ),
+        (
+            lambda s: s["training"].update(checkpoint={"path": "/c"}),
+            "checkpoint.intervalIterations: required",
+        ),
+    ],
+)
 def test_cross_field_and_value_checks(change, expected):
     spec = copy.deepcopy(minimal_spec())
     change(spec)
@@ -146,8 +202,10 @@ def test_manifest_header_is_checked():
 
 
 def test_selector_semantics():
-    sel = LabelSelector(match_labels=(("a", "1"),), match_expressions=(
-        SelectorRequirement("b", "NotIn", ("x",)), SelectorRequirement("c", "Exists")))
+    sel = LabelSelector(
+        match_labels=(("a", "1"),),
+        match_expressions=(SelectorRequirement("b", "NotIn", ("x",)), SelectorRequirement("c", "Exists")),
+    )
     assert sel.matches({"a": "1", "c": ""})
     assert sel.matches({"a": "1", "b": "y", "c": "z"})
     assert not sel.matches({"a": "1", "b": "x", "c": "z"})
@@ -164,7 +222,7 @@ def test_specs_are_frozen():
 
 def test_activation_recompute_defaults_on_round_trips_and_is_strict():
     job = JobSpec.from_spec(minimal_spec())
-    assert job.training.activation_recompute is True            # the paper's / Megatron-at-scale setting
+    assert job.training.activation_recompute is True  # the paper's / Megatron-at-scale setting
     assert job.to_spec()["training"]["activationRecompute"] is True
     spec = minimal_spec()
     spec["training"]["activationRecompute"] = False
@@ -172,6 +230,9 @@ def test_activation_recompute_defaults_on_round_trips_and_is_strict():
     assert off.training.activation_recompute is False and off != job
     assert off.to_spec()["training"]["activationRecompute"] is False
     assert JobSpec.from_spec(off.to_spec()) == off
-    for bad in ("false", 0, 1, "yes"):                          # booleans only, like the API server's schema
+    for bad in ("false", 0, 1, "yes"):  # booleans only, like the API server's schema
         spec["training"]["activationRecompute"] = bad
-        assert any(p.startswith("spec.training.activationRecompute: must be true or false") for p in problems_of(spec))
+        assert any(
+            p.startswith("spec.training.activationRecompute: must be true or false")
+            for p in problems_of(spec)
+        )

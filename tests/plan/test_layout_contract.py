@@ -2,17 +2,23 @@ import json
 
 import pytest
 
-from holmes.plan.layout import GroupFamily, Layout, LayoutError, Stage
+from holmes.contract.layout import GroupFamily, Layout, LayoutError, Stage
 
 
 def two_stage_layout(**kw) -> Layout:
     args = dict(
-        tensor=1, pipeline=2, data=4, gpus_per_node=2,
+        tensor=1,
+        pipeline=2,
+        data=4,
+        gpus_per_node=2,
         nodes=("ib-0", "ib-1", "roce-0", "roce-1"),
-        stages=(Stage(0, (0, 5), "east/infiniband", "infiniband", "IB"),
-                Stage(1, (5, 8), "west/roce", "roce", "IB")),
+        stages=(
+            Stage(0, (0, 5), "east/infiniband", "infiniband", "IB"),
+            Stage(1, (5, 8), "west/roce", "roce", "IB"),
+        ),
         groups=(GroupFamily("dp", "IB", 0), GroupFamily("dp", "IB", 1), GroupFamily("pp", "Socket")),
-        micro_batch_size=2, micro_batches=4,
+        micro_batch_size=2,
+        micro_batches=4,
     )
     args.update(kw)
     return Layout(**args)
@@ -38,16 +44,32 @@ def test_json_round_trip_is_lossless():
     assert json.loads(text)["worldSize"] == 8
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(data=3), "ranks"),
-    (dict(nodes=("a", "a", "b", "c")), "twice"),
-    (dict(stages=(Stage(0, (0, 5), "e", "infiniband", "IB"), Stage(1, (6, 8), "w", "roce", "IB"))), "must start at 5"),
-    (dict(stages=(Stage(0, (0, 5), "e", "infiniband", "IB"), Stage(1, (5, 8), "w", "myrinet", "IB"))), "nic"),
-    (dict(groups=(GroupFamily("dp", "IB", 7),)), "stage"),
-    # one stage has no first/last pair: the groups would list each rank twice
-    (dict(pipeline=1, data=8, stages=(Stage(0, (0, 8), "e", "infiniband", "IB"),),
-          groups=(GroupFamily("dp", "IB", 0), GroupFamily("embedding", "IB"))), "pipeline > 1"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(data=3), "ranks"),
+        (dict(nodes=("a", "a", "b", "c")), "twice"),
+        (
+            dict(stages=(Stage(0, (0, 5), "e", "infiniband", "IB"), Stage(1, (6, 8), "w", "roce", "IB"))),
+            "must start at 5",
+        ),
+        (
+            dict(stages=(Stage(0, (0, 5), "e", "infiniband", "IB"), Stage(1, (5, 8), "w", "myrinet", "IB"))),
+            "nic",
+        ),
+        (dict(groups=(GroupFamily("dp", "IB", 7),)), "stage"),
+        # one stage has no first/last pair: the groups would list each rank twice
+        (
+            dict(
+                pipeline=1,
+                data=8,
+                stages=(Stage(0, (0, 8), "e", "infiniband", "IB"),),
+                groups=(GroupFamily("dp", "IB", 0), GroupFamily("embedding", "IB")),
+            ),
+            "pipeline > 1",
+        ),
+    ],
+)
 def test_broken_layouts_are_refused_with_the_reason(change, message):
     with pytest.raises(LayoutError, match=message):
         two_stage_layout(**change)

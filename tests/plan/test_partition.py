@@ -1,7 +1,8 @@
 import itertools
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from holmes.plan.partition import PartitionError, adaptive, bottleneck, check_explicit, uniform
 
@@ -48,7 +49,7 @@ def test_faster_stage_gets_more_layers_and_is_deterministic():
     costs = [lambda n: 1.0 * n, lambda n: 1.4 * n]
     assert adaptive(costs, 48) == (28, 20)
     assert adaptive(costs, 48) == adaptive(costs, 48)
-    assert adaptive([lambda n: n, lambda n: n], 5) == (3, 2)      # tie goes to the lower stage
+    assert adaptive([lambda n: n, lambda n: n], 5) == (3, 2)  # tie goes to the lower stage
 
 
 def test_uniform_and_explicit():

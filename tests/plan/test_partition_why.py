@@ -1,43 +1,49 @@
 """The 'why' lines on the partition come from the cost model's numbers, on several topologies."""
+
 import pytest
 
-from holmes.plan import PlannerConfig, plan
+from holmes.plan import CostModelConfig, plan
 from holmes.plan.costmodel import estimate_pipeline, iteration_seconds
-from holmes.plan.planner import as_job, search, select_nodes
 from holmes.plan.partition_why import _s, breakdown, move, partition_lines
-
-from plan_helpers import job_spec, node, paper_nodes
+from holmes.plan.planner import as_job, search, select_nodes
+from tests.plan.plan_helpers import job_spec, node, paper_nodes
 
 
 def best_of(nodes, spec, cfg=None):
-    cfg = cfg or PlannerConfig()
+    cfg = cfg or CostModelConfig()
     job = as_job(spec)
     best, _ = search(select_nodes(nodes, job, cfg), job, cfg)
     return best
 
 
 def ib_eth():
-    return ([node(f"ib-{i}", "infiniband", "east") for i in range(4)]
-            + [node(f"eth-{i}", "ethernet", "west") for i in range(4)])
+    return [node(f"ib-{i}", "infiniband", "east") for i in range(4)] + [
+        node(f"eth-{i}", "ethernet", "west") for i in range(4)
+    ]
 
 
 def three_islands():
-    return ([node(f"ib-{i}", "infiniband", "east") for i in range(2)]
-            + [node(f"roce-{i}", "roce", "west") for i in range(2)]
-            + [node(f"eth-{i}", "ethernet", "south") for i in range(2)])
+    return (
+        [node(f"ib-{i}", "infiniband", "east") for i in range(2)]
+        + [node(f"roce-{i}", "roce", "west") for i in range(2)]
+        + [node(f"eth-{i}", "ethernet", "south") for i in range(2)]
+    )
 
 
 def why(layout):
-    return layout.explanation[layout.explanation.index("why:") + 1:]
+    return layout.explanation[layout.explanation.index("why:") + 1 :]
 
 
-@pytest.mark.parametrize("nodes, spec", [
-    (paper_nodes(), job_spec()),
-    (ib_eth(), job_spec(pipeline=2)),
-    (three_islands(), job_spec(count=6, B=1536, pipeline=3)),
-    (paper_nodes(), job_spec(pipeline=4)),
-    ([node(f"n{i}", "infiniband", "east") for i in range(8)], job_spec(pipeline=8)),
-])
+@pytest.mark.parametrize(
+    "nodes, spec",
+    [
+        (paper_nodes(), job_spec()),
+        (ib_eth(), job_spec(pipeline=2)),
+        (three_islands(), job_spec(count=6, B=1536, pipeline=3)),
+        (paper_nodes(), job_spec(pipeline=4)),
+        ([node(f"n{i}", "infiniband", "east") for i in range(8)], job_spec(pipeline=8)),
+    ],
+)
 def test_breakdown_adds_up_to_the_cost_models_estimate(nodes, spec):
     c = best_of(nodes, spec)
     b = breakdown(c.costs, c.layers)
@@ -91,12 +97,16 @@ def test_paper_topology_explains_the_equal_split():
     mv = move(c.costs, c.layers, 1, 0).after
     steady, tail = mv.steady - cur.steady, mv.tail - cur.tail
     assert steady > 0 > tail and steady > -tail
-    assert mv.step_stage == 0 and cur.tail_stage == 1 and cur.window[1] > 0    # RoCE hides part behind the drain
+    assert (
+        mv.step_stage == 0 and cur.tail_stage == 1 and cur.window[1] > 0
+    )  # RoCE hides part behind the drain
     sub = next(x for x in lines if x.startswith("  - one layer from stage 1 to stage 0 (19/17)"))
     assert f"steady state +{_s(steady)}" in sub and f"DP tail -{_s(-tail)}" in sub
     assert f"hiding window {_s(cur.window[1])}" in sub
-    assert any("this is the uniform split" in x and "next-best single-layer move: stage 1 -> 0 (19/17)" in x
-               for x in lines)
+    assert any(
+        "this is the uniform split" in x and "next-best single-layer move: stage 1 -> 0 (19/17)" in x
+        for x in lines
+    )
 
 
 def test_three_islands_and_long_pipelines():
@@ -105,7 +115,10 @@ def test_three_islands_and_long_pipelines():
     eth = next(s for s in lay.stages if s.nic == "ethernet")
     ib = next(s for s in lay.stages if s.nic == "infiniband")
     assert eth.num_layers < ib.num_layers
-    assert any(x.startswith(f"- stage {eth.index} on south/ethernet gets {eth.num_layers} of 36 layers") for x in lines)
+    assert any(
+        x.startswith(f"- stage {eth.index} on south/ethernet gets {eth.num_layers} of 36 layers")
+        for x in lines
+    )
     # middle stages pay p2p on both sides: the step line says so in layers' worth
     assert any("p2p in, p2p out" in x and "layers' worth" in x for x in lines)
     same = plan([node(f"n{i}", "infiniband", "east") for i in range(8)], job_spec(pipeline=8))
@@ -115,8 +128,11 @@ def test_three_islands_and_long_pipelines():
 def test_a_fixed_partition_names_the_faster_neighbour():
     lay = plan(ib_eth(), job_spec(pipeline=2, partition="uniform"))
     lines = why(lay)
-    assert any("a faster neighbour exists: one layer from stage 1 to stage 0 (19/17)" in x
-               and "(the job fixes the partition)" in x for x in lines)
+    assert any(
+        "a faster neighbour exists: one layer from stage 1 to stage 0 (19/17)" in x
+        and "(the job fixes the partition)" in x
+        for x in lines
+    )
 
 
 def test_single_stage_and_many_stages_stay_short_and_fast():

@@ -1,22 +1,27 @@
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from holmes.plan import InsufficientNodes, JobSpec, Layout, PlanError, PlannerConfig, compare, explain, plan
-from holmes.plan.costmodel import ModelCost, tflops_per_gpu
+from holmes.contract import JobSpec, Layout, ModelCost
+from holmes.contract.flops import tflops_per_gpu
+from holmes.plan import CostModelConfig, InsufficientNodes, PlanError, compare, explain, plan
 from holmes.plan.discovery import NodeNic
-
-from plan_helpers import job_spec, node, paper_nodes
+from tests.plan.plan_helpers import job_spec, node, paper_nodes
 
 
 def test_paper_formula_gives_196_8():
     m = ModelCost.of(JobSpec.from_spec(job_spec()).model)
     # 96 samples/s on 64 GPUs: one iteration of 96 samples takes 1 s
-    assert tflops_per_gpu(m, 96, 1.0, 64, recompute=True) == pytest.approx(196.8, abs=0.05)
+    assert tflops_per_gpu(m.flops_per_iteration(96, recompute=True), 1.0, 64) == pytest.approx(
+        196.8, abs=0.05
+    )
     tied = job_spec()
     tied["model"]["tiedEmbeddings"] = True
-    assert 7.4e9 < ModelCost.of(JobSpec.from_spec(tied).model).total_params < 7.5e9    # "GPT 7.4B", Megatron ties
+    assert (
+        7.4e9 < ModelCost.of(JobSpec.from_spec(tied).model).total_params < 7.5e9
+    )  # "GPT 7.4B", Megatron ties
     assert m.total_params - ModelCost.of(JobSpec.from_spec(tied).model).total_params == 50257 * 4096
 
 
@@ -36,8 +41,9 @@ def test_paper_topology_keeps_dp_on_rdma_and_beats_megatron_default():
 
 
 def test_faster_stage_gets_more_layers_when_dp_is_slow():
-    nodes = ([node(f"ib-{i}", "infiniband", "east") for i in range(4)]
-             + [node(f"eth-{i}", "ethernet", "west") for i in range(4)])
+    nodes = [node(f"ib-{i}", "infiniband", "east") for i in range(4)] + [
+        node(f"eth-{i}", "ethernet", "west") for i in range(4)
+    ]
     lay = plan(nodes, job_spec(pipeline=2))
     by_nic = {s.nic: s.num_layers for s in lay.stages}
     assert by_nic["infiniband"] > by_nic["ethernet"]
@@ -57,8 +63,10 @@ def test_explicit_partition_and_fixed_degrees_are_honoured():
 
 
 def test_insufficient_nodes_names_what_is_there_and_why():
-    nodes = paper_nodes()[:3] + [node("small", "roce", "west", gpus=4),
-                                 node("broken", labels={"feature.node.kubernetes.io/rdma.capable": "true"})]
+    nodes = paper_nodes()[:3] + [
+        node("small", "roce", "west", gpus=4),
+        node("broken", labels={"feature.node.kubernetes.io/rdma.capable": "true"}),
+    ]
     with pytest.raises(InsufficientNodes) as e:
         plan(nodes, job_spec(count=4))
     msg = str(e.value)
@@ -70,12 +78,15 @@ def test_insufficient_nodes_names_what_is_there_and_why():
         plan(paper_nodes(), spec)
 
 
-@pytest.mark.parametrize("par, B, mb, expected", [
-    ({"pipeline": 2, "data": 32}, 2048, 4, None),
-    ({"data": 64}, 100, 1, "not divisible by data\\*microBatchSize = 64\\*1; use a multiple of 64"),
-    ({"tensor": 1, "pipeline": 1}, 100, 1, "not divisible by data\\*microBatchSize = 64"),
-    ({"pipeline": 8}, 64, 4, "micro-batches per iteration < 8 stages"),
-])
+@pytest.mark.parametrize(
+    "par, B, mb, expected",
+    [
+        ({"pipeline": 2, "data": 32}, 2048, 4, None),
+        ({"data": 64}, 100, 1, "not divisible by data\\*microBatchSize = 64\\*1; use a multiple of 64"),
+        ({"tensor": 1, "pipeline": 1}, 100, 1, "not divisible by data\\*microBatchSize = 64"),
+        ({"pipeline": 8}, 64, 4, "micro-batches per iteration < 8 stages"),
+    ],
+)
 def test_impossible_degrees_explain_the_fix(par, B, mb, expected):
     spec = job_spec(B=B, mb=mb, **par)
     if expected is None:
@@ -83,7 +94,9 @@ def test_impossible_degrees_explain_the_fix(par, B, mb, expected):
         return
     with pytest.raises(PlanError, match=expected) as e:
         plan(paper_nodes(), spec)
-    assert ("fix" in str(e.value) or "use a multiple" in str(e.value)) and not isinstance(e.value, InsufficientNodes)
+    assert ("fix" in str(e.value) or "use a multiple" in str(e.value)) and not isinstance(
+        e.value, InsufficientNodes
+    )
 
 
 def test_memory_limit_is_reported():
@@ -108,8 +121,16 @@ def test_json_round_trip_and_determinism():
 
 
 def test_layout_json_stays_under_a_mebibyte_at_4096_nodes():
-    nics = [NodeNic(name=f"gpu-node-{i:05d}.rack-{i // 32:03d}.example", cluster=f"c{i % 3}",
-                    nic=("infiniband", "roce", "ethernet")[i % 3], gbps=200.0, gpus=8) for i in range(4096)]
+    nics = [
+        NodeNic(
+            name=f"gpu-node-{i:05d}.rack-{i // 32:03d}.example",
+            cluster=f"c{i % 3}",
+            nic=("infiniband", "roce", "ethernet")[i % 3],
+            gbps=200.0,
+            gpus=8,
+        )
+        for i in range(4096)
+    ]
     spec = job_spec(layers=96, hidden=12288, heads=96, B=8192, mb=1, count=4096, tensor=8)
     lay = plan(nics, spec)
     size = len(lay.to_json().encode())
@@ -128,8 +149,19 @@ def clusters(draw):
     nodes = [node(f"n{i:02d}", draw(kinds), draw(st.sampled_from(["a", "b"])), gpus=G) for i in range(n)]
     layers = draw(st.integers(4, 16))
     P = draw(st.sampled_from(["auto", 1, 2, 4]))
-    return nodes, job_spec(layers=layers, hidden=256, heads=8, seq=128, vocab=1000, B=64, mb=1, count=n, gpus=G,
-                           pipeline=P, tensor="auto")
+    return nodes, job_spec(
+        layers=layers,
+        hidden=256,
+        heads=8,
+        seq=128,
+        vocab=1000,
+        B=64,
+        mb=1,
+        count=n,
+        gpus=G,
+        pipeline=P,
+        tensor="auto",
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -142,15 +174,20 @@ def test_layout_invariants(case):
         assert "fix" in str(e)
         return
     G = spec["nodes"]["gpusPerNode"]
-    assert len(set(lay.nodes)) == len(lay.nodes) == spec["nodes"]["count"]        # each GPU at most once
+    assert len(set(lay.nodes)) == len(lay.nodes) == spec["nodes"]["count"]  # each GPU at most once
     assert sum(s.num_layers for s in lay.stages) == spec["model"]["layers"]
     assert all(s.num_layers >= 1 for s in lay.stages)
     ranks = [lay.rank_info(r) for r in range(lay.world_size)]
-    assert [r.stage for r in ranks] == sorted(r.stage for r in ranks)               # stages are contiguous blocks
+    assert [r.stage for r in ranks] == sorted(r.stage for r in ranks)  # stages are contiguous blocks
     for s in lay.stages:
         assert set(s.nodes) == {r.node for r in ranks if r.stage == s.index}
-    kind = {n["metadata"]["name"]: (n["metadata"]["labels"]["holmes.dev/nic"],
-                                    n["metadata"]["labels"]["holmes.dev/cluster"]) for n in nodes}
+    kind = {
+        n["metadata"]["name"]: (
+            n["metadata"]["labels"]["holmes.dev/nic"],
+            n["metadata"]["labels"]["holmes.dev/cluster"],
+        )
+        for n in nodes
+    }
     for g in lay.process_groups("dp"):
         fabrics = {kind[lay.rank_info(r).node] for r in g.ranks}
         assert (g.net == "IB") == (len(fabrics) == 1 and next(iter(fabrics))[0] != "ethernet")
@@ -177,6 +214,6 @@ def test_json_is_camel_case_contract():
 
 
 def test_planner_config_changes_the_estimate():
-    fast = plan(paper_nodes(), job_spec(), PlannerConfig(compute_efficiency=0.8))
-    slow = plan(paper_nodes(), job_spec(), PlannerConfig(compute_efficiency=0.4))
+    fast = plan(paper_nodes(), job_spec(), CostModelConfig(compute_efficiency=0.8))
+    slow = plan(paper_nodes(), job_spec(), CostModelConfig(compute_efficiency=0.4))
     assert fast.estimate["tflopsPerGpu"] > slow.estimate["tflopsPerGpu"]

@@ -1,11 +1,12 @@
 """Checkpoint at k, kill, resume: the losses from k+1 on equal an uninterrupted run."""
+
 import os
 
 import pytest
 
-from trainer_harness import make_layout, run_ranks, tiny_config, train_on_layout
 from holmes.trainer import checkpoint
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
+from tests.trainer.trainer_harness import make_layout, run_ranks, tiny_config, train_on_layout
 
 ADAMW = OptimizerConfig(kind="adamw", learning_rate=3e-3, warmup_iterations=2)
 
@@ -13,7 +14,8 @@ ADAMW = OptimizerConfig(kind="adamw", learning_rate=3e-3, warmup_iterations=2)
 def _kill_after(n):
     def on_iteration(trainer, record):
         if trainer.iteration == n:
-            os._exit(17)          # no cleanup, like a node going away
+            os._exit(17)  # no cleanup, like a node going away
+
     return on_iteration
 
 
@@ -41,8 +43,9 @@ def test_resume_under_another_layout_is_refused(tmp_path):
     ckpt = CheckpointConfig(path=str(tmp_path / "ckpt"), interval=2)
     cfg = tiny_config(iterations=2, checkpoint=ckpt)
     run_ranks(2, train_on_layout, cfg, make_layout(2, 1, [3, 1], 2, 8))
-    res = run_ranks(2, train_on_layout, cfg.with_(iterations=4), make_layout(2, 1, [2, 2], 2, 8),
-                    allow_exit=True)
+    res = run_ranks(
+        2, train_on_layout, cfg.with_(iterations=4), make_layout(2, 1, [2, 2], 2, 8), allow_exit=True
+    )
     assert res[0][0] == "error" and "same layout" in res[0][1]
 
 

@@ -1,4 +1,6 @@
-"""The real entry point under torchrun: two launchers (one per "node") x 2 processes, like the operator's pods."""
+"""The real entry point under torchrun: two launchers (one per "node") x 2 processes, like the
+operator's pods."""
+
 import json
 import os
 import subprocess
@@ -8,16 +10,24 @@ import urllib.request
 import pytest
 import yaml
 
-from trainer_harness import free_port, make_layout
-from holmes.trainer.config import ConfigError, ModelConfig, TrainConfig
-from holmes.trainer.metrics import MetricsSink, flops_per_iteration
+from holmes.contract import ModelCost, ModelSpec
+from holmes.trainer.config import TrainConfig, TrainerConfigError
+from holmes.trainer.metrics import MetricsSink
+from tests.trainer.trainer_harness import free_port, make_layout
 
 JOB = {
-    "apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": "tiny"},
+    "apiVersion": "holmes.dev/v1alpha1",
+    "kind": "HolmesJob",
+    "metadata": {"name": "tiny"},
     "spec": {
         "model": {"layers": 4, "hiddenSize": 32, "attentionHeads": 4, "seqLength": 16, "vocabSize": 64},
-        "training": {"globalBatchSize": 16, "microBatchSize": 2, "iterations": 3, "learningRate": 1e-3,
-                     "seed": 5},
+        "training": {
+            "globalBatchSize": 16,
+            "microBatchSize": 2,
+            "iterations": 3,
+            "learningRate": 1e-3,
+            "seed": 5,
+        },
         "parallelism": {"pipeline": 2, "data": 2},
         "nodes": {"count": 2, "gpusPerNode": 2},
     },
@@ -32,17 +42,38 @@ def _write(tmp_path, job=JOB, layout=None):
 
 def _launch(tmp_path, nnodes, nproc, extra_env=None, args=()):
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HOLMES_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-           "HOLMES_TERMINATION_LOG": str(tmp_path / "termination-log"),
-           **(extra_env or {})}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HOLMES_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "HOLMES_TERMINATION_LOG": str(tmp_path / "termination-log"),
+        **(extra_env or {}),
+    }
     procs = []
     for node in range(nnodes):
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
-               f"--node-rank={node}", "--rdzv-backend=static", "--master-addr=127.0.0.1",
-               f"--master-port={port}", "-m", "holmes.trainer", "--job", str(tmp_path / "job.yaml"),
-               "--layout", str(tmp_path / "layout.json"), "--metrics-file", str(tmp_path / "metrics.jsonl"),
-               *args]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc}",
+            f"--node-rank={node}",
+            "--rdzv-backend=static",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "-m",
+            "holmes.trainer",
+            "--job",
+            str(tmp_path / "job.yaml"),
+            "--layout",
+            str(tmp_path / "layout.json"),
+            "--metrics-file",
+            str(tmp_path / "metrics.jsonl"),
+            *args,
+        ]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
     outs = []
     for p in procs:
         try:
@@ -58,7 +89,7 @@ def _launch(tmp_path, nnodes, nproc, extra_env=None, args=()):
 def test_torchrun_two_nodes_of_two_runs_the_layout_and_reports(tmp_path):
     _write(tmp_path)
     outs = _launch(tmp_path, nnodes=2, nproc=2)
-    for code, out, err in outs:
+    for code, _out, err in outs:
         assert code == 0, err[-3000:]
     lines = [json.loads(l) for l in outs[0][1].splitlines() if l.startswith('{"holmes"')]
     events = [l["holmes"] for l in lines]
@@ -67,16 +98,19 @@ def test_torchrun_two_nodes_of_two_runs_the_layout_and_reports(tmp_path):
     assert [l["iteration"] for l in it] == [1, 2, 3]
     # the job leaves training.activationRecompute at its default (true): the 96 formula
     assert lines[0]["activationRecompute"] is True and lines[0]["flopsFormula"].startswith("96")
-    m = TrainConfig.from_manifest(JOB).model
+    m = TrainConfig.from_job(JOB).model
     for l in it:
         assert l["loss"] > 0 and l["tokensPerSecond"] > 0 and l["tflopsPerGpu"] > 0
         assert l["tflopsPerGpu"] == pytest.approx(
-            flops_per_iteration(m, 16, recompute=True) / (l["iterationSeconds"] * 4 * 1e12), rel=1e-9)
+            ModelCost.of(m).flops_per_iteration(16, recompute=True) / (l["iterationSeconds"] * 4 * 1e12),
+            rel=1e-9,
+        )
         assert set(l["time"]) == {"compute", "bubble", "exposedComm", "optimizer", "data"}
     assert "checkpoint" in events and os.path.isfile(tmp_path / "ckpt/iter_00000003/holmes.json")
     assert [json.loads(l)["holmes"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == events
-    assert outs[1][1].strip() == ""             # only rank 0 reports
+    assert outs[1][1].strip() == ""  # only rank 0 reports
     from holmes.operator.progress import from_json_lines
+
     last = from_json_lines((tmp_path / "termination-log").read_text())
     assert last["iteration"] == 3 and last["loss"] == pytest.approx(it[-1]["loss"], abs=1e-6)
 
@@ -90,29 +124,34 @@ def test_a_world_that_does_not_match_the_layout_is_refused_clearly(tmp_path):
 
 
 def test_config_checks_against_layout():
-    cfg = TrainConfig.from_manifest(JOB)
-    assert cfg.model.ffn == 128 and cfg.optimizer.kind == "adamw" and cfg.checkpoint.path is None
+    cfg = TrainConfig.from_job(JOB)
+    assert cfg.model.ffn_hidden_size == 128 and cfg.optimizer.kind == "adamw" and cfg.checkpoint.path is None
     lay = make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2)
     cfg.check_against_layout(lay)
     from dataclasses import replace
-    with pytest.raises(ConfigError, match="tensor parallelism 2 is not supported"):
+
+    with pytest.raises(TrainerConfigError, match="tensor parallelism 2 is not supported"):
         cfg.check_against_layout(replace(lay, tensor=2, data=1))
-    with pytest.raises(ConfigError, match="globalBatchSize is 32"):
+    with pytest.raises(TrainerConfigError, match="globalBatchSize is 32"):
         cfg.with_(global_batch_size=32).check_against_layout(lay)
-    with pytest.raises(ConfigError, match="cover 4 layers"):
+    with pytest.raises(TrainerConfigError, match="cover 4 layers"):
         cfg.with_(model=replace(cfg.model, layers=6)).check_against_layout(lay)
     tied = cfg.with_(model=replace(cfg.model, tied_embeddings=True))
-    with pytest.raises(ConfigError, match="tiedEmbeddings is true but the layout has no embedding group"):
+    with pytest.raises(
+        TrainerConfigError, match="tiedEmbeddings is true but the layout has no embedding group"
+    ):
         tied.check_against_layout(lay)
     tied.check_against_layout(make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2, embedding=True))
-    with pytest.raises(ConfigError, match="does not tie embeddings"):
+    with pytest.raises(TrainerConfigError, match="does not tie embeddings"):
         cfg.check_against_layout(make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2, embedding=True))
 
 
 def test_paper_flops_formula_and_prometheus_endpoint():
-    m = ModelConfig(layers=36, hidden_size=4096, attention_heads=32, seq_length=2048, vocab_size=50257)
+    m = ModelSpec(layers=36, hidden_size=4096, attention_heads=32, seq_length=2048, vocab_size=50257)
     # design §1: 96 samples/s on 64 GPUs -> 196.8 TFLOPS/GPU
-    assert flops_per_iteration(m, 96, recompute=True) / (1.0 * 64 * 1e12) == pytest.approx(196.8, abs=0.1)
+    assert ModelCost.of(m).flops_per_iteration(96, recompute=True) / (1.0 * 64 * 1e12) == pytest.approx(
+        196.8, abs=0.1
+    )
     sink = MetricsSink(enabled=True, port=0, addr="127.0.0.1", stream=open(os.devnull, "w"))
     try:
         sink.emit("iteration", iteration=7, loss=2.5, tokensPerSecond=1000.0, time={"bubble": 0.25})
@@ -127,11 +166,10 @@ def test_paper_flops_formula_and_prometheus_endpoint():
 def test_parameter_count_is_the_planners_and_matches_the_module(tied):
     from dataclasses import replace
 
-    from holmes.plan.costmodel import ModelCost
-    from holmes.plan.jobspec import JobSpec
+    from holmes.contract.jobspec import JobSpec
     from holmes.trainer.model import build_full
+
     spec = JobSpec.from_manifest(JOB)
     m = TrainConfig.from_jobspec(replace(spec, model=replace(spec.model, tied_embeddings=tied))).model
     module = build_full(m, seed=0)
-    assert m.num_parameters() == sum(p.numel() for p in module.parameters())
-    assert m.num_parameters() == ModelCost.of(replace(spec.model, tied_embeddings=tied)).total_params
+    assert ModelCost.of(m).total_params == sum(p.numel() for p in module.parameters())

@@ -1,9 +1,17 @@
 """The engine against a plain single-process PyTorch loop with the same seed and data."""
+
 import pytest
 import torch
 
-from trainer_harness import make_layout, merged, reference, run_ranks, tiny_config, train_on_layout
 from holmes.trainer.config import OptimizerConfig
+from tests.trainer.trainer_harness import (
+    make_layout,
+    merged,
+    reference,
+    run_ranks,
+    tiny_config,
+    train_on_layout,
+)
 
 
 def assert_params_close(got, want, atol=2e-6):
@@ -13,16 +21,21 @@ def assert_params_close(got, want, atol=2e-6):
             assert torch.allclose(got[k], v, atol=atol, rtol=0), f"{k}: max diff {(got[k] - v).abs().max()}"
 
 
-@pytest.mark.parametrize("pipeline, data, split, micro_batches, overlap", [
-    (2, 1, [3, 1], 8, True),      # uneven stages
-    (1, 2, [4], 4, True),         # data parallel only
-    (2, 2, [1, 3], 4, True),      # PP x DP with the overlapped optimizer
-    (2, 2, [1, 3], 4, False),     # ... and synchronous
-])
+@pytest.mark.parametrize(
+    "pipeline, data, split, micro_batches, overlap",
+    [
+        (2, 1, [3, 1], 8, True),  # uneven stages
+        (1, 2, [4], 4, True),  # data parallel only
+        (2, 2, [1, 3], 4, True),  # PP x DP with the overlapped optimizer
+        (2, 2, [1, 3], 4, False),  # ... and synchronous
+    ],
+)
 def test_engine_matches_single_process_reference_under_sgd(pipeline, data, split, micro_batches, overlap):
     cfg = tiny_config(overlap=overlap)
     ref_losses, ref_norms, ref_params = reference(cfg)
-    res = run_ranks(pipeline * data, train_on_layout, cfg, make_layout(pipeline, data, split, 2, micro_batches))
+    res = run_ranks(
+        pipeline * data, train_on_layout, cfg, make_layout(pipeline, data, split, 2, micro_batches)
+    )
     losses, params = merged(res)
     assert losses == pytest.approx(ref_losses, abs=1e-5)
     assert res[0][1]["grad_norms"] == pytest.approx(ref_norms, rel=1e-4)
@@ -31,8 +44,10 @@ def test_engine_matches_single_process_reference_under_sgd(pipeline, data, split
 
 
 def test_tied_embeddings_across_stages_match_reference():
-    from trainer_harness import TINY
     from dataclasses import replace
+
+    from tests.trainer.trainer_harness import TINY
+
     cfg = tiny_config(model=replace(TINY, tied_embeddings=True))
     ref_losses, _, ref_params = reference(cfg)
     res = run_ranks(4, train_on_layout, cfg, make_layout(2, 2, [2, 2], 2, 4, embedding=True))
@@ -54,13 +69,12 @@ def test_overlap_on_and_off_give_the_same_adamw_losses():
 
 
 def test_bf16_model_with_fp32_master_weights_tracks_fp32():
-    from dataclasses import replace
-    from trainer_harness import TINY
     adamw = OptimizerConfig(kind="adamw", learning_rate=3e-3)
     lay = make_layout(2, 2, [2, 2], 2, 4)
     fp32 = merged(run_ranks(4, train_on_layout, tiny_config(optimizer=adamw, iterations=6), lay))
-    bf16 = merged(run_ranks(4, train_on_layout, tiny_config(model=replace(TINY, dtype="bfloat16"), optimizer=adamw,
-                                                             iterations=6), lay))
+    bf16 = merged(
+        run_ranks(4, train_on_layout, tiny_config(dtype="bfloat16", optimizer=adamw, iterations=6), lay)
+    )
     assert all(v.dtype == torch.bfloat16 for v in bf16[1].values())
     assert bf16[0] == pytest.approx(fp32[0], abs=3e-2)
     assert bf16[0][-1] < bf16[0][0]

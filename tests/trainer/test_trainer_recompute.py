@@ -1,5 +1,6 @@
 """Activation recomputation: same numbers as without, real (blocks run twice, fewer saved tensors),
 composes with the overlapped distributed optimizer's hooks, preserves RNG, flows from the job."""
+
 from dataclasses import replace
 
 import pytest
@@ -7,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 import holmes.trainer.model as model_mod
-from holmes.plan.jobspec import JobSpec
+from holmes.contract import ModelCost
+from holmes.contract.jobspec import JobSpec
 from holmes.trainer.config import TrainConfig
 from holmes.trainer.engine import Trainer
-from holmes.trainer.metrics import flops_per_iteration
-from trainer_harness import TINY, make_layout, run_ranks, tiny_config
+from tests.trainer.trainer_harness import TINY, make_layout, run_ranks, tiny_config
 
 # ---- one process, the model alone ---------------------------------------------------------------
 
@@ -30,6 +31,7 @@ def forward_backward(recompute, seed=0):
     def pack(t):
         saved[0] += t.numel() * t.element_size()
         return t
+
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = model_mod.loss_fn(m(x), y)
     loss.backward()
@@ -42,13 +44,15 @@ def test_single_process_same_loss_and_grads_fewer_saved_activations():
     assert loss_on == loss_off
     for name, g in grads_off.items():
         assert torch.allclose(grads_on[name], g, atol=1e-6, rtol=0), name
-    assert calls_off == TINY.layers and calls_on == 2 * TINY.layers        # each block's forward ran again
-    assert saved_on < saved_off / 4                                         # blocks kept only their inputs
+    assert calls_off == TINY.layers and calls_on == 2 * TINY.layers  # each block's forward ran again
+    assert saved_on < saved_off / 4  # blocks kept only their inputs
 
 
 def test_recompute_replays_the_rng_so_dropout_draws_the_same_masks(monkeypatch):
     plain = model_mod.MLP.forward
-    monkeypatch.setattr(model_mod.MLP, "forward", lambda self, x: F.dropout(plain(self, x), p=0.3, training=True))
+    monkeypatch.setattr(
+        model_mod.MLP, "forward", lambda self, x: F.dropout(plain(self, x), p=0.3, training=True)
+    )
     loss_off, grads_off, _, _ = forward_backward(False, seed=3)
     loss_on, grads_on, _, _ = forward_backward(True, seed=3)
     assert loss_on == loss_off
@@ -78,19 +82,29 @@ def train_capturing(rank, cfg, layout):
     def capturing_step(lr, coef=1.0):
         grads.append([b.grad_shard.clone() for b in trainer.opt.buckets])
         step(lr, coef)
+
     trainer.opt.step = capturing_step
     history = trainer.train()
-    return {"losses": [h["loss"] for h in history], "norms": [h["gradNorm"] for h in history],
-            "records": history, "grads": grads, "block_calls": calls["n"],
-            "layers": len(trainer.module.layers), "world": layout.world_size,
-            "params": {k: v.detach().clone() for k, v in trainer.module.state_dict().items()}}
+    return {
+        "losses": [h["loss"] for h in history],
+        "norms": [h["gradNorm"] for h in history],
+        "records": history,
+        "grads": grads,
+        "block_calls": calls["n"],
+        "layers": len(trainer.module.layers),
+        "world": layout.world_size,
+        "params": {k: v.detach().clone() for k, v in trainer.module.state_dict().items()},
+    }
 
 
-@pytest.mark.parametrize("pipeline, data, split, micro_batches, tied", [
-    (1, 1, [4], 8, False),        # one process: the engine's plain micro-batch loop
-    (2, 2, [1, 3], 4, False),     # PP=2 x DP=2, 1F1B, overlapped reduce-scatter / all-gather
-    (2, 2, [2, 2], 4, True),      # ... with the tied embedding's extra all-reduce
-])
+@pytest.mark.parametrize(
+    "pipeline, data, split, micro_batches, tied",
+    [
+        (1, 1, [4], 8, False),  # one process: the engine's plain micro-batch loop
+        (2, 2, [1, 3], 4, False),  # PP=2 x DP=2, 1F1B, overlapped reduce-scatter / all-gather
+        (2, 2, [2, 2], 4, True),  # ... with the tied embedding's extra all-reduce
+    ],
+)
 def test_engine_recompute_matches_no_recompute(pipeline, data, split, micro_batches, tied):
     lay = make_layout(pipeline, data, split, 2, micro_batches, embedding=tied)
     model = replace(TINY, tied_embeddings=tied)
@@ -104,7 +118,7 @@ def test_engine_recompute_matches_no_recompute(pipeline, data, split, micro_batc
         assert b["losses"] == pytest.approx(a["losses"], abs=1e-6)
         assert b["norms"] == pytest.approx(a["norms"], abs=1e-6)
         assert len(a["grads"]) == len(b["grads"]) == iterations
-        for it_a, it_b in zip(a["grads"], b["grads"]):          # reduced gradient shards, every bucket
+        for it_a, it_b in zip(a["grads"], b["grads"]):  # reduced gradient shards, every bucket
             for ga, gb in zip(it_a, it_b):
                 assert torch.allclose(ga, gb, atol=1e-6, rtol=0), (ga - gb).abs().max()
         for k, v in a["params"].items():
@@ -116,7 +130,9 @@ def test_engine_recompute_matches_no_recompute(pipeline, data, split, micro_batc
     # TFLOPS/GPU with the formula that matches what ran
     for res, rec in ((off, False), (on, True)):
         for h in res[0][1]["records"]:
-            want = flops_per_iteration(model, cfg.global_batch_size, recompute=rec) / (h["iterationSeconds"] * world * 1e12)
+            want = ModelCost.of(model).flops_per_iteration(cfg.global_batch_size, recompute=rec) / (
+                h["iterationSeconds"] * world * 1e12
+            )
             assert h["tflopsPerGpu"] == pytest.approx(want, rel=1e-9)
 
 
@@ -124,10 +140,12 @@ def test_engine_recompute_matches_no_recompute(pipeline, data, split, micro_batc
 
 
 def test_train_config_takes_recompute_from_the_job():
-    spec = {"model": {"layers": 4, "hiddenSize": 32, "attentionHeads": 4, "seqLength": 16, "vocabSize": 64},
-            "training": {"globalBatchSize": 16, "microBatchSize": 2, "iterations": 3, "learningRate": 1e-3},
-            "nodes": {"count": 1, "gpusPerNode": 1}}
-    assert TrainConfig.from_jobspec(JobSpec.from_spec(spec)).activation_recompute is True   # the job's default
+    spec = {
+        "model": {"layers": 4, "hiddenSize": 32, "attentionHeads": 4, "seqLength": 16, "vocabSize": 64},
+        "training": {"globalBatchSize": 16, "microBatchSize": 2, "iterations": 3, "learningRate": 1e-3},
+        "nodes": {"count": 1, "gpusPerNode": 1},
+    }
+    assert TrainConfig.from_jobspec(JobSpec.from_spec(spec)).activation_recompute is True  # the job's default
     spec["training"]["activationRecompute"] = False
-    assert TrainConfig.from_manifest(spec).activation_recompute is False
-    assert TrainConfig.from_manifest(spec, activation_recompute=True).activation_recompute is True
+    assert TrainConfig.from_job(spec).activation_recompute is False
+    assert TrainConfig.from_job(spec, activation_recompute=True).activation_recompute is True

@@ -1,4 +1,5 @@
 """Helpers for the trainer tests: forked gloo workers, tiny configs, hand-built Layouts, a reference loop."""
+
 from __future__ import annotations
 
 import io
@@ -8,44 +9,70 @@ import queue
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from holmes.plan.layout import GroupFamily, Layout, Stage
-from holmes.trainer.config import ModelConfig, OptimizerConfig, TrainConfig
+from holmes.contract import ModelSpec
+from holmes.contract.layout import GroupFamily, Layout, Stage
+from holmes.trainer.config import OptimizerConfig, TrainConfig
 from holmes.trainer.data import BatchLoader, Sharding, make_source
 from holmes.trainer.engine import Trainer, learning_rate
 from holmes.trainer.model import build_full, loss_fn
 
-TINY = ModelConfig(layers=4, hidden_size=32, attention_heads=4, seq_length=16, vocab_size=64)
+TINY = ModelSpec(layers=4, hidden_size=32, attention_heads=4, seq_length=16, vocab_size=64)
 
 
 def tiny_config(**kw: Any) -> TrainConfig:
-    args = dict(model=TINY, global_batch_size=16, micro_batch_size=2, iterations=4, seed=7,
-                optimizer=OptimizerConfig(kind="sgd", learning_rate=0.5, weight_decay=0.0, grad_clip=1.0),
-                bucket_elements=3000, timeout_seconds=30.0)
+    args = dict(
+        model=TINY,
+        global_batch_size=16,
+        micro_batch_size=2,
+        iterations=4,
+        seed=7,
+        optimizer=OptimizerConfig(kind="sgd", learning_rate=0.5, weight_decay=0.0, grad_clip=1.0),
+        bucket_elements=3000,
+        timeout_seconds=30.0,
+    )
     args.update(kw)
     return TrainConfig(**args)
 
 
-def make_layout(pipeline: int, data: int, split: list[int], micro_batch_size: int, micro_batches: int,
-                gpus_per_node: int | None = None, embedding: bool = False) -> Layout:
+def make_layout(
+    pipeline: int,
+    data: int,
+    split: list[int],
+    micro_batch_size: int,
+    micro_batches: int,
+    gpus_per_node: int | None = None,
+    embedding: bool = False,
+) -> Layout:
     world = pipeline * data
     g = gpus_per_node or world
     bounds = [0]
     for n in split:
         bounds.append(bounds[-1] + n)
-    stages = tuple(Stage(i, (bounds[i], bounds[i + 1]), f"isl{i}/infiniband", "infiniband", "IB")
-                   for i in range(pipeline))
+    stages = tuple(
+        Stage(i, (bounds[i], bounds[i + 1]), f"isl{i}/infiniband", "infiniband", "IB")
+        for i in range(pipeline)
+    )
     groups = tuple(GroupFamily("dp", "IB", s) for s in range(pipeline)) + (GroupFamily("pp", "Socket"),)
     if embedding:
         groups += (GroupFamily("embedding", "Socket"),)
-    return Layout(tensor=1, pipeline=pipeline, data=data, gpus_per_node=g,
-                  nodes=tuple(f"node-{i}" for i in range(world // g)), stages=stages, groups=groups,
-                  micro_batch_size=micro_batch_size, micro_batches=micro_batches)
+    return Layout(
+        tensor=1,
+        pipeline=pipeline,
+        data=data,
+        gpus_per_node=g,
+        nodes=tuple(f"node-{i}" for i in range(world // g)),
+        stages=stages,
+        groups=groups,
+        micro_batch_size=micro_batch_size,
+        micro_batches=micro_batches,
+    )
 
 
 def free_port() -> int:
@@ -57,17 +84,22 @@ def free_port() -> int:
 def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, q: Any, timeout: float) -> None:
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
-                                timeout=timedelta(seconds=timeout))
+        dist.init_process_group(
+            "gloo",
+            rank=rank,
+            world_size=world,
+            init_method=f"tcp://127.0.0.1:{port}",
+            timeout=timedelta(seconds=timeout),
+        )
         out = fn(rank, *args)
-        buf = io.BytesIO()            # by value: torch's queue pickler would share fds that die with us
+        buf = io.BytesIO()  # by value: torch's queue pickler would share fds that die with us
         torch.save(out, buf)
         q.put((rank, "ok", buf.getvalue()))
         dist.destroy_process_group()
     except BaseException as e:  # report, then leave without waiting for peers
         q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         q.close()
-        q.join_thread()               # flush the queue before skipping interpreter shutdown
+        q.join_thread()  # flush the queue before skipping interpreter shutdown
         os._exit(1)
 
 
@@ -75,13 +107,22 @@ def _load(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def run_ranks(world: int, fn: Callable, *args: Any, timeout: float = 120.0, pg_timeout: float = 30.0,
-              allow_exit: bool = False) -> dict[int, tuple[str, Any]]:
-    """Run fn(rank, *args) on `world` forked gloo ranks; {rank: ("ok", result) | ("error", text) | ("exit", code)}."""
+def run_ranks(
+    world: int,
+    fn: Callable,
+    *args: Any,
+    timeout: float = 120.0,
+    pg_timeout: float = 30.0,
+    allow_exit: bool = False,
+) -> dict[int, tuple[str, Any]]:
+    """Run fn(rank, *args) on `world` forked gloo ranks;
+    {rank: ("ok", result) | ("error", text) | ("exit", code)}."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, q, pg_timeout)) for r in range(world)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world, port, fn, args, q, pg_timeout)) for r in range(world)
+    ]
     for p in procs:
         p.start()
     results: dict[int, tuple[str, Any]] = {}
@@ -93,7 +134,7 @@ def run_ranks(world: int, fn: Callable, *args: Any, timeout: float = 120.0, pg_t
                 results[rank] = (status, _load(out) if status == "ok" else out)
             except queue.Empty:
                 if all(not p.is_alive() for p in procs):
-                    while True:           # drain what was put just before exiting
+                    while True:  # drain what was put just before exiting
                         try:
                             rank, status, out = q.get(timeout=0.5)
                             results[rank] = (status, _load(out) if status == "ok" else out)
@@ -116,15 +157,21 @@ def run_ranks(world: int, fn: Callable, *args: Any, timeout: float = 120.0, pg_t
     return results
 
 
-def train_on_layout(rank: int, cfg: TrainConfig, layout: Layout, on_iteration: Callable | None = None) -> dict:
+def train_on_layout(
+    rank: int, cfg: TrainConfig, layout: Layout, on_iteration: Callable | None = None
+) -> dict:
     """Worker body: train, return losses and this rank's parameters (only DP index 0 reports params)."""
     trainer = Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
     history = trainer.train(on_iteration)
     params = {}
     if trainer.info.dp_index == 0:
         params = {k: v.detach().clone() for k, v in trainer.module.state_dict().items()}
-    return {"losses": [h["loss"] for h in history], "grad_norms": [h["gradNorm"] for h in history],
-            "params": params, "records": history}
+    return {
+        "losses": [h["loss"] for h in history],
+        "grad_norms": [h["gradNorm"] for h in history],
+        "params": params,
+        "records": history,
+    }
 
 
 def merged(results: dict[int, tuple[str, Any]]) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -146,11 +193,16 @@ def reference(cfg: TrainConfig) -> tuple[list[float], list[float], dict[str, tor
     else:
         decay = [p for p in model.parameters() if p.ndim >= 2]
         rest = [p for p in model.parameters() if p.ndim < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                                 {"params": rest, "weight_decay": 0.0}],
-                                lr=o.learning_rate, betas=(o.beta1, o.beta2), eps=o.eps)
-    loader = BatchLoader(make_source(cfg.data.path, cfg.model.vocab_size, cfg.model.seq_length, cfg.seed),
-                         Sharding(cfg.global_batch_size, 1, 0))
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": o.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+            lr=o.learning_rate,
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
+        )
+    loader = BatchLoader(
+        make_source(cfg.data.path, cfg.model.vocab_size, cfg.model.seq_length, cfg.seed),
+        Sharding(cfg.global_batch_size, 1, 0),
+    )
     n_mb = cfg.global_batch_size // cfg.micro_batch_size
     losses, norms = [], []
     for i in range(cfg.iterations):

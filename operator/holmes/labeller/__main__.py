@@ -7,10 +7,11 @@ Each pass: read sysfs (:mod:`.sysfs`), decide the keys (:func:`.labels.desired_l
 Node and patch only the Holmes keys the labeller owns (:func:`.labels.plan_patch`; a 409 from a
 concurrent edit is retried on a fresh read). A node problem (InfiniBand and RoCE both active)
 also becomes a Warning Event on the Node when it first appears (in namespace ``default``: the API
-accepts Events about cluster-scoped objects only there, as the kubelet's own node Events). ``--once`` does one pass and
-exits 0, or 1 with the reason (API refused, node missing, sysfs not mounted); without it, errors
-are logged and retried at the next interval.
+accepts Events about cluster-scoped objects only there, as the kubelet's own node Events).
+``--once`` does one pass and exits 0, or 1 with the reason (API refused, node missing, sysfs not
+mounted); without it, errors are logged and retried at the next interval.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,17 +36,22 @@ class LabellerError(RuntimeError):
 def _api_error(e, node: str, what: str) -> LabellerError:
     status = getattr(e, "status", None)
     if status == 404:
-        return LabellerError(f"{what} node {node!r}: not found (404): --node-name must be this node's "
-                             f"name (spec.nodeName via the downward API)")
+        return LabellerError(
+            f"{what} node {node!r}: not found (404): --node-name must be this node's "
+            f"name (spec.nodeName via the downward API)"
+        )
     if status in (401, 403):
-        return LabellerError(f"{what} node {node!r}: {'forbidden' if status == 403 else 'unauthorized'} "
-                             f"({status}): the service account needs nodes get and patch "
-                             f"(the chart's labeller ClusterRole) — {getattr(e, 'reason', '')}")
+        return LabellerError(
+            f"{what} node {node!r}: {'forbidden' if status == 403 else 'unauthorized'} "
+            f"({status}): the service account needs nodes get and patch "
+            f"(the chart's labeller ClusterRole) — {getattr(e, 'reason', '')}"
+        )
     return LabellerError(f"{what} node {node!r} failed: {status} {getattr(e, 'reason', e)}")
 
 
 def _core(kubeconfig: str | None):
     from kubernetes import client, config
+
     if kubeconfig:
         return client.CoreV1Api(config.new_client_from_config(kubeconfig))
     try:
@@ -53,9 +59,10 @@ def _core(kubeconfig: str | None):
     except config.ConfigException:
         try:
             config.load_kube_config()
-        except Exception as e:   # noqa: BLE001 - any failure here means "no credentials"
-            raise LabellerError(f"no Kubernetes credentials: not in a pod and no kubeconfig ({e}); "
-                                f"pass --kubeconfig") from None
+        except Exception as e:  # noqa: BLE001 - any failure here means "no credentials"
+            raise LabellerError(
+                f"no Kubernetes credentials: not in a pod and no kubeconfig ({e}); pass --kubeconfig"
+            ) from None
     return client.CoreV1Api()
 
 
@@ -64,14 +71,20 @@ def run_once(core, node: str, sysfs_root: str, keys: Keys, *, socket_ifname: boo
     import json
 
     from kubernetes.client.rest import ApiException
+
     try:
         facts = read_sysfs(sysfs_root)
     except SysfsError as e:
         raise LabellerError(str(e)) from None
     desired = desired_labels(facts, keys, socket_ifname=socket_ifname)
-    log.info("%s: %s (ports: %s; netdevs up: %s)", node, desired.summary,
-             ", ".join(f"{p.name}={p.link_layer}/{p.state}/{p.rate_gbps}" for p in facts.ports) or "none",
-             ", ".join(f"{n.name}:{n.speed_mbps or '?'}Mb/s" for n in facts.netdevs if n.up and n.physical) or "none")
+    log.info(
+        "%s: %s (ports: %s; netdevs up: %s)",
+        node,
+        desired.summary,
+        ", ".join(f"{p.name}={p.link_layer}/{p.state}/{p.rate_gbps}" for p in facts.ports) or "none",
+        ", ".join(f"{n.name}:{n.speed_mbps or '?'}Mb/s" for n in facts.netdevs if n.up and n.physical)
+        or "none",
+    )
     for msg in facts.errors:
         log.debug("sysfs: %s", msg)
     for msg in desired.notes:
@@ -99,8 +112,12 @@ def run_once(core, node: str, sysfs_root: str, keys: Keys, *, socket_ifname: boo
                 log.info("%s: node changed while patching; reading it again", node)
                 continue
             raise _api_error(e, node, "patching") from None
-        log.info("%s: patched %s", node, ", ".join(f"{k}={'(removed)' if v is None else v}"
-                                                    for k, v in sorted(plan.changes.items())) or "the record")
+        log.info(
+            "%s: patched %s",
+            node,
+            ", ".join(f"{k}={'(removed)' if v is None else v}" for k, v in sorted(plan.changes.items()))
+            or "the record",
+        )
         if keys.problem in plan.changes and plan.changes[keys.problem]:
             _post_event(core, obj, plan.changes[keys.problem])
         break
@@ -109,40 +126,66 @@ def run_once(core, node: str, sysfs_root: str, keys: Keys, *, socket_ifname: boo
     return desired
 
 
-EVENT_NAMESPACE = "default"   # the only namespace the API accepts for Events about a Node
+EVENT_NAMESPACE = "default"  # the only namespace the API accepts for Events about a Node
 
 
 def _post_event(core, node_obj: dict, message: str) -> None:
     """A Warning Event on the Node (``kubectl describe node`` shows it); best effort."""
     from kubernetes.client.rest import ApiException
+
     meta = node_obj.get("metadata") or {}
     ns = EVENT_NAMESPACE
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body = {"metadata": {"generateName": f"{meta.get('name')}.", "namespace": ns},
-            "involvedObject": {"kind": "Node", "name": meta.get("name"), "uid": meta.get("uid"), "apiVersion": "v1"},
-            "reason": "NicProblem", "message": message[:1024], "type": "Warning",
-            "source": {"component": "holmes-labeller", "host": meta.get("name")},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    body = {
+        "metadata": {"generateName": f"{meta.get('name')}.", "namespace": ns},
+        "involvedObject": {
+            "kind": "Node",
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "apiVersion": "v1",
+        },
+        "reason": "NicProblem",
+        "message": message[:1024],
+        "type": "Warning",
+        "source": {"component": "holmes-labeller", "host": meta.get("name")},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
     try:
         core.create_namespaced_event(ns, body)
     except ApiException as e:
-        log.warning("could not post the NicProblem Event in namespace %s (%s %s); the problem is in "
-                    "the node's annotation", ns, e.status, e.reason)
+        log.warning(
+            "could not post the NicProblem Event in namespace %s (%s %s); the problem is in "
+            "the node's annotation",
+            ns,
+            e.status,
+            e.reason,
+        )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m holmes.labeller",
-                                description="Label this node with its NIC kind, speed, HCAs and socket "
-                                            "interface, read from sysfs.")
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
-                   help="this node's name (default: $NODE_NAME)")
-    p.add_argument("--sysfs-root", default="/sys", help="where the host's /sys is (default /sys; the chart "
-                                                         "mounts it at /host/sys)")
+    p = argparse.ArgumentParser(
+        prog="python -m holmes.labeller",
+        description="Label this node with its NIC kind, speed, HCAs and socket interface, read from sysfs.",
+    )
+    p.add_argument(
+        "--node-name", default=os.environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)"
+    )
+    p.add_argument(
+        "--sysfs-root",
+        default="/sys",
+        help="where the host's /sys is (default /sys; the chart mounts it at /host/sys)",
+    )
     p.add_argument("--interval", type=float, default=300.0, help="seconds between passes (default 300)")
     p.add_argument("--once", action="store_true", help="one pass, then exit (non-zero on failure)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else ~/.kube/config)")
-    p.add_argument("--no-socket-ifname", dest="socket_ifname", action="store_false",
-                   help=f"do not write {Keys.from_mapping().socket_ifname}")
+    p.add_argument(
+        "--no-socket-ifname",
+        dest="socket_ifname",
+        action="store_false",
+        help=f"do not write {Keys.from_mapping().socket_ifname}",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     a = p.parse_args(argv)
     if not a.node_name:
@@ -154,8 +197,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=a.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     keys = Keys.from_mapping()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

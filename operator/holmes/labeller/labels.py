@@ -24,11 +24,13 @@ the whole record to reset). An admin who writes exactly the labeller's value can
 apart and is treated as the labeller. The label form of ``nic-hcas``/``socket-ifname`` (which
 discovery also reads) counts as the admin's choice of that key.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from holmes.plan.discovery import ETHERNET, INFINIBAND, ROCE, NicMapping
 
@@ -42,6 +44,7 @@ _LINK_TEXT = {INFINIBAND: "InfiniBand", ROCE: "Ethernet"}
 @dataclass(frozen=True)
 class Keys:
     """The names written, taken from discovery's mapping so both sides always agree."""
+
     nic: str
     gbps: str
     link_layer: str
@@ -50,9 +53,11 @@ class Keys:
     problem: str
 
     @classmethod
-    def from_mapping(cls, m: NicMapping | None = None) -> "Keys":
+    def from_mapping(cls, m: NicMapping | None = None) -> Keys:
         m = m or NicMapping()
-        return cls(m.nic_label, m.gbps_label, m.link_layer_label, m.hcas_key, m.socket_ifname_key, m.problem_key)
+        return cls(
+            m.nic_label, m.gbps_label, m.link_layer_label, m.hcas_key, m.socket_ifname_key, m.problem_key
+        )
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -67,8 +72,8 @@ class Keys:
 class Desired:
     labels: dict[str, str]
     annotations: dict[str, str]
-    problems: tuple[str, ...] = ()   # also written to the problem annotation
-    notes: tuple[str, ...] = ()      # worth a log line, not a problem
+    problems: tuple[str, ...] = ()  # also written to the problem annotation
+    notes: tuple[str, ...] = ()  # worth a log line, not a problem
     summary: str = ""
 
 
@@ -90,48 +95,61 @@ def desired_labels(facts: SysfsFacts, keys: Keys | None = None, *, socket_ifname
     for p in active:
         kind = _LINK_KIND.get((p.link_layer or "").strip().lower())
         if kind is None:
-            notes.append(f"port {p.name} is ACTIVE but its link layer {p.link_layer!r} is neither "
-                         f"InfiniBand nor Ethernet: ignored")
+            notes.append(
+                f"port {p.name} is ACTIVE but its link layer {p.link_layer!r} is neither "
+                f"InfiniBand nor Ethernet: ignored"
+            )
             continue
         by_kind.setdefault(kind, []).append(p)
     inactive = [p for p in facts.ports if not p.active]
     if inactive:
-        notes.append("ports not ACTIVE, ignored: " + ", ".join(f"{p.name} ({p.state or 'state unreadable'})"
-                                                              for p in inactive))
+        notes.append(
+            "ports not ACTIVE, ignored: "
+            + ", ".join(f"{p.name} ({p.state or 'state unreadable'})" for p in inactive)
+        )
 
-    eth = sorted((n for n in facts.netdevs if n.physical and n.up and n.ethernet),
-                 key=lambda n: (-(n.speed_mbps or 0), natural_key(n.name)))
+    eth = sorted(
+        (n for n in facts.netdevs if n.physical and n.up and n.ethernet),
+        key=lambda n: (-(n.speed_mbps or 0), natural_key(n.name)),
+    )
     if socket_ifname and eth:
         annotations[k.socket_ifname] = eth[0].name
 
     if len(by_kind) > 1:
-        where = "; ".join(f"{_LINK_TEXT[kind]} on {', '.join(p.name for p in ps)}"
-                          for kind, ps in sorted(by_kind.items()))
-        problems.append(f"InfiniBand and RoCE ports are both ACTIVE ({where}): one node must have one "
-                        f"NIC kind; set {k.nic} and {k.hcas} by hand, or disable the ports not to use")
+        where = "; ".join(
+            f"{_LINK_TEXT[kind]} on {', '.join(p.name for p in ps)}" for kind, ps in sorted(by_kind.items())
+        )
+        problems.append(
+            f"InfiniBand and RoCE ports are both ACTIVE ({where}): one node must have one "
+            f"NIC kind; set {k.nic} and {k.hcas} by hand, or disable the ports not to use"
+        )
         summary = f"mixed link layers: {where}"
     elif by_kind:
-        (kind, ps), = by_kind.items()
+        ((kind, ps),) = by_kind.items()
         labels[k.nic] = kind
         labels[k.link_layer] = _LINK_TEXT[kind]
         rates = [p.rate_gbps for p in ps if p.rate_gbps is not None]
         if len(rates) < len(ps):
-            notes.append("rate unreadable on " + ", ".join(p.name for p in ps if p.rate_gbps is None)
-                         + ": not counted in " + k.gbps)
+            notes.append(
+                "rate unreadable on "
+                + ", ".join(p.name for p in ps if p.rate_gbps is None)
+                + ": not counted in "
+                + k.gbps
+            )
         if rates:
             labels[k.gbps] = _gbps_text(sum(rates))
         hcas = sorted({p.hca for p in ps}, key=natural_key)
         annotations[k.hcas] = ",".join(hcas)
-        summary = (f"{kind}: {len(ps)} ACTIVE port(s) on {','.join(hcas)}, "
-                   f"{labels.get(k.gbps, '?')} Gbit/s")
+        summary = f"{kind}: {len(ps)} ACTIVE port(s) on {','.join(hcas)}, {labels.get(k.gbps, '?')} Gbit/s"
     else:
         labels[k.nic] = ETHERNET
         if eth and eth[0].speed_mbps:
             labels[k.gbps] = _gbps_text(eth[0].speed_mbps / 1000)
             summary = f"ethernet: {eth[0].name} up at {labels[k.gbps]} Gbit/s"
         else:
-            notes.append("no up hardware Ethernet interface with a known speed: "
-                         f"{k.gbps} left to discovery's default")
+            notes.append(
+                f"no up hardware Ethernet interface with a known speed: {k.gbps} left to discovery's default"
+            )
             summary = f"ethernet: {eth[0].name if eth else 'no up hardware interface'}, speed unknown"
     if problems:
         annotations[k.problem] = "; ".join(problems)
@@ -141,10 +159,11 @@ def desired_labels(facts: SysfsFacts, keys: Keys | None = None, *, socket_ifname
 @dataclass(frozen=True)
 class Plan:
     """The patch for the node (None: nothing to change) and what was kept for someone else."""
+
     patch: dict[str, Any] | None
     record: dict[str, dict[str, str]]
-    kept: dict[str, str] = field(default_factory=dict)        # key -> the admin's value kept
-    changes: dict[str, str | None] = field(default_factory=dict)   # key -> new value (None: removed)
+    kept: dict[str, str] = field(default_factory=dict)  # key -> the admin's value kept
+    changes: dict[str, str | None] = field(default_factory=dict)  # key -> new value (None: removed)
     notes: tuple[str, ...] = ()
 
 
@@ -158,8 +177,10 @@ def read_record(annotations: Mapping[str, str]) -> tuple[dict[str, dict[str, str
         out = {part: {str(a): str(b) for a, b in (rec.get(part) or {}).items()} for part in empty}
         return out, None
     except (ValueError, AttributeError, TypeError):
-        return empty, (f"annotation {RECORD_ANNOTATION} is not the labeller's JSON record: every Holmes key "
-                       f"present is treated as set by hand")
+        return empty, (
+            f"annotation {RECORD_ANNOTATION} is not the labeller's JSON record: every Holmes key "
+            f"present is treated as set by hand"
+        )
 
 
 def plan_patch(node_metadata: Mapping[str, Any], desired: Desired, keys: Keys | None = None) -> Plan:
@@ -167,8 +188,10 @@ def plan_patch(node_metadata: Mapping[str, Any], desired: Desired, keys: Keys | 
     touching only keys the labeller owns (see the module docstring), with the node's
     ``resourceVersion`` so a concurrent edit makes the patch fail (409) instead of being undone."""
     k = keys or Keys.from_mapping()
-    cur = {"labels": dict(node_metadata.get("labels") or {}),
-           "annotations": dict(node_metadata.get("annotations") or {})}
+    cur = {
+        "labels": dict(node_metadata.get("labels") or {}),
+        "annotations": dict(node_metadata.get("annotations") or {}),
+    }
     record, bad_record = read_record(cur["annotations"])
     want = {"labels": desired.labels, "annotations": desired.annotations}
     managed = {"labels": k.labels, "annotations": k.annotations}
@@ -189,7 +212,7 @@ def plan_patch(node_metadata: Mapping[str, Any], desired: Desired, keys: Keys | 
                 continue
             if label_form.get(key) is not None:
                 kept[f"{key} (label)"] = label_form[key]
-                if owned and have is not None:   # stop shadowing the admin's label with our annotation
+                if owned and have is not None:  # stop shadowing the admin's label with our annotation
                     patch[part][key] = None
                     changes[key] = None
                 continue
@@ -199,7 +222,7 @@ def plan_patch(node_metadata: Mapping[str, Any], desired: Desired, keys: Keys | 
                 if have != value:
                     patch[part][key] = value
                     changes[key] = value
-            elif have is not None:               # ours and no longer true: remove
+            elif have is not None:  # ours and no longer true: remove
                 patch[part][key] = None
                 changes[key] = None
     record_text = json.dumps(new_record, sort_keys=True, separators=(",", ":"))

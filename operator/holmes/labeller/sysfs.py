@@ -12,6 +12,7 @@ What is read, relative to the root (``/sys`` on a host, ``/host/sys`` in the lab
 Anything unreadable becomes ``None`` plus a line in ``SysfsFacts.errors``: a half-broken tree
 still yields what can be read, and the caller decides.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,20 +22,38 @@ from pathlib import Path
 
 # Virtual interfaces whose name gives them away even where they have a `device` link (some
 # drivers' representors, tunnels); never a candidate for NCCL's socket interface.
-VIRTUAL_PREFIXES = ("lo", "veth", "docker", "cni", "br-", "virbr", "flannel", "cali", "vxlan",
-                    "tunl", "tun", "tap", "kube-", "cilium", "weave", "genev", "dummy", "nodelocaldns")
+VIRTUAL_PREFIXES = (
+    "lo",
+    "veth",
+    "docker",
+    "cni",
+    "br-",
+    "virbr",
+    "flannel",
+    "cali",
+    "vxlan",
+    "tunl",
+    "tun",
+    "tap",
+    "kube-",
+    "cilium",
+    "weave",
+    "genev",
+    "dummy",
+    "nodelocaldns",
+)
 ARPHRD_ETHER, ARPHRD_INFINIBAND = 1, 32
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
 
 
 @dataclass(frozen=True)
 class RdmaPort:
-    hca: str                         # e.g. mlx5_0
-    port: int                        # 1-based port number
-    link_layer: str | None           # "InfiniBand" | "Ethernet" (= RoCE) | None if unreadable
-    rate_gbps: float | None          # from "200 Gb/sec (4X HDR)"
-    state: str | None                # "ACTIVE", "DOWN", "INIT", "ARMED", ...
-    netdevs: tuple[str, ...] = ()    # netdevs of the HCA's PCI device (ib0, ens1f0np0, ...)
+    hca: str  # e.g. mlx5_0
+    port: int  # 1-based port number
+    link_layer: str | None  # "InfiniBand" | "Ethernet" (= RoCE) | None if unreadable
+    rate_gbps: float | None  # from "200 Gb/sec (4X HDR)"
+    state: str | None  # "ACTIVE", "DOWN", "INIT", "ARMED", ...
+    netdevs: tuple[str, ...] = ()  # netdevs of the HCA's PCI device (ib0, ens1f0np0, ...)
 
     @property
     def active(self) -> bool:
@@ -48,10 +67,10 @@ class RdmaPort:
 @dataclass(frozen=True)
 class NetDev:
     name: str
-    operstate: str | None            # "up", "down", "unknown", ...
-    speed_mbps: int | None           # None when the kernel does not know (down, virtio, ...)
-    link_type: int | None            # ARPHRD_*: 1 Ethernet, 32 IPoIB
-    physical: bool                   # hardware-backed or a bond, not a virtual interface
+    operstate: str | None  # "up", "down", "unknown", ...
+    speed_mbps: int | None  # None when the kernel does not know (down, virtio, ...)
+    link_type: int | None  # ARPHRD_*: 1 Ethernet, 32 IPoIB
+    physical: bool  # hardware-backed or a bond, not a virtual interface
 
     @property
     def up(self) -> bool:
@@ -67,7 +86,7 @@ class SysfsFacts:
     root: str
     ports: tuple[RdmaPort, ...] = ()
     netdevs: tuple[NetDev, ...] = ()
-    infiniband_class: bool = False   # class/infiniband exists (rdma core loaded)
+    infiniband_class: bool = False  # class/infiniband exists (rdma core loaded)
     errors: tuple[str, ...] = field(default=(), compare=False)
 
 
@@ -96,14 +115,16 @@ def read_sysfs(root: str | os.PathLike = "/sys") -> SysfsFacts:
     base = Path(root)
     net_dir = base / "class" / "net"
     if not net_dir.is_dir():
-        raise SysfsError(f"{net_dir} does not exist: {base} is not a sysfs tree (mount the host's /sys "
-                         f"there read-only, or pass --sysfs-root)")
+        raise SysfsError(
+            f"{net_dir} does not exist: {base} is not a sysfs tree (mount the host's /sys "
+            f"there read-only, or pass --sysfs-root)"
+        )
     errors: list[str] = []
 
     def read(p: Path) -> str | None:
         try:
             return p.read_text().strip()
-        except OSError as e:   # e.g. EINVAL reading the speed of a down link
+        except OSError as e:  # e.g. EINVAL reading the speed of a down link
             errors.append(f"{p}: {e.strerror or e}")
             return None
 
@@ -111,7 +132,9 @@ def read_sysfs(root: str | os.PathLike = "/sys") -> SysfsFacts:
     ib_dir = base / "class" / "infiniband"
     for hca_dir in sorted(_entries(ib_dir), key=lambda p: natural_key(p.name)):
         netdevs = tuple(sorted((p.name for p in _entries(hca_dir / "device" / "net")), key=natural_key))
-        port_dirs = sorted((p for p in _entries(hca_dir / "ports") if p.name.isdigit()), key=lambda p: int(p.name))
+        port_dirs = sorted(
+            (p for p in _entries(hca_dir / "ports") if p.name.isdigit()), key=lambda p: int(p.name)
+        )
         if not port_dirs:
             errors.append(f"{hca_dir}: no ports/")
         for pd in port_dirs:
@@ -119,20 +142,40 @@ def read_sysfs(root: str | os.PathLike = "/sys") -> SysfsFacts:
             rate = parse_rate(rate_text)
             if rate_text is not None and rate is None:
                 errors.append(f"{pd / 'rate'}: {rate_text!r} is not '<n> Gb/sec ...'")
-            ports.append(RdmaPort(hca=hca_dir.name, port=int(pd.name), link_layer=read(pd / "link_layer"),
-                                  rate_gbps=rate, state=parse_state(read(pd / "state")), netdevs=netdevs))
+            ports.append(
+                RdmaPort(
+                    hca=hca_dir.name,
+                    port=int(pd.name),
+                    link_layer=read(pd / "link_layer"),
+                    rate_gbps=rate,
+                    state=parse_state(read(pd / "state")),
+                    netdevs=netdevs,
+                )
+            )
 
     netdevs: list[NetDev] = []
     for nd in sorted(_entries(net_dir), key=lambda p: natural_key(p.name)):
         operstate = read(nd / "operstate")
         speed = None
-        if operstate == "up":   # the kernel refuses (EINVAL) or says -1 for links that are down
+        if operstate == "up":  # the kernel refuses (EINVAL) or says -1 for links that are down
             speed = _int(read(nd / "speed"))
             speed = speed if speed and speed > 0 else None
-        netdevs.append(NetDev(name=nd.name, operstate=operstate, speed_mbps=speed,
-                              link_type=_int(read(nd / "type")), physical=_physical(nd)))
-    return SysfsFacts(root=str(base), ports=tuple(ports), netdevs=tuple(netdevs),
-                      infiniband_class=ib_dir.is_dir(), errors=tuple(errors))
+        netdevs.append(
+            NetDev(
+                name=nd.name,
+                operstate=operstate,
+                speed_mbps=speed,
+                link_type=_int(read(nd / "type")),
+                physical=_physical(nd),
+            )
+        )
+    return SysfsFacts(
+        root=str(base),
+        ports=tuple(ports),
+        netdevs=tuple(netdevs),
+        infiniband_class=ib_dir.is_dir(),
+        errors=tuple(errors),
+    )
 
 
 def _entries(d: Path) -> list[Path]:
@@ -152,7 +195,7 @@ def _int(text: str | None) -> int | None:
 def _physical(nd: Path) -> bool:
     if nd.name.startswith(VIRTUAL_PREFIXES) or (nd / "bridge").is_dir():
         return False
-    if (nd / "bonding").is_dir():     # a bond of physical NICs is a fine socket interface
+    if (nd / "bonding").is_dir():  # a bond of physical NICs is a fine socket interface
         return True
     # /sys/class/net/<if> links into /sys/devices/virtual/net/ for software interfaces; hardware
     # ones have a `device` link to their bus device.

@@ -2,6 +2,7 @@
 
 Runs the HolmesJob operator (kopf) with a liveness endpoint and Prometheus metrics.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,11 +14,10 @@ import sys
 import kopf
 from kubernetes import client, config
 
-from holmes.plan.config_file import ConfigError
+from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
-from .cost_model import CostModel
 from .handlers import Runtime, register
-from .planning import planner_for, with_nic_flags
+from .planning import ClusterPlanner, export_state, with_nic_flags
 from .reconcile import RestartBackoff
 from .render import RenderSettings
 
@@ -27,41 +27,97 @@ log = logging.getLogger("holmes.operator")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m holmes.operator", description=__doc__.splitlines()[0])
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
-                       help="serve only this namespace (repeatable; glob patterns allowed)")
-    scope.add_argument("--all-namespaces", "-A", action="store_true",
-                       help="serve every namespace (the default when no --namespace is given)")
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                   help="kubeconfig file (default: $KUBECONFIG, else in-cluster, else ~/.kube/config)")
-    p.add_argument("--liveness", default="http://127.0.0.1:8080/healthz", metavar="URL",
-                   help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz ('' disables)")
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="serve only this namespace (repeatable; glob patterns allowed)",
+    )
+    scope.add_argument(
+        "--all-namespaces",
+        "-A",
+        action="store_true",
+        help="serve every namespace (the default when no --namespace is given)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: $KUBECONFIG, else in-cluster, else ~/.kube/config)",
+    )
+    p.add_argument(
+        "--liveness",
+        default="http://127.0.0.1:8080/healthz",
+        metavar="URL",
+        help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz ('' disables)",
+    )
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0 disables)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="address the metrics server binds")
-    p.add_argument("--trainer-image", default=os.environ.get("HOLMES_TRAINER_IMAGE", RenderSettings.image),
-                   help="image of pods whose template names none (default: $HOLMES_TRAINER_IMAGE)")
-    p.add_argument("--master-port", type=int, default=RenderSettings.master_port,
-                   help="torch rendezvous port on the rank-0 pod")
-    p.add_argument("--port-range", metavar="LO-HI",
-                   help="give each attempt its own rendezvous and metrics ports from this range, for pods "
-                        "that share a network namespace (hostNetwork: true; the local node agent)")
-    p.add_argument("--trainer-metrics-port", type=int, default=RenderSettings.metrics_port,
-                   help="port of the rank-0 trainer's Prometheus endpoint, read for status.progress")
-    p.add_argument("--cluster-rdma-kind", action="append", default=[], metavar="CLUSTER=KIND",
-                   help="NIC kind (infiniband|roce) of RDMA nodes in CLUSTER whose labels do not say which "
-                        "(e.g. Node Feature Discovery only); repeatable")
-    p.add_argument("--rdma-default-kind", choices=["infiniband", "roce"],
-                   help="NIC kind of such nodes in any other cluster (default: report them as unusable)")
-    p.add_argument("--cost-model", metavar="COSTMODEL.yaml",
-                   help="plan with this cost model (the YAML `holmes plan --config` reads; re-read before "
-                        "each plan when it changes, a bad edit keeps the last good one); default: built-in")
-    p.add_argument("--restart-backoff-seconds", type=float, default=RestartBackoff.base, metavar="S",
-                   help="wait S seconds before the attempt after the first gang restart, doubling with each "
-                        "further restart (like Kubernetes Jobs; 0 disables)")
-    p.add_argument("--restart-backoff-max-seconds", type=float, default=RestartBackoff.cap, metavar="S",
-                   help="the longest restart back-off")
+    p.add_argument(
+        "--trainer-image",
+        default=os.environ.get("HOLMES_TRAINER_IMAGE", RenderSettings.image),
+        help="image of pods whose template names none (default: $HOLMES_TRAINER_IMAGE)",
+    )
+    p.add_argument(
+        "--master-port",
+        type=int,
+        default=RenderSettings.master_port,
+        help="torch rendezvous port on the rank-0 pod",
+    )
+    p.add_argument(
+        "--port-range",
+        metavar="LO-HI",
+        help="give each attempt its own rendezvous and metrics ports from this range, for pods "
+        "that share a network namespace (hostNetwork: true; the local node agent)",
+    )
+    p.add_argument(
+        "--trainer-metrics-port",
+        type=int,
+        default=RenderSettings.metrics_port,
+        help="port of the rank-0 trainer's Prometheus endpoint, read for status.progress",
+    )
+    p.add_argument(
+        "--cluster-rdma-kind",
+        action="append",
+        default=[],
+        metavar="CLUSTER=KIND",
+        help="NIC kind (infiniband|roce) of RDMA nodes in CLUSTER whose labels do not say which "
+        "(e.g. Node Feature Discovery only); repeatable",
+    )
+    p.add_argument(
+        "--rdma-default-kind",
+        choices=["infiniband", "roce"],
+        help="NIC kind of such nodes in any other cluster (default: report them as unusable)",
+    )
+    p.add_argument(
+        "--cost-model",
+        metavar="COSTMODEL.yaml",
+        help="plan with this cost model (the YAML `holmes plan --config` reads; re-read before "
+        "each plan when it changes, a bad edit keeps the last good one); default: built-in",
+    )
+    p.add_argument(
+        "--restart-backoff-seconds",
+        type=float,
+        default=RestartBackoff.base,
+        metavar="S",
+        help="wait S seconds before the attempt after the first gang restart, doubling with each "
+        "further restart (like Kubernetes Jobs; 0 disables)",
+    )
+    p.add_argument(
+        "--restart-backoff-max-seconds",
+        type=float,
+        default=RestartBackoff.cap,
+        metavar="S",
+        help="the longest restart back-off",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--log-format", default="json", choices=["json", "plain"],
-                   help="json: one structured record per line (default); plain: human-readable")
+    p.add_argument(
+        "--log-format",
+        default="json",
+        choices=["json", "plain"],
+        help="json: one structured record per line (default); plain: human-readable",
+    )
     args = p.parse_args(argv)
     kinds = {}
     for item in args.cluster_rdma_kind:
@@ -92,7 +148,7 @@ def api_client(kubeconfig: str | None) -> client.ApiClient:
             config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException:
             config.load_kube_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = 32            # pods of a large job are created in parallel
+    cfg.connection_pool_maxsize = 32  # pods of a large job are created in parallel
     return client.ApiClient(cfg)
 
 
@@ -101,26 +157,46 @@ def connection_info(cfg: client.Configuration, settings: kopf.OperatorSettings) 
     --kubeconfig, in-cluster tokens and client certificates all work alike)."""
     header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
     parts = header.split(" ", 1) if header else []
-    scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    scheme, token = (
+        (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    )
     return kopf.ConnectionInfo(
-        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
-        username=cfg.username or None, password=cfg.password or None, scheme=scheme, token=token,
-        certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
-        trust_env=settings.networking.trust_env)
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        trust_env=settings.networking.trust_env,
+    )
 
 
-def cost_model(args: argparse.Namespace) -> CostModel:
-    """The --cost-model file (or the defaults) with the NIC flags on top; ConfigError if bad."""
-    return CostModel(args.cost_model, adjust=lambda c: with_nic_flags(c, args.cluster_rdma_kinds,
-                                                                      args.rdma_default_kind))
+def cost_model(args: argparse.Namespace) -> CostModelFile:
+    """The --cost-model file (or the defaults) with the NIC flags on top; CostModelError if bad."""
+    return CostModelFile(
+        args.cost_model,
+        on_state=export_state,
+        adjust=lambda c: with_nic_flags(c, args.cluster_rdma_kinds, args.rdma_default_kind),
+    )
 
 
-def build(args: argparse.Namespace, model: CostModel | None = None) -> tuple[kopf.OperatorRegistry, Runtime]:
+def build(
+    args: argparse.Namespace, model: CostModelFile | None = None
+) -> tuple[kopf.OperatorRegistry, Runtime]:
     registry = kopf.OperatorRegistry()
-    settings = RenderSettings(image=args.trainer_image, master_port=args.master_port,
-                              metrics_port=args.trainer_metrics_port, port_range=args.port_range_tuple)
-    planner = planner_for(model or cost_model(args))
-    rt = Runtime(api=api_client(args.kubeconfig), planner=planner, settings=settings, backoff=args.restart_backoff)
+    settings = RenderSettings(
+        image=args.trainer_image,
+        master_port=args.master_port,
+        metrics_port=args.trainer_metrics_port,
+        port_range=args.port_range_tuple,
+    )
+    planner = ClusterPlanner(model or cost_model(args))
+    rt = Runtime(
+        api=api_client(args.kubeconfig), planner=planner, settings=settings, backoff=args.restart_backoff
+    )
     register(rt, registry)
 
     @kopf.on.login(registry=registry, id="login")
@@ -141,30 +217,49 @@ def build(args: argparse.Namespace, model: CostModel | None = None) -> tuple[kop
         settings.watching.server_timeout = 270
         settings.watching.client_timeout = 300
         settings.watching.connect_timeout = 10
+
     return registry, rt
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        model = cost_model(args)          # a bad file stops here, before anything is served
-    except ConfigError as e:
+        model = cost_model(args)  # a bad file stops here, before anything is served
+    except CostModelError as e:
         print(f"python -m holmes.operator: error: --cost-model: {e}", file=sys.stderr)
         return 2
-    kopf.configure(verbose=args.log_level == "debug", quiet=args.log_level in ("warning", "error"),
-                   log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL)
+    kopf.configure(
+        verbose=args.log_level == "debug",
+        quiet=args.log_level in ("warning", "error"),
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
+    )
     logging.getLogger().setLevel(args.log_level.upper())
-    if args.log_level != "debug":   # kopf logs every watch-event handler call at INFO: keep its warnings
+    if args.log_level != "debug":  # kopf logs every watch-event handler call at INFO: keep its warnings
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     registry, _rt = build(args, model)
     if args.metrics_port:
         from prometheus_client import start_http_server
+
         start_http_server(args.metrics_port, addr=args.metrics_addr)
     namespaces = args.namespace
-    log.info("starting", extra={"namespaces": namespaces or "*", "metrics_port": args.metrics_port,
-                                "liveness": args.liveness, "cost_model": args.cost_model or "built-in"})
-    asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=not namespaces,
-                              namespaces=namespaces, liveness_endpoint=args.liveness or None))
+    log.info(
+        "starting",
+        extra={
+            "namespaces": namespaces or "*",
+            "metrics_port": args.metrics_port,
+            "liveness": args.liveness,
+            "cost_model": args.cost_model or "built-in",
+        },
+    )
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=args.liveness or None,
+        )
+    )
     return 0
 
 

@@ -1,8 +1,9 @@
 """Status conditions in the shape kstatus, Argo CD and Flux read (type/status/reason/message/
 lastTransitionTime/observedGeneration). Pure functions over lists of dicts."""
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 READY = "Ready"
 RECONCILING = "Reconciling"
@@ -20,20 +21,26 @@ def get(conditions: Iterable[dict] | None, type_: str) -> dict | None:
     return None
 
 
-def is_true(conditions: Iterable[dict] | None, type_: str) -> bool:
-    c = get(conditions, type_)
-    return bool(c) and c.get("status") == "True"
-
-
-def set_condition(conditions: list[dict] | None, type_: str, status: bool, reason: str, message: str,
-                  now: str, generation: int | None) -> list[dict]:
+def set_condition(
+    conditions: list[dict] | None,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int | None,
+) -> list[dict]:
     """A new list with ``type_`` set; lastTransitionTime moves only when the status flips."""
     value = "True" if status else "False"
     out = [dict(c) for c in conditions or () if c.get("type") != type_]
     old = get(conditions, type_)
-    since = old.get("lastTransitionTime") if old and old.get("status") == value and old.get("lastTransitionTime") else now
+    since = (
+        old.get("lastTransitionTime")
+        if old and old.get("status") == value and old.get("lastTransitionTime")
+        else now
+    )
     cond = {"type": type_, "status": value, "reason": reason, "lastTransitionTime": since}
-    if message:          # an empty string would reach a 1.20 API server as null through a merge patch
+    if message:  # an empty string would reach a 1.20 API server as null through a merge patch
         cond["message"] = message
     if generation is not None:
         cond["observedGeneration"] = generation
@@ -43,8 +50,9 @@ def set_condition(conditions: list[dict] | None, type_: str, status: bool, reaso
     return out
 
 
-def set_many(conditions: list[dict] | None, values: dict[str, tuple[bool, str, str]], now: str,
-             generation: int | None) -> list[dict]:
+def set_many(
+    conditions: list[dict] | None, values: dict[str, tuple[bool, str, str]], now: str, generation: int | None
+) -> list[dict]:
     """Set several conditions at once: ``{type: (status, reason, message)}``."""
     out = list(conditions or ())
     for type_, (status, reason, message) in values.items():

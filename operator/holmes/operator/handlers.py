@@ -16,14 +16,16 @@ Holmes needs no finalizer at all.
 
 Reconciles of one job never overlap (one loop per job); different jobs run concurrently.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any
 
 import kopf
 from kubernetes import client
@@ -35,7 +37,7 @@ from .render import RenderSettings
 from .summary import pod_attempt, pod_node_rank
 
 log = logging.getLogger("holmes.operator")
-IDLE_RESYNC = 300.0          # a quiet job is still re-read this often
+IDLE_RESYNC = 300.0  # a quiet job is still re-read this often
 
 
 class Waker:
@@ -56,23 +58,18 @@ class Waker:
 @dataclass
 class Runtime:
     """Everything the handlers share: API access, planner, rendering settings, wakers."""
+
     api: client.ApiClient
     planner: Planner
     settings: RenderSettings = field(default_factory=RenderSettings)
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
-    wakers: dict = field(default_factory=dict)           # (ns, name) -> Waker
-    loops: dict = field(default_factory=dict)            # (ns, name) -> asyncio.Task
-    node_facts: dict = field(default_factory=dict)       # node name -> fingerprint
+    wakers: dict = field(default_factory=dict)  # (ns, name) -> Waker
+    loops: dict = field(default_factory=dict)  # (ns, name) -> asyncio.Task
+    node_facts: dict = field(default_factory=dict)  # node name -> fingerprint
     phases: metrics.PhaseTracker = field(default_factory=metrics.PhaseTracker)
 
     def __post_init__(self) -> None:
         self.io = KubeIO(self.api)
-        plan = self.planner.plan
-
-        def timed_plan(nodes: list, job: Any):
-            with metrics.PLANNING_SECONDS.time():
-                return plan(nodes, job)
-        self.planner = replace(self.planner, plan=timed_plan)
 
     def wake(self, key: tuple[str, str]) -> None:
         w = self.wakers.get(key)
@@ -91,9 +88,15 @@ class Runtime:
         if job is None or job["metadata"].get("deletionTimestamp"):
             return None
         pods = self.io.list_pods(ns, name)
-        obs = Observed(job=job, pods=pods, configmap=self.io.read_configmap(ns, name),
-                       service=self.io.read_service(ns, name), nodes=nodes,
-                       now=datetime.now(timezone.utc), progress=self._progress(job, pods))
+        obs = Observed(
+            job=job,
+            pods=pods,
+            configmap=self.io.read_configmap(ns, name),
+            service=self.io.read_service(ns, name),
+            nodes=nodes,
+            now=datetime.now(timezone.utc),
+            progress=self._progress(job, pods),
+        )
         d = decide(obs, self.planner, self.settings, self.backoff)
         created = self.io.apply(d, job)
         old = job.get("status") or {}
@@ -102,8 +105,16 @@ class Runtime:
         for ev in d.events:
             kopf.event(job, type=ev.type, reason=ev.reason, message=ev.message[:1000])
             level = logging.WARNING if ev.type == "Warning" else logging.INFO
-            log.log(level, ev.message, extra={"job": f"{ns}/{name}", "reason": ev.reason,
-                                              "phase": d.status.get("phase"), "attempt": d.status.get("attempt")})
+            log.log(
+                level,
+                ev.message,
+                extra={
+                    "job": f"{ns}/{name}",
+                    "reason": ev.reason,
+                    "phase": d.status.get("phase"),
+                    "attempt": d.status.get("attempt"),
+                },
+            )
         if d.delete_job:
             self.io.delete_job(ns, name)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
@@ -117,7 +128,7 @@ class Runtime:
         if not rank0:
             return None
         found = progress.from_pod(rank0[0], self.settings.metrics_port)
-        if not found and progress.terminated(rank0[0]):     # the trainer's last line, from its log
+        if not found and progress.terminated(rank0[0]):  # the trainer's last line, from its log
             found = progress.from_json_lines(self.io.log_tail(rank0[0]))
         return found
 
@@ -126,7 +137,9 @@ class Runtime:
         if int(d.status.get("restarts") or 0) > int(old.get("restarts") or 0):
             metrics.RESTARTS.inc()
         if d.status.get("phase") == "Failed" and old.get("phase") != "Failed":
-            reason = next((c.get("reason") for c in d.status.get("conditions") or [] if c.get("type") == "Failed"), "")
+            reason = next(
+                (c.get("reason") for c in d.status.get("conditions") or [] if c.get("type") == "Failed"), ""
+            )
             metrics.FAILURES.labels(reason or "Unknown").inc()
 
 
@@ -134,20 +147,35 @@ def node_fingerprint(body: Mapping) -> tuple:
     """What of a node matters to planning (heartbeats change none of it)."""
     meta, spec, st = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     ready = next((c.get("status") for c in st.get("conditions") or [] if c.get("type") == "Ready"), None)
-    return (tuple(sorted((meta.get("labels") or {}).items())), tuple(sorted((st.get("allocatable") or {}).items())),
-            bool(spec.get("unschedulable")), ready, tuple(str(t) for t in spec.get("taints") or []))
+    return (
+        tuple(sorted((meta.get("labels") or {}).items())),
+        tuple(sorted((st.get("allocatable") or {}).items())),
+        bool(spec.get("unschedulable")),
+        ready,
+        tuple(str(t) for t in spec.get("taints") or []),
+    )
 
 
 def slim_node(body: Mapping) -> dict:
     meta, spec, st = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
-                     "annotations": {k: v for k, v in (meta.get("annotations") or {}).items()
-                                     if k.startswith(("holmes.dev/", "nvidia.com/"))}},
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": {
+                k: v
+                for k, v in (meta.get("annotations") or {}).items()
+                if k.startswith(("holmes.dev/", "nvidia.com/"))
+            },
+        },
         "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
-        "status": {"allocatable": dict(st.get("allocatable") or {}), "capacity": dict(st.get("capacity") or {}),
-                   "conditions": [dict(c) for c in st.get("conditions") or [] if c.get("type") == "Ready"]},
+        "status": {
+            "allocatable": dict(st.get("allocatable") or {}),
+            "capacity": dict(st.get("capacity") or {}),
+            "conditions": [dict(c) for c in st.get("conditions") or [] if c.get("type") == "Ready"],
+        },
     }
 
 
@@ -168,12 +196,16 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
                 rt.node_facts[name] = fp
             rt.wake_waiting()
 
-    @kopf.on.event("", "v1", "pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry, id="pod_changed")
+    @kopf.on.event(
+        "", "v1", "pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry, id="pod_changed"
+    )
     async def pod_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
         rt.wake((namespace, labels[names.LABEL_JOB]))
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry, id="job_changed")
-    async def job_changed(namespace: str, name: str, type: str | None, holmes_nodes: kopf.Index, **_: Any) -> None:
+    async def job_changed(
+        namespace: str, name: str, type: str | None, holmes_nodes: kopf.Index, **_: Any
+    ) -> None:
         key = (namespace, name)
         if type == "DELETED":
             task = rt.loops.pop(key, None)
@@ -183,7 +215,9 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         task = rt.loops.get(key)
         if task is None or task.done():
             # Created here, the task inherits kopf's per-object context (Event posting).
-            rt.loops[key] = asyncio.create_task(job_loop(namespace, name, holmes_nodes), name=f"holmesjob {namespace}/{name}")
+            rt.loops[key] = asyncio.create_task(
+                job_loop(namespace, name, holmes_nodes), name=f"holmesjob {namespace}/{name}"
+            )
         else:
             rt.wake(key)
 
@@ -197,20 +231,23 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
                 nodes = [v for store in holmes_nodes.values() for v in store]
                 try:
                     d = await asyncio.to_thread(rt.reconcile, namespace, name, nodes)
-                    if d is None:                   # deleted (or being deleted): nothing left to do
+                    if d is None:  # deleted (or being deleted): nothing left to do
                         return
                     backoff = 1.0
                     delay = IDLE_RESYNC if d.requeue_after is None else d.requeue_after
                     rt.phases.set(key, d.status.get("phase"))
                     waker.waiting_for_nodes = d.waiting_for_nodes
-                except Exception as e:          # an API hiccup must not end the job's loop
+                except Exception as e:  # an API hiccup must not end the job's loop
                     metrics.RECONCILE_ERRORS.inc()
-                    log.exception("reconcile failed; retrying in %.0fs", backoff,
-                                  extra={"job": f"{namespace}/{name}", "error": str(e)})
+                    log.exception(
+                        "reconcile failed; retrying in %.0fs",
+                        backoff,
+                        extra={"job": f"{namespace}/{name}", "error": str(e)},
+                    )
                     delay, backoff = backoff, min(backoff * 2, 60.0)
                 await waker.sleep(delay)
         finally:
-            if rt.wakers.get(key) is waker:     # else a newer loop serves this key: leave it its waker
+            if rt.wakers.get(key) is waker:  # else a newer loop serves this key: leave it its waker
                 rt.wakers.pop(key)
                 rt.phases.set(key, None)
             if rt.loops.get(key) is asyncio.current_task():
@@ -226,4 +263,3 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.probe(id="jobs", registry=registry)
     async def jobs_probe(**_: Any) -> dict:
         return rt.phases.counts()
-

@@ -5,12 +5,14 @@ kubernetes client), run in a worker thread by the job's reconcile loop. Response
 Every write is idempotent: creates that find the object already there are fine (deterministic
 names), deletes that find nothing are fine, the ConfigMap is created or replaced.
 """
+
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import kopf
 from kubernetes import client
@@ -35,15 +37,20 @@ class KubeIO:
     # ---- reads ------------------------------------------------------------------------------
     def read_job(self, ns: str, name: str) -> dict | None:
         try:
-            return _json(self.custom.get_namespaced_custom_object(
-                names.GROUP, names.VERSION, ns, names.PLURAL, name, _preload_content=False))
+            return _json(
+                self.custom.get_namespaced_custom_object(
+                    names.GROUP, names.VERSION, ns, names.PLURAL, name, _preload_content=False
+                )
+            )
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
 
     def list_pods(self, ns: str, job: str) -> list[dict]:
-        resp = self.core.list_namespaced_pod(ns, label_selector=f"{names.LABEL_JOB}={job}", _preload_content=False)
+        resp = self.core.list_namespaced_pod(
+            ns, label_selector=f"{names.LABEL_JOB}={job}", _preload_content=False
+        )
         return _json(resp).get("items") or []
 
     def log_tail(self, pod: dict, lines: int = 20) -> str:
@@ -52,8 +59,14 @@ class KubeIO:
         names_ = [c["name"] for c in pod["spec"]["containers"]]
         container = names.TRAINER_CONTAINER if names.TRAINER_CONTAINER in names_ else names_[0]
         try:
-            resp = self.core.read_namespaced_pod_log(meta["name"], meta["namespace"], container=container,
-                                                     tail_lines=lines, _preload_content=False, _request_timeout=5)
+            resp = self.core.read_namespaced_pod_log(
+                meta["name"],
+                meta["namespace"],
+                container=container,
+                tail_lines=lines,
+                _preload_content=False,
+                _request_timeout=5,
+            )
             return resp.data.decode("utf-8", "replace")
         except (ApiException, OSError, ValueError) as e:
             log.debug("no log tail for %s: %s", meta["name"], e)
@@ -87,7 +100,9 @@ class KubeIO:
             self._create(self.core.create_namespaced_service, ns, d.service)
         for pod in d.create_pods:
             kopf.adopt(pod, owner=owner)
-        created = self._parallel(lambda p: self._create(self.core.create_namespaced_pod, ns, p), d.create_pods)
+        created = self._parallel(
+            lambda p: self._create(self.core.create_namespaced_pod, ns, p), d.create_pods
+        )
         return sum(1 for c in created if c)
 
     def patch_status(self, job: dict, old: dict, new: dict) -> bool:
@@ -98,15 +113,27 @@ class KubeIO:
             return False
         meta = job["metadata"]
         self.custom.patch_namespaced_custom_object_status(
-            names.GROUP, names.VERSION, meta["namespace"], names.PLURAL, meta["name"],
-            {"status": patch}, _preload_content=False)
+            names.GROUP,
+            names.VERSION,
+            meta["namespace"],
+            names.PLURAL,
+            meta["name"],
+            {"status": patch},
+            _preload_content=False,
+        )
         return True
 
     def delete_job(self, ns: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(
-                names.GROUP, names.VERSION, ns, names.PLURAL, name,
-                body=client.V1DeleteOptions(propagation_policy="Background"), _preload_content=False)
+                names.GROUP,
+                names.VERSION,
+                ns,
+                names.PLURAL,
+                name,
+                body=client.V1DeleteOptions(propagation_policy="Background"),
+                _preload_content=False,
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -123,7 +150,7 @@ class KubeIO:
             fn(ns, body, _preload_content=False)
             return True
         except ApiException as e:
-            if e.status == 409:                  # already there: created before a restart
+            if e.status == 409:  # already there: created before a restart
                 return False
             raise
 

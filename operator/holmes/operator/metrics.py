@@ -1,5 +1,6 @@
 """Prometheus metrics of the operator (prometheus-client's default registry, so the process
 collector's memory and CPU series come along)."""
+
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -7,16 +8,25 @@ from prometheus_client import Counter, Gauge, Histogram
 PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 
 JOBS = Gauge("holmes_jobs", "HolmesJobs known to this operator, by phase", ["phase"])
-RECONCILE_SECONDS = Histogram("holmes_reconcile_duration_seconds", "Time of one reconcile of a HolmesJob",
-                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-PLANNING_SECONDS = Histogram("holmes_planning_duration_seconds", "Time the planner took for one layout",
-                             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10))
+RECONCILE_SECONDS = Histogram(
+    "holmes_reconcile_duration_seconds",
+    "Time of one reconcile of a HolmesJob",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+PLANNING_SECONDS = Histogram(
+    "holmes_planning_duration_seconds",
+    "Time the planner took for one layout",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),
+)
 PODS_CREATED = Counter("holmes_pods_created_total", "Pods created for HolmesJobs")
 RESTARTS = Counter("holmes_restarts_total", "Gang restarts after a pod failure")
 FAILURES = Counter("holmes_job_failures_total", "HolmesJobs that ended Failed, by reason", ["reason"])
 RECONCILE_ERRORS = Counter("holmes_reconcile_errors_total", "Reconciles that raised (retried with backoff)")
-COST_MODEL_VALID = Gauge("holmes_cost_model_valid", "1 while the --cost-model file in use is valid; 0 while it is "
-                         "unreadable or invalid (planning keeps the last good model)")
+COST_MODEL_VALID = Gauge(
+    "holmes_cost_model_valid",
+    "1 while the --cost-model file in use is valid; 0 while it is "
+    "unreadable or invalid (planning keeps the last good model)",
+)
 COST_MODEL_RELOADS = Counter("holmes_cost_model_reloads_total", "Changed --cost-model files taken into use")
 
 

@@ -1,5 +1,6 @@
 """Names, labels and annotations shared by rendering, reconciling and tests: one place so a
 pod, its ConfigMap and the operator always agree."""
+
 from __future__ import annotations
 
 import hashlib
@@ -7,25 +8,20 @@ import json
 import re
 from typing import Any
 
-GROUP = "holmes.dev"
-VERSION = "v1alpha1"
-PLURAL = "holmesjobs"
-KIND = "HolmesJob"
-API_VERSION = f"{GROUP}/{VERSION}"
+from holmes.contract.names import API_VERSION, GROUP, KIND, LABEL_NIC, PLURAL, VERSION  # noqa: F401 (re-exported)
 
 # Labels on every child (selectors and kubectl -l use these).
 LABEL_JOB = "holmes.dev/job-name"
 LABEL_ATTEMPT = "holmes.dev/attempt"
 LABEL_NODE_RANK = "holmes.dev/node-rank"
 LABEL_STAGE = "holmes.dev/stage"
-LABEL_NIC = "holmes.dev/nic"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "holmes-operator"
 
 # Annotations recording what an attempt was launched from.
 ANN_ATTEMPT = "holmes.dev/attempt"
-ANN_SPEC_HASH = "holmes.dev/spec-hash"      # model+training+parallelism+nodes+template
-ANN_MODEL_HASH = "holmes.dev/model-hash"    # model alone (immutable once started)
+ANN_SPEC_HASH = "holmes.dev/spec-hash"  # model+training+parallelism+nodes+template
+ANN_MODEL_HASH = "holmes.dev/model-hash"  # model alone (immutable once started)
 ANN_NODE = "holmes.dev/node"
 
 TRAINER_CONTAINER = "trainer"
@@ -60,11 +56,15 @@ def master_addr(job: str, namespace: str, attempt: int) -> str:
 def job_name_problem(name: str) -> str | None:
     """Why a HolmesJob name cannot be used for its children, or None when it can."""
     if not _DNS1035.match(name or ""):
-        return (f"metadata.name: {name!r} must be a DNS-1035 label (lower-case letters, digits and '-', "
-                f"starting with a letter) because it names the job's Service and pod hostnames")
+        return (
+            f"metadata.name: {name!r} must be a DNS-1035 label (lower-case letters, digits and '-', "
+            f"starting with a letter) because it names the job's Service and pod hostnames"
+        )
     if len(name) > MAX_JOB_NAME:
-        return (f"metadata.name: {name!r} is {len(name)} characters; at most {MAX_JOB_NAME} leave room for "
-                f"the pod hostnames <name>-<attempt>-<rank> (63 characters at most)")
+        return (
+            f"metadata.name: {name!r} is {len(name)} characters; at most {MAX_JOB_NAME} leave room for "
+            f"the pod hostnames <name>-<attempt>-<rank> (63 characters at most)"
+        )
     return None
 
 

@@ -8,11 +8,13 @@ Sources, all reachable without cluster DNS:
   failing that, the tail of its log (read by the caller through the API).
 Parsing is pure; ``scrape`` is the only I/O here.
 """
+
 from __future__ import annotations
 
 import json
 import urllib.request
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,7 +32,7 @@ def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k in KEYS:
         v = d.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:   # drop NaN
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:  # drop NaN
             out[k] = int(v) if k == "iteration" else round(float(v), 6)
     return out
 
@@ -41,7 +43,7 @@ def from_prometheus(text: str) -> dict[str, Any]:
         for s in fam.samples:
             if s.name in GAUGES and not s.labels:
                 values[GAUGES[s.name]] = s.value
-    if values.get("iteration", 0) < 1:      # gauges read 0 until the first iteration (numbered from 1)
+    if values.get("iteration", 0) < 1:  # gauges read 0 until the first iteration (numbered from 1)
         return {}
     return _clean(values)
 
@@ -88,7 +90,7 @@ def from_pod(pod: Mapping[str, Any], metrics_port: int, timeout: float = 1.0) ->
 
 def scrape(url: str, timeout: float = 1.0) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:     # noqa: S310 (pod IP, http)
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (pod IP, http)
             return from_prometheus(r.read().decode("utf-8", "replace"))
     except (OSError, ValueError):
-        return {}                      # not listening yet, or gone: try again next time
+        return {}  # not listening yet, or gone: try again next time

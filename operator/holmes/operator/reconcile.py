@@ -25,77 +25,88 @@ launched (Stalled, the running attempt is left alone); any other change of an ac
 relaunches it as a new attempt (reason SpecChanged, not counted in restarts). Edits to a
 finished job have no effect. While the spec is invalid the operator only updates the status.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping
+from typing import Protocol
 
-from holmes.plan.layout import Layout, LayoutError
+from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
+from holmes.plan import InsufficientNodes, PlanError
 
 from . import conditions as cond
 from . import names
 from .render import JobRef, RenderSettings, build_configmap, build_pod, build_service
-from .summary import (failure_of, iso, layout_status, parse_time, pod_attempt, pod_counts, pod_node_rank,
-                      waiting_reason)
+from .summary import (
+    failure_of,
+    iso,
+    layout_status,
+    parse_time,
+    pod_attempt,
+    pod_counts,
+    pod_node_rank,
+    waiting_reason,
+)
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 FINISHED = (SUCCEEDED, FAILED)
 
 _NEXT_ATTEMPT = re.compile(r"next attempt at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
-PROGRESS_INTERVAL = 2.0      # seconds between reads of the trainer's metrics while pods run
-WAIT_INTERVAL = 30.0         # re-plan a job waiting for nodes at least this often
+PROGRESS_INTERVAL = 2.0  # seconds between reads of the trainer's metrics while pods run
+WAIT_INTERVAL = 30.0  # re-plan a job waiting for nodes at least this often
 
 
 @dataclass(frozen=True)
 class Event:
-    type: str        # Normal | Warning
+    type: str  # Normal | Warning
     reason: str
     message: str
 
 
 @dataclass
 class Observed:
-    job: dict                           # the HolmesJob as just read
-    pods: list[dict]                    # pods labelled with the job's name, any attempt
-    configmap: dict | None              # <job>-layout, or None
-    service: dict | None                # the headless Service, or None
-    nodes: list[dict]                   # node objects known to the operator
+    job: dict  # the HolmesJob as just read
+    pods: list[dict]  # pods labelled with the job's name, any attempt
+    configmap: dict | None  # <job>-layout, or None
+    service: dict | None  # the headless Service, or None
+    nodes: list[dict]  # node objects known to the operator
     now: datetime
-    progress: dict | None = None        # numbers just read from the rank-0 trainer
+    progress: dict | None = None  # numbers just read from the rank-0 trainer
 
 
 @dataclass
 class Decision:
     status: dict
     delete_pods: list[str] = field(default_factory=list)
-    configmap: dict | None = None       # create or replace
-    service: dict | None = None         # create when missing
+    configmap: dict | None = None  # create or replace
+    service: dict | None = None  # create when missing
     create_pods: list[dict] = field(default_factory=list)
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
-    planned: bool = False               # the planner ran
-    waiting_for_nodes: bool = False     # wake this job when nodes change
+    waiting_for_nodes: bool = False  # wake this job when nodes change
 
 
-@dataclass(frozen=True)
-class Planner:
-    """The planner's functions, passed in so this module stays pure and testable."""
-    parse: Callable[[Mapping], Any]                 # manifest -> JobSpec (raises SpecError)
-    plan: Callable[[list, Any], Layout]             # (nodes, JobSpec) -> Layout
-    network: Callable[[Mapping], "NodeNetwork"]     # node -> its NIC kind, RDMA resource, NCCL env
-    spec_error: type = ValueError
-    insufficient: type = LookupError
-    plan_error: type = ValueError
-    unusable: Callable[[Mapping], str] = lambda node: ""   # node -> why it cannot run pods ("" if it can)
+class Planner(Protocol):
+    """What the reconciler asks of the planner (``planning.ClusterPlanner``; tests give their own)."""
+
+    def plan(self, nodes: list, job: JobSpec) -> Layout:
+        """Raises InsufficientNodes (wait for nodes) or PlanError (the job cannot be planned)."""
+
+    def network(self, node: Mapping) -> NodeNetwork:
+        """The node's NIC kind, RDMA resource and NCCL environment."""
+
+    def unusable(self, node: Mapping) -> str:
+        """Why the node cannot run pods ("" if it can)."""
 
 
 @dataclass(frozen=True)
 class NodeNetwork:
-    nic: str                            # infiniband | roce | ethernet
+    nic: str  # infiniband | roce | ethernet
     rdma_resource: str | None
     env: Mapping[str, str]
 
@@ -104,6 +115,7 @@ class NodeNetwork:
 class RestartBackoff:
     """Delay before the attempt after gang restart k: ``base * 2^(k-1)`` seconds, at most ``cap``
     (operator flags --restart-backoff-seconds / --restart-backoff-max-seconds; base 0 disables)."""
+
     base: float = 10.0
     cap: float = 300.0
 
@@ -117,8 +129,9 @@ class RestartBackoff:
         return min(self.base * 2.0 ** min(restarts - 1, 62), self.cap)
 
 
-def decide(obs: Observed, planner: Planner, settings: RenderSettings,
-           backoff: RestartBackoff = RestartBackoff()) -> Decision:
+def decide(
+    obs: Observed, planner: Planner, settings: RenderSettings, backoff: RestartBackoff = RestartBackoff()
+) -> Decision:
     return _Reconciler(obs, planner, settings, backoff).run()
 
 
@@ -134,13 +147,20 @@ class _Reconciler:
         self.now = iso(obs.now)
         self.d = Decision(status=self.status)
         self.attempt = int(self.old.get("attempt") or 0)
+        self.spec: JobSpec | None = None  # set once the spec parsed
 
     # ---- helpers -------------------------------------------------------------------------
     def event(self, type_: str, reason: str, message: str) -> None:
         self.d.events.append(Event(type_, reason, message))
 
-    def set_phase(self, phase: str, reason: str, message: str, stalled: tuple[str, str] | None = None,
-                  announce: bool = True) -> bool:
+    def set_phase(
+        self,
+        phase: str,
+        reason: str,
+        message: str,
+        stalled: tuple[str, str] | None = None,
+        announce: bool = True,
+    ) -> bool:
         """Phase plus the matching kstatus conditions; an Event when the phase changes (True then)."""
         previous = self.old.get("phase")
         self.status["phase"] = phase
@@ -148,15 +168,35 @@ class _Reconciler:
         ready = phase in (RUNNING, SUCCEEDED)
         values = {
             cond.READY: (ready, reason if not ready or phase != RUNNING else "AllPodsRunning", message),
-            cond.RECONCILING: (active and stalled is None, reason if active else phase, message if active else ""),
-            cond.STALLED: (stalled is not None, stalled[0] if stalled else "Healthy", stalled[1] if stalled else ""),
-            cond.SUCCEEDED: (phase == SUCCEEDED, reason if phase == SUCCEEDED else "NotSucceeded",
-                             message if phase == SUCCEEDED else ""),
-            cond.FAILED: (phase == FAILED, reason if phase == FAILED else "NotFailed", message if phase == FAILED else ""),
-            cond.SUSPENDED: (phase == SUSPENDED, reason if phase == SUSPENDED else "NotSuspended",
-                             message if phase == SUSPENDED else ""),
+            cond.RECONCILING: (
+                active and stalled is None,
+                reason if active else phase,
+                message if active else "",
+            ),
+            cond.STALLED: (
+                stalled is not None,
+                stalled[0] if stalled else "Healthy",
+                stalled[1] if stalled else "",
+            ),
+            cond.SUCCEEDED: (
+                phase == SUCCEEDED,
+                reason if phase == SUCCEEDED else "NotSucceeded",
+                message if phase == SUCCEEDED else "",
+            ),
+            cond.FAILED: (
+                phase == FAILED,
+                reason if phase == FAILED else "NotFailed",
+                message if phase == FAILED else "",
+            ),
+            cond.SUSPENDED: (
+                phase == SUSPENDED,
+                reason if phase == SUSPENDED else "NotSuspended",
+                message if phase == SUSPENDED else "",
+            ),
         }
-        self.status["conditions"] = cond.set_many(self.old.get("conditions"), values, self.now, self.generation)
+        self.status["conditions"] = cond.set_many(
+            self.old.get("conditions"), values, self.now, self.generation
+        )
         if phase != previous and announce:
             kind = "Warning" if phase in (FAILED, RESTARTING) else "Normal"
             self.event(kind, reason, f"{previous or 'New'} -> {phase}: {message}")
@@ -176,17 +216,23 @@ class _Reconciler:
 
     def live_pods(self) -> list[str]:
         """Names of pods still running or starting (any attempt) and not already being deleted."""
-        return [p["metadata"]["name"] for p in self.obs.pods
-                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-                and not p["metadata"].get("deletionTimestamp")]
+        return [
+            p["metadata"]["name"]
+            for p in self.obs.pods
+            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            and not p["metadata"].get("deletionTimestamp")
+        ]
 
     def current_pods(self) -> list[dict]:
         return [p for p in self.obs.pods if pod_attempt(p) == self.attempt]
 
     def delete_stale(self) -> None:
         for p in self.obs.pods:
-            if (pod_attempt(p) != self.attempt and not p["metadata"].get("deletionTimestamp")
-                    and p["metadata"]["name"] not in self.d.delete_pods):
+            if (
+                pod_attempt(p) != self.attempt
+                and not p["metadata"].get("deletionTimestamp")
+                and p["metadata"]["name"] not in self.d.delete_pods
+            ):
                 self.d.delete_pods.append(p["metadata"]["name"])
 
     def teardown(self, *, restart: bool = False) -> None:
@@ -200,8 +246,13 @@ class _Reconciler:
 
     def job_ref(self, attempt: int | None = None) -> JobRef:
         spec = self.job.get("spec") or {}
-        return JobRef(self.name, self.ns, self.attempt if attempt is None else attempt,
-                      names.spec_hash(spec), names.model_hash(spec))
+        return JobRef(
+            self.name,
+            self.ns,
+            self.attempt if attempt is None else attempt,
+            names.spec_hash(spec),
+            names.model_hash(spec),
+        )
 
     def cm_annotation(self, key: str) -> str | None:
         return ((self.obs.configmap or {}).get("metadata", {}).get("annotations") or {}).get(key)
@@ -209,22 +260,28 @@ class _Reconciler:
     # ---- the state machine ----------------------------------------------------------------
     def run(self) -> Decision:
         if (self.job.get("metadata") or {}).get("deletionTimestamp"):
-            return self.d                                   # owner references clean up
+            return self.d  # owner references clean up
         phase = self.old.get("phase")
+        try:
+            spec, invalid = load_job(self.job), None
+        except SpecError as e:
+            spec, invalid = None, e
         if phase in FINISHED:
-            return self.finished(phase)
+            return self.finished(phase, spec)
 
         problem = names.job_name_problem(self.name)
         if problem:
             return self.stall("InvalidName", problem)
-        try:
-            spec = self.planner.parse(self.job)
-        except self.planner.spec_error as e:
-            return self.stall("InvalidSpec", f"{e} -- fix the spec with kubectl edit or apply")
+        if spec is None:
+            return self.stall("InvalidSpec", f"{invalid} -- fix the spec with kubectl edit or apply")
+        self.spec = spec
         started_model = self.cm_annotation(names.ANN_MODEL_HASH)
         if started_model and started_model != names.model_hash(self.job.get("spec")):
-            return self.stall("ImmutableField", "spec.model cannot change once the job has started (its "
-                              "checkpoints hold this model); revert spec.model or create a new HolmesJob")
+            return self.stall(
+                "ImmutableField",
+                "spec.model cannot change once the job has started (its "
+                "checkpoints hold this model); revert spec.model or create a new HolmesJob",
+            )
         self.status["observedGeneration"] = self.generation
         self.status.setdefault("restarts", 0)
         self.status.setdefault("attempt", self.attempt)
@@ -232,9 +289,9 @@ class _Reconciler:
 
         if rp.suspend:
             return self.suspend()
-        if phase == SUSPENDED:                          # suspend already moved to a fresh attempt
+        if phase == SUSPENDED:  # suspend already moved to a fresh attempt
             self.status["launched"] = False
-            self.status["startTime"] = self.now         # the deadline counts from the resume
+            self.status["startTime"] = self.now  # the deadline counts from the resume
             self.event("Normal", "Resumed", "runPolicy.suspend is false: planning again")
 
         if not self.status.get("startTime"):
@@ -242,9 +299,12 @@ class _Reconciler:
         deadline = rp.active_deadline_seconds
         started = parse_time(self.status.get("startTime"))
         if deadline and started and self.obs.now >= started + timedelta(seconds=deadline):
-            return self.fail("DeadlineExceeded", f"the job was active longer than runPolicy.activeDeadlineSeconds={deadline}")
+            return self.fail(
+                "DeadlineExceeded",
+                f"the job was active longer than runPolicy.activeDeadlineSeconds={deadline}",
+            )
 
-        if self.attempt == 0:                           # first launch
+        if self.attempt == 0:  # first launch
             self.teardown()
         if self.status.get("launched"):
             return self.track(spec)
@@ -257,9 +317,9 @@ class _Reconciler:
 
     def until_deadline(self, seconds: float) -> float:
         """``seconds``, or less so the job wakes up in time to fail on runPolicy.activeDeadlineSeconds."""
-        deadline = ((self.job.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+        deadline = self.spec.run_policy.active_deadline_seconds
         started = parse_time(self.status.get("startTime"))
-        if isinstance(deadline, int) and deadline > 0 and started:
+        if deadline and started:
             seconds = min(seconds, (started + timedelta(seconds=deadline) - self.obs.now).total_seconds())
         return max(seconds, 0.0)
 
@@ -280,40 +340,51 @@ class _Reconciler:
         self.status["nextAttemptTime"] = iso(due)
         last_hash = self.cm_annotation(names.ANN_SPEC_HASH)
         if last_hash and last_hash != names.spec_hash(self.job.get("spec")):
-            self.status.pop("nextAttemptTime", None)    # the user changed the job: try it at once
-            self.event("Normal", "SpecChanged", "the spec changed during the restart back-off: "
-                       "launching now (not counted as a restart)")
+            self.status.pop("nextAttemptTime", None)  # the user changed the job: try it at once
+            self.event(
+                "Normal",
+                "SpecChanged",
+                "the spec changed during the restart back-off: launching now (not counted as a restart)",
+            )
             return None
         if self.obs.now >= due:
             self.status.pop("nextAttemptTime", None)
             return None
-        self.delete_stale()                             # the failed attempt's pods, if still there
+        self.delete_stale()  # the failed attempt's pods, if still there
         self.status["pods"] = pod_counts([])
         left = (due - self.obs.now).total_seconds()
         restarts = int(self.status.get("restarts") or 0)
-        self.set_phase(RESTARTING, "RestartBackoff", f"restart {restarts}: next attempt at "
-                       f"{self.status['nextAttemptTime']} (back-off {self.backoff.delay(restarts):g}s after "
-                       f"{restarts} restart(s), so a job failing at start-up does not relaunch in a tight loop)")
+        self.set_phase(
+            RESTARTING,
+            "RestartBackoff",
+            f"restart {restarts}: next attempt at "
+            f"{self.status['nextAttemptTime']} (back-off {self.backoff.delay(restarts):g}s after "
+            f"{restarts} restart(s), so a job failing at start-up does not relaunch in a tight loop)",
+        )
         self.d.requeue_after = self.until_deadline(left)
         return self.d
 
-    def finished(self, phase: str) -> Decision:
-        self.status["observedGeneration"] = self.generation   # edits to a finished job have no effect
-        if phase == FAILED:                              # a failed gang leaves nothing running
+    def finished(self, phase: str, spec: JobSpec | None) -> Decision:
+        """Edits to a finished job have no effect, but runPolicy.ttlSecondsAfterFinished (of a
+        spec that is still valid) deletes it."""
+        self.status["observedGeneration"] = self.generation
+        if phase == FAILED:  # a failed gang leaves nothing running
             self.d.delete_pods = self.live_pods()
-        ttl = ((self.job.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+        ttl = spec.run_policy.ttl_seconds_after_finished if spec else None
         done = parse_time(self.old.get("completionTime"))
-        if isinstance(ttl, int) and not isinstance(ttl, bool) and done:
+        if ttl is not None and done:
             left = (done + timedelta(seconds=ttl) - self.obs.now).total_seconds()
             if left <= 0:
                 self.d.delete_job = True
-                self.event("Normal", "TTLExpired", f"deleting the {phase.lower()} job {ttl}s after it finished")
+                self.event(
+                    "Normal", "TTLExpired", f"deleting the {phase.lower()} job {ttl}s after it finished"
+                )
             else:
                 self.d.requeue_after = left
         return self.d
 
     def suspend(self) -> Decision:
-        self.status.pop("nextAttemptTime", None)        # resuming is the user's call: no back-off after it
+        self.status.pop("nextAttemptTime", None)  # resuming is the user's call: no back-off after it
         if self.old.get("phase") != SUSPENDED:
             self.teardown()
         else:
@@ -330,58 +401,71 @@ class _Reconciler:
         return self.d
 
     # ---- launching --------------------------------------------------------------------------
-    def launch(self, spec: Any) -> Decision:
+    def launch(self, spec: JobSpec) -> Decision:
         self.delete_stale()
-        spec_dict = self.job.get("spec") or {}
         layout = None
-        if (self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt)
-                and self.cm_annotation(names.ANN_SPEC_HASH) == names.spec_hash(spec_dict)):
-            try:                                            # resume a launch cut short
+        if self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt) and self.cm_annotation(
+            names.ANN_SPEC_HASH
+        ) == names.spec_hash(self.job.get("spec")):
+            try:  # resume a launch cut short
                 layout = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE])
             except (KeyError, TypeError, LayoutError):
                 layout = None
         by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
         if layout is None:
-            self.d.planned = True
             try:
                 layout = self.planner.plan(self.obs.nodes, spec)
-            except self.planner.insufficient as e:
+            except InsufficientNodes as e:
                 return self.wait_for_nodes(str(e))
-            except self.planner.plan_error as e:
+            except PlanError as e:
                 return self.stall("PlanFailed", f"cannot plan this job: {e}")
             missing = [n for n in layout.nodes if n not in by_name]
             if missing:
                 return self.stall("PlanFailed", f"the planner chose unknown nodes {missing}")
             self.event("Normal", "Planned", plan_message(layout))
         elif any(n not in by_name for n in layout.nodes):
-            self.d.planned = True
-            self.teardown()                                 # a planned node vanished: plan again
+            self.teardown()  # a planned node vanished: plan again
             return self.launch(spec)
 
         ref = self.job_ref()
-        self.d.configmap = build_configmap(ref, layout, spec_dict)
+        self.d.configmap = build_configmap(ref, layout, spec)
         if self.obs.service is None:
             self.d.service = build_service(ref, self.settings)
         existing = {pod_node_rank(p) for p in self.current_pods()}
-        template = spec_dict.get("template") or {}
         nets = {n: self.planner.network(by_name[n]) for n in layout.nodes}
         for rank, node_name in enumerate(layout.nodes):
             if rank in existing:
                 continue
             net = nets[node_name]
-            self.d.create_pods.append(build_pod(
-                ref, layout, rank, nic=net.nic, rdma_resource=net.rdma_resource, nccl_env=net.env,
-                template=template, settings=self.settings,
-                hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get("kubernetes.io/hostname")))
+            self.d.create_pods.append(
+                build_pod(
+                    ref,
+                    layout,
+                    rank,
+                    nic=net.nic,
+                    rdma_resource=net.rdma_resource,
+                    nccl_env=net.env,
+                    template=spec.template,
+                    settings=self.settings,
+                    hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(
+                        "kubernetes.io/hostname"
+                    ),
+                )
+            )
         nic_of = {n: net.nic for n, net in nets.items()}
         self.status["layout"] = layout_status(layout, nic_of, names.layout_configmap_name(self.name))
         self.status["launched"] = True
         self.status["pods"] = pod_counts(self.current_pods() + self.d.create_pods)
         if self.d.create_pods:
-            self.event("Normal", "Launched", f"attempt {self.attempt}: created {len(self.d.create_pods)} pods "
-                       f"for layout {self.status['layout']['shape']} (pipeline x data x tensor)")
-        self.set_phase(PENDING, "PodsStarting", f"attempt {self.attempt}: waiting for "
-                       f"{len(layout.nodes)} pods to run")
+            self.event(
+                "Normal",
+                "Launched",
+                f"attempt {self.attempt}: created {len(self.d.create_pods)} pods "
+                f"for layout {self.status['layout']['shape']} (pipeline x data x tensor)",
+            )
+        self.set_phase(
+            PENDING, "PodsStarting", f"attempt {self.attempt}: waiting for {len(layout.nodes)} pods to run"
+        )
         self.d.requeue_after = PROGRESS_INTERVAL
         return self.d
 
@@ -390,23 +474,31 @@ class _Reconciler:
         old = cond.get(self.old.get("conditions"), cond.RECONCILING)
         announced = self.set_phase(PENDING, "WaitingForNodes", why)
         self.d.waiting_for_nodes = True
-        if not announced and not (old and old.get("reason") == "WaitingForNodes" and old.get("message") == why):
+        if not announced and not (
+            old and old.get("reason") == "WaitingForNodes" and old.get("message") == why
+        ):
             self.event("Normal", "WaitingForNodes", why)
         self.d.requeue_after = WAIT_INTERVAL
         return self.d
 
     # ---- tracking a launched attempt ------------------------------------------------------
-    def track(self, spec: Any) -> Decision:
+    def track(self, spec: JobSpec) -> Decision:
         self.delete_stale()
         launched_hash = self.cm_annotation(names.ANN_SPEC_HASH)
-        if (self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt) and launched_hash
-                and launched_hash != names.spec_hash(self.job.get("spec"))):
+        if (
+            self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt)
+            and launched_hash
+            and launched_hash != names.spec_hash(self.job.get("spec"))
+        ):
             self.teardown()
-            self.event("Normal", "SpecChanged", "the spec changed: relaunching all pods with a new plan "
-                       "(not counted as a restart)")
+            self.event(
+                "Normal",
+                "SpecChanged",
+                "the spec changed: relaunching all pods with a new plan (not counted as a restart)",
+            )
             return self.launch(spec)
 
-        if self.obs.service is None:                       # rendezvous needs it: put it back
+        if self.obs.service is None:  # rendezvous needs it: put it back
             self.d.service = build_service(self.job_ref(), self.settings)
         pods = self.current_pods()
         counts = pod_counts(pods)
@@ -430,8 +522,12 @@ class _Reconciler:
             self.set_phase(RUNNING, "AllPodsRunning", f"attempt {self.attempt}: {expected} pods running")
         else:
             why = waiting_reason(pods)
-            self.set_phase(PENDING, "PodsStarting", f"attempt {self.attempt}: {counts['running']}/{expected} "
-                           f"pods running" + (f"; {why}" if why else ""))
+            self.set_phase(
+                PENDING,
+                "PodsStarting",
+                f"attempt {self.attempt}: {counts['running']}/{expected} "
+                f"pods running" + (f"; {why}" if why else ""),
+            )
         self.d.requeue_after = PROGRESS_INTERVAL
         return self.d
 
@@ -439,14 +535,16 @@ class _Reconciler:
         """Why a Pending pod of this attempt can never start on its planned node ("" if none is
         stuck). Only Pending pods: running ones on a failing node are Kubernetes' to evict."""
         if self.cm_annotation(names.ANN_ATTEMPT) != str(self.attempt):
-            return ""                                   # the plan of this attempt is not known
+            return ""  # the plan of this attempt is not known
         try:
             planned = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE]).nodes
         except (KeyError, TypeError, LayoutError):
             return ""
         by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
         for p in pods:
-            if (p.get("status") or {}).get("phase", "Pending") != "Pending" or p["metadata"].get("deletionTimestamp"):
+            if (p.get("status") or {}).get("phase", "Pending") != "Pending" or p["metadata"].get(
+                "deletionTimestamp"
+            ):
                 continue
             rank = pod_node_rank(p)
             if rank is None or not 0 <= rank < len(planned):
@@ -455,14 +553,19 @@ class _Reconciler:
             why = "was deleted" if node not in by_name else self.planner.unusable(by_name[node])
             if why:
                 why = why if node not in by_name else f"is {why}"
-                return f"pod {p['metadata']['name']} is Pending on its planned node {node}, which {why}; it cannot start there"
+                return (
+                    f"pod {p['metadata']['name']} is Pending on its planned node {node}, which {why}; "
+                    "it cannot start there"
+                )
         return ""
 
-    def gang_failure(self, spec: Any, why: str, reason: str = "PodFailed") -> Decision:
+    def gang_failure(self, spec: JobSpec, why: str, reason: str = "PodFailed") -> Decision:
         restarts = int(self.old.get("restarts") or 0)
         limit = spec.run_policy.backoff_limit
         if restarts >= limit:
-            return self.fail("BackoffLimitExceeded", f"{why}; {restarts} restart(s) used of runPolicy.backoffLimit={limit}")
+            return self.fail(
+                "BackoffLimitExceeded", f"{why}; {restarts} restart(s) used of runPolicy.backoffLimit={limit}"
+            )
         self.teardown(restart=True)
         self.event("Warning", reason, why)
         delay = self.backoff.delay(restarts + 1)
@@ -470,8 +573,11 @@ class _Reconciler:
         if delay > 0:
             self.status["nextAttemptTime"] = iso(self.obs.now + timedelta(seconds=delay))
             when = f" after a {delay:g}s back-off: next attempt at {self.status['nextAttemptTime']}"
-        self.set_phase(RESTARTING, "GangRestart", f"{why}; restart {restarts + 1} of {limit}: "
-                       f"deleting the attempt's pods and planning again{when}")
+        self.set_phase(
+            RESTARTING,
+            "GangRestart",
+            f"{why}; restart {restarts + 1} of {limit}: deleting the attempt's pods and planning again{when}",
+        )
         self.d.requeue_after = self.until_deadline(delay) if delay > 0 else 0.5
         return self.d
 
@@ -486,10 +592,17 @@ class _Reconciler:
 
 # ---- pure helpers -----------------------------------------------------------------------------
 
+
 def plan_message(layout: Layout) -> str:
-    stages = "; ".join(f"stage {s.index}: {s.island} {s.nic} layers {s.layers[0]}-{s.layers[1] - 1} "
-                       f"on {len(s.nodes or layout.stage_nodes(s.index))} node(s), DP over {s.dp_net}"
-                       for s in layout.stages)
+    stages = "; ".join(
+        f"stage {s.index}: {s.island} {s.nic} layers {s.layers[0]}-{s.layers[1] - 1} "
+        f"on {len(s.nodes or layout.stage_nodes(s.index))} node(s), DP over {s.dp_net}"
+        for s in layout.stages
+    )
     est = layout.estimate or {}
-    tail = f"; estimate {est['tflopsPerGpu']:.1f} TFLOPS/GPU" if isinstance(est.get("tflopsPerGpu"), (int, float)) else ""
+    tail = (
+        f"; estimate {est['tflopsPerGpu']:.1f} TFLOPS/GPU"
+        if isinstance(est.get("tflopsPerGpu"), (int, float))
+        else ""
+    )
     return f"layout {layout.pipeline}x{layout.data}x{layout.tensor} (PxDxT): {stages}{tail}"

@@ -11,15 +11,17 @@
 
 Owner references are added by the caller (kopf.adopt), so these stay plain dicts.
 """
+
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
-from holmes.plan.layout import Layout
+from holmes.contract import JobSpec, Layout
 
 from . import names
 
@@ -30,16 +32,17 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 @dataclass(frozen=True)
 class RenderSettings:
     """Operator-wide rendering choices (command-line flags of the operator)."""
+
     image: str = "holmes-trainer:latest"
     master_port: int = 29500
-    metrics_port: int = 9400            # the rank-0 trainer's Prometheus endpoint
+    metrics_port: int = 9400  # the rank-0 trainer's Prometheus endpoint
     gpu_resource: str = GPU_RESOURCE
     # Pods sharing a network namespace (hostNetwork: true, or the local node agent) cannot all
     # listen on one fixed port: with a range, each attempt gets its own pair of ports.
     port_range: tuple[int, int] | None = None
 
 
-def job_ports(job: "JobRef", settings: RenderSettings) -> tuple[int, int]:
+def job_ports(job: JobRef, settings: RenderSettings) -> tuple[int, int]:
     """(rendezvous port, trainer metrics port) of an attempt: fixed, or drawn from the range by
     a hash of namespace/name/attempt (stable, so a restarted operator renders the same pods)."""
     if not settings.port_range:
@@ -53,6 +56,7 @@ def job_ports(job: "JobRef", settings: RenderSettings) -> tuple[int, int]:
 @dataclass(frozen=True)
 class JobRef:
     """What rendering needs to know of the HolmesJob object itself."""
+
     name: str
     namespace: str
     attempt: int
@@ -62,13 +66,19 @@ class JobRef:
 
 # ---- ConfigMap and Service -------------------------------------------------------------------
 
+
 def child_labels(job: JobRef) -> dict[str, str]:
     return {names.LABEL_JOB: job.name, names.LABEL_MANAGED_BY: names.MANAGED_BY}
 
 
-def build_configmap(job: JobRef, layout: Layout, spec: Mapping[str, Any]) -> dict:
-    manifest = {"apiVersion": names.API_VERSION, "kind": names.KIND,
-                "metadata": {"name": job.name, "namespace": job.namespace}, "spec": dict(spec)}
+def build_configmap(job: JobRef, layout: Layout, spec: JobSpec) -> dict:
+    """The Layout and the job (its typed spec, defaults filled in) as the trainer reads them."""
+    manifest = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": job.name, "namespace": job.namespace},
+        "spec": spec.to_spec(),
+    }
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -76,8 +86,11 @@ def build_configmap(job: JobRef, layout: Layout, spec: Mapping[str, Any]) -> dic
             "name": names.layout_configmap_name(job.name),
             "namespace": job.namespace,
             "labels": child_labels(job),
-            "annotations": {names.ANN_ATTEMPT: str(job.attempt), names.ANN_SPEC_HASH: job.spec_hash,
-                            names.ANN_MODEL_HASH: job.model_hash},
+            "annotations": {
+                names.ANN_ATTEMPT: str(job.attempt),
+                names.ANN_SPEC_HASH: job.spec_hash,
+                names.ANN_MODEL_HASH: job.model_hash,
+            },
         },
         "data": {
             names.LAYOUT_FILE: layout.to_json(indent=1),
@@ -88,16 +101,22 @@ def build_configmap(job: JobRef, layout: Layout, spec: Mapping[str, Any]) -> dic
 
 def build_service(job: JobRef, settings: RenderSettings) -> dict:
     # A headless Service needs no ports for its per-pod DNS records; list the port when fixed.
-    ports = [] if settings.port_range else [
-        {"name": "rendezvous", "port": settings.master_port, "targetPort": settings.master_port}]
+    ports = (
+        []
+        if settings.port_range
+        else [{"name": "rendezvous", "port": settings.master_port, "targetPort": settings.master_port}]
+    )
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": names.service_name(job.name), "namespace": job.namespace,
-                     "labels": child_labels(job)},
+        "metadata": {
+            "name": names.service_name(job.name),
+            "namespace": job.namespace,
+            "labels": child_labels(job),
+        },
         "spec": {
-            "clusterIP": "None",                     # headless: DNS records per pod, no proxy
-            "publishNotReadyAddresses": True,        # rendezvous happens before readiness
+            "clusterIP": "None",  # headless: DNS records per pod, no proxy
+            "publishNotReadyAddresses": True,  # rendezvous happens before readiness
             "selector": {names.LABEL_JOB: job.name},
             **({"ports": ports} if ports else {}),
         },
@@ -105,6 +124,7 @@ def build_service(job: JobRef, settings: RenderSettings) -> dict:
 
 
 # ---- Pods --------------------------------------------------------------------------------------
+
 
 def default_command(layout: Layout, node_rank: int, master: str, master_port: int) -> list[str]:
     """torchrun with a static rendezvous: node ranks are the layout's node order."""
@@ -116,9 +136,12 @@ def default_command(layout: Layout, node_rank: int, master: str, master_port: in
         "--rdzv-backend=static",
         f"--master-addr={master}",
         f"--master-port={master_port}",
-        "-m", "holmes.trainer",
-        "--job", f"{names.LAYOUT_MOUNT}/{names.JOB_FILE}",
-        "--layout", f"{names.LAYOUT_MOUNT}/{names.LAYOUT_FILE}",
+        "-m",
+        "holmes.trainer",
+        "--job",
+        f"{names.LAYOUT_MOUNT}/{names.JOB_FILE}",
+        "--layout",
+        f"{names.LAYOUT_MOUNT}/{names.LAYOUT_FILE}",
     ]
 
 
@@ -135,26 +158,39 @@ def rank_env(job: JobRef, layout: Layout, node_rank: int, settings: RenderSettin
         "NPROC_PER_NODE": str(nproc),
     }
     # torchrun reads PET_<FLAG> as the default of --<flag> (Kubeflow's convention too).
-    env.update({
-        "PET_MASTER_ADDR": master,
-        "PET_MASTER_PORT": str(master_port),
-        "PET_NNODES": str(nnodes),
-        "PET_NODE_RANK": str(node_rank),
-        "PET_NPROC_PER_NODE": str(nproc),
-    })
-    env.update({
-        "HOLMES_JOB_NAME": job.name,
-        "HOLMES_ATTEMPT": str(job.attempt),
-        "HOLMES_LAYOUT": f"{names.LAYOUT_MOUNT}/{names.LAYOUT_FILE}",
-        "HOLMES_JOB": f"{names.LAYOUT_MOUNT}/{names.JOB_FILE}",
-        "HOLMES_METRICS_PORT": str(metrics_port),
-    })
+    env.update(
+        {
+            "PET_MASTER_ADDR": master,
+            "PET_MASTER_PORT": str(master_port),
+            "PET_NNODES": str(nnodes),
+            "PET_NODE_RANK": str(node_rank),
+            "PET_NPROC_PER_NODE": str(nproc),
+        }
+    )
+    env.update(
+        {
+            "HOLMES_JOB_NAME": job.name,
+            "HOLMES_ATTEMPT": str(job.attempt),
+            "HOLMES_LAYOUT": f"{names.LAYOUT_MOUNT}/{names.LAYOUT_FILE}",
+            "HOLMES_JOB": f"{names.LAYOUT_MOUNT}/{names.JOB_FILE}",
+            "HOLMES_METRICS_PORT": str(metrics_port),
+        }
+    )
     return env
 
 
-def build_pod(job: JobRef, layout: Layout, node_rank: int, *, nic: str, rdma_resource: str | None,
-              nccl_env: Mapping[str, str], template: Mapping[str, Any] | None,
-              settings: RenderSettings, hostname_label: str | None = None) -> dict:
+def build_pod(
+    job: JobRef,
+    layout: Layout,
+    node_rank: int,
+    *,
+    nic: str,
+    rdma_resource: str | None,
+    nccl_env: Mapping[str, str],
+    template: Mapping[str, Any] | None,
+    settings: RenderSettings,
+    hostname_label: str | None = None,
+) -> dict:
     """The pod for node ``layout.nodes[node_rank]`` of this attempt."""
     node = layout.nodes[node_rank]
     template = copy.deepcopy(dict(template or {}))
@@ -165,8 +201,14 @@ def build_pod(job: JobRef, layout: Layout, node_rank: int, *, nic: str, rdma_res
 
     labels = {k: v for k, v in (tmeta.get("labels") or {}).items() if not k.startswith("holmes.dev/")}
     labels.update(child_labels(job))
-    labels.update({names.LABEL_ATTEMPT: str(job.attempt), names.LABEL_NODE_RANK: str(node_rank),
-                   names.LABEL_STAGE: str(stage), names.LABEL_NIC: nic})
+    labels.update(
+        {
+            names.LABEL_ATTEMPT: str(job.attempt),
+            names.LABEL_NODE_RANK: str(node_rank),
+            names.LABEL_STAGE: str(stage),
+            names.LABEL_NIC: nic,
+        }
+    )
     annotations = dict(tmeta.get("annotations") or {})
     annotations.update({names.ANN_NODE: node, names.ANN_SPEC_HASH: job.spec_hash})
 
@@ -180,23 +222,34 @@ def build_pod(job: JobRef, layout: Layout, node_rank: int, *, nic: str, rdma_res
     ours.update(nccl_env)
     master_port, metrics_port = job_ports(job, settings)
     containers[idx] = _trainer_container(
-        containers[idx], env=ours, rdma_resource=rdma_resource, gpus=layout.gpus_per_node,
-        command=default_command(layout, node_rank, master, master_port), settings=settings,
-        ports=(master_port, metrics_port if node_rank == 0 else None))
+        containers[idx],
+        env=ours,
+        rdma_resource=rdma_resource,
+        gpus=layout.gpus_per_node,
+        command=default_command(layout, node_rank, master, master_port),
+        settings=settings,
+        ports=(master_port, metrics_port if node_rank == 0 else None),
+    )
 
-    volumes = [v for v in pspec.get("volumes") or [] if v.get("name") not in (names.LAYOUT_VOLUME, names.SHM_VOLUME)]
-    volumes.append({"name": names.LAYOUT_VOLUME, "configMap": {"name": names.layout_configmap_name(job.name)}})
+    volumes = [
+        v for v in pspec.get("volumes") or [] if v.get("name") not in (names.LAYOUT_VOLUME, names.SHM_VOLUME)
+    ]
+    volumes.append(
+        {"name": names.LAYOUT_VOLUME, "configMap": {"name": names.layout_configmap_name(job.name)}}
+    )
     if not _mounts_path(containers[idx], "/dev/shm"):
         volumes.append({"name": names.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
 
-    pspec.update({
-        "containers": containers,
-        "volumes": volumes,
-        "restartPolicy": "Never",            # a failed pod fails the attempt: the operator restarts the gang
-        "hostname": name,
-        "subdomain": names.service_name(job.name),
-        "affinity": _pin_to(pspec.get("affinity"), hostname_label or node),
-    })
+    pspec.update(
+        {
+            "containers": containers,
+            "volumes": volumes,
+            "restartPolicy": "Never",  # a failed pod fails the attempt: the operator restarts the gang
+            "hostname": name,
+            "subdomain": names.service_name(job.name),
+            "affinity": _pin_to(pspec.get("affinity"), hostname_label or node),
+        }
+    )
     pspec.setdefault("enableServiceLinks", False)
     return {
         "apiVersion": "v1",
@@ -206,13 +259,21 @@ def build_pod(job: JobRef, layout: Layout, node_rank: int, *, nic: str, rdma_res
     }
 
 
-def _trainer_container(c: dict, *, env: Mapping[str, str], rdma_resource: str | None, gpus: int,
-                       command: Sequence[str], settings: RenderSettings, ports: tuple[int, int | None]) -> dict:
+def _trainer_container(
+    c: dict,
+    *,
+    env: Mapping[str, str],
+    rdma_resource: str | None,
+    gpus: int,
+    command: Sequence[str],
+    settings: RenderSettings,
+    ports: tuple[int, int | None],
+) -> dict:
     c = dict(c)
     c.setdefault("name", names.TRAINER_CONTAINER)
     c.setdefault("image", settings.image)
     if "command" not in c:
-        c["command"] = list(command) + list(c.pop("args", None) or [])   # user args extend the trainer's
+        c["command"] = list(command) + list(c.pop("args", None) or [])  # user args extend the trainer's
     user_env = list(c.get("env") or [])
     user_names = {e.get("name") for e in user_env}
     ours = [{"name": k, "value": v} for k, v in env.items() if k not in user_names]
@@ -236,7 +297,7 @@ def _trainer_container(c: dict, *, env: Mapping[str, str], rdma_resource: str | 
         mounts.append({"name": names.SHM_VOLUME, "mountPath": "/dev/shm"})
     c["volumeMounts"] = mounts
 
-    if rdma_resource:                        # RDMA needs pinned memory (ibv_reg_mr)
+    if rdma_resource:  # RDMA needs pinned memory (ibv_reg_mr)
         sc = copy.deepcopy(c.get("securityContext") or {})
         caps = sc.setdefault("capabilities", {})
         add = list(caps.get("add") or [])
@@ -247,21 +308,25 @@ def _trainer_container(c: dict, *, env: Mapping[str, str], rdma_resource: str | 
 
     declared = [p for p in c.get("ports") or [] if p.get("name") not in ("rendezvous", "metrics")]
     declared.append({"name": "rendezvous", "containerPort": ports[0]})
-    if ports[1] is not None:                 # rank 0 serves the trainer's metrics
+    if ports[1] is not None:  # rank 0 serves the trainer's metrics
         declared.append({"name": "metrics", "containerPort": ports[1]})
     c["ports"] = declared
     return c
 
 
 def _mounts_path(c: Mapping[str, Any], path: str) -> bool:
-    return any(m.get("mountPath") == path and m.get("name") != names.SHM_VOLUME
-               for m in c.get("volumeMounts") or [])
+    return any(
+        m.get("mountPath") == path and m.get("name") != names.SHM_VOLUME for m in c.get("volumeMounts") or []
+    )
 
 
 def _pin_to(affinity: Mapping[str, Any] | None, hostname: str) -> dict:
     """The user's affinity with the required node affinity replaced by 'this node only'."""
     out = copy.deepcopy(dict(affinity or {}))
     na = out.setdefault("nodeAffinity", {})
-    na["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": HOSTNAME_LABEL, "operator": "In", "values": [hostname]}]}]}
+    na["requiredDuringSchedulingIgnoredDuringExecution"] = {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In", "values": [hostname]}]}
+        ]
+    }
     return out

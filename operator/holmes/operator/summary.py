@@ -1,10 +1,11 @@
 """Pure summaries written into HolmesJob.status: the layout in use and the pods by phase."""
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
-from typing import Iterable, Mapping
 
-from holmes.plan.layout import Layout
+from holmes.contract.layout import Layout
 
 from . import names
 
@@ -26,16 +27,27 @@ def layout_status(layout: Layout, nic_of: Mapping[str, str], configmap: str) -> 
     stages, dp = [], []
     for s in layout.stages:
         nodes = list(s.nodes or layout.stage_nodes(s.index))
-        stages.append({"index": s.index, "island": s.island, "nic": s.nic, "layers": list(s.layers),
-                       "nodes": nodes})
-        dp.append({"stage": s.index, "size": layout.data,
-                   "nics": sorted({nic_of.get(n, "unknown") for n in nodes}),
-                   "net": dp_net.get(s.index, s.dp_net)})
+        stages.append(
+            {"index": s.index, "island": s.island, "nic": s.nic, "layers": list(s.layers), "nodes": nodes}
+        )
+        dp.append(
+            {
+                "stage": s.index,
+                "size": layout.data,
+                "nics": sorted({nic_of.get(n, "unknown") for n in nodes}),
+                "net": dp_net.get(s.index, s.dp_net),
+            }
+        )
     return {
         "shape": f"{layout.pipeline}x{layout.data}x{layout.tensor}",
-        "pipeline": layout.pipeline, "data": layout.data, "tensor": layout.tensor,
-        "worldSize": layout.world_size, "nodes": len(layout.nodes), "configMap": configmap,
-        "stages": stages, "dpGroups": dp,
+        "pipeline": layout.pipeline,
+        "data": layout.data,
+        "tensor": layout.tensor,
+        "worldSize": layout.world_size,
+        "nodes": len(layout.nodes),
+        "configMap": configmap,
+        "stages": stages,
+        "dpGroups": dp,
         "estimate": {k: v for k, v in (layout.estimate or {}).items() if isinstance(v, (int, float, str))},
     }
 
@@ -67,7 +79,9 @@ def failure_of(pod: Mapping) -> str:
     """A one-line account of why a pod failed, from its status."""
     st = pod.get("status") or {}
     name = (pod.get("metadata") or {}).get("name", "?")
-    node = (pod.get("spec") or {}).get("nodeName") or (pod.get("metadata", {}).get("annotations") or {}).get(names.ANN_NODE, "?")
+    node = (pod.get("spec") or {}).get("nodeName") or (pod.get("metadata", {}).get("annotations") or {}).get(
+        names.ANN_NODE, "?"
+    )
     for cs in st.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
         if term:

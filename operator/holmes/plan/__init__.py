@@ -1,16 +1,26 @@
-"""Holmes' planner: NIC discovery -> topology -> cost model -> layout search. Pure Python
-(no Kubernetes or torch import), shared by the operator, the trainer and `holmes plan`."""
-from .costmodel import ModelCost, PlannerConfig
+"""Holmes' planner: NIC discovery -> topology -> cost model -> layout search -> a Layout.
+Pure Python: imports the contract (holmes.contract) and nothing of Kubernetes or torch; used by
+the operator and by `holmes plan`."""
+
+from .costmodel import CostModelConfig
 from .discovery import NicMapping, NodeNic, classify_node, classify_nodes
 from .explain import explain
-from .jobspec import JobSpec, SpecError
-from .layout import Layout, LayoutError
 from .nccl import nccl_env
 from .planner import InsufficientNodes, PlanError, compare, megatron_default, plan
 from .topology import Fabric
 
 __all__ = [
-    "Fabric", "InsufficientNodes", "JobSpec", "Layout", "LayoutError", "ModelCost", "NicMapping", "NodeNic",
-    "PlanError", "PlannerConfig", "SpecError", "classify_node", "classify_nodes", "compare", "explain",
-    "megatron_default", "nccl_env", "plan",
+    "CostModelConfig",
+    "Fabric",
+    "InsufficientNodes",
+    "NicMapping",
+    "NodeNic",
+    "PlanError",
+    "classify_node",
+    "classify_nodes",
+    "compare",
+    "explain",
+    "megatron_default",
+    "nccl_env",
+    "plan",
 ]

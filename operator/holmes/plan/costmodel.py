@@ -1,6 +1,6 @@
 """Cost model: time of one training iteration of a GPT-style model on a placement.
 
-Assumptions (defaults in :class:`PlannerConfig`, all configurable):
+Assumptions (defaults in :class:`CostModelConfig`, all configurable):
 
 - Compute: every GPU reaches ``compute_efficiency`` x ``gpu_peak_tflops`` on transformer
   FLOPs (A100 bf16 dense: 312 TFLOP/s, efficiency 0.66). FLOPs per token and layer, forward:
@@ -27,8 +27,9 @@ Assumptions (defaults in :class:`PlannerConfig`, all configurable):
   latency is ignored (buckets are tens of MB).
 - Overlap: the overlapped optimizer starts reduce-scatter during the last micro-batch's backward
   and waits for the all-gather in the next first forward, hiding up to ``overlap_efficiency``
-  (0.5: the collectives compete with compute for SMs and memory bandwidth) of those windows; ``overlap=False`` exposes all of it. Tied embeddings add an all-reduce of the
-  embedding gradient between first and last stage (exposed).
+  (0.5: the collectives compete with compute for SMs and memory bandwidth) of those windows;
+  ``overlap=False`` exposes all of it. Tied embeddings add an all-reduce of the embedding
+  gradient between first and last stage (exposed).
 - Bandwidth per node, Gbit/s (all NICs of a node together): from ``holmes.dev/nic-gbps`` or the
   NIC mapping's defaults (InfiniBand 200, RoCE 100, Ethernet 25). NCCL efficiency on RDMA:
   InfiniBand 0.9, RoCE 0.5 (congestion, PFC); sockets 0.6 of the TCP path, which is the host
@@ -44,126 +45,78 @@ Assumptions (defaults in :class:`PlannerConfig`, all configurable):
   more than ``memory_headroom`` x ``gpu_memory_gib`` is rejected. Without recomputation every
   layer keeps that full working set per in-flight micro-batch.
 - Recomputation on or off comes from the job (``spec.training.activationRecompute``, what the
-  trainer runs): :func:`.planner.plan` puts it into the config; ``PlannerConfig.activation_recompute``
+  trainer runs): :func:`.planner.plan` puts it into the config; ``CostModelConfig.activation_recompute``
   only matters when the cost model is driven without a job.
 - Optimizer step time, kernel launch overheads and stragglers are ignored.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
-from . import flops
+from holmes.contract.flops import ModelCost
+
 from .discovery import NicMapping
-from .jobspec import ModelSpec
 from .topology import Fabric
 
-GBIT = 1e9 / 8        # bytes per second in one Gbit/s
+GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
 
 @dataclass(frozen=True)
-class PlannerConfig:
+class CostModelConfig:
     gpu_peak_tflops: float = 312.0
     compute_efficiency: float = 0.66
     gpu_memory_gib: float = 80.0
     memory_headroom: float = 0.9
-    nvlink_gbps: float = 2400.0           # per GPU, one direction (A100 NVLink3: 300 GB/s)
+    nvlink_gbps: float = 2400.0  # per GPU, one direction (A100 NVLink3: 300 GB/s)
     fabric: Fabric = field(default_factory=Fabric)
     overlap: bool = True
     overlap_efficiency: float = 0.5
     grad_bytes: int = 4
     param_bytes: int = 2
     activation_bytes: int = 2
-    optimizer_bytes: int = 12             # fp32 master weights + two Adam moments
-    activation_recompute: bool = True     # fallback only: plan() uses the job's activationRecompute
+    optimizer_bytes: int = 12  # fp32 master weights + two Adam moments
+    activation_recompute: bool = True  # fallback only: plan() uses the job's activationRecompute
     nic_mapping: NicMapping = field(default_factory=NicMapping)
-    max_island_orders: int = 24           # island orders tried per (tensor, pipeline, data)
+    max_island_orders: int = 24  # island orders tried per (tensor, pipeline, data)
 
     def __post_init__(self) -> None:
         for name in ("gpu_peak_tflops", "compute_efficiency", "gpu_memory_gib", "nvlink_gbps"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"PlannerConfig.{name} must be > 0, got {getattr(self, name)}")
+                raise ValueError(f"CostModelConfig.{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.overlap_efficiency <= 1:
-            raise ValueError(f"PlannerConfig.overlap_efficiency must be in [0, 1], got {self.overlap_efficiency}")
+            raise ValueError(
+                f"CostModelConfig.overlap_efficiency must be in [0, 1], got {self.overlap_efficiency}"
+            )
 
     @property
     def flops_per_second(self) -> float:
         return self.gpu_peak_tflops * 1e12 * self.compute_efficiency
 
 
-# ---- the model ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ModelCost:
-    """Parameter counts and FLOPs of the GPT model, computed from its shape."""
-    layers: int
-    hidden: int
-    heads: int
-    seq: int
-    vocab: int
-    ffn: int
-    tied: bool
-
-    @classmethod
-    def of(cls, m: ModelSpec) -> "ModelCost":
-        return cls(m.layers, m.hidden_size, m.attention_heads, m.seq_length, m.vocab_size,
-                   m.ffn_hidden_size, m.tied_embeddings)
-
-    @property
-    def layer_params(self) -> int:
-        h, f = self.hidden, self.ffn
-        # QKV + proj (with biases), MLP up/down (with biases), two LayerNorms.
-        return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden + self.seq * self.hidden    # token + learned positions
-
-    @property
-    def head_params(self) -> int:
-        return 2 * self.hidden + (0 if self.tied else self.vocab * self.hidden)   # final LayerNorm + LM head
-
-    @property
-    def total_params(self) -> int:
-        return self.layers * self.layer_params + self.embedding_params + self.head_params
-
-    def layer_fwd_flops_per_token(self) -> float:
-        return flops.layer_fwd_flops_per_token(self.hidden, self.ffn, self.seq)
-
-    def head_fwd_flops_per_token(self) -> float:
-        return flops.head_fwd_flops_per_token(self.hidden, self.vocab)
-
-    def flops_per_iteration(self, global_batch: int, *, recompute: bool) -> float:
-        """Model FLOPs of one iteration, general in ffn; for ffn = 4h the paper's
-        ``96 B s l h^2 (1 + s/6h + V/16lh)`` with recomputation, ``72 ... V/12lh`` without."""
-        return flops.flops_per_iteration(global_batch=global_batch, seq=self.seq, layers=self.layers,
-                                         hidden=self.hidden, vocab=self.vocab, ffn=self.ffn, recompute=recompute)
-
-
-def tflops_per_gpu(model: ModelCost, global_batch: int, iteration_seconds: float, world: int, *,
-                   recompute: bool) -> float:
-    return flops.tflops_per_gpu(model.flops_per_iteration(global_batch, recompute=recompute),
-                                iteration_seconds, world)
-
-
 # ---- per-stage costs ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class StagePlace:
     """Where a stage runs, as far as its costs go (layer count excluded)."""
+
     index: int
     first: bool
     last: bool
-    dp_gbps: float | None          # achieved per-node bandwidth of its DP groups; None = inside one node
-    p2p_in: float                  # seconds per micro-batch for the boundary before it (0 for stage 0)
+    dp_gbps: float | None  # achieved per-node bandwidth of its DP groups; None = inside one node
+    p2p_in: float  # seconds per micro-batch for the boundary before it (0 for stage 0)
     p2p_out: float
-    inflight: int                  # micro-batches whose activations are alive at once (1F1B)
-    embedding_sync: float = 0.0    # seconds: tied-embedding gradient all-reduce (first/last stage)
+    inflight: int  # micro-batches whose activations are alive at once (1F1B)
+    embedding_sync: float = 0.0  # seconds: tied-embedding gradient all-reduce (first/last stage)
 
 
 @dataclass(frozen=True)
 class Shape:
     """What every stage shares: the job's degrees and batch."""
+
     tensor: int
     data: int
     pipeline: int
@@ -174,13 +127,13 @@ class Shape:
 class StageCost:
     """Costs of one stage as a function of its layer count (the adaptive partition's input)."""
 
-    def __init__(self, model: ModelCost, shape: Shape, place: StagePlace, cfg: PlannerConfig):
+    def __init__(self, model: ModelCost, shape: Shape, place: StagePlace, cfg: CostModelConfig):
         self.model, self.shape, self.place, self.cfg = model, shape, place, cfg
         T, mb = shape.tensor, shape.micro_batch
         tokens = mb * model.seq
         rate = cfg.flops_per_second
         act = tokens * model.hidden * cfg.activation_bytes
-        self.nvlink = nvlink = cfg.nvlink_gbps * GBIT     # bytes/s per GPU
+        self.nvlink = nvlink = cfg.nvlink_gbps * GBIT  # bytes/s per GPU
         tp_allreduce = 0.0 if T == 1 else 2 * (T - 1) / T * act / nvlink
         recompute = 1 if cfg.activation_recompute else 0
         f = tokens * model.layer_fwd_flops_per_token() / T / rate
@@ -188,9 +141,11 @@ class StageCost:
         self.layer_bwd = 2 * f + 2 * tp_allreduce + recompute * (f + 2 * tp_allreduce)
         hf = tokens * model.head_fwd_flops_per_token() / T / rate if place.last else 0.0
         self.head_fwd, self.head_bwd = hf, 2 * hf
-        self.extra_params = ((model.embedding_params if place.first else 0)
-                             + (model.head_params if place.last else 0)
-                             + (model.vocab * model.hidden if place.last and model.tied and not place.first else 0))
+        self.extra_params = (
+            (model.embedding_params if place.first else 0)
+            + (model.head_params if place.last else 0)
+            + (model.vocab * model.hidden if place.last and model.tied and not place.first else 0)
+        )
         self.mem_cap = cfg.gpu_memory_gib * 2**30 * cfg.memory_headroom
 
     # per micro-batch
@@ -216,11 +171,12 @@ class StageCost:
         p = self.params(n)
 
         def t(nbytes: int) -> float:
-            inside = nbytes / T * ring / self.nvlink       # each GPU's share over NVLink
+            inside = nbytes / T * ring / self.nvlink  # each GPU's share over NVLink
             if self.place.dp_gbps is None:
                 return inside
-            through_nics = nbytes * ring / (self.place.dp_gbps * GBIT)   # all T groups share the node's NICs
+            through_nics = nbytes * ring / (self.place.dp_gbps * GBIT)  # all T groups share the node's NICs
             return max(inside, through_nics)
+
         return t(p * self.cfg.grad_bytes), t(p * self.cfg.param_bytes)
 
     def dp_exposed(self, n: int) -> float:
@@ -251,7 +207,7 @@ class StageCost:
         else:
             acts = n * inflight * full_layer
         if self.place.last:
-            acts += b * seq * m.vocab / T * 4 * 2       # fp32 logits and their gradient
+            acts += b * seq * m.vocab / T * 4 * 2  # fp32 logits and their gradient
         return static + acts
 
 
@@ -259,31 +215,35 @@ class StageCost:
 class StageEstimate:
     index: int
     layers: int
-    compute: float          # seconds per iteration: m * (fwd + bwd)
-    p2p: float              # seconds per iteration: m * (p2p in + out)
-    bubble: float           # idle seconds inside the pipeline (warm-up / cool-down / waiting on slower stages)
-    dp_comm: float          # reduce-scatter + all-gather, seconds
-    dp_exposed: float       # the part not hidden by overlap
-    finish: float           # when this stage is done with the iteration
+    compute: float  # seconds per iteration: m * (fwd + bwd)
+    p2p: float  # seconds per iteration: m * (p2p in + out)
+    bubble: float  # idle seconds inside the pipeline (warm-up / cool-down / waiting on slower stages)
+    dp_comm: float  # reduce-scatter + all-gather, seconds
+    dp_exposed: float  # the part not hidden by overlap
+    finish: float  # when this stage is done with the iteration
     memory_gib: float
 
 
 class Timeline(NamedTuple):
     """One partition's iteration on the cost model's clock (see the module docstring)."""
-    seconds: float                  # the iteration: the latest stage finish
-    finishes: list[float]           # per stage: when it is done (pipeline - backward chain + exposed DP)
-    steps: list[float]              # per stage: steady 1F1B step
-    pipeline: float                 # (m-1) * slowest step + warm-up/cool-down
-    exposed: list[float]            # per stage: exposed DP communication
+
+    seconds: float  # the iteration: the latest stage finish
+    finishes: list[float]  # per stage: when it is done (pipeline - backward chain + exposed DP)
+    steps: list[float]  # per stage: steady 1F1B step
+    pipeline: float  # (m-1) * slowest step + warm-up/cool-down
+    exposed: list[float]  # per stage: exposed DP communication
 
 
 def timeline(costs: Sequence[StageCost], layers: Sequence[int]) -> Timeline:
     m = costs[0].shape.micro_batches
     steps = [c.step(n) for c, n in zip(costs, layers)]
-    t_pp = ((m - 1) * max(steps) + sum(c.fwd(n) + c.bwd(n) for c, n in zip(costs, layers))
-            + 2 * sum(c.place.p2p_out for c in costs[:-1]))
+    t_pp = (
+        (m - 1) * max(steps)
+        + sum(c.fwd(n) + c.bwd(n) for c, n in zip(costs, layers))
+        + 2 * sum(c.place.p2p_out for c in costs[:-1])
+    )
     exposed = [c.dp_exposed(n) for c, n in zip(costs, layers)]
-    finishes, chain = [], 0.0          # chain: backward path from stage s back to stage 0
+    finishes, chain = [], 0.0  # chain: backward path from stage s back to stage 0
     for c, n, e in zip(costs, layers, exposed):
         finishes.append(t_pp - chain + e)
         chain += c.bwd(n) + c.place.p2p_out
@@ -306,14 +266,25 @@ def estimate_pipeline(costs: Sequence[StageCost], layers: Sequence[int]) -> tupl
     out = []
     for s, (c, n) in enumerate(zip(costs, layers)):
         rs, ag = c.dp_times(n)
-        out.append(StageEstimate(
-            index=s, layers=n, compute=m * (c.fwd(n) + c.bwd(n)), p2p=m * (c.place.p2p_in + c.place.p2p_out),
-            bubble=max(0.0, tl.pipeline - m * tl.steps[s]), dp_comm=rs + ag, dp_exposed=tl.exposed[s],
-            finish=tl.finishes[s], memory_gib=c.memory(n) / 2**30))
+        out.append(
+            StageEstimate(
+                index=s,
+                layers=n,
+                compute=m * (c.fwd(n) + c.bwd(n)),
+                p2p=m * (c.place.p2p_in + c.place.p2p_out),
+                bubble=max(0.0, tl.pipeline - m * tl.steps[s]),
+                dp_comm=rs + ag,
+                dp_exposed=tl.exposed[s],
+                finish=tl.finishes[s],
+                memory_gib=c.memory(n) / 2**30,
+            )
+        )
     return tl.seconds, out
 
 
-def refine_partition(costs: Sequence[StageCost], layers: Sequence[int], max_moves: int = 10_000) -> tuple[int, ...]:
+def refine_partition(
+    costs: Sequence[StageCost], layers: Sequence[int], max_moves: int = 10_000
+) -> tuple[int, ...]:
     """Move single layers away from the stages that set the iteration time (the slowest steady
     step, the latest finisher) while the full estimate improves: the min-max partition cannot see
     the pipeline fill/drain or the DP time later stages hide behind the backward chain.
@@ -322,7 +293,9 @@ def refine_partition(costs: Sequence[StageCost], layers: Sequence[int], max_move
     best, finishes, steps, _, _ = timeline(costs, cur)
     P = len(cur)
     for _ in range(max_moves):
-        donors = sorted({max(range(P), key=lambda s: (steps[s], -s)), max(range(P), key=lambda s: (finishes[s], -s))})
+        donors = sorted(
+            {max(range(P), key=lambda s: (steps[s], -s)), max(range(P), key=lambda s: (finishes[s], -s))}
+        )
         move = None
         for i in donors:
             if cur[i] == 1:
@@ -332,7 +305,10 @@ def refine_partition(costs: Sequence[StageCost], layers: Sequence[int], max_move
                     continue
                 cur[i] -= 1
                 cur[j] += 1
-                if costs[i].memory(cur[i]) <= costs[i].mem_cap and costs[j].memory(cur[j]) <= costs[j].mem_cap:
+                if (
+                    costs[i].memory(cur[i]) <= costs[i].mem_cap
+                    and costs[j].memory(cur[j]) <= costs[j].mem_cap
+                ):
                     t = iteration_seconds(costs, cur)
                     if t < best * (1 - 1e-12) and (move is None or t < move[0]):
                         move = (t, i, j)

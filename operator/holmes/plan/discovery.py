@@ -25,19 +25,29 @@ label), which the NIC labeller writes when a node's sysfs contradicts itself (In
 ports both active), makes the node unusable with that message, unless ``holmes.dev/nic`` says the
 kind: an explicit kind label is the admin's answer to it.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+
+from holmes.contract import names
 
 INFINIBAND, ROCE, ETHERNET = "infiniband", "roce", "ethernet"
 RDMA_KINDS = (INFINIBAND, ROCE)
 
 # Spellings an admin may write in holmes.dev/nic or a link-layer label.
 _KIND_ALIASES = {
-    "infiniband": INFINIBAND, "ib": INFINIBAND,
-    "roce": ROCE, "rocev2": ROCE, "roce-v2": ROCE,
-    "ethernet": ETHERNET, "eth": ETHERNET, "tcp": ETHERNET, "socket": ETHERNET,
+    "infiniband": INFINIBAND,
+    "ib": INFINIBAND,
+    "roce": ROCE,
+    "rocev2": ROCE,
+    "roce-v2": ROCE,
+    "ethernet": ETHERNET,
+    "eth": ETHERNET,
+    "tcp": ETHERNET,
+    "socket": ETHERNET,
 }
 # The link_layer file says Ethernet for RoCE ports: on an RDMA port that *is* RoCE.
 _LINK_LAYER_ALIASES = {"infiniband": INFINIBAND, "ib": INFINIBAND, "ethernet": ROCE, "roce": ROCE}
@@ -46,20 +56,21 @@ _LINK_LAYER_ALIASES = {"infiniband": INFINIBAND, "ib": INFINIBAND, "ethernet": R
 @dataclass(frozen=True)
 class NicMapping:
     """Where the NIC facts live on a Node, and what to assume when nothing says."""
-    nic_label: str = "holmes.dev/nic"
-    gbps_label: str = "holmes.dev/nic-gbps"
-    cluster_label: str = "holmes.dev/cluster"
-    link_layer_label: str = "holmes.dev/link-layer"
-    hcas_key: str = "holmes.dev/nic-hcas"
-    socket_ifname_key: str = "holmes.dev/socket-ifname"
-    problem_key: str = "holmes.dev/nic-problem"
+
+    nic_label: str = names.LABEL_NIC
+    gbps_label: str = names.LABEL_NIC_GBPS
+    cluster_label: str = names.LABEL_CLUSTER
+    link_layer_label: str = names.LABEL_LINK_LAYER
+    hcas_key: str = names.ANN_NIC_HCAS
+    socket_ifname_key: str = names.ANN_SOCKET_IFNAME
+    problem_key: str = names.ANN_NIC_PROBLEM
     nfd_rdma_labels: tuple[str, ...] = (
         "feature.node.kubernetes.io/rdma.capable",
         "feature.node.kubernetes.io/rdma.available",
         "feature.node.kubernetes.io/pci-15b3.present",
     )
     rdma_resource_prefixes: tuple[str, ...] = ("rdma/",)
-    rdma_resource_names: tuple[str, ...] = ()        # e.g. an SR-IOV "nvidia.com/mlnx_sriov_rdma"
+    rdma_resource_names: tuple[str, ...] = ()  # e.g. an SR-IOV "nvidia.com/mlnx_sriov_rdma"
     gpu_resource: str = "nvidia.com/gpu"
     # Kind for nodes that advertise RDMA but not which kind: per cluster (an admin who knows
     # "east is InfiniBand"), else one default; neither = report a problem.
@@ -72,26 +83,27 @@ class NicMapping:
     def gbps_for(self, kind: str) -> float:
         return dict(self.default_gbps)[kind]
 
-    def with_cluster_label(self, label: str | None) -> "NicMapping":
+    def with_cluster_label(self, label: str | None) -> NicMapping:
         from dataclasses import replace
+
         return self if not label or label == self.cluster_label else replace(self, cluster_label=label)
 
 
 @dataclass(frozen=True)
 class NodeNic:
     name: str
-    cluster: str                      # island name from the cluster label
-    nic: str                          # infiniband | roce | ethernet
-    gbps: float                       # all NICs of the node together, Gbit/s
-    gpus: int                         # allocatable nvidia.com/gpu
+    cluster: str  # island name from the cluster label
+    nic: str  # infiniband | roce | ethernet
+    gbps: float  # all NICs of the node together, Gbit/s
+    gpus: int  # allocatable nvidia.com/gpu
     rdma_resource: str | None = None  # e.g. "rdma/rdma_shared_device_a": pods request it
     hcas: tuple[str, ...] = ()
     socket_ifname: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
-    source: str = "no-rdma"           # holmes-labels | nfd | device-plugin | no-rdma
-    gbps_source: str = "default"      # label | default
-    ready: bool = True                # Ready condition not False
-    schedulable: bool = True          # spec.unschedulable not set (not cordoned)
+    source: str = "no-rdma"  # holmes-labels | nfd | device-plugin | no-rdma
+    gbps_source: str = "default"  # label | default
+    ready: bool = True  # Ready condition not False
+    schedulable: bool = True  # spec.unschedulable not set (not cordoned)
     problems: tuple[str, ...] = ()
 
     @property
@@ -144,9 +156,15 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
     if not name:
         problems.append("node has no metadata.name")
 
-    rdma_resource = next((r for r in sorted(allocatable)
-                          if (r.startswith(m.rdma_resource_prefixes) or r in m.rdma_resource_names)
-                          and _quantity_int(allocatable[r]) > 0), None)
+    rdma_resource = next(
+        (
+            r
+            for r in sorted(allocatable)
+            if (r.startswith(m.rdma_resource_prefixes) or r in m.rdma_resource_names)
+            and _quantity_int(allocatable[r]) > 0
+        ),
+        None,
+    )
     nfd_hits = [lab for lab in m.nfd_rdma_labels if _truthy(labels.get(lab))]
     link_kind, link_problem = _link_layer_kind(labels.get(m.link_layer_label), m)
     if link_problem:
@@ -158,19 +176,25 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
         source = "holmes-labels"
         kind = _KIND_ALIASES.get(label_kind.strip().lower())
         if kind is None:
-            problems.append(f"label {m.nic_label}={label_kind!r} is not a NIC kind: use infiniband, roce or ethernet")
+            problems.append(
+                f"label {m.nic_label}={label_kind!r} is not a NIC kind: use infiniband, roce or ethernet"
+            )
         elif link_kind and kind in RDMA_KINDS and link_kind != kind:
-            problems.append(f"label {m.nic_label}={label_kind} contradicts {m.link_layer_label}="
-                            f"{labels[m.link_layer_label]} ({link_kind}): fix one of them")
+            problems.append(
+                f"label {m.nic_label}={label_kind} contradicts {m.link_layer_label}="
+                f"{labels[m.link_layer_label]} ({link_kind}): fix one of them"
+            )
     elif nfd_hits or rdma_resource:
         source = "nfd" if nfd_hits else "device-plugin"
         why = f"label {nfd_hits[0]}=true" if nfd_hits else f"resource {rdma_resource}"
         cluster = labels.get(m.cluster_label) or m.default_cluster
         kind = link_kind or dict(m.cluster_rdma_kinds).get(cluster) or m.rdma_default_kind
         if kind is None:
-            problems.append(f"advertises RDMA ({why}) but no InfiniBand/RoCE kind: set label "
-                            f"{m.nic_label}=infiniband|roce (or {m.link_layer_label}, or a default kind "
-                            f"in the NIC mapping)")
+            problems.append(
+                f"advertises RDMA ({why}) but no InfiniBand/RoCE kind: set label "
+                f"{m.nic_label}=infiniband|roce (or {m.link_layer_label}, or a default kind "
+                f"in the NIC mapping)"
+            )
     else:
         source, kind = "no-rdma", ETHERNET
     nic_problem = annotations.get(m.problem_key) or labels.get(m.problem_key)
@@ -226,7 +250,10 @@ def _link_layer_kind(value: str | None, m: NicMapping) -> tuple[str | None, str 
         return None, None
     kind = _LINK_LAYER_ALIASES.get(value.strip().lower())
     if kind is None:
-        return None, f"label {m.link_layer_label}={value!r} is not a link layer: use InfiniBand or Ethernet (RoCE)"
+        return (
+            None,
+            f"label {m.link_layer_label}={value!r} is not a link layer: use InfiniBand or Ethernet (RoCE)",
+        )
     return kind, None
 
 

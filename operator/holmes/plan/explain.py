@@ -1,13 +1,17 @@
 """Human explanation of a layout: a table per stage and a few lines on why."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from .layout import Layout
+from holmes.contract.layout import Layout
+
 from .partition_why import partition_lines
 
 if TYPE_CHECKING:
-    from .jobspec import JobSpec
+    from holmes.contract.jobspec import JobSpec
+
     from .planner import Candidate
 
 
@@ -25,20 +29,52 @@ def table(layout: Layout) -> list[str]:
     """The per-stage table, from the layout alone (works on a layout read back from JSON)."""
     est = layout.estimate or {}
     per_stage = {s["stage"]: s for s in est.get("stages", [])}
-    head = (f"{len(layout.nodes)} nodes x {layout.gpus_per_node} GPUs = {layout.world_size} ranks: "
-            f"tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data}, "
-            f"{layout.micro_batches} micro-batches of {layout.micro_batch_size} per DP rank")
-    cols = ["stage", "layers", "n", "island", "nic", "dpNet", "nodes", "compute", "bubble", "p2p", "dp comm", "exposed",
-            "finish"]
+    head = (
+        f"{len(layout.nodes)} nodes x {layout.gpus_per_node} GPUs = {layout.world_size} ranks: "
+        f"tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data}, "
+        f"{layout.micro_batches} micro-batches of {layout.micro_batch_size} per DP rank"
+    )
+    cols = [
+        "stage",
+        "layers",
+        "n",
+        "island",
+        "nic",
+        "dpNet",
+        "nodes",
+        "compute",
+        "bubble",
+        "p2p",
+        "dp comm",
+        "exposed",
+        "finish",
+    ]
     rows = []
     for s in layout.stages:
         e = per_stage.get(s.index, {})
         nodes = s.nodes or layout.stage_nodes(s.index)
-        rows.append([str(s.index), f"[{s.layers[0]},{s.layers[1]})", str(s.num_layers), s.island, s.nic, s.dp_net,
-                     _nodes_cell(nodes)]
-                    + [_fmt_s(e[k]) if k in e else "-" for k in
-                       ("computeSeconds", "bubbleSeconds", "p2pSeconds", "dpCommSeconds", "dpExposedSeconds",
-                        "finishSeconds")])
+        rows.append(
+            [
+                str(s.index),
+                f"[{s.layers[0]},{s.layers[1]})",
+                str(s.num_layers),
+                s.island,
+                s.nic,
+                s.dp_net,
+                _nodes_cell(nodes),
+            ]
+            + [
+                _fmt_s(e[k]) if k in e else "-"
+                for k in (
+                    "computeSeconds",
+                    "bubbleSeconds",
+                    "p2pSeconds",
+                    "dpCommSeconds",
+                    "dpExposedSeconds",
+                    "finishSeconds",
+                )
+            ]
+        )
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
     out = [head, line(cols)] + [line(r) for r in rows]
@@ -47,45 +83,74 @@ def table(layout: Layout) -> list[str]:
     if "embedding" in nets:
         tail += f", embedding net {nets['embedding']}"
     if "iterationSeconds" in est:
-        tail += (f"; estimate {est['iterationSeconds']:.4g} s/iteration, {est['tokensPerSecond']:.4g} tokens/s, "
-                 f"{est['tflopsPerGpu']:.4g} TFLOPS/GPU, {est.get('memoryPerGpuGiB', 0):.3g} GiB/GPU")
+        tail += (
+            f"; estimate {est['iterationSeconds']:.4g} s/iteration, {est['tokensPerSecond']:.4g} tokens/s, "
+            f"{est['tflopsPerGpu']:.4g} TFLOPS/GPU, {est.get('memoryPerGpuGiB', 0):.3g} GiB/GPU"
+        )
         if "activationRecompute" in est:
             tail += f" (activation recompute {'on' if est['activationRecompute'] else 'off'})"
     out.append(tail)
     return out
 
 
-def why_lines(layout: Layout, best: "Candidate", alternatives: Sequence["Candidate"], job: "JobSpec") -> list[str]:
+def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate], job: JobSpec) -> list[str]:
     out = []
     kinds = {s.nic for s in layout.stages}
     mixed = [s.index for s in layout.stages if s.dp_net == "Socket" and s.nic != "ethernet"]
     if job.parallelism.nic_selection == "off":
-        out.append("nicSelection off: nodes in name order (Megatron default); DP groups take whatever NICs that gives")
+        out.append(
+            "nicSelection off: nodes in name order (Megatron default); "
+            "DP groups take whatever NICs that gives"
+        )
     elif not mixed and len(kinds) > 1:
-        out.append("automatic NIC selection: every stage's DP groups stay on one NIC kind ("
-                   + ", ".join(f"stage {s.index} on {s.island}" for s in layout.stages[:6])
-                   + (", ..." if len(layout.stages) > 6 else "") + ")")
+        out.append(
+            "automatic NIC selection: every stage's DP groups stay on one NIC kind ("
+            + ", ".join(f"stage {s.index} on {s.island}" for s in layout.stages[:6])
+            + (", ..." if len(layout.stages) > 6 else "")
+            + ")"
+        )
     if mixed:
-        cause = ("name order puts different islands in one stage" if job.parallelism.nic_selection == "off"
-                 else "the islands' sizes do not split into whole stages")
-        out.append(f"stage(s) {', '.join(map(str, mixed[:8]))} mix NIC kinds or clusters, so their DP groups use "
-                   f"sockets: {cause}")
+        cause = (
+            "name order puts different islands in one stage"
+            if job.parallelism.nic_selection == "off"
+            else "the islands' sizes do not split into whole stages"
+        )
+        out.append(
+            f"stage(s) {', '.join(map(str, mixed[:8]))} mix NIC kinds or clusters, so their DP groups use "
+            f"sockets: {cause}"
+        )
     if layout.pipeline > 1:
         pp = next(g.net for g in layout.groups if g.kind == "pp")
-        out.append(f"pipeline p2p uses {pp}: " + ("all stages on one RDMA island" if pp == "IB" else
-                                                   "stages span islands, so only activations cross the slow link"))
-    out.extend(partition_lines(best.costs, best.layers, [s.island for s in layout.stages],
-                               str((layout.estimate or {}).get("partition", "adaptive"))))
+        out.append(
+            f"pipeline p2p uses {pp}: "
+            + (
+                "all stages on one RDMA island"
+                if pp == "IB"
+                else "stages span islands, so only activations cross the slow link"
+            )
+        )
+    out.extend(
+        partition_lines(
+            best.costs,
+            best.layers,
+            [s.island for s in layout.stages],
+            str((layout.estimate or {}).get("partition", "adaptive")),
+        )
+    )
     if len(alternatives) > 1:
         nxt = alternatives[1]
         d = nxt.degrees
-        out.append(f"chose tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data} over "
-                   f"{len(alternatives) - 1} other degree choice(s); next best tensor {d.tensor} x pipeline "
-                   f"{d.pipeline} x data {d.data} is {nxt.seconds / best.seconds:.3g}x slower")
+        out.append(
+            f"chose tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data} over "
+            f"{len(alternatives) - 1} other degree choice(s); next best tensor {d.tensor} x pipeline "
+            f"{d.pipeline} x data {d.data} is {nxt.seconds / best.seconds:.3g}x slower"
+        )
     return ["why:"] + [x if x.startswith(" ") else f"- {x}" for x in out]
 
 
-def explanation_lines(layout: Layout, best: "Candidate", alternatives: Sequence["Candidate"], job: "JobSpec") -> list[str]:
+def explanation_lines(
+    layout: Layout, best: Candidate, alternatives: Sequence[Candidate], job: JobSpec
+) -> list[str]:
     return table(layout) + why_lines(layout, best, alternatives, job)
 
 

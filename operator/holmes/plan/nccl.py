@@ -5,18 +5,24 @@ The per-group network (``IB`` or ``Socket``) is *not* an environment variable: t
 it per communicator (``ProcessGroupNCCL.Options().config.net_name``). That is why ``NCCL_NET`` is
 never set here: it would override that per-group choice for every communicator.
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from .discovery import ETHERNET, INFINIBAND, ROCE, NodeNic
 
-DEFAULT_GID_INDEX = 3   # RoCE v2 over IPv4 on most Mellanox setups
+DEFAULT_GID_INDEX = 3  # RoCE v2 over IPv4 on most Mellanox setups
 
 
-def nccl_env(nic: NodeNic | str, *, hcas: tuple[str, ...] | list[str] | None = None,
-             socket_ifname: str | None = None, gid_index: int | None = DEFAULT_GID_INDEX,
-             extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def nccl_env(
+    nic: NodeNic | str,
+    *,
+    hcas: tuple[str, ...] | list[str] | None = None,
+    socket_ifname: str | None = None,
+    gid_index: int | None = DEFAULT_GID_INDEX,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """NCCL variables for a pod on a node of this NIC kind.
 
     ``nic`` is a classified node (its HCAs and socket interface are used when known) or a kind
@@ -46,7 +52,9 @@ def nccl_env(nic: NodeNic | str, *, hcas: tuple[str, ...] | list[str] | None = N
         env["NCCL_SOCKET_IFNAME"] = socket_ifname
     if extra:
         if "NCCL_NET" in extra:
-            raise ValueError("NCCL_NET must not be set: it overrides the per-group network (IB/Socket) "
-                             "the layout chooses; remove it from the pod env")
+            raise ValueError(
+                "NCCL_NET must not be set: it overrides the per-group network (IB/Socket) "
+                "the layout chooses; remove it from the pod env"
+            )
         env.update({str(k): str(v) for k, v in extra.items()})
     return env

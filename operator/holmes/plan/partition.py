@@ -9,10 +9,11 @@ layers stage s can take within X*. While layers remain, some stage has n_s < cap
 stages already hold sum cap_s >= layers), so the chosen stage ends at cost <= X*; hence the
 final maximum is <= X*. Ties go to the lower stage index, so the result is deterministic.
 """
+
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 Cost = Callable[[int], float]
 

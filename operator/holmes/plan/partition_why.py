@@ -12,33 +12,35 @@ A layer moved from stage i to stage j trades these terms: it may make j's step t
 (``m-1`` times) while shrinking i's DP time. The lines below evaluate such single-layer moves
 with the cost model (nothing here is a rule of thumb) and name the terms that change.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .costmodel import StageCost, fits, timeline
 from .partition import PartitionError, uniform
 
-REL = 1.05          # DP rates within 5% count as the same fabric speed
-ALL_MOVES_UP_TO = 12   # stages; beyond, moves touch only the stages the lines talk about
-SUB = "  - "           # a sub-point of the line before
+REL = 1.05  # DP rates within 5% count as the same fabric speed
+ALL_MOVES_UP_TO = 12  # stages; beyond, moves touch only the stages the lines talk about
+SUB = "  - "  # a sub-point of the line before
 
 
 @dataclass(frozen=True)
 class Breakdown:
     """One partition's iteration, split into the terms a layer move trades."""
+
     layers: tuple[int, ...]
     seconds: float
     pipeline: float
-    steps: int                  # m - 1 steady steps
-    step: float                 # the slowest steady step
+    steps: int  # m - 1 steady steps
+    step: float  # the slowest steady step
     step_stage: int
-    fill: float                 # warm-up / cool-down: pipeline - steps * step
-    tail: float                 # seconds - pipeline
-    tail_stage: int             # the stage that finishes last
+    fill: float  # warm-up / cool-down: pipeline - steps * step
+    tail: float  # seconds - pipeline
+    tail_stage: int  # the stage that finishes last
     exposed: tuple[float, ...]  # per stage: exposed DP communication
-    window: tuple[float, ...]   # per stage: backward drain it hides DP behind (0 for stage 0)
+    window: tuple[float, ...]  # per stage: backward drain it hides DP behind (0 for stage 0)
 
     @property
     def steady(self) -> float:
@@ -51,15 +53,26 @@ def breakdown(costs: Sequence[StageCost], layers: Sequence[int]) -> Breakdown:
     k = max(range(len(tl.steps)), key=lambda s: (tl.steps[s], -s))
     last = max(range(len(tl.finishes)), key=lambda s: (tl.finishes[s], -s))
     window = tuple(max(0.0, tl.pipeline + e - f) for e, f in zip(tl.exposed, tl.finishes))
-    return Breakdown(tuple(layers), tl.seconds, tl.pipeline, m - 1, tl.steps[k], k,
-                     tl.pipeline - (m - 1) * tl.steps[k], tl.seconds - tl.pipeline, last, tuple(tl.exposed), window)
+    return Breakdown(
+        tuple(layers),
+        tl.seconds,
+        tl.pipeline,
+        m - 1,
+        tl.steps[k],
+        k,
+        tl.pipeline - (m - 1) * tl.steps[k],
+        tl.seconds - tl.pipeline,
+        last,
+        tuple(tl.exposed),
+        window,
+    )
 
 
 @dataclass(frozen=True)
 class Move:
     src: int
     dst: int
-    after: Breakdown | None     # None: does not fit in GPU memory
+    after: Breakdown | None  # None: does not fit in GPU memory
 
 
 def move(costs: Sequence[StageCost], layers: Sequence[int], src: int, dst: int) -> Move | None:
@@ -78,6 +91,7 @@ def dp_per_layer(c: StageCost, n: int) -> float:
 
 
 # ---- text ---------------------------------------------------------------------------------------
+
 
 def _s(x: float) -> str:
     return f"{x:.3g} s" if abs(x) >= 0.001 or x == 0 else f"{x * 1e3:.2g} ms"
@@ -115,13 +129,24 @@ def step_line(costs: Sequence[StageCost], layers: Sequence[int]) -> str:
     parts = []
     for s, (c, n) in enumerate(zip(costs, layers)):
         fixed = c.step(n) - n * per_layer[s]
-        what = [w for w, x in (("p2p in", c.place.p2p_in), ("p2p out", c.place.p2p_out),
-                               ("LM head", c.head_fwd + c.head_bwd)) if x > 0]
+        what = [
+            w
+            for w, x in (
+                ("p2p in", c.place.p2p_in),
+                ("p2p out", c.place.p2p_out),
+                ("LM head", c.head_fwd + c.head_bwd),
+            )
+            if x > 0
+        ]
         parts.append((s, n, fixed, ", ".join(what) or "nothing"))
-    groups: list[list] = []          # consecutive stages with the same fixed part, for long pipelines
+    groups: list[list] = []  # consecutive stages with the same fixed part, for long pipelines
     for p in parts:
-        if groups and f"{groups[-1][-1][2]:.4g}" == f"{p[2]:.4g}" and groups[-1][-1][3] == p[3] \
-                and groups[-1][-1][1] == p[1]:
+        if (
+            groups
+            and f"{groups[-1][-1][2]:.4g}" == f"{p[2]:.4g}"
+            and groups[-1][-1][3] == p[3]
+            and groups[-1][-1][1] == p[1]
+        ):
             groups[-1].append(p)
         else:
             groups.append([p])
@@ -130,34 +155,51 @@ def step_line(costs: Sequence[StageCost], layers: Sequence[int]) -> str:
     for g in groups[:8]:
         s0, n, fixed, what = g[0]
         t = per_layer[s0]
-        cells.append(f"{_stages(s0, g[-1][0])} {n} x {_s(t)} + {_s(fixed)} ({what}: {fixed / t:.2g} layers' worth)")
+        cells.append(
+            f"{_stages(s0, g[-1][0])} {n} x {_s(t)} + {_s(fixed)} ({what}: {fixed / t:.2g} layers' worth)"
+        )
     more = f"; ... {len(groups) - 8} more groups" if len(groups) > 8 else ""
     head = "steady step = layers x per-layer time + fixed part" + (
-        f" (one layer: {_s(per_layer[0])} forward+backward per micro-batch)" if same else "")
+        f" (one layer: {_s(per_layer[0])} forward+backward per micro-batch)" if same else ""
+    )
     return head + ": " + "; ".join(cells) + more
 
 
 def bound_line(b: Breakdown, where: Sequence[str]) -> str:
     if len(b.layers) == 1:
         share = b.tail / b.seconds
-        return (f"iteration {_s(b.seconds)} = {b.steps + 1} micro-batches x {_s(b.step)} + {_s(b.tail)} exposed DP; "
-                + (f"bound: compute and exposed DP ({share:.0%} of the iteration)" if share >= 0.02 else
-                   f"bound: compute (DP adds only {share:.1%})"))
-    head = (f"iteration {_s(b.seconds)} = pipeline {_s(b.pipeline)} ({b.steps} steady 1F1B steps x "
-            f"{_s(b.step)}, stage {b.step_stage}'s step, the slowest; + {_s(b.fill)} warm-up/cool-down)")
+        return (
+            f"iteration {_s(b.seconds)} = {b.steps + 1} micro-batches x {_s(b.step)} "
+            f"+ {_s(b.tail)} exposed DP; "
+            + (
+                f"bound: compute and exposed DP ({share:.0%} of the iteration)"
+                if share >= 0.02
+                else f"bound: compute (DP adds only {share:.1%})"
+            )
+        )
+    head = (
+        f"iteration {_s(b.seconds)} = pipeline {_s(b.pipeline)} ({b.steps} steady 1F1B steps x "
+        f"{_s(b.step)}, stage {b.step_stage}'s step, the slowest; + {_s(b.fill)} warm-up/cool-down)"
+    )
     t = b.tail_stage
     if b.tail <= 1e-9:
         return head + "; all DP communication is hidden: the slowest steady step bounds the iteration"
     if t == 0:
-        tail = (f" + {_s(b.tail)} exposed DP of stage 0 ({where[0]}), which ends the backward and has no "
-                f"drain to hide behind")
+        tail = (
+            f" + {_s(b.tail)} exposed DP of stage 0 ({where[0]}), which ends the backward and has no "
+            f"drain to hide behind"
+        )
     else:
-        tail = (f" + {_s(b.tail)}: stage {t} ({where[t]}) finishes last, its {_s(b.exposed[t])} of exposed DP "
-                f"outlasting the {_s(b.window[t])} backward drain of {_stages(0, t - 1)} it hides behind")
+        tail = (
+            f" + {_s(b.tail)}: stage {t} ({where[t]}) finishes last, its {_s(b.exposed[t])} of exposed DP "
+            f"outlasting the {_s(b.window[t])} backward drain of {_stages(0, t - 1)} it hides behind"
+        )
     share = b.tail / b.seconds
-    bound = (f"bound: the slowest steady step and stage {t}'s exposed DP ({share:.0%} of the iteration)"
-             if share >= 0.02 else "bound: the slowest steady step (DP adds only "
-             f"{share:.1%})")
+    bound = (
+        f"bound: the slowest steady step and stage {t}'s exposed DP ({share:.0%} of the iteration)"
+        if share >= 0.02
+        else f"bound: the slowest steady step (DP adds only {share:.1%})"
+    )
     return head + tail + "; " + bound
 
 
@@ -166,8 +208,11 @@ def _terms(a: Breakdown, b: Breakdown) -> str:
     terms = []
     ds = b.steady - a.steady
     if abs(ds) >= 1e-4:
-        who = (f"stage {b.step_stage}'s step becomes the slowest, " if b.step_stage != a.step_stage else
-               f"stage {b.step_stage}'s step ")
+        who = (
+            f"stage {b.step_stage}'s step becomes the slowest, "
+            if b.step_stage != a.step_stage
+            else f"stage {b.step_stage}'s step "
+        )
         terms.append((abs(ds), f"steady state {_d(ds)} ({who}{_s(a.step)} -> {_s(b.step)}, x{a.steps})"))
     df = b.fill - a.fill
     if abs(df) >= 1e-4:
@@ -176,9 +221,11 @@ def _terms(a: Breakdown, b: Breakdown) -> str:
     if abs(dt) >= 1e-4:
         if a.tail_stage == b.tail_stage:
             t = a.tail_stage
-            what = (f"stage {t}'s exposed DP {_s(a.exposed[t])} -> {_s(b.exposed[t])}"
-                    + (f", hiding window {_s(a.window[t])} -> {_s(b.window[t])}"
-                       if t and _s(a.window[t]) != _s(b.window[t]) else ""))
+            what = f"stage {t}'s exposed DP {_s(a.exposed[t])} -> {_s(b.exposed[t])}" + (
+                f", hiding window {_s(a.window[t])} -> {_s(b.window[t])}"
+                if t and _s(a.window[t]) != _s(b.window[t])
+                else ""
+            )
         else:
             what = f"last to finish: stage {a.tail_stage} -> stage {b.tail_stage}"
         terms.append((abs(dt), f"DP tail {_d(dt)} ({what})"))
@@ -191,8 +238,10 @@ def move_text(cur: Breakdown, mv: Move) -> str:
     if mv.after is None:
         return f"{what} does not fit in GPU memory"
     b = mv.after
-    return (f"{what} ({_parts(b.layers, cur.layers)}): {_terms(cur, b)}; "
-            f"{_s(b.seconds)}, {_d(b.seconds - cur.seconds)}")
+    return (
+        f"{what} ({_parts(b.layers, cur.layers)}): {_terms(cur, b)}; "
+        f"{_s(b.seconds)}, {_d(b.seconds - cur.seconds)}"
+    )
 
 
 def _candidates(P: int, focus: Sequence[int]) -> list[tuple[int, int]]:
@@ -200,7 +249,9 @@ def _candidates(P: int, focus: Sequence[int]) -> list[tuple[int, int]]:
     return [(i, j) for i in stages for j in stages if i != j]
 
 
-def partition_lines(costs: Sequence[StageCost], layers: Sequence[int], where: Sequence[str], mode: str) -> list[str]:
+def partition_lines(
+    costs: Sequence[StageCost], layers: Sequence[int], where: Sequence[str], mode: str
+) -> list[str]:
     """The 'why' lines about the partition: what bounds the iteration, why each stage (the two that
     differ most) has its layer count, and how the uniform split and the next-best move compare."""
     P, L = len(layers), sum(layers)
@@ -220,35 +271,54 @@ def partition_lines(costs: Sequence[StageCost], layers: Sequence[int], where: Se
     else:
         a = min(range(P), key=lambda s: (layers[s], -s))
         b = max(range(P), key=lambda s: (layers[s], -s))
-    moves = {(i, j): move(costs, layers, i, j) for i, j in _candidates(P, (a, b, cur.step_stage, cur.tail_stage))}
+    moves = {
+        (i, j): move(costs, layers, i, j) for i, j in _candidates(P, (a, b, cur.step_stage, cur.tail_stage))
+    }
     moves = {k: v for k, v in moves.items() if v is not None}
 
     if differ:
         ratio = rate[a] / rate[b] if rate[b] > 0 else float("inf")
-        why = (f"its DP communication is {ratio:.2g}x slower per layer ({_s(rate[a])} vs {_s(rate[b])}; "
-               f"{_s(cur.exposed[a])} exposed vs {_s(cur.exposed[b])})")
+        why = (
+            f"its DP communication is {ratio:.2g}x slower per layer ({_s(rate[a])} vs {_s(rate[b])}; "
+            f"{_s(cur.exposed[a])} exposed vs {_s(cur.exposed[b])})"
+        )
         if layers[a] < layers[b]:
-            head = (f"stage {a} on {where[a]} gets {layers[a]} of {L} layers, stage {b} on {where[b]} "
-                    f"{layers[b]}: {why}")
+            head = (
+                f"stage {a} on {where[a]} gets {layers[a]} of {L} layers, stage {b} on {where[b]} "
+                f"{layers[b]}: {why}"
+            )
         elif layers[a] == layers[b]:
-            head = (f"stage {a} on {where[a]} gets {layers[a]} of {L} layers, as many as stage {b} on "
-                    f"{where[b]}, although {why}")
+            head = (
+                f"stage {a} on {where[a]} gets {layers[a]} of {L} layers, as many as stage {b} on "
+                f"{where[b]}, although {why}"
+            )
         else:
-            head = (f"stage {a} on {where[a]} gets {layers[a]} of {L} layers, more than stage {b} on "
-                    f"{where[b]} ({layers[b]}), although {why}")
+            head = (
+                f"stage {a} on {where[a]} gets {layers[a]} of {L} layers, more than stage {b} on "
+                f"{where[b]} ({layers[b]}), although {why}"
+            )
     elif layers[a] != layers[b]:
-        head = (f"stage {a} on {where[a]} gets {layers[a]} of {L} layers, stage {b} on {where[b]} {layers[b]}: "
-                f"the stages' DP fabrics are alike, their fixed per-step costs differ")
+        head = (
+            f"stage {a} on {where[a]} gets {layers[a]} of {L} layers, stage {b} on {where[b]} {layers[b]}: "
+            f"the stages' DP fabrics are alike, their fixed per-step costs differ"
+        )
     else:
         head = f"every stage gets {layers[0]} of {L} layers: the stages' DP fabrics are alike"
     # the two moves between the stages the line names: why not one more / one fewer
     why_not = [moves[k] for k in ((a, b), (b, a)) if k in moves]
     unload = moves.get((a, b))
-    if differ and layers[a] >= layers[b] and unload is not None and unload.after is not None \
-            and unload.after.seconds > cur.seconds:
+    if (
+        differ
+        and layers[a] >= layers[b]
+        and unload is not None
+        and unload.after is not None
+        and unload.after.seconds > cur.seconds
+    ):
         # the verdict the reader is after: why the slow-DP stage keeps that many layers
-        head += (f"; moving one of its layers to stage {b} costs more than it saves "
-                 f"({_d(unload.after.seconds - cur.seconds)} net)")
+        head += (
+            f"; moving one of its layers to stage {b} costs more than it saves "
+            f"({_d(unload.after.seconds - cur.seconds)} net)"
+        )
     out.append(head + (":" if why_not else ""))
     out.extend(SUB + move_text(cur, mv) for mv in why_not)
 
@@ -263,8 +333,10 @@ def partition_lines(costs: Sequence[StageCost], layers: Sequence[int], where: Se
         elif even is not None:
             if fits(costs, even):
                 u = breakdown(costs, even).seconds
-                tail.append(f"uniform split ({_parts(even, layers)}): {_s(u)} ({_d(u - cur.seconds)}, "
-                            f"{u / cur.seconds - 1:+.1%})")
+                tail.append(
+                    f"uniform split ({_parts(even, layers)}): {_s(u)} ({_d(u - cur.seconds)}, "
+                    f"{u / cur.seconds - 1:+.1%})"
+                )
             else:
                 tail.append(f"uniform split ({_parts(even, layers)}) does not fit in GPU memory")
     fitting = [mv for mv in moves.values() if mv.after is not None]
@@ -272,16 +344,23 @@ def partition_lines(costs: Sequence[StageCost], layers: Sequence[int], where: Se
         nxt = min(fitting, key=lambda mv: (mv.after.seconds, mv.src, mv.dst))
         t = nxt.after.seconds
         if t < cur.seconds * (1 - 1e-9):
-            tail.append("a faster neighbour exists: " + move_text(cur, nxt)
-                        + (" (the job fixes the partition)" if mode != "adaptive" else ""))
+            tail.append(
+                "a faster neighbour exists: "
+                + move_text(cur, nxt)
+                + (" (the job fixes the partition)" if mode != "adaptive" else "")
+            )
         elif t <= cur.seconds * (1 + 1e-9):
-            tail.append(f"equally fast: one layer from stage {nxt.src} to stage {nxt.dst} "
-                        f"({_parts(nxt.after.layers, cur.layers)})")
+            tail.append(
+                f"equally fast: one layer from stage {nxt.src} to stage {nxt.dst} "
+                f"({_parts(nxt.after.layers, cur.layers)})"
+            )
         elif (nxt.src, nxt.dst) not in ((a, b), (b, a)):
             tail.append("next-best move: " + move_text(cur, nxt))
         else:
-            tail.append(f"next-best single-layer move: stage {nxt.src} -> {nxt.dst} "
-                        f"({_parts(nxt.after.layers, cur.layers)}) at {_s(t)} ({t / cur.seconds - 1:+.2%})")
+            tail.append(
+                f"next-best single-layer move: stage {nxt.src} -> {nxt.dst} "
+                f"({_parts(nxt.after.layers, cur.layers)}) at {_s(t)} ({t / cur.seconds - 1:+.2%})"
+            )
     if tail:
         out.append(f"partition {mode} {_parts(layers)}, {_s(cur.seconds)}: " + "; ".join(tail))
     return out

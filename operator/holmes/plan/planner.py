@@ -16,19 +16,33 @@ Steps (all deterministic):
 4. Partition the layers (:mod:`.partition`) and estimate the iteration (:mod:`.costmodel`);
    keep the fastest candidate.
 """
+
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
+
+from holmes.contract.flops import ModelCost, tflops_per_gpu
+from holmes.contract.jobspec import AUTO, JobSpec, SpecError
+from holmes.contract.layout import GroupFamily, Layout, Stage
 
 from . import partition as parts_mod
-from .costmodel import (GBIT, ModelCost, PlannerConfig, Shape, StageCost, StageEstimate, StagePlace,
-                        estimate_pipeline, fits, iteration_seconds, refine_partition, tflops_per_gpu)
+from .costmodel import (
+    GBIT,
+    CostModelConfig,
+    Shape,
+    StageCost,
+    StageEstimate,
+    StagePlace,
+    estimate_pipeline,
+    fits,
+    iteration_seconds,
+    refine_partition,
+)
 from .discovery import NodeNic, classify_nodes, why_unusable
-from .jobspec import AUTO, JobSpec, SpecError
-from .layout import GroupFamily, Layout, Stage
 from .topology import SOCKET_NET, NodeSet, group_bandwidth_gbps, islands_of, merge, summarize
 
 
@@ -48,7 +62,7 @@ def as_job(job: JobSpec | Mapping[str, Any]) -> JobSpec:
     return JobSpec.from_spec(job)
 
 
-def for_job(cfg: PlannerConfig, job: JobSpec) -> PlannerConfig:
+def for_job(cfg: CostModelConfig, job: JobSpec) -> CostModelConfig:
     """The config with what the job decides: whether the trainer recomputes activations (the
     cost model's time and memory follow it; the job wins over the config's fallback)."""
     if cfg.activation_recompute == job.training.activation_recompute:
@@ -58,7 +72,8 @@ def for_job(cfg: PlannerConfig, job: JobSpec) -> PlannerConfig:
 
 # ---- 1. node selection ------------------------------------------------------------------------
 
-def select_nodes(nodes: Sequence[Any], job: JobSpec, cfg: PlannerConfig) -> list[NodeNic]:
+
+def select_nodes(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> list[NodeNic]:
     """The nodes this job may use, sorted by name; InsufficientNodes when fewer than count."""
     mapping = cfg.nic_mapping.with_cluster_label(job.nodes.cluster_label)
     nics = classify_nodes(nodes, mapping)
@@ -86,22 +101,32 @@ def select_nodes(nodes: Sequence[Any], job: JobSpec, cfg: PlannerConfig) -> list
         kinds[n.nic] = kinds.get(n.nic, 0) + 1
     have = ", ".join(f"{c} {k}" for k, c in sorted(kinds.items()))
     where = f" matching {sel.describe()}" if sel is not None else ""
-    msg = [f"needs {need} nodes with {G} nvidia.com/gpu{where}; have {len(usable)}" + (f": {have}" if have else "")]
+    msg = [
+        f"needs {need} nodes with {G} nvidia.com/gpu{where}; have {len(usable)}"
+        + (f": {have}" if have else "")
+    ]
     if sel is not None and len(matched) < len(nics):
         msg.append(f"{len(nics) - len(matched)} node(s) do not match the selector")
     if few_gpus:
-        msg.append(f"{len(few_gpus)} node(s) have fewer than {G} allocatable nvidia.com/gpu: "
-                   + ", ".join(f"{n.name} ({n.gpus})" for n in few_gpus[:5]) + (" ..." if len(few_gpus) > 5 else ""))
+        msg.append(
+            f"{len(few_gpus)} node(s) have fewer than {G} allocatable nvidia.com/gpu: "
+            + ", ".join(f"{n.name} ({n.gpus})" for n in few_gpus[:5])
+            + (" ..." if len(few_gpus) > 5 else "")
+        )
     for n in broken[:5]:
         msg.append(f"node {n.name} is not usable: {why_unusable(n)}")
     if len(broken) > 5:
         msg.append(f"... and {len(broken) - 5} more unusable nodes")
-    msg.append(f"add nodes, fix the ones listed, or lower nodes.count to {len(usable)}" if usable
-               else "add nodes, fix the ones listed, or change nodes.selector")
+    msg.append(
+        f"add nodes, fix the ones listed, or lower nodes.count to {len(usable)}"
+        if usable
+        else "add nodes, fix the ones listed, or change nodes.selector"
+    )
     raise InsufficientNodes("; ".join(msg))
 
 
 # ---- 2. degrees -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Degrees:
@@ -120,8 +145,11 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
     m, t, p = job.model, job.training, job.parallelism
     G, N = job.nodes.gpus_per_node, job.nodes.count
     W = G * N
-    tensors = [p.tensor] if p.tensor != AUTO else [
-        x for x in _divisors(G) if m.attention_heads % x == 0 and m.ffn_hidden_size % x == 0]
+    tensors = (
+        [p.tensor]
+        if p.tensor != AUTO
+        else [x for x in _divisors(G) if m.attention_heads % x == 0 and m.ffn_hidden_size % x == 0]
+    )
     explicit = p.explicit_partition
     out: list[Degrees] = []
     problems: list[str] = []
@@ -149,39 +177,51 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
                 continue
             R = D * T
             if R % G and G % R:
-                problems.append(f"{label}: a stage has {R} GPUs, neither a multiple nor a divisor of "
-                                f"gpusPerNode {G}")
+                problems.append(
+                    f"{label}: a stage has {R} GPUs, neither a multiple nor a divisor of gpusPerNode {G}"
+                )
                 continue
             per_step = D * t.micro_batch_size
             if t.global_batch_size % per_step:
-                problems.append(f"{label}: globalBatchSize {t.global_batch_size} is not divisible by "
-                                f"data*microBatchSize = {per_step}")
+                problems.append(
+                    f"{label}: globalBatchSize {t.global_batch_size} is not divisible by "
+                    f"data*microBatchSize = {per_step}"
+                )
                 continue
             mb = t.global_batch_size // per_step
             if mb < P:
-                problems.append(f"{label}: {mb} micro-batches per iteration < {P} stages (1F1B needs at least "
-                                f"one per stage)")
+                problems.append(
+                    f"{label}: {mb} micro-batches per iteration < {P} stages (1F1B needs at least "
+                    f"one per stage)"
+                )
                 continue
             out.append(Degrees(T, P, D, mb))
     if not out:
-        fixed = {k: v for k, v in (("tensor", p.tensor), ("pipeline", p.pipeline), ("data", p.data)) if v != AUTO}
-        head = (f"no (tensor, pipeline, data) fits {N} nodes x {G} GPUs = {W} GPUs"
-                + (f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""))
+        fixed = {
+            k: v for k, v in (("tensor", p.tensor), ("pipeline", p.pipeline), ("data", p.data)) if v != AUTO
+        }
+        head = f"no (tensor, pipeline, data) fits {N} nodes x {G} GPUs = {W} GPUs" + (
+            f" with {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else ""
+        )
         shown = problems[:6] + ([f"... {len(problems) - 6} more"] if len(problems) > 6 else [])
-        fix = ("fix: make globalBatchSize a multiple of data*microBatchSize with at least pipeline "
-               "micro-batches per DP rank, or change the fixed degrees / nodes.count")
+        fix = (
+            "fix: make globalBatchSize a multiple of data*microBatchSize with at least pipeline "
+            "micro-batches per DP rank, or change the fixed degrees / nodes.count"
+        )
         raise PlanError(head + ": " + "; ".join(shown) + "; " + fix)
     return out
 
 
 # ---- 3. placement -----------------------------------------------------------------------------
 
-def _island_speed(nodes: Sequence[NodeNic], cfg: PlannerConfig) -> float:
+
+def _island_speed(nodes: Sequence[NodeNic], cfg: CostModelConfig) -> float:
     return group_bandwidth_gbps(summarize(nodes, cfg.fabric), cfg.fabric)
 
 
-def arrange_groups(usable: Sequence[NodeNic], count: int, block: int, cfg: PlannerConfig
-                   ) -> list[list[tuple[NodeNic, ...]]]:
+def arrange_groups(
+    usable: Sequence[NodeNic], count: int, block: int, cfg: CostModelConfig
+) -> list[list[tuple[NodeNic, ...]]]:
     """Choose ``count`` nodes and cut them into blocks of ``block`` nodes, grouped by island:
     whole blocks inside one island first (fastest islands first), leftovers as mixed blocks."""
     islands = sorted(islands_of(usable), key=lambda i: (-_island_speed(i.nodes, cfg), i.name))
@@ -191,16 +231,16 @@ def arrange_groups(usable: Sequence[NodeNic], count: int, block: int, cfg: Plann
     for isl in islands:
         take = min(len(isl.nodes) // block, blocks_needed - sum(len(g) for g in groups))
         if take > 0:
-            groups.append([isl.nodes[i * block:(i + 1) * block] for i in range(take)])
-        leftovers.extend(isl.nodes[take * block:])
+            groups.append([isl.nodes[i * block : (i + 1) * block] for i in range(take)])
+        leftovers.extend(isl.nodes[take * block :])
     missing = blocks_needed - sum(len(g) for g in groups)
     if missing:
-        rest = leftovers[:missing * block]
-        groups.append([tuple(rest[i * block:(i + 1) * block]) for i in range(missing)])
+        rest = leftovers[: missing * block]
+        groups.append([tuple(rest[i * block : (i + 1) * block]) for i in range(missing)])
     return groups
 
 
-def island_orders(groups: Sequence[list[tuple[NodeNic, ...]]], cfg: PlannerConfig) -> list[tuple[int, ...]]:
+def island_orders(groups: Sequence[list[tuple[NodeNic, ...]]], cfg: CostModelConfig) -> list[tuple[int, ...]]:
     """Orders in which to place the island groups: all of them while there are few, else the
     given order, by cluster, and both reversed."""
     base = tuple(range(len(groups)))
@@ -213,11 +253,12 @@ def island_orders(groups: Sequence[list[tuple[NodeNic, ...]]], cfg: PlannerConfi
 
 # ---- 4. evaluation ----------------------------------------------------------------------------
 
+
 @dataclass
 class Candidate:
     seconds: float
     degrees: Degrees
-    nodes: tuple[NodeNic, ...]           # node rank order
+    nodes: tuple[NodeNic, ...]  # node rank order
     stage_sets: list[NodeSet]
     stage_nodes: list[tuple[NodeNic, ...]]
     layers: tuple[int, ...]
@@ -230,15 +271,22 @@ class Candidate:
         return (round(self.seconds, 9), self.degrees.pipeline, self.degrees.tensor, order_index)
 
 
-def _evaluate(job: JobSpec, deg: Degrees, nodes: Sequence[NodeNic], model: ModelCost,
-              cfg: PlannerConfig, sets_cache: dict, refine: bool = False) -> Candidate | str:
+def _evaluate(
+    job: JobSpec,
+    deg: Degrees,
+    nodes: Sequence[NodeNic],
+    model: ModelCost,
+    cfg: CostModelConfig,
+    sets_cache: dict,
+    refine: bool = False,
+) -> Candidate | str:
     """Cost one placement (nodes in rank order); a string says why it is impossible."""
     G = job.nodes.gpus_per_node
     T, P, D = deg.tensor, deg.pipeline, deg.data
     R = D * T
-    per_node = max(1, G // R)                         # stages per node
-    span = max(1, R // G)                             # nodes per stage
-    stage_nodes = [tuple(nodes[(s // per_node) * span:(s // per_node) * span + span]) for s in range(P)]
+    per_node = max(1, G // R)  # stages per node
+    span = max(1, R // G)  # nodes per stage
+    stage_nodes = [tuple(nodes[(s // per_node) * span : (s // per_node) * span + span]) for s in range(P)]
     sets = []
     for sn in stage_nodes:
         key = tuple(n.name for n in sn)
@@ -250,7 +298,7 @@ def _evaluate(job: JobSpec, deg: Degrees, nodes: Sequence[NodeNic], model: Model
         everything = merge(everything, s)
     pp_net = everything.net if P > 1 else sets[0].net
     tied = model.tied and P > 1
-    ends = merge(sets[0], sets[-1])                  # the embedding group's nodes (tied, P > 1)
+    ends = merge(sets[0], sets[-1])  # the embedding group's nodes (tied, P > 1)
     emb_net = ends.net if tied else None
     shape = Shape(T, D, P, job.training.micro_batch_size, deg.micro_batches)
     act = shape.micro_batch * model.seq * model.hidden * cfg.activation_bytes
@@ -262,22 +310,30 @@ def _evaluate(job: JobSpec, deg: Degrees, nodes: Sequence[NodeNic], model: Model
             boundary.append(act / T / nvlink)
         else:
             pair = merge(sets[s], sets[s + 1])
-            bw = group_bandwidth_gbps(pair, cfg.fabric, pp_net if pp_net == SOCKET_NET or pair.rdma_island else SOCKET_NET)
+            bw = group_bandwidth_gbps(
+                pair, cfg.fabric, pp_net if pp_net == SOCKET_NET or pair.rdma_island else SOCKET_NET
+            )
             boundary.append(ranks_on_node / T * act / (bw * GBIT))
     emb_sync = 0.0
     if tied:
         nbytes = ranks_on_node * model.vocab * model.hidden / T * cfg.grad_bytes
-        emb_sync = nbytes / (group_bandwidth_gbps(ends, cfg.fabric, emb_net) * GBIT) if stage_nodes[0] != stage_nodes[-1] \
+        emb_sync = (
+            nbytes / (group_bandwidth_gbps(ends, cfg.fabric, emb_net) * GBIT)
+            if stage_nodes[0] != stage_nodes[-1]
             else nbytes / ranks_on_node / nvlink
+        )
     costs = []
     for s in range(P):
         place = StagePlace(
-            index=s, first=s == 0, last=s == P - 1,
+            index=s,
+            first=s == 0,
+            last=s == P - 1,
             dp_gbps=None if span == 1 else group_bandwidth_gbps(sets[s], cfg.fabric),
             p2p_in=boundary[s - 1] if s > 0 else 0.0,
             p2p_out=boundary[s] if s < P - 1 else 0.0,
             inflight=P - s,
-            embedding_sync=emb_sync if tied and s in (0, P - 1) else 0.0)
+            embedding_sync=emb_sync if tied and s in (0, P - 1) else 0.0,
+        )
         costs.append(StageCost(model, shape, place, cfg))
     mode = job.parallelism.partition
     L = model.layers
@@ -294,13 +350,17 @@ def _evaluate(job: JobSpec, deg: Degrees, nodes: Sequence[NodeNic], model: Model
             layers = refine_partition(costs, layers)
     if not fits(costs, layers):
         s, mem = max(((s, c.memory(n)) for s, (c, n) in enumerate(zip(costs, layers))), key=lambda x: x[1])
-        return (f"tensor {T} x pipeline {P} x data {D}: stage {s} needs {mem / 2**30:.1f} GiB per GPU, "
-                f"more than {cfg.memory_headroom:.0%} of {cfg.gpu_memory_gib:g} GiB")
+        return (
+            f"tensor {T} x pipeline {P} x data {D}: stage {s} needs {mem / 2**30:.1f} GiB per GPU, "
+            f"more than {cfg.memory_headroom:.0%} of {cfg.gpu_memory_gib:g} GiB"
+        )
     seconds, stages = estimate_pipeline(costs, layers)
     return Candidate(seconds, deg, tuple(nodes), sets, stage_nodes, layers, stages, pp_net, emb_net, costs)
 
 
-def search(usable: Sequence[NodeNic], job: JobSpec, cfg: PlannerConfig) -> tuple[Candidate, list[Candidate]]:
+def search(
+    usable: Sequence[NodeNic], job: JobSpec, cfg: CostModelConfig
+) -> tuple[Candidate, list[Candidate]]:
     """Best candidate and the best one per degree choice (for the explanation)."""
     cfg = for_job(cfg, job)
     model = ModelCost.of(job.model)
@@ -308,7 +368,7 @@ def search(usable: Sequence[NodeNic], job: JobSpec, cfg: PlannerConfig) -> tuple
     best_per_degree: list[Candidate] = []
     why_not: list[str] = []
     sets_cache: dict = {}
-    name_order = [tuple(sorted(usable, key=lambda n: n.name)[:N])]     # nicSelection off: Megatron's
+    name_order = [tuple(sorted(usable, key=lambda n: n.name)[:N])]  # nicSelection off: Megatron's
     arrangements: dict[int, list] = {}
     for deg in degree_candidates(job):
         span = max(1, deg.data * deg.tensor // G)
@@ -317,15 +377,17 @@ def search(usable: Sequence[NodeNic], job: JobSpec, cfg: PlannerConfig) -> tuple
         else:
             if span not in arrangements:
                 groups = arrange_groups(usable, N, span, cfg)
-                arrangements[span] = [tuple(n for g in order for blk in groups[g] for n in blk)
-                                      for order in island_orders(groups, cfg)]
+                arrangements[span] = [
+                    tuple(n for g in order for blk in groups[g] for n in blk)
+                    for order in island_orders(groups, cfg)
+                ]
             orders = arrangements[span]
         best: tuple | None = None
         for i, order in enumerate(orders):
             c = _evaluate(job, deg, order, model, cfg, sets_cache)
             if isinstance(c, str):
                 why_not.append(c)
-                break          # memory does not depend on the island order
+                break  # memory does not depend on the island order
             if best is None or c.key(i) < best[0]:
                 best = (c.key(i), c)
         if best is not None:
@@ -334,21 +396,32 @@ def search(usable: Sequence[NodeNic], job: JobSpec, cfg: PlannerConfig) -> tuple
                 c = _evaluate(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
             best_per_degree.append(c)
     if not best_per_degree:
-        recompute = "" if cfg.activation_recompute else \
-            ", set training.activationRecompute: true (keeps one activation per layer)"
-        raise PlanError("no layout fits in GPU memory: " + "; ".join(why_not[:4])
-                        + "; fix: raise pipeline or tensor (or set them to auto), lower microBatchSize"
-                        + recompute + ", or use more nodes")
+        recompute = (
+            ""
+            if cfg.activation_recompute
+            else ", set training.activationRecompute: true (keeps one activation per layer)"
+        )
+        raise PlanError(
+            "no layout fits in GPU memory: "
+            + "; ".join(why_not[:4])
+            + "; fix: raise pipeline or tensor (or set them to auto), lower microBatchSize"
+            + recompute
+            + ", or use more nodes"
+        )
     best_per_degree.sort(key=lambda c: c.key(0))
     return best_per_degree[0], best_per_degree
 
 
 # ---- the public entry point -------------------------------------------------------------------
 
-def plan(nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: PlannerConfig | None = None) -> Layout:
+
+def plan(
+    nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: CostModelConfig | None = None
+) -> Layout:
     """Plan a layout for ``job`` on these nodes (v1 Node dicts or classified NodeNic)."""
     from .explain import explanation_lines
-    cfg = config or PlannerConfig()
+
+    cfg = config or CostModelConfig()
     try:
         job = as_job(job)
     except SpecError as e:
@@ -360,7 +433,7 @@ def plan(nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: Planner
     return replace(layout, explanation=tuple(explanation_lines(layout, best, alternatives, job)))
 
 
-def to_layout(c: Candidate, job: JobSpec, cfg: PlannerConfig) -> Layout:
+def to_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
     cfg = for_job(cfg, job)
     d = c.degrees
     model = ModelCost.of(job.model)
@@ -368,8 +441,16 @@ def to_layout(c: Candidate, job: JobSpec, cfg: PlannerConfig) -> Layout:
     stages, groups = [], []
     start = 0
     for s, (st, nodes, n) in enumerate(zip(c.stage_sets, c.stage_nodes, c.layers)):
-        stages.append(Stage(index=s, layers=(start, start + n), island=st.island_name(), nic=st.nic,
-                            dp_net=st.net, nodes=tuple(x.name for x in nodes)))
+        stages.append(
+            Stage(
+                index=s,
+                layers=(start, start + n),
+                island=st.island_name(),
+                nic=st.nic,
+                dp_net=st.net,
+                nodes=tuple(x.name for x in nodes),
+            )
+        )
         start += n
     for s, st in enumerate(c.stage_sets):
         groups.append(GroupFamily("dp", st.net, s))
@@ -385,24 +466,48 @@ def to_layout(c: Candidate, job: JobSpec, cfg: PlannerConfig) -> Layout:
         "iterationSeconds": r(c.seconds),
         "tokensPerSecond": r(tokens / c.seconds),
         "samplesPerSecond": r(job.training.global_batch_size / c.seconds),
-        "tflopsPerGpu": r(tflops_per_gpu(model, job.training.global_batch_size, c.seconds, world,
-                                         recompute=cfg.activation_recompute)),
+        "tflopsPerGpu": r(
+            tflops_per_gpu(
+                model.flops_per_iteration(job.training.global_batch_size, recompute=cfg.activation_recompute),
+                c.seconds,
+                world,
+            )
+        ),
         "memoryPerGpuGiB": r(max(s.memory_gib for s in c.stages)),
         "parameters": model.total_params,
-        "flopsPerIteration": r(model.flops_per_iteration(job.training.global_batch_size,
-                                                         recompute=cfg.activation_recompute)),
+        "flopsPerIteration": r(
+            model.flops_per_iteration(job.training.global_batch_size, recompute=cfg.activation_recompute)
+        ),
         "activationRecompute": cfg.activation_recompute,
-        "stages": [{"stage": s.index, "layers": s.layers, "computeSeconds": r(s.compute),
-                    "bubbleSeconds": r(s.bubble), "p2pSeconds": r(s.p2p), "dpCommSeconds": r(s.dp_comm),
-                    "dpExposedSeconds": r(s.dp_exposed), "finishSeconds": r(s.finish),
-                    "memoryGiB": r(s.memory_gib)} for s in c.stages],
+        "stages": [
+            {
+                "stage": s.index,
+                "layers": s.layers,
+                "computeSeconds": r(s.compute),
+                "bubbleSeconds": r(s.bubble),
+                "p2pSeconds": r(s.p2p),
+                "dpCommSeconds": r(s.dp_comm),
+                "dpExposedSeconds": r(s.dp_exposed),
+                "finishSeconds": r(s.finish),
+                "memoryGiB": r(s.memory_gib),
+            }
+            for s in c.stages
+        ],
         "partition": job.parallelism.partition if isinstance(job.parallelism.partition, str) else "explicit",
         "nicSelection": job.parallelism.nic_selection,
     }
-    return Layout(tensor=d.tensor, pipeline=d.pipeline, data=d.data, gpus_per_node=G,
-                  nodes=tuple(n.name for n in c.nodes), stages=tuple(stages), groups=tuple(groups),
-                  micro_batch_size=job.training.micro_batch_size, micro_batches=d.micro_batches,
-                  estimate=estimate)
+    return Layout(
+        tensor=d.tensor,
+        pipeline=d.pipeline,
+        data=d.data,
+        gpus_per_node=G,
+        nodes=tuple(n.name for n in c.nodes),
+        stages=tuple(stages),
+        groups=tuple(groups),
+        micro_batch_size=job.training.micro_batch_size,
+        micro_batches=d.micro_batches,
+        estimate=estimate,
+    )
 
 
 def _round(x: float) -> float:
@@ -418,8 +523,9 @@ def megatron_default(job: JobSpec, like: Layout | None = None) -> JobSpec:
     return replace(job, parallelism=par)
 
 
-def compare(nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: PlannerConfig | None = None
-            ) -> tuple[Layout, Layout, float]:
+def compare(
+    nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: CostModelConfig | None = None
+) -> tuple[Layout, Layout, float]:
     """(Holmes layout, Megatron-default layout with the same degrees, speed-up of Holmes)."""
     job = as_job(job)
     holmes = plan(nodes, job, config)

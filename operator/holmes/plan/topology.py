@@ -6,12 +6,13 @@ RDMA to each other; different clusters are different fabrics), at the host netwo
 across clusters, at most the cross-cluster bandwidth.
 
 Bandwidths are Gbit/s per node (all of a node's NICs together); efficiencies turn line rate
-into what NCCL achieves (see :class:`holmes.plan.costmodel.PlannerConfig`).
+into what NCCL achieves (see :class:`holmes.plan.costmodel.CostModelConfig`).
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from .discovery import ETHERNET, RDMA_KINDS, NodeNic
 
@@ -20,10 +21,10 @@ IB_NET, SOCKET_NET = "IB", "Socket"
 
 @dataclass(frozen=True)
 class Island:
-    name: str                         # "cluster/kind"
+    name: str  # "cluster/kind"
     cluster: str
     nic: str
-    nodes: tuple[NodeNic, ...]        # sorted by name
+    nodes: tuple[NodeNic, ...]  # sorted by name
 
     @property
     def gbps(self) -> float:
@@ -32,11 +33,12 @@ class Island:
 
 @dataclass(frozen=True)
 class Fabric:
-    """The network constants the topology needs (a slice of PlannerConfig)."""
+    """The network constants the topology needs (a slice of CostModelConfig)."""
+
     net_efficiency: tuple[tuple[str, float], ...] = (("infiniband", 0.9), ("roce", 0.5))
     socket_efficiency: float = 0.6
-    socket_gbps: float = 25.0           # host TCP network of RDMA nodes (per node)
-    cross_cluster_gbps: float = 25.0    # per node, between clusters
+    socket_gbps: float = 25.0  # host TCP network of RDMA nodes (per node)
+    cross_cluster_gbps: float = 25.0  # per node, between clusters
 
     def rdma_efficiency(self, kind: str) -> float:
         return dict(self.net_efficiency)[kind]
@@ -46,18 +48,21 @@ def islands_of(nodes: Iterable[NodeNic]) -> list[Island]:
     groups: dict[tuple[str, str], list[NodeNic]] = {}
     for n in nodes:
         groups.setdefault((n.cluster, n.nic), []).append(n)
-    return [Island(f"{c}/{k}", c, k, tuple(sorted(ns, key=lambda n: n.name)))
-            for (c, k), ns in sorted(groups.items())]
+    return [
+        Island(f"{c}/{k}", c, k, tuple(sorted(ns, key=lambda n: n.name)))
+        for (c, k), ns in sorted(groups.items())
+    ]
 
 
 @dataclass(frozen=True)
 class NodeSet:
     """Summary of a set of nodes (a stage, a DP group's nodes) for the cost model."""
+
     count: int
     kinds: frozenset
     clusters: frozenset
     min_gbps: float
-    min_socket_gbps: float            # slowest host-network link among them
+    min_socket_gbps: float  # slowest host-network link among them
 
     @property
     def single_island(self) -> bool:
@@ -97,8 +102,13 @@ def summarize(nodes: Sequence[NodeNic], fabric: Fabric) -> NodeSet:
 
 
 def merge(a: NodeSet, b: NodeSet) -> NodeSet:
-    return NodeSet(a.count + b.count, a.kinds | b.kinds, a.clusters | b.clusters,
-                   min(a.min_gbps, b.min_gbps), min(a.min_socket_gbps, b.min_socket_gbps))
+    return NodeSet(
+        a.count + b.count,
+        a.kinds | b.kinds,
+        a.clusters | b.clusters,
+        min(a.min_gbps, b.min_gbps),
+        min(a.min_socket_gbps, b.min_socket_gbps),
+    )
 
 
 def socket_gbps(n: NodeNic, fabric: Fabric) -> float:

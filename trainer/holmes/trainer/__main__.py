@@ -14,6 +14,7 @@ Environment knobs (flags win over them):
 - HOLMES_TERMINATION_LOG: where rank 0 keeps its latest JSON line (default /dev/termination-log
   when it exists), for the operator once the pod has terminated
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,60 +25,82 @@ import traceback
 from dataclasses import replace
 from datetime import timedelta
 
-import yaml
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ.get
-    ap = argparse.ArgumentParser(prog="python -m holmes.trainer", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m holmes.trainer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--job", required=True, help="HolmesJob manifest (YAML) or its spec")
     ap.add_argument("--layout", required=True, help="Layout JSON written by the planner")
     ap.add_argument("--metrics-file", help="append one JSON line per event here (rank 0)")
-    ap.add_argument("--metrics-port", type=int, default=int(env("HOLMES_METRICS_PORT")) if env("HOLMES_METRICS_PORT") else None)
+    ap.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("HOLMES_METRICS_PORT")) if env("HOLMES_METRICS_PORT") else None,
+    )
     ap.add_argument("--metrics-addr", default=env("HOLMES_METRICS_ADDR", "0.0.0.0"))
     ap.add_argument("--checkpoint-dir", default=env("HOLMES_CHECKPOINT_DIR"))
     ap.add_argument("--backend", default=env("HOLMES_BACKEND"), choices=["nccl", "gloo", None])
-    ap.add_argument("--timeout-seconds", type=float,
-                    default=float(env("HOLMES_TIMEOUT_SECONDS")) if env("HOLMES_TIMEOUT_SECONDS") else None)
+    ap.add_argument(
+        "--timeout-seconds",
+        type=float,
+        default=float(env("HOLMES_TIMEOUT_SECONDS")) if env("HOLMES_TIMEOUT_SECONDS") else None,
+    )
     ap.add_argument("--iterations", type=int, help="override training.iterations")
     ap.add_argument("--dtype", default=env("HOLMES_DTYPE"), help="float32 | bfloat16")
     ap.add_argument("--optimizer", default=env("HOLMES_OPTIMIZER", "adamw"), choices=["adamw", "sgd"])
-    ap.add_argument("--bucket-elements", type=int,
-                    default=int(env("HOLMES_BUCKET_ELEMENTS")) if env("HOLMES_BUCKET_ELEMENTS") else None)
-    ap.add_argument("--no-overlap", action="store_true", default=env("HOLMES_OVERLAP", "1") == "0",
-                    help="synchronous optimizer (same math), for comparison")
+    ap.add_argument(
+        "--bucket-elements",
+        type=int,
+        default=int(env("HOLMES_BUCKET_ELEMENTS")) if env("HOLMES_BUCKET_ELEMENTS") else None,
+    )
+    ap.add_argument(
+        "--no-overlap",
+        action="store_true",
+        default=env("HOLMES_OVERLAP", "1") == "0",
+        help="synchronous optimizer (same math), for comparison",
+    )
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    missing = [
+        k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
+    ]
     if missing:
-        print(f"holmes.trainer: {', '.join(missing)} not set: start it with torchrun "
-              "(torchrun --nnodes N --nproc-per-node G ... -m holmes.trainer ...)", file=sys.stderr)
+        print(
+            f"holmes.trainer: {', '.join(missing)} not set: start it with torchrun "
+            "(torchrun --nnodes N --nproc-per-node G ... -m holmes.trainer ...)",
+            file=sys.stderr,
+        )
         return 2
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
 
     import torch
     import torch.distributed as dist
 
-    from holmes.plan.layout import Layout
+    from holmes.contract import Layout
 
-    from .config import CheckpointConfig, ConfigError, TrainConfig
+    from .config import CheckpointConfig, TrainConfig, TrainerConfigError
     from .engine import Trainer
     from .metrics import MetricsSink
 
     cuda = torch.cuda.is_available()
     try:
-        overrides = {"dtype": args.dtype or ("bfloat16" if cuda else "float32"),
-                     "optimizer": args.optimizer, "overlap": not args.no_overlap}
+        overrides = {
+            "dtype": args.dtype or ("bfloat16" if cuda else "float32"),
+            "optimizer": args.optimizer,
+            "overlap": not args.no_overlap,
+        }
         if args.bucket_elements:
             overrides["bucket_elements"] = args.bucket_elements
         if args.timeout_seconds:
             overrides["timeout_seconds"] = args.timeout_seconds
-        with open(args.job) as f:
-            cfg = TrainConfig.from_manifest(yaml.safe_load(f), **overrides)
+        cfg = TrainConfig.from_job(args.job, **overrides)
         with open(args.layout) as f:
             layout = Layout.from_json(f.read())
         if args.checkpoint_dir:
@@ -87,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg.check_against_layout(layout)
         world = int(os.environ["WORLD_SIZE"])
         if world != layout.world_size:
-            raise ConfigError(f"torchrun started {world} processes but the layout needs {layout.world_size} "
-                              "(nnodes x nproc-per-node must equal the layout's worldSize)")
-    except (OSError, yaml.YAMLError, ValueError) as e:   # SpecError, ConfigError, LayoutError
+            raise TrainerConfigError(
+                f"torchrun started {world} processes but the layout needs {layout.world_size} "
+                "(nnodes x nproc-per-node must equal the layout's worldSize)"
+            )
+    except (OSError, ValueError) as e:  # SpecError, TrainerConfigError, LayoutError
         print(f"holmes.trainer: rank {rank}: {e}", file=sys.stderr)
-        if rank == 0:   # the operator reads stdout: say why in its format too
+        if rank == 0:  # the operator reads stdout: say why in its format too
             print(json.dumps({"holmes": "error", "rank": rank, "message": str(e)[:2000]}), flush=True)
         return 2
 
@@ -101,17 +126,27 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    term = os.environ.get("HOLMES_TERMINATION_LOG",
-                          "/dev/termination-log" if os.path.exists("/dev/termination-log") else "")
-    sink = MetricsSink(enabled=rank == 0, metrics_file=args.metrics_file, port=args.metrics_port,
-                       addr=args.metrics_addr, termination_log=term or None)
+    term = os.environ.get(
+        "HOLMES_TERMINATION_LOG", "/dev/termination-log" if os.path.exists("/dev/termination-log") else ""
+    )
+    sink = MetricsSink(
+        enabled=rank == 0,
+        metrics_file=args.metrics_file,
+        port=args.metrics_port,
+        addr=args.metrics_addr,
+        termination_log=term or None,
+    )
     code = 0
     try:
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_seconds))
         Trainer(cfg, layout, rank=rank, device=device, backend=backend, sink=sink).train()
     except Exception as e:  # every rank says why it stopped; the launcher sees a non-zero exit
         msg = f"{type(e).__name__}: {e}"
-        print(f"holmes.trainer: rank {rank} failed: {msg}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        print(
+            f"holmes.trainer: rank {rank} failed: {msg}\n{traceback.format_exc()}",
+            file=sys.stderr,
+            flush=True,
+        )
         sink.emit("error", rank=rank, message=msg[:2000])
         code = 1
     finally:

@@ -11,6 +11,7 @@ restoring the iteration restores the data stream exactly.
 The optimizer shards depend on the layout (pipeline/data degrees, stage split, micro-batching),
 so a checkpoint resumes only under the same layout; a different one is refused by name.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,11 @@ def newest_complete(root: str | None) -> int | None:
     """The iteration of the newest checkpoint whose marker exists and parses, or None."""
     if not root or not os.path.isdir(root):
         return None
-    done = [int(m.group(1)) for name in os.listdir(root) if (m := _DIR.match(name))
-            and _read_marker(os.path.join(root, name)) is not None]
+    done = [
+        int(m.group(1))
+        for name in os.listdir(root)
+        if (m := _DIR.match(name)) and _read_marker(os.path.join(root, name)) is not None
+    ]
     return max(done) if done else None
 
 
@@ -70,7 +74,7 @@ def save(root: str, iteration: int, state: dict[str, Any], rank: int, meta: dict
         with open(tmp, "w") as f:
             json.dump({"iteration": iteration, **meta}, f)
             f.flush()
-            os.fsync(f.fileno())          # the data before the rename that publishes it
+            os.fsync(f.fileno())  # the data before the rename that publishes it
         os.replace(tmp, os.path.join(path, MARKER))
     dist.barrier()
     return path
@@ -84,9 +88,11 @@ def load(root: str, iteration: int, state: dict[str, Any], expect_meta: dict[str
         raise CheckpointError(f"checkpoint {path} has no readable {MARKER}: it is incomplete")
     for key, want in expect_meta.items():
         if meta.get(key) != want:
-            raise CheckpointError(f"checkpoint {path} was written with {key}={meta.get(key)!r} but this run "
-                                  f"has {key}={want!r}; resume with the same layout, or start in a new "
-                                  "checkpoint directory")
+            raise CheckpointError(
+                f"checkpoint {path} was written with {key}={meta.get(key)!r} but this run "
+                f"has {key}={want!r}; resume with the same layout, or start in a new "
+                "checkpoint directory"
+            )
     dcp.load(state, checkpoint_id=path)
     return meta
 

@@ -1,56 +1,24 @@
 """TrainConfig: everything the engine needs, as one frozen dataclass.
 
-Built from the HolmesJob spec (``TrainConfig.from_manifest``) and checked against the Layout
+Built from the HolmesJob spec (``TrainConfig.from_job``, through holmes.contract's one parser;
+the model is the contract's ``ModelSpec`` itself) and checked against the Layout
 (``check_against_layout``); the engine never reads YAML itself. Errors say what to fix.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from holmes.plan.costmodel import ModelCost
-from holmes.plan.layout import Layout
+from holmes.contract import JobSpec, Layout, ModelSpec, load_job
 
 DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("adamw", "sgd")
 
 
-class ConfigError(ValueError):
-    """A job or layout the trainer cannot run; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    layers: int
-    hidden_size: int
-    attention_heads: int
-    seq_length: int
-    vocab_size: int
-    ffn_hidden_size: int = 0          # 0: 4 * hidden_size
-    tied_embeddings: bool = False
-    dtype: str = "float32"            # parameters and activations; bfloat16 on GPUs
-
-    def __post_init__(self) -> None:
-        for name in ("layers", "hidden_size", "attention_heads", "seq_length", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.attention_heads:
-            raise ConfigError(f"model.hiddenSize {self.hidden_size} must be divisible by "
-                              f"attentionHeads {self.attention_heads}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"model dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-
-    @property
-    def ffn(self) -> int:
-        return self.ffn_hidden_size or 4 * self.hidden_size
-
-    def cost(self) -> ModelCost:
-        """The planner's arithmetic for this model (parameter count, FLOPs): one formula for both."""
-        return ModelCost(self.layers, self.hidden_size, self.attention_heads, self.seq_length,
-                         self.vocab_size, self.ffn, self.tied_embeddings)
-
-    def num_parameters(self) -> int:
-        return self.cost().total_params
+class TrainerConfigError(ValueError):
+    """A valid job that this trainer cannot run as configured, or with this Layout (the job
+    spec's own problems are holmes.contract.SpecError); the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -59,37 +27,37 @@ class OptimizerConfig:
     learning_rate: float = 3e-4
     min_learning_rate: float = 0.0
     warmup_iterations: int = 0
-    decay: str = "cosine"             # cosine | constant (after warm-up)
+    decay: str = "cosine"  # cosine | constant (after warm-up)
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 1.0            # global L2 norm; 0 disables clipping
+    grad_clip: float = 1.0  # global L2 norm; 0 disables clipping
 
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZERS:
-            raise ConfigError(f"optimizer {self.kind!r} is not one of {', '.join(OPTIMIZERS)}")
+            raise TrainerConfigError(f"optimizer {self.kind!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.decay not in ("cosine", "constant"):
-            raise ConfigError(f"learning-rate decay {self.decay!r} is not cosine or constant")
+            raise TrainerConfigError(f"learning-rate decay {self.decay!r} is not cosine or constant")
         if self.learning_rate <= 0:
-            raise ConfigError(f"learningRate must be > 0, got {self.learning_rate}")
+            raise TrainerConfigError(f"learningRate must be > 0, got {self.learning_rate}")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    path: str | None = None           # None: synthetic data; else a flat token file (see data.py)
-    token_dtype: str | None = None    # uint16 | uint32; None: read the file's sidecar, else uint16
+    path: str | None = None  # None: synthetic data; else a flat token file (see data.py)
+    token_dtype: str | None = None  # uint16 | uint32; None: read the file's sidecar, else uint16
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    path: str | None = None           # a directory shared by all ranks (one PVC for all pods)
-    interval: int = 0                 # save every N iterations (and at the end); 0: only at the end
+    path: str | None = None  # a directory shared by all ranks (one PVC for all pods)
+    interval: int = 0  # save every N iterations (and at the end); 0: only at the end
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: ModelConfig
+    model: ModelSpec
     global_batch_size: int
     micro_batch_size: int
     iterations: int
@@ -97,89 +65,108 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    overlap: bool = True              # overlapped grad reduce-scatter and param all-gather
+    overlap: bool = True  # overlapped grad reduce-scatter and param all-gather
     # checkpoint each transformer block (model.py). from_jobspec always takes the job's
     # training.activationRecompute (default true there); False here keeps a bare engine plain.
     activation_recompute: bool = False
     bucket_elements: int = 40_000_000  # gradient bucket size (elements), as Megatron's default
-    timeout_seconds: float = 600.0    # process-group timeout: how long a dead peer can stall us
+    timeout_seconds: float = 600.0  # process-group timeout: how long a dead peer can stall us
+    dtype: str = "float32"  # parameters and activations; bfloat16 on GPUs
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise TrainerConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         for name in ("global_batch_size", "micro_batch_size", "iterations", "bucket_elements"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise TrainerConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.timeout_seconds <= 0:
-            raise ConfigError("timeoutSeconds must be > 0")
+            raise TrainerConfigError("timeoutSeconds must be > 0")
 
-    def with_(self, **changes: Any) -> "TrainConfig":
+    def with_(self, **changes: Any) -> TrainConfig:
         return replace(self, **changes)
 
     # ---- from the HolmesJob ------------------------------------------------------------
     @classmethod
-    def from_manifest(cls, doc: dict[str, Any], **overrides: Any) -> "TrainConfig":
-        """A HolmesJob manifest, or just its ``spec``, parsed by holmes.plan.jobspec (one parser)."""
-        from holmes.plan.jobspec import JobSpec
-        if not isinstance(doc, dict):
-            raise ConfigError("the job file must hold a HolmesJob manifest or its spec (a mapping)")
-        if "kind" in doc or "apiVersion" in doc:
-            job = JobSpec.from_manifest(doc)
-        else:
-            job = JobSpec.from_spec(doc.get("spec", doc))
-        return cls.from_jobspec(job, **overrides)
+    def from_job(cls, source: Any, **overrides: Any) -> TrainConfig:
+        """A HolmesJob manifest, its ``spec`` or a file of either (holmes.contract.load_job)."""
+        return cls.from_jobspec(load_job(source), **overrides)
 
     @classmethod
-    def from_jobspec(cls, job: Any, *, dtype: str = "float32", optimizer: str = "adamw",
-                     **overrides: Any) -> "TrainConfig":
+    def from_jobspec(
+        cls, job: JobSpec, *, dtype: str = "float32", optimizer: str = "adamw", **overrides: Any
+    ) -> TrainConfig:
         """JobSpec -> TrainConfig. Knobs the HolmesJob API does not carry (dtype, optimizer kind,
         overlap, bucket size, timeout) come as keyword overrides from the entry point."""
-        m, t = job.model, job.training
-        model = ModelConfig(
-            layers=m.layers, hidden_size=m.hidden_size, attention_heads=m.attention_heads,
-            seq_length=m.seq_length, vocab_size=m.vocab_size, ffn_hidden_size=m.ffn_hidden_size,
-            tied_embeddings=m.tied_embeddings, dtype=_dtype_name(dtype))
-        opt = OptimizerConfig(kind=optimizer, learning_rate=t.learning_rate, weight_decay=t.weight_decay,
-                              grad_clip=t.grad_clip, warmup_iterations=t.warmup_iterations)
+        t = job.training
+        opt = OptimizerConfig(
+            kind=optimizer,
+            learning_rate=t.learning_rate,
+            weight_decay=t.weight_decay,
+            grad_clip=t.grad_clip,
+            warmup_iterations=t.warmup_iterations,
+        )
         ckpt = t.checkpoint
         kwargs: dict[str, Any] = dict(
-            model=model, global_batch_size=t.global_batch_size, micro_batch_size=t.micro_batch_size,
-            iterations=t.iterations, seed=t.seed, optimizer=opt,
+            model=job.model,
+            dtype=_dtype_name(dtype),
+            global_batch_size=t.global_batch_size,
+            micro_batch_size=t.micro_batch_size,
+            iterations=t.iterations,
+            seed=t.seed,
+            optimizer=opt,
             data=DataConfig(path=None if t.data.synthetic else t.data.path),
-            checkpoint=CheckpointConfig(path=ckpt.path, interval=ckpt.interval_iterations) if ckpt
+            checkpoint=CheckpointConfig(path=ckpt.path, interval=ckpt.interval_iterations)
+            if ckpt
             else CheckpointConfig(),
-            activation_recompute=t.activation_recompute)
+            activation_recompute=t.activation_recompute,
+        )
         kwargs.update(overrides)
         return cls(**kwargs)
 
     # ---- against the Layout --------------------------------------------------------------
     def check_against_layout(self, layout: Layout) -> None:
         if layout.tensor != 1:
-            raise ConfigError(f"tensor parallelism {layout.tensor} is not supported by this trainer yet; "
-                              "plan the job with parallelism.tensor: 1")
+            raise TrainerConfigError(
+                f"tensor parallelism {layout.tensor} is not supported by this trainer yet; "
+                "plan the job with parallelism.tensor: 1"
+            )
         if layout.num_layers != self.model.layers:
-            raise ConfigError(f"layout stages cover {layout.num_layers} layers but model.layers is "
-                              f"{self.model.layers}: re-plan the layout for this model")
+            raise TrainerConfigError(
+                f"layout stages cover {layout.num_layers} layers but model.layers is "
+                f"{self.model.layers}: re-plan the layout for this model"
+            )
         if layout.micro_batch_size != self.micro_batch_size:
-            raise ConfigError(f"layout microBatchSize {layout.micro_batch_size} != job microBatchSize "
-                              f"{self.micro_batch_size}")
+            raise TrainerConfigError(
+                f"layout microBatchSize {layout.micro_batch_size} != job microBatchSize "
+                f"{self.micro_batch_size}"
+            )
         per_iter = layout.micro_batch_size * layout.micro_batches * layout.data
         if per_iter != self.global_batch_size:
-            raise ConfigError(f"layout runs microBatchSize*microBatches*data = {layout.micro_batch_size}*"
-                              f"{layout.micro_batches}*{layout.data} = {per_iter} samples per iteration, "
-                              f"but globalBatchSize is {self.global_batch_size}")
+            raise TrainerConfigError(
+                f"layout runs microBatchSize*microBatches*data = {layout.micro_batch_size}*"
+                f"{layout.micro_batches}*{layout.data} = {per_iter} samples per iteration, "
+                f"but globalBatchSize is {self.global_batch_size}"
+            )
         has_embedding = any(g.kind == "embedding" for g in layout.groups)
         if self.model.tied_embeddings and layout.pipeline > 1 and not has_embedding:
-            raise ConfigError("model.tiedEmbeddings is true but the layout has no embedding group to sum the "
-                              "first and last stage's embedding gradients: re-plan the layout for this job")
+            raise TrainerConfigError(
+                "model.tiedEmbeddings is true but the layout has no embedding group to sum the "
+                "first and last stage's embedding gradients: re-plan the layout for this job"
+            )
         if has_embedding and not (self.model.tied_embeddings and layout.pipeline > 1):
-            raise ConfigError("the layout has an embedding group but the job's model does not tie embeddings "
-                              "across stages: re-plan the layout for this job")
+            raise TrainerConfigError(
+                "the layout has an embedding group but the job's model does not tie embeddings "
+                "across stages: re-plan the layout for this job"
+            )
         if layout.pipeline > 1 and layout.micro_batches < layout.pipeline:
-            raise ConfigError(f"1F1B needs microBatches ({layout.micro_batches}) >= pipeline stages "
-                              f"({layout.pipeline}); raise globalBatchSize or lower microBatchSize")
+            raise TrainerConfigError(
+                f"1F1B needs microBatches ({layout.micro_batches}) >= pipeline stages "
+                f"({layout.pipeline}); raise globalBatchSize or lower microBatchSize"
+            )
 
 
 def _dtype_name(v: str) -> str:
     aliases = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
     if str(v) not in aliases:
-        raise ConfigError(f"dtype {v!r} is not one of bf16, bfloat16, fp32, float32")
+        raise TrainerConfigError(f"dtype {v!r} is not one of bf16, bfloat16, fp32, float32")
     return aliases[str(v)]

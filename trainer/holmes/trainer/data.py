@@ -12,6 +12,7 @@ Sources:
   memory-mapped; sample k is window ``perm[k mod n]`` of ``n = (N-1)//s`` non-overlapping
   windows of s+1 tokens, with a fresh seeded permutation per epoch.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,9 @@ class SyntheticSource:
 class TokenFileSource:
     def __init__(self, path: str, vocab_size: int, seq_length: int, seed: int, dtype: str | None = None):
         if not os.path.isfile(path):
-            raise DataError(f"token file {path!r} does not exist (make one with "
-                            "`python -m holmes.trainer.tokenize`)")
+            raise DataError(
+                f"token file {path!r} does not exist (make one with `python -m holmes.trainer.tokenize`)"
+            )
         meta = {}
         if os.path.isfile(sidecar_path(path)):
             with open(sidecar_path(path)) as f:
@@ -54,14 +56,18 @@ class TokenFileSource:
         if dtype not in TOKEN_DTYPES:
             raise DataError(f"token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
         if meta.get("vocabSize", 0) > vocab_size:
-            raise DataError(f"token file {path!r} was made for a vocabulary of {meta['vocabSize']} "
-                            f"but model.vocabSize is {vocab_size}: raise vocabSize")
+            raise DataError(
+                f"token file {path!r} was made for a vocabulary of {meta['vocabSize']} "
+                f"but model.vocabSize is {vocab_size}: raise vocabSize"
+            )
         self.tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
         self.seq, self.seed, self.vocab = seq_length, seed, vocab_size
         self.windows = (len(self.tokens) - 1) // seq_length
         if self.windows < 1:
-            raise DataError(f"token file {path!r} holds {len(self.tokens)} tokens, fewer than one "
-                            f"sample of seqLength+1 = {seq_length + 1}")
+            raise DataError(
+                f"token file {path!r} holds {len(self.tokens)} tokens, fewer than one "
+                f"sample of seqLength+1 = {seq_length + 1}"
+            )
         self._epoch, self._perm = -1, None
 
     def sample(self, k: int) -> torch.Tensor:
@@ -70,7 +76,7 @@ class TokenFileSource:
             g = torch.Generator().manual_seed(self.seed * 104_729 + epoch)
             self._perm, self._epoch = torch.randperm(self.windows, generator=g), epoch
         start = int(self._perm[pos]) * self.seq
-        window = torch.from_numpy(self.tokens[start:start + self.seq + 1].astype(np.int64))
+        window = torch.from_numpy(self.tokens[start : start + self.seq + 1].astype(np.int64))
         if int(window.max()) >= self.vocab:
             raise DataError(f"token id {int(window.max())} in the token file is >= vocabSize {self.vocab}")
         return window
@@ -84,7 +90,9 @@ class Sharding:
 
     def __post_init__(self) -> None:
         if self.global_batch % self.dp_size:
-            raise DataError(f"global batch {self.global_batch} is not divisible by data parallelism {self.dp_size}")
+            raise DataError(
+                f"global batch {self.global_batch} is not divisible by data parallelism {self.dp_size}"
+            )
 
     @property
     def local_batch(self) -> int:
@@ -107,8 +115,9 @@ class BatchLoader:
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
 
-def make_source(data_path: str | None, vocab_size: int, seq_length: int, seed: int,
-                token_dtype: str | None = None):
+def make_source(
+    data_path: str | None, vocab_size: int, seq_length: int, seed: int, token_dtype: str | None = None
+):
     if data_path is None:
         return SyntheticSource(vocab_size, seq_length, seed)
     return TokenFileSource(data_path, vocab_size, seq_length, seed, token_dtype)

@@ -19,12 +19,14 @@ One iteration:
    the next forward first needs them.
 With ``overlap=False`` the same collectives run synchronously in the same order: same math.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,13 +38,13 @@ from .config import OptimizerConfig
 @dataclass
 class _Bucket:
     index: int
-    start: int                        # offset in the flat buffers
-    size: int                         # padded, a multiple of dp size
-    params: list[int]                 # indices into DistributedOptimizer.params
-    shard: slice = None               # type: ignore[assignment]  # this rank's part, as offsets in the flat buffers
-    deferred: bool = False            # tied embedding: summed over the embedding group first
-    in_norm: bool = True              # False for the last stage's copy of a tied embedding
-    pending: int = 0                  # parameters still waiting for their last micro-batch
+    start: int  # offset in the flat buffers
+    size: int  # padded, a multiple of dp size
+    params: list[int]  # indices into DistributedOptimizer.params
+    shard: slice = None  # type: ignore[assignment]  # this rank's part, as offsets in the flat buffers
+    deferred: bool = False  # tied embedding: summed over the embedding group first
+    in_norm: bool = True  # False for the last stage's copy of a tied embedding
+    pending: int = 0  # parameters still waiting for their last micro-batch
     grad_work: Any = None
     gather_work: Any = None
     launched: bool = False
@@ -56,9 +58,9 @@ class _Bucket:
 
 @dataclass
 class CommTimes:
-    grad_wait: float = 0.0            # waiting for reduce-scatters after backward
-    param_wait: float = 0.0           # waiting for all-gathers in forward pre-hooks
-    embedding: float = 0.0            # tied-embedding all-reduce
+    grad_wait: float = 0.0  # waiting for reduce-scatters after backward
+    param_wait: float = 0.0  # waiting for all-gathers in forward pre-hooks
+    embedding: float = 0.0  # tied-embedding all-reduce
 
     def reset(self) -> None:
         self.grad_wait = self.param_wait = self.embedding = 0.0
@@ -83,7 +85,7 @@ class DistributedOptimizer:
     ):
         self.cfg, self.dp_group, self.D, self.r = cfg, dp_group, dp_size, dp_rank
         self.M, self.overlap, self.embedding_group = micro_batches, overlap, embedding_group
-        self.sync = sync                # device sync for honest timing (cuda.synchronize on GPU)
+        self.sync = sync  # device sync for honest timing (cuda.synchronize on GPU)
         self.times = CommTimes()
         self.step_count = 0
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -107,8 +109,9 @@ class DistributedOptimizer:
             if not cur:
                 return
             size = math.ceil(cur_elems / dp_size) * dp_size
-            self.buckets.append(_Bucket(len(self.buckets), pos, size, cur, deferred=deferred,
-                                        in_norm=in_norm))
+            self.buckets.append(
+                _Bucket(len(self.buckets), pos, size, cur, deferred=deferred, in_norm=in_norm)
+            )
             pos += size
             cur, cur_elems = [], 0
 
@@ -135,11 +138,13 @@ class DistributedOptimizer:
         # ---- params become views of the flat buffer -------------------------------------
         with torch.no_grad():
             for i, p in enumerate(self.params):
-                view = self.param_buffer[self.offsets[i]:self.offsets[i] + p.numel()].view_as(p)
+                view = self.param_buffer[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
                 view.copy_(p.data)
                 p.data = view
-        self.main_grads = [self.grad_buffer[self.offsets[i]:self.offsets[i] + p.numel()].view_as(p)
-                           for i, p in enumerate(self.params)]
+        self.main_grads = [
+            self.grad_buffer[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+            for i, p in enumerate(self.params)
+        ]
 
         # ---- this rank's shard of each bucket: master weights + state -------------------
         for b in self.buckets:
@@ -152,12 +157,12 @@ class DistributedOptimizer:
                 b.exp_avg_sq = torch.zeros_like(b.master)
             b.decay = torch.zeros(s, dtype=torch.bool, device=device)
             for i in b.params:
-                if self.params[i].ndim < 2:        # biases and norms: no weight decay
+                if self.params[i].ndim < 2:  # biases and norms: no weight decay
                     continue
                 lo = max(self.offsets[i], b.shard.start)
                 hi = min(self.offsets[i] + self.params[i].numel(), b.shard.stop)
                 if lo < hi:
-                    b.decay[lo - b.shard.start:hi - b.shard.start] = True
+                    b.decay[lo - b.shard.start : hi - b.shard.start] = True
             if self.dtype != torch.float32:
                 b.gather_src = torch.empty(s, dtype=self.dtype, device=device)
 
@@ -167,8 +172,9 @@ class DistributedOptimizer:
             p.register_post_accumulate_grad_hook(self._make_grad_hook(i))
         index_of = {id(p): i for i, p in enumerate(self.params)}
         for mod in module.modules():
-            ids = sorted({self.bucket_of[index_of[id(p)]] for p in mod.parameters(recurse=False)
-                          if id(p) in index_of})
+            ids = sorted(
+                {self.bucket_of[index_of[id(p)]] for p in mod.parameters(recurse=False) if id(p) in index_of}
+            )
             if ids:
                 mod.register_forward_pre_hook(self._make_gather_wait(ids))
 
@@ -185,39 +191,47 @@ class DistributedOptimizer:
             p.grad = None
             self.seen[i] += 1
             if self.seen[i] > self.M:
-                raise RuntimeError(f"parameter {self.names[i]} received {self.seen[i]} gradients in one "
-                                   f"iteration of {self.M} micro-batches: zero_grad/step were skipped")
+                raise RuntimeError(
+                    f"parameter {self.names[i]} received {self.seen[i]} gradients in one "
+                    f"iteration of {self.M} micro-batches: zero_grad/step were skipped"
+                )
             if self.seen[i] == self.M:
                 b = self.buckets[self.bucket_of[i]]
                 b.pending -= 1
                 if b.pending == 0 and self.overlap and not b.deferred:
                     self._launch_reduce(b, async_op=True)
+
         return hook
 
     def _launch_reduce(self, b: _Bucket, async_op: bool) -> None:
-        full = self.grad_buffer[b.start:b.start + b.size]
+        full = self.grad_buffer[b.start : b.start + b.size]
         full.mul_(self.grad_scale)
         b.launched = True
         if self.D == 1:
             b.grad_shard.copy_(full)
             return
-        b.grad_work = dist.reduce_scatter_single(b.grad_shard, full, group=self.dp_group,
-                                                 async_op=async_op)
+        b.grad_work = dist.reduce_scatter_single(b.grad_shard, full, group=self.dp_group, async_op=async_op)
 
     def finish_grad_sync(self) -> None:
         """All gradients reduced into this rank's shards; raises if a parameter missed one."""
-        missing = [f"{self.names[i]} ({self.seen[i]}/{self.M})" for i in range(len(self.params))
-                   if self.seen[i] != self.M]
+        missing = [
+            f"{self.names[i]} ({self.seen[i]}/{self.M})"
+            for i in range(len(self.params))
+            if self.seen[i] != self.M
+        ]
         if missing:
-            raise RuntimeError("these parameters did not receive a gradient from every micro-batch, so "
-                               "their buckets can never be reduced: " + ", ".join(missing[:8]) +
-                               (" ..." if len(missing) > 8 else "") +
-                               ". Every parameter must take part in the loss (or set requires_grad=False).")
+            raise RuntimeError(
+                "these parameters did not receive a gradient from every micro-batch, so "
+                "their buckets can never be reduced: "
+                + ", ".join(missing[:8])
+                + (" ..." if len(missing) > 8 else "")
+                + ". Every parameter must take part in the loss (or set requires_grad=False)."
+            )
         t0, t_emb = time.perf_counter(), 0.0
         for b in self.buckets:
-            if b.deferred:                       # tied embedding: sum both copies first
+            if b.deferred:  # tied embedding: sum both copies first
                 te = time.perf_counter()
-                dist.all_reduce(self.grad_buffer[b.start:b.start + b.size], group=self.embedding_group)
+                dist.all_reduce(self.grad_buffer[b.start : b.start + b.size], group=self.embedding_group)
                 t_emb += time.perf_counter() - te
             if not b.launched:
                 self._launch_reduce(b, async_op=False)
@@ -251,11 +265,11 @@ class DistributedOptimizer:
             if c.kind == "adamw":
                 b.exp_avg.lerp_(g, 1 - c.beta1)
                 b.exp_avg_sq.mul_(c.beta2).addcmul_(g, g, value=1 - c.beta2)
-                bc1 = 1 - c.beta1 ** self.step_count
-                bc2 = 1 - c.beta2 ** self.step_count
+                bc1 = 1 - c.beta1**self.step_count
+                bc2 = 1 - c.beta2**self.step_count
                 denom = (b.exp_avg_sq.sqrt() / math.sqrt(bc2)).add_(c.eps)
                 b.master.addcdiv_(b.exp_avg, denom, value=-lr / bc1)
-            else:                                 # plain SGD (tests compare parameters with it)
+            else:  # plain SGD (tests compare parameters with it)
                 if c.weight_decay:
                     g = g + torch.where(b.decay, b.master, 0.0) * c.weight_decay
                 b.master.add_(g, alpha=-lr)
@@ -265,17 +279,16 @@ class DistributedOptimizer:
 
     def _gather_params(self) -> None:
         t0 = time.perf_counter()
-        for b in reversed(self.buckets):          # forward order is reverse bucket order
+        for b in reversed(self.buckets):  # forward order is reverse bucket order
             src = b.master if b.gather_src is None else b.gather_src.copy_(b.master)
             if self.D == 1:
                 self.param_buffer[b.shard].copy_(src)
                 continue
-            out = self.param_buffer[b.start:b.start + b.size]
-            b.gather_work = dist.all_gather_single(out, src, group=self.dp_group,
-                                                        async_op=self.overlap)
+            out = self.param_buffer[b.start : b.start + b.size]
+            b.gather_work = dist.all_gather_single(out, src, group=self.dp_group, async_op=self.overlap)
             if not self.overlap:
                 b.gather_work = None
-        if not self.overlap and self.D > 1:       # synchronous gathers are exposed communication
+        if not self.overlap and self.D > 1:  # synchronous gathers are exposed communication
             self.sync()
             self.times.param_wait += time.perf_counter() - t0
 
@@ -289,6 +302,7 @@ class DistributedOptimizer:
                     b.gather_work = None
                     self.sync()
                     self.times.param_wait += time.perf_counter() - t0
+
         return pre_hook
 
     def wait_param_gathers(self) -> None:

@@ -2,24 +2,26 @@
 
 The default process group must already be initialised (the entry point or a test does it).
 """
+
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from holmes.plan import flops
-from holmes.plan.layout import Layout
+from holmes.contract import ModelCost, flops
+from holmes.contract.layout import Layout
 
 from . import checkpoint
 from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, make_source
 from .dist_optimizer import DistributedOptimizer
 from .groups import build_groups
-from .metrics import MetricsSink, flops_per_iteration
+from .metrics import MetricsSink
 from .model import TIED_COPY, build_stage
 from .schedule import MicroBatchRunner
 
@@ -36,18 +38,33 @@ def learning_rate(cfg: OptimizerConfig, iteration: int, total: int) -> float:
 
 
 def layout_signature(layout: Layout) -> dict[str, Any]:
-    return {"pipeline": layout.pipeline, "data": layout.data, "tensor": layout.tensor,
-            "stageLayers": [list(s.layers) for s in layout.stages],
-            "microBatchSize": layout.micro_batch_size, "microBatches": layout.micro_batches}
+    return {
+        "pipeline": layout.pipeline,
+        "data": layout.data,
+        "tensor": layout.tensor,
+        "stageLayers": [list(s.layers) for s in layout.stages],
+        "microBatchSize": layout.micro_batch_size,
+        "microBatches": layout.micro_batches,
+    }
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, layout: Layout, *, rank: int, device: torch.device,
-                 backend: str, sink: MetricsSink | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        layout: Layout,
+        *,
+        rank: int,
+        device: torch.device,
+        backend: str,
+        sink: MetricsSink | None = None,
+    ):
         cfg.check_against_layout(layout)
         if dist.get_world_size() != layout.world_size:
-            raise RuntimeError(f"the layout needs {layout.world_size} ranks but {dist.get_world_size()} "
-                               "were started: launch nnodes*nproc-per-node = layout worldSize processes")
+            raise RuntimeError(
+                f"the layout needs {layout.world_size} ranks but {dist.get_world_size()} "
+                "were started: launch nnodes*nproc-per-node = layout worldSize processes"
+            )
         self.cfg, self.layout, self.rank, self.device = cfg, layout, rank, device
         self.sink = sink or MetricsSink(enabled=False)
         info = layout.rank_info(rank)
@@ -57,29 +74,58 @@ class Trainer:
         tied_split = cfg.model.tied_embeddings and P > 1
         self.groups = build_groups(layout, rank, backend, cfg.timeout_seconds, need_embedding=tied_split)
         stage = layout.stages[info.stage]
-        self.module = build_stage(cfg.model, stage.layers[0], stage.layers[1], self.first, self.last,
-                                  cfg.seed, device, recompute=cfg.activation_recompute)
+        self.module = build_stage(
+            cfg.model,
+            stage.layers[0],
+            stage.layers[1],
+            self.first,
+            self.last,
+            cfg.seed,
+            device,
+            recompute=cfg.activation_recompute,
+            dtype=cfg.dtype,
+        )
         self.sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         tied_name = None
         if tied_split:
             tied_name = "embedding.tok.weight" if self.first else TIED_COPY
         self.opt = DistributedOptimizer(
-            self.module, cfg.optimizer, dp_group=self.groups.dp, dp_size=D, dp_rank=info.dp_index,
-            micro_batches=M, overlap=cfg.overlap, bucket_elements=cfg.bucket_elements,
+            self.module,
+            cfg.optimizer,
+            dp_group=self.groups.dp,
+            dp_size=D,
+            dp_rank=info.dp_index,
+            micro_batches=M,
+            overlap=cfg.overlap,
+            bucket_elements=cfg.bucket_elements,
             embedding_group=self.groups.embedding if tied_split else None,
-            tied_param_name=tied_name, tied_in_norm=self.first, sync=self.sync)
+            tied_param_name=tied_name,
+            tied_in_norm=self.first,
+            sync=self.sync,
+        )
         self.runner = MicroBatchRunner(
-            self.module, cfg.model, stage=info.stage, stages=P, micro_batches=M,
-            micro_batch_size=layout.micro_batch_size, device=device, pp_group=self.groups.pp,
-            sync=self.sync)
+            self.module,
+            cfg.model,
+            getattr(torch, cfg.dtype),
+            stage=info.stage,
+            stages=P,
+            micro_batches=M,
+            micro_batch_size=layout.micro_batch_size,
+            device=device,
+            pp_group=self.groups.pp,
+            sync=self.sync,
+        )
         self.loader = None
         if self.first or self.last:
-            source = make_source(cfg.data.path, cfg.model.vocab_size, cfg.model.seq_length, cfg.seed,
-                                 cfg.data.token_dtype)
+            source = make_source(
+                cfg.data.path, cfg.model.vocab_size, cfg.model.seq_length, cfg.seed, cfg.data.token_dtype
+            )
             self.loader = BatchLoader(source, Sharding(cfg.global_batch_size, D, info.dp_index))
         # what one iteration computes never changes: count it once, not per iteration
-        self.flops_per_iteration = flops_per_iteration(cfg.model, cfg.global_batch_size,
-                                                       recompute=cfg.activation_recompute)
+        self.model_cost = ModelCost.of(cfg.model)
+        self.flops_per_iteration = self.model_cost.flops_per_iteration(
+            cfg.global_batch_size, recompute=cfg.activation_recompute
+        )
         self.tokens_per_iteration = cfg.global_batch_size * cfg.model.seq_length
         self.iteration = 0
         self.history: list[dict[str, Any]] = []
@@ -98,19 +144,30 @@ class Trainer:
         root = self.cfg.checkpoint.path
         self.opt.wait_param_gathers()
         t0 = time.perf_counter()
-        path = checkpoint.save(root, self.iteration, self._state(), self.rank,
-                               {"layout": layout_signature(self.layout),
-                                "consumedSamples": self.iteration * self.cfg.global_batch_size})
-        self.sink.emit("checkpoint", iteration=self.iteration, path=path,
-                       seconds=round(time.perf_counter() - t0, 3))
+        path = checkpoint.save(
+            root,
+            self.iteration,
+            self._state(),
+            self.rank,
+            {
+                "layout": layout_signature(self.layout),
+                "consumedSamples": self.iteration * self.cfg.global_batch_size,
+            },
+        )
+        self.sink.emit(
+            "checkpoint", iteration=self.iteration, path=path, seconds=round(time.perf_counter() - t0, 3)
+        )
 
     def maybe_resume(self) -> None:
         root = self.cfg.checkpoint.path
         if not root:
             return
-        found = torch.tensor([-1 if (n := checkpoint.newest_complete(root)) is None else n],
-                             dtype=torch.long, device=self.device)
-        dist.broadcast(found, src=0)             # rank 0 decides, so all ranks load the same one
+        found = torch.tensor(
+            [-1 if (n := checkpoint.newest_complete(root)) is None else n],
+            dtype=torch.long,
+            device=self.device,
+        )
+        dist.broadcast(found, src=0)  # rank 0 decides, so all ranks load the same one
         iteration = int(found.item())
         if iteration < 0:
             return
@@ -146,12 +203,14 @@ class Trainer:
         t2 = time.perf_counter()
         loss_part = (loss_sum / (M * D)) if loss_sum is not None else torch.zeros((), device=self.device)
         red = torch.stack([self.opt.local_grad_sq(), loss_part.to(torch.float32)])
-        dist.all_reduce(red)                     # every rank: global grad norm and mean loss
+        dist.all_reduce(red)  # every rank: global grad norm and mean loss
         grad_norm, loss = math.sqrt(float(red[0])), float(red[1])
         t_norm = time.perf_counter() - t2
         if not (math.isfinite(grad_norm) and math.isfinite(loss)):
-            raise FloatingPointError(f"iteration {i + 1}: loss {loss} / grad norm {grad_norm} is not finite; "
-                                     "lower learningRate or check the data")
+            raise FloatingPointError(
+                f"iteration {i + 1}: loss {loss} / grad norm {grad_norm} is not finite; "
+                "lower learningRate or check the data"
+            )
         clip = cfg.optimizer.grad_clip
         coef = min(1.0, clip / (grad_norm + 1e-6)) if clip > 0 else 1.0
 
@@ -165,38 +224,63 @@ class Trainer:
         times = self.opt.times
         compute = max(0.0, self.runner.compute - times.param_wait)
         exposed = times.grad_wait + times.param_wait + times.embedding + t_norm
-        if not cfg.overlap:                      # synchronous all-gathers ran inside step
+        if not cfg.overlap:  # synchronous all-gathers ran inside step
             t_step = max(0.0, t_step - times.param_wait)
         bubble = max(0.0, t_sched - self.runner.compute)
         record = {
-            "iteration": self.iteration, "loss": loss, "learningRate": lr, "gradNorm": grad_norm,
-            "iterationSeconds": seconds, "tokensPerSecond": self.tokens_per_iteration / seconds,
+            "iteration": self.iteration,
+            "loss": loss,
+            "learningRate": lr,
+            "gradNorm": grad_norm,
+            "iterationSeconds": seconds,
+            "tokensPerSecond": self.tokens_per_iteration / seconds,
             "tflopsPerGpu": flops.tflops_per_gpu(self.flops_per_iteration, seconds, lay.world_size),
-            "time": {"compute": compute, "bubble": bubble, "exposedComm": exposed,
-                     "optimizer": t_step, "data": t_data},
+            "time": {
+                "compute": compute,
+                "bubble": bubble,
+                "exposedComm": exposed,
+                "optimizer": t_step,
+                "data": t_data,
+            },
         }
         self.history.append(record)
         return record
 
-    def train(self, on_iteration: Callable[["Trainer", dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    def train(
+        self, on_iteration: Callable[[Trainer, dict[str, Any]], None] | None = None
+    ) -> list[dict[str, Any]]:
         cfg = self.cfg
         self.maybe_resume()
-        self.sink.emit("start", iteration=self.iteration, iterations=cfg.iterations,
-                       worldSize=self.layout.world_size, pipeline=self.layout.pipeline,
-                       data=self.layout.data, parameters=cfg.model.num_parameters(),
-                       overlap=cfg.overlap, activationRecompute=cfg.activation_recompute,
-                       flopsFormula=flops.formula_name(cfg.activation_recompute), device=str(self.device))
+        self.sink.emit(
+            "start",
+            iteration=self.iteration,
+            iterations=cfg.iterations,
+            worldSize=self.layout.world_size,
+            pipeline=self.layout.pipeline,
+            data=self.layout.data,
+            parameters=self.model_cost.total_params,
+            overlap=cfg.overlap,
+            activationRecompute=cfg.activation_recompute,
+            flopsFormula=flops.formula_name(cfg.activation_recompute),
+            device=str(self.device),
+        )
         every = cfg.checkpoint.interval
         while self.iteration < cfg.iterations:
             record = self.train_step()
             self.sink.emit("iteration", **record)
             if on_iteration is not None:
                 on_iteration(self, record)
-            if cfg.checkpoint.path and (self.iteration == cfg.iterations
-                                        or every and self.iteration % every == 0):
+            if cfg.checkpoint.path and (
+                self.iteration == cfg.iterations or every and self.iteration % every == 0
+            ):
                 self.save_checkpoint()
         self.opt.wait_param_gathers()
         last = self.history[-1] if self.history else {}
-        self.sink.emit("done", iteration=self.iteration, loss=last.get("loss"),
-                       tokensPerSecond=last.get("tokensPerSecond"), tflopsPerGpu=last.get("tflopsPerGpu"))
+        self.sink.emit(
+            "done",
+            iteration=self.iteration,
+            loss=last.get("loss"),
+            tokensPerSecond=last.get("tokensPerSecond"),
+            tflopsPerGpu=last.get("tflopsPerGpu"),
+        )
         return self.history

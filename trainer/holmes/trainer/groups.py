@@ -6,6 +6,7 @@ group gets ``ProcessGroupNCCL.Options().config.net_name`` = the group's ``net`` 
 "Socket"), so a DP group inside an InfiniBand island uses IB while a pipeline group crossing
 islands uses sockets; gloo takes no options, the same code path builds plain groups.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,13 +15,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from holmes.plan.layout import Layout
+from holmes.contract.layout import Layout
 
 
 @dataclass
 class RankGroups:
     """The groups one rank belongs to (None where the kind does not exist for it, or where the
     group would have one member: that needs no communicator)."""
+
     dp: Any
     pp: Any
     embedding: Any
@@ -31,29 +33,34 @@ def group_options(backend: str, net: str) -> Any:
     if backend != "nccl":
         return None
     from torch.distributed import ProcessGroupNCCL  # only in CUDA builds
+
     opts = ProcessGroupNCCL.Options()
     opts.config.net_name = net
     return opts
 
 
-def build_groups(layout: Layout, rank: int, backend: str, timeout_s: float,
-                 need_embedding: bool = False) -> RankGroups:
+def build_groups(
+    layout: Layout, rank: int, backend: str, timeout_s: float, need_embedding: bool = False
+) -> RankGroups:
     timeout = timedelta(seconds=timeout_s)
     mine: dict[str, Any] = {}
     specs = [g for g in layout.process_groups() if g.kind in ("dp", "pp")]
     if need_embedding:
-        specs += layout.process_groups("embedding")   # check_against_layout: a tied model has them
+        specs += layout.process_groups("embedding")  # check_against_layout: a tied model has them
     for g in specs:
-        handle = None           # a group of one needs no communicator (every rank skips it alike)
+        handle = None  # a group of one needs no communicator (every rank skips it alike)
         if len(g.ranks) > 1:
-            handle = dist.new_group(list(g.ranks), timeout=timeout, backend=backend,
-                                    pg_options=group_options(backend, g.net))
+            handle = dist.new_group(
+                list(g.ranks), timeout=timeout, backend=backend, pg_options=group_options(backend, g.net)
+            )
         if rank in g.ranks:
             if g.kind in mine:
                 raise RuntimeError(f"rank {rank} is in two {g.kind} groups: the layout is inconsistent")
             mine[g.kind] = handle
     if layout.data > 1 and mine.get("dp") is None or layout.pipeline > 1 and mine.get("pp") is None:
         me = layout.rank_info(rank)
-        raise RuntimeError(f"rank {rank} (stage {me.stage}, dp index {me.dp_index}) found no dp/pp group "
-                           "in the layout: it must list a dp family per stage and a pp family")
+        raise RuntimeError(
+            f"rank {rank} (stage {me.stage}, dp index {me.dp_index}) found no dp/pp group "
+            "in the layout: it must list a dp family per stage and a pp family"
+        )
     return RankGroups(dp=mine.get("dp"), pp=mine.get("pp"), embedding=mine.get("embedding"))

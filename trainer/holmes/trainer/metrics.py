@@ -8,20 +8,12 @@ line carries ``"holmes": "<event>"`` so a reader can pick them out of other outp
 The latest iteration/done/error line also replaces the container's termination message file
 (Kubernetes' /dev/termination-log), where the operator reads progress once the pod has ended.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 from typing import Any, TextIO
-
-from .config import ModelConfig
-
-
-def flops_per_iteration(m: ModelConfig, global_batch: int, *, recompute: bool) -> float:
-    """Model FLOPs of one iteration, the planner's own count (holmes.plan.flops): with
-    recomputation the paper's ``96 B s l h^2 (1 + s/6h + V/16lh)``, without it
-    ``72 B s l h^2 (1 + s/6h + V/12lh)`` (general in ffnHiddenSize)."""
-    return m.cost().flops_per_iteration(global_batch, recompute=recompute)
 
 
 class MetricsSink:
@@ -37,8 +29,15 @@ class MetricsSink:
         "iterationSeconds": "holmes_trainer_iteration_seconds",
     }
 
-    def __init__(self, enabled: bool, metrics_file: str | None = None, port: int | None = None,
-                 addr: str = "0.0.0.0", stream: TextIO | None = None, termination_log: str | None = None):
+    def __init__(
+        self,
+        enabled: bool,
+        metrics_file: str | None = None,
+        port: int | None = None,
+        addr: str = "0.0.0.0",
+        stream: TextIO | None = None,
+        termination_log: str | None = None,
+    ):
         self.enabled = enabled
         self.termination_log = termination_log
         self.stream = stream or sys.stdout
@@ -51,11 +50,16 @@ class MetricsSink:
 
     def _start_prometheus(self, port: int, addr: str) -> None:
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
         self.registry = CollectorRegistry()
         for key, name in self.GAUGES.items():
             self._gauges[key] = Gauge(name, f"Holmes trainer {key}", registry=self.registry)
-        self._time = Gauge("holmes_trainer_time_seconds", "Where the last iteration's time went",
-                           ["part"], registry=self.registry)
+        self._time = Gauge(
+            "holmes_trainer_time_seconds",
+            "Where the last iteration's time went",
+            ["part"],
+            registry=self.registry,
+        )
         started = start_http_server(port, addr=addr, registry=self.registry)
         self.server = started[0] if isinstance(started, tuple) else None
         self.port = self.server.server_port if self.server is not None else port
@@ -70,7 +74,7 @@ class MetricsSink:
             self.file.flush()
         if self.termination_log and event in ("iteration", "done", "error"):
             try:
-                with open(self.termination_log, "w") as f:   # Kubernetes keeps at most 4 KiB
+                with open(self.termination_log, "w") as f:  # Kubernetes keeps at most 4 KiB
                     f.write(line[:4000] + "\n")
             except OSError:
                 self.termination_log = None

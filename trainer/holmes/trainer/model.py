@@ -15,6 +15,7 @@ per micro-batch (the recomputed forward only refills saved tensors), and its for
 fire again during recomputation, where no all-gather is pending (they start after backward),
 so they do nothing.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,13 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import ModelConfig
+from holmes.contract import ModelSpec
 
-TIED_COPY = "head.tied_embedding"   # last stage's copy of embedding.tok.weight when P > 1
+TIED_COPY = "head.tied_embedding"  # last stage's copy of embedding.tok.weight when P > 1
 
 
 class Embedding(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.pos = nn.Embedding(cfg.seq_length, cfg.hidden_size)
@@ -42,7 +43,7 @@ class Embedding(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.heads = cfg.attention_heads
         self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
@@ -56,10 +57,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelSpec):
         super().__init__()
-        self.fc = nn.Linear(cfg.hidden_size, cfg.ffn)
-        self.proj = nn.Linear(cfg.ffn, cfg.hidden_size)
+        self.fc = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size)
+        self.proj = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
@@ -68,7 +69,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.hidden_size)
         self.attn = Attention(cfg)
@@ -83,10 +84,10 @@ class Block(nn.Module):
 class Head(nn.Module):
     """Final norm + LM head. ``weight`` None: an own Linear; else the tied embedding matrix."""
 
-    def __init__(self, cfg: ModelConfig, tied: nn.Parameter | None, own_tied_copy: bool):
+    def __init__(self, cfg: ModelSpec, tied: nn.Parameter | None, own_tied_copy: bool):
         super().__init__()
         self.norm = nn.LayerNorm(cfg.hidden_size)
-        self._tied = [tied] if tied is not None else None      # a list: not registered twice
+        self._tied = [tied] if tied is not None else None  # a list: not registered twice
         if own_tied_copy:
             self.tied_embedding = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
         elif tied is None:
@@ -104,8 +105,9 @@ class Head(nn.Module):
 class StageModule(nn.Module):
     """Layers [start, end) of the model; the first stage adds the embedding, the last the head."""
 
-    def __init__(self, cfg: ModelConfig, start: int, end: int, first: bool, last: bool,
-                 recompute: bool = False):
+    def __init__(
+        self, cfg: ModelSpec, start: int, end: int, first: bool, last: bool, recompute: bool = False
+    ):
         super().__init__()
         self.cfg, self.start, self.end, self.first, self.last = cfg, start, end, first, last
         self.recompute = recompute
@@ -126,22 +128,36 @@ class StageModule(nn.Module):
         return self.head(x) if self.head is not None else x
 
 
-def build_stage(cfg: ModelConfig, start: int, end: int, first: bool, last: bool, seed: int,
-                device: torch.device | str = "cpu", recompute: bool = False) -> StageModule:
-    """Build and deterministically initialise one stage, in cfg.dtype on ``device``."""
+def build_stage(
+    cfg: ModelSpec,
+    start: int,
+    end: int,
+    first: bool,
+    last: bool,
+    seed: int,
+    device: torch.device | str = "cpu",
+    recompute: bool = False,
+    dtype: str = "float32",
+) -> StageModule:
+    """Build and deterministically initialise one stage, in ``dtype`` on ``device``."""
     module = StageModule(cfg, start, end, first, last, recompute=recompute)
     init_parameters(module, cfg, seed)
-    return module.to(device=device, dtype=getattr(torch, cfg.dtype))
+    return module.to(device=device, dtype=getattr(torch, dtype))
 
 
-def build_full(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu",
-               recompute: bool = False) -> StageModule:
-    return build_stage(cfg, 0, cfg.layers, True, True, seed, device, recompute)
+def build_full(
+    cfg: ModelSpec,
+    seed: int,
+    device: torch.device | str = "cpu",
+    recompute: bool = False,
+    dtype: str = "float32",
+) -> StageModule:
+    return build_stage(cfg, 0, cfg.layers, True, True, seed, device, recompute, dtype)
 
 
 @torch.no_grad()
-def init_parameters(module: nn.Module, cfg: ModelConfig, seed: int) -> None:
-    out_std = 0.02 / math.sqrt(2 * cfg.layers)        # GPT-2's scaled init of residual outputs
+def init_parameters(module: nn.Module, cfg: ModelSpec, seed: int) -> None:
+    out_std = 0.02 / math.sqrt(2 * cfg.layers)  # GPT-2's scaled init of residual outputs
     for name, p in module.named_parameters():
         key = "embedding.tok.weight" if name == TIED_COPY else name
         gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))

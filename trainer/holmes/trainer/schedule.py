@@ -5,16 +5,19 @@ trips on first steps with hooks) and ``scale_grads=False``: the distributed opti
 each bucket by 1/(M*D) when it reduces it. Compute time is measured around each stage forward
 and backward, so the rest of the schedule's time is waiting on neighbours (the bubble).
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-from .config import ModelConfig
+from holmes.contract import ModelSpec
+
 from .model import loss_fn
 
 
@@ -45,9 +48,20 @@ class MicroBatchRunner:
     ``compute`` holds the seconds spent computing since the last ``reset_times``.
     """
 
-    def __init__(self, module: nn.Module, cfg: ModelConfig, *, stage: int, stages: int,
-                 micro_batches: int, micro_batch_size: int, device: torch.device, pp_group: Any,
-                 sync: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        module: nn.Module,
+        cfg: ModelSpec,
+        dtype: torch.dtype,
+        *,
+        stage: int,
+        stages: int,
+        micro_batches: int,
+        micro_batch_size: int,
+        device: torch.device,
+        pp_group: Any,
+        sync: Callable[[], None] = lambda: None,
+    ):
         self.module, self.stage, self.stages, self.M = module, stage, stages, micro_batches
         self.first, self.last = stage == 0, stage == stages - 1
         self.sync = sync
@@ -55,16 +69,23 @@ class MicroBatchRunner:
         if stages == 1:
             self.schedule = None
             return
-        dtype = getattr(torch, cfg.dtype)
         mb, s, h, V = micro_batch_size, cfg.seq_length, cfg.hidden_size, cfg.vocab_size
         if self.first:
             example_in = torch.zeros(mb, s, dtype=torch.long, device=device)
         else:
             example_in = torch.zeros(mb, s, h, dtype=dtype, device=device, requires_grad=True)
-        example_out = torch.zeros(mb, s, V if self.last else h, dtype=dtype, device=device,
-                                  requires_grad=True)   # so the stage expects an output gradient
-        self.pstage = _TimedStage(module, stage, stages, device, input_args=(example_in,),
-                                  output_args=(example_out,), group=pp_group)
+        example_out = torch.zeros(
+            mb, s, V if self.last else h, dtype=dtype, device=device, requires_grad=True
+        )  # so the stage expects an output gradient
+        self.pstage = _TimedStage(
+            module,
+            stage,
+            stages,
+            device,
+            input_args=(example_in,),
+            output_args=(example_out,),
+            group=pp_group,
+        )
         self.pstage.sync = sync
         self.schedule = Schedule1F1B(self.pstage, micro_batches, loss_fn=loss_fn, scale_grads=False)
 

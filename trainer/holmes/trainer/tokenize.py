@@ -8,12 +8,13 @@ vocabSize >= 257 and nothing is downloaded. With ``--tokenizer`` a Hugging Face 
 the user supplies is used (needs the ``tokenizers`` package). Writes the flat token file plus a
 sidecar ``<out>.json`` with dtype and vocabulary size, which the trainer reads.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -43,8 +44,13 @@ def _hf_encoder(path: str) -> tuple[Callable[[str], list[int]], int]:
     return (lambda text: tok.encode(text).ids), tok.get_vocab_size()
 
 
-def write_token_file(out: str, texts: Iterable[str], encode: Callable[[str], list[int]] = byte_encode,
-                     vocab_size: int = BYTE_VOCAB, tokenizer: str = "bytes") -> int:
+def write_token_file(
+    out: str,
+    texts: Iterable[str],
+    encode: Callable[[str], list[int]] = byte_encode,
+    vocab_size: int = BYTE_VOCAB,
+    tokenizer: str = "bytes",
+) -> int:
     """Encode each text as one document and write the flat file + sidecar; returns the token count."""
     dtype = "uint16" if vocab_size <= 65536 else "uint32"
     count = 0
@@ -59,8 +65,11 @@ def write_token_file(out: str, texts: Iterable[str], encode: Callable[[str], lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m holmes.trainer.tokenize", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m holmes.trainer.tokenize",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", required=True, help="token file to write")
     ap.add_argument("--tokenizer", help="a tokenizer.json to use instead of bytes")
     ap.add_argument("inputs", nargs="+", help="text files, one document each ('-' reads stdin)")

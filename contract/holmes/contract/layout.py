@@ -21,11 +21,13 @@ Process groups (``groups`` in JSON holds one *family* per kind and stage; expand
 
 ``net`` is the NCCL network of a group: ``IB`` (InfiniBand and RoCE) or ``Socket``.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 LAYOUT_VERSION = 1
 NIC_KINDS = ("infiniband", "roce", "ethernet")
@@ -40,11 +42,11 @@ class LayoutError(ValueError):
 @dataclass(frozen=True)
 class Stage:
     index: int
-    layers: tuple[int, int]          # half-open [start, end) of transformer layers
-    island: str                      # cluster label x NIC kind, e.g. "east/infiniband"
-    nic: str                         # infiniband | roce | ethernet (the stage's nodes' kind, or the slowest when mixed)
-    dp_net: str                      # NCCL net of this stage's DP groups
-    nodes: tuple[str, ...] = ()      # node names hosting this stage's ranks (derived, for humans)
+    layers: tuple[int, int]  # half-open [start, end) of transformer layers
+    island: str  # cluster label x NIC kind, e.g. "east/infiniband"
+    nic: str  # infiniband | roce | ethernet (the stage's nodes' kind, or the slowest when mixed)
+    dp_net: str  # NCCL net of this stage's DP groups
+    nodes: tuple[str, ...] = ()  # node names hosting this stage's ranks (derived, for humans)
 
     @property
     def num_layers(self) -> int:
@@ -53,9 +55,9 @@ class Stage:
 
 @dataclass(frozen=True)
 class GroupFamily:
-    kind: str                        # dp | tp | pp | embedding
-    net: str                         # IB | Socket
-    stage: int | None = None         # dp/tp families are per stage; pp/embedding span stages
+    kind: str  # dp | tp | pp | embedding
+    net: str  # IB | Socket
+    stage: int | None = None  # dp/tp families are per stage; pp/embedding span stages
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class Layout:
     stages: tuple[Stage, ...]
     groups: tuple[GroupFamily, ...]
     micro_batch_size: int
-    micro_batches: int               # per iteration, per DP rank (1F1B depth)
+    micro_batches: int  # per iteration, per DP rank (1F1B depth)
     estimate: dict[str, Any] = field(default_factory=dict)
     explanation: tuple[str, ...] = ()
     version: int = LAYOUT_VERSION
@@ -123,7 +125,7 @@ class Layout:
     def stage_nodes(self, stage: int) -> tuple[str, ...]:
         r = self.stage_ranks(stage)
         first, last = r.start // self.gpus_per_node, (r.stop - 1) // self.gpus_per_node
-        return self.nodes[first:last + 1]
+        return self.nodes[first : last + 1]
 
     def process_groups(self, kind: str | None = None) -> Iterator[ProcessGroup]:
         """Every process group of the layout, in a fixed order all ranks agree on."""
@@ -138,7 +140,9 @@ class Layout:
             elif fam.kind == "tp":
                 base = fam.stage * n
                 for d in range(D):
-                    yield ProcessGroup("tp", tuple(range(base + d * T, base + (d + 1) * T)), fam.net, fam.stage)
+                    yield ProcessGroup(
+                        "tp", tuple(range(base + d * T, base + (d + 1) * T)), fam.net, fam.stage
+                    )
             elif fam.kind == "pp":
                 for j in range(n):
                     yield ProcessGroup("pp", tuple(j + s * n for s in range(P)), fam.net)
@@ -163,8 +167,14 @@ class Layout:
             "microBatches": self.micro_batches,
             "nodes": list(self.nodes),
             "stages": [
-                {"index": s.index, "layers": list(s.layers), "island": s.island, "nic": s.nic,
-                 "dpNet": s.dp_net, "nodes": list(s.nodes or self.stage_nodes(s.index))}
+                {
+                    "index": s.index,
+                    "layers": list(s.layers),
+                    "island": s.island,
+                    "nic": s.nic,
+                    "dpNet": s.dp_net,
+                    "nodes": list(s.nodes or self.stage_nodes(s.index)),
+                }
                 for s in self.stages
             ],
             "groups": [
@@ -179,26 +189,42 @@ class Layout:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Layout":
+    def from_dict(cls, d: dict[str, Any]) -> Layout:
         if not isinstance(d, dict):
             raise LayoutError("layout must be a JSON object")
         version = d.get("version")
         if version != LAYOUT_VERSION:
-            raise LayoutError(f"layout version {version!r} is not supported (this build reads version {LAYOUT_VERSION})")
+            raise LayoutError(
+                f"layout version {version!r} is not supported (this build reads version {LAYOUT_VERSION})"
+            )
         try:
             stages = tuple(
-                Stage(index=int(s["index"]), layers=(int(s["layers"][0]), int(s["layers"][1])),
-                      island=str(s["island"]), nic=str(s["nic"]), dp_net=str(s["dpNet"]),
-                      nodes=tuple(s.get("nodes", ())))
+                Stage(
+                    index=int(s["index"]),
+                    layers=(int(s["layers"][0]), int(s["layers"][1])),
+                    island=str(s["island"]),
+                    nic=str(s["nic"]),
+                    dp_net=str(s["dpNet"]),
+                    nodes=tuple(s.get("nodes", ())),
+                )
                 for s in d["stages"]
             )
-            groups = tuple(GroupFamily(kind=g["kind"], net=g["net"], stage=g.get("stage")) for g in d["groups"])
+            groups = tuple(
+                GroupFamily(kind=g["kind"], net=g["net"], stage=g.get("stage")) for g in d["groups"]
+            )
             layout = cls(
-                tensor=int(d["tensor"]), pipeline=int(d["pipeline"]), data=int(d["data"]),
-                gpus_per_node=int(d["gpusPerNode"]), nodes=tuple(d["nodes"]), stages=stages,
-                groups=groups, micro_batch_size=int(d["microBatchSize"]),
-                micro_batches=int(d["microBatches"]), estimate=dict(d.get("estimate", {})),
-                explanation=tuple(d.get("explanation", ())), version=version,
+                tensor=int(d["tensor"]),
+                pipeline=int(d["pipeline"]),
+                data=int(d["data"]),
+                gpus_per_node=int(d["gpusPerNode"]),
+                nodes=tuple(d["nodes"]),
+                stages=stages,
+                groups=groups,
+                micro_batch_size=int(d["microBatchSize"]),
+                micro_batches=int(d["microBatches"]),
+                estimate=dict(d.get("estimate", {})),
+                explanation=tuple(d.get("explanation", ())),
+                version=version,
             )
         except KeyError as e:
             raise LayoutError(f"layout is missing the field {e.args[0]!r}") from None
@@ -211,7 +237,7 @@ class Layout:
         return layout
 
     @classmethod
-    def from_json(cls, text: str) -> "Layout":
+    def from_json(cls, text: str) -> Layout:
         try:
             return cls.from_dict(json.loads(text))
         except json.JSONDecodeError as e:
@@ -221,15 +247,23 @@ class Layout:
 def validate(layout: Layout) -> None:
     """Check the invariants every consumer relies on; raise LayoutError naming the broken one."""
     T, D, P, G = layout.tensor, layout.data, layout.pipeline, layout.gpus_per_node
-    for name, v in (("tensor", T), ("data", D), ("pipeline", P), ("gpusPerNode", G),
-                    ("microBatchSize", layout.micro_batch_size), ("microBatches", layout.micro_batches)):
+    for name, v in (
+        ("tensor", T),
+        ("data", D),
+        ("pipeline", P),
+        ("gpusPerNode", G),
+        ("microBatchSize", layout.micro_batch_size),
+        ("microBatches", layout.micro_batches),
+    ):
         if v < 1:
             raise LayoutError(f"{name} must be >= 1, got {v}")
     if G % T:
         raise LayoutError(f"tensor {T} must divide gpusPerNode {G}: tensor parallelism stays inside a node")
     if len(layout.nodes) * G != P * D * T:
-        raise LayoutError(f"{len(layout.nodes)} nodes x {G} GPUs = {len(layout.nodes) * G} ranks, "
-                          f"but pipeline*data*tensor = {P}*{D}*{T} = {P * D * T}")
+        raise LayoutError(
+            f"{len(layout.nodes)} nodes x {G} GPUs = {len(layout.nodes) * G} ranks, "
+            f"but pipeline*data*tensor = {P}*{D}*{T} = {P * D * T}"
+        )
     if len(set(layout.nodes)) != len(layout.nodes):
         raise LayoutError("a node appears twice in nodes: every GPU is used at most once")
     if len(layout.stages) != P:
@@ -239,7 +273,9 @@ def validate(layout: Layout) -> None:
         if s.index != i:
             raise LayoutError(f"stage {i} has index {s.index}: stages must be listed in pipeline order")
         if s.layers[0] != start or s.layers[1] <= s.layers[0]:
-            raise LayoutError(f"stage {i} layers {list(s.layers)} must start at {start} and hold at least one layer")
+            raise LayoutError(
+                f"stage {i} layers {list(s.layers)} must start at {start} and hold at least one layer"
+            )
         start = s.layers[1]
         if s.nic not in NIC_KINDS:
             raise LayoutError(f"stage {i} nic {s.nic!r} is not one of {', '.join(NIC_KINDS)}")
@@ -253,5 +289,7 @@ def validate(layout: Layout) -> None:
         if g.kind in ("dp", "tp") and (g.stage is None or not 0 <= g.stage < P):
             raise LayoutError(f"group {g.kind} needs a stage in [0, {P}), got {g.stage!r}")
         if g.kind == "embedding" and P == 1:
-            raise LayoutError("group embedding needs pipeline > 1: with one stage the first and last "
-                              "stage are the same ranks, the tied embedding is one tensor")
+            raise LayoutError(
+                "group embedding needs pipeline > 1: with one stage the first and last "
+                "stage are the same ranks, the tied embedding is one tensor"
+            )

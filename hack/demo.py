@@ -1,8 +1,12 @@
 """`make demo`'s last act: install the CRD, run the operator, apply a HolmesJob and follow it to
 the end, printing the layout the planner chose and the training metrics.
 
-    python -m holmes.operator.demo --kubeconfig .holmes/kubeconfig --job examples/holmesjob-demo.yaml
+    python hack/demo.py --kubeconfig .holmes/kubeconfig --job examples/holmesjob-demo.yaml
+
+A driver for the local cluster, not part of the holmes package (it only runs kubectl and
+`python -m holmes.operator`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +30,9 @@ class Kubectl:
         self.binary, self.kubeconfig = binary, kubeconfig
 
     def __call__(self, *args: str, check: bool = True) -> str:
-        r = subprocess.run([self.binary, f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True)
+        r = subprocess.run(
+            [self.binary, f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True
+        )
         if check and r.returncode:
             raise SystemExit(f"kubectl {' '.join(args)} failed:\n{r.stderr}")
         return r.stdout
@@ -42,17 +48,25 @@ def say(msg: str = "") -> None:
 
 def show_layout(status: dict, layout_json: dict | None) -> None:
     lay = status["layout"]
-    say(f">> layout {lay['shape']} (pipeline x data x tensor), {lay['worldSize']} ranks on {lay['nodes']} nodes")
+    say(
+        f">> layout {lay['shape']} (pipeline x data x tensor), "
+        f"{lay['worldSize']} ranks on {lay['nodes']} nodes"
+    )
     say(f"   {'stage':<6}{'island':<26}{'nic':<12}{'layers':<10}nodes")
     for s in lay["stages"]:
         say(f"   {s['index']:<6}{s['island']:<26}{s['nic']:<12}{_layers(s):<10}{', '.join(s['nodes'])}")
     for g in lay["dpGroups"]:
-        say(f"   data-parallel groups of stage {g['stage']}: {g['size']} ranks, NIC kinds {'+'.join(g['nics'])}, "
-            f"NCCL net {g['net']}")
+        say(
+            f"   data-parallel groups of stage {g['stage']}: {g['size']} ranks, "
+            f"NIC kinds {'+'.join(g['nics'])}, "
+            f"NCCL net {g['net']}"
+        )
     est = lay.get("estimate") or {}
     if est:
-        say(f"   planner estimate: {est.get('iterationSeconds', 0):.3g} s/iteration, "
-            f"{est.get('tflopsPerGpu', 0):.3g} TFLOPS/GPU (A100 cost model)")
+        say(
+            f"   planner estimate: {est.get('iterationSeconds', 0):.3g} s/iteration, "
+            f"{est.get('tflopsPerGpu', 0):.3g} TFLOPS/GPU (A100 cost model)"
+        )
     for line in (layout_json or {}).get("explanation", [])[:8]:
         say(f"   | {line}")
 
@@ -68,13 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job", required=True, help="HolmesJob manifest to apply")
     ap.add_argument("--crd", default="crds/holmesjob.yaml")
     ap.add_argument("--namespace", default="holmes-demo")
-    ap.add_argument("--kubectl", default=str(Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache/holmes")) / "bin/kubectl"))
+    ap.add_argument(
+        "--kubectl",
+        default=str(Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache/holmes")) / "bin/kubectl"),
+    )
     ap.add_argument("--cluster-rdma-kind", action="append", default=["east=infiniband", "west=roce"])
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--log", default=".holmes/demo-operator.log")
     a = ap.parse_args(argv)
     k = Kubectl(a.kubectl if Path(a.kubectl).exists() else "kubectl", a.kubeconfig)
     import yaml
+
     with open(a.job) as f:
         name = yaml.safe_load(f)["metadata"]["name"]
     ns = a.namespace
@@ -89,10 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     liveness = free_port()
     Path(a.log).parent.mkdir(parents=True, exist_ok=True)
     log = open(a.log, "ab")
-    cmd = [sys.executable, "-m", "holmes.operator", f"--kubeconfig={a.kubeconfig}", f"--namespace={ns}",
-           f"--liveness=http://127.0.0.1:{liveness}/healthz", f"--metrics-port={free_port()}", "--log-format=plain",
-           "--port-range=20000-29999",          # the node agent's pods share the host network
-           *[f"--cluster-rdma-kind={x}" for x in a.cluster_rdma_kind]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "holmes.operator",
+        f"--kubeconfig={a.kubeconfig}",
+        f"--namespace={ns}",
+        f"--liveness=http://127.0.0.1:{liveness}/healthz",
+        f"--metrics-port={free_port()}",
+        "--log-format=plain",
+        "--port-range=20000-29999",  # the node agent's pods share the host network
+        *[f"--cluster-rdma-kind={x}" for x in a.cluster_rdma_kind],
+    ]
     say(f">> starting the operator ({' '.join(cmd[1:4])} ...), log {a.log}")
     op = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -128,8 +154,10 @@ def follow(k: Kubectl, ns: str, name: str, timeout: float) -> int:
         prog = st.get("progress") or {}
         if prog.get("iteration") is not None and prog.get("iteration") != last_iter:
             last_iter = prog["iteration"]
-            say(f"   iteration {last_iter}: loss {prog.get('loss', float('nan')):.4f}, "
-                f"{prog.get('tokensPerSecond', 0):.0f} tokens/s, {prog.get('tflopsPerGpu', 0):.3g} TFLOPS/GPU")
+            say(
+                f"   iteration {last_iter}: loss {prog.get('loss', float('nan')):.4f}, "
+                f"{prog.get('tokensPerSecond', 0):.0f} tokens/s, {prog.get('tflopsPerGpu', 0):.3g} TFLOPS/GPU"
+            )
         if phase in ("Succeeded", "Failed"):
             break
         time.sleep(1)
@@ -144,14 +172,29 @@ def follow(k: Kubectl, ns: str, name: str, timeout: float) -> int:
         say(">> training metrics from the rank-0 trainer (its JSON lines)")
         for rec in lines:
             if rec.get("holmes") in ("iteration", "done"):
-                say(f"   {rec['holmes']:<9} it {rec.get('iteration'):>3}  loss {rec.get('loss', float('nan')):.4f}  "
-                    f"{rec.get('tokensPerSecond', 0):8.0f} tok/s  {rec.get('tflopsPerGpu', 0):.3g} TFLOPS/GPU")
+                say(
+                    f"   {rec['holmes']:<9} it {rec.get('iteration'):>3}  "
+                    f"loss {rec.get('loss', float('nan')):.4f}  "
+                    f"{rec.get('tokensPerSecond', 0):8.0f} tok/s  {rec.get('tflopsPerGpu', 0):.3g} TFLOPS/GPU"
+                )
     uid = ((k.json("holmesjob", name, "-n", ns) or {}).get("metadata") or {}).get("uid", "")
     say(">> events")
-    say(k("get", "events", "-n", ns, "--field-selector", f"involvedObject.kind=HolmesJob,involvedObject.uid={uid}",
-          "--sort-by=.lastTimestamp", check=False))
-    say(f">> the cluster keeps running for a look around: export KUBECONFIG=$PWD/.holmes/kubeconfig; "
-        f"kubectl get hj,pods -n {ns}; `make cluster-down` stops it")
+    say(
+        k(
+            "get",
+            "events",
+            "-n",
+            ns,
+            "--field-selector",
+            f"involvedObject.kind=HolmesJob,involvedObject.uid={uid}",
+            "--sort-by=.lastTimestamp",
+            check=False,
+        )
+    )
+    say(
+        f">> the cluster keeps running for a look around: export KUBECONFIG=$PWD/.holmes/kubeconfig; "
+        f"kubectl get hj,pods -n {ns}; `make cluster-down` stops it"
+    )
     return 0 if phase == "Succeeded" else 1
 
 

@@ -40,23 +40,25 @@ attentionHeads, globalBatchSize divisible by microBatchSize, tensor dividing gpu
 attentionHeads, fixed degrees matching the GPU count, an explicit partition summing to the
 layers, ...). Checks that need the nodes (enough GPUs, NIC kinds) belong to the planner.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Mapping, Union
+from typing import Any, Union
 
-API_VERSION = "holmes.dev/v1alpha1"
-KIND = "HolmesJob"
+from .names import API_VERSION, KIND, LABEL_CLUSTER
+
 AUTO = "auto"
 PARTITION_MODES = ("adaptive", "uniform")
 NIC_SELECTION_MODES = ("auto", "off")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-DEFAULT_CLUSTER_LABEL = "holmes.dev/cluster"
-DEFAULT_ACTIVATION_RECOMPUTE = True    # why: see the module docstring
+DEFAULT_CLUSTER_LABEL = LABEL_CLUSTER
+DEFAULT_ACTIVATION_RECOMPUTE = True  # why: see the module docstring
 
-Degree = Union[int, str]               # an integer >= 1, or AUTO
-Partition = Union[str, tuple]          # "adaptive" | "uniform" | tuple of layer counts
+Degree = Union[int, str]  # an integer >= 1, or AUTO
+Partition = Union[str, tuple]  # "adaptive" | "uniform" | tuple of layer counts
 
 
 class SpecError(ValueError):
@@ -72,6 +74,7 @@ class SpecError(ValueError):
 
 # ---- the dataclasses ----------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ModelSpec:
     layers: int
@@ -79,8 +82,12 @@ class ModelSpec:
     attention_heads: int
     seq_length: int
     vocab_size: int
-    ffn_hidden_size: int              # resolved: 4 * hidden_size when not given
+    ffn_hidden_size: int = 0  # 0 (not given): 4 * hidden_size, resolved here
     tied_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.ffn_hidden_size:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
 
     @property
     def head_dim(self) -> int:
@@ -89,8 +96,8 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    synthetic: bool = True            # random tokens from the seed
-    path: str | None = None           # a token file on a volume
+    synthetic: bool = True  # random tokens from the seed
+    path: str | None = None  # a token file on a volume
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,7 @@ class ParallelismSpec:
 @dataclass(frozen=True)
 class SelectorRequirement:
     key: str
-    operator: str                     # In | NotIn | Exists | DoesNotExist
+    operator: str  # In | NotIn | Exists | DoesNotExist
     values: tuple[str, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
@@ -141,19 +148,21 @@ class SelectorRequirement:
             return not has
         if self.operator == "In":
             return has and labels[self.key] in self.values
-        return not has or labels[self.key] not in self.values   # NotIn
+        return not has or labels[self.key] not in self.values  # NotIn
 
 
 @dataclass(frozen=True)
 class LabelSelector:
     """A Kubernetes LabelSelector; all requirements must hold (an empty selector matches all)."""
+
     match_labels: tuple[tuple[str, str], ...] = ()
     match_expressions: tuple[SelectorRequirement, ...] = ()
 
     def matches(self, labels: Mapping[str, str] | None) -> bool:
         labels = labels or {}
-        return (all(labels.get(k) == v for k, v in self.match_labels)
-                and all(e.matches(labels) for e in self.match_expressions))
+        return all(labels.get(k) == v for k, v in self.match_labels) and all(
+            e.matches(labels) for e in self.match_expressions
+        )
 
     def describe(self) -> str:
         parts = [f"{k}={v}" for k, v in self.match_labels]
@@ -204,17 +213,21 @@ class JobSpec:
 
     # ---- parsing --------------------------------------------------------------------
     @classmethod
-    def from_manifest(cls, obj: Any) -> "JobSpec":
+    def from_manifest(cls, obj: Any) -> JobSpec:
         """Parse a whole HolmesJob object (apiVersion, kind, metadata, spec, status)."""
         if not isinstance(obj, Mapping):
-            raise SpecError([f"HolmesJob manifest: must be a mapping (apiVersion, kind, spec), got {_show(obj)}"])
+            raise SpecError(
+                [f"HolmesJob manifest: must be a mapping (apiVersion, kind, spec), got {_show(obj)}"]
+            )
         problems = []
         if obj.get("apiVersion") != API_VERSION:
             problems.append(f"apiVersion: must be {API_VERSION}, got {_show(obj.get('apiVersion'))}")
         if obj.get("kind") != KIND:
             problems.append(f"kind: must be {KIND}, got {_show(obj.get('kind'))}")
         if "spec" not in obj:
-            raise SpecError(problems + ["spec: missing; a HolmesJob needs spec.model, spec.training and spec.nodes"])
+            raise SpecError(
+                problems + ["spec: missing; a HolmesJob needs spec.model, spec.training and spec.nodes"]
+            )
         try:
             spec = cls.from_spec(obj["spec"])
         except SpecError as e:
@@ -224,11 +237,15 @@ class JobSpec:
         return spec
 
     @classmethod
-    def from_spec(cls, spec: Any) -> "JobSpec":
+    def from_spec(cls, spec: Any) -> JobSpec:
         """Parse the ``spec`` of a HolmesJob; raise SpecError listing every problem."""
         r = _Reader()
-        top = r.mapping(spec, "spec", required=("model", "training", "nodes"),
-                        optional=("parallelism", "template", "runPolicy"))
+        top = r.mapping(
+            spec,
+            "spec",
+            required=("model", "training", "nodes"),
+            optional=("parallelism", "template", "runPolicy"),
+        )
         if top is None:
             raise SpecError(r.problems)
         model = _model(r, top.get("model"), "spec.model")
@@ -239,13 +256,21 @@ class JobSpec:
         if template is None:
             template = {}
         if not isinstance(template, Mapping):
-            r.add("spec.template", f"must be a mapping (a PodTemplateSpec-like object), got {_show(template)}")
+            r.add(
+                "spec.template", f"must be a mapping (a PodTemplateSpec-like object), got {_show(template)}"
+            )
             template = {}
         run_policy = _run_policy(r, top.get("runPolicy", {}), "spec.runPolicy")
         if r.problems:
             raise SpecError(r.problems)
-        job = cls(model=model, training=training, nodes=nodes, parallelism=par,
-                  template=dict(template), run_policy=run_policy)
+        job = cls(
+            model=model,
+            training=training,
+            nodes=nodes,
+            parallelism=par,
+            template=dict(template),
+            run_policy=run_policy,
+        )
         problems = cross_check(job)
         if problems:
             raise SpecError(problems)
@@ -255,32 +280,74 @@ class JobSpec:
         """The spec back in camelCase; ``JobSpec.from_spec(job.to_spec()) == job``."""
         return _to_camel(self)
 
-    def replace(self, **sections: Any) -> "JobSpec":
+    def replace(self, **sections: Any) -> JobSpec:
         """A copy with whole sections swapped (``job.replace(parallelism=...)``)."""
         from dataclasses import replace
+
         return replace(self, **sections)
 
 
+def load_job(source: Any) -> JobSpec:
+    """The one entry to a job spec: a HolmesJob manifest (a mapping with ``kind``/``apiVersion``),
+    just its ``spec`` (a mapping with ``model``), or the path of a YAML/JSON file holding either
+    (a multi-document file must hold exactly one HolmesJob). Raises SpecError, with the file's
+    name in front of each problem when read from a file."""
+    if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__"):
+        from .documents import DocumentError, load_documents
+
+        path = str(source if not isinstance(source, bytes) else source.decode())
+        try:
+            docs = load_documents(path, "job file")
+        except DocumentError as e:
+            raise SpecError([str(e)]) from None
+        jobs = [d for d in docs if isinstance(d, Mapping) and d.get("kind") == KIND] or docs
+        if len(jobs) != 1:
+            raise SpecError(
+                [f"job file {path}: must hold exactly one HolmesJob, found {len(jobs)} documents"]
+            )
+        try:
+            return load_job(jobs[0])
+        except SpecError as e:
+            raise SpecError([f"{path}: {p}" for p in e.problems]) from None
+    if isinstance(source, Mapping) and ("kind" in source or "apiVersion" in source):
+        return JobSpec.from_manifest(source)
+    if isinstance(source, Mapping) and "spec" in source and "model" not in source:
+        raise SpecError(
+            [
+                "apiVersion, kind: missing; a HolmesJob manifest needs apiVersion "
+                f"{API_VERSION} and kind {KIND} (or give just its spec)"
+            ]
+        )
+    return JobSpec.from_spec(source)
+
+
 # ---- cross-field checks -------------------------------------------------------------------
+
 
 def cross_check(job: JobSpec) -> list[str]:
     """Pure consistency checks across fields; one message per problem, with the fix."""
     m, t, n, p = job.model, job.training, job.nodes, job.parallelism
     out: list[str] = []
     if m.hidden_size % m.attention_heads:
-        out.append(f"spec.model.hiddenSize: {m.hidden_size} is not divisible by attentionHeads "
-                   f"{m.attention_heads}; pick a head count that divides it")
+        out.append(
+            f"spec.model.hiddenSize: {m.hidden_size} is not divisible by attentionHeads "
+            f"{m.attention_heads}; pick a head count that divides it"
+        )
     if t.global_batch_size % t.micro_batch_size:
-        out.append(f"spec.training.globalBatchSize: {t.global_batch_size} is not divisible by microBatchSize "
-                   f"{t.micro_batch_size}; use a multiple of {t.micro_batch_size}")
+        out.append(
+            f"spec.training.globalBatchSize: {t.global_batch_size} is not divisible by microBatchSize "
+            f"{t.micro_batch_size}; use a multiple of {t.micro_batch_size}"
+        )
     if t.warmup_iterations > t.iterations:
         out.append(f"spec.training.warmupIterations: {t.warmup_iterations} exceeds iterations {t.iterations}")
     world = job.world_size
     T = p.tensor
     if isinstance(T, int):
         if n.gpus_per_node % T:
-            out.append(f"spec.parallelism.tensor: {T} must divide nodes.gpusPerNode {n.gpus_per_node} "
-                       f"(tensor parallelism stays inside a node)")
+            out.append(
+                f"spec.parallelism.tensor: {T} must divide nodes.gpusPerNode {n.gpus_per_node} "
+                f"(tensor parallelism stays inside a node)"
+            )
         if m.attention_heads % T:
             out.append(f"spec.parallelism.tensor: {T} must divide model.attentionHeads {m.attention_heads}")
         if m.ffn_hidden_size % T:
@@ -289,36 +356,55 @@ def cross_check(job: JobSpec) -> list[str]:
     P = p.pipeline
     if parts is not None:
         if isinstance(P, int) and len(parts) != P:
-            out.append(f"spec.parallelism.partition: lists {len(parts)} stages but pipeline is {P}; "
-                       f"give {P} layer counts or set pipeline: auto")
+            out.append(
+                f"spec.parallelism.partition: lists {len(parts)} stages but pipeline is {P}; "
+                f"give {P} layer counts or set pipeline: auto"
+            )
         if sum(parts) != m.layers:
-            out.append(f"spec.parallelism.partition: layer counts sum to {sum(parts)} but model.layers is "
-                       f"{m.layers}; make them add up to {m.layers}")
+            out.append(
+                f"spec.parallelism.partition: layer counts sum to {sum(parts)} but model.layers is "
+                f"{m.layers}; make them add up to {m.layers}"
+            )
         P = len(parts)
     if isinstance(P, int) and P > m.layers:
-        out.append(f"spec.parallelism.pipeline: {P} stages but only {m.layers} layers; every stage needs "
-                   f"at least one layer, use pipeline <= {m.layers}")
-    fixed = [(name, v) for name, v in (("tensor", T), ("pipeline", P), ("data", p.data)) if isinstance(v, int)]
+        out.append(
+            f"spec.parallelism.pipeline: {P} stages but only {m.layers} layers; every stage needs "
+            f"at least one layer, use pipeline <= {m.layers}"
+        )
+    fixed = [
+        (name, v) for name, v in (("tensor", T), ("pipeline", P), ("data", p.data)) if isinstance(v, int)
+    ]
     prod = math.prod(v for _, v in fixed)
     names = "*".join(name for name, _ in fixed)
     if fixed and len(fixed) == 3 and prod != world:
-        out.append(f"spec.parallelism: tensor*pipeline*data = {prod} but the job has nodes.count*gpusPerNode = "
-                   f"{world} GPUs; make the product equal {world} or set one degree to auto")
+        out.append(
+            f"spec.parallelism: tensor*pipeline*data = {prod} but the job has nodes.count*gpusPerNode = "
+            f"{world} GPUs; make the product equal {world} or set one degree to auto"
+        )
     elif fixed and world % prod:
-        out.append(f"spec.parallelism: {names} = {prod} does not divide the job's {world} GPUs "
-                   f"(nodes.count*gpusPerNode)")
+        out.append(
+            f"spec.parallelism: {names} = {prod} does not divide the job's {world} GPUs "
+            f"(nodes.count*gpusPerNode)"
+        )
     D = p.data
     if isinstance(D, int) and t.global_batch_size % (D * t.micro_batch_size):
-        out.append(f"spec.training.globalBatchSize: {t.global_batch_size} is not divisible by "
-                   f"data*microBatchSize = {D}*{t.micro_batch_size}; use a multiple of {D * t.micro_batch_size}")
+        out.append(
+            f"spec.training.globalBatchSize: {t.global_batch_size} is not divisible by "
+            f"data*microBatchSize = {D}*{t.micro_batch_size}; use a multiple of {D * t.micro_batch_size}"
+        )
     return out
 
 
 # ---- section parsers ----------------------------------------------------------------------
 
-def _model(r: "_Reader", v: Any, path: str) -> ModelSpec | None:
-    d = r.mapping(v, path, required=("layers", "hiddenSize", "attentionHeads", "seqLength", "vocabSize"),
-                  optional=("ffnHiddenSize", "tiedEmbeddings"))
+
+def _model(r: _Reader, v: Any, path: str) -> ModelSpec | None:
+    d = r.mapping(
+        v,
+        path,
+        required=("layers", "hiddenSize", "attentionHeads", "seqLength", "vocabSize"),
+        optional=("ffnHiddenSize", "tiedEmbeddings"),
+    )
     if d is None:
         return None
     hidden = r.integer(d, "hiddenSize", path)
@@ -328,16 +414,28 @@ def _model(r: "_Reader", v: Any, path: str) -> ModelSpec | None:
         attention_heads=r.integer(d, "attentionHeads", path),
         seq_length=r.integer(d, "seqLength", path),
         vocab_size=r.integer(d, "vocabSize", path),
-        ffn_hidden_size=r.integer(d, "ffnHiddenSize", path,
-                                  default=4 * hidden if isinstance(hidden, int) else None),
+        ffn_hidden_size=r.integer(
+            d, "ffnHiddenSize", path, default=4 * hidden if isinstance(hidden, int) else None
+        ),
         tied_embeddings=r.boolean(d, "tiedEmbeddings", path, default=False),
     )
 
 
-def _training(r: "_Reader", v: Any, path: str) -> TrainingSpec | None:
-    d = r.mapping(v, path, required=("globalBatchSize", "microBatchSize", "iterations", "learningRate"),
-                  optional=("seed", "weightDecay", "gradClip", "warmupIterations", "activationRecompute",
-                            "data", "checkpoint"))
+def _training(r: _Reader, v: Any, path: str) -> TrainingSpec | None:
+    d = r.mapping(
+        v,
+        path,
+        required=("globalBatchSize", "microBatchSize", "iterations", "learningRate"),
+        optional=(
+            "seed",
+            "weightDecay",
+            "gradClip",
+            "warmupIterations",
+            "activationRecompute",
+            "data",
+            "checkpoint",
+        ),
+    )
     if d is None:
         return None
     return TrainingSpec(
@@ -355,7 +453,7 @@ def _training(r: "_Reader", v: Any, path: str) -> TrainingSpec | None:
     )
 
 
-def _data(r: "_Reader", v: Any, path: str) -> DataSpec:
+def _data(r: _Reader, v: Any, path: str) -> DataSpec:
     if v is None:
         return DataSpec()
     d = r.mapping(v, path, optional=("synthetic", "path"))
@@ -370,17 +468,18 @@ def _data(r: "_Reader", v: Any, path: str) -> DataSpec:
     return DataSpec(synthetic=False, path=r.string(d, "path", path))
 
 
-def _checkpoint(r: "_Reader", v: Any, path: str) -> CheckpointSpec | None:
+def _checkpoint(r: _Reader, v: Any, path: str) -> CheckpointSpec | None:
     if v is None:
         return None
     d = r.mapping(v, path, required=("path", "intervalIterations"))
     if d is None:
         return None
-    return CheckpointSpec(path=r.string(d, "path", path),
-                          interval_iterations=r.integer(d, "intervalIterations", path))
+    return CheckpointSpec(
+        path=r.string(d, "path", path), interval_iterations=r.integer(d, "intervalIterations", path)
+    )
 
 
-def _parallelism(r: "_Reader", v: Any, path: str) -> ParallelismSpec:
+def _parallelism(r: _Reader, v: Any, path: str) -> ParallelismSpec:
     if v is None:
         v = {}
     d = r.mapping(v, path, optional=("tensor", "pipeline", "data", "partition", "nicSelection"))
@@ -395,7 +494,7 @@ def _parallelism(r: "_Reader", v: Any, path: str) -> ParallelismSpec:
     )
 
 
-def _partition(r: "_Reader", v: Any, path: str) -> Partition:
+def _partition(r: _Reader, v: Any, path: str) -> Partition:
     if isinstance(v, str) and v in PARTITION_MODES:
         return v
     if isinstance(v, (list, tuple)):
@@ -410,7 +509,7 @@ def _partition(r: "_Reader", v: Any, path: str) -> Partition:
     return "adaptive"
 
 
-def _nodes(r: "_Reader", v: Any, path: str) -> NodesSpec | None:
+def _nodes(r: _Reader, v: Any, path: str) -> NodesSpec | None:
     d = r.mapping(v, path, required=("count", "gpusPerNode"), optional=("selector", "clusterLabel"))
     if d is None:
         return None
@@ -422,7 +521,7 @@ def _nodes(r: "_Reader", v: Any, path: str) -> NodesSpec | None:
     )
 
 
-def _selector(r: "_Reader", v: Any, path: str) -> LabelSelector | None:
+def _selector(r: _Reader, v: Any, path: str) -> LabelSelector | None:
     if v is None:
         return None
     d = r.mapping(v, path, optional=("matchLabels", "matchExpressions"))
@@ -435,7 +534,10 @@ def _selector(r: "_Reader", v: Any, path: str) -> LabelSelector | None:
     else:
         for k, val in ml.items():
             if not isinstance(k, str) or not isinstance(val, str):
-                r.add(f"{path}.matchLabels.{k}", f"label values must be strings (quote them in YAML), got {_show(val)}")
+                r.add(
+                    f"{path}.matchLabels.{k}",
+                    f"label values must be strings (quote them in YAML), got {_show(val)}",
+                )
             else:
                 labels.append((k, val))
     exprs: list[SelectorRequirement] = []
@@ -462,10 +564,12 @@ def _selector(r: "_Reader", v: Any, path: str) -> LabelSelector | None:
     return LabelSelector(match_labels=tuple(sorted(labels)), match_expressions=tuple(exprs))
 
 
-def _run_policy(r: "_Reader", v: Any, path: str) -> RunPolicy:
+def _run_policy(r: _Reader, v: Any, path: str) -> RunPolicy:
     if v is None:
         v = {}
-    d = r.mapping(v, path, optional=("backoffLimit", "suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds"))
+    d = r.mapping(
+        v, path, optional=("backoffLimit", "suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds")
+    )
     if d is None:
         return RunPolicy()
     return RunPolicy(
@@ -511,8 +615,11 @@ class _Reader:
         unknown = sorted(str(k) for k in v if k not in allowed)
         if unknown:
             known = ", ".join(list(required) + list(optional)) or "no fields"
-            self.add(path, f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-                           f"(known: {known}); remove or fix the spelling")
+            self.add(
+                path,
+                f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                f"(known: {known}); remove or fix the spelling",
+            )
         for k in required:
             if v.get(k) is None:
                 self.add(f"{path}.{k}", "required field is missing")
@@ -527,17 +634,23 @@ class _Reader:
     def integer(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED:
-            return None                     # reported by mapping()
+            return None  # reported by mapping()
         if v is None and default is None:
             return None
         if not _is_int(v) or v < minimum:
             kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-            hint = " (a string: remove the quotes)" if isinstance(v, str) and v.strip().lstrip("-").isdigit() else ""
+            hint = (
+                " (a string: remove the quotes)"
+                if isinstance(v, str) and v.strip().lstrip("-").isdigit()
+                else ""
+            )
             self.add(f"{path}.{key}", f"must be {kind}, got {_show(v)}{hint}")
             return None
         return v
 
-    def number(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED, positive: bool = False) -> Any:
+    def number(
+        self, d: Mapping, key: str, path: str, default: Any = _REQUIRED, positive: bool = False
+    ) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED:
             return None
@@ -550,8 +663,10 @@ class _Reader:
                     hint = " (a string: YAML 1.1 reads 3e-4 as text, write 3.0e-4)"
                 except ValueError:
                     pass
-            self.add(f"{path}.{key}", f"must be a {'positive' if positive else 'non-negative'} number, "
-                                      f"got {_show(v)}{hint}")
+            self.add(
+                f"{path}.{key}",
+                f"must be a {'positive' if positive else 'non-negative'} number, got {_show(v)}{hint}",
+            )
             return None
         return float(v)
 
@@ -587,12 +702,13 @@ class _Reader:
         if v == AUTO:
             return AUTO
         if not _is_int(v) or v < 1:
-            self.add(f"{path}.{key}", f"must be a positive integer or \"auto\", got {_show(v)}")
+            self.add(f"{path}.{key}", f'must be a positive integer or "auto", got {_show(v)}')
             return None
         return v
 
 
 # ---- back to camelCase --------------------------------------------------------------------
+
 
 def camel(name: str) -> str:
     """snake_case field name -> the camelCase key of the manifest (and of the cost-model file)."""
@@ -608,17 +724,26 @@ def _to_camel(obj: Any) -> Any:
         if obj.match_expressions:
             out["matchExpressions"] = [
                 {"key": e.key, "operator": e.operator, **({"values": list(e.values)} if e.values else {})}
-                for e in obj.match_expressions]
+                for e in obj.match_expressions
+            ]
         return out
     if isinstance(obj, DataSpec):
         return {"synthetic": {}} if obj.synthetic else {"path": obj.path}
     if isinstance(obj, JobSpec):
-        return {"model": _to_camel(obj.model), "training": _to_camel(obj.training),
-                "parallelism": _to_camel(obj.parallelism), "nodes": _to_camel(obj.nodes),
-                "template": dict(obj.template), "runPolicy": _to_camel(obj.run_policy)}
+        return {
+            "model": _to_camel(obj.model),
+            "training": _to_camel(obj.training),
+            "parallelism": _to_camel(obj.parallelism),
+            "nodes": _to_camel(obj.nodes),
+            "template": dict(obj.template),
+            "runPolicy": _to_camel(obj.run_policy),
+        }
     if is_dataclass(obj):
-        return {camel(f.name): _to_camel(getattr(obj, f.name))
-                for f in fields(obj) if getattr(obj, f.name) is not None}
+        return {
+            camel(f.name): _to_camel(getattr(obj, f.name))
+            for f in fields(obj)
+            if getattr(obj, f.name) is not None
+        }
     if isinstance(obj, tuple):
         return [_to_camel(x) for x in obj]
     return obj

@@ -1,4 +1,6 @@
-"""Running the operator as a real subprocess against the local cluster (tests and bench)."""
+"""Running the operator as a real subprocess against the local cluster (the tests and bench/
+share it; a harness like the rest of localkube, not part of the holmes package)."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # hack/localkube/this.py -> the repository
 CRD = REPO / "crds" / "holmesjob.yaml"
 # The default topology advertises some RDMA nodes through NFD labels only, which cannot tell
 # InfiniBand from RoCE: tell the operator what the admin knows about each cluster.
@@ -32,14 +34,33 @@ def fake_gpu_node(i: int) -> dict:
     if nic != "ethernet":
         alloc[f"rdma/fake_{nic}"] = "1k"
     name = f"fake-{i:04d}"
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "holmes.dev/fake": "1",
-                                                  "holmes.dev/nic": nic, "holmes.dev/nic-gbps": str(gbps),
-                                                  "holmes.dev/cluster": cluster}},
-            "spec": {"taints": [{"key": "holmes.dev/fake", "value": "1", "effect": "NoSchedule"}]},
-            "status": {"capacity": alloc, "allocatable": alloc,
-                       "conditions": [{"type": "Ready", "status": "True", "reason": "Fake",
-                                       "message": "registered through the API; no agent runs its pods"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "holmes.dev/fake": "1",
+                "holmes.dev/nic": nic,
+                "holmes.dev/nic-gbps": str(gbps),
+                "holmes.dev/cluster": cluster,
+            },
+        },
+        "spec": {"taints": [{"key": "holmes.dev/fake", "value": "1", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": alloc,
+            "allocatable": alloc,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Fake",
+                    "message": "registered through the API; no agent runs its pods",
+                }
+            ],
+        },
+    }
 
 
 def free_port() -> int:
@@ -62,14 +83,28 @@ class OperatorProcess:
         self.metrics_port, self.liveness_port = free_port(), free_port()
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60) -> "OperatorProcess":
+    def start(self, timeout: float = 60) -> OperatorProcess:
         scope = [f"--namespace={n}" for n in self.namespaces] if self.namespaces else ["--all-namespaces"]
-        cmd = [sys.executable, "-m", "holmes.operator", f"--kubeconfig={self.kubeconfig}", *scope,
-               f"--metrics-port={self.metrics_port}", f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
-               *[f"--cluster-rdma-kind={k}" for k in RDMA_KINDS], f"--port-range={PORT_RANGE}", *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "holmes.operator",
+            f"--kubeconfig={self.kubeconfig}",
+            *scope,
+            f"--metrics-port={self.metrics_port}",
+            f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
+            *[f"--cluster-rdma-kind={k}" for k in RDMA_KINDS],
+            f"--port-range={PORT_RANGE}",
+            *self.extra,
+        ]
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:

@@ -1,0 +1,10 @@
+"""What the operator, the planner and the trainer share, and nothing else: the HolmesJob spec
+(:func:`load_job`), the Layout the planner hands the trainer, parameter and FLOP counts, and
+the API's names and label keys. Imports only the standard library and PyYAML; nothing in
+Holmes imports the other way (tests/test_import_directions.py)."""
+
+from .flops import ModelCost
+from .jobspec import JobSpec, ModelSpec, SpecError, load_job
+from .layout import Layout, LayoutError
+
+__all__ = ["JobSpec", "Layout", "LayoutError", "ModelCost", "ModelSpec", "SpecError", "load_job"]

@@ -1,0 +1,86 @@
+"""The dependency table of README.md, enforced: every import in each product package (module
+level or inside a function) stays within what its row allows. Parsed, not imported, so a
+lazy import inside a function counts too."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STDLIB = set(sys.stdlib_module_names)
+
+# package folder -> (allowed top-level third-party modules, allowed holmes subpackages)
+RULES = {
+    "contract/holmes/contract": ({"yaml"}, {"contract"}),
+    "operator/holmes/plan": ({"yaml"}, {"contract", "plan"}),
+    "operator/holmes/labeller": ({"kubernetes"}, {"contract", "plan", "labeller"}),
+    "operator/holmes/operator": (
+        {"kopf", "kubernetes", "prometheus_client", "yaml"},
+        {"contract", "plan", "operator"},
+    ),
+    "trainer/holmes/trainer": (
+        {"torch", "numpy", "prometheus_client", "tokenizers"},
+        {"contract", "trainer"},
+    ),
+}
+CLI = REPO / "operator/holmes/cli.py"  # `holmes plan`: the planner, plus the client for --kubeconfig
+CLI_RULE = ({"kubernetes", "yaml"}, {"contract", "plan"})
+
+
+def package_of(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).parts[1:-1])  # e.g. holmes.plan
+
+
+def imports(path: Path, package: str) -> list[tuple[int, str]]:
+    """(line, absolute dotted name) of every import in the file; relative ones resolved."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                out.append((node.lineno, ".".join(base + ([node.module] if node.module else []))))
+            else:
+                out.append((node.lineno, node.module))
+    return out
+
+
+def violations(path: Path, rule: tuple[set[str], set[str]], package: str | None = None) -> list[str]:
+    third_party, holmes = rule
+    bad = []
+    for line, name in imports(path, package or package_of(path)):
+        top = name.split(".")[0]
+        if top == "holmes":
+            sub = name.split(".")[1] if "." in name else ""
+            if sub not in holmes:
+                bad.append(f"{path.name}:{line}: imports {name}")
+        elif top not in STDLIB and top != "__future__" and top not in third_party:
+            bad.append(f"{path.name}:{line}: imports {name}")
+    return bad
+
+
+@pytest.mark.parametrize("folder", sorted(RULES))
+def test_package_imports_only_what_its_row_allows(folder):
+    files = sorted((REPO / folder).rglob("*.py"))
+    assert files, f"{folder} holds no Python files"
+    bad = [v for f in files for v in violations(f, RULES[folder])]
+    assert not bad, "imports against the dependency table (README.md):\n" + "\n".join(bad)
+
+
+def test_cli_imports_only_the_planner_and_the_contract():
+    assert not violations(CLI, CLI_RULE)
+
+
+def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
+    """A checker that misses a function-level import or a relative one could never fail."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "def f():\n    import torch\n    from ..operator import kube\n    from . import costmodel\n"
+    )
+    found = violations(probe, RULES["operator/holmes/plan"], package="holmes.plan")
+    assert found == ["probe.py:2: imports torch", "probe.py:3: imports holmes.operator"]
