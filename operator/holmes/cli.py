@@ -131,11 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     pl = sub.add_parser("plan", help="print the layout Holmes would run for a job on some nodes")
     pl.add_argument(
-        "--nodes", help="YAML: a v1 List of Nodes (kubectl get nodes -o yaml) or a list of Node objects"
+        "--nodes",
+        help="YAML or JSON: a v1 List of Nodes (kubectl get nodes -o json loads fastest) or Node objects",
     )
     pl.add_argument("--kubeconfig", help="read the nodes from this cluster instead of --nodes")
     pl.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
-    pl.add_argument("--job", help="YAML: a HolmesJob manifest (required unless --print-config)")
+    pl.add_argument("--job", help="YAML or JSON: a HolmesJob manifest (required unless --print-config)")
     pl.add_argument(
         "--config",
         metavar="COSTMODEL.yaml",
