@@ -14,16 +14,8 @@ reads it back):
   start-up does not relaunch in a tight loop. Phase Restarting meanwhile; suspend, deletion and
   the deadline act at once, and a spec edit (other than runPolicy) ends the wait.
 
-Lost nodes: a pod of the current attempt that is still Pending on a planned node that was
-deleted, is NotReady or is cordoned can never start there, so the attempt fails like a failed
-pod (gang restart, re-planned on the nodes usable now). Running pods on a node that goes
-NotReady are left to Kubernetes: the node lifecycle controller evicts them, and the failed or
-vanished pod then fails the attempt as usual.
-
-Spec edits: runPolicy takes effect at once; ``model`` is immutable once an attempt has been
-launched (Stalled, the running attempt is left alone); any other change of an active job
-relaunches it as a new attempt (reason SpecChanged, not counted in restarts). Edits to a
-finished job have no effect. While the spec is invalid the operator only updates the status.
+What each situation leads to (gang restart, lost nodes, back-off, suspend, spec edits, TTL,
+deadline) is the reconcile-rule table of docs/api.md, kept in one place.
 """
 
 from __future__ import annotations
