@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from holmes.contract.flops import ModelCost, tflops_per_gpu
-from holmes.contract.jobspec import AUTO, JobSpec, SpecError
+from holmes.contract.jobspec import AUTO, JobSpec, SpecError, load_job
 from holmes.contract.layout import GroupFamily, Layout, Stage
 
 from . import partition as parts_mod
@@ -55,11 +55,8 @@ class InsufficientNodes(PlanError):
 
 
 def as_job(job: JobSpec | Mapping[str, Any]) -> JobSpec:
-    if isinstance(job, JobSpec):
-        return job
-    if isinstance(job, Mapping) and ("apiVersion" in job or "kind" in job):
-        return JobSpec.from_manifest(job)
-    return JobSpec.from_spec(job)
+    """A JobSpec as is; a manifest or spec mapping through the contract's one parser."""
+    return job if isinstance(job, JobSpec) else load_job(job)
 
 
 def for_job(cfg: CostModelConfig, job: JobSpec) -> CostModelConfig:
