@@ -25,6 +25,7 @@ def layout(pipeline: int, data: int, split: list[int], mb: int, micro_batches: i
         Stage(i, (bounds[i], bounds[i + 1]), "bench/ethernet", "ethernet", "Socket") for i in range(pipeline)
     )
     groups = tuple(GroupFamily("dp", "Socket", s) for s in range(pipeline)) + (GroupFamily("pp", "Socket"),)
+    groups += tuple(GroupFamily("p2p", "Socket", b) for b in range(pipeline - 1))
     world = pipeline * data
     return Layout(
         tensor=1,

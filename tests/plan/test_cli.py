@@ -22,7 +22,7 @@ def test_plan_prints_table_and_compare_ratio(capsys):
 def test_plan_json_is_a_layout(capsys):
     assert main(["plan", "--nodes", NODES, "--job", JOB, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["worldSize"] == 64 and doc["version"] == 1
+    assert doc["worldSize"] == 64 and doc["version"] == 2 and doc["worldNet"] == "Socket"
     assert main(["plan", "--nodes", NODES, "--job", JOB, "--json", "--compare"]) == 0
     both = json.loads(capsys.readouterr().out)
     assert both["speedup"] > 1 and both["megatronDefault"]["worldSize"] == 64

@@ -16,7 +16,12 @@ def two_stage_layout(**kw) -> Layout:
             Stage(0, (0, 5), "east/infiniband", "infiniband", "IB"),
             Stage(1, (5, 8), "west/roce", "roce", "IB"),
         ),
-        groups=(GroupFamily("dp", "IB", 0), GroupFamily("dp", "IB", 1), GroupFamily("pp", "Socket")),
+        groups=(
+            GroupFamily("dp", "IB", 0),
+            GroupFamily("dp", "IB", 1),
+            GroupFamily("pp", "Socket"),
+            GroupFamily("p2p", "Socket", 0),
+        ),
         micro_batch_size=2,
         micro_batches=4,
     )
@@ -34,6 +39,45 @@ def test_rank_numbering_follows_torchrun_and_stage_blocks():
     pp = [g.ranks for g in lay.process_groups("pp")]
     assert pp == [(0, 4), (1, 5), (2, 6), (3, 7)]
     assert lay.groups_of(6)["dp"].ranks == (4, 5, 6, 7)
+    assert [g.ranks for g in lay.process_groups("p2p")] == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert {b: g.ranks for b, g in lay.p2p_groups_of(5).items()} == {0: (1, 5)}
+
+
+def test_one_p2p_group_per_boundary_with_its_own_net():
+    """Three stages, the first two on one IB island: boundary 0 on IB, boundary 1 on sockets."""
+    lay = two_stage_layout(
+        pipeline=3,
+        data=1,
+        gpus_per_node=1,
+        nodes=("ib-0", "ib-1", "roce-0"),
+        stages=(
+            Stage(0, (0, 3), "east/infiniband", "infiniband", "IB"),
+            Stage(1, (3, 6), "east/infiniband", "infiniband", "IB"),
+            Stage(2, (6, 8), "west/roce", "roce", "IB"),
+        ),
+        groups=(GroupFamily("pp", "Socket"), GroupFamily("p2p", "IB", 0), GroupFamily("p2p", "Socket", 1)),
+    )
+    assert {b: (g.ranks, g.net) for b, g in lay.p2p_groups_of(1).items()} == {
+        0: ((0, 1), "IB"),
+        1: ((1, 2), "Socket"),
+    }
+    with pytest.raises(LayoutError, match="one p2p group family per stage boundary 0..1"):
+        two_stage_layout(
+            **{**lay.__dict__, "groups": (GroupFamily("pp", "Socket"), GroupFamily("p2p", "IB", 0))}
+        )
+
+
+def test_version_1_layouts_are_still_read():
+    """Written by an older operator: no worldNet (Socket), no p2p groups (pipeline on pp)."""
+    d = two_stage_layout().to_dict()
+    d["version"] = 1
+    del d["worldNet"]
+    d["groups"] = [g for g in d["groups"] if g["kind"] != "p2p"]
+    lay = Layout.from_dict(d)
+    assert lay.world_net == "Socket" and not list(lay.process_groups("p2p"))
+    d["version"] = 3
+    with pytest.raises(LayoutError, match="version 3 is not supported"):
+        Layout.from_dict(d)
 
 
 def test_json_round_trip_is_lossless():

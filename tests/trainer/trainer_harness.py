@@ -60,6 +60,7 @@ def make_layout(
         for i in range(pipeline)
     )
     groups = tuple(GroupFamily("dp", "IB", s) for s in range(pipeline)) + (GroupFamily("pp", "Socket"),)
+    groups += tuple(GroupFamily("p2p", "Socket", b) for b in range(pipeline - 1))
     if embedding:
         groups += (GroupFamily("embedding", "Socket"),)
     return Layout(

@@ -16,10 +16,19 @@ Process groups (``groups`` in JSON holds one *family* per kind and stage; expand
 :meth:`Layout.process_groups`):
 - ``dp`` of stage s: for each tp index t, ranks ``s*D*T + t + k*T`` for k < D.
 - ``tp`` of stage s: for each dp index d, ranks ``s*D*T + d*T + t`` for t < T.
-- ``pp``: for each j < D*T, ranks ``s*D*T + j`` for s < P (one group spans all stages).
+- ``pp``: for each j < D*T, ranks ``s*D*T + j`` for s < P (one group spans all stages): the
+  pipeline's bookkeeping (stage numbering); its traffic goes over the ``p2p`` groups.
+- ``p2p`` of boundary b (between stages b and b+1, version 2): for each j < D*T, the ranks
+  ``(b*D*T + j, (b+1)*D*T + j)``: one group per stage boundary, so a boundary inside one RDMA
+  island uses IB even when another boundary crosses islands on sockets.
 - ``embedding``: first and last stage ranks of each pp group (tied embeddings, P > 1).
 
 ``net`` is the NCCL network of a group: ``IB`` (InfiniBand and RoCE) or ``Socket``.
+``worldNet`` (version 2) is the network of the world group, which carries the control-plane
+collectives (loss and grad-norm reduction, the resume decision, checkpoint coordination): IB
+only when every rank is on one RDMA island, else Socket, so one communicator never mixes ranks
+that would pick different transports. Version 1 documents (no ``worldNet``, no ``p2p``) are
+still read: their world is Socket and their pipeline traffic stays on the ``pp`` groups.
 """
 
 from __future__ import annotations
@@ -29,10 +38,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 NIC_KINDS = ("infiniband", "roce", "ethernet")
 NETS = ("IB", "Socket")
-GROUP_KINDS = ("dp", "tp", "pp", "embedding")
+GROUP_KINDS = ("dp", "tp", "pp", "p2p", "embedding")
 
 
 class LayoutError(ValueError):
@@ -55,9 +65,9 @@ class Stage:
 
 @dataclass(frozen=True)
 class GroupFamily:
-    kind: str  # dp | tp | pp | embedding
+    kind: str  # dp | tp | pp | p2p | embedding
     net: str  # IB | Socket
-    stage: int | None = None  # dp/tp families are per stage; pp/embedding span stages
+    stage: int | None = None  # dp/tp: the stage; p2p: the boundary after this stage; pp/embedding: None
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,7 @@ class Layout:
     estimate: dict[str, Any] = field(default_factory=dict)
     explanation: tuple[str, ...] = ()
     version: int = LAYOUT_VERSION
+    world_net: str = "Socket"  # the world group's network (control-plane collectives)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -146,19 +157,29 @@ class Layout:
             elif fam.kind == "pp":
                 for j in range(n):
                     yield ProcessGroup("pp", tuple(j + s * n for s in range(P)), fam.net)
+            elif fam.kind == "p2p":
+                for j in range(n):
+                    yield ProcessGroup(
+                        "p2p", (fam.stage * n + j, (fam.stage + 1) * n + j), fam.net, fam.stage
+                    )
             elif fam.kind == "embedding":
                 for j in range(n):
                     yield ProcessGroup("embedding", (j, j + (P - 1) * n), fam.net)
 
     def groups_of(self, rank: int) -> dict[str, ProcessGroup]:
-        """The groups this rank belongs to, by kind."""
-        return {g.kind: g for g in self.process_groups() if rank in g.ranks}
+        """The groups this rank belongs to, by kind (p2p: see :meth:`p2p_groups_of`)."""
+        return {g.kind: g for g in self.process_groups() if rank in g.ranks and g.kind != "p2p"}
+
+    def p2p_groups_of(self, rank: int) -> dict[int, ProcessGroup]:
+        """This rank's stage-boundary groups by boundary (up to two: before and after its stage)."""
+        return {g.stage: g for g in self.process_groups("p2p") if rank in g.ranks}
 
     # ---- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,
             "worldSize": self.world_size,
+            "worldNet": self.world_net,
             "tensor": self.tensor,
             "pipeline": self.pipeline,
             "data": self.data,
@@ -193,9 +214,10 @@ class Layout:
         if not isinstance(d, dict):
             raise LayoutError("layout must be a JSON object")
         version = d.get("version")
-        if version != LAYOUT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise LayoutError(
-                f"layout version {version!r} is not supported (this build reads version {LAYOUT_VERSION})"
+                f"layout version {version!r} is not supported (this build reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}): plan the job again with this Holmes"
             )
         try:
             stages = tuple(
@@ -225,6 +247,7 @@ class Layout:
                 estimate=dict(d.get("estimate", {})),
                 explanation=tuple(d.get("explanation", ())),
                 version=version,
+                world_net=str(d["worldNet"]) if version >= 2 else "Socket",
             )
         except KeyError as e:
             raise LayoutError(f"layout is missing the field {e.args[0]!r}") from None
@@ -281,6 +304,10 @@ def validate(layout: Layout) -> None:
             raise LayoutError(f"stage {i} nic {s.nic!r} is not one of {', '.join(NIC_KINDS)}")
         if s.dp_net not in NETS:
             raise LayoutError(f"stage {i} dpNet {s.dp_net!r} is not one of {', '.join(NETS)}")
+    if layout.world_net not in NETS:
+        raise LayoutError(f"worldNet {layout.world_net!r} is not one of {', '.join(NETS)}")
+    if layout.version < 2 and any(g.kind == "p2p" for g in layout.groups):
+        raise LayoutError("group kind p2p needs layout version 2")
     for g in layout.groups:
         if g.kind not in GROUP_KINDS:
             raise LayoutError(f"group kind {g.kind!r} is not one of {', '.join(GROUP_KINDS)}")
@@ -288,8 +315,17 @@ def validate(layout: Layout) -> None:
             raise LayoutError(f"group {g.kind} net {g.net!r} is not one of {', '.join(NETS)}")
         if g.kind in ("dp", "tp") and (g.stage is None or not 0 <= g.stage < P):
             raise LayoutError(f"group {g.kind} needs a stage in [0, {P}), got {g.stage!r}")
+        if g.kind == "p2p" and (g.stage is None or not 0 <= g.stage < P - 1):
+            raise LayoutError(f"group p2p needs a boundary stage in [0, {P - 1}), got {g.stage!r}")
         if g.kind == "embedding" and P == 1:
             raise LayoutError(
                 "group embedding needs pipeline > 1: with one stage the first and last "
                 "stage are the same ranks, the tied embedding is one tensor"
+            )
+    if layout.version >= 2:
+        boundaries = sorted(g.stage for g in layout.groups if g.kind == "p2p")
+        if boundaries != list(range(P - 1)):
+            raise LayoutError(
+                f"a version-2 layout needs one p2p group family per stage boundary 0..{P - 2}, "
+                f"got boundaries {boundaries}"
             )

@@ -43,7 +43,7 @@ from .costmodel import (
     refine_partition,
 )
 from .discovery import NodeNic, classify_nodes, why_unusable
-from .topology import SOCKET_NET, NodeSet, group_bandwidth_gbps, islands_of, merge, summarize
+from .topology import NodeSet, group_bandwidth_gbps, islands_of, merge, summarize
 
 
 class PlanError(ValueError):
@@ -263,6 +263,8 @@ class Candidate:
     pp_net: str
     emb_net: str | None
     costs: list[StageCost]
+    world_net: str  # the world group's net (control-plane collectives)
+    p2p_nets: tuple[str, ...]  # per stage boundary
 
     def key(self, order_index: int) -> tuple:
         return (round(self.seconds, 9), self.degrees.pipeline, self.degrees.tensor, order_index)
@@ -294,6 +296,9 @@ def _evaluate(
     for s in sets[1:]:
         everything = merge(everything, s)
     pp_net = everything.net if P > 1 else sets[0].net
+    world_net = everything.net  # the control-plane collectives span every rank
+    # each stage boundary on its own group: IB when both stages share one RDMA island
+    p2p_nets = tuple(merge(sets[s], sets[s + 1]).net for s in range(P - 1))
     tied = model.tied and P > 1
     ends = merge(sets[0], sets[-1])  # the embedding group's nodes (tied, P > 1)
     emb_net = ends.net if tied else None
@@ -307,9 +312,7 @@ def _evaluate(
             boundary.append(act / T / nvlink)
         else:
             pair = merge(sets[s], sets[s + 1])
-            bw = group_bandwidth_gbps(
-                pair, cfg.fabric, pp_net if pp_net == SOCKET_NET or pair.rdma_island else SOCKET_NET
-            )
+            bw = group_bandwidth_gbps(pair, cfg.fabric, p2p_nets[s])
             boundary.append(ranks_on_node / T * act / (bw * GBIT))
     emb_sync = 0.0
     if tied:
@@ -352,7 +355,20 @@ def _evaluate(
             f"more than {cfg.memory_headroom:.0%} of {cfg.gpu_memory_gib:g} GiB"
         )
     seconds, stages = estimate_pipeline(costs, layers)
-    return Candidate(seconds, deg, tuple(nodes), sets, stage_nodes, layers, stages, pp_net, emb_net, costs)
+    return Candidate(
+        seconds,
+        deg,
+        tuple(nodes),
+        sets,
+        stage_nodes,
+        layers,
+        stages,
+        pp_net,
+        emb_net,
+        costs,
+        world_net,
+        p2p_nets,
+    )
 
 
 def search(
@@ -454,6 +470,7 @@ def to_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
     for s, st in enumerate(c.stage_sets):
         groups.append(GroupFamily("tp", st.net, s))
     groups.append(GroupFamily("pp", c.pp_net))
+    groups += [GroupFamily("p2p", net, b) for b, net in enumerate(c.p2p_nets)]
     if c.emb_net is not None:
         groups.append(GroupFamily("embedding", c.emb_net))
     world = d.tensor * d.pipeline * d.data
@@ -504,6 +521,7 @@ def to_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
         micro_batch_size=job.training.micro_batch_size,
         micro_batches=d.micro_batches,
         estimate=estimate,
+        world_net=c.world_net,
     )
 
 

@@ -23,7 +23,6 @@ import os
 import sys
 import traceback
 from dataclasses import replace
-from datetime import timedelta
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import CheckpointConfig, TrainConfig, TrainerConfigError
     from .engine import Trainer
+    from .groups import init_world
     from .metrics import MetricsSink
 
     cuda = torch.cuda.is_available()
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     code = 0
     try:
-        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_seconds))
+        init_world(layout, backend, cfg.timeout_seconds)
         Trainer(cfg, layout, rank=rank, device=device, backend=backend, sink=sink).train()
     except Exception as e:  # every rank says why it stopped; the launcher sees a non-zero exit
         msg = f"{type(e).__name__}: {e}"

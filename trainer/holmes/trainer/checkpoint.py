@@ -64,11 +64,14 @@ def rng_state(rank: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def save(root: str, iteration: int, state: dict[str, Any], rank: int, meta: dict[str, Any]) -> str:
-    """Collective: every rank calls it with its own state; returns the directory."""
+def save(
+    root: str, iteration: int, state: dict[str, Any], rank: int, meta: dict[str, Any], group: Any = None
+) -> str:
+    """Collective over ``group`` (the world group, on the Layout's worldNet): every rank calls it
+    with its own state; returns the directory."""
     path = iteration_dir(root, iteration)
-    dcp.save(state, checkpoint_id=path)
-    dist.barrier()
+    dcp.save(state, checkpoint_id=path, process_group=group)
+    dist.barrier(group=group)
     if rank == 0:
         tmp = os.path.join(path, MARKER + ".tmp")
         with open(tmp, "w") as f:
@@ -76,12 +79,15 @@ def save(root: str, iteration: int, state: dict[str, Any], rank: int, meta: dict
             f.flush()
             os.fsync(f.fileno())  # the data before the rename that publishes it
         os.replace(tmp, os.path.join(path, MARKER))
-    dist.barrier()
+    dist.barrier(group=group)
     return path
 
 
-def load(root: str, iteration: int, state: dict[str, Any], expect_meta: dict[str, Any]) -> dict[str, Any]:
-    """Collective: fill ``state``'s tensors in place from the checkpoint; returns its marker."""
+def load(
+    root: str, iteration: int, state: dict[str, Any], expect_meta: dict[str, Any], group: Any = None
+) -> dict[str, Any]:
+    """Collective over ``group``: fill ``state``'s tensors in place from the checkpoint; returns
+    its marker."""
     path = iteration_dir(root, iteration)
     meta = _read_marker(path)
     if meta is None:
@@ -93,7 +99,7 @@ def load(root: str, iteration: int, state: dict[str, Any], expect_meta: dict[str
                 f"has {key}={want!r}; resume with the same layout, or start in a new "
                 "checkpoint directory"
             )
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(state, checkpoint_id=path, process_group=group)
     return meta
 
 

@@ -23,7 +23,6 @@ With ``overlap=False`` the same collectives run synchronously in the same order:
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .config import OptimizerConfig
+from .timing import Stopwatch
 
 
 @dataclass
@@ -58,12 +58,19 @@ class _Bucket:
 
 @dataclass
 class CommTimes:
-    grad_wait: float = 0.0  # waiting for reduce-scatters after backward
-    param_wait: float = 0.0  # waiting for all-gathers in forward pre-hooks
-    embedding: float = 0.0  # tied-embedding all-reduce
+    """Exposed communication of one iteration, by what it waited for (see timing.Stopwatch)."""
+
+    grad_wait: Stopwatch  # waiting for reduce-scatters after backward
+    param_wait: Stopwatch  # waiting for all-gathers in forward pre-hooks (or inside step when synchronous)
+    embedding: Stopwatch  # tied-embedding all-reduce
+
+    @classmethod
+    def on(cls, device: torch.device) -> CommTimes:
+        return cls(Stopwatch(device), Stopwatch(device), Stopwatch(device))
 
     def reset(self) -> None:
-        self.grad_wait = self.param_wait = self.embedding = 0.0
+        for w in (self.grad_wait, self.param_wait, self.embedding):
+            w.reset()
 
 
 class DistributedOptimizer:
@@ -81,12 +88,9 @@ class DistributedOptimizer:
         embedding_group: Any = None,
         tied_param_name: str | None = None,
         tied_in_norm: bool = True,
-        sync: Callable[[], None] = lambda: None,
     ):
         self.cfg, self.dp_group, self.D, self.r = cfg, dp_group, dp_size, dp_rank
         self.M, self.overlap, self.embedding_group = micro_batches, overlap, embedding_group
-        self.sync = sync  # device sync for honest timing (cuda.synchronize on GPU)
-        self.times = CommTimes()
         self.step_count = 0
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
@@ -96,6 +100,7 @@ class DistributedOptimizer:
         self.params = [p for _, p in named]
         self.dtype = self.params[0].dtype
         device = self.params[0].device
+        self.times = CommTimes.on(device)
         self.grad_scale = 1.0 / (micro_batches * dp_size)
 
         # ---- buckets (the tied embedding gets a bucket of its own) -----------------------
@@ -227,21 +232,18 @@ class DistributedOptimizer:
                 + (" ..." if len(missing) > 8 else "")
                 + ". Every parameter must take part in the loss (or set requires_grad=False)."
             )
-        t0, t_emb = time.perf_counter(), 0.0
         for b in self.buckets:
             if b.deferred:  # tied embedding: sum both copies first
-                te = time.perf_counter()
-                dist.all_reduce(self.grad_buffer[b.start : b.start + b.size], group=self.embedding_group)
-                t_emb += time.perf_counter() - te
+                with self.times.embedding.span():
+                    dist.all_reduce(self.grad_buffer[b.start : b.start + b.size], group=self.embedding_group)
             if not b.launched:
-                self._launch_reduce(b, async_op=False)
-        for b in self.buckets:
-            if b.grad_work is not None:
-                b.grad_work.wait()
-                b.grad_work = None
-        self.sync()
-        self.times.embedding += t_emb
-        self.times.grad_wait += time.perf_counter() - t0 - t_emb
+                with self.times.grad_wait.span():
+                    self._launch_reduce(b, async_op=False)
+        with self.times.grad_wait.span():  # the stream waits; the host does not
+            for b in self.buckets:
+                if b.grad_work is not None:
+                    b.grad_work.wait()
+                    b.grad_work = None
 
     def local_grad_sq(self) -> torch.Tensor:
         """Sum of squares of this rank's reduced gradient shards (the tied copy counted once)."""
@@ -278,30 +280,28 @@ class DistributedOptimizer:
         self._gather_params()
 
     def _gather_params(self) -> None:
-        t0 = time.perf_counter()
+        """Launch every bucket's all-gather. Overlapped: left in flight, each waited on by the
+        forward pre-hook of the first module that needs it; synchronous: exposed here."""
         for b in reversed(self.buckets):  # forward order is reverse bucket order
             src = b.master if b.gather_src is None else b.gather_src.copy_(b.master)
             if self.D == 1:
                 self.param_buffer[b.shard].copy_(src)
                 continue
             out = self.param_buffer[b.start : b.start + b.size]
-            b.gather_work = dist.all_gather_single(out, src, group=self.dp_group, async_op=self.overlap)
-            if not self.overlap:
-                b.gather_work = None
-        if not self.overlap and self.D > 1:  # synchronous gathers are exposed communication
-            self.sync()
-            self.times.param_wait += time.perf_counter() - t0
+            if self.overlap:
+                b.gather_work = dist.all_gather_single(out, src, group=self.dp_group, async_op=True)
+            else:
+                with self.times.param_wait.span():
+                    dist.all_gather_single(out, src, group=self.dp_group)
 
     def _make_gather_wait(self, ids: list[int]) -> Callable[..., None]:
         def pre_hook(module: nn.Module, args: Any) -> None:
             for i in ids:
                 b = self.buckets[i]
                 if b.gather_work is not None:
-                    t0 = time.perf_counter()
-                    b.gather_work.wait()
+                    with self.times.param_wait.span():
+                        b.gather_work.wait()
                     b.gather_work = None
-                    self.sync()
-                    self.times.param_wait += time.perf_counter() - t0
 
         return pre_hook
 

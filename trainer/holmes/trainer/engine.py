@@ -85,7 +85,6 @@ class Trainer:
             recompute=cfg.activation_recompute,
             dtype=cfg.dtype,
         )
-        self.sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         tied_name = None
         if tied_split:
             tied_name = "embedding.tok.weight" if self.first else TIED_COPY
@@ -101,7 +100,6 @@ class Trainer:
             embedding_group=self.groups.embedding if tied_split else None,
             tied_param_name=tied_name,
             tied_in_norm=self.first,
-            sync=self.sync,
         )
         self.runner = MicroBatchRunner(
             self.module,
@@ -113,7 +111,7 @@ class Trainer:
             micro_batch_size=layout.micro_batch_size,
             device=device,
             pp_group=self.groups.pp,
-            sync=self.sync,
+            p2p_groups=self.groups.p2p,
         )
         self.loader = None
         if self.first or self.last:
@@ -153,6 +151,7 @@ class Trainer:
                 "layout": layout_signature(self.layout),
                 "consumedSamples": self.iteration * self.cfg.global_batch_size,
             },
+            group=self.groups.world,
         )
         self.sink.emit(
             "checkpoint", iteration=self.iteration, path=path, seconds=round(time.perf_counter() - t0, 3)
@@ -167,13 +166,15 @@ class Trainer:
             dtype=torch.long,
             device=self.device,
         )
-        dist.broadcast(found, src=0)  # rank 0 decides, so all ranks load the same one
+        dist.broadcast(found, src=0, group=self.groups.world)  # rank 0 decides: all load the same one
         iteration = int(found.item())
         if iteration < 0:
             return
         self.opt.wait_param_gathers()
         state = self._state()
-        checkpoint.load(root, iteration, state, {"layout": layout_signature(self.layout)})
+        checkpoint.load(
+            root, iteration, state, {"layout": layout_signature(self.layout)}, group=self.groups.world
+        )
         self.opt.loaded(state, self._opt_prefix())
         checkpoint.restore_rng(state, self.rank)
         self.iteration = iteration
@@ -196,14 +197,13 @@ class Trainer:
 
         t1 = time.perf_counter()
         loss_sum = self.runner.run(inputs, targets)
-        self.sync()
         t_sched = time.perf_counter() - t1
 
         self.opt.finish_grad_sync()
         t2 = time.perf_counter()
         loss_part = (loss_sum / (M * D)) if loss_sum is not None else torch.zeros((), device=self.device)
         red = torch.stack([self.opt.local_grad_sq(), loss_part.to(torch.float32)])
-        dist.all_reduce(red)  # every rank: global grad norm and mean loss
+        dist.all_reduce(red, group=self.groups.world)  # every rank: global grad norm and mean loss
         grad_norm, loss = math.sqrt(float(red[0])), float(red[1])
         t_norm = time.perf_counter() - t2
         if not (math.isfinite(grad_norm) and math.isfinite(loss)):
@@ -215,18 +215,20 @@ class Trainer:
         coef = min(1.0, clip / (grad_norm + 1e-6)) if clip > 0 else 1.0
 
         t3 = time.perf_counter()
+        # Queued, not waited for: the GPU runs the update and the all-gathers while the host
+        # goes on to the next iteration (the forward pre-hooks wait for each gather).
         self.opt.step(lr, coef)
-        self.sync()
         t_step = time.perf_counter() - t3
         self.iteration += 1
         seconds = time.perf_counter() - t0
 
         times = self.opt.times
-        compute = max(0.0, self.runner.compute - times.param_wait)
-        exposed = times.grad_wait + times.param_wait + times.embedding + t_norm
+        param_wait, run_compute = times.param_wait.seconds(), self.runner.compute
+        compute = max(0.0, run_compute - param_wait)
+        exposed = times.grad_wait.seconds() + param_wait + times.embedding.seconds() + t_norm
         if not cfg.overlap:  # synchronous all-gathers ran inside step
-            t_step = max(0.0, t_step - times.param_wait)
-        bubble = max(0.0, t_sched - self.runner.compute)
+            t_step = max(0.0, t_step - param_wait)
+        bubble = max(0.0, t_sched - run_compute)
         record = {
             "iteration": self.iteration,
             "loss": loss,
@@ -263,6 +265,7 @@ class Trainer:
             activationRecompute=cfg.activation_recompute,
             flopsFormula=flops.formula_name(cfg.activation_recompute),
             device=str(self.device),
+            groups=self.groups.created,  # this rank's communicators, the world group first
         )
         every = cfg.checkpoint.interval
         while self.iteration < cfg.iterations:

@@ -1,7 +1,9 @@
 """Process groups from the Layout, each on the NCCL network the planner chose for it.
 
 Every rank creates every group of ``layout.process_groups()`` in the Layout's order (torch
-requires all ranks to take part in each ``new_group``), keeping the ones it belongs to. On NCCL a
+requires all ranks to take part in each ``new_group``), keeping the ones it belongs to. Every
+collective the trainer runs names one of these groups or the world group, whose network is
+the Layout's ``worldNet`` (tests/trainer/test_trainer_groups.py records them). On NCCL a
 group gets ``ProcessGroupNCCL.Options().config.net_name`` = the group's ``net`` ("IB" or
 "Socket"), so a DP group inside an InfiniBand island uses IB while a pipeline group crossing
 islands uses sockets; gloo takes no options, the same code path builds plain groups.
@@ -9,7 +11,7 @@ islands uses sockets; gloo takes no options, the same code path builds plain gro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -21,11 +23,17 @@ from holmes.contract.layout import Layout
 @dataclass
 class RankGroups:
     """The groups one rank belongs to (None where the kind does not exist for it, or where the
-    group would have one member: that needs no communicator)."""
+    group would have one member: that needs no communicator). ``world`` is the default group
+    (created by init_process_group with the Layout's ``worldNet``): the control plane.
+    ``p2p`` maps each stage boundary this rank sits on to its group. ``created`` describes every
+    group this process built, for the ``start`` line: kind, size, backend, net."""
 
     dp: Any
     pp: Any
     embedding: Any
+    p2p: dict[int, Any] = field(default_factory=dict)
+    world: Any = None
+    created: list[dict[str, Any]] = field(default_factory=list)
 
 
 def group_options(backend: str, net: str) -> Any:
@@ -39,12 +47,24 @@ def group_options(backend: str, net: str) -> Any:
     return opts
 
 
+def init_world(layout: Layout, backend: str, timeout_s: float) -> None:
+    """init_process_group on the Layout's world network: the control-plane collectives (loss and
+    grad-norm reduction, the resume decision, checkpoint coordination) run on this group, and
+    one communicator must not mix ranks that would pick different transports."""
+    dist.init_process_group(
+        backend, timeout=timedelta(seconds=timeout_s), pg_options=group_options(backend, layout.world_net)
+    )
+
+
 def build_groups(
     layout: Layout, rank: int, backend: str, timeout_s: float, need_embedding: bool = False
 ) -> RankGroups:
     timeout = timedelta(seconds=timeout_s)
     mine: dict[str, Any] = {}
-    specs = [g for g in layout.process_groups() if g.kind in ("dp", "pp")]
+    p2p: dict[int, Any] = {}
+    created = [{"kind": "world", "size": layout.world_size, "backend": backend, "net": layout.world_net}]
+    kinds = ("dp", "pp", "p2p")
+    specs = [g for g in layout.process_groups() if g.kind in kinds]
     if need_embedding:
         specs += layout.process_groups("embedding")  # check_against_layout: a tied model has them
     for g in specs:
@@ -53,14 +73,29 @@ def build_groups(
             handle = dist.new_group(
                 list(g.ranks), timeout=timeout, backend=backend, pg_options=group_options(backend, g.net)
             )
-        if rank in g.ranks:
-            if g.kind in mine:
-                raise RuntimeError(f"rank {rank} is in two {g.kind} groups: the layout is inconsistent")
-            mine[g.kind] = handle
+        if rank not in g.ranks:
+            continue
+        if handle is not None:
+            created.append({"kind": g.kind, "size": len(g.ranks), "backend": backend, "net": g.net})
+            if g.kind == "p2p":
+                created[-1]["boundary"] = g.stage
+        if g.kind == "p2p":
+            p2p[g.stage] = handle
+            continue
+        if g.kind in mine:
+            raise RuntimeError(f"rank {rank} is in two {g.kind} groups: the layout is inconsistent")
+        mine[g.kind] = handle
     if layout.data > 1 and mine.get("dp") is None or layout.pipeline > 1 and mine.get("pp") is None:
         me = layout.rank_info(rank)
         raise RuntimeError(
             f"rank {rank} (stage {me.stage}, dp index {me.dp_index}) found no dp/pp group "
             "in the layout: it must list a dp family per stage and a pp family"
         )
-    return RankGroups(dp=mine.get("dp"), pp=mine.get("pp"), embedding=mine.get("embedding"))
+    return RankGroups(
+        dp=mine.get("dp"),
+        pp=mine.get("pp"),
+        embedding=mine.get("embedding"),
+        p2p=p2p,
+        world=dist.group.WORLD,
+        created=created,
+    )

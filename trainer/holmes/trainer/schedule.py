@@ -8,31 +8,54 @@ and backward, so the rest of the schedule's time is waiting on neighbours (the b
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from holmes.contract import ModelSpec
 
 from .model import loss_fn
+from .timing import Stopwatch
 
 
 class _TimedStage(PipelineStage):
-    """A PipelineStage that adds the time of each forward/backward chunk to ``compute``."""
+    """A PipelineStage that times each forward/backward chunk (``watch``, no device-wide sync)
+    and sends each activation over the group of its stage boundary (``boundary_groups``: the
+    Layout's p2p families) instead of the one pipeline group, so a boundary inside an RDMA
+    island uses IB while one across islands uses sockets."""
 
-    compute = 0.0
-    sync: Callable[[], None] = staticmethod(lambda: None)
+    watch: Stopwatch
+    boundary_groups: dict[int, Any]  # boundary b (between stages b and b+1) -> group
 
     def _timed(self, chunk: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        out = chunk(*args, **kwargs)
-        self.sync()
-        self.compute += time.perf_counter() - t0
+        with self.watch.span():
+            return chunk(*args, **kwargs)
+
+    def _on_boundary(self, ops: list[dist.P2POp]) -> list[dist.P2POp]:
+        if not self.boundary_groups:
+            return ops  # a version-1 Layout: the pipeline group carries the traffic
+        out = []
+        for op in ops:
+            peer_stage = self.stage_index + (1 if op.peer > dist.get_rank() else -1)
+            group = self.boundary_groups[min(self.stage_index, peer_stage)]
+            out.append(dist.P2POp(op.op, op.tensor, op.peer, group, op.tag))
         return out
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._on_boundary(super().get_fwd_recv_ops(fwd_chunk_id))
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._on_boundary(super().get_fwd_send_ops(fwd_chunk_id))
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._on_boundary(super().get_bwd_recv_ops(bwd_chunk_id))
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._on_boundary(super().get_bwd_send_ops(bwd_chunk_id))
 
     def forward_maybe_with_nosync(self, *args: Any, **kwargs: Any):
         return self._timed(super().forward_maybe_with_nosync, *args, **kwargs)
@@ -60,12 +83,11 @@ class MicroBatchRunner:
         micro_batch_size: int,
         device: torch.device,
         pp_group: Any,
-        sync: Callable[[], None] = lambda: None,
+        p2p_groups: dict[int, Any] | None = None,
     ):
         self.module, self.stage, self.stages, self.M = module, stage, stages, micro_batches
         self.first, self.last = stage == 0, stage == stages - 1
-        self.sync = sync
-        self._compute = 0.0
+        self.watch = Stopwatch(device)
         if stages == 1:
             self.schedule = None
             return
@@ -86,17 +108,17 @@ class MicroBatchRunner:
             output_args=(example_out,),
             group=pp_group,
         )
-        self.pstage.sync = sync
+        self.pstage.watch = self.watch
+        self.pstage.boundary_groups = dict(p2p_groups or {})
         self.schedule = Schedule1F1B(self.pstage, micro_batches, loss_fn=loss_fn, scale_grads=False)
 
     @property
     def compute(self) -> float:
-        return self.pstage.compute if self.schedule is not None else self._compute
+        """Seconds this stage computed since reset_times (reads the CUDA events once)."""
+        return self.watch.seconds()
 
     def reset_times(self) -> None:
-        if self.schedule is not None:
-            self.pstage.compute = 0.0
-        self._compute = 0.0
+        self.watch.reset()
 
     def run(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> torch.Tensor | None:
         if self.schedule is None:
@@ -114,11 +136,9 @@ class MicroBatchRunner:
 
     def _run_local(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         total = torch.zeros((), dtype=torch.float32, device=inputs.device)
-        t0 = time.perf_counter()
-        for x, y in zip(inputs.chunk(self.M), targets.chunk(self.M)):
-            loss = loss_fn(self.module(x), y)
-            loss.backward()
-            total += loss.detach()
-        self.sync()
-        self._compute += time.perf_counter() - t0
+        with self.watch.span():
+            for x, y in zip(inputs.chunk(self.M), targets.chunk(self.M)):
+                loss = loss_fn(self.module(x), y)
+                loss.backward()
+                total += loss.detach()
         return total
