@@ -139,10 +139,17 @@ def build_stage(
     recompute: bool = False,
     dtype: str = "float32",
 ) -> StageModule:
-    """Build and deterministically initialise one stage, in ``dtype`` on ``device``."""
-    module = StageModule(cfg, start, end, first, last, recompute=recompute)
+    """One stage, built on the meta device (no memory), allocated once on ``device`` in ``dtype``
+    and initialised parameter by parameter: the host never holds the stage (a 7B stage on a GPU
+    needs no host copy), and the same seed gives the same weights whatever the split."""
+    with torch.device("meta"):
+        module = StageModule(cfg, start, end, first, last, recompute=recompute)
+    module = module.to(dtype=getattr(torch, dtype)).to_empty(device=device)
+    if module.head is not None and module.head._tied is not None:
+        # leaving the meta device made new Parameter objects: point the head at the real one
+        module.head._tied = [module.embedding.tok.weight]
     init_parameters(module, cfg, seed)
-    return module.to(device=device, dtype=getattr(torch, dtype))
+    return module
 
 
 def build_full(
@@ -157,10 +164,12 @@ def build_full(
 
 @torch.no_grad()
 def init_parameters(module: nn.Module, cfg: ModelSpec, seed: int) -> None:
+    """Each parameter from a CPU generator seeded by (seed, its global name), drawn in fp32: the
+    same values on any device, in any dtype, in any stage that holds it. An fp32 parameter on
+    the CPU is filled in place; any other gets one fp32 temporary of its own size."""
     out_std = 0.02 / math.sqrt(2 * cfg.layers)  # GPT-2's scaled init of residual outputs
     for name, p in module.named_parameters():
         key = "embedding.tok.weight" if name == TIED_COPY else name
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
         leaf = key.rsplit(".", 1)[-1]
         if ".ln" in key or "norm" in key:
             p.fill_(1.0 if leaf == "weight" else 0.0)
@@ -168,7 +177,11 @@ def init_parameters(module: nn.Module, cfg: ModelSpec, seed: int) -> None:
             p.zero_()
         else:
             std = out_std if key.endswith("proj.weight") else 0.02
-            p.copy_(torch.randn(p.shape, generator=gen) * std)
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
+            if p.device.type == "cpu" and p.dtype == torch.float32:
+                p.normal_(0.0, std, generator=gen)
+            else:
+                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen))
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
