@@ -81,6 +81,7 @@ def test_spec_fields_match_what_the_operator_parses():
             "gradClip": 1.0,
             "warmupIterations": 0,
             "activationRecompute": False,
+            "gradReduceDtype": "bfloat16",
             "data": {"synthetic": {}},
             "checkpoint": {"path": "/c", "intervalIterations": 1},
         },

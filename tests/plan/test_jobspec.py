@@ -236,3 +236,17 @@ def test_activation_recompute_defaults_on_round_trips_and_is_strict():
             p.startswith("spec.training.activationRecompute: must be true or false")
             for p in problems_of(spec)
         )
+
+
+def test_grad_reduce_dtype_is_validated_and_sets_the_cost_models_bytes():
+    from holmes.plan import CostModelConfig
+    from holmes.plan.planner import for_job
+
+    spec = minimal_spec()
+    assert JobSpec.from_spec(spec).training.grad_reduce_dtype == "float32"
+    spec["training"]["gradReduceDtype"] = "bfloat16"
+    job = JobSpec.from_spec(spec)
+    assert job.training.grad_reduce_bytes == 2 and for_job(CostModelConfig(), job).grad_bytes == 2
+    spec["training"]["gradReduceDtype"] = "fp8"
+    with pytest.raises(SpecError, match="spec.training.gradReduceDtype"):
+        JobSpec.from_spec(spec)

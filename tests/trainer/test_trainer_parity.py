@@ -78,3 +78,19 @@ def test_bf16_model_with_fp32_master_weights_tracks_fp32():
     assert all(v.dtype == torch.bfloat16 for v in bf16[1].values())
     assert bf16[0] == pytest.approx(fp32[0], abs=3e-2)
     assert bf16[0][-1] < bf16[0][0]
+
+
+def test_bf16_gradient_reduce_scatter_tracks_fp32_and_halves_the_bytes():
+    """training.gradReduceDtype: bfloat16 sends half the bytes over the DP groups; gradients
+    accumulate and land in fp32, so the run tracks the fp32 reduce closely, not exactly."""
+    adamw = OptimizerConfig(kind="adamw", learning_rate=3e-3)
+    lay = make_layout(2, 2, [2, 2], 2, 4)
+    fp32 = merged(run_ranks(4, train_on_layout, tiny_config(optimizer=adamw, iterations=5), lay))
+    bf16 = merged(
+        run_ranks(
+            4, train_on_layout, tiny_config(optimizer=adamw, iterations=5, grad_reduce_dtype="bfloat16"), lay
+        )
+    )
+    assert bf16[0] == pytest.approx(fp32[0], abs=2e-2)
+    assert bf16[0] != fp32[0]  # the reduce really ran in bfloat16
+    assert all(v.dtype == torch.float32 for v in bf16[1].values())  # the model stays fp32

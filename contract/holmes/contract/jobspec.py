@@ -55,6 +55,7 @@ PARTITION_MODES = ("adaptive", "uniform")
 NIC_SELECTION_MODES = ("auto", "off")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 DEFAULT_CLUSTER_LABEL = LABEL_CLUSTER
+GRAD_REDUCE_BYTES = {"float32": 4, "bfloat16": 2}
 DEFAULT_ACTIVATION_RECOMPUTE = True  # why: see the module docstring
 
 Degree = Union[int, str]  # an integer >= 1, or AUTO
@@ -119,6 +120,11 @@ class TrainingSpec:
     activation_recompute: bool = DEFAULT_ACTIVATION_RECOMPUTE
     data: DataSpec = field(default_factory=DataSpec)
     checkpoint: CheckpointSpec | None = None
+    grad_reduce_dtype: str = "float32"  # float32 | bfloat16: the bytes of the DP reduce-scatter
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        return GRAD_REDUCE_BYTES[self.grad_reduce_dtype]
 
 
 @dataclass(frozen=True)
@@ -434,6 +440,7 @@ def _training(r: _Reader, v: Any, path: str) -> TrainingSpec | None:
             "activationRecompute",
             "data",
             "checkpoint",
+            "gradReduceDtype",
         ),
     )
     if d is None:
@@ -450,6 +457,7 @@ def _training(r: _Reader, v: Any, path: str) -> TrainingSpec | None:
         activation_recompute=r.boolean(d, "activationRecompute", path, default=DEFAULT_ACTIVATION_RECOMPUTE),
         data=_data(r, d.get("data"), f"{path}.data"),
         checkpoint=_checkpoint(r, d.get("checkpoint"), f"{path}.checkpoint"),
+        grad_reduce_dtype=r.choice(d, "gradReduceDtype", path, tuple(GRAD_REDUCE_BYTES), default="float32"),
     )
 
 

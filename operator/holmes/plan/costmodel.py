@@ -19,9 +19,10 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
   ends earlier than stage 0's by the backward chain before it, which it may use to hide DP time.
 - P2P: each tensor-parallel group sends one activation ``mb*s*h`` (bf16) per micro-batch and
   direction (scatter-gather over the TP ranks); the boundary is NVLink when both stages share a
-  node, else the pp group's net: RDMA only if every stage is on one RDMA island, else sockets.
+  node, else that boundary's own group: RDMA when both stages are on one RDMA island, else sockets.
 - DP (distributed optimizer): per iteration a reduce-scatter of the stage's gradients
-  (``grad_bytes`` = 4, fp32 main grads) and an all-gather of its parameters (``param_bytes`` = 2),
+  (``grad_bytes`` = 4, or 2 with the job's ``training.gradReduceDtype: bfloat16``) and an
+  all-gather of its parameters (``param_bytes`` = 2),
   ring cost ``bytes*(D-1)/D`` through each node's NICs (all T tensor-parallel DP groups of a node
   share them) and over NVLink inside a node, whichever is slower. Bandwidth-bound: per-message
   latency is ignored (buckets are tens of MB).
@@ -38,7 +39,7 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
 - Calibration: with these defaults a 3.6B GPT (30 layers, h=3072, global batch 1024) on 4 nodes
   x 8 A100 is estimated at 199 / 160 / 121 TFLOPS/GPU on InfiniBand / RoCE / Ethernet, the
   paper's measured 197 / 160 / 122.
-- Memory per GPU: weights + grads (``param_bytes + grad_bytes``), optimizer state (12 bytes per
+- Memory per GPU: weights + fp32 main grads (``param_bytes + 4``), optimizer state (12 bytes per
   parameter) sharded over D, and activations: with recomputation each layer keeps its input per
   in-flight micro-batch (``min(P - s, m)`` at stage s) plus one layer's full working set
   (Korthikanti et al. 2022: ``s b h (10 + 24/T + 5 a s / (h T))`` bytes); a candidate that needs
@@ -61,6 +62,7 @@ from holmes.contract.flops import ModelCost
 from .discovery import NicMapping
 from .topology import Fabric
 
+MAIN_GRAD_BYTES = 4  # the trainer's gradient buffer is fp32
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
 
@@ -198,7 +200,8 @@ class StageCost:
         T, D = s.tensor, s.data
         cfg = self.cfg
         p = self.params(n) / T
-        static = p * (cfg.param_bytes + cfg.grad_bytes) + p * cfg.optimizer_bytes / D
+        # the trainer accumulates into an fp32 gradient buffer whatever dtype it reduces in
+        static = p * (cfg.param_bytes + MAIN_GRAD_BYTES) + p * cfg.optimizer_bytes / D
         b, seq, h, a = s.micro_batch, m.seq, m.hidden, m.heads
         full_layer = seq * b * h * (10 + 24 / T + 5 * a * seq / (h * T))
         inflight = min(self.place.inflight, s.micro_batches)

@@ -60,11 +60,13 @@ def as_job(job: JobSpec | Mapping[str, Any]) -> JobSpec:
 
 
 def for_job(cfg: CostModelConfig, job: JobSpec) -> CostModelConfig:
-    """The config with what the job decides: whether the trainer recomputes activations (the
-    cost model's time and memory follow it; the job wins over the config's fallback)."""
-    if cfg.activation_recompute == job.training.activation_recompute:
+    """The config with what the job decides: whether the trainer recomputes activations, and
+    the dtype its gradients are reduce-scattered in (the cost model's time and memory follow
+    them; the job wins over the config's fallbacks)."""
+    t = job.training
+    if (cfg.activation_recompute, cfg.grad_bytes) == (t.activation_recompute, t.grad_reduce_bytes):
         return cfg
-    return replace(cfg, activation_recompute=job.training.activation_recompute)
+    return replace(cfg, activation_recompute=t.activation_recompute, grad_bytes=t.grad_reduce_bytes)
 
 
 # ---- 1. node selection ------------------------------------------------------------------------

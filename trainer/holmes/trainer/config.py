@@ -72,10 +72,12 @@ class TrainConfig:
     bucket_elements: int = 40_000_000  # gradient bucket size (elements), as Megatron's default
     timeout_seconds: float = 600.0  # process-group timeout: how long a dead peer can stall us
     dtype: str = "float32"  # parameters and activations; bfloat16 on GPUs
+    grad_reduce_dtype: str = "float32"  # the DP reduce-scatter's dtype (job: training.gradReduceDtype)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise TrainerConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        for name in ("dtype", "grad_reduce_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise TrainerConfigError(f"{name} {getattr(self, name)!r} is not one of {', '.join(DTYPES)}")
         for name in ("global_batch_size", "micro_batch_size", "iterations", "bucket_elements"):
             if getattr(self, name) < 1:
                 raise TrainerConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -119,6 +121,7 @@ class TrainConfig:
             if ckpt
             else CheckpointConfig(),
             activation_recompute=t.activation_recompute,
+            grad_reduce_dtype=t.grad_reduce_dtype,
         )
         kwargs.update(overrides)
         return cls(**kwargs)

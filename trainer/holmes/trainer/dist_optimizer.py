@@ -48,6 +48,8 @@ class _Bucket:
     grad_work: Any = None
     gather_work: Any = None
     launched: bool = False
+    reduce_in: torch.Tensor | None = None  # the bucket cast to the reduce dtype, alive while in flight
+    reduce_out: torch.Tensor | None = None  # this rank's reduced shard in the reduce dtype
     grad_shard: torch.Tensor | None = None
     master: torch.Tensor | None = None
     exp_avg: torch.Tensor | None = None
@@ -88,6 +90,7 @@ class DistributedOptimizer:
         embedding_group: Any = None,
         tied_param_name: str | None = None,
         tied_in_norm: bool = True,
+        reduce_dtype: torch.dtype = torch.float32,
     ):
         self.cfg, self.dp_group, self.D, self.r = cfg, dp_group, dp_size, dp_rank
         self.M, self.overlap, self.embedding_group = micro_batches, overlap, embedding_group
@@ -101,6 +104,9 @@ class DistributedOptimizer:
         self.dtype = self.params[0].dtype
         device = self.params[0].device
         self.times = CommTimes.on(device)
+        # bfloat16 halves the reduce-scatter's bytes (slow Socket DP groups); gradients still
+        # accumulate and land in fp32, only the wire format is narrower
+        self.reduce_dtype = reduce_dtype if dp_size > 1 else torch.float32
         self.grad_scale = 1.0 / (micro_batches * dp_size)
 
         # ---- buckets (the tied embedding gets a bucket of its own) -----------------------
@@ -157,6 +163,8 @@ class DistributedOptimizer:
             b.shard = slice(b.start + dp_rank * s, b.start + (dp_rank + 1) * s)
             b.master = self.param_buffer[b.shard].detach().clone().float()
             b.grad_shard = torch.zeros(s, dtype=torch.float32, device=device)
+            if self.reduce_dtype != torch.float32:
+                b.reduce_out = torch.empty(s, dtype=self.reduce_dtype, device=device)
             if cfg.kind == "adamw":
                 b.exp_avg = torch.zeros_like(b.master)
                 b.exp_avg_sq = torch.zeros_like(b.master)
@@ -215,7 +223,12 @@ class DistributedOptimizer:
         if self.D == 1:
             b.grad_shard.copy_(full)
             return
-        b.grad_work = dist.reduce_scatter_single(b.grad_shard, full, group=self.dp_group, async_op=async_op)
+        if b.reduce_out is None:
+            out, src = b.grad_shard, full
+        else:
+            b.reduce_in = full.to(self.reduce_dtype)
+            out, src = b.reduce_out, b.reduce_in
+        b.grad_work = dist.reduce_scatter_single(out, src, group=self.dp_group, async_op=async_op)
 
     def finish_grad_sync(self) -> None:
         """All gradients reduced into this rank's shards; raises if a parameter missed one."""
@@ -244,6 +257,10 @@ class DistributedOptimizer:
                 if b.grad_work is not None:
                     b.grad_work.wait()
                     b.grad_work = None
+        for b in self.buckets:
+            if b.reduce_out is not None:  # back to the fp32 shard the step reads
+                b.grad_shard.copy_(b.reduce_out)
+                b.reduce_in = None
 
     def local_grad_sq(self) -> torch.Tensor:
         """Sum of squares of this rank's reduced gradient shards (the tied copy counted once)."""

@@ -100,6 +100,7 @@ class Trainer:
             embedding_group=self.groups.embedding if tied_split else None,
             tied_param_name=tied_name,
             tied_in_norm=self.first,
+            reduce_dtype=getattr(torch, cfg.grad_reduce_dtype),
         )
         self.runner = MicroBatchRunner(
             self.module,
@@ -262,6 +263,7 @@ class Trainer:
             data=self.layout.data,
             parameters=self.model_cost.total_params,
             overlap=cfg.overlap,
+            gradReduceDtype=cfg.grad_reduce_dtype,
             activationRecompute=cfg.activation_recompute,
             flopsFormula=flops.formula_name(cfg.activation_recompute),
             device=str(self.device),
