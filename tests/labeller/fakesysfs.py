@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
 
 class FakeSysfs:
     def __init__(self, root: Path):
@@ -60,10 +62,15 @@ class FakeSysfs:
         return d
 
     def hca(
-        self, name: str, ports: list[tuple[str, str, str]], netdevs: list[tuple[str, int, int]] = ()
+        self,
+        name: str,
+        ports: list[tuple[str, str, str]],
+        netdevs: list[tuple[str, int, int]] = (),
+        gids: dict[int, str] | None = None,
     ) -> Path:
         """An RDMA device. ``ports``: (link_layer, rate, state) for ports 1..n, e.g.
-        ("InfiniBand", "200 Gb/sec (4X HDR)", "4: ACTIVE"); ``netdevs``: (name, speed Mbit/s, type)."""
+        ("InfiniBand", "200 Gb/sec (4X HDR)", "4: ACTIVE"); ``netdevs``: (name, speed Mbit/s, type);
+        ``gids``: GID table entries (index -> address) of every port, the kernel writes zeros elsewhere."""
         pci = self._pci_dev()
         d = pci / "infiniband" / name
         for i, (link_layer, rate, state) in enumerate(ports, start=1):
@@ -74,6 +81,8 @@ class FakeSysfs:
                 state=state,
                 phys_state="5: LinkUp" if "ACTIVE" in state else "3: Disabled",
             )
+            table = {0: "fe80:0000:0000:0000:0000:0000:0000:0001", **(gids or {})}
+            self._write(d / "ports" / str(i) / "gids", **{str(k): table.get(k, ZERO_GID) for k in range(8)})
         (d / "device").symlink_to(os.path.relpath(pci, d))
         self._link("infiniband", name, d)
         for nd, speed, link_type in netdevs:

@@ -82,6 +82,7 @@ def test_spec_fields_match_what_the_operator_parses():
             "warmupIterations": 0,
             "activationRecompute": False,
             "gradReduceDtype": "bfloat16",
+            "fabricCheck": "fail",
             "data": {"synthetic": {}},
             "checkpoint": {"path": "/c", "intervalIterations": 1},
         },

@@ -98,3 +98,20 @@ def test_from_pod_scrapes_a_running_rank0_and_reads_a_terminated_one():
     }
     assert progress.from_pod(done, 1) == {"iteration": 9}
     assert progress.from_pod({"status": {"phase": "Pending"}}, 1) == {}
+
+
+def test_fabric_warnings_from_the_trainers_endpoint_and_its_last_line():
+    from holmes.trainer.metrics import MetricsSink
+
+    msgs = ["rank 1 on node b: dp group (2 ranks) expects IB, found NCCL using Socket", 'a "quoted" one']
+    sink = MetricsSink(enabled=True, port=0, addr="127.0.0.1", stream=open("/dev/null", "w"))
+    try:
+        sink.fabric_problems(msgs)
+        sink.emit("iteration", iteration=2, loss=3.0)
+        found = progress.scrape(f"http://127.0.0.1:{sink.port}/metrics")
+    finally:
+        sink.close()
+    assert found["iteration"] == 2 and found["fabricWarnings"] == sorted(msgs)
+    done = json.dumps({"holmes": "done", "iteration": 5, "fabricWarnings": msgs})
+    assert progress.from_json_lines(done)["fabricWarnings"] == msgs
+    assert "fabricWarnings" not in progress.from_json_lines(json.dumps({"holmes": "done", "iteration": 5}))

@@ -71,6 +71,18 @@ def test_running_then_succeeded_with_progress():
     assert len(w.pods) == 4  # finished pods stay for inspection
 
 
+def test_fabric_warnings_land_in_progress_with_one_event_per_distinct_set():
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running")
+    bad = ["rank 1 on node node-1: dp group (2 ranks) expects IB, found NCCL using Socket"]
+    d = w.step(progress={"iteration": 1, "loss": 4.0, "fabricWarnings": bad})
+    assert w.status["progress"]["fabricWarnings"] == bad
+    (e,) = [e for e in d.events if e.reason == "FabricMismatch"]
+    assert e.type == "Warning" and e.message == bad[0]
+    d = w.step(progress={"iteration": 2, "loss": 3.9, "fabricWarnings": bad})
+    assert not [e for e in d.events if e.reason == "FabricMismatch"]
+
+
 def test_pod_failure_restarts_the_whole_gang_and_counts_it():
     w = launched(FakeWorld(manifest()))
     w.set_phase("Running")

@@ -55,6 +55,7 @@ PARTITION_MODES = ("adaptive", "uniform")
 NIC_SELECTION_MODES = ("auto", "off")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 DEFAULT_CLUSTER_LABEL = LABEL_CLUSTER
+FABRIC_CHECKS = ("fail", "warn", "off")
 GRAD_REDUCE_BYTES = {"float32": 4, "bfloat16": 2}
 DEFAULT_ACTIVATION_RECOMPUTE = True  # why: see the module docstring
 
@@ -121,6 +122,7 @@ class TrainingSpec:
     data: DataSpec = field(default_factory=DataSpec)
     checkpoint: CheckpointSpec | None = None
     grad_reduce_dtype: str = "float32"  # float32 | bfloat16: the bytes of the DP reduce-scatter
+    fabric_check: str = "warn"  # fail | warn | off: the trainer's start-up check of its pod's fabric
 
     @property
     def grad_reduce_bytes(self) -> int:
@@ -441,6 +443,7 @@ def _training(r: _Reader, v: Any, path: str) -> TrainingSpec | None:
             "data",
             "checkpoint",
             "gradReduceDtype",
+            "fabricCheck",
         ),
     )
     if d is None:
@@ -458,6 +461,7 @@ def _training(r: _Reader, v: Any, path: str) -> TrainingSpec | None:
         data=_data(r, d.get("data"), f"{path}.data"),
         checkpoint=_checkpoint(r, d.get("checkpoint"), f"{path}.checkpoint"),
         grad_reduce_dtype=r.choice(d, "gradReduceDtype", path, tuple(GRAD_REDUCE_BYTES), default="float32"),
+        fabric_check=r.choice(d, "fabricCheck", path, FABRIC_CHECKS, default="warn"),
     )
 
 
@@ -701,7 +705,10 @@ class _Reader:
         if v is _REQUIRED:
             return None
         if v not in options:
-            self.add(f"{path}.{key}", f"must be one of {', '.join(options)}, got {_show(v)}")
+            hint = ""
+            if isinstance(v, bool) and "off" in options:  # YAML 1.1 reads a bare off/no as false
+                hint = ' (YAML reads a bare off as false: write "off" in quotes)'
+            self.add(f"{path}.{key}", f"must be one of {', '.join(options)}, got {_show(v)}{hint}")
             return None
         return v
 

@@ -26,6 +26,7 @@ GAUGES = {
     "holmes_trainer_iteration_seconds": "iterationSeconds",
 }
 KEYS = ("iteration", "loss", "tokensPerSecond", "tflopsPerGpu", "iterationSeconds")
+FABRIC_GAUGE = "holmes_trainer_fabric_problem"  # labelled by message, one series per mismatch
 
 
 def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -34,15 +35,22 @@ def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
         v = d.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:  # drop NaN
             out[k] = int(v) if k == "iteration" else round(float(v), 6)
+    fabric = d.get("fabricWarnings")
+    if isinstance(fabric, list) and fabric:
+        out["fabricWarnings"] = [str(m) for m in fabric if isinstance(m, str)][:20]
     return out
 
 
 def from_prometheus(text: str) -> dict[str, Any]:
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {}
+    fabric: list[str] = []
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name in GAUGES and not s.labels:
                 values[GAUGES[s.name]] = s.value
+            elif s.name == FABRIC_GAUGE and s.value and "message" in s.labels:
+                fabric.append(s.labels["message"])
+    values["fabricWarnings"] = sorted(fabric)
     if values.get("iteration", 0) < 1:  # gauges read 0 until the first iteration (numbered from 1)
         return {}
     return _clean(values)

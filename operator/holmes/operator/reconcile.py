@@ -576,10 +576,16 @@ class _Reconciler:
     def merge_progress(self) -> None:
         p = self.obs.progress
         if p:
-            merged = dict(self.old.get("progress") or {})
+            before = dict(self.old.get("progress") or {})
+            merged = dict(before)
             merged.update({k: v for k, v in p.items() if v is not None})
             merged["updateTime"] = self.now
             self.status["progress"] = merged
+            fabric = p.get("fabricWarnings") or []
+            if fabric and fabric != before.get("fabricWarnings"):  # once per distinct set
+                n = len(fabric) - 3
+                more = f" (and {n} more in status.progress.fabricWarnings)" if n > 0 else ""
+                self.event("Warning", "FabricMismatch", "; ".join(fabric[:3]) + more)
 
 
 # ---- pure helpers -----------------------------------------------------------------------------

@@ -11,6 +11,8 @@ Environment knobs (flags win over them):
 - HOLMES_DTYPE: float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)
 - HOLMES_OPTIMIZER: adamw | sgd;  HOLMES_OVERLAP=0: synchronous optimizer (same math)
 - HOLMES_BUCKET_ELEMENTS: gradient bucket size in elements (default 40M)
+- HOLMES_FABRIC_ROOT: where the fabric check finds sys/ and dev/ (default /), e.g. a host's
+  sysfs mounted elsewhere; set, it also runs the device checks on gloo
 - HOLMES_TERMINATION_LOG: where rank 0 keeps its latest JSON line (default /dev/termination-log
   when it exists), for the operator once the pod has terminated
 """
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import CheckpointConfig, TrainConfig, TrainerConfigError
     from .engine import Trainer
+    from .fabric import configure_nccl_debug
     from .groups import init_world
     from .metrics import MetricsSink
 
@@ -136,10 +139,21 @@ def main(argv: list[str] | None = None) -> int:
         addr=args.metrics_addr,
         termination_log=term or None,
     )
+    if backend == "nccl":  # before the first communicator: NCCL reads its env once
+        configure_nccl_debug(os.environ, cfg.fabric_check)
     code = 0
     try:
         init_world(layout, backend, cfg.timeout_seconds)
-        Trainer(cfg, layout, rank=rank, device=device, backend=backend, sink=sink).train()
+        trainer = Trainer(
+            cfg,
+            layout,
+            rank=rank,
+            device=device,
+            backend=backend,
+            sink=sink,
+            fabric_root=os.environ.get("HOLMES_FABRIC_ROOT") or None,
+        )
+        trainer.train()
     except Exception as e:  # every rank says why it stopped; the launcher sees a non-zero exit
         msg = f"{type(e).__name__}: {e}"
         print(

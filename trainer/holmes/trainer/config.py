@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from holmes.contract import JobSpec, Layout, ModelSpec, load_job
+from holmes.contract.jobspec import FABRIC_CHECKS
 
 DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -73,6 +74,7 @@ class TrainConfig:
     timeout_seconds: float = 600.0  # process-group timeout: how long a dead peer can stall us
     dtype: str = "float32"  # parameters and activations; bfloat16 on GPUs
     grad_reduce_dtype: str = "float32"  # the DP reduce-scatter's dtype (job: training.gradReduceDtype)
+    fabric_check: str = "warn"  # fail | warn | off (job: training.fabricCheck; see fabric.py)
 
     def __post_init__(self) -> None:
         for name in ("dtype", "grad_reduce_dtype"):
@@ -81,6 +83,10 @@ class TrainConfig:
         for name in ("global_batch_size", "micro_batch_size", "iterations", "bucket_elements"):
             if getattr(self, name) < 1:
                 raise TrainerConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.fabric_check not in FABRIC_CHECKS:
+            raise TrainerConfigError(
+                f"fabric_check {self.fabric_check!r} is not one of {', '.join(FABRIC_CHECKS)}"
+            )
         if self.timeout_seconds <= 0:
             raise TrainerConfigError("timeoutSeconds must be > 0")
 
@@ -122,6 +128,7 @@ class TrainConfig:
             else CheckpointConfig(),
             activation_recompute=t.activation_recompute,
             grad_reduce_dtype=t.grad_reduce_dtype,
+            fabric_check=t.fabric_check,
         )
         kwargs.update(overrides)
         return cls(**kwargs)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from holmes.contract import ModelCost, flops
 from holmes.contract.layout import Layout
 
-from . import checkpoint
+from . import checkpoint, fabric
 from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, make_source
 from .dist_optimizer import DistributedOptimizer
@@ -58,6 +58,7 @@ class Trainer:
         device: torch.device,
         backend: str,
         sink: MetricsSink | None = None,
+        fabric_root: str | None = None,
     ):
         cfg.check_against_layout(layout)
         if dist.get_world_size() != layout.world_size:
@@ -73,6 +74,16 @@ class Trainer:
         self.first, self.last = info.stage == 0, info.stage == P - 1
         tied_split = cfg.model.tied_embeddings and P > 1
         self.groups = build_groups(layout, rank, backend, cfg.timeout_seconds, need_embedding=tied_split)
+        self.fabric = fabric.preflight(
+            mode=cfg.fabric_check,
+            rank=rank,
+            node=layout.nodes[rank // layout.gpus_per_node],
+            backend=backend,
+            groups=self.groups,
+            device=device,
+            root=fabric_root,
+        )
+        self.sink.fabric_problems(self.fabric.messages())
         stage = layout.stages[info.stage]
         self.module = build_stage(
             cfg.model,
@@ -268,6 +279,7 @@ class Trainer:
             flopsFormula=flops.formula_name(cfg.activation_recompute),
             device=str(self.device),
             groups=self.groups.created,  # this rank's communicators, the world group first
+            fabric=self.fabric.summary(),  # every rank's findings (gathered)
         )
         every = cfg.checkpoint.interval
         while self.iteration < cfg.iterations:
@@ -287,5 +299,6 @@ class Trainer:
             loss=last.get("loss"),
             tokensPerSecond=last.get("tokensPerSecond"),
             tflopsPerGpu=last.get("tflopsPerGpu"),
+            fabricWarnings=self.fabric.messages(),
         )
         return self.history

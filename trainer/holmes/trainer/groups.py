@@ -26,7 +26,8 @@ class RankGroups:
     group would have one member: that needs no communicator). ``world`` is the default group
     (created by init_process_group with the Layout's ``worldNet``): the control plane.
     ``p2p`` maps each stage boundary this rank sits on to its group. ``created`` describes every
-    group this process built, for the ``start`` line: kind, size, backend, net."""
+    group this process built, for the ``start`` line: kind, size, backend, net, the world group
+    first; ``members`` pairs the others with their handles, in the Layout's order."""
 
     dp: Any
     pp: Any
@@ -34,6 +35,7 @@ class RankGroups:
     p2p: dict[int, Any] = field(default_factory=dict)
     world: Any = None
     created: list[dict[str, Any]] = field(default_factory=list)
+    members: list[tuple[dict[str, Any], Any]] = field(default_factory=list)
 
 
 def group_options(backend: str, net: str) -> Any:
@@ -63,6 +65,7 @@ def build_groups(
     mine: dict[str, Any] = {}
     p2p: dict[int, Any] = {}
     created = [{"kind": "world", "size": layout.world_size, "backend": backend, "net": layout.world_net}]
+    members: list[tuple[dict[str, Any], Any]] = []
     kinds = ("dp", "pp", "p2p")
     specs = [g for g in layout.process_groups() if g.kind in kinds]
     if need_embedding:
@@ -79,6 +82,7 @@ def build_groups(
             created.append({"kind": g.kind, "size": len(g.ranks), "backend": backend, "net": g.net})
             if g.kind == "p2p":
                 created[-1]["boundary"] = g.stage
+            members.append((created[-1], handle))
         if g.kind == "p2p":
             p2p[g.stage] = handle
             continue
@@ -98,4 +102,5 @@ def build_groups(
         p2p=p2p,
         world=dist.group.WORLD,
         created=created,
+        members=members,
     )

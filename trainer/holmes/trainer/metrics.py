@@ -60,9 +60,20 @@ class MetricsSink:
             ["part"],
             registry=self.registry,
         )
+        self._fabric = Gauge(
+            "holmes_trainer_fabric_problem",
+            "1 per fabric mismatch the start-up check found (training.fabricCheck: warn)",
+            ["message"],
+            registry=self.registry,
+        )
         started = start_http_server(port, addr=addr, registry=self.registry)
         self.server = started[0] if isinstance(started, tuple) else None
         self.port = self.server.server_port if self.server is not None else port
+
+    def fabric_problems(self, messages: list[str]) -> None:
+        if self.enabled and self._gauges:
+            for m in messages[:20]:  # one series each; a broken fabric on every rank stays readable
+                self._fabric.labels(message=m[:400]).set(1)
 
     def emit(self, event: str, **fields: Any) -> None:
         if not self.enabled:
