@@ -70,3 +70,25 @@ def test_a_token_file_from_the_tool_trains_and_its_loss_falls(tmp_path):
     losses = res[0][1]["losses"]
     assert losses[0] == pytest.approx(np.log(BYTE_VOCAB), abs=0.3)  # starts near uniform
     assert sum(losses[-5:]) / 5 < losses[0] - 1.5, losses
+
+
+def test_uint32_token_file_with_ids_above_uint16_and_the_epoch_wrap_around(tmp_path):
+    """ids >= 65536 survive (uint32), every window is seen once per epoch, and the next epoch
+    is a different order of the same windows."""
+    seq, vocab = 4, 100_000
+    ids = np.arange(70_000, 70_000 + 4 * seq + 1, dtype=np.uint32)  # 4 windows of seq+1
+    path = tmp_path / "big.bin"
+    ids.tofile(path)
+    (tmp_path / "big.bin.json").write_text(json.dumps({"dtype": "uint32", "vocabSize": vocab}))
+    src = TokenFileSource(str(path), vocab, seq, seed=5)
+    assert src.windows == 4
+    epoch0 = [src.sample(k) for k in range(4)]
+    epoch1 = [src.sample(k) for k in range(4, 8)]
+    starts0 = sorted(int(w[0]) for w in epoch0)
+    assert starts0 == [70_000 + i * seq for i in range(4)]  # each window once, values intact
+    assert sorted(int(w[0]) for w in epoch1) == starts0  # the wrap-around sees them all again
+    assert [int(w[0]) for w in epoch0] != [int(w[0]) for w in epoch1]  # in a new order
+    assert all(w.dtype == torch.int64 and len(w) == seq + 1 for w in epoch0)
+    assert torch.equal(src.sample(1), epoch0[1])  # going back to epoch 0 gives the same window
+    with pytest.raises(DataError, match="vocabSize"):
+        TokenFileSource(str(path), 70_001, seq, seed=5).sample(0)  # an id >= the model's vocabulary

@@ -11,6 +11,7 @@ Environment knobs (flags win over them):
 - HOLMES_DTYPE: float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)
 - HOLMES_OPTIMIZER: adamw | sgd;  HOLMES_OVERLAP=0: synchronous optimizer (same math)
 - HOLMES_BUCKET_ELEMENTS: gradient bucket size in elements (default 40M)
+- HOLMES_PIPELINE_SCHEDULE: 1F1B (default) | GPipe; zero-bubble and interleaved ones are refused
 - HOLMES_FABRIC_ROOT: where the fabric check finds sys/ and dev/ (default /), e.g. a host's
   sysfs mounted elsewhere; set, it also runs the device checks on gloo
 - HOLMES_TERMINATION_LOG: where rank 0 keeps its latest JSON line (default /dev/termination-log
@@ -58,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=int(env("HOLMES_BUCKET_ELEMENTS")) if env("HOLMES_BUCKET_ELEMENTS") else None,
     )
+    ap.add_argument("--pipeline-schedule", default=env("HOLMES_PIPELINE_SCHEDULE", "1F1B"))
     ap.add_argument(
         "--no-overlap",
         action="store_true",
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": args.dtype or ("bfloat16" if cuda else "float32"),
             "optimizer": args.optimizer,
             "overlap": not args.no_overlap,
+            "pipeline_schedule": args.pipeline_schedule,
         }
         if args.bucket_elements:
             overrides["bucket_elements"] = args.bucket_elements

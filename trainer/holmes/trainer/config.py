@@ -22,6 +22,36 @@ class TrainerConfigError(ValueError):
     spec's own problems are holmes.contract.SpecError); the message says what to change."""
 
 
+# Pipeline schedules the engine runs (one stage per rank, as a Layout has), and why others are
+# refused rather than run wrong.
+PIPELINE_SCHEDULES = ("1F1B", "GPipe")
+REFUSED_SCHEDULES = {
+    "ZBVZeroBubble": "zero-bubble",
+    "InterleavedZeroBubble": "zero-bubble",
+    "DualPipeV": "zero-bubble",
+    "Interleaved1F1B": "interleaved",
+    "LoopedBFS": "interleaved",
+}
+
+
+def check_schedule(name: str) -> None:
+    why = REFUSED_SCHEDULES.get(name)
+    if why == "zero-bubble":
+        raise TrainerConfigError(
+            f"pipeline schedule {name} is not supported: it splits backward into input and weight "
+            "gradients and accumulates weight gradients itself, so the post-accumulate-grad hooks "
+            "that start each gradient bucket's reduce-scatter would never fire; use "
+            f"{' or '.join(PIPELINE_SCHEDULES)}"
+        )
+    if why == "interleaved":
+        raise TrainerConfigError(
+            f"pipeline schedule {name} is not supported: it needs several stages per rank and a "
+            f"Layout gives each rank one; use {' or '.join(PIPELINE_SCHEDULES)}"
+        )
+    if name not in PIPELINE_SCHEDULES:
+        raise TrainerConfigError(f"pipeline schedule {name!r} is not one of {', '.join(PIPELINE_SCHEDULES)}")
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     kind: str = "adamw"
@@ -75,6 +105,7 @@ class TrainConfig:
     dtype: str = "float32"  # parameters and activations; bfloat16 on GPUs
     grad_reduce_dtype: str = "float32"  # the DP reduce-scatter's dtype (job: training.gradReduceDtype)
     fabric_check: str = "warn"  # fail | warn | off (job: training.fabricCheck; see fabric.py)
+    pipeline_schedule: str = "1F1B"  # or GPipe (HOLMES_PIPELINE_SCHEDULE); see check_schedule
 
     def __post_init__(self) -> None:
         for name in ("dtype", "grad_reduce_dtype"):
@@ -83,6 +114,7 @@ class TrainConfig:
         for name in ("global_batch_size", "micro_batch_size", "iterations", "bucket_elements"):
             if getattr(self, name) < 1:
                 raise TrainerConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_schedule(self.pipeline_schedule)
         if self.fabric_check not in FABRIC_CHECKS:
             raise TrainerConfigError(
                 f"fabric_check {self.fabric_check!r} is not one of {', '.join(FABRIC_CHECKS)}"

@@ -124,6 +124,7 @@ class Trainer:
             device=device,
             pp_group=self.groups.pp,
             p2p_groups=self.groups.p2p,
+            schedule=cfg.pipeline_schedule,
         )
         self.loader = None
         if self.first or self.last:
@@ -275,6 +276,7 @@ class Trainer:
             parameters=self.model_cost.total_params,
             overlap=cfg.overlap,
             gradReduceDtype=cfg.grad_reduce_dtype,
+            pipelineSchedule=cfg.pipeline_schedule,
             activationRecompute=cfg.activation_recompute,
             flopsFormula=flops.formula_name(cfg.activation_recompute),
             device=str(self.device),

@@ -1,4 +1,5 @@
-"""Running the micro-batches of one iteration: 1F1B across stages, or a plain loop for one stage.
+"""Running the micro-batches of one iteration: 1F1B (or GPipe) across stages, or a plain loop for
+one stage. Zero-bubble and interleaved schedules are refused in config.check_schedule.
 
 Pipeline stages use torch.distributed.pipelining with fixed shapes (no shape inference: it
 trips on first steps with hooks) and ``scale_grads=False``: the distributed optimizer scales
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from holmes.contract import ModelSpec
 
@@ -84,6 +85,7 @@ class MicroBatchRunner:
         device: torch.device,
         pp_group: Any,
         p2p_groups: dict[int, Any] | None = None,
+        schedule: str = "1F1B",
     ):
         self.module, self.stage, self.stages, self.M = module, stage, stages, micro_batches
         self.first, self.last = stage == 0, stage == stages - 1
@@ -110,7 +112,8 @@ class MicroBatchRunner:
         )
         self.pstage.watch = self.watch
         self.pstage.boundary_groups = dict(p2p_groups or {})
-        self.schedule = Schedule1F1B(self.pstage, micro_batches, loss_fn=loss_fn, scale_grads=False)
+        kind = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}[schedule]  # checked in TrainConfig
+        self.schedule = kind(self.pstage, micro_batches, loss_fn=loss_fn, scale_grads=False)
 
     @property
     def compute(self) -> float:

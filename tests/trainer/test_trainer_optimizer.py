@@ -1,0 +1,103 @@
+"""The distributed optimizer's own paths: padded buckets with DP > 1, AdamW parameter parity,
+fp32 master weights under bf16, and the pipeline schedules it accepts or refuses."""
+
+import pytest
+import torch
+
+from holmes.trainer.config import OptimizerConfig, TrainerConfigError
+from holmes.trainer.engine import Trainer
+from tests.trainer.test_trainer_parity import assert_params_close
+from tests.trainer.trainer_harness import (
+    make_layout,
+    merged,
+    reference,
+    run_ranks,
+    tiny_config,
+    train_on_layout,
+)
+
+ADAMW = OptimizerConfig(kind="adamw", learning_rate=2e-3, weight_decay=0.1, warmup_iterations=1)
+
+
+def _bucket_sizes(rank, cfg, layout):
+    trainer = Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
+    opt = trainer.opt
+    raw = [sum(opt.params[i].numel() for i in b.params) for b in opt.buckets]
+    return {"raw": raw, "padded": [b.size for b in opt.buckets]}
+
+
+def test_buckets_padded_for_three_dp_ranks_still_match_the_reference():
+    cfg = tiny_config(global_batch_size=12, optimizer=ADAMW, iterations=3)
+    layout = make_layout(1, 3, [4], 2, 2)
+    sizes = run_ranks(3, _bucket_sizes, cfg, layout)[0][1]
+    padding = [p - r for r, p in zip(sizes["raw"], sizes["padded"])]
+    assert all(p % 3 == 0 for p in sizes["padded"]) and any(padding), sizes  # some bucket is padded
+    ref_losses, _, ref_params = reference(cfg)
+    losses, params = merged(run_ranks(3, train_on_layout, cfg, layout))
+    assert losses == pytest.approx(ref_losses, abs=1e-5)
+    assert_params_close(params, ref_params, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "pipeline, data, split, schedule",
+    [
+        (3, 2, [1, 2, 1], "1F1B"),  # a middle stage: receives activations and sends gradients back
+        (2, 2, [3, 1], "GPipe"),
+    ],
+)
+def test_adamw_parameters_match_the_reference(pipeline, data, split, schedule):
+    cfg = tiny_config(optimizer=ADAMW, iterations=3, pipeline_schedule=schedule)
+    ref_losses, ref_norms, ref_params = reference(cfg)
+    res = run_ranks(pipeline * data, train_on_layout, cfg, make_layout(pipeline, data, split, 2, 4))
+    losses, params = merged(res)
+    assert losses == pytest.approx(ref_losses, abs=1e-5)
+    assert res[0][1]["grad_norms"] == pytest.approx(ref_norms, rel=1e-4)
+    assert set(params) == set(ref_params)  # every stage reported: the middle one too
+    assert_params_close(params, ref_params, atol=1e-5)
+
+
+def _master_weights(rank, cfg, layout):
+    trainer = Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
+    trainer.train()
+    opt = trainer.opt
+    opt.wait_param_gathers()
+    out = []
+    for b in opt.buckets:
+        live = opt.param_buffer[b.shard]
+        out.append(
+            {
+                "master": b.master.dtype,
+                "param": live.dtype,
+                "rounded_from_master": torch.equal(b.master.to(live.dtype), live),
+                "finer_than_param": bool((b.master != live.float()).any()),
+            }
+        )
+    return out
+
+
+def test_master_weights_are_fp32_and_the_bf16_parameters_are_rounded_from_them():
+    cfg = tiny_config(
+        dtype="bfloat16",
+        optimizer=OptimizerConfig(kind="sgd", learning_rate=1e-3, weight_decay=0.0),
+        iterations=2,
+    )
+    res = run_ranks(2, _master_weights, cfg, make_layout(1, 2, [4], 2, 4))
+    for _, (_, buckets) in res.items():
+        for b in buckets:
+            assert b["master"] == torch.float32 and b["param"] == torch.bfloat16
+            assert b["rounded_from_master"]
+        # updates smaller than bf16's resolution live on in the fp32 master
+        assert any(b["finer_than_param"] for b in buckets)
+
+
+@pytest.mark.parametrize("name", ["ZBVZeroBubble", "InterleavedZeroBubble", "DualPipeV"])
+def test_zero_bubble_schedules_are_refused_with_the_reason(name):
+    with pytest.raises(TrainerConfigError, match="post-accumulate-grad hooks .* would never fire"):
+        tiny_config(pipeline_schedule=name)
+
+
+def test_interleaved_and_unknown_schedules_are_refused():
+    with pytest.raises(TrainerConfigError, match="several stages per rank"):
+        tiny_config(pipeline_schedule="Interleaved1F1B")
+    with pytest.raises(TrainerConfigError, match="not one of 1F1B, GPipe"):
+        tiny_config(pipeline_schedule="1f1b")
