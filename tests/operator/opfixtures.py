@@ -10,7 +10,7 @@ from pathlib import Path
 from holmes.contract.documents import load_documents
 from holmes.operator import names
 from holmes.operator.planning import ClusterPlanner
-from holmes.operator.reconcile import Observed, RestartBackoff, decide
+from holmes.operator.reconcile import ChildRefusal, Observed, RestartBackoff, decide
 from holmes.operator.render import RenderSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,8 +84,9 @@ class FakeWorld:
         self.planner = ClusterPlanner.with_mapping()
         self.settings = RenderSettings()
         self.backoff = backoff  # none unless a test is about it: restarts relaunch at once
+        self.refuse = None  # pod -> ChildRefusal | None: what an admission step would refuse
 
-    def step(self, seconds: float = 1.0, progress: dict | None = None):
+    def step(self, seconds: float = 1.0, progress: dict | None = None, refused: list | None = None):
         self.now += timedelta(seconds=seconds)
         obs = Observed(
             job=copy.deepcopy(self.job),
@@ -95,6 +96,7 @@ class FakeWorld:
             nodes=self.nodes,
             now=self.now,
             progress=progress,
+            refused=refused or [],
         )
         d = decide(obs, self.planner, self.settings, self.backoff)
         for name in d.delete_pods:
@@ -103,11 +105,18 @@ class FakeWorld:
             self.configmap = d.configmap
         if d.service is not None and self.service is None:
             self.service = d.service
+        refusals: list[ChildRefusal] = []
         for p in d.create_pods:
-            self.pods.setdefault(p["metadata"]["name"], copy.deepcopy(p))
+            no = self.refuse(p) if self.refuse else None
+            if no is not None:
+                refusals.append(no)
+            else:
+                self.pods.setdefault(p["metadata"]["name"], copy.deepcopy(p))
         self.job["status"] = d.status
         self.events += d.events
         self.deleted_job = self.deleted_job or d.delete_job
+        if refusals:  # as the operator's runtime does: decide again at once with them
+            return self.step(0.0, refused=refusals)
         return d
 
     # ---- what the kubelet/scheduler would do ---------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 
 from holmes.contract.layout import Layout
 from holmes.operator import names
-from holmes.operator.reconcile import RestartBackoff
+from holmes.operator.reconcile import ChildRefusal, RestartBackoff
 from holmes.operator.summary import iso
 from tests.operator.opfixtures import FakeWorld, default_nodes, manifest, true_nic, with_link_layers
 
@@ -455,3 +455,56 @@ def test_running_pods_on_a_node_gone_not_ready_are_left_to_kubernetes():
     _lose(next(n for n in nodes if n["metadata"]["name"] == lost), "NotReady", nodes)
     d = w.step()
     assert not d.delete_pods and w.status["phase"] == "Running" and w.status["restarts"] == 0
+
+
+def _quota_refusal(rank_limit: int):
+    def refuse(pod):
+        if int(pod["metadata"]["labels"][names.LABEL_NODE_RANK]) >= rank_limit:
+            msg = f'pods "{pod["metadata"]["name"]}" is forbidden: exceeded quota: gpus, requested: 1'
+            return ChildRefusal("Pod", pod["metadata"]["name"], 403, "Forbidden", msg)
+        return None
+
+    return refuse
+
+
+def test_a_quota_that_refuses_part_of_the_gang_deletes_it_and_retries_with_back_off():
+    w = FakeWorld(manifest(), backoff=RestartBackoff(10, 300))
+    w.refuse = _quota_refusal(2)  # room for two of the four pods
+    d = w.step()
+    assert w.pods == {}  # the two created pods were deleted: no partial gang keeps GPUs
+    assert w.status["phase"] == "Pending" and w.status["createFailures"] == 1
+    rec = w.condition("Reconciling")
+    assert rec["status"] == "True" and rec["reason"] == "ChildCreateFailed"
+    assert "403 Forbidden" in rec["message"] and "exceeded quota" in rec["message"]
+    assert w.condition("Stalled")["status"] == "False"
+    assert [e.reason for e in w.events].count("ChildCreateFailed") == 1
+    assert d.requeue_after == pytest.approx(10)
+    w.step(seconds=5)  # inside the back-off: nothing is created
+    assert w.pods == {}
+    w.step(seconds=6)  # due: tries again, refused again: the back-off doubles
+    assert w.status["createFailures"] == 2 and w.pods == {}
+    assert [e.reason for e in w.events].count("ChildCreateFailed") == 1  # one Event, not one per try
+    w.refuse = None  # the quota was raised
+    w.step(seconds=25)
+    assert len(w.pods) == 4
+    w.step()
+    assert "createFailures" not in w.status and w.condition("Reconciling")["reason"] == "PodsStarting"
+    assert w.status["restarts"] == 0  # refusals are not restarts
+
+
+def test_an_admission_denial_stalls_until_the_spec_changes():
+    w = FakeWorld(manifest())
+    msg = 'pods "x" is forbidden: violates PodSecurity "restricted:latest": privileged'
+    w.refuse = lambda pod: ChildRefusal("Pod", pod["metadata"]["name"], 403, "Forbidden", msg)
+    w.step()
+    stalled = w.condition("Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "ChildRejected"
+    assert "violates PodSecurity" in stalled["message"] and "spec.template" in stalled["message"]
+    assert w.pods == {}
+    for _ in range(3):  # no retry loop while nothing changed
+        w.step(seconds=10)
+    assert w.reasons().count("ChildRejected") == 1 and w.pods == {}
+    w.refuse = None
+    w.edit_spec(template={"metadata": {"labels": {"fixed": "yes"}}})
+    w.step()
+    assert len(w.pods) == 4 and w.condition("Stalled")["status"] == "False"

@@ -32,7 +32,7 @@ from kubernetes import client
 
 from . import metrics, names, progress
 from .kube import KubeIO
-from .reconcile import Decision, Observed, Planner, RestartBackoff, decide
+from .reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide
 from .render import RenderSettings
 from .summary import pod_attempt, pod_node_rank
 
@@ -82,7 +82,9 @@ class Runtime:
                 w.event.set()
 
     # ---- one reconcile (sync; runs in a worker thread) ------------------------------------
-    def reconcile(self, ns: str, name: str, nodes: list[dict]) -> Decision | None:
+    def reconcile(
+        self, ns: str, name: str, nodes: list[dict], refused: list[ChildRefusal] | None = None
+    ) -> Decision | None:
         started = time.monotonic()
         job = self.io.read_job(ns, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
@@ -96,9 +98,10 @@ class Runtime:
             nodes=nodes,
             now=datetime.now(timezone.utc),
             progress=self._progress(job, pods),
+            refused=refused or [],
         )
         d = decide(obs, self.planner, self.settings, self.backoff)
-        created = self.io.apply(d, job)
+        created, refusals = self.io.apply(d, job)
         old = job.get("status") or {}
         self.io.patch_status(job, old, d.status)
         self._account(job, old, d, created)
@@ -118,6 +121,8 @@ class Runtime:
         if d.delete_job:
             self.io.delete_job(ns, name)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        if refusals:  # decide again at once, knowing what the API server refused
+            return self.reconcile(ns, name, nodes, refusals)
         return d
 
     def _progress(self, job: Mapping, pods: list[dict]) -> dict | None:

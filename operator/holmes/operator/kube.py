@@ -19,13 +19,27 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from . import names
-from .reconcile import Decision
+from .reconcile import ChildRefusal, Decision
 
 log = logging.getLogger("holmes.operator.kube")
 
 
 def _json(resp: Any) -> dict:
     return json.loads(resp.data)
+
+
+def refusal(kind: str, name: str, e: ApiException) -> ChildRefusal:
+    """An ApiException as a ChildRefusal, with the reason and message of the API's Status body."""
+    try:
+        body = json.loads(e.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    message = str(body.get("message") or e.reason or "no message")[:600]
+    return ChildRefusal(
+        kind, name, int(e.status or 0), str(body.get("reason") or e.reason or "Unknown"), message
+    )
 
 
 class KubeIO:
@@ -87,23 +101,44 @@ class KubeIO:
         return self._read(self.core.read_namespaced_service, ns, names.service_name(job))
 
     # ---- writes -----------------------------------------------------------------------------
-    def apply(self, d: Decision, owner: dict) -> int:
+    def apply(self, d: Decision, owner: dict) -> tuple[int, list[ChildRefusal]]:
         """Apply a Decision's object changes in a crash-safe order; the status comes after.
-        Returns the number of pods actually created."""
+        Returns the number of pods actually created and the creates the API server refused
+        (quota, admission, invalid objects): the caller decides again with them."""
         ns = owner["metadata"]["namespace"]
         self._parallel(lambda n: self._delete_pod(ns, n), d.delete_pods)
+        refused: list[ChildRefusal] = []
         if d.configmap is not None:
             kopf.adopt(d.configmap, owner=owner)
-            self._create_or_replace_configmap(ns, d.configmap)
+            refused += self._refusals(
+                "ConfigMap", d.configmap, lambda: self._create_or_replace_configmap(ns, d.configmap)
+            )
         if d.service is not None:
             kopf.adopt(d.service, owner=owner)
-            self._create(self.core.create_namespaced_service, ns, d.service)
+            refused += self._refusals(
+                "Service", d.service, lambda: self._create(self.core.create_namespaced_service, ns, d.service)
+            )
+        if refused:  # pods need both: create none of them
+            return 0, refused
         for pod in d.create_pods:
             kopf.adopt(pod, owner=owner)
-        created = self._parallel(
-            lambda p: self._create(self.core.create_namespaced_pod, ns, p), d.create_pods
-        )
-        return sum(1 for c in created if c)
+        outcomes = self._parallel(lambda p: self._try_create_pod(ns, p), d.create_pods)
+        created = sum(1 for c in outcomes if c is True)
+        return created, [c for c in outcomes if isinstance(c, ChildRefusal)]
+
+    def _try_create_pod(self, ns: str, pod: dict) -> bool | ChildRefusal:
+        try:
+            return self._create(self.core.create_namespaced_pod, ns, pod)
+        except ApiException as e:
+            return refusal("Pod", pod["metadata"]["name"], e)
+
+    @staticmethod
+    def _refusals(kind: str, body: dict, fn: Callable[[], Any]) -> list[ChildRefusal]:
+        try:
+            fn()
+            return []
+        except ApiException as e:
+            return [refusal(kind, body["metadata"]["name"], e)]
 
     def patch_status(self, job: dict, old: dict, new: dict) -> bool:
         """Merge-patch the status subresource with what changed; False when nothing did."""

@@ -59,6 +59,31 @@ class Event:
     message: str
 
 
+@dataclass(frozen=True)
+class ChildRefusal:
+    """A create the API server refused: its HTTP code, reason (Forbidden, Invalid, ...) and message."""
+
+    kind: str
+    name: str
+    code: int
+    reason: str
+    message: str
+
+    @property
+    def retryable(self) -> bool:
+        """Whether time alone can fix it: a full ResourceQuota, throttling, a busy API server. A
+        Pod Security or webhook denial (403), an invalid object (422) wait for someone to act."""
+        if self.code == 403:
+            return "exceeded quota" in self.message
+        return self.code == 429 or self.code >= 500 or self.code == 0
+
+    def describe(self) -> str:
+        return f"creating {self.kind} {self.name} was refused: {self.code} {self.reason}: {self.message}"
+
+
+CHILD_REJECTED_RETRY = 300.0  # a child refused for good is tried again this often (policy may change)
+
+
 @dataclass
 class Observed:
     job: dict  # the HolmesJob as just read
@@ -68,6 +93,8 @@ class Observed:
     nodes: list[dict]  # node objects known to the operator
     now: datetime
     progress: dict | None = None  # numbers just read from the rank-0 trainer
+    # children the API server refused in the apply just before this pass (see ChildRefusal)
+    refused: list[ChildRefusal] = field(default_factory=list)
 
 
 @dataclass
@@ -298,6 +325,8 @@ class _Reconciler:
 
         if self.attempt == 0:  # first launch
             self.teardown()
+        if self.obs.refused and self.status.get("launched"):
+            return self.children_refused(self.obs.refused)
         if self.status.get("launched"):
             return self.track(spec)
         due = self.next_attempt_time()
@@ -319,7 +348,7 @@ class _Reconciler:
         """When the back-off after the last gang restart ends (None: no back-off pending). Read
         from ``status.nextAttemptTime``, else from the Reconciling message that repeats it (an
         API server whose CRD schema lacks the field prunes it from the status)."""
-        if self.old.get("phase") != RESTARTING:
+        if self.old.get("phase") != RESTARTING and not self.old.get("createFailures"):
             return None
         if self.status.get("nextAttemptTime"):
             return parse_time(self.status["nextAttemptTime"])
@@ -343,6 +372,9 @@ class _Reconciler:
             self.status.pop("nextAttemptTime", None)
             return None
         self.delete_stale()  # the failed attempt's pods, if still there
+        if self.old.get("createFailures"):  # children were refused: the status already says so
+            self.d.requeue_after = self.until_deadline((due - self.obs.now).total_seconds())
+            return self.d
         self.status["pods"] = pod_counts([])
         left = (due - self.obs.now).total_seconds()
         restarts = int(self.status.get("restarts") or 0)
@@ -390,6 +422,43 @@ class _Reconciler:
         self.status.pop("nextAttemptTime", None)
         self.status["completionTime"] = self.now
         self.set_phase(FAILED, reason, message, stalled=(reason, message))
+        return self.d
+
+    def children_refused(self, refused: list[ChildRefusal]) -> Decision:
+        """The API server refused some of this attempt's children: delete the partial gang (no
+        pod holds GPUs for a gang that cannot start), say why, and try again later: after a
+        back-off when time can fix it (a full quota), else as Stalled until the spec changes
+        (or every CHILD_REJECTED_RETRY seconds, since an admin may change the policy)."""
+        self.teardown()
+        first = refused[0]
+        why = first.describe()
+        if len(refused) > 1:
+            why += f" (and {len(refused) - 1} more)"
+        failures = int(self.old.get("createFailures") or 0) + 1
+        self.status["createFailures"] = failures
+        if first.retryable:
+            delay = max(self.backoff.delay(failures), 1.0)
+            due = self.obs.now + timedelta(seconds=delay)
+            self.status["nextAttemptTime"] = iso(due)
+            self.set_phase(
+                PENDING,
+                "ChildCreateFailed",
+                f"{why}; the partial gang was deleted; next attempt at {iso(due)}",
+                announce=False,
+            )
+            if failures == 1:
+                self.event("Warning", "ChildCreateFailed", why)
+            self.d.requeue_after = self.until_deadline(delay)
+            return self.d
+        due = self.obs.now + timedelta(seconds=CHILD_REJECTED_RETRY)
+        self.status["nextAttemptTime"] = iso(due)
+        self.status["pods"] = pod_counts([])
+        self.stall(
+            "ChildRejected",
+            f"{why} -- fix spec.template (or ask the cluster admin); the partial gang was deleted; "
+            f"tried again when the spec changes or at {iso(due)}",
+        )
+        self.d.requeue_after = self.until_deadline(CHILD_REJECTED_RETRY)
         return self.d
 
     # ---- launching --------------------------------------------------------------------------
@@ -475,6 +544,7 @@ class _Reconciler:
 
     # ---- tracking a launched attempt ------------------------------------------------------
     def track(self, spec: JobSpec) -> Decision:
+        self.status.pop("createFailures", None)  # this attempt's children were all accepted
         self.delete_stale()
         launched_hash = self.cm_annotation(names.ANN_SPEC_HASH)
         if (
