@@ -110,8 +110,15 @@ class FakeWorld:
             no = self.refuse(p) if self.refuse else None
             if no is not None:
                 refusals.append(no)
-            else:
-                self.pods.setdefault(p["metadata"]["name"], copy.deepcopy(p))
+            else:  # owned by this job object, as kopf.adopt makes it
+                pod = copy.deepcopy(p)
+                ref = {
+                    "kind": names.KIND,
+                    "name": self.job["metadata"]["name"],
+                    "uid": self.job["metadata"]["uid"],
+                }
+                pod["metadata"]["ownerReferences"] = [dict(ref, controller=True)]
+                self.pods.setdefault(p["metadata"]["name"], pod)
         self.job["status"] = d.status
         self.events += d.events
         self.deleted_job = self.deleted_job or d.delete_job

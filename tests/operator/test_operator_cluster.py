@@ -249,6 +249,46 @@ def test_a_pod_failure_restarts_the_gang_and_counts_it(crd, namespace, operator)
     assert "holmes_restarts_total 1.0" in operator.metrics()
 
 
+def test_a_quota_that_forbids_the_gang_is_reported_and_leaves_no_partial_gang(crd, namespace, operator):
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "gpus", "namespace": namespace},
+        "spec": {"hard": {"requests.nvidia.com/gpu": "2"}},  # room for 2 of the 4 one-GPU pods
+    }
+    apply(crd, quota)
+    wait_for(
+        "the quota controller to fill in the quota's status",
+        lambda: crd.get_json("resourcequota", "gpus", "-n", namespace).get("status", {}).get("hard"),
+    )
+    apply(crd, job_manifest("quota", namespace, command=SLEEP))
+
+    def refused():
+        job = get_job(crd, namespace, "quota")
+        c = condition(job, "Reconciling") if job and job.get("status") else {}
+        return job if c.get("reason") == "ChildCreateFailed" else None
+
+    job = wait_for("ChildCreateFailed", refused, op=operator)
+    msg = condition(job, "Reconciling")["message"]
+    assert "403 Forbidden" in msg and "exceeded quota" in msg, msg
+    assert job["status"]["createFailures"] >= 1 and job["status"]["restarts"] == 0
+    assert any(e["reason"] == "ChildCreateFailed" for e in events_of(crd, namespace, "quota"))
+    # the pods the quota let through are deleted again: no partial gang holds GPUs
+    wait_for(
+        "no live pod of the partial gang",
+        lambda: (
+            not [p for p in pods_of(crd, namespace, "quota") if not p["metadata"].get("deletionTimestamp")]
+            or None
+        ),
+        every=0.1,
+        timeout=10,
+        op=operator,
+    )
+    crd.kubectl("delete", "resourcequota", "gpus", "-n", namespace)
+    job = wait_phase(crd, namespace, "quota", "Running", op=operator)
+    assert "createFailures" not in job["status"] and condition(job, "Stalled")["status"] == "False"
+
+
 def test_backoff_limit_exhausted_fails_the_job_with_the_reason(crd, namespace, operator):
     always_fail = ["sh", "-c", 'if [ "$NODE_RANK" = 0 ]; then exit 7; fi; sleep 600']
     apply(crd, job_manifest("doomed", namespace, command=always_fail, run_policy={"backoffLimit": 1}))

@@ -508,3 +508,18 @@ def test_an_admission_denial_stalls_until_the_spec_changes():
     w.edit_spec(template={"metadata": {"labels": {"fixed": "yes"}}})
     w.step()
     assert len(w.pods) == 4 and w.condition("Stalled")["status"] == "False"
+
+
+def test_a_recreated_job_does_not_adopt_the_old_jobs_pods():
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running")
+    old_pods = dict(w.pods)
+    # the job is deleted and created again under the same name: a new object, a new uid, no
+    # status; the old pods are still there while the garbage collector removes them
+    w.job["metadata"]["uid"] = "uid-2"
+    w.job.pop("status")
+    d = w.step()
+    new = [p for p in d.create_pods]
+    assert len(new) == 4 and not set(p["metadata"]["name"] for p in new) & set(old_pods)
+    assert w.status["attempt"] == 2 and w.status["restarts"] == 0
+    assert w.status["pods"]["running"] == 0  # the old job's running pods are not counted

@@ -126,7 +126,7 @@ def test_ethernet_pod_disables_ib_and_asks_no_rdma():
     c = pod["spec"]["containers"][0]
     assert env["NCCL_IB_DISABLE"] == "1" and env["HOLMES_NIC"] == "ethernet"
     assert not any(k.startswith("rdma/") for k in c["resources"]["limits"])
-    assert "securityContext" not in c
+    assert "add" not in c["securityContext"]["capabilities"]  # no IPC_LOCK without RDMA
 
 
 def test_every_pod_gets_memory_backed_shm_and_the_layout_mounted():

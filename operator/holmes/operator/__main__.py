@@ -20,6 +20,7 @@ from .handlers import Runtime, register
 from .planning import ClusterPlanner, export_state, with_nic_flags
 from .reconcile import RestartBackoff
 from .render import RenderSettings
+from .template import TemplatePolicy
 
 log = logging.getLogger("holmes.operator")
 
@@ -111,6 +112,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="S",
         help="the longest restart back-off",
     )
+    pol = p.add_argument_group(
+        "job policy", "what a HolmesJob's spec.template may set (default: none of these; see template.py)"
+    )
+    pol.add_argument("--allow-privileged", action="store_true", help="privileged containers, escalation")
+    pol.add_argument("--allow-capabilities", default="", metavar="CAPS", help="capabilities beyond IPC_LOCK")
+    pol.add_argument("--allow-host-namespaces", action="store_true", help="hostNetwork, hostPID, hostIPC")
+    pol.add_argument("--allow-host-path", action="store_true", help="hostPath volumes")
+    pol.add_argument("--allow-service-accounts", default="", metavar="SAS", help="serviceAccountName values")
+    pol.add_argument("--allow-node-name", action="store_true", help="spec.nodeName")
+    pol.add_argument("--allow-runtime-classes", default="", metavar="RC,...", help="runtimeClassName values")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
         "--log-format",
@@ -130,6 +141,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.restart_backoff = RestartBackoff(args.restart_backoff_seconds, args.restart_backoff_max_seconds)
     except ValueError as e:
         p.error(f"--restart-backoff-seconds/--restart-backoff-max-seconds: {e}")
+
+    def names_in(v: str) -> tuple[str, ...]:
+        return tuple(x.strip() for x in v.split(",") if x.strip())
+
+    args.policy = TemplatePolicy(
+        allow_privileged=args.allow_privileged,
+        allowed_capabilities=names_in(args.allow_capabilities),
+        allow_host_namespaces=args.allow_host_namespaces,
+        allow_host_path=args.allow_host_path,
+        service_accounts=names_in(args.allow_service_accounts),
+        allow_node_name=args.allow_node_name,
+        runtime_classes=names_in(args.allow_runtime_classes),
+    )
     args.port_range_tuple = None
     if args.port_range:
         lo, _, hi = args.port_range.partition("-")
@@ -192,6 +216,7 @@ def build(
         master_port=args.master_port,
         metrics_port=args.trainer_metrics_port,
         port_range=args.port_range_tuple,
+        policy=args.policy,
     )
     planner = ClusterPlanner(model or cost_model(args))
     rt = Runtime(

@@ -32,7 +32,7 @@ from kubernetes import client
 
 from . import metrics, names, progress
 from .kube import KubeIO
-from .reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide
+from .reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide, owned_by
 from .render import RenderSettings
 from .summary import pod_attempt, pod_node_rank
 
@@ -129,7 +129,12 @@ class Runtime:
         st = job.get("status") or {}
         if not st.get("launched"):
             return None
-        rank0 = [p for p in pods if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == 0]
+        uid = job["metadata"].get("uid")
+        rank0 = [
+            p
+            for p in pods
+            if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == 0 and (not uid or owned_by(p, uid))
+        ]
         if not rank0:
             return None
         found = progress.from_pod(rank0[0], self.settings.metrics_port)

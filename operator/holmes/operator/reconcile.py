@@ -42,6 +42,7 @@ from .summary import (
     pod_node_rank,
     waiting_reason,
 )
+from .template import policy_violations, shape_problems
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
@@ -166,6 +167,10 @@ class _Reconciler:
         self.now = iso(obs.now)
         self.d = Decision(status=self.status)
         self.attempt = int(self.old.get("attempt") or 0)
+        # Only pods this job object owns: a job deleted and recreated under the same name must
+        # not adopt the old one's pods, which the garbage collector is removing.
+        uid = meta.get("uid")
+        self.pods = [p for p in obs.pods if not uid or owned_by(p, uid)]
         self.spec: JobSpec | None = None  # set once the spec parsed
 
     # ---- helpers -------------------------------------------------------------------------
@@ -237,16 +242,16 @@ class _Reconciler:
         """Names of pods still running or starting (any attempt) and not already being deleted."""
         return [
             p["metadata"]["name"]
-            for p in self.obs.pods
+            for p in self.pods
             if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
             and not p["metadata"].get("deletionTimestamp")
         ]
 
     def current_pods(self) -> list[dict]:
-        return [p for p in self.obs.pods if pod_attempt(p) == self.attempt]
+        return [p for p in self.pods if pod_attempt(p) == self.attempt]
 
     def delete_stale(self) -> None:
-        for p in self.obs.pods:
+        for p in self.pods:
             if (
                 pod_attempt(p) != self.attempt
                 and not p["metadata"].get("deletionTimestamp")
@@ -294,6 +299,12 @@ class _Reconciler:
         if spec is None:
             return self.stall("InvalidSpec", f"{invalid} -- fix the spec with kubectl edit or apply")
         self.spec = spec
+        shape = shape_problems(spec.template)
+        if shape:
+            return self.stall("InvalidSpec", "; ".join(shape) + " -- fix the spec with kubectl edit or apply")
+        denied = policy_violations(spec.template, self.settings.policy)
+        if denied:
+            return self.stall("PolicyViolation", "; ".join(denied))
         started_model = self.cm_annotation(names.ANN_MODEL_HASH)
         if started_model and started_model != names.model_hash(self.job.get("spec")):
             return self.stall(
@@ -323,7 +334,9 @@ class _Reconciler:
                 f"the job was active longer than runPolicy.activeDeadlineSeconds={deadline}",
             )
 
-        if self.attempt == 0:  # first launch
+        if self.attempt == 0:  # first launch, past the attempts of any same-named job's leftovers
+            foreign = [p for p in self.obs.pods if not any(p is q for q in self.pods)]
+            self.attempt = max((pod_attempt(p) or 0 for p in foreign), default=0)
             self.teardown()
         if self.obs.refused and self.status.get("launched"):
             return self.children_refused(self.obs.refused)
@@ -659,6 +672,10 @@ class _Reconciler:
 
 
 # ---- pure helpers -----------------------------------------------------------------------------
+
+
+def owned_by(obj: Mapping, uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def plan_message(layout: Layout) -> str:

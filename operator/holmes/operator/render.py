@@ -5,7 +5,9 @@
 - ``build_pod``: one pod per planned node, pinned there by required node affinity on
   kubernetes.io/hostname, with rank/rendezvous env (also as torchrun's PET_* variables), NCCL
   env for the node's NIC kind, GPU and RDMA resources, IPC_LOCK on RDMA nodes, a memory-backed
-  /dev/shm and the layout mounted at /etc/holmes. The user's template is respected: image,
+  /dev/shm and the layout mounted at /etc/holmes; secure defaults (seccomp RuntimeDefault, no
+  privilege escalation, capabilities dropped, no service-account token) unless the template,
+  within the operator's policy (template.py), says otherwise. The user's template is respected: image,
   command/args, env (wins over ours), resources (win over ours), volumes, tolerations,
   schedulerName, labels, annotations and any other PodSpec field.
 
@@ -24,6 +26,7 @@ import yaml
 from holmes.contract import JobSpec, Layout
 
 from . import names
+from .template import TemplatePolicy
 
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -40,6 +43,7 @@ class RenderSettings:
     # Pods sharing a network namespace (hostNetwork: true, or the local node agent) cannot all
     # listen on one fixed port: with a range, each attempt gets its own pair of ports.
     port_range: tuple[int, int] | None = None
+    policy: TemplatePolicy = TemplatePolicy()  # what job templates may set (template.py)
 
 
 def job_ports(job: JobRef, settings: RenderSettings) -> tuple[int, int]:
@@ -251,6 +255,10 @@ def build_pod(
         }
     )
     pspec.setdefault("enableServiceLinks", False)
+    pspec.setdefault("automountServiceAccountToken", False)  # the trainer never calls the API
+    psc = dict(pspec.get("securityContext") or {})
+    psc.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    pspec["securityContext"] = psc
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -297,14 +305,19 @@ def _trainer_container(
         mounts.append({"name": names.SHM_VOLUME, "mountPath": "/dev/shm"})
     c["volumeMounts"] = mounts
 
-    if rdma_resource:  # RDMA needs pinned memory (ibv_reg_mr)
-        sc = copy.deepcopy(c.get("securityContext") or {})
-        caps = sc.setdefault("capabilities", {})
-        add = list(caps.get("add") or [])
-        if "IPC_LOCK" not in add:
-            add.append("IPC_LOCK")
+    # Secure defaults the template may override within the operator's policy: no privilege
+    # escalation, every capability dropped but IPC_LOCK on RDMA nodes (pinned memory for
+    # ibv_reg_mr).
+    sc = copy.deepcopy(c.get("securityContext") or {})
+    sc.setdefault("allowPrivilegeEscalation", False)
+    caps = sc.setdefault("capabilities", {})
+    caps.setdefault("drop", ["ALL"])
+    add = list(caps.get("add") or [])
+    if rdma_resource and "IPC_LOCK" not in add:
+        add.append("IPC_LOCK")
+    if add:
         caps["add"] = add
-        c["securityContext"] = sc
+    c["securityContext"] = sc
 
     declared = [p for p in c.get("ports") or [] if p.get("name") not in ("rendezvous", "metrics")]
     declared.append({"name": "rendezvous", "containerPort": ports[0]})
