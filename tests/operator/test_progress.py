@@ -115,3 +115,28 @@ def test_fabric_warnings_from_the_trainers_endpoint_and_its_last_line():
     done = json.dumps({"holmes": "done", "iteration": 5, "fabricWarnings": msgs})
     assert progress.from_json_lines(done)["fabricWarnings"] == msgs
     assert "fabricWarnings" not in progress.from_json_lines(json.dumps({"holmes": "done", "iteration": 5}))
+
+
+def test_a_scrape_larger_than_the_limit_is_ignored():
+    text = exposition(holmes_trainer_iteration=3, holmes_trainer_loss=1.5)
+
+    class Big(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (text + "# " + "x" * 4096 + "\n").encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Big)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_port}/metrics"
+        assert progress.scrape(url)["iteration"] == 3
+        assert progress.scrape(url, limit=1024) == {}
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -232,6 +232,7 @@ NEEDED = {
     ("pods", "watch"): "kopf on.event pods",
     ("pods", "create"): "kube.KubeIO.apply",
     ("pods", "delete"): "kube.KubeIO._delete_pod (gang restart, suspend)",
+    ("pods/log", "get"): "kube.KubeIO.log_tail (the trainer's last line, for status.progress)",
     ("configmaps", "get"): "kube.KubeIO.read_configmap",
     ("configmaps", "create"): "kube.KubeIO._create_or_replace_configmap",
     ("configmaps", "update"): "kube.KubeIO._create_or_replace_configmap (re-plan)",

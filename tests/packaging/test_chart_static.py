@@ -312,3 +312,17 @@ def test_the_whole_print_config_output_is_a_valid_cost_model_value(tmp_path):
     values.write_text(yaml.safe_dump({"costModel": yaml.safe_load(dump_yaml())}))
     cm = one(render(extra=["-f", str(values)]), "ConfigMap")
     assert load_yaml_text(cm["data"]["costmodel.yaml"]) == CostModelConfig()
+
+
+def test_job_policy_values_become_operator_flags():
+    assert not [a for a in operator_pod(render())["containers"][0]["args"] if a.startswith("--allow")]
+    docs = render(
+        {
+            "jobPolicy.allowHostPath": "true",
+            "jobPolicy.serviceAccounts": "{trainer,reader}",
+            "jobPolicy.allowedCapabilities": "{SYS_PTRACE}",
+        }
+    )
+    args = operator_pod(docs)["containers"][0]["args"]
+    assert "--allow-host-path" in args and "--allow-service-accounts=trainer,reader" in args
+    assert "--allow-capabilities=SYS_PTRACE" in args and "--allow-privileged" not in args

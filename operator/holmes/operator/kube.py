@@ -78,6 +78,7 @@ class KubeIO:
                 meta["namespace"],
                 container=container,
                 tail_lines=lines,
+                limit_bytes=64 * 1024,  # the job author's output: bounded like the metrics scrape
                 _preload_content=False,
                 _request_timeout=5,
             )

@@ -96,9 +96,15 @@ def from_pod(pod: Mapping[str, Any], metrics_port: int, timeout: float = 1.0) ->
     return scrape(f"http://{ip}:{metrics_port_of(pod, metrics_port)}/metrics", timeout)
 
 
-def scrape(url: str, timeout: float = 1.0) -> dict[str, Any]:
+MAX_SCRAPE_BYTES = 1 << 20  # the pod runs the job author's code: read no more than this
+
+
+def scrape(url: str, timeout: float = 1.0, limit: int = MAX_SCRAPE_BYTES) -> dict[str, Any]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (pod IP, http)
-            return from_prometheus(r.read().decode("utf-8", "replace"))
+            body = r.read(limit + 1)
+        if len(body) > limit:
+            return {}  # not the trainer's few gauges: ignore it rather than parse megabytes
+        return from_prometheus(body.decode("utf-8", "replace"))
     except (OSError, ValueError):
         return {}  # not listening yet, or gone: try again next time
