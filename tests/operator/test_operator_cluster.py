@@ -95,6 +95,17 @@ def wait_phase(cluster, ns, name, phase, timeout=90, op=None):
         ) from None
 
 
+def wait_reconciling(cluster, ns, name, reason, op):
+    """The job once its Reconciling condition has this reason."""
+
+    def check():
+        job = get_job(cluster, ns, name)
+        c = condition(job, "Reconciling") if job and job.get("status") else {}
+        return job if c.get("reason") == reason else None
+
+    return wait_for(f"{name} Reconciling {reason}", check, op=op)
+
+
 def condition(job, type_):
     return next((c for c in job["status"].get("conditions", []) if c["type"] == type_), {})
 
@@ -263,12 +274,7 @@ def test_a_quota_that_forbids_the_gang_is_reported_and_leaves_no_partial_gang(cr
     )
     apply(crd, job_manifest("quota", namespace, command=SLEEP))
 
-    def refused():
-        job = get_job(crd, namespace, "quota")
-        c = condition(job, "Reconciling") if job and job.get("status") else {}
-        return job if c.get("reason") == "ChildCreateFailed" else None
-
-    job = wait_for("ChildCreateFailed", refused, op=operator)
+    job = wait_reconciling(crd, namespace, "quota", "ChildCreateFailed", operator)
     msg = condition(job, "Reconciling")["message"]
     assert "403 Forbidden" in msg and "exceeded quota" in msg, msg
     assert job["status"]["createFailures"] >= 1 and job["status"]["restarts"] == 0
@@ -581,12 +587,7 @@ def test_bad_manifests_each_get_a_clear_message_and_the_operator_keeps_serving(c
 def test_waits_for_nodes_with_a_condition_saying_what_is_missing(crd, namespace, operator):
     apply(crd, job_manifest("huge", namespace, count=8, command=SLEEP))
 
-    def waiting():
-        job = get_job(crd, namespace, "huge")
-        c = condition(job, "Reconciling") if job and job.get("status") else {}
-        return job if c.get("reason") == "WaitingForNodes" else None
-
-    job = wait_for("waiting", waiting, op=operator)
+    job = wait_reconciling(crd, namespace, "huge", "WaitingForNodes", operator)
     msg = condition(job, "Reconciling")["message"]
     assert "needs 8 nodes" in msg and "have 6" in msg
     assert job["status"]["phase"] == "Pending" and not pods_of(crd, namespace, "huge")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -16,6 +17,28 @@ def exposition(**values):
     for k, v in values.items():
         Gauge(k, k, registry=reg).set(v)
     return generate_latest(reg).decode()
+
+
+@contextlib.contextmanager
+def serving(body: bytes):
+    """An HTTP server on loopback answering every GET with ``body``; yields its port."""
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv.server_port
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_prometheus_text_to_status_progress():
@@ -60,26 +83,9 @@ def test_termination_message_last_json_line_wins():
 
 
 def test_from_pod_scrapes_a_running_rank0_and_reads_a_terminated_one():
-    body = exposition(holmes_trainer_iteration=7).encode()
-
-    class H(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = HTTPServer(("127.0.0.1", 0), H)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
+    with serving(exposition(holmes_trainer_iteration=7).encode()) as port:
         running = {"status": {"phase": "Running", "podIP": "127.0.0.1"}}
-        assert progress.from_pod(running, srv.server_port) == {"iteration": 7}
-    finally:
-        srv.shutdown()
-        srv.server_close()
+        assert progress.from_pod(running, port) == {"iteration": 7}
     done = {
         "status": {
             "phase": "Succeeded",
@@ -119,24 +125,7 @@ def test_fabric_warnings_from_the_trainers_endpoint_and_its_last_line():
 
 def test_a_scrape_larger_than_the_limit_is_ignored():
     text = exposition(holmes_trainer_iteration=3, holmes_trainer_loss=1.5)
-
-    class Big(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = (text + "# " + "x" * 4096 + "\n").encode()
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = HTTPServer(("127.0.0.1", 0), Big)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_port}/metrics"
+    with serving((text + "# " + "x" * 4096 + "\n").encode()) as port:
+        url = f"http://127.0.0.1:{port}/metrics"
         assert progress.scrape(url)["iteration"] == 3
         assert progress.scrape(url, limit=1024) == {}
-    finally:
-        srv.shutdown()
-        srv.server_close()
