@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import resource
-import socket
 import sys
 import time
 from datetime import timedelta
@@ -39,8 +39,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trainer_common import _port, layout  # noqa: E402
+
 from holmes.contract import ModelCost, ModelSpec
-from holmes.contract.layout import GroupFamily, Layout, Stage
 from holmes.trainer.config import OptimizerConfig, TrainConfig
 from holmes.trainer.data import BatchLoader, Sharding, make_source
 from holmes.trainer.engine import Trainer, learning_rate
@@ -60,21 +62,6 @@ def peak_tflops(name: str, given: float | None) -> float | None:
     if "PCIe" in name and "H100" in name:
         return 756.0
     return next((v for k, v in PEAKS.items() if k in name), None)
-
-
-def one_rank_layout(layers: int, mb: int, micro_batches: int) -> Layout:
-    return Layout(
-        tensor=1,
-        pipeline=1,
-        data=1,
-        gpus_per_node=1,
-        nodes=("gpu",),
-        stages=(Stage(0, (0, layers), "bench/local", "infiniband", "IB"),),
-        groups=(GroupFamily("dp", "IB", 0), GroupFamily("pp", "IB")),
-        micro_batch_size=mb,
-        micro_batches=micro_batches,
-        world_net="IB",
-    )
 
 
 def rss_mib() -> float:
@@ -141,9 +128,9 @@ def run_variant(name: str, cfg: TrainConfig, device: torch.device, a: argparse.N
     rss0 = rss_mib()
     t0 = time.perf_counter()
     if name == "engine":
-        layout = one_rank_layout(cfg.model.layers, cfg.micro_batch_size, a.micro_batches)
+        one_rank = layout(1, 1, [cfg.model.layers], cfg.micro_batch_size, a.micro_batches)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        runner = Trainer(cfg, layout, rank=0, device=device, backend=backend)
+        runner = Trainer(cfg, one_rank, rank=0, device=device, backend=backend)
         step = runner.train_step
     else:
         runner = Plain(cfg, device, compile_=name == "plain+compile")
@@ -191,14 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         rank=0,
         world_size=1,
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"tcp://127.0.0.1:{_port()}",
         timeout=timedelta(seconds=300),
     )
     results = []

@@ -318,32 +318,19 @@ def test_backoff_limit_exhausted_fails_the_job_with_the_reason(crd, namespace, o
     )
 
 
+def set_suspend(cluster, ns, name, suspend: bool):
+    patch = json.dumps({"spec": {"runPolicy": {"suspend": suspend}}})
+    cluster.kubectl("patch", "hj", name, "-n", ns, "--type=merge", "-p", patch)
+
+
 def test_suspend_deletes_pods_and_resume_relaunches(crd, namespace, operator):
     apply(crd, job_manifest("pause", namespace, command=SLEEP))
     wait_phase(crd, namespace, "pause", "Running", op=operator)
-    crd.kubectl(
-        "patch",
-        "hj",
-        "pause",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"runPolicy":{"suspend":true}}}',
-    )
+    set_suspend(crd, namespace, "pause", True)
     job = wait_phase(crd, namespace, "pause", "Suspended", op=operator)
     assert condition(job, "Suspended")["status"] == "True"
     wait_for("pods deleted", lambda: not pods_of(crd, namespace, "pause") or None, op=operator)
-    crd.kubectl(
-        "patch",
-        "hj",
-        "pause",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"runPolicy":{"suspend":false}}}',
-    )
+    set_suspend(crd, namespace, "pause", False)
     job = wait_phase(crd, namespace, "pause", "Running", op=operator)
     assert job["status"]["restarts"] == 0 and job["status"]["attempt"] == 2
     assert {e["reason"] for e in events_of(crd, namespace, "pause")} >= {"Suspended", "Resumed"}

@@ -64,6 +64,21 @@ class Env:
     def helm(self, *args: str, check: bool = True, timeout: float = 300):
         return helm(*args, "--kubeconfig", self.kubeconfig, check=check, timeout=timeout)
 
+    def install(self):
+        """``helm install --wait`` of the chart with this module's values."""
+        return self.helm(
+            "install",
+            self.release,
+            str(CHART),
+            "-n",
+            self.release_ns,
+            *self.values(),
+            "--wait",
+            "--timeout",
+            "3m",
+            timeout=240,
+        )
+
     def values(self) -> list[str]:
         return [
             "--set",
@@ -175,18 +190,7 @@ def test_template_applies_with_server_side_dry_run(env):
 
 
 def test_helm_install_wait_runs_the_operator_pod(env):
-    res = env.helm(
-        "install",
-        env.release,
-        str(CHART),
-        "-n",
-        env.release_ns,
-        *env.values(),
-        "--wait",
-        "--timeout",
-        "3m",
-        timeout=240,
-    )
+    res = env.install()
     notes = res.stdout.split("NOTES:", 1)[1]
     assert f"rollout status deployment/{env.fullname}" in notes and env.job_ns in notes
     dep = env.get("deployment", env.fullname, "-n", env.release_ns)
@@ -531,18 +535,7 @@ def test_helm_uninstall_leaves_only_the_kept_crd(env):
 
 
 def test_reinstall_adopts_the_kept_crd_and_restores_it(env):
-    env.helm(
-        "install",
-        env.release,
-        str(CHART),
-        "-n",
-        env.release_ns,
-        *env.values(),
-        "--wait",
-        "--timeout",
-        "3m",
-        timeout=240,
-    )
+    env.install()
     live = env.get("crd", CRD_NAME)
     cols = [c["name"] for c in live["spec"]["versions"][0].get("additionalPrinterColumns", [])]
     assert "Upgraded" not in cols  # back to crds/ as the chart carries it

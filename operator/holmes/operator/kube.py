@@ -111,35 +111,31 @@ class KubeIO:
         refused: list[ChildRefusal] = []
         if d.configmap is not None:
             kopf.adopt(d.configmap, owner=owner)
-            refused += self._refusals(
-                "ConfigMap", d.configmap, lambda: self._create_or_replace_configmap(ns, d.configmap)
-            )
+            refused += self._attempt("ConfigMap", d.configmap, self._create_or_replace_configmap, ns)[1]
         if d.service is not None:
             kopf.adopt(d.service, owner=owner)
-            refused += self._refusals(
-                "Service", d.service, lambda: self._create(self.core.create_namespaced_service, ns, d.service)
-            )
+            refused += self._attempt("Service", d.service, self._create_service, ns)[1]
         if refused:  # pods need both: create none of them
             return 0, refused
         for pod in d.create_pods:
             kopf.adopt(pod, owner=owner)
-        outcomes = self._parallel(lambda p: self._try_create_pod(ns, p), d.create_pods)
-        created = sum(1 for c in outcomes if c is True)
-        return created, [c for c in outcomes if isinstance(c, ChildRefusal)]
-
-    def _try_create_pod(self, ns: str, pod: dict) -> bool | ChildRefusal:
-        try:
-            return self._create(self.core.create_namespaced_pod, ns, pod)
-        except ApiException as e:
-            return refusal("Pod", pod["metadata"]["name"], e)
+        outcomes = self._parallel(lambda p: self._attempt("Pod", p, self._create_pod, ns), d.create_pods)
+        created = sum(1 for made, _ in outcomes if made is True)
+        return created, [no for _, no in outcomes for no in no]
 
     @staticmethod
-    def _refusals(kind: str, body: dict, fn: Callable[[], Any]) -> list[ChildRefusal]:
+    def _attempt(kind: str, body: dict, create: Callable[[str, dict], Any], ns: str) -> tuple[Any, list]:
+        """(what ``create`` returned, []) or (None, [the API server's refusal])."""
         try:
-            fn()
-            return []
+            return create(ns, body), []
         except ApiException as e:
-            return [refusal(kind, body["metadata"]["name"], e)]
+            return None, [refusal(kind, body["metadata"]["name"], e)]
+
+    def _create_pod(self, ns: str, pod: dict) -> bool:
+        return self._create(self.core.create_namespaced_pod, ns, pod)
+
+    def _create_service(self, ns: str, svc: dict) -> bool:
+        return self._create(self.core.create_namespaced_service, ns, svc)
 
     def patch_status(self, job: dict, old: dict, new: dict) -> bool:
         """Merge-patch the status subresource with what changed; False when nothing did."""

@@ -47,13 +47,16 @@ def _kind(v: Any) -> str:
 _MAP, _LIST, _STR, _STRS = "mapping", "list", "string", "list of strings"
 
 
+_IS = {
+    _MAP: lambda v: isinstance(v, Mapping),
+    _LIST: lambda v: isinstance(v, list),
+    _STR: lambda v: isinstance(v, str),
+    _STRS: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+}
+
+
 def _check(value: Any, want: str, path: str, out: list[str]) -> bool:
-    ok = {
-        _MAP: isinstance(value, Mapping),
-        _LIST: isinstance(value, list),
-        _STR: isinstance(value, str),
-        _STRS: isinstance(value, list) and all(isinstance(x, str) for x in value),
-    }[want]
+    ok = _IS[want](value)
     if not ok:
         out.append(f"{path}: must be a {want}, got {_kind(value)}")
     return ok
