@@ -77,9 +77,16 @@ def install_crd(cluster) -> None:
 class OperatorProcess:
     """python -m holmes.operator in a subprocess, with its own ports and log file."""
 
-    def __init__(self, kubeconfig: str, namespaces: list[str] | None, log_path: Path, extra: list[str] = ()):
+    def __init__(
+        self,
+        kubeconfig: str,
+        namespaces: list[str] | None,
+        log_path: Path,
+        extra: list[str] = (),
+        port_range: str | None = PORT_RANGE,  # None: every attempt on the fixed ports
+    ):
         self.kubeconfig, self.namespaces, self.log_path = kubeconfig, namespaces, log_path
-        self.extra = list(extra)
+        self.extra, self.port_range = list(extra), port_range
         self.metrics_port, self.liveness_port = free_port(), free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -94,7 +101,7 @@ class OperatorProcess:
             f"--metrics-port={self.metrics_port}",
             f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
             *[f"--cluster-rdma-kind={k}" for k in RDMA_KINDS],
-            f"--port-range={PORT_RANGE}",
+            *([f"--port-range={self.port_range}"] if self.port_range else []),
             *self.extra,
         ]
         self.log = open(self.log_path, "ab")
@@ -148,6 +155,12 @@ class OperatorProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the operator has used so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def rss_bytes(self) -> int:
         with open(f"/proc/{self.proc.pid}/status") as f:

@@ -578,3 +578,53 @@ def test_waits_for_nodes_with_a_condition_saying_what_is_missing(crd, namespace,
     msg = condition(job, "Reconciling")["message"]
     assert "needs 8 nodes" in msg and "have 6" in msg
     assert job["status"]["phase"] == "Pending" and not pods_of(crd, namespace, "huge")
+
+
+def lease_holder(cluster, ns: str, name: str = "holmes-operator") -> str | None:
+    r = cluster.kubectl("get", "lease", name, "-n", ns, "-o", "json", check=False)
+    return json.loads(r.stdout)["spec"].get("holderIdentity") if r.returncode == 0 else None
+
+
+def test_leader_killed_the_follower_takes_over_within_15s_without_duplicates(crd, namespace, tmp_path):
+    """Two replicas with --leader-elect: only the leader acts; SIGKILL it while a job runs and
+    the follower leads within 15 s, adopts the running pods (same pods, no restart) and sees the
+    job to Succeeded."""
+    ops = {
+        ident: OperatorProcess(
+            crd.kubeconfig,
+            [namespace],
+            tmp_path / f"{ident}.log",
+            extra=[
+                "--leader-elect",
+                f"--leader-elect-namespace={namespace}",
+                f"--leader-elect-identity={ident}",
+            ],
+        ).start()
+        for ident in ("op-a", "op-b")
+    }
+    try:
+        first = wait_for("a leader", lambda: lease_holder(crd, namespace), timeout=30)
+        leader, follower = ops[first], next(op for i, op in ops.items() if i != first)
+        second = next(i for i in ops if i != first)
+        apply(crd, job_manifest("ha", namespace, count=2, command=["sh", "-c", "sleep 20"]))
+        wait_phase(crd, namespace, "ha", "Running", op=leader)
+        before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(crd, namespace, "ha")}
+        leader.kill()
+        killed = time.monotonic()
+        wait_for(
+            "the follower to lead", lambda: lease_holder(crd, namespace) == second, timeout=30, every=0.1
+        )
+        takeover = time.monotonic() - killed
+        job = wait_phase(crd, namespace, "ha", "Succeeded", timeout=120, op=follower)
+    finally:
+        for ident, op in ops.items():
+            op.stop()
+            print(f"--- {ident}:\n{op.tail(30)}")
+    print(f"takeover {takeover:.1f}s after the leader's SIGKILL")
+    assert takeover <= 15, takeover
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(crd, namespace, "ha")}
+    assert after == before and sorted(after) == ["ha-1-0", "ha-1-1"]
+    assert job["status"]["restarts"] == 0 and job["status"]["attempt"] == 1
+    launched = [e for e in events_of(crd, namespace, "ha") if e["reason"] == "Launched"]
+    assert len(launched) == 1, launched
+    assert "waiting to lead" in follower.tail(400)

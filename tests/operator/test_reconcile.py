@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from holmes.contract.layout import Layout
 from holmes.operator import names
 from holmes.operator.reconcile import ChildRefusal, RestartBackoff
+from holmes.operator.render import RenderSettings
 from holmes.operator.summary import iso
 from tests.operator.opfixtures import FakeWorld, default_nodes, manifest, true_nic, with_link_layers
 
@@ -69,6 +71,25 @@ def test_running_then_succeeded_with_progress():
     assert w.condition("Succeeded")["status"] == "True"
     assert w.status["progress"]["loss"] == 4.2  # kept from the last read
     assert len(w.pods) == 4  # finished pods stay for inspection
+
+
+def test_a_steady_running_job_has_nothing_to_patch_until_its_numbers_change():
+    """The status is patched only when it changes: reads with the same numbers (or none) leave
+    it equal, updateTime included; new numbers move updateTime."""
+    w = launched(FakeWorld(manifest()))
+    w.set_phase("Running")
+    numbers = {"iteration": 3, "loss": 4.2, "tokensPerSecond": 100.0}
+    w.step(progress=numbers)
+    before = copy.deepcopy(w.status)
+    w.step(seconds=10, progress=dict(numbers))
+    w.step(seconds=10)
+    assert w.status == before
+    d = w.step(seconds=10, progress={"iteration": 4, "loss": 4.1, "tokensPerSecond": 100.0})
+    assert w.status["progress"]["updateTime"] > before["progress"]["updateTime"]
+    assert {k: v for k, v in w.status.items() if k != "progress"} == {
+        k: v for k, v in before.items() if k != "progress"
+    }
+    assert d.requeue_after == RenderSettings().progress_interval and not d.events
 
 
 def test_fabric_warnings_land_in_progress_with_one_event_per_distinct_set():
@@ -145,7 +166,7 @@ def test_waits_with_a_condition_naming_what_is_missing_then_starts_when_nodes_ap
         nodes,
     )
     d = w.step()
-    assert not d.create_pods and d.waiting_for_nodes
+    assert not d.create_pods and d.requeue_after == 30
     rec = w.condition("Reconciling")
     assert (
         rec["reason"] == "WaitingForNodes"

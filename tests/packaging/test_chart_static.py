@@ -32,7 +32,7 @@ def operator_pod(docs):
     return one(docs, "Deployment")["spec"]["template"]["spec"]
 
 
-def test_defaults_one_replica_recreate_and_the_pieces():
+def test_defaults_two_replicas_with_a_leader_lease_and_the_pieces():
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
@@ -41,13 +41,25 @@ def test_defaults_one_replica_recreate_and_the_pieces():
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
             "Service",
             "Deployment",
         ]
     )
     dep = one(docs, "Deployment")
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate"}
+    args = operator_pod(docs)["containers"][0]["args"]
+    assert "--leader-elect" in args and "--leader-elect-namespace=holmes-system" in args
+    assert "--progress-interval=10" in args
+    anti = operator_pod(docs)["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    lease_rules = one(docs, "Role")["rules"]
+    assert {v for r in lease_rules for v in r["verbs"]} == {"create", "get", "update"}
+    assert [r.get("resourceNames") for r in lease_rules if "get" in r["verbs"]] == [[dep["metadata"]["name"]]]
     for d in docs:
         if d["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
             assert d["metadata"]["namespace"] == "holmes-system", d["kind"]
@@ -57,6 +69,14 @@ def test_defaults_one_replica_recreate_and_the_pieces():
     assert svc["spec"]["selector"].items() <= labels.items()
     port_names = {p["name"] for p in operator_pod(docs)["containers"][0]["ports"]}
     assert svc["spec"]["ports"][0]["targetPort"] in port_names
+
+
+def test_without_leader_election_one_replica_recreate_and_no_lease():
+    docs = render({"leaderElection.enabled": "false", "replicas": "3"})
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [d for d in docs if d["kind"] == "Role"]
+    assert not any(a.startswith("--leader-elect") for a in operator_pod(docs)["containers"][0]["args"])
 
 
 def test_pod_security_standard_restricted():
@@ -90,11 +110,19 @@ def test_pod_security_standard_restricted():
         assert not any(p.get("hostPort") for p in c.get("ports", []))
 
 
+def served(objs: list[dict]) -> list[dict]:
+    """The (Role|RoleBinding)s of the served namespaces, without the leader-election ones."""
+    return [o for o in objs if not o["metadata"]["name"].endswith("-leader")]
+
+
 def test_watch_namespaces_gives_roles_per_namespace_and_flags():
     docs = render({"watch.allNamespaces": "false", "watch.namespaces": "{team-a,team-b}"})
-    roles = by_kind(docs, "Role")
+    roles = served(by_kind(docs, "Role"))
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    assert sorted(b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in served(by_kind(docs, "RoleBinding"))) == [
+        "team-a",
+        "team-b",
+    ]
     # the ClusterRole keeps only cluster-scoped reads
     cr = one(docs, "ClusterRole")
     assert {r for rule in cr["rules"] for r in rule["resources"]} == {
@@ -107,7 +135,7 @@ def test_watch_namespaces_gives_roles_per_namespace_and_flags():
     assert "--all-namespaces" not in args
     # empty list: the release namespace
     docs = render({"watch.allNamespaces": "false"}, namespace="ml")
-    assert [r["metadata"]["namespace"] for r in by_kind(docs, "Role")] == ["ml"]
+    assert [r["metadata"]["namespace"] for r in served(by_kind(docs, "Role"))] == ["ml"]
     assert "--namespace=ml" in operator_pod(docs)["containers"][0]["args"]
 
 

@@ -17,6 +17,7 @@ from kubernetes import client, config
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
 from .handlers import Runtime, register
+from .leader import LeaderElector, LeaseConfig, default_identity
 from .planning import ClusterPlanner, export_state, with_nic_flags
 from .reconcile import RestartBackoff
 from .render import RenderSettings
@@ -122,6 +123,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pol.add_argument("--allow-service-accounts", default="", metavar="SAS", help="serviceAccountName values")
     pol.add_argument("--allow-node-name", action="store_true", help="spec.nodeName")
     pol.add_argument("--allow-runtime-classes", default="", metavar="RC,...", help="runtimeClassName values")
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=RenderSettings.progress_interval,
+        metavar="S",
+        help="read a running trainer's metrics (and patch status.progress) at most every S seconds",
+    )
+    ha = p.add_argument_group(
+        "high availability", "run several replicas; one leads through a coordination.k8s.io Lease"
+    )
+    ha.add_argument("--leader-elect", action="store_true", help="act only while holding the Lease")
+    ha.add_argument(
+        "--leader-elect-namespace",
+        default=os.environ.get("POD_NAMESPACE") or _incluster_namespace() or "default",
+        metavar="NS",
+        help="namespace of the Lease (default: $POD_NAMESPACE, the pod's own, else default)",
+    )
+    ha.add_argument("--leader-elect-name", default="holmes-operator", metavar="NAME", help="the Lease's name")
+    ha.add_argument(
+        "--leader-elect-identity", default=default_identity(), metavar="ID", help="default: $POD_NAME"
+    )
+    ha.add_argument("--leader-elect-lease-duration", type=float, default=LeaseConfig.duration, metavar="S")
+    ha.add_argument(
+        "--leader-elect-renew-deadline", type=float, default=LeaseConfig.renew_deadline, metavar="S"
+    )
+    ha.add_argument("--leader-elect-retry-period", type=float, default=LeaseConfig.retry, metavar="S")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
         "--log-format",
@@ -154,6 +181,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         allow_node_name=args.allow_node_name,
         runtime_classes=names_in(args.allow_runtime_classes),
     )
+    if args.progress_interval < 1:
+        p.error(f"--progress-interval {args.progress_interval:g}: expected at least 1 second")
+    args.lease = None
+    if args.leader_elect:
+        try:
+            args.lease = LeaseConfig(
+                namespace=args.leader_elect_namespace,
+                name=args.leader_elect_name,
+                identity=args.leader_elect_identity,
+                duration=args.leader_elect_lease_duration,
+                renew_deadline=args.leader_elect_renew_deadline,
+                retry=args.leader_elect_retry_period,
+            )
+        except ValueError as e:
+            p.error(f"--leader-elect-*: {e}")
     args.port_range_tuple = None
     if args.port_range:
         lo, _, hi = args.port_range.partition("-")
@@ -161,6 +203,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--port-range {args.port_range!r}: expected LO-HI with 1024 <= LO < HI <= 65535")
         args.port_range_tuple = (int(lo), int(hi))
     return args
+
+
+def _incluster_namespace() -> str | None:
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def api_client(kubeconfig: str | None) -> client.ApiClient:
@@ -217,10 +267,15 @@ def build(
         metrics_port=args.trainer_metrics_port,
         port_range=args.port_range_tuple,
         policy=args.policy,
+        progress_interval=args.progress_interval,
     )
     planner = ClusterPlanner(model or cost_model(args))
     rt = Runtime(
-        api=api_client(args.kubeconfig), planner=planner, settings=settings, backoff=args.restart_backoff
+        api=api_client(args.kubeconfig),
+        planner=planner,
+        settings=settings,
+        backoff=args.restart_backoff,
+        namespaces=tuple(args.namespace),
     )
     register(rt, registry)
 
@@ -261,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger().setLevel(args.log_level.upper())
     if args.log_level != "debug":  # kopf logs every watch-event handler call at INFO: keep its warnings
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    registry, _rt = build(args, model)
+    registry, rt = build(args, model)
     if args.metrics_port:
         from prometheus_client import start_http_server
 
@@ -276,16 +331,35 @@ def main(argv: list[str] | None = None) -> int:
             "cost_model": args.cost_model or "built-in",
         },
     )
-    asyncio.run(
-        kopf.operator(
+    elector = LeaderElector(rt.api, args.lease) if args.lease else None
+    asyncio.run(serve(registry, rt, elector, namespaces, args.liveness or None))
+    return 0
+
+
+async def serve(
+    registry: kopf.OperatorRegistry,
+    rt: Runtime,
+    elector: LeaderElector | None,
+    namespaces: list[str],
+    liveness: str | None,
+) -> None:
+    """kopf (watches, caches, handlers) and, with --leader-elect, the Lease; the job loops act once
+    both the caches are filled and this replica leads. A clean exit hands the Lease over."""
+    electing = asyncio.create_task(elector.run()) if elector else None
+    rt.leading = elector.leading if elector else None
+    try:
+        await kopf.operator(
             registry=registry,
-            standalone=True,
+            standalone=True,  # one replica acts: the Lease decides which (kopf's peering is not used)
             clusterwide=not namespaces,
             namespaces=namespaces,
-            liveness_endpoint=args.liveness or None,
+            liveness_endpoint=liveness,
         )
-    )
-    return 0
+    finally:
+        if electing is not None:
+            electing.cancel()
+            await asyncio.gather(electing, return_exceptions=True)
+            await asyncio.to_thread(elector.release)
 
 
 if __name__ == "__main__":

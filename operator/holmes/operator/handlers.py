@@ -1,14 +1,20 @@
 """kopf wiring: one asyncio task per HolmesJob runs its reconcile loop; watch events on the job,
-its pods and the nodes only wake that loop up (many events coalesce into one reconcile).
+its children and the nodes only wake that loop up (many events coalesce into one reconcile).
 
 - ``holmes_nodes`` (kopf index): every node, slimmed to what planning needs.
-- ``job_changed`` (kopf event handler on HolmesJobs): starts the job's loop on first sight (also
-  for every existing job when the operator starts), wakes it on changes, ends it on deletion.
-- The loop: read -> decide (pure) -> apply -> status -> Events, then sleep until woken or until
-  the decision's requeue time. It is started from inside kopf's per-object handler context, so
-  ``kopf.event`` posts the Kubernetes Events of each transition.
-- Node changes that matter (labels, allocatable, readiness, cordon) wake the jobs waiting for nodes;
-  jobs with pods still starting re-read the nodes every few seconds anyway (a lost node is noticed).
+- ``job_changed`` (kopf event handler on HolmesJobs): keeps the job's latest body, starts the
+  job's loop on first sight (also for every existing job when the operator starts), wakes it on
+  changes, ends it on deletion.
+- Children (pods, ConfigMaps, Services) are cached by Holmes' own informers (informer.py), which
+  watch with a server-side label selector; a change wakes the loop of the job it belongs to.
+- The loop: decide (pure, from the caches) -> apply -> status (patched only when it changed) ->
+  Events, then sleep until woken or until the decision's requeue time. A steady running job
+  makes one API request per progress interval (the progress patch), none when nothing changed.
+  It is started from inside kopf's per-object handler context, so ``kopf.event`` posts the
+  Kubernetes Events of each transition.
+- No loop decides anything before the caches hold a full LIST and, with leader election, before
+  this replica leads (leader.py): a partly filled cache would look like deleted pods.
+- Node changes that matter (labels, allocatable, readiness, cordon, taints) wake every job.
 
 Why not a kopf daemon: daemons make kopf put a finalizer on every HolmesJob, and a job could then
 not be deleted while the operator is down. Children go away through their ownerReferences, so
@@ -20,6 +26,9 @@ Reconciles of one job never overlap (one loop per job); different jobs run concu
 from __future__ import annotations
 
 import asyncio
+import copy
+import fnmatch
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -31,7 +40,8 @@ import kopf
 from kubernetes import client
 
 from . import metrics, names, progress
-from .kube import KubeIO
+from .informer import Informer
+from .kube import Caches, KubeIO
 from .reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide, owned_by
 from .render import RenderSettings
 from .summary import pod_attempt, pod_node_rank
@@ -45,7 +55,6 @@ class Waker:
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
-        self.waiting_for_nodes = False
 
     async def sleep(self, seconds: float) -> None:
         try:
@@ -57,44 +66,103 @@ class Waker:
 
 @dataclass
 class Runtime:
-    """Everything the handlers share: API access, planner, rendering settings, wakers."""
+    """Everything the handlers share: API access, caches, planner, rendering settings, wakers."""
 
     api: client.ApiClient
     planner: Planner
     settings: RenderSettings = field(default_factory=RenderSettings)
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    namespaces: tuple[str, ...] = ()  # kopf's patterns ("team-*", "!kube-*"); () = every namespace
     wakers: dict = field(default_factory=dict)  # (ns, name) -> Waker
     loops: dict = field(default_factory=dict)  # (ns, name) -> asyncio.Task
     node_facts: dict = field(default_factory=dict)  # node name -> fingerprint
     phases: metrics.PhaseTracker = field(default_factory=metrics.PhaseTracker)
 
     def __post_init__(self) -> None:
-        self.io = KubeIO(self.api)
+        self.caches = Caches()
+        self.io = KubeIO(self.api, self.caches)
+        # job -> (when its trainer was last read, the uid of the ended rank-0 pod read last)
+        self.scraped: dict[tuple[str, str], tuple] = {}
+        self.informers: list[Informer] = []
+        # Set once the caches are filled and (with leader election) this replica leads.
+        self.ready = asyncio.Event()
+        self.leading: asyncio.Event | None = None  # the leader elector's, when there is one
+        self.readying: asyncio.Task | None = None
 
     def wake(self, key: tuple[str, str]) -> None:
         w = self.wakers.get(key)
         if w is not None:
             w.event.set()
 
-    def wake_waiting(self) -> None:
+    def wake_all(self) -> None:
         for w in self.wakers.values():
-            if w.waiting_for_nodes:
-                w.event.set()
+            w.event.set()
+
+    # ---- caches -------------------------------------------------------------------------------
+    def start_informers(self) -> None:
+        loop = asyncio.get_running_loop()
+        core = client.CoreV1Api(self.api)
+        selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}"
+
+        def changed(ns: str, job: str) -> None:  # from an informer's thread
+            loop.call_soon_threadsafe(self.wake, (ns, job))
+
+        kinds = (
+            ("pods", self.caches.pods, core.list_namespaced_pod, core.list_pod_for_all_namespaces),
+            (
+                "configmaps",
+                self.caches.configmaps,
+                core.list_namespaced_config_map,
+                core.list_config_map_for_all_namespaces,
+            ),
+            (
+                "services",
+                self.caches.services,
+                core.list_namespaced_service,
+                core.list_service_for_all_namespaces,
+            ),
+        )
+        literal = self.namespaces and all(
+            not any(ch in p for ch in "*?[!") for p in self.namespaces
+        )  # exact names: one watch per namespace; patterns: one cluster-wide watch, filtered here
+        for kind, store, namespaced, everywhere in kinds:
+            if literal:
+                for ns in self.namespaces:
+                    fn = functools.partial(namespaced, ns)
+                    self.informers.append(Informer(f"{kind}/{ns}", fn, selector, store, changed).start())
+            else:
+                ok = functools.partial(namespace_matches, self.namespaces)
+                self.informers.append(Informer(kind, everywhere, selector, store, changed, ok).start())
+
+    async def become_ready(self) -> None:
+        for inf in self.informers:
+            await asyncio.to_thread(inf.synced.wait)
+        log.info("caches filled", extra={"pods": len(self.caches.pods), "jobs": len(self.caches.jobs)})
+        if self.leading is not None:
+            await self.leading.wait()
+        self.ready.set()
+
+    def stop_informers(self) -> None:
+        for inf in self.informers:
+            inf.stop()
+
+    def remember_job(self, body: Mapping) -> None:
+        self.caches.jobs.put(copy.deepcopy(dict(body)))
 
     # ---- one reconcile (sync; runs in a worker thread) ------------------------------------
     def reconcile(
         self, ns: str, name: str, nodes: list[dict], refused: list[ChildRefusal] | None = None
     ) -> Decision | None:
         started = time.monotonic()
-        job = self.io.read_job(ns, name)
+        job = self.caches.jobs.get(ns, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return None
-        pods = self.io.list_pods(ns, name)
+        pods = self.caches.pods.by_label(ns, name)
         obs = Observed(
             job=job,
             pods=pods,
-            configmap=self.io.read_configmap(ns, name),
-            service=self.io.read_service(ns, name),
+            configmap=self.caches.configmaps.get(ns, names.layout_configmap_name(name)),
+            service=self.caches.services.get(ns, names.service_name(name)),
             nodes=nodes,
             now=datetime.now(timezone.utc),
             progress=self._progress(job, pods),
@@ -126,8 +194,10 @@ class Runtime:
         return d
 
     def _progress(self, job: Mapping, pods: list[dict]) -> dict | None:
+        """The rank-0 trainer's numbers, read at most once per progress interval while it runs,
+        and its last line once it has ended (None: nothing new to read now)."""
         st = job.get("status") or {}
-        if not st.get("launched"):
+        if not st.get("launched") or st.get("phase") in ("Succeeded", "Failed"):
             return None
         uid = job["metadata"].get("uid")
         rank0 = [
@@ -137,8 +207,17 @@ class Runtime:
         ]
         if not rank0:
             return None
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        ended = progress.terminated(rank0[0])
+        last, last_read = self.scraped.get(key, (None, None))
+        if ended:  # its last line, once
+            if last_read == rank0[0]["metadata"].get("uid"):
+                return None
+        elif last is not None and time.monotonic() - last < self.settings.progress_interval:
+            return None
+        self.scraped[key] = (time.monotonic(), rank0[0]["metadata"].get("uid") if ended else None)
         found = progress.from_pod(rank0[0], self.settings.metrics_port)
-        if not found and progress.terminated(rank0[0]):  # the trainer's last line, from its log
+        if not found and ended:  # the trainer's last line, from its log
             found = progress.from_json_lines(self.io.log_tail(rank0[0]))
         return found
 
@@ -151,6 +230,15 @@ class Runtime:
                 (c.get("reason") for c in d.status.get("conditions") or [] if c.get("type") == "Failed"), ""
             )
             metrics.FAILURES.labels(reason or "Unknown").inc()
+
+
+def namespace_matches(patterns: tuple[str, ...], ns: str) -> bool:
+    """kopf's namespace patterns: any positive one matches (none given: all), no "!" one does."""
+    pos = [p for p in patterns if not p.startswith("!")]
+    neg = [p[1:] for p in patterns if p.startswith("!")]
+    return (not pos or any(fnmatch.fnmatchcase(ns, p) for p in pos)) and not any(
+        fnmatch.fnmatchcase(ns, p) for p in neg
+    )
 
 
 def node_fingerprint(body: Mapping) -> tuple:
@@ -204,24 +292,21 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
                 rt.node_facts.pop(name, None)
             else:
                 rt.node_facts[name] = fp
-            rt.wake_waiting()
-
-    @kopf.on.event(
-        "", "v1", "pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry, id="pod_changed"
-    )
-    async def pod_changed(namespace: str, labels: Mapping[str, str], **_: Any) -> None:
-        rt.wake((namespace, labels[names.LABEL_JOB]))
+            rt.wake_all()  # waiting jobs may fit now; a planned node may be gone
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry, id="job_changed")
     async def job_changed(
-        namespace: str, name: str, type: str | None, holmes_nodes: kopf.Index, **_: Any
+        namespace: str, name: str, type: str | None, body: kopf.Body, holmes_nodes: kopf.Index, **_: Any
     ) -> None:
         key = (namespace, name)
         if type == "DELETED":
+            rt.caches.jobs.remove(body)
+            rt.scraped.pop(key, None)
             task = rt.loops.pop(key, None)
             if task is not None:
                 task.cancel()
             return
+        rt.remember_job(body)
         task = rt.loops.get(key)
         if task is None or task.done():
             # Created here, the task inherits kopf's per-object context (Event posting).
@@ -237,6 +322,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         waker = rt.wakers[key] = Waker()
         backoff = 1.0
         try:
+            await rt.ready.wait()
             while True:
                 nodes = [v for store in holmes_nodes.values() for v in store]
                 try:
@@ -246,7 +332,6 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
                     backoff = 1.0
                     delay = IDLE_RESYNC if d.requeue_after is None else d.requeue_after
                     rt.phases.set(key, d.status.get("phase"))
-                    waker.waiting_for_nodes = d.waiting_for_nodes
                 except Exception as e:  # an API hiccup must not end the job's loop
                     metrics.RECONCILE_ERRORS.inc()
                     log.exception(
@@ -263,12 +348,18 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
             if rt.loops.get(key) is asyncio.current_task():
                 rt.loops.pop(key, None)
 
+    @kopf.on.startup(registry=registry, id="start_informers")
+    async def start_informers(**_: Any) -> None:
+        rt.start_informers()
+        rt.readying = asyncio.create_task(rt.become_ready(), name="holmes caches and lease")
+
     @kopf.on.cleanup(registry=registry, id="stop_loops")
     async def stop_loops(**_: Any) -> None:
         loops = list(rt.loops.values())
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
+        rt.stop_informers()
 
     @kopf.on.probe(id="jobs", registry=registry)
     async def jobs_probe(**_: Any) -> dict:

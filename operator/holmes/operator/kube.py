@@ -1,6 +1,8 @@
-"""Kubernetes I/O for one reconcile: read what is there, apply a Decision. Synchronous (the
-kubernetes client), run in a worker thread by the job's reconcile loop. Responses are read as raw JSON
-(camelCase dicts, like the API), which is also much faster than the client's models at 256 pods.
+"""Kubernetes writes for one reconcile: apply a Decision, patch the status. Synchronous (the
+kubernetes client), run in a worker thread by the job's reconcile loop. Reads come from the
+informers' caches (informer.py); what every write returns goes into them, so the next reconcile
+sees its own writes. Responses are read as raw JSON (camelCase dicts, like the API), which is
+also much faster than the client's models at 256 pods.
 
 Every write is idempotent: creates that find the object already there are fine (deterministic
 names), deletes that find nothing are fine, the ConfigMap is created or replaced.
@@ -19,6 +21,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from . import names
+from .informer import Store
 from .reconcile import ChildRefusal, Decision
 
 log = logging.getLogger("holmes.operator.kube")
@@ -42,31 +45,24 @@ def refusal(kind: str, name: str, e: ApiException) -> ChildRefusal:
     )
 
 
+class Caches:
+    """The stores the informers keep (informer.py); KubeIO puts what its writes return in them."""
+
+    def __init__(self) -> None:
+        self.jobs = Store(index_label=None)
+        self.pods = Store(index_label=names.LABEL_JOB)
+        self.configmaps = Store(index_label=names.LABEL_JOB)
+        self.services = Store(index_label=names.LABEL_JOB)
+
+
 class KubeIO:
-    def __init__(self, api: client.ApiClient, workers: int = 16):
+    def __init__(self, api: client.ApiClient, caches: Caches | None = None, workers: int = 16):
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.caches = caches or Caches()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="holmes-io")
 
-    # ---- reads ------------------------------------------------------------------------------
-    def read_job(self, ns: str, name: str) -> dict | None:
-        try:
-            return _json(
-                self.custom.get_namespaced_custom_object(
-                    names.GROUP, names.VERSION, ns, names.PLURAL, name, _preload_content=False
-                )
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-
-    def list_pods(self, ns: str, job: str) -> list[dict]:
-        resp = self.core.list_namespaced_pod(
-            ns, label_selector=f"{names.LABEL_JOB}={job}", _preload_content=False
-        )
-        return _json(resp).get("items") or []
-
+    # ---- reads (the one read that is not cached) ---------------------------------------------
     def log_tail(self, pod: dict, lines: int = 20) -> str:
         """The last lines of a pod's training container log ('' when logs are not reachable)."""
         meta = pod["metadata"]
@@ -86,20 +82,6 @@ class KubeIO:
         except (ApiException, OSError, ValueError) as e:
             log.debug("no log tail for %s: %s", meta["name"], e)
             return ""
-
-    def _read(self, fn: Callable, ns: str, name: str) -> dict | None:
-        try:
-            return _json(fn(name, ns, _preload_content=False))
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-
-    def read_configmap(self, ns: str, job: str) -> dict | None:
-        return self._read(self.core.read_namespaced_config_map, ns, names.layout_configmap_name(job))
-
-    def read_service(self, ns: str, job: str) -> dict | None:
-        return self._read(self.core.read_namespaced_service, ns, names.service_name(job))
 
     # ---- writes -----------------------------------------------------------------------------
     def apply(self, d: Decision, owner: dict) -> tuple[int, list[ChildRefusal]]:
@@ -132,10 +114,10 @@ class KubeIO:
             return None, [refusal(kind, body["metadata"]["name"], e)]
 
     def _create_pod(self, ns: str, pod: dict) -> bool:
-        return self._create(self.core.create_namespaced_pod, ns, pod)
+        return self._create(self.core.create_namespaced_pod, ns, pod, self.caches.pods)
 
     def _create_service(self, ns: str, svc: dict) -> bool:
-        return self._create(self.core.create_namespaced_service, ns, svc)
+        return self._create(self.core.create_namespaced_service, ns, svc, self.caches.services)
 
     def patch_status(self, job: dict, old: dict, new: dict) -> bool:
         """Merge-patch the status subresource with what changed; False when nothing did."""
@@ -144,7 +126,7 @@ class KubeIO:
         if not patch:
             return False
         meta = job["metadata"]
-        self.custom.patch_namespaced_custom_object_status(
+        resp = self.custom.patch_namespaced_custom_object_status(
             names.GROUP,
             names.VERSION,
             meta["namespace"],
@@ -153,6 +135,7 @@ class KubeIO:
             {"status": patch},
             _preload_content=False,
         )
+        self.caches.jobs.put(_json(resp))
         return True
 
     def delete_job(self, ns: str, name: str) -> None:
@@ -177,9 +160,9 @@ class KubeIO:
         return list(self.pool.map(fn, items))
 
     @staticmethod
-    def _create(fn: Callable, ns: str, body: dict) -> bool:
+    def _create(fn: Callable, ns: str, body: dict, store: Store) -> bool:
         try:
-            fn(ns, body, _preload_content=False)
+            store.put(_json(fn(ns, body, _preload_content=False)))
             return True
         except ApiException as e:
             if e.status == 409:  # already there: created before a restart
@@ -188,15 +171,23 @@ class KubeIO:
 
     def _delete_pod(self, ns: str, name: str) -> None:
         try:
-            self.core.delete_namespaced_pod(name, ns, grace_period_seconds=5, _preload_content=False)
+            resp = _json(
+                self.core.delete_namespaced_pod(name, ns, grace_period_seconds=5, _preload_content=False)
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
+            return
+        if resp.get("kind") == "Pod":  # now terminating (a Status when it went at once)
+            self.caches.pods.put(resp)
 
     def _create_or_replace_configmap(self, ns: str, cm: dict) -> None:
         try:
-            self.core.create_namespaced_config_map(ns, cm, _preload_content=False)
+            resp = self.core.create_namespaced_config_map(ns, cm, _preload_content=False)
         except ApiException as e:
             if e.status != 409:
                 raise
-            self.core.replace_namespaced_config_map(cm["metadata"]["name"], ns, cm, _preload_content=False)
+            resp = self.core.replace_namespaced_config_map(
+                cm["metadata"]["name"], ns, cm, _preload_content=False
+            )
+        self.caches.configmaps.put(_json(resp))

@@ -49,7 +49,6 @@ SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 FINISHED = (SUCCEEDED, FAILED)
 
 _NEXT_ATTEMPT = re.compile(r"next attempt at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
-PROGRESS_INTERVAL = 2.0  # seconds between reads of the trainer's metrics while pods run
 WAIT_INTERVAL = 30.0  # re-plan a job waiting for nodes at least this often
 
 
@@ -108,7 +107,6 @@ class Decision:
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
-    waiting_for_nodes: bool = False  # wake this job when nodes change
 
 
 class Planner(Protocol):
@@ -540,14 +538,13 @@ class _Reconciler:
         self.set_phase(
             PENDING, "PodsStarting", f"attempt {self.attempt}: waiting for {len(layout.nodes)} pods to run"
         )
-        self.d.requeue_after = PROGRESS_INTERVAL
+        self.d.requeue_after = self.settings.progress_interval
         return self.d
 
     def wait_for_nodes(self, why: str) -> Decision:
         self.status["pods"] = pod_counts([])
         old = cond.get(self.old.get("conditions"), cond.RECONCILING)
         announced = self.set_phase(PENDING, "WaitingForNodes", why)
-        self.d.waiting_for_nodes = True
         if not announced and not (
             old and old.get("reason") == "WaitingForNodes" and old.get("message") == why
         ):
@@ -603,7 +600,7 @@ class _Reconciler:
                 f"attempt {self.attempt}: {counts['running']}/{expected} "
                 f"pods running" + (f"; {why}" if why else ""),
             )
-        self.d.requeue_after = PROGRESS_INTERVAL
+        self.d.requeue_after = self.settings.progress_interval
         return self.d
 
     def stuck_on_lost_node(self, pods: list[dict]) -> str:
@@ -662,8 +659,10 @@ class _Reconciler:
             before = dict(self.old.get("progress") or {})
             merged = dict(before)
             merged.update({k: v for k, v in p.items() if v is not None})
-            merged["updateTime"] = self.now
-            self.status["progress"] = merged
+            merged.pop("updateTime", None)
+            if {k: v for k, v in before.items() if k != "updateTime"} != merged:  # else no patch
+                merged["updateTime"] = self.now
+                self.status["progress"] = merged
             fabric = p.get("fabricWarnings") or []
             if fabric and fabric != before.get("fabricWarnings"):  # once per distinct set
                 n = len(fabric) - 3

@@ -34,7 +34,7 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 @dataclass(frozen=True)
 class RenderSettings:
-    """Operator-wide rendering choices (command-line flags of the operator)."""
+    """Operator-wide choices for rendering and pacing (command-line flags of the operator)."""
 
     image: str = "holmes-trainer:latest"
     master_port: int = 29500
@@ -44,6 +44,9 @@ class RenderSettings:
     # listen on one fixed port: with a range, each attempt gets its own pair of ports.
     port_range: tuple[int, int] | None = None
     policy: TemplatePolicy = TemplatePolicy()  # what job templates may set (template.py)
+    # Seconds between reads of a running trainer's metrics (and so between progress patches):
+    # the one periodic API write per running job; pod changes are watched, not polled.
+    progress_interval: float = 10.0
 
 
 def job_ports(job: JobRef, settings: RenderSettings) -> tuple[int, int]:

@@ -1,0 +1,287 @@
+"""Operator benchmark: the API load of steady running HolmesJobs, and the operator's CPU and
+memory, against the real local control plane; then apply -> all pods of a 1,024-node job.
+
+Part 1. N jobs (default 50) of 2 nodes each run on bench nodes registered through the API only
+(operator_apply.fake_gpu_node, one pair of nodes per job so that every job is placed). No agent
+runs their pods: this bench plays the kubelet once per pod (status Running, podIP 127.0.0.1)
+and serves one Prometheus endpoint on loopback that stands for every rank-0 trainer, its
+iteration counter moving with time, so each job's progress changes between reads. Then it reads
+the API server's own counter (apiserver_request_total) over a window, before the jobs and while
+they run, with the same operator, and reports requests per second per running job (target
+<= 0.1), broken down by verb and resource, and the operator's CPU and memory.
+
+Part 2 (--apply-nodes, default 1024; 0 skips): operator_apply's measure for that size.
+
+    .venv/bin/python bench/operator_load.py                 # starts a private local cluster
+    .venv/bin/python bench/operator_load.py --jobs 10 --window 30 --apply-nodes 0   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent)]
+import yaml  # noqa: E402
+from operator_apply import (  # noqa: E402
+    REPO,
+    Bench,
+    OperatorProcess,
+    measure_apply,
+    print_apply,
+    start_cluster,
+    stop_cluster,
+)
+
+TARGET_PER_JOB = 0.1  # API requests per second per steady running job
+SLOT = "bench.holmes.dev/slot"
+_SAMPLE = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$")
+
+
+def load_job(name: str, ns: str, slot: int, nodes: int) -> dict:
+    return {
+        "apiVersion": "holmes.dev/v1alpha1",
+        "kind": "HolmesJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "model": {
+                "layers": 8,
+                "hiddenSize": 512,
+                "attentionHeads": 8,
+                "seqLength": 512,
+                "vocabSize": 32000,
+            },
+            "training": {
+                "globalBatchSize": 64,
+                "microBatchSize": 1,
+                "iterations": 10**9,
+                "learningRate": 1e-4,
+            },
+            "nodes": {
+                "count": nodes,
+                "gpusPerNode": 8,
+                "selector": {"matchLabels": {"holmes.dev/fake": "1", SLOT: str(slot)}},
+            },
+            "template": {
+                "spec": {
+                    "tolerations": [{"key": "holmes.dev/fake", "operator": "Exists"}],
+                    "containers": [{"name": "trainer", "command": ["sleep", "infinity"]}],
+                }
+            },
+            "runPolicy": {"backoffLimit": 0},
+        },
+    }
+
+
+class TrainerStandIn:
+    """One loopback Prometheus endpoint answering for every rank-0 trainer."""
+
+    def __init__(self) -> None:
+        t0 = time.monotonic()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                it = int((time.monotonic() - t0) * 2)
+                body = (
+                    f"holmes_trainer_iteration {it}\nholmes_trainer_loss {10.0 / (1 + it):.6f}\n"
+                    "holmes_trainer_tokens_per_second 1000\nholmes_trainer_tflops_per_gpu 1.0\n"
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def play_kubelet(b: Bench, ns: str, expected: int, timeout: float = 600) -> None:
+    """Mark every bound pod of ``ns`` Running on 127.0.0.1, until ``expected`` pods are."""
+    done: set[str] = set()
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    end = time.monotonic() + timeout
+    while len(done) < expected:
+        if time.monotonic() > end:
+            raise TimeoutError(f"{len(done)}/{expected} pods bound and running in {timeout}s")
+        pods = json.loads(b.core.list_namespaced_pod(ns, _preload_content=False).data)["items"]
+        todo = [p for p in pods if p["spec"].get("nodeName") and p["metadata"]["uid"] not in done]
+
+        def run(p):
+            names = [c["name"] for c in p["spec"]["containers"]]
+            status = {
+                "phase": "Running",
+                "podIP": "127.0.0.1",
+                "hostIP": "127.0.0.1",
+                "startTime": now,
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+                "containerStatuses": [
+                    {
+                        "name": n,
+                        "ready": True,
+                        "restartCount": 0,
+                        "image": "bench",
+                        "imageID": "",
+                        "state": {"running": {"startedAt": now}},
+                    }
+                    for n in names
+                ],
+            }
+            b.core.patch_namespaced_pod_status(
+                p["metadata"]["name"], ns, {"status": status}, _preload_content=False
+            )
+            return p["metadata"]["uid"]
+
+        with ThreadPoolExecutor(8) as ex:
+            done.update(ex.map(run, todo))
+        time.sleep(0.5)
+
+
+def request_counts(b: Bench) -> Counter:
+    """apiserver_request_total summed by (verb, resource), resource requests only (the bench's
+    own reads of /metrics are non-resource requests and so left out)."""
+    out: Counter = Counter()
+    for line in b.kubectl("get", "--raw", "/metrics").splitlines():
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        labels = dict(kv.split("=", 1) for kv in re.findall(r'(\w+="[^"]*")', m.group(1)))
+        labels = {k: v.strip('"') for k, v in labels.items()}
+        if labels.get("resource"):
+            sub = labels.get("subresource")
+            res = labels["resource"] + (f"/{sub}" if sub else "")
+            out[(labels.get("verb", "?"), res)] += float(m.group(2))
+    return out
+
+
+def measure_window(b: Bench, op: OperatorProcess, seconds: float) -> dict:
+    c0, cpu0, t0 = request_counts(b), op.cpu_seconds(), time.monotonic()
+    time.sleep(seconds)
+    c1, cpu1, t1 = request_counts(b), op.cpu_seconds(), time.monotonic()
+    dt = t1 - t0
+    delta = Counter({k: c1[k] - c0.get(k, 0) for k in c1 if c1[k] - c0.get(k, 0) > 0})
+    return {
+        "seconds": dt,
+        "rate": sum(delta.values()) / dt,
+        "by": {f"{v} {r}": n / dt for (v, r), n in delta.most_common()},
+        "cpu": (cpu1 - cpu0) / dt,
+        "rss": op.rss_bytes(),
+    }
+
+
+def wait_all_running(b: Bench, ns: str, jobs: int, timeout: float = 600) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        items = json.loads(b.kubectl("get", "holmesjobs", "-n", ns, "-o", "json"))["items"]
+        ok = [
+            j
+            for j in items
+            if (j.get("status") or {}).get("phase") == "Running" and (j["status"].get("progress") or {})
+        ]
+        if len(ok) == jobs:
+            return
+        time.sleep(1)
+    raise TimeoutError(f"{len(ok)}/{jobs} jobs Running with progress after {timeout}s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=50)
+    ap.add_argument("--nodes-per-job", type=int, default=2)
+    ap.add_argument("--window", type=float, default=60.0, help="seconds of each measurement window")
+    ap.add_argument("--progress-interval", type=float, default=10.0, help="the operator's flag")
+    ap.add_argument("--apply-nodes", type=int, default=1024, help="part 2's job size (0 skips)")
+    ap.add_argument("--repeats", type=int, default=2, help="part 2's runs (the best counts)")
+    a = ap.parse_args()
+    nodes = a.jobs * a.nodes_per_job
+    cp = None
+    kubeconfig = os.environ.get("HOLMES_KUBECONFIG")
+    if not kubeconfig:
+        cp = start_cluster(REPO / ".holmes" / f"bench-load-{os.getpid()}")
+        kubeconfig = str(cp.kubeconfig)
+    b = Bench(kubeconfig)
+    tmp = Path(tempfile.mkdtemp(prefix="holmes-bench-load-"))
+    stand_in = TrainerStandIn()
+    op = None
+    registered = max(nodes, a.apply_nodes)
+    ns = f"load-{os.getpid()}"
+    ok = True
+    try:
+        b.install_crd()
+        b.register_nodes(registered, labels=lambda i: {SLOT: str(i // a.nodes_per_job)} if i < nodes else {})
+        op = OperatorProcess(
+            kubeconfig,
+            None,
+            tmp / "operator.log",
+            extra=[f"--trainer-metrics-port={stand_in.port}", f"--progress-interval={a.progress_interval}"],
+            port_range=None,
+        ).start()
+        b.create_namespace(ns)
+        time.sleep(5)
+        print(f"baseline: the control plane and an idle operator, {a.window:g}s ...", file=sys.stderr)
+        base = measure_window(b, op, a.window)
+        t0 = time.monotonic()
+        docs = "---\n".join(
+            yaml.safe_dump(load_job(f"job-{i:03d}", ns, i, a.nodes_per_job)) for i in range(a.jobs)
+        )
+        b.kubectl("apply", "-f", "-", input=docs)
+        play_kubelet(b, ns, nodes)
+        wait_all_running(b, ns, a.jobs)
+        print(f"{a.jobs} jobs running with progress after {time.monotonic() - t0:.0f}s", file=sys.stderr)
+        time.sleep(max(15.0, a.progress_interval * 1.5))  # past the launch's own writes
+        print(f"steady: {a.jobs} running jobs, {a.window:g}s ...", file=sys.stderr)
+        load = measure_window(b, op, a.window)
+        per_job = (load["rate"] - base["rate"]) / a.jobs
+        print(
+            f"\nAPI requests/s (apiserver_request_total; {a.window:g}s windows; "
+            f"progress every {a.progress_interval:g}s)"
+        )
+        print(f"  control plane + idle operator : {base['rate']:7.2f}")
+        print(f"  with {a.jobs} running jobs        : {load['rate']:7.2f}")
+        print(f"  per running job               : {per_job:7.3f}  (target <= {TARGET_PER_JOB})")
+        print("  by verb and resource, running minus idle:")
+        keys = sorted(
+            set(load["by"]) | set(base["by"]), key=lambda k: -(load["by"].get(k, 0) - base["by"].get(k, 0))
+        )
+        for k in keys[:8]:
+            print(f"    {k:<40} {load['by'].get(k, 0) - base['by'].get(k, 0):+7.3f}")
+        print(
+            f"operator: CPU {base['cpu'] * 100:.1f}% idle, {load['cpu'] * 100:.1f}% with {a.jobs} jobs "
+            "(of one core); "
+            f"RSS {base['rss'] / 2**20:.0f} MiB idle, {load['rss'] / 2**20:.0f} MiB with {a.jobs} jobs"
+        )
+        ok = per_job <= TARGET_PER_JOB
+        b.kubectl("delete", "holmesjobs", "--all", "-n", ns, "--wait=false")
+        b.cleanup_ns(ns)
+        if a.apply_nodes:
+            rows = measure_apply(b, op, [a.apply_nodes], a.repeats)
+            ok = print_apply(rows, a.repeats) and ok
+    finally:
+        stand_in.stop()
+        if op:
+            op.stop()
+        b.remove_nodes(registered)
+        stop_cluster(cp)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The children caches: the Store's rules (pure) and an Informer against the real API server."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+from kubernetes import client
+
+from holmes.operator import names
+from holmes.operator.informer import Informer, Store
+
+
+def obj(name: str, rv: int, job: str = "a", uid: str = "u1", ns: str = "ns") -> dict:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": uid,
+            "resourceVersion": str(rv),
+            "labels": {names.LABEL_JOB: job},
+        }
+    }
+
+
+def test_store_keeps_the_newer_version_and_indexes_by_job():
+    s = Store(names.LABEL_JOB)
+    assert s.put(obj("p0", 5)) and s.put(obj("p1", 6)) and s.put(obj("q0", 7, job="b"))
+    assert not s.put(obj("p0", 4))  # a late watch event after what a write returned
+    assert s.get("ns", "p0")["metadata"]["resourceVersion"] == "5"
+    assert [o["metadata"]["name"] for o in s.by_label("ns", "a")] == ["p0", "p1"]
+    # the same name with another uid is another object (recreated): it replaces whatever version
+    assert s.put(obj("p0", 2, uid="u2"))
+    # a label change moves the object between index entries
+    assert s.put(obj("p1", 9, job="b"))
+    assert [o["metadata"]["name"] for o in s.by_label("ns", "a")] == ["p0"]
+    assert [o["metadata"]["name"] for o in s.by_label("ns", "b")] == ["p1", "q0"]
+    assert s.by_label("other", "a") == []
+
+
+def test_store_remove_only_forgets_the_object_of_that_uid():
+    s = Store(names.LABEL_JOB)
+    s.put(obj("p0", 5, uid="new"))
+    assert not s.remove(obj("p0", 4, uid="old"))  # the DELETED event of an earlier pod of this name
+    assert s.get("ns", "p0") is not None
+    assert s.remove(obj("p0", 6, uid="new"))
+    assert s.get("ns", "p0") is None and s.by_label("ns", "a") == []
+
+
+def test_store_replace_reports_the_jobs_whose_objects_changed():
+    s = Store(names.LABEL_JOB)
+    s.put(obj("p0", 1))
+    s.put(obj("q0", 1, job="b"))
+    s.put(obj("r0", 1, job="c"))
+    changed = s.replace([obj("p0", 1), obj("q0", 2, job="b"), obj("s0", 3, job="d")])
+    assert changed == {("ns", "b"), ("ns", "c"), ("ns", "d")}  # a: same version, untouched
+    assert len(s) == 3
+
+
+def wait_until(what, fn, timeout=20.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if fn():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_informer_lists_then_watches_only_the_selected_objects(cluster, namespace):
+    core = client.CoreV1Api(cluster.api_client())
+    labels = {names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_JOB: "j"}
+
+    def cm(name: str, data: str, labelled: bool = True) -> dict:
+        meta = {"name": name, **({"labels": labels} if labelled else {})}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": data}}
+
+    core.create_namespaced_config_map(namespace, cm("before", "0"))
+    store = Store(names.LABEL_JOB)
+    seen: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def changed(ns, job):
+        with lock:
+            seen.append((ns, job))
+
+    inf = Informer(
+        "configmaps",
+        functools.partial(core.list_namespaced_config_map, namespace),
+        f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}",
+        store,
+        changed,
+    ).start()
+    try:
+        assert inf.synced.wait(20)
+        assert store.get(namespace, "before")["data"] == {"k": "0"}  # from the LIST
+        core.create_namespaced_config_map(namespace, cm("after", "1"))
+        core.create_namespaced_config_map(namespace, cm("other", "x", labelled=False))
+        wait_until("the created ConfigMap", lambda: store.get(namespace, "after") is not None)
+        core.patch_namespaced_config_map("after", namespace, {"data": {"k": "2"}})
+        wait_until("the update", lambda: store.get(namespace, "after")["data"] == {"k": "2"})
+        core.delete_namespaced_config_map("before", namespace)
+        wait_until("the deletion", lambda: store.get(namespace, "before") is None)
+        assert store.get(namespace, "other") is None  # not selected: never sent by the server
+        with lock:
+            assert seen and set(seen) == {(namespace, "j")}
+    finally:
+        inf.stop()
