@@ -49,7 +49,8 @@ def job(name: str, ns: str, nodes: int) -> dict:
                 "vocabSize": 50257,
             },
             "training": {
-                "globalBatchSize": 4096,
+                # 64 sequences per node: every size has a plan (pipeline x data = all GPUs)
+                "globalBatchSize": max(4096, 64 * nodes),
                 "microBatchSize": 1,
                 "iterations": 10,
                 "learningRate": 1.0e-4,

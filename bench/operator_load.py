@@ -5,7 +5,9 @@ Part 1. N jobs (default 50) of 2 nodes each run on bench nodes registered throug
 (operator_apply.fake_gpu_node, one pair of nodes per job so that every job is placed). No agent
 runs their pods: this bench plays the kubelet once per pod (status Running, podIP 127.0.0.1)
 and serves one Prometheus endpoint on loopback that stands for every rank-0 trainer, its
-iteration counter moving with time, so each job's progress changes between reads. Then it reads
+iteration counter moving with time, so each job's progress changes between reads. (Loopback
+pod IPs are invalid in Endpoints: the bench drops the jobs' Service selectors, see
+``unselect_services``.) Then it reads
 the API server's own counter (apiserver_request_total) over a window, before the jobs and while
 they run, with the same operator, and reports requests per second per running job (target
 <= 0.1), broken down by verb and resource, and the operator's CPU and memory.
@@ -44,6 +46,38 @@ from operator_apply import (  # noqa: E402
 )
 
 TARGET_PER_JOB = 0.1  # API requests per second per steady running job
+# The (verb, resource) requests the operator can make (its RBAC, docs/api.md): the target is
+# judged on these, as the control plane's own background (node heartbeats, controllers) is not
+# per job. All requests are printed beside them.
+OPERATOR_CALLS = {
+    ("LIST", "holmesjobs"),
+    ("WATCH", "holmesjobs"),
+    ("PATCH", "holmesjobs"),
+    ("DELETE", "holmesjobs"),
+    ("PATCH", "holmesjobs/status"),
+    ("LIST", "pods"),
+    ("WATCH", "pods"),
+    ("POST", "pods"),
+    ("DELETE", "pods"),
+    ("GET", "pods/log"),
+    ("LIST", "configmaps"),
+    ("WATCH", "configmaps"),
+    ("POST", "configmaps"),
+    ("PUT", "configmaps"),
+    ("LIST", "services"),
+    ("WATCH", "services"),
+    ("POST", "services"),
+    ("POST", "events"),
+    ("GET", "leases"),
+    ("POST", "leases"),
+    ("PUT", "leases"),
+    ("LIST", "nodes"),
+    ("WATCH", "nodes"),
+    ("LIST", "customresourcedefinitions"),
+    ("WATCH", "customresourcedefinitions"),
+    ("LIST", "namespaces"),
+    ("WATCH", "namespaces"),
+}
 SLOT = "bench.holmes.dev/slot"
 _SAMPLE = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$")
 
@@ -74,7 +108,11 @@ def load_job(name: str, ns: str, slot: int, nodes: int) -> dict:
             },
             "template": {
                 "spec": {
-                    "tolerations": [{"key": "holmes.dev/fake", "operator": "Exists"}],
+                    "tolerations": [
+                        {"key": "holmes.dev/fake", "operator": "Exists"},
+                        # put on nodes created through the API; no node controller lifts it here
+                        {"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
+                    ],
                     "containers": [{"name": "trainer", "command": ["sleep", "infinity"]}],
                 }
             },
@@ -155,6 +193,17 @@ def play_kubelet(b: Bench, ns: str, expected: int, timeout: float = 600) -> None
         time.sleep(0.5)
 
 
+def unselect_services(b: Bench, ns: str) -> None:
+    """Drop the selector of the jobs' headless Services. Their pods' IP here is loopback, which
+    Endpoints refuse: the endpoints controller would retry (PUT endpoints, a Warning event each
+    time) for minutes, load that real pod IPs never cause. The operator only checks that the
+    Service exists, so it does not notice."""
+    for svc in json.loads(b.core.list_namespaced_service(ns, _preload_content=False).data)["items"]:
+        b.core.patch_namespaced_service(
+            svc["metadata"]["name"], ns, {"spec": {"selector": None}}, _preload_content=False
+        )
+
+
 def request_counts(b: Bench) -> Counter:
     """apiserver_request_total summed by (verb, resource), resource requests only (the bench's
     own reads of /metrics are non-resource requests and so left out)."""
@@ -181,10 +230,23 @@ def measure_window(b: Bench, op: OperatorProcess, seconds: float) -> dict:
     return {
         "seconds": dt,
         "rate": sum(delta.values()) / dt,
+        "operator_rate": sum(n for call, n in delta.items() if call in OPERATOR_CALLS) / dt,
         "by": {f"{v} {r}": n / dt for (v, r), n in delta.most_common()},
         "cpu": (cpu1 - cpu0) / dt,
         "rss": op.rss_bytes(),
     }
+
+
+def settle(b: Bench, op: OperatorProcess, most: float = 240.0) -> None:
+    """Wait until the control plane is quiet: registering many nodes sets its controllers off
+    for a while (node TTL annotations, ...), which must not count in the baseline."""
+    end, last = time.monotonic() + most, None
+    while time.monotonic() < end:
+        rate = measure_window(b, op, 10.0)["rate"]
+        print(f"  settling: {rate:.2f} requests/s", file=sys.stderr)
+        if last is not None and abs(rate - last) <= max(0.5, 0.1 * last):
+            return
+        last = rate
 
 
 def wait_all_running(b: Bench, ns: str, jobs: int, timeout: float = 600) -> None:
@@ -235,7 +297,7 @@ def main() -> int:
             port_range=None,
         ).start()
         b.create_namespace(ns)
-        time.sleep(5)
+        settle(b, op)
         print(f"baseline: the control plane and an idle operator, {a.window:g}s ...", file=sys.stderr)
         base = measure_window(b, op, a.window)
         t0 = time.monotonic()
@@ -244,22 +306,29 @@ def main() -> int:
         )
         b.kubectl("apply", "-f", "-", input=docs)
         play_kubelet(b, ns, nodes)
+        unselect_services(b, ns)
         wait_all_running(b, ns, a.jobs)
         print(f"{a.jobs} jobs running with progress after {time.monotonic() - t0:.0f}s", file=sys.stderr)
         time.sleep(max(15.0, a.progress_interval * 1.5))  # past the launch's own writes
         print(f"steady: {a.jobs} running jobs, {a.window:g}s ...", file=sys.stderr)
         load = measure_window(b, op, a.window)
-        per_job = (load["rate"] - base["rate"]) / a.jobs
+        per_job = (load["operator_rate"] - base["operator_rate"]) / a.jobs
+        per_job_all = (load["rate"] - base["rate"]) / a.jobs
         print(
             f"\nAPI requests/s (apiserver_request_total; {a.window:g}s windows; "
             f"progress every {a.progress_interval:g}s)"
         )
-        print(f"  control plane + idle operator : {base['rate']:7.2f}")
-        print(f"  with {a.jobs} running jobs        : {load['rate']:7.2f}")
-        print(f"  per running job               : {per_job:7.3f}  (target <= {TARGET_PER_JOB})")
-        print("  by verb and resource, running minus idle:")
+        print(f"{'':32} {'all':>8} {'operator':>9}")
+        print(f"  control plane + idle operator  {base['rate']:8.2f} {base['operator_rate']:9.2f}")
+        print(f"  with {a.jobs:>3} running jobs          {load['rate']:8.2f} {load['operator_rate']:9.2f}")
+        print(
+            f"  per running job                {per_job_all:8.3f} {per_job:9.3f}  "
+            f"(target <= {TARGET_PER_JOB}: {'met' if per_job <= TARGET_PER_JOB else 'MISSED'})"
+        )
+        print("  by verb and resource, running minus idle (largest changes):")
         keys = sorted(
-            set(load["by"]) | set(base["by"]), key=lambda k: -(load["by"].get(k, 0) - base["by"].get(k, 0))
+            set(load["by"]) | set(base["by"]),
+            key=lambda k: -abs(load["by"].get(k, 0) - base["by"].get(k, 0)),
         )
         for k in keys[:8]:
             print(f"    {k:<40} {load['by'].get(k, 0) - base['by'].get(k, 0):+7.3f}")

@@ -101,7 +101,8 @@ class Runtime:
     # ---- caches -------------------------------------------------------------------------------
     def start_informers(self) -> None:
         loop = asyncio.get_running_loop()
-        core = client.CoreV1Api(self.api)
+        # Watches hold their connection for minutes: a pool of their own, apart from the writes'.
+        core = client.CoreV1Api(client.ApiClient(self.api.configuration))
         selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}"
 
         def changed(ns: str, job: str) -> None:  # from an informer's thread
