@@ -261,6 +261,16 @@ def print_apply(rows: list[tuple], repeats: int) -> bool:
     return ok
 
 
+def cluster_kubeconfig(name: str) -> tuple:
+    """(the private cluster started, or None, its kubeconfig): $HOLMES_KUBECONFIG's cluster when
+    set, else a fresh local control plane under .holmes/NAME-PID (stop it with stop_cluster)."""
+    kubeconfig = os.environ.get("HOLMES_KUBECONFIG")
+    if kubeconfig:
+        return None, kubeconfig
+    cp = start_cluster(REPO / ".holmes" / f"{name}-{os.getpid()}")
+    return cp, str(cp.kubeconfig)
+
+
 def stop_cluster(cp) -> None:
     if cp:
         cp.down(log=lambda m: None)
@@ -275,11 +285,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
-    cp = None
-    kubeconfig = os.environ.get("HOLMES_KUBECONFIG")
-    if not kubeconfig:
-        cp = start_cluster(REPO / ".holmes" / f"bench-operator-{os.getpid()}")
-        kubeconfig = str(cp.kubeconfig)
+    cp, kubeconfig = cluster_kubeconfig("bench-operator")
     b = Bench(kubeconfig)
     tmp = Path(tempfile.mkdtemp(prefix="holmes-bench-"))
     op = None
