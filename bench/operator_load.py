@@ -39,6 +39,7 @@ from operator_apply import (  # noqa: E402
     Bench,
     OperatorProcess,
     cluster_kubeconfig,
+    job,
     measure_apply,
     print_apply,
     stop_cluster,
@@ -66,42 +67,17 @@ _SAMPLE = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$")
 
 
 def load_job(name: str, ns: str, slot: int, nodes: int) -> dict:
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "model": {
-                "layers": 8,
-                "hiddenSize": 512,
-                "attentionHeads": 8,
-                "seqLength": 512,
-                "vocabSize": 32000,
-            },
-            "training": {
-                "globalBatchSize": 64,
-                "microBatchSize": 1,
-                "iterations": 10**9,
-                "learningRate": 1e-4,
-            },
-            "nodes": {
-                "count": nodes,
-                "gpusPerNode": 8,
-                "selector": {"matchLabels": {"holmes.dev/fake": "1", SLOT: str(slot)}},
-            },
-            "template": {
-                "spec": {
-                    "tolerations": [
-                        {"key": "holmes.dev/fake", "operator": "Exists"},
-                        # put on nodes created through the API; no node controller lifts it here
-                        {"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
-                    ],
-                    "containers": [{"name": "trainer", "command": ["sleep", "infinity"]}],
-                }
-            },
-            "runPolicy": {"backoffLimit": 0},
-        },
-    }
+    """operator_apply's job with a small model, on its own pair of nodes, running for ever."""
+    j = job(name, ns, nodes)
+    spec = j["spec"]
+    spec["model"].update(layers=8, hiddenSize=512, attentionHeads=8, seqLength=512, vocabSize=32000)
+    spec["training"].update(globalBatchSize=64, iterations=10**9)
+    spec["nodes"]["selector"]["matchLabels"][SLOT] = str(slot)
+    pod = spec["template"]["spec"]
+    # put on nodes created through the API; no node controller lifts it here
+    pod["tolerations"].append({"key": "node.kubernetes.io/not-ready", "operator": "Exists"})
+    pod["containers"][0]["command"] = ["sleep", "infinity"]
+    return j
 
 
 class TrainerStandIn:
@@ -204,27 +180,22 @@ def request_counts(b: Bench) -> Counter:
     return out
 
 
-def measure_window(b: Bench, op: OperatorProcess, seconds: float) -> dict:
-    c0, cpu0, t0 = request_counts(b), op.cpu_seconds(), time.monotonic()
+def measure_window(b: Bench, op: OperatorProcess | None, seconds: float) -> dict:
+    """Requests/s over ``seconds`` (all, the operator's per-job calls, by verb and resource) and,
+    with an operator, its CPU share and RSS."""
+    c0, cpu0, t0 = request_counts(b), op.cpu_seconds() if op else 0.0, time.monotonic()
     time.sleep(seconds)
-    c1, cpu1, t1 = request_counts(b), op.cpu_seconds(), time.monotonic()
+    c1, cpu1, t1 = request_counts(b), op.cpu_seconds() if op else 0.0, time.monotonic()
     dt = t1 - t0
-    delta = Counter({k: c1[k] - c0.get(k, 0) for k in c1 if c1[k] - c0.get(k, 0) > 0})
+    delta = c1 - c0  # positive changes only
     return {
         "seconds": dt,
         "rate": sum(delta.values()) / dt,
         "operator_rate": sum(n for call, n in delta.items() if call in PER_JOB_CALLS) / dt,
         "by": {f"{v} {r}": n / dt for (v, r), n in delta.most_common()},
         "cpu": (cpu1 - cpu0) / dt,
-        "rss": op.rss_bytes(),
+        "rss": op.rss_bytes() if op else 0,
     }
-
-
-def quiet_rate(b: Bench) -> float:
-    """Requests/s of the control plane alone, before any bench node exists."""
-    c0, t0 = request_counts(b), time.monotonic()
-    time.sleep(10)
-    return sum((request_counts(b) - c0).values()) / (time.monotonic() - t0)
 
 
 def settle(b: Bench, op: OperatorProcess, quiet: float, most: float = 300.0) -> None:
@@ -275,7 +246,7 @@ def main() -> int:
     ok = True
     try:
         b.install_crd()
-        quiet = quiet_rate(b)
+        quiet = measure_window(b, None, 10.0)["rate"]  # the control plane alone, no bench node yet
         b.register_nodes(nodes, labels=lambda i: {SLOT: str(i // a.nodes_per_job)})
         op = OperatorProcess(
             kubeconfig,

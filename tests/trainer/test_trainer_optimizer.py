@@ -6,8 +6,8 @@ import torch
 
 from holmes.trainer.config import OptimizerConfig, TrainerConfigError
 from holmes.trainer.engine import Trainer
-from tests.trainer.test_trainer_parity import assert_params_close
 from tests.trainer.trainer_harness import (
+    assert_params_close,
     make_layout,
     merged,
     reference,

@@ -5,6 +5,7 @@ import torch
 
 from holmes.trainer.config import OptimizerConfig
 from tests.trainer.trainer_harness import (
+    assert_params_close,
     make_layout,
     merged,
     reference,
@@ -12,13 +13,6 @@ from tests.trainer.trainer_harness import (
     tiny_config,
     train_on_layout,
 )
-
-
-def assert_params_close(got, want, atol=2e-6):
-    assert want and set(want) <= set(got), f"parameters missing: {set(want) - set(got)}"
-    for k, v in want.items():
-        if k in got:
-            assert torch.allclose(got[k], v, atol=atol, rtol=0), f"{k}: max diff {(got[k] - v).abs().max()}"
 
 
 @pytest.mark.parametrize(

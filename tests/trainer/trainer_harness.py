@@ -221,3 +221,11 @@ def reference(cfg: TrainConfig) -> tuple[list[float], list[float], dict[str, tor
         losses.append(total)
         norms.append(float(norm))
     return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_params_close(got: dict, want: dict, atol: float = 2e-6) -> None:
+    """Every parameter of ``want`` is in ``got`` and equal to within ``atol``."""
+    assert want and set(want) <= set(got), f"parameters missing: {set(want) - set(got)}"
+    for k, v in want.items():
+        if k in got:
+            assert torch.allclose(got[k], v, atol=atol, rtol=0), f"{k}: max diff {(got[k] - v).abs().max()}"

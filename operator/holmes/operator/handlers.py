@@ -42,7 +42,7 @@ from kubernetes import client
 from . import metrics, names, progress
 from .informer import Informer
 from .kube import Caches, KubeIO
-from .reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide, owned_by
+from .reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide, owned
 from .render import RenderSettings
 from .summary import pod_attempt, pod_node_rank
 
@@ -200,11 +200,10 @@ class Runtime:
         st = job.get("status") or {}
         if not st.get("launched") or st.get("phase") in ("Succeeded", "Failed"):
             return None
-        uid = job["metadata"].get("uid")
         rank0 = [
             p
-            for p in pods
-            if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == 0 and (not uid or owned_by(p, uid))
+            for p in owned(pods, job["metadata"].get("uid"))
+            if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == 0
         ]
         if not rank0:
             return None

@@ -168,7 +168,7 @@ class _Reconciler:
         # Only pods this job object owns: a job deleted and recreated under the same name must
         # not adopt the old one's pods, which the garbage collector is removing.
         uid = meta.get("uid")
-        self.pods = [p for p in obs.pods if not uid or owned_by(p, uid)]
+        self.pods = owned(obs.pods, uid)
         self.spec: JobSpec | None = None  # set once the spec parsed
 
     # ---- helpers -------------------------------------------------------------------------
@@ -675,6 +675,11 @@ class _Reconciler:
 
 def owned_by(obj: Mapping, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def owned(objs: list[dict], uid: str | None) -> list[dict]:
+    """The objects whose ownerReference carries ``uid`` (all of them when the job has no uid)."""
+    return [o for o in objs if not uid or owned_by(o, uid)]
 
 
 def plan_message(layout: Layout) -> str:
