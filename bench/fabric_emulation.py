@@ -400,7 +400,7 @@ def block_gflops(a: argparse.Namespace, windows: int = 5, seconds: float = 0.25)
 
     from holmes.contract import ModelSpec
     from holmes.contract.flops import layer_fwd_flops_per_token
-    from holmes.trainer.model import Block
+    from holmes.trainer.models.gpt import Block
 
     torch.set_num_threads(1)
     cfg = ModelSpec(

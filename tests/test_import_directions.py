@@ -23,7 +23,7 @@ RULES = {
         {"contract", "plan", "operator"},
     ),
     "trainer/holmes/trainer": (
-        {"torch", "numpy", "prometheus_client", "tokenizers"},
+        {"torch", "numpy", "prometheus_client", "tokenizers", "safetensors"},
         {"contract", "trainer"},
     ),
 }

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import holmes.trainer.model as model_mod
+from holmes.trainer.models import gpt
 from holmes.contract import ModelCost
 from holmes.contract.jobspec import JobSpec
 from holmes.trainer.config import TrainConfig
@@ -49,9 +50,9 @@ def test_single_process_same_loss_and_grads_fewer_saved_activations():
 
 
 def test_recompute_replays_the_rng_so_dropout_draws_the_same_masks(monkeypatch):
-    plain = model_mod.MLP.forward
+    plain = gpt.MLP.forward
     monkeypatch.setattr(
-        model_mod.MLP, "forward", lambda self, x: F.dropout(plain(self, x), p=0.3, training=True)
+        gpt.MLP, "forward", lambda self, x: F.dropout(plain(self, x), p=0.3, training=True)
     )
     loss_off, grads_off, _, _ = forward_backward(False, seed=3)
     loss_on, grads_on, _, _ = forward_backward(True, seed=3)

@@ -1,7 +1,9 @@
-"""Parameter counts and model FLOPs of a GPT-style decoder: the one place the planner's
-estimate and the trainer's reported TFLOPS/GPU and parameter count take them from. Pure Python.
+"""Parameter counts and model FLOPs of the decoders the trainer runs (``gpt``, ``llama``): the
+one place the planner's estimate and the trainer's reported TFLOPS/GPU and parameter count take
+them from. Pure Python.
 
-Per token, forward (matmul FLOPs = 2 x multiply-adds; LayerNorm, softmax, GELU ignored):
+Per token, forward (matmul FLOPs = 2 x multiply-adds; norms, softmax, activations, rotary
+embeddings ignored), for GPT:
 
 - one transformer layer: ``8h^2`` (QKV + output projection) ``+ 4h*ffn`` (MLP up and down)
   ``+ 4sh`` (attention scores and their weighted sum) = ``24h^2 (1 + s/6h)`` when ffn = 4h;
@@ -17,6 +19,13 @@ so B*s tokens and l layers, with ffn = 4h:
 
 Reporting with the formula that matches what ran keeps TFLOPS/GPU an honest rate of the work
 done: the 96 formula on a run without recomputation would overstate it by 96/72.
+
+Llama (SwiGLU, grouped-query attention, no biases) has other matrices, so one layer's forward is
+``2 N_l + 4sh`` per token with ``N_l = 2h^2 + 2h*h_kv + 3h*ffn`` its matrix parameters (Q and the
+output projection h x h each, K and V h x h_kv each with h_kv = kvHeads * h/attentionHeads, the
+gate, up and down projections h x ffn each) and ``4sh`` the attention scores and weighted sum;
+the head adds ``2hV``. Per iteration: ``B s (p l (2 N_l + 4sh) + 6hV)`` with p = 4 passes with
+recomputation, 3 without; for GPT's N_l = 4h^2 + 2h*ffn this is exactly the formula above.
 """
 
 from __future__ import annotations
@@ -27,7 +36,15 @@ from .jobspec import ModelSpec
 
 
 def layer_fwd_flops_per_token(hidden: int, ffn: int, seq: int) -> float:
+    """A GPT layer (ffn-wide GELU MLP, full multi-head attention)."""
     return 8 * hidden * hidden + 4 * hidden * ffn + 4 * seq * hidden
+
+
+def layer_matrix_params(architecture: str, hidden: int, ffn: int, kv_hidden: int) -> int:
+    """Weights of one layer's matrix multiplies (no biases, no norms)."""
+    if architecture == "llama":
+        return 2 * hidden * hidden + 2 * hidden * kv_hidden + 3 * hidden * ffn
+    return 4 * hidden * hidden + 2 * hidden * ffn
 
 
 def head_fwd_flops_per_token(hidden: int, vocab: int) -> float:
@@ -63,8 +80,11 @@ def paper_formula(
     return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
 
 
-def formula_name(recompute: bool) -> str:
-    """Which formula a TFLOPS number used, for logs and READMEs."""
+def formula_name(recompute: bool, architecture: str = "gpt") -> str:
+    """Which formula a TFLOPS number used, for logs and READMEs (see the module docstring)."""
+    if architecture == "llama":
+        passes = 4 if recompute else 3
+        return f"Bs({passes}l(2(2h^2+2h*hkv+3h*ffn)+4sh)+6hV)"
     return "96Bslh^2(1+s/6h+V/16lh)" if recompute else "72Bslh^2(1+s/6h+V/12lh)"
 
 
@@ -74,7 +94,7 @@ def tflops_per_gpu(flops: float, seconds: float, world: int) -> float:
 
 @dataclass(frozen=True)
 class ModelCost:
-    """Parameter counts and FLOPs of the GPT model, computed from its shape."""
+    """Parameter counts and FLOPs of one model, computed from its shape and architecture."""
 
     layers: int
     hidden: int
@@ -83,6 +103,8 @@ class ModelCost:
     vocab: int
     ffn: int
     tied: bool
+    architecture: str = "gpt"
+    kv_heads: int = 0  # 0: heads
 
     @classmethod
     def of(cls, m: ModelSpec) -> ModelCost:
@@ -94,41 +116,51 @@ class ModelCost:
             m.vocab_size,
             m.ffn_hidden_size,
             m.tied_embeddings,
+            m.architecture,
+            m.kv_heads,
         )
+
+    @property
+    def kv_hidden(self) -> int:
+        return (self.kv_heads or self.heads) * (self.hidden // self.heads)
 
     @property
     def layer_params(self) -> int:
         h, f = self.hidden, self.ffn
-        # QKV + proj (with biases), MLP up/down (with biases), two LayerNorms.
-        return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+        matrices = layer_matrix_params(self.architecture, h, f, self.kv_hidden)
+        if self.architecture == "llama":
+            return matrices + 2 * h  # two RMSNorm weights, no biases
+        return matrices + 4 * h + f + h + 4 * h  # biases: QKV 3h, proj h, MLP f + h; two LayerNorms 4h
 
     @property
     def embedding_params(self) -> int:
-        return self.vocab * self.hidden + self.seq * self.hidden  # token + learned positions
+        positions = 0 if self.architecture == "llama" else self.seq * self.hidden  # RoPE learns none
+        return self.vocab * self.hidden + positions
 
     @property
     def head_params(self) -> int:
-        return 2 * self.hidden + (0 if self.tied else self.vocab * self.hidden)  # final LayerNorm + LM head
+        norm = self.hidden if self.architecture == "llama" else 2 * self.hidden  # RMSNorm | LayerNorm
+        return norm + (0 if self.tied else self.vocab * self.hidden)
 
     @property
     def total_params(self) -> int:
         return self.layers * self.layer_params + self.embedding_params + self.head_params
 
     def layer_fwd_flops_per_token(self) -> float:
-        return layer_fwd_flops_per_token(self.hidden, self.ffn, self.seq)
+        matrices = layer_matrix_params(self.architecture, self.hidden, self.ffn, self.kv_hidden)
+        return 2 * matrices + 4 * self.seq * self.hidden
 
     def head_fwd_flops_per_token(self) -> float:
         return head_fwd_flops_per_token(self.hidden, self.vocab)
 
     def flops_per_iteration(self, global_batch: int, *, recompute: bool) -> float:
-        """Model FLOPs of one iteration, general in ffn; for ffn = 4h the paper's
+        """Model FLOPs of one iteration; for GPT with ffn = 4h the paper's
         ``96 B s l h^2 (1 + s/6h + V/16lh)`` with recomputation, ``72 ... V/12lh`` without."""
-        return flops_per_iteration(
-            global_batch=global_batch,
-            seq=self.seq,
-            layers=self.layers,
-            hidden=self.hidden,
-            vocab=self.vocab,
-            ffn=self.ffn,
-            recompute=recompute,
+        passes = 4 if recompute else 3
+        per_token = (
+            passes * self.layers * self.layer_fwd_flops_per_token() + 3 * self.head_fwd_flops_per_token()
         )
+        return global_batch * self.seq * per_token
+
+    def formula_name(self, recompute: bool) -> str:
+        return formula_name(recompute, self.architecture)

@@ -12,11 +12,20 @@ Fields (camelCase in the manifest, snake_case here) and their documented default
 without a default is required:
 
     model:       layers, hiddenSize, attentionHeads, seqLength, vocabSize,
-                 ffnHiddenSize = 4 * hiddenSize, tiedEmbeddings = false
+                 architecture = gpt  (gpt | llama),
+                 ffnHiddenSize = 4 * hiddenSize (gpt) | 8h/3 rounded up to 256 (llama),
+                 tiedEmbeddings = false, kvHeads = attentionHeads (llama: grouped-query
+                 attention), ropeTheta = 10000 (llama only), normEps = 1e-5,
+                 init = none  (or {huggingface: {path: /models/llama}})
     training:    globalBatchSize, microBatchSize, iterations, learningRate,
                  seed = 1234, weightDecay = 0.01, gradClip = 1.0 (0 disables),
-                 warmupIterations = 0, activationRecompute = true (see below),
-                 data = {synthetic: {}}  (or {path: /data/tokens.bin}),
+                 warmupIterations = 0, decay = cosine (cosine | linear | constant),
+                 minLearningRate = 0, betas = [0.9, 0.95],
+                 activationRecompute = true (see below),
+                 data = {synthetic: {}}  (or {path: /data/tokens.bin},
+                        or {blend: [{path: a.bin, weight: 3}, {path: b.bin, weight: 1}]}),
+                 eval = none  (or {data: {path: /data/val.bin}, intervalIterations: 100,
+                        windows: all}),
                  checkpoint = none  (or {path: /ckpt, intervalIterations: 100})
     parallelism: tensor = 1, pipeline = auto, data = auto  (an integer or "auto"),
                  partition = adaptive  (adaptive | uniform | [layers per stage, ...]),
@@ -58,6 +67,16 @@ DEFAULT_CLUSTER_LABEL = LABEL_CLUSTER
 FABRIC_CHECKS = ("fail", "warn", "off")
 GRAD_REDUCE_BYTES = {"float32": 4, "bfloat16": 2}
 DEFAULT_ACTIVATION_RECOMPUTE = True  # why: see the module docstring
+ARCHITECTURES = ("gpt", "llama")
+DECAYS = ("cosine", "linear", "constant")
+DEFAULT_ROPE_THETA = 10000.0  # Llama 2's; Llama 3 uses 500000
+
+
+def llama_ffn_hidden_size(hidden: int) -> int:
+    """Meta's default SwiGLU width: 2/3 of 4h (three matrices instead of two keep the
+    parameters of a 4h GELU MLP), rounded up to a multiple of 256 (11008 for h=4096)."""
+    return 256 * -(-int(8 * hidden / 3) // 256)
+
 
 Degree = Union[int, str]  # an integer >= 1, or AUTO
 Partition = Union[str, tuple]  # "adaptive" | "uniform" | tuple of layer counts
@@ -78,28 +97,72 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
+class HuggingFaceSource:
+    path: str  # a directory as transformers' save_pretrained writes it
+
+
+@dataclass(frozen=True)
+class ModelInit:
+    """Where the weights start from (none: random, seeded by training.seed)."""
+
+    huggingface: HuggingFaceSource
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     layers: int
     hidden_size: int
     attention_heads: int
     seq_length: int
     vocab_size: int
-    ffn_hidden_size: int = 0  # 0 (not given): 4 * hidden_size, resolved here
+    ffn_hidden_size: int = 0  # 0 (not given): the architecture's default, resolved here
     tied_embeddings: bool = False
+    architecture: str = "gpt"  # gpt: GPT-2 style; llama: RoPE, RMSNorm, SwiGLU, GQA
+    kv_heads: int = 0  # 0 (not given): attention_heads (no grouping)
+    rope_theta: float | None = None  # llama only; None resolves to DEFAULT_ROPE_THETA there
+    norm_eps: float = 1e-5
+    init: ModelInit | None = None
 
     def __post_init__(self) -> None:
-        if not self.ffn_hidden_size:
-            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        if not self.ffn_hidden_size and isinstance(self.hidden_size, int):
+            llama = self.architecture == "llama"
+            ffn = llama_ffn_hidden_size(self.hidden_size) if llama else 4 * self.hidden_size
+            object.__setattr__(self, "ffn_hidden_size", ffn)
+        if not self.kv_heads:
+            object.__setattr__(self, "kv_heads", self.attention_heads)
+        if self.architecture == "llama" and self.rope_theta is None:
+            object.__setattr__(self, "rope_theta", DEFAULT_ROPE_THETA)
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.attention_heads
+
+    def shape(self) -> dict[str, Any]:
+        """What a checkpoint's weights depend on (not init): the model identity a checkpoint
+        records and is checked against."""
+        spec = _to_camel(self)
+        spec.pop("init", None)
+        return spec
+
+
+@dataclass(frozen=True)
+class BlendPart:
+    path: str
+    weight: float
 
 
 @dataclass(frozen=True)
 class DataSpec:
     synthetic: bool = True  # random tokens from the seed
     path: str | None = None  # a token file on a volume
+    blend: tuple[BlendPart, ...] = ()  # several token files, each drawn in proportion to its weight
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    path: str  # a token file (training.eval.data.path)
+    interval_iterations: int
+    windows: int | None = None  # evaluate the first N windows only; None: all of them
 
 
 @dataclass(frozen=True)
@@ -119,7 +182,11 @@ class TrainingSpec:
     grad_clip: float = 1.0
     warmup_iterations: int = 0
     activation_recompute: bool = DEFAULT_ACTIVATION_RECOMPUTE
+    decay: str = "cosine"  # after warm-up: cosine | linear (to minLearningRate) | constant
+    min_learning_rate: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
     data: DataSpec = field(default_factory=DataSpec)
+    eval: EvalSpec | None = None
     checkpoint: CheckpointSpec | None = None
     grad_reduce_dtype: str = "float32"  # float32 | bfloat16: the bytes of the DP reduce-scatter
     fabric_check: str = "warn"  # fail | warn | off: the trainer's start-up check of its pod's fabric
@@ -348,6 +415,12 @@ def cross_check(job: JobSpec) -> list[str]:
         )
     if t.warmup_iterations > t.iterations:
         out.append(f"spec.training.warmupIterations: {t.warmup_iterations} exceeds iterations {t.iterations}")
+    if t.min_learning_rate > t.learning_rate:
+        out.append(
+            f"spec.training.minLearningRate: {t.min_learning_rate} exceeds learningRate {t.learning_rate}; "
+            "the schedule decays from learningRate down to minLearningRate"
+        )
+    out += _architecture_checks(m)
     world = job.world_size
     T = p.tensor
     if isinstance(T, int):
@@ -360,6 +433,8 @@ def cross_check(job: JobSpec) -> list[str]:
             out.append(f"spec.parallelism.tensor: {T} must divide model.attentionHeads {m.attention_heads}")
         if m.ffn_hidden_size % T:
             out.append(f"spec.parallelism.tensor: {T} must divide model.ffnHiddenSize {m.ffn_hidden_size}")
+        if m.kv_heads % T and m.kv_heads != m.attention_heads:
+            out.append(f"spec.parallelism.tensor: {T} must divide model.kvHeads {m.kv_heads}")
     parts = p.explicit_partition
     P = p.pipeline
     if parts is not None:
@@ -403,6 +478,38 @@ def cross_check(job: JobSpec) -> list[str]:
     return out
 
 
+def _architecture_checks(m: ModelSpec) -> list[str]:
+    out: list[str] = []
+    if m.architecture == "gpt":
+        if m.kv_heads != m.attention_heads:
+            out.append(
+                f"spec.model.kvHeads: {m.kv_heads} differs from attentionHeads {m.attention_heads}, but "
+                "architecture gpt has no grouped-query attention; remove kvHeads or use architecture: llama"
+            )
+        if m.rope_theta is not None:
+            out.append(
+                "spec.model.ropeTheta: architecture gpt learns its positions and has no rotary "
+                "embedding; remove ropeTheta or use architecture: llama"
+            )
+        if m.init is not None:
+            out.append(
+                "spec.model.init.huggingface: only architecture llama loads Hugging Face weights "
+                "(GPT-2 checkpoints can be exported, not imported); use architecture: llama or remove init"
+            )
+        return out
+    if m.kv_heads > m.attention_heads or m.attention_heads % m.kv_heads:
+        out.append(
+            f"spec.model.kvHeads: {m.kv_heads} must divide attentionHeads {m.attention_heads} "
+            "(each key/value head serves attentionHeads/kvHeads query heads)"
+        )
+    if m.hidden_size % m.attention_heads == 0 and m.head_dim % 2:
+        out.append(
+            f"spec.model.hiddenSize: the head size hiddenSize/attentionHeads = {m.head_dim} must be even "
+            "for rotary embeddings (they rotate pairs of features)"
+        )
+    return out
+
+
 # ---- section parsers ----------------------------------------------------------------------
 
 
@@ -411,22 +518,47 @@ def _model(r: _Reader, v: Any, path: str) -> ModelSpec | None:
         v,
         path,
         required=("layers", "hiddenSize", "attentionHeads", "seqLength", "vocabSize"),
-        optional=("ffnHiddenSize", "tiedEmbeddings"),
+        optional=(
+            "architecture",
+            "ffnHiddenSize",
+            "tiedEmbeddings",
+            "kvHeads",
+            "ropeTheta",
+            "normEps",
+            "init",
+        ),
     )
     if d is None:
         return None
-    hidden = r.integer(d, "hiddenSize", path)
+    norm_eps = r.number(d, "normEps", path, default=1e-5, positive=True)
+    rope_theta = r.number(d, "ropeTheta", path, default=None, positive=True)
     return ModelSpec(
         layers=r.integer(d, "layers", path),
-        hidden_size=hidden,
+        hidden_size=r.integer(d, "hiddenSize", path),
         attention_heads=r.integer(d, "attentionHeads", path),
         seq_length=r.integer(d, "seqLength", path),
         vocab_size=r.integer(d, "vocabSize", path),
-        ffn_hidden_size=r.integer(
-            d, "ffnHiddenSize", path, default=4 * hidden if isinstance(hidden, int) else None
-        ),
+        ffn_hidden_size=r.integer(d, "ffnHiddenSize", path, default=None) or 0,
         tied_embeddings=r.boolean(d, "tiedEmbeddings", path, default=False),
+        architecture=r.choice(d, "architecture", path, ARCHITECTURES, default="gpt") or "gpt",
+        kv_heads=r.integer(d, "kvHeads", path, default=None) or 0,
+        rope_theta=rope_theta,
+        norm_eps=norm_eps if norm_eps is not None else 1e-5,
+        init=_init(r, d.get("init"), f"{path}.init"),
     )
+
+
+def _init(r: _Reader, v: Any, path: str) -> ModelInit | None:
+    if v is None:
+        return None
+    d = r.mapping(v, path, required=("huggingface",))
+    if d is None or d.get("huggingface") is None:
+        return None
+    hf = r.mapping(d["huggingface"], f"{path}.huggingface", required=("path",))
+    if hf is None:
+        return None
+    where = r.string(hf, "path", f"{path}.huggingface")
+    return ModelInit(HuggingFaceSource(where)) if where else None
 
 
 def _training(r: _Reader, v: Any, path: str) -> TrainingSpec | None:
@@ -439,8 +571,12 @@ def _training(r: _Reader, v: Any, path: str) -> TrainingSpec | None:
             "weightDecay",
             "gradClip",
             "warmupIterations",
+            "decay",
+            "minLearningRate",
+            "betas",
             "activationRecompute",
             "data",
+            "eval",
             "checkpoint",
             "gradReduceDtype",
             "fabricCheck",
@@ -458,26 +594,78 @@ def _training(r: _Reader, v: Any, path: str) -> TrainingSpec | None:
         grad_clip=r.number(d, "gradClip", path, default=1.0),
         warmup_iterations=r.integer(d, "warmupIterations", path, default=0, minimum=0),
         activation_recompute=r.boolean(d, "activationRecompute", path, default=DEFAULT_ACTIVATION_RECOMPUTE),
+        decay=r.choice(d, "decay", path, DECAYS, default="cosine"),
+        min_learning_rate=r.number(d, "minLearningRate", path, default=0.0),
+        betas=_betas(r, d.get("betas"), f"{path}.betas"),
         data=_data(r, d.get("data"), f"{path}.data"),
+        eval=_eval(r, d.get("eval"), f"{path}.eval"),
         checkpoint=_checkpoint(r, d.get("checkpoint"), f"{path}.checkpoint"),
         grad_reduce_dtype=r.choice(d, "gradReduceDtype", path, tuple(GRAD_REDUCE_BYTES), default="float32"),
         fabric_check=r.choice(d, "fabricCheck", path, FABRIC_CHECKS, default="warn"),
     )
 
 
+def _betas(r: _Reader, v: Any, path: str) -> tuple[float, float]:
+    if v is None:
+        return (0.9, 0.95)
+    ok = (
+        isinstance(v, (list, tuple))
+        and len(v) == 2
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1 for x in v)
+    )
+    if not ok:
+        r.add(path, f"must be two numbers in [0, 1) (Adam's beta1, beta2), e.g. [0.9, 0.95], got {_show(v)}")
+        return (0.9, 0.95)
+    return (float(v[0]), float(v[1]))
+
+
 def _data(r: _Reader, v: Any, path: str) -> DataSpec:
     if v is None:
         return DataSpec()
-    d = r.mapping(v, path, optional=("synthetic", "path"))
+    d = r.mapping(v, path, optional=("synthetic", "path", "blend"))
     if d is None:
         return DataSpec()
-    if ("synthetic" in d) == ("path" in d):
-        r.add(path, "set exactly one of synthetic: {} (random tokens) or path: <token file>")
+    if sum(k in d for k in ("synthetic", "path", "blend")) != 1:
+        r.add(
+            path,
+            "set exactly one of synthetic: {} (random tokens), path: <token file> or "
+            "blend: [{path, weight}, ...]",
+        )
         return DataSpec()
     if "synthetic" in d:
         r.mapping(d["synthetic"] if d["synthetic"] is not None else {}, f"{path}.synthetic")
         return DataSpec()
-    return DataSpec(synthetic=False, path=r.string(d, "path", path))
+    if "path" in d:
+        return DataSpec(synthetic=False, path=r.string(d, "path", path))
+    parts = d["blend"]
+    if not isinstance(parts, (list, tuple)) or not parts:
+        r.add(f"{path}.blend", f"must be a non-empty list of {{path, weight}}, got {_show(parts)}")
+        return DataSpec()
+    blend = []
+    for i, part in enumerate(parts):
+        p = f"{path}.blend[{i}]"
+        pd = r.mapping(part, p, required=("path", "weight"))
+        if pd is None:
+            continue
+        where, weight = r.string(pd, "path", p), r.number(pd, "weight", p, positive=True)
+        if where and weight:
+            blend.append(BlendPart(where, weight))
+    return DataSpec(synthetic=False, blend=tuple(blend))
+
+
+def _eval(r: _Reader, v: Any, path: str) -> EvalSpec | None:
+    if v is None:
+        return None
+    d = r.mapping(v, path, required=("data", "intervalIterations"), optional=("windows",))
+    if d is None or d.get("data") is None:
+        return None
+    data = r.mapping(d["data"], f"{path}.data", required=("path",))
+    where = r.string(data, "path", f"{path}.data") if data is not None else None
+    interval = r.integer(d, "intervalIterations", path)
+    windows = r.integer(d, "windows", path, default=None)
+    if where is None or interval is None:
+        return None
+    return EvalSpec(path=where, interval_iterations=interval, windows=windows)
 
 
 def _checkpoint(r: _Reader, v: Any, path: str) -> CheckpointSpec | None:
@@ -664,7 +852,7 @@ class _Reader:
         self, d: Mapping, key: str, path: str, default: Any = _REQUIRED, positive: bool = False
     ) -> Any:
         v = self._get(d, key, default)
-        if v is _REQUIRED:
+        if v is _REQUIRED or (v is None and default is None):
             return None
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         if not ok or v < 0 or (positive and v == 0):
@@ -743,7 +931,15 @@ def _to_camel(obj: Any) -> Any:
             ]
         return out
     if isinstance(obj, DataSpec):
+        if obj.blend:
+            return {"blend": [{"path": b.path, "weight": b.weight} for b in obj.blend]}
         return {"synthetic": {}} if obj.synthetic else {"path": obj.path}
+    if isinstance(obj, EvalSpec):
+        return {
+            "data": {"path": obj.path},
+            "intervalIterations": obj.interval_iterations,
+            **({"windows": obj.windows} if obj.windows is not None else {}),
+        }
     if isinstance(obj, JobSpec):
         return {
             "model": _to_camel(obj.model),
@@ -759,6 +955,6 @@ def _to_camel(obj: Any) -> Any:
             for f in fields(obj)
             if getattr(obj, f.name) is not None
         }
-    if isinstance(obj, tuple):
+    if isinstance(obj, (tuple, list)):
         return [_to_camel(x) for x in obj]
     return obj

@@ -9,7 +9,10 @@ The data position is the iteration number (data.py draws batches by iteration), 
 restoring the iteration restores the data stream exactly.
 
 The optimizer shards depend on the layout (pipeline/data degrees, stage split, micro-batching),
-so a checkpoint resumes only under the same layout; a different one is refused by name.
+so a checkpoint resumes only under the same layout; a different one is refused by name. The
+model weights alone (``load_model``: evaluate, export) load under any layout, since their
+names are global; the marker records the model's shape so another model's checkpoint is
+refused naming the field that differs.
 """
 
 from __future__ import annotations
@@ -55,6 +58,44 @@ def newest_complete(root: str | None) -> int | None:
         if (m := _DIR.match(name)) and _read_marker(os.path.join(root, name)) is not None
     ]
     return max(done) if done else None
+
+
+def resolve(path: str) -> str:
+    """A checkpoint argument -> one complete checkpoint directory: ``path`` itself when it is one
+    (it has a readable marker), else the newest complete one inside it."""
+    if _read_marker(path) is not None:
+        return path
+    newest = newest_complete(path)
+    if newest is None:
+        what = "does not exist" if not os.path.exists(path) else "holds no complete checkpoint"
+        raise CheckpointError(
+            f"checkpoint {path} {what}: give training.checkpoint.path or one iter_NNNNNNNN directory "
+            f"in it that has {MARKER}"
+        )
+    return iteration_dir(path, newest)
+
+
+def check_model(path: str, model_shape: dict[str, Any]) -> dict[str, Any]:
+    """The marker of checkpoint directory ``path``, after checking it holds this model."""
+    meta = _read_marker(path)
+    if meta is None:
+        raise CheckpointError(f"checkpoint {path} has no readable {MARKER}: it is incomplete")
+    theirs = meta.get("model")
+    if theirs is not None and theirs != model_shape:
+        diff = sorted(k for k in set(theirs) | set(model_shape) if theirs.get(k) != model_shape.get(k))
+        raise CheckpointError(
+            f"checkpoint {path} holds another model: "
+            + ", ".join(f"spec.model.{k} is {model_shape.get(k)!r} there {theirs.get(k)!r}" for k in diff)
+        )
+    return meta
+
+
+def load_model(path: str, named: dict[str, torch.Tensor], group: Any = None) -> None:
+    """Collective over ``group`` (or one process without torch.distributed): fill the tensors
+    of ``named`` (global parameter name -> tensor, e.g. one stage's parameters under any
+    layout) in place from checkpoint directory ``path``; only those are read."""
+    state = {f"model.{k}": v for k, v in named.items()}
+    dcp.load(state, checkpoint_id=path, process_group=group)
 
 
 def rng_state(rank: int) -> dict[str, torch.Tensor]:

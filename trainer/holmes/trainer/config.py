@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from holmes.contract import JobSpec, Layout, ModelSpec, load_job
-from holmes.contract.jobspec import FABRIC_CHECKS
+from holmes.contract.jobspec import DECAYS, FABRIC_CHECKS
 
 DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -58,7 +58,7 @@ class OptimizerConfig:
     learning_rate: float = 3e-4
     min_learning_rate: float = 0.0
     warmup_iterations: int = 0
-    decay: str = "cosine"  # cosine | constant (after warm-up)
+    decay: str = "cosine"  # cosine | linear | constant (after warm-up)
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.95
@@ -68,16 +68,29 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZERS:
             raise TrainerConfigError(f"optimizer {self.kind!r} is not one of {', '.join(OPTIMIZERS)}")
-        if self.decay not in ("cosine", "constant"):
-            raise TrainerConfigError(f"learning-rate decay {self.decay!r} is not cosine or constant")
+        if self.decay not in DECAYS:
+            raise TrainerConfigError(f"learning-rate decay {self.decay!r} is not one of {', '.join(DECAYS)}")
         if self.learning_rate <= 0:
             raise TrainerConfigError(f"learningRate must be > 0, got {self.learning_rate}")
+        if not 0 <= self.min_learning_rate <= self.learning_rate:
+            raise TrainerConfigError(
+                f"minLearningRate {self.min_learning_rate} must be between 0 and learningRate "
+                f"{self.learning_rate}"
+            )
 
 
 @dataclass(frozen=True)
 class DataConfig:
     path: str | None = None  # None: synthetic data; else a flat token file (see data.py)
     token_dtype: str | None = None  # uint16 | uint32; None: read the file's sidecar, else uint16
+    blend: tuple[tuple[str, float], ...] = ()  # (token file, weight) pairs; wins over path
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    path: str  # a token file: its consecutive non-overlapping windows of seqLength+1 tokens
+    interval: int  # evaluate every N iterations (and after the last)
+    windows: int | None = None  # the first N windows only; None: all
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,7 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig | None = None
     overlap: bool = True  # overlapped grad reduce-scatter and param all-gather
     # checkpoint each transformer block (model.py). from_jobspec always takes the job's
     # training.activationRecompute (default true there); False here keeps a bare engine plain.
@@ -144,6 +158,10 @@ class TrainConfig:
             weight_decay=t.weight_decay,
             grad_clip=t.grad_clip,
             warmup_iterations=t.warmup_iterations,
+            decay=t.decay,
+            min_learning_rate=t.min_learning_rate,
+            beta1=t.betas[0],
+            beta2=t.betas[1],
         )
         ckpt = t.checkpoint
         kwargs: dict[str, Any] = dict(
@@ -154,7 +172,11 @@ class TrainConfig:
             iterations=t.iterations,
             seed=t.seed,
             optimizer=opt,
-            data=DataConfig(path=None if t.data.synthetic else t.data.path),
+            data=DataConfig(
+                path=None if t.data.synthetic else t.data.path,
+                blend=tuple((b.path, b.weight) for b in t.data.blend),
+            ),
+            eval=EvalConfig(t.eval.path, t.eval.interval_iterations, t.eval.windows) if t.eval else None,
             checkpoint=CheckpointConfig(path=ckpt.path, interval=ckpt.interval_iterations)
             if ckpt
             else CheckpointConfig(),
@@ -166,7 +188,8 @@ class TrainConfig:
         return cls(**kwargs)
 
     # ---- against the Layout --------------------------------------------------------------
-    def check_against_layout(self, layout: Layout) -> None:
+    def check_model_layout(self, layout: Layout) -> None:
+        """What any use of the model under this Layout needs (training, evaluation)."""
         if layout.tensor != 1:
             raise TrainerConfigError(
                 f"tensor parallelism {layout.tensor} is not supported by this trainer yet; "
@@ -177,6 +200,9 @@ class TrainConfig:
                 f"layout stages cover {layout.num_layers} layers but model.layers is "
                 f"{self.model.layers}: re-plan the layout for this model"
             )
+
+    def check_against_layout(self, layout: Layout) -> None:
+        self.check_model_layout(layout)
         if layout.micro_batch_size != self.micro_batch_size:
             raise TrainerConfigError(
                 f"layout microBatchSize {layout.micro_batch_size} != job microBatchSize "

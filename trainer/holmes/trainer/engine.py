@@ -16,10 +16,11 @@ import torch.distributed as dist
 from holmes.contract import ModelCost, flops
 from holmes.contract.layout import Layout
 
-from . import checkpoint, fabric
+from . import checkpoint, fabric, hf
 from .config import OptimizerConfig, TrainConfig
-from .data import BatchLoader, Sharding, make_source
+from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
+from .evaluate import Evaluator
 from .groups import build_groups
 from .metrics import MetricsSink
 from .model import TIED_COPY, build_stage
@@ -27,13 +28,16 @@ from .schedule import MicroBatchRunner
 
 
 def learning_rate(cfg: OptimizerConfig, iteration: int, total: int) -> float:
-    """Linear warm-up, then cosine (or constant) decay to min_learning_rate; a pure function of i."""
+    """Linear warm-up, then cosine, linear or no decay to min_learning_rate at the last
+    iteration; a pure function of i (so a resumed run continues the same schedule)."""
     lr, lo, warm = cfg.learning_rate, cfg.min_learning_rate, cfg.warmup_iterations
     if iteration < warm:
         return lr * (iteration + 1) / warm
     if cfg.decay == "constant" or total <= warm:
         return lr
     progress = min(1.0, (iteration - warm) / max(1, total - warm))
+    if cfg.decay == "linear":
+        return lr + (lo - lr) * progress
     return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * progress))
 
 
@@ -96,6 +100,11 @@ class Trainer:
             recompute=cfg.activation_recompute,
             dtype=cfg.dtype,
         )
+        # Before the optimizer copies the weights into its shards: a run that resumes takes its
+        # checkpoint's, a fresh one starts from Hugging Face weights when the job names them.
+        self.resume_iteration = self._newest_checkpoint()
+        if self.resume_iteration is None and cfg.model.init is not None:
+            hf.load_stage(self.module, cfg.model, cfg.model.init.huggingface.path)
         tied_name = None
         if tied_split:
             tied_name = "embedding.tok.weight" if self.first else TIED_COPY
@@ -129,9 +138,28 @@ class Trainer:
         self.loader = None
         if self.first or self.last:
             source = make_source(
-                cfg.data.path, cfg.model.vocab_size, cfg.model.seq_length, cfg.seed, cfg.data.token_dtype
+                cfg.data.path,
+                cfg.model.vocab_size,
+                cfg.model.seq_length,
+                cfg.seed,
+                cfg.data.token_dtype,
+                blend=cfg.data.blend,
             )
             self.loader = BatchLoader(source, Sharding(cfg.global_batch_size, D, info.dp_index))
+        self.evaluator = None
+        if cfg.eval is not None:
+            windows = TokenWindows(cfg.eval.path, cfg.model.vocab_size, cfg.model.seq_length)
+            self.evaluator = Evaluator(
+                self.module,
+                cfg.model,
+                layout,
+                rank,
+                self.groups,
+                windows,
+                device,
+                getattr(torch, cfg.dtype),
+                limit=cfg.eval.windows,
+            )
         # what one iteration computes never changes: count it once, not per iteration
         self.model_cost = ModelCost.of(cfg.model)
         self.flops_per_iteration = self.model_cost.flops_per_iteration(
@@ -162,6 +190,7 @@ class Trainer:
             self.rank,
             {
                 "layout": layout_signature(self.layout),
+                "model": self.cfg.model.shape(),
                 "consumedSamples": self.iteration * self.cfg.global_batch_size,
             },
             group=self.groups.world,
@@ -170,18 +199,21 @@ class Trainer:
             "checkpoint", iteration=self.iteration, path=path, seconds=round(time.perf_counter() - t0, 3)
         )
 
-    def maybe_resume(self) -> None:
+    def _newest_checkpoint(self) -> int | None:
         root = self.cfg.checkpoint.path
         if not root:
-            return
+            return None
         found = torch.tensor(
             [-1 if (n := checkpoint.newest_complete(root)) is None else n],
             dtype=torch.long,
             device=self.device,
         )
         dist.broadcast(found, src=0, group=self.groups.world)  # rank 0 decides: all load the same one
-        iteration = int(found.item())
-        if iteration < 0:
+        return None if int(found.item()) < 0 else int(found.item())
+
+    def maybe_resume(self) -> None:
+        root, iteration = self.cfg.checkpoint.path, self.resume_iteration
+        if iteration is None:
             return
         self.opt.wait_param_gathers()
         state = self._state()
@@ -191,7 +223,16 @@ class Trainer:
         self.opt.loaded(state, self._opt_prefix())
         checkpoint.restore_rng(state, self.rank)
         self.iteration = iteration
+        self.resume_iteration = None
         self.sink.emit("resume", iteration=iteration, path=checkpoint.iteration_dir(root, iteration))
+
+    def evaluate(self) -> dict[str, Any]:
+        """training.eval's loss on its windows with the current weights (collective)."""
+        self.opt.wait_param_gathers()
+        t0 = time.perf_counter()
+        result = self.evaluator.run()
+        self.sink.emit("eval", iteration=self.iteration, seconds=round(time.perf_counter() - t0, 3), **result)
+        return result
 
     # ---- one iteration -------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
@@ -273,12 +314,13 @@ class Trainer:
             worldSize=self.layout.world_size,
             pipeline=self.layout.pipeline,
             data=self.layout.data,
+            architecture=cfg.model.architecture,
             parameters=self.model_cost.total_params,
             overlap=cfg.overlap,
             gradReduceDtype=cfg.grad_reduce_dtype,
             pipelineSchedule=cfg.pipeline_schedule,
             activationRecompute=cfg.activation_recompute,
-            flopsFormula=flops.formula_name(cfg.activation_recompute),
+            flopsFormula=self.model_cost.formula_name(cfg.activation_recompute),
             device=str(self.device),
             groups=self.groups.created,  # this rank's communicators, the world group first
             fabric=self.fabric.summary(),  # every rank's findings (gathered)
@@ -286,6 +328,10 @@ class Trainer:
         every = cfg.checkpoint.interval
         while self.iteration < cfg.iterations:
             record = self.train_step()
+            ev = cfg.eval
+            if ev and (self.iteration % ev.interval == 0 or self.iteration == cfg.iterations):
+                result = self.evaluate()
+                record.update(evalLoss=result["loss"], evalPerplexity=result["perplexity"])
             self.sink.emit("iteration", **record)
             if on_iteration is not None:
                 on_iteration(self, record)

@@ -1,4 +1,4 @@
-"""A GPT-style decoder, built one pipeline stage at a time.
+"""The decoder, built one pipeline stage at a time from its architecture's parts (models/).
 
 Parameter names are global (``layers.17.attn.qkv.weight``) and every parameter is initialised
 from a generator seeded by (seed, name): a stage holding layers [a, b) gets exactly the values a
@@ -28,57 +28,9 @@ from torch.utils.checkpoint import checkpoint
 
 from holmes.contract import ModelSpec
 
+from .models import architecture
+
 TIED_COPY = "head.tied_embedding"  # last stage's copy of embedding.tok.weight when P > 1
-
-
-class Embedding(nn.Module):
-    def __init__(self, cfg: ModelSpec):
-        super().__init__()
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.pos = nn.Embedding(cfg.seq_length, cfg.hidden_size)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        return self.tok(ids) + self.pos(positions)
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelSpec):
-        super().__init__()
-        self.heads = cfg.attention_heads
-        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
-        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, s, h))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelSpec):
-        super().__init__()
-        self.fc = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size)
-        self.proj = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block."""
-
-    def __init__(self, cfg: ModelSpec):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.hidden_size)
-        self.attn = Attention(cfg)
-        self.ln2 = nn.LayerNorm(cfg.hidden_size)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
 
 
 class Head(nn.Module):
@@ -86,7 +38,7 @@ class Head(nn.Module):
 
     def __init__(self, cfg: ModelSpec, tied: nn.Parameter | None, own_tied_copy: bool):
         super().__init__()
-        self.norm = nn.LayerNorm(cfg.hidden_size)
+        self.norm = architecture(cfg).Norm(cfg)
         self._tied = [tied] if tied is not None else None  # a list: not registered twice
         if own_tied_copy:
             self.tied_embedding = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
@@ -111,8 +63,9 @@ class StageModule(nn.Module):
         super().__init__()
         self.cfg, self.start, self.end, self.first, self.last = cfg, start, end, first, last
         self.recompute = recompute
-        self.embedding = Embedding(cfg) if first else None
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(start, end)})
+        arch = architecture(cfg)
+        self.embedding = arch.Embedding(cfg) if first else None
+        self.layers = nn.ModuleDict({str(i): arch.Block(cfg) for i in range(start, end)})
         if last:
             tied = self.embedding.tok.weight if (cfg.tied_embeddings and first) else None
             self.head = Head(cfg, tied, own_tied_copy=cfg.tied_embeddings and not first)
@@ -189,6 +142,19 @@ LOSS_CHUNK_ELEMENTS = 1 << 27  # fp32 logits alive at once in the loss: 512 MiB
 
 def _ce_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), targets, reduction="sum")
+
+
+def ce_sum(
+    logits: torch.Tensor, targets: torch.Tensor, chunk_elements: int = LOSS_CHUNK_ELEMENTS
+) -> torch.Tensor:
+    """Summed next-token cross-entropy in fp32, upcasting a chunk of rows at a time (for
+    evaluation, under no_grad: nothing is kept for backward)."""
+    flat, flat_t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    rows = max(1, chunk_elements // flat.shape[1])
+    total = torch.zeros((), dtype=torch.float32, device=logits.device)
+    for i in range(0, flat.shape[0], rows):
+        total += _ce_sum(flat[i : i + rows], flat_t[i : i + rows])
+    return total
 
 
 def loss_fn(

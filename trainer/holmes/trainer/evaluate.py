@@ -1,0 +1,165 @@
+"""Evaluation: mean next-token loss over every window of a token file, in any layout.
+
+    torchrun ... -m holmes.trainer.evaluate --job JOB --layout LAYOUT --tokens FILE [--checkpoint DIR]
+
+The windows are all consecutive non-overlapping runs of seqLength+1 tokens of the file, each
+counted once (a shorter tail is left out); the loss is the mean over their seqLength predicted
+tokens each. Rank 0 prints one JSON line ``{"loss", "perplexity", "tokens", "windows"}``.
+Weights come from ``--checkpoint`` (training.checkpoint.path, i.e. its newest complete
+checkpoint, or one checkpoint directory in it), written under any layout, else from
+``spec.model.init`` or the seed, as training would start.
+
+How it runs: steps of D x microBatchSize windows; DP rank d takes its microBatchSize of each
+step (the last step is padded with a repeated window whose loss is masked out). Forward only:
+each stage receives its input from the previous stage on their boundary's p2p group, runs its
+layers, and sends on; the last stage sums the cross-entropy of its real rows. The sums and the
+token count are all-reduced once at the end on the world group, in float64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from holmes.contract import ModelSpec
+from holmes.contract.layout import Layout
+
+from .data import TokenWindows
+from .groups import RankGroups
+from .model import ce_sum
+
+
+class Evaluator:
+    def __init__(
+        self,
+        module: nn.Module,
+        model: ModelSpec,
+        layout: Layout,
+        rank: int,
+        groups: RankGroups,
+        windows: TokenWindows,
+        device: torch.device,
+        dtype: torch.dtype,
+        limit: int | None = None,
+    ):
+        self.module, self.model, self.layout, self.groups = module, model, layout, groups
+        self.windows, self.device, self.dtype = windows, device, dtype
+        self.count = windows.count if limit is None else min(limit, windows.count)
+        info = layout.rank_info(rank)
+        self.stage, self.dp = info.stage, info.dp_index
+        self.first, self.last = self.stage == 0, self.stage == layout.pipeline - 1
+        n = layout.ranks_per_stage
+        self.prev, self.next = rank - n, rank + n
+
+    def _boundary(self, b: int) -> Any:
+        return self.groups.p2p.get(b) or self.groups.pp  # a version-1 Layout: the pipeline group
+
+    def _rows(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's windows of one step (padded with window 0) and which rows are real."""
+        mb = self.layout.micro_batch_size
+        base = step * self.layout.data * mb + self.dp * mb
+        ids = [base + i for i in range(mb)]
+        real = torch.tensor([w < self.count for w in ids], device=self.device)
+        rows = torch.stack([self.windows.window(w if w < self.count else 0) for w in ids])
+        return rows.to(self.device), real
+
+    @torch.no_grad()
+    def run(self) -> dict[str, Any]:
+        """Collective over every rank of the layout; every rank returns the same result."""
+        mb, s, h = self.layout.micro_batch_size, self.model.seq_length, self.model.hidden_size
+        steps = math.ceil(self.count / (self.layout.data * mb))
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        tokens = torch.zeros((), dtype=torch.float64, device=self.device)
+        was_training = self.module.training
+        self.module.eval()
+        pending: list[Any] = []
+        for step in range(steps):
+            rows = real = None
+            if self.first or self.last:
+                rows, real = self._rows(step)
+            if self.first:
+                x = rows[:, :-1]
+            else:
+                x = torch.empty(mb, s, h, dtype=self.dtype, device=self.device)
+                dist.recv(x, src=self.prev, group=self._boundary(self.stage - 1))
+            out = self.module(x)
+            if not self.last:
+                for work in pending:  # the previous step's send: its buffer may be reused now
+                    work.wait()
+                pending = [dist.isend(out.contiguous(), dst=self.next, group=self._boundary(self.stage))]
+                continue
+            keep = real.nonzero().flatten()
+            loss += ce_sum(out[keep], rows[keep, 1:]).double()
+            tokens += keep.numel() * s
+        for work in pending:
+            work.wait()
+        self.module.train(was_training)
+        total = torch.stack([loss, tokens])
+        dist.all_reduce(total, group=self.groups.world)
+        mean = float(total[0] / total[1])
+        return {
+            "loss": mean,
+            "perplexity": math.exp(min(mean, 700.0)),
+            "tokens": int(total[1]),
+            "windows": self.count,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m holmes.trainer.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--job", required=True, help="HolmesJob manifest (YAML) or its spec")
+    ap.add_argument("--layout", required=True, help="Layout JSON (any layout of the job's model)")
+    ap.add_argument("--tokens", required=True, help="token file to evaluate on")
+    ap.add_argument("--checkpoint", help="training.checkpoint.path, or one checkpoint directory in it")
+    ap.add_argument("--windows", type=int, help="the first N windows only (default: all)")
+    ap.add_argument("--dtype", help="float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
+    ap.add_argument("--backend", choices=["nccl", "gloo"])
+    args = ap.parse_args(argv)
+
+    from .launch import LaunchError, build_model_for_layout, start
+
+    try:
+        run = start(args.job, args.layout, dtype=args.dtype, backend=args.backend)
+    except LaunchError as e:
+        print(f"holmes.trainer.evaluate: {e}", file=sys.stderr)
+        return 2
+    try:
+        module = build_model_for_layout(run, args.checkpoint)
+        windows = TokenWindows(args.tokens, run.cfg.model.vocab_size, run.cfg.model.seq_length)
+        result = Evaluator(
+            module,
+            run.cfg.model,
+            run.layout,
+            run.rank,
+            run.groups,
+            windows,
+            run.device,
+            getattr(torch, run.cfg.dtype),
+            limit=args.windows,
+        ).run()
+    except (OSError, ValueError, RuntimeError) as e:
+        print(
+            f"holmes.trainer.evaluate: rank {run.rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True
+        )
+        sys.stdout.flush()
+        os._exit(1)  # peers may be blocked in a collective with this rank
+    if run.rank == 0:
+        print(json.dumps(result), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
