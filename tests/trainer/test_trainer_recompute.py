@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 import holmes.trainer.model as model_mod
-from holmes.trainer.models import gpt
 from holmes.contract import ModelCost
 from holmes.contract.jobspec import JobSpec
 from holmes.trainer.config import TrainConfig
 from holmes.trainer.engine import Trainer
+from holmes.trainer.models import gpt
 from tests.trainer.trainer_harness import TINY, make_layout, run_ranks, tiny_config
 
 # ---- one process, the model alone ---------------------------------------------------------------
@@ -51,9 +51,7 @@ def test_single_process_same_loss_and_grads_fewer_saved_activations():
 
 def test_recompute_replays_the_rng_so_dropout_draws_the_same_masks(monkeypatch):
     plain = gpt.MLP.forward
-    monkeypatch.setattr(
-        gpt.MLP, "forward", lambda self, x: F.dropout(plain(self, x), p=0.3, training=True)
-    )
+    monkeypatch.setattr(gpt.MLP, "forward", lambda self, x: F.dropout(plain(self, x), p=0.3, training=True))
     loss_off, grads_off, _, _ = forward_backward(False, seed=3)
     loss_on, grads_on, _, _ = forward_backward(True, seed=3)
     assert loss_on == loss_off

@@ -137,10 +137,14 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.hidden_size // self.attention_heads
 
+    def to_spec(self) -> dict[str, Any]:
+        """spec.model in camelCase, defaults resolved."""
+        return _to_camel(self)
+
     def shape(self) -> dict[str, Any]:
         """What a checkpoint's weights depend on (not init): the model identity a checkpoint
         records and is checked against."""
-        spec = _to_camel(self)
+        spec = self.to_spec()
         spec.pop("init", None)
         return spec
 

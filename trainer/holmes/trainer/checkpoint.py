@@ -95,7 +95,7 @@ def load_model(path: str, named: dict[str, torch.Tensor], group: Any = None) -> 
     of ``named`` (global parameter name -> tensor, e.g. one stage's parameters under any
     layout) in place from checkpoint directory ``path``; only those are read."""
     state = {f"model.{k}": v for k, v in named.items()}
-    dcp.load(state, checkpoint_id=path, process_group=group)
+    dcp.load(state, checkpoint_id=path, process_group=group, no_dist=not dist.is_initialized())
 
 
 def rng_state(rank: int) -> dict[str, torch.Tensor]:
