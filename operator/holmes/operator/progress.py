@@ -24,8 +24,9 @@ GAUGES = {
     "holmes_trainer_tokens_per_second": "tokensPerSecond",
     "holmes_trainer_tflops_per_gpu": "tflopsPerGpu",
     "holmes_trainer_iteration_seconds": "iterationSeconds",
+    "holmes_trainer_eval_loss": "evalLoss",  # training.eval: set from the first evaluation on
 }
-KEYS = ("iteration", "loss", "tokensPerSecond", "tflopsPerGpu", "iterationSeconds")
+KEYS = ("iteration", "loss", "evalLoss", "tokensPerSecond", "tflopsPerGpu", "iterationSeconds")
 FABRIC_GAUGE = "holmes_trainer_fabric_problem"  # labelled by message, one series per mismatch
 
 

@@ -168,6 +168,7 @@ class Trainer:
         self.tokens_per_iteration = cfg.global_batch_size * cfg.model.seq_length
         self.iteration = 0
         self.history: list[dict[str, Any]] = []
+        self.last_eval_loss: float | None = None
 
     # ---- checkpoints ---------------------------------------------------------------------
     def _opt_prefix(self) -> str:
@@ -332,6 +333,7 @@ class Trainer:
             if ev and (self.iteration % ev.interval == 0 or self.iteration == cfg.iterations):
                 result = self.evaluate()
                 record.update(evalLoss=result["loss"], evalPerplexity=result["perplexity"])
+                self.last_eval_loss = result["loss"]
             self.sink.emit("iteration", **record)
             if on_iteration is not None:
                 on_iteration(self, record)
@@ -345,6 +347,7 @@ class Trainer:
             "done",
             iteration=self.iteration,
             loss=last.get("loss"),
+            **({"evalLoss": self.last_eval_loss} if self.last_eval_loss is not None else {}),
             tokensPerSecond=last.get("tokensPerSecond"),
             tflopsPerGpu=last.get("tflopsPerGpu"),
             fabricWarnings=self.fabric.messages(),

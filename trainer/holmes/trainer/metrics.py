@@ -4,7 +4,8 @@ Only rank 0 reports. Keys are camelCase like HolmesJob.status.progress (iteratio
 tokensPerSecond, tflopsPerGpu: model FLOPs per second per GPU, with the formula that matches
 whether the run recomputes activations, named in the ``start`` line's ``flopsFormula``). Every
 line carries ``"holmes": "<event>"`` so a reader can pick them out of other output: ``start``,
-``iteration``, ``checkpoint``, ``resume``, ``done``, ``error``.
+``iteration``, ``eval``, ``checkpoint``, ``resume``, ``done``, ``error``. An iteration after which
+training.eval ran carries ``evalLoss`` and ``evalPerplexity`` too.
 The latest iteration/done/error line also replaces the container's termination message file
 (Kubernetes' /dev/termination-log), where the operator reads progress once the pod has ended.
 """
@@ -27,6 +28,7 @@ class MetricsSink:
         "tokensPerSecond": "holmes_trainer_tokens_per_second",
         "tflopsPerGpu": "holmes_trainer_tflops_per_gpu",
         "iterationSeconds": "holmes_trainer_iteration_seconds",
+        "evalLoss": "holmes_trainer_eval_loss",
     }
 
     def __init__(
