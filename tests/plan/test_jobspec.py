@@ -171,6 +171,48 @@ def test_all_problems_in_one_message():
         ),
         (lambda s: s["training"].update(warmupIterations=11), "warmupIterations: 11 exceeds iterations 10"),
         (
+            lambda s: s["model"].update(architecture="llama", kvHeads=3),
+            "kvHeads: 3 must divide attentionHeads 8",
+        ),
+        (lambda s: s["model"].update(kvHeads=2), "architecture gpt has no grouped-query attention"),
+        (lambda s: s["model"].update(ropeTheta=1.0e4), "ropeTheta: architecture gpt learns its positions"),
+        (
+            lambda s: s["model"].update(init={"huggingface": {"path": "/m"}}),
+            "only architecture llama loads Hugging Face weights",
+        ),
+        (lambda s: s["model"].update(architecture="mamba"), "architecture: must be one of gpt, llama"),
+        (
+            lambda s: s["model"].update(architecture="llama", hiddenSize=24, attentionHeads=8),
+            "head size hiddenSize/attentionHeads = 3 must be even",
+        ),
+        (lambda s: s["model"].update(init={"huggingface": {}}), "init.huggingface.path: required"),
+        (
+            lambda s: s["training"].update(minLearningRate=1.0),
+            "minLearningRate: 1.0 exceeds learningRate",
+        ),
+        (lambda s: s["training"].update(decay="step"), "decay: must be one of cosine, linear, constant"),
+        (lambda s: s["training"].update(betas=[0.9]), "betas: must be two numbers in [0, 1)"),
+        (lambda s: s["training"].update(betas=[0.9, 1.0]), "betas: must be two numbers in [0, 1)"),
+        (
+            lambda s: s["training"].update(data={"blend": [{"path": "/a", "weight": 0}]}),
+            "blend[0].weight: must be a positive number",
+        ),
+        (lambda s: s["training"].update(data={"blend": []}), "blend: must be a non-empty list"),
+        (
+            lambda s: s["training"].update(data={"path": "/a", "blend": [{"path": "/b", "weight": 1}]}),
+            "set exactly one of synthetic",
+        ),
+        (
+            lambda s: s["training"].update(eval={"data": {"synthetic": {}}, "intervalIterations": 2}),
+            "eval.data: unknown field synthetic",
+        ),
+        (lambda s: s["training"].update(eval={"data": {"path": "/v"}}), "eval.intervalIterations: required"),
+        (
+            lambda s: s.update(parallelism={"tensor": 4})
+            or s["model"].update(architecture="llama", kvHeads=2),
+            "tensor: 4 must divide model.kvHeads 2",
+        ),
+        (
             lambda s: s["nodes"].update(selector={"matchExpressions": [{"key": "a", "operator": "In"}]}),
             "needs at least one value",
         ),
