@@ -139,6 +139,10 @@ def test_crd_installs_and_kubectl_explain_teaches_the_fields(crd):
     assert "Gang restarts allowed" in out
     out = crd.kubectl("explain", "holmesjob.status.conditions").stdout
     assert "Stalled" in out
+    out = crd.kubectl("explain", "hj.spec.model.architecture").stdout
+    assert "llama" in out and "grouped-query attention" in out
+    out = crd.kubectl("explain", "hj.spec.model.init.huggingface").stdout
+    assert "save_pretrained" in out
 
 
 def test_the_schema_rejects_what_it_can(crd, namespace):

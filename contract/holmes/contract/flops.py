@@ -146,6 +146,19 @@ class ModelCost:
     def total_params(self) -> int:
         return self.layers * self.layer_params + self.embedding_params + self.head_params
 
+    def layer_activation_bytes_per_token(self) -> tuple[int, int]:
+        """Bytes one layer keeps for backward per token without recomputation, as (not split by
+        tensor parallelism, split by it), 2-byte activations, leaving out the attention scores
+        (5as per token, split): Korthikanti et al.'s 34h = 10h + 24h for GPT with ffn = 4h. GPT
+        keeps both norms' and both matmul blocks' inputs (8h) and two dropout masks (2h); Q, K, V
+        and the projection's input (8h) and the MLP's GELU input and output (4 ffn). Llama has no
+        dropout (8h) and keeps Q and the projection's input (4h), the smaller K and V (4 h_kv) and
+        the gate, up and product outputs (6 ffn)."""
+        h, f = self.hidden, self.ffn
+        if self.architecture == "llama":
+            return 8 * h, 4 * h + 4 * self.kv_hidden + 6 * f
+        return 10 * h, 8 * h + 4 * f
+
     def layer_fwd_flops_per_token(self) -> float:
         matrices = layer_matrix_params(self.architecture, self.hidden, self.ffn, self.kv_hidden)
         return 2 * matrices + 4 * self.seq * self.hidden

@@ -42,7 +42,8 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
 - Memory per GPU: weights + fp32 main grads (``param_bytes + 4``), optimizer state (12 bytes per
   parameter) sharded over D, and activations: with recomputation each layer keeps its input per
   in-flight micro-batch (``min(P - s, m)`` at stage s) plus one layer's full working set
-  (Korthikanti et al. 2022: ``s b h (10 + 24/T + 5 a s / (h T))`` bytes); a candidate that needs
+  (Korthikanti et al. 2022: ``s b h (10 + 24/T + 5 a s / (h T))`` bytes for GPT; the llama terms
+  in ``ModelCost.layer_activation_bytes_per_token``); a candidate that needs
   more than ``memory_headroom`` x ``gpu_memory_gib`` is rejected. Without recomputation every
   layer keeps that full working set per in-flight micro-batch.
 - Recomputation on or off comes from the job (``spec.training.activationRecompute``, what the
@@ -203,7 +204,8 @@ class StageCost:
         # the trainer accumulates into an fp32 gradient buffer whatever dtype it reduces in
         static = p * (cfg.param_bytes + MAIN_GRAD_BYTES) + p * cfg.optimizer_bytes / D
         b, seq, h, a = s.micro_batch, m.seq, m.hidden, m.heads
-        full_layer = seq * b * h * (10 + 24 / T + 5 * a * seq / (h * T))
+        shared, split = m.layer_activation_bytes_per_token()
+        full_layer = seq * b * (shared + split / T + 5 * a * seq / T)
         inflight = min(self.place.inflight, s.micro_batches)
         if cfg.activation_recompute:
             acts = n * inflight * seq * b * h * cfg.activation_bytes + full_layer
