@@ -208,8 +208,9 @@ def test_all_problems_in_one_message():
         ),
         (lambda s: s["training"].update(eval={"data": {"path": "/v"}}), "eval.intervalIterations: required"),
         (
-            lambda s: s.update(parallelism={"tensor": 4})
-            or s["model"].update(architecture="llama", kvHeads=2),
+            lambda s: (
+                s.update(parallelism={"tensor": 4}) or s["model"].update(architecture="llama", kvHeads=2)
+            ),
             "tensor: 4 must divide model.kvHeads 2",
         ),
         (

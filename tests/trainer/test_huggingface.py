@@ -18,7 +18,7 @@ import yaml
 from holmes.contract import ModelSpec
 from holmes.trainer import hf
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
-from holmes.trainer.data import TokenWindows
+from holmes.trainer.data import BatchLoader, Sharding, TokenWindows, make_source
 from holmes.trainer.evaluate import Evaluator
 from holmes.trainer.export import main as export_main
 from holmes.trainer.groups import build_groups
@@ -132,7 +132,7 @@ def test_config_mismatch_is_refused_naming_each_field(tmp_path):
     assert "num_key_value_heads 2" in text and "spec.model.layers" not in text
 
 
-def train_then_export(tmp_path, model: ModelSpec, layout, iterations: int = 3) -> tuple[str, str]:
+def train_then_export(tmp_path, model: ModelSpec, layout, iterations: int = 3) -> tuple:
     ckpt = str(tmp_path / "ckpt")
     cfg = tiny_config(
         model=model,
@@ -142,7 +142,8 @@ def train_then_export(tmp_path, model: ModelSpec, layout, iterations: int = 3) -
         optimizer=OptimizerConfig(kind="adamw", learning_rate=3e-3),
         checkpoint=CheckpointConfig(ckpt, interval=2),
     )
-    run_ranks(layout.world_size, train_on_layout, cfg, layout)
+    res = run_ranks(layout.world_size, train_on_layout, cfg, layout)
+    first_batch = BatchLoader(make_source(None, model.vocab_size, SEQ, cfg.seed), Sharding(8, 1, 0)).batch(0)
     spec = {
         "model": model.to_spec(),
         "training": {
@@ -158,7 +159,7 @@ def train_then_export(tmp_path, model: ModelSpec, layout, iterations: int = 3) -
     out = str(tmp_path / "export")
     args = ["--job", str(tmp_path / "job.yaml"), "--layout", str(tmp_path / "layout.json")]
     assert export_main([*args, "--checkpoint", ckpt, "--out", out, "--max-shard-gib", str(30e3 / 2**30)]) == 0
-    return ckpt, out
+    return ckpt, out, res[0][1]["losses"][0], first_batch
 
 
 def test_train_export_and_transformers_loss_equals_evaluate_on_the_checkpoint(tmp_path):
@@ -166,12 +167,18 @@ def test_train_export_and_transformers_loss_equals_evaluate_on_the_checkpoint(tm
     loss on the exported model equals evaluate on the checkpoint under another layout."""
     path = llama_dir(tmp_path)
     model = with_init(LLAMA, path)
-    ckpt, out = train_then_export(tmp_path, model, make_layout(2, 2, [2, 1], 2, 2))
+    ckpt, out, first_loss, (x, y) = train_then_export(tmp_path, model, make_layout(2, 2, [2, 1], 2, 2))
+    start_model = transformers.LlamaForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():  # iteration 1 ran on the Hugging Face weights
+        logits = start_model(input_ids=x).logits
+    assert first_loss == pytest.approx(
+        float(F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))), rel=1e-5
+    )
     assert os.path.isfile(os.path.join(out, hf.INDEX))  # several shards
     exported = transformers.LlamaForCausalLM.from_pretrained(out)
     tokens = token_file(tmp_path, seed=2)
     want = hf_loss(exported, tokens)
-    start = hf_loss(transformers.LlamaForCausalLM.from_pretrained(path), tokens)
+    start = hf_loss(start_model, tokens)
     assert want != pytest.approx(start, rel=1e-4)  # it trained: the weights moved
     cfg = tiny_config(model=model, micro_batch_size=1, global_batch_size=2)
     res = run_ranks(3, evaluate_on_layout, cfg, make_layout(3, 1, [1, 1, 1], 1, 2), tokens, ckpt)
@@ -183,7 +190,7 @@ def test_gpt_exports_to_gpt2(tmp_path):
     model = ModelSpec(
         layers=2, hidden_size=32, attention_heads=4, seq_length=SEQ, vocab_size=VOCAB, tied_embeddings=True
     )
-    ckpt, out = train_then_export(
+    ckpt, out, _, _ = train_then_export(
         tmp_path, model, make_layout(2, 1, [1, 1], 2, 4, embedding=True), iterations=2
     )
     exported = transformers.GPT2LMHeadModel.from_pretrained(out)

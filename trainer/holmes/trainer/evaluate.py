@@ -62,14 +62,14 @@ class Evaluator:
     def _boundary(self, b: int) -> Any:
         return self.groups.p2p.get(b) or self.groups.pp  # a version-1 Layout: the pipeline group
 
-    def _rows(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's windows of one step (padded with window 0) and which rows are real."""
+    def _rows(self, step: int) -> tuple[torch.Tensor, int]:
+        """This rank's windows of one step (padded with window 0) and how many lead rows are
+        real: known on the host, so masking them needs no device sync."""
         mb = self.layout.micro_batch_size
         base = step * self.layout.data * mb + self.dp * mb
         ids = [base + i for i in range(mb)]
-        real = torch.tensor([w < self.count for w in ids], device=self.device)
         rows = torch.stack([self.windows.window(w if w < self.count else 0) for w in ids])
-        return rows.to(self.device), real
+        return rows.to(self.device), max(0, min(mb, self.count - base))
 
     @torch.no_grad()
     def run(self) -> dict[str, Any]:
@@ -96,9 +96,9 @@ class Evaluator:
                     work.wait()
                 pending = [dist.isend(out.contiguous(), dst=self.next, group=self._boundary(self.stage))]
                 continue
-            keep = real.nonzero().flatten()
-            loss += ce_sum(out[keep], rows[keep, 1:]).double()
-            tokens += keep.numel() * s
+            if real:
+                loss += ce_sum(out[:real], rows[:real, 1:]).double()
+                tokens += real * s
         for work in pending:
             work.wait()
         self.module.train(was_training)
