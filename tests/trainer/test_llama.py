@@ -10,6 +10,7 @@ from holmes.contract import ModelCost, ModelSpec
 from holmes.trainer.config import OptimizerConfig
 from holmes.trainer.model import build_full
 from tests.trainer.trainer_harness import (
+    assert_matches_reference,
     assert_params_close,
     make_layout,
     merged,
@@ -41,15 +42,7 @@ LLAMA = ModelSpec(
 )
 def test_llama_matches_single_process_reference(pipeline, data, split, micro_batches, overlap, recompute):
     cfg = tiny_config(model=LLAMA, overlap=overlap, activation_recompute=recompute)
-    ref_losses, ref_norms, ref_params = reference(cfg)
-    res = run_ranks(
-        pipeline * data, train_on_layout, cfg, make_layout(pipeline, data, split, 2, micro_batches)
-    )
-    losses, params = merged(res)
-    assert losses == pytest.approx(ref_losses, abs=1e-5)
-    assert res[0][1]["grad_norms"] == pytest.approx(ref_norms, rel=1e-4)
-    assert_params_close(params, ref_params)
-    assert losses[-1] < losses[0]
+    assert_matches_reference(cfg, make_layout(pipeline, data, split, 2, micro_batches))
 
 
 def test_llama_adamw_with_tied_embeddings_across_stages():

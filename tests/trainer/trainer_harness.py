@@ -229,3 +229,19 @@ def assert_params_close(got: dict, want: dict, atol: float = 2e-6) -> None:
     for k, v in want.items():
         if k in got:
             assert torch.allclose(got[k], v, atol=atol, rtol=0), f"{k}: max diff {(got[k] - v).abs().max()}"
+
+
+def assert_matches_reference(cfg: TrainConfig, layout: Layout, param_atol: float = 2e-6) -> dict:
+    """Train ``cfg`` under ``layout`` on forked ranks and compare with the single-process
+    reference: losses within 1e-5, grad norms within 1e-4 relative, parameters within
+    ``param_atol``, and the loss fell. Returns the merged parameters."""
+    import pytest
+
+    ref_losses, ref_norms, ref_params = reference(cfg)
+    res = run_ranks(layout.world_size, train_on_layout, cfg, layout)
+    losses, params = merged(res)
+    assert losses == pytest.approx(ref_losses, abs=1e-5)
+    assert res[0][1]["grad_norms"] == pytest.approx(ref_norms, rel=1e-4)
+    assert_params_close(params, ref_params, atol=param_atol)
+    assert losses[-1] < losses[0]
+    return params

@@ -10,6 +10,8 @@ from torch import nn
 
 from holmes.contract import ModelSpec
 
+from . import block
+
 
 class Embedding(nn.Module):
     """Token embedding only: positions enter through the rotary embedding in attention."""
@@ -98,16 +100,5 @@ class MLP(nn.Module):
         return self.proj(F.silu(self.gate(x)) * self.up(x))
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block."""
-
-    def __init__(self, cfg: ModelSpec):
-        super().__init__()
-        self.ln1 = Norm(cfg)
-        self.attn = Attention(cfg)
-        self.ln2 = Norm(cfg)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+def Block(cfg: ModelSpec) -> block.Block:
+    return block.Block(Norm(cfg), Attention(cfg), Norm(cfg), MLP(cfg))
