@@ -17,8 +17,6 @@ from holmes.trainer.data import BatchLoader, BlendSource, DataError, Sharding, T
 from holmes.trainer.tokenize import write_token_file
 from tests.trainer.trainer_harness import TINY, make_layout, run_ranks, tiny_config, train_on_layout
 
-tokenizers = pytest.importorskip("tokenizers")
-
 
 def word_tokenizer(tmp_path, specials=("<unk>", "</s>")) -> str:
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers  # a test dependency (pyproject test extra): a missing one fails, not skips
 import yaml
 
 from holmes.contract import ModelSpec
@@ -26,8 +27,6 @@ from holmes.trainer.launch import Run, build_model_for_layout
 from holmes.trainer.model import build_full
 from holmes.trainer.tokenize import write_token_file
 from tests.trainer.trainer_harness import free_port, make_layout, run_ranks, tiny_config, train_on_layout
-
-transformers = pytest.importorskip("transformers")
 
 SEQ, VOCAB = 16, 97
 LLAMA = ModelSpec(

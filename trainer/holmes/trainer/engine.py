@@ -210,7 +210,8 @@ class Trainer:
             device=self.device,
         )
         dist.broadcast(found, src=0, group=self.groups.world)  # rank 0 decides: all load the same one
-        return None if int(found.item()) < 0 else int(found.item())
+        iteration = int(found.item())
+        return None if iteration < 0 else iteration
 
     def maybe_resume(self) -> None:
         root, iteration = self.cfg.checkpoint.path, self.resume_iteration

@@ -39,12 +39,12 @@ def checkpoint_dtype(path: str, key: str) -> torch.dtype:
 
 
 def exported_tensors(
-    path: str, model: ModelSpec, dtype: torch.dtype | None, max_shard_bytes: int
+    path: str, model: ModelSpec, stored: torch.dtype, dtype: torch.dtype | None, max_shard_bytes: int
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, tensor) in model order, read from the checkpoint a group at a time."""
+    """(Hugging Face name, tensor) in model order, read from the checkpoint (which holds them in
+    ``stored``) a group at a time."""
     with torch.device("meta"):
         shapes = StageModule(model, 0, model.layers, True, True)
-    stored = checkpoint_dtype(path, "model.embedding.tok.weight")
     group: dict[str, torch.Tensor] = {}
     size = 0
 
@@ -86,11 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         path = checkpoint.resolve(a.checkpoint)
         checkpoint.check_model(path, cfg.model.shape())
         dtype = getattr(torch, a.dtype) if a.dtype else None
-        out_dtype = dtype or checkpoint_dtype(path, "model.embedding.tok.weight")
+        stored = checkpoint_dtype(path, "model.embedding.tok.weight")
+        out_dtype = dtype or stored
         budget = int(a.max_shard_gib * 2**30)
         files = hf.write_shards(
             a.out,
-            exported_tensors(path, cfg.model, dtype, budget),
+            exported_tensors(path, cfg.model, stored, dtype, budget),
             hf.hf_config(cfg.model, out_dtype),
             budget,
         )

@@ -231,7 +231,7 @@ def _where_each_tensor(path: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for file in files:
         with safe_open(os.path.join(path, file), framework="pt") as f:
-            out.update({name: os.path.join(path, file) for name in f.keys()})  # noqa: SIM118
+            out.update({name: os.path.join(path, file) for name in f.keys()})
     return out
 
 
