@@ -101,6 +101,7 @@ def test_spec_fields_match_what_the_operator_parses():
             "data": "auto",
             "partition": "adaptive",
             "nicSelection": "auto",
+            "sequenceParallel": False,
         },
         "nodes": {
             "count": 1,

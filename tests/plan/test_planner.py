@@ -56,7 +56,7 @@ def test_faster_stage_gets_more_layers_when_dp_is_slow():
 def test_explicit_partition_and_fixed_degrees_are_honoured():
     lay = plan(paper_nodes(), job_spec(pipeline=2, partition=[20, 16]))
     assert [s.num_layers for s in lay.stages] == [20, 16] and lay.estimate["partition"] == "explicit"
-    lay = plan(paper_nodes(), job_spec(tensor=2, pipeline=4))
+    lay = plan(paper_nodes(), job_spec(tensor=2, pipeline=4, vocab=50304))
     assert (lay.tensor, lay.pipeline, lay.data) == (2, 4, 8)
     with pytest.raises(PlanError, match="sum to 35"):
         plan(paper_nodes(), job_spec(partition=[20, 15]))
@@ -131,7 +131,7 @@ def test_layout_json_stays_under_a_mebibyte_at_4096_nodes():
         )
         for i in range(4096)
     ]
-    spec = job_spec(layers=96, hidden=12288, heads=96, B=8192, mb=1, count=4096, tensor=8)
+    spec = job_spec(layers=96, hidden=12288, heads=96, B=8192, mb=1, count=4096, tensor=8, vocab=50304)
     lay = plan(nics, spec)
     size = len(lay.to_json().encode())
     assert lay.world_size == 32768 and size < 2**20, size

@@ -29,7 +29,8 @@ without a default is required:
                  checkpoint = none  (or {path: /ckpt, intervalIterations: 100})
     parallelism: tensor = 1, pipeline = auto, data = auto  (an integer or "auto"),
                  partition = adaptive  (adaptive | uniform | [layers per stage, ...]),
-                 nicSelection = auto   (auto | off: plain rank order, the Megatron default)
+                 nicSelection = auto   (auto | off: plain rank order, the Megatron default),
+                 sequenceParallel = false  (shard the norm regions over the tensor group)
     nodes:       count, gpusPerNode, selector = none (all nodes; a Kubernetes LabelSelector),
                  clusterLabel = holmes.dev/cluster
     template:    {} (PodTemplateSpec-like, opaque here, kept as given)
@@ -46,7 +47,8 @@ formula. The price is one extra forward (~33% more compute); small models that f
 
 Cross-field checks done here are the ones that need no cluster facts (hiddenSize divisible by
 attentionHeads, globalBatchSize divisible by microBatchSize, tensor dividing gpusPerNode and
-attentionHeads, fixed degrees matching the GPU count, an explicit partition summing to the
+what tensor parallelism splits (:func:`tensor_parallel_problems`), fixed degrees matching the
+GPU count, an explicit partition summing to the
 layers, ...). Checks that need the nodes (enough GPUs, NIC kinds) belong to the planner.
 """
 
@@ -207,6 +209,7 @@ class ParallelismSpec:
     data: Degree = AUTO
     partition: Partition = "adaptive"
     nic_selection: str = "auto"
+    sequence_parallel: bool = False  # shard the norm regions' activations over the tensor group
 
     @property
     def explicit_partition(self) -> tuple[int, ...] | None:
@@ -433,12 +436,13 @@ def cross_check(job: JobSpec) -> list[str]:
                 f"spec.parallelism.tensor: {T} must divide nodes.gpusPerNode {n.gpus_per_node} "
                 f"(tensor parallelism stays inside a node)"
             )
-        if m.attention_heads % T:
-            out.append(f"spec.parallelism.tensor: {T} must divide model.attentionHeads {m.attention_heads}")
-        if m.ffn_hidden_size % T:
-            out.append(f"spec.parallelism.tensor: {T} must divide model.ffnHiddenSize {m.ffn_hidden_size}")
-        if m.kv_heads % T and m.kv_heads != m.attention_heads:
-            out.append(f"spec.parallelism.tensor: {T} must divide model.kvHeads {m.kv_heads}")
+        problems = tensor_parallel_problems(m, T, p.sequence_parallel)
+        out += [f"spec.parallelism.tensor: {why}" for why in problems]
+    elif p.sequence_parallel and m.seq_length % 2:
+        out.append(
+            f"spec.parallelism.sequenceParallel: model.seqLength {m.seq_length} is odd, so no tensor "
+            "degree above 1 can split it; use an even seqLength or sequenceParallel: false"
+        )
     parts = p.explicit_partition
     P = p.pipeline
     if parts is not None:
@@ -480,6 +484,30 @@ def cross_check(job: JobSpec) -> list[str]:
             f"data*microBatchSize = {D}*{t.micro_batch_size}; use a multiple of {D * t.micro_batch_size}"
         )
     return out
+
+
+def tensor_parallel_problems(m: ModelSpec, tensor: int, sequence_parallel: bool = False) -> list[str]:
+    """Why the trainer cannot split ``m`` over ``tensor`` GPUs (empty when it can). One rule for
+    the spec, the planner's ``tensor: auto`` and the trainer: attention splits by heads (and by KV
+    heads), the MLP by its width, the embedding and LM head by vocabulary rows, and sequence
+    parallelism splits the sequence."""
+    if tensor == 1:
+        return []
+    needs = [
+        ("model.attentionHeads", m.attention_heads, ""),
+        ("model.kvHeads", m.kv_heads, ""),
+        ("model.ffnHiddenSize", m.ffn_hidden_size, ""),
+        (
+            "model.vocabSize",
+            m.vocab_size,
+            f"; pad the vocabulary to a multiple of {tensor} (e.g. {-(-m.vocab_size // 128) * 128})",
+        ),
+    ]
+    if sequence_parallel:
+        needs.append(("model.seqLength (sequenceParallel)", m.seq_length, ""))
+    if m.kv_heads == m.attention_heads:
+        needs.pop(1)  # one message for both
+    return [f"{tensor} must divide {name} {value}{hint}" for name, value, hint in needs if value % tensor]
 
 
 def _architecture_checks(m: ModelSpec) -> list[str]:
@@ -686,7 +714,9 @@ def _checkpoint(r: _Reader, v: Any, path: str) -> CheckpointSpec | None:
 def _parallelism(r: _Reader, v: Any, path: str) -> ParallelismSpec:
     if v is None:
         v = {}
-    d = r.mapping(v, path, optional=("tensor", "pipeline", "data", "partition", "nicSelection"))
+    d = r.mapping(
+        v, path, optional=("tensor", "pipeline", "data", "partition", "nicSelection", "sequenceParallel")
+    )
     if d is None:
         return ParallelismSpec()
     return ParallelismSpec(
@@ -695,6 +725,7 @@ def _parallelism(r: _Reader, v: Any, path: str) -> ParallelismSpec:
         data=r.degree(d, "data", path, default=AUTO),
         partition=_partition(r, d.get("partition", "adaptive"), f"{path}.partition"),
         nic_selection=r.choice(d, "nicSelection", path, NIC_SELECTION_MODES, default="auto"),
+        sequence_parallel=r.boolean(d, "sequenceParallel", path, default=False),
     )
 
 

@@ -12,7 +12,10 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
   (``2 s h V`` forward) sits on the last stage; the embedding lookup costs no FLOPs but its
   parameters sit on the first stage (and a copy on the last when embeddings are tied).
 - Tensor parallelism stays in a node: 2 all-reduces of the activations per layer in forward,
-  2 in backward (+2 with recomputation), ring cost over NVLink (``nvlink_gbps`` per GPU).
+  2 in backward (+2 with recomputation), ring cost over NVLink (``nvlink_gbps`` per GPU). With
+  sequence parallelism each all-reduce becomes an all-gather plus a reduce-scatter: the same
+  bytes, so the same time, but the norm regions' activations (and with recomputation each
+  layer's kept input) are split over the T ranks too (Korthikanti et al. 2022).
 - Pipeline: 1F1B with m micro-batches. Stage s takes ``t_s = fwd + bwd`` per micro-batch plus the
   p2p of its activations in and out; iteration = ``(m-1) * max_s(step_s) + sum_s t_s + 2*sum p2p``
   (warm-up/cool-down bubble), then each stage's exposed DP communication. A stage's last backward
@@ -125,6 +128,7 @@ class Shape:
     pipeline: int
     micro_batch: int
     micro_batches: int
+    sequence_parallel: bool = False  # the job's parallelism.sequenceParallel
 
 
 class StageCost:
@@ -205,10 +209,11 @@ class StageCost:
         static = p * (cfg.param_bytes + MAIN_GRAD_BYTES) + p * cfg.optimizer_bytes / D
         b, seq, h, a = s.micro_batch, m.seq, m.hidden, m.heads
         shared, split = m.layer_activation_bytes_per_token()
-        full_layer = seq * b * (shared + split / T + 5 * a * seq / T)
+        sp = T if s.sequence_parallel else 1  # the norm regions and each layer's input, split too
+        full_layer = seq * b * (shared / sp + split / T + 5 * a * seq / T)
         inflight = min(self.place.inflight, s.micro_batches)
         if cfg.activation_recompute:
-            acts = n * inflight * seq * b * h * cfg.activation_bytes + full_layer
+            acts = n * inflight * seq * b * h * cfg.activation_bytes / sp + full_layer
         else:
             acts = n * inflight * full_layer
         if self.place.last:

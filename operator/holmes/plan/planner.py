@@ -4,7 +4,9 @@ Steps (all deterministic):
 
 1. Classify the nodes (:mod:`.discovery`); keep those the job's selector matches, with enough
    allocatable GPUs, Ready, not cordoned, and without classification problems.
-2. Enumerate (tensor, pipeline, data): tensor divides gpusPerNode and the heads; what the spec
+2. Enumerate (tensor, pipeline, data): tensor divides gpusPerNode and whatever the trainer
+   splits over it (heads, KV heads, FFN width, vocabulary, the sequence with
+   sequenceParallel: ``tensor_parallel_problems``); what the spec
    fixes is kept; a stage is a whole number of nodes or a whole fraction of one node; the
    global batch splits into an integer number of micro-batches per DP rank, at least one per
    stage (1F1B needs m >= pipeline).
@@ -26,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from holmes.contract.flops import ModelCost, tflops_per_gpu
-from holmes.contract.jobspec import AUTO, JobSpec, SpecError, load_job
+from holmes.contract.jobspec import AUTO, JobSpec, SpecError, load_job, tensor_parallel_problems
 from holmes.contract.layout import GroupFamily, Layout, Stage
 
 from . import partition as parts_mod
@@ -147,7 +149,7 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
     tensors = (
         [p.tensor]
         if p.tensor != AUTO
-        else [x for x in _divisors(G) if m.attention_heads % x == 0 and m.ffn_hidden_size % x == 0]
+        else [x for x in _divisors(G) if not tensor_parallel_problems(m, x, p.sequence_parallel)]
     )
     explicit = p.explicit_partition
     out: list[Degrees] = []
@@ -304,7 +306,8 @@ def _evaluate(
     tied = model.tied and P > 1
     ends = merge(sets[0], sets[-1])  # the embedding group's nodes (tied, P > 1)
     emb_net = ends.net if tied else None
-    shape = Shape(T, D, P, job.training.micro_batch_size, deg.micro_batches)
+    sp = job.parallelism.sequence_parallel
+    shape = Shape(T, D, P, job.training.micro_batch_size, deg.micro_batches, sp)
     act = shape.micro_batch * model.seq * model.hidden * cfg.activation_bytes
     nvlink = cfg.nvlink_gbps * GBIT
     ranks_on_node = min(R, G)

@@ -25,7 +25,7 @@ from torch import nn
 
 from holmes.contract import ModelSpec
 
-from .model import TIED_COPY
+from .model import global_name as canonical
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -62,11 +62,6 @@ _NAMES = {"llama": _LLAMA, "gpt": _GPT}
 
 class HuggingFaceError(ValueError):
     """A Hugging Face directory that does not hold this job's model; says what differs."""
-
-
-def canonical(name: str) -> str:
-    """The global name of a parameter: the last stage's copy of a tied embedding is the embedding."""
-    return "embedding.tok.weight" if name == TIED_COPY else name
 
 
 def hf_name(cfg: ModelSpec, name: str) -> tuple[str, bool]:

@@ -28,25 +28,29 @@ from torch.utils.checkpoint import checkpoint
 
 from holmes.contract import ModelSpec
 
-from .models import architecture
+from .models import architecture, sharding
+from .tensor_parallel import TensorParallel, vocab_parallel_cross_entropy
 
 TIED_COPY = "head.tied_embedding"  # last stage's copy of embedding.tok.weight when P > 1
 
 
 class Head(nn.Module):
-    """Final norm + LM head. ``weight`` None: an own Linear; else the tied embedding matrix."""
+    """Final norm + LM head. ``tied`` None: an own matrix; else the tied embedding matrix. Under
+    tensor parallelism the head's matrix holds this rank's vocabulary rows, so the logits it
+    returns are [.., V/T]: loss_fn takes them without gathering."""
 
-    def __init__(self, cfg: ModelSpec, tied: nn.Parameter | None, own_tied_copy: bool):
+    def __init__(self, cfg: ModelSpec, tied: nn.Parameter | None, own_tied_copy: bool, tp: TensorParallel):
         super().__init__()
+        self.tp = tp
         self.norm = architecture(cfg).Norm(cfg)
         self._tied = [tied] if tied is not None else None  # a list: not registered twice
         if own_tied_copy:
-            self.tied_embedding = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+            self.tied_embedding = nn.Parameter(torch.empty(tp.split(cfg.vocab_size), cfg.hidden_size))
         elif tied is None:
-            self.out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.out = nn.Linear(cfg.hidden_size, tp.split(cfg.vocab_size), bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x)
+        x = self.tp.to_full(self.norm(x))
         if self._tied is not None:
             return F.linear(x, self._tied[0])
         if hasattr(self, "tied_embedding"):
@@ -55,20 +59,29 @@ class Head(nn.Module):
 
 
 class StageModule(nn.Module):
-    """Layers [start, end) of the model; the first stage adds the embedding, the last the head."""
+    """Layers [start, end) of the model; the first stage adds the embedding, the last the head.
+    ``tp``: this rank's tensor-parallel slice (the default: the whole model)."""
 
     def __init__(
-        self, cfg: ModelSpec, start: int, end: int, first: bool, last: bool, recompute: bool = False
+        self,
+        cfg: ModelSpec,
+        start: int,
+        end: int,
+        first: bool,
+        last: bool,
+        recompute: bool = False,
+        tp: TensorParallel | None = None,
     ):
         super().__init__()
+        tp = tp or TensorParallel()
         self.cfg, self.start, self.end, self.first, self.last = cfg, start, end, first, last
-        self.recompute = recompute
+        self.recompute, self.tp = recompute, tp
         arch = architecture(cfg)
-        self.embedding = arch.Embedding(cfg) if first else None
-        self.layers = nn.ModuleDict({str(i): arch.Block(cfg) for i in range(start, end)})
+        self.embedding = arch.Embedding(cfg, tp) if first else None
+        self.layers = nn.ModuleDict({str(i): arch.Block(cfg, tp) for i in range(start, end)})
         if last:
             tied = self.embedding.tok.weight if (cfg.tied_embeddings and first) else None
-            self.head = Head(cfg, tied, own_tied_copy=cfg.tied_embeddings and not first)
+            self.head = Head(cfg, tied, own_tied_copy=cfg.tied_embeddings and not first, tp=tp)
         else:
             self.head = None
 
@@ -91,12 +104,14 @@ def build_stage(
     device: torch.device | str = "cpu",
     recompute: bool = False,
     dtype: str = "float32",
+    tp: TensorParallel | None = None,
 ) -> StageModule:
-    """One stage, built on the meta device (no memory), allocated once on ``device`` in ``dtype``
-    and initialised parameter by parameter: the host never holds the stage (a 7B stage on a GPU
-    needs no host copy), and the same seed gives the same weights whatever the split."""
+    """One stage (this rank's tensor-parallel slice of it), built on the meta device (no
+    memory), allocated once on ``device`` in ``dtype`` and initialised parameter by parameter:
+    the host never holds the stage (a 7B stage on a GPU needs no host copy), and the same seed
+    gives the same weights whatever the split."""
     with torch.device("meta"):
-        module = StageModule(cfg, start, end, first, last, recompute=recompute)
+        module = StageModule(cfg, start, end, first, last, recompute=recompute, tp=tp)
     module = module.to(dtype=getattr(torch, dtype)).to_empty(device=device)
     if module.head is not None and module.head._tied is not None:
         # leaving the meta device made new Parameter objects: point the head at the real one
@@ -115,14 +130,24 @@ def build_full(
     return build_stage(cfg, 0, cfg.layers, True, True, seed, device, recompute, dtype)
 
 
+INIT_BLOCK_ELEMENTS = 1 << 20  # values drawn per generator: 4 MiB of fp32 at a time
+
+
+def global_name(name: str) -> str:
+    """The global name of a parameter: the last stage's copy of a tied embedding is the embedding."""
+    return "embedding.tok.weight" if name == TIED_COPY else name
+
+
 @torch.no_grad()
-def init_parameters(module: nn.Module, cfg: ModelSpec, seed: int) -> None:
-    """Each parameter from a CPU generator seeded by (seed, its global name), drawn in fp32: the
-    same values on any device, in any dtype, in any stage that holds it. An fp32 parameter on
-    the CPU is filled in place; any other gets one fp32 temporary of its own size."""
+def init_parameters(module: StageModule, cfg: ModelSpec, seed: int) -> None:
+    """Each parameter's global tensor is drawn in fp32 on the CPU in blocks of rows, each block
+    from a generator seeded by (seed, global name, block): the same values on any device, in
+    any dtype, in any stage and any tensor-parallel slice that holds them. A rank draws only the
+    blocks its slice touches, and holds at most one block (INIT_BLOCK_ELEMENTS) at a time."""
     out_std = 0.02 / math.sqrt(2 * cfg.layers)  # GPT-2's scaled init of residual outputs
+    tp = module.tp
     for name, p in module.named_parameters():
-        key = "embedding.tok.weight" if name == TIED_COPY else name
+        key = global_name(name)
         leaf = key.rsplit(".", 1)[-1]
         if ".ln" in key or "norm" in key:
             p.fill_(1.0 if leaf == "weight" else 0.0)
@@ -130,22 +155,51 @@ def init_parameters(module: nn.Module, cfg: ModelSpec, seed: int) -> None:
             p.zero_()
         else:
             std = out_std if key.endswith("proj.weight") else 0.02
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
-            if p.device.type == "cpu" and p.dtype == torch.float32:
-                p.normal_(0.0, std, generator=gen)
-            else:
-                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen))
+            _draw(p, sharding.split_of(key), tp, seed * 1_000_003 + zlib.crc32(key.encode()), std)
+
+
+def _draw(p: torch.Tensor, split: sharding.Split | None, tp: TensorParallel, seed: int, std: float) -> None:
+    """Fill ``p`` (this rank's slice of a 2-D global tensor) from the row blocks it overlaps."""
+    cols_local = p.shape[1]
+    cols = cols_local * tp.size if split is not None and split.dim == 1 else cols_local
+    rows = p.shape[0] * tp.size if split is not None and split.dim == 0 else p.shape[0]
+    per_block = max(1, INIT_BLOCK_ELEMENTS // cols)
+    if split is None or tp.size == 1:
+        row_ranges, col_ranges = [(0, rows)], [(0, cols)]
+    elif split.dim == 0:
+        row_ranges, col_ranges = sharding.ranges(rows, split, tp.size, tp.rank), [(0, cols)]
+    else:
+        row_ranges, col_ranges = [(0, rows)], sharding.ranges(cols, split, tp.size, tp.rank)
+    local_row = 0
+    for a, b in row_ranges:
+        for blk in range(a // per_block, (b - 1) // per_block + 1):
+            lo, hi = blk * per_block, min(rows, (blk + 1) * per_block)
+            gen = torch.Generator().manual_seed(seed + 7919 * blk)
+            values = torch.empty(hi - lo, cols, dtype=torch.float32).normal_(0.0, std, generator=gen)
+            r0, r1 = max(a, lo), min(b, hi)
+            dst = p[local_row + r0 - a : local_row + r1 - a]
+            src = values[r0 - lo : r1 - lo]
+            local_col = 0
+            for c0, c1 in col_ranges:
+                dst[:, local_col : local_col + c1 - c0].copy_(src[:, c0:c1])
+                local_col += c1 - c0
+        local_row += b - a
 
 
 LOSS_CHUNK_ELEMENTS = 1 << 27  # fp32 logits alive at once in the loss: 512 MiB
 
 
-def _ce_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _ce_sum(logits: torch.Tensor, targets: torch.Tensor, tp: TensorParallel | None = None) -> torch.Tensor:
+    if tp is not None and tp.size > 1:  # logits hold this rank's V/T vocabulary columns
+        return vocab_parallel_cross_entropy(logits, targets, tp).sum()
     return F.cross_entropy(logits.float(), targets, reduction="sum")
 
 
 def ce_sum(
-    logits: torch.Tensor, targets: torch.Tensor, chunk_elements: int = LOSS_CHUNK_ELEMENTS
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_elements: int = LOSS_CHUNK_ELEMENTS,
+    tp: TensorParallel | None = None,
 ) -> torch.Tensor:
     """Summed next-token cross-entropy in fp32, upcasting a chunk of rows at a time (for
     evaluation, under no_grad: nothing is kept for backward)."""
@@ -153,14 +207,18 @@ def ce_sum(
     rows = max(1, chunk_elements // flat.shape[1])
     total = torch.zeros((), dtype=torch.float32, device=logits.device)
     for i in range(0, flat.shape[0], rows):
-        total += _ce_sum(flat[i : i + rows], flat_t[i : i + rows])
+        total += _ce_sum(flat[i : i + rows], flat_t[i : i + rows], tp)
     return total
 
 
 def loss_fn(
-    logits: torch.Tensor, targets: torch.Tensor, chunk_elements: int = LOSS_CHUNK_ELEMENTS
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_elements: int = LOSS_CHUNK_ELEMENTS,
+    tp: TensorParallel | None = None,
 ) -> torch.Tensor:
-    """Mean next-token cross-entropy of one micro-batch, computed in fp32.
+    """Mean next-token cross-entropy of one micro-batch, computed in fp32; with tensor
+    parallelism from vocabulary-split logits, never gathered (tensor_parallel.py).
 
     Low-precision logits are upcast a chunk of rows at a time under activation checkpointing,
     so no fp32 copy of the whole (tokens x vocab) logits is built or kept for backward: a
@@ -169,9 +227,11 @@ def loss_fn(
     flat, flat_t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
     rows = max(1, chunk_elements // flat.shape[1])
     if logits.dtype == torch.float32 or flat.shape[0] <= rows:
+        if tp is not None and tp.size > 1:
+            return _ce_sum(flat, flat_t, tp) / flat_t.numel()
         return F.cross_entropy(flat.float(), flat_t)
     total = sum(
-        checkpoint(_ce_sum, flat[i : i + rows], flat_t[i : i + rows], use_reentrant=False)
+        checkpoint(_ce_sum, flat[i : i + rows], flat_t[i : i + rows], tp, use_reentrant=False)
         for i in range(0, flat.shape[0], rows)
     )
     return total / flat_t.numel()

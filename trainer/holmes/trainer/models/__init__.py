@@ -1,6 +1,8 @@
 """One file per architecture (``spec.model.architecture``). Each gives the three parts a
-pipeline stage is built from: ``Embedding(cfg)``, ``Block(cfg)`` and ``Norm(cfg)`` (the final
-norm before the LM head); model.py assembles stages from them whatever the architecture.
+pipeline stage is built from: ``Embedding(cfg, tp)``, ``Block(cfg, tp)`` and ``Norm(cfg)`` (the
+final norm before the LM head); model.py assembles stages from them whatever the architecture.
+``tp`` is the rank's tensor-parallel slice: sharding.py says which slice of each parameter it
+holds, parallel.py has the split layers.
 
 Parameter names inside a block are shared where the role is the same (``ln1``, ``ln2``,
 ``attn.proj`` and ``mlp.proj`` for the residual outputs), so initialisation and weight decay

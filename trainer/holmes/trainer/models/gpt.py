@@ -8,17 +8,20 @@ from torch import nn
 
 from holmes.contract import ModelSpec
 
+from ..tensor_parallel import TensorParallel
 from . import block
+from .parallel import RowLinear, VocabEmbedding
 
 
 class Embedding(nn.Module):
-    def __init__(self, cfg: ModelSpec):
+    def __init__(self, cfg: ModelSpec, tp: TensorParallel):
         super().__init__()
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.tp = tp
+        self.tok = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.pos = nn.Embedding(cfg.seq_length, cfg.hidden_size)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
+        positions = torch.arange(ids.shape[1], device=ids.device)[self.tp.seq_slice(ids.shape[1])]
         return self.tok(ids) + self.pos(positions)
 
 
@@ -27,28 +30,32 @@ def Norm(cfg: ModelSpec) -> nn.Module:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelSpec):
+    """Heads split over the tensor group: each rank runs heads/T of them end to end."""
+
+    def __init__(self, cfg: ModelSpec, tp: TensorParallel):
         super().__init__()
-        self.heads = cfg.attention_heads
-        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
-        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.tp, self.heads, self.head_dim = tp, tp.split(cfg.attention_heads), cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * tp.split(cfg.hidden_size))
+        self.proj = RowLinear(cfg.hidden_size, cfg.hidden_size, True, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        x = self.tp.to_full(x)
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, s, h))
+        return self.proj(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelSpec):
+    def __init__(self, cfg: ModelSpec, tp: TensorParallel):
         super().__init__()
-        self.fc = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size)
-        self.proj = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size)
+        self.tp = tp
+        self.fc = nn.Linear(cfg.hidden_size, tp.split(cfg.ffn_hidden_size))
+        self.proj = RowLinear(cfg.ffn_hidden_size, cfg.hidden_size, True, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+        return self.proj(F.gelu(self.fc(self.tp.to_full(x)), approximate="tanh"))
 
 
-def Block(cfg: ModelSpec) -> block.Block:
-    return block.Block(Norm(cfg), Attention(cfg), Norm(cfg), MLP(cfg))
+def Block(cfg: ModelSpec, tp: TensorParallel) -> block.Block:
+    return block.Block(Norm(cfg), Attention(cfg, tp), Norm(cfg), MLP(cfg, tp))

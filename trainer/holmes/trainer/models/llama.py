@@ -10,15 +10,17 @@ from torch import nn
 
 from holmes.contract import ModelSpec
 
+from ..tensor_parallel import TensorParallel
 from . import block
+from .parallel import RowLinear, VocabEmbedding
 
 
 class Embedding(nn.Module):
     """Token embedding only: positions enter through the rotary embedding in attention."""
 
-    def __init__(self, cfg: ModelSpec):
+    def __init__(self, cfg: ModelSpec, tp: TensorParallel):
         super().__init__()
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.tok = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.tok(ids)
@@ -54,19 +56,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelSpec):
+    """Query heads and KV heads split over the tensor group alike (T divides both), so each
+    rank's query heads share exactly its KV heads."""
+
+    def __init__(self, cfg: ModelSpec, tp: TensorParallel):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
-        self.heads, self.kv_heads, self.head_dim, self.theta = (
-            cfg.attention_heads,
-            cfg.kv_heads,
-            d,
-            cfg.rope_theta,
-        )
-        self.q = nn.Linear(h, cfg.attention_heads * d, bias=False)
-        self.k = nn.Linear(h, cfg.kv_heads * d, bias=False)
-        self.v = nn.Linear(h, cfg.kv_heads * d, bias=False)
-        self.proj = nn.Linear(cfg.attention_heads * d, h, bias=False)
+        self.tp, self.heads, self.kv_heads = tp, tp.split(cfg.attention_heads), tp.split(cfg.kv_heads)
+        self.head_dim, self.theta = d, cfg.rope_theta
+        self.q = nn.Linear(h, self.heads * d, bias=False)
+        self.k = nn.Linear(h, self.kv_heads * d, bias=False)
+        self.v = nn.Linear(h, self.kv_heads * d, bias=False)
+        self.proj = RowLinear(cfg.attention_heads * d, h, False, tp)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # not a buffer: rebuilt per device
 
     def _cos_sin(self, seq: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,6 +77,7 @@ class Attention(nn.Module):
         return cos[:seq].to(x.dtype), sin[:seq].to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.tp.to_full(x)
         b, s, _ = x.shape
         q = self.q(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.k(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -90,15 +92,17 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: proj(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: ModelSpec):
+    def __init__(self, cfg: ModelSpec, tp: TensorParallel):
         super().__init__()
-        self.gate = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
-        self.up = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
-        self.proj = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=False)
+        self.tp = tp
+        self.gate = nn.Linear(cfg.hidden_size, tp.split(cfg.ffn_hidden_size), bias=False)
+        self.up = nn.Linear(cfg.hidden_size, tp.split(cfg.ffn_hidden_size), bias=False)
+        self.proj = RowLinear(cfg.ffn_hidden_size, cfg.hidden_size, False, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.tp.to_full(x)
         return self.proj(F.silu(self.gate(x)) * self.up(x))
 
 
-def Block(cfg: ModelSpec) -> block.Block:
-    return block.Block(Norm(cfg), Attention(cfg), Norm(cfg), MLP(cfg))
+def Block(cfg: ModelSpec, tp: TensorParallel) -> block.Block:
+    return block.Block(Norm(cfg), Attention(cfg, tp), Norm(cfg), MLP(cfg, tp))
