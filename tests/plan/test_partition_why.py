@@ -136,7 +136,8 @@ def test_a_fixed_partition_names_the_faster_neighbour():
 
 
 def test_single_stage_and_many_stages_stay_short_and_fast():
-    c = best_of([node(f"n{i}", "infiniband", "east") for i in range(8)], job_spec(pipeline=1, tensor=8, vocab=50304))
+    nodes = [node(f"n{i}", "infiniband", "east") for i in range(8)]
+    c = best_of(nodes, job_spec(pipeline=1, tensor=8, vocab=50304))
     lines = partition_lines(c.costs, c.layers, ["east/infiniband"], "adaptive")
     assert len(lines) == 1 and "micro-batches x" in lines[0]
     nodes = [node(f"n{i:02d}", "infiniband" if i % 2 else "roce", "a" if i % 2 else "b") for i in range(32)]
