@@ -214,6 +214,21 @@ def test_all_problems_in_one_message():
             "tensor: 4 must divide model.kvHeads 2",
         ),
         (
+            lambda s: s.update(parallelism={"tensor": 4}) or s["model"].update(vocabSize=50257),
+            "tensor: 4 must divide model.vocabSize 50257; pad the vocabulary to a multiple of 4 (e.g. 50304)",
+        ),
+        (
+            lambda s: (
+                s.update(parallelism={"tensor": 2, "sequenceParallel": True})
+                or s["model"].update(seqLength=127)
+            ),
+            "tensor: 2 must divide model.seqLength (sequenceParallel) 127",
+        ),
+        (
+            lambda s: s.update(parallelism={"sequenceParallel": "yes"}),
+            "spec.parallelism.sequenceParallel",
+        ),
+        (
             lambda s: s["nodes"].update(selector={"matchExpressions": [{"key": "a", "operator": "In"}]}),
             "needs at least one value",
         ),
@@ -293,3 +308,20 @@ def test_grad_reduce_dtype_is_validated_and_sets_the_cost_models_bytes():
     spec["training"]["gradReduceDtype"] = "fp8"
     with pytest.raises(SpecError, match="spec.training.gradReduceDtype"):
         JobSpec.from_spec(spec)
+
+
+def test_tensor_auto_only_offers_degrees_the_trainer_can_split():
+    from holmes.plan.planner import degree_candidates
+
+    spec = minimal_spec(parallelism={"tensor": "auto", "pipeline": 1})
+    spec["nodes"] = {"count": 1, "gpusPerNode": 8}
+    spec["training"]["globalBatchSize"] = 64
+    offered = {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))}
+    assert offered == {1, 2, 4, 8}  # heads 8, ffn 1024, vocab 1000 all divide
+    spec["model"]["vocabSize"] = 1002  # 2 x 501
+    assert {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))} == {1, 2}
+    spec["model"].update(vocabSize=1000, architecture="llama", kvHeads=2)
+    assert {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))} == {1, 2}
+    spec["model"].update(kvHeads=8, seqLength=36)
+    spec["parallelism"]["sequenceParallel"] = True
+    assert {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))} == {1, 2, 4}

@@ -28,7 +28,7 @@ from holmes.trainer.model import build_full
 from holmes.trainer.tokenize import write_token_file
 from tests.trainer.trainer_harness import free_port, make_layout, run_ranks, tiny_config, train_on_layout
 
-SEQ, VOCAB = 16, 97
+SEQ, VOCAB = 16, 98  # even: tensor parallelism 2 splits the vocabulary
 LLAMA = ModelSpec(
     layers=3,
     hidden_size=64,
@@ -106,14 +106,26 @@ def test_stage_loads_the_same_logits_as_transformers(tmp_path):
         assert torch.allclose(ours(x), theirs(input_ids=x).logits, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("pipeline, data, split", [(2, 2, [1, 2]), (1, 2, [3]), (1, 1, [3])])
-def test_evaluate_matches_transformers_loss_in_any_layout(tmp_path, pipeline, data, split):
+@pytest.mark.parametrize(
+    "pipeline, data, split, tensor, sp",
+    [
+        (2, 2, [1, 2], 1, False),
+        (1, 2, [3], 1, False),
+        (1, 1, [3], 1, False),
+        (2, 1, [1, 2], 2, False),
+        (1, 1, [3], 2, True),
+    ],
+)
+def test_evaluate_matches_transformers_loss_in_any_layout(tmp_path, pipeline, data, split, tensor, sp):
+    """Hugging Face weights read slice by slice under tensor parallelism too."""
     path = llama_dir(tmp_path)
     tokens = token_file(tmp_path)
     want = hf_loss(transformers.LlamaForCausalLM.from_pretrained(path), tokens)
-    cfg = tiny_config(model=with_init(LLAMA, path), micro_batch_size=2, global_batch_size=8)
-    layout = make_layout(pipeline, data, split, 2, 2)
-    res = run_ranks(pipeline * data, evaluate_on_layout, cfg, layout, tokens, None)
+    cfg = tiny_config(
+        model=with_init(LLAMA, path), micro_batch_size=2, global_batch_size=8, sequence_parallel=sp
+    )
+    layout = make_layout(pipeline, data, split, 2, 2, tensor=tensor)
+    res = run_ranks(layout.world_size, evaluate_on_layout, cfg, layout, tokens, None)
     got = res[0][1]
     assert got["windows"] == 19 and got["tokens"] == 19 * SEQ
     assert got["loss"] == pytest.approx(want, rel=1e-4)
@@ -161,12 +173,18 @@ def train_then_export(tmp_path, model: ModelSpec, layout, iterations: int = 3) -
     return ckpt, out, res[0][1]["losses"][0], first_batch
 
 
-def test_train_export_and_transformers_loss_equals_evaluate_on_the_checkpoint(tmp_path):
-    """Init from Hugging Face, train under PP=2 x DP=2 with checkpoints, export; transformers'
-    loss on the exported model equals evaluate on the checkpoint under another layout."""
+@pytest.mark.parametrize(
+    "layout",
+    [make_layout(2, 2, [2, 1], 2, 2), make_layout(2, 1, [2, 1], 2, 4, tensor=2)],
+    ids=["pp2xdp2", "tp2xpp2"],
+)
+def test_train_export_and_transformers_loss_equals_evaluate_on_the_checkpoint(tmp_path, layout):
+    """Init from Hugging Face, train under PP=2 x DP=2 (or TP=2 x PP=2) with checkpoints, export;
+    transformers' loss on the exported model equals evaluate on the checkpoint under another
+    layout (no tensor parallelism: the checkpoint holds whole tensors)."""
     path = llama_dir(tmp_path)
     model = with_init(LLAMA, path)
-    ckpt, out, first_loss, (x, y) = train_then_export(tmp_path, model, make_layout(2, 2, [2, 1], 2, 2))
+    ckpt, out, first_loss, (x, y) = train_then_export(tmp_path, model, layout)
     start_model = transformers.LlamaForCausalLM.from_pretrained(path).eval()
     with torch.no_grad():  # iteration 1 ran on the Hugging Face weights
         logits = start_model(input_ids=x).logits
@@ -184,13 +202,15 @@ def test_train_export_and_transformers_loss_equals_evaluate_on_the_checkpoint(tm
     assert res[0][1]["loss"] == pytest.approx(want, rel=1e-4)
 
 
-def test_gpt_exports_to_gpt2(tmp_path):
-    """GPT (tied embeddings across two stages) -> GPT2LMHeadModel, Conv1D matrices transposed."""
+@pytest.mark.parametrize("tensor", [1, 2])
+def test_gpt_exports_to_gpt2(tmp_path, tensor):
+    """GPT (tied embeddings across two stages) -> GPT2LMHeadModel, Conv1D matrices transposed;
+    trained under tensor parallelism, the fused QKV is stored as its three blocks' slices."""
     model = ModelSpec(
         layers=2, hidden_size=32, attention_heads=4, seq_length=SEQ, vocab_size=VOCAB, tied_embeddings=True
     )
     ckpt, out, _, _ = train_then_export(
-        tmp_path, model, make_layout(2, 1, [1, 1], 2, 4, embedding=True), iterations=2
+        tmp_path, model, make_layout(2, 1, [1, 1], 2, 4, embedding=True, tensor=tensor), iterations=2
     )
     exported = transformers.GPT2LMHeadModel.from_pretrained(out)
     tokens = token_file(tmp_path, seed=3)

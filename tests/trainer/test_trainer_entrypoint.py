@@ -130,8 +130,17 @@ def test_config_checks_against_layout():
     cfg.check_against_layout(lay)
     from dataclasses import replace
 
-    with pytest.raises(TrainerConfigError, match="tensor parallelism 2 is not supported"):
+    with pytest.raises(TrainerConfigError, match="tensor 2 but no tp group family"):
         cfg.check_against_layout(replace(lay, tensor=2, data=1))
+    tp_layout = make_layout(2, 1, [3, 1], 2, 8, gpus_per_node=2, tensor=2)
+    cfg.check_against_layout(tp_layout)
+    odd = cfg.with_(model=replace(cfg.model, vocab_size=cfg.model.vocab_size + 1))
+    with pytest.raises(TrainerConfigError, match="cannot split this model: 2 must divide model.vocabSize"):
+        odd.check_against_layout(tp_layout)
+    with pytest.raises(TrainerConfigError, match="model.seqLength"):
+        cfg.with_(model=replace(cfg.model, seq_length=15), sequence_parallel=True).check_against_layout(
+            tp_layout
+        )
     with pytest.raises(TrainerConfigError, match="globalBatchSize is 32"):
         cfg.with_(global_batch_size=32).check_against_layout(lay)
     with pytest.raises(TrainerConfigError, match="cover 4 layers"):

@@ -21,7 +21,8 @@ from holmes.contract.layout import GroupFamily, Layout, Stage
 from holmes.trainer.config import OptimizerConfig, TrainConfig
 from holmes.trainer.data import BatchLoader, Sharding, make_source
 from holmes.trainer.engine import Trainer, learning_rate
-from holmes.trainer.model import build_full, loss_fn
+from holmes.trainer.model import build_full, global_name, loss_fn
+from holmes.trainer.models import sharding
 
 TINY = ModelSpec(layers=4, hidden_size=32, attention_heads=4, seq_length=16, vocab_size=64)
 
@@ -49,8 +50,9 @@ def make_layout(
     micro_batches: int,
     gpus_per_node: int | None = None,
     embedding: bool = False,
+    tensor: int = 1,
 ) -> Layout:
-    world = pipeline * data
+    world = pipeline * data * tensor
     g = gpus_per_node or world
     bounds = [0]
     for n in split:
@@ -60,11 +62,13 @@ def make_layout(
         for i in range(pipeline)
     )
     groups = tuple(GroupFamily("dp", "IB", s) for s in range(pipeline)) + (GroupFamily("pp", "Socket"),)
+    if tensor > 1:
+        groups += tuple(GroupFamily("tp", "IB", s) for s in range(pipeline))
     groups += tuple(GroupFamily("p2p", "Socket", b) for b in range(pipeline - 1))
     if embedding:
         groups += (GroupFamily("embedding", "Socket"),)
     return Layout(
-        tensor=1,
+        tensor=tensor,
         pipeline=pipeline,
         data=data,
         gpus_per_node=g,
@@ -161,12 +165,14 @@ def run_ranks(
 def train_on_layout(
     rank: int, cfg: TrainConfig, layout: Layout, on_iteration: Callable | None = None
 ) -> dict:
-    """Worker body: train, return losses and this rank's parameters (only DP index 0 reports params)."""
+    """Worker body: train, return losses and this rank's parameters (only DP index 0 reports
+    params; a tensor-parallel slice under ``name@tp<t>``, see merged)."""
     trainer = Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
     history = trainer.train(on_iteration)
     params = {}
     if trainer.info.dp_index == 0:
-        params = {k: v.detach().clone() for k, v in trainer.module.state_dict().items()}
+        tag = f"@tp{trainer.info.tp_index}" if layout.tensor > 1 else ""
+        params = {k + tag: v.detach().clone() for k, v in trainer.module.state_dict().items()}
     return {
         "losses": [h["loss"] for h in history],
         "grad_norms": [h["gradNorm"] for h in history],
@@ -179,6 +185,12 @@ def merged(results: dict[int, tuple[str, Any]]) -> tuple[list[float], dict[str, 
     params: dict[str, torch.Tensor] = {}
     for _, (_, out) in sorted(results.items()):
         params.update(out["params"])
+    slices: dict[str, dict[int, torch.Tensor]] = {}
+    for key in [k for k in params if "@tp" in k]:
+        name, t = key.split("@tp")
+        slices.setdefault(name, {})[int(t)] = params.pop(key)
+    for name, parts in slices.items():  # tensor parallelism: the whole tensor from its slices
+        params[name] = sharding.assemble([parts[t] for t in sorted(parts)], global_name(name))
     losses = results[0][1]["losses"]
     for _, (_, out) in results.items():
         assert out["losses"] == losses, "every rank must report the same global loss"

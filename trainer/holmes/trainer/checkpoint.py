@@ -8,11 +8,17 @@ without it, or with one that does not parse, is incomplete and is never resumed 
 The data position is the iteration number (data.py draws batches by iteration), so
 restoring the iteration restores the data stream exactly.
 
-The optimizer shards depend on the layout (pipeline/data degrees, stage split, micro-batching),
-so a checkpoint resumes only under the same layout; a different one is refused by name. The
-model weights alone (``load_model``: evaluate, export) load under any layout, since their
-names are global; the marker records the model's shape so another model's checkpoint is
-refused naming the field that differs.
+Model tensors are whole global tensors whatever the tensor-parallel degree: a rank's slice is
+saved as a DTensor shard of the global tensor over its tp group (``model_tensors``), so DCP
+stores offsets into one logical tensor, and a fused parameter's blocks (GPT's QKV) get a
+dimension of their own so each slice is one regular shard (models/sharding.py). Checkpoints
+written before tensor parallelism (QKV stored flat) still load with tensor 1.
+
+The optimizer shards depend on the layout (pipeline/data/tensor degrees, stage split,
+micro-batching), so a checkpoint resumes only under the same layout; a different one is refused
+by name. The model weights alone (``load_model``: evaluate, export) load under any layout,
+tensor degree included, since their names are global; the marker records the model's shape so
+another model's checkpoint is refused naming the field that differs.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from .models import sharding
+from .tensor_parallel import TensorParallel
 
 MARKER = "holmes.json"
 _DIR = re.compile(r"^iter_(\d{8})$")
@@ -90,12 +100,83 @@ def check_model(path: str, model_shape: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def load_model(path: str, named: dict[str, torch.Tensor], group: Any = None) -> None:
-    """Collective over ``group`` (or one process without torch.distributed): fill the tensors
-    of ``named`` (global parameter name -> tensor, e.g. one stage's parameters under any
-    layout) in place from checkpoint directory ``path``; only those are read."""
-    state = {f"model.{k}": v for k, v in named.items()}
+def saved_sizes(path: str) -> dict[str, torch.Size]:
+    """Each tensor's global size in checkpoint directory ``path`` (its DCP metadata)."""
+    meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    return {k: v.size for k, v in meta.items() if hasattr(v, "size")}
+
+
+_MESHES: dict[int, Any] = {}
+
+
+def _mesh(tp: TensorParallel, device: torch.device) -> Any:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    key = id(tp.group)
+    if key not in _MESHES:
+        _MESHES[key] = DeviceMesh.from_group(tp.group, device.type)
+    return _MESHES[key]
+
+
+def global_tensor(name: str, local: torch.Tensor, tp: TensorParallel, saved: torch.Size | None = None) -> Any:
+    """What DCP saves or loads for parameter ``name`` (its global name) whose slice this rank
+    holds as ``local``: the local tensor itself when replicated (DCP writes it once), else a
+    view of it as a shard of the global tensor in its stored shape. ``saved``: the size the
+    checkpoint holds it in, when loading (a pre-tensor-parallel QKV is stored flat)."""
+    split = sharding.split_of(name)
+    if split is None:
+        return local
+    full = list(local.shape)
+    full[split.dim] *= tp.size
+    stored = sharding.stored_shape(name, full)
+    if tp.size == 1:
+        return local if saved is not None and tuple(saved) == tuple(full) else local.view(stored)
+    if saved is not None and tuple(saved) != stored:
+        raise CheckpointError(
+            f"the checkpoint holds {name} as {list(saved)}, which tensor parallelism cannot "
+            "slice: load it with parallelism.tensor 1 and save it again"
+        )
+    from torch.distributed.tensor import DTensor, Shard
+
+    dim = split.dim + (1 if split.parts > 1 else 0)
+    strides = torch.empty(stored, device="meta").stride()
+    view = local.view(sharding.stored_shape(name, local.shape))
+    return DTensor.from_local(
+        view, _mesh(tp, local.device), [Shard(dim)], run_check=False, shape=torch.Size(stored), stride=strides
+    )
+
+
+def model_tensors(
+    module: nn.Module, *, global_names: bool, saved: dict[str, torch.Size] | None = None
+) -> dict[str, Any]:
+    """A stage's parameters for DCP, keyed ``model.<name>``: under their global names (a tied
+    copy as the embedding: loading under any layout) or their own (training's save and resume)."""
+    from .model import global_name
+
+    tp = getattr(module, "tp", None) or TensorParallel()
+    out: dict[str, Any] = {}
+    for name, p in module.named_parameters():
+        g = global_name(name)
+        key = f"model.{g if global_names else name}"
+        out[key] = global_tensor(g, p.data, tp, (saved or {}).get(key))
+    return out
+
+
+def load_model(path: str, module: nn.Module, group: Any = None) -> None:
+    """Collective over ``group`` (or one process without torch.distributed): fill ``module``'s
+    parameters (one stage, this rank's tensor-parallel slice, under any layout) in place from
+    checkpoint directory ``path``; only those are read."""
+    state = model_tensors(module, global_names=True, saved=saved_sizes(path))
     dcp.load(state, checkpoint_id=path, process_group=group, no_dist=not dist.is_initialized())
+
+
+def load_tensors(path: str, named: dict[str, torch.Tensor]) -> None:
+    """One process (export): fill whole tensors, keyed by global parameter name, in place."""
+    saved = saved_sizes(path)
+    state = {
+        f"model.{n}": global_tensor(n, t, TensorParallel(), saved.get(f"model.{n}")) for n, t in named.items()
+    }
+    dcp.load(state, checkpoint_id=path, no_dist=True)
 
 
 def rng_state(rank: int) -> dict[str, torch.Tensor]:

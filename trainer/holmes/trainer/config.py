@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from holmes.contract import JobSpec, Layout, ModelSpec, load_job
-from holmes.contract.jobspec import DECAYS, FABRIC_CHECKS
+from holmes.contract.jobspec import DECAYS, FABRIC_CHECKS, tensor_parallel_problems
 
 DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -120,6 +120,7 @@ class TrainConfig:
     grad_reduce_dtype: str = "float32"  # the DP reduce-scatter's dtype (job: training.gradReduceDtype)
     fabric_check: str = "warn"  # fail | warn | off (job: training.fabricCheck; see fabric.py)
     pipeline_schedule: str = "1F1B"  # or GPipe (HOLMES_PIPELINE_SCHEDULE); see check_schedule
+    sequence_parallel: bool = False  # job: parallelism.sequenceParallel (with tensor > 1)
 
     def __post_init__(self) -> None:
         for name in ("dtype", "grad_reduce_dtype"):
@@ -183,6 +184,7 @@ class TrainConfig:
             activation_recompute=t.activation_recompute,
             grad_reduce_dtype=t.grad_reduce_dtype,
             fabric_check=t.fabric_check,
+            sequence_parallel=job.parallelism.sequence_parallel,
         )
         kwargs.update(overrides)
         return cls(**kwargs)
@@ -190,10 +192,15 @@ class TrainConfig:
     # ---- against the Layout --------------------------------------------------------------
     def check_model_layout(self, layout: Layout) -> None:
         """What any use of the model under this Layout needs (training, evaluation)."""
-        if layout.tensor != 1:
+        problems = tensor_parallel_problems(self.model, layout.tensor, self.sequence_parallel)
+        if problems:
             raise TrainerConfigError(
-                f"tensor parallelism {layout.tensor} is not supported by this trainer yet; "
-                "plan the job with parallelism.tensor: 1"
+                f"the layout's tensor parallelism cannot split this model: {'; '.join(problems)}; "
+                "re-plan with another parallelism.tensor"
+            )
+        if layout.tensor > 1 and not any(g.kind == "tp" for g in layout.groups):
+            raise TrainerConfigError(
+                f"the layout has tensor {layout.tensor} but no tp group family: re-plan the layout"
             )
         if layout.num_layers != self.model.layers:
             raise TrainerConfigError(

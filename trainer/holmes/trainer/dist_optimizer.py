@@ -12,8 +12,11 @@ One iteration:
    every parameter of a bucket is done, the bucket is scaled by 1/(M*D) and its
    ``reduce_scatter_tensor`` starts asynchronously (overlap on) while backward goes on.
 2. ``finish_grad_sync`` waits for those (exposed communication), first summing a tied embedding
-   over the embedding group, and fails loudly if any parameter missed a gradient.
-3. The engine all-reduces ``local_grad_sq()`` across all ranks -> the global norm; ``step``
+   over the embedding group and, with sequence parallelism, the replicated parameters' partial
+   gradients over the tp group (both in buckets of their own), and fails loudly if any parameter
+   missed a gradient.
+3. The engine all-reduces ``local_grad_sq()`` across all ranks -> the global norm (a parameter
+   every tp rank holds whole counts on tp rank 0 only, a tied copy once); ``step``
    clips, runs AdamW/SGD on the shard, writes it back in model dtype and starts each bucket's
    ``all_gather_into_tensor``; a forward pre-hook on each module waits for its buckets only when
    the next forward first needs them.
@@ -23,7 +26,7 @@ With ``overlap=False`` the same collectives run synchronously in the same order:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .config import OptimizerConfig
+from .tensor_parallel import TensorParallel
 from .timing import Stopwatch
 
 
@@ -42,8 +46,12 @@ class _Bucket:
     size: int  # padded, a multiple of dp size
     params: list[int]  # indices into DistributedOptimizer.params
     shard: slice = None  # type: ignore[assignment]  # this rank's part, as offsets in the flat buffers
-    deferred: bool = False  # tied embedding: summed over the embedding group first
+    # summed over this group before the DP reduce-scatter (after backward, not overlapped): the
+    # tied embedding over the embedding group, sequence-parallel partial sums over the tp group
+    pre_reduce: Any = None
+    pre_watch: str = ""  # which CommTimes stopwatch times that all-reduce
     in_norm: bool = True  # False for the last stage's copy of a tied embedding
+    norm_mask: torch.Tensor | None = None  # bool over the shard: elements in the grad norm (None: all)
     pending: int = 0  # parameters still waiting for their last micro-batch
     grad_work: Any = None
     gather_work: Any = None
@@ -65,13 +73,14 @@ class CommTimes:
     grad_wait: Stopwatch  # waiting for reduce-scatters after backward
     param_wait: Stopwatch  # waiting for all-gathers in forward pre-hooks (or inside step when synchronous)
     embedding: Stopwatch  # tied-embedding all-reduce
+    tp: Stopwatch  # sequence parallelism: replicated parameters' gradients summed over the tp group
 
     @classmethod
     def on(cls, device: torch.device) -> CommTimes:
-        return cls(Stopwatch(device), Stopwatch(device), Stopwatch(device))
+        return cls(Stopwatch(device), Stopwatch(device), Stopwatch(device), Stopwatch(device))
 
     def reset(self) -> None:
-        for w in (self.grad_wait, self.param_wait, self.embedding):
+        for w in (self.grad_wait, self.param_wait, self.embedding, self.tp):
             w.reset()
 
 
@@ -91,6 +100,8 @@ class DistributedOptimizer:
         tied_param_name: str | None = None,
         tied_in_norm: bool = True,
         reduce_dtype: torch.dtype = torch.float32,
+        tp: TensorParallel | None = None,
+        tp_replicated: Collection[str] = (),
     ):
         self.cfg, self.dp_group, self.D, self.r = cfg, dp_group, dp_size, dp_rank
         self.M, self.overlap, self.embedding_group = micro_batches, overlap, embedding_group
@@ -99,6 +110,13 @@ class DistributedOptimizer:
         if not named:
             raise ValueError("the stage has no trainable parameters")
         named.reverse()
+        # tensor parallelism: parameters every tp rank holds whole count once in the grad norm
+        # (tp rank 0's); with sequence parallelism their gradients are partial sums over the
+        # sequence, summed over the tp group first (in buckets of their own)
+        tp = tp or TensorParallel()
+        replicated = set(tp_replicated) if tp.size > 1 else set()
+        partial = replicated if tp.sequence_parallel else set()
+        named = [x for x in named if x[0] not in partial] + [x for x in named if x[0] in partial]
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.dtype = self.params[0].dtype
@@ -115,28 +133,29 @@ class DistributedOptimizer:
         cur: list[int] = []
         cur_elems, pos = 0, 0
 
-        def close(deferred: bool = False, in_norm: bool = True) -> None:
+        def close(tied: bool = False) -> None:
             nonlocal cur, cur_elems, pos
             if not cur:
                 return
             size = math.ceil(cur_elems / dp_size) * dp_size
-            self.buckets.append(
-                _Bucket(len(self.buckets), pos, size, cur, deferred=deferred, in_norm=in_norm)
-            )
+            b = _Bucket(len(self.buckets), pos, size, cur)
+            if tied:
+                b.pre_reduce, b.pre_watch, b.in_norm = embedding_group, "embedding", tied_in_norm
+            elif self.names[cur[0]] in partial:
+                b.pre_reduce, b.pre_watch = tp.group, "tp"
+            self.buckets.append(b)
             pos += size
             cur, cur_elems = [], 0
 
         for i, (n, p) in enumerate(named):
             tied = n == tied_param_name
-            if tied:
-                close()
+            if tied or cur and (n in partial) != (self.names[cur[0]] in partial):
+                close()  # the tied embedding and the partial parameters get buckets of their own
             self.offsets.append(pos + cur_elems)
             cur.append(i)
             cur_elems += p.numel()
-            if tied:
-                close(deferred=embedding_group is not None, in_norm=tied_in_norm)
-            elif cur_elems >= bucket_elements:
-                close()
+            if tied or cur_elems >= bucket_elements:
+                close(tied)
         close()
         total = pos
         self.param_buffer = torch.zeros(total, dtype=self.dtype, device=device)
@@ -168,14 +187,10 @@ class DistributedOptimizer:
             if cfg.kind == "adamw":
                 b.exp_avg = torch.zeros_like(b.master)
                 b.exp_avg_sq = torch.zeros_like(b.master)
-            b.decay = torch.zeros(s, dtype=torch.bool, device=device)
-            for i in b.params:
-                if self.params[i].ndim < 2:  # biases and norms: no weight decay
-                    continue
-                lo = max(self.offsets[i], b.shard.start)
-                hi = min(self.offsets[i] + self.params[i].numel(), b.shard.stop)
-                if lo < hi:
-                    b.decay[lo - b.shard.start : hi - b.shard.start] = True
+            # biases and norms: no weight decay; a tp duplicate: not in this rank's grad norm
+            b.decay = self._mask(b, lambda i: self.params[i].ndim >= 2)
+            if replicated and tp.rank > 0:
+                b.norm_mask = self._mask(b, lambda i: self.names[i] not in replicated)
             if self.dtype != torch.float32:
                 b.gather_src = torch.empty(s, dtype=self.dtype, device=device)
 
@@ -190,6 +205,17 @@ class DistributedOptimizer:
             )
             if ids:
                 mod.register_forward_pre_hook(self._make_gather_wait(ids))
+
+    def _mask(self, b: _Bucket, keep: Callable[[int], bool]) -> torch.Tensor:
+        """A bool mask over bucket b's shard: True on the elements of the parameters ``keep``
+        accepts (padding stays False)."""
+        mask = torch.zeros(b.shard.stop - b.shard.start, dtype=torch.bool, device=self.grad_buffer.device)
+        for i in b.params:
+            lo = max(self.offsets[i], b.shard.start)
+            hi = min(self.offsets[i] + self.params[i].numel(), b.shard.stop)
+            if lo < hi and keep(i):
+                mask[lo - b.shard.start : hi - b.shard.start] = True
+        return mask
 
     # ---- gradient side --------------------------------------------------------------------
     def _reset_pending(self) -> None:
@@ -211,7 +237,7 @@ class DistributedOptimizer:
             if self.seen[i] == self.M:
                 b = self.buckets[self.bucket_of[i]]
                 b.pending -= 1
-                if b.pending == 0 and self.overlap and not b.deferred:
+                if b.pending == 0 and self.overlap and b.pre_reduce is None:
                     self._launch_reduce(b, async_op=True)
 
         return hook
@@ -246,9 +272,9 @@ class DistributedOptimizer:
                 + ". Every parameter must take part in the loss (or set requires_grad=False)."
             )
         for b in self.buckets:
-            if b.deferred:  # tied embedding: sum both copies first
-                with self.times.embedding.span():
-                    dist.all_reduce(self.grad_buffer[b.start : b.start + b.size], group=self.embedding_group)
+            if b.pre_reduce is not None:  # tied embedding / sequence-parallel partial sums
+                with getattr(self.times, b.pre_watch).span():
+                    dist.all_reduce(self.grad_buffer[b.start : b.start + b.size], group=b.pre_reduce)
             if not b.launched:
                 with self.times.grad_wait.span():
                     self._launch_reduce(b, async_op=False)
@@ -266,8 +292,10 @@ class DistributedOptimizer:
         """Sum of squares of this rank's reduced gradient shards (the tied copy counted once)."""
         total = torch.zeros((), dtype=torch.float32, device=self.grad_buffer.device)
         for b in self.buckets:
-            if b.in_norm:
-                total += b.grad_shard.pow(2).sum()
+            if not b.in_norm:
+                continue
+            sq = b.grad_shard.pow(2)
+            total += (sq if b.norm_mask is None else torch.where(b.norm_mask, sq, 0.0)).sum()
         return total
 
     # ---- the step --------------------------------------------------------------------------

@@ -21,9 +21,10 @@ from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
 from .evaluate import Evaluator
-from .groups import build_groups
+from .groups import build_groups, tensor_parallel
 from .metrics import MetricsSink
-from .model import TIED_COPY, build_stage
+from .model import TIED_COPY, build_stage, global_name
+from .models import sharding
 from .schedule import MicroBatchRunner
 
 
@@ -89,6 +90,7 @@ class Trainer:
         )
         self.sink.fabric_problems(self.fabric.messages())
         stage = layout.stages[info.stage]
+        self.tp = tensor_parallel(layout, rank, self.groups, cfg.sequence_parallel)
         self.module = build_stage(
             cfg.model,
             stage.layers[0],
@@ -99,6 +101,7 @@ class Trainer:
             device,
             recompute=cfg.activation_recompute,
             dtype=cfg.dtype,
+            tp=self.tp,
         )
         # Before the optimizer copies the weights into its shards: a run that resumes takes its
         # checkpoint's, a fresh one starts from Hugging Face weights when the job names them.
@@ -121,6 +124,10 @@ class Trainer:
             tied_param_name=tied_name,
             tied_in_norm=self.first,
             reduce_dtype=getattr(torch, cfg.grad_reduce_dtype),
+            tp=self.tp,
+            tp_replicated={
+                n for n, _ in self.module.named_parameters() if sharding.split_of(global_name(n)) is None
+            },
         )
         self.runner = MicroBatchRunner(
             self.module,
@@ -134,6 +141,7 @@ class Trainer:
             pp_group=self.groups.pp,
             p2p_groups=self.groups.p2p,
             schedule=cfg.pipeline_schedule,
+            tp=self.tp,
         )
         self.loader = None
         if self.first or self.last:
@@ -172,10 +180,11 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------
     def _opt_prefix(self) -> str:
-        return f"optim.stage{self.info.stage}.dp{self.info.dp_index}"
+        tp = f".tp{self.info.tp_index}" if self.layout.tensor > 1 else ""
+        return f"optim.stage{self.info.stage}{tp}.dp{self.info.dp_index}"
 
-    def _state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {f"model.{k}": v for k, v in self.module.state_dict().items()}
+    def _state(self, saved: dict[str, torch.Size] | None = None) -> dict[str, Any]:
+        state = checkpoint.model_tensors(self.module, global_names=False, saved=saved)
         state.update(self.opt.state_dict(self._opt_prefix()))
         state.update(checkpoint.rng_state(self.rank))
         return state
@@ -218,7 +227,7 @@ class Trainer:
         if iteration is None:
             return
         self.opt.wait_param_gathers()
-        state = self._state()
+        state = self._state(checkpoint.saved_sizes(checkpoint.iteration_dir(root, iteration)))
         checkpoint.load(
             root, iteration, state, {"layout": layout_signature(self.layout)}, group=self.groups.world
         )
@@ -257,7 +266,10 @@ class Trainer:
 
         self.opt.finish_grad_sync()
         t2 = time.perf_counter()
-        loss_part = (loss_sum / (M * D)) if loss_sum is not None else torch.zeros((), device=self.device)
+        if loss_sum is None or self.tp.rank > 0:  # every tp rank of the last stage has the loss
+            loss_part = torch.zeros((), device=self.device)
+        else:
+            loss_part = loss_sum / (M * D)
         red = torch.stack([self.opt.local_grad_sq(), loss_part.to(torch.float32)])
         dist.all_reduce(red, group=self.groups.world)  # every rank: global grad norm and mean loss
         grad_norm, loss = math.sqrt(float(red[0])), float(red[1])
@@ -281,7 +293,9 @@ class Trainer:
         times = self.opt.times
         param_wait, run_compute = times.param_wait.seconds(), self.runner.compute
         compute = max(0.0, run_compute - param_wait)
-        exposed = times.grad_wait.seconds() + param_wait + times.embedding.seconds() + t_norm
+        exposed = (
+            times.grad_wait.seconds() + param_wait + times.embedding.seconds() + times.tp.seconds() + t_norm
+        )
         if not cfg.overlap:  # synchronous all-gathers ran inside step
             t_step = max(0.0, t_step - param_wait)
         bubble = max(0.0, t_sched - run_compute)
@@ -316,6 +330,8 @@ class Trainer:
             worldSize=self.layout.world_size,
             pipeline=self.layout.pipeline,
             data=self.layout.data,
+            tensor=self.layout.tensor,
+            sequenceParallel=self.tp.sequence_parallel,
             architecture=cfg.model.architecture,
             parameters=self.model_cost.total_params,
             overlap=cfg.overlap,

@@ -12,8 +12,9 @@ checkpoint, or one checkpoint directory in it), written under any layout, else f
 How it runs: steps of D x microBatchSize windows; DP rank d takes its microBatchSize of each
 step (the last step is padded with a repeated window whose loss is masked out). Forward only:
 each stage receives its input from the previous stage on their boundary's p2p group, runs its
-layers, and sends on; the last stage sums the cross-entropy of its real rows. The sums and the
-token count are all-reduced once at the end on the world group, in float64.
+layers, and sends on; the last stage sums the cross-entropy of its real rows (with tensor
+parallelism from vocabulary-split logits, counted by tp rank 0). The sums and the token count
+are all-reduced once at the end on the world group, in float64.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from holmes.contract.layout import Layout
 from .data import TokenWindows
 from .groups import RankGroups
 from .model import ce_sum
+from .tensor_parallel import TensorParallel
 
 
 class Evaluator:
@@ -52,6 +54,7 @@ class Evaluator:
     ):
         self.module, self.model, self.layout, self.groups = module, model, layout, groups
         self.windows, self.device, self.dtype = windows, device, dtype
+        self.tp = getattr(module, "tp", None) or TensorParallel()
         self.count = windows.count if limit is None else min(limit, windows.count)
         info = layout.rank_info(rank)
         self.stage, self.dp = info.stage, info.dp_index
@@ -88,7 +91,7 @@ class Evaluator:
             if self.first:
                 x = rows[:, :-1]
             else:
-                x = torch.empty(mb, s, h, dtype=self.dtype, device=self.device)
+                x = torch.empty(mb, s // self.tp.seq_split, h, dtype=self.dtype, device=self.device)
                 dist.recv(x, src=self.prev, group=self._boundary(self.stage - 1))
             out = self.module(x)
             if not self.last:
@@ -96,9 +99,11 @@ class Evaluator:
                     work.wait()
                 pending = [dist.isend(out.contiguous(), dst=self.next, group=self._boundary(self.stage))]
                 continue
-            if real:
-                loss += ce_sum(out[:real], rows[:real, 1:]).double()
-                tokens += real * s
+            if real:  # every tp rank takes part in the vocabulary-parallel loss; rank 0 counts it
+                part = ce_sum(out[:real], rows[:real, 1:], tp=self.tp).double()
+                if self.tp.rank == 0:
+                    loss += part
+                    tokens += real * s
         for work in pending:
             work.wait()
         self.module.train(was_training)

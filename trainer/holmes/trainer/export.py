@@ -49,7 +49,7 @@ def exported_tensors(
     size = 0
 
     def flush() -> Iterator[tuple[str, torch.Tensor]]:
-        checkpoint.load_model(path, group)
+        checkpoint.load_tensors(path, group)
         for name, t in group.items():
             theirs, transposed = hf.hf_name(model, name)
             t = t.t().contiguous() if transposed else t

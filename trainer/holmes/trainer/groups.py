@@ -19,6 +19,8 @@ import torch.distributed as dist
 
 from holmes.contract.layout import Layout
 
+from .tensor_parallel import TensorParallel
+
 
 @dataclass
 class RankGroups:
@@ -32,6 +34,7 @@ class RankGroups:
     dp: Any
     pp: Any
     embedding: Any
+    tp: Any = None
     p2p: dict[int, Any] = field(default_factory=dict)
     world: Any = None
     created: list[dict[str, Any]] = field(default_factory=list)
@@ -66,7 +69,7 @@ def build_groups(
     p2p: dict[int, Any] = {}
     created = [{"kind": "world", "size": layout.world_size, "backend": backend, "net": layout.world_net}]
     members: list[tuple[dict[str, Any], Any]] = []
-    kinds = ("dp", "pp", "p2p")
+    kinds = ("dp", "tp", "pp", "p2p")
     specs = [g for g in layout.process_groups() if g.kind in kinds]
     if need_embedding:
         specs += layout.process_groups("embedding")  # check_against_layout: a tied model has them
@@ -89,18 +92,32 @@ def build_groups(
         if g.kind in mine:
             raise RuntimeError(f"rank {rank} is in two {g.kind} groups: the layout is inconsistent")
         mine[g.kind] = handle
-    if layout.data > 1 and mine.get("dp") is None or layout.pipeline > 1 and mine.get("pp") is None:
+    missing = [
+        kind
+        for kind, degree in (("dp", layout.data), ("tp", layout.tensor), ("pp", layout.pipeline))
+        if degree > 1 and mine.get(kind) is None
+    ]
+    if missing:
         me = layout.rank_info(rank)
         raise RuntimeError(
-            f"rank {rank} (stage {me.stage}, dp index {me.dp_index}) found no dp/pp group "
-            "in the layout: it must list a dp family per stage and a pp family"
+            f"rank {rank} (stage {me.stage}, dp index {me.dp_index}, tp index {me.tp_index}) found no "
+            f"{'/'.join(missing)} group in the layout: it must list a dp and a tp family per stage "
+            "and a pp family"
         )
     return RankGroups(
         dp=mine.get("dp"),
         pp=mine.get("pp"),
         embedding=mine.get("embedding"),
+        tp=mine.get("tp"),
         p2p=p2p,
         world=dist.group.WORLD,
         created=created,
         members=members,
     )
+
+
+def tensor_parallel(layout: Layout, rank: int, groups: RankGroups, sequence_parallel: bool) -> TensorParallel:
+    """This rank's place in its tp group (size 1 without tensor parallelism)."""
+    if layout.tensor == 1:
+        return TensorParallel()
+    return TensorParallel(layout.tensor, layout.rank_info(rank).tp_index, groups.tp, sequence_parallel)

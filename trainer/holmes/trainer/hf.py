@@ -26,6 +26,7 @@ from torch import nn
 from holmes.contract import ModelSpec
 
 from .model import global_name as canonical
+from .models import sharding
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -232,12 +233,14 @@ def _where_each_tensor(path: str) -> dict[str, str]:
 
 @torch.no_grad()
 def load_stage(module: nn.Module, cfg: ModelSpec, path: str) -> int:
-    """Fill every parameter of ``module`` (one stage) from the directory; returns the tensors
-    read. Each is read on its own, straight onto the parameter's device."""
+    """Fill every parameter of ``module`` (one stage, this rank's tensor-parallel slice) from the
+    directory; returns the tensors read. Each is read on its own, and of a split one only this
+    rank's rows or columns (``get_slice``), straight onto the parameter's device."""
     from safetensors import safe_open
 
     check_config(cfg, read_config(path), os.path.join(path, CONFIG))
     where = _where_each_tensor(path)
+    tp = getattr(module, "tp", None)
     handles: dict[str, Any] = {}
     count = 0
     for name, p in module.named_parameters():
@@ -249,17 +252,36 @@ def load_stage(module: nn.Module, cfg: ModelSpec, path: str) -> int:
             )
         if file not in handles:
             handles[file] = safe_open(file, framework="pt", device=str(p.device))
-        t = handles[file].get_tensor(theirs)
-        if transposed:
-            t = t.t()
+        t = _read_slice(handles[file], theirs, canonical(name), transposed, tp)
         if tuple(t.shape) != tuple(p.shape):
+            full = (
+                "" if tp is None or tp.size == 1 else f" (this rank's slice of tensor parallelism {tp.size})"
+            )
             raise HuggingFaceError(
-                f"{file}: {theirs} has shape {list(t.shape)} but spec.model gives {canonical(name)} "
-                f"shape {list(p.shape)}"
+                f"{file}: {theirs} has shape {list(handles[file].get_slice(theirs).get_shape())} but "
+                f"spec.model gives {canonical(name)} shape {list(p.shape)}{full}"
             )
         p.copy_(t)
         count += 1
     return count
+
+
+def _read_slice(f: Any, theirs: str, ours: str, transposed: bool, tp: Any) -> torch.Tensor:
+    """Our rank's part of tensor ``theirs`` (models/sharding.py), in our orientation."""
+    split = sharding.split_of(ours)
+    if tp is None or tp.size == 1 or split is None:
+        t = f.get_tensor(theirs)
+        return t.t() if transposed else t
+    sl = f.get_slice(theirs)
+    dim = 1 - split.dim if transposed else split.dim
+    extent = sl.get_shape()[dim]
+    if extent % (tp.size * split.parts):
+        return f.get_tensor(theirs)  # a shape that cannot be ours: reported by the caller
+    pieces = [
+        sl[a:b] if dim == 0 else sl[:, a:b] for a, b in sharding.ranges(extent, split, tp.size, tp.rank)
+    ]
+    t = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=dim)
+    return t.t() if transposed else t
 
 
 # ---- writing -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from holmes.contract import Layout
 
 from . import checkpoint, hf
 from .config import TrainConfig
-from .groups import RankGroups, build_groups, init_world
+from .groups import RankGroups, build_groups, init_world, tensor_parallel
 from .model import build_stage
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -76,14 +76,10 @@ def start(job: Any, layout_path: str, dtype: str | None = None, backend: str | N
     return Run(cfg, layout, rank, device, groups)
 
 
-def stage_parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A stage's parameters under their global names (a tied copy under the embedding's)."""
-    return {hf.canonical(name): p.data for name, p in module.named_parameters()}
-
-
 def build_model_for_layout(run: Run, checkpoint_arg: str | None) -> torch.nn.Module:
-    """This rank's stage with weights from ``checkpoint_arg`` (any layout's), else from
-    spec.model.init, else the seed. Collective over the world group when reading a checkpoint."""
+    """This rank's stage (its tensor-parallel slice) with weights from ``checkpoint_arg`` (any
+    layout's), else from spec.model.init, else the seed. Collective over the world group when
+    reading a checkpoint."""
     cfg, info = run.cfg, run.layout.rank_info(run.rank)
     stage = run.layout.stages[info.stage]
     module = build_stage(
@@ -95,11 +91,12 @@ def build_model_for_layout(run: Run, checkpoint_arg: str | None) -> torch.nn.Mod
         cfg.seed,
         run.device,
         dtype=cfg.dtype,
+        tp=tensor_parallel(run.layout, run.rank, run.groups, cfg.sequence_parallel),
     )
     if checkpoint_arg:
         path = checkpoint.resolve(checkpoint_arg)
         checkpoint.check_model(path, cfg.model.shape())
-        checkpoint.load_model(path, stage_parameters(module), group=run.groups.world)
+        checkpoint.load_model(path, module, group=run.groups.world)
     elif cfg.model.init is not None:
         hf.load_stage(module, cfg.model, cfg.model.init.huggingface.path)
     return module

@@ -164,6 +164,7 @@ def _draw(p: torch.Tensor, split: sharding.Split | None, tp: TensorParallel, see
     cols = cols_local * tp.size if split is not None and split.dim == 1 else cols_local
     rows = p.shape[0] * tp.size if split is not None and split.dim == 0 else p.shape[0]
     per_block = max(1, INIT_BLOCK_ELEMENTS // cols)
+    in_place = cols_local == cols and p.device.type == "cpu" and p.dtype == torch.float32
     if split is None or tp.size == 1:
         row_ranges, col_ranges = [(0, rows)], [(0, cols)]
     elif split.dim == 0:
@@ -175,9 +176,12 @@ def _draw(p: torch.Tensor, split: sharding.Split | None, tp: TensorParallel, see
         for blk in range(a // per_block, (b - 1) // per_block + 1):
             lo, hi = blk * per_block, min(rows, (blk + 1) * per_block)
             gen = torch.Generator().manual_seed(seed + 7919 * blk)
-            values = torch.empty(hi - lo, cols, dtype=torch.float32).normal_(0.0, std, generator=gen)
             r0, r1 = max(a, lo), min(b, hi)
             dst = p[local_row + r0 - a : local_row + r1 - a]
+            if in_place and (r0, r1) == (lo, hi):
+                dst.normal_(0.0, std, generator=gen)  # the whole block: drawn in place, no temporary
+                continue
+            values = torch.empty(hi - lo, cols, dtype=torch.float32).normal_(0.0, std, generator=gen)
             src = values[r0 - lo : r1 - lo]
             local_col = 0
             for c0, c1 in col_ranges:

@@ -10,6 +10,7 @@ and backward, so the rest of the schedule's time is waiting on neighbours (the b
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from holmes.contract import ModelSpec
 
 from .model import loss_fn
+from .tensor_parallel import TensorParallel
 from .timing import Stopwatch
 
 
@@ -86,20 +88,26 @@ class MicroBatchRunner:
         pp_group: Any,
         p2p_groups: dict[int, Any] | None = None,
         schedule: str = "1F1B",
+        tp: TensorParallel | None = None,
     ):
         self.module, self.stage, self.stages, self.M = module, stage, stages, micro_batches
         self.first, self.last = stage == 0, stage == stages - 1
         self.watch = Stopwatch(device)
+        tp = tp or TensorParallel()
+        self.loss_fn = partial(loss_fn, tp=tp)
         if stages == 1:
             self.schedule = None
             return
-        mb, s, h, V = micro_batch_size, cfg.seq_length, cfg.hidden_size, cfg.vocab_size
+        # between stages: this rank's part of the sequence (sequence parallelism: 1/T of it);
+        # out of the last stage: its V/T vocabulary columns of the logits
+        mb, s, h = micro_batch_size, cfg.seq_length, cfg.hidden_size
         if self.first:
             example_in = torch.zeros(mb, s, dtype=torch.long, device=device)
         else:
-            example_in = torch.zeros(mb, s, h, dtype=dtype, device=device, requires_grad=True)
+            example_in = torch.zeros(mb, s // tp.seq_split, h, dtype=dtype, device=device, requires_grad=True)
+        out_shape = (mb, s, tp.split(cfg.vocab_size)) if self.last else (mb, s // tp.seq_split, h)
         example_out = torch.zeros(
-            mb, s, V if self.last else h, dtype=dtype, device=device, requires_grad=True
+            *out_shape, dtype=dtype, device=device, requires_grad=True
         )  # so the stage expects an output gradient
         self.pstage = _TimedStage(
             module,
@@ -113,7 +121,7 @@ class MicroBatchRunner:
         self.pstage.watch = self.watch
         self.pstage.boundary_groups = dict(p2p_groups or {})
         kind = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}[schedule]  # checked in TrainConfig
-        self.schedule = kind(self.pstage, micro_batches, loss_fn=loss_fn, scale_grads=False)
+        self.schedule = kind(self.pstage, micro_batches, loss_fn=self.loss_fn, scale_grads=False)
 
     @property
     def compute(self) -> float:
@@ -141,7 +149,7 @@ class MicroBatchRunner:
         total = torch.zeros((), dtype=torch.float32, device=inputs.device)
         with self.watch.span():
             for x, y in zip(inputs.chunk(self.M), targets.chunk(self.M)):
-                loss = loss_fn(self.module(x), y)
+                loss = self.loss_fn(self.module(x), y)
                 loss.backward()
                 total += loss.detach()
         return total

@@ -68,3 +68,13 @@ def stored_shape(name: str, shape: torch.Size | tuple[int, ...]) -> tuple[int, .
         return shape
     d = split.dim
     return shape[:d] + (split.parts, shape[d] // split.parts) + shape[d + 1 :]
+
+
+def assemble(slices: list[torch.Tensor], name: str) -> torch.Tensor:
+    """The global tensor of parameter ``name`` from every rank's slice, in tp-rank order (the
+    inverse of :func:`take`)."""
+    split = split_of(name)
+    if split is None or len(slices) == 1:
+        return slices[0]
+    blocks = [s.chunk(split.parts, dim=split.dim) for s in slices]
+    return torch.cat([b[k] for k in range(split.parts) for b in blocks], dim=split.dim)
