@@ -4,7 +4,7 @@
                                             --vocab 50257 --stage-layers 12 --first]
 
 Default: the first stage (embedding + 12 of 24 layers) of a 1.3B GPT (GPT-3 XL shape), fp32 on
-the CPU. Prints the stage's fp32 parameter bytes, the peak RSS the build added (VmHWM after
+the CPU; ``--tensor T`` builds tensor-parallel rank 0's slice of it instead. Prints the stage's fp32 parameter bytes, the peak RSS the build added (VmHWM after
 minus VmRSS before, the peak mark reset first) and their ratio. The stage is built on the meta
 device and initialised parameter by parameter (trainer/holmes/trainer/model.py), so the ratio
 stays near 1.0: the parameters themselves, plus at most one parameter-sized temporary.
@@ -22,6 +22,7 @@ import json, sys
 import torch
 from holmes.contract import ModelSpec
 from holmes.trainer.model import build_stage
+from holmes.trainer.tensor_parallel import TensorParallel
 
 a = json.loads(sys.argv[1])
 
@@ -37,7 +38,8 @@ open("/proc/self/clear_refs", "w").write("5")      # reset the peak mark to the 
 before = kib("VmRSS")
 first = a["first"]
 start = 0 if first else a["layers"] - a["stage_layers"]
-m = build_stage(spec, start, start + a["stage_layers"], first, not first, seed=1)
+tp = TensorParallel(a.get("tensor", 1), 0)  # rank 0's slice (building needs no group)
+m = build_stage(spec, start, start + a["stage_layers"], first, not first, seed=1, tp=tp)
 peak = kib("VmHWM")
 params = sum(p.numel() for p in m.parameters())
 print(json.dumps({"params": params, "param_bytes": params * 4, "added_bytes": (peak - before) * 1024}))
@@ -63,6 +65,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--stage-layers", type=int, default=12)
     ap.add_argument("--last", action="store_true", help="the last stage (layers + head) instead of the first")
+    ap.add_argument("--tensor", type=int, default=1, help="build tensor-parallel rank 0's slice")
     a = ap.parse_args()
     r = measure(
         layers=a.layers,
@@ -72,6 +75,7 @@ def main() -> None:
         vocab=a.vocab,
         stage_layers=a.stage_layers,
         first=not a.last,
+        tensor=a.tensor,
     )
     print(
         f"stage of {r['params'] / 1e6:.0f}M parameters: fp32 bytes {r['param_bytes'] / 2**30:.2f} GiB, "

@@ -9,3 +9,13 @@ def test_building_a_stage_adds_at_most_1_25x_its_fp32_parameter_bytes():
     r = measure(layers=8, hidden=1024, heads=16, seq=512, vocab=32000, stage_layers=4, first=True)
     assert r["params"] > 50_000_000
     assert r["ratio"] <= 1.25, r
+
+
+def test_tensor_parallelism_2_halves_a_ranks_parameter_memory():
+    # measured (the peak RSS each build added, fresh processes), not computed from the shapes;
+    # less what building a tiny stage adds (torch's own lazily allocated state, ~75 MB)
+    shape = dict(layers=8, hidden=1024, heads=16, seq=512, vocab=32000, stage_layers=4, first=True)
+    fixed = measure(**{**shape, "hidden": 64, "vocab": 320})["added_bytes"]
+    whole, half = measure(**shape), measure(**shape, tensor=2)
+    ratio = (half["added_bytes"] - fixed) / (whole["added_bytes"] - fixed)
+    assert 0.45 <= ratio <= 0.65, (fixed, whole, half)

@@ -14,7 +14,14 @@ from holmes.trainer.config import OptimizerConfig
 from holmes.trainer.model import build_full, build_stage, loss_fn
 from holmes.trainer.models import sharding
 from holmes.trainer.tensor_parallel import TensorParallel
-from tests.trainer.trainer_harness import TINY, assert_matches_reference, make_layout, run_ranks, tiny_config
+from tests.trainer.trainer_harness import (
+    TINY,
+    assert_matches_reference,
+    make_layout,
+    run_ranks,
+    tiny_config,
+    train_on_layout,
+)
 
 LLAMA = replace(TINY, architecture="llama", kv_heads=2, ffn_hidden_size=64, rope_theta=10000.0)
 MODELS = {"gpt": TINY, "llama": LLAMA}
@@ -100,3 +107,23 @@ def test_training_under_tensor_parallel_layouts_matches_one_process(arch, pipeli
         embedding=model.tied_embeddings and pipeline > 1,
     )
     assert_matches_reference(cfg, layout, param_atol=1e-5 if cfg.optimizer.kind == "adamw" else 2e-6)
+
+
+def test_resume_under_tensor_parallelism_continues_exactly(tmp_path):
+    """Checkpoint under TP=2 x DP=2 with sequence parallelism (model slices as DTensor shards of
+    whole tensors, optimizer shards per tp and dp rank), kill, resume: the same losses."""
+    from holmes.trainer import checkpoint
+    from holmes.trainer.config import CheckpointConfig
+    from tests.trainer.test_trainer_checkpoint import _kill_after
+
+    lay = make_layout(1, 2, [4], 2, 4, tensor=2)
+    cfg = tiny_config(model=LLAMA, optimizer=ADAMW, iterations=5, sequence_parallel=True)
+    want = run_ranks(4, train_on_layout, cfg, lay)[0][1]["losses"]
+    cfg = cfg.with_(checkpoint=CheckpointConfig(path=str(tmp_path / "ckpt"), interval=2))
+    run_ranks(4, train_on_layout, cfg, lay, _kill_after(3), allow_exit=True)
+    assert checkpoint.newest_complete(cfg.checkpoint.path) == 2
+    sizes = checkpoint.saved_sizes(checkpoint.iteration_dir(cfg.checkpoint.path, 2))
+    assert sizes["model.embedding.tok.weight"] == torch.Size([LLAMA.vocab_size, LLAMA.hidden_size])  # whole
+    got = run_ranks(4, train_on_layout, cfg, lay)[0][1]["records"]
+    assert [r["iteration"] for r in got] == [3, 4, 5]
+    assert [r["loss"] for r in got] == pytest.approx(want[2:], abs=1e-6)
