@@ -92,3 +92,14 @@ def test_node_lists_in_json_skip_the_yaml_parser(tmp_path, monkeypatch):
 
     monkeypatch.setattr(yaml, "load_all", no_yaml)
     assert load_nodes(str(path)) == nodes
+
+
+def test_tensor_auto_on_a_70b_model_picks_a_tensor_degree(capsys):
+    """examples/jobs/llama3-70b.yaml does not fit one GPU's slice without tensor parallelism; its
+    small twin runs in tests/trainer/test_tensor_parallel.py."""
+    job = str(ROOT / "examples" / "jobs" / "llama3-70b.yaml")
+    assert main(["plan", "--nodes", NODES, "--job", job, "--json"]) == 0
+    layout = json.loads(capsys.readouterr().out)
+    assert layout["tensor"] > 1 and {"kind": "tp", "net": "IB", "stage": 0} in layout["groups"]
+    assert main(["plan", "--nodes", NODES, "--job", job]) == 0
+    assert f"tensor {layout['tensor']} x pipeline {layout['pipeline']} x data" in capsys.readouterr().out

@@ -127,3 +127,25 @@ def test_resume_under_tensor_parallelism_continues_exactly(tmp_path):
     got = run_ranks(4, train_on_layout, cfg, lay)[0][1]["records"]
     assert [r["iteration"] for r in got] == [3, 4, 5]
     assert [r["loss"] for r in got] == pytest.approx(want[2:], abs=1e-6)
+
+
+def test_a_planned_tensor_parallel_layout_trains_like_one_process():
+    """The small twin of examples/jobs/llama3-70b.yaml's plan (tensor > 1, sequence parallelism,
+    GQA, stages on two NIC islands): the Layout the planner writes, run by the trainer."""
+    from holmes.contract import JobSpec
+    from holmes.plan import plan
+    from tests.plan.plan_helpers import node
+
+    job = JobSpec.from_spec(
+        {
+            "model": LLAMA.to_spec(),
+            "training": {"globalBatchSize": 16, "microBatchSize": 2, "iterations": 4, "learningRate": 0.5},
+            "parallelism": {"tensor": 2, "pipeline": 2, "sequenceParallel": True},
+            "nodes": {"count": 2, "gpusPerNode": 2},
+        }
+    )
+    layout = plan([node("ib-0", "infiniband", "east", gpus=2), node("roce-0", "roce", "west", gpus=2)], job)
+    assert (layout.tensor, layout.pipeline, layout.data) == (2, 2, 1)
+    assert {g.kind for g in layout.groups} >= {"tp", "dp", "p2p", "pp"}
+    cfg = tiny_config(model=LLAMA, sequence_parallel=True, micro_batch_size=2, global_batch_size=16)
+    assert_matches_reference(cfg, layout)
