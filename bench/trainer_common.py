@@ -17,7 +17,9 @@ import torch.distributed as dist
 from holmes.contract.layout import GroupFamily, Layout, Stage
 
 
-def layout(pipeline: int, data: int, split: list[int], mb: int, micro_batches: int) -> Layout:
+def layout(
+    pipeline: int, data: int, split: list[int], mb: int, micro_batches: int, tensor: int = 1
+) -> Layout:
     bounds = [0]
     for n in split:
         bounds.append(bounds[-1] + n)
@@ -26,9 +28,10 @@ def layout(pipeline: int, data: int, split: list[int], mb: int, micro_batches: i
     )
     groups = tuple(GroupFamily("dp", "Socket", s) for s in range(pipeline)) + (GroupFamily("pp", "Socket"),)
     groups += tuple(GroupFamily("p2p", "Socket", b) for b in range(pipeline - 1))
-    world = pipeline * data
+    groups += tuple(GroupFamily("tp", "Socket", s) for s in range(pipeline)) if tensor > 1 else ()
+    world = pipeline * data * tensor
     return Layout(
-        tensor=1,
+        tensor=tensor,
         pipeline=pipeline,
         data=data,
         gpus_per_node=world,
