@@ -4,10 +4,12 @@
                                             --vocab 50257 --stage-layers 12 --first]
 
 Default: the first stage (embedding + 12 of 24 layers) of a 1.3B GPT (GPT-3 XL shape), fp32 on
-the CPU; ``--tensor T`` builds tensor-parallel rank 0's slice of it instead. Prints the stage's fp32 parameter bytes, the peak RSS the build added (VmHWM after
-minus VmRSS before, the peak mark reset first) and their ratio. The stage is built on the meta
-device and initialised parameter by parameter (trainer/holmes/trainer/model.py), so the ratio
-stays near 1.0: the parameters themselves, plus at most one parameter-sized temporary.
+the CPU; ``--tensor T`` builds tensor-parallel rank 0's slice of it instead. Prints the stage's
+fp32 parameter bytes, the peak RSS the build added (VmHWM after minus VmRSS before, the peak mark
+reset first) and their ratio. The stage is built on the meta device and initialised parameter
+by parameter, a block of rows at a time (trainer/holmes/trainer/model.py), so the ratio stays
+near 1.0 plus torch's own lazily allocated state (~75 MB): the parameters themselves and at
+most one 4 MiB block of temporaries.
 """
 
 from __future__ import annotations
