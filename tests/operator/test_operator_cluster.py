@@ -541,6 +541,15 @@ def test_bad_manifests_each_get_a_clear_message_and_the_operator_keeps_serving(c
             "spec.training.globalBatchSize",
         ),
         "bad-fit": (dict(parallelism={"pipeline": 3, "data": 1}), "InvalidSpec", "spec.parallelism"),
+        "bad-tensor": (  # a tensor degree the trainer could not split: refused before any pod
+            dict(
+                model={"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 129},
+                parallelism={"tensor": 2},
+                nodes={"count": 2, "gpusPerNode": 2},
+            ),
+            "InvalidSpec",
+            "2 must divide model.vocabSize 129",
+        ),
         "x" * 51: ({}, "InvalidName", "metadata.name"),
     }
     for name, (spec, _, _) in bad.items():
