@@ -100,47 +100,35 @@ def _reduce_scatter_seq(y: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     return out
 
 
-class _CopyToGroup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
-        ctx.tp = tp
-        return x
+def _pair(forward: Any, backward: Any) -> Any:
+    """An autograd function running ``forward`` on the activation and ``backward`` on its
+    gradient (each the other's conjugate: all-reduce <-> identity, all-gather <-> reduce-scatter)."""
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_reduce(grad, ctx.tp), None
+    class Collective(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+            ctx.tp = tp
+            return forward(x, tp)
 
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+            return backward(grad, ctx.tp), None
 
-class _ReduceFromGroup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
-        return _all_reduce(y.clone(), tp)  # never reduce a tensor autograd saved
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+    return Collective
 
 
-class _GatherSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
-        ctx.tp = tp
-        return _gather_seq(x, tp)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _reduce_scatter_seq(grad, ctx.tp), None
+def _identity(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    return x
 
 
-class _ReduceScatterSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
-        ctx.tp = tp
-        return _reduce_scatter_seq(y, tp)
+def _reduced_copy(y: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    return _all_reduce(y.clone(), tp)  # never reduce in place a tensor autograd may have saved
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _gather_seq(grad, ctx.tp), None
+
+_CopyToGroup = _pair(_identity, _all_reduce)
+_ReduceFromGroup = _pair(_reduced_copy, _identity)
+_GatherSequence = _pair(_gather_seq, _reduce_scatter_seq)
+_ReduceScatterSequence = _pair(_reduce_scatter_seq, _gather_seq)
 
 
 # ---- vocabulary-parallel cross-entropy -----------------------------------------------------------
