@@ -493,9 +493,10 @@ def tensor_parallel_problems(m: ModelSpec, tensor: int, sequence_parallel: bool 
     parallelism splits the sequence."""
     if tensor == 1:
         return []
-    needs = [
-        ("model.attentionHeads", m.attention_heads, ""),
-        ("model.kvHeads", m.kv_heads, ""),
+    needs = [("model.attentionHeads", m.attention_heads, "")]
+    if m.kv_heads != m.attention_heads:  # else one message for both
+        needs.append(("model.kvHeads", m.kv_heads, ""))
+    needs += [
         ("model.ffnHiddenSize", m.ffn_hidden_size, ""),
         (
             "model.vocabSize",
@@ -505,8 +506,6 @@ def tensor_parallel_problems(m: ModelSpec, tensor: int, sequence_parallel: bool 
     ]
     if sequence_parallel:
         needs.append(("model.seqLength (sequenceParallel)", m.seq_length, ""))
-    if m.kv_heads == m.attention_heads:
-        needs.pop(1)  # one message for both
     return [f"{tensor} must divide {name} {value}{hint}" for name, value, hint in needs if value % tensor]
 
 

@@ -112,10 +112,11 @@ _MESHES: dict[int, Any] = {}
 def _mesh(tp: TensorParallel, device: torch.device) -> Any:
     from torch.distributed.device_mesh import DeviceMesh
 
-    key = id(tp.group)
-    if key not in _MESHES:
-        _MESHES[key] = DeviceMesh.from_group(tp.group, device.type)
-    return _MESHES[key]
+    group, mesh = _MESHES.get(id(tp.group), (None, None))
+    if group is not tp.group:  # the group is kept with its mesh, so its id is never reused
+        mesh = DeviceMesh.from_group(tp.group, device.type)
+        _MESHES[id(tp.group)] = (tp.group, mesh)
+    return mesh
 
 
 def global_tensor(name: str, local: torch.Tensor, tp: TensorParallel, saved: torch.Size | None = None) -> Any:

@@ -25,7 +25,7 @@ from torch import nn
 
 from holmes.contract import ModelSpec
 
-from .model import global_name as canonical
+from .model import global_name
 from .models import sharding
 
 CONFIG = "config.json"
@@ -67,7 +67,7 @@ class HuggingFaceError(ValueError):
 
 def hf_name(cfg: ModelSpec, name: str) -> tuple[str, bool]:
     """Our parameter name -> (its Hugging Face name, whether the matrix is stored transposed)."""
-    name = canonical(name)
+    name = global_name(name)
     for pattern, repl, transposed in _NAMES[cfg.architecture]:
         if re.fullmatch(pattern, name):
             return re.sub(pattern, repl, name), transposed
@@ -248,18 +248,18 @@ def load_stage(module: nn.Module, cfg: ModelSpec, path: str) -> int:
         file = where.get(theirs)
         if file is None:
             raise HuggingFaceError(
-                f"{path}: no tensor {theirs} (for {canonical(name)}) in its safetensors files"
+                f"{path}: no tensor {theirs} (for {global_name(name)}) in its safetensors files"
             )
         if file not in handles:
             handles[file] = safe_open(file, framework="pt", device=str(p.device))
-        t = _read_slice(handles[file], theirs, canonical(name), transposed, tp)
+        t = _read_slice(handles[file], theirs, global_name(name), transposed, tp)
         if tuple(t.shape) != tuple(p.shape):
             full = (
                 "" if tp is None or tp.size == 1 else f" (this rank's slice of tensor parallelism {tp.size})"
             )
             raise HuggingFaceError(
                 f"{file}: {theirs} has shape {list(handles[file].get_slice(theirs).get_shape())} but "
-                f"spec.model gives {canonical(name)} shape {list(p.shape)}{full}"
+                f"spec.model gives {global_name(name)} shape {list(p.shape)}{full}"
             )
         p.copy_(t)
         count += 1
