@@ -93,7 +93,7 @@ def test_spec_fields_match_what_the_operator_parses():
             "gradReduceDtype": "bfloat16",
             "fabricCheck": "fail",
             "data": {"synthetic": {}},
-            "checkpoint": {"path": "/c", "intervalIterations": 1},
+            "checkpoint": {"path": "/c", "intervalIterations": 1, "onPreemption": False},
         },
         "parallelism": {
             "tensor": 1,
@@ -108,6 +108,8 @@ def test_spec_fields_match_what_the_operator_parses():
             "gpusPerNode": 4,
             "selector": {"matchLabels": {"a": "b"}, "matchExpressions": [{"key": "k", "operator": "Exists"}]},
             "clusterLabel": "c",
+            "minCount": 1,
+            "scaleUp": "never",
         },
         "template": {},
         "runPolicy": {
@@ -115,6 +117,16 @@ def test_spec_fields_match_what_the_operator_parses():
             "suspend": False,
             "ttlSecondsAfterFinished": 5,
             "activeDeadlineSeconds": 9,
+            "waitForNodesSeconds": 0,
+            "disruptionLimit": 2,
+            "failurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": "t", "operator": "In", "values": [3]},
+                    }
+                ]
+            },
         },
     }
     for section, fields in full.items():

@@ -26,16 +26,22 @@ without a default is required:
                         or {blend: [{path: a.bin, weight: 3}, {path: b.bin, weight: 1}]}),
                  eval = none  (or {data: {path: /data/val.bin}, intervalIterations: 100,
                         windows: all}),
-                 checkpoint = none  (or {path: /ckpt, intervalIterations: 100})
+                 checkpoint = none  (or {path: /ckpt, intervalIterations: 100,
+                        onPreemption = true})
     parallelism: tensor = 1, pipeline = auto, data = auto  (an integer or "auto"),
                  partition = adaptive  (adaptive | uniform | [layers per stage, ...]),
                  nicSelection = auto   (auto | off: plain rank order, the Megatron default),
                  sequenceParallel = false  (shard the norm regions over the tensor group)
     nodes:       count, gpusPerNode, selector = none (all nodes; a Kubernetes LabelSelector),
-                 clusterLabel = holmes.dev/cluster
+                 clusterLabel = holmes.dev/cluster,
+                 minCount = count (elastic size: run on fewer nodes, down to this many),
+                 scaleUp = atCheckpoint (atCheckpoint | never: grow back to count)
     template:    {} (PodTemplateSpec-like, opaque here, kept as given)
     runPolicy:   backoffLimit = 3, suspend = false, ttlSecondsAfterFinished = none,
-                 activeDeadlineSeconds = none
+                 activeDeadlineSeconds = none, waitForNodesSeconds = 60,
+                 disruptionLimit = none (unbounded),
+                 failurePolicy = none  (or {rules: [{action: FailJob | Ignore | Count,
+                        onExitCodes: {containerName, operator: In | NotIn, values: [..]}}]})
 
 ``activationRecompute`` (full recomputation: each transformer block keeps only its input and
 runs its forward again in backward) defaults to true because the paper's runs and Megatron-LM
@@ -72,6 +78,10 @@ DEFAULT_ACTIVATION_RECOMPUTE = True  # why: see the module docstring
 ARCHITECTURES = ("gpt", "llama")
 DECAYS = ("cosine", "linear", "constant")
 DEFAULT_ROPE_THETA = 10000.0  # Llama 2's; Llama 3 uses 500000
+SCALE_UP_MODES = ("atCheckpoint", "never")
+FAILURE_ACTIONS = ("FailJob", "Ignore", "Count")  # as a Kubernetes Job's podFailurePolicy
+EXIT_CODE_OPERATORS = ("In", "NotIn")
+DEFAULT_WAIT_FOR_NODES_SECONDS = 60
 
 
 def llama_ffn_hidden_size(hidden: int) -> int:
@@ -175,6 +185,7 @@ class EvalSpec:
 class CheckpointSpec:
     path: str
     interval_iterations: int
+    on_preemption: bool = True  # on SIGTERM, save before exiting when it fits in the grace period
 
 
 @dataclass(frozen=True)
@@ -264,6 +275,49 @@ class NodesSpec:
     gpus_per_node: int
     selector: LabelSelector | None = None
     cluster_label: str = DEFAULT_CLUSTER_LABEL
+    min_count: int | None = None  # None: count (the job never runs on fewer nodes)
+    scale_up: str = "atCheckpoint"  # back to count once nodes return: atCheckpoint | never
+
+    @property
+    def minimum(self) -> int:
+        """The fewest nodes the job runs on (``minCount``, or ``count`` when not elastic)."""
+        return self.count if self.min_count is None else self.min_count
+
+    @property
+    def elastic(self) -> bool:
+        return self.minimum < self.count
+
+
+@dataclass(frozen=True)
+class ExitCodes:
+    """A failure-policy rule's ``onExitCodes``: a container's exit code In or NotIn ``values``."""
+
+    operator: str
+    values: tuple[int, ...]
+    container_name: str | None = None  # None: any container of the pod
+
+    def matches(self, container: str, code: int) -> bool:
+        if self.container_name is not None and container != self.container_name:
+            return False
+        return (code in self.values) == (self.operator == "In")
+
+
+@dataclass(frozen=True)
+class FailureRule:
+    action: str  # FailJob | Ignore | Count
+    on_exit_codes: ExitCodes
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    rules: tuple[FailureRule, ...] = ()
+
+    def action_for(self, exits: list[tuple[str, int]]) -> FailureRule | None:
+        """The first rule matching any (container, non-zero exit code) of a failed pod."""
+        for rule in self.rules:
+            if any(code != 0 and rule.on_exit_codes.matches(c, code) for c, code in exits):
+                return rule
+        return None
 
 
 @dataclass(frozen=True)
@@ -272,6 +326,9 @@ class RunPolicy:
     suspend: bool = False
     ttl_seconds_after_finished: int | None = None
     active_deadline_seconds: int | None = None
+    wait_for_nodes_seconds: int = DEFAULT_WAIT_FOR_NODES_SECONDS
+    disruption_limit: int | None = None  # None: disruptions never fail the job
+    failure_policy: FailurePolicy | None = None
 
 
 @dataclass(frozen=True, eq=True)
@@ -477,6 +534,18 @@ def cross_check(job: JobSpec) -> list[str]:
             f"spec.parallelism: {names} = {prod} does not divide the job's {world} GPUs "
             f"(nodes.count*gpusPerNode)"
         )
+    if n.min_count is not None and n.min_count > n.count:
+        out.append(
+            f"spec.nodes.minCount: {n.min_count} exceeds count {n.count}; the job runs on at most "
+            f"count nodes and at least minCount"
+        )
+    elif n.min_count is not None and n.min_count < n.count:
+        pinned = [name for name, v in (("pipeline", P), ("data", p.data)) if isinstance(v, int)]
+        if len(pinned) == 2:
+            out.append(
+                f"spec.nodes.minCount: {n.min_count} below count {n.count} changes the GPU count, but "
+                "parallelism.pipeline and data are both fixed; set one of them to auto"
+            )
     D = p.data
     if isinstance(D, int) and t.global_batch_size % (D * t.micro_batch_size):
         out.append(
@@ -702,11 +771,13 @@ def _eval(r: _Reader, v: Any, path: str) -> EvalSpec | None:
 def _checkpoint(r: _Reader, v: Any, path: str) -> CheckpointSpec | None:
     if v is None:
         return None
-    d = r.mapping(v, path, required=("path", "intervalIterations"))
+    d = r.mapping(v, path, required=("path", "intervalIterations"), optional=("onPreemption",))
     if d is None:
         return None
     return CheckpointSpec(
-        path=r.string(d, "path", path), interval_iterations=r.integer(d, "intervalIterations", path)
+        path=r.string(d, "path", path),
+        interval_iterations=r.integer(d, "intervalIterations", path),
+        on_preemption=r.boolean(d, "onPreemption", path, default=True),
     )
 
 
@@ -744,7 +815,12 @@ def _partition(r: _Reader, v: Any, path: str) -> Partition:
 
 
 def _nodes(r: _Reader, v: Any, path: str) -> NodesSpec | None:
-    d = r.mapping(v, path, required=("count", "gpusPerNode"), optional=("selector", "clusterLabel"))
+    d = r.mapping(
+        v,
+        path,
+        required=("count", "gpusPerNode"),
+        optional=("selector", "clusterLabel", "minCount", "scaleUp"),
+    )
     if d is None:
         return None
     return NodesSpec(
@@ -752,6 +828,8 @@ def _nodes(r: _Reader, v: Any, path: str) -> NodesSpec | None:
         gpus_per_node=r.integer(d, "gpusPerNode", path),
         selector=_selector(r, d.get("selector"), f"{path}.selector"),
         cluster_label=r.string(d, "clusterLabel", path, default=DEFAULT_CLUSTER_LABEL),
+        min_count=r.integer(d, "minCount", path, default=None),
+        scale_up=r.choice(d, "scaleUp", path, SCALE_UP_MODES, default="atCheckpoint"),
     )
 
 
@@ -802,7 +880,17 @@ def _run_policy(r: _Reader, v: Any, path: str) -> RunPolicy:
     if v is None:
         v = {}
     d = r.mapping(
-        v, path, optional=("backoffLimit", "suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds")
+        v,
+        path,
+        optional=(
+            "backoffLimit",
+            "suspend",
+            "ttlSecondsAfterFinished",
+            "activeDeadlineSeconds",
+            "waitForNodesSeconds",
+            "disruptionLimit",
+            "failurePolicy",
+        ),
     )
     if d is None:
         return RunPolicy()
@@ -811,7 +899,52 @@ def _run_policy(r: _Reader, v: Any, path: str) -> RunPolicy:
         suspend=r.boolean(d, "suspend", path, default=False),
         ttl_seconds_after_finished=r.integer(d, "ttlSecondsAfterFinished", path, default=None, minimum=0),
         active_deadline_seconds=r.integer(d, "activeDeadlineSeconds", path, default=None),
+        wait_for_nodes_seconds=r.integer(
+            d, "waitForNodesSeconds", path, default=DEFAULT_WAIT_FOR_NODES_SECONDS, minimum=0
+        ),
+        disruption_limit=r.integer(d, "disruptionLimit", path, default=None, minimum=0),
+        failure_policy=_failure_policy(r, d.get("failurePolicy"), f"{path}.failurePolicy"),
     )
+
+
+def _failure_policy(r: _Reader, v: Any, path: str) -> FailurePolicy | None:
+    if v is None:
+        return None
+    d = r.mapping(v, path, required=("rules",))
+    if d is None or d.get("rules") is None:
+        return None
+    rules = d["rules"]
+    if not isinstance(rules, (list, tuple)):
+        r.add(f"{path}.rules", f"must be a list of {{action, onExitCodes}}, got {_show(rules)}")
+        return None
+    out: list[FailureRule] = []
+    for i, rule in enumerate(rules):
+        p = f"{path}.rules[{i}]"
+        rd = r.mapping(rule, p, required=("action", "onExitCodes"))
+        if rd is None:
+            continue
+        action = r.choice(rd, "action", p, FAILURE_ACTIONS)
+        ep = f"{p}.onExitCodes"
+        if rd.get("onExitCodes") is None:
+            continue  # reported by mapping()
+        ed = r.mapping(rd["onExitCodes"], ep, required=("operator", "values"), optional=("containerName",))
+        if ed is None:
+            continue
+        op = r.choice(ed, "operator", ep, EXIT_CODE_OPERATORS)
+        container = r.string(ed, "containerName", ep, default=None)
+        vals = ed.get("values")
+        if not isinstance(vals, (list, tuple)) or not vals or not all(_is_int(x) for x in vals):
+            r.add(f"{ep}.values", f"must be a non-empty list of integer exit codes, got {_show(vals)}")
+            continue
+        if len(set(vals)) != len(vals):
+            r.add(f"{ep}.values", f"lists an exit code twice: {list(vals)}")
+        if op == "In" and 0 in vals:
+            r.add(f"{ep}.values", "0 is success, not a failure: remove it (operator In)")
+        if any(x < 0 or x > 255 for x in vals):
+            r.add(f"{ep}.values", f"exit codes are 0..255, got {list(vals)}")
+        if action is not None and op is not None:
+            out.append(FailureRule(action, ExitCodes(op, tuple(sorted(set(vals))), container)))
+    return FailurePolicy(tuple(out))
 
 
 # ---- field readers that collect problems instead of stopping at the first ------------------
@@ -915,7 +1048,7 @@ class _Reader:
 
     def string(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED) -> Any:
         v = self._get(d, key, default)
-        if v is _REQUIRED:
+        if v is _REQUIRED or (v is None and default is None):
             return None
         if not isinstance(v, str) or not v:
             self.add(f"{path}.{key}", f"must be a non-empty string, got {_show(v)}")

@@ -19,3 +19,7 @@ LABEL_LINK_LAYER = "holmes.dev/link-layer"  # InfiniBand | Ethernet (of the RDMA
 ANN_NIC_HCAS = "holmes.dev/nic-hcas"  # HCA names for NCCL_IB_HCA
 ANN_SOCKET_IFNAME = "holmes.dev/socket-ifname"
 ANN_NIC_PROBLEM = "holmes.dev/nic-problem"  # why the labeller could not decide
+
+# The trainer and the operator agree on how a graceful stop is told apart from a failure.
+EXIT_PREEMPTED = 83  # the trainer stopped on SIGTERM (preemption, eviction, deletion): a disruption
+ENV_GRACE_SECONDS = "HOLMES_GRACE_SECONDS"  # the pod's terminationGracePeriodSeconds, for the trainer
