@@ -130,7 +130,7 @@ def test_backoff_limit_exhausted_fails_the_job():
     assert not [p for p in w.pods.values() if p.get("status", {}).get("phase") not in ("Failed", "Succeeded")]
 
 
-def test_a_deleted_pod_of_a_running_attempt_is_a_failure():
+def test_a_deleted_pod_of_a_running_attempt_restarts_the_gang():
     w = launched(FakeWorld(manifest()))
     w.set_phase("Running")
     w.step()
@@ -544,3 +544,230 @@ def test_a_recreated_job_does_not_adopt_the_old_jobs_pods():
     assert len(new) == 4 and not set(p["metadata"]["name"] for p in new) & set(old_pods)
     assert w.status["attempt"] == 2 and w.status["restarts"] == 0
     assert w.status["pods"]["running"] == 0  # the old job's running pods are not counted
+
+
+# ---- disruptions, the failure policy, elastic size (issue 11) ---------------------------------
+
+
+def _running(job: dict, nodes: list[dict] | None = None) -> FakeWorld:
+    w = launched(FakeWorld(job, nodes))
+    w.set_phase("Running")
+    w.step()
+    return w
+
+
+@pytest.mark.parametrize(
+    "disrupt, expect",
+    [
+        (lambda p: p["status"].update(reason="Evicted", message="low on memory"), "Evicted"),
+        (
+            lambda p: p["status"].update(
+                conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+            ),
+            "PreemptionByScheduler",
+        ),
+        (
+            lambda p: p["status"]["containerStatuses"][0]["state"]["terminated"].update(exitCode=83),
+            "exit code 83",
+        ),
+    ],
+)
+def test_disruptions_restart_without_using_the_backoff_limit(disrupt, expect):
+    w = _running(manifest(runPolicy={"backoffLimit": 0}))
+    w.set_phase("Failed", "tiny-1-1")
+    disrupt(w.pods["tiny-1-1"])
+    d = w.step()
+    assert w.status["phase"] == "Restarting", w.condition("Failed")
+    assert w.status["restartsByReason"] == {"disruption": 1} and w.status["restarts"] == 1
+    assert any(e.reason == "PodDisrupted" and expect in e.message for e in d.events)
+    assert d.requeue_after == 0.5  # no back-off after a disruption
+
+
+def test_a_pod_deleted_by_someone_else_is_a_disruption():
+    w = _running(manifest(runPolicy={"backoffLimit": 0}))
+    del w.pods["tiny-1-1"]
+    w.step()
+    assert w.status["phase"] == "Restarting" and w.status["restartsByReason"] == {"disruption": 1}
+    w.step()
+    assert len(w.pods) == 4 and w.status["attempt"] == 2
+
+
+def test_the_disruption_limit_fails_the_job_when_set():
+    w = _running(manifest(runPolicy={"disruptionLimit": 1}))
+    for _ in range(2):
+        w.set_phase("Failed", next(iter(w.pods)), exit_code=83)
+        w.step()
+        if w.status["phase"] != "Failed":
+            launched(w)
+    assert w.status["phase"] == "Failed" and w.condition("Failed")["reason"] == "DisruptionLimitExceeded"
+    assert w.status["restartsByReason"] == {"disruption": 1}
+
+
+def _policy(*rules):
+    return {
+        "backoffLimit": 1,
+        "failurePolicy": {
+            "rules": [{"action": a, "onExitCodes": {"operator": op, "values": list(v)}} for a, op, v in rules]
+        },
+    }
+
+
+def test_failure_policy_fail_job_ends_at_once():
+    w = _running(manifest(runPolicy=_policy(("FailJob", "In", [42]), ("Ignore", "In", [42]))))
+    w.set_phase("Failed", "tiny-1-0", exit_code=42)
+    w.step()
+    failed = w.condition("Failed")
+    assert w.status["phase"] == "Failed" and failed["reason"] == "PodFailurePolicy"
+    assert "exit code 42" in failed["message"] and "FailJob" in failed["message"]
+    assert w.status["restarts"] == 0
+
+
+def test_failure_policy_ignore_restarts_without_counting_and_count_counts():
+    w = _running(manifest(runPolicy=_policy(("Ignore", "In", [3]), ("Count", "NotIn", [3]))))
+    for _ in range(3):  # three ignored failures with backoffLimit 1
+        w.set_phase("Failed", f"tiny-{w.status['attempt']}-0", exit_code=3)
+        w.step()
+        assert w.status["phase"] == "Restarting"
+        launched(w)
+    assert w.status["restartsByReason"] == {"ignored": 3}
+    for _ in range(2):
+        w.set_phase("Failed", f"tiny-{w.status['attempt']}-0", exit_code=1)
+        w.step()
+        if w.status["phase"] == "Restarting":
+            launched(w)
+    assert w.status["phase"] == "Failed" and w.condition("Failed")["reason"] == "BackoffLimitExceeded"
+    assert w.status["restartsByReason"] == {"ignored": 3, "failure": 1} and w.status["restarts"] == 4
+
+
+def test_a_status_from_before_the_breakdown_counts_its_restarts_as_failures():
+    w = _running(manifest(runPolicy={"backoffLimit": 2}))
+    w.job["status"]["restarts"] = 2
+    w.job["status"].pop("restartsByReason", None)
+    w.set_phase("Failed", "tiny-1-0")
+    w.step()
+    assert w.status["phase"] == "Failed" and w.condition("Failed")["reason"] == "BackoffLimitExceeded"
+
+
+def test_the_next_attempt_waits_for_the_old_pods_to_stop():
+    w = _running(manifest())
+    for p in w.pods.values():
+        p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
+    w.set_phase("Failed", "tiny-1-3", exit_code=83)
+    d = w.step()
+    assert len(d.delete_pods) == 4 and not w.pods  # FakeWorld deletes at once
+    # a pod still terminating (a graceful stop writing a checkpoint) holds the next attempt back
+    w.pods["tiny-1-0"] = {
+        "metadata": {
+            "name": "tiny-1-0",
+            "labels": {names.LABEL_ATTEMPT: "1", names.LABEL_NODE_RANK: "0"},
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+            "ownerReferences": [{"uid": "uid-1"}],
+        },
+        "spec": {"nodeName": "ib-1"},
+        "status": {"phase": "Running"},
+    }
+    d = w.step()
+    assert not d.create_pods and w.condition("Reconciling")["reason"] == "WaitingForPodsToStop"
+    assert "tiny-1-0" in w.condition("Reconciling")["message"]
+    del w.pods["tiny-1-0"]
+    d = w.step()
+    assert len(d.create_pods) == 4
+
+
+def _elastic(**run_policy) -> dict:
+    return manifest(
+        count=6,
+        nodes={"count": 6, "gpusPerNode": 1, "minCount": 3},
+        training={
+            "globalBatchSize": 60,  # divisible by every data degree from 1 to 6
+            "microBatchSize": 1,
+            "iterations": 50,
+            "learningRate": 1.0e-3,
+            "checkpoint": {"path": "/ckpt", "intervalIterations": 5},
+        },
+        runPolicy={"backoffLimit": 2, **run_policy},
+    )
+
+
+def _node(nodes: list[dict], name: str) -> dict:
+    return next(n for n in nodes if n["metadata"]["name"] == name)
+
+
+def test_an_elastic_job_waits_then_runs_on_fewer_nodes():
+    nodes = with_link_layers(default_nodes())
+    gone = nodes.pop()
+    w = FakeWorld(_elastic(waitForNodesSeconds=60), nodes)
+    w.step()
+    assert not w.pods and w.condition("Reconciling")["reason"] == "WaitingForNodes"
+    assert "waitForNodesSeconds=60" in w.condition("Reconciling")["message"]
+    assert w.status["size"] == {"desired": 6, "minimum": 3}
+    w.step(seconds=30)
+    assert not w.pods
+    d = w.step(seconds=31)
+    assert len(w.pods) == 5 and w.status["size"] == {"current": 5, "desired": 6, "minimum": 3}
+    assert any(e.reason == "ScaledDown" for e in d.events) and "waitingSince" not in w.status
+    assert gone["metadata"]["name"] not in Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes
+
+
+def test_a_node_deleted_under_an_elastic_job_continues_smaller_at_once_and_grows_back_after_a_checkpoint():
+    nodes = with_link_layers(default_nodes())
+    w = _running(_elastic(), nodes)
+    layout = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+    for p in w.pods.values():
+        p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
+    lost = _node(nodes, layout.nodes[2])
+    nodes.remove(lost)
+    d = w.step(progress={"iteration": 7, "loss": 3.0, "checkpointIteration": 5})
+    assert w.status["phase"] == "Restarting" and w.status["restartsByReason"] == {"disruption": 1}
+    assert any(e.reason == "NodeLost" and lost["metadata"]["name"] in e.message for e in d.events)
+    w.step()  # no wait: runs on what is left
+    assert len(w.pods) == 5 and w.status["size"]["current"] == 5
+    w.set_phase("Running")
+    w.step()
+    nodes.append(lost)  # the node returns
+    d = w.step(progress={"iteration": 8, "checkpointIteration": 5})
+    assert any(e.reason == "ScaleUpPending" for e in d.events) and w.status["scaleUpAfter"] == 5
+    w.step(progress={"iteration": 9, "checkpointIteration": 5})
+    assert w.status["phase"] == "Running" and len(w.pods) == 5
+    w.step(progress={"iteration": 10, "checkpointIteration": 10})
+    assert w.status["phase"] == "Restarting" and w.condition("Reconciling")["reason"] == "ScaleUp"
+    assert w.status["restartsByReason"] == {"disruption": 1, "scaleUp": 1}
+    w.step()
+    assert len(w.pods) == 6 and w.status["size"]["current"] == 6 and "scaleUpAfter" not in w.status
+
+
+def test_scale_up_never_keeps_the_smaller_size():
+    nodes = with_link_layers(default_nodes())
+    job = _elastic()
+    job["spec"]["nodes"]["scaleUp"] = "never"
+    w = _running(job, nodes)
+    lost = _node(nodes, Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes[0])
+    for p in w.pods.values():
+        p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
+    nodes.remove(lost)
+    w.step()
+    w.step()
+    w.set_phase("Running")
+    nodes.append(lost)
+    for it in (10, 15):
+        w.step(progress={"iteration": it, "checkpointIteration": it})
+    assert w.status["phase"] == "Running" and len(w.pods) == 5 and "scaleUpAfter" not in w.status
+
+
+def test_below_min_count_the_elastic_job_waits():
+    nodes = with_link_layers(default_nodes())[:2]
+    w = FakeWorld(_elastic(waitForNodesSeconds=0), nodes)
+    w.step()
+    assert not w.pods and "minCount=3" in w.condition("Reconciling")["message"]
+
+
+def test_pods_get_the_grace_period_in_their_environment():
+    tmpl = {"spec": {"terminationGracePeriodSeconds": 120}}
+    w = FakeWorld(manifest(template=tmpl))
+    d = w.step()
+    env = {e["name"]: e.get("value") for e in d.create_pods[0]["spec"]["containers"][0]["env"]}
+    assert env["HOLMES_GRACE_SECONDS"] == "120"
+    assert d.create_pods[0]["spec"]["terminationGracePeriodSeconds"] == 120
+    d = FakeWorld(manifest()).step()
+    env = {e["name"]: e.get("value") for e in d.create_pods[0]["spec"]["containers"][0]["env"]}
+    assert env["HOLMES_GRACE_SECONDS"] == "30"

@@ -172,7 +172,8 @@ class KubeIO:
     def _delete_pod(self, ns: str, name: str) -> None:
         try:
             resp = _json(
-                self.core.delete_namespaced_pod(name, ns, grace_period_seconds=5, _preload_content=False)
+                # the pod's own terminationGracePeriodSeconds: a preempted trainer may be saving
+                self.core.delete_namespaced_pod(name, ns, _preload_content=False)
             )
         except ApiException as e:
             if e.status != 404:

@@ -25,8 +25,18 @@ GAUGES = {
     "holmes_trainer_tflops_per_gpu": "tflopsPerGpu",
     "holmes_trainer_iteration_seconds": "iterationSeconds",
     "holmes_trainer_eval_loss": "evalLoss",  # training.eval: set from the first evaluation on
+    "holmes_trainer_checkpoint_iteration": "checkpointIteration",  # 0 until the first save
 }
-KEYS = ("iteration", "loss", "evalLoss", "tokensPerSecond", "tflopsPerGpu", "iterationSeconds")
+KEYS = (
+    "iteration",
+    "loss",
+    "evalLoss",
+    "tokensPerSecond",
+    "tflopsPerGpu",
+    "iterationSeconds",
+    "checkpointIteration",
+)
+INTEGERS = ("iteration", "checkpointIteration")
 FABRIC_GAUGE = "holmes_trainer_fabric_problem"  # labelled by message, one series per mismatch
 
 
@@ -35,7 +45,7 @@ def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
     for k in KEYS:
         v = d.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:  # drop NaN
-            out[k] = int(v) if k == "iteration" else round(float(v), 6)
+            out[k] = int(v) if k in INTEGERS else round(float(v), 6)
     fabric = d.get("fabricWarnings")
     if isinstance(fabric, list) and fabric:
         out["fabricWarnings"] = [str(m) for m in fabric if isinstance(m, str)][:20]

@@ -8,7 +8,14 @@ reads it back):
 - ``launched``: all pods of ``attempt`` were created. Until then missing pods are (re)created
   from the ConfigMap of the same attempt (crash-safe: names are deterministic, creation of an
   existing pod is a no-op); afterwards a missing or failed pod fails the attempt.
-- ``restarts``: gang restarts after failures, compared with runPolicy.backoffLimit.
+- ``restarts``: gang restarts of every reason; ``restartsByReason`` splits them: ``failure``
+  (compared with runPolicy.backoffLimit), ``disruption`` (evicted, preempted, deleted, node lost;
+  compared with runPolicy.disruptionLimit), ``ignored`` (a failurePolicy Ignore rule), ``scaleUp``.
+- ``size``: nodes of the current attempt, desired (count) and minimum (minCount); an elastic job
+  runs below count when nodes are missing and grows back after its next checkpoint.
+- ``waitingSince``: when the job started waiting for nodes (runPolicy.waitForNodesSeconds).
+- ``scaleUpAfter``: the trainer's checkpoint iteration when nodes for a larger size were seen;
+  the job relaunches larger once a newer checkpoint exists.
 - ``nextAttemptTime``: after a gang restart, the next attempt starts no earlier than this
   (back-off ``base * 2^(restarts-1)``, capped, like Kubernetes Jobs), so a job that crashes at
   start-up does not relaunch in a tight loop. Phase Restarting meanwhile; suspend, deletion and
@@ -22,17 +29,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
+from holmes.contract.names import EXIT_PREEMPTED
 from holmes.plan import InsufficientNodes, PlanError
 
 from . import conditions as cond
 from . import names
 from .render import JobRef, RenderSettings, build_configmap, build_pod, build_service
 from .summary import (
+    container_exits,
+    disruption_of,
     failure_of,
     iso,
     layout_status,
@@ -48,6 +58,8 @@ PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 FINISHED = (SUCCEEDED, FAILED)
 
+# how a gang restart is counted (status.restartsByReason)
+FAILURE, DISRUPTION, IGNORED, SCALE_UP = "failure", "disruption", "ignored", "scaleUp"
 _NEXT_ATTEMPT = re.compile(r"next attempt at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
 WAIT_INTERVAL = 30.0  # re-plan a job waiting for nodes at least this often
 
@@ -257,14 +269,26 @@ class _Reconciler:
             ):
                 self.d.delete_pods.append(p["metadata"]["name"])
 
-    def teardown(self, *, restart: bool = False) -> None:
-        """Delete the current attempt's pods by moving to a new attempt."""
+    def teardown(self, *, restart: str | None = None) -> None:
+        """Delete the current attempt's pods by moving to a new attempt; ``restart`` counts it
+        as a gang restart of that kind (FAILURE, DISRUPTION, IGNORED, SCALE_UP)."""
         self.attempt += 1
         self.status["attempt"] = self.attempt
         self.status["launched"] = False
+        self.status.pop("scaleUpAfter", None)
         if restart:
             self.status["restarts"] = int(self.old.get("restarts") or 0) + 1
+            by = self.restarts_by_reason()
+            by[restart] = by.get(restart, 0) + 1
+            self.status["restartsByReason"] = by
         self.delete_stale()
+
+    def restarts_by_reason(self) -> dict[str, int]:
+        """status.restartsByReason (a status written before it existed: all were failures)."""
+        by = self.old.get("restartsByReason")
+        if isinstance(by, Mapping):
+            return {k: int(v) for k, v in by.items() if isinstance(v, int)}
+        return {FAILURE: int(self.old.get("restarts") or 0)} if self.old.get("restarts") else {}
 
     def job_ref(self, attempt: int | None = None) -> JobRef:
         spec = self.job.get("spec") or {}
@@ -475,6 +499,18 @@ class _Reconciler:
     # ---- launching --------------------------------------------------------------------------
     def launch(self, spec: JobSpec) -> Decision:
         self.delete_stale()
+        stopping = self.terminating_pods()
+        if stopping:  # a graceful stop may be writing the checkpoint the next attempt resumes from
+            self.status["pods"] = pod_counts([])
+            self.set_phase(
+                RESTARTING if self.old.get("phase") == RESTARTING else PENDING,
+                "WaitingForPodsToStop",
+                f"attempt {self.attempt}: waiting for {len(stopping)} pod(s) of the previous attempt to stop "
+                f"({', '.join(stopping[:3])}{' ...' if len(stopping) > 3 else ''}) within their grace period",
+                announce=False,
+            )
+            self.d.requeue_after = self.until_deadline(1.0)
+            return self.d
         layout = None
         if self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt) and self.cm_annotation(
             names.ANN_SPEC_HASH
@@ -486,7 +522,7 @@ class _Reconciler:
         by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
         if layout is None:
             try:
-                layout = self.planner.plan(self.obs.nodes, spec)
+                layout = self.plan_size(spec)
             except InsufficientNodes as e:
                 return self.wait_for_nodes(str(e))
             except PlanError as e:
@@ -527,6 +563,8 @@ class _Reconciler:
         nic_of = {n: net.nic for n, net in nets.items()}
         self.status["layout"] = layout_status(layout, nic_of, names.layout_configmap_name(self.name))
         self.status["launched"] = True
+        self.status.pop("waitingSince", None)
+        self.status["size"] = self.size(len(layout.nodes))
         self.status["pods"] = pod_counts(self.current_pods() + self.d.create_pods)
         if self.d.create_pods:
             self.event(
@@ -541,8 +579,69 @@ class _Reconciler:
         self.d.requeue_after = self.settings.progress_interval
         return self.d
 
+    def size(self, current: int | None) -> dict[str, int]:
+        n = self.spec.nodes
+        out = {"desired": n.count, "minimum": n.minimum}
+        if current is not None:
+            out["current"] = current
+        return out
+
+    def terminating_pods(self) -> list[str]:
+        """Pods of earlier attempts still stopping on a node that can still stop them (a pod on a
+        lost node never reports back: it is not waited for)."""
+        by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
+        out = []
+        for p in self.pods:
+            if pod_attempt(p) == self.attempt or (p.get("status") or {}).get("phase") in (
+                "Succeeded",
+                "Failed",
+            ):
+                continue
+            node = (p.get("spec") or {}).get("nodeName")
+            if not node:
+                continue  # never scheduled: nothing runs
+            if node not in by_name or "not Ready" in self.planner.unusable(by_name[node]):
+                continue
+            out.append(p["metadata"]["name"])
+        return out
+
+    def plan_size(self, spec: JobSpec) -> Layout:
+        """The layout at spec.nodes.count, or for an elastic job (minCount < count) the largest
+        size down to minCount that plans, when it may run smaller now: at once after a restart
+        (the job was running: waiting costs the whole gang), else after waitForNodesSeconds."""
+        try:
+            return self.planner.plan(self.obs.nodes, spec)
+        except InsufficientNodes as e:
+            n = spec.nodes
+            if not n.elastic:
+                raise
+            restarted = bool(self.old.get("restarts"))
+            since = parse_time(self.old.get("waitingSince")) or self.obs.now
+            waited = (self.obs.now - since).total_seconds()
+            wait = spec.run_policy.wait_for_nodes_seconds
+            if not restarted and waited < wait:
+                self.status["waitingSince"] = iso(since)
+                raise InsufficientNodes(
+                    f"{e}; nodes.minCount={n.minimum}: runs on fewer after waiting "
+                    f"{wait - waited:.0f}s more (runPolicy.waitForNodesSeconds={wait})"
+                ) from None
+            for count in range(n.count - 1, n.minimum - 1, -1):
+                try:
+                    layout = self.planner.plan(self.obs.nodes, spec.replace(nodes=replace(n, count=count)))
+                except PlanError:
+                    continue
+                self.event(
+                    "Warning",
+                    "ScaledDown",
+                    f"running on {count} of {n.count} nodes (nodes.minCount={n.minimum}) with the same "
+                    f"global batch; {e}",
+                )
+                return layout
+            raise InsufficientNodes(f"{e}; not even nodes.minCount={n.minimum} nodes can run it") from None
+
     def wait_for_nodes(self, why: str) -> Decision:
         self.status["pods"] = pod_counts([])
+        self.status["size"] = self.size(None)
         old = cond.get(self.old.get("conditions"), cond.RECONCILING)
         announced = self.set_phase(PENDING, "WaitingForNodes", why)
         if not announced and not (
@@ -579,19 +678,28 @@ class _Reconciler:
         self.merge_progress()
 
         failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
-        gone = expected - len([p for p in pods if not p["metadata"].get("deletionTimestamp")])
-        if failed or gone > 0:
-            why = failure_of(failed[0]) if failed else f"{gone} pod(s) of attempt {self.attempt} were deleted"
-            return self.gang_failure(spec, why)
-        stuck = self.stuck_on_lost_node(pods)
-        if stuck:
-            return self.gang_failure(spec, stuck, reason="NodeLost")
+        deleting = [p for p in pods if p["metadata"].get("deletionTimestamp") and p not in failed]
+        gone = expected - len(pods)
+        if failed:
+            return self.pod_failed(spec, failed)
+        if deleting or gone > 0:  # the operator deletes only other attempts' pods: someone else did
+            what = (
+                f"pod {deleting[0]['metadata']['name']} is being deleted"
+                if deleting
+                else f"{gone} pod(s) of attempt {self.attempt} were deleted"
+            )
+            return self.gang_failure(spec, f"{what} (not by Holmes)", DISRUPTION, "PodDeleted")
+        lost = self.on_deleted_node(pods) or self.stuck_on_lost_node(pods)
+        if lost:
+            return self.gang_failure(spec, lost, DISRUPTION, "NodeLost")
         if counts["succeeded"] == expected:
             self.status["completionTime"] = self.now
             self.set_phase(SUCCEEDED, "AllPodsSucceeded", f"all {expected} pods finished training")
             return self.d
         if counts["running"] + counts["succeeded"] == expected:
             self.set_phase(RUNNING, "AllPodsRunning", f"attempt {self.attempt}: {expected} pods running")
+            if expected < spec.nodes.count and self.scale_up(spec, expected):
+                return self.d
         else:
             why = waiting_reason(pods)
             self.set_phase(
@@ -631,27 +739,105 @@ class _Reconciler:
                 )
         return ""
 
-    def gang_failure(self, spec: JobSpec, why: str, reason: str = "PodFailed") -> Decision:
-        restarts = int(self.old.get("restarts") or 0)
-        limit = spec.run_policy.backoff_limit
-        if restarts >= limit:
+    def pod_failed(self, spec: JobSpec, failed: list[dict]) -> Decision:
+        """A failed pod: a disruption (evicted, preempted, the trainer's preempted exit), else
+        what runPolicy.failurePolicy says of its exit codes (no rule: a counted failure)."""
+        why = failure_of(failed[0])
+        disrupted = next((d for p in failed if (d := disruption_of(p, EXIT_PREEMPTED))), "")
+        if disrupted:
+            return self.gang_failure(spec, f"{why} ({disrupted})", DISRUPTION, "PodDisrupted")
+        policy = spec.run_policy.failure_policy
+        rule = policy.action_for([x for p in failed for x in container_exits(p)]) if policy else None
+        if rule is not None:
+            codes = ",".join(str(v) for v in rule.on_exit_codes.values)
+            matched = f"failurePolicy rule {rule.action} (exit code {rule.on_exit_codes.operator} [{codes}])"
+            if rule.action == "FailJob":
+                return self.fail("PodFailurePolicy", f"{why}; {matched}")
+            if rule.action == "Ignore":
+                return self.gang_failure(spec, f"{why}; {matched}: not counted", IGNORED, "PodFailed")
+        return self.gang_failure(spec, why, FAILURE, "PodFailed")
+
+    def gang_failure(
+        self, spec: JobSpec, why: str, kind: str = FAILURE, reason: str = "PodFailed"
+    ) -> Decision:
+        by = self.restarts_by_reason()
+        rp = spec.run_policy
+        used, limit, field_ = {
+            FAILURE: (by.get(FAILURE, 0), rp.backoff_limit, "backoffLimit"),
+            DISRUPTION: (by.get(DISRUPTION, 0), rp.disruption_limit, "disruptionLimit"),
+        }.get(kind, (0, None, ""))
+        if limit is not None and used >= limit:
             return self.fail(
-                "BackoffLimitExceeded", f"{why}; {restarts} restart(s) used of runPolicy.backoffLimit={limit}"
+                "BackoffLimitExceeded" if kind == FAILURE else "DisruptionLimitExceeded",
+                f"{why}; {used} {kind} restart(s) used of runPolicy.{field_}={limit}",
             )
-        self.teardown(restart=True)
+        self.teardown(restart=kind)
         self.event("Warning", reason, why)
-        delay = self.backoff.delay(restarts + 1)
+        # a disruption is nobody's bug: relaunch at once; failures back off as Jobs do
+        delay = self.backoff.delay(used + 1) if kind == FAILURE else 0.0
         when = ""
         if delay > 0:
             self.status["nextAttemptTime"] = iso(self.obs.now + timedelta(seconds=delay))
             when = f" after a {delay:g}s back-off: next attempt at {self.status['nextAttemptTime']}"
+        of = f" of {limit}" if limit is not None else ""
         self.set_phase(
             RESTARTING,
             "GangRestart",
-            f"{why}; restart {restarts + 1} of {limit}: deleting the attempt's pods and planning again{when}",
+            f"{why}; {kind} restart {used + 1}{of}: deleting the attempt's pods and planning again{when}",
         )
         self.d.requeue_after = self.until_deadline(delay) if delay > 0 else 0.5
         return self.d
+
+    def on_deleted_node(self, pods: list[dict]) -> str:
+        """Why a pod of this attempt lost its node (its Node object was deleted), or ''."""
+        known = {n["metadata"]["name"] for n in self.obs.nodes}
+        for p in pods:
+            node = (p.get("spec") or {}).get("nodeName")
+            if node and node not in known:
+                return f"pod {p['metadata']['name']} ran on node {node}, which was deleted"
+        return ""
+
+    def scale_up(self, spec: JobSpec, current: int) -> bool:
+        """An elastic job below count: once a larger layout plans, relaunch larger right after
+        the trainer's next checkpoint (True: torn down now)."""
+        if spec.nodes.scale_up != "atCheckpoint" or not spec.training.checkpoint:
+            return False
+        ckpt = int((self.status.get("progress") or {}).get("checkpointIteration") or 0)
+        after = self.old.get("scaleUpAfter")
+        if after is not None and ckpt <= int(after):
+            return False  # nodes are back: waiting for the next checkpoint
+        try:  # (again at the checkpoint: the nodes may have gone meanwhile)
+            bigger = len(self.plan_size_at_least(spec, current + 1).nodes)
+        except PlanError:
+            self.status.pop("scaleUpAfter", None)
+            return False
+        if after is None:
+            self.status["scaleUpAfter"] = ckpt
+            self.event(
+                "Normal",
+                "ScaleUpPending",
+                f"{bigger} nodes can run the job again (now {current} of {spec.nodes.count}): "
+                "relaunching after the next checkpoint",
+            )
+            return False
+        self.teardown(restart=SCALE_UP)
+        self.set_phase(
+            RESTARTING,
+            "ScaleUp",
+            f"checkpoint at iteration {ckpt} written: relaunching on more than {current} nodes "
+            f"(nodes.count={spec.nodes.count})",
+        )
+        self.d.requeue_after = 0.5
+        return True
+
+    def plan_size_at_least(self, spec: JobSpec, least: int) -> Layout:
+        n = spec.nodes
+        for count in range(n.count, least - 1, -1):
+            try:
+                return self.planner.plan(self.obs.nodes, spec.replace(nodes=replace(n, count=count)))
+            except PlanError:
+                continue
+        raise InsufficientNodes(f"no layout of {least} or more nodes plans now")
 
     def merge_progress(self) -> None:
         p = self.obs.progress

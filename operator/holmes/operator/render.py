@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from holmes.contract import JobSpec, Layout
+from holmes.contract.names import ENV_GRACE_SECONDS
 
 from . import names
 from .template import TemplatePolicy
@@ -227,6 +228,9 @@ def build_pod(
     ours = dict(rank_env(job, layout, node_rank, settings))
     ours["HOLMES_NIC"] = nic
     ours.update(nccl_env)
+    # the trainer saves on SIGTERM only when it fits in what the kubelet grants (default 30 s)
+    grace = pspec.get("terminationGracePeriodSeconds")
+    ours[ENV_GRACE_SECONDS] = str(30 if grace is None else grace)
     master_port, metrics_port = job_ports(job, settings)
     containers[idx] = _trainer_container(
         containers[idx],

@@ -96,6 +96,46 @@ def failure_of(pod: Mapping) -> str:
     return f"pod {name} on {node} failed: {reason} {st.get('message') or ''}".strip()
 
 
+# pod status reasons the kubelet and the scheduler give a pod they stopped for the cluster's sake
+DISRUPTION_REASONS = (
+    "Evicted",
+    "Preempting",
+    "NodeLost",
+    "NodeShutdown",
+    "Shutdown",
+    "Terminated",
+    "NodeAffinity",
+)
+
+
+def container_exits(pod: Mapping) -> list[tuple[str, int]]:
+    """(container name, exit code) of each terminated container of the pod."""
+    out = []
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if term and isinstance(term.get("exitCode"), int):
+            out.append((cs.get("name", ""), term["exitCode"]))
+    return out
+
+
+def disruption_of(pod: Mapping, preempted_exit: int) -> str:
+    """Why a failed pod was stopped from outside rather than failing on its own ('' if it was
+    not): the DisruptionTarget condition (Kubernetes 1.26+), an eviction or preemption reason,
+    the trainer's preempted exit code, or a kill while the pod was being deleted."""
+    st = pod.get("status") or {}
+    for c in st.get("conditions") or []:
+        if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+            return f"DisruptionTarget: {c.get('reason') or ''} {c.get('message') or ''}".strip()
+    if st.get("reason") in DISRUPTION_REASONS:
+        return f"{st['reason']}: {st.get('message') or ''}".rstrip(": ")
+    exits = container_exits(pod)
+    if any(code == preempted_exit for _, code in exits):
+        return f"the trainer stopped on SIGTERM (exit code {preempted_exit})"
+    if (pod.get("metadata") or {}).get("deletionTimestamp") and any(c in (137, 143) for _, c in exits):
+        return "killed while the pod was being deleted"
+    return ""
+
+
 def waiting_reason(pods: Iterable[Mapping]) -> str:
     """Why the first not-yet-running pod waits (unschedulable, image, ...), or ''."""
     for p in pods:

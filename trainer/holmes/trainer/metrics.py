@@ -29,6 +29,7 @@ class MetricsSink:
         "tflopsPerGpu": "holmes_trainer_tflops_per_gpu",
         "iterationSeconds": "holmes_trainer_iteration_seconds",
         "evalLoss": "holmes_trainer_eval_loss",
+        "checkpointIteration": "holmes_trainer_checkpoint_iteration",  # set by checkpoint events
     }
 
     def __init__(
@@ -91,6 +92,8 @@ class MetricsSink:
                     f.write(line[:4000] + "\n")
             except OSError:
                 self.termination_log = None
+        if event == "checkpoint" and self._gauges:
+            self._gauges["checkpointIteration"].set(fields["iteration"])
         if event == "iteration" and self._gauges:
             for key, gauge in self._gauges.items():
                 if fields.get(key) is not None:
