@@ -94,6 +94,16 @@ class LocalCluster:
         p = self.state_dir / "pods" / namespace / pod / f"{container}.log"
         return p.read_text(errors="replace") if p.exists() else ""
 
+    def power(self, node: str, on: bool) -> None:
+        """Switch a simulated node's machine off (its pods' processes die, no heartbeats, a
+        deleted Node stays away) or on again (the node agent registers it anew)."""
+        from localkube.__main__ import set_power
+        from localkube.controlplane import ControlPlane
+
+        if self.state_dir is None:
+            raise RuntimeError("nodes can only be switched off in a cluster this session started")
+        set_power(ControlPlane(self.state_dir), node, on)
+
     def get_json(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 

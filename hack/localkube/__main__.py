@@ -62,6 +62,24 @@ def show_nodes(cp: ControlPlane) -> int:
     return 0
 
 
+def set_power(cp: ControlPlane, node: str, on: bool) -> None:
+    """Write the node agent's powered-off list (read every POWER_POLL_S)."""
+    from .agent import POWERED_OFF
+    from .topology import load_topology
+
+    if not cp.running():
+        raise ClusterError("the cluster is not running: `make cluster-up` first")
+    known = load_topology(cp.state()["topology"]).names
+    if node not in known:
+        raise ClusterError(f"no node {node!r} in this cluster's topology (nodes: {', '.join(known)})")
+    f = cp.dir / POWERED_OFF
+    off = set(f.read_text().split()) if f.exists() else set()
+    off = off - {node} if on else off | {node}
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text("".join(f"{n}\n" for n in sorted(off)))
+    tmp.replace(f)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="localkube", description=__doc__)
     ap.add_argument("--state-dir", default=os.environ.get("HOLMES_STATE_DIR", str(DEFAULT_STATE)))
@@ -73,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="exit 0 when the cluster runs")
     sub.add_parser("nodes", help="show the nodes and their NIC labels")
     sub.add_parser("agent", help="run the node agent in the foreground (started by `up`)")
+    power = sub.add_parser("power", help="switch a simulated node's machine off (its pods die) or on")
+    power.add_argument("state", choices=("on", "off"))
+    power.add_argument("node")
     a = ap.parse_args(argv)
     cp = ControlPlane(a.state_dir)
     try:
@@ -92,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             if not cp.running():
                 raise ClusterError("the cluster is not running: `make cluster-up` first")
             return show_nodes(cp)
+        elif a.cmd == "power":
+            set_power(cp, a.node, a.state == "on")
         elif a.cmd == "agent":
             from .agent import main as agent_main
 

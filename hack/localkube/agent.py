@@ -9,6 +9,9 @@
 - Reports phase, container states, exit codes and restart counts per restartPolicy; a deleted pod's
   process group gets SIGTERM, then SIGKILL after the grace period.
 - Logs: <state-dir>/pods/<namespace>/<pod>/<container>.log (there is no `kubectl logs`).
+- Power: the nodes named in <state-dir>/powered-off (`python -m localkube power off NODE`) are
+  machines gone dark: their pods' processes are killed at once, nothing about them is reported,
+  no heartbeat is sent and a deleted Node is not registered again until the node is powered on.
 
 It is a test/demo harness, not a kubelet: no probes, no resource limits, no images.
 """
@@ -38,6 +41,8 @@ from .topology import Topology, load_topology
 log = logging.getLogger("localkube.agent")
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 10.0
+POWER_POLL_S = 0.5  # how often the powered-off file is read
+POWERED_OFF = "powered-off"  # in the state dir: one node name per line
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 POD_MARKER = "LOCALKUBE_POD"  # env var naming the pod; lets `down` verify a PID before killing it
 HACK_DIR = str(Path(__file__).resolve().parents[1])
@@ -108,6 +113,7 @@ class Agent:
         self.hosts_dirty = False
         self.pgid_file = state_dir / "pods" / "pgids.json"
         self.mountpoints = state_dir / "pods" / "mountpoints.txt"
+        self.powered_off: set[str] = set()
 
     # ---- API helpers ---------------------------------------------------------------------------
     def _get(self, kind: str, ns: str, name: str) -> dict | None:
@@ -164,6 +170,8 @@ class Agent:
     # ---- nodes ---------------------------------------------------------------------------------
     def register_nodes(self) -> None:
         for n in self.topology.nodes:
+            if n.name in self.powered_off:
+                continue
             body = n.node_object()
             body["status"]["conditions"] = self._node_conditions()
             body["status"]["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.kubelet_port}}
@@ -212,8 +220,32 @@ class Agent:
             for t, s, r in conds
         ]
 
+    def read_power(self) -> None:
+        """Apply <state-dir>/powered-off: kill what runs on nodes switched off, register the
+        nodes switched on again."""
+        try:
+            off = set((self.dir / POWERED_OFF).read_text().split()) & self.nodes
+        except OSError:
+            off = set()
+        for name in sorted(off - self.powered_off):
+            for run in self.runs.values():
+                if run.pod["spec"].get("nodeName") == name and run.proc is not None:
+                    self.killpg(run.proc, signal.SIGKILL)
+            log.info("node %s powered off", name)
+        back = self.powered_off - off
+        self.powered_off = off
+        if back:
+            log.info("nodes %s powered on", ", ".join(sorted(back)))
+            self.register_nodes()
+
+    def on_node(self, run: PodRun) -> bool:
+        """Whether the pod's node is powered on (a dark node reports nothing)."""
+        return run.pod["spec"].get("nodeName") not in self.powered_off
+
     def heartbeat(self) -> None:
         for name in self.topology.names:
+            if name in self.powered_off:
+                continue
             try:
                 self.core.patch_node_status(name, {"status": {"conditions": self._node_conditions()}})
             except ApiException as e:
@@ -275,7 +307,11 @@ class Agent:
         threading.Thread(target=self.watch_pods, daemon=True, name="watch-pods").start()
         threading.Thread(target=self.poll_services, daemon=True, name="services").start()
         next_beat = time.monotonic() + HEARTBEAT_S
+        next_power = 0.0
         while not self.stop.is_set():
+            if time.monotonic() >= next_power:
+                self.read_power()
+                next_power = time.monotonic() + POWER_POLL_S
             try:
                 item = self.q.get(timeout=0.1)
                 while True:
@@ -287,6 +323,8 @@ class Agent:
             except queue.Empty:
                 pass
             for run in list(self.runs.values()):
+                if not self.on_node(run):
+                    continue
                 try:
                     self.advance(run)
                 except Exception:

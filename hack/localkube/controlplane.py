@@ -175,6 +175,7 @@ class ControlPlane:
         # A fresh etcd each time: nothing of an earlier run survives, so neither do its pod dirs.
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
         shutil.rmtree(self.dir / "pods", ignore_errors=True)
+        (self.dir / "powered-off").unlink(missing_ok=True)  # every node of a new cluster is on
         for sub in ("pki", "logs", "pods"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         base = pick_ports(port_base or int(os.environ.get("HOLMES_PORT_BASE", 0)) or None)

@@ -345,3 +345,41 @@ def test_init_containers_run_first_and_always_restarts_even_on_success(cluster, 
     assert cluster.pod_log(namespace, "staged", "main").count("ready") >= 2
     events = cluster.get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=staged")
     assert {"Started"} <= {e["reason"] for e in events["items"]}
+
+
+def test_a_powered_off_node_kills_its_pods_and_stays_deleted_until_powered_on(cluster, namespace, tmp_path):
+    node = cluster.topology.names[-1]
+    script = """
+        import os, time
+        open("/out/pid", "w").write(str(os.getpid()))
+        time.sleep(1000)
+    """
+    p = pod("victim", script, node=node, volumes=[{"name": "out", "hostPath": {"path": str(tmp_path)}}])
+    p["spec"]["containers"][0]["volumeMounts"] = [{"name": "out", "mountPath": "/out"}]
+    apply(cluster, namespace, p)
+    cluster.wait_pod(namespace, "victim", phases=("Running",))
+    end = time.monotonic() + 20
+    while not (tmp_path / "pid").exists() and time.monotonic() < end:
+        time.sleep(0.1)
+    pid = int((tmp_path / "pid").read_text())
+    try:
+        cluster.power(node, on=False)
+        end = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not _alive(pid), "the machine is off: its processes are gone"
+        cluster.kubectl("delete", "node", node, "--wait=true", timeout=30)
+        time.sleep(12)  # longer than a heartbeat: a powered node would have registered again
+        assert cluster.kubectl("get", "node", node, check=False).returncode != 0
+        # nothing is reported for a dark node's pods: the API still says Running
+        assert cluster.get_json("pod", "victim", "-n", namespace)["status"]["phase"] == "Running"
+    finally:
+        cluster.power(node, on=True)
+    end = time.monotonic() + 10
+    while cluster.kubectl("get", "node", node, check=False).returncode != 0 and time.monotonic() < end:
+        time.sleep(0.2)
+    ready = cluster.get_json("node", node)["status"]["conditions"]
+    assert {"type": "Ready", "status": "True"}.items() <= next(
+        c for c in ready if c["type"] == "Ready"
+    ).items()
+    cluster.kubectl("delete", "pod", "victim", "-n", namespace, "--grace-period=0", "--force", check=False)
