@@ -771,3 +771,12 @@ def test_pods_get_the_grace_period_in_their_environment():
     d = FakeWorld(manifest()).step()
     env = {e["name"]: e.get("value") for e in d.create_pods[0]["spec"]["containers"][0]["env"]}
     assert env["HOLMES_GRACE_SECONDS"] == "30"
+
+
+def test_peers_failing_after_a_pod_was_evicted_count_as_the_disruption():
+    w = _running(manifest(runPolicy={"backoffLimit": 0}))
+    w.pods["tiny-1-0"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z"  # being evicted
+    w.set_phase("Failed", "tiny-1-1", "tiny-1-2", exit_code=1)  # their collectives broke
+    d = w.step()
+    assert w.status["phase"] == "Restarting" and w.status["restartsByReason"] == {"disruption": 1}
+    assert any(e.reason == "PodDeleted" and "tiny-1-0" in e.message for e in d.events)

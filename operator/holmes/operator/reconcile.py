@@ -677,11 +677,14 @@ class _Reconciler:
         expected = int((self.status.get("layout") or {}).get("nodes") or spec.nodes.count)
         self.merge_progress()
 
+        # Disruptions first: when a node dies or a pod is evicted, its peers fail too (their
+        # collectives break), and those failures are not the job's fault.
+        lost = self.on_deleted_node(pods) or self.stuck_on_lost_node(pods)
+        if lost:
+            return self.gang_failure(spec, lost, DISRUPTION, "NodeLost")
         failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
         deleting = [p for p in pods if p["metadata"].get("deletionTimestamp") and p not in failed]
         gone = expected - len(pods)
-        if failed:
-            return self.pod_failed(spec, failed)
         if deleting or gone > 0:  # the operator deletes only other attempts' pods: someone else did
             what = (
                 f"pod {deleting[0]['metadata']['name']} is being deleted"
@@ -689,9 +692,8 @@ class _Reconciler:
                 else f"{gone} pod(s) of attempt {self.attempt} were deleted"
             )
             return self.gang_failure(spec, f"{what} (not by Holmes)", DISRUPTION, "PodDeleted")
-        lost = self.on_deleted_node(pods) or self.stuck_on_lost_node(pods)
-        if lost:
-            return self.gang_failure(spec, lost, DISRUPTION, "NodeLost")
+        if failed:
+            return self.pod_failed(spec, failed)
         if counts["succeeded"] == expected:
             self.status["completionTime"] = self.now
             self.set_phase(SUCCEEDED, "AllPodsSucceeded", f"all {expected} pods finished training")
