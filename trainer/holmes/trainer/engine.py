@@ -175,39 +175,44 @@ class Trainer:
         )
         self.tokens_per_iteration = cfg.global_batch_size * cfg.model.seq_length
         self.iteration = 0
+        self.last_save_seconds: float | None = None
         self.history: list[dict[str, Any]] = []
         self.last_eval_loss: float | None = None
 
     # ---- checkpoints ---------------------------------------------------------------------
-    def _opt_prefix(self) -> str:
-        tp = f".tp{self.info.tp_index}" if self.layout.tensor > 1 else ""
-        return f"optim.stage{self.info.stage}{tp}.dp{self.info.dp_index}"
+    def _training_meta(self) -> dict[str, Any]:
+        """What a checkpoint must share with the run that continues it (besides the model)."""
+        return {"globalBatchSize": self.cfg.global_batch_size, "optimizer": self.cfg.optimizer.kind}
 
-    def _state(self, saved: dict[str, torch.Size] | None = None) -> dict[str, Any]:
-        state = checkpoint.model_tensors(self.module, global_names=False, saved=saved)
-        state.update(self.opt.state_dict(self._opt_prefix()))
-        state.update(checkpoint.rng_state(self.rank))
-        return state
-
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, **marker: Any) -> str:
+        """Collective (world group): model, optimizer state and RNG under global names, then the
+        marker (holmes.json) with ``marker``'s extra fields. Returns the directory."""
         root = self.cfg.checkpoint.path
         self.opt.wait_param_gathers()
         t0 = time.perf_counter()
+        state = checkpoint.model_tensors(self.module, tied_copy=False)
+        state.update(checkpoint.optimizer_tensors(self.opt, self.tp, saving=True))
+        state.update(checkpoint.rng_state(self.rank))
         path = checkpoint.save(
             root,
             self.iteration,
-            self._state(),
+            state,
             self.rank,
             {
+                "format": checkpoint.FORMAT,
                 "layout": layout_signature(self.layout),
                 "model": self.cfg.model.shape(),
+                **self._training_meta(),
                 "consumedSamples": self.iteration * self.cfg.global_batch_size,
+                **marker,
             },
             group=self.groups.world,
         )
+        self.last_save_seconds = time.perf_counter() - t0
         self.sink.emit(
-            "checkpoint", iteration=self.iteration, path=path, seconds=round(time.perf_counter() - t0, 3)
+            "checkpoint", iteration=self.iteration, path=path, seconds=round(self.last_save_seconds, 3)
         )
+        return path
 
     def _newest_checkpoint(self) -> int | None:
         root = self.cfg.checkpoint.path
@@ -223,19 +228,44 @@ class Trainer:
         return None if iteration < 0 else iteration
 
     def maybe_resume(self) -> None:
+        """Continue from the newest complete checkpoint, written under this layout or another
+        (checkpoint.py): weights, optimizer state and step count exactly; RNG only under the
+        same layout."""
         root, iteration = self.cfg.checkpoint.path, self.resume_iteration
         if iteration is None:
             return
+        path = checkpoint.iteration_dir(root, iteration)
+        signature = layout_signature(self.layout)
+        meta = checkpoint.check_resume(path, self.cfg.model.shape(), self._training_meta(), signature)
+        same_layout = meta.get("layout") == signature
         self.opt.wait_param_gathers()
-        state = self._state(checkpoint.saved_sizes(checkpoint.iteration_dir(root, iteration)))
-        checkpoint.load(
-            root, iteration, state, {"layout": layout_signature(self.layout)}, group=self.groups.world
-        )
-        self.opt.loaded(state, self._opt_prefix())
-        checkpoint.restore_rng(state, self.rank)
+        saved = checkpoint.saved_sizes(path)
+        if meta.get("format", 1) == 1:  # per-bucket optimizer shards: same layout only (checked)
+            tp = f".tp{self.info.tp_index}" if self.layout.tensor > 1 else ""
+            prefix = f"optim.stage{self.info.stage}{tp}.dp{self.info.dp_index}"
+            state = checkpoint.model_tensors(self.module, global_names=False, saved=saved)
+            state.update(self.opt.bucket_state_dict(prefix))
+            step_key = f"{prefix}.step"
+        else:
+            state = checkpoint.model_tensors(self.module, saved=saved)
+            state.update(checkpoint.optimizer_tensors(self.opt, self.tp, saving=False))
+            step_key = "optim.step"
+        if same_layout:  # a rank's RNG stream belongs to its place in the layout
+            state.update({k: v for k, v in checkpoint.rng_state(self.rank).items() if k in saved})
+        checkpoint.load(path, state, group=self.groups.world)
+        self.opt.step_count = int(state[step_key])
+        if same_layout:
+            checkpoint.restore_rng(state, self.rank)
         self.iteration = iteration
         self.resume_iteration = None
-        self.sink.emit("resume", iteration=iteration, path=checkpoint.iteration_dir(root, iteration))
+        self.sink.emit(
+            "resume",
+            iteration=iteration,
+            path=path,
+            consumedSamples=iteration * self.cfg.global_batch_size,
+            layoutChanged=not same_layout,
+            rngRestored=same_layout,
+        )
 
     def evaluate(self) -> dict[str, Any]:
         """training.eval's loss on its windows with the current weights (collective)."""
