@@ -16,7 +16,7 @@ import torch.distributed as dist
 from holmes.contract import ModelCost, flops
 from holmes.contract.layout import Layout
 
-from . import checkpoint, fabric, hf
+from . import checkpoint, fabric, hf, preempt
 from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
@@ -64,6 +64,7 @@ class Trainer:
         backend: str,
         sink: MetricsSink | None = None,
         fabric_root: str | None = None,
+        preemption: preempt.Preemption | None = None,
     ):
         cfg.check_against_layout(layout)
         if dist.get_world_size() != layout.world_size:
@@ -89,6 +90,14 @@ class Trainer:
             root=fabric_root,
         )
         self.sink.fabric_problems(self.fabric.messages())
+        # SIGTERM (preempt.py): every rank votes each iteration on a gloo group of its own
+        self.preemption = preemption or preempt.Preemption()
+        self.vote = preempt.StopVote(cfg.timeout_seconds)
+        self.groups.preemption = self.vote.group
+        self.groups.created.append(
+            {"kind": "preemption", "size": layout.world_size, "backend": "gloo", "net": "Socket"}
+        )
+        self.preempted: dict[str, Any] | None = None
         stage = layout.stages[info.stage]
         self.tp = tensor_parallel(layout, rank, self.groups, cfg.sequence_parallel)
         self.module = build_stage(
@@ -267,6 +276,30 @@ class Trainer:
             rngRestored=same_layout,
         )
 
+    def _stop_for_preemption(self, signalled: int, due: bool) -> None:
+        """Every rank, at the same iteration boundary: save if wanted and it fits in the least
+        grace any rank has left (all decide alike), then note it for the exit code (83)."""
+        cfg = self.cfg
+        path, seconds, left = None, 0.0, None
+        if cfg.checkpoint.path and (cfg.checkpoint.on_preemption or due):
+            needed = preempt.save_seconds_needed(self.last_save_seconds)
+            fits, left = self.vote.save_fits(self.preemption.seconds_left(preempt.grace_seconds()), needed)
+            if fits:
+                path = self.save_checkpoint(preempted=True)
+                seconds = self.last_save_seconds
+        last = self.history[-1] if self.history else {}
+        self.preempted = {"iteration": self.iteration, "saved": path is not None}
+        self.sink.emit(
+            "preempted",
+            iteration=self.iteration,
+            loss=last.get("loss"),
+            saved=path is not None,
+            **({"path": path} if path else {}),
+            seconds=round(seconds, 3),
+            signalledRanks=signalled,
+            **({"graceLeftSeconds": round(left, 3)} if left is not None and math.isfinite(left) else {}),
+        )
+
     def evaluate(self) -> dict[str, Any]:
         """training.eval's loss on its windows with the current weights (collective)."""
         self.opt.wait_param_gathers()
@@ -375,6 +408,7 @@ class Trainer:
         )
         every = cfg.checkpoint.interval
         while self.iteration < cfg.iterations:
+            self.vote.launch(self.preemption.requested)  # waited for after the step: overlapped
             record = self.train_step()
             ev = cfg.eval
             if ev and (self.iteration % ev.interval == 0 or self.iteration == cfg.iterations):
@@ -384,9 +418,15 @@ class Trainer:
             self.sink.emit("iteration", **record)
             if on_iteration is not None:
                 on_iteration(self, record)
-            if cfg.checkpoint.path and (
-                self.iteration == cfg.iterations or every and self.iteration % every == 0
-            ):
+            signalled = self.vote.result()
+            due = bool(cfg.checkpoint.path) and (
+                self.iteration == cfg.iterations or bool(every) and self.iteration % every == 0
+            )
+            if signalled and self.iteration < cfg.iterations:  # the last one finishes normally
+                self._stop_for_preemption(signalled, due)
+                self.opt.wait_param_gathers()
+                return self.history
+            if due:
                 self.save_checkpoint()
         self.opt.wait_param_gathers()
         last = self.history[-1] if self.history else {}
