@@ -111,7 +111,7 @@ def test_training_under_tensor_parallel_layouts_matches_one_process(arch, pipeli
 
 def test_resume_under_tensor_parallelism_continues_exactly(tmp_path):
     """Checkpoint under TP=2 x DP=2 with sequence parallelism (model slices as DTensor shards of
-    whole tensors, optimizer shards per tp and dp rank), kill, resume: the same losses."""
+    whole tensors, optimizer state as chunks of whole tensors), kill, resume: the same losses."""
     from holmes.trainer import checkpoint
     from holmes.trainer.config import CheckpointConfig
     from tests.trainer.test_trainer_checkpoint import _kill_after

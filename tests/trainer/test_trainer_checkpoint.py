@@ -1,11 +1,14 @@
-"""Checkpoint at k, kill, resume: the losses from k+1 on equal an uninterrupted run."""
+"""Checkpoint at k, kill, resume: the losses from k+1 on equal an uninterrupted run (resuming
+under another layout: test_checkpoint_reshard.py)."""
 
 import os
 
 import pytest
+import torch
 
 from holmes.trainer import checkpoint
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
+from holmes.trainer.engine import Trainer, layout_signature
 from tests.trainer.trainer_harness import make_layout, run_ranks, tiny_config, train_on_layout
 
 ADAMW = OptimizerConfig(kind="adamw", learning_rate=3e-3, warmup_iterations=2)
@@ -39,14 +42,38 @@ def test_resume_after_kill_continues_exactly(tmp_path):
     assert checkpoint.newest_complete(ckpt.path) == 6
 
 
-def test_resume_under_another_layout_is_refused(tmp_path):
-    ckpt = CheckpointConfig(path=str(tmp_path / "ckpt"), interval=2)
-    cfg = tiny_config(iterations=2, checkpoint=ckpt)
-    run_ranks(2, train_on_layout, cfg, make_layout(2, 1, [3, 1], 2, 8))
-    res = run_ranks(
-        2, train_on_layout, cfg.with_(iterations=4), make_layout(2, 1, [2, 2], 2, 8), allow_exit=True
+def _save_format1(rank, cfg, layout):
+    """Train, then write what the trainer wrote before checkpoints were layout-independent:
+    stage-local weight names, per-bucket optimizer shards, no ``format`` in the marker."""
+    trainer = Trainer(
+        cfg.with_(checkpoint=CheckpointConfig()),
+        layout,
+        rank=rank,
+        device=torch.device("cpu"),
+        backend="gloo",
     )
-    assert res[0][0] == "error" and "same layout" in res[0][1]
+    trainer.train()
+    trainer.opt.wait_param_gathers()
+    info = trainer.info
+    state = checkpoint.model_tensors(trainer.module, global_names=False)
+    state.update(trainer.opt.bucket_state_dict(f"optim.stage{info.stage}.dp{info.dp_index}"))
+    state.update(checkpoint.rng_state(rank))
+    meta = {"layout": layout_signature(layout), "model": cfg.model.shape(), "consumedSamples": 2 * 16}
+    checkpoint.save(cfg.checkpoint.path, trainer.iteration, state, rank, meta)
+    return {}
+
+
+def test_a_format1_checkpoint_resumes_under_its_layout_and_is_refused_under_another(tmp_path):
+    lay = make_layout(2, 1, [3, 1], 2, 8)
+    cfg = tiny_config(optimizer=ADAMW, iterations=4, checkpoint=CheckpointConfig(str(tmp_path / "ckpt"), 2))
+    want = run_ranks(2, train_on_layout, cfg.with_(checkpoint=CheckpointConfig()), lay)[0][1]["losses"]
+    run_ranks(2, _save_format1, cfg.with_(iterations=2), lay)
+    other = make_layout(2, 1, [2, 2], 2, 8)
+    res = run_ranks(2, train_on_layout, cfg, other, allow_exit=True)
+    assert res[0][0] == "error" and "older Holmes trainer" in res[0][1] and "under that layout" in res[0][1]
+    got = run_ranks(2, train_on_layout, cfg, lay)[0][1]["records"]
+    assert [r["iteration"] for r in got] == [3, 4]
+    assert [r["loss"] for r in got] == pytest.approx(want[2:], abs=1e-6)
 
 
 def test_a_marker_that_does_not_parse_is_an_incomplete_checkpoint(tmp_path):

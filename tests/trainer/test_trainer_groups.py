@@ -64,6 +64,7 @@ def traced_training(rank: int, cfg, layout: Layout) -> dict:
     g = trainer.groups
     declared = {id(h): kind for kind, h in (("dp", g.dp), ("embedding", g.embedding)) if h is not None}
     declared.update({id(h): f"p2p{b}" for b, h in g.p2p.items() if h is not None})
+    declared[id(g.preemption)] = "preemption"  # the stop vote's gloo group (preempt.py)
     world = dist.group.WORLD
     used = []
     for name, group in calls:
@@ -95,8 +96,11 @@ def test_every_collective_is_on_a_declared_group_and_p2p_on_its_boundary(tmp_pat
         control = {n for n, k in res["used"] if k == "world"}
         assert {"all_reduce", "broadcast", "barrier"} <= control, control  # loss/norm, resume, checkpoint
         assert {n for n, k in res["used"] if k == "dp"} >= {"reduce_scatter_single", "all_gather_single"}
+        # one stop vote per iteration, on its own gloo group, nothing else there
+        assert [n for n, k in res["used"] if k == "preemption"] == ["all_reduce"] * 2
     created = out[2][1]["start_groups"]  # rank 2 = stage 1: world, dp, pp and both boundaries
     assert created[0] == {"kind": "world", "size": 6, "backend": "gloo", "net": "Socket"}
+    assert created[-1] == {"kind": "preemption", "size": 6, "backend": "gloo", "net": "Socket"}
     assert sorted(g.get("boundary", -1) for g in created if g["kind"] == "p2p") == [0, 1]
 
 

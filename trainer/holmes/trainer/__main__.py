@@ -16,6 +16,14 @@ Environment knobs (flags win over them):
   sysfs mounted elsewhere; set, it also runs the device checks on gloo
 - HOLMES_TERMINATION_LOG: where rank 0 keeps its latest JSON line (default /dev/termination-log
   when it exists), for the operator once the pod has terminated
+- HOLMES_GRACE_SECONDS: seconds from SIGTERM to SIGKILL (the pod's terminationGracePeriodSeconds;
+  default 30)
+
+Exit codes: 0 done, 1 failed, 2 cannot start (configuration), 83 (holmes.contract.names.
+EXIT_PREEMPTED) stopped on SIGTERM at an iteration boundary all ranks agreed on, after saving a
+checkpoint when training.checkpoint.onPreemption asks and it fits in the grace period
+(preempt.py). Start it with ``python -m holmes.trainer.run`` (torchrun's arguments) so the pod
+exits with these codes: torchrun alone exits 1 whenever a worker fails.
 """
 
 from __future__ import annotations
@@ -82,17 +90,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    from .preempt import Preemption
+
+    preemption = Preemption().install()  # from here on SIGTERM only asks to stop (preempt.py)
 
     import torch
     import torch.distributed as dist
 
     from holmes.contract import Layout
+    from holmes.contract.names import EXIT_PREEMPTED
 
-    from .config import CheckpointConfig, TrainConfig, TrainerConfigError
+    from .config import TrainConfig, TrainerConfigError
     from .engine import Trainer
     from .fabric import configure_nccl_debug
     from .groups import init_world
     from .metrics import MetricsSink
+    from .preempt import note_exit
 
     cuda = torch.cuda.is_available()
     try:
@@ -110,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.layout) as f:
             layout = Layout.from_json(f.read())
         if args.checkpoint_dir:
-            cfg = replace(cfg, checkpoint=CheckpointConfig(args.checkpoint_dir, cfg.checkpoint.interval))
+            cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, path=args.checkpoint_dir))
         if args.iterations:
             cfg = replace(cfg, iterations=args.iterations)
         cfg.check_against_layout(layout)
@@ -155,8 +168,18 @@ def main(argv: list[str] | None = None) -> int:
             backend=backend,
             sink=sink,
             fabric_root=os.environ.get("HOLMES_FABRIC_ROOT") or None,
+            preemption=preemption,
         )
         trainer.train()
+        if trainer.preempted is not None:
+            code = EXIT_PREEMPTED
+            saved = "checkpoint saved" if trainer.preempted["saved"] else "no checkpoint"
+            print(
+                f"holmes.trainer: rank {rank}: preempted (SIGTERM): stopped after iteration "
+                f"{trainer.preempted['iteration']}, {saved}",
+                file=sys.stderr,
+                flush=True,
+            )
     except Exception as e:  # every rank says why it stopped; the launcher sees a non-zero exit
         msg = f"{type(e).__name__}: {e}"
         print(
@@ -168,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
     finally:
         sink.close()
+    if code == EXIT_PREEMPTED:  # every rank stopped at the same boundary: leave together
+        note_exit(rank, code)
+        dist.destroy_process_group()
+        return code
     if code:
         # Peers may still hold this process's sockets in a collective; leave now instead of
         # letting interpreter shutdown wait on communicator threads.

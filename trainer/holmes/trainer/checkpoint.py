@@ -1,24 +1,39 @@
-"""Sharded checkpoints with torch.distributed.checkpoint (DCP).
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP), readable under any layout.
 
-``<path>/iter_00000042/`` holds one DCP checkpoint: model tensors under their global names
-(replicated across DP ranks, so DCP writes each once), this rank's optimizer shards under
-``optim.stage<s>.dp<d>.*``, and each rank's RNG state. Rank 0 writes ``holmes.json`` last,
-after every rank has finished (written to a temporary name, fsynced, renamed): a directory
-without it, or with one that does not parse, is incomplete and is never resumed from.
-The data position is the iteration number (data.py draws batches by iteration), so
-restoring the iteration restores the data stream exactly.
+``<path>/iter_00000042/`` holds one DCP checkpoint. Every tensor is stored under a GLOBAL name
+as (chunks of) one logical global tensor, so nothing in it depends on the layout that wrote it:
 
-Model tensors are whole global tensors whatever the tensor-parallel degree: a rank's slice is
-saved as a DTensor shard of the global tensor over its tp group (``model_tensors``), so DCP
-stores offsets into one logical tensor, and a fused parameter's blocks (GPT's QKV) get a
-dimension of their own so each slice is one regular shard (models/sharding.py). Checkpoints
-written before tensor parallelism (QKV stored flat) still load with tensor 1.
+- ``model.<global name>``: the weights (replicated across DP ranks: DCP writes each once; a
+  tensor-parallel slice is a DTensor shard of the global tensor over its tp group; GPT's fused
+  QKV is stored [3, h, h] so each slice is one regular shard, models/sharding.py). The last
+  stage's copy of a tied embedding is not written: it is the embedding (the first stage writes
+  it) and loads from it.
+- ``optim.<global name>.{master,exp_avg,exp_avg_sq}``: the fp32 master weights and AdamW's
+  moments, in the parameter's stored global shape. A DP rank's ZeRO-1 shard covers a contiguous
+  range of each of its parameters' (tp-local, flattened) elements; that range is written as at
+  most a few rectangular chunks of the global tensor (:func:`flat_chunks`), so each element is
+  written once by the rank that owns it, padding never, and no rank ever holds more than its
+  own shard. A replicated parameter under tensor parallelism is written by tp rank 0; the tied
+  copy not at all. ``optim.step``: the optimizer's step count (Adam's bias correction).
+- ``rng.cpu.rank<r>`` (and ``rng.cuda.rank<r>``): each rank's RNG state.
 
-The optimizer shards depend on the layout (pipeline/data/tensor degrees, stage split,
-micro-batching), so a checkpoint resumes only under the same layout; a different one is refused
-by name. The model weights alone (``load_model``: evaluate, export) load under any layout,
-tensor degree included, since their names are global; the marker records the model's shape so
-another model's checkpoint is refused naming the field that differs.
+Loading under another layout (pipeline degree and split, data degree, tensor degree, nodes,
+micro-batches): each rank asks DCP for exactly the chunks it now owns; DCP intersects them with
+the chunks in the checkpoint's metadata and reads only the saved chunks that overlap (one at a
+time). RNG states are restored only under the same layout (a rank's stream belongs to its
+place in it); Holmes' models have no dropout and draw nothing from the global RNG while
+training, so that changes no number. The data position is the iteration: data.py draws the
+global batch of iteration i from the sample stream whatever the layout, so the marker's
+iteration (and ``consumedSamples``) restore it exactly, provided the global batch size is the
+same; another model or global batch size or optimizer is refused naming the difference
+(:func:`check_resume`).
+
+Rank 0 writes ``holmes.json`` last, after every rank has finished (a temporary name, fsynced,
+renamed): a directory without it, or with one that does not parse, is incomplete and is never
+resumed from. Its ``format`` is 2; a checkpoint without ``format`` (per-bucket optimizer shards
+``optim.stage<s>[.tp<t>].dp<d>.bucket<k>.*``, stage-local weight names) resumes only under the
+layout that wrote it, and is refused under another naming that layout. The model weights alone
+(``load_model``: evaluate, export) load from either format under any layout.
 """
 
 from __future__ import annotations
@@ -85,6 +100,11 @@ def resolve(path: str) -> str:
     return iteration_dir(path, newest)
 
 
+def _differences(mine: dict[str, Any], theirs: dict[str, Any], prefix: str) -> list[str]:
+    keys = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+    return [f"{prefix}{k} is {mine.get(k)!r} here, {theirs.get(k)!r} there" for k in keys]
+
+
 def check_model(path: str, model_shape: dict[str, Any]) -> dict[str, Any]:
     """The marker of checkpoint directory ``path``, after checking it holds this model."""
     meta = _read_marker(path)
@@ -92,10 +112,44 @@ def check_model(path: str, model_shape: dict[str, Any]) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} has no readable {MARKER}: it is incomplete")
     theirs = meta.get("model")
     if theirs is not None and theirs != model_shape:
-        diff = sorted(k for k in set(theirs) | set(model_shape) if theirs.get(k) != model_shape.get(k))
         raise CheckpointError(
             f"checkpoint {path} holds another model: "
-            + ", ".join(f"spec.model.{k} is {model_shape.get(k)!r} there {theirs.get(k)!r}" for k in diff)
+            + ", ".join(_differences(model_shape, theirs, "spec.model."))
+        )
+    return meta
+
+
+_LABELS = {
+    "globalBatchSize": "spec.training.globalBatchSize",
+    "optimizer": "the optimizer (HOLMES_OPTIMIZER)",
+}
+
+
+def check_resume(
+    path: str, model_shape: dict[str, Any], training: dict[str, Any], layout: dict[str, Any]
+) -> dict[str, Any]:
+    """The marker of checkpoint ``path`` after checking this run can continue it exactly: the
+    same model, and the same ``training`` values (globalBatchSize: the data position and the
+    step count continue only with it; optimizer: its state). The layout may differ, except for
+    a checkpoint of format 1, which resumes only under the layout that wrote it."""
+    meta = check_model(path, model_shape)
+    diff = [
+        f"{_LABELS.get(k, k)} is {v!r} here, {meta[k]!r} there"
+        for k, v in training.items()
+        if k in meta and meta[k] != v
+    ]
+    if diff:
+        raise CheckpointError(
+            f"checkpoint {path} cannot be continued exactly by this run: {'; '.join(diff)}. Resume "
+            "with the values it was written with, or start in a new checkpoint directory "
+            "(spec.training.checkpoint.path)"
+        )
+    if meta.get("format", 1) == 1 and meta.get("layout") != layout:
+        raise CheckpointError(
+            f"checkpoint {path} was written by an older Holmes trainer whose optimizer state "
+            f"depends on the layout ({meta.get('layout')!r}); this run has {layout!r}. Resume it "
+            "under that layout once (its next checkpoint is layout-independent), or start in a "
+            "new checkpoint directory"
         )
     return meta
 
@@ -148,18 +202,165 @@ def global_tensor(name: str, local: torch.Tensor, tp: TensorParallel, saved: tor
 
 
 def model_tensors(
-    module: nn.Module, *, global_names: bool, saved: dict[str, torch.Size] | None = None
+    module: nn.Module,
+    *,
+    global_names: bool = True,
+    saved: dict[str, torch.Size] | None = None,
+    tied_copy: bool = True,
 ) -> dict[str, Any]:
     """A stage's parameters for DCP, keyed ``model.<name>``: under their global names (a tied
-    copy as the embedding: loading under any layout) or their own (training's save and resume)."""
-    from .model import global_name
+    copy as the embedding) or, for a checkpoint of format 1, their own. ``tied_copy=False``
+    leaves the last stage's copy of a tied embedding out (saving: the first stage writes it)."""
+    from .model import TIED_COPY, global_name
 
     tp = getattr(module, "tp", None) or TensorParallel()
     out: dict[str, Any] = {}
     for name, p in module.named_parameters():
+        if name == TIED_COPY and not tied_copy:
+            continue
         g = global_name(name)
         key = f"model.{g if global_names else name}"
         out[key] = global_tensor(g, p.data, tp, (saved or {}).get(key))
+    return out
+
+
+FORMAT = 2  # holmes.json "format": optimizer state under global names (1: per bucket, no field)
+OPT_STATES = ("master", "exp_avg", "exp_avg_sq")
+
+
+class Chunks(torch.Tensor):
+    """This rank's chunks of one global tensor, for DCP only: ``pieces`` are (offsets, tensor)
+    with each tensor a view of memory this rank owns. DCP writes each chunk at its offsets in
+    the logical tensor (validating that all ranks' chunks tile it exactly) and, on load, fills
+    each from whichever saved chunks overlap it: DCP's resharding, with chunks of any shape
+    (torch's DTensor allows only regular shards; ShardedTensor needs every rank's metadata).
+    Implements DCP's checkpointable protocol; any other use is an error."""
+
+    @staticmethod
+    def __new__(cls, size: tuple[int, ...], pieces: list[tuple[tuple[int, ...], torch.Tensor]]) -> Chunks:
+        first = pieces[0][1]
+        r = torch.Tensor._make_wrapper_subclass(cls, torch.Size(size), dtype=first.dtype, device=first.device)
+        r._pieces = [(torch.Size(o), t) for o, t in pieces]
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        raise RuntimeError(f"checkpoint.Chunks holds chunks for DCP only; {func} is not supported")
+
+    def __create_write_items__(self, fqn: str, obj: Any) -> list[Any]:
+        from torch.distributed.checkpoint.metadata import (
+            ChunkStorageMetadata,
+            MetadataIndex,
+            TensorProperties,
+        )
+        from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+        return [
+            WriteItem(
+                index=MetadataIndex(fqn, o),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(o, t.size()),
+                    properties=TensorProperties.create_from_tensor(t),
+                    size=self.size(),
+                ),
+            )
+            for o, t in self._pieces
+        ]
+
+    def __create_chunk_list__(self) -> list[Any]:
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        return [ChunkStorageMetadata(o, t.size()) for o, t in self._pieces]
+
+    def __get_tensor_shard__(self, index: Any) -> torch.Tensor:
+        for o, t in self._pieces:
+            if o == index.offset:
+                return t
+        raise ValueError(f"checkpoint.Chunks: no chunk at {index}")
+
+
+def flat_chunks(
+    name: str, local_shape: torch.Size | tuple[int, ...], tp: TensorParallel, lo: int, hi: int
+) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """Elements [lo, hi) of this rank's flattened (tensor-parallel) slice of parameter ``name``
+    (global name) as rectangular chunks of its stored global tensor: (start within [lo, hi),
+    offsets, sizes), each contiguous in the slice. A range is a partial first row, whole rows
+    and a partial last row; whole rows are cut where a fused parameter's blocks meet (GPT's QKV,
+    stored [3, h, h]); rows and columns are moved to where this rank's slice sits in the global
+    tensor (models/sharding.py: dim 0 splits rows, dim 1 columns)."""
+    if len(local_shape) not in (1, 2):
+        raise ValueError(f"{name}: only 1-D and 2-D parameters are supported, not {tuple(local_shape)}")
+    split = sharding.split_of(name)
+    two_d = len(local_shape) == 2
+    rows, cols = local_shape[0], (local_shape[1] if two_d else 1)
+    rects = []
+    r0, c0 = divmod(lo, cols)
+    r1, c1 = divmod(hi, cols)
+    if r0 == r1:
+        rects.append((r0, r0 + 1, c0, c1))
+    else:
+        if c0:
+            rects.append((r0, r0 + 1, c0, cols))
+            r0 += 1
+        if r1 > r0:
+            rects.append((r0, r1, 0, cols))
+        if c1:
+            rects.append((r1, r1 + 1, 0, c1))
+    parts = split.parts if split is not None else 1
+    block = rows // parts  # local rows per fused block
+    out = []
+    for a, b, ca, cb in rects:
+        for k in range(a // block, (b - 1) // block + 1):
+            ra, rb = max(a, k * block), min(b, (k + 1) * block)
+            row, col = ra - k * block, ca
+            if split is not None and split.dim == 0:
+                row += tp.rank * block
+            elif split is not None and split.dim == 1:
+                col += tp.rank * cols
+            offsets = ([k] if parts > 1 else []) + [row] + ([col] if two_d else [])
+            sizes = ([1] if parts > 1 else []) + [rb - ra] + ([cb - ca] if two_d else [])
+            out.append((ra * cols + ca - lo, tuple(offsets), tuple(sizes)))
+    return out
+
+
+def stored_global_shape(
+    name: str, local_shape: torch.Size | tuple[int, ...], tp: TensorParallel
+) -> tuple[int, ...]:
+    """The stored shape of parameter ``name``'s global tensor, from this rank's slice's shape."""
+    split = sharding.split_of(name)
+    full = list(local_shape)
+    if split is not None:
+        full[split.dim] *= tp.size
+    return sharding.stored_shape(name, full)
+
+
+def optimizer_tensors(opt: Any, tp: TensorParallel, *, saving: bool) -> dict[str, Any]:
+    """This rank's optimizer state for DCP under global names (module docstring): its shard's
+    pieces of each parameter as :class:`Chunks` of ``optim.<global name>.<state>``, views of the
+    shard itself (nothing is copied), and ``optim.step``. ``saving``: leave out what another
+    rank writes (the tied copy; replicated parameters on tp ranks > 0)."""
+    from .model import TIED_COPY, global_name
+
+    pieces: dict[str, list[tuple[tuple[int, ...], torch.Tensor]]] = {}
+    sizes: dict[str, tuple[int, ...]] = {}
+    for i, b, lo, hi, at in opt.shard_pieces():
+        name = opt.names[i]
+        g = global_name(name)
+        if saving and (name == TIED_COPY or (tp.rank > 0 and sharding.split_of(g) is None)):
+            continue
+        shape = opt.params[i].shape
+        chunks = flat_chunks(g, shape, tp, lo, hi)
+        for kind, buf in opt.shard_states(b).items():
+            key = f"optim.{g}.{kind}"
+            sizes[key] = stored_global_shape(g, shape, tp)
+            for start, offsets, size in chunks:
+                n = 1
+                for d in size:
+                    n *= d
+                pieces.setdefault(key, []).append((offsets, buf[at + start : at + start + n].view(size)))
+    out: dict[str, Any] = {k: Chunks(sizes[k], v) for k, v in pieces.items()}
+    out["optim.step"] = torch.tensor(opt.step_count, dtype=torch.long)
     return out
 
 
@@ -206,24 +407,11 @@ def save(
     return path
 
 
-def load(
-    root: str, iteration: int, state: dict[str, Any], expect_meta: dict[str, Any], group: Any = None
-) -> dict[str, Any]:
-    """Collective over ``group``: fill ``state``'s tensors in place from the checkpoint; returns
-    its marker."""
-    path = iteration_dir(root, iteration)
-    meta = _read_marker(path)
-    if meta is None:
-        raise CheckpointError(f"checkpoint {path} has no readable {MARKER}: it is incomplete")
-    for key, want in expect_meta.items():
-        if meta.get(key) != want:
-            raise CheckpointError(
-                f"checkpoint {path} was written with {key}={meta.get(key)!r} but this run "
-                f"has {key}={want!r}; resume with the same layout, or start in a new "
-                "checkpoint directory"
-            )
+def load(path: str, state: dict[str, Any], group: Any = None) -> None:
+    """Collective over ``group``: fill ``state``'s tensors (plain, DTensor or :class:`Chunks`)
+    in place from checkpoint directory ``path``, reading only the saved chunks they overlap. A
+    key the checkpoint lacks fails on every rank (DCP gathers each rank's planning errors)."""
     dcp.load(state, checkpoint_id=path, process_group=group)
-    return meta
 
 
 def restore_rng(state: dict[str, Any], rank: int) -> None:

@@ -97,6 +97,7 @@ class EvalConfig:
 class CheckpointConfig:
     path: str | None = None  # a directory shared by all ranks (one PVC for all pods)
     interval: int = 0  # save every N iterations (and at the end); 0: only at the end
+    on_preemption: bool = True  # on SIGTERM, save before exiting when it fits (preempt.py)
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,9 @@ class TrainConfig:
                 blend=tuple((b.path, b.weight) for b in t.data.blend),
             ),
             eval=EvalConfig(t.eval.path, t.eval.interval_iterations, t.eval.windows) if t.eval else None,
-            checkpoint=CheckpointConfig(path=ckpt.path, interval=ckpt.interval_iterations)
+            checkpoint=CheckpointConfig(
+                path=ckpt.path, interval=ckpt.interval_iterations, on_preemption=ckpt.on_preemption
+            )
             if ckpt
             else CheckpointConfig(),
             activation_recompute=t.activation_recompute,

@@ -26,7 +26,7 @@ With ``overlap=False`` the same collectives run synchronously in the same order:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -358,15 +358,28 @@ class DistributedOptimizer:
                 b.gather_work = None
 
     # ---- checkpoint state (this rank's shards) --------------------------------------------
-    def state_dict(self, prefix: str) -> dict[str, Any]:
-        out: dict[str, Any] = {f"{prefix}.step": torch.tensor(self.step_count)}
+    def shard_pieces(self) -> Iterator[tuple[int, _Bucket, int, int, int]]:
+        """(i, bucket, lo, hi, at) for each parameter this rank's shards touch: the shard of
+        ``bucket`` holds elements [lo, hi) of parameter i's flattened tensor at offset ``at``
+        (padding is in no piece). Together the DP ranks' pieces tile every parameter once."""
         for b in self.buckets:
-            out[f"{prefix}.bucket{b.index}.master"] = b.master
-            if b.exp_avg is not None:
-                out[f"{prefix}.bucket{b.index}.exp_avg"] = b.exp_avg
-                out[f"{prefix}.bucket{b.index}.exp_avg_sq"] = b.exp_avg_sq
+            for i in b.params:
+                start = self.offsets[i]
+                lo, hi = max(start, b.shard.start), min(start + self.params[i].numel(), b.shard.stop)
+                if lo < hi:
+                    yield i, b, lo - start, hi - start, lo - b.shard.start
+
+    def shard_states(self, b: _Bucket) -> dict[str, torch.Tensor]:
+        """Bucket b's fp32 optimizer state on this rank: master weights and, with AdamW, moments."""
+        out = {"master": b.master}
+        if b.exp_avg is not None:
+            out.update(exp_avg=b.exp_avg, exp_avg_sq=b.exp_avg_sq)
         return out
 
-    def loaded(self, state: dict[str, Any], prefix: str) -> None:
-        """After the tensors of state_dict() were filled in place: restore the step counter."""
-        self.step_count = int(state[f"{prefix}.step"])
+    def bucket_state_dict(self, prefix: str) -> dict[str, Any]:
+        """The per-bucket keys of checkpoints of format 1 (read only under their own layout)."""
+        out: dict[str, Any] = {f"{prefix}.step": torch.tensor(self.step_count)}
+        for b in self.buckets:
+            for kind, t in self.shard_states(b).items():
+                out[f"{prefix}.bucket{b.index}.{kind}"] = t
+        return out

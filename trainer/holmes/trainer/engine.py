@@ -16,7 +16,7 @@ import torch.distributed as dist
 from holmes.contract import ModelCost, flops
 from holmes.contract.layout import Layout
 
-from . import checkpoint, fabric, hf
+from . import checkpoint, fabric, hf, preempt
 from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
@@ -64,6 +64,7 @@ class Trainer:
         backend: str,
         sink: MetricsSink | None = None,
         fabric_root: str | None = None,
+        preemption: preempt.Preemption | None = None,
     ):
         cfg.check_against_layout(layout)
         if dist.get_world_size() != layout.world_size:
@@ -89,6 +90,14 @@ class Trainer:
             root=fabric_root,
         )
         self.sink.fabric_problems(self.fabric.messages())
+        # SIGTERM (preempt.py): every rank votes each iteration on a gloo group of its own
+        self.preemption = preemption or preempt.Preemption()
+        self.vote = preempt.StopVote(cfg.timeout_seconds)
+        self.groups.preemption = self.vote.group
+        self.groups.created.append(
+            {"kind": "preemption", "size": layout.world_size, "backend": "gloo", "net": "Socket"}
+        )
+        self.preempted: dict[str, Any] | None = None
         stage = layout.stages[info.stage]
         self.tp = tensor_parallel(layout, rank, self.groups, cfg.sequence_parallel)
         self.module = build_stage(
@@ -175,39 +184,44 @@ class Trainer:
         )
         self.tokens_per_iteration = cfg.global_batch_size * cfg.model.seq_length
         self.iteration = 0
+        self.last_save_seconds: float | None = None
         self.history: list[dict[str, Any]] = []
         self.last_eval_loss: float | None = None
 
     # ---- checkpoints ---------------------------------------------------------------------
-    def _opt_prefix(self) -> str:
-        tp = f".tp{self.info.tp_index}" if self.layout.tensor > 1 else ""
-        return f"optim.stage{self.info.stage}{tp}.dp{self.info.dp_index}"
+    def _training_meta(self) -> dict[str, Any]:
+        """What a checkpoint must share with the run that continues it (besides the model)."""
+        return {"globalBatchSize": self.cfg.global_batch_size, "optimizer": self.cfg.optimizer.kind}
 
-    def _state(self, saved: dict[str, torch.Size] | None = None) -> dict[str, Any]:
-        state = checkpoint.model_tensors(self.module, global_names=False, saved=saved)
-        state.update(self.opt.state_dict(self._opt_prefix()))
-        state.update(checkpoint.rng_state(self.rank))
-        return state
-
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, **marker: Any) -> str:
+        """Collective (world group): model, optimizer state and RNG under global names, then the
+        marker (holmes.json) with ``marker``'s extra fields. Returns the directory."""
         root = self.cfg.checkpoint.path
         self.opt.wait_param_gathers()
         t0 = time.perf_counter()
+        state = checkpoint.model_tensors(self.module, tied_copy=False)
+        state.update(checkpoint.optimizer_tensors(self.opt, self.tp, saving=True))
+        state.update(checkpoint.rng_state(self.rank))
         path = checkpoint.save(
             root,
             self.iteration,
-            self._state(),
+            state,
             self.rank,
             {
+                "format": checkpoint.FORMAT,
                 "layout": layout_signature(self.layout),
                 "model": self.cfg.model.shape(),
+                **self._training_meta(),
                 "consumedSamples": self.iteration * self.cfg.global_batch_size,
+                **marker,
             },
             group=self.groups.world,
         )
+        self.last_save_seconds = time.perf_counter() - t0
         self.sink.emit(
-            "checkpoint", iteration=self.iteration, path=path, seconds=round(time.perf_counter() - t0, 3)
+            "checkpoint", iteration=self.iteration, path=path, seconds=round(self.last_save_seconds, 3)
         )
+        return path
 
     def _newest_checkpoint(self) -> int | None:
         root = self.cfg.checkpoint.path
@@ -223,19 +237,68 @@ class Trainer:
         return None if iteration < 0 else iteration
 
     def maybe_resume(self) -> None:
+        """Continue from the newest complete checkpoint, written under this layout or another
+        (checkpoint.py): weights, optimizer state and step count exactly; RNG only under the
+        same layout."""
         root, iteration = self.cfg.checkpoint.path, self.resume_iteration
         if iteration is None:
             return
+        path = checkpoint.iteration_dir(root, iteration)
+        signature = layout_signature(self.layout)
+        meta = checkpoint.check_resume(path, self.cfg.model.shape(), self._training_meta(), signature)
+        same_layout = meta.get("layout") == signature
         self.opt.wait_param_gathers()
-        state = self._state(checkpoint.saved_sizes(checkpoint.iteration_dir(root, iteration)))
-        checkpoint.load(
-            root, iteration, state, {"layout": layout_signature(self.layout)}, group=self.groups.world
-        )
-        self.opt.loaded(state, self._opt_prefix())
-        checkpoint.restore_rng(state, self.rank)
+        saved = checkpoint.saved_sizes(path)
+        if meta.get("format", 1) == 1:  # per-bucket optimizer shards: same layout only (checked)
+            tp = f".tp{self.info.tp_index}" if self.layout.tensor > 1 else ""
+            prefix = f"optim.stage{self.info.stage}{tp}.dp{self.info.dp_index}"
+            state = checkpoint.model_tensors(self.module, global_names=False, saved=saved)
+            state.update(self.opt.bucket_state_dict(prefix))
+            step_key = f"{prefix}.step"
+        else:
+            state = checkpoint.model_tensors(self.module, saved=saved)
+            state.update(checkpoint.optimizer_tensors(self.opt, self.tp, saving=False))
+            step_key = "optim.step"
+        if same_layout:  # a rank's RNG stream belongs to its place in the layout
+            state.update({k: v for k, v in checkpoint.rng_state(self.rank).items() if k in saved})
+        checkpoint.load(path, state, group=self.groups.world)
+        self.opt.step_count = int(state[step_key])
+        if same_layout:
+            checkpoint.restore_rng(state, self.rank)
         self.iteration = iteration
         self.resume_iteration = None
-        self.sink.emit("resume", iteration=iteration, path=checkpoint.iteration_dir(root, iteration))
+        self.sink.emit(
+            "resume",
+            iteration=iteration,
+            path=path,
+            consumedSamples=iteration * self.cfg.global_batch_size,
+            layoutChanged=not same_layout,
+            rngRestored=same_layout,
+        )
+
+    def _stop_for_preemption(self, signalled: int, due: bool) -> None:
+        """Every rank, at the same iteration boundary: save if wanted and it fits in the least
+        grace any rank has left (all decide alike), then note it for the exit code (83)."""
+        cfg = self.cfg
+        path, seconds, left = None, 0.0, None
+        if cfg.checkpoint.path and (cfg.checkpoint.on_preemption or due):
+            needed = preempt.save_seconds_needed(self.last_save_seconds)
+            fits, left = self.vote.save_fits(self.preemption.seconds_left(preempt.grace_seconds()), needed)
+            if fits:
+                path = self.save_checkpoint(preempted=True)
+                seconds = self.last_save_seconds
+        last = self.history[-1] if self.history else {}
+        self.preempted = {"iteration": self.iteration, "saved": path is not None}
+        self.sink.emit(
+            "preempted",
+            iteration=self.iteration,
+            loss=last.get("loss"),
+            saved=path is not None,
+            **({"path": path} if path else {}),
+            seconds=round(seconds, 3),
+            signalledRanks=signalled,
+            **({"graceLeftSeconds": round(left, 3)} if left is not None and math.isfinite(left) else {}),
+        )
 
     def evaluate(self) -> dict[str, Any]:
         """training.eval's loss on its windows with the current weights (collective)."""
@@ -345,6 +408,7 @@ class Trainer:
         )
         every = cfg.checkpoint.interval
         while self.iteration < cfg.iterations:
+            self.vote.launch(self.preemption.requested)  # waited for after the step: overlapped
             record = self.train_step()
             ev = cfg.eval
             if ev and (self.iteration % ev.interval == 0 or self.iteration == cfg.iterations):
@@ -354,9 +418,15 @@ class Trainer:
             self.sink.emit("iteration", **record)
             if on_iteration is not None:
                 on_iteration(self, record)
-            if cfg.checkpoint.path and (
-                self.iteration == cfg.iterations or every and self.iteration % every == 0
-            ):
+            signalled = self.vote.result()
+            due = bool(cfg.checkpoint.path) and (
+                self.iteration == cfg.iterations or bool(every) and self.iteration % every == 0
+            )
+            if signalled and self.iteration < cfg.iterations:  # the last one finishes normally
+                self._stop_for_preemption(signalled, due)
+                self.opt.wait_param_gathers()
+                return self.history
+            if due:
                 self.save_checkpoint()
         self.opt.wait_param_gathers()
         last = self.history[-1] if self.history else {}

@@ -29,7 +29,9 @@ class RankGroups:
     (created by init_process_group with the Layout's ``worldNet``): the control plane.
     ``p2p`` maps each stage boundary this rank sits on to its group. ``created`` describes every
     group this process built, for the ``start`` line: kind, size, backend, net, the world group
-    first; ``members`` pairs the others with their handles, in the Layout's order."""
+    first; ``members`` pairs the others with their handles, in the Layout's order.
+    ``preemption``: the trainer's gloo group for its per-iteration stop vote (preempt.py), host
+    TCP only, outside the Layout."""
 
     dp: Any
     pp: Any
@@ -39,6 +41,7 @@ class RankGroups:
     world: Any = None
     created: list[dict[str, Any]] = field(default_factory=list)
     members: list[tuple[dict[str, Any], Any]] = field(default_factory=list)
+    preemption: Any = None
 
 
 def group_options(backend: str, net: str) -> Any:

@@ -4,9 +4,11 @@ Only rank 0 reports. Keys are camelCase like HolmesJob.status.progress (iteratio
 tokensPerSecond, tflopsPerGpu: model FLOPs per second per GPU, with the formula that matches
 whether the run recomputes activations, named in the ``start`` line's ``flopsFormula``). Every
 line carries ``"holmes": "<event>"`` so a reader can pick them out of other output: ``start``,
-``iteration``, ``eval``, ``checkpoint``, ``resume``, ``done``, ``error``. An iteration after which
-training.eval ran carries ``evalLoss`` and ``evalPerplexity`` too.
-The latest iteration/done/error line also replaces the container's termination message file
+``iteration``, ``eval``, ``checkpoint``, ``resume``, ``preempted``, ``done``, ``error``. An
+iteration after which training.eval ran carries ``evalLoss`` and ``evalPerplexity`` too.
+``preempted`` (SIGTERM, preempt.py): the iteration all ranks stopped after, its ``loss``, ``saved``
+(and ``path``) and the save's ``seconds``, ``signalledRanks``, ``graceLeftSeconds`` before it.
+The latest iteration/preempted/done/error line also replaces the container's termination message file
 (Kubernetes' /dev/termination-log), where the operator reads progress once the pod has ended.
 """
 
@@ -86,7 +88,7 @@ class MetricsSink:
         if self.file:
             self.file.write(line + "\n")
             self.file.flush()
-        if self.termination_log and event in ("iteration", "done", "error"):
+        if self.termination_log and event in ("iteration", "preempted", "done", "error"):
             try:
                 with open(self.termination_log, "w") as f:  # Kubernetes keeps at most 4 KiB
                     f.write(line[:4000] + "\n")

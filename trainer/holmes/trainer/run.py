@@ -1,0 +1,84 @@
+"""``python -m holmes.trainer.run [torchrun arguments]``: torchrun, exiting with the workers' code.
+
+Takes torchrun's arguments unchanged (``python -m holmes.trainer.run --nnodes ... -m
+holmes.trainer --job ...``) and runs ``torch.distributed.run`` in this process. torchrun exits 1
+whenever a worker fails; this launcher exits instead with:
+
+- 0 when every worker succeeded;
+- the first failed worker's exit code (torchrun's ``ChildFailedError`` keeps each rank's; a
+  worker killed by signal N gives 128 + N, as a shell would): 83
+  (``holmes.contract.names.EXIT_PREEMPTED``) when the workers stopped on a preemption that
+  reached this pod only through its peers;
+- 83 when torchrun itself was stopped by SIGTERM (this pod deleted, evicted, preempted) and
+  its workers then exited with 83 (each notes its code in ``HOLMES_EXIT_DIR``, a directory
+  this launcher makes: torchrun keeps none of them on that path); else 128 + the signal.
+
+On SIGTERM torchrun sends SIGTERM to its workers and SIGKILLs them after its shutdown timeout
+(``--shutdown-timeout``, else ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s), then exits. This
+launcher sets that timeout to the pod's grace period (``HOLMES_GRACE_SECONDS``, default 30) when
+neither is given, and exports it so the workers know their deadline (preempt.grace_seconds).
+Keep torchrun's ``--max-restarts`` at 0 (its default): a restart would run the workers again
+after they exit 83.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+from holmes.contract.names import ENV_GRACE_SECONDS, EXIT_PREEMPTED
+
+from .preempt import DEFAULT_GRACE_SECONDS, ENV_EXIT_DIR, TORCHRUN_SHUTDOWN_ENV
+
+
+def exit_status(code: int) -> int:
+    """A process's exit code as a shell reports it: killed by signal N -> 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+def noted_exits(directory: str) -> list[int]:
+    """The exit codes the workers noted in ``directory`` (preempt.note_exit)."""
+    codes = []
+    for name in sorted(os.listdir(directory)):
+        try:
+            with open(os.path.join(directory, name)) as f:
+                codes.append(int(f.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return codes
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = torchrun.parse_args(argv)
+    if args.shutdown_timeout is None:
+        grace = float(os.environ.get(ENV_GRACE_SECONDS) or DEFAULT_GRACE_SECONDS)
+        args.shutdown_timeout = int(os.environ.get(TORCHRUN_SHUTDOWN_ENV) or math.ceil(grace))
+    os.environ[TORCHRUN_SHUTDOWN_ENV] = str(args.shutdown_timeout)  # the workers' deadline too
+    exits = tempfile.mkdtemp(prefix="holmes-exit-")
+    os.environ[ENV_EXIT_DIR] = exits
+    try:
+        torchrun.run(args)
+        return 0
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        code = exit_status(failure.exitcode)
+        print(f"holmes.trainer.run: rank {rank} failed first, exit code {code}", file=sys.stderr, flush=True)
+        return code
+    except SignalException as e:
+        codes = noted_exits(exits)
+        if codes and all(c == EXIT_PREEMPTED for c in codes):
+            return EXIT_PREEMPTED
+        return 128 + int(e.sigval)
+    finally:
+        shutil.rmtree(exits, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
