@@ -99,7 +99,8 @@ def test_pod_is_pinned_by_required_node_affinity_and_named_for_rendezvous():
     assert env["WORLD_SIZE"] == str(layout.world_size) and env["PET_NNODES"] == str(len(layout.nodes))
     assert env["MASTER_PORT"] == "29511" and env["HOLMES_LAYOUT"] == "/etc/holmes/layout.json"
     cmd = spec["containers"][0]["command"]
-    assert cmd[0] == "torchrun" and "--node-rank=2" in cmd and "holmes.trainer" in cmd
+    assert cmd[:3] == ["python", "-m", "holmes.trainer.run"] and "--node-rank=2" in cmd
+    assert cmd[cmd.index("-m", 3) + 1] == "holmes.trainer"
     assert pod["metadata"]["labels"][names.LABEL_ATTEMPT] == "3"
 
 

@@ -186,9 +186,13 @@ def test_trainer_pods_command_runs_in_the_trainer_image():
         assert provider.metadata["Name"].lower() in {Requirement(r).name.lower() for r in trainer_reqs}, (
             f"{cmd[0]} comes from {provider.metadata['Name']}, which the trainer image does not install"
         )
-    module = cmd[cmd.index("-m") + 1]
-    assert module.startswith("holmes.trainer")
-    assert importlib.util.find_spec(module + ".__main__") is not None
+    modules = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "-m"]  # the launcher's, the workers'
+    assert modules and all(m.startswith("holmes.trainer") for m in modules), modules
+    for m in modules:  # runnable with -m: a module, or a package with __main__
+        spec = importlib.util.find_spec(m)
+        assert spec is not None, m
+        if spec.submodule_search_locations is not None:
+            assert importlib.util.find_spec(m + ".__main__") is not None, m
 
 
 def pins() -> dict[str, Version]:

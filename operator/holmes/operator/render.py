@@ -135,9 +135,13 @@ def build_service(job: JobRef, settings: RenderSettings) -> dict:
 
 
 def default_command(layout: Layout, node_rank: int, master: str, master_port: int) -> list[str]:
-    """torchrun with a static rendezvous: node ranks are the layout's node order."""
+    """torchrun's arguments (a static rendezvous: node ranks are the layout's node order) under
+    Holmes' launcher, which exits with the workers' own code (83: preempted) where torchrun
+    would say 1 (holmes.trainer.run)."""
     return [
-        "torchrun",
+        "python",
+        "-m",
+        "holmes.trainer.run",
         f"--nnodes={len(layout.nodes)}",
         f"--nproc-per-node={layout.gpus_per_node}",
         f"--node-rank={node_rank}",
