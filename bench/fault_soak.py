@@ -461,6 +461,15 @@ def leftovers(c: Cluster, ns: str, job: str, final_attempt: int) -> list[str]:
     return out
 
 
+def sizes(rank0: dict[int, list[dict]]) -> list[int]:
+    """The world size of each attempt that started training (its rank 0's start line)."""
+    return [
+        next(r["worldSize"] for r in lines if r.get("holmes") == "start")
+        for _, lines in sorted(rank0.items())
+        if any(r.get("holmes") == "start" for r in lines)
+    ]
+
+
 def trained(rank0: dict[int, list[dict]]) -> int:
     """Iterations trained in every attempt together (rank 0's iteration lines)."""
     return sum(
@@ -487,6 +496,7 @@ def report(ref: Result, soak: Result, iterations: int, left: list[str]) -> bool:
     total = trained(soak.rank0)
     goodput = iterations / total if total else 0.0
     st = soak.status
+    print(f"\nnodes per attempt: {' -> '.join(str(n) for n in sizes(soak.rank0))}")
     print(
         f"\ngoodput {iterations}/{total} iterations = {goodput:.3f}; restarts {st.get('restarts')} "
         f"{json.dumps(st.get('restartsByReason') or {})}; final size {json.dumps(st.get('size') or {})}"
@@ -563,6 +573,7 @@ def main() -> int:
                         "referenceLoss": ref.loss,
                         "loss": soak.loss,
                         "trained": trained(soak.rank0),
+                        "worldSizes": sizes(soak.rank0),
                         "iterations": iterations,
                         "problems": soak.problems + left,
                     },

@@ -1,0 +1,46 @@
+"""The short version of bench/fault_soak.py on the test cluster: 3 faults (a pod deleted, a
+node deleted with its machine gone, a trainer killed) against an undisturbed run of the same
+job. The bench itself checks the job Succeeds with the undisturbed run's final loss (1e-3), no
+fault loses more than a checkpoint interval, and no duplicate or leftover pods; here the job
+must also have shrunk when its node went and grown back to six nodes after it returned."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def test_three_faults_cost_at_most_a_checkpoint_interval_each_and_the_loss_is_unchanged(cluster, tmp_path):
+    out_json = tmp_path / "soak.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "fault_soak.py"),
+            "--faults=3",
+            "--kinds=delete-pod,delete-node,kill-trainer",
+            f"--state-dir={cluster.state_dir}",
+            f"--json={out_json}",
+            "--timeout=600",
+        ],
+        env={**os.environ, "HOLMES_KUBECONFIG": cluster.kubeconfig},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=REPO,
+    )
+    out = proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 0, out
+    res = json.loads(out_json.read_text())
+    assert res["status"]["phase"] == "Succeeded", out
+    assert sorted(f["kind"] for f in res["faults"]) == ["delete-node", "delete-pod", "kill-trainer"], out
+    assert all(f["iterationsLost"] <= 10 for f in res["faults"]), out
+    assert abs(res["loss"] - res["referenceLoss"]) <= 1e-3, out
+    by = res["status"]["restartsByReason"]
+    assert by.get("disruption") == 2 and by.get("failure") == 1 and by.get("scaleUp", 0) >= 1, out
+    sizes = res["worldSizes"]
+    shrunk = sizes.index(min(sizes))
+    assert min(sizes) < 6 and 6 in sizes[shrunk:], f"the job did not shrink and grow back: {sizes}\n{out}"
