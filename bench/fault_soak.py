@@ -413,7 +413,7 @@ def run_job(
                 )
             inject.restore()
             # iterations lost: trained before the fault and trained again after it
-            last_before = max((it for t, a, it in w.t.iterations if t <= at), default=0)
+            last_before = max((it for _, a, it in w.t.iterations if a == before[1]), default=0)
             lost = max(0, last_before - nxt[2] + 1) if nxt[1] != before[1] else 0
             done.append(
                 {

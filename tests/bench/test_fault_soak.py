@@ -38,6 +38,8 @@ def test_three_faults_cost_at_most_a_checkpoint_interval_each_and_the_loss_is_un
     assert res["status"]["phase"] == "Succeeded", out
     assert sorted(f["kind"] for f in res["faults"]) == ["delete-node", "delete-pod", "kill-trainer"], out
     assert all(f["iterationsLost"] <= 10 for f in res["faults"]), out
+    # a deleted pod's trainer saves on SIGTERM before it exits 83: nothing is trained twice
+    assert next(f for f in res["faults"] if f["kind"] == "delete-pod")["iterationsLost"] == 0, out
     assert abs(res["loss"] - res["referenceLoss"]) <= 1e-3, out
     by = res["status"]["restartsByReason"]
     assert by.get("disruption") == 2 and by.get("failure") == 1 and by.get("scaleUp", 0) >= 1, out
