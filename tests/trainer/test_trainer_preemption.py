@@ -199,7 +199,8 @@ def test_sigterm_to_one_pods_launcher_saves_exits_83_and_a_new_run_resumes(tmp_p
     lines = [json.loads(l) for l in outs[0][1].splitlines() if l.startswith('{"holmes"')]
     last = lines[-1]
     assert last["holmes"] == "preempted" and last["iteration"] == n and last["saved"] is True
-    assert last["signalledRanks"] == 2 and 0 < last["graceLeftSeconds"] <= 60
+    # node 1's two workers: both, or one when the other's signal came after that iteration's vote
+    assert last["signalledRanks"] in (1, 2) and 0 < last["graceLeftSeconds"] <= 60
     assert json.loads((tmp_path / "termination-log").read_text())["holmes"] == "preempted"
 
     outs = _finish(_start(tmp_path, _job(1000, ckpt, True), extra=("--iterations", str(n + 2))))
