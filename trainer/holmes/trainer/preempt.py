@@ -100,8 +100,8 @@ def _seconds(value: str | None, default: float) -> float:
 
 
 def save_seconds_needed(last_save_seconds: float | None) -> float:
-    """What a save must leave room for: the last one's time and a quarter (none yet: nothing, i.e. try) plus
-    the margin to leave."""
+    """What a save must leave room for: the last one's time and a quarter (none yet: nothing,
+    i.e. try) plus the margin to leave."""
     return (last_save_seconds or 0.0) * 1.25 + MARGIN_SECONDS
 
 
