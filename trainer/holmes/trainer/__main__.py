@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     if code == EXIT_PREEMPTED:  # every rank stopped at the same boundary: leave together
         note_exit(rank, code)
         dist.destroy_process_group()
-        return code
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # now, not after interpreter shutdown: the grace period is running
     if code:
         # Peers may still hold this process's sockets in a collective; leave now instead of
         # letting interpreter shutdown wait on communicator threads.

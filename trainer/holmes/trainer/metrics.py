@@ -6,9 +6,11 @@ whether the run recomputes activations, named in the ``start`` line's ``flopsFor
 line carries ``"holmes": "<event>"`` so a reader can pick them out of other output: ``start``,
 ``iteration``, ``eval``, ``checkpoint``, ``resume``, ``preempted``, ``done``, ``error``. An
 iteration after which training.eval ran carries ``evalLoss`` and ``evalPerplexity`` too.
-``preempted`` (SIGTERM, preempt.py): the iteration all ranks stopped after, its ``loss``, ``saved``
-(and ``path``) and the save's ``seconds``, ``signalledRanks``, ``graceLeftSeconds`` before it.
-The latest iteration/preempted/done/error line also replaces the container's termination message file
+``resume``: the iteration, ``consumedSamples``, ``layoutChanged`` and ``rngRestored`` (only
+under the same layout). ``preempted`` (SIGTERM, preempt.py): the iteration all ranks stopped
+after, its ``loss``, ``saved`` (and ``path``), the save's ``seconds``, ``signalledRanks`` and
+``graceLeftSeconds`` before the save. The latest iteration/preempted/done/error line also
+replaces the container's termination message file
 (Kubernetes' /dev/termination-log), where the operator reads progress once the pod has ended.
 """
 

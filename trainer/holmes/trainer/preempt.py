@@ -82,18 +82,26 @@ def grace_seconds(env: dict[str, str] | Any = None) -> float:
     capped under torchrun by its shutdown timeout (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, which
     holmes.trainer.run sets to the grace; 30 s when torchrun runs us without it)."""
     env = os.environ if env is None else env
-    grace = float(env.get(ENV_GRACE_SECONDS) or DEFAULT_GRACE_SECONDS)
-    shutdown = env.get(TORCHRUN_SHUTDOWN_ENV)
-    if shutdown:
-        grace = min(grace, float(shutdown))
+    grace = _seconds(env.get(ENV_GRACE_SECONDS), DEFAULT_GRACE_SECONDS)
+    if env.get(TORCHRUN_SHUTDOWN_ENV):
+        grace = min(grace, _seconds(env.get(TORCHRUN_SHUTDOWN_ENV), TORCHRUN_DEFAULT_SHUTDOWN_SECONDS))
     elif env.get("TORCHELASTIC_RUN_ID") is not None:
         grace = min(grace, TORCHRUN_DEFAULT_SHUTDOWN_SECONDS)
     return grace
 
 
+def _seconds(value: str | None, default: float) -> float:
+    """A number of seconds from the environment; unset or unreadable: ``default`` (a stop must
+    not fail on a typo)."""
+    try:
+        return float(value) if value else default
+    except ValueError:
+        return default
+
+
 def save_seconds_needed(last_save_seconds: float | None) -> float:
-    """What a save must leave room for: the last one's time and a quarter (none yet: try) plus
-    the margin to leave."""
+    """What a save must leave room for: the last one's time and a quarter (none yet: nothing,
+    i.e. try) plus the margin to leave."""
     return (last_save_seconds or 0.0) * 1.25 + MARGIN_SECONDS
 
 

@@ -31,7 +31,7 @@ import tempfile
 
 from holmes.contract.names import ENV_GRACE_SECONDS, EXIT_PREEMPTED
 
-from .preempt import DEFAULT_GRACE_SECONDS, ENV_EXIT_DIR, TORCHRUN_SHUTDOWN_ENV
+from .preempt import ENV_EXIT_DIR, TORCHRUN_SHUTDOWN_ENV, grace_seconds
 
 
 def exit_status(code: int) -> int:
@@ -58,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = torchrun.parse_args(argv)
     if args.shutdown_timeout is None:
-        grace = float(os.environ.get(ENV_GRACE_SECONDS) or DEFAULT_GRACE_SECONDS)
-        args.shutdown_timeout = int(os.environ.get(TORCHRUN_SHUTDOWN_ENV) or math.ceil(grace))
+        # the pod's grace period, so torchrun waits as long as Kubernetes does before SIGKILL
+        given = os.environ.get(TORCHRUN_SHUTDOWN_ENV, "")
+        grace = grace_seconds({ENV_GRACE_SECONDS: os.environ.get(ENV_GRACE_SECONDS, "")})
+        args.shutdown_timeout = int(given) if given.isdigit() else math.ceil(grace)
     os.environ[TORCHRUN_SHUTDOWN_ENV] = str(args.shutdown_timeout)  # the workers' deadline too
     exits = tempfile.mkdtemp(prefix="holmes-exit-")
     os.environ[ENV_EXIT_DIR] = exits
