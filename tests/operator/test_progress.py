@@ -129,3 +129,13 @@ def test_a_scrape_larger_than_the_limit_is_ignored():
         url = f"http://127.0.0.1:{port}/metrics"
         assert progress.scrape(url)["iteration"] == 3
         assert progress.scrape(url, limit=1024) == {}
+
+
+def test_a_preempted_trainers_last_line_is_its_progress():
+    msg = "\n".join(
+        [
+            json.dumps({"holmes": "iteration", "iteration": 40, "loss": 2.0}),
+            json.dumps({"holmes": "preempted", "iteration": 41, "loss": 1.9, "saved": True, "seconds": 0.2}),
+        ]
+    )
+    assert progress.from_json_lines(msg) == {"iteration": 41, "loss": 1.9}

@@ -74,7 +74,7 @@ def from_json_lines(message: str | None) -> dict[str, Any]:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and rec.get("holmes") in ("iteration", "done"):
+        if isinstance(rec, dict) and rec.get("holmes") in ("iteration", "done", "preempted"):
             return _clean(rec)
     return {}
 
