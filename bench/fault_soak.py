@@ -224,6 +224,10 @@ def stable(c: Cluster, ns: str, name: str, w: Watcher, timeout: float) -> None:
 
     def ok() -> bool:
         st = job_status(c, ns, name)
+        if st.get("phase") in ("Succeeded", "Failed") and (st.get("size") or {}).get("current") != (
+            st.get("size") or {}
+        ).get("desired"):
+            raise RuntimeError(f"the job ended {st.get('phase')} below its full size: {st.get('size')}")
         size = st.get("size") or {}
         last = w.last()
         return (

@@ -711,7 +711,9 @@ def test_an_elastic_job_waits_then_runs_on_fewer_nodes():
 
 def test_a_node_deleted_under_an_elastic_job_continues_smaller_at_once_and_grows_back_after_a_checkpoint():
     nodes = with_link_layers(default_nodes())
-    w = _running(_elastic(), nodes)
+    job = _elastic()
+    job["spec"]["training"]["checkpoint"]["onPreemption"] = False  # only periodic checkpoints
+    w = _running(job, nodes)
     layout = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
     for p in w.pods.values():
         p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
@@ -780,3 +782,24 @@ def test_peers_failing_after_a_pod_was_evicted_count_as_the_disruption():
     d = w.step()
     assert w.status["phase"] == "Restarting" and w.status["restartsByReason"] == {"disruption": 1}
     assert any(e.reason == "PodDeleted" and "tiny-1-0" in e.message for e in d.events)
+
+
+def test_with_saves_on_preemption_an_elastic_job_grows_back_as_soon_as_its_nodes_return():
+    nodes = with_link_layers(default_nodes())
+    w = _running(_elastic(), nodes)
+    for p in w.pods.values():
+        p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
+    lost = _node(nodes, Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes[1])
+    nodes.remove(lost)
+    w.step()
+    w.step()
+    w.set_phase("Running")
+    w.step(progress={"iteration": 12, "checkpointIteration": 10})
+    assert len(w.pods) == 5 and w.status["phase"] == "Running"
+    nodes.append(lost)
+    w.step(progress={"iteration": 13, "checkpointIteration": 10})
+    assert w.status["phase"] == "Restarting" and w.condition("Reconciling")["reason"] == "ScaleUp"
+    assert "onPreemption" in w.condition("Reconciling")["message"]
+    assert w.status["restartsByReason"] == {"disruption": 1, "scaleUp": 1}
+    w.step()
+    assert len(w.pods) == 6 and w.status["size"]["current"] == 6

@@ -62,6 +62,9 @@ def from_prometheus(text: str) -> dict[str, Any]:
             elif s.name == FABRIC_GAUGE and s.value and "message" in s.labels:
                 fabric.append(s.labels["message"])
     values["fabricWarnings"] = sorted(fabric)
+    for unset in ("evalLoss", "checkpointIteration"):  # 0 until the first evaluation / save
+        if values.get(unset) == 0:
+            values.pop(unset)
     if values.get("iteration", 0) < 1:  # gauges read 0 until the first iteration (numbered from 1)
         return {}
     return _clean(values)

@@ -800,9 +800,12 @@ class _Reconciler:
         return ""
 
     def scale_up(self, spec: JobSpec, current: int) -> bool:
-        """An elastic job below count: once a larger layout plans, relaunch larger right after
-        the trainer's next checkpoint (True: torn down now)."""
-        if spec.nodes.scale_up != "atCheckpoint" or not spec.training.checkpoint:
+        """An elastic job below count whose nodes are back: relaunch larger at a checkpoint (True:
+        torn down now). With training.checkpoint.onPreemption the stop itself writes it (the
+        trainer saves on SIGTERM), so the relaunch is at once; else right after the trainer
+        reports its next periodic checkpoint."""
+        ckpt_spec = spec.training.checkpoint
+        if spec.nodes.scale_up != "atCheckpoint" or not ckpt_spec:
             return False
         ckpt = int((self.status.get("progress") or {}).get("checkpointIteration") or 0)
         after = self.old.get("scaleUpAfter")
@@ -813,7 +816,7 @@ class _Reconciler:
         except PlanError:
             self.status.pop("scaleUpAfter", None)
             return False
-        if after is None:
+        if after is None and not ckpt_spec.on_preemption:
             self.status["scaleUpAfter"] = ckpt
             self.event(
                 "Normal",
@@ -823,10 +826,15 @@ class _Reconciler:
             )
             return False
         self.teardown(restart=SCALE_UP)
+        when = (
+            f"checkpoint at iteration {ckpt} written"
+            if after is not None
+            else "the pods save a checkpoint as they stop (training.checkpoint.onPreemption)"
+        )
         self.set_phase(
             RESTARTING,
             "ScaleUp",
-            f"checkpoint at iteration {ckpt} written: relaunching on more than {current} nodes "
+            f"{bigger} nodes can run the job again; {when}: relaunching on more than {current} nodes "
             f"(nodes.count={spec.nodes.count})",
         )
         self.d.requeue_after = 0.5
