@@ -28,12 +28,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from holmes.contract import JobSpec, Layout
+from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
 from holmes.plan import InsufficientNodes, PlanError
 
 from . import names
 
 GPU = "nvidia.com/gpu"
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 CPU, MEMORY = "cpu", "memory"
 ENDED = ("Succeeded", "Failed")
 
@@ -482,6 +483,58 @@ class CapacityPlanner:
             parts.append(f"{len(blocked)} free node(s) kept for {', '.join(heads[:3])} ahead in the queue")
         parts.append("starts when capacity frees")
         return "; ".join(parts)
+
+
+def shared_state(
+    me: Mapping,
+    jobs: Iterable[Mapping],
+    pods: Sequence[Mapping],
+    layout_configmap: Callable[[str, str], Mapping | None],
+    classes: Mapping[str, int],
+    gpu_resource: str = GPU,
+) -> SharedState:
+    """The shared view for job ``me`` from the API's objects: ``pods`` (every pod that has not
+    ended), the HolmesJobs (launched ones with their layout ConfigMap, waiting ones in queue
+    order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view."""
+    launched, waiting = [], []
+    me_key = None
+    for job in jobs:
+        meta, st = job.get("metadata") or {}, job.get("status") or {}
+        ns, name = meta.get("namespace") or "", meta.get("name") or ""
+        if meta.get("deletionTimestamp") or st.get("phase") in ENDED:
+            continue
+        try:
+            spec = load_job(job)
+        except SpecError:
+            continue
+        shape = pod_shape(spec, gpu_resource)
+        if st.get("launched"):
+            cm = layout_configmap(ns, name) or {}
+            ann = (cm.get("metadata") or {}).get("annotations") or {}
+            if ann.get(names.ANN_ATTEMPT) != str(st.get("attempt")):
+                continue
+            try:
+                planned = Layout.from_json(cm["data"][names.LAYOUT_FILE]).nodes
+            except (KeyError, TypeError, LayoutError):
+                continue
+            launched.append(Launched(f"{ns}/{name}", int(st.get("attempt") or 0), tuple(planned), shape))
+            continue
+        stalled = any(
+            c.get("type") == "Stalled" and c.get("status") == "True" for c in st.get("conditions") or []
+        )
+        queued = ((meta.get("labels") or {}).get(LABEL_KUEUE_QUEUE)) is not None
+        unadmitted = queued and st.get("phase") in (None, "Suspended")  # Kueue's to order
+        if spec.run_policy.suspend or st.get("phase") == "Suspended" or stalled or unadmitted:
+            continue
+        w = Waiting(
+            f"{ns}/{name}", spec, shape, priority_of(spec, classes)[0], meta.get("creationTimestamp") or ""
+        )
+        if meta.get("uid") == (me.get("metadata") or {}).get("uid"):
+            me_key = w.key
+        waiting.append(w)
+    # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
+    ahead = [] if me_key is None else [w for w in queue_order(waiting) if w.key < me_key]
+    return SharedState(pods=list(pods), launched=launched, ahead=ahead)
 
 
 def restricted(planner: Any, node_labels: Mapping[str, str]) -> CapacityPlanner:

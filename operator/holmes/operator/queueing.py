@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import names
-from .capacity import CPU, GPU, MEMORY, PodShape, show
+from .capacity import CPU, GPU, LABEL_KUEUE_QUEUE, MEMORY, PodShape, show
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 KUEUE_API = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 WORKLOADS, FLAVORS = "workloads", "resourceflavors"
-LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+LABEL_QUEUE = LABEL_KUEUE_QUEUE
 POD_SET = "workers"
 
 VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
