@@ -147,7 +147,7 @@ def admitted(flavor):
                 "type": "Evicted",
                 "status": "False",
                 "reason": "QuotaReserved",
-                "message": "",
+                "message": "quota reserved",
                 "lastTransitionTime": "2026-01-01T00:00:00Z",
             },
         ],
