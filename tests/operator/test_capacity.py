@@ -70,6 +70,9 @@ def test_a_taint_the_template_does_not_tolerate_rules_the_node_out():
     assert capacity.placement_problem(node, shape_of(tolerations=[{"operator": "Exists"}])) == ""
     node["spec"]["taints"] = [{"key": "soft", "effect": "PreferNoSchedule"}]
     assert capacity.placement_problem(node, shape_of()) == ""
+    # condition taints are the Ready condition's and the cordon's, which the planner reads itself
+    node["spec"]["taints"] = [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
+    assert capacity.placement_problem(node, shape_of()) == ""
 
 
 def test_node_selector_and_required_affinity_are_respected():

@@ -37,6 +37,14 @@ GPU = "nvidia.com/gpu"
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 CPU, MEMORY = "cpu", "memory"
 ENDED = ("Succeeded", "Failed")
+# Taints the node lifecycle controller keeps in step with what the planner reads itself (the
+# Ready condition, cordon): judged there, so a cluster without that controller (the local one)
+# is not blocked by a stale one.
+CONDITION_TAINTS = (
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/unschedulable",
+)
 
 
 class WaitingForCapacity(InsufficientNodes):
@@ -217,6 +225,8 @@ def placement_problem(node: Mapping, shape: PodShape) -> str:
     if shape.affinity_terms and not any(_term_matches(t, node) for t in shape.affinity_terms):
         return "the template's required node affinity does not match"
     for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("key") in CONDITION_TAINTS:
+            continue  # the planner judges these by the Ready condition and spec.unschedulable
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(shape.tolerations, taint):
             value = f"={taint['value']}" if taint.get("value") else ""
             return f"taint {taint.get('key')}{value}:{taint.get('effect')} is not tolerated by the template"
