@@ -85,6 +85,12 @@ class FakeWorld:
         self.settings = RenderSettings()
         self.backoff = backoff  # none unless a test is about it: restarts relaunch at once
         self.refuse = None  # pod -> ChildRefusal | None: what an admission step would refuse
+        # shared clusters: the Kueue Workload, ResourceFlavors (None: Kueue not installed),
+        # PriorityClasses, the Volcano PodGroup
+        self.workload: dict | None = None
+        self.flavors: dict | None = None
+        self.priority_classes: dict | None = None
+        self.podgroup: dict | None = None
 
     def step(self, seconds: float = 1.0, progress: dict | None = None, refused: list | None = None):
         self.now += timedelta(seconds=seconds)
@@ -97,8 +103,20 @@ class FakeWorld:
             now=self.now,
             progress=progress,
             refused=refused or [],
+            workload=copy.deepcopy(self.workload),
+            flavors=self.flavors,
+            priority_classes=self.priority_classes,
         )
         d = decide(obs, self.planner, self.settings, self.backoff)
+        if d.delete_workload:
+            self.workload = None
+        if d.workload is not None and self.workload is None:
+            self.workload = copy.deepcopy(d.workload)
+            self.workload["metadata"]["ownerReferences"] = [{"uid": self.job["metadata"]["uid"]}]
+        if d.workload_conditions is not None and self.workload is not None:
+            self.workload.setdefault("status", {})["conditions"] = d.workload_conditions
+        if d.podgroup is not None:
+            self.podgroup = copy.deepcopy(d.podgroup)
         for name in d.delete_pods:
             self.pods.pop(name, None)
         if d.configmap is not None:

@@ -119,6 +119,8 @@ def test_spec_fields_match_what_the_operator_parses():
             "activeDeadlineSeconds": 9,
             "waitForNodesSeconds": 0,
             "disruptionLimit": 2,
+            "priority": 10,
+            "priorityClassName": "high",
             "failurePolicy": {
                 "rules": [
                     {

@@ -262,7 +262,28 @@ NEEDED = {
     ("customresourcedefinitions.apiextensions.k8s.io", "watch"): "kopf resource scanning",
     ("namespaces", "list"): "kopf namespace observation (operator serving a namespace list)",
     ("namespaces", "watch"): "kopf namespace observation (operator serving a namespace list)",
+    ("priorityclasses.scheduling.k8s.io", "list"): "informer.Informer (runPolicy.priorityClassName)",
+    ("priorityclasses.scheduling.k8s.io", "watch"): "informer.Informer (runPolicy.priorityClassName)",
+    ("resourceflavors.kueue.x-k8s.io", "list"): "informer.Informer (Kueue flavors' node labels)",
+    ("resourceflavors.kueue.x-k8s.io", "watch"): "informer.Informer (Kueue flavors' node labels)",
+    ("workloads.kueue.x-k8s.io", "list"): "informer.Informer (the Workloads cache)",
+    ("workloads.kueue.x-k8s.io", "watch"): "informer.Informer (the Workloads cache)",
+    ("workloads.kueue.x-k8s.io", "create"): "kube.KubeIO.apply_queueing",
+    ("workloads.kueue.x-k8s.io", "delete"): "kube.KubeIO.apply_queueing (the job's pods changed)",
+    ("workloads.kueue.x-k8s.io/status", "patch"): "kube.KubeIO.apply_queueing (Finished)",
+    ("podgroups.scheduling.volcano.sh", "create"): "kube.KubeIO.apply_queueing",
+    ("podgroups.scheduling.volcano.sh", "patch"): "kube.KubeIO.apply_queueing (a new gang size)",
 }
+# Cluster-wide reads (the ClusterRole in every mode): besides nodes and CRDs, pods (what other
+# workloads hold), PriorityClasses and Kueue's ResourceFlavors.
+CLUSTER_READS = (
+    "nodes",
+    "customresourcedefinitions",
+    "namespaces",
+    "pods",
+    "priorityclasses",
+    "resourceflavors",
+)
 # In the release namespace only: the leader-election Lease (leader.LeaderElector).
 LEADER = {
     ("leases.coordination.k8s.io", "create"): "leader.LeaderElector._create",
@@ -298,7 +319,7 @@ def test_operator_may_do_exactly_what_it_needs(env):
     assert granted(env, env.job_ns) == set(NEEDED)
     # outside the served namespace: only the cluster-scoped reads
     assert granted(env, env.release_ns) == {
-        k for k in NEEDED if k[0].split(".")[0] in ("nodes", "customresourcedefinitions", "namespaces")
+        k for k in NEEDED if k[0].split(".")[0] in CLUSTER_READS and k[1] in ("list", "watch")
     } | set(LEADER)
 
 

@@ -129,6 +129,9 @@ def test_watch_namespaces_gives_roles_per_namespace_and_flags():
         "nodes",
         "customresourcedefinitions",
         "namespaces",
+        "pods",  # list/watch only: what other workloads hold (capacity planning)
+        "priorityclasses",
+        "resourceflavors",
     }
     args = operator_pod(docs)["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args

@@ -40,6 +40,7 @@ without a default is required:
     runPolicy:   backoffLimit = 3, suspend = false, ttlSecondsAfterFinished = none,
                  activeDeadlineSeconds = none, waitForNodesSeconds = 60,
                  disruptionLimit = none (unbounded),
+                 priority = none, priorityClassName = none (queue order on a shared cluster),
                  failurePolicy = none  (or {rules: [{action: FailJob | Ignore | Count,
                         onExitCodes: {containerName, operator: In | NotIn, values: [..]}}]})
 
@@ -329,6 +330,9 @@ class RunPolicy:
     wait_for_nodes_seconds: int = DEFAULT_WAIT_FOR_NODES_SECONDS
     disruption_limit: int | None = None  # None: disruptions never fail the job
     failure_policy: FailurePolicy | None = None
+    # queue order on a shared cluster: a number, else a PriorityClass's value, else 0
+    priority: int | None = None
+    priority_class_name: str | None = None
 
 
 @dataclass(frozen=True, eq=True)
@@ -890,6 +894,8 @@ def _run_policy(r: _Reader, v: Any, path: str) -> RunPolicy:
             "waitForNodesSeconds",
             "disruptionLimit",
             "failurePolicy",
+            "priority",
+            "priorityClassName",
         ),
     )
     if d is None:
@@ -904,6 +910,8 @@ def _run_policy(r: _Reader, v: Any, path: str) -> RunPolicy:
         ),
         disruption_limit=r.integer(d, "disruptionLimit", path, default=None, minimum=0),
         failure_policy=_failure_policy(r, d.get("failurePolicy"), f"{path}.failurePolicy"),
+        priority=r.integer(d, "priority", path, default=None, minimum=-(2**31)),
+        priority_class_name=r.string(d, "priorityClassName", path, default=None),
     )
 
 

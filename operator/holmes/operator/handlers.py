@@ -15,6 +15,12 @@ its children and the nodes only wake that loop up (many events coalesce into one
 - No loop decides anything before the caches hold a full LIST and, with leader election, before
   this replica leads (leader.py): a partly filled cache would look like deleted pods.
 - Node changes that matter (labels, allocatable, readiness, cordon, taints) wake every job.
+- Shared clusters (capacity.py): a cluster-wide cache of every pod that has not ended (slimmed,
+  field selector on the phase) feeds the capacity view; jobs plan one at a time (the placement
+  lock around decide + apply), so each sees the pods the previous one created. Any pod change,
+  and any HolmesJob change, wakes the jobs that have not launched yet (debounced).
+- Kueue (queueing.py): when the API server serves kueue.x-k8s.io/v1beta1 at start-up, Workloads
+  of Holmes jobs and ResourceFlavors are cached too; PriorityClasses always are.
 
 Why not a kopf daemon: daemons make kopf put a finalizer on every HolmesJob, and a job could then
 not be deleted while the operator is down. Children go away through their ownerReferences, so
@@ -30,6 +36,7 @@ import copy
 import fnmatch
 import functools
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,7 +46,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from . import metrics, names, progress
+from . import capacity, metrics, names, progress, queueing
 from .informer import Informer
 from .kube import Caches, KubeIO
 from .reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide, owned
@@ -48,6 +55,7 @@ from .summary import pod_attempt, pod_node_rank
 
 log = logging.getLogger("holmes.operator")
 IDLE_RESYNC = 300.0  # a quiet job is still re-read this often
+WAKE_WAITING_DELAY = 0.3  # pod changes wake the waiting jobs at most this often
 
 
 class Waker:
@@ -88,6 +96,11 @@ class Runtime:
         self.ready = asyncio.Event()
         self.leading: asyncio.Event | None = None  # the leader elector's, when there is one
         self.readying: asyncio.Task | None = None
+        # Jobs plan and launch one at a time against the shared view (capacity.py).
+        self.placement = threading.RLock()
+        self.unlaunched: set[tuple[str, str]] = set()  # woken when capacity may have freed
+        self.kueue = False  # the API server serves Kueue's Workloads
+        self._wake_scheduled = False
 
     def wake(self, key: tuple[str, str]) -> None:
         w = self.wakers.get(key)
@@ -97,6 +110,19 @@ class Runtime:
     def wake_all(self) -> None:
         for w in self.wakers.values():
             w.event.set()
+
+    def wake_waiting(self) -> None:
+        """Wake the jobs not launched yet, soon (many pod events coalesce into one wake)."""
+        if self._wake_scheduled:
+            return
+        self._wake_scheduled = True
+
+        def fire() -> None:
+            self._wake_scheduled = False
+            for key in list(self.unlaunched):
+                self.wake(key)
+
+        asyncio.get_running_loop().call_later(WAKE_WAITING_DELAY, fire)
 
     # ---- caches -------------------------------------------------------------------------------
     def start_informers(self) -> None:
@@ -134,6 +160,63 @@ class Runtime:
             else:
                 ok = functools.partial(namespace_matches, self.namespaces)
                 self.informers.append(Informer(kind, everywhere, selector, store, changed, ok).start())
+        self.start_shared_informers(core, changed, literal)
+
+    def start_shared_informers(self, core: client.CoreV1Api, changed, literal: bool) -> None:
+        """What capacity and queueing read beyond the jobs' own children (see the module doc)."""
+        loop = asyncio.get_running_loop()
+        api = core.api_client
+
+        def capacity_changed(ns: str, label: str) -> None:  # from an informer's thread
+            loop.call_soon_threadsafe(self.wake_waiting)
+
+        self.informers.append(
+            Informer(
+                "pods/all",
+                core.list_pod_for_all_namespaces,
+                "",
+                self.caches.cluster_pods,
+                capacity_changed,
+                field_selector="status.phase!=Succeeded,status.phase!=Failed",
+                transform=capacity.slim_pod,
+            ).start()
+        )
+        sched = client.SchedulingV1Api(api)
+        self.informers.append(
+            Informer(
+                "priorityclasses",
+                sched.list_priority_class,
+                "",
+                self.caches.priority_classes,
+                capacity_changed,
+            ).start()
+        )
+        self.kueue = api_served(api, queueing.KUEUE_GROUP, queueing.KUEUE_VERSION)
+        if not self.kueue:
+            return
+        custom = client.CustomObjectsApi(api)
+        g, v = queueing.KUEUE_GROUP, queueing.KUEUE_VERSION
+        selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}"
+        if literal:
+            for ns in self.namespaces:
+                fn = functools.partial(custom.list_namespaced_custom_object, g, v, ns, queueing.WORKLOADS)
+                self.informers.append(
+                    Informer(f"workloads/{ns}", fn, selector, self.caches.workloads, changed).start()
+                )
+        else:
+            fn = functools.partial(custom.list_cluster_custom_object, g, v, queueing.WORKLOADS)
+            ok = functools.partial(namespace_matches, self.namespaces)
+            self.informers.append(
+                Informer("workloads", fn, selector, self.caches.workloads, changed, ok).start()
+            )
+        fn = functools.partial(custom.list_cluster_custom_object, g, v, queueing.FLAVORS)
+
+        def flavors_changed(ns: str, label: str) -> None:
+            loop.call_soon_threadsafe(self.wake_all)
+
+        self.informers.append(
+            Informer("resourceflavors", fn, "", self.caches.flavors, flavors_changed).start()
+        )
 
     async def become_ready(self) -> None:
         for inf in self.informers:
@@ -159,20 +242,40 @@ class Runtime:
         if job is None or job["metadata"].get("deletionTimestamp"):
             return None
         pods = self.caches.pods.by_label(ns, name)
-        obs = Observed(
-            job=job,
-            pods=pods,
-            configmap=self.caches.configmaps.get(ns, names.layout_configmap_name(name)),
-            service=self.caches.services.get(ns, names.service_name(name)),
-            nodes=nodes,
-            now=datetime.now(timezone.utc),
-            progress=self._progress(job, pods),
-            refused=refused or [],
-        )
-        d = decide(obs, self.planner, self.settings, self.backoff)
-        created, refusals = self.io.apply(d, job)
-        old = job.get("status") or {}
-        self.io.patch_status(job, old, d.status)
+        found = self._progress(job, pods)
+        with self.placement:  # plan + create pods, one job at a time (capacity.py)
+            job = self.caches.jobs.get(ns, name) or job
+            obs = Observed(
+                job=job,
+                pods=self.caches.pods.by_label(ns, name),
+                configmap=self.caches.configmaps.get(ns, names.layout_configmap_name(name)),
+                service=self.caches.services.get(ns, names.service_name(name)),
+                nodes=nodes,
+                now=datetime.now(timezone.utc),
+                progress=found,
+                refused=refused or [],
+                workload=self.caches.workloads.get(ns, queueing.workload_name(name)),
+                flavors=(
+                    {f["metadata"]["name"]: f for f in self.caches.flavors.values()} if self.kueue else None
+                ),
+                priority_classes=self.priority_classes(),
+            )
+            planner = capacity.CapacityPlanner(
+                self.planner,
+                f"{ns}/{name}",
+                functools.partial(self.shared_state, job, nodes),
+                gpu_resource=self.settings.gpu_resource,
+            )
+            d = decide(obs, planner, self.settings, self.backoff)
+            self.io.apply_queueing(d, job)
+            created, refusals = self.io.apply(d, job)
+            old = job.get("status") or {}
+            self.io.patch_status(job, old, d.status)
+        key = (ns, name)
+        if not d.status.get("launched") and d.status.get("phase") not in ("Succeeded", "Failed"):
+            self.unlaunched.add(key)
+        else:
+            self.unlaunched.discard(key)
         self._account(job, old, d, created)
         for ev in d.events:
             kopf.event(job, type=ev.type, reason=ev.reason, message=ev.message[:1000])
@@ -193,6 +296,28 @@ class Runtime:
         if refusals:  # decide again at once, knowing what the API server refused
             return self.reconcile(ns, name, nodes, refusals)
         return d
+
+    # ---- shared clusters ------------------------------------------------------------------------
+    def priority_classes(self) -> dict[str, int]:
+        return {
+            p["metadata"]["name"]: int(p.get("value") or 0)
+            for p in self.caches.priority_classes.values()
+            if isinstance(p.get("value"), int)
+        }
+
+    def shared_state(self, me: Mapping, nodes: list[dict]) -> capacity.SharedState:
+        """What other workloads hold (pods, launched layouts) and the waiting jobs ahead of ``me``."""
+        pods = {_key(p): p for p in self.caches.cluster_pods.values()}
+        for p in self.caches.pods.values():  # Holmes' own pods, including those just created
+            pods[_key(p)] = capacity.slim_pod(p)
+        return capacity.shared_state(
+            me,
+            self.caches.jobs.values(),
+            list(pods.values()),
+            lambda ns, job: self.caches.configmaps.get(ns, names.layout_configmap_name(job)),
+            self.priority_classes(),
+            self.settings.gpu_resource,
+        )
 
     def _progress(self, job: Mapping, pods: list[dict]) -> dict | None:
         """The rank-0 trainer's numbers, read at most once per progress interval while it runs,
@@ -230,6 +355,20 @@ class Runtime:
                 (c.get("reason") for c in d.status.get("conditions") or [] if c.get("type") == "Failed"), ""
             )
             metrics.FAILURES.labels(reason or "Unknown").inc()
+
+
+def _key(obj: Mapping) -> tuple[str, str]:
+    return obj["metadata"].get("namespace"), obj["metadata"].get("name")
+
+
+def api_served(api: client.ApiClient, group: str, version: str) -> bool:
+    """Whether the API server serves group/version (a CRD installed), read once at start-up."""
+    try:
+        groups = client.ApisApi(api).get_api_versions()
+    except Exception as e:  # not fatal: the Kueue integration stays off
+        log.warning("API discovery failed; Kueue integration off: %s", e)
+        return False
+    return any(g.name == group and any(v.version == version for v in g.versions) for g in groups.groups)
 
 
 def namespace_matches(patterns: tuple[str, ...], ns: str) -> bool:
@@ -302,11 +441,14 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         if type == "DELETED":
             rt.caches.jobs.remove(body)
             rt.scraped.pop(key, None)
+            rt.unlaunched.discard(key)
+            rt.wake_waiting()
             task = rt.loops.pop(key, None)
             if task is not None:
                 task.cancel()
             return
         rt.remember_job(body)
+        rt.wake_waiting()  # a job ahead in the queue may have launched, changed or gone
         task = rt.loops.get(key)
         if task is None or task.done():
             # Created here, the task inherits kopf's per-object context (Event posting).

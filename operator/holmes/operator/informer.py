@@ -112,6 +112,14 @@ class Store:
         with self._lock:
             return self._objs.get((ns, name))
 
+    def remove_name(self, ns: str, name: str) -> None:
+        with self._lock:
+            self._unset((ns, name))
+
+    def values(self) -> list[dict]:
+        with self._lock:
+            return list(self._objs.values())
+
     def by_label(self, ns: str, value: str) -> list[dict]:
         with self._lock:
             return [self._objs[(ns, n)] for n in sorted(self._index.get((ns, value), ()))]
@@ -124,7 +132,10 @@ class Store:
 class Informer:
     """Keeps ``store`` equal to what ``list_fn`` (a kubernetes client LIST function, namespaced
     by partial application or cluster-wide) returns for ``selector``, in a daemon thread. Calls
-    ``on_change(namespace, label_value)`` for every object that changed (from that thread)."""
+    ``on_change(namespace, label_value)`` for every object that changed (from that thread), or
+    ``on_change(namespace, "")`` when the store has no index label. ``field_selector`` narrows the
+    watch further (e.g. pods that have not ended); ``transform`` slims each object before it is
+    stored (the cluster-wide pod cache keeps only what capacity planning reads)."""
 
     def __init__(
         self,
@@ -134,9 +145,13 @@ class Informer:
         store: Store,
         on_change: Callable[[str, str], None],
         namespace_ok: Callable[[str], bool] = lambda ns: True,
+        field_selector: str | None = None,
+        transform: Callable[[dict], dict] | None = None,
     ) -> None:
         self.kind, self.list_fn, self.selector, self.store = kind, list_fn, selector, store
         self.on_change, self.namespace_ok = on_change, namespace_ok
+        self.fields = {"field_selector": field_selector} if field_selector else {}
+        self.transform = transform or (lambda o: o)
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._resp: Any = None
@@ -181,11 +196,15 @@ class Informer:
                 backoff = min(backoff * 2, 30.0)
 
     def _list(self) -> str:
-        resp = self.list_fn(label_selector=self.selector, _preload_content=False, _request_timeout=60)
+        resp = self.list_fn(
+            label_selector=self.selector, **self.fields, _preload_content=False, _request_timeout=60
+        )
         body = json.loads(resp.data)
-        items = [o for o in body.get("items") or [] if self.namespace_ok(_key(o)[0])]
+        items = [self.transform(o) for o in body.get("items") or [] if self.namespace_ok(_key(o)[0])]
         for changed in self.store.replace(items):
             self.on_change(*changed)
+        if self.store.index_label is None:
+            self.on_change("", "")
         return body["metadata"]["resourceVersion"]
 
     def _watch(self, rv: str) -> str:
@@ -193,6 +212,7 @@ class Informer:
         try:
             resp = self.list_fn(
                 label_selector=self.selector,
+                **self.fields,
                 watch=True,
                 resource_version=rv,
                 allow_watch_bookmarks=True,
@@ -222,10 +242,13 @@ class Informer:
                 rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                 if ev.get("type") == "BOOKMARK" or not self.namespace_ok(_key(obj)[0]):
                     continue
+                obj = self.transform(obj)
                 changed = self.store.remove(obj) if ev["type"] == "DELETED" else self.store.put(obj)
                 label = self.store.label(obj)
                 if changed and label is not None:
                     self.on_change(_key(obj)[0], label)
+                elif changed and self.store.index_label is None:
+                    self.on_change(_key(obj)[0], "")
         finally:
             self._resp = None
             resp.close()

@@ -20,7 +20,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import names
+from . import names, queueing
 from .informer import Store
 from .reconcile import ChildRefusal, Decision
 
@@ -53,6 +53,12 @@ class Caches:
         self.pods = Store(index_label=names.LABEL_JOB)
         self.configmaps = Store(index_label=names.LABEL_JOB)
         self.services = Store(index_label=names.LABEL_JOB)
+        # shared clusters: every pod that has not ended, slimmed (capacity.slim_pod); Kueue's
+        # Workloads of Holmes jobs and its ResourceFlavors; PriorityClasses
+        self.cluster_pods = Store(index_label=None)
+        self.workloads = Store(index_label=names.LABEL_JOB)
+        self.flavors = Store(index_label=None)
+        self.priority_classes = Store(index_label=None)
 
 
 class KubeIO:
@@ -192,3 +198,63 @@ class KubeIO:
                 cm["metadata"]["name"], ns, cm, _preload_content=False
             )
         self.caches.configmaps.put(_json(resp))
+
+    # ---- queueing systems (queueing.py) -------------------------------------------------------
+    def apply_queueing(self, d: Decision, owner: dict) -> None:
+        """A Decision's Kueue Workload and Volcano PodGroup writes (before its pods)."""
+        ns = owner["metadata"]["namespace"]
+        if d.delete_workload:
+            try:
+                self.custom.delete_namespaced_custom_object(
+                    queueing.KUEUE_GROUP, queueing.KUEUE_VERSION, ns, queueing.WORKLOADS, d.delete_workload
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            self.caches.workloads.remove_name(ns, d.delete_workload)
+        if d.workload is not None:
+            kopf.adopt(d.workload, owner=owner)
+            self._create_custom(
+                queueing.KUEUE_GROUP, queueing.KUEUE_VERSION, queueing.WORKLOADS, ns, d.workload
+            )
+        if d.workload_conditions is not None and d.workload is None:
+            name = queueing.workload_name(owner["metadata"]["name"])
+            try:
+                resp = self.custom.patch_namespaced_custom_object_status(
+                    queueing.KUEUE_GROUP,
+                    queueing.KUEUE_VERSION,
+                    ns,
+                    queueing.WORKLOADS,
+                    name,
+                    {"status": {"conditions": d.workload_conditions}},
+                    _preload_content=False,
+                )
+                self.caches.workloads.put(_json(resp))
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        if d.podgroup is not None:
+            kopf.adopt(d.podgroup, owner=owner)
+            group = (queueing.VOLCANO_GROUP, queueing.VOLCANO_VERSION, ns, queueing.PODGROUPS)
+            try:
+                self.custom.create_namespaced_custom_object(*group, d.podgroup, _preload_content=False)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                self.custom.patch_namespaced_custom_object(
+                    *group,
+                    d.podgroup["metadata"]["name"],
+                    {"spec": d.podgroup["spec"]},
+                    _preload_content=False,
+                )
+
+    def _create_custom(self, group: str, version: str, plural: str, ns: str, body: dict) -> None:
+        try:
+            resp = self.custom.create_namespaced_custom_object(
+                group, version, ns, plural, body, _preload_content=False
+            )
+        except ApiException as e:
+            if e.status == 409:  # there already: created before a restart
+                return
+            raise
+        self.caches.workloads.put(_json(resp))

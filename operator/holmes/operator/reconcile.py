@@ -37,8 +37,8 @@ from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
 from holmes.contract.names import EXIT_PREEMPTED
 from holmes.plan import InsufficientNodes, PlanError
 
+from . import capacity, names, queueing
 from . import conditions as cond
-from . import names
 from .render import JobRef, RenderSettings, build_configmap, build_pod, build_service
 from .summary import (
     container_exits,
@@ -107,6 +107,11 @@ class Observed:
     progress: dict | None = None  # numbers just read from the rank-0 trainer
     # children the API server refused in the apply just before this pass (see ChildRefusal)
     refused: list[ChildRefusal] = field(default_factory=list)
+    # Shared clusters (queueing.py): the job's Kueue Workload; Kueue's ResourceFlavors by name
+    # (None: the Kueue API is not served); PriorityClass values by name (None: not known)
+    workload: dict | None = None
+    flavors: Mapping[str, dict] | None = None
+    priority_classes: Mapping[str, int] | None = None
 
 
 @dataclass
@@ -119,6 +124,10 @@ class Decision:
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
+    workload: dict | None = None  # Kueue Workload to create
+    delete_workload: str | None = None  # name of a Workload to delete (its pod sets changed)
+    workload_conditions: list[dict] | None = None  # the Workload's new status.conditions
+    podgroup: dict | None = None  # Volcano PodGroup to create or update
 
 
 class Planner(Protocol):
@@ -341,10 +350,17 @@ class _Reconciler:
 
         if rp.suspend:
             return self.suspend()
+        problem = self.priority_problem(spec)
+        if problem:
+            return self.stall("InvalidSpec", problem)
+        held = self.kueue_gate(spec)
+        if held is not None:
+            return held
         if phase == SUSPENDED:  # suspend already moved to a fresh attempt
             self.status["launched"] = False
             self.status["startTime"] = self.now  # the deadline counts from the resume
-            self.event("Normal", "Resumed", "runPolicy.suspend is false: planning again")
+            why = "admitted by Kueue" if queueing.queue_name(self.job) else "runPolicy.suspend is false"
+            self.event("Normal", "Resumed", f"{why}: planning again")
 
         if not self.status.get("startTime"):
             self.status["startTime"] = self.now
@@ -429,6 +445,11 @@ class _Reconciler:
         self.status["observedGeneration"] = self.generation
         if phase == FAILED:  # a failed gang leaves nothing running
             self.d.delete_pods = self.live_pods()
+        if self.obs.workload is not None and queueing.queue_name(self.job):  # Kueue frees the quota
+            msg = (cond.get(self.old.get("conditions"), cond.READY) or {}).get("message") or ""
+            self.d.workload_conditions = queueing.finished_conditions(
+                self.obs.workload, phase == SUCCEEDED, msg, self.now
+            )
         ttl = spec.run_policy.ttl_seconds_after_finished if spec else None
         done = parse_time(self.old.get("completionTime"))
         if ttl is not None and done:
@@ -496,6 +517,88 @@ class _Reconciler:
         self.d.requeue_after = self.until_deadline(CHILD_REJECTED_RETRY)
         return self.d
 
+    # ---- shared clusters: priority, Kueue admission -------------------------------------------
+    def priority_problem(self, spec: JobSpec) -> str:
+        classes = self.obs.priority_classes
+        if classes is None or spec.run_policy.priority is not None:
+            return ""
+        return capacity.priority_of(spec, classes)[1]
+
+    def kueue_gate(self, spec: JobSpec) -> Decision | None:
+        """A job labelled kueue.x-k8s.io/queue-name runs only while Kueue admits its Workload
+        (None: admitted, go on; the planner is then restricted to the flavors' nodes)."""
+        queue = queueing.queue_name(self.job)
+        if not queue:
+            return None
+        if self.obs.flavors is None:
+            return self.stall(
+                "KueueNotInstalled",
+                f"label {queueing.LABEL_QUEUE}={queue} asks Kueue to admit this job, but the API "
+                f"{queueing.KUEUE_API} (Workload) is not served: install Kueue, or remove the label",
+            )
+        shape = capacity.pod_shape(spec, self.settings.gpu_resource)
+        priority = capacity.priority_of(spec, self.obs.priority_classes or {})[0]
+        want = queueing.build_workload(
+            self.name, self.ns, queue, spec.nodes.count, shape, spec.template, priority
+        )
+        wl = self.obs.workload
+        if wl is not None and (
+            self.job["metadata"].get("uid") and not owned_by(wl, self.job["metadata"]["uid"])
+        ):
+            wl = None  # a same-named job's leftover: garbage collected
+        name = want["metadata"]["name"]
+        if wl is None:
+            self.d.workload = want
+            return self.hold(
+                "WaitingForAdmission",
+                f"Workload {name} created in LocalQueue {queue}: waiting for Kueue to admit it",
+            )
+        if not queueing.same_pod_sets(wl.get("spec", {}).get("podSets"), want["spec"]["podSets"]):
+            self.d.delete_workload = name
+            return self.hold(
+                "WaitingForAdmission",
+                f"the job's pods changed (count or requests): re-creating Workload {name} for Kueue",
+            )
+        state, why = queueing.admission(wl)
+        if state == queueing.EVICTED:
+            return self.hold(
+                "Requeued",
+                f"Workload {name} was evicted by Kueue ({why}): pods deleted; waiting to be admitted again",
+                warn=True,
+            )
+        if state == queueing.PENDING:
+            was = (cond.get(self.old.get("conditions"), cond.SUSPENDED) or {}).get("reason")
+            reason = "Requeued" if was == "Requeued" else "WaitingForAdmission"
+            return self.hold(reason, f"Workload {name} in LocalQueue {queue} is not admitted: {why}")
+        labels, missing = queueing.flavor_node_labels(wl, self.obs.flavors)
+        if missing:
+            return self.hold(
+                "WaitingForAdmission",
+                f"Workload {name} is admitted with ResourceFlavor(s) {', '.join(missing)}, which do not "
+                "exist (yet): their node labels say where the job may run",
+            )
+        self.planner = capacity.restricted(self.planner, labels)
+        return None
+
+    def hold(self, reason: str, message: str, warn: bool = False) -> Decision:
+        """Suspended by the queueing system: no pods (deleted gracefully), status kept."""
+        if self.old.get("phase") != SUSPENDED:
+            if self.attempt == 0:  # past the attempts of any same-named job's leftovers
+                foreign = [p for p in self.obs.pods if not any(p is q for q in self.pods)]
+                self.attempt = max((pod_attempt(p) or 0 for p in foreign), default=0)
+            self.teardown()
+        else:
+            self.delete_stale()
+        self.status.pop("nextAttemptTime", None)
+        self.status.pop("waitingSince", None)
+        self.status["pods"] = pod_counts([])
+        old = cond.get(self.old.get("conditions"), cond.SUSPENDED) or {}
+        self.set_phase(SUSPENDED, reason, message, announce=False)
+        if (old.get("reason"), old.get("status")) != (reason, "True"):
+            self.event("Warning" if warn else "Normal", reason, message)
+        self.d.requeue_after = WAIT_INTERVAL
+        return self.d
+
     # ---- launching --------------------------------------------------------------------------
     def launch(self, spec: JobSpec) -> Decision:
         self.delete_stale()
@@ -524,7 +627,7 @@ class _Reconciler:
             try:
                 layout = self.plan_size(spec)
             except InsufficientNodes as e:
-                return self.wait_for_nodes(str(e))
+                return self.wait_for_nodes(str(e), getattr(e, "reason", "WaitingForNodes"))
             except PlanError as e:
                 return self.stall("PlanFailed", f"cannot plan this job: {e}")
             missing = [n for n in layout.nodes if n not in by_name]
@@ -560,6 +663,13 @@ class _Reconciler:
                     ),
                 )
             )
+        if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup
+            shape = capacity.pod_shape(spec, self.settings.gpu_resource)
+            self.d.podgroup = queueing.build_podgroup(
+                self.name, self.ns, len(layout.nodes), shape, spec.template
+            )
+            for pod in self.d.create_pods:
+                queueing.in_group(pod, self.d.podgroup["metadata"]["name"])
         nic_of = {n: net.nic for n, net in nets.items()}
         self.status["layout"] = layout_status(layout, nic_of, names.layout_configmap_name(self.name))
         self.status["launched"] = True
@@ -621,7 +731,7 @@ class _Reconciler:
             wait = spec.run_policy.wait_for_nodes_seconds
             if not restarted and waited < wait:
                 self.status["waitingSince"] = iso(since)
-                raise InsufficientNodes(
+                raise type(e)(
                     f"{e}; nodes.minCount={n.minimum}: runs on fewer after waiting "
                     f"{wait - waited:.0f}s more (runPolicy.waitForNodesSeconds={wait})"
                 ) from None
@@ -637,17 +747,15 @@ class _Reconciler:
                     f"global batch; {e}",
                 )
                 return layout
-            raise InsufficientNodes(f"{e}; not even nodes.minCount={n.minimum} nodes can run it") from None
+            raise type(e)(f"{e}; not even nodes.minCount={n.minimum} nodes can run it") from None
 
-    def wait_for_nodes(self, why: str) -> Decision:
+    def wait_for_nodes(self, why: str, reason: str = "WaitingForNodes") -> Decision:
         self.status["pods"] = pod_counts([])
         self.status["size"] = self.size(None)
         old = cond.get(self.old.get("conditions"), cond.RECONCILING)
-        announced = self.set_phase(PENDING, "WaitingForNodes", why)
-        if not announced and not (
-            old and old.get("reason") == "WaitingForNodes" and old.get("message") == why
-        ):
-            self.event("Normal", "WaitingForNodes", why)
+        announced = self.set_phase(PENDING, reason, why)
+        if not announced and not (old and old.get("reason") == reason and old.get("message") == why):
+            self.event("Normal", reason, why)
         self.d.requeue_after = WAIT_INTERVAL
         return self.d
 

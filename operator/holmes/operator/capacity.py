@@ -1,0 +1,571 @@
+"""Shared clusters: what a job may plan on, given what every other pod holds, and the queue of
+jobs waiting for capacity. Pure (no I/O): the runtime (handlers.py) gathers pods, launched
+layouts and waiting jobs from its caches, and plans each job under one lock against this view.
+
+- ``PodShape``: what one pod of a job asks for (GPUs, CPU, memory) and where it may go (the
+  template's nodeSelector, required node affinity, tolerations).
+- ``Ledger``: per node, what pods hold: every pod that has not ended, counted on its node
+  (``spec.nodeName``, else ``status.nominatedNodeName``, else for Holmes' own pods the node its
+  layout pinned it to), plus the ranks of launched Holmes attempts whose pods are not created
+  yet (their ConfigMap's layout names the nodes). Rebuilt from the API's objects at every plan,
+  so an operator restart loses nothing.
+- ``CapacityPlanner``: the reconciler's Planner on that view. A job first plans on the nodes that
+  could ever run its pods (taints, selectors, affinity, CPU/memory): when that fails it waits for
+  nodes (``InsufficientNodes``). Then the jobs ahead of it in the queue take their share (a job
+  ahead that fits takes its plan's GPUs; one that does not fit holds every free node it could
+  use, so nothing behind it takes what it waits for) and it plans on what is left; when that
+  fails it waits for capacity (``WaitingForCapacity``, a message saying what it needs and what
+  is free).
+- Queue order: ``priority`` (runPolicy.priority, else the value of runPolicy.priorityClassName's
+  PriorityClass, else 0; higher first), then creation time, then namespace/name.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
+from holmes.plan import InsufficientNodes, PlanError
+
+from . import names
+
+GPU = "nvidia.com/gpu"
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+CPU, MEMORY = "cpu", "memory"
+ENDED = ("Succeeded", "Failed")
+# Taints the node lifecycle controller keeps in step with what the planner reads itself (the
+# Ready condition, cordon): judged there, so a cluster without that controller (the local one)
+# is not blocked by a stale one.
+CONDITION_TAINTS = (
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/unschedulable",
+)
+
+
+class WaitingForCapacity(InsufficientNodes):
+    """The job could run on these nodes, but other pods (or jobs ahead in the queue) hold them."""
+
+    reason = "WaitingForCapacity"
+
+
+# ---- quantities -------------------------------------------------------------------------------
+
+_SUFFIX = {
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "": 1.0,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+    "Pi": 2.0**50,
+    "Ei": 2.0**60,
+}
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
+
+
+def quantity(v: Any) -> float | None:
+    """A Kubernetes resource quantity ("500m", "8Gi", 2) as a number; None if it is not one."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if not isinstance(v, str):
+        return None
+    m = _QUANTITY.match(v.strip())
+    if not m:
+        return None
+    try:
+        return float(m.group(1)) * _SUFFIX[m.group(2)]
+    except ValueError:
+        return None
+
+
+def show(resource: str, amount: float) -> str:
+    if resource == MEMORY:
+        for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+            if amount >= size:
+                return f"{amount / size:.4g}{unit}"
+        return f"{amount:.0f}"
+    if resource == CPU and amount != int(amount):
+        return f"{amount * 1000:.0f}m"
+    return f"{amount:g}"
+
+
+def _container_requests(c: Mapping) -> dict[str, float]:
+    """A container's requests; a limit alone is its request too (as the API server defaults it)."""
+    res = c.get("resources") if isinstance(c.get("resources"), Mapping) else {}
+    out: dict[str, float] = {}
+    for part in ("limits", "requests"):  # requests win
+        for k, v in (res.get(part) or {}).items() if isinstance(res.get(part), Mapping) else ():
+            q = quantity(v)
+            if q is not None:
+                out[k] = q
+    return out
+
+
+def pod_requests(pod_spec: Mapping) -> dict[str, float]:
+    """What a pod holds on its node: the containers' requests summed, at least each init
+    container's (as the scheduler counts them)."""
+    total: dict[str, float] = {}
+    for c in pod_spec.get("containers") or []:
+        if isinstance(c, Mapping):
+            for k, v in _container_requests(c).items():
+                total[k] = total.get(k, 0.0) + v
+    for c in pod_spec.get("initContainers") or []:
+        if isinstance(c, Mapping):
+            for k, v in _container_requests(c).items():
+                total[k] = max(total.get(k, 0.0), v)
+    return total
+
+
+# ---- a job's pods ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodShape:
+    requests: Mapping[str, float]
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    affinity_terms: tuple = ()  # required nodeSelectorTerms (any one must match)
+    tolerations: tuple = ()
+    node_labels: Mapping[str, str] = field(default_factory=dict)  # e.g. Kueue's admitted flavors
+
+    def describe(self) -> str:
+        parts = [f"{show(k, v)} {k}" for k, v in sorted(self.requests.items()) if k in (GPU, CPU, MEMORY)]
+        return ", ".join(parts) or "nothing"
+
+
+def pod_shape(spec: JobSpec, gpu_resource: str = GPU) -> PodShape:
+    """One pod of the job: the template's requests plus gpusPerNode GPUs, and its placement rules."""
+    tspec = (spec.template or {}).get("spec")
+    tspec = tspec if isinstance(tspec, Mapping) else {}
+    containers = [c for c in tspec.get("containers") or [] if isinstance(c, Mapping)]
+    if not containers:
+        containers = [{"name": names.TRAINER_CONTAINER}]
+    idx = next((i for i, c in enumerate(containers) if c.get("name") == names.TRAINER_CONTAINER), 0)
+    req = pod_requests({**tspec, "containers": containers})
+    own = _container_requests(containers[idx])
+    # the trainer container gets gpusPerNode GPUs unless its template says otherwise (render.py)
+    if gpu_resource not in own:
+        req[gpu_resource] = req.get(gpu_resource, 0.0) + spec.nodes.gpus_per_node
+    affinity = tspec.get("affinity") if isinstance(tspec.get("affinity"), Mapping) else {}
+    na = affinity.get("nodeAffinity") if isinstance(affinity.get("nodeAffinity"), Mapping) else {}
+    required = na.get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = tuple((required or {}).get("nodeSelectorTerms") or ()) if isinstance(required, Mapping) else ()
+    sel = tspec.get("nodeSelector") if isinstance(tspec.get("nodeSelector"), Mapping) else {}
+    tol = tuple(t for t in tspec.get("tolerations") or () if isinstance(t, Mapping))
+    return PodShape(requests=req, node_selector=dict(sel), affinity_terms=terms, tolerations=tol)
+
+
+def _tolerates(tolerations: Iterable[Mapping], taint: Mapping) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t.get("key") == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def _expression_matches(expr: Mapping, labels: Mapping[str, str]) -> bool:
+    key, op, values = expr.get("key"), expr.get("operator"), list(expr.get("values") or [])
+    have = labels.get(key)
+    if op == "In":
+        return have is not None and have in values
+    if op == "NotIn":
+        return have is None or have not in values
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt") and have is not None and values:
+        try:
+            a, b = int(have), int(values[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
+
+
+def _term_matches(term: Mapping, node: Mapping) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    fields = {"metadata.name": (node.get("metadata") or {}).get("name")}
+    exprs = list(term.get("matchExpressions") or [])
+    fexprs = list(term.get("matchFields") or [])
+    if not exprs and not fexprs:
+        return False  # an empty term matches nothing (as the scheduler reads it)
+    return all(_expression_matches(e, labels) for e in exprs) and all(
+        _expression_matches(e, fields) for e in fexprs
+    )
+
+
+def placement_problem(node: Mapping, shape: PodShape) -> str:
+    """Why the job's pods can never go to this node, whatever runs there ('' if they can)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    for k, v in shape.node_selector.items():
+        if labels.get(k) != v:
+            return f"template nodeSelector {k}={v} does not match"
+    for k, v in shape.node_labels.items():
+        if labels.get(k) != v:
+            return f"not in the admitted flavor ({k}={v})"
+    if shape.affinity_terms and not any(_term_matches(t, node) for t in shape.affinity_terms):
+        return "the template's required node affinity does not match"
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("key") in CONDITION_TAINTS:
+            continue  # the planner judges these by the Ready condition and spec.unschedulable
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(shape.tolerations, taint):
+            value = f"={taint['value']}" if taint.get("value") else ""
+            return f"taint {taint.get('key')}{value}:{taint.get('effect')} is not tolerated by the template"
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    for res in (CPU, MEMORY):
+        want = shape.requests.get(res, 0.0)
+        have = quantity(alloc.get(res))
+        if want and have is not None and have < want:
+            return f"allocatable {res} {show(res, have)} is less than the {show(res, want)} a pod requests"
+    return ""
+
+
+# ---- what pods hold ---------------------------------------------------------------------------
+
+
+def pod_node(pod: Mapping) -> str | None:
+    """The node a pod holds resources on: bound, nominated (preemption), or pinned by Holmes."""
+    spec, st = pod.get("spec") or {}, pod.get("status") or {}
+    meta = pod.get("metadata") or {}
+    return (
+        spec.get("nodeName")
+        or st.get("nominatedNodeName")
+        or ((meta.get("annotations") or {}).get(names.ANN_NODE) if _is_holmes(meta) else None)
+        or None
+    )
+
+
+def _is_holmes(meta: Mapping) -> bool:
+    labels = meta.get("labels") or {}
+    return labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY and names.LABEL_JOB in labels
+
+
+def slim_pod(pod: Mapping) -> dict:
+    """What capacity needs of a pod (the cluster-wide pod cache keeps only this)."""
+    meta, spec, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    ann = meta.get("annotations") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": {
+                k: v
+                for k, v in (meta.get("labels") or {}).items()
+                if k in (names.LABEL_JOB, names.LABEL_MANAGED_BY, names.LABEL_ATTEMPT)
+            },
+            "annotations": {k: v for k, v in ann.items() if k == names.ANN_NODE},
+        },
+        "spec": {"nodeName": spec.get("nodeName"), "requests": pod_requests(spec)},
+        "status": {"phase": st.get("phase"), "nominatedNodeName": st.get("nominatedNodeName")},
+    }
+
+
+def _requests_of(pod: Mapping) -> Mapping[str, float]:
+    spec = pod.get("spec") or {}
+    return spec["requests"] if isinstance(spec.get("requests"), Mapping) else pod_requests(spec)
+
+
+def owner_of(pod: Mapping) -> str:
+    meta = pod.get("metadata") or {}
+    if _is_holmes(meta):
+        return f"{meta.get('namespace')}/{meta['labels'][names.LABEL_JOB]}"
+    return ""
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A launched Holmes attempt: its layout's nodes, the pods it has so far, one pod's shape."""
+
+    job: str  # namespace/name
+    attempt: int
+    nodes: tuple[str, ...]
+    shape: PodShape
+
+
+@dataclass
+class Ledger:
+    used: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> resource -> amount
+    holders: dict[str, set[str]] = field(default_factory=dict)  # node -> jobs ("" for other pods)
+
+    def add(self, node: str, requests: Mapping[str, float], holder: str) -> None:
+        u = self.used.setdefault(node, {})
+        for k, v in requests.items():
+            u[k] = u.get(k, 0.0) + v
+        self.holders.setdefault(node, set()).add(holder)
+
+    @classmethod
+    def of(cls, pods: Iterable[Mapping], launched: Iterable[Launched] = (), skip_job: str = "") -> Ledger:
+        """What pods hold, plus the ranks of launched attempts not created yet; ``skip_job``
+        (namespace/name) is the job being planned: its own pods are its to replace."""
+        led = cls()
+        have: set[tuple[str, str]] = set()
+        for p in pods:
+            meta = p.get("metadata") or {}
+            have.add((meta.get("namespace"), meta.get("name")))
+            if (p.get("status") or {}).get("phase") in ENDED:
+                continue
+            holder = owner_of(p)
+            if skip_job and holder == skip_job:
+                continue
+            node = pod_node(p)
+            if node:
+                led.add(node, _requests_of(p), holder)
+        for lj in launched:
+            if lj.job == skip_job:
+                continue
+            ns, job = lj.job.split("/", 1)
+            for rank, node in enumerate(lj.nodes):
+                if (ns, names.pod_name(job, lj.attempt, rank)) not in have:
+                    led.add(node, lj.shape.requests, lj.job)
+        return led
+
+
+def free_view(
+    nodes: Sequence[Mapping], shape: PodShape, led: Ledger, gpu_resource: str = GPU
+) -> tuple[list[dict], dict[str, str]]:
+    """The nodes as the planner should see them for this job: allocatable GPUs reduced to what
+    is free; nodes the job's pods cannot use left out, with why (node name -> reason)."""
+    view, out = [], {}
+    for n in nodes:
+        name = (n.get("metadata") or {}).get("name") or ""
+        why = placement_problem(n, shape)
+        if why:
+            out[name] = why
+            continue
+        alloc = (n.get("status") or {}).get("allocatable") or {}
+        used = led.used.get(name, {})
+        short = []
+        for res in (CPU, MEMORY):
+            want, have = shape.requests.get(res, 0.0), quantity(alloc.get(res))
+            if want and have is not None and have - used.get(res, 0.0) < want:
+                short.append(f"{show(res, max(have - used.get(res, 0.0), 0))} {res} free")
+        if short:
+            out[name] = ", ".join(short)
+            continue
+        gpus = int(max((quantity(alloc.get(gpu_resource)) or 0.0) - used.get(gpu_resource, 0.0), 0.0))
+        if (quantity(alloc.get(gpu_resource)) or 0) != gpus:
+            n = copy.deepcopy(dict(n))
+            n.setdefault("status", {}).setdefault("allocatable", {})[gpu_resource] = str(gpus)
+        view.append(n)
+    return view, out
+
+
+def take(led: Ledger, nodes: Iterable[str], shape: PodShape, holder: str) -> None:
+    for node in nodes:
+        led.add(node, shape.requests, holder)
+
+
+# ---- the queue --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A job waiting to launch, as the queue sees it."""
+
+    job: str  # namespace/name
+    spec: JobSpec
+    shape: PodShape
+    priority: int
+    created: str  # metadata.creationTimestamp (RFC 3339 sorts as text)
+
+    @property
+    def key(self) -> tuple:
+        return (-self.priority, self.created, self.job)
+
+
+def queue_order(jobs: Iterable[Waiting]) -> list[Waiting]:
+    return sorted(jobs, key=lambda w: w.key)
+
+
+def priority_of(spec: JobSpec, classes: Mapping[str, int]) -> tuple[int, str]:
+    """(priority, problem): runPolicy.priority, else its PriorityClass's value, else 0."""
+    rp = spec.run_policy
+    if rp.priority is not None:
+        return rp.priority, ""
+    if rp.priority_class_name:
+        if rp.priority_class_name not in classes:
+            return 0, (
+                f"spec.runPolicy.priorityClassName: PriorityClass {rp.priority_class_name!r} does not "
+                "exist -- create it (kubectl get priorityclasses lists them) or fix the name"
+            )
+        return int(classes[rp.priority_class_name]), ""
+    return 0, ""
+
+
+@dataclass(frozen=True)
+class SharedState:
+    """What the other workloads hold and want, as the runtime read it from its caches."""
+
+    pods: Sequence[Mapping] = ()  # every pod that may hold resources (slim or full)
+    launched: Sequence[Launched] = ()  # launched Holmes attempts (for ranks not created yet)
+    ahead: Sequence[Waiting] = ()  # waiting jobs before this one, in queue order
+
+
+@dataclass(frozen=True)
+class CapacityPlanner:
+    """The reconciler's Planner (reconcile.Planner) for one job on a shared cluster. ``state``
+    is read only when the job plans (a running job's reconcile never builds it)."""
+
+    inner: Any  # the cluster planner (planning.ClusterPlanner)
+    me: str = ""  # namespace/name of the job being planned
+    state: Callable[[], SharedState] = SharedState
+    node_labels: Mapping[str, str] = field(default_factory=dict)  # Kueue flavors' node labels
+    gpu_resource: str = GPU
+
+    def network(self, node: Mapping):
+        return self.inner.network(node)
+
+    def unusable(self, node: Mapping) -> str:
+        return self.inner.unusable(node)
+
+    def plan(self, nodes: list, job: JobSpec) -> Layout:
+        shape = replace(pod_shape(job, self.gpu_resource), node_labels=dict(self.node_labels))
+        # 1. could the job ever run here, were every node empty?
+        possible, excluded = free_view(nodes, shape, Ledger(), self.gpu_resource)
+        try:
+            self.inner.plan(possible, job)
+        except InsufficientNodes as e:
+            raise InsufficientNodes(_with_exclusions(str(e), excluded)) from None
+        # 2. what the jobs ahead of it take, then what is left for it
+        state = self.state()
+        led = Ledger.of(state.pods, state.launched, skip_job=self.me)
+        blocked: dict[str, str] = {}
+        for w in state.ahead:
+            view, _ = free_view(_without(nodes, blocked), w.shape, led, self.gpu_resource)
+            try:
+                self.inner.plan(free_view(nodes, w.shape, Ledger(), self.gpu_resource)[0], w.spec)
+            except PlanError:
+                continue  # it cannot run here at all: it holds nothing
+            try:
+                take(led, self.inner.plan(view, w.spec).nodes, w.shape, w.job)
+            except PlanError:
+                for n in view:  # it waits: what it could use now stays free for it
+                    if _gpus(n, self.gpu_resource) >= w.spec.nodes.gpus_per_node:
+                        blocked.setdefault(n["metadata"]["name"], w.job)
+        view, _ = free_view(_without(nodes, blocked), shape, led, self.gpu_resource)
+        try:
+            return self.inner.plan(view, job)
+        except InsufficientNodes:
+            pass
+        raise WaitingForCapacity(self.message(job, shape, view, led, blocked)) from None
+
+    def message(self, job: JobSpec, shape: PodShape, view: list, led: Ledger, blocked: Mapping) -> str:
+        n, g = job.nodes.count, job.nodes.gpus_per_node
+        fit = sorted(
+            x["metadata"]["name"]
+            for x in view
+            if _gpus(x, self.gpu_resource) >= g and not self.inner.unusable(x)
+        )
+        holders: dict[str, int] = {}
+        for who in led.holders.values():
+            for h in who:
+                holders[h or "other pods"] = holders.get(h or "other pods", 0) + 1
+        held = ", ".join(f"{h} ({c} node{'s' if c > 1 else ''})" for h, c in sorted(holders.items()))
+        parts = [
+            f"needs {n} node(s) with {shape.describe()} free per pod; "
+            f"{len(fit)} node(s) have that free now" + (f" ({', '.join(fit[:8])})" if fit else "")
+        ]
+        if held:
+            parts.append(f"held by {held}")
+        if blocked:
+            heads = sorted(set(blocked.values()))
+            parts.append(f"{len(blocked)} free node(s) kept for {', '.join(heads[:3])} ahead in the queue")
+        parts.append("starts when capacity frees")
+        return "; ".join(parts)
+
+
+def shared_state(
+    me: Mapping,
+    jobs: Iterable[Mapping],
+    pods: Sequence[Mapping],
+    layout_configmap: Callable[[str, str], Mapping | None],
+    classes: Mapping[str, int],
+    gpu_resource: str = GPU,
+) -> SharedState:
+    """The shared view for job ``me`` from the API's objects: ``pods`` (every pod that has not
+    ended), the HolmesJobs (launched ones with their layout ConfigMap, waiting ones in queue
+    order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view."""
+    launched, waiting = [], []
+    me_key = None
+    for job in jobs:
+        meta, st = job.get("metadata") or {}, job.get("status") or {}
+        ns, name = meta.get("namespace") or "", meta.get("name") or ""
+        if meta.get("deletionTimestamp") or st.get("phase") in ENDED:
+            continue
+        try:
+            spec = load_job(job)
+        except SpecError:
+            continue
+        shape = pod_shape(spec, gpu_resource)
+        if st.get("launched"):
+            cm = layout_configmap(ns, name) or {}
+            ann = (cm.get("metadata") or {}).get("annotations") or {}
+            if ann.get(names.ANN_ATTEMPT) != str(st.get("attempt")):
+                continue
+            try:
+                planned = Layout.from_json(cm["data"][names.LAYOUT_FILE]).nodes
+            except (KeyError, TypeError, LayoutError):
+                continue
+            launched.append(Launched(f"{ns}/{name}", int(st.get("attempt") or 0), tuple(planned), shape))
+            continue
+        stalled = any(
+            c.get("type") == "Stalled" and c.get("status") == "True" for c in st.get("conditions") or []
+        )
+        queued = ((meta.get("labels") or {}).get(LABEL_KUEUE_QUEUE)) is not None
+        unadmitted = queued and st.get("phase") in (None, "Suspended")  # Kueue's to order
+        if spec.run_policy.suspend or st.get("phase") == "Suspended" or stalled or unadmitted:
+            continue
+        w = Waiting(
+            f"{ns}/{name}", spec, shape, priority_of(spec, classes)[0], meta.get("creationTimestamp") or ""
+        )
+        if meta.get("uid") == (me.get("metadata") or {}).get("uid"):
+            me_key = w.key
+        waiting.append(w)
+    # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
+    ahead = [] if me_key is None else [w for w in queue_order(waiting) if w.key < me_key]
+    return SharedState(pods=list(pods), launched=launched, ahead=ahead)
+
+
+def restricted(planner: Any, node_labels: Mapping[str, str]) -> CapacityPlanner:
+    """``planner`` planning only on nodes with these labels (Kueue's admitted flavors)."""
+    if not isinstance(planner, CapacityPlanner):
+        planner = CapacityPlanner(planner)
+    return replace(planner, node_labels={**planner.node_labels, **node_labels})
+
+
+def _gpus(node: Mapping, gpu_resource: str) -> int:
+    return int(quantity(((node.get("status") or {}).get("allocatable") or {}).get(gpu_resource)) or 0)
+
+
+def _without(nodes: Sequence[Mapping], names_: Mapping[str, str]) -> list:
+    return [n for n in nodes if (n.get("metadata") or {}).get("name") not in names_]
+
+
+def _with_exclusions(msg: str, excluded: Mapping[str, str]) -> str:
+    if not excluded:
+        return msg
+    items = sorted(excluded.items())
+    listed = "; ".join(f"node {k}: {v}" for k, v in items[:5])
+    more = f" (and {len(items) - 5} more)" if len(items) > 5 else ""
+    return f"{msg}; the template rules out {len(items)} node(s): {listed}{more}"

@@ -1,0 +1,198 @@
+"""Queueing systems a cluster may run, as pure functions (objects in, objects out):
+
+- Kueue (``kueue.x-k8s.io/v1beta1``, the API of Kueue v0.6 to v0.10): a HolmesJob labelled
+  ``kueue.x-k8s.io/queue-name`` gets a ``Workload`` with one pod set per pod shape (Holmes pods
+  all have one shape: ``count`` pods requesting the template's CPU/memory plus gpusPerNode GPUs
+  and the RDMA resource the template asks for). The job stays suspended until the Workload's
+  ``Admitted`` condition is True; it plans only on nodes carrying the node labels of the
+  ResourceFlavors in ``status.admission.podSetAssignments[].flavors``; an ``Evicted`` condition
+  that is True suspends it again (pods deleted gracefully, reason Requeued) until Kueue admits
+  it anew. When the job finishes, the Workload gets ``Finished`` so Kueue releases the quota.
+- Volcano (``scheduling.volcano.sh/v1beta1``): a job whose template sets
+  ``schedulerName: volcano`` gets a ``PodGroup`` with ``minMember`` = the gang; its pods carry
+  the annotation ``scheduling.k8s.io/group-name``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from . import names
+from .capacity import CPU, GPU, LABEL_KUEUE_QUEUE, MEMORY, PodShape, show
+
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+KUEUE_API = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+WORKLOADS, FLAVORS = "workloads", "resourceflavors"
+LABEL_QUEUE = LABEL_KUEUE_QUEUE
+POD_SET = "workers"
+
+VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
+VOLCANO_API = f"{VOLCANO_GROUP}/{VOLCANO_VERSION}"
+PODGROUPS = "podgroups"
+VOLCANO_SCHEDULER = "volcano"
+ANN_GROUP = "scheduling.k8s.io/group-name"
+ANN_VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"
+
+ADMITTED, EVICTED, PENDING = "admitted", "evicted", "pending"
+
+
+# ---- Kueue ------------------------------------------------------------------------------------
+
+
+def queue_name(job: Mapping) -> str | None:
+    return ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_QUEUE) or None
+
+
+def workload_name(job: str) -> str:
+    return f"holmesjob-{job}"
+
+
+def _quantity_text(resource: str, amount: float) -> str:
+    if resource in (CPU, MEMORY):
+        return show(resource, amount) if resource == CPU else str(int(amount))
+    return str(int(amount)) if amount == int(amount) else str(amount)
+
+
+def pod_sets(spec_count: int, shape: PodShape, template: Mapping | None) -> list[dict]:
+    """The Workload's pod sets: one shape, ``count`` pods."""
+    tspec = (template or {}).get("spec") if isinstance((template or {}).get("spec"), Mapping) else {}
+    requests = {k: _quantity_text(k, v) for k, v in sorted(shape.requests.items()) if v}
+    pod_spec: dict[str, Any] = {
+        "containers": [{"name": names.TRAINER_CONTAINER, "resources": {"requests": requests}}],
+        "restartPolicy": "Never",
+    }
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
+        if tspec.get(key):
+            pod_spec[key] = tspec[key]
+    return [{"name": POD_SET, "count": spec_count, "template": {"spec": pod_spec}}]
+
+
+def build_workload(
+    job: str, namespace: str, queue: str, count: int, shape: PodShape, template: Mapping | None, priority: int
+) -> dict:
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job),
+            "namespace": namespace,
+            "labels": {
+                names.LABEL_JOB: job,
+                names.LABEL_MANAGED_BY: names.MANAGED_BY,
+                LABEL_QUEUE: queue,
+            },
+        },
+        "spec": {"queueName": queue, "priority": priority, "podSets": pod_sets(count, shape, template)},
+    }
+
+
+def same_pod_sets(a: Any, b: Any) -> bool:
+    """Whether two pod set lists ask for the same thing (as the API server may have defaulted them)."""
+
+    def key(ps: Any) -> list:
+        out = []
+        for p in ps or []:
+            spec = ((p or {}).get("template") or {}).get("spec") or {}
+            reqs = [
+                {k: str(v) for k, v in ((c.get("resources") or {}).get("requests") or {}).items()}
+                for c in spec.get("containers") or []
+            ]
+            out.append(
+                (p.get("name"), p.get("count"), reqs, spec.get("nodeSelector"), spec.get("tolerations"))
+            )
+        return out
+
+    return key(a) == key(b)
+
+
+def _condition(obj: Mapping, type_: str) -> Mapping:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == type_), {})
+
+
+def admission(workload: Mapping) -> tuple[str, str]:
+    """(ADMITTED | EVICTED | PENDING, what Kueue says)."""
+    ev = _condition(workload, "Evicted")
+    if ev.get("status") == "True":
+        return EVICTED, f"{ev.get('reason') or 'Evicted'}: {ev.get('message') or 'no message'}"
+    adm = _condition(workload, "Admitted")
+    if adm.get("status") == "True":
+        cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
+        return ADMITTED, f"admitted by ClusterQueue {cq}" if cq else "admitted"
+    qr = _condition(workload, "QuotaReserved")
+    msg = qr.get("message") or adm.get("message") or "not admitted yet"
+    return PENDING, msg
+
+
+def flavor_node_labels(workload: Mapping, flavors: Mapping[str, Mapping]) -> tuple[dict, list[str]]:
+    """The node labels of the flavors Kueue assigned (all must hold), and flavors not found."""
+    labels: dict[str, str] = {}
+    missing: list[str] = []
+    adm = (workload.get("status") or {}).get("admission") or {}
+    for psa in adm.get("podSetAssignments") or []:
+        for flavor in sorted(set((psa.get("flavors") or {}).values())):
+            if flavor not in flavors:
+                missing.append(flavor)
+                continue
+            labels.update(((flavors[flavor].get("spec") or {}).get("nodeLabels")) or {})
+    return labels, missing
+
+
+def finished_conditions(workload: Mapping, ok: bool, message: str, now: str) -> list[dict] | None:
+    """The Workload's conditions with Finished=True (None when it already says so)."""
+    if _condition(workload, "Finished").get("status") == "True":
+        return None
+    conds = [c for c in (workload.get("status") or {}).get("conditions") or [] if c.get("type") != "Finished"]
+    conds.append(
+        {
+            "type": "Finished",
+            "status": "True",
+            "reason": "Succeeded" if ok else "Failed",
+            "message": message[:1000] or ("the job succeeded" if ok else "the job failed"),
+            "lastTransitionTime": now,
+        }
+    )
+    return conds
+
+
+# ---- Volcano -----------------------------------------------------------------------------------
+
+
+def volcano_group(template: Mapping | None) -> bool:
+    spec = (template or {}).get("spec")
+    return isinstance(spec, Mapping) and spec.get("schedulerName") == VOLCANO_SCHEDULER
+
+
+def podgroup_name(job: str) -> str:
+    return job
+
+
+def build_podgroup(
+    job: str, namespace: str, min_member: int, shape: PodShape, template: Mapping | None
+) -> dict:
+    ann = ((template or {}).get("metadata") or {}).get("annotations") or {}
+    spec: dict[str, Any] = {
+        "minMember": min_member,
+        "minResources": {
+            k: _quantity_text(k, v * min_member)
+            for k, v in sorted(shape.requests.items())
+            if v and k in (GPU, CPU, MEMORY)
+        },
+    }
+    if isinstance(ann, Mapping) and ann.get(ANN_VOLCANO_QUEUE):
+        spec["queue"] = ann[ANN_VOLCANO_QUEUE]
+    return {
+        "apiVersion": VOLCANO_API,
+        "kind": "PodGroup",
+        "metadata": {
+            "name": podgroup_name(job),
+            "namespace": namespace,
+            "labels": {names.LABEL_JOB: job, names.LABEL_MANAGED_BY: names.MANAGED_BY},
+        },
+        "spec": spec,
+    }
+
+
+def in_group(pod: dict, group: str) -> dict:
+    pod["metadata"].setdefault("annotations", {})[ANN_GROUP] = group
+    return pod
