@@ -803,3 +803,16 @@ def test_with_saves_on_preemption_an_elastic_job_grows_back_as_soon_as_its_nodes
     assert w.status["restartsByReason"] == {"disruption": 1, "scaleUp": 1}
     w.step()
     assert len(w.pods) == 6 and w.status["size"]["current"] == 6
+
+
+def test_a_pod_failing_while_its_node_is_not_ready_is_a_disruption():
+    nodes = with_link_layers(default_nodes())
+    w = _running(manifest(runPolicy={"backoffLimit": 0}), nodes)
+    for p in w.pods.values():
+        p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
+    node = w.pods["tiny-1-2"]["spec"]["nodeName"]
+    _lose(_node(nodes, node), "NotReady", nodes)
+    w.set_phase("Failed", "tiny-1-0", exit_code=1)  # a peer's collective broke
+    d = w.step()
+    assert w.status["phase"] == "Restarting" and w.status["restartsByReason"] == {"disruption": 1}
+    assert any(e.reason == "PodDisrupted" and f"{node} is not Ready" in e.message for e in d.events)

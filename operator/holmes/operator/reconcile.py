@@ -854,6 +854,13 @@ class _Reconciler:
         what runPolicy.failurePolicy says of its exit codes (no rule: a counted failure)."""
         why = failure_of(failed[0])
         disrupted = next((d for p in failed if (d := disruption_of(p, EXIT_PREEMPTED))), "")
+        if not disrupted:  # a pod that died with its node (NotReady) did not fail on its own
+            by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
+            for p in self.current_pods():
+                node = by_name.get((p.get("spec") or {}).get("nodeName") or "")
+                if node is not None and "not Ready" in self.planner.unusable(node):
+                    disrupted = f"node {node['metadata']['name']} is not Ready"
+                    break
         if disrupted:
             return self.gang_failure(spec, f"{why} ({disrupted})", DISRUPTION, "PodDisrupted")
         policy = spec.run_policy.failure_policy
