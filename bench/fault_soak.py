@@ -6,7 +6,7 @@ injected, one at a time, each at a random moment once the job has recovered from
     kill-trainer   kill -9 one trainer process (a crash: counts against backoffLimit)
     delete-pod     kubectl delete pod (graceful: the trainer may save, then exits 83)
     drain-node     cordon + drain a node of the job (eviction); uncordoned once the job recovered
-    delete-node    the machine of a node goes dark and its Node is deleted; back once recovered
+    delete-node    a node's machine goes dark, then its Node is deleted; back once recovered
     kill-operator  kill -9 the operator; started again 2 s later
 
 The job is elastic (nodes.minCount below count), so losing a node shrinks it at once and it grows
@@ -329,11 +329,12 @@ class Faults:
             )
             self.undo.append(lambda: self.c.kubectl("uncordon", node))
             return f"cordon and drain {node} (pod {name})"
-        if kind == "delete-node":
-            self.c.kubectl("delete", "node", node, "--wait=false")
+        if kind == "delete-node":  # the machine dies first; then its Node goes, as a cloud would
             self.c.power(node, on=False)
+            time.sleep(1.0)
+            self.c.kubectl("delete", "node", node, "--wait=false")
             self.undo.append(lambda: self.c.power(node, on=True))
-            return f"delete node {node} and power it off (pod {name})"
+            return f"power off node {node} and delete it (pod {name})"
         if kind == "kill-operator":
             self.op.kill()
             time.sleep(2)

@@ -230,7 +230,7 @@ class Agent:
         for name in sorted(off - self.powered_off):
             for run in self.runs.values():
                 if run.pod["spec"].get("nodeName") == name and run.proc is not None:
-                    self.killpg(run.proc, signal.SIGKILL)
+                    self.kill_pod(run)
             log.info("node %s powered off", name)
         back = self.powered_off - off
         self.powered_off = off
@@ -430,11 +430,11 @@ class Agent:
         if run.deleting:
             alive = run.proc is not None and run.proc.poll() is None
             if alive and now >= run.kill_deadline:
-                self.killpg(run.proc, signal.SIGKILL)
+                self.kill_pod(run)
             if alive:
                 return
             if run.proc is not None:
-                self.killpg(run.proc, signal.SIGKILL)  # leftovers in the group
+                self.kill_pod(run)  # leftovers
                 run.proc = None
             if not run.gone:
                 self.force_delete(run.ns, run.name, run.uid)
@@ -537,7 +537,7 @@ class Agent:
 
     def exited(self, run: PodRun, code: int) -> None:
         is_init, c = run.containers()[run.step]
-        self.killpg(run.proc, signal.SIGKILL)  # the container is gone: so is what it left running
+        self.kill_pod(run)  # the container is gone: so is what it left running
         if code < 0:
             code = 128 - code  # killed by a signal, like container runtimes report
         run.proc = None
@@ -585,6 +585,21 @@ class Agent:
             self.killpg(run.proc, signal.SIGTERM if grace > 0 else signal.SIGKILL)
             if not run.gone:
                 self.event(run, reason, message)
+
+    def kill_pod(self, run: PodRun) -> None:
+        """SIGKILL all the pod runs, as a container runtime kills a pod's cgroup: its process
+        group, and every process that left the group but carries the pod's marker (torchrun
+        starts its workers in sessions of their own)."""
+        self.killpg(run.proc, signal.SIGKILL)
+        marker = f"{POD_MARKER}={self.dir}:{run.ns}/{run.name}".encode()
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                if marker in (d / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(d.name), signal.SIGKILL)
+            except OSError:
+                pass
 
     @staticmethod
     def killpg(proc: subprocess.Popen | None, sig: int) -> None:
@@ -733,9 +748,9 @@ class Agent:
         end = time.monotonic() + 5
         while any(p.poll() is None for p in procs) and time.monotonic() < end:
             time.sleep(0.1)
-        for p in procs:
-            self.killpg(p, signal.SIGKILL)
         for r in list(self.runs.values()):
+            if r.proc is not None:
+                self.kill_pod(r)
             volumes.cleanup(r.work, r.uid)
         self.save_pgids()
         remove_mountpoints(self.mountpoints)
