@@ -4,7 +4,6 @@ operator's pods."""
 import json
 import os
 import subprocess
-import sys
 import urllib.request
 
 import pytest
@@ -13,7 +12,7 @@ import yaml
 from holmes.contract import ModelCost, ModelSpec
 from holmes.trainer.config import TrainConfig, TrainerConfigError
 from holmes.trainer.metrics import MetricsSink
-from tests.trainer.trainer_harness import free_port, make_layout
+from tests.trainer.trainer_harness import make_layout, start_nodes
 
 JOB = {
     "apiVersion": "holmes.dev/v1alpha1",
@@ -41,7 +40,6 @@ def _write(tmp_path, job=JOB, layout=None):
 
 
 def _launch(tmp_path, nnodes, nproc, extra_env=None, args=()):
-    port = free_port()
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -49,31 +47,7 @@ def _launch(tmp_path, nnodes, nproc, extra_env=None, args=()):
         "HOLMES_TERMINATION_LOG": str(tmp_path / "termination-log"),
         **(extra_env or {}),
     }
-    procs = []
-    for node in range(nnodes):
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nnodes={nnodes}",
-            f"--nproc-per-node={nproc}",
-            f"--node-rank={node}",
-            "--rdzv-backend=static",
-            "--master-addr=127.0.0.1",
-            f"--master-port={port}",
-            "-m",
-            "holmes.trainer",
-            "--job",
-            str(tmp_path / "job.yaml"),
-            "--layout",
-            str(tmp_path / "layout.json"),
-            "--metrics-file",
-            str(tmp_path / "metrics.jsonl"),
-            *args,
-        ]
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        )
+    procs = start_nodes(tmp_path, nnodes, nproc, env, args=args)
     outs = []
     for p in procs:
         try:

@@ -22,7 +22,14 @@ from holmes.trainer.config import CheckpointConfig, OptimizerConfig
 from holmes.trainer.engine import Trainer
 from holmes.trainer.preempt import Preemption, grace_seconds
 from tests.trainer.test_trainer_entrypoint import JOB
-from tests.trainer.trainer_harness import free_port, make_layout, run_ranks, tiny_config, train_on_layout
+from tests.trainer.trainer_harness import (
+    free_port,
+    make_layout,
+    run_ranks,
+    start_nodes,
+    tiny_config,
+    train_on_layout,
+)
 
 ADAMW = OptimizerConfig(kind="adamw", learning_rate=3e-3, warmup_iterations=2)
 LAYOUT = make_layout(2, 2, [3, 1], 2, 4)
@@ -88,39 +95,14 @@ def test_grace_seconds_from_the_pod_and_torchrun():
 def _start(tmp_path, job: dict, extra: tuple = ()) -> list[subprocess.Popen]:
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     (tmp_path / "layout.json").write_text(make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2).to_json())
-    port = free_port()
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "HOLMES_TERMINATION_LOG": str(tmp_path / "termination-log"),
         "HOLMES_GRACE_SECONDS": "60",
     }
-    procs = []
-    for node in range(2):
-        cmd = [
-            sys.executable,
-            "-m",
-            "holmes.trainer.run",  # torchrun's arguments, unchanged
-            "--nnodes=2",
-            "--nproc-per-node=2",
-            f"--node-rank={node}",
-            "--rdzv-backend=static",
-            "--master-addr=127.0.0.1",
-            f"--master-port={port}",
-            "-m",
-            "holmes.trainer",
-            "--job",
-            str(tmp_path / "job.yaml"),
-            "--layout",
-            str(tmp_path / "layout.json"),
-            "--metrics-file",
-            str(tmp_path / "metrics.jsonl"),
-            *extra,
-        ]
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        )
-    return procs
+    # torchrun's arguments, unchanged, under Holmes' launcher
+    return start_nodes(tmp_path, 2, 2, env, launcher="holmes.trainer.run", args=extra)
 
 
 def _wait_for_iteration(tmp_path, n: int, procs, timeout: float = 60) -> None:

@@ -80,6 +80,44 @@ def make_layout(
     )
 
 
+def start_nodes(
+    tmp_path, nnodes: int, nproc: int, env: dict, launcher: str = "torch.distributed.run", args=()
+) -> list:
+    """``nnodes`` "pods" of ``nproc`` trainer processes each, launched with ``python -m launcher``
+    (torchrun or holmes.trainer.run) on tmp_path's job.yaml and layout.json, metrics to
+    tmp_path/metrics.jsonl; the Popen objects, in node order."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    procs = []
+    for node in range(nnodes):
+        cmd = [
+            sys.executable,
+            "-m",
+            launcher,
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc}",
+            f"--node-rank={node}",
+            "--rdzv-backend=static",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "-m",
+            "holmes.trainer",
+            "--job",
+            str(tmp_path / "job.yaml"),
+            "--layout",
+            str(tmp_path / "layout.json"),
+            "--metrics-file",
+            str(tmp_path / "metrics.jsonl"),
+            *args,
+        ]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    return procs
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
