@@ -76,7 +76,24 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"the operator exited with {op.returncode}; see {a.log}")
         say(f">> kubectl apply -f {a.job} -n {ns}   (in the hub)")
         hub("apply", "-f", a.job, "-n", ns)
-        return follow(mc, hub, ns, name, a.timeout)
+        code = follow(mc, hub, ns, name, a.timeout)
+        say(f">> kubectl delete holmesjob {name}: the finalizer holmes.dev/member-children holds the job")
+        say("   until its pods, ConfigMap and Service are deleted in every member")
+        hub("delete", "holmesjob", name, "-n", ns, "--wait=true", "--timeout=90s")
+        for m in mc.members:
+            left = mc.kubectl(
+                m,
+                "get",
+                "pods,configmaps,services",
+                "-n",
+                ns,
+                "-l",
+                f"holmes.dev/job-name={name}",
+                "-o",
+                "name",
+            )
+            say(f"   member {m}: {len(left.split())} child object(s) left")
+        return code
     finally:
         op.terminate()
         try:
@@ -128,7 +145,7 @@ def follow(mc: MultiCluster, hub: Kubectl, ns: str, name: str, timeout: float) -
     for m, e in (st.get("members") or {}).items():
         say(f"   {m}: {json.dumps(e)}")
     say(
-        f">> the clusters keep running: KUBECONFIG={mc.kubeconfig(mc.hub)} kubectl get hj -n {ns}; "
+        f">> the clusters keep running (KUBECONFIG={mc.kubeconfig(mc.hub)} for the hub); "
         "`make cluster-down` stops them"
     )
     return 0 if phase == "Succeeded" else 1

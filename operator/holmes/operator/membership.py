@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import functools
 import hashlib
 import logging
@@ -35,9 +36,10 @@ from .members import KUBECONFIG_KEY, LABEL_MEMBER_CLUSTER, MemberState
 
 log = logging.getLogger("holmes.operator.members")
 PROBE_SECONDS = 3.0  # between health probes of a member
-PROBE_TIMEOUT = 3.0
+PROBE_TIMEOUT = (3, 3)  # (connect, read); the client ignores a float, so never write 3.0 here
 PROBE_FAILURES = 2  # consecutive failed probes before a member counts as unreachable
-REQUEST_TIMEOUT = (5, 30)  # (connect, read) seconds of a member request that names none
+REQUEST_TIMEOUT = (5, 15)  # (connect, read) seconds of a member request that names none
+REQUEST_RETRIES = 1  # urllib3's retries of a failed member request (its default is 3)
 
 
 def with_default_timeout(
@@ -111,7 +113,11 @@ class Member:
                 cfg = client.Configuration()
                 config.load_kube_config_from_dict(dict(kubeconfig), client_configuration=cfg)
                 cfg.connection_pool_maxsize = 32
+                cfg.retries = REQUEST_RETRIES
                 self.api = with_default_timeout(client.ApiClient(cfg))
+                probe = copy.copy(cfg)
+                probe.retries = 0  # one failed probe is one failure, after PROBE_TIMEOUT
+                self.probe_api = client.ApiClient(probe)
                 self.io = KubeIO(self.api, self.caches)
             except Exception as e:  # a kubeconfig that parses as YAML but not as a kubeconfig
                 self.problem = f"the kubeconfig cannot be used: {short_error(e)}"
@@ -184,7 +190,7 @@ class Member:
             inf.stop()
 
     def _probe(self) -> None:
-        version = client.VersionApi(self.api)
+        version = client.VersionApi(self.probe_api)
         was = None
         while not self._stop.is_set():
             try:
@@ -194,7 +200,7 @@ class Member:
                 self._failures += 1
                 self._probe_error = short_error(e)
             now = self.state().reachable
-            if now != was:
+            if now != was and (was is not None or self._failures):  # not the start-up fill
                 log.log(
                     logging.INFO if now else logging.WARNING,
                     "member cluster %s is %s%s",
@@ -202,6 +208,7 @@ class Member:
                     "reachable" if now else "unreachable",
                     "" if now else f": {self.state().message}",
                 )
+            if now != was:
                 was = now
                 self.notify("state", "", "")
             self._stop.wait(PROBE_SECONDS if now or self.synced else 1.0)
