@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from .controlplane import PORT_RANGE, ClusterError, ControlPlane, binary, port_free
+from .controlplane import PORT_RANGE, REPO, ClusterError, ControlPlane, binary, port_free
 from .topology import load_topology
 
 STATE = "multicluster.json"
@@ -131,11 +131,49 @@ class MultiCluster:
             raise ClusterError(f"kubectl {' '.join(args)} on {member} failed: {r.stderr.strip()}")
         return r.stdout
 
-    def register(self, namespace: str = MEMBERS_NAMESPACE, members: list[str] | None = None) -> None:
-        """Make each member known to the hub: a Secret with its kubeconfig in ``namespace``."""
+    def member_kubeconfig(self, member: str) -> bytes:
+        """A kubeconfig for the hub's operator with only the member side's rights: applies
+        deploy/member/ (a service account, its token, the ClusterRole) and uses that token, as
+        docs/multicluster.md tells an admin to do."""
+        self.kubectl(member, "apply", "-k", str(REPO / "deploy" / "member"))
+        end = time.monotonic() + 30
+        token = ""
+        while not token:
+            token = self.kubectl(
+                member,
+                "get",
+                "secret",
+                "holmes-member-token",
+                "-n",
+                "holmes-system",
+                "-o",
+                "jsonpath={.data.token}",
+                check=False,
+            ).strip()
+            if not token:
+                if time.monotonic() > end:
+                    raise ClusterError(f"{member}: the holmes-member token was never filled in")
+                time.sleep(0.2)
+        admin = json.loads(self.kubeconfig(member).read_text())
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": member,
+            "clusters": [{"name": member, "cluster": admin["clusters"][0]["cluster"]}],
+            "users": [{"name": "holmes-member", "user": {"token": base64.b64decode(token).decode()}}],
+            "contexts": [{"name": member, "context": {"cluster": member, "user": "holmes-member"}}],
+        }
+        return yaml.safe_dump(cfg).encode()
+
+    def register(
+        self, namespace: str = MEMBERS_NAMESPACE, members: list[str] | None = None, admin: bool = False
+    ) -> None:
+        """Make each member known to the hub: a Secret with its kubeconfig in ``namespace``
+        (the member side's service account, or with ``admin`` the cluster admin's)."""
         hub = self.hub
         self.kubectl(hub, "create", "namespace", namespace, check=False)
         for member in members if members is not None else self.members:
+            kubeconfig = self.kubeconfig(member).read_bytes() if admin else self.member_kubeconfig(member)
             secret = {
                 "apiVersion": "v1",
                 "kind": "Secret",
@@ -144,7 +182,7 @@ class MultiCluster:
                     "namespace": namespace,
                     "labels": {MEMBER_LABEL: member},
                 },
-                "data": {"kubeconfig": base64.b64encode(self.kubeconfig(member).read_bytes()).decode()},
+                "data": {"kubeconfig": base64.b64encode(kubeconfig).decode()},
             }
             self.kubectl(hub, "apply", "-f", "-", input=json.dumps(secret))
 
