@@ -356,8 +356,8 @@ class Runtime:
         nodes, problems = members.union_nodes({m: r.node_list() for m, r in regs.items()}, usable)
         self._say_once(("nodes",), "; ".join(problems))
         pods, pod_member = self.member_pods(ns, name, regs)
-        rank0 = self._rank0(job, pods)
-        found = self._progress(job, pods, regs[pod_member[rank0]].io if rank0 is not None else None)
+        at = regs.get(pod_member.get(self._rank0(job, pods) or ""))  # the rank-0 pod's member
+        found = self._progress(job, pods, at.io if at is not None else None)
         with self.placement:
             job = self.caches.jobs.get(ns, name) or job
             pods, pod_member = self.member_pods(ns, name, regs)
