@@ -160,6 +160,10 @@ def test_a_job_trains_across_both_members_to_succeeded(hub, operator, ns):
     }
     assert condition(j, "MembersReachable")["status"] == "True"
     assert j["status"]["progress"]["iteration"] == 4
+    # a finished job's children (pods force-deleted at once by the node agent) go too
+    hub.kubectl(hub.hub, "delete", "holmesjob", "across", "-n", ns, "--wait=true", "--timeout=90s")
+    for m in hub.members:
+        assert children(hub, m, ns, "across") == [], m
 
 
 def test_deleting_a_pod_in_one_member_restarts_the_gang_in_both_and_deleting_the_job_cleans_both(

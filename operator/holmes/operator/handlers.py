@@ -56,7 +56,7 @@ from kubernetes import client
 from . import capacity, members, metrics, names, progress, queueing
 from .informer import Informer
 from .kube import Caches, KubeIO
-from .membership import Member, Members
+from .membership import Member, Members, short_error
 from .reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide, owned
 from .render import RenderSettings
 from .summary import pod_attempt, pod_node_rank
@@ -475,11 +475,12 @@ class Runtime:
         states = {m: r.state() for m, r in regs.items()}
         children = {}
         for m, r in regs.items():
-            children[m] = (
-                [("Pod", p) for p in r.caches.pods.by_label(ns, name)]
-                + [("ConfigMap", c) for c in r.caches.configmaps.by_label(ns, name)]
-                + [("Service", s) for s in r.caches.services.by_label(ns, name)]
-            )
+            if not states[m].reachable or r.io is None:
+                continue
+            try:  # from the API server, not the caches: "gone" must be certain here
+                children[m] = r.io.list_children(ns, name)
+            except Exception as e:  # this member does not answer now: wait for it
+                states[m] = members.MemberState(m, False, short_error(e))
         plan = members.cleanup(uid, states, children)
         for m, items in plan.deletes.items():
             try:

@@ -169,6 +169,25 @@ class KubeIO:
                     raise
             stores[kind].remove_name(ns, name)
 
+    def list_children(self, ns: str, job: str) -> list[tuple[str, dict]]:
+        """The job's pods, ConfigMaps and Services as the API server has them now (not the
+        caches: a delete's response stored after the watch already said the object is gone
+        would linger there), with the caches corrected to match."""
+        selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}={job}"
+        out: list[tuple[str, dict]] = []
+        for kind, fn, store in (
+            ("Pod", self.core.list_namespaced_pod, self.caches.pods),
+            ("ConfigMap", self.core.list_namespaced_config_map, self.caches.configmaps),
+            ("Service", self.core.list_namespaced_service, self.caches.services),
+        ):
+            items = _json(fn(ns, label_selector=selector, _preload_content=False)).get("items") or []
+            have = {o["metadata"]["name"] for o in items}
+            for cached in store.by_label(ns, job):
+                if cached["metadata"]["name"] not in have:
+                    store.remove_name(ns, cached["metadata"]["name"])
+            out += [(kind, o) for o in items]
+        return out
+
     def set_finalizers(self, job: dict, finalizers: list[str]) -> dict:
         """Replace the job's metadata.finalizers (409 when the job changed since it was read)."""
         meta = job["metadata"]
