@@ -41,9 +41,19 @@ fmt: venv
 cluster-up: venv k8s
 	@$(LOCALKUBE) up --topology $(TOPOLOGY)
 
-# Stop what cluster-up started (by the PIDs it recorded in .holmes/cluster/cluster.json).
+# Stop what cluster-up and multicluster-up started (by the PIDs they recorded in .holmes/).
 cluster-down:
-	@if [ -x $(PY) ]; then $(LOCALKUBE) down; fi
+	@if [ -x $(PY) ]; then $(LOCALKUBE) down; $(LOCALKUBE) multicluster-down; fi
+
+# Two member clusters (the default topology split by cluster: east = InfiniBand, west = RoCE),
+# each its own control plane + node agent; east doubles as the hub. Writes .holmes/multicluster/.
+.PHONY: multicluster-up demo-multicluster
+multicluster-up: venv k8s
+	@$(LOCALKUBE) multicluster-up --topology $(TOPOLOGY)
+
+# One HolmesJob trained across both member clusters to Succeeded.
+demo-multicluster: multicluster-up
+	@PYTHONPATH=hack $(PY) hack/demo_multicluster.py
 
 demo: cluster-up
 	@echo ">> the simulated nodes and how each advertises its NIC"

@@ -25,6 +25,14 @@ Fixtures
     - ``wait_pod(namespace, name, phases=("Succeeded","Failed"), timeout=60)`` -> the pod as a dict
       once its ``status.phase`` is in ``phases`` (``AssertionError`` with the pod's status on time-out).
 
+``member_clusters`` (session scope)
+    Two local control planes, each with its node agent: the default topology split by cluster
+    (``east``: ib-0, ib-1, eth-0; ``west``: roce-0, roce-1, eth-1), pod IPs distinct per cluster
+    (``hack/localkube/multicluster.py``). ``east`` doubles as the hub. Started on first use in
+    ``.holmes/pytest-multi-<pid>`` and stopped at the end of the session. Yields the
+    ``MultiCluster`` (``members``, ``hub``, ``kubeconfig(member)``, ``kubectl(member, *args)``,
+    ``register(namespace)``, ``ensure_namespace(ns)``, ``plane(member)``: its ``ControlPlane``).
+
 ``namespace`` (function scope)
     A fresh namespace name (``t-<random>``) whose ``default`` service account and its token exist
     (so pods can be created at once); deleted after the test, without waiting.
@@ -54,7 +62,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()):
+        if {"cluster", "member_clusters"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
 
 
@@ -132,9 +140,10 @@ def _reap_abandoned_clusters() -> None:
     from localkube.controlplane import ControlPlane, pid_alive
 
     for d in (REPO / ".holmes").glob("pytest-*"):
-        pid = d.name.split("-", 1)[1]
+        pid = d.name.rsplit("-", 1)[1]
         if pid.isdigit() and not pid_alive(int(pid)):
-            ControlPlane(d).down(log=lambda m: None)
+            for sub in [d, *(x for x in d.iterdir() if (x / "cluster.json").exists())]:
+                ControlPlane(sub).down(log=lambda m: None)
             shutil.rmtree(d, ignore_errors=True)
 
 
@@ -166,6 +175,25 @@ def cluster():
         import shutil
 
         shutil.rmtree(cp.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def member_clusters():
+    from localkube.multicluster import MultiCluster
+
+    _reap_abandoned_clusters()
+    mc = MultiCluster(REPO / ".holmes" / f"pytest-multi-{os.getpid()}")
+    try:
+        mc.up(
+            REPO / "hack" / "topologies" / "default.yaml",
+            log=lambda m: print(f"[multicluster] {m}", file=sys.stderr),
+        )
+        yield mc
+    finally:
+        mc.down(log=lambda m: None)
+        import shutil
+
+        shutil.rmtree(mc.root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from .controlplane import REPO, ClusterError, ControlPlane, binary
 from .topology import TopologyError
 
 DEFAULT_STATE = REPO / ".holmes" / "cluster"
+DEFAULT_MULTI = REPO / ".holmes" / "multicluster"
 DEFAULT_TOPOLOGY = REPO / "hack" / "topologies" / "default.yaml"
 NODE_COLUMNS = (
     'NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,'
@@ -91,6 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="exit 0 when the cluster runs")
     sub.add_parser("nodes", help="show the nodes and their NIC labels")
     sub.add_parser("agent", help="run the node agent in the foreground (started by `up`)")
+    mup = sub.add_parser(
+        "multicluster-up", help="one control plane per cluster of the topology; the first is the hub"
+    )
+    mup.add_argument("--topology", default=os.environ.get("TOPOLOGY") or str(DEFAULT_TOPOLOGY))
+    mup.add_argument("--root", default=str(DEFAULT_MULTI))
+    mup.add_argument("--members-namespace", default="holmes-system")
+    mdown = sub.add_parser("multicluster-down", help="stop what multicluster-up started")
+    mdown.add_argument("--root", default=str(DEFAULT_MULTI))
     power = sub.add_parser("power", help="switch a simulated node's machine off (its pods die) or on")
     power.add_argument("state", choices=("on", "off"))
     power.add_argument("node")
@@ -105,6 +114,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f">> pod logs: {cp.dir / 'pods'}/<namespace>/<pod>/<container>.log")
         elif a.cmd == "down":
             cp.down(log=lambda m: print(f">> {m}", flush=True))
+        elif a.cmd == "multicluster-up":
+            from .multicluster import MultiCluster
+
+            mc = MultiCluster(a.root)
+            mc.up(a.topology, log=lambda m: print(f">> {m}", flush=True))
+            mc.register(a.members_namespace)
+            for m in mc.members:
+                role = " (also the hub: HolmesJobs and the operator live here)" if m == mc.hub else ""
+                print(f">> member {m}{role}: KUBECONFIG={mc.kubeconfig(m)}")
+            print(f">> members registered in the hub as Secrets in namespace {a.members_namespace}")
+        elif a.cmd == "multicluster-down":
+            from .multicluster import MultiCluster
+
+            MultiCluster(a.root).down(log=lambda m: print(f">> {m}", flush=True))
         elif a.cmd == "status":
             ok = cp.running()
             print("running" if ok else "not running")

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from holmes.contract.documents import load_documents
-from holmes.operator import names
+from holmes.operator import members, names
 from holmes.operator.planning import ClusterPlanner
 from holmes.operator.reconcile import ChildRefusal, Observed, RestartBackoff, decide
 from holmes.operator.render import RenderSettings
@@ -91,6 +91,8 @@ class FakeWorld:
         self.flavors: dict | None = None
         self.priority_classes: dict | None = None
         self.podgroup: dict | None = None
+        # member clusters (members.py): name -> MemberState; None: a single-cluster job
+        self.members: dict | None = None
 
     def step(self, seconds: float = 1.0, progress: dict | None = None, refused: list | None = None):
         self.now += timedelta(seconds=seconds)
@@ -106,6 +108,7 @@ class FakeWorld:
             workload=copy.deepcopy(self.workload),
             flavors=self.flavors,
             priority_classes=self.priority_classes,
+            members=self.members,
         )
         d = decide(obs, self.planner, self.settings, self.backoff)
         if d.delete_workload:
@@ -128,6 +131,11 @@ class FakeWorld:
             no = self.refuse(p) if self.refuse else None
             if no is not None:
                 refusals.append(no)
+            elif self.members is not None:  # in its node's member, owned through the annotation
+                node = p["metadata"]["annotations"][names.ANN_NODE]
+                where = {n["metadata"]["name"]: members.member_of(n) for n in self.nodes}
+                pod = members.tag(p, where[node], self.job["metadata"]["uid"])
+                self.pods.setdefault(p["metadata"]["name"], pod)
             else:  # owned by this job object, as kopf.adopt makes it
                 pod = copy.deepcopy(p)
                 ref = {

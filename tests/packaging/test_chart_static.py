@@ -152,6 +152,22 @@ def test_rbac_has_no_wildcards_and_no_secret_access():
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
 
 
+def test_member_clusters_read_secrets_in_the_release_namespace_only_when_enabled():
+    docs = render({"members.enabled": "true"}, namespace="ml")
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--members-namespace=ml" in args
+    roles = [r for r in by_kind(docs, "Role") if any("secrets" in x["resources"] for x in r["rules"])]
+    assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
+        ("ml", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]}])
+    ]
+    for role in by_kind(docs, "ClusterRole"):
+        assert all("secrets" not in x["resources"] for x in role["rules"])
+    assert not any(
+        "--members-namespace" in a
+        for a in one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+
+
 def test_values_flow_into_the_pod():
     docs = render(
         {

@@ -321,6 +321,9 @@ class FailurePolicy:
         return None
 
 
+NETWORKS = ("podNetwork", "hostNetwork")
+
+
 @dataclass(frozen=True)
 class RunPolicy:
     backoff_limit: int = 3
@@ -343,6 +346,9 @@ class JobSpec:
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
     template: dict = field(default_factory=dict, hash=False)
     run_policy: RunPolicy = field(default_factory=RunPolicy)
+    # how pods reach each other (across member clusters too): their own pod IPs (podNetwork)
+    # or their node's network (hostNetwork, the usual choice on RDMA nodes)
+    network: str = "podNetwork"
 
     __hash__ = None  # template is a dict
 
@@ -387,7 +393,7 @@ class JobSpec:
             spec,
             "spec",
             required=("model", "training", "nodes"),
-            optional=("parallelism", "template", "runPolicy"),
+            optional=("parallelism", "template", "runPolicy", "network"),
         )
         if top is None:
             raise SpecError(r.problems)
@@ -404,6 +410,7 @@ class JobSpec:
             )
             template = {}
         run_policy = _run_policy(r, top.get("runPolicy", {}), "spec.runPolicy")
+        network = r.choice(top, "network", "spec", NETWORKS, default="podNetwork")
         if r.problems:
             raise SpecError(r.problems)
         job = cls(
@@ -413,6 +420,7 @@ class JobSpec:
             parallelism=par,
             template=dict(template),
             run_policy=run_policy,
+            network=network,
         )
         problems = cross_check(job)
         if problems:
@@ -1123,6 +1131,7 @@ def _to_camel(obj: Any) -> Any:
             "nodes": _to_camel(obj.nodes),
             "template": dict(obj.template),
             "runPolicy": _to_camel(obj.run_policy),
+            **({"network": obj.network} if obj.network != "podNetwork" else {}),
         }
     if is_dataclass(obj):
         return {

@@ -124,6 +124,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     pol.add_argument("--allow-node-name", action="store_true", help="spec.nodeName")
     pol.add_argument("--allow-runtime-classes", default="", metavar="RC,...", help="runtimeClassName values")
     p.add_argument(
+        "--members-namespace",
+        default="",
+        metavar="NS",
+        help="member clusters: read their registrations (Secrets labelled holmes.dev/member-cluster "
+        "holding a kubeconfig) in this namespace of this (hub) cluster, usually the operator's own; "
+        "while any is registered, jobs span the members' nodes (docs/multicluster.md). Default: off",
+    )
+    p.add_argument(
         "--progress-interval",
         type=float,
         default=RenderSettings.progress_interval,
@@ -276,6 +284,7 @@ def build(
         settings=settings,
         backoff=args.restart_backoff,
         namespaces=tuple(args.namespace),
+        members_namespace=args.members_namespace,
     )
     register(rt, registry)
 

@@ -11,7 +11,8 @@ STALLED = "Stalled"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
-ALL = (READY, RECONCILING, STALLED, SUCCEEDED, FAILED, SUSPENDED)
+MEMBERS = "MembersReachable"  # jobs across member clusters only (members.py)
+ALL = (READY, RECONCILING, STALLED, SUCCEEDED, FAILED, SUSPENDED, MEMBERS)
 
 
 def get(conditions: Iterable[dict] | None, type_: str) -> dict | None:

@@ -21,10 +21,17 @@ its children and the nodes only wake that loop up (many events coalesce into one
   and any HolmesJob change, wakes the jobs that have not launched yet (debounced).
 - Kueue (queueing.py): when the API server serves kueue.x-k8s.io/v1beta1 at start-up, Workloads
   of Holmes jobs and ResourceFlavors are cached too; PriorityClasses always are.
+- Member clusters (members.py, membership.py; ``--members-namespace``): while members are
+  registered, a job plans over the union of their nodes and its children live in the members
+  (each member has its own informers; a job is woken by changes there as here). Its decision is
+  split per member (``members.route``); an unreachable member is skipped, never waited on.
+  Such a job carries the finalizer ``holmes.dev/member-children``: deleting it deletes its
+  children in every member first (``members.cleanup``).
 
 Why not a kopf daemon: daemons make kopf put a finalizer on every HolmesJob, and a job could then
 not be deleted while the operator is down. Children go away through their ownerReferences, so
-Holmes needs no finalizer at all.
+a single-cluster job needs no finalizer at all (a job across members does: no ownerReference
+crosses clusters).
 
 Reconciles of one job never overlap (one loop per job); different jobs run concurrently.
 """
@@ -39,22 +46,24 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 import kopf
 from kubernetes import client
 
-from . import capacity, metrics, names, progress, queueing
+from . import capacity, members, metrics, names, progress, queueing
 from .informer import Informer
 from .kube import Caches, KubeIO
+from .membership import Member, Members, short_error
 from .reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide, owned
 from .render import RenderSettings
 from .summary import pod_attempt, pod_node_rank
 
 log = logging.getLogger("holmes.operator")
 IDLE_RESYNC = 300.0  # a quiet job is still re-read this often
+MEMBER_SYNC_SECONDS = 20.0  # at start-up, wait this long at most for the members' caches
 WAKE_WAITING_DELAY = 0.3  # pod changes wake the waiting jobs at most this often
 
 
@@ -81,6 +90,7 @@ class Runtime:
     settings: RenderSettings = field(default_factory=RenderSettings)
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
     namespaces: tuple[str, ...] = ()  # kopf's patterns ("team-*", "!kube-*"); () = every namespace
+    members_namespace: str = ""  # where member clusters are registered (Secrets); "" = none
     wakers: dict = field(default_factory=dict)  # (ns, name) -> Waker
     loops: dict = field(default_factory=dict)  # (ns, name) -> asyncio.Task
     node_facts: dict = field(default_factory=dict)  # node name -> fingerprint
@@ -101,6 +111,8 @@ class Runtime:
         self.unlaunched: set[tuple[str, str]] = set()  # woken when capacity may have freed
         self.kueue = False  # the API server serves Kueue's Workloads
         self._wake_scheduled = False
+        self.members: Members | None = None  # member clusters, with --members-namespace
+        self._said: dict[tuple, str] = {}  # messages logged once per change (member problems)
 
     def wake(self, key: tuple[str, str]) -> None:
         w = self.wakers.get(key)
@@ -161,6 +173,22 @@ class Runtime:
                 ok = functools.partial(namespace_matches, self.namespaces)
                 self.informers.append(Informer(kind, everywhere, selector, store, changed, ok).start())
         self.start_shared_informers(core, changed, literal)
+        if self.members_namespace:
+            self.start_members(core)
+
+    def start_members(self, core: client.CoreV1Api) -> None:
+        loop = asyncio.get_running_loop()
+        ok = functools.partial(namespace_matches, self.namespaces)
+
+        def notify(what: str, ns: str, job: str) -> None:  # from a member's threads
+            if what == "child":
+                loop.call_soon_threadsafe(self.wake, (ns, job))
+            elif what == "capacity":
+                loop.call_soon_threadsafe(self.wake_waiting)
+            else:  # nodes, reachability, registrations
+                loop.call_soon_threadsafe(self.wake_all)
+
+        self.members = Members(core, self.members_namespace, notify, slim_node, node_fingerprint, ok).start()
 
     def start_shared_informers(self, core: client.CoreV1Api, changed, literal: bool) -> None:
         """What capacity and queueing read beyond the jobs' own children (see the module doc)."""
@@ -221,6 +249,8 @@ class Runtime:
     async def become_ready(self) -> None:
         for inf in self.informers:
             await asyncio.to_thread(inf.synced.wait)
+        if self.members is not None:  # members that do not answer in time are unreachable
+            await asyncio.to_thread(self.members.wait_synced, MEMBER_SYNC_SECONDS)
         log.info("caches filled", extra={"pods": len(self.caches.pods), "jobs": len(self.caches.jobs)})
         if self.leading is not None:
             await self.leading.wait()
@@ -229,6 +259,8 @@ class Runtime:
     def stop_informers(self) -> None:
         for inf in self.informers:
             inf.stop()
+        if self.members is not None:
+            self.members.stop()
 
     def remember_job(self, body: Mapping) -> None:
         self.caches.jobs.put(copy.deepcopy(dict(body)))
@@ -239,8 +271,14 @@ class Runtime:
     ) -> Decision | None:
         started = time.monotonic()
         job = self.caches.jobs.get(ns, name)
-        if job is None or job["metadata"].get("deletionTimestamp"):
+        if job is None:
             return None
+        if job["metadata"].get("deletionTimestamp"):
+            if members.FINALIZER in (job["metadata"].get("finalizers") or []):
+                return self.clean_members(job)
+            return None  # ownerReferences clean up
+        if self.members is not None and self.members.active():
+            return self.reconcile_members(job, nodes, refused or [], started)
         pods = self.caches.pods.by_label(ns, name)
         found = self._progress(job, pods)
         with self.placement:  # plan + create pods, one job at a time (capacity.py)
@@ -271,6 +309,14 @@ class Runtime:
             created, refusals = self.io.apply(d, job)
             old = job.get("status") or {}
             self.io.patch_status(job, old, d.status)
+        self._after(job, old, d, created, started)
+        if refusals:  # decide again at once, knowing what the API server refused
+            return self.reconcile(ns, name, nodes, refusals)
+        return d
+
+    def _after(self, job: Mapping, old: Mapping, d: Decision, created: int, started: float) -> None:
+        """What follows a reconcile's writes: bookkeeping, Events, logs, a TTL deletion."""
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         key = (ns, name)
         if not d.status.get("launched") and d.status.get("phase") not in ("Succeeded", "Failed"):
             self.unlaunched.add(key)
@@ -293,9 +339,172 @@ class Runtime:
         if d.delete_job:
             self.io.delete_job(ns, name)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
-        if refusals:  # decide again at once, knowing what the API server refused
-            return self.reconcile(ns, name, nodes, refusals)
+
+    # ---- member clusters (members.py) ------------------------------------------------------------
+    def reconcile_members(
+        self, job: dict, hub_nodes: list[dict], refused: list[ChildRefusal], started: float
+    ) -> Decision | None:
+        """One reconcile of a job across the member clusters (the hub's own nodes are not used:
+        register the hub as a member too to plan on them)."""
+        ns, name, uid = job["metadata"]["namespace"], job["metadata"]["name"], job["metadata"]["uid"]
+        finalizers = list(job["metadata"].get("finalizers") or [])
+        if members.FINALIZER not in finalizers:  # before any child exists in a member
+            job = self.io.set_finalizers(job, finalizers + [members.FINALIZER])
+        regs = self.members.all()
+        states = {m: r.state() for m, r in regs.items()}
+        usable = [m for m, st in states.items() if st.reachable]
+        nodes, problems = members.union_nodes({m: r.node_list() for m, r in regs.items()}, usable)
+        self._say_once(("nodes",), "; ".join(problems))
+        pods, pod_member = self.member_pods(ns, name, regs)
+        at = regs.get(pod_member.get(self._rank0(job, pods) or ""))  # the rank-0 pod's member
+        found = self._progress(job, pods, at.io if at is not None else None)
+        with self.placement:
+            job = self.caches.jobs.get(ns, name) or job
+            pods, pod_member = self.member_pods(ns, name, regs)
+            obs = Observed(
+                job=job,
+                pods=pods,
+                configmap=self.member_child(
+                    regs, usable, "configmaps", ns, names.layout_configmap_name(name), uid
+                ),
+                service=self.member_child(regs, usable, "services", ns, names.service_name(name), uid),
+                nodes=nodes,
+                now=datetime.now(timezone.utc),
+                progress=found,
+                refused=refused,
+                workload=self.caches.workloads.get(ns, queueing.workload_name(name)),
+                flavors=(
+                    {f["metadata"]["name"]: f for f in self.caches.flavors.values()} if self.kueue else None
+                ),
+                priority_classes=self.priority_classes(),
+                members=states,
+            )
+            planner = capacity.CapacityPlanner(
+                members.MemberPlanner(self.planner),
+                f"{ns}/{name}",
+                functools.partial(self.member_shared_state, job, regs),
+                gpu_resource=self.settings.gpu_resource,
+            )
+            d = decide(obs, planner, self.settings, self.backoff)
+            self.io.apply_queueing(d, job)
+            attempt = d.status.get("attempt")
+            current = {pod_member[p["metadata"]["name"]] for p in pods if pod_attempt(p) == attempt}
+            node_member = {n["metadata"]["name"]: members.member_of(n) for n in nodes}
+            routed = members.route(d, uid, pod_member, node_member, current)
+            created, refusals = 0, []
+            for m, writes in sorted(routed.items()):
+                if m not in usable:  # redone once it answers again (stale pods are deleted then)
+                    continue
+                part = Decision(
+                    status={},
+                    delete_pods=writes.delete_pods,
+                    configmap=writes.configmap,
+                    service=writes.service,
+                    create_pods=writes.create_pods,
+                )
+                made, no = regs[m].io.apply(part, job, adopt=False)
+                created += made
+                refusals += [replace(r, message=f"in member cluster {m}: {r.message}") for r in no]
+            old = job.get("status") or {}
+            self.io.patch_status(job, old, d.status)
+        self._after(job, old, d, created, started)
+        if refusals:
+            return self.reconcile_members(self.caches.jobs.get(ns, name) or job, hub_nodes, refusals, started)
         return d
+
+    def member_pods(
+        self, ns: str, name: str, regs: Mapping[str, Member]
+    ) -> tuple[list[dict], dict[str, str]]:
+        """The job's pods in every member (also an unreachable one's, as last seen), each tagged
+        with its member; and pod name -> member."""
+        pods, where = [], {}
+        for m, r in sorted(regs.items()):
+            for p in r.caches.pods.by_label(ns, name):
+                pods.append(members.tag(p, m))
+                where[p["metadata"]["name"]] = m
+        return pods, where
+
+    @staticmethod
+    def member_child(
+        regs: Mapping[str, Member], usable: list[str], kind: str, ns: str, name: str, uid: str
+    ) -> dict | None:
+        """The job's ConfigMap or Service as the members hold it: the copy of the newest attempt."""
+        found = []
+        for m in usable:
+            obj = getattr(regs[m].caches, kind).get(ns, name)
+            if obj is not None and members.owned_children([obj], uid):
+                ann = obj["metadata"].get("annotations") or {}
+                attempt = ann.get(names.ANN_ATTEMPT) or ""
+                found.append((int(attempt) if attempt.isdigit() else -1, m, obj))
+        return max(found, key=lambda x: (x[0], x[1]))[2] if found else None
+
+    def member_shared_state(self, me: Mapping, regs: Mapping[str, Member]) -> capacity.SharedState:
+        """Capacity across members: what every pod in every member holds on its node (node names
+        are unique across members), and the layouts of the jobs launched there."""
+        pods: dict[tuple, dict] = {}
+        for m, r in regs.items():
+            for p in r.caches.cluster_pods.values():
+                pods[(m, *_key(p))] = p
+            for p in r.caches.pods.values():
+                pods[(m, *_key(p))] = capacity.slim_pod(p)
+
+        def layout(ns: str, job: str) -> Mapping | None:
+            cms = [r.caches.configmaps.get(ns, names.layout_configmap_name(job)) for r in regs.values()]
+            cms = [c for c in cms if c is not None]
+            return max(
+                cms,
+                key=lambda c: int((c["metadata"].get("annotations") or {}).get(names.ANN_ATTEMPT) or 0),
+                default=None,
+            )
+
+        return capacity.shared_state(
+            me,
+            self.caches.jobs.values(),
+            list(pods.values()),
+            layout,
+            self.priority_classes(),
+            self.settings.gpu_resource,
+        )
+
+    def clean_members(self, job: dict) -> Decision | None:
+        """A job across members is being deleted: delete its children in every member, then
+        remove the finalizer (None: done). An unreachable member holds it (Event + log) until it
+        answers or its Secret is deleted."""
+        ns, name, uid = job["metadata"]["namespace"], job["metadata"]["name"], job["metadata"]["uid"]
+        regs = self.members.all() if self.members is not None else {}
+        states = {m: r.state() for m, r in regs.items()}
+        children = {}
+        for m, r in regs.items():
+            if not states[m].reachable or r.io is None:
+                continue
+            try:  # from the API server, not the caches: "gone" must be certain here
+                children[m] = r.io.list_children(ns, name)
+            except Exception as e:  # this member does not answer now: wait for it
+                states[m] = members.MemberState(m, False, short_error(e))
+        plan = members.cleanup(uid, states, children)
+        for m, items in plan.deletes.items():
+            try:
+                regs[m].io.delete_children(ns, items)
+            except Exception as e:  # this member now; the others still get their deletes
+                log.warning("deleting children in member %s failed: %s", m, e, extra={"job": f"{ns}/{name}"})
+        if plan.done:
+            finalizers = [f for f in job["metadata"].get("finalizers") or [] if f != members.FINALIZER]
+            self.io.set_finalizers(job, finalizers)
+            self._said.pop(("cleanup", ns, name), None)
+            log.info("children deleted in every member cluster", extra={"job": f"{ns}/{name}"})
+            return None
+        msg = plan.message()
+        if self._say_once(("cleanup", ns, name), msg) and "unreachable" in msg:
+            kopf.event(job, type="Warning", reason="MemberCleanupBlocked", message=msg[:1000])
+        return Decision(status=dict(job.get("status") or {}), requeue_after=2.0)
+
+    def _say_once(self, key: tuple, message: str) -> bool:
+        """Log ``message`` when it differs from the last one under ``key`` (True then)."""
+        if not message or self._said.get(key) == message:
+            return False
+        self._said[key] = message
+        log.warning(message, extra={"key": "/".join(key)})
+        return True
 
     # ---- shared clusters ------------------------------------------------------------------------
     def priority_classes(self) -> dict[str, int]:
@@ -319,9 +528,18 @@ class Runtime:
             self.settings.gpu_resource,
         )
 
-    def _progress(self, job: Mapping, pods: list[dict]) -> dict | None:
+    @staticmethod
+    def _rank0(job: Mapping, pods: list[dict]) -> str | None:
+        st = job.get("status") or {}
+        for p in owned(pods, job["metadata"].get("uid")):
+            if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == 0:
+                return p["metadata"]["name"]
+        return None
+
+    def _progress(self, job: Mapping, pods: list[dict], io: KubeIO | None = None) -> dict | None:
         """The rank-0 trainer's numbers, read at most once per progress interval while it runs,
-        and its last line once it has ended (None: nothing new to read now)."""
+        and its last line once it has ended (None: nothing new to read now). ``io``: the API
+        of the rank-0 pod's cluster (a member's), default the hub's."""
         st = job.get("status") or {}
         if not st.get("launched") or st.get("phase") in ("Succeeded", "Failed"):
             return None
@@ -343,7 +561,7 @@ class Runtime:
         self.scraped[key] = (time.monotonic(), rank0[0]["metadata"].get("uid") if ended else None)
         found = progress.from_pod(rank0[0], self.settings.metrics_port)
         if not found and ended:  # the trainer's last line, from its log
-            found = progress.from_json_lines(self.io.log_tail(rank0[0]))
+            found = progress.from_json_lines((io or self.io).log_tail(rank0[0]))
         return found
 
     def _account(self, job: Mapping, old: Mapping, d: Decision, created: int) -> None:

@@ -90,23 +90,29 @@ class KubeIO:
             return ""
 
     # ---- writes -----------------------------------------------------------------------------
-    def apply(self, d: Decision, owner: dict) -> tuple[int, list[ChildRefusal]]:
+    def apply(self, d: Decision, owner: dict, adopt: bool = True) -> tuple[int, list[ChildRefusal]]:
         """Apply a Decision's object changes in a crash-safe order; the status comes after.
         Returns the number of pods actually created and the creates the API server refused
-        (quota, admission, invalid objects): the caller decides again with them."""
+        (quota, admission, invalid objects): the caller decides again with them. ``adopt``:
+        owner references to ``owner`` (not in a member cluster: the hub's job is not there)."""
         ns = owner["metadata"]["namespace"]
+
+        def own(obj: dict) -> None:
+            if adopt:
+                kopf.adopt(obj, owner=owner)
+
         self._parallel(lambda n: self._delete_pod(ns, n), d.delete_pods)
         refused: list[ChildRefusal] = []
         if d.configmap is not None:
-            kopf.adopt(d.configmap, owner=owner)
+            own(d.configmap)
             refused += self._attempt("ConfigMap", d.configmap, self._create_or_replace_configmap, ns)[1]
         if d.service is not None:
-            kopf.adopt(d.service, owner=owner)
+            own(d.service)
             refused += self._attempt("Service", d.service, self._create_service, ns)[1]
         if refused:  # pods need both: create none of them
             return 0, refused
         for pod in d.create_pods:
-            kopf.adopt(pod, owner=owner)
+            own(pod)
         outcomes = self._parallel(lambda p: self._attempt("Pod", p, self._create_pod, ns), d.create_pods)
         created = sum(1 for made, _ in outcomes if made is True)
         return created, [no for _, no in outcomes for no in no]
@@ -143,6 +149,60 @@ class KubeIO:
         )
         self.caches.jobs.put(_json(resp))
         return True
+
+    def delete_children(self, ns: str, children: list[tuple[str, str]]) -> None:
+        """Delete (kind, name) children: Pods (with their own grace period), ConfigMaps, Services;
+        the store keeps a terminating pod until its watch says it is gone."""
+        delete = {
+            "ConfigMap": self.core.delete_namespaced_config_map,
+            "Service": self.core.delete_namespaced_service,
+        }
+        stores = {"ConfigMap": self.caches.configmaps, "Service": self.caches.services}
+        for kind, name in children:
+            if kind == "Pod":
+                self._delete_pod(ns, name)
+                continue
+            try:
+                delete[kind](name, ns, _preload_content=False)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            stores[kind].remove_name(ns, name)
+
+    def list_children(self, ns: str, job: str) -> list[tuple[str, dict]]:
+        """The job's pods, ConfigMaps and Services as the API server has them now (not the
+        caches: a delete's response stored after the watch already said the object is gone
+        would linger there), with the caches corrected to match."""
+        selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}={job}"
+        out: list[tuple[str, dict]] = []
+        for kind, fn, store in (
+            ("Pod", self.core.list_namespaced_pod, self.caches.pods),
+            ("ConfigMap", self.core.list_namespaced_config_map, self.caches.configmaps),
+            ("Service", self.core.list_namespaced_service, self.caches.services),
+        ):
+            items = _json(fn(ns, label_selector=selector, _preload_content=False)).get("items") or []
+            have = {o["metadata"]["name"] for o in items}
+            for cached in store.by_label(ns, job):
+                if cached["metadata"]["name"] not in have:
+                    store.remove_name(ns, cached["metadata"]["name"])
+            out += [(kind, o) for o in items]
+        return out
+
+    def set_finalizers(self, job: dict, finalizers: list[str]) -> dict:
+        """Replace the job's metadata.finalizers (409 when the job changed since it was read)."""
+        meta = job["metadata"]
+        resp = self.custom.patch_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            meta["namespace"],
+            names.PLURAL,
+            meta["name"],
+            {"metadata": {"finalizers": finalizers, "resourceVersion": meta.get("resourceVersion")}},
+            _preload_content=False,
+        )
+        body = _json(resp)
+        self.caches.jobs.put(body)
+        return body
 
     def delete_job(self, ns: str, name: str) -> None:
         try:

@@ -37,7 +37,7 @@ from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
 from holmes.contract.names import EXIT_PREEMPTED
 from holmes.plan import InsufficientNodes, PlanError
 
-from . import capacity, names, queueing
+from . import capacity, members, names, queueing
 from . import conditions as cond
 from .render import JobRef, RenderSettings, build_configmap, build_pod, build_service
 from .summary import (
@@ -112,6 +112,10 @@ class Observed:
     workload: dict | None = None
     flavors: Mapping[str, dict] | None = None
     priority_classes: Mapping[str, int] | None = None
+    # Member clusters (members.py): every registered member's state by name, for a job across
+    # members (pods, ConfigMap and Service are then the members' and nodes their union, each
+    # tagged with its member); None for a single-cluster job.
+    members: Mapping[str, members.MemberState] | None = None
 
 
 @dataclass
@@ -315,7 +319,13 @@ class _Reconciler:
     # ---- the state machine ----------------------------------------------------------------
     def run(self) -> Decision:
         if (self.job.get("metadata") or {}).get("deletionTimestamp"):
-            return self.d  # owner references clean up
+            return self.d  # owner references clean up (across members: the finalizer, members.cleanup)
+        d = self.transition()
+        if self.obs.members is not None and self.old.get("phase") not in FINISHED:
+            self.member_status()
+        return d
+
+    def transition(self) -> Decision:
         phase = self.old.get("phase")
         try:
             spec, invalid = load_job(self.job), None
@@ -334,8 +344,19 @@ class _Reconciler:
         if shape:
             return self.stall("InvalidSpec", "; ".join(shape) + " -- fix the spec with kubectl edit or apply")
         denied = policy_violations(spec.template, self.settings.policy)
+        if spec.network == "hostNetwork" and not self.settings.policy.allow_host_namespaces:
+            denied.append(
+                "spec.network: hostNetwork is not allowed by the operator's job policy (allowed by the "
+                "operator flag --allow-host-namespaces, chart value jobPolicy.allowHostNamespaces: true)"
+            )
         if denied:
             return self.stall("PolicyViolation", "; ".join(denied))
+        if self.obs.members is not None and queueing.volcano_group(spec.template):
+            return self.stall(
+                "InvalidSpec",
+                "schedulerName: volcano (a Volcano PodGroup) is not supported for a job across member "
+                "clusters yet: remove spec.template.spec.schedulerName",
+            )
         started_model = self.cm_annotation(names.ANN_MODEL_HASH)
         if started_model and started_model != names.model_hash(self.job.get("spec")):
             return self.stall(
@@ -376,6 +397,9 @@ class _Reconciler:
             foreign = [p for p in self.obs.pods if not any(p is q for q in self.pods)]
             self.attempt = max((pod_attempt(p) or 0 for p in foreign), default=0)
             self.teardown()
+        lost = self.on_unreachable_member()
+        if lost:
+            return self.gang_failure(spec, lost, DISRUPTION, "MemberUnreachable")
         if self.obs.refused and self.status.get("launched"):
             return self.children_refused(self.obs.refused)
         if self.status.get("launched"):
@@ -644,8 +668,9 @@ class _Reconciler:
             self.d.service = build_service(ref, self.settings)
         existing = {pod_node_rank(p) for p in self.current_pods()}
         nets = {n: self.planner.network(by_name[n]) for n in layout.nodes}
+        ranks, master = self.rendezvous(len(layout.nodes))
         for rank, node_name in enumerate(layout.nodes):
-            if rank in existing:
+            if rank in existing or rank not in ranks:
                 continue
             net = nets[node_name]
             self.d.create_pods.append(
@@ -661,6 +686,8 @@ class _Reconciler:
                     hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(
                         "kubernetes.io/hostname"
                     ),
+                    master=master if rank else None,
+                    host_network=spec.network == "hostNetwork",
                 )
             )
         if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup
@@ -672,8 +699,10 @@ class _Reconciler:
                 queueing.in_group(pod, self.d.podgroup["metadata"]["name"])
         nic_of = {n: net.nic for n, net in nets.items()}
         self.status["layout"] = layout_status(layout, nic_of, names.layout_configmap_name(self.name))
-        self.status["launched"] = True
         self.status.pop("waitingSince", None)
+        if len(existing) + len(self.d.create_pods) < len(layout.nodes):  # across members: rank 0 first
+            return self.wait_for_rendezvous(layout)
+        self.status["launched"] = True
         self.status["size"] = self.size(len(layout.nodes))
         self.status["pods"] = pod_counts(self.current_pods() + self.d.create_pods)
         if self.d.create_pods:
@@ -688,6 +717,90 @@ class _Reconciler:
         )
         self.d.requeue_after = self.settings.progress_interval
         return self.d
+
+    # ---- member clusters (members.py) -------------------------------------------------------
+    def rendezvous(self, nodes: int) -> tuple[range | tuple[int, ...], str | None]:
+        """The ranks to create now and the rendezvous address they get. One cluster: all ranks,
+        rank 0's DNS name. Across members (no shared DNS): rank 0 first, the others once rank 0's
+        pod has an IP, which they get as MASTER_ADDR."""
+        if self.obs.members is None:
+            return range(nodes), None
+        rank0 = next((p for p in self.current_pods() if pod_node_rank(p) == 0), None)
+        if rank0 is None:
+            return (0,), None
+        ip = members.pod_ip(rank0)
+        return (range(nodes), ip) if ip else ((), None)
+
+    def wait_for_rendezvous(self, layout: Layout) -> Decision:
+        self.status["launched"] = False
+        self.status["size"] = self.size(len(layout.nodes))
+        self.status["pods"] = pod_counts(self.current_pods() + self.d.create_pods)
+        self.set_phase(
+            PENDING,
+            "WaitingForRendezvous",
+            f"attempt {self.attempt}: rank 0 is created first; the other {len(layout.nodes) - 1} pod(s) "
+            "follow once it has an IP, their rendezvous address across member clusters",
+            announce=False,
+        )
+        self.d.requeue_after = self.until_deadline(1.0)
+        return self.d
+
+    def on_unreachable_member(self) -> str:
+        """Why pods of the current attempt are lost with an unreachable member ('' if none are)."""
+        if self.obs.members is None:
+            return ""
+        down = {m: st for m, st in self.obs.members.items() if not st.reachable}
+        lost: dict[str, int] = {}
+        for p in self.current_pods():
+            m = members.member_of(p)
+            if m in down or (m is not None and m not in self.obs.members):
+                lost[m] = lost.get(m, 0) + 1
+        if not lost:
+            return ""
+        parts = []
+        for m, k in sorted(lost.items()):
+            why = down[m].message if m in down else "no longer registered"
+            parts.append(
+                f"member cluster {m} is unreachable ({why or 'no answer'}): {k} pod(s) of attempt "
+                f"{self.attempt} there are lost"
+            )
+        return "; ".join(parts) + "; planning again on the members left"
+
+    def member_status(self) -> None:
+        """status.members and the MembersReachable condition; an Event when a member the job
+        uses becomes unreachable or comes back."""
+        states = self.obs.members or {}
+        by_node = {n["metadata"]["name"]: members.member_of(n) for n in self.obs.nodes}
+        pods = []
+        for p in self.current_pods() + self.d.create_pods:
+            m = members.member_of(p) or by_node.get(
+                ((p.get("metadata") or {}).get("annotations") or {}).get(names.ANN_NODE) or ""
+            )
+            pods.append(members.tag(p, m) if m else p)
+        st = members.members_status(states, pods)
+        self.status["members"] = st
+        before = self.old.get("members") or {}
+        for m, entry in st.items():
+            was = (before.get(m) or {}).get("reachable")
+            if was is not False and not entry["reachable"] and (was is True or entry["nodes"]):
+                self.event(
+                    "Warning",
+                    "MemberUnreachable",
+                    f"member cluster {m} is unreachable: {entry.get('message') or 'no answer'}",
+                )
+            elif was is False and entry["reachable"]:
+                self.event("Normal", "MemberReachable", f"member cluster {m} is reachable again")
+        down = [m for m, e in st.items() if not e["reachable"]]
+        if down:
+            msg = "; ".join(f"{m}: {st[m].get('message') or 'no answer'}" for m in down)
+            value = (False, "MemberUnreachable", f"unreachable member cluster(s): {msg}")
+        elif st:
+            value = (True, "AllMembersReachable", f"{len(st)} member cluster(s): {', '.join(st)}")
+        else:
+            value = (False, "NoMembers", "no member cluster is registered")
+        self.status["conditions"] = cond.set_condition(
+            self.status.get("conditions"), cond.MEMBERS, *value, self.now, self.generation
+        )
 
     def size(self, current: int | None) -> dict[str, int]:
         n = self.spec.nodes
@@ -985,7 +1098,12 @@ class _Reconciler:
 
 
 def owned_by(obj: Mapping, uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+    """Owned by the job ``uid``: an ownerReference, or across member clusters (where no
+    ownerReference can point at the hub's job) the holmes.dev/job-uid annotation."""
+    meta = obj.get("metadata") or {}
+    if (meta.get("annotations") or {}).get(members.ANN_JOB_UID) == uid:
+        return True
+    return any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
 
 
 def owned(objs: list[dict], uid: str | None) -> list[dict]:

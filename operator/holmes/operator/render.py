@@ -157,8 +157,12 @@ def default_command(layout: Layout, node_rank: int, master: str, master_port: in
     ]
 
 
-def rank_env(job: JobRef, layout: Layout, node_rank: int, settings: RenderSettings) -> dict[str, str]:
-    master = names.master_addr(job.name, job.namespace, job.attempt)
+def rank_env(
+    job: JobRef, layout: Layout, node_rank: int, settings: RenderSettings, master: str | None = None
+) -> dict[str, str]:
+    """``master``: the rendezvous address (rank 0's IP across member clusters); default: rank
+    0's DNS name through the headless Service."""
+    master = master or names.master_addr(job.name, job.namespace, job.attempt)
     master_port, metrics_port = job_ports(job, settings)
     nnodes, nproc = len(layout.nodes), layout.gpus_per_node
     env = {
@@ -202,8 +206,12 @@ def build_pod(
     template: Mapping[str, Any] | None,
     settings: RenderSettings,
     hostname_label: str | None = None,
+    master: str | None = None,
+    host_network: bool = False,
 ) -> dict:
-    """The pod for node ``layout.nodes[node_rank]`` of this attempt."""
+    """The pod for node ``layout.nodes[node_rank]`` of this attempt. ``master``: the rendezvous
+    address when not rank 0's DNS name (rank 0's IP, for a job across member clusters);
+    ``host_network``: the pod runs in its node's network namespace (spec.network: hostNetwork)."""
     node = layout.nodes[node_rank]
     template = copy.deepcopy(dict(template or {}))
     tmeta = template.get("metadata") or {}
@@ -228,8 +236,8 @@ def build_pod(
     idx = next((i for i, c in enumerate(containers) if c.get("name") == names.TRAINER_CONTAINER), 0)
     if not containers:
         containers = [{"name": names.TRAINER_CONTAINER}]
-    master = names.master_addr(job.name, job.namespace, job.attempt)
-    ours = dict(rank_env(job, layout, node_rank, settings))
+    master = master or names.master_addr(job.name, job.namespace, job.attempt)
+    ours = dict(rank_env(job, layout, node_rank, settings, master))
     ours["HOLMES_NIC"] = nic
     ours.update(nccl_env)
     # the trainer saves on SIGTERM only when it fits in what the kubelet grants (default 30 s)
@@ -265,6 +273,9 @@ def build_pod(
             "affinity": _pin_to(pspec.get("affinity"), hostname_label or node),
         }
     )
+    if host_network:  # RDMA nodes: the node's own interfaces; cluster DNS still resolves
+        pspec["hostNetwork"] = True
+        pspec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
     pspec.setdefault("enableServiceLinks", False)
     pspec.setdefault("automountServiceAccountToken", False)  # the trainer never calls the API
     psc = dict(pspec.get("securityContext") or {})

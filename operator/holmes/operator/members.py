@@ -1,0 +1,317 @@
+"""Member clusters: one HolmesJob across several Kubernetes control planes. Pure (no I/O): the
+runtime (membership.py, handlers.py) gathers each member's nodes and children from its own
+informers; this module merges them into the one view the reconciler decides on, and splits the
+decision back into the writes for each member.
+
+- Members are registered in the hub (the cluster the operator runs in) as Secrets labelled
+  ``holmes.dev/member-cluster: NAME`` holding a kubeconfig (docs/multicluster.md). While at
+  least one is registered, every job the operator serves plans over the union of the members'
+  nodes; with none, nothing here is used and a job is a single-cluster job.
+- The union view (``union_nodes``): every member's nodes, each tagged with its member (the
+  annotation ``holmes.dev/member`` in the view only) and with ``holmes.dev/cluster`` defaulting
+  to the member's name. A node name found in two members is left out (names must be unique
+  across members: the layout names nodes).
+- Islands never span members (``MemberPlanner``): an island label value found in two members is
+  qualified with the member's name, and a plan whose stage (so its data-parallel groups) spans
+  members is refused; only pipeline point-to-point traffic crosses members.
+- Children live in the member of their node: the pods of its ranks, and in each member hosting a
+  rank the layout ConfigMap and the headless Service (``route``). No ownerReference crosses
+  clusters: member children carry the hub job's uid (``holmes.dev/job-uid``) and member
+  (``holmes.dev/member``) as annotations, and a finalizer on the hub's job (``cleanup``) deletes
+  them in every member before the job goes.
+- An unreachable member: its nodes leave the view; pods of the current attempt there count as
+  lost (a disruption: the gang restarts on the capacity left, as the failure policy allows);
+  writes to it are skipped and redone once it is back (stale pods are deleted then).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from holmes.contract import JobSpec, Layout, LayoutError
+from holmes.plan import PlanError
+
+from . import names
+
+LABEL_MEMBER_CLUSTER = "holmes.dev/member-cluster"  # on the hub's Secrets that register members
+KUBECONFIG_KEY = "kubeconfig"  # the Secret's key holding the member's kubeconfig
+ANN_MEMBER = "holmes.dev/member"  # on member children (and member nodes in the hub's view)
+ANN_JOB_UID = "holmes.dev/job-uid"  # on member children: the hub job that owns them
+FINALIZER = "holmes.dev/member-children"  # on a hub job while it may have children in members
+CLUSTER_LABEL = "holmes.dev/cluster"
+
+
+@dataclass(frozen=True)
+class MemberState:
+    """What the hub knows of one registered member."""
+
+    name: str
+    reachable: bool
+    message: str = ""  # why it is not reachable (the last error)
+
+
+def member_of(obj: Mapping) -> str | None:
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(ANN_MEMBER)
+
+
+def tag(obj: Mapping, member: str, job_uid: str | None = None) -> dict:
+    """A copy of ``obj`` annotated with its member (and the owning hub job's uid)."""
+    out = copy.deepcopy(dict(obj))
+    meta = out.setdefault("metadata", {})
+    ann = dict(meta.get("annotations") or {})
+    ann[ANN_MEMBER] = member
+    if job_uid:
+        ann[ANN_JOB_UID] = job_uid
+    meta["annotations"] = ann
+    return out
+
+
+# ---- the union of the members' nodes ----------------------------------------------------------
+
+
+def union_nodes(
+    per_member: Mapping[str, Iterable[Mapping]], usable: Iterable[str]
+) -> tuple[list[dict], list[str]]:
+    """The nodes of the ``usable`` members (reachable, synced) as one list, tagged with their
+    member, ``holmes.dev/cluster`` defaulting to the member's name; and the problems found (a
+    node name in more than one member: left out everywhere)."""
+    usable = set(usable)
+    seen: dict[str, list[str]] = {}
+    for m in sorted(per_member):
+        for n in per_member[m]:
+            seen.setdefault((n.get("metadata") or {}).get("name") or "", []).append(m)
+    dup = {n: ms for n, ms in seen.items() if len(ms) > 1}
+    problems = [
+        f"node {n} is in members {', '.join(ms)}: left out (node names must be unique across members)"
+        for n, ms in sorted(dup.items())
+    ]
+    out = []
+    for m in sorted(per_member):
+        if m not in usable:
+            continue
+        for n in per_member[m]:
+            name = (n.get("metadata") or {}).get("name") or ""
+            if name in dup:
+                continue
+            node = tag(n, m)
+            labels = node["metadata"].setdefault("labels", {})
+            labels.setdefault(CLUSTER_LABEL, m)
+            out.append(node)
+    return out, problems
+
+
+def island_labels(nodes: Iterable[Mapping], cluster_label: str) -> list[dict]:
+    """The nodes with ``cluster_label`` (the job's island label) made member-local: missing, it
+    is the member's name; a value found in more than one member becomes ``<member>-<value>``."""
+    nodes = list(nodes)
+    members_of: dict[str, set[str]] = {}
+    for n in nodes:
+        v = ((n.get("metadata") or {}).get("labels") or {}).get(cluster_label)
+        if v is not None:
+            members_of.setdefault(v, set()).add(member_of(n) or "")
+    out = []
+    for n in nodes:
+        m = member_of(n)
+        labels = (n.get("metadata") or {}).get("labels") or {}
+        v = labels.get(cluster_label)
+        want = m if v is None else (f"{m}-{v}" if len(members_of.get(v, ())) > 1 else v)
+        if m is None or want == v:
+            out.append(n)
+            continue
+        n = copy.deepcopy(dict(n))
+        n["metadata"].setdefault("labels", {})[cluster_label] = want
+        out.append(n)
+    return out
+
+
+def spanning_stages(layout: Layout, node_member: Mapping[str, str]) -> list[str]:
+    """Stages whose nodes are in more than one member, described ('' list when none)."""
+    out = []
+    for s in layout.stages:
+        nodes = list(s.nodes or layout.stage_nodes(s.index))
+        ms = sorted({node_member.get(n, "?") for n in nodes})
+        if len(ms) > 1:
+            out.append(f"stage {s.index} on {', '.join(nodes)} spans members {', '.join(ms)}")
+    return out
+
+
+class MemberPlanner:
+    """The reconciler's Planner over the members' union: islands stay inside members, and a
+    layout whose data-parallel groups would cross members is refused."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def network(self, node: Mapping):
+        return self.inner.network(node)
+
+    def unusable(self, node: Mapping) -> str:
+        return self.inner.unusable(node)
+
+    def plan(self, nodes: list, job: JobSpec) -> Layout:
+        nodes = island_labels(nodes, job.nodes.cluster_label)
+        layout = self.inner.plan(nodes, job)
+        where = {(n.get("metadata") or {}).get("name"): member_of(n) or "" for n in nodes}
+        bad = spanning_stages(layout, where)
+        if bad:
+            raise PlanError(
+                "the best layout puts a data-parallel group across member clusters ("
+                + "; ".join(bad)
+                + "): only pipeline stages may cross members; choose nodes.count (or "
+                "parallelism.pipeline) so that each stage fits in one member"
+            )
+        return layout
+
+
+# ---- rendezvous -------------------------------------------------------------------------------
+
+
+def pod_ip(pod: Mapping | None) -> str:
+    return ((pod or {}).get("status") or {}).get("podIP") or ""
+
+
+# ---- routing a decision to the members --------------------------------------------------------
+
+
+@dataclass
+class MemberWrites:
+    """What one reconcile writes in one member."""
+
+    delete_pods: list[str] = field(default_factory=list)
+    configmap: dict | None = None
+    service: dict | None = None
+    create_pods: list[dict] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.delete_pods or self.configmap or self.service or self.create_pods)
+
+
+def layout_members(configmap: Mapping | None, node_member: Mapping[str, str]) -> list[str]:
+    """Members hosting a node of the ConfigMap's layout."""
+    try:
+        nodes = Layout.from_json(configmap["data"][names.LAYOUT_FILE]).nodes
+    except (KeyError, TypeError, LayoutError, json.JSONDecodeError):
+        return []
+    return sorted({node_member[n] for n in nodes if n in node_member})
+
+
+def route(
+    decision: Any,
+    job_uid: str,
+    pod_member: Mapping[str, str],
+    node_member: Mapping[str, str],
+    current_members: Iterable[str] = (),
+) -> dict[str, MemberWrites]:
+    """Split a Decision's child writes by member: a pod goes to its node's member, deletes to
+    where the pod is, the ConfigMap to every member hosting a rank of its layout, the Service to
+    those and to ``current_members`` (members with pods of the attempt)."""
+    out: dict[str, MemberWrites] = {}
+
+    def of(m: str) -> MemberWrites:
+        return out.setdefault(m, MemberWrites())
+
+    for name in decision.delete_pods:
+        m = pod_member.get(name)
+        if m:
+            of(m).delete_pods.append(name)
+    hosts = set(current_members)
+    if decision.configmap is not None:
+        ms = layout_members(decision.configmap, node_member)
+        hosts |= set(ms)
+        for m in ms:
+            of(m).configmap = tag(decision.configmap, m, job_uid)
+    for pod in decision.create_pods:
+        node = ((pod.get("metadata") or {}).get("annotations") or {}).get(names.ANN_NODE)
+        m = node_member.get(node or "")
+        if m:
+            hosts.add(m)
+            of(m).create_pods.append(tag(pod, m, job_uid))
+    if decision.service is not None:
+        for m in sorted(hosts):
+            of(m).service = tag(decision.service, m, job_uid)
+    return out
+
+
+# ---- status -----------------------------------------------------------------------------------
+
+
+def members_status(
+    states: Mapping[str, MemberState], pods: Iterable[Mapping], nodes_of_attempt: Iterable[str] = ()
+) -> dict[str, dict]:
+    """status.members: per registered member, reachability and the attempt's pods by phase."""
+    out: dict[str, dict] = {}
+    for name, st in sorted(states.items()):
+        entry: dict[str, Any] = {
+            "reachable": st.reachable,
+            "nodes": 0,
+            "pending": 0,
+            "running": 0,
+            "succeeded": 0,
+            "failed": 0,
+        }
+        if not st.reachable and st.message:
+            entry["message"] = st.message[:300]
+        out[name] = entry
+    for p in pods:
+        m = member_of(p)
+        if m not in out:
+            continue
+        phase = (p.get("status") or {}).get("phase") or "Pending"
+        key = phase.lower() if phase in ("Running", "Succeeded", "Failed") else "pending"
+        out[m][key] += 1
+        out[m]["nodes"] += 1
+    return out
+
+
+# ---- deleting a job: its children in every member ---------------------------------------------
+
+
+@dataclass
+class Cleanup:
+    """What deleting a hub job still needs: per member, the children to delete (kind, name)."""
+
+    deletes: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    waiting: list[str] = field(default_factory=list)  # why the finalizer stays, per member
+    done: bool = False  # every registered member is clean: remove the finalizer
+
+    def message(self) -> str:
+        return "; ".join(self.waiting)
+
+
+def owned_children(objs: Iterable[Mapping], job_uid: str) -> list[Mapping]:
+    return [
+        o for o in objs if ((o.get("metadata") or {}).get("annotations") or {}).get(ANN_JOB_UID) == job_uid
+    ]
+
+
+def cleanup(
+    job_uid: str,
+    states: Mapping[str, MemberState],
+    children: Mapping[str, Iterable[tuple[str, Mapping]]],
+) -> Cleanup:
+    """The hub job ``job_uid`` is being deleted. ``children``: per member, (kind, object) of the
+    job's children its caches hold. Children not already being deleted are deleted; the job
+    waits while any remain, and for every unreachable member (its children are not known).
+    Members no longer registered are not waited for: deleting a member's Secret is how a job
+    whose member is gone for good is let go."""
+    out = Cleanup()
+    for m in sorted(states):
+        st = states[m]
+        mine = [(k, o) for k, o in children.get(m, ()) if o in owned_children([o], job_uid)]
+        if not st.reachable:
+            out.waiting.append(
+                f"member {m} is unreachable ({st.message or 'no answer'}): its children cannot be "
+                f"deleted; when it is gone for good, delete its Secret (label {LABEL_MEMBER_CLUSTER}={m})"
+            )
+            continue
+        todo = [(k, o["metadata"]["name"]) for k, o in mine if not o["metadata"].get("deletionTimestamp")]
+        if todo:
+            out.deletes[m] = todo
+        if mine:
+            out.waiting.append(f"member {m}: {len(mine)} child object(s) still there")
+    out.done = not out.waiting
+    return out
