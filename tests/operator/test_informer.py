@@ -48,6 +48,15 @@ def test_store_remove_only_forgets_the_object_of_that_uid():
     assert s.get("ns", "p0") is None and s.by_label("ns", "a") == []
 
 
+def test_a_write_response_after_the_deletion_does_not_bring_the_object_back():
+    s = Store(names.LABEL_JOB)
+    s.put(obj("p0", 5, uid="u1"))
+    assert s.remove(obj("p0", 6, uid="u1"))  # the watch: deleted at once (never scheduled)
+    assert not s.put(obj("p0", 6, uid="u1"))  # then the delete call's own response
+    assert s.get("ns", "p0") is None and s.by_label("ns", "a") == []
+    assert s.put(obj("p0", 7, uid="u2"))  # a new pod of that name is another object
+
+
 def test_store_replace_reports_the_jobs_whose_objects_changed():
     s = Store(names.LABEL_JOB)
     s.put(obj("p0", 1))

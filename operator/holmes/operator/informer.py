@@ -18,6 +18,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,6 +27,9 @@ from kubernetes.watch.watch import iter_resp_lines
 
 log = logging.getLogger("holmes.operator.informer")
 WATCH_SECONDS = 270  # the API server ends each watch after this; it is resumed from the last version
+
+
+GONE_KEPT = 10_000  # deleted uids remembered per store (a uid is never reused)
 
 
 def _rv(obj: Mapping) -> int | None:
@@ -46,6 +50,9 @@ class Store:
         self._lock = threading.Lock()
         self._objs: dict[tuple[str, str], dict] = {}
         self._index: dict[tuple[str, str], set[str]] = {}
+        # uids whose deletion the watch reported: a write's response that arrives after it (an
+        # object deleted at once) must not bring the object back
+        self._gone: OrderedDict[str, None] = OrderedDict()
 
     def label(self, obj: Mapping) -> str | None:
         if self.index_label is None:
@@ -71,8 +78,11 @@ class Store:
                     del self._index[(key[0], label)]
 
     def put(self, obj: dict) -> bool:
-        """Store ``obj`` unless the store holds a newer version of it; True if stored."""
+        """Store ``obj`` unless the store holds a newer version of it or saw it deleted; True
+        if stored."""
         with self._lock:
+            if (obj.get("metadata") or {}).get("uid") in self._gone:
+                return False
             old = self._objs.get(_key(obj))
             if old is not None and old["metadata"].get("uid") == obj["metadata"].get("uid"):
                 a, b = _rv(old), _rv(obj)
@@ -84,9 +94,14 @@ class Store:
     def remove(self, obj: Mapping) -> bool:
         """Forget ``obj`` (a DELETED event); a newer object of the same name (another uid) stays."""
         key = _key(obj)
+        uid = (obj.get("metadata") or {}).get("uid")
         with self._lock:
+            if uid:
+                self._gone[uid] = None
+                while len(self._gone) > GONE_KEPT:
+                    self._gone.popitem(last=False)
             old = self._objs.get(key)
-            if old is None or old["metadata"].get("uid") != (obj.get("metadata") or {}).get("uid"):
+            if old is None or old["metadata"].get("uid") != uid:
                 return False
             self._unset(key)
             return True
