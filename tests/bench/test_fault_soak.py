@@ -1,5 +1,5 @@
 """The short version of bench/fault_soak.py on the test cluster: 3 faults (a pod deleted, a
-node deleted with its machine gone, a trainer killed) against an undisturbed run of the same
+node's machine gone and its Node deleted, a trainer killed) against an undisturbed run of the same
 job. The bench itself checks the job Succeeds with the undisturbed run's final loss (1e-3), no
 fault loses more than a checkpoint interval, and no duplicate or leftover pods; here the job
 must also have shrunk when its node went and grown back to six nodes after it returned."""
@@ -42,7 +42,10 @@ def test_three_faults_cost_at_most_a_checkpoint_interval_each_and_the_loss_is_un
     assert next(f for f in res["faults"] if f["kind"] == "delete-pod")["iterationsLost"] == 0, out
     assert abs(res["loss"] - res["referenceLoss"]) <= 1e-3, out
     by = res["status"]["restartsByReason"]
-    assert by.get("disruption") == 2 and by.get("failure") == 1 and by.get("scaleUp", 0) >= 1, out
+    # the deleted pod is a disruption and the killed trainer a failure; the dead machine is a
+    # disruption unless its peers' broken collectives are seen before its Node is gone
+    assert by.get("disruption", 0) >= 1 and by.get("failure", 0) >= 1, out
+    assert by.get("disruption", 0) + by.get("failure", 0) == 3 and by.get("scaleUp", 0) >= 1, out
     sizes = res["worldSizes"]
     shrunk = sizes.index(min(sizes))
     assert min(sizes) < 6 and 6 in sizes[shrunk:], f"the job did not shrink and grow back: {sizes}\n{out}"
