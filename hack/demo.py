@@ -10,12 +10,14 @@ A driver for the local cluster, not part of the holmes package (it only runs kub
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -104,37 +106,46 @@ def main(argv: list[str] | None = None) -> int:
         k("create", "namespace", ns)
     k("delete", "holmesjob", name, "-n", ns, "--ignore-not-found", "--wait=true", "--timeout=60s")
 
-    liveness = free_port()
-    Path(a.log).parent.mkdir(parents=True, exist_ok=True)
-    log = open(a.log, "ab")
+    args = [
+        f"--kubeconfig={a.kubeconfig}",
+        f"--namespace={ns}",
+        "--port-range=20000-29999",  # the node agent's pods share the host network
+        *[f"--cluster-rdma-kind={x}" for x in a.cluster_rdma_kind],
+    ]
+    say(f">> starting the operator (holmes.operator --kubeconfig={a.kubeconfig} ...), log {a.log}")
+    with operator_running(args, a.log):
+        say(f">> kubectl apply -f {a.job} -n {ns}")
+        k("apply", "-f", a.job, "-n", ns)
+        return follow(k, ns, name, a.timeout)
+
+
+@contextlib.contextmanager
+def operator_running(args: list[str], log_path: str) -> Iterator[subprocess.Popen]:
+    """``python -m holmes.operator`` with ``args`` (plus free liveness and metrics ports and
+    plain logs into ``log_path``), stopped on leaving; exits the demo if it dies at start-up."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
         "-m",
         "holmes.operator",
-        f"--kubeconfig={a.kubeconfig}",
-        f"--namespace={ns}",
-        f"--liveness=http://127.0.0.1:{liveness}/healthz",
+        *args,
+        f"--liveness=http://127.0.0.1:{free_port()}/healthz",
         f"--metrics-port={free_port()}",
         "--log-format=plain",
-        "--port-range=20000-29999",  # the node agent's pods share the host network
-        *[f"--cluster-rdma-kind={x}" for x in a.cluster_rdma_kind],
     ]
-    say(f">> starting the operator ({' '.join(cmd[1:4])} ...), log {a.log}")
-    op = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        time.sleep(2)
-        if op.poll() is not None:
-            raise SystemExit(f"the operator exited with {op.returncode}; see {a.log}")
-        say(f">> kubectl apply -f {a.job} -n {ns}")
-        k("apply", "-f", a.job, "-n", ns)
-        return follow(k, ns, name, a.timeout)
-    finally:
-        op.terminate()
+    with open(log_path, "ab") as log:
+        op = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            op.wait(15)
-        except subprocess.TimeoutExpired:
-            op.kill()
-        log.close()
+            time.sleep(2)
+            if op.poll() is not None:
+                raise SystemExit(f"the operator exited with {op.returncode}; see {log_path}")
+            yield op
+        finally:
+            op.terminate()
+            try:
+                op.wait(15)
+            except subprocess.TimeoutExpired:
+                op.kill()
 
 
 def follow(k: Kubectl, ns: str, name: str, timeout: float) -> int:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo import Kubectl, free_port, say, show_layout  # noqa: E402
+from demo import Kubectl, operator_running, say, show_layout  # noqa: E402
 
 from localkube.controlplane import binary  # noqa: E402
 from localkube.multicluster import MEMBERS_NAMESPACE, MultiCluster  # noqa: E402
@@ -53,27 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     mc.ensure_namespace(ns)
     hub("delete", "holmesjob", name, "-n", ns, "--ignore-not-found", "--wait=true", "--timeout=60s")
 
-    Path(a.log).parent.mkdir(parents=True, exist_ok=True)
-    log = open(a.log, "ab")
-    cmd = [
-        sys.executable,
-        "-m",
-        "holmes.operator",
+    args = [
         f"--kubeconfig={mc.kubeconfig(mc.hub)}",
         f"--namespace={ns}",
         f"--members-namespace={MEMBERS_NAMESPACE}",
-        f"--liveness=http://127.0.0.1:{free_port()}/healthz",
-        f"--metrics-port={free_port()}",
-        "--log-format=plain",
         f"--port-range={PORT_RANGE}",
         *[f"--cluster-rdma-kind={x}" for x in RDMA_KINDS],
     ]
     say(f">> starting the operator against the hub, members from Secrets in {MEMBERS_NAMESPACE}; log {a.log}")
-    op = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        time.sleep(2)
-        if op.poll() is not None:
-            raise SystemExit(f"the operator exited with {op.returncode}; see {a.log}")
+    with operator_running(args, a.log):
         say(f">> kubectl apply -f {a.job} -n {ns}   (in the hub)")
         hub("apply", "-f", a.job, "-n", ns)
         code = follow(mc, hub, ns, name, a.timeout)
@@ -94,13 +81,6 @@ def main(argv: list[str] | None = None) -> int:
             )
             say(f"   member {m}: {len(left.split())} child object(s) left")
         return code
-    finally:
-        op.terminate()
-        try:
-            op.wait(15)
-        except subprocess.TimeoutExpired:
-            op.kill()
-        log.close()
 
 
 def follow(mc: MultiCluster, hub: Kubectl, ns: str, name: str, timeout: float) -> int:
