@@ -3,7 +3,6 @@ operator's pods."""
 
 import json
 import os
-import subprocess
 import urllib.request
 
 import pytest
@@ -12,7 +11,7 @@ import yaml
 from holmes.contract import ModelCost, ModelSpec
 from holmes.trainer.config import TrainConfig, TrainerConfigError
 from holmes.trainer.metrics import MetricsSink
-from tests.trainer.trainer_harness import make_layout, start_nodes
+from tests.trainer.trainer_harness import finish_nodes, make_layout, start_nodes
 
 JOB = {
     "apiVersion": "holmes.dev/v1alpha1",
@@ -47,17 +46,7 @@ def _launch(tmp_path, nnodes, nproc, extra_env=None, args=()):
         "HOLMES_TERMINATION_LOG": str(tmp_path / "termination-log"),
         **(extra_env or {}),
     }
-    procs = start_nodes(tmp_path, nnodes, nproc, env, args=args)
-    outs = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=150)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append((p.returncode, out, err))
-    return outs
+    return finish_nodes(start_nodes(tmp_path, nnodes, nproc, env, args=args), timeout=150)
 
 
 def test_torchrun_two_nodes_of_two_runs_the_layout_and_reports(tmp_path):

@@ -23,6 +23,7 @@ from holmes.trainer.engine import Trainer
 from holmes.trainer.preempt import Preemption, grace_seconds
 from tests.trainer.test_trainer_entrypoint import JOB
 from tests.trainer.trainer_harness import (
+    finish_nodes,
     free_port,
     make_layout,
     run_ranks,
@@ -120,16 +121,7 @@ def _wait_for_iteration(tmp_path, n: int, procs, timeout: float = 60) -> None:
 
 
 def _finish(procs) -> list[tuple[int, str, str]]:
-    outs = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append((p.returncode, out, err))
-    return outs
+    return finish_nodes(procs, timeout=90)
 
 
 def _workers_of(pid: int) -> list[int]:

@@ -118,6 +118,22 @@ def start_nodes(
     return procs
 
 
+def finish_nodes(procs: list, timeout: float) -> list[tuple[int, str, str]]:
+    """(exit code, stdout, stderr) of each process of start_nodes; all are killed if one hangs."""
+    import subprocess
+
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append((p.returncode, out, err))
+    return outs
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
