@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 
 from holmes.contract import load_job
-from holmes.operator import capacity, names, queueing
-from holmes.operator.capacity import CapacityPlanner, Ledger, WaitingForCapacity, free_view, pod_shape
+from holmes.operator.core import capacity, names, queueing
+from holmes.operator.core.capacity import CapacityPlanner, Ledger, WaitingForCapacity, free_view, pod_shape
 from holmes.operator.planning import ClusterPlanner
 from holmes.plan import InsufficientNodes
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import yaml
 
 from holmes.contract import JobSpec, Layout
-from holmes.operator import names
+from holmes.operator.core import names
+from holmes.operator.core.render import JobRef, RenderSettings, build_configmap, build_pod, build_service
 from holmes.operator.planning import ClusterPlanner
-from holmes.operator.render import JobRef, RenderSettings, build_configmap, build_pod, build_service
 from holmes.plan import plan
 from tests.operator.opfixtures import default_nodes, manifest, with_link_layers
 
@@ -202,7 +202,7 @@ def test_metrics_bind_to_the_pod_ip_and_rank0_exposes_the_port():
 def test_a_port_range_gives_each_attempt_its_own_ports():
     from dataclasses import replace
 
-    from holmes.operator.render import job_ports
+    from holmes.operator.core.render import job_ports
 
     ranged = replace(SETTINGS, port_range=(20000, 29999))
     a1 = job_ports(REF, ranged)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from holmes.operator.render import RenderSettings
-from holmes.operator.template import TemplatePolicy, policy_violations, shape_problems
+from holmes.operator.core.render import RenderSettings
+from holmes.operator.core.template import TemplatePolicy, policy_violations, shape_problems
 from tests.operator.opfixtures import FakeWorld, manifest
 from tests.operator.test_render import pod_for
 

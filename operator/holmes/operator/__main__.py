@@ -16,12 +16,12 @@ from kubernetes import client, config
 
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
+from .core.reconcile import RestartBackoff
+from .core.render import RenderSettings
+from .core.template import TemplatePolicy
 from .handlers import Runtime, register
 from .leader import LeaderElector, LeaseConfig, default_identity
 from .planning import ClusterPlanner, export_state, with_nic_flags
-from .reconcile import RestartBackoff
-from .render import RenderSettings
-from .template import TemplatePolicy
 
 log = logging.getLogger("holmes.operator")
 

@@ -53,13 +53,14 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from . import capacity, members, metrics, names, progress, queueing
+from . import metrics, progress
+from .core import capacity, members, names, queueing
+from .core.reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide, owned
+from .core.render import RenderSettings
+from .core.summary import pod_attempt, pod_node_rank
 from .informer import Informer
 from .kube import Caches, KubeIO
 from .membership import Member, Members, short_error
-from .reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide, owned
-from .render import RenderSettings
-from .summary import pod_attempt, pod_node_rank
 
 log = logging.getLogger("holmes.operator")
 IDLE_RESYNC = 300.0  # a quiet job is still re-read this often

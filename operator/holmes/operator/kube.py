@@ -20,9 +20,9 @@ import kopf
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import names, queueing
+from .core import names, queueing
+from .core.reconcile import ChildRefusal, Decision
 from .informer import Store
-from .reconcile import ChildRefusal, Decision
 
 log = logging.getLogger("holmes.operator.kube")
 

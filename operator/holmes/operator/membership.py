@@ -29,12 +29,12 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from . import capacity, names
+from .core import capacity, names
+from .core.members import KUBECONFIG_KEY, LABEL_MEMBER_CLUSTER, MemberState
 from .informer import Informer, Store
 from .kube import Caches, KubeIO
-from .members import KUBECONFIG_KEY, LABEL_MEMBER_CLUSTER, MemberState
 
-log = logging.getLogger("holmes.operator.members")
+log = logging.getLogger("holmes.operator.core.members")
 PROBE_SECONDS = 3.0  # between health probes of a member
 PROBE_TIMEOUT = (3, 3)  # (connect, read); the client ignores a float, so never write 3.0 here
 PROBE_FAILURES = 2  # consecutive failed probes before a member counts as unreachable

@@ -12,7 +12,7 @@ from holmes.plan.costmodel_file import CostModelFile
 from holmes.plan.discovery import why_unusable
 
 from . import metrics
-from .reconcile import NodeNetwork
+from .core.reconcile import NodeNetwork
 
 
 def with_nic_flags(
