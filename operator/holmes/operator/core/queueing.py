@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from . import names
@@ -156,6 +157,69 @@ def finished_conditions(workload: Mapping, ok: bool, message: str, now: str) -> 
 
 
 # ---- Volcano -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Kueue's word on a job this reconcile: go on (planning only on ``node_labels``, the
+    admitted flavors' nodes), or hold it suspended (``hold``: reason, message, a Warning?), or
+    stall it (``stall``: reason, message); with the Workload to create or delete."""
+
+    node_labels: Mapping[str, str] | None = None
+    hold: tuple[str, str, bool] | None = None
+    stall: tuple[str, str] | None = None
+    create: dict | None = None
+    delete: str | None = None
+
+
+def gate(
+    job: Mapping,
+    queue: str,
+    count: int,
+    shape: PodShape,
+    template: Mapping | None,
+    priority: int,
+    workload: Mapping | None,
+    flavors: Mapping[str, Mapping] | None,
+    requeued: bool,
+) -> Gate:
+    """A job labelled kueue.x-k8s.io/queue-name runs only while Kueue admits its Workload.
+    ``workload``: the job's own (a same-named job's leftover is None); ``flavors``: None when
+    the Kueue API is not served; ``requeued``: the job is held after an eviction."""
+    if flavors is None:
+        return Gate(
+            stall=(
+                "KueueNotInstalled",
+                f"label {LABEL_QUEUE}={queue} asks Kueue to admit this job, but the API "
+                f"{KUEUE_API} (Workload) is not served: install Kueue, or remove the label",
+            )
+        )
+    meta = job.get("metadata") or {}
+    want = build_workload(
+        meta.get("name", ""), meta.get("namespace", "default"), queue, count, shape, template, priority
+    )
+    name = want["metadata"]["name"]
+    if workload is None:
+        why = f"Workload {name} created in LocalQueue {queue}: waiting for Kueue to admit it"
+        return Gate(hold=("WaitingForAdmission", why, False), create=want)
+    if not same_pod_sets(workload.get("spec", {}).get("podSets"), want["spec"]["podSets"]):
+        why = f"the job's pods changed (count or requests): re-creating Workload {name} for Kueue"
+        return Gate(hold=("WaitingForAdmission", why, False), delete=name)
+    state, why = admission(workload)
+    if state == EVICTED:
+        msg = f"Workload {name} was evicted by Kueue ({why}): pods deleted; waiting to be admitted again"
+        return Gate(hold=("Requeued", msg, True))
+    if state == PENDING:
+        reason = "Requeued" if requeued else "WaitingForAdmission"
+        return Gate(hold=(reason, f"Workload {name} in LocalQueue {queue} is not admitted: {why}", False))
+    labels, missing = flavor_node_labels(workload, flavors)
+    if missing:
+        msg = (
+            f"Workload {name} is admitted with ResourceFlavor(s) {', '.join(missing)}, which do not "
+            "exist (yet): their node labels say where the job may run"
+        )
+        return Gate(hold=("WaitingForAdmission", msg, False))
+    return Gate(node_labels=labels)
 
 
 def volcano_group(template: Mapping | None) -> bool:

@@ -28,148 +28,52 @@ deadline) is the reconcile-rule table of docs/api.md, kept in one place.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Protocol
 
 from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
-from holmes.contract.names import EXIT_PREEMPTED
 from holmes.plan import InsufficientNodes, PlanError
 
-from . import capacity, members, names, queueing
+from . import capacity, elastic, failures, members, names, queueing, validation
 from . import conditions as cond
-from .render import JobRef, RenderSettings, build_configmap, build_pod, build_service
+from .render import RenderSettings, build_configmap, build_pod, build_service
+from .state import (  # noqa: F401 (the reconcile's data types, imported from here by the I/O side)
+    CHILD_REJECTED_RETRY,
+    DISRUPTION,
+    FAILED,
+    FAILURE,
+    FINISHED,
+    IGNORED,
+    PENDING,
+    RESTARTING,
+    RUNNING,
+    SCALE_UP,
+    SUCCEEDED,
+    SUSPENDED,
+    ChildRefusal,
+    Decision,
+    Event,
+    JobState,
+    NodeNetwork,
+    Observed,
+    Planner,
+    RestartBackoff,
+    owned,
+    owned_by,
+)
 from .summary import (
-    container_exits,
-    disruption_of,
     failure_of,
     iso,
     layout_status,
+    merged_progress,
     parse_time,
     pod_attempt,
     pod_counts,
     pod_node_rank,
     waiting_reason,
 )
-from .template import policy_violations, shape_problems
 
-PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
-SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
-FINISHED = (SUCCEEDED, FAILED)
-
-# how a gang restart is counted (status.restartsByReason)
-FAILURE, DISRUPTION, IGNORED, SCALE_UP = "failure", "disruption", "ignored", "scaleUp"
 _NEXT_ATTEMPT = re.compile(r"next attempt at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
 WAIT_INTERVAL = 30.0  # re-plan a job waiting for nodes at least this often
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class ChildRefusal:
-    """A create the API server refused: its HTTP code, reason (Forbidden, Invalid, ...) and message."""
-
-    kind: str
-    name: str
-    code: int
-    reason: str
-    message: str
-
-    @property
-    def retryable(self) -> bool:
-        """Whether time alone can fix it: a full ResourceQuota, throttling, a busy API server. A
-        Pod Security or webhook denial (403), an invalid object (422) wait for someone to act."""
-        if self.code == 403:
-            return "exceeded quota" in self.message
-        return self.code == 429 or self.code >= 500 or self.code == 0
-
-    def describe(self) -> str:
-        return f"creating {self.kind} {self.name} was refused: {self.code} {self.reason}: {self.message}"
-
-
-CHILD_REJECTED_RETRY = 300.0  # a child refused for good is tried again this often (policy may change)
-
-
-@dataclass
-class Observed:
-    job: dict  # the HolmesJob as just read
-    pods: list[dict]  # pods labelled with the job's name, any attempt
-    configmap: dict | None  # <job>-layout, or None
-    service: dict | None  # the headless Service, or None
-    nodes: list[dict]  # node objects known to the operator
-    now: datetime
-    progress: dict | None = None  # numbers just read from the rank-0 trainer
-    # children the API server refused in the apply just before this pass (see ChildRefusal)
-    refused: list[ChildRefusal] = field(default_factory=list)
-    # Shared clusters (queueing.py): the job's Kueue Workload; Kueue's ResourceFlavors by name
-    # (None: the Kueue API is not served); PriorityClass values by name (None: not known)
-    workload: dict | None = None
-    flavors: Mapping[str, dict] | None = None
-    priority_classes: Mapping[str, int] | None = None
-    # Member clusters (members.py): every registered member's state by name, for a job across
-    # members (pods, ConfigMap and Service are then the members' and nodes their union, each
-    # tagged with its member); None for a single-cluster job.
-    members: Mapping[str, members.MemberState] | None = None
-
-
-@dataclass
-class Decision:
-    status: dict
-    delete_pods: list[str] = field(default_factory=list)
-    configmap: dict | None = None  # create or replace
-    service: dict | None = None  # create when missing
-    create_pods: list[dict] = field(default_factory=list)
-    delete_job: bool = False
-    events: list[Event] = field(default_factory=list)
-    requeue_after: float | None = None
-    workload: dict | None = None  # Kueue Workload to create
-    delete_workload: str | None = None  # name of a Workload to delete (its pod sets changed)
-    workload_conditions: list[dict] | None = None  # the Workload's new status.conditions
-    podgroup: dict | None = None  # Volcano PodGroup to create or update
-
-
-class Planner(Protocol):
-    """What the reconciler asks of the planner (``planning.ClusterPlanner``; tests give their own)."""
-
-    def plan(self, nodes: list, job: JobSpec) -> Layout:
-        """Raises InsufficientNodes (wait for nodes) or PlanError (the job cannot be planned)."""
-
-    def network(self, node: Mapping) -> NodeNetwork:
-        """The node's NIC kind, RDMA resource and NCCL environment."""
-
-    def unusable(self, node: Mapping) -> str:
-        """Why the node cannot run pods ("" if it can)."""
-
-
-@dataclass(frozen=True)
-class NodeNetwork:
-    nic: str  # infiniband | roce | ethernet
-    rdma_resource: str | None
-    env: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class RestartBackoff:
-    """Delay before the attempt after gang restart k: ``base * 2^(k-1)`` seconds, at most ``cap``
-    (operator flags --restart-backoff-seconds / --restart-backoff-max-seconds; base 0 disables)."""
-
-    base: float = 10.0
-    cap: float = 300.0
-
-    def __post_init__(self) -> None:
-        if self.base < 0 or self.cap < 0:
-            raise ValueError(f"restart back-off must not be negative (base={self.base}, cap={self.cap})")
-
-    def delay(self, restarts: int) -> float:
-        if self.base <= 0 or restarts < 1:
-            return 0.0
-        return min(self.base * 2.0 ** min(restarts - 1, 62), self.cap)
 
 
 def decide(
@@ -178,143 +82,8 @@ def decide(
     return _Reconciler(obs, planner, settings, backoff).run()
 
 
-class _Reconciler:
-    def __init__(self, obs: Observed, planner: Planner, settings: RenderSettings, backoff: RestartBackoff):
-        self.obs, self.planner, self.settings, self.backoff = obs, planner, settings, backoff
-        self.job = obs.job
-        meta = self.job.get("metadata") or {}
-        self.name, self.ns = meta.get("name", ""), meta.get("namespace", "default")
-        self.generation = meta.get("generation")
-        self.old = dict(self.job.get("status") or {})
-        self.status = dict(self.old)
-        self.now = iso(obs.now)
-        self.d = Decision(status=self.status)
-        self.attempt = int(self.old.get("attempt") or 0)
-        # Only pods this job object owns: a job deleted and recreated under the same name must
-        # not adopt the old one's pods, which the garbage collector is removing.
-        uid = meta.get("uid")
-        self.pods = owned(obs.pods, uid)
-        self.spec: JobSpec | None = None  # set once the spec parsed
-
-    # ---- helpers -------------------------------------------------------------------------
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.d.events.append(Event(type_, reason, message))
-
-    def set_phase(
-        self,
-        phase: str,
-        reason: str,
-        message: str,
-        stalled: tuple[str, str] | None = None,
-        announce: bool = True,
-    ) -> bool:
-        """Phase plus the matching kstatus conditions; an Event when the phase changes (True then)."""
-        previous = self.old.get("phase")
-        self.status["phase"] = phase
-        active = phase in (PENDING, RESTARTING)
-        ready = phase in (RUNNING, SUCCEEDED)
-        values = {
-            cond.READY: (ready, reason if not ready or phase != RUNNING else "AllPodsRunning", message),
-            cond.RECONCILING: (
-                active and stalled is None,
-                reason if active else phase,
-                message if active else "",
-            ),
-            cond.STALLED: (
-                stalled is not None,
-                stalled[0] if stalled else "Healthy",
-                stalled[1] if stalled else "",
-            ),
-            cond.SUCCEEDED: (
-                phase == SUCCEEDED,
-                reason if phase == SUCCEEDED else "NotSucceeded",
-                message if phase == SUCCEEDED else "",
-            ),
-            cond.FAILED: (
-                phase == FAILED,
-                reason if phase == FAILED else "NotFailed",
-                message if phase == FAILED else "",
-            ),
-            cond.SUSPENDED: (
-                phase == SUSPENDED,
-                reason if phase == SUSPENDED else "NotSuspended",
-                message if phase == SUSPENDED else "",
-            ),
-        }
-        self.status["conditions"] = cond.set_many(
-            self.old.get("conditions"), values, self.now, self.generation
-        )
-        if phase != previous and announce:
-            kind = "Warning" if phase in (FAILED, RESTARTING) else "Normal"
-            self.event(kind, reason, f"{previous or 'New'} -> {phase}: {message}")
-            return True
-        return False
-
-    def stall(self, reason: str, message: str) -> Decision:
-        """Bad input: say what to fix (condition + one Warning Event per distinct message)."""
-        old = cond.get(self.old.get("conditions"), cond.STALLED)
-        phase = self.old.get("phase") or PENDING
-        keep_reason = (cond.get(self.old.get("conditions"), cond.READY) or {}).get("reason", reason)
-        self.set_phase(phase, keep_reason, message, stalled=(reason, message), announce=False)
-        if not (old and old.get("status") == "True" and old.get("message") == message):
-            self.event("Warning", reason, message)
-        self.status["observedGeneration"] = self.generation
-        return self.d
-
-    def live_pods(self) -> list[str]:
-        """Names of pods still running or starting (any attempt) and not already being deleted."""
-        return [
-            p["metadata"]["name"]
-            for p in self.pods
-            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-            and not p["metadata"].get("deletionTimestamp")
-        ]
-
-    def current_pods(self) -> list[dict]:
-        return [p for p in self.pods if pod_attempt(p) == self.attempt]
-
-    def delete_stale(self) -> None:
-        for p in self.pods:
-            if (
-                pod_attempt(p) != self.attempt
-                and not p["metadata"].get("deletionTimestamp")
-                and p["metadata"]["name"] not in self.d.delete_pods
-            ):
-                self.d.delete_pods.append(p["metadata"]["name"])
-
-    def teardown(self, *, restart: str | None = None) -> None:
-        """Delete the current attempt's pods by moving to a new attempt; ``restart`` counts it
-        as a gang restart of that kind (FAILURE, DISRUPTION, IGNORED, SCALE_UP)."""
-        self.attempt += 1
-        self.status["attempt"] = self.attempt
-        self.status["launched"] = False
-        self.status.pop("scaleUpAfter", None)
-        if restart:
-            self.status["restarts"] = int(self.old.get("restarts") or 0) + 1
-            by = self.restarts_by_reason()
-            by[restart] = by.get(restart, 0) + 1
-            self.status["restartsByReason"] = by
-        self.delete_stale()
-
-    def restarts_by_reason(self) -> dict[str, int]:
-        """status.restartsByReason (a status written before it existed: all were failures)."""
-        by = self.old.get("restartsByReason")
-        if isinstance(by, Mapping):
-            return {k: int(v) for k, v in by.items() if isinstance(v, int)}
-        return {FAILURE: int(self.old.get("restarts") or 0)} if self.old.get("restarts") else {}
-
-    def job_ref(self, attempt: int | None = None) -> JobRef:
-        spec = self.job.get("spec") or {}
-        return JobRef(
-            self.name,
-            self.ns,
-            self.attempt if attempt is None else attempt,
-            names.spec_hash(spec),
-            names.model_hash(spec),
-        )
-
-    def cm_annotation(self, key: str) -> str | None:
-        return ((self.obs.configmap or {}).get("metadata", {}).get("annotations") or {}).get(key)
+class _Reconciler(JobState):
+    """The state machine: one pass from the observed job to its Decision."""
 
     # ---- the state machine ----------------------------------------------------------------
     def run(self) -> Decision:
@@ -322,7 +91,17 @@ class _Reconciler:
             return self.d  # owner references clean up (across members: the finalizer, members.cleanup)
         d = self.transition()
         if self.obs.members is not None and self.old.get("phase") not in FINISHED:
-            self.member_status()
+            st, events, value = members.job_status(
+                self.obs.members,
+                self.obs.nodes,
+                self.current_pods() + self.d.create_pods,
+                self.old.get("members") or {},
+            )
+            self.status["members"] = st
+            self.d.events += [Event(*e) for e in events]
+            self.status["conditions"] = cond.set_condition(
+                self.status.get("conditions"), cond.MEMBERS, *value, self.now, self.generation
+            )
         return d
 
     def transition(self) -> Decision:
@@ -338,32 +117,17 @@ class _Reconciler:
         if problem:
             return self.stall("InvalidName", problem)
         if spec is None:
-            return self.stall("InvalidSpec", f"{invalid} -- fix the spec with kubectl edit or apply")
+            return self.stall("InvalidSpec", f"{invalid}{validation.FIX}")
         self.spec = spec
-        shape = shape_problems(spec.template)
-        if shape:
-            return self.stall("InvalidSpec", "; ".join(shape) + " -- fix the spec with kubectl edit or apply")
-        denied = policy_violations(spec.template, self.settings.policy)
-        if spec.network == "hostNetwork" and not self.settings.policy.allow_host_namespaces:
-            denied.append(
-                "spec.network: hostNetwork is not allowed by the operator's job policy (allowed by the "
-                "operator flag --allow-host-namespaces, chart value jobPolicy.allowHostNamespaces: true)"
-            )
-        if denied:
-            return self.stall("PolicyViolation", "; ".join(denied))
-        if self.obs.members is not None and queueing.volcano_group(spec.template):
-            return self.stall(
-                "InvalidSpec",
-                "schedulerName: volcano (a Volcano PodGroup) is not supported for a job across member "
-                "clusters yet: remove spec.template.spec.schedulerName",
-            )
-        started_model = self.cm_annotation(names.ANN_MODEL_HASH)
-        if started_model and started_model != names.model_hash(self.job.get("spec")):
-            return self.stall(
-                "ImmutableField",
-                "spec.model cannot change once the job has started (its "
-                "checkpoints hold this model); revert spec.model or create a new HolmesJob",
-            )
+        refused = validation.refusal(
+            self.job,
+            spec,
+            self.settings.policy,
+            self.obs.members is not None,
+            self.cm_annotation(names.ANN_MODEL_HASH),
+        )
+        if refused is not None:
+            return self.stall(*refused)
         self.status["observedGeneration"] = self.generation
         self.status.setdefault("restarts", 0)
         self.status.setdefault("attempt", self.attempt)
@@ -393,11 +157,10 @@ class _Reconciler:
                 f"the job was active longer than runPolicy.activeDeadlineSeconds={deadline}",
             )
 
-        if self.attempt == 0:  # first launch, past the attempts of any same-named job's leftovers
-            foreign = [p for p in self.obs.pods if not any(p is q for q in self.pods)]
-            self.attempt = max((pod_attempt(p) or 0 for p in foreign), default=0)
+        if self.attempt == 0:  # first launch
+            self.past_leftovers()
             self.teardown()
-        lost = self.on_unreachable_member()
+        lost = members.lost_with_unreachable(self.obs.members, self.current_pods(), self.attempt)
         if lost:
             return self.gang_failure(spec, lost, DISRUPTION, "MemberUnreachable")
         if self.obs.refused and self.status.get("launched"):
@@ -410,14 +173,6 @@ class _Reconciler:
             if waiting is not None:
                 return waiting
         return self.launch(spec)
-
-    def until_deadline(self, seconds: float) -> float:
-        """``seconds``, or less so the job wakes up in time to fail on runPolicy.activeDeadlineSeconds."""
-        deadline = self.spec.run_policy.active_deadline_seconds
-        started = parse_time(self.status.get("startTime"))
-        if deadline and started:
-            seconds = min(seconds, (started + timedelta(seconds=deadline) - self.obs.now).total_seconds())
-        return max(seconds, 0.0)
 
     def next_attempt_time(self) -> datetime | None:
         """When the back-off after the last gang restart ends (None: no back-off pending). Read
@@ -549,67 +304,38 @@ class _Reconciler:
         return capacity.priority_of(spec, classes)[1]
 
     def kueue_gate(self, spec: JobSpec) -> Decision | None:
-        """A job labelled kueue.x-k8s.io/queue-name runs only while Kueue admits its Workload
-        (None: admitted, go on; the planner is then restricted to the flavors' nodes)."""
+        """Kueue's word (queueing.gate); None: admitted, go on, planning on the flavors' nodes."""
         queue = queueing.queue_name(self.job)
         if not queue:
             return None
-        if self.obs.flavors is None:
-            return self.stall(
-                "KueueNotInstalled",
-                f"label {queueing.LABEL_QUEUE}={queue} asks Kueue to admit this job, but the API "
-                f"{queueing.KUEUE_API} (Workload) is not served: install Kueue, or remove the label",
-            )
-        shape = capacity.pod_shape(spec, self.settings.gpu_resource)
-        priority = capacity.priority_of(spec, self.obs.priority_classes or {})[0]
-        want = queueing.build_workload(
-            self.name, self.ns, queue, spec.nodes.count, shape, spec.template, priority
-        )
-        wl = self.obs.workload
-        if wl is not None and (
-            self.job["metadata"].get("uid") and not owned_by(wl, self.job["metadata"]["uid"])
-        ):
+        wl, uid = self.obs.workload, self.job["metadata"].get("uid")
+        if wl is not None and uid and not owned_by(wl, uid):
             wl = None  # a same-named job's leftover: garbage collected
-        name = want["metadata"]["name"]
-        if wl is None:
-            self.d.workload = want
-            return self.hold(
-                "WaitingForAdmission",
-                f"Workload {name} created in LocalQueue {queue}: waiting for Kueue to admit it",
-            )
-        if not queueing.same_pod_sets(wl.get("spec", {}).get("podSets"), want["spec"]["podSets"]):
-            self.d.delete_workload = name
-            return self.hold(
-                "WaitingForAdmission",
-                f"the job's pods changed (count or requests): re-creating Workload {name} for Kueue",
-            )
-        state, why = queueing.admission(wl)
-        if state == queueing.EVICTED:
-            return self.hold(
-                "Requeued",
-                f"Workload {name} was evicted by Kueue ({why}): pods deleted; waiting to be admitted again",
-                warn=True,
-            )
-        if state == queueing.PENDING:
-            was = (cond.get(self.old.get("conditions"), cond.SUSPENDED) or {}).get("reason")
-            reason = "Requeued" if was == "Requeued" else "WaitingForAdmission"
-            return self.hold(reason, f"Workload {name} in LocalQueue {queue} is not admitted: {why}")
-        labels, missing = queueing.flavor_node_labels(wl, self.obs.flavors)
-        if missing:
-            return self.hold(
-                "WaitingForAdmission",
-                f"Workload {name} is admitted with ResourceFlavor(s) {', '.join(missing)}, which do not "
-                "exist (yet): their node labels say where the job may run",
-            )
-        self.planner = capacity.restricted(self.planner, labels)
+        was = (cond.get(self.old.get("conditions"), cond.SUSPENDED) or {}).get("reason")
+        g = queueing.gate(
+            self.job,
+            queue,
+            spec.nodes.count,
+            capacity.pod_shape(spec, self.settings.gpu_resource),
+            spec.template,
+            capacity.priority_of(spec, self.obs.priority_classes or {})[0],
+            wl,
+            self.obs.flavors,
+            requeued=was == "Requeued",
+        )
+        self.d.workload, self.d.delete_workload = g.create, g.delete
+        if g.stall is not None:
+            return self.stall(*g.stall)
+        if g.hold is not None:
+            return self.hold(*g.hold)
+        self.planner = capacity.restricted(self.planner, g.node_labels or {})
         return None
 
     def hold(self, reason: str, message: str, warn: bool = False) -> Decision:
         """Suspended by the queueing system: no pods (deleted gracefully), status kept."""
         if self.old.get("phase") != SUSPENDED:
-            if self.attempt == 0:  # past the attempts of any same-named job's leftovers
-                foreign = [p for p in self.obs.pods if not any(p is q for q in self.pods)]
-                self.attempt = max((pod_attempt(p) or 0 for p in foreign), default=0)
+            if self.attempt == 0:
+                self.past_leftovers()
             self.teardown()
         else:
             self.delete_stale()
@@ -646,7 +372,7 @@ class _Reconciler:
                 layout = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE])
             except (KeyError, TypeError, LayoutError):
                 layout = None
-        by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
+        by_name = self.nodes
         if layout is None:
             try:
                 layout = self.plan_size(spec)
@@ -668,7 +394,7 @@ class _Reconciler:
             self.d.service = build_service(ref, self.settings)
         existing = {pod_node_rank(p) for p in self.current_pods()}
         nets = {n: self.planner.network(by_name[n]) for n in layout.nodes}
-        ranks, master = self.rendezvous(len(layout.nodes))
+        ranks, master = members.rendezvous(self.obs.members, self.current_pods(), len(layout.nodes))
         for rank, node_name in enumerate(layout.nodes):
             if rank in existing or rank not in ranks:
                 continue
@@ -718,19 +444,6 @@ class _Reconciler:
         self.d.requeue_after = self.settings.progress_interval
         return self.d
 
-    # ---- member clusters (members.py) -------------------------------------------------------
-    def rendezvous(self, nodes: int) -> tuple[range | tuple[int, ...], str | None]:
-        """The ranks to create now and the rendezvous address they get. One cluster: all ranks,
-        rank 0's DNS name. Across members (no shared DNS): rank 0 first, the others once rank 0's
-        pod has an IP, which they get as MASTER_ADDR."""
-        if self.obs.members is None:
-            return range(nodes), None
-        rank0 = next((p for p in self.current_pods() if pod_node_rank(p) == 0), None)
-        if rank0 is None:
-            return (0,), None
-        ip = members.pod_ip(rank0)
-        return (range(nodes), ip) if ip else ((), None)
-
     def wait_for_rendezvous(self, layout: Layout) -> Decision:
         self.status["launched"] = False
         self.status["size"] = self.size(len(layout.nodes))
@@ -745,74 +458,10 @@ class _Reconciler:
         self.d.requeue_after = self.until_deadline(1.0)
         return self.d
 
-    def on_unreachable_member(self) -> str:
-        """Why pods of the current attempt are lost with an unreachable member ('' if none are)."""
-        if self.obs.members is None:
-            return ""
-        down = {m: st for m, st in self.obs.members.items() if not st.reachable}
-        lost: dict[str, int] = {}
-        for p in self.current_pods():
-            m = members.member_of(p)
-            if m in down or (m is not None and m not in self.obs.members):
-                lost[m] = lost.get(m, 0) + 1
-        if not lost:
-            return ""
-        parts = []
-        for m, k in sorted(lost.items()):
-            why = down[m].message if m in down else "no longer registered"
-            parts.append(
-                f"member cluster {m} is unreachable ({why or 'no answer'}): {k} pod(s) of attempt "
-                f"{self.attempt} there are lost"
-            )
-        return "; ".join(parts) + "; planning again on the members left"
-
-    def member_status(self) -> None:
-        """status.members and the MembersReachable condition; an Event when a member the job
-        uses becomes unreachable or comes back."""
-        states = self.obs.members or {}
-        by_node = {n["metadata"]["name"]: members.member_of(n) for n in self.obs.nodes}
-        pods = []
-        for p in self.current_pods() + self.d.create_pods:
-            m = members.member_of(p) or by_node.get(
-                ((p.get("metadata") or {}).get("annotations") or {}).get(names.ANN_NODE) or ""
-            )
-            pods.append(members.tag(p, m) if m else p)
-        st = members.members_status(states, pods)
-        self.status["members"] = st
-        before = self.old.get("members") or {}
-        for m, entry in st.items():
-            was = (before.get(m) or {}).get("reachable")
-            if was is not False and not entry["reachable"] and (was is True or entry["nodes"]):
-                self.event(
-                    "Warning",
-                    "MemberUnreachable",
-                    f"member cluster {m} is unreachable: {entry.get('message') or 'no answer'}",
-                )
-            elif was is False and entry["reachable"]:
-                self.event("Normal", "MemberReachable", f"member cluster {m} is reachable again")
-        down = [m for m, e in st.items() if not e["reachable"]]
-        if down:
-            msg = "; ".join(f"{m}: {st[m].get('message') or 'no answer'}" for m in down)
-            value = (False, "MemberUnreachable", f"unreachable member cluster(s): {msg}")
-        elif st:
-            value = (True, "AllMembersReachable", f"{len(st)} member cluster(s): {', '.join(st)}")
-        else:
-            value = (False, "NoMembers", "no member cluster is registered")
-        self.status["conditions"] = cond.set_condition(
-            self.status.get("conditions"), cond.MEMBERS, *value, self.now, self.generation
-        )
-
-    def size(self, current: int | None) -> dict[str, int]:
-        n = self.spec.nodes
-        out = {"desired": n.count, "minimum": n.minimum}
-        if current is not None:
-            out["current"] = current
-        return out
-
     def terminating_pods(self) -> list[str]:
         """Pods of earlier attempts still stopping on a node that can still stop them (a pod on a
         lost node never reports back: it is not waited for)."""
-        by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
+        by_name = self.nodes
         out = []
         for p in self.pods:
             if pod_attempt(p) == self.attempt or (p.get("status") or {}).get("phase") in (
@@ -829,38 +478,22 @@ class _Reconciler:
         return out
 
     def plan_size(self, spec: JobSpec) -> Layout:
-        """The layout at spec.nodes.count, or for an elastic job (minCount < count) the largest
-        size down to minCount that plans, when it may run smaller now: at once after a restart
-        (the job was running: waiting costs the whole gang), else after waitForNodesSeconds."""
-        try:
-            return self.planner.plan(self.obs.nodes, spec)
-        except InsufficientNodes as e:
-            n = spec.nodes
-            if not n.elastic:
-                raise
-            restarted = bool(self.old.get("restarts"))
-            since = parse_time(self.old.get("waitingSince")) or self.obs.now
-            waited = (self.obs.now - since).total_seconds()
-            wait = spec.run_policy.wait_for_nodes_seconds
-            if not restarted and waited < wait:
-                self.status["waitingSince"] = iso(since)
-                raise type(e)(
-                    f"{e}; nodes.minCount={n.minimum}: runs on fewer after waiting "
-                    f"{wait - waited:.0f}s more (runPolicy.waitForNodesSeconds={wait})"
-                ) from None
-            for count in range(n.count - 1, n.minimum - 1, -1):
-                try:
-                    layout = self.planner.plan(self.obs.nodes, spec.replace(nodes=replace(n, count=count)))
-                except PlanError:
-                    continue
-                self.event(
-                    "Warning",
-                    "ScaledDown",
-                    f"running on {count} of {n.count} nodes (nodes.minCount={n.minimum}) with the same "
-                    f"global batch; {e}",
-                )
-                return layout
-            raise type(e)(f"{e}; not even nodes.minCount={n.minimum} nodes can run it") from None
+        """The layout to launch (elastic.plan_size); InsufficientNodes: wait for nodes."""
+        sized = elastic.plan_size(
+            self.planner.plan,
+            self.obs.nodes,
+            spec,
+            restarted=bool(self.old.get("restarts")),
+            since=parse_time(self.old.get("waitingSince")) or self.obs.now,
+            now=self.obs.now,
+        )
+        if sized.since is not None:
+            self.status["waitingSince"] = iso(sized.since)
+        if sized.scaled_down:
+            self.event("Warning", "ScaledDown", sized.scaled_down)
+        if sized.waiting is not None:
+            raise sized.waiting
+        return sized.layout
 
     def wait_for_nodes(self, why: str, reason: str = "WaitingForNodes") -> Decision:
         self.status["pods"] = pod_counts([])
@@ -900,7 +533,7 @@ class _Reconciler:
 
         # Disruptions first: when a node dies or a pod is evicted, its peers fail too (their
         # collectives break), and those failures are not the job's fault.
-        lost = self.on_deleted_node(pods) or self.stuck_on_lost_node(pods)
+        lost = failures.deleted_node(pods, self.nodes) or self.stuck_on_lost_node(pods)
         if lost:
             return self.gang_failure(spec, lost, DISRUPTION, "NodeLost")
         failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
@@ -935,49 +568,23 @@ class _Reconciler:
         return self.d
 
     def stuck_on_lost_node(self, pods: list[dict]) -> str:
-        """Why a Pending pod of this attempt can never start on its planned node ("" if none is
-        stuck). Only Pending pods: running ones on a failing node are Kubernetes' to evict."""
         if self.cm_annotation(names.ANN_ATTEMPT) != str(self.attempt):
             return ""  # the plan of this attempt is not known
         try:
             planned = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE]).nodes
         except (KeyError, TypeError, LayoutError):
             return ""
-        by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
-        for p in pods:
-            if (p.get("status") or {}).get("phase", "Pending") != "Pending" or p["metadata"].get(
-                "deletionTimestamp"
-            ):
-                continue
-            rank = pod_node_rank(p)
-            if rank is None or not 0 <= rank < len(planned):
-                continue
-            node = planned[rank]
-            why = "was deleted" if node not in by_name else self.planner.unusable(by_name[node])
-            if why:
-                why = why if node not in by_name else f"is {why}"
-                return (
-                    f"pod {p['metadata']['name']} is Pending on its planned node {node}, which {why}; "
-                    "it cannot start there"
-                )
-        return ""
+        return failures.stuck_on_lost_node(pods, planned, self.nodes, self.planner.unusable)
 
     def pod_failed(self, spec: JobSpec, failed: list[dict]) -> Decision:
-        """A failed pod: a disruption (evicted, preempted, the trainer's preempted exit), else
-        what runPolicy.failurePolicy says of its exit codes (no rule: a counted failure)."""
+        """A failed pod: a disruption (failures.disruption), else what runPolicy.failurePolicy
+        says of its exit codes (no rule: a counted failure)."""
         why = failure_of(failed[0])
-        disrupted = next((d for p in failed if (d := disruption_of(p, EXIT_PREEMPTED))), "")
-        if not disrupted:  # a pod that died with its node (NotReady) did not fail on its own
-            by_name = {n["metadata"]["name"]: n for n in self.obs.nodes}
-            for p in self.current_pods():
-                node = by_name.get((p.get("spec") or {}).get("nodeName") or "")
-                if node is not None and "not Ready" in self.planner.unusable(node):
-                    disrupted = f"node {node['metadata']['name']} is not Ready"
-                    break
+        disrupted = failures.disruption(failed, self.current_pods(), self.nodes, self.planner.unusable)
         if disrupted:
             return self.gang_failure(spec, f"{why} ({disrupted})", DISRUPTION, "PodDisrupted")
         policy = spec.run_policy.failure_policy
-        rule = policy.action_for([x for p in failed for x in container_exits(p)]) if policy else None
+        rule = policy.action_for(failures.exits(failed)) if policy else None
         if rule is not None:
             codes = ",".join(str(v) for v in rule.on_exit_codes.values)
             matched = f"failurePolicy rule {rule.action} (exit code {rule.on_exit_codes.operator} [{codes}])"
@@ -1018,40 +625,28 @@ class _Reconciler:
         self.d.requeue_after = self.until_deadline(delay) if delay > 0 else 0.5
         return self.d
 
-    def on_deleted_node(self, pods: list[dict]) -> str:
-        """Why a pod of this attempt lost its node (its Node object was deleted), or ''."""
-        known = {n["metadata"]["name"] for n in self.obs.nodes}
-        for p in pods:
-            node = (p.get("spec") or {}).get("nodeName")
-            if node and node not in known:
-                return f"pod {p['metadata']['name']} ran on node {node}, which was deleted"
-        return ""
-
     def scale_up(self, spec: JobSpec, current: int) -> bool:
-        """An elastic job below count whose nodes are back: relaunch larger at a checkpoint (True:
-        torn down now). With training.checkpoint.onPreemption the stop itself writes it (the
-        trainer saves on SIGTERM), so the relaunch is at once; else right after the trainer
-        reports its next periodic checkpoint."""
-        ckpt_spec = spec.training.checkpoint
-        if spec.nodes.scale_up != "atCheckpoint" or not ckpt_spec:
-            return False
+        """An elastic job below count whose nodes are back (elastic.scale_up; True: torn down now)."""
         ckpt = int((self.status.get("progress") or {}).get("checkpointIteration") or 0)
         after = self.old.get("scaleUpAfter")
-        if after is not None and ckpt <= int(after):
-            return False  # nodes are back: waiting for the next checkpoint
-        try:  # (again at the checkpoint: the nodes may have gone meanwhile)
-            bigger = len(self.plan_size_at_least(spec, current + 1).nodes)
-        except PlanError:
+        up = elastic.scale_up(
+            spec,
+            current,
+            ckpt,
+            None if after is None else int(after),
+            lambda least: len(elastic.plan_at_least(self.planner.plan, self.obs.nodes, spec, least).nodes),
+        )
+        if up.clear:
             self.status.pop("scaleUpAfter", None)
-            return False
-        if after is None and not ckpt_spec.on_preemption:
-            self.status["scaleUpAfter"] = ckpt
+        if up.pending_at is not None:
+            self.status["scaleUpAfter"] = up.pending_at
             self.event(
                 "Normal",
                 "ScaleUpPending",
-                f"{bigger} nodes can run the job again (now {current} of {spec.nodes.count}): "
+                f"{up.bigger} nodes can run the job again (now {current} of {spec.nodes.count}): "
                 "relaunching after the next checkpoint",
             )
+        if not up.now:
             return False
         self.teardown(restart=SCALE_UP)
         when = (
@@ -1062,53 +657,18 @@ class _Reconciler:
         self.set_phase(
             RESTARTING,
             "ScaleUp",
-            f"{bigger} nodes can run the job again; {when}: relaunching on more than {current} nodes "
+            f"{up.bigger} nodes can run the job again; {when}: relaunching on more than {current} nodes "
             f"(nodes.count={spec.nodes.count})",
         )
         self.d.requeue_after = 0.5
         return True
 
-    def plan_size_at_least(self, spec: JobSpec, least: int) -> Layout:
-        n = spec.nodes
-        for count in range(n.count, least - 1, -1):
-            try:
-                return self.planner.plan(self.obs.nodes, spec.replace(nodes=replace(n, count=count)))
-            except PlanError:
-                continue
-        raise InsufficientNodes(f"no layout of {least} or more nodes plans now")
-
     def merge_progress(self) -> None:
-        p = self.obs.progress
-        if p:
-            before = dict(self.old.get("progress") or {})
-            merged = dict(before)
-            merged.update({k: v for k, v in p.items() if v is not None})
-            merged.pop("updateTime", None)
-            if {k: v for k, v in before.items() if k != "updateTime"} != merged:  # else no patch
-                merged["updateTime"] = self.now
-                self.status["progress"] = merged
-            fabric = p.get("fabricWarnings") or []
-            if fabric and fabric != before.get("fabricWarnings"):  # once per distinct set
-                n = len(fabric) - 3
-                more = f" (and {n} more in status.progress.fabricWarnings)" if n > 0 else ""
-                self.event("Warning", "FabricMismatch", "; ".join(fabric[:3]) + more)
-
-
-# ---- pure helpers -----------------------------------------------------------------------------
-
-
-def owned_by(obj: Mapping, uid: str) -> bool:
-    """Owned by the job ``uid``: an ownerReference, or across member clusters (where no
-    ownerReference can point at the hub's job) the holmes.dev/job-uid annotation."""
-    meta = obj.get("metadata") or {}
-    if (meta.get("annotations") or {}).get(members.ANN_JOB_UID) == uid:
-        return True
-    return any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
-
-
-def owned(objs: list[dict], uid: str | None) -> list[dict]:
-    """The objects whose ownerReference carries ``uid`` (all of them when the job has no uid)."""
-    return [o for o in objs if not uid or owned_by(o, uid)]
+        merged, warning = merged_progress(self.old.get("progress") or {}, self.obs.progress, self.now)
+        if merged is not None:
+            self.status["progress"] = merged
+        if warning:
+            self.event("Warning", "FabricMismatch", warning)
 
 
 def plan_message(layout: Layout) -> str:
