@@ -31,7 +31,7 @@ def planned(count=6, gpus=2, **spec):
 def pod_for(rank, template=None, count=6):
     nodes, layout, job = planned(count=count)
     node = nodes[layout.nodes[rank]]
-    net = PLANNER.network(node)
+    net = PLANNER.facts.network(node)
     return (
         build_pod(
             REF,
@@ -56,7 +56,7 @@ def env_of(pod):
 def rank_of_kind(kind):
     nodes, layout, _ = planned()
     for r, n in enumerate(layout.nodes):
-        if PLANNER.network(nodes[n]).nic == kind:
+        if PLANNER.facts.network(nodes[n]).nic == kind:
             return r
     raise AssertionError(f"no {kind} node in {layout.nodes}")
 
@@ -212,7 +212,7 @@ def test_a_port_range_gives_each_attempt_its_own_ports():
     assert job_ports(REF, SETTINGS) == (29511, 9411)
     assert "ports" not in build_service(REF, ranged)["spec"]
     nodes, layout, job = planned()
-    net = PLANNER.network(nodes[layout.nodes[0]])
+    net = PLANNER.facts.network(nodes[layout.nodes[0]])
     pod = build_pod(
         REF,
         layout,

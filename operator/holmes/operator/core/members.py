@@ -147,11 +147,9 @@ class MemberPlanner:
     def __init__(self, inner: Any):
         self.inner = inner
 
-    def network(self, node: Mapping):
-        return self.inner.network(node)
-
-    def unusable(self, node: Mapping) -> str:
-        return self.inner.unusable(node)
+    @property
+    def facts(self):
+        return self.inner.facts
 
     def plan(self, nodes: list, job: JobSpec) -> Layout:
         nodes = island_labels(nodes, job.nodes.cluster_label)

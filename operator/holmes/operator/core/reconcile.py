@@ -393,7 +393,7 @@ class _Reconciler(JobState):
         if self.obs.service is None:
             self.d.service = build_service(ref, self.settings)
         existing = {pod_node_rank(p) for p in self.current_pods()}
-        nets = {n: self.planner.network(by_name[n]) for n in layout.nodes}
+        nets = {n: self.planner.facts.network(by_name[n]) for n in layout.nodes}
         ranks, master = members.rendezvous(self.obs.members, self.current_pods(), len(layout.nodes))
         for rank, node_name in enumerate(layout.nodes):
             if rank in existing or rank not in ranks:
@@ -472,7 +472,7 @@ class _Reconciler(JobState):
             node = (p.get("spec") or {}).get("nodeName")
             if not node:
                 continue  # never scheduled: nothing runs
-            if node not in by_name or "not Ready" in self.planner.unusable(by_name[node]):
+            if node not in by_name or "not Ready" in self.planner.facts.unusable(by_name[node]):
                 continue
             out.append(p["metadata"]["name"])
         return out
@@ -574,13 +574,13 @@ class _Reconciler(JobState):
             planned = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE]).nodes
         except (KeyError, TypeError, LayoutError):
             return ""
-        return failures.stuck_on_lost_node(pods, planned, self.nodes, self.planner.unusable)
+        return failures.stuck_on_lost_node(pods, planned, self.nodes, self.planner.facts.unusable)
 
     def pod_failed(self, spec: JobSpec, failed: list[dict]) -> Decision:
         """A failed pod: a disruption (failures.disruption), else what runPolicy.failurePolicy
         says of its exit codes (no rule: a counted failure)."""
         why = failure_of(failed[0])
-        disrupted = failures.disruption(failed, self.current_pods(), self.nodes, self.planner.unusable)
+        disrupted = failures.disruption(failed, self.current_pods(), self.nodes, self.planner.facts.unusable)
         if disrupted:
             return self.gang_failure(spec, f"{why} ({disrupted})", DISRUPTION, "PodDisrupted")
         policy = spec.run_policy.failure_policy

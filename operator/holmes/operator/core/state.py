@@ -95,17 +95,24 @@ class Decision:
     podgroup: dict | None = None  # Volcano PodGroup to create or update
 
 
-class Planner(Protocol):
-    """What the reconciler asks of the planner (``planning.ClusterPlanner``; tests give their own)."""
-
-    def plan(self, nodes: list, job: JobSpec) -> Layout:
-        """Raises InsufficientNodes (wait for nodes) or PlanError (the job cannot be planned)."""
+class NodeFacts(Protocol):
+    """What is known of one node from its labels and resources (``planning.NodeFacts``)."""
 
     def network(self, node: Mapping) -> NodeNetwork:
         """The node's NIC kind, RDMA resource and NCCL environment."""
 
     def unusable(self, node: Mapping) -> str:
         """Why the node cannot run pods ("" if it can)."""
+
+
+class Planner(Protocol):
+    """What the reconciler asks of the planner (``planning.ClusterPlanner``; tests give their
+    own): a layout, and through ``facts`` the node facts that layout was planned with."""
+
+    facts: NodeFacts
+
+    def plan(self, nodes: list, job: JobSpec) -> Layout:
+        """Raises InsufficientNodes (wait for nodes) or PlanError (the job cannot be planned)."""
 
 
 @dataclass(frozen=True)
