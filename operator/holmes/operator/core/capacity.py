@@ -424,7 +424,7 @@ class SharedState:
 
 @dataclass(frozen=True)
 class CapacityPlanner:
-    """The reconciler's Planner (reconcile.Planner) for one job on a shared cluster. ``state``
+    """The reconciler's Planner (core.state.Planner) for one job on a shared cluster. ``state``
     is read only when the job plans (a running job's reconcile never builds it)."""
 
     inner: Any  # the cluster planner (planning.ClusterPlanner)
