@@ -19,8 +19,9 @@ its children and the nodes only wake that loop up (many events coalesce into one
   field selector on the phase) feeds the capacity view; jobs plan one at a time (the placement
   lock around decide + apply), so each sees the pods the previous one created. Any pod change,
   and any HolmesJob change, wakes the jobs that have not launched yet (debounced).
-- Kueue (queueing.py): when the API server serves kueue.x-k8s.io/v1beta1 at start-up, Workloads
-  of Holmes jobs and ResourceFlavors are cached too; PriorityClasses always are.
+- Kueue (queueing.py, kueue_version.py): while the API server serves kueue.x-k8s.io (v1beta2, else
+  v1beta1; looked for again every 30 s), Workloads of Holmes jobs and ResourceFlavors are cached
+  too; PriorityClasses always are.
 - Member clusters (members.py, membership.py; ``--members-namespace``): while members are
   registered, a job plans over the union of their nodes and its children live in the members
   (each member has its own informers; a job is woken by changes there as here). Its decision is
@@ -53,7 +54,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from . import capacity, members, metrics, names, progress, queueing
+from . import capacity, kueue_version, members, metrics, names, progress, queueing
 from .informer import Informer
 from .kube import Caches, KubeIO
 from .membership import Member, Members, short_error
@@ -109,7 +110,7 @@ class Runtime:
         # Jobs plan and launch one at a time against the shared view (capacity.py).
         self.placement = threading.RLock()
         self.unlaunched: set[tuple[str, str]] = set()  # woken when capacity may have freed
-        self.kueue = False  # the API server serves Kueue's Workloads
+        self.kueue: str | None = None  # the Kueue version in use (kueue_version.py); None: not served
         self._wake_scheduled = False
         self.members: Members | None = None  # member clusters, with --members-namespace
         self._said: dict[tuple, str] = {}  # messages logged once per change (member problems)
@@ -219,32 +220,26 @@ class Runtime:
                 capacity_changed,
             ).start()
         )
-        self.kueue = api_served(api, queueing.KUEUE_GROUP, queueing.KUEUE_VERSION)
-        if not self.kueue:
-            return
-        custom = client.CustomObjectsApi(api)
-        g, v = queueing.KUEUE_GROUP, queueing.KUEUE_VERSION
-        selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}"
-        if literal:
-            for ns in self.namespaces:
-                fn = functools.partial(custom.list_namespaced_custom_object, g, v, ns, queueing.WORKLOADS)
-                self.informers.append(
-                    Informer(f"workloads/{ns}", fn, selector, self.caches.workloads, changed).start()
-                )
-        else:
-            fn = functools.partial(custom.list_cluster_custom_object, g, v, queueing.WORKLOADS)
-            ok = functools.partial(namespace_matches, self.namespaces)
-            self.informers.append(
-                Informer("workloads", fn, selector, self.caches.workloads, changed, ok).start()
-            )
-        fn = functools.partial(custom.list_cluster_custom_object, g, v, queueing.FLAVORS)
+        # Kueue: the version the API server serves, now and when Kueue comes, changes or goes
 
-        def flavors_changed(ns: str, label: str) -> None:
+        def kueue_in_use(version: str | None) -> None:  # from the link's thread
+            self.kueue = version
+            self.io.kueue_version = version or self.io.kueue_version
             loop.call_soon_threadsafe(self.wake_all)
 
-        self.informers.append(
-            Informer("resourceflavors", fn, "", self.caches.flavors, flavors_changed).start()
+        wake_all = functools.partial(loop.call_soon_threadsafe, self.wake_all)
+        ok = functools.partial(namespace_matches, self.namespaces)
+        start = functools.partial(
+            kueue_version.start_informers,
+            api,
+            self.caches,
+            self.namespaces if literal else (),
+            ok,
+            changed,
+            wake_all,
         )
+        discover = functools.partial(kueue_version.served_versions, api)
+        self.informers.append(kueue_version.KueueLink(discover, start, self.caches, kueue_in_use).start())
 
     async def become_ready(self) -> None:
         for inf in self.informers:
@@ -577,16 +572,6 @@ class Runtime:
 
 def _key(obj: Mapping) -> tuple[str, str]:
     return obj["metadata"].get("namespace"), obj["metadata"].get("name")
-
-
-def api_served(api: client.ApiClient, group: str, version: str) -> bool:
-    """Whether the API server serves group/version (a CRD installed), read once at start-up."""
-    try:
-        groups = client.ApisApi(api).get_api_versions()
-    except Exception as e:  # not fatal: the Kueue integration stays off
-        log.warning("API discovery failed; Kueue integration off: %s", e)
-        return False
-    return any(g.name == group and any(v.version == version for v in g.versions) for g in groups.groups)
 
 
 def namespace_matches(patterns: tuple[str, ...], ns: str) -> bool:

@@ -558,12 +558,15 @@ class _Reconciler:
             return self.stall(
                 "KueueNotInstalled",
                 f"label {queueing.LABEL_QUEUE}={queue} asks Kueue to admit this job, but the API "
-                f"{queueing.KUEUE_API} (Workload) is not served: install Kueue, or remove the label",
+                f"{queueing.KUEUE_GROUP} (Workload, {' or '.join(queueing.KUEUE_VERSIONS)}) is not served: "
+                "install Kueue, or remove the label",
             )
         shape = capacity.pod_shape(spec, self.settings.gpu_resource)
-        priority = capacity.priority_of(spec, self.obs.priority_classes or {})[0]
+        priority, unknown = capacity.priority_of(spec, self.obs.priority_classes or {})
+        rp = spec.run_policy  # the class is named when the priority is its value
+        from_class = rp.priority_class_name if rp.priority is None and not unknown else None
         want = queueing.build_workload(
-            self.name, self.ns, queue, spec.nodes.count, shape, spec.template, priority
+            self.name, self.ns, queue, spec.nodes.count, shape, spec.template, priority, from_class
         )
         wl = self.obs.workload
         if wl is not None and (
