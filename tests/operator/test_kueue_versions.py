@@ -8,8 +8,9 @@ import threading
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
-from holmes.operator import kueue_version, metrics, queueing
+from holmes.operator import kueue_version, queueing
 from holmes.operator.capacity import PodShape
 from holmes.operator.kube import Caches
 
@@ -166,7 +167,7 @@ class Informer:
 
 
 def gauge(version):
-    return metrics.KUEUE_API_VERSION.labels(version)._value.get()
+    return REGISTRY.get_sample_value("holmes_kueue_api_version", {"version": version})
 
 
 def test_the_link_follows_kueue_installed_upgraded_failing_and_removed():

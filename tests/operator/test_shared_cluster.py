@@ -209,9 +209,9 @@ def flavor_of(version, name):
 
 
 def queued_job(namespace, name, command):
-    m = job_manifest(name, namespace, count=2, gpus=2, command=command)
+    run_policy = {"backoffLimit": 2, "priorityClassName": "holmes-test-high"}
+    m = job_manifest(name, namespace, count=2, gpus=2, command=command, run_policy=run_policy)
     m["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "user-queue"}
-    m["spec"]["runPolicy"] = {"priorityClassName": "holmes-test-high"}
     return m
 
 
@@ -332,7 +332,9 @@ def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, names
         crds.kubectl("delete", "resourceflavors.kueue.x-k8s.io", flavor, check=False)
 
 
-def test_kueue_installed_after_the_operator_started(crds, kueue, namespace, tmp_path, monkeypatch):
+def test_kueue_installed_after_the_operator_started(
+    crds, kueue, priority_class, namespace, tmp_path, monkeypatch
+):
     """Kueue comes after the operator: a queued job stalls, then gets its Workload in the version
     the stand-in serves newest; the v1beta1 stand-in is then upgraded in place to v1beta2 (as
     upgrading Kueue to 0.16 does) and the operator moves to v1beta2 without a restart."""
