@@ -332,12 +332,14 @@ def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, names
         crds.kubectl("delete", "resourceflavors.kueue.x-k8s.io", flavor, check=False)
 
 
-def test_kueue_installed_after_the_operator_started(
+@pytest.mark.parametrize("kueue", ["v1beta1"], indirect=True)  # once: it goes through both
+def test_kueue_installed_after_the_operator_started_then_upgraded(
     crds, kueue, priority_class, namespace, tmp_path, monkeypatch
 ):
-    """Kueue comes after the operator: a queued job stalls, then gets its Workload in the version
-    the stand-in serves newest; the v1beta1 stand-in is then upgraded in place to v1beta2 (as
-    upgrading Kueue to 0.16 does) and the operator moves to v1beta2 without a restart."""
+    """Kueue comes after the operator: a queued job stalls, then gets its Workload in v1beta1 (a
+    Kueue before 0.15); Kueue is then upgraded in place to serve v1beta2 (as upgrading to 0.16
+    does) and the operator moves to v1beta2 without a restart: the Workload it wrote in v1beta1
+    is admitted in v1beta2 and the job runs."""
     remove_kueue(crds)
     monkeypatch.setenv("HOLMES_KUEUE_DISCOVERY_SECONDS", "1")
     op = OperatorProcess(crds.kubeconfig, [namespace], tmp_path / "operator.log").start()
@@ -360,20 +362,19 @@ def test_kueue_installed_after_the_operator_started(
         assert written_in(wl) == {f"kueue.x-k8s.io/{kueue}"} and version_in_use(op) == kueue
         job = wait_phase(crds, namespace, "late", "Suspended", op=op)
         assert condition(job, "Suspended")["reason"] == "WaitingForAdmission"
-        if kueue == "v1beta1":
-            install_kueue(crds, "v1beta2", upgrade=True)
-            wait_for("v1beta2 in use", lambda: version_in_use(op) == "v1beta2" or None, op=op)
-            flavor = f"west-{namespace}"
-            crds.kubectl("apply", "-f", "-", input=json.dumps(flavor_of("v1beta2", flavor)))
-            try:  # the Workload written in v1beta1 is admitted in v1beta2: the job runs
-                patch_workload_status(crds, "v1beta2", namespace, "holmesjob-late", admitted(flavor))
-                wait_phase(crds, namespace, "late", "Running", op=op)
-            finally:
-                crds.kubectl("delete", "resourceflavors.kueue.x-k8s.io", flavor, check=False)
-            assert "using v1beta2" in op.tail(200)
+        install_kueue(crds, "v1beta2", upgrade=True)
+        wait_for("v1beta2 in use", lambda: version_in_use(op) == "v1beta2" or None, op=op)
+        assert "serves Workloads in v1beta2, v1beta1: using v1beta2" in op.tail(200)
+        flavor = f"west-{namespace}"
+        crds.kubectl("apply", "-f", "-", input=json.dumps(flavor_of("v1beta2", flavor)))
+        try:
+            patch_workload_status(crds, "v1beta2", namespace, "holmesjob-late", admitted(flavor))
+            wait_phase(crds, namespace, "late", "Running", op=op)
+        finally:
+            crds.kubectl("delete", "resourceflavors.kueue.x-k8s.io", flavor, check=False)
     finally:
         crds.kubectl("delete", "holmesjob", "--all", "-n", namespace, "--wait=false", check=False)
-        op.stop()
+        op.kill()  # nothing to clean up (SIGTERM costs the full 15 s stop timeout)
         print(op.tail(60))
         install_kueue(crds, kueue)  # as the other tests of this version expect it
 
