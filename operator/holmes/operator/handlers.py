@@ -92,6 +92,7 @@ class Runtime:
             self.wake,
             self.wake_all,
             self.wake_waiting,
+            self._kueue_in_use,
         )
         self.progress = ProgressReader(self.settings.metrics_port, self.settings.progress_interval)
         self.pipeline = Pipeline(
@@ -133,6 +134,9 @@ class Runtime:
                 self.wake(key)
 
         asyncio.get_running_loop().call_later(WAKE_WAITING_DELAY, fire)
+
+    def _kueue_in_use(self, version: str | None) -> None:
+        self.io.kueue_version = version or self.io.kueue_version  # writes keep the last one known
 
     async def become_ready(self) -> None:
         await self.watches.synced()

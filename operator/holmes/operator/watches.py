@@ -7,8 +7,9 @@ full LIST (a partly filled cache would look like deleted pods).
   "!kube-*") one cluster-wide watch, filtered here.
 - Shared clusters (core/capacity.py): every pod that has not ended (slimmed, field selector on
   the phase) and PriorityClasses; a change wakes the jobs that have not launched yet.
-- Kueue (core/queueing.py): when the API server serves its Workloads at start-up, Workloads of
-  Holmes jobs and ResourceFlavors are cached too.
+- Kueue (core/queueing.py, kueue_version.py): while the API server serves kueue.x-k8s.io
+  (v1beta2, else v1beta1; looked for again every 30 s), Workloads of Holmes jobs and
+  ResourceFlavors are cached too.
 - Member clusters (``--members-namespace``): the registry and each member's own informers.
 """
 
@@ -22,7 +23,8 @@ from collections.abc import Callable, Mapping
 
 from kubernetes import client
 
-from .core import capacity, names, queueing
+from . import kueue_version
+from .core import capacity, names
 from .informer import Informer
 from .kube import Caches
 from .membership import Members
@@ -45,12 +47,14 @@ class Watches:
         wake: Callable[[tuple[str, str]], None],
         wake_all: Callable[[], None],
         wake_waiting: Callable[[], None],
+        on_kueue: Callable[[str | None], None],
     ) -> None:
         self.api, self.caches, self.namespaces = api, caches, namespaces
         self.members_namespace = members_namespace
         self.wake, self.wake_all, self.wake_waiting = wake, wake_all, wake_waiting
+        self.on_kueue = on_kueue  # called with the Kueue version chosen (None: Kueue went away)
         self.informers: list[Informer] = []
-        self.kueue = False  # the API server serves Kueue's Workloads
+        self.kueue: str | None = None  # the Kueue version in use (kueue_version.py); None: not served
         self.members: Members | None = None  # member clusters, with --members-namespace
 
     def start(self) -> None:
@@ -141,28 +145,24 @@ class Watches:
                 capacity_changed,
             ).start()
         )
-        self.kueue = api_served(api, queueing.KUEUE_GROUP, queueing.KUEUE_VERSION)
-        if not self.kueue:
-            return
-        custom = client.CustomObjectsApi(api)
-        g, v = queueing.KUEUE_GROUP, queueing.KUEUE_VERSION
-        selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}"
-        self.watch(
-            "workloads",
-            lambda ns, **kw: custom.list_namespaced_custom_object(g, v, ns, queueing.WORKLOADS, **kw),
-            functools.partial(custom.list_cluster_custom_object, g, v, queueing.WORKLOADS),
-            selector,
-            self.caches.workloads,
-            changed,
-        )
-        fn = functools.partial(custom.list_cluster_custom_object, g, v, queueing.FLAVORS)
+        # Kueue: the version the API server serves, now and when Kueue comes, changes or goes
 
-        def flavors_changed(ns: str, label: str) -> None:
+        def kueue_in_use(version: str | None) -> None:  # from the link's thread
+            self.kueue = version
+            self.on_kueue(version)
             loop.call_soon_threadsafe(self.wake_all)
 
-        self.informers.append(
-            Informer("resourceflavors", fn, "", self.caches.flavors, flavors_changed).start()
+        start = functools.partial(
+            kueue_version.start_informers,
+            api,
+            self.caches,
+            self.namespaces if self.literal else (),
+            functools.partial(namespace_matches, self.namespaces),
+            changed,
+            functools.partial(loop.call_soon_threadsafe, self.wake_all),
         )
+        discover = functools.partial(kueue_version.served_versions, api)
+        self.informers.append(kueue_version.KueueLink(discover, start, self.caches, kueue_in_use).start())
 
     async def synced(self) -> None:
         """Return once every informer has listed (members: at most MEMBER_SYNC_SECONDS; one that
@@ -189,16 +189,6 @@ class Watches:
             for p in self.caches.priority_classes.values()
             if isinstance(p.get("value"), int)
         }
-
-
-def api_served(api: client.ApiClient, group: str, version: str) -> bool:
-    """Whether the API server serves group/version (a CRD installed), read once at start-up."""
-    try:
-        groups = client.ApisApi(api).get_api_versions()
-    except Exception as e:  # not fatal: the Kueue integration stays off
-        log.warning("API discovery failed; Kueue integration off: %s", e)
-        return False
-    return any(g.name == group and any(v.version == version for v in g.versions) for g in groups.groups)
 
 
 def namespace_matches(patterns: tuple[str, ...], ns: str) -> bool:

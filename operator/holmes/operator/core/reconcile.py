@@ -312,13 +312,17 @@ class _Reconciler(JobState):
         if wl is not None and uid and not owned_by(wl, uid):
             wl = None  # a same-named job's leftover: garbage collected
         was = (cond.get(self.old.get("conditions"), cond.SUSPENDED) or {}).get("reason")
+        priority, unknown = capacity.priority_of(spec, self.obs.priority_classes or {})
+        rp = spec.run_policy  # the class is named when the priority is its value
+        from_class = rp.priority_class_name if rp.priority is None and not unknown else None
         g = queueing.gate(
             self.job,
             queue,
             spec.nodes.count,
             capacity.pod_shape(spec, self.settings.gpu_resource),
             spec.template,
-            capacity.priority_of(spec, self.obs.priority_classes or {})[0],
+            priority,
+            from_class,
             wl,
             self.obs.flavors,
             requeued=was == "Requeued",
