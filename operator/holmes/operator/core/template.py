@@ -344,11 +344,13 @@ def policy_violations(template: Mapping[str, Any] | None, policy: TemplatePolicy
     return _violations(_map(template.get("metadata")), spec, policy, ROOT)
 
 
-def rendered_pod_violations(pod: Mapping[str, Any], level: str = BASELINE) -> list[str]:
+def rendered_pod_violations(
+    pod: Mapping[str, Any], level: str = BASELINE, *, service_accounts: tuple[str, ...] = ()
+) -> list[str]:
     """What keeps a pod Holmes rendered from passing ``level`` with no exception but IPC_LOCK
-    (which Holmes adds on RDMA nodes): every kind of pod Holmes creates must pass this with a
-    template that asks for nothing."""
-    policy = TemplatePolicy(level=level)
+    (which Holmes adds on RDMA nodes) and the ``service_accounts`` it may run as: every kind of
+    pod Holmes creates must pass this with a template that asks for nothing."""
+    policy = TemplatePolicy(level=level, service_accounts=service_accounts)
     return _violations(_map(pod.get("metadata")), _map(pod.get("spec")), policy, "", RDMA_CAPABILITIES)
 
 
