@@ -136,6 +136,14 @@ def test_every_pod_holmes_renders_passes_the_level_it_enforces(level, kind, temp
         assert rendered_pod_violations(pod, level) == [], name
 
 
+def test_a_restricted_namespace_needs_the_restricted_level():
+    """Rendered at baseline, Holmes' pods do not say runAsNonRoot: Pod Security Admission at
+    restricted would refuse them (docs/install.md#pod-security-admission)."""
+    for name, pod in holmes_pods(BASELINE):
+        refused = rendered_pod_violations(pod, RESTRICTED)
+        assert "spec.containers[0].securityContext.runAsNonRoot" in {v.split(":")[0] for v in refused}, name
+
+
 @pytest.mark.parametrize("level", LEVELS)
 def test_host_network_pods_need_only_the_host_namespaces_exception(level):
     for name, pod in holmes_pods(level, host_network=True):
