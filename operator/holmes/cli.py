@@ -98,14 +98,20 @@ def plan_command(args: argparse.Namespace) -> int:
             holmes = plan(nodes, job, config)
     except PlanError as e:
         raise CliError(f"no layout: {e}") from None
+    single = single_type(nodes, job, config, holmes)
     if args.json:
         doc: dict = holmes.to_dict()
         if args.compare:
             doc = {"holmes": doc, "megatronDefault": base.to_dict(), "speedup": round(ratio, 4)}
+        if single is not None:
+            doc = doc if args.compare else {"holmes": doc}
+            doc["singleType"] = {"layout": single[0].to_dict(), "speedup": round(single[1], 4)}
         print(json.dumps(doc, indent=2))
         return 0
     print("Holmes layout")
     print(explain(holmes))
+    if single is not None:
+        print_single_type(holmes, *single)
     if args.compare:
         print()
         print("Megatron default (nodes in name order, equal layers, same degrees)")
@@ -122,6 +128,41 @@ def plan_command(args: argparse.Namespace) -> int:
             print(f"{label:24}{he[key]:>12.4g}{be[key]:>12.4g}{r:>8.3f}")
         print(f"Holmes is {ratio:.3f}x the Megatron-default speed (estimated)")
     return 0
+
+
+def single_type(nodes, job, config, holmes):
+    """On nodes of several GPU types: (the plan made as if every GPU were ``gpuPeakTflops``,
+    re-estimated on the real GPUs; how much faster the GPU-aware plan is), else None."""
+    from holmes.plan import PlanError, plan
+    from holmes.plan.estimate import gpu_types, reestimate, without_gpu_types
+
+    if len(gpu_types(holmes)) < 2:
+        return None
+    try:
+        blind = plan(without_gpu_types(nodes), job, config)
+        real = reestimate(nodes, job, blind, config)
+    except PlanError as e:  # e.g. the blind plan does not fit the smaller GPUs' memory
+        print(f"(single-type plan not comparable: {e})", file=sys.stderr)
+        return None
+    return real, real.estimate["iterationSeconds"] / holmes.estimate["iterationSeconds"]
+
+
+def print_single_type(holmes, single, ratio: float) -> None:
+    from holmes.plan import explain
+
+    print()
+    print("Single-type plan (every GPU priced as gpuPeakTflops), estimated on the real GPUs")
+    print(explain(single))
+    he, se = holmes.estimate, single.estimate
+    print()
+    print(f"{'':24}{'GPU-aware':>12}{'single-type':>12}{'ratio':>8}")
+    for key, label in (
+        ("iterationSeconds", "iteration seconds"),
+        ("tokensPerSecond", "tokens/s"),
+        ("tflopsPerGpu", "TFLOPS/GPU"),
+    ):
+        print(f"{label:24}{he[key]:>12.4g}{se[key]:>12.4g}{he[key] / se[key]:>8.3f}")
+    print(f"the GPU-aware plan is {ratio:.3f}x the single-type plan's speed (estimated)")
 
 
 def build_parser() -> argparse.ArgumentParser:
