@@ -91,6 +91,8 @@ def plan_command(args: argparse.Namespace) -> int:
         raise CliError("give --nodes NODES.yaml or --kubeconfig PATH")
     nodes = load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig, args.context)
     job = load_job(args.job)
+    if args.measured:
+        return measured_command(nodes, job, config, args.measured, args.json)
     try:
         if args.compare:
             holmes, base, ratio = compare(nodes, job, config)
@@ -165,6 +167,77 @@ def print_single_type(holmes, single, ratio: float) -> None:
     print(f"the GPU-aware plan is {ratio:.3f}x the single-type plan's speed (estimated)")
 
 
+def measured_command(nodes, job, config, path: str, as_json: bool) -> int:
+    """--measured: calibrate the cost model from a run's metrics file, print the calibrated
+    plan and the change a re-plan would make (holmes.plan.calibrate)."""
+    from holmes.plan import PlanError, explain, plan
+    from holmes.plan.calibrate import CalibrationError, assess, read_metrics, with_rates
+
+    try:
+        measured = read_metrics(path)
+        cal, now_s = assess(nodes, job, measured.run, measured, config)
+        best = plan(with_rates(nodes, cal.node_tflops), job, config)
+    except (CalibrationError, PlanError) as e:
+        raise CliError(f"--measured {path}: {e}") from None
+    best_s = best.estimate["iterationSeconds"]
+    gain = now_s / best_s - 1
+    ran = "/".join(map(str, measured.run.layers))
+    new = "/".join(str(s.num_layers) for s in best.stages)
+    same = list(best.nodes) == list(measured.run.nodes) and ran == new
+    threshold = job.parallelism.replan.threshold
+    would = job.parallelism.replan.enabled and not same and gain > threshold
+    if as_json:
+        doc = {
+            "measured": {
+                "samples": measured.samples,
+                "iterationSeconds": measured.iteration_seconds,
+                "layers": list(measured.run.layers),
+                "nodes": list(measured.run.nodes),
+                "estimatedSeconds": round(now_s, 6),
+            },
+            "stages": [
+                {
+                    "stage": r.stage,
+                    "island": r.island,
+                    "gpu": r.gpu,
+                    "plannedComputeSeconds": round(r.planned_compute, 6),
+                    "measuredComputeSeconds": round(r.measured_compute, 6),
+                    "tflopsPerGpu": round(r.tflops, 6),
+                }
+                for r in cal.stages
+            ],
+            "nodeTflops": {k: round(v, 6) for k, v in sorted(cal.node_tflops.items())},
+            "calibrated": best.to_dict(),
+            "gain": round(gain, 6),
+            "wouldReplan": would,
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"Measured run ({measured.samples} iterations after warm-up): layers {ran}")
+    print(f"{'stage':<7}{'island':<22}{'gpu':<18}{'planned':>10}{'measured':>10}{'ratio':>8}{'TFLOP/s':>10}")
+    for r in cal.stages:
+        print(
+            f"{r.stage:<7}{r.island:<22}{r.gpu:<18}{r.planned_compute:>9.3g}s{r.measured_compute:>9.3g}s"
+            f"{r.ratio:>8.3g}{r.tflops:>10.4g}"
+        )
+    print()
+    print("Calibrated plan (every node priced at the TFLOP/s its stage achieved)")
+    print(explain(best))
+    print()
+    measured_s = f", measured {measured.iteration_seconds:.4g} s" if measured.iteration_seconds else ""
+    print(f"running layout {ran}: calibrated estimate {now_s:.4g} s/iteration{measured_s}")
+    print(f"calibrated plan {new}: {best_s:.4g} s/iteration ({gain:+.1%} faster)")
+    if same:
+        print("change: none (the running layout is the calibrated plan)")
+    else:
+        verdict = "would re-plan" if would else "would not re-plan"
+        print(
+            f"change: layers {ran} -> {new}; a running job with parallelism.replan threshold "
+            f"{threshold:g} {verdict}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="holmes", description="Holmes: LLM training across clusters with heterogeneous NICs"
@@ -191,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the Layout JSON instead of the table")
     pl.add_argument(
         "--compare", action="store_true", help="also plan the Megatron default and print the ratio"
+    )
+    pl.add_argument(
+        "--measured",
+        metavar="METRICS",
+        help="the trainer's metrics JSON-lines file (--metrics-file) of a run of this job: calibrate "
+        "the cost model from its stage times, print the calibrated plan and the change it would make",
     )
     pl.set_defaults(func=plan_command)
     return p

@@ -28,3 +28,6 @@ ENV_GRACE_SECONDS = "HOLMES_GRACE_SECONDS"  # the pod's terminationGracePeriodSe
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"  # e.g. NVIDIA-H100-80GB-HBM3
 LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"  # MiB per GPU, e.g. 81559
 LABEL_GPU_COUNT = "nvidia.com/gpu.count"  # GPUs on the node
+# A node's achieved TFLOP/s per GPU, measured (calibration sets it on a job's in-memory view of
+# its nodes when it re-plans; an admin may set it on a node known to run slower than its type).
+LABEL_MEASURED_TFLOPS = "holmes.dev/measured-tflops"

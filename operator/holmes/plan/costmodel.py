@@ -88,10 +88,8 @@ class CostModelConfig:
     activation_recompute: bool = True  # fallback only: plan() uses the job's activationRecompute
     nic_mapping: NicMapping = field(default_factory=NicMapping)
     max_island_orders: int = 24  # island orders tried per (tensor, pipeline, data)
-    # GPU types (plan/gpus.py): entries added to / overriding the built-in product table, and
-    # measured TFLOP/s per GPU by node name (calibration from a run; beats the table)
+    # GPU types (plan/gpus.py): entries added to / overriding the built-in product table
     gpu_products: tuple[tuple[str, GpuProduct], ...] = ()
-    measured_tflops: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("gpu_peak_tflops", "compute_efficiency", "gpu_memory_gib", "nvlink_gbps"):

@@ -12,42 +12,50 @@ from holmes.contract.flops import ModelCost
 from holmes.contract.jobspec import JobSpec
 from holmes.contract.layout import Layout
 
+from .calibrate import Run
 from .costmodel import CostModelConfig
 from .discovery import NodeNic, classify_nodes
 from .gpus import UNLABELLED
 from .planner import Candidate, Degrees, PlanError, _evaluate, as_job, for_job, to_layout
 
 
-def fixed_job(job: JobSpec, layout: Layout) -> JobSpec:
-    """The job with the layout's degrees and layer split fixed (placement follows the layout)."""
+def fixed_job(job: JobSpec, run: Run) -> JobSpec:
+    """The job with the run's degrees and layer split fixed (placement follows the run)."""
     par = replace(
         job.parallelism,
-        tensor=layout.tensor,
-        pipeline=layout.pipeline,
-        data=layout.data,
-        partition=tuple(s.num_layers for s in layout.stages),
+        tensor=run.tensor,
+        pipeline=run.pipeline,
+        data=run.data,
+        partition=run.layers,
+        replan=replace(job.parallelism.replan, enabled=False),  # a fixed split is not re-planned
     )
     return replace(job, parallelism=par)
+
+
+def evaluate_run(
+    nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], run: Run, config: CostModelConfig
+) -> Candidate:
+    """The candidate for the run's layout (its nodes in its rank order, its layers) under
+    ``config`` and the node facts given (GPU types, measured rates)."""
+    job = as_job(job)
+    cfg = for_job(config, job)
+    mapping = cfg.nic_mapping.with_cluster_label(job.nodes.cluster_label)
+    by_name = {n.name: n for n in classify_nodes(nodes, mapping)}
+    missing = [name for name in run.nodes if name not in by_name]
+    if missing:
+        raise PlanError(f"the layout's node(s) {', '.join(missing[:5])} are not in the node list")
+    order: list[NodeNic] = [by_name[name] for name in run.nodes]
+    deg = Degrees(run.tensor, run.pipeline, run.data, run.micro_batches)
+    c = _evaluate(fixed_job(job, run), deg, order, ModelCost.of(job.model), cfg, {})
+    if isinstance(c, str):
+        raise PlanError(c)
+    return c
 
 
 def evaluate(
     nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], layout: Layout, config: CostModelConfig
 ) -> Candidate:
-    """The candidate for ``layout`` (its nodes in its rank order, its layers) under ``config``."""
-    job = as_job(job)
-    cfg = for_job(config, job)
-    mapping = cfg.nic_mapping.with_cluster_label(job.nodes.cluster_label)
-    by_name = {n.name: n for n in classify_nodes(nodes, mapping)}
-    missing = [name for name in layout.nodes if name not in by_name]
-    if missing:
-        raise PlanError(f"the layout's node(s) {', '.join(missing[:5])} are not in the node list")
-    order: list[NodeNic] = [by_name[name] for name in layout.nodes]
-    fixed = fixed_job(job, layout)
-    deg = Degrees(layout.tensor, layout.pipeline, layout.data, layout.micro_batches)
-    c = _evaluate(fixed, deg, order, ModelCost.of(job.model), cfg, {})
-    if isinstance(c, str):
-        raise PlanError(c)
-    return c
+    return evaluate_run(nodes, job, Run.of(layout), config)
 
 
 def reestimate(
@@ -55,7 +63,7 @@ def reestimate(
 ) -> Layout:
     """``layout`` with its estimate recomputed under ``config`` (no explanation)."""
     job = as_job(job)
-    return to_layout(evaluate(nodes, job, layout, config), fixed_job(job, layout), config)
+    return to_layout(evaluate(nodes, job, layout, config), fixed_job(job, Run.of(layout)), config)
 
 
 def without_gpu_types(nodes: Sequence[Any]) -> list[Any]:

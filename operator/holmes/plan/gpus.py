@@ -17,8 +17,9 @@ multiplies them by ``computeEfficiency`` as it did the single ``gpuPeakTflops``.
 A node without a product label is priced with ``gpuPeakTflops`` / ``gpuMemoryGib`` (the
 single-type setting, for clusters without GFD); a product the table does not know, or a MIG
 slice, is priced the same way and its note says so (``holmes plan``'s ``why:`` lines show it).
-Measured rates (``measuredTflops``, node name -> achieved TFLOP/s per GPU, written by
-calibration: :mod:`.calibrate`) replace both for the nodes they name.
+A measured rate, the label ``holmes.dev/measured-tflops`` (achieved TFLOP/s per GPU on this
+job's layers), replaces both: calibration (:mod:`.calibrate`) puts it on its in-memory copy of
+the nodes a job re-plans on; an admin may also label a node known to run slower than its type.
 
 A stage runs at its slowest GPU: its DP groups step together, so the slowest member sets every
 member's pace; its memory cap is its smallest GPU's.
@@ -123,13 +124,17 @@ def lookup(product: str, extra: Iterable[tuple[str, GpuProduct]] = ()) -> tuple[
     return None if best is None else (best[2], best[3])
 
 
-def _memory_label(labels: Mapping[str, str]) -> float | None:
-    text = labels.get(names.LABEL_GPU_MEMORY)
+def _positive(text: str | None) -> float | None:
     try:
-        mib = float(text) if text is not None else 0.0
+        x = float(text) if text is not None else 0.0
     except ValueError:
         return None
-    return mib / 1024 if mib > 0 else None
+    return x if 0 < x < float("inf") else None
+
+
+def _memory_label(labels: Mapping[str, str]) -> float | None:
+    mib = _positive(labels.get(names.LABEL_GPU_MEMORY))
+    return None if mib is None else mib / 1024
 
 
 def node_gpu(node: NodeNic, cfg: CostModelConfig) -> NodeGpu:
@@ -137,7 +142,7 @@ def node_gpu(node: NodeNic, cfg: CostModelConfig) -> NodeGpu:
     labels = node.labels or {}
     product = labels.get(names.LABEL_GPU_PRODUCT)
     mem_label = _memory_label(labels)
-    measured = dict(cfg.measured_tflops).get(node.name)
+    measured = _positive(labels.get(names.LABEL_MEASURED_TFLOPS))
     if not product:
         name, peak, mem, note = UNLABELLED, cfg.gpu_peak_tflops, cfg.gpu_memory_gib, None
         source = "gpuPeakTflops"
