@@ -163,3 +163,99 @@ def test_spec_field_defaults_and_refusals():
     with pytest.raises(SpecError, match=r"parallelism.replan: unknown field"):
         load_job(spec_with(replan={"treshold": 0.2}))
     assert load_job(load_job(spec_with()).to_spec()) == load_job(spec_with())  # round trip
+
+
+# ---- the reconcile flow (pure: FakeWorld applies the Decisions) ----------------------------------
+
+
+def _replan_job(on_preemption=True):
+    from tests.operator.opfixtures import manifest
+
+    return manifest(
+        count=4,
+        nodes={"count": 4, "gpusPerNode": 1},
+        parallelism={"pipeline": 2},
+        training={
+            "globalBatchSize": 8,
+            "microBatchSize": 1,
+            "iterations": 100,
+            "learningRate": 1.0e-3,
+            "checkpoint": {"path": "/ckpt", "intervalIterations": 5, "onPreemption": on_preemption},
+        },
+        runPolicy={"backoffLimit": 0},
+    )
+
+
+def _progress(layout, seconds_per_layer, iteration, ckpt):
+    """The trainer's stage medians: each stage's layers x its island's seconds per layer."""
+    return {
+        "iteration": iteration,
+        "checkpointIteration": ckpt,
+        "iterationSeconds": 1.0,
+        "stages": [
+            {
+                "stage": s.index,
+                "layers": s.num_layers,
+                "samples": MIN_SAMPLES,
+                "computeSeconds": s.num_layers * seconds_per_layer[s.island],
+                "p2pWaitSeconds": 0.01,
+                "dpExposedSeconds": 0.0,
+            }
+            for s in layout.stages
+        ],
+    }
+
+
+def _world(on_preemption=True):
+    from holmes.contract import Layout
+    from holmes.operator.core import names
+    from tests.operator.opfixtures import FakeWorld, default_nodes, with_link_layers
+
+    w = FakeWorld(_replan_job(on_preemption), with_link_layers(default_nodes()))
+    w.step()
+    w.set_phase("Running")
+    w.step()
+    return w, lambda: Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+
+
+def test_reconcile_replans_once_from_a_checkpoint_and_not_against_backoff_limit():
+    w, layout_now = _world()
+    before = layout_now()
+    slow = max(before.stages, key=lambda s: s.num_layers).island  # the island with the most layers
+    speed = {s.island: 0.5 if s.island == slow else 0.05 for s in before.stages}
+    w.step(progress=_progress(before, speed, 10, 10))  # measured: judged, re-planned
+    assert w.status["phase"] == "Restarting" and w.condition("Reconciling")["reason"] == "Replanned"
+    assert w.status["restartsByReason"] == {"replan": 1} and w.condition("Replanned")["status"] == "True"
+    ev = next(e for e in w.events if e.reason == "Replanned")
+    assert "estimated" in ev.message and slow in ev.message
+    adaptation = w.status["adaptation"]
+    assert adaptation["replans"] == 1 and set(adaptation["measuredTflops"]) == set(before.nodes)
+    assert "stages" not in w.status["progress"]  # measured in the layout left behind
+    w.step()  # relaunch in the new layout, priced at the measured rates
+    after = layout_now()
+    assert w.status["launched"] and replan.signature(after) != replan.signature(before)
+    layers_on = {s.island: s.num_layers for s in after.stages}
+    assert layers_on[slow] < max(s.num_layers for s in before.stages)  # the slow island gave layers away
+    w.set_phase("Running")
+    w.step()
+    for it in (20, 30, 40):  # the same real speeds in the new layout: no second re-plan
+        w.step(progress=_progress(after, speed, it, it))
+        assert w.status["phase"] == "Running", w.condition("Replanned")
+    assert w.condition("Replanned")["reason"] == "PlanHolds" and w.status["adaptation"]["replans"] == 1
+    assert w.status["restartsByReason"] == {"replan": 1}  # backoffLimit 0 untouched
+
+
+def test_without_a_stop_checkpoint_the_replan_waits_for_the_next_periodic_one():
+    w, layout_now = _world(on_preemption=False)
+    before = layout_now()
+    slow = max(before.stages, key=lambda s: s.num_layers).island
+    speed = {s.island: 0.5 if s.island == slow else 0.05 for s in before.stages}
+    w.step(progress=_progress(before, speed, 12, 10))
+    assert w.status["phase"] == "Running" and w.status["adaptation"]["pendingAfterCheckpoint"] == 10
+    assert any(e.reason == "Replanned" for e in w.events)
+    w.step(progress=_progress(before, speed, 14, 10))
+    assert w.status["phase"] == "Running"
+    w.step(progress=_progress(before, speed, 15, 15))
+    assert w.status["phase"] == "Restarting" and w.condition("Reconciling")["reason"] == "Replanned"
+    assert "checkpoint at iteration 15" in w.condition("Reconciling")["message"]
+    assert "pendingAfterCheckpoint" not in w.status["adaptation"]

@@ -186,3 +186,37 @@ def adapted(adaptation: Mapping | None, verdict: Verdict, layout: Layout) -> dic
         "tried": tried[-8:],
         "last": dict(verdict.record),
     }
+
+
+RESTART = "replan"  # status.restartsByReason key of a re-plan relaunch
+VERDICTS = ("Replanned", "PlanHolds", "ReplanLimit")  # judged on measurements: shown as a condition
+JUDGE_EVERY = 8  # iterations between two verdicts on one layout (planning is not free)
+
+
+def due(adaptation: Mapping, progress: Mapping) -> bool:
+    """Whether to judge now: new iterations since the last verdict, at most every JUDGE_EVERY."""
+    last = adaptation.get("judgedIteration")
+    it = int(progress.get("iteration") or 0)
+    return last is None or it >= int(last) + JUDGE_EVERY or it < int(last)
+
+
+def with_planned(stages: list, layout: Layout) -> list:
+    """status.progress.stages with the plan's numbers next to the measured ones."""
+    planned = {s.get("stage"): s for s in (layout.estimate or {}).get("stages", [])}
+    out = []
+    for row in stages:
+        p = planned.get(row.get("stage"))
+        if p is None:
+            out.append(row)
+            continue
+        out.append(
+            {
+                **row,
+                "plannedComputeSeconds": p.get("computeSeconds"),
+                "plannedP2pSeconds": round(
+                    float(p.get("p2pSeconds", 0)) + float(p.get("bubbleSeconds", 0)), 6
+                ),
+                "plannedDpExposedSeconds": p.get("dpExposedSeconds"),
+            }
+        )
+    return out
