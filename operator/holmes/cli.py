@@ -214,12 +214,21 @@ def measured_command(nodes, job, config, path: str, as_json: bool) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     print(f"Measured run ({measured.samples} iterations after warm-up): layers {ran}")
-    print(f"{'stage':<7}{'island':<22}{'gpu':<18}{'planned':>10}{'measured':>10}{'ratio':>8}{'TFLOP/s':>10}")
-    for r in cal.stages:
-        print(
-            f"{r.stage:<7}{r.island:<22}{r.gpu:<18}{r.planned_compute:>9.3g}s{r.measured_compute:>9.3g}s"
-            f"{r.ratio:>8.3g}{r.tflops:>10.4g}"
+    rows = [("stage", "island", "gpu", "planned", "measured", "ratio", "TFLOP/s/GPU")] + [
+        (
+            str(r.stage),
+            r.island,
+            r.gpu,
+            f"{r.planned_compute:.3g}s",
+            f"{r.measured_compute:.3g}s",
+            f"{r.ratio:.3g}",
+            f"{r.tflops:.4g}",
         )
+        for r in cal.stages
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     print()
     print("Calibrated plan (every node priced at the TFLOP/s its stage achieved)")
     print(explain(best))
