@@ -259,3 +259,9 @@ def test_without_a_stop_checkpoint_the_replan_waits_for_the_next_periodic_one():
     assert w.status["phase"] == "Restarting" and w.condition("Reconciling")["reason"] == "Replanned"
     assert "checkpoint at iteration 15" in w.condition("Reconciling")["message"]
     assert "pendingAfterCheckpoint" not in w.status["adaptation"]
+
+
+def test_rates_of_nodes_not_measured_again_are_kept(layout):
+    first = judge(layout, progress_for(layout, slow={H100: 3.0}))
+    state = replan.adapted({"measuredTflops": {"elsewhere": 1.5}}, first, layout)
+    assert state["measuredTflops"]["elsewhere"] == 1.5 and set(layout.nodes) <= set(state["measuredTflops"])

@@ -182,7 +182,11 @@ def adapted(adaptation: Mapping | None, verdict: Verdict, layout: Layout) -> dic
     return {
         **old,
         "replans": int(old.get("replans") or 0) + 1,
-        "measuredTflops": {k: round(v, 6) for k, v in sorted(verdict.node_tflops.items())},
+        # the nodes just measured get their new rate; others keep theirs from earlier layouts
+        "measuredTflops": {
+            k: round(v, 6)
+            for k, v in sorted({**(old.get("measuredTflops") or {}), **verdict.node_tflops}.items())
+        },
         "tried": tried[-8:],
         "last": dict(verdict.record),
     }
