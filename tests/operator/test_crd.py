@@ -102,6 +102,7 @@ def test_spec_fields_match_what_the_operator_parses():
             "partition": "adaptive",
             "nicSelection": "auto",
             "sequenceParallel": False,
+            "replan": {"enabled": True, "threshold": 0.2, "maxReplans": 1},
         },
         "nodes": {
             "count": 1,

@@ -215,6 +215,15 @@ class TrainingSpec:
 
 
 @dataclass(frozen=True)
+class ReplanSpec:
+    """Re-planning a running job from its measured stage speeds (operator core/replan.py)."""
+
+    enabled: bool = True  # default: on for partition adaptive, off otherwise (see _replan)
+    threshold: float = 0.1  # re-plan when another layout is estimated faster by more than this
+    max_replans: int = 2  # per job; never counted against runPolicy.backoffLimit
+
+
+@dataclass(frozen=True)
 class ParallelismSpec:
     tensor: Degree = 1
     pipeline: Degree = AUTO
@@ -222,6 +231,7 @@ class ParallelismSpec:
     partition: Partition = "adaptive"
     nic_selection: str = "auto"
     sequence_parallel: bool = False  # shard the norm regions' activations over the tensor group
+    replan: ReplanSpec = field(default_factory=ReplanSpec)
 
     @property
     def explicit_partition(self) -> tuple[int, ...] | None:
@@ -797,17 +807,43 @@ def _parallelism(r: _Reader, v: Any, path: str) -> ParallelismSpec:
     if v is None:
         v = {}
     d = r.mapping(
-        v, path, optional=("tensor", "pipeline", "data", "partition", "nicSelection", "sequenceParallel")
+        v,
+        path,
+        optional=("tensor", "pipeline", "data", "partition", "nicSelection", "sequenceParallel", "replan"),
     )
     if d is None:
         return ParallelismSpec()
+    partition = _partition(r, d.get("partition", "adaptive"), f"{path}.partition")
     return ParallelismSpec(
         tensor=r.degree(d, "tensor", path, default=1),
         pipeline=r.degree(d, "pipeline", path, default=AUTO),
         data=r.degree(d, "data", path, default=AUTO),
-        partition=_partition(r, d.get("partition", "adaptive"), f"{path}.partition"),
+        partition=partition,
         nic_selection=r.choice(d, "nicSelection", path, NIC_SELECTION_MODES, default="auto"),
         sequence_parallel=r.boolean(d, "sequenceParallel", path, default=False),
+        replan=_replan(r, d.get("replan"), f"{path}.replan", partition),
+    )
+
+
+def _replan(r: _Reader, v: Any, path: str, partition: Partition) -> ReplanSpec:
+    """parallelism.replan: on by default for partition adaptive (the only mode whose layer
+    split the planner may change), refused for a fixed one."""
+    adaptive = partition == "adaptive"
+    d = r.mapping(v or {}, path, optional=("enabled", "threshold", "maxReplans"))
+    if d is None:
+        return ReplanSpec(enabled=adaptive)
+    enabled = r.boolean(d, "enabled", path, default=adaptive)
+    if enabled and not adaptive:
+        r.add(
+            f"{path}.enabled",
+            "re-planning changes the layer split: it needs partition: adaptive (set enabled: false, "
+            "or partition: adaptive)",
+        )
+    threshold = r.number(d, "threshold", path, default=ReplanSpec.threshold, positive=True)
+    return ReplanSpec(
+        enabled=bool(enabled),
+        threshold=ReplanSpec.threshold if threshold is None else threshold,
+        max_replans=r.integer(d, "maxReplans", path, default=ReplanSpec.max_replans, minimum=0),
     )
 
 

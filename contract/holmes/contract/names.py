@@ -23,3 +23,11 @@ ANN_NIC_PROBLEM = "holmes.dev/nic-problem"  # why the labeller could not decide
 # The trainer and the operator agree on how a graceful stop is told apart from a failure.
 EXIT_PREEMPTED = 83  # the trainer stopped on SIGTERM (preemption, eviction, deletion): a disruption
 ENV_GRACE_SECONDS = "HOLMES_GRACE_SECONDS"  # the pod's terminationGracePeriodSeconds, for the trainer
+
+# GPU Feature Discovery's node labels (NVIDIA's gpu-feature-discovery): the GPU type per node.
+LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"  # e.g. NVIDIA-H100-80GB-HBM3
+LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"  # MiB per GPU, e.g. 81559
+LABEL_GPU_COUNT = "nvidia.com/gpu.count"  # GPUs on the node
+# A node's achieved TFLOP/s per GPU, measured (calibration sets it on a job's in-memory view of
+# its nodes when it re-plans; an admin may set it on a node known to run slower than its type).
+LABEL_MEASURED_TFLOPS = "holmes.dev/measured-tflops"

@@ -117,6 +117,13 @@ def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise wrong()
+        if default is None:  # a new entry of a name -> record mapping (gpuProducts): all keys
+            hints = _hints(tp)
+            known = {camel(f.name) for f in dataclasses.fields(tp) if f.init}
+            missing = sorted(known - set(value))
+            if missing and set(value) <= known:  # an unknown key gets _build's own message
+                raise CostModelError(f"{path}: missing {', '.join(missing)}")
+            default = tp(**{f.name: hints[f.name](1) for f in dataclasses.fields(tp) if f.init})
         return _build(tp, value, default, path + ".")
     if _is_union(tp):
         for arg in typing.get_args(tp):
@@ -164,7 +171,7 @@ def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
                 raise CostModelError(f"{path}: key {k!r} must be a string")
             if allowed and k not in allowed:
                 raise CostModelError(f"{path}: unknown name {k!r}; valid: {', '.join(sorted(allowed))}")
-            merged[k] = _convert(f"{path}.{k}", vt, v, None)
+            merged[k] = _convert(f"{path}.{k}", vt, v, merged.get(k))
         return tuple(merged.items())
     if typing.get_origin(tp) is tuple:
         args = typing.get_args(tp)
@@ -220,7 +227,7 @@ def _schema(tp: Any, default: Any) -> dict[str, Any]:
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                camel(f.name): _schema(hints[f.name], getattr(default, f.name))
+                camel(f.name): _schema(hints[f.name], getattr(default, f.name, None))
                 for f in dataclasses.fields(tp)
                 if f.init
             },
@@ -265,7 +272,7 @@ def _plain(tp: Any, value: Any) -> Any:
     if dataclasses.is_dataclass(value):
         return to_mapping(value)
     if _pair_value_type(tp) is not None:
-        return {k: v for k, v in value}
+        return {k: to_mapping(v) if dataclasses.is_dataclass(v) else v for k, v in value}
     if isinstance(value, tuple):
         return list(value)
     return value

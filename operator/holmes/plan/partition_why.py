@@ -298,9 +298,16 @@ def partition_lines(
                 f"{where[b]} ({layers[b]}), although {why}"
             )
     elif layers[a] != layers[b]:
+        per_layer = [c.layer_fwd + c.layer_bwd for c in costs]
+        unlike = max(per_layer[a], per_layer[b]) > REL * min(per_layer[a], per_layer[b])
         head = (
             f"stage {a} on {where[a]} gets {layers[a]} of {L} layers, stage {b} on {where[b]} {layers[b]}: "
-            f"the stages' DP fabrics are alike, their fixed per-step costs differ"
+            + (
+                f"the stages' DP fabrics are alike, their GPUs are not (one layer {_s(per_layer[a])} vs "
+                f"{_s(per_layer[b])} forward+backward per micro-batch)"
+                if unlike
+                else "the stages' DP fabrics are alike, their fixed per-step costs differ"
+            )
         )
     else:
         head = f"every stage gets {layers[0]} of {L} layers: the stages' DP fabrics are alike"

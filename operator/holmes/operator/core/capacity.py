@@ -468,6 +468,10 @@ class CapacityPlanner:
             pass
         raise WaitingForCapacity(self.message(job, shape, view, led, blocked)) from None
 
+    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Any) -> Any:
+        """The cluster planner's calibration (core/replan.py): capacity does not change it."""
+        return self.inner.calibrated(nodes, job, layout, measured)
+
     def message(self, job: JobSpec, shape: PodShape, view: list, led: Ledger, blocked: Mapping) -> str:
         n, g = job.nodes.count, job.nodes.gpus_per_node
         fit = sorted(

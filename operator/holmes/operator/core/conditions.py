@@ -12,7 +12,8 @@ SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
 MEMBERS = "MembersReachable"  # jobs across member clusters only (members.py)
-ALL = (READY, RECONCILING, STALLED, SUCCEEDED, FAILED, SUSPENDED, MEMBERS)
+REPLANNED = "Replanned"  # jobs with parallelism.replan only (replan.py)
+ALL = (READY, RECONCILING, STALLED, SUCCEEDED, FAILED, SUSPENDED, MEMBERS, REPLANNED)
 
 
 def get(conditions: Iterable[dict] | None, type_: str) -> dict | None:

@@ -165,6 +165,10 @@ class MemberPlanner:
             )
         return layout
 
+    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Any) -> Any:
+        """The inner planner's calibration (core/replan.py), on the nodes as plan() sees them."""
+        return self.inner.calibrated(island_labels(nodes, job.nodes.cluster_label), job, layout, measured)
+
 
 # ---- rendezvous -------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
 from holmes.plan import InsufficientNodes, PlanError
 
-from . import capacity, elastic, failures, members, names, queueing, validation
+from . import capacity, elastic, failures, members, names, queueing, replan, validation
 from . import conditions as cond
 from .render import RenderSettings, build_configmap, build_pod, build_service
 from .state import (  # noqa: F401 (the reconcile's data types, imported from here by the I/O side)
@@ -484,7 +484,7 @@ class _Reconciler(JobState):
     def plan_size(self, spec: JobSpec) -> Layout:
         """The layout to launch (elastic.plan_size); InsufficientNodes: wait for nodes."""
         sized = elastic.plan_size(
-            self.planner.plan,
+            replan.planning(self.planner.plan, self.old.get("adaptation"), spec),  # measured rates
             self.obs.nodes,
             spec,
             restarted=bool(self.old.get("restarts")),
@@ -559,6 +559,8 @@ class _Reconciler(JobState):
         if counts["running"] + counts["succeeded"] == expected:
             self.set_phase(RUNNING, "AllPodsRunning", f"attempt {self.attempt}: {expected} pods running")
             if expected < spec.nodes.count and self.scale_up(spec, expected):
+                return self.d
+            if self.adapt(spec):
                 return self.d
         else:
             why = waiting_reason(pods)
@@ -667,8 +669,78 @@ class _Reconciler(JobState):
         self.d.requeue_after = 0.5
         return True
 
+    # ---- re-planning from measured stage speeds (core/replan.py) -------------------------------
+    def launched_layout(self) -> Layout | None:
+        """The Layout of the current attempt, from its ConfigMap (None: not known)."""
+        if self.cm_annotation(names.ANN_ATTEMPT) != str(self.attempt):
+            return None
+        try:
+            return Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE])
+        except (KeyError, TypeError, LayoutError):
+            return None
+
+    def adapt(self, spec: JobSpec) -> bool:
+        """A running job: judge its measured layout (replan.judge); True: torn down to re-plan."""
+        layout = self.launched_layout()
+        if layout is None or not spec.parallelism.replan.enabled:
+            return False
+        state = dict(self.old.get("adaptation") or {})
+        progress = self.status.get("progress") or {}
+        ckpt = int(progress.get("checkpointIteration") or 0)
+        if "pendingAfterCheckpoint" in state:  # decided: waiting for the next periodic checkpoint
+            if ckpt <= int(state["pendingAfterCheckpoint"]):
+                return False
+            state.pop("pendingAfterCheckpoint")
+            self.status["adaptation"] = state
+            return self.relaunch_replanned(f"checkpoint at iteration {ckpt} written")
+        if not replan.due(state, progress):
+            return False
+        v = replan.judge(
+            spec, state, layout, progress, self.obs.nodes, self.planner.plan, self.planner.calibrated
+        )
+        if v.reason not in replan.VERDICTS:  # nothing measured to judge yet (or nothing to judge with)
+            return False
+        self.status["adaptation"] = {**state, "judgedIteration": int(progress.get("iteration") or 0)}
+        torn_down = False
+        if v.act:
+            self.status["adaptation"] = replan.adapted(state, v, layout)
+            self.event("Normal", "Replanned", v.message)
+            if spec.training.checkpoint.on_preemption:
+                torn_down = self.relaunch_replanned(
+                    "the stopping trainers write a checkpoint (training.checkpoint.onPreemption)"
+                )
+            else:
+                self.status["adaptation"]["pendingAfterCheckpoint"] = ckpt
+        self.status["conditions"] = cond.set_condition(  # after set_phase, which rewrites them
+            self.status.get("conditions"),
+            cond.REPLANNED,
+            v.act,
+            v.reason,
+            v.message,
+            self.now,
+            self.generation,
+        )
+        return torn_down
+
+    def relaunch_replanned(self, when: str) -> bool:
+        self.teardown(restart=replan.RESTART)  # its own kind: never against backoffLimit
+        progress = dict(self.status.get("progress") or {})
+        progress.pop("stages", None)  # measured in the layout being left
+        self.status["progress"] = progress
+        last = (self.status.get("adaptation") or {}).get("last") or {}
+        self.set_phase(
+            RESTARTING,
+            "Replanned",
+            f"re-planned from measured stage speeds: layers {last.get('from')} -> {last.get('to')}; {when}: "
+            "relaunching in the new layout, resuming from that checkpoint",
+        )
+        self.d.requeue_after = 0.5
+        return True
+
     def merge_progress(self) -> None:
         merged, warning = merged_progress(self.old.get("progress") or {}, self.obs.progress, self.now)
+        if merged is not None and merged.get("stages") and (layout := self.launched_layout()) is not None:
+            merged["stages"] = replan.with_planned(merged["stages"], layout)  # measured next to planned
         if merged is not None:
             self.status["progress"] = merged
         if warning:

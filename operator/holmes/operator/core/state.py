@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from holmes.contract import JobSpec, Layout
 
@@ -113,6 +113,10 @@ class Planner(Protocol):
 
     def plan(self, nodes: list, job: JobSpec) -> Layout:
         """Raises InsufficientNodes (wait for nodes) or PlanError (the job cannot be planned)."""
+
+    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Any) -> Any:
+        """(Calibration, the running layout's seconds under it) from a run's measurements
+        (holmes.plan.calibrate.assess with the cost model in use; core/replan.py)."""
 
 
 @dataclass(frozen=True)
