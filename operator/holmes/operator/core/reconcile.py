@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 
-from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
+from holmes.contract import JobSpec, Layout, SpecError, load_job
 from holmes.plan import InsufficientNodes, PlanError
 
 from . import capacity, elastic, failures, members, names, queueing, replan, validation
@@ -49,6 +49,7 @@ from .state import (  # noqa: F401 (the reconcile's data types, imported from he
     SCALE_UP,
     SUCCEEDED,
     SUSPENDED,
+    WAIT_INTERVAL,
     ChildRefusal,
     Decision,
     Event,
@@ -73,7 +74,6 @@ from .summary import (
 )
 
 _NEXT_ATTEMPT = re.compile(r"next attempt at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
-WAIT_INTERVAL = 30.0  # re-plan a job waiting for nodes at least this often
 
 
 def decide(
@@ -252,13 +252,6 @@ class _Reconciler(JobState):
         self.set_phase(SUSPENDED, "Suspended", "runPolicy.suspend is true: pods deleted, status kept")
         return self.d
 
-    def fail(self, reason: str, message: str) -> Decision:
-        self.d.delete_pods = self.live_pods()
-        self.status.pop("nextAttemptTime", None)
-        self.status["completionTime"] = self.now
-        self.set_phase(FAILED, reason, message, stalled=(reason, message))
-        return self.d
-
     def children_refused(self, refused: list[ChildRefusal]) -> Decision:
         """The API server refused some of this attempt's children: delete the partial gang (no
         pod holds GPUs for a gang that cannot start), say why, and try again later: after a
@@ -335,24 +328,6 @@ class _Reconciler(JobState):
         self.planner = capacity.restricted(self.planner, g.node_labels or {})
         return None
 
-    def hold(self, reason: str, message: str, warn: bool = False) -> Decision:
-        """Suspended by the queueing system: no pods (deleted gracefully), status kept."""
-        if self.old.get("phase") != SUSPENDED:
-            if self.attempt == 0:
-                self.past_leftovers()
-            self.teardown()
-        else:
-            self.delete_stale()
-        self.status.pop("nextAttemptTime", None)
-        self.status.pop("waitingSince", None)
-        self.status["pods"] = pod_counts([])
-        old = cond.get(self.old.get("conditions"), cond.SUSPENDED) or {}
-        self.set_phase(SUSPENDED, reason, message, announce=False)
-        if (old.get("reason"), old.get("status")) != (reason, "True"):
-            self.event("Warning" if warn else "Normal", reason, message)
-        self.d.requeue_after = WAIT_INTERVAL
-        return self.d
-
     # ---- launching --------------------------------------------------------------------------
     def launch(self, spec: JobSpec) -> Decision:
         self.delete_stale()
@@ -368,14 +343,9 @@ class _Reconciler(JobState):
             )
             self.d.requeue_after = self.until_deadline(1.0)
             return self.d
-        layout = None
-        if self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt) and self.cm_annotation(
-            names.ANN_SPEC_HASH
-        ) == names.spec_hash(self.job.get("spec")):
-            try:  # resume a launch cut short
-                layout = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE])
-            except (KeyError, TypeError, LayoutError):
-                layout = None
+        layout = None  # resume a launch cut short: its layout, if the spec is the same
+        if self.cm_annotation(names.ANN_SPEC_HASH) == names.spec_hash(self.job.get("spec")):
+            layout = self.launched_layout()
         by_name = self.nodes
         if layout is None:
             try:
@@ -574,13 +544,10 @@ class _Reconciler(JobState):
         return self.d
 
     def stuck_on_lost_node(self, pods: list[dict]) -> str:
-        if self.cm_annotation(names.ANN_ATTEMPT) != str(self.attempt):
+        layout = self.launched_layout()
+        if layout is None:
             return ""  # the plan of this attempt is not known
-        try:
-            planned = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE]).nodes
-        except (KeyError, TypeError, LayoutError):
-            return ""
-        return failures.stuck_on_lost_node(pods, planned, self.nodes, self.planner.facts.unusable)
+        return failures.stuck_on_lost_node(pods, layout.nodes, self.nodes, self.planner.facts.unusable)
 
     def pod_failed(self, spec: JobSpec, failed: list[dict]) -> Decision:
         """A failed pod: a disruption (failures.disruption), else what runPolicy.failurePolicy
@@ -654,88 +621,55 @@ class _Reconciler(JobState):
             )
         if not up.now:
             return False
-        self.teardown(restart=SCALE_UP)
         when = (
             f"checkpoint at iteration {ckpt} written"
             if after is not None
             else "the pods save a checkpoint as they stop (training.checkpoint.onPreemption)"
         )
-        self.set_phase(
-            RESTARTING,
+        return self.relaunch(
+            SCALE_UP,
             "ScaleUp",
             f"{up.bigger} nodes can run the job again; {when}: relaunching on more than {current} nodes "
             f"(nodes.count={spec.nodes.count})",
         )
-        self.d.requeue_after = 0.5
-        return True
 
     # ---- re-planning from measured stage speeds (core/replan.py) -------------------------------
-    def launched_layout(self) -> Layout | None:
-        """The Layout of the current attempt, from its ConfigMap (None: not known)."""
-        if self.cm_annotation(names.ANN_ATTEMPT) != str(self.attempt):
-            return None
-        try:
-            return Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE])
-        except (KeyError, TypeError, LayoutError):
-            return None
-
     def adapt(self, spec: JobSpec) -> bool:
-        """A running job: judge its measured layout (replan.judge); True: torn down to re-plan."""
+        """A running job: judge its measured layout (replan.step); True: torn down to re-plan."""
         layout = self.launched_layout()
         if layout is None or not spec.parallelism.replan.enabled:
             return False
-        state = dict(self.old.get("adaptation") or {})
-        progress = self.status.get("progress") or {}
-        ckpt = int(progress.get("checkpointIteration") or 0)
-        if "pendingAfterCheckpoint" in state:  # decided: waiting for the next periodic checkpoint
-            if ckpt <= int(state["pendingAfterCheckpoint"]):
-                return False
-            state.pop("pendingAfterCheckpoint")
-            self.status["adaptation"] = state
-            return self.relaunch_replanned(f"checkpoint at iteration {ckpt} written")
-        if not replan.due(state, progress):
-            return False
-        v = replan.judge(
-            spec, state, layout, progress, self.obs.nodes, self.planner.plan, self.planner.calibrated
+        step = replan.step(
+            spec,
+            self.old.get("adaptation") or {},
+            layout,
+            self.status.get("progress") or {},
+            self.obs.nodes,
+            self.planner.plan,
+            self.planner.calibrated,
         )
-        if v.reason not in replan.VERDICTS:  # nothing measured to judge yet (or nothing to judge with)
-            return False
-        self.status["adaptation"] = {**state, "judgedIteration": int(progress.get("iteration") or 0)}
-        torn_down = False
-        if v.act:
-            self.status["adaptation"] = replan.adapted(state, v, layout)
-            self.event("Normal", "Replanned", v.message)
-            if spec.training.checkpoint.on_preemption:
-                torn_down = self.relaunch_replanned(
-                    "the stopping trainers write a checkpoint (training.checkpoint.onPreemption)"
-                )
-            else:
-                self.status["adaptation"]["pendingAfterCheckpoint"] = ckpt
-        self.status["conditions"] = cond.set_condition(  # after set_phase, which rewrites them
-            self.status.get("conditions"),
-            cond.REPLANNED,
-            v.act,
-            v.reason,
-            v.message,
-            self.now,
-            self.generation,
-        )
+        if step.adaptation is not None:
+            self.status["adaptation"] = step.adaptation
+        if step.event:
+            self.event("Normal", "Replanned", step.event)
+        torn_down = self.relaunch_replanned(step.relaunch) if step.relaunch else False
+        if step.condition is not None:  # after set_phase, which rewrites the conditions
+            self.status["conditions"] = cond.set_condition(
+                self.status.get("conditions"), cond.REPLANNED, *step.condition, self.now, self.generation
+            )
         return torn_down
 
     def relaunch_replanned(self, when: str) -> bool:
-        self.teardown(restart=replan.RESTART)  # its own kind: never against backoffLimit
         progress = dict(self.status.get("progress") or {})
         progress.pop("stages", None)  # measured in the layout being left
         self.status["progress"] = progress
         last = (self.status.get("adaptation") or {}).get("last") or {}
-        self.set_phase(
-            RESTARTING,
+        return self.relaunch(  # its own kind of restart: never against backoffLimit
+            replan.RESTART,
             "Replanned",
             f"re-planned from measured stage speeds: layers {last.get('from')} -> {last.get('to')}; {when}: "
             "relaunching in the new layout, resuming from that checkpoint",
         )
-        self.d.requeue_after = 0.5
-        return True
 
     def merge_progress(self) -> None:
         merged, warning = merged_progress(self.old.get("progress") or {}, self.obs.progress, self.now)

@@ -224,3 +224,51 @@ def with_planned(stages: list, layout: Layout) -> list:
             }
         )
     return out
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a running job's reconcile does about its layout: status.adaptation to write (None:
+    unchanged), the Replanned Event, the Replanned condition (status, reason, message) and,
+    when the gang relaunches now, why it can (``relaunch``: the checkpoint it resumes from)."""
+
+    adaptation: dict | None = None
+    event: str = ""
+    condition: tuple[bool, str, str] | None = None
+    relaunch: str = ""
+
+
+def step(
+    spec: JobSpec,
+    adaptation: Mapping,
+    layout: Layout,
+    progress: Mapping,
+    nodes: list,
+    plan: PlanFn,
+    calibrated: Callable,
+) -> Step:
+    """Judge the measured layout (``judge``) when due; a re-plan relaunches at once when the
+    stopping trainers write a checkpoint (training.checkpoint.onPreemption), else after the next
+    periodic checkpoint (``pendingAfterCheckpoint``)."""
+    state = dict(adaptation)
+    ckpt = int(progress.get("checkpointIteration") or 0)
+    if "pendingAfterCheckpoint" in state:  # decided: waiting for the next periodic checkpoint
+        if ckpt <= int(state["pendingAfterCheckpoint"]):
+            return Step()
+        state.pop("pendingAfterCheckpoint")
+        return Step(adaptation=state, relaunch=f"checkpoint at iteration {ckpt} written")
+    if not due(state, progress):
+        return Step()
+    v = judge(spec, state, layout, progress, nodes, plan, calibrated)
+    if v.reason not in VERDICTS:  # nothing measured to judge yet (or nothing to judge with)
+        return Step()
+    condition = (v.act, v.reason, v.message)
+    if not v.act:
+        return Step(
+            adaptation={**state, "judgedIteration": int(progress.get("iteration") or 0)}, condition=condition
+        )
+    after = adapted(state, v, layout)
+    if spec.training.checkpoint.on_preemption:
+        why = "the stopping trainers write a checkpoint (training.checkpoint.onPreemption)"
+        return Step(adaptation=after, event=v.message, condition=condition, relaunch=why)
+    return Step(adaptation={**after, "pendingAfterCheckpoint": ckpt}, event=v.message, condition=condition)
