@@ -57,7 +57,7 @@ def _signal_rank(rank_to_stop: int, after: int, env: dict | None = None):
 def test_sigterm_on_one_rank_stops_all_at_one_boundary_saves_and_resumes_exactly(tmp_path):
     cfg = tiny_config(optimizer=ADAMW, iterations=6)
     want = run_ranks(4, train_on_layout, cfg, LAYOUT)[0][1]["losses"]
-    cfg = cfg.with_(checkpoint=CheckpointConfig(str(tmp_path / "ckpt"), interval=100))
+    cfg = cfg.with_(checkpoint=CheckpointConfig(str(tmp_path / "ckpt"), interval_iterations=100))
     res = run_ranks(4, _signal_rank(3, after=2), cfg, LAYOUT)
     # the signal came after iteration 2's vote had started: iteration 3's vote carries it
     assert {r: out["preempted"]["iteration"] for r, (_, out) in res.items()} == {0: 3, 1: 3, 2: 3, 3: 3}
@@ -75,7 +75,7 @@ def test_sigterm_on_one_rank_stops_all_at_one_boundary_saves_and_resumes_exactly
     [(False, {}, "onPreemption false"), (True, {"HOLMES_GRACE_SECONDS": "1"}, "no time left")],
 )
 def test_no_checkpoint_when_not_wanted_or_it_does_not_fit(tmp_path, on_preemption, env, why):
-    ckpt = CheckpointConfig(str(tmp_path / "ckpt"), interval=100, on_preemption=on_preemption)
+    ckpt = CheckpointConfig(str(tmp_path / "ckpt"), interval_iterations=100, on_preemption=on_preemption)
     res = run_ranks(4, _signal_rank(0, after=1, env=env), tiny_config(iterations=20, checkpoint=ckpt), LAYOUT)
     assert all(out["preempted"] == {"iteration": 2, "saved": False} for _, (_, out) in res.items()), why
     assert not os.path.exists(ckpt.path) or not os.listdir(ckpt.path), why

@@ -38,9 +38,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .names import NIC_KINDS
+
 LAYOUT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-NIC_KINDS = ("infiniband", "roce", "ethernet")
 NETS = ("IB", "Socket")
 GROUP_KINDS = ("dp", "tp", "pp", "p2p", "embedding")
 

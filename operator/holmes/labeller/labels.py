@@ -32,7 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from holmes.plan.discovery import ETHERNET, INFINIBAND, ROCE, NicMapping
+from holmes.contract.names import ETHERNET, INFINIBAND, ROCE
+from holmes.plan.discovery import NicMapping
 
 from .sysfs import SysfsFacts, natural_key
 

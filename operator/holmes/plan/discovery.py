@@ -33,9 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holmes.contract import names
-
-INFINIBAND, ROCE, ETHERNET = "infiniband", "roce", "ethernet"
-RDMA_KINDS = (INFINIBAND, ROCE)
+from holmes.contract.names import ETHERNET, INFINIBAND, RDMA_KINDS, ROCE
 
 # Spellings an admin may write in holmes.dev/nic or a link-layer label.
 _KIND_ALIASES = {
@@ -64,14 +62,10 @@ class NicMapping:
     hcas_key: str = names.ANN_NIC_HCAS
     socket_ifname_key: str = names.ANN_SOCKET_IFNAME
     problem_key: str = names.ANN_NIC_PROBLEM
-    nfd_rdma_labels: tuple[str, ...] = (
-        "feature.node.kubernetes.io/rdma.capable",
-        "feature.node.kubernetes.io/rdma.available",
-        "feature.node.kubernetes.io/pci-15b3.present",
-    )
+    nfd_rdma_labels: tuple[str, ...] = names.NFD_RDMA_LABELS
     rdma_resource_prefixes: tuple[str, ...] = ("rdma/",)
     rdma_resource_names: tuple[str, ...] = ()  # e.g. an SR-IOV "nvidia.com/mlnx_sriov_rdma"
-    gpu_resource: str = "nvidia.com/gpu"
+    gpu_resource: str = names.RESOURCE_GPU
     # Kind for nodes that advertise RDMA but not which kind: per cluster (an admin who knows
     # "east is InfiniBand"), else one default; neither = report a problem.
     cluster_rdma_kinds: tuple[tuple[str, str], ...] = ()
