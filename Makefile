@@ -28,11 +28,13 @@ k8s:
 test: venv k8s lint
 	$(PY) -m pytest
 
-# ruff: lint and format check (config in pyproject.toml); `make fmt` applies both.
+# ruff: lint and format check; mypy: types (strict on contract/ and plan/). Config in
+# pyproject.toml; `make fmt` applies ruff's fixes.
 .PHONY: lint fmt
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 fmt: venv
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .

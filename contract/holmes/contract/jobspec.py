@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from .names import API_VERSION, KIND, LABEL_CLUSTER
 
@@ -58,7 +58,7 @@ def llama_ffn_hidden_size(hidden: int) -> int:
 
 
 Degree = Union[int, str]  # an integer >= 1, or AUTO
-Partition = Union[str, tuple]  # "adaptive" | "uniform" | tuple of layer counts
+Partition = Union[str, tuple[int, ...]]  # "adaptive" | "uniform" | tuple of layer counts
 
 
 class SpecError(ValueError):
@@ -118,7 +118,7 @@ class ModelSpec:
 
     def to_spec(self) -> dict[str, Any]:
         """spec.model in camelCase, defaults resolved."""
-        return _to_camel(self)
+        return _camel_mapping(self)
 
     def shape(self) -> dict[str, Any]:
         """What a checkpoint's weights depend on (not init): the model identity a checkpoint
@@ -320,13 +320,14 @@ class JobSpec:
     training: TrainingSpec
     nodes: NodesSpec
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
-    template: dict = field(default_factory=dict, hash=False)
+    template: dict[str, Any] = field(default_factory=dict, hash=False)
     run_policy: RunPolicy = field(default_factory=RunPolicy)
     # how pods reach each other (across member clusters too): their own pod IPs (podNetwork)
     # or their node's network (hostNetwork, the usual choice on RDMA nodes)
     network: str = "podNetwork"
 
-    __hash__ = None  # template is a dict
+    # unhashable (template is a dict); typeshed spells an unhashable class the same way
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]
 
     @property
     def world_size(self) -> int:
@@ -387,8 +388,8 @@ class JobSpec:
             template = {}
         run_policy = _run_policy(r, top.get("runPolicy", {}), "spec.runPolicy")
         network = r.choice(top, "network", "spec", NETWORKS, default=cls.network)
-        if r.problems:
-            raise SpecError(r.problems)
+        if r.problems or model is None or training is None or nodes is None:
+            raise SpecError(r.problems)  # a missing section is among the problems
         job = cls(
             model=model,
             training=training,
@@ -405,7 +406,7 @@ class JobSpec:
 
     def to_spec(self) -> dict[str, Any]:
         """The spec back in camelCase; ``JobSpec.from_spec(job.to_spec()) == job``."""
-        return _to_camel(self)
+        return _camel_mapping(self)
 
     def replace(self, **sections: Any) -> JobSpec:
         """A copy with whole sections swapped (``job.replace(parallelism=...)``)."""
@@ -997,7 +998,9 @@ class _Reader:
     def add(self, path: str, what: str) -> None:
         self.problems.append(f"{path}: {what}")
 
-    def mapping(self, v: Any, path: str, required: tuple = (), optional: tuple = ()) -> Mapping | None:
+    def mapping(
+        self, v: Any, path: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+    ) -> Mapping[str, Any] | None:
         if not isinstance(v, Mapping):
             self.add(path, f"must be a mapping, got {_show(v)}")
             return None
@@ -1015,13 +1018,15 @@ class _Reader:
                 self.add(f"{path}.{k}", "required field is missing")
         return v
 
-    def _get(self, d: Mapping, key: str, default: Any) -> Any:
+    def _get(self, d: Mapping[str, Any], key: str, default: Any) -> Any:
         v = d.get(key)
         if v is None:
             return _REQUIRED if default is _REQUIRED else default
         return v
 
-    def integer(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
+    def integer(
+        self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED, minimum: int = 1
+    ) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED:
             return None  # reported by mapping()
@@ -1039,7 +1044,7 @@ class _Reader:
         return v
 
     def number(
-        self, d: Mapping, key: str, path: str, default: Any = _REQUIRED, positive: bool = False
+        self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED, positive: bool = False
     ) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED or (v is None and default is None):
@@ -1060,7 +1065,7 @@ class _Reader:
             return None
         return float(v)
 
-    def boolean(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED) -> Any:
+    def boolean(self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED:
             return None
@@ -1069,7 +1074,7 @@ class _Reader:
             return None
         return v
 
-    def string(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED) -> Any:
+    def string(self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED or (v is None and default is None):
             return None
@@ -1078,7 +1083,9 @@ class _Reader:
             return None
         return v
 
-    def choice(self, d: Mapping, key: str, path: str, options: tuple, default: Any = _REQUIRED) -> Any:
+    def choice(
+        self, d: Mapping[str, Any], key: str, path: str, options: tuple[str, ...], default: Any = _REQUIRED
+    ) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED:
             return None
@@ -1090,7 +1097,7 @@ class _Reader:
             return None
         return v
 
-    def degree(self, d: Mapping, key: str, path: str, default: Degree) -> Any:
+    def degree(self, d: Mapping[str, Any], key: str, path: str, default: Degree) -> Any:
         v = self._get(d, key, default)
         if v == AUTO:
             return AUTO
@@ -1110,6 +1117,15 @@ def camel(name: str) -> str:
 
 
 def _to_camel(obj: Any) -> Any:
+    if is_dataclass(obj):
+        return _camel_mapping(obj)
+    if isinstance(obj, (tuple, list)):
+        return [_to_camel(x) for x in obj]
+    return obj
+
+
+def _camel_mapping(obj: Any) -> dict[str, Any]:
+    """One of the dataclasses above as its camelCase mapping."""
     if isinstance(obj, LabelSelector):
         out: dict[str, Any] = {}
         if obj.match_labels:
@@ -1140,12 +1156,8 @@ def _to_camel(obj: Any) -> Any:
             "runPolicy": _to_camel(obj.run_policy),
             **({"network": obj.network} if obj.network != JobSpec.network else {}),
         }
-    if is_dataclass(obj):
-        return {
-            camel(f.name): _to_camel(getattr(obj, f.name))
-            for f in fields(obj)
-            if getattr(obj, f.name) is not None
-        }
-    if isinstance(obj, (tuple, list)):
-        return [_to_camel(x) for x in obj]
-    return obj
+    return {
+        camel(f.name): _to_camel(getattr(obj, f.name))
+        for f in fields(obj)
+        if getattr(obj, f.name) is not None
+    }

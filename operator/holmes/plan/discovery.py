@@ -28,7 +28,7 @@ kind: an explicit kind label is the admin's answer to it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,7 +251,9 @@ def _link_layer_kind(value: str | None, m: NicMapping) -> tuple[str | None, str 
     return kind, None
 
 
-def classify_nodes(nodes, mapping: NicMapping | None = None) -> list[NodeNic]:
+def classify_nodes(
+    nodes: Iterable[Mapping[str, Any] | NodeNic], mapping: NicMapping | None = None
+) -> list[NodeNic]:
     """Classify many nodes; NodeNic entries pass through unchanged."""
     return [n if isinstance(n, NodeNic) else classify_node(n, mapping) for n in nodes]
 

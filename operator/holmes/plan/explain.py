@@ -79,7 +79,10 @@ def table(layout: Layout) -> list[str]:
             ]
         )
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
     out = [head, line(cols)] + [line(r) for r in rows]
     nets = {g.kind: g.net for g in layout.groups if g.kind in ("pp", "embedding")}
     tail = f"pp net {nets.get('pp', '-')}"

@@ -61,8 +61,8 @@ class NodeSet:
     """Summary of a set of nodes (a stage, a DP group's nodes) for the cost model."""
 
     count: int
-    kinds: frozenset
-    clusters: frozenset
+    kinds: frozenset[str]
+    clusters: frozenset[str]
     min_gbps: float
     min_socket_gbps: float  # slowest host-network link among them
 
