@@ -28,6 +28,12 @@ k8s:
 test: venv k8s lint
 	$(PY) -m pytest
 
+# The edit-test loop: the tests that need no cluster and run no whole program (markers `cluster`
+# and `slow`, tests/conftest.py): about 90 s of CPU. `make test` runs them all.
+.PHONY: unit
+unit: venv k8s
+	$(PY) -m pytest -m "not cluster and not slow" -q
+
 # ruff: lint and format check; mypy: types (strict on contract/ and plan/). Config in
 # pyproject.toml; `make fmt` applies ruff's fixes.
 .PHONY: lint fmt
