@@ -214,7 +214,8 @@ def with_rates(nodes: Sequence[Any], node_tflops: Mapping[str, float]) -> list[A
             out.append(n if not rate else _replace_labels(n, labels))
             continue
         meta = n.get("metadata") or {}
-        rate = node_tflops.get(meta.get("name"))
+        name = meta.get("name")
+        rate = node_tflops.get(name) if isinstance(name, str) else None
         if not rate:
             out.append(n)
             continue

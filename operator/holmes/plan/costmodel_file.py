@@ -34,7 +34,7 @@ import threading
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, Union
 
 from holmes.contract.documents import DocumentError, parse_documents, read_text
 from holmes.contract.jobspec import camel
@@ -42,6 +42,13 @@ from holmes.contract.jobspec import camel
 from .costmodel import CostModelConfig
 
 log = logging.getLogger("holmes.costmodel")
+
+
+class _Dataclass(Protocol):
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+_Config = TypeVar("_Config", bound=_Dataclass)  # a config section: built as its base's type
 
 
 class CostModelError(ValueError):
@@ -114,7 +121,7 @@ def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
     def wrong() -> CostModelError:
         return CostModelError(f"{path}: expected {_describe(tp)}, got {type(value).__name__} {value!r}")
 
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise wrong()
         if default is None:  # a new entry of a name -> record mapping (gpuProducts): all keys
@@ -181,7 +188,7 @@ def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
     raise CostModelError(f"{path}: this field's type {tp} cannot be set from a file")
 
 
-def _build(cls: type, doc: Mapping[str, Any], base: Any, prefix: str) -> Any:
+def _build(cls: type[Any], doc: Mapping[str, Any], base: _Config, prefix: str) -> _Config:
     hints = _hints(cls)
     fields = {camel(f.name): f.name for f in dataclasses.fields(cls) if f.init}
     changes = {}
@@ -221,7 +228,7 @@ def from_mapping(doc: Any, base: CostModelConfig | None = None) -> CostModelConf
 
 
 def _schema(tp: Any, default: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         hints = _hints(tp)
         return {
             "type": "object",
@@ -371,14 +378,14 @@ class CostModelFile:
         if path is None:
             self.config = adjust(base or CostModelConfig())
         else:
-            text = self._read()
+            text = self._read(path)
             self.config = self._parse(text)  # CostModelError: the caller stops
             self._text = text
         on_state(True, False)
 
-    def _read(self) -> str:
+    def _read(self, path: str) -> str:
         try:
-            return read_text(self.path, "cost-model file")
+            return read_text(path, "cost-model file")
         except DocumentError as e:
             raise CostModelError(str(e)) from None
 
@@ -392,7 +399,7 @@ class CostModelFile:
             return self.config
         with self._lock:
             try:
-                text = self._read()
+                text = self._read(self.path)
                 if text != self._text:
                     new = self._parse(text)
             except CostModelError as e:

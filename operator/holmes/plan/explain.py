@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from holmes.contract.layout import Layout
+from holmes.contract.names import ETHERNET
 
 from .partition_why import partition_lines
 
@@ -78,7 +79,10 @@ def table(layout: Layout) -> list[str]:
             ]
         )
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
     out = [head, line(cols)] + [line(r) for r in rows]
     nets = {g.kind: g.net for g in layout.groups if g.kind in ("pp", "embedding")}
     tail = f"pp net {nets.get('pp', '-')}"
@@ -98,7 +102,7 @@ def table(layout: Layout) -> list[str]:
 def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate], job: JobSpec) -> list[str]:
     out = []
     kinds = {s.nic for s in layout.stages}
-    mixed = [s.index for s in layout.stages if s.dp_net == "Socket" and s.nic != "ethernet"]
+    mixed = [s.index for s in layout.stages if s.dp_net == "Socket" and s.nic != ETHERNET]
     if job.parallelism.nic_selection == "off":
         out.append(
             "nicSelection off: nodes in name order (Megatron default); "

@@ -149,7 +149,7 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
     W = G * N
     tensors = (
         [p.tensor]
-        if p.tensor != AUTO
+        if isinstance(p.tensor, int)
         else [x for x in _divisors(G) if not tensor_parallel_problems(m, x, p.sequence_parallel)]
     )
     explicit = p.explicit_partition
@@ -160,7 +160,7 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
             continue
         if explicit is not None:
             pipes = [len(explicit)]
-        elif p.pipeline != AUTO:
+        elif isinstance(p.pipeline, int):
             pipes = [p.pipeline]
         else:
             pipes = [x for x in _divisors(W // T) if x <= m.layers]
@@ -171,7 +171,7 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
                 continue
             D = W // (T * P)
             label += f" x data {D}"
-            if p.data != AUTO and D != p.data:
+            if isinstance(p.data, int) and D != p.data:
                 problems.append(f"{label}: data is fixed to {p.data}")
                 continue
             if P > m.layers:
@@ -252,7 +252,7 @@ def arrange_groups(
 
 def _by_gpu_type(nodes: Sequence[NodeNic], cfg: CostModelConfig) -> list[tuple[NodeNic, ...]]:
     """An island's nodes split by GPU type, fastest type first (one part without GFD labels)."""
-    parts: dict[tuple, list[NodeNic]] = {}
+    parts: dict[tuple[float, float, str], list[NodeNic]] = {}
     for n in nodes:
         g = node_gpu(n, cfg)
         parts.setdefault((-g.peak_tflops, -g.memory_gib, g.name), []).append(n)
@@ -289,7 +289,7 @@ class Candidate:
     p2p_nets: tuple[str, ...]  # per stage boundary
     gpus: tuple[StageGpu, ...] = ()  # per stage: what its compute and memory are priced with
 
-    def key(self, order_index: int) -> tuple:
+    def key(self, order_index: int) -> tuple[float, int, int, int]:
         return (round(self.seconds, 9), self.degrees.pipeline, self.degrees.tensor, order_index)
 
 
@@ -299,7 +299,7 @@ def _evaluate(
     nodes: Sequence[NodeNic],
     model: ModelCost,
     cfg: CostModelConfig,
-    sets_cache: dict,
+    sets_cache: dict[tuple[str, ...], NodeSet],
     refine: bool = False,
 ) -> Candidate | str:
     """Cost one placement (nodes in rank order); a string says why it is impossible."""
@@ -316,8 +316,8 @@ def _evaluate(
             sets_cache[key] = summarize(sn, cfg.fabric)
         sets.append(sets_cache[key])
     everything = sets[0]
-    for s in sets[1:]:
-        everything = merge(everything, s)
+    for other in sets[1:]:
+        everything = merge(everything, other)
     pp_net = everything.net if P > 1 else sets[0].net
     world_net = everything.net  # the control-plane collectives span every rank
     # each stage boundary on its own group: IB when both stages share one RDMA island
@@ -413,9 +413,9 @@ def search(
     G, N = job.nodes.gpus_per_node, job.nodes.count
     best_per_degree: list[Candidate] = []
     why_not: list[str] = []
-    sets_cache: dict = {}
+    sets_cache: dict[tuple[str, ...], NodeSet] = {}
     name_order = [tuple(sorted(usable, key=lambda n: n.name)[:N])]  # nicSelection off: Megatron's
-    arrangements: dict[int, list] = {}
+    arrangements: dict[int, list[tuple[NodeNic, ...]]] = {}
     for deg in degree_candidates(job):
         span = max(1, deg.data * deg.tensor // G)
         if job.parallelism.nic_selection == "off":
@@ -428,7 +428,7 @@ def search(
                     for order in island_orders(groups, cfg)
                 ]
             orders = arrangements[span]
-        best: tuple | None = None
+        best: tuple[tuple[float, int, int, int], Candidate] | None = None
         for i, order in enumerate(orders):
             c = _evaluate(job, deg, order, model, cfg, sets_cache)
             if isinstance(c, str):
@@ -439,7 +439,8 @@ def search(
         if best is not None:
             c = best[1]
             if job.parallelism.partition == "adaptive":
-                c = _evaluate(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
+                refined = _evaluate(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
+                c = refined if isinstance(refined, Candidate) else c  # refining keeps to what fits
             best_per_degree.append(c)
     if not best_per_degree:
         recompute = (

@@ -421,12 +421,12 @@ class Trainer:
             groups=self.groups.created,  # this rank's communicators, the world group first
             fabric=self.fabric.summary(),  # every rank's findings (gathered)
         )
-        every = cfg.checkpoint.interval
+        every = cfg.checkpoint.interval_iterations
         while self.iteration < cfg.iterations:
             self.vote.launch(self.preemption.requested)  # waited for after the step: overlapped
             record = self.train_step()
             ev = cfg.eval
-            if ev and (self.iteration % ev.interval == 0 or self.iteration == cfg.iterations):
+            if ev and (self.iteration % ev.interval_iterations == 0 or self.iteration == cfg.iterations):
                 result = self.evaluate()
                 record.update(evalLoss=result["loss"], evalPerplexity=result["perplexity"])
                 self.last_eval_loss = result["loss"]

@@ -35,7 +35,7 @@ from holmes.plan import InsufficientNodes, PlanError
 
 from . import capacity, elastic, failures, members, names, queueing, replan, validation
 from . import conditions as cond
-from .render import RenderSettings, build_configmap, build_pod, build_service
+from .render import HOSTNAME_LABEL, RenderSettings, build_configmap, build_pod, build_service
 from .state import (  # noqa: F401 (the reconcile's data types, imported from here by the I/O side)
     CHILD_REJECTED_RETRY,
     DISRUPTION,
@@ -383,9 +383,7 @@ class _Reconciler(JobState):
                     nccl_env=net.env,
                     template=spec.template,
                     settings=self.settings,
-                    hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(
-                        "kubernetes.io/hostname"
-                    ),
+                    hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL),
                     master=master if rank else None,
                     host_network=spec.network == "hostNetwork",
                 )
