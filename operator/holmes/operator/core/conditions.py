@@ -48,7 +48,7 @@ def set_condition(
         cond["observedGeneration"] = generation
     out.append(cond)
     order = {t: i for i, t in enumerate(ALL)}
-    out.sort(key=lambda c: order.get(c.get("type"), len(order)))
+    out.sort(key=lambda c: order.get(str(c.get("type")), len(order)))
     return out
 
 

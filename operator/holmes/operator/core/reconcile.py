@@ -190,7 +190,7 @@ class _Reconciler(JobState):
         """Wait out the back-off after a gang restart (None: go on and launch now)."""
         self.status["nextAttemptTime"] = iso(due)
         last_hash = self.cm_annotation(names.ANN_SPEC_HASH)
-        if last_hash and last_hash != names.spec_hash(self.job.get("spec")):
+        if last_hash and last_hash != names.spec_hash(self.job.get("spec") or {}):
             self.status.pop("nextAttemptTime", None)  # the user changed the job: try it at once
             self.event(
                 "Normal",
@@ -344,7 +344,7 @@ class _Reconciler(JobState):
             self.d.requeue_after = self.until_deadline(1.0)
             return self.d
         layout = None  # resume a launch cut short: its layout, if the spec is the same
-        if self.cm_annotation(names.ANN_SPEC_HASH) == names.spec_hash(self.job.get("spec")):
+        if self.cm_annotation(names.ANN_SPEC_HASH) == names.spec_hash(self.job.get("spec") or {}):
             layout = self.launched_layout()
         by_name = self.nodes
         if layout is None:
@@ -465,6 +465,7 @@ class _Reconciler(JobState):
             self.event("Warning", "ScaledDown", sized.scaled_down)
         if sized.waiting is not None:
             raise sized.waiting
+        assert sized.layout is not None  # Sized holds a layout or why to wait
         return sized.layout
 
     def wait_for_nodes(self, why: str, reason: str = "WaitingForNodes") -> Decision:
@@ -485,7 +486,7 @@ class _Reconciler(JobState):
         if (
             self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt)
             and launched_hash
-            and launched_hash != names.spec_hash(self.job.get("spec"))
+            and launched_hash != names.spec_hash(self.job.get("spec") or {})
         ):
             self.teardown()
             self.event(
@@ -545,7 +546,7 @@ class _Reconciler(JobState):
         layout = self.launched_layout()
         if layout is None:
             return ""  # the plan of this attempt is not known
-        return failures.stuck_on_lost_node(pods, layout.nodes, self.nodes, self.planner.facts.unusable)
+        return failures.stuck_on_lost_node(pods, list(layout.nodes), self.nodes, self.planner.facts.unusable)
 
     def pod_failed(self, spec: JobSpec, failed: list[dict]) -> Decision:
         """A failed pod: a disruption (failures.disruption), else what runPolicy.failurePolicy

@@ -177,6 +177,7 @@ def judge(
 
 def adapted(adaptation: Mapping | None, verdict: Verdict, layout: Layout) -> dict:
     """status.adaptation after a re-plan."""
+    assert verdict.layout is not None  # a verdict that acts carries its new layout
     old = dict(adaptation or {})
     tried = list(dict.fromkeys([*(old.get("tried") or []), signature(layout), signature(verdict.layout)]))
     return {
@@ -268,7 +269,8 @@ def step(
             adaptation={**state, "judgedIteration": int(progress.get("iteration") or 0)}, condition=condition
         )
     after = adapted(state, v, layout)
-    if spec.training.checkpoint.on_preemption:
+    ckpt_spec = spec.training.checkpoint  # judge() acts only on a job that checkpoints
+    if ckpt_spec is not None and ckpt_spec.on_preemption:
         why = "the stopping trainers write a checkpoint (training.checkpoint.onPreemption)"
         return Step(adaptation=after, event=v.message, condition=condition, relaunch=why)
     return Step(adaptation={**after, "pendingAfterCheckpoint": ckpt}, event=v.message, condition=condition)

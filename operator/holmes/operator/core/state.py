@@ -111,7 +111,8 @@ class Planner(Protocol):
     """What the reconciler asks of the planner (``planning.ClusterPlanner``; tests give their
     own): a layout, and through ``facts`` the node facts that layout was planned with."""
 
-    facts: NodeFacts
+    @property
+    def facts(self) -> NodeFacts: ...
 
     def plan(self, nodes: list, job: JobSpec) -> Layout:
         """Raises InsufficientNodes (wait for nodes) or PlanError (the job cannot be planned)."""
@@ -297,7 +298,7 @@ class JobState:
         if self.cm_annotation(names.ANN_ATTEMPT) != str(self.attempt):
             return None
         try:
-            return Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE])
+            return Layout.from_json((self.obs.configmap or {})["data"][names.LAYOUT_FILE])
         except (KeyError, TypeError, LayoutError):
             return None
 
@@ -323,6 +324,7 @@ class JobState:
 
     def until_deadline(self, seconds: float) -> float:
         """``seconds``, or less so the job wakes up in time to fail on runPolicy.activeDeadlineSeconds."""
+        assert self.spec is not None  # only after the spec parsed
         deadline = self.spec.run_policy.active_deadline_seconds
         started = parse_time(self.status.get("startTime"))
         if deadline and started:
@@ -330,6 +332,7 @@ class JobState:
         return max(seconds, 0.0)
 
     def size(self, current: int | None) -> dict[str, int]:
+        assert self.spec is not None  # only after the spec parsed
         n = self.spec.nodes
         out = {"desired": n.count, "minimum": n.minimum}
         if current is not None:

@@ -65,15 +65,15 @@ def pod_counts(pods: Iterable[Mapping]) -> dict[str, int]:
 
 def pod_attempt(pod: Mapping) -> int | None:
     try:
-        return int(((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_ATTEMPT))
-    except (TypeError, ValueError):
+        return int(((pod.get("metadata") or {}).get("labels") or {})[names.LABEL_ATTEMPT])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
 def pod_node_rank(pod: Mapping) -> int | None:
     try:
-        return int(((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_NODE_RANK))
-    except (TypeError, ValueError):
+        return int(((pod.get("metadata") or {}).get("labels") or {})[names.LABEL_NODE_RANK])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
