@@ -51,7 +51,9 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
   activations: with recomputation each layer keeps its input per
   in-flight micro-batch (``min(P - s, m)`` at stage s) plus one layer's full working set
   (Korthikanti et al. 2022: ``s b h (10 + 24/T + 5 a s / (h T))`` bytes for GPT; the llama terms
-  in ``ModelCost.layer_activation_bytes_per_token``); a candidate that needs
+  in ``ModelCost.layer_activation_bytes_per_token``), twice while that layer's backward runs
+  (its gradients coexist with it; the last stage's logits and their gradient are freed before);
+  a candidate that needs
   more than ``memory_headroom`` x ``gpu_memory_gib`` is rejected. Without recomputation every
   layer keeps that full working set per in-flight micro-batch.
 - Recomputation on or off comes from the job (``spec.training.activationRecompute``, what the
@@ -80,6 +82,7 @@ SHARD_EXTRA_BYTES = 4 + 1
 # the same number as holmes.trainer.recording.NCCL_COMMUNICATOR_BYTES (tests keep them equal)
 NCCL_COMMUNICATOR_BYTES = 100 * 2**20
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+BACKWARD_WORKING_SETS = 2  # a recomputed layer's working set and its gradients (see memory())
 
 
 @dataclass(frozen=True)
@@ -245,12 +248,16 @@ class StageCost:
         sp = T if s.sequence_parallel else 1  # the norm regions and each layer's input, split too
         full_layer = seq * b * (shared / sp + split / T + 5 * a * seq / T)
         inflight = min(self.place.inflight, s.micro_batches)
+        # the loss's logits and their gradient (last stage) are gone before the layers' backward
+        logits = b * seq * m.vocab / T * 4 * 2 if self.place.last else 0.0
         if cfg.activation_recompute:
-            acts = n * inflight * seq * b * h * cfg.activation_bytes / sp + full_layer
+            # a layer's backward holds its recomputed working set and the gradients of its
+            # largest tensors at once: twice the forward figure, as the dry run measures
+            # (gpt-7b: 6.6 GiB against 3.6)
+            kept = n * inflight * seq * b * h * cfg.activation_bytes / sp
+            acts = kept + max(BACKWARD_WORKING_SETS * full_layer, logits)
         else:
-            acts = n * inflight * full_layer
-        if self.place.last:
-            acts += b * seq * m.vocab / T * 4 * 2  # fp32 logits and their gradient
+            acts = n * inflight * full_layer + logits
         return static + acts
 
 
