@@ -148,3 +148,19 @@ def test_the_planner_and_the_dry_run_count_a_communicator_alike():
     from holmes.trainer import recording
 
     assert costmodel.NCCL_COMMUNICATOR_BYTES == recording.NCCL_COMMUNICATOR_BYTES
+
+
+def test_holmes_dryrun_runs_the_tool_in_a_process_of_its_own(tmp_path):
+    """The CLI imports no torch itself (tests/test_import_directions.py): it starts the tool."""
+    layout = make_layout(2, 1, [2, 2], 2, 4, embedding=True)
+    lp = tmp_path / "layout.json"
+    lp.write_text(layout.to_json())
+    jp = job(tmp_path, pipeline=2, data=1, tensor=1)
+    cli = [sys.executable, "-m", "holmes.cli", "dryrun", "--job", jp]
+    done = subprocess.run(
+        [*cli, "--layout", str(lp), "--ranks", "0"], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["ranksRun"] == [0]
+    bad = subprocess.run(cli, capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2 and "--layout" in bad.stderr
