@@ -1,7 +1,10 @@
 """`holmes` command line. `holmes plan --nodes NODES.yaml --job JOB.yaml [--json] [--compare]
 [--config COSTMODEL.yaml]` prints the layout Holmes would run, without any cluster (or with
 --kubeconfig, reading the nodes of a live cluster); `holmes plan --print-config` prints the cost
-model's numbers as YAML to start a --config file from."""
+model's numbers as YAML to start a --config file from. `holmes dryrun --job JOB.yaml (--layout
+LAYOUT.json | --nodes NODES.yaml) [...]` runs the trainer's dry run (python -m
+holmes.trainer.dryrun, in a process of its own: the CLI itself never imports torch) on the
+given Layout or on the one planned for those nodes."""
 
 from __future__ import annotations
 
@@ -247,6 +250,35 @@ def measured_command(nodes, job, config, path: str, as_json: bool) -> int:
     return 0
 
 
+def dryrun_command(args: argparse.Namespace, rest: list[str]) -> int:
+    """Plan when asked (--nodes), then run the dry run as its own process: it needs the trainer
+    extra (torch) and sets up its fake CUDA device before torch is imported."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    if importlib.util.find_spec("holmes.trainer") is None or importlib.util.find_spec("torch") is None:
+        raise CliError("the dry run needs the trainer: pip install 'holmes[trainer]'")
+    if (args.layout is None) == (args.nodes is None):
+        raise CliError(
+            "give --layout LAYOUT.json (from holmes plan --json) or --nodes NODES.yaml to plan one"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        layout = args.layout
+        if layout is None:
+            from holmes.plan import PlanError, plan
+
+            try:
+                planned = plan(load_nodes(args.nodes), load_job(args.job), load_config(args.config))
+            except PlanError as e:
+                raise CliError(f"no layout: {e}") from None
+            layout = f"{tmp}/layout.json"
+            with open(layout, "w") as f:
+                f.write(planned.to_json())
+        cmd = [sys.executable, "-m", "holmes.trainer.dryrun", "--job", args.job, "--layout", layout, *rest]
+        return subprocess.run(cmd).returncode
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="holmes", description="Holmes: LLM training across clusters with heterogeneous NICs"
@@ -281,13 +313,25 @@ def build_parser() -> argparse.ArgumentParser:
         "the cost model from its stage times, print the calibrated plan and the change it would make",
     )
     pl.set_defaults(func=plan_command)
+    dr = sub.add_parser(
+        "dryrun",
+        help="run the trainer for a Layout on fake CUDA and a fake process group, and check it",
+        description="Other options go to python -m holmes.trainer.dryrun (--ranks, --micro-batches, --jobs).",
+    )
+    dr.add_argument("--job", required=True, help="YAML or JSON: a HolmesJob manifest")
+    dr.add_argument("--layout", help="the Layout JSON to run (holmes plan --json)")
+    dr.add_argument("--nodes", help="plan for these nodes first (as holmes plan --nodes)")
+    dr.add_argument("--config", metavar="COSTMODEL.yaml", help="cost-model file for planning (with --nodes)")
+    dr.set_defaults(func=dryrun_command)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
     try:
-        code = args.func(args)
+        if args.command != "dryrun" and rest:
+            build_parser().parse_args(argv)  # unknown options: argparse's own error and exit 2
+        code = args.func(args, rest) if args.command == "dryrun" else args.func(args)
         sys.stdout.flush()
         return code
     except CliError as e:

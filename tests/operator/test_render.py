@@ -6,7 +6,14 @@ import yaml
 
 from holmes.contract import JobSpec, Layout
 from holmes.operator.core import names
-from holmes.operator.core.render import JobRef, RenderSettings, build_configmap, build_pod, build_service
+from holmes.operator.core.render import (
+    JobRef,
+    RenderSettings,
+    build_configmap,
+    build_pod,
+    build_service,
+    torch_env,
+)
 from holmes.operator.planning import ClusterPlanner
 from holmes.plan import plan
 from tests.operator.opfixtures import default_nodes, manifest, with_link_layers
@@ -227,3 +234,19 @@ def test_a_port_range_gives_each_attempt_its_own_ports():
     assert env["MASTER_PORT"] == str(a1[0]) and env["HOLMES_METRICS_PORT"] == str(a1[1])
     assert f"--master-port={a1[0]}" in pod["spec"]["containers"][0]["command"]
     assert {"name": "metrics", "containerPort": a1[1]} in pod["spec"]["containers"][0]["ports"]
+
+
+def test_every_pod_gets_the_nccl_watchdog_and_the_gloo_interface():
+    """A dead peer must end its peers' NCCL waits (watchdog, heartbeat) so the operator tears the
+    gang down; the trainer's gloo host groups need the interface NCCL's sockets use."""
+    for kind in ("infiniband", "roce", "ethernet"):
+        pod, _, _ = pod_for(rank_of_kind(kind))
+        env = env_of(pod)
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and env["TORCH_NCCL_ENABLE_MONITORING"] == "1"
+        assert int(env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]) > 0
+        if "NCCL_SOCKET_IFNAME" in env:
+            assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"]
+    # a node whose socket interface is known (holmes.dev/socket-ifname): gloo binds to it too;
+    # unknown, gloo resolves the pod's hostname, which the kubelet maps to the pod IP
+    assert torch_env({"NCCL_SOCKET_IFNAME": "eth1"})["GLOO_SOCKET_IFNAME"] == "eth1"
+    assert "GLOO_SOCKET_IFNAME" not in torch_env({})

@@ -1,5 +1,6 @@
-"""The fabric preflight: device checks against fake sysfs/dev trees, NCCL log parsing, and the
-whole check on 2 gloo ranks (fail stops every rank with the same message, warn reports)."""
+"""The fabric preflight: device checks against fake sysfs/dev trees, which groups are pinned to
+which network, and the whole check on 2 gloo ranks (fail stops every rank with the same
+message, warn moves the broken IB groups to Socket and reports)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from holmes.contract import load_job
 from holmes.contract.jobspec import SpecError
 from holmes.trainer import fabric
 from holmes.trainer.engine import Trainer
-from holmes.trainer.fabric import configure_nccl_debug, rdma_problems, select_hcas, transports_in
+from holmes.trainer.fabric import rdma_problems, select_hcas
 from holmes.trainer.metrics import MetricsSink
 from tests.labeller.fakesysfs import FakeSysfs, infiniband_node, roce_node
 
@@ -89,47 +90,33 @@ def test_nccl_ib_hca_syntax():
     assert select_hcas(present, "^=mlx5_0") == ([("mlx5_1", None), ("mlx5_10", None)], [])
 
 
-NCCL_LOG = """\
-node-a:812:812 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth0
-node-a:812:812 [0] NCCL INFO NET/IB : No device found.
-node-a:812:812 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>
-node-a:812:812 [0] NCCL INFO Using network Socket
-node-a:812:830 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0
-"""
+def test_nccl_host_placeholder_is_the_hostname_cut_at_its_first_dot():
+    """NCCL fills %h with the hostname up to its first dot; the full name (common with
+    hostNetwork: gpu-1.cluster.local) named a file NCCL never writes."""
+    env = {"NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p.log"}
+    assert fabric.nccl_log_path(env, hostname="gpu-1.cluster.local", pid=42) == "/tmp/nccl.gpu-1.42.log"
+    assert fabric.nccl_log_path({}, hostname="gpu-1") is None
 
 
-def test_transports_are_read_from_nccl_debug_lines():
-    assert transports_in(NCCL_LOG) == {"Socket"}
-    ib_line = "h:1:1 [0] NCCL INFO Channel 01/0 : 1[1] -> 0[0] [receive] via NET/IBext_v8/1"
-    assert transports_in(ib_line) == {"IB"}
-    assert transports_in("h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC") == set()
-    dp = {"kind": "dp", "size": 4, "net": "IB"}
-    f = fabric.transport_finding(3, "node-a", dp, transports_in(NCCL_LOG))
-    assert f.message() == "rank 3 on node node-a: dp group (4 ranks) expects IB, found NCCL using Socket"
-    assert fabric.transport_finding(3, "node-a", dp, {"IB"}) is None
-    assert fabric.transport_finding(3, "node-a", dp, set()) is None  # NVLink/SHM: no network
+def test_groups_inside_one_node_are_not_pinned_to_a_network():
+    """An NVLink-only tensor-parallel group pinned to IB would need a working HCA for nothing."""
+    from holmes.trainer.groups import pinned_net
+
+    layout = make_layout(2, 2, [2, 2], 2, 4, gpus_per_node=4, tensor=2)
+    tp = next(g for g in layout.process_groups("tp"))
+    dp = next(g for g in layout.process_groups("dp"))
+    p2p = next(g for g in layout.process_groups("p2p"))
+    assert pinned_net(layout, tp.ranks, tp.net) is None  # ranks 0, 1: node 0
+    assert pinned_net(layout, dp.ranks, dp.net) is None  # ranks 0, 2: node 0 too
+    assert pinned_net(layout, p2p.ranks, p2p.net) == "Socket"  # rank 0 (node 0) to rank 4 (node 1)
 
 
-def test_nccl_log_is_followed_from_where_it_was(tmp_path):
-    path = tmp_path / "nccl.log"
-    path.write_text("old Using network IB\n")
-    log = fabric.NcclLog(str(path))
-    assert log.new_text() == ""
-    with path.open("a") as f:
-        f.write(NCCL_LOG)
-    assert transports_in(log.new_text()) == {"Socket"}
-    assert log.new_text() == ""
-
-
-def test_nccl_debug_is_configured_without_overriding_the_user(tmp_path):
-    env: dict[str, str] = {}
-    path = configure_nccl_debug(env, "warn", str(tmp_path))
-    assert env["NCCL_DEBUG"] == "INFO" and "%p" in env["NCCL_DEBUG_FILE"]
-    assert path is not None and "%" not in path
-    user = {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/x"}
-    assert configure_nccl_debug(user, "warn") is None and user["NCCL_DEBUG"] == "WARN"
-    off: dict[str, str] = {}
-    assert configure_nccl_debug(off, "off") is None and off == {}
+def test_warn_moves_only_the_groups_with_a_rank_without_ib_to_socket():
+    layout = make_layout(2, 2, [2, 2], 2, 4, gpus_per_node=1)  # dp groups (0,1) and (2,3) on IB
+    assert fabric.fallback_nets(layout, set()) == {}
+    moved = fabric.fallback_nets(layout, {3})
+    assert moved == {(2, 3): "Socket"}  # stage 0's dp group keeps IB
+    assert fabric.ib_groups_of(layout, 0) == ["dp group (2 ranks)"]
 
 
 def test_job_fabric_check_field():
@@ -179,10 +166,81 @@ def test_warn_trains_and_reports_in_start_and_done(tmp_path):
     res = run_ranks(2, _train, tiny_config(iterations=1), layout, str(root))
     lines = {x["holmes"]: x for x in res[0][1]["lines"]}
     start = lines["start"]["fabric"]
-    assert start["check"] == "warn" and start["devices"] == "checked"
-    assert start["transports"] == "skipped (backend gloo)"
-    assert len(start["problems"]) == 2 and all("uverbs" in p for p in start["problems"])
+    assert start["check"] == "warn" and start["devices"] == "checked" and start["groups"] == "checked"
+    assert len(start["problems"]) == 3 and all("uverbs" in p for p in start["problems"][:2])
+    assert "run on Socket instead" in start["problems"][2]
     assert lines["done"]["fabricWarnings"] == start["problems"]
+    dp = [g for g in lines["start"]["groups"] if g["kind"] == "dp"]
+    assert dp and dp[0]["net"] == "Socket"  # planned IB; pinned IB it would fail, not warn
+
+
+def _record_nets(rank: int, cfg, layout, root: str) -> dict:
+    """What pg_options would carry on NCCL (this CPU torch has no ProcessGroupNCCL): the net
+    build_groups asks group_options for, per group; and the group the findings travel on."""
+    from holmes.trainer import groups as groups_mod
+
+    asked: list = []
+    real_options, real_gather = groups_mod.group_options, torch.distributed.all_gather_object
+    gathered_on: list = []
+
+    def options(backend, net):
+        asked.append(net)
+        return real_options(backend, net)
+
+    def gather(out, obj, group=None):
+        gathered_on.append(torch.distributed.get_backend(group) if group is not None else "world")
+        return real_gather(out, obj, group=group)
+
+    groups_mod.group_options, torch.distributed.all_gather_object = options, gather
+    try:
+        trainer = Trainer(
+            cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo", fabric_root=root
+        )
+    finally:
+        groups_mod.group_options, torch.distributed.all_gather_object = real_options, real_gather
+    return {"asked": asked, "gathered_on": gathered_on, "host": trainer.vote.group is not None}
+
+
+def test_a_broken_hca_under_warn_pins_socket_and_gathers_on_the_host_group(tmp_path):
+    """Before: the dp group was pinned to IB whatever the check found (its first collective
+    would then fail, not warn), and the findings were gathered on the world group (itself on
+    IB with worldNet: IB)."""
+    root = pod_root(tmp_path, uverbs=False)
+    layout = make_layout(1, 2, [4], 2, 4, gpus_per_node=1)
+    res = run_ranks(2, _record_nets, tiny_config(iterations=1), layout, str(root))
+    for rank in (0, 1):
+        out = res[rank][1]
+        assert out["asked"] == ["Socket"], out  # the dp group (node-0, node-1)
+        assert out["gathered_on"] and set(out["gathered_on"]) == {"gloo"}, out
+
+
+def _probe_fails(rank: int, cfg, layout) -> dict:
+    real = torch.distributed.all_reduce
+
+    def all_reduce(t, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
+        size = torch.distributed.get_world_size(group)
+        if size == 2 and group is not None and group is not torch.distributed.group.WORLD:
+            raise RuntimeError("ncclInvalidUsage: network IB not found")
+        return real(t, op=op, group=group, async_op=async_op)
+
+    torch.distributed.all_reduce = all_reduce
+    try:
+        Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
+    finally:
+        torch.distributed.all_reduce = real
+    return {}
+
+
+def test_a_group_that_cannot_be_created_stops_every_rank_with_one_report():
+    """A pinned network NCCL cannot open fails the group's first collective: every rank says
+    which group, where and why, in one gathered message, instead of crashing alone."""
+    layout = make_layout(1, 2, [4], 2, 4, gpus_per_node=1)
+    res = run_ranks(2, _probe_fails, tiny_config(iterations=1), layout, allow_exit=True)
+    for rank in (0, 1):
+        status, text = res[rank]
+        assert status == "error" and "cannot create these communicators" in text, text[-2000:]
+        assert "rank 0 on node node-0: dp group (2 ranks) expects IB" in text
+        assert "rank 1 on node node-1" in text and "network IB not found" in text
 
 
 def test_healthy_pod_and_off_report_nothing(tmp_path):

@@ -84,3 +84,43 @@ def test_a_marker_that_does_not_parse_is_an_incomplete_checkpoint(tmp_path):
         with open(os.path.join(checkpoint.iteration_dir(root, it), checkpoint.MARKER), "w") as f:
             f.write(text)
     assert checkpoint.newest_complete(root) == 3
+
+
+def _checkpoint_group(rank: int, cfg, layout) -> dict:
+    """The group checkpoint coordination runs on, and how it was made."""
+    import torch.distributed as dist
+
+    from holmes.trainer import checkpoint as ckpt
+
+    made: list = []
+    real_new, real_save = dist.new_group, ckpt.save
+
+    def new_group(*args, **kwargs):
+        g = real_new(*args, **kwargs)
+        made.append((g, kwargs.get("backend"), kwargs.get("timeout")))
+        return g
+
+    used: list = []
+
+    def save(*args, group=None, **kwargs):
+        used.append(group)
+        return real_save(*args, group=group, **kwargs)
+
+    dist.new_group, ckpt.save = new_group, save
+    try:
+        Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo").train()
+    finally:
+        dist.new_group, ckpt.save = real_new, real_save
+    (group,) = set(used)
+    backend, timeout = next((b, t) for g, b, t in made if g is group)
+    return {"world": group is dist.group.WORLD, "backend": backend, "seconds": timeout.total_seconds()}
+
+
+def test_checkpoint_coordination_runs_on_a_host_group_with_a_long_timeout(tmp_path):
+    """Before: DCP coordinated on the world group (NCCL on GPUs, its 600 s timeout and watchdog),
+    so a save slower than the process-group timeout killed the job."""
+    cfg = tiny_config(iterations=1, checkpoint=CheckpointConfig(path=str(tmp_path)))
+    out = run_ranks(2, _checkpoint_group, cfg, make_layout(1, 2, [4], 2, 4))
+    for rank in (0, 1):
+        res = out[rank][1]
+        assert res["world"] is False and res["backend"] == "gloo" and res["seconds"] >= 1800, res

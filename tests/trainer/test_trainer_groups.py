@@ -65,6 +65,7 @@ def traced_training(rank: int, cfg, layout: Layout) -> dict:
     declared = {id(h): kind for kind, h in (("dp", g.dp), ("embedding", g.embedding)) if h is not None}
     declared.update({id(h): f"p2p{b}" for b, h in g.p2p.items() if h is not None})
     declared[id(g.preemption)] = "preemption"  # the stop vote's gloo group (preempt.py)
+    declared[id(trainer.checkpoint_group)] = "checkpoint"  # DCP's coordination, gloo too
     world = dist.group.WORLD
     used = []
     for name, group in calls:
@@ -94,10 +95,13 @@ def test_every_collective_is_on_a_declared_group_and_p2p_on_its_boundary(tmp_pat
         want = {f"p2p{b}" for b in (stage - 1, stage) if 0 <= b < 2}
         assert p2p_kinds == want, (rank, p2p_kinds)
         control = {n for n, k in res["used"] if k == "world"}
-        assert {"all_reduce", "broadcast", "barrier"} <= control, control  # loss/norm, resume, checkpoint
+        assert {"all_reduce", "broadcast"} <= control, control  # loss/norm, resume
+        assert "barrier" not in control  # checkpoint coordination has a host group of its own
+        assert "barrier" in {n for n, k in res["used"] if k == "checkpoint"}
         assert {n for n, k in res["used"] if k == "dp"} >= {"reduce_scatter_single", "all_gather_single"}
-        # one stop vote per iteration, on its own gloo group, nothing else there
-        assert [n for n, k in res["used"] if k == "preemption"] == ["all_reduce"] * 2
+        # the fabric preflight's report once at start-up, then one stop vote per iteration, on
+        # their own gloo group, nothing else there
+        assert [n for n, k in res["used"] if k == "preemption"] == ["all_gather_object"] + ["all_reduce"] * 2
     created = out[2][1]["start_groups"]  # rank 2 = stage 1: world, dp, pp and both boundaries
     assert created[0] == {"kind": "world", "size": 6, "backend": "gloo", "net": "Socket"}
     assert created[-1] == {"kind": "preemption", "size": 6, "backend": "gloo", "net": "Socket"}

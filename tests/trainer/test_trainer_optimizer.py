@@ -101,3 +101,21 @@ def test_interleaved_and_unknown_schedules_are_refused():
         tiny_config(pipeline_schedule="Interleaved1F1B")
     with pytest.raises(TrainerConfigError, match="not one of 1F1B, GPipe"):
         tiny_config(pipeline_schedule="1f1b")
+
+
+@pytest.mark.parametrize("dp_size", [3, 5, 6])
+def test_every_parameter_bucket_and_shard_starts_256_byte_aligned(dp_size):
+    """With D = 3, 5, 6 the old padding (a multiple of D) put parameter views and shards at odd
+    offsets: cuBLAS and NCCL then get unaligned pointers. Built on the meta device: no memory."""
+    from holmes.trainer.dist_optimizer import DistributedOptimizer
+    from holmes.trainer.model import meta_stage
+
+    cfg = tiny_config()
+    module = meta_stage(cfg.model, 0, cfg.model.layers, True, True, dtype="bfloat16")
+    for r in range(dp_size):
+        opt = DistributedOptimizer(
+            module, ADAMW, dp_group=None, dp_size=dp_size, dp_rank=r, micro_batches=2, bucket_elements=3000
+        )
+        starts = list(opt.offsets) + [b.start for b in opt.buckets] + [b.shard.start for b in opt.buckets]
+        assert all(s * 2 % 256 == 0 for s in starts), [s for s in starts if s * 2 % 256]
+        assert all(b.size % dp_size == 0 for b in opt.buckets)

@@ -42,11 +42,18 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
 - Calibration: with these defaults a 3.6B GPT (30 layers, h=3072, global batch 1024) on 4 nodes
   x 8 A100 is estimated at 199 / 160 / 121 TFLOPS/GPU on InfiniBand / RoCE / Ethernet, the
   paper's measured 197 / 160 / 122.
-- Memory per GPU: weights + fp32 main grads (``param_bytes + 4``), optimizer state (12 bytes per
-  parameter) sharded over D, and activations: with recomputation each layer keeps its input per
+- Memory per GPU (checked against the trainer's dry run, holmes.trainer.dryrun, within 10% on
+  the example jobs): weights + fp32 main grads (``param_bytes + 4``), per parameter of the DP
+  shard the optimizer state (12 bytes) plus the fp32 reduced gradient, the all-gather's source
+  copy and the weight-decay mask (``SHARD_EXTRA_BYTES + param_bytes``); torch's pipeline receive
+  buffers, one activation and one gradient buffer per micro-batch held for the whole run
+  (:meth:`StageCost.pipeline_buffers`); ``NCCL_COMMUNICATOR_BYTES`` per communicator; and
+  activations: with recomputation each layer keeps its input per
   in-flight micro-batch (``min(P - s, m)`` at stage s) plus one layer's full working set
   (Korthikanti et al. 2022: ``s b h (10 + 24/T + 5 a s / (h T))`` bytes for GPT; the llama terms
-  in ``ModelCost.layer_activation_bytes_per_token``); a candidate that needs
+  in ``ModelCost.layer_activation_bytes_per_token``), twice while that layer's backward runs
+  (its gradients coexist with it; the last stage's logits and their gradient are freed before);
+  a candidate that needs
   more than ``memory_headroom`` x ``gpu_memory_gib`` is rejected. Without recomputation every
   layer keeps that full working set per in-flight micro-batch.
 - Recomputation on or off comes from the job (``spec.training.activationRecompute``, what the
@@ -68,7 +75,15 @@ from .gpus import GpuProduct
 from .topology import Fabric
 
 MAIN_GRAD_BYTES = 4  # the trainer's gradient buffer is fp32
+# Per parameter of a DP shard, besides fp32 master weights and moments (optimizer_bytes): the
+# fp32 reduced-gradient shard, the model-dtype copy the all-gather sends, the weight-decay mask
+# (trainer/holmes/trainer/dist_optimizer.py; the dry run measures them)
+SHARD_EXTRA_BYTES = 4 + 1
+# GPU memory of one NCCL communicator beyond tensors (its channels' buffers, FIFOs): a model,
+# the same number as holmes.trainer.recording.NCCL_COMMUNICATOR_BYTES (tests keep them equal)
+NCCL_COMMUNICATOR_BYTES = 100 * 2**20
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+BACKWARD_WORKING_SETS = 2  # a recomputed layer's working set and its gradients (see memory())
 
 
 @dataclass(frozen=True)
@@ -203,24 +218,49 @@ class StageCost:
             return float("inf")
         return self.shape.micro_batches * self.step(n) + self.dp_exposed(n)
 
+    def communicators(self) -> int:
+        """NCCL communicators a GPU of this stage holds: world (the grad norm), dp, tp, the p2p
+        group of each boundary it sits on, the tied embedding's group."""
+        s, place = self.shape, self.place
+        tied = self.model.tied and s.pipeline > 1 and (place.first or place.last)
+        return 1 + (s.data > 1) + (s.tensor > 1) + (not place.first) + (not place.last) + tied
+
+    def pipeline_buffers(self) -> float:
+        """torch's PipelineStage allocates one receive buffer per micro-batch for the whole run
+        (pipelining/stage.py, _setup_forward_recv_info / _create_grad_recv_info): activations in
+        on every stage but the first, their gradients on every stage but the last. Each is the
+        activation crossing a boundary: [mb, s/T (sequence parallel) or s, h], bf16."""
+        m, s = self.model, self.shape
+        sp = s.tensor if s.sequence_parallel else 1
+        one = s.micro_batch * m.seq / sp * m.hidden * self.cfg.activation_bytes
+        return s.micro_batches * one * ((not self.place.first) + (not self.place.last))
+
     def memory(self, n: int) -> float:
         m, s = self.model, self.shape
         T, D = s.tensor, s.data
         cfg = self.cfg
         p = self.params(n) / T
         # the trainer accumulates into an fp32 gradient buffer whatever dtype it reduces in
-        static = p * (cfg.param_bytes + MAIN_GRAD_BYTES) + p * cfg.optimizer_bytes / D
+        shard = cfg.optimizer_bytes + SHARD_EXTRA_BYTES + cfg.param_bytes
+        if cfg.grad_bytes != MAIN_GRAD_BYTES and D > 1:
+            shard += cfg.grad_bytes  # the reduced shard, in the reduce dtype
+        static = p * (cfg.param_bytes + MAIN_GRAD_BYTES) + p * shard / D
+        static += self.pipeline_buffers() + self.communicators() * NCCL_COMMUNICATOR_BYTES
         b, seq, h, a = s.micro_batch, m.seq, m.hidden, m.heads
         shared, split = m.layer_activation_bytes_per_token()
         sp = T if s.sequence_parallel else 1  # the norm regions and each layer's input, split too
         full_layer = seq * b * (shared / sp + split / T + 5 * a * seq / T)
         inflight = min(self.place.inflight, s.micro_batches)
+        # the loss's logits and their gradient (last stage) are gone before the layers' backward
+        logits = b * seq * m.vocab / T * 4 * 2 if self.place.last else 0.0
         if cfg.activation_recompute:
-            acts = n * inflight * seq * b * h * cfg.activation_bytes / sp + full_layer
+            # a layer's backward holds its recomputed working set and the gradients of its
+            # largest tensors at once: twice the forward figure, as the dry run measures
+            # (gpt-7b: 6.6 GiB against 3.6)
+            kept = n * inflight * seq * b * h * cfg.activation_bytes / sp
+            acts = kept + max(BACKWARD_WORKING_SETS * full_layer, logits)
         else:
-            acts = n * inflight * full_layer
-        if self.place.last:
-            acts += b * seq * m.vocab / T * 4 * 2  # fp32 logits and their gradient
+            acts = n * inflight * full_layer + logits
         return static + acts
 
 

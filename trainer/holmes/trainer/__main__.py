@@ -102,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import TrainConfig, TrainerConfigError
     from .engine import Trainer
-    from .fabric import configure_nccl_debug
     from .groups import init_world
     from .metrics import MetricsSink
     from .preempt import note_exit
@@ -155,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         addr=args.metrics_addr,
         termination_log=term or None,
     )
-    if backend == "nccl":  # before the first communicator: NCCL reads its env once
-        configure_nccl_debug(os.environ, cfg.fabric_check)
     code = 0
     try:
         init_world(layout, backend, cfg.timeout_seconds)

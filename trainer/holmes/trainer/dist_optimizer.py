@@ -3,8 +3,9 @@
 Layout in memory: all parameters of a stage live in one contiguous buffer (model dtype) and
 their gradients in one contiguous fp32 buffer, both cut into the same buckets. Parameters are
 laid out in reverse registration order (roughly the order backward produces gradients). Each
-bucket is padded to a multiple of the DP size (gloo rejects uneven reduce-scatter) and DP rank r
-owns shard r of every bucket: fp32 master weights and optimizer state exist only for that shard.
+parameter starts at a multiple of ``ALIGN_ELEMENTS`` and each bucket is padded to a multiple of
+``ALIGN_ELEMENTS`` x the DP size (even shards for the reduce-scatter, and aligned ones) and DP
+rank r owns shard r of every bucket: fp32 master weights and optimizer state exist only for that shard.
 
 One iteration:
 1. Backward of each micro-batch runs each parameter's post-accumulate-grad hook, which adds the
@@ -37,6 +38,17 @@ from torch import nn
 from .config import OptimizerConfig
 from .tensor_parallel import TensorParallel
 from .timing import Stopwatch
+
+# Every parameter view, bucket and shard of the flat buffers starts at a multiple of this many
+# elements: 256 bytes in bf16, 512 in fp32, so cuBLAS and NCCL get aligned pointers whatever D
+# is (unpadded, D = 3 or 6 shifts every shard off alignment). Megatron pads parameters to 64
+# elements and buckets to lcm(D, 128); 128 and 128*D keep the shards aligned too. The padding
+# is zeros that no parameter owns: no gradient, no norm, no update.
+ALIGN_ELEMENTS = 128
+
+
+def _pad(n: int, multiple: int) -> int:
+    return math.ceil(n / multiple) * multiple
 
 
 @dataclass
@@ -137,7 +149,7 @@ class DistributedOptimizer:
             nonlocal cur, cur_elems, pos
             if not cur:
                 return
-            size = math.ceil(cur_elems / dp_size) * dp_size
+            size = _pad(cur_elems, ALIGN_ELEMENTS * dp_size)  # every shard starts aligned too
             b = _Bucket(len(self.buckets), pos, size, cur)
             if tied:
                 b.pre_reduce, b.pre_watch, b.in_norm = embedding_group, "embedding", tied_in_norm
@@ -151,6 +163,7 @@ class DistributedOptimizer:
             tied = n == tied_param_name
             if tied or cur and (n in partial) != (self.names[cur[0]] in partial):
                 close()  # the tied embedding and the partial parameters get buckets of their own
+            cur_elems = _pad(cur_elems, ALIGN_ELEMENTS)
             self.offsets.append(pos + cur_elems)
             cur.append(i)
             cur_elems += p.numel()

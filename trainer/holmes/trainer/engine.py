@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -27,6 +28,8 @@ from .model import TIED_COPY, build_stage, global_name
 from .models import sharding
 from .schedule import MicroBatchRunner
 from .stage_times import StageTimes
+
+CHECKPOINT_TIMEOUT_SECONDS = 1800.0  # checkpoint coordination: writers of a 70B stage take minutes
 
 
 def learning_rate(cfg: OptimizerConfig, iteration: int, total: int) -> float:
@@ -66,6 +69,7 @@ class Trainer:
         sink: MetricsSink | None = None,
         fabric_root: str | None = None,
         preemption: preempt.Preemption | None = None,
+        host_backend: str = "gloo",
     ):
         cfg.check_against_layout(layout)
         if dist.get_world_size() != layout.world_size:
@@ -80,21 +84,39 @@ class Trainer:
         P, D, M = layout.pipeline, layout.data, layout.micro_batches
         self.first, self.last = info.stage == 0, info.stage == P - 1
         tied_split = cfg.model.tied_embeddings and P > 1
-        self.groups = build_groups(layout, rank, backend, cfg.timeout_seconds, need_embedding=tied_split)
-        self.fabric = fabric.preflight(
+        # SIGTERM (preempt.py): every rank votes each iteration on a gloo group of its own, made
+        # first: the fabric preflight gathers its findings on it, before any NCCL group exists
+        # (host_backend: gloo; the dry run's fake group plays it there)
+        self.preemption = preemption or preempt.Preemption()
+        self.vote = preempt.StopVote(cfg.timeout_seconds, host_backend)
+        self.fabric = fabric.check_devices(
             mode=cfg.fabric_check,
             rank=rank,
-            node=layout.nodes[rank // layout.gpus_per_node],
+            layout=layout,
             backend=backend,
-            groups=self.groups,
-            device=device,
+            host_group=self.vote.group,
             root=fabric_root,
         )
+        self.groups = build_groups(
+            layout, rank, backend, cfg.timeout_seconds, need_embedding=tied_split, nets=self.fabric.nets
+        )
+        fabric.check_groups(
+            self.fabric,
+            rank=rank,
+            layout=layout,
+            groups=self.groups,
+            device=device,
+            host_group=self.vote.group,
+        )
         self.sink.fabric_problems(self.fabric.messages())
-        # SIGTERM (preempt.py): every rank votes each iteration on a gloo group of its own
-        self.preemption = preemption or preempt.Preemption()
-        self.vote = preempt.StopVote(cfg.timeout_seconds)
         self.groups.preemption = self.vote.group
+        # Checkpoint coordination (DCP's plan exchange and barriers) on a host group of its own:
+        # pickled plans stay in host memory, and a save slower than the NCCL timeout (a big
+        # model on a slow filesystem) cannot trip the NCCL watchdog of the world group.
+        self.checkpoint_group = dist.new_group(
+            backend=host_backend,
+            timeout=timedelta(seconds=max(cfg.timeout_seconds, CHECKPOINT_TIMEOUT_SECONDS)),
+        )
         self.groups.created.append(
             {"kind": "preemption", "size": layout.world_size, "backend": "gloo", "net": "Socket"}
         )
@@ -218,7 +240,7 @@ class Trainer:
                 "consumedSamples": self.iteration * self.cfg.global_batch_size,
                 **marker,
             },
-            group=self.groups.world,
+            group=self.checkpoint_group,
         )
         self.last_save_seconds = time.perf_counter() - t0
         self.sink.emit(
@@ -264,7 +286,7 @@ class Trainer:
             step_key = "optim.step"
         if same_layout:  # a rank's RNG stream belongs to its place in the layout
             state.update({k: v for k, v in checkpoint.rng_state(self.rank).items() if k in saved})
-        checkpoint.load(path, state, group=self.groups.world)
+        checkpoint.load(path, state, group=self.checkpoint_group)
         self.opt.step_count = int(state[step_key])
         if same_layout:
             checkpoint.restore_rng(state, self.rank)
@@ -322,8 +344,8 @@ class Trainer:
         inputs = targets = None
         if self.loader is not None:
             x, y = self.loader.batch(i)
-            inputs = x.to(self.device) if self.first else None
-            targets = y.to(self.device) if self.last else None
+            inputs = self._upload(x) if self.first else None
+            targets = self._upload(y) if self.last else None
         t_data = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -343,9 +365,11 @@ class Trainer:
             ]
         )
         dist.all_reduce(red, group=self.groups.world)  # every rank: global grad norm and mean loss
-        summed = red.tolist()  # the one host read of the iteration, as before
-        grad_norm, loss = math.sqrt(summed[0]), summed[1]
-        stages = self.stage_times.incoming(summed[2:])
+        # The iteration's one read of the device (the dry run allows exactly one): clipping and
+        # the NaN check need both numbers on the host. One copy, then host-side reads.
+        host = red.cpu()
+        grad_norm, loss = math.sqrt(float(host[0])), float(host[1])
+        stages = self.stage_times.incoming(host[2:].tolist())
         t_norm = time.perf_counter() - t2
         if not (math.isfinite(grad_norm) and math.isfinite(loss)):
             raise FloatingPointError(
@@ -394,6 +418,14 @@ class Trainer:
             record["stages"] = stages  # measured in the previous iteration (stage_times.py)
         self.history.append(record)
         return record
+
+    def _upload(self, batch: torch.Tensor) -> torch.Tensor:
+        """Host batch -> device without making the host wait: a copy from pageable memory is
+        synchronous (the host would wait for the previous step's queued work before queueing
+        this forward), one from pinned memory with non_blocking is not."""
+        if self.device.type != "cuda":
+            return batch.to(self.device)
+        return batch.pin_memory().to(self.device, non_blocking=True)
 
     def train(
         self, on_iteration: Callable[[Trainer, dict[str, Any]], None] | None = None

@@ -1,28 +1,33 @@
 """Fabric preflight: does this pod have the network its Layout's groups were planned on?
 
-NCCL quietly runs a group over sockets when a pod cannot open its HCA (no /dev/infiniband, no
-RDMA resource, a wrong GID index), and a plan built for InfiniBand then trains at Ethernet
-speed without a word. At start-up each rank checks, per ``training.fabricCheck`` (fail | warn |
-off):
+Every NCCL group is pinned to its Layout network (``config.net_name``, groups.py), and NCCL
+never falls back from a pinned network: when a pod cannot open its HCA (no /dev/infiniband, no
+RDMA resource, a wrong GID index), the first collective of every IB-pinned group fails with
+``ncclInvalidUsage`` ("network IB not found"). So the checks run *before any NCCL group exists*,
+and every rank's findings travel over the host (gloo) group, never over a communicator that
+might be the broken one. Per ``training.fabricCheck`` (fail | warn | off):
 
-1. devices, when any of its groups is on IB: NCCL_IB_DISABLE is not set, /dev/infiniband has
-   a uverbs device, the HCAs that NCCL_IB_HCA names exist under /sys/class/infiniband with an
-   ACTIVE port, and NCCL_IB_GID_INDEX is a populated GID on RoCE ports;
-2. transports, on NCCL: each group runs one small collective in the Layout's order and the
-   network NCCL logged for it ("Using network IB", "via NET/Socket/0") must be the Layout's.
+1. devices, on every rank that is in a group pinned to IB: NCCL_IB_DISABLE is not set,
+   /dev/infiniband has a uverbs device, the HCAs that NCCL_IB_HCA names exist under
+   /sys/class/infiniband with an ACTIVE port, and NCCL_IB_GID_INDEX is a populated GID on RoCE
+   ports. All ranks gather all findings and decide alike: ``fail`` stops every rank with one
+   message; ``warn`` runs every IB group that has a member without usable IB on Socket instead
+   (what "train anyway, slower" can mean once nets are pinned), and says which;
+2. groups: each rank then creates its communicators with one small all-reduce per group (in
+   the Layout's order, the same on every rank) and catches what fails; the failures are
+   gathered over the host group and stop every rank with one report naming the group, its
+   network and NCCL's error (and NCCL's log file, NCCL_DEBUG_FILE, when the user set one).
 
-Every rank's findings are gathered on the world group so that all ranks take the same
-decision (fail: all stop with the same message; warn: rank 0 reports them in its ``start``
-line, its metrics and so the job's status). The checks below the I/O line are pure.
+Groups inside one node (tensor parallelism) are not pinned (groups.py): NCCL runs them over
+NVLink or shared memory and needs no HCA for them. The checks below the I/O line are pure.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
-from collections.abc import Iterable, Mapping, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -153,119 +158,149 @@ def rdma_problems(sys_root: Path, dev_root: Path, env: Mapping[str, str]) -> lis
     return problems
 
 
-def device_findings(
-    rank: int, node: str, created: Iterable[Mapping[str, Any]], sys_root: Path, dev_root: Path, env: Mapping
-) -> list[Finding]:
-    ib = [group_label(g) for g in created if g.get("net") == "IB"]
-    if not ib:
-        return []
-    problems = rdma_problems(sys_root, dev_root, env)
-    return [Finding(rank, node, ", ".join(ib), "IB (InfiniBand/RoCE)", p) for p in problems]
-
-
-# ---- transports: what NCCL actually chose ------------------------------------------------------
-
-_NET = re.compile(r"NCCL INFO (?:.*?Using network (\S+)|.*\bvia NET/([^/\s]+))")
-
-
-def net_name(plugin: str) -> str:
-    """NCCL's net plugin name as the Layout says it: IB (also IBext and the like) or Socket."""
-    return "IB" if plugin.upper().startswith("IB") else plugin
-
-
-def transports_in(text: str) -> set[str]:
-    """The networks NCCL logged (NCCL_DEBUG=INFO) in this piece of its debug output."""
-    found: set[str] = set()
-    for m in _NET.finditer(text):
-        found.add(net_name(m.group(1) or m.group(2)))
-    return found
-
-
-def transport_finding(rank: int, node: str, created: Mapping[str, Any], seen: set[str]) -> Finding | None:
-    """A mismatch between the group's planned net and what NCCL logged for it; None when they
-    agree or NCCL used no network (ranks on one node talk over NVLink or shared memory)."""
-    want = created["net"]
-    if not seen or seen == {want}:
-        return None
-    return Finding(rank, node, group_label(created), want, f"NCCL using {', '.join(sorted(seen))}")
-
-
-class NcclLog:
-    """Follows this process's NCCL debug file, reading what was appended since the last call."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-        self.offset = self._size()
-
-    def _size(self) -> int:
-        try:
-            return os.path.getsize(self.path) if self.path else 0
-        except OSError:
-            return 0
-
-    def new_text(self) -> str:
-        if not self.path:
-            return ""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return ""
-        self.offset += len(data)
-        return data.decode("utf-8", "replace")
-
-
-def nccl_log_path(env: Mapping[str, str]) -> str | None:
-    """NCCL_DEBUG_FILE with NCCL's %h (host) and %p (pid) filled in."""
+def nccl_log_path(env: Mapping[str, str], hostname: str | None = None, pid: int | None = None) -> str | None:
+    """NCCL_DEBUG_FILE with NCCL's %h and %p filled in as NCCL does: %h is the hostname cut at
+    its first dot (``gpu-1.cluster.local`` -> ``gpu-1``), %p the process id."""
     raw = env.get("NCCL_DEBUG_FILE")
     if not raw:
         return None
-    return raw.replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
+    host = (hostname or socket.gethostname()).split(".", 1)[0]
+    return raw.replace("%h", host).replace("%p", str(os.getpid() if pid is None else pid))
 
 
-def configure_nccl_debug(env: MutableMapping[str, str], mode: str, tmpdir: str = "/tmp") -> str | None:
-    """Before the first communicator: make NCCL log the network each communicator uses, into a
-    file this process reads. The user's own NCCL_DEBUG* settings are kept; a level below INFO
-    means transports go unconfirmed. Returns the log's path, or None when nothing will be read."""
-    if mode == "off":
-        return None
-    env.setdefault("NCCL_DEBUG", "INFO")
-    env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-    env.setdefault("NCCL_DEBUG_FILE", os.path.join(tmpdir, "holmes-nccl.%h.%p.log"))
-    if env["NCCL_DEBUG"].upper() not in ("INFO", "TRACE"):
-        return None
-    return nccl_log_path(env)
+# ---- the decision (pure) ---------------------------------------------------------------------
 
 
-# ---- the preflight itself (collectives on the world group and on each group) ------------------
+def ib_groups_of(layout: Any, rank: int) -> list[str]:
+    """This rank's groups that would be pinned to IB, in words (empty: it needs no HCA)."""
+    from .groups import pinned_net
+
+    out = ["world group"] if layout.world_net == "IB" else []
+    for g in layout.process_groups():
+        if rank in g.ranks and len(g.ranks) > 1 and pinned_net(layout, g.ranks, g.net) == "IB":
+            label = (
+                f"p2p group of boundary {g.stage}"
+                if g.kind == "p2p"
+                else f"{g.kind} group ({len(g.ranks)} ranks)"
+            )
+            out.append(label)
+    return out
+
+
+def fallback_nets(layout: Any, without_ib: set[int]) -> dict[tuple[int, ...], str]:
+    """Under warn: every IB group with a member that cannot use IB runs on Socket (a group's
+    members must agree on one network). Keys: the group's ranks; the world group's key is ()."""
+    if not without_ib:
+        return {}
+    out: dict[tuple[int, ...], str] = {}
+    if layout.world_net == "IB":
+        out[()] = "Socket"
+    for g in layout.process_groups():
+        if g.net == "IB" and without_ib & set(g.ranks):
+            out[tuple(g.ranks)] = "Socket"
+    return out
+
+
+# ---- the preflight itself (collectives on the host group and on each group) ------------------
 
 
 @dataclass
 class FabricReport:
     mode: str
     devices: str  # checked | skipped (why)
-    transports: str  # checked | skipped (why)
+    groups: str  # checked | skipped (why)
     findings: list[Finding]
+    nets: dict[tuple[int, ...], str] = field(default_factory=dict)  # groups moved off IB (warn)
 
     def messages(self) -> list[str]:
-        return [f.message() for f in self.findings]
+        out = [f.message() for f in self.findings]
+        if self.nets:
+            out.append(
+                f"fabricCheck warn: {len(self.nets)} group(s) planned on IB run on Socket instead, "
+                "as some of their ranks cannot use IB (fix the pods' RDMA setup for the planned speed)"
+            )
+        return out
 
     def summary(self) -> dict[str, Any]:
         return {
             "check": self.mode,
             "devices": self.devices,
-            "transports": self.transports,
+            "groups": self.groups,
             "problems": self.messages(),
         }
 
 
-def _gather(local: list[Finding], world: Any) -> list[Finding]:
+def _gather(local: list[Any], host_group: Any) -> list[Any]:
     import torch.distributed as dist
 
-    everyone: list[Any] = [None] * dist.get_world_size(world)
-    dist.all_gather_object(everyone, [vars(f) for f in local], group=world)
-    return [Finding(**f) for part in everyone for f in part]
+    everyone: list[Any] = [None] * dist.get_world_size(host_group)
+    dist.all_gather_object(everyone, local, group=host_group)
+    return [x for part in everyone for x in part]
+
+
+def check_devices(
+    *,
+    mode: str,
+    rank: int,
+    layout: Any,
+    backend: str,
+    host_group: Any,
+    env: Mapping[str, str] | None = None,
+    root: str | None = None,
+) -> FabricReport:
+    """Step 1, before any NCCL group is created; every rank calls it (a host collective).
+    Device checks run on NCCL, or on any backend when ``root`` (HOLMES_FABRIC_ROOT: where sys/
+    and dev/ are) is set."""
+    if mode == "off":
+        return FabricReport(mode, "skipped (fabricCheck: off)", "skipped (fabricCheck: off)", [])
+    env = os.environ if env is None else env
+    if not (backend == "nccl" or root):
+        return FabricReport(mode, f"skipped (backend {backend} does not use RDMA)", "pending", [])
+    base = Path(root or "/")
+    node = layout.nodes[rank // layout.gpus_per_node]
+    ib = ib_groups_of(layout, rank)
+    problems = rdma_problems(base / "sys", base / "dev", env) if ib else []
+    local = [vars(Finding(rank, node, ", ".join(ib), "IB (InfiniBand/RoCE)", p)) for p in problems]
+    findings = [Finding(**f) for f in _gather(local, host_group)]
+    _decide(mode, findings, "devices")
+    nets = fallback_nets(layout, {f.rank for f in findings})
+    return FabricReport(mode, "checked", "pending", findings, nets)
+
+
+def check_groups(
+    report: FabricReport, *, rank: int, layout: Any, groups: Any, device: Any, host_group: Any
+) -> None:
+    """Step 2: create each communicator now (one 1-element all-reduce per group, the pp group
+    excepted: it carries no traffic) and stop every rank with one report if any failed."""
+    if report.mode == "off":
+        return
+    import torch
+    import torch.distributed as dist
+
+    node = layout.nodes[rank // layout.gpus_per_node]
+    probe = torch.zeros(1, device=device)
+    failed = []
+    for created, pg in [(groups.created[0], groups.world)] + list(groups.members):
+        if created["kind"] == "pp":
+            continue
+        try:
+            dist.all_reduce(probe, group=pg)
+        except Exception as e:  # NCCL: "network IB not found", ncclInvalidUsage, a timeout
+            failed.append(
+                vars(Finding(rank, node, group_label(created), created["net"], f"{type(e).__name__}: {e}"))
+            )
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # start-up only: asynchronous errors surface here
+    found = [Finding(**f) for f in _gather(failed, host_group)]
+    report.groups = "checked"
+    if found:
+        log = nccl_log_path(os.environ)
+        raise FabricError(
+            "cannot create these communicators: "
+            + "; ".join(f.message() for f in found[:8])
+            + (f" (and {len(found) - 8} more)" if len(found) > 8 else "")
+            + (f". NCCL's log on this rank: {log}" if log else ". Set NCCL_DEBUG=INFO to see why")
+        )
 
 
 def _decide(mode: str, findings: list[Finding], what: str) -> None:
@@ -274,55 +309,5 @@ def _decide(mode: str, findings: list[Finding], what: str) -> None:
         more = f" (and {len(findings) - 8} more)" if len(findings) > 8 else ""
         raise FabricError(
             f"fabric check failed ({what}): {shown}{more}. Fix the pods' RDMA setup, or set "
-            "training.fabricCheck: warn to train anyway at the slower speed"
+            "training.fabricCheck: warn to train anyway on Socket at the slower speed"
         )
-
-
-def preflight(
-    *,
-    mode: str,
-    rank: int,
-    node: str,
-    backend: str,
-    groups: Any,
-    device: Any,
-    env: Mapping[str, str] | None = None,
-    root: str | None = None,
-) -> FabricReport:
-    """Check this rank's fabric; every rank calls it at the same point (it runs collectives).
-
-    ``groups`` is the RankGroups (its ``members``: this rank's groups in the Layout's order,
-    the same on every rank, so no two ranks wait on each other). Device checks run on
-    NCCL, or on any backend when ``root`` (HOLMES_FABRIC_ROOT: where sys/ and dev/ are) is set;
-    transports are confirmed on NCCL only (gloo has one transport, TCP).
-    """
-    if mode == "off":
-        return FabricReport(mode, "skipped (fabricCheck: off)", "skipped (fabricCheck: off)", [])
-    env = os.environ if env is None else env
-    import torch
-    import torch.distributed as dist
-
-    log = NcclLog(nccl_log_path(env) if backend == "nccl" else None)
-    if backend == "nccl" or root:
-        base = Path(root or "/")
-        devices = "checked"
-        local = device_findings(rank, node, groups.created, base / "sys", base / "dev", env)
-    else:
-        devices, local = f"skipped (backend {backend} does not use RDMA)", []
-    findings = _gather(local, groups.world)  # also the world communicator's first collective
-    _decide(mode, findings, "devices")
-
-    if backend != "nccl":
-        return FabricReport(mode, devices, f"skipped (backend {backend})", findings)
-    if not log.path:
-        return FabricReport(mode, devices, "skipped (NCCL_DEBUG below INFO: nothing to read)", findings)
-    found = [transport_finding(rank, node, groups.created[0], transports_in(log.new_text()))]  # world
-    probe = torch.zeros(1, device=device)
-    for created, pg in groups.members:
-        dist.all_reduce(probe, group=pg)
-        torch.cuda.current_stream(device).synchronize()  # start-up only: its connections are up now
-        found.append(transport_finding(rank, node, created, transports_in(log.new_text())))
-    local = [f for f in found if f is not None]
-    transport = _gather(local, groups.world)
-    _decide(mode, transport, "transports")
-    return FabricReport(mode, devices, "checked", findings + transport)

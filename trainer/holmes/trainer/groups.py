@@ -4,9 +4,11 @@ Every rank creates every group of ``layout.process_groups()`` in the Layout's or
 requires all ranks to take part in each ``new_group``), keeping the ones it belongs to. Every
 collective the trainer runs names one of these groups or the world group, whose network is
 the Layout's ``worldNet`` (tests/trainer/test_trainer_groups.py records them). On NCCL a
-group gets ``ProcessGroupNCCL.Options().config.net_name`` = the group's ``net`` ("IB" or
-"Socket"), so a DP group inside an InfiniBand island uses IB while a pipeline group crossing
-islands uses sockets; gloo takes no options, the same code path builds plain groups.
+group that spans nodes gets ``ProcessGroupNCCL.Options().config.net_name`` = the group's
+``net`` ("IB" or "Socket"), so a DP group inside an InfiniBand island uses IB while a pipeline
+group crossing islands uses sockets. NCCL never falls back from a pinned network (fabric.py
+checks the pods first); a group inside one node is left unpinned, so NVLink-only tensor
+parallelism needs no HCA. gloo takes no options, the same code path builds plain groups.
 """
 
 from __future__ import annotations
@@ -44,9 +46,17 @@ class RankGroups:
     preemption: Any = None
 
 
-def group_options(backend: str, net: str) -> Any:
-    """pg_options selecting the NCCL network of one group; None for backends without options."""
-    if backend != "nccl":
+def pinned_net(layout: Layout, ranks: tuple[int, ...] | list[int], net: str) -> str | None:
+    """The network a group is pinned to: its Layout ``net`` when it spans nodes, None (NCCL's
+    own choice: NVLink, shared memory) when all its ranks are on one node."""
+    nodes = {r // layout.gpus_per_node for r in ranks}
+    return net if len(nodes) > 1 else None
+
+
+def group_options(backend: str, net: str | None) -> Any:
+    """pg_options selecting the NCCL network of one group; None for backends without options
+    or for a group left to NCCL's choice."""
+    if backend != "nccl" or net is None:
         return None
     from torch.distributed import ProcessGroupNCCL  # only in CUDA builds
 
@@ -65,12 +75,24 @@ def init_world(layout: Layout, backend: str, timeout_s: float) -> None:
 
 
 def build_groups(
-    layout: Layout, rank: int, backend: str, timeout_s: float, need_embedding: bool = False
+    layout: Layout,
+    rank: int,
+    backend: str,
+    timeout_s: float,
+    need_embedding: bool = False,
+    nets: dict[tuple[int, ...], str] | None = None,
 ) -> RankGroups:
+    """``nets``: groups to run on another network than planned (fabric.fallback_nets: keyed by
+    ranks, the world group by ()); the world group then gets a communicator of its own."""
     timeout = timedelta(seconds=timeout_s)
+    nets = nets or {}
     mine: dict[str, Any] = {}
     p2p: dict[int, Any] = {}
-    created = [{"kind": "world", "size": layout.world_size, "backend": backend, "net": layout.world_net}]
+    world_net = nets.get((), layout.world_net)
+    world = dist.group.WORLD
+    if world_net != layout.world_net:  # the default group was created pinned to the planned net
+        world = dist.new_group(timeout=timeout, backend=backend, pg_options=group_options(backend, world_net))
+    created = [{"kind": "world", "size": layout.world_size, "backend": backend, "net": world_net}]
     members: list[tuple[dict[str, Any], Any]] = []
     kinds = ("dp", "tp", "pp", "p2p")
     specs = [g for g in layout.process_groups() if g.kind in kinds]
@@ -78,14 +100,16 @@ def build_groups(
         specs += layout.process_groups("embedding")  # check_against_layout: a tied model has them
     for g in specs:
         handle = None  # a group of one needs no communicator (every rank skips it alike)
+        net = nets.get(tuple(g.ranks), g.net)
         if len(g.ranks) > 1:
+            pinned = pinned_net(layout, g.ranks, net)
             handle = dist.new_group(
-                list(g.ranks), timeout=timeout, backend=backend, pg_options=group_options(backend, g.net)
+                list(g.ranks), timeout=timeout, backend=backend, pg_options=group_options(backend, pinned)
             )
         if rank not in g.ranks:
             continue
         if handle is not None:
-            created.append({"kind": g.kind, "size": len(g.ranks), "backend": backend, "net": g.net})
+            created.append({"kind": g.kind, "size": len(g.ranks), "backend": backend, "net": net})
             if g.kind == "p2p":
                 created[-1]["boundary"] = g.stage
             members.append((created[-1], handle))
@@ -113,7 +137,7 @@ def build_groups(
         embedding=mine.get("embedding"),
         tp=mine.get("tp"),
         p2p=p2p,
-        world=dist.group.WORLD,
+        world=world,
         created=created,
         members=members,
     )

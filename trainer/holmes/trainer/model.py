@@ -110,14 +110,29 @@ def build_stage(
     memory), allocated once on ``device`` in ``dtype`` and initialised parameter by parameter:
     the host never holds the stage (a 7B stage on a GPU needs no host copy), and the same seed
     gives the same weights whatever the split."""
-    with torch.device("meta"):
-        module = StageModule(cfg, start, end, first, last, recompute=recompute, tp=tp)
-    module = module.to(dtype=getattr(torch, dtype)).to_empty(device=device)
+    module = meta_stage(cfg, start, end, first, last, recompute, dtype, tp).to_empty(device=device)
     if module.head is not None and module.head._tied is not None:
         # leaving the meta device made new Parameter objects: point the head at the real one
         module.head._tied = [module.embedding.tok.weight]
     init_parameters(module, cfg, seed)
     return module
+
+
+def meta_stage(
+    cfg: ModelSpec,
+    start: int,
+    end: int,
+    first: bool,
+    last: bool,
+    recompute: bool = False,
+    dtype: str = "float32",
+    tp: TensorParallel | None = None,
+) -> StageModule:
+    """The stage on the meta device in ``dtype``: shapes only (the dry run builds it outside
+    FakeTensorMode, whose parameters could not be moved to a device afterwards)."""
+    with torch.device("meta"):
+        module = StageModule(cfg, start, end, first, last, recompute=recompute, tp=tp)
+    return module.to(dtype=getattr(torch, dtype))
 
 
 def build_full(

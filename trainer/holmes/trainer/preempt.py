@@ -109,8 +109,8 @@ class StopVote:
     """All ranks agree at the same iteration boundary whether any rank got SIGTERM (module
     docstring). Collective: every rank builds it, launches and reads each vote alike."""
 
-    def __init__(self, timeout_s: float):
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    def __init__(self, timeout_s: float, backend: str = "gloo"):
+        self.group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
         self._count: torch.Tensor | None = None
         self._work: Any = None
 

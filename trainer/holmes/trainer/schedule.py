@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining import schedules as _pp_schedules
+from torch.distributed.pipelining._utils import InferenceMode
 
 from holmes.contract import ModelSpec
 
@@ -83,6 +84,31 @@ class _TimedStage(PipelineStage):
         return self._timed(super().backward_maybe_with_nosync, *args, **kwargs)
 
 
+class _StaticShapes:
+    """Skips torch's first-step warm-up vote. torch 2.13's ``_warmup_p2p`` sends a vote down the
+    pipeline and back with ``dist.send``/``dist.recv`` on the stage's ``group`` (the ``pp``
+    family, whatever the boundaries' p2p groups are: NCCL would build 2-rank communicators on
+    the pp net) and reads the result with ``.item()`` (a host sync). Every Holmes stage is
+    built with its input and output shapes (fixed shapes, no inference), so every stage votes
+    "static": the outcome is known on every rank without asking. A stage that would need
+    inference keeps torch's vote (all ranks decide alike: they build their stages alike)."""
+
+    def _warmup_p2p(self, stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
+        if any(InferenceMode.needs_dynamic(s._user_meta, has_backward) for s in stages):
+            super()._warmup_p2p(stages, has_backward, p2p_done)  # type: ignore[misc]
+            return
+        for s in stages:
+            s._inference_mode = InferenceMode.STATIC
+
+
+class _Schedule1F1B(_StaticShapes, Schedule1F1B):
+    pass
+
+
+class _ScheduleGPipe(_StaticShapes, ScheduleGPipe):
+    pass
+
+
 class MicroBatchRunner:
     """``run(inputs, targets)`` does forward+backward of all micro-batches of one iteration.
 
@@ -112,8 +138,8 @@ class MicroBatchRunner:
         self.p2p_watch = Stopwatch(device)  # waits in pipeline p2p (transfers and neighbours)
         tp = tp or TensorParallel()
         self.loss_fn = partial(loss_fn, tp=tp)
+        self.schedule: Schedule1F1B | ScheduleGPipe | None = None
         if stages == 1:
-            self.schedule = None
             return
         # between stages: this rank's part of the sequence (sequence parallelism: 1/T of it);
         # out of the last stage: its V/T vocabulary columns of the logits
@@ -138,7 +164,9 @@ class MicroBatchRunner:
         self.pstage.watch = self.watch
         _pp_schedules._wait_batch_p2p = _timed_wait  # idempotent; untimed outside run()
         self.pstage.boundary_groups = dict(p2p_groups or {})
-        kind = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}[schedule]  # checked in TrainConfig
+        kind: type[Schedule1F1B] | type[ScheduleGPipe] = {"1F1B": _Schedule1F1B, "GPipe": _ScheduleGPipe}[
+            schedule
+        ]  # checked in TrainConfig
         self.schedule = kind(self.pstage, micro_batches, loss_fn=self.loss_fn, scale_grads=False)
 
     @property

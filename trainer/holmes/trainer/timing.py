@@ -3,8 +3,10 @@
 On CUDA a span is a pair of events recorded on the current stream: the gap between them is what
 that stream spent on the span's work, or waiting in it (a ``work.wait()`` makes the compute
 stream wait for NCCL's stream, so a span around it measures the exposed communication). The
-events are read only when :meth:`Stopwatch.seconds` is asked, once per iteration, waiting on
-the last event alone. ``torch.cuda.synchronize()`` would instead wait for every stream, NCCL's
+events are read only when :meth:`Stopwatch.seconds` is asked, once per iteration, after the
+engine's one read of the device (the grad norm), so they have completed and nothing waits; a
+span still running (the synchronous optimizer's all-gathers) is waited for, the last event
+alone. ``torch.cuda.synchronize()`` would instead wait for every stream, NCCL's
 included: the all-gathers launched by ``step()`` would finish before the next forward could be
 queued, and the CPU could never run ahead of the GPU. On the CPU a span is wall-clock time.
 """
@@ -45,7 +47,9 @@ class Stopwatch:
         """Total seconds of the spans since the last reset (waits for the last event only)."""
         total = self._cpu
         if self._spans:
-            self._spans[-1][1].synchronize()
+            last = self._spans[-1][1]
+            if not last.query():  # the engine reads after the iteration's one sync: done by then
+                last.synchronize()
             total += sum(s.elapsed_time(e) for s, e in self._spans) / 1000.0
         return total
 

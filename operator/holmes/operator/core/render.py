@@ -195,6 +195,29 @@ def rank_env(
     return env
 
 
+# A dead peer leaves NCCL ranks blocked in a collective: the watchdog aborts the communicator
+# and ends the process when a collective times out (3: without waiting on the cleanup, which
+# can itself hang), and the heartbeat monitor ends a process whose watchdog is stuck. The pod
+# then fails and the operator tears the gang down and relaunches, instead of waiting out the
+# NCCL timeout on every rank.
+TORCH_NCCL_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "300",
+}
+
+
+def torch_env(nccl_env: Mapping[str, str]) -> dict[str, str]:
+    """torch.distributed's variables for a trainer pod: the NCCL watchdog above, and gloo's
+    interface: the trainer's host groups (stop vote, fabric findings, checkpoint coordination)
+    are gloo, which otherwise binds to whatever the pod's hostname resolves to (not always the
+    pod IP across nodes): the same interface NCCL's sockets use."""
+    env = dict(TORCH_NCCL_ENV)
+    if nccl_env.get("NCCL_SOCKET_IFNAME"):
+        env["GLOO_SOCKET_IFNAME"] = nccl_env["NCCL_SOCKET_IFNAME"]
+    return env
+
+
 def build_pod(
     job: JobRef,
     layout: Layout,
@@ -240,6 +263,7 @@ def build_pod(
     ours = dict(rank_env(job, layout, node_rank, settings, master))
     ours["HOLMES_NIC"] = nic
     ours.update(nccl_env)
+    ours.update(torch_env(nccl_env))
     # the trainer saves on SIGTERM only when it fits in what the kubelet grants (default 30 s)
     grace = pspec.get("terminationGracePeriodSeconds")
     ours[ENV_GRACE_SECONDS] = str(30 if grace is None else grace)
