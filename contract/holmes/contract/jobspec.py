@@ -37,6 +37,7 @@ without a default is required:
                  minCount = count (elastic size: run on fewer nodes, down to this many),
                  scaleUp = atCheckpoint (atCheckpoint | never: grow back to count)
     template:    {} (PodTemplateSpec-like, opaque here, kept as given)
+    framework:   holmes  (holmes | megatron | torchtitan | deepspeed | torchrun: frameworks.py)
     runPolicy:   backoffLimit = 3, suspend = false, ttlSecondsAfterFinished = none,
                  activeDeadlineSeconds = none, waitForNodesSeconds = 60,
                  disruptionLimit = none (unbounded),
@@ -66,6 +67,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Union
 
+from .frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_problems
 from .names import API_VERSION, KIND, LABEL_CLUSTER
 
 AUTO = "auto"
@@ -349,6 +351,8 @@ class JobSpec:
     # how pods reach each other (across member clusters too): their own pod IPs (podNetwork)
     # or their node's network (hostNetwork, the usual choice on RDMA nodes)
     network: str = "podNetwork"
+    # which program trains the layout: Holmes' engine, or the user's own (frameworks.py)
+    framework: str = DEFAULT_FRAMEWORK
 
     __hash__ = None  # template is a dict
 
@@ -393,7 +397,7 @@ class JobSpec:
             spec,
             "spec",
             required=("model", "training", "nodes"),
-            optional=("parallelism", "template", "runPolicy", "network"),
+            optional=("parallelism", "template", "runPolicy", "network", "framework"),
         )
         if top is None:
             raise SpecError(r.problems)
@@ -411,6 +415,7 @@ class JobSpec:
             template = {}
         run_policy = _run_policy(r, top.get("runPolicy", {}), "spec.runPolicy")
         network = r.choice(top, "network", "spec", NETWORKS, default="podNetwork")
+        framework = r.choice(top, "framework", "spec", FRAMEWORKS, default=DEFAULT_FRAMEWORK)
         if r.problems:
             raise SpecError(r.problems)
         job = cls(
@@ -421,8 +426,9 @@ class JobSpec:
             template=dict(template),
             run_policy=run_policy,
             network=network,
+            framework=framework,
         )
-        problems = cross_check(job)
+        problems = cross_check(job) + framework_problems(job)
         if problems:
             raise SpecError(problems)
         return job
@@ -1132,6 +1138,7 @@ def _to_camel(obj: Any) -> Any:
             "template": dict(obj.template),
             "runPolicy": _to_camel(obj.run_policy),
             **({"network": obj.network} if obj.network != "podNetwork" else {}),
+            **({"framework": obj.framework} if obj.framework != DEFAULT_FRAMEWORK else {}),
         }
     if is_dataclass(obj):
         return {
