@@ -53,7 +53,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from . import capacity, members, metrics, names, progress, queueing
+from . import capacity, framework_progress, members, metrics, names, progress, queueing
 from .informer import Informer
 from .kube import Caches, KubeIO
 from .membership import Member, Members, short_error
@@ -543,10 +543,15 @@ class Runtime:
         st = job.get("status") or {}
         if not st.get("launched") or st.get("phase") in ("Succeeded", "Failed"):
             return None
+        framework = (job.get("spec") or {}).get("framework") or "holmes"
+        reporter = 0  # spec.framework: the pod whose log carries the framework's iteration lines
+        if framework != "holmes":
+            nodes = int((st.get("layout") or {}).get("nodes") or 1)
+            reporter = framework_progress.reporting_node_rank(framework, nodes)
         rank0 = [
             p
             for p in owned(pods, job["metadata"].get("uid"))
-            if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == 0
+            if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == reporter
         ]
         if not rank0:
             return None
@@ -559,6 +564,8 @@ class Runtime:
         elif last is not None and time.monotonic() - last < self.settings.progress_interval:
             return None
         self.scraped[key] = (time.monotonic(), rank0[0]["metadata"].get("uid") if ended else None)
+        if framework != "holmes":  # no metrics port: the framework's own log lines
+            return framework_progress.from_log(framework, (io or self.io).log_tail(rank0[0], lines=200))
         found = progress.from_pod(rank0[0], self.settings.metrics_port)
         if not found and ended:  # the trainer's last line, from its log
             found = progress.from_json_lines((io or self.io).log_tail(rank0[0]))
