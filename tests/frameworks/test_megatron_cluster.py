@@ -121,7 +121,7 @@ def test_megatron_forms_holmes_groups_on_their_networks(one_site, namespace, tmp
 
     ranks = {}
     groups = []
-    for rank_of_node, text in logs.items():
+    for text in logs.values():
         for m in json_lines(text, "megatron"):
             ranks[m["rank"]] = m
         groups += json_lines(text, "holmesGroup")
