@@ -30,7 +30,7 @@ RULES = {
     "trainer/holmes/launch": ({"torch"}, {"launch"}),
 }
 CLI = REPO / "operator/holmes/cli.py"  # `holmes plan`: the planner, plus the client for --kubeconfig
-CLI_RULE = ({"kubernetes", "yaml"}, {"contract", "plan"})
+CLI_RULE = ({"kubernetes", "yaml"}, {"contract", "plan", "operator"})  # operator: --pods (pure preview)
 
 
 def package_of(path: Path) -> str:
