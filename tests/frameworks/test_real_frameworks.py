@@ -93,10 +93,14 @@ def test_torchtitan_parses_the_plan_and_its_mesh_forms_holmes_groups(layout, hoo
             assert logged[pg.ranks] == pg.net, (pg.kind, pg.ranks)
 
 
-def test_deepspeed_pipeline_cuts_at_the_layouts_stages(layout, hooked):
+def test_deepspeed_pipeline_cuts_at_the_layouts_stages(layout, hooked, monkeypatch):
     import deepspeed.comm as dscomm
     import deepspeed.runtime.pipe.module as pipe
     from torch import nn
+
+    # DeepSpeed compiles its CPU shared-memory allreduce op on first use (minutes of C++ on two
+    # cores); no collective here would use it
+    monkeypatch.setattr(sys.modules["deepspeed.comm.torch"], "build_shm_op", lambda: None)
 
     class Embed(nn.Linear):
         pass

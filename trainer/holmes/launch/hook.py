@@ -116,8 +116,22 @@ class NetHook:
             entry["given"] = given
         self.decisions.append(entry)
         if ranks and me == min(ranks):  # one line per group in the pods' logs together
-            print(json.dumps({LOG_KEY: entry}, separators=(",", ":")), file=self.log, flush=True)
+            self.write_line(json.dumps({LOG_KEY: entry}, separators=(",", ":")))
         return net
+
+    def write_line(self, text: str) -> None:
+        """One write() per line: the workers of a pod share its log, and a line written in two
+        pieces can be split by another worker's output."""
+        data = (text + "\n").encode()
+        try:
+            fd = self.log.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            self.log.write(text + "\n")
+            self.log.flush()
+            return
+        self.log.flush()
+        while data:
+            data = data[os.write(fd, data) :]
 
     def wrap_helper(self, original: Callable) -> Callable:
         @functools.wraps(original)
