@@ -130,9 +130,9 @@ def plan_command(args: argparse.Namespace) -> int:
 def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
     """The ConfigMap, Service and pods the operator would create, as a v1 List."""
     from holmes.contract.documents import DocumentError, load_documents
+    from holmes.operator.core.render import RenderSettings
     from holmes.operator.planning import ClusterPlanner, with_nic_flags
     from holmes.operator.preview import PreviewError, as_list, children
-    from holmes.operator.render import RenderSettings
     from holmes.plan.costmodel_file import CostModelFile
 
     load_job(args.job)  # the spec's own problems first, with the file's name
@@ -142,7 +142,7 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
         raise CliError(str(e)) from None
     kinds = dict(k.split("=", 1) for k in args.cluster_rdma_kind or [])
     planner = ClusterPlanner(CostModelFile(base=with_nic_flags(config, kinds)))
-    from holmes.operator.template import TemplatePolicy
+    from holmes.operator.core.template import TemplatePolicy
 
     policy = TemplatePolicy(allow_host_namespaces=args.allow_host_namespaces)
     settings = RenderSettings(image=args.trainer_image, policy=policy)

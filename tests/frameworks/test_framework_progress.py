@@ -1,6 +1,6 @@
 """Progress of external frameworks from their own iteration log lines."""
 
-from holmes.operator.framework_progress import from_log, reporting_node_rank
+from holmes.operator.core.framework_progress import from_log, reporting_node_rank
 
 # Megatron-LM's training_log line (print_rank_last), as it formats it
 MEGATRON = (

@@ -8,10 +8,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from holmes.contract.documents import load_documents
-from holmes.operator import members, names
+from holmes.operator.core import members, names
+from holmes.operator.core.reconcile import ChildRefusal, Observed, RestartBackoff, decide
+from holmes.operator.core.render import RenderSettings
 from holmes.operator.planning import ClusterPlanner
-from holmes.operator.reconcile import ChildRefusal, Observed, RestartBackoff, decide
-from holmes.operator.render import RenderSettings
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

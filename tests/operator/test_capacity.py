@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 
 from holmes.contract import load_job
-from holmes.operator import capacity, names, queueing
-from holmes.operator.capacity import CapacityPlanner, Ledger, WaitingForCapacity, free_view, pod_shape
+from holmes.operator.core import capacity, names, queueing
+from holmes.operator.core.capacity import CapacityPlanner, Ledger, WaitingForCapacity, free_view, pod_shape
 from holmes.operator.planning import ClusterPlanner
 from holmes.plan import InsufficientNodes
 
@@ -345,8 +345,8 @@ FLAVORS = {
 }
 
 
-def kueue_job(name="k", count=2):
-    m = job(name, count)
+def kueue_job(name="k", count=2, **spec):
+    m = job(name, count, **spec)
     m["metadata"]["labels"] = {queueing.LABEL_QUEUE: "team-a"}
     return m
 
@@ -371,7 +371,7 @@ def test_kueue_admit_run_evict_readmit():
     assert w.status["phase"] == "Suspended" and not w.pods
     assert w.condition("Suspended")["reason"] == "WaitingForAdmission"
     wl = w.workload
-    assert wl["apiVersion"] == "kueue.x-k8s.io/v1beta1" and wl["kind"] == "Workload"
+    assert wl["apiVersion"] == "kueue.x-k8s.io/v1beta2" and wl["kind"] == "Workload"
     assert wl["spec"]["queueName"] == "team-a"
     (ps,) = wl["spec"]["podSets"]
     assert ps["count"] == 2
@@ -412,12 +412,27 @@ def test_kueue_admit_run_evict_readmit():
     assert fin["status"] == "True" and fin["reason"] == "Succeeded"
 
 
+def test_kueue_workload_names_the_priority_class_its_priority_comes_from():
+    w = FakeWorld(kueue_job(runPolicy={"priorityClassName": "high"}), nodes=nodes())
+    w.flavors, w.priority_classes = FLAVORS, {"high": 1000}
+    w.step()
+    spec = w.workload["spec"]
+    assert spec["priority"] == 1000
+    assert spec["priorityClassRef"] == {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": "high"}
+    # an explicit priority is no class's value
+    w2 = FakeWorld(kueue_job("n", runPolicy={"priority": 7, "priorityClassName": "high"}), nodes=nodes())
+    w2.flavors, w2.priority_classes = FLAVORS, {"high": 1000}
+    w2.step()
+    assert w2.workload["spec"]["priority"] == 7 and "priorityClassRef" not in w2.workload["spec"]
+
+
 def test_kueue_not_installed_stalls_with_what_to_do():
     w = FakeWorld(kueue_job(), nodes=nodes())
     w.step()  # flavors None: the API is not served
     s = w.condition("Stalled")
     assert s["status"] == "True" and s["reason"] == "KueueNotInstalled"
     assert "install Kueue, or remove the label" in s["message"]
+    assert "kueue.x-k8s.io (Workload, v1beta2 or v1beta1) is not served" in s["message"]
 
 
 def test_kueue_flavor_not_found_waits_and_a_changed_shape_recreates_the_workload():

@@ -14,8 +14,8 @@ from prometheus_client import REGISTRY
 
 from holmes import cli
 from holmes.contract.layout import Layout
-from holmes.operator import names
 from holmes.operator.__main__ import cost_model, main, parse_args
+from holmes.operator.core import names
 from holmes.operator.planning import ClusterPlanner, export_state
 from holmes.plan import CostModelConfig, NicMapping
 from holmes.plan.costmodel_file import CostModelFile

@@ -8,7 +8,7 @@ import time
 
 from kubernetes import client
 
-from holmes.operator import names
+from holmes.operator.core import names
 from holmes.operator.informer import Informer, Store
 
 

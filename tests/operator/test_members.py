@@ -9,12 +9,12 @@ import copy
 import pytest
 
 from holmes.contract.layout import Layout
-from holmes.operator import members, names
-from holmes.operator.members import MemberPlanner, MemberState
+from holmes.operator.core import members, names
+from holmes.operator.core.members import MemberPlanner, MemberState
+from holmes.operator.core.reconcile import Decision
+from holmes.operator.core.render import RenderSettings
+from holmes.operator.core.template import TemplatePolicy
 from holmes.operator.planning import ClusterPlanner
-from holmes.operator.reconcile import Decision
-from holmes.operator.render import RenderSettings
-from holmes.operator.template import TemplatePolicy
 from holmes.plan import PlanError
 from tests.operator.opfixtures import FakeWorld, default_nodes, manifest, with_link_layers
 

@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 
 from holmes.contract.layout import Layout
-from holmes.operator import names
-from holmes.operator.reconcile import ChildRefusal, RestartBackoff
-from holmes.operator.render import RenderSettings
-from holmes.operator.summary import iso
+from holmes.operator.core import names
+from holmes.operator.core.reconcile import ChildRefusal, RestartBackoff
+from holmes.operator.core.render import RenderSettings
+from holmes.operator.core.summary import iso
 from tests.operator.opfixtures import FakeWorld, default_nodes, manifest, true_nic, with_link_layers
 
 

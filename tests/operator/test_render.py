@@ -5,9 +5,9 @@ from __future__ import annotations
 import yaml
 
 from holmes.contract import JobSpec, Layout
-from holmes.operator import names
+from holmes.operator.core import names
+from holmes.operator.core.render import JobRef, RenderSettings, build_configmap, build_pod, build_service
 from holmes.operator.planning import ClusterPlanner
-from holmes.operator.render import JobRef, RenderSettings, build_configmap, build_pod, build_service
 from holmes.plan import plan
 from tests.operator.opfixtures import default_nodes, manifest, with_link_layers
 
@@ -31,7 +31,7 @@ def planned(count=6, gpus=2, **spec):
 def pod_for(rank, template=None, count=6):
     nodes, layout, job = planned(count=count)
     node = nodes[layout.nodes[rank]]
-    net = PLANNER.network(node)
+    net = PLANNER.facts.network(node)
     return (
         build_pod(
             REF,
@@ -56,7 +56,7 @@ def env_of(pod):
 def rank_of_kind(kind):
     nodes, layout, _ = planned()
     for r, n in enumerate(layout.nodes):
-        if PLANNER.network(nodes[n]).nic == kind:
+        if PLANNER.facts.network(nodes[n]).nic == kind:
             return r
     raise AssertionError(f"no {kind} node in {layout.nodes}")
 
@@ -202,7 +202,7 @@ def test_metrics_bind_to_the_pod_ip_and_rank0_exposes_the_port():
 def test_a_port_range_gives_each_attempt_its_own_ports():
     from dataclasses import replace
 
-    from holmes.operator.render import job_ports
+    from holmes.operator.core.render import job_ports
 
     ranged = replace(SETTINGS, port_range=(20000, 29999))
     a1 = job_ports(REF, ranged)
@@ -212,7 +212,7 @@ def test_a_port_range_gives_each_attempt_its_own_ports():
     assert job_ports(REF, SETTINGS) == (29511, 9411)
     assert "ports" not in build_service(REF, ranged)["spec"]
     nodes, layout, job = planned()
-    net = PLANNER.network(nodes[layout.nodes[0]])
+    net = PLANNER.facts.network(nodes[layout.nodes[0]])
     pod = build_pod(
         REF,
         layout,

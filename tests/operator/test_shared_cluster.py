@@ -1,7 +1,9 @@
 """Shared clusters on the real local control plane: jobs placed on free capacity (disjoint GPUs,
-a queue), the template's placement rules, Kueue's admit -> run -> evict -> re-admit cycle played
-by the test as Kueue's controller, and Volcano's PodGroup. Kueue and Volcano are stand-in CRDs
-(hack/thirdparty-crds), installed before the operator starts (it looks for Kueue's API then)."""
+a queue), the template's placement rules, Kueue's admit -> run -> evict -> re-admit -> finish
+cycle played by the test as Kueue's controller, and Volcano's PodGroup. Kueue and Volcano are
+stand-in CRDs (hack/thirdparty-crds). The Kueue tests run once per stand-in (``kueue``: Kueue
+v0.19.2, which serves v1beta2 and a deprecated v1beta1, then Kueue v0.14.8, v1beta1 only), on the
+one control plane of the session: the stand-in is swapped between the two runs."""
 
 from __future__ import annotations
 
@@ -18,18 +20,41 @@ pytestmark = pytest.mark.timeout(300)
 THIRDPARTY = REPO / "hack" / "thirdparty-crds"
 
 
+KUEUE_CRDS = ("workloads.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.io")
+# the Workload version Holmes must choose -> the stand-in that serves it (see hack/thirdparty-crds)
+KUEUE_STANDINS = {"v1beta2": "kueue-v1beta2.yaml", "v1beta1": "kueue-v1beta1.yaml"}
+
+
 @pytest.fixture(scope="module")
 def crds(cluster):
     install_crd(cluster)
-    for f in ("kueue-v1beta1.yaml", "volcano-v1beta1.yaml"):
-        cluster.kubectl("apply", "-f", str(THIRDPARTY / f))
-    for crd in (
-        "workloads.kueue.x-k8s.io",
-        "resourceflavors.kueue.x-k8s.io",
-        "podgroups.scheduling.volcano.sh",
-    ):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    cluster.kubectl("apply", "-f", str(THIRDPARTY / "volcano-v1beta1.yaml"))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/podgroups.scheduling.volcano.sh", "--timeout=60s"
+    )
     return cluster
+
+
+def remove_kueue(cluster):
+    cluster.kubectl("delete", "crd", *KUEUE_CRDS, "--ignore-not-found", "--wait=true", "--timeout=60s")
+
+
+def install_kueue(cluster, version, upgrade=False):
+    """The stand-in whose newest version is ``version``; in place of the one installed when
+    ``upgrade`` (as upgrading Kueue does), else after removing it."""
+    if not upgrade:
+        remove_kueue(cluster)
+    cluster.kubectl("apply", "-f", str(THIRDPARTY / KUEUE_STANDINS[version]))
+    for crd in KUEUE_CRDS:
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+
+
+@pytest.fixture(scope="module", params=list(KUEUE_STANDINS))
+def kueue(request, crds):
+    """The Kueue stand-in of one version, installed for every Kueue test of that version."""
+    install_kueue(crds, request.param)
+    yield request.param
+    remove_kueue(crds)
 
 
 @pytest.fixture
@@ -113,13 +138,33 @@ def test_taints_node_selectors_and_cpu_requests_rule_nodes_out(crds, namespace, 
         crds.kubectl("delete", "holmesjob", "--all", "-n", namespace, "--wait=false")
 
 
-def patch_workload_status(cluster, ns, name, status):
+def patch_workload_status(cluster, version, ns, name, status):
     from kubernetes import client
 
     api = client.CustomObjectsApi(cluster.api_client())
     api.patch_namespaced_custom_object_status(
-        "kueue.x-k8s.io", "v1beta1", ns, "workloads", name, {"status": status}
+        "kueue.x-k8s.io", version, ns, "workloads", name, {"status": status}
     )
+
+
+def get_workload(cluster, version, ns, name):
+    r = cluster.kubectl(
+        "get", f"workloads.{version}.kueue.x-k8s.io", name, "-n", ns, "-o", "json", check=False
+    )
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def written_in(workload):
+    """The API versions the Workload's writers used (its managed fields say)."""
+    return {f["apiVersion"] for f in workload["metadata"]["managedFields"]}
+
+
+def version_in_use(op):
+    """The holmes_kueue_api_version sample that is 1 (None: none is)."""
+    for line in op.metrics().splitlines():
+        if line.startswith("holmes_kueue_api_version{") and line.rstrip().endswith(" 1.0"):
+            return line.split('version="')[1].split('"')[0]
+    return None
 
 
 def admitted(flavor):
@@ -154,42 +199,58 @@ def admitted(flavor):
     }
 
 
-def test_kueue_admit_run_evict_readmit(crds, namespace, operator):
+def flavor_of(version, name):
+    return {
+        "apiVersion": f"kueue.x-k8s.io/{version}",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": name},
+        "spec": {"nodeLabels": {"holmes.dev/cluster": "west"}},
+    }
+
+
+def queued_job(namespace, name, command):
+    run_policy = {"backoffLimit": 2, "priorityClassName": "holmes-test-high"}
+    m = job_manifest(name, namespace, count=2, gpus=2, command=command, run_policy=run_policy)
+    m["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "user-queue"}
+    return m
+
+
+@pytest.fixture(scope="module")
+def priority_class(crds):
+    pc = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": "holmes-test-high"},
+    }
+    crds.kubectl("apply", "-f", "-", input=json.dumps({**pc, "value": 1000}))
+    yield "holmes-test-high"
+    crds.kubectl("delete", "priorityclass", "holmes-test-high", check=False)
+
+
+def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, namespace, operator, tmp_path):
+    """Holmes speaks the version the stand-in serves newest; Kueue (played here) admits, evicts,
+    releases and re-admits the Workload in that version; the job's end marks it Finished."""
     flavor = f"west-{namespace}"
-    crds.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta1",
-                "kind": "ResourceFlavor",
-                "metadata": {"name": flavor},
-                "spec": {"nodeLabels": {"holmes.dev/cluster": "west"}},
-            }
-        ),
-    )
+    crds.kubectl("apply", "-f", "-", input=json.dumps(flavor_of(kueue, flavor)))
+    go = tmp_path / "go"  # the pods run until this file exists
     try:
-        m = job_manifest("queued", namespace, count=2, gpus=2, command=["sh", "-c", "sleep 600"])
-        m["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "user-queue"}
-        apply(crds, m)
+        apply(crds, queued_job(namespace, "queued", ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.2; done"]))
         wl = wait_for(
-            "the Workload",
-            lambda: (lambda r: json.loads(r.stdout) if r.returncode == 0 else None)(
-                crds.kubectl(
-                    "get",
-                    "workloads.kueue.x-k8s.io",
-                    "holmesjob-queued",
-                    "-n",
-                    namespace,
-                    "-o",
-                    "json",
-                    check=False,
-                )
-            ),
-            op=operator,
+            "the Workload", lambda: get_workload(crds, kueue, namespace, "holmesjob-queued"), op=operator
         )
-        assert wl["spec"]["queueName"] == "user-queue"
+        assert written_in(wl) == {f"kueue.x-k8s.io/{kueue}"}  # written in that version, not converted
+        assert version_in_use(operator) == kueue
+        assert (
+            f"serves Workloads in {'v1beta2, v1beta1' if kueue == 'v1beta2' else 'v1beta1'}: using {kueue}"
+            in (operator.tail(200))
+        )
+        assert wl["spec"]["queueName"] == "user-queue" and wl["spec"]["priority"] == 1000
+        if kueue == "v1beta2":
+            ref = {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": priority_class}
+            assert wl["spec"]["priorityClassRef"] == ref
+        else:
+            assert wl["spec"]["priorityClassSource"] == "scheduling.k8s.io/priorityclass"
+            assert wl["spec"]["priorityClassName"] == priority_class
         (ps,) = wl["spec"]["podSets"]
         assert ps["count"] == 2 and ps["template"]["spec"]["containers"][0]["resources"]["requests"] == {
             "nvidia.com/gpu": "2"
@@ -200,7 +261,7 @@ def test_kueue_admit_run_evict_readmit(crds, namespace, operator):
         time.sleep(1)
         assert not pods_of(crds, namespace, "queued")
 
-        patch_workload_status(crds, namespace, "holmesjob-queued", admitted(flavor))  # Kueue admits
+        patch_workload_status(crds, kueue, namespace, "holmesjob-queued", admitted(flavor))  # Kueue admits
         wait_phase(crds, namespace, "queued", "Running", op=operator)
         pods = pods_of(crds, namespace, "queued")
         assert {p["spec"]["nodeName"] for p in pods} <= {"roce-0", "roce-1", "eth-1"}  # the flavor's nodes
@@ -214,38 +275,108 @@ def test_kueue_admit_run_evict_readmit(crds, namespace, operator):
             "message": "preempted by urgent",
             "lastTransitionTime": "2026-01-01T00:01:00Z",
         }
-        patch_workload_status(crds, namespace, "holmesjob-queued", evicted)
+        patch_workload_status(crds, kueue, namespace, "holmesjob-queued", evicted)
         job = wait_phase(crds, namespace, "queued", "Suspended", op=operator)
         c = condition(job, "Suspended")
         assert c["reason"] == "Requeued" and "preempted by urgent" in c["message"]
         wait_for("pods gone", lambda: not pods_of(crds, namespace, "queued") or None, timeout=60, op=operator)
 
-        # Kueue releases the quota, then admits it again
-        patch_workload_status(
-            crds,
-            namespace,
-            "holmesjob-queued",
-            {
-                "admission": None,
-                "conditions": [
-                    {
-                        "type": "QuotaReserved",
-                        "status": "False",
-                        "reason": "Pending",
-                        "message": "waiting",
-                        "lastTransitionTime": "2026-01-01T00:02:00Z",
-                    },
-                ],
-            },
+        # Kueue releases the quota and backs off before requeueing it, then admits it again
+        released = {
+            "admission": None,
+            "requeueState": {"count": 1, "requeueAt": "2026-01-01T00:03:00Z"},
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Pending",
+                    "message": "waiting",
+                    "lastTransitionTime": "2026-01-01T00:02:00Z",
+                },
+                {
+                    "type": "Requeued",
+                    "status": "False",
+                    "reason": "Preempted",
+                    "message": "backing off",
+                    "lastTransitionTime": "2026-01-01T00:02:00Z",
+                },
+            ],
+        }
+        patch_workload_status(crds, kueue, namespace, "holmesjob-queued", released)
+        job = wait_for(
+            "the requeue time in the job's status",
+            lambda: (
+                lambda j: (
+                    j if "requeued at 2026-01-01T00:03:00Z" in condition(j, "Suspended")["message"] else None
+                )
+            )(get_job(crds, namespace, "queued")),
+            op=operator,
         )
-        time.sleep(1)
-        assert get_job(crds, namespace, "queued")["status"]["phase"] == "Suspended"
-        patch_workload_status(crds, namespace, "holmesjob-queued", admitted(flavor))
+        assert job["status"]["phase"] == "Suspended" and condition(job, "Suspended")["reason"] == "Requeued"
+        patch_workload_status(crds, kueue, namespace, "holmesjob-queued", admitted(flavor))
         job = wait_phase(crds, namespace, "queued", "Running", op=operator)
         assert job["status"]["restarts"] == 0 and job["status"]["attempt"] >= 2
         assert len(pods_of(crds, namespace, "queued")) == 2
+
+        # the job ends: its Workload is Finished, so Kueue releases the quota
+        go.touch()
+        wait_phase(crds, namespace, "queued", "Succeeded", op=operator)
+
+        def finished():
+            w = get_workload(crds, kueue, namespace, "holmesjob-queued")
+            return next((c for c in w["status"]["conditions"] if c["type"] == "Finished"), None)
+
+        fin = wait_for("the Workload Finished", finished, op=operator)
+        assert fin["status"] == "True" and fin["reason"] == "Succeeded"
     finally:
-        crds.kubectl("delete", "resourceflavor.kueue.x-k8s.io", flavor, check=False)
+        crds.kubectl("delete", "resourceflavors.kueue.x-k8s.io", flavor, check=False)
+
+
+@pytest.mark.parametrize("kueue", ["v1beta1"], indirect=True)  # once: it goes through both
+def test_kueue_installed_after_the_operator_started_then_upgraded(
+    crds, kueue, priority_class, namespace, tmp_path, monkeypatch
+):
+    """Kueue comes after the operator: a queued job stalls, then gets its Workload in v1beta1 (a
+    Kueue before 0.15); Kueue is then upgraded in place to serve v1beta2 (as upgrading to 0.16
+    does) and the operator moves to v1beta2 without a restart: the Workload it wrote in v1beta1
+    is admitted in v1beta2 and the job runs."""
+    remove_kueue(crds)
+    monkeypatch.setenv("HOLMES_KUEUE_DISCOVERY_SECONDS", "1")
+    op = OperatorProcess(crds.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    try:
+        apply(crds, queued_job(namespace, "late", ["sleep", "600"]))
+        stalled = wait_for(
+            "KueueNotInstalled",
+            lambda: (
+                lambda j: j if j and condition(j, "Stalled").get("reason") == "KueueNotInstalled" else None
+            )(get_job(crds, namespace, "late")),
+            op=op,
+        )
+        assert (
+            "kueue.x-k8s.io (Workload, v1beta2 or v1beta1) is not served"
+            in condition(stalled, "Stalled")["message"]
+        )
+        assert version_in_use(op) is None
+        install_kueue(crds, kueue)
+        wl = wait_for("the Workload", lambda: get_workload(crds, kueue, namespace, "holmesjob-late"), op=op)
+        assert written_in(wl) == {f"kueue.x-k8s.io/{kueue}"} and version_in_use(op) == kueue
+        job = wait_phase(crds, namespace, "late", "Suspended", op=op)
+        assert condition(job, "Suspended")["reason"] == "WaitingForAdmission"
+        install_kueue(crds, "v1beta2", upgrade=True)
+        wait_for("v1beta2 in use", lambda: version_in_use(op) == "v1beta2" or None, op=op)
+        assert "serves Workloads in v1beta2, v1beta1: using v1beta2" in op.tail(200)
+        flavor = f"west-{namespace}"
+        crds.kubectl("apply", "-f", "-", input=json.dumps(flavor_of("v1beta2", flavor)))
+        try:
+            patch_workload_status(crds, "v1beta2", namespace, "holmesjob-late", admitted(flavor))
+            wait_phase(crds, namespace, "late", "Running", op=op)
+        finally:
+            crds.kubectl("delete", "resourceflavors.kueue.x-k8s.io", flavor, check=False)
+    finally:
+        crds.kubectl("delete", "holmesjob", "--all", "-n", namespace, "--wait=false", check=False)
+        op.kill()  # nothing to clean up (SIGTERM costs the full 15 s stop timeout)
+        print(op.tail(60))
+        install_kueue(crds, kueue)  # as the other tests of this version expect it
 
 
 def test_volcano_jobs_get_a_podgroup_and_annotated_pods(crds, namespace, operator):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from holmes.operator.render import RenderSettings
-from holmes.operator.template import TemplatePolicy, policy_violations, shape_problems
+from holmes.operator.core.render import RenderSettings
+from holmes.operator.core.template import TemplatePolicy, policy_violations, shape_problems
 from tests.operator.opfixtures import FakeWorld, manifest
 from tests.operator.test_render import pod_for
 
@@ -113,9 +113,11 @@ def test_each_policy_field_is_denied_by_default_and_allowed_by_its_setting(templ
     assert policy_violations(template, allowing) == []
 
 
-def test_ipc_lock_is_always_allowed():
+def test_ipc_lock_comes_from_holmes_on_rdma_nodes_not_from_the_template():
     t = container(securityContext={"capabilities": {"add": ["IPC_LOCK"]}})
-    assert policy_violations(t, TemplatePolicy()) == []
+    (v,) = policy_violations(t, TemplatePolicy())
+    assert "capability IPC_LOCK" in v and "--allow-capabilities IPC_LOCK" in v
+    assert policy_violations(t, TemplatePolicy(allowed_capabilities=("IPC_LOCK",))) == []
 
 
 def test_the_reconciler_stalls_on_either_with_the_path():

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from holmes.operator import names
+from holmes.operator.core import names
 from tests.packaging.health_rules import argocd, kstatus
 from tests.packaging.packaging_helpers import CHART, CRDS, cache_bin, helm, run
 from tests.polling import wait_for

@@ -168,7 +168,7 @@ def test_trainer_pods_command_runs_in_the_trainer_image():
     the image installs."""
     from types import SimpleNamespace
 
-    from holmes.operator.render import RenderSettings, default_command
+    from holmes.operator.core.render import RenderSettings, default_command
 
     layout = SimpleNamespace(nodes=["a", "b"], gpus_per_node=2, world_size=4)
     cmd = default_command(layout, 0, "master.example", RenderSettings())

@@ -1,6 +1,6 @@
 """The names every part of Holmes agrees on: the HolmesJob API's identity and the node label
 keys that say a node's NIC kind, speed and cluster. Defined once here; the operator adds the
-names of the children it creates (``holmes.operator.names``)."""
+names of the children it creates (``holmes.operator.core.names``)."""
 
 from __future__ import annotations
 

@@ -16,12 +16,12 @@ from kubernetes import client, config
 
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
+from .core.reconcile import RestartBackoff
+from .core.render import RenderSettings
+from .core.template import BASELINE, LEVELS, POLICY_OPTIONS, PSS_VERSION, TemplatePolicy
 from .handlers import Runtime, register
 from .leader import LeaderElector, LeaseConfig, default_identity
 from .planning import ClusterPlanner, export_state, with_nic_flags
-from .reconcile import RestartBackoff
-from .render import RenderSettings
-from .template import TemplatePolicy
 
 log = logging.getLogger("holmes.operator")
 
@@ -114,15 +114,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the longest restart back-off",
     )
     pol = p.add_argument_group(
-        "job policy", "what a HolmesJob's spec.template may set (default: none of these; see template.py)"
+        "job policy",
+        f"what a HolmesJob's spec.template may set: the Pod Security Standards ({PSS_VERSION}) at "
+        "--policy-level, each control relaxed only by its --allow-* exception (docs/api.md#job-policy)",
     )
-    pol.add_argument("--allow-privileged", action="store_true", help="privileged containers, escalation")
-    pol.add_argument("--allow-capabilities", default="", metavar="CAPS", help="capabilities beyond IPC_LOCK")
-    pol.add_argument("--allow-host-namespaces", action="store_true", help="hostNetwork, hostPID, hostIPC")
-    pol.add_argument("--allow-host-path", action="store_true", help="hostPath volumes")
-    pol.add_argument("--allow-service-accounts", default="", metavar="SAS", help="serviceAccountName values")
-    pol.add_argument("--allow-node-name", action="store_true", help="spec.nodeName")
-    pol.add_argument("--allow-runtime-classes", default="", metavar="RC,...", help="runtimeClassName values")
+    for o in POLICY_OPTIONS:
+        if o.field == "level":
+            pol.add_argument(f"--{o.flag}", dest=o.field, choices=LEVELS, default=BASELINE, help=o.help)
+        elif o.is_list:
+            pol.add_argument(f"--{o.flag}", dest=o.field, default="", metavar="A,B", help=o.help)
+        else:
+            pol.add_argument(f"--{o.flag}", dest=o.field, action="store_true", help=o.help)
     p.add_argument(
         "--members-namespace",
         default="",
@@ -181,13 +183,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return tuple(x.strip() for x in v.split(",") if x.strip())
 
     args.policy = TemplatePolicy(
-        allow_privileged=args.allow_privileged,
-        allowed_capabilities=names_in(args.allow_capabilities),
-        allow_host_namespaces=args.allow_host_namespaces,
-        allow_host_path=args.allow_host_path,
-        service_accounts=names_in(args.allow_service_accounts),
-        allow_node_name=args.allow_node_name,
-        runtime_classes=names_in(args.allow_runtime_classes),
+        **{
+            o.field: names_in(getattr(args, o.field)) if o.is_list else getattr(args, o.field)
+            for o in POLICY_OPTIONS
+        }
     )
     if args.progress_interval < 1:
         p.error(f"--progress-interval {args.progress_interval:g}: expected at least 1 second")

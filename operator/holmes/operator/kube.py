@@ -20,9 +20,9 @@ import kopf
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import names, queueing
+from .core import names, queueing
+from .core.reconcile import ChildRefusal, Decision
 from .informer import Store
-from .reconcile import ChildRefusal, Decision
 
 log = logging.getLogger("holmes.operator.kube")
 
@@ -67,6 +67,7 @@ class KubeIO:
         self.custom = client.CustomObjectsApi(api)
         self.caches = caches or Caches()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="holmes-io")
+        self.kueue_version = queueing.V1BETA2  # the Kueue version in use (kueue_version.py)
 
     # ---- reads (the one read that is not cached) ---------------------------------------------
     def log_tail(self, pod: dict, lines: int = 20) -> str:
@@ -261,35 +262,33 @@ class KubeIO:
 
     # ---- queueing systems (queueing.py) -------------------------------------------------------
     def apply_queueing(self, d: Decision, owner: dict) -> None:
-        """A Decision's Kueue Workload and Volcano PodGroup writes (before its pods)."""
+        """A Decision's Kueue Workload and Volcano PodGroup writes (before its pods); Workloads in
+        the Kueue version in use (``kueue_version``), cached as v1beta2 (queueing.workload_from)."""
         ns = owner["metadata"]["namespace"]
+        kueue = (queueing.KUEUE_GROUP, self.kueue_version)
         if d.delete_workload:
             try:
-                self.custom.delete_namespaced_custom_object(
-                    queueing.KUEUE_GROUP, queueing.KUEUE_VERSION, ns, queueing.WORKLOADS, d.delete_workload
-                )
+                self.custom.delete_namespaced_custom_object(*kueue, ns, queueing.WORKLOADS, d.delete_workload)
             except ApiException as e:
                 if e.status != 404:
                     raise
             self.caches.workloads.remove_name(ns, d.delete_workload)
         if d.workload is not None:
             kopf.adopt(d.workload, owner=owner)
-            self._create_custom(
-                queueing.KUEUE_GROUP, queueing.KUEUE_VERSION, queueing.WORKLOADS, ns, d.workload
-            )
+            body = queueing.workload_as(self.kueue_version, d.workload)
+            self._create_custom(*kueue, queueing.WORKLOADS, ns, body)
         if d.workload_conditions is not None and d.workload is None:
             name = queueing.workload_name(owner["metadata"]["name"])
             try:
                 resp = self.custom.patch_namespaced_custom_object_status(
-                    queueing.KUEUE_GROUP,
-                    queueing.KUEUE_VERSION,
+                    *kueue,
                     ns,
                     queueing.WORKLOADS,
                     name,
                     {"status": {"conditions": d.workload_conditions}},
                     _preload_content=False,
                 )
-                self.caches.workloads.put(_json(resp))
+                self.caches.workloads.put(queueing.workload_from(_json(resp)))
             except ApiException as e:
                 if e.status != 404:
                     raise
@@ -317,4 +316,4 @@ class KubeIO:
             if e.status == 409:  # there already: created before a restart
                 return
             raise
-        self.caches.workloads.put(_json(resp))
+        self.caches.workloads.put(queueing.workload_from(_json(resp)))

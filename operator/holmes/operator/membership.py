@@ -29,12 +29,12 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from . import capacity, names
+from .core import capacity, members, names
+from .core.members import KUBECONFIG_KEY, LABEL_MEMBER_CLUSTER, MemberState
 from .informer import Informer, Store
 from .kube import Caches, KubeIO
-from .members import KUBECONFIG_KEY, LABEL_MEMBER_CLUSTER, MemberState
 
-log = logging.getLogger("holmes.operator.members")
+log = logging.getLogger("holmes.operator.core.members")
 PROBE_SECONDS = 3.0  # between health probes of a member
 PROBE_TIMEOUT = (3, 3)  # (connect, read); the client ignores a float, so never write 3.0 here
 PROBE_FAILURES = 2  # consecutive failed probes before a member counts as unreachable
@@ -316,6 +316,76 @@ class Members:
                 deadline.wait(0.2)
         finally:
             timer.cancel()
+
+    # ---- one job's view across the members ----------------------------------------------------
+    def job_pods(self, ns: str, name: str) -> tuple[list[dict], dict[str, str]]:
+        """The job's pods in every member (also an unreachable one's, as last seen), each tagged
+        with its member; and pod name -> member."""
+        pods, where = [], {}
+        for m, r in sorted(self.all().items()):
+            for p in r.caches.pods.by_label(ns, name):
+                pods.append(members.tag(p, m))
+                where[p["metadata"]["name"]] = m
+        return pods, where
+
+    def child(self, usable: list[str], kind: str, ns: str, name: str, uid: str) -> dict | None:
+        """The job's ConfigMap or Service as the members hold it: the copy of the newest attempt."""
+        regs, found = self.all(), []
+        for m in usable:
+            obj = getattr(regs[m].caches, kind).get(ns, name) if m in regs else None
+            if obj is not None and members.owned_children([obj], uid):
+                ann = obj["metadata"].get("annotations") or {}
+                attempt = ann.get(names.ANN_ATTEMPT) or ""
+                found.append((int(attempt) if attempt.isdigit() else -1, m, obj))
+        return max(found, key=lambda x: (x[0], x[1]))[2] if found else None
+
+    def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]:
+        """Capacity across members: what every pod in every member holds on its node (node names
+        are unique across members), and the layout of a job launched there (newest attempt)."""
+        regs = self.all()
+        pods: dict[tuple, dict] = {}
+        for m, r in regs.items():
+            for p in r.caches.cluster_pods.values():
+                pods[(m, *_key(p))] = p
+            for p in r.caches.pods.values():
+                pods[(m, *_key(p))] = capacity.slim_pod(p)
+
+        def layout(ns: str, job: str) -> Mapping | None:
+            cms = [r.caches.configmaps.get(ns, names.layout_configmap_name(job)) for r in regs.values()]
+            return max(
+                (c for c in cms if c is not None),
+                key=lambda c: int((c["metadata"].get("annotations") or {}).get(names.ANN_ATTEMPT) or 0),
+                default=None,
+            )
+
+        return list(pods.values()), layout
+
+    def delete_children(self, job: Mapping) -> members.Cleanup:
+        """Delete a job's children in every member that answers; what is left says whether the
+        finalizer may go. The children are listed from each API server, not the caches: "gone"
+        must be certain here."""
+        ns, name, uid = job["metadata"]["namespace"], job["metadata"]["name"], job["metadata"]["uid"]
+        regs = self.all()
+        states = {m: r.state() for m, r in regs.items()}
+        children = {}
+        for m, r in regs.items():
+            if not states[m].reachable or r.io is None:
+                continue
+            try:
+                children[m] = r.io.list_children(ns, name)
+            except Exception as e:  # this member does not answer now: wait for it
+                states[m] = MemberState(m, False, short_error(e))
+        plan = members.cleanup(uid, states, children)
+        for m, items in plan.deletes.items():
+            try:
+                regs[m].io.delete_children(ns, items)
+            except Exception as e:  # this member now; the others still get their deletes
+                log.warning("deleting children in member %s failed: %s", m, e, extra={"job": f"{ns}/{name}"})
+        return plan
+
+
+def _key(obj: Mapping) -> tuple[str, str]:
+    return obj["metadata"].get("namespace"), obj["metadata"].get("name")
 
 
 def parse_secret(secret: Mapping, where: str) -> tuple[Mapping | None, str]:

@@ -27,6 +27,12 @@ COST_MODEL_VALID = Gauge(
     "1 while the --cost-model file in use is valid; 0 while it is "
     "unreadable or invalid (planning keeps the last good model)",
 )
+KUEUE_API_VERSION = Gauge(
+    "holmes_kueue_api_version",
+    "1 for the kueue.x-k8s.io version the operator uses for Workloads and ResourceFlavors "
+    "(all 0: Kueue's API is not served)",
+    ["version"],
+)
 COST_MODEL_RELOADS = Counter("holmes_cost_model_reloads_total", "Changed --cost-model files taken into use")
 
 

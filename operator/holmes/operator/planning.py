@@ -1,4 +1,4 @@
-"""The planner as the reconciler sees it (:class:`reconcile.Planner`): holmes.plan does the
+"""The planner as the reconciler sees it (:class:`core.state.Planner`): holmes.plan does the
 thinking with the cost model current at each plan; this module only binds the two and times it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from holmes.plan.costmodel_file import CostModelFile
 from holmes.plan.discovery import why_unusable
 
 from . import metrics
-from .reconcile import NodeNetwork
+from .core.state import NodeNetwork
 
 
 def with_nic_flags(
@@ -39,12 +39,30 @@ def export_state(valid: bool, reloaded: bool) -> None:
         metrics.COST_MODEL_RELOADS.inc()
 
 
+class NodeFacts:
+    """Each node's NIC kind, NCCL environment and usability, classified with the cost model's
+    nicMapping as of the latest plan (so one reconcile sees one model)."""
+
+    def __init__(self, cost_model: CostModelFile):
+        self.cost_model = cost_model
+
+    def network(self, node: Mapping) -> NodeNetwork:
+        nic = classify_node(node, self.cost_model.config.nic_mapping)
+        return NodeNetwork(nic=nic.nic, rdma_resource=nic.rdma_resource, env=dict(nccl_env(nic)))
+
+    def unusable(self, node: Mapping) -> str:
+        """The planner's own verdict (not Ready, cordoned, classification problems), so a node
+        the planner would skip is also one a Pending pod is given up on."""
+        nic = classify_node(node, self.cost_model.config.nic_mapping)
+        return "" if nic.usable else why_unusable(nic)
+
+
 class ClusterPlanner:
-    """Plans with the cost model current at each plan (re-read from its file, if any); node
-    networks use the model of the latest plan, so one reconcile sees one model."""
+    """Plans with the cost model current at each plan (re-read from its file, if any)."""
 
     def __init__(self, cost_model: CostModelFile | None = None):
         self.cost_model = cost_model or CostModelFile(on_state=export_state)
+        self.facts = NodeFacts(self.cost_model)
 
     @classmethod
     def with_mapping(cls, mapping: NicMapping | None = None) -> ClusterPlanner:
@@ -56,13 +74,3 @@ class ClusterPlanner:
     def plan(self, nodes: list, job: JobSpec) -> Layout:
         with metrics.PLANNING_SECONDS.time():
             return plan(nodes, job, config=self.cost_model.refresh())
-
-    def network(self, node: Mapping) -> NodeNetwork:
-        nic = classify_node(node, self.cost_model.config.nic_mapping)
-        return NodeNetwork(nic=nic.nic, rdma_resource=nic.rdma_resource, env=dict(nccl_env(nic)))
-
-    def unusable(self, node: Mapping) -> str:
-        """The planner's own verdict (not Ready, cordoned, classification problems), so a node
-        the planner would skip is also one a Pending pod is given up on."""
-        nic = classify_node(node, self.cost_model.config.nic_mapping)
-        return "" if nic.usable else why_unusable(nic)

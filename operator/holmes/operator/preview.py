@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 from datetime import datetime, timezone
 
+from .core.reconcile import Observed, RestartBackoff, decide
+from .core.render import RenderSettings
 from .planning import ClusterPlanner
-from .reconcile import Observed, RestartBackoff, decide
-from .render import RenderSettings
 
 
 class PreviewError(ValueError):

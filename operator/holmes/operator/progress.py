@@ -6,17 +6,24 @@ Sources, all reachable without cluster DNS:
 - once it has terminated: the last JSON metric line the trainer printed
   (``{"holmes": "done", "iteration": ..., ...}``), from the container's termination message or,
   failing that, the tail of its log (read by the caller through the API).
-Parsing is pure; ``scrape`` is the only I/O here.
+Parsing is pure; ``scrape`` is the only I/O here, and ``ProgressReader`` decides when to read.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from holmes.contract.frameworks import HOLMES
+
+from .core import framework_progress
+from .core.reconcile import owned
+from .core.summary import pod_attempt, pod_node_rank
 
 GAUGES = {
     "holmes_trainer_iteration": "iteration",
@@ -122,3 +129,67 @@ def scrape(url: str, timeout: float = 1.0, limit: int = MAX_SCRAPE_BYTES) -> dic
         return from_prometheus(body.decode("utf-8", "replace"))
     except (OSError, ValueError):
         return {}  # not listening yet, or gone: try again next time
+
+
+FRAMEWORK_TAIL_LINES = 200  # an external framework's iteration line among its other output
+
+
+class ProgressReader:
+    """Each job's rank-0 trainer, read at most once per ``interval`` seconds while it runs, and
+    its last line once it has ended."""
+
+    def __init__(self, metrics_port: int, interval: float) -> None:
+        self.metrics_port, self.interval = metrics_port, interval
+        # job -> (when its trainer was last read, the uid of the ended rank-0 pod read last)
+        self._read: dict[tuple[str, str], tuple] = {}
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._read.pop(key, None)
+
+    def read(self, job: Mapping, pods: list[dict], log_tail: Callable[..., str]) -> dict | None:
+        """The numbers (None: nothing new to read now). ``log_tail``: the ended rank-0 pod's log
+        tail, from the API server of its cluster."""
+        pod = rank0(job, pods)
+        if pod is None:
+            return None
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        ended = terminated(pod)
+        last, last_read = self._read.get(key, (None, None))
+        if ended:  # its last line, once
+            if last_read == pod["metadata"].get("uid"):
+                return None
+        elif last is not None and time.monotonic() - last < self.interval:
+            return None
+        self._read[key] = (time.monotonic(), pod["metadata"].get("uid") if ended else None)
+        framework = framework_of(job)
+        if framework != HOLMES:  # no metrics port: the framework's own iteration lines
+            return framework_progress.from_log(framework, log_tail(pod, lines=FRAMEWORK_TAIL_LINES))
+        found = from_pod(pod, self.metrics_port)
+        if not found and ended:  # the trainer's last line, from its log
+            found = from_json_lines(log_tail(pod))
+        return found
+
+
+def framework_of(job: Mapping) -> str:
+    return (job.get("spec") or {}).get("framework") or HOLMES
+
+
+def rank0(job: Mapping, pods: list[dict]) -> dict | None:
+    """The current attempt's pod that reports progress, of a launched, unfinished job (None
+    otherwise): rank 0's, or for an external framework the pod whose log carries its iteration
+    lines (spec.framework: core/framework_progress.py)."""
+    st = job.get("status") or {}
+    if not st.get("launched") or st.get("phase") in ("Succeeded", "Failed"):
+        return None
+    reporter = 0
+    if framework_of(job) != HOLMES:
+        nodes = int((st.get("layout") or {}).get("nodes") or 1)
+        reporter = framework_progress.reporting_node_rank(framework_of(job), nodes)
+    return next(
+        (
+            p
+            for p in owned(pods, job["metadata"].get("uid"))
+            if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == reporter
+        ),
+        None,
+    )

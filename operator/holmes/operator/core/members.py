@@ -36,6 +36,7 @@ from holmes.contract import JobSpec, Layout, LayoutError
 from holmes.plan import PlanError
 
 from . import names
+from .summary import pod_node_rank
 
 LABEL_MEMBER_CLUSTER = "holmes.dev/member-cluster"  # on the hub's Secrets that register members
 KUBECONFIG_KEY = "kubeconfig"  # the Secret's key holding the member's kubeconfig
@@ -146,11 +147,9 @@ class MemberPlanner:
     def __init__(self, inner: Any):
         self.inner = inner
 
-    def network(self, node: Mapping):
-        return self.inner.network(node)
-
-    def unusable(self, node: Mapping) -> str:
-        return self.inner.unusable(node)
+    @property
+    def facts(self):
+        return self.inner.facts
 
     def plan(self, nodes: list, job: JobSpec) -> Layout:
         nodes = island_labels(nodes, job.nodes.cluster_label)
@@ -172,6 +171,45 @@ class MemberPlanner:
 
 def pod_ip(pod: Mapping | None) -> str:
     return ((pod or {}).get("status") or {}).get("podIP") or ""
+
+
+def rendezvous(
+    states: Mapping[str, MemberState] | None, current_pods: Iterable[Mapping], nodes: int
+) -> tuple[range | tuple[int, ...], str | None]:
+    """The ranks to create now and the rendezvous address they get. One cluster (``states``
+    None): all ranks, rank 0's DNS name. Across members (no shared DNS): rank 0 first, the
+    others once rank 0's pod has an IP, which they get as MASTER_ADDR."""
+    if states is None:
+        return range(nodes), None
+    rank0 = next((p for p in current_pods if pod_node_rank(p) == 0), None)
+    if rank0 is None:
+        return (0,), None
+    ip = pod_ip(rank0)
+    return (range(nodes), ip) if ip else ((), None)
+
+
+def lost_with_unreachable(
+    states: Mapping[str, MemberState] | None, current_pods: Iterable[Mapping], attempt: int
+) -> str:
+    """Why pods of the current attempt are lost with an unreachable member ('' if none are)."""
+    if states is None:
+        return ""
+    down = {m: st for m, st in states.items() if not st.reachable}
+    lost: dict[str, int] = {}
+    for p in current_pods:
+        m = member_of(p)
+        if m in down or (m is not None and m not in states):
+            lost[m] = lost.get(m, 0) + 1
+    if not lost:
+        return ""
+    parts = []
+    for m, k in sorted(lost.items()):
+        why = down[m].message if m in down else "no longer registered"
+        parts.append(
+            f"member cluster {m} is unreachable ({why or 'no answer'}): {k} pod(s) of attempt "
+            f"{attempt} there are lost"
+        )
+    return "; ".join(parts) + "; planning again on the members left"
 
 
 # ---- routing a decision to the members --------------------------------------------------------
@@ -265,6 +303,47 @@ def members_status(
         out[m][key] += 1
         out[m]["nodes"] += 1
     return out
+
+
+def job_status(
+    states: Mapping[str, MemberState],
+    nodes: Iterable[Mapping],
+    pods: Iterable[Mapping],
+    before: Mapping[str, Mapping],
+) -> tuple[dict[str, dict], list[tuple[str, str, str]], tuple[bool, str, str]]:
+    """A job's status.members, its Events (type, reason, message) when a member it uses becomes
+    unreachable or comes back, and its MembersReachable condition (status, reason, message).
+    ``pods``: the attempt's pods, those just decided included (placed by their node)."""
+    by_node = {n["metadata"]["name"]: member_of(n) for n in nodes}
+    tagged = []
+    for p in pods:
+        m = member_of(p) or by_node.get(
+            ((p.get("metadata") or {}).get("annotations") or {}).get(names.ANN_NODE) or ""
+        )
+        tagged.append(tag(p, m) if m else p)
+    st = members_status(states, tagged)
+    events = []
+    for m, entry in st.items():
+        was = (before.get(m) or {}).get("reachable")
+        if was is not False and not entry["reachable"] and (was is True or entry["nodes"]):
+            events.append(
+                (
+                    "Warning",
+                    "MemberUnreachable",
+                    f"member cluster {m} is unreachable: {entry.get('message') or 'no answer'}",
+                )
+            )
+        elif was is False and entry["reachable"]:
+            events.append(("Normal", "MemberReachable", f"member cluster {m} is reachable again"))
+    down = [m for m, e in st.items() if not e["reachable"]]
+    if down:
+        msg = "; ".join(f"{m}: {st[m].get('message') or 'no answer'}" for m in down)
+        value = (False, "MemberUnreachable", f"unreachable member cluster(s): {msg}")
+    elif st:
+        value = (True, "AllMembersReachable", f"{len(st)} member cluster(s): {', '.join(st)}")
+    else:
+        value = (False, "NoMembers", "no member cluster is registered")
+    return st, events, value
 
 
 # ---- deleting a job: its children in every member ---------------------------------------------

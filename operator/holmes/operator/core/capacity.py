@@ -424,7 +424,7 @@ class SharedState:
 
 @dataclass(frozen=True)
 class CapacityPlanner:
-    """The reconciler's Planner (reconcile.Planner) for one job on a shared cluster. ``state``
+    """The reconciler's Planner (core.state.Planner) for one job on a shared cluster. ``state``
     is read only when the job plans (a running job's reconcile never builds it)."""
 
     inner: Any  # the cluster planner (planning.ClusterPlanner)
@@ -433,11 +433,9 @@ class CapacityPlanner:
     node_labels: Mapping[str, str] = field(default_factory=dict)  # Kueue flavors' node labels
     gpu_resource: str = GPU
 
-    def network(self, node: Mapping):
-        return self.inner.network(node)
-
-    def unusable(self, node: Mapping) -> str:
-        return self.inner.unusable(node)
+    @property
+    def facts(self):
+        return self.inner.facts
 
     def plan(self, nodes: list, job: JobSpec) -> Layout:
         shape = replace(pod_shape(job, self.gpu_resource), node_labels=dict(self.node_labels))
@@ -475,7 +473,7 @@ class CapacityPlanner:
         fit = sorted(
             x["metadata"]["name"]
             for x in view
-            if _gpus(x, self.gpu_resource) >= g and not self.inner.unusable(x)
+            if _gpus(x, self.gpu_resource) >= g and not self.inner.facts.unusable(x)
         )
         holders: dict[str, int] = {}
         for who in led.holders.values():

@@ -6,7 +6,8 @@
   kubernetes.io/hostname, with rank/rendezvous env (also as torchrun's PET_* variables), NCCL
   env for the node's NIC kind, GPU and RDMA resources, IPC_LOCK on RDMA nodes, a memory-backed
   /dev/shm and the layout mounted at /etc/holmes; secure defaults (seccomp RuntimeDefault, no
-  privilege escalation, capabilities dropped, no service-account token) unless the template,
+  privilege escalation, capabilities dropped, no service-account token; at the restricted level
+  runAsNonRoot and every container hardened: template.secure_defaults) unless the template,
   within the operator's policy (template.py), says otherwise. The user's template is respected: image,
   command/args, env (wins over ours), resources (win over ours), volumes, tolerations,
   schedulerName, labels, annotations and any other PodSpec field.
@@ -27,7 +28,7 @@ from holmes.contract import JobSpec, Layout
 from holmes.contract.names import ENV_GRACE_SECONDS
 
 from . import names
-from .template import TemplatePolicy
+from .template import RDMA_CAPABILITIES, TemplatePolicy, harden_container, secure_defaults
 
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -277,10 +278,7 @@ def build_pod(
         pspec["hostNetwork"] = True
         pspec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
     pspec.setdefault("enableServiceLinks", False)
-    pspec.setdefault("automountServiceAccountToken", False)  # the trainer never calls the API
-    psc = dict(pspec.get("securityContext") or {})
-    psc.setdefault("seccompProfile", {"type": "RuntimeDefault"})
-    pspec["securityContext"] = psc
+    secure_defaults(pspec, settings.policy.level)  # no API token, seccomp; restricted: non-root...
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -330,16 +328,12 @@ def _trainer_container(
     # Secure defaults the template may override within the operator's policy: no privilege
     # escalation, every capability dropped but IPC_LOCK on RDMA nodes (pinned memory for
     # ibv_reg_mr).
-    sc = copy.deepcopy(c.get("securityContext") or {})
-    sc.setdefault("allowPrivilegeEscalation", False)
-    caps = sc.setdefault("capabilities", {})
-    caps.setdefault("drop", ["ALL"])
+    c = harden_container(c)
+    caps = c["securityContext"]["capabilities"]
     add = list(caps.get("add") or [])
-    if rdma_resource and "IPC_LOCK" not in add:
-        add.append("IPC_LOCK")
+    add += [cap for cap in RDMA_CAPABILITIES if rdma_resource and cap not in add]
     if add:
         caps["add"] = add
-    c["securityContext"] = sc
 
     declared = [p for p in c.get("ports") or [] if p.get("name") not in ("rendezvous", "metrics")]
     declared.append({"name": "rendezvous", "containerPort": ports[0]})

@@ -59,3 +59,25 @@ def set_many(
     for type_, (status, reason, message) in values.items():
         out = set_condition(out, type_, status, reason, message, now, generation)
     return out
+
+
+def for_phase(
+    phase: str, reason: str, message: str, stalled: tuple[str, str] | None = None
+) -> dict[str, tuple[bool, str, str]]:
+    """The kstatus conditions that go with a job phase (``set_many``'s values): Ready while
+    Running or Succeeded, Reconciling while Pending or Restarting and not stalled, Stalled with
+    its own reason when the user must act, and one condition per end state."""
+    active = phase in ("Pending", "Restarting")
+    ready = phase in ("Running", "Succeeded")
+
+    def only(p: str, otherwise: str) -> tuple[bool, str, str]:
+        return (phase == p, reason if phase == p else otherwise, message if phase == p else "")
+
+    return {
+        READY: (ready, reason if not ready or phase != "Running" else "AllPodsRunning", message),
+        RECONCILING: (active and stalled is None, reason if active else phase, message if active else ""),
+        STALLED: (stalled is not None, stalled[0] if stalled else "Healthy", stalled[1] if stalled else ""),
+        SUCCEEDED: only("Succeeded", "NotSucceeded"),
+        FAILED: only("Failed", "NotFailed"),
+        SUSPENDED: only("Suspended", "NotSuspended"),
+    }

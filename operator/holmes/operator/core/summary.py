@@ -151,3 +151,23 @@ def waiting_reason(pods: Iterable[Mapping]) -> str:
             if waiting and waiting.get("reason") not in (None, "ContainerCreating"):
                 return f"pod {name}: {waiting.get('reason')}: {waiting.get('message', '')}".strip()
     return ""
+
+
+def merged_progress(before: Mapping, read: Mapping | None, now: str) -> tuple[dict | None, str]:
+    """status.progress with the numbers just read from the trainer (None: unchanged, no patch),
+    and the FabricMismatch warning to post, once per distinct set of findings ('' if none)."""
+    if not read:
+        return None, ""
+    merged = dict(before)
+    merged.update({k: v for k, v in read.items() if v is not None})
+    merged.pop("updateTime", None)
+    out = None
+    if {k: v for k, v in before.items() if k != "updateTime"} != merged:
+        out = {**merged, "updateTime": now}
+    fabric = read.get("fabricWarnings") or []
+    warning = ""
+    if fabric and fabric != before.get("fabricWarnings"):
+        n = len(fabric) - 3
+        more = f" (and {n} more in status.progress.fabricWarnings)" if n > 0 else ""
+        warning = "; ".join(fabric[:3]) + more
+    return out, warning

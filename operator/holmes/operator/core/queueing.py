@@ -1,0 +1,375 @@
+"""Queueing systems a cluster may run, as pure functions (objects in, objects out):
+
+- Kueue (``kueue.x-k8s.io``): a HolmesJob labelled ``kueue.x-k8s.io/queue-name`` gets a
+  ``Workload`` with one pod set per pod shape (Holmes pods all have one shape: ``count`` pods
+  requesting the template's CPU/memory plus gpusPerNode GPUs and the RDMA resource the template
+  asks for). The job stays suspended until the Workload's ``Admitted`` condition is True; it
+  plans only on nodes carrying the node labels of the ResourceFlavors in
+  ``status.admission.podSetAssignments[].flavors``; an ``Evicted`` condition that is True
+  suspends it again (pods deleted gracefully, reason Requeued) until Kueue admits it anew. When
+  the job finishes, the Workload gets ``Finished`` so Kueue releases the quota.
+  Two versions of Kueue's API are spoken (``KUEUE_VERSIONS``): ``v1beta2`` (Kueue 0.15 on) and
+  ``v1beta1`` (Kueue 0.6 to 0.14; deprecated since 0.16). Decisions read and build ``v1beta2``
+  objects only; ``workload_as`` / ``workload_from`` translate at the API boundary (the fields
+  Holmes uses that v1beta2 renamed or moved).
+- Volcano (``scheduling.volcano.sh/v1beta1``): a job whose template sets
+  ``schedulerName: volcano`` gets a ``PodGroup`` with ``minMember`` = the gang; its pods carry
+  the annotation ``scheduling.k8s.io/group-name``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import names
+from .capacity import CPU, GPU, LABEL_KUEUE_QUEUE, MEMORY, PodShape, show
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+V1BETA2, V1BETA1 = "v1beta2", "v1beta1"
+KUEUE_VERSIONS = (V1BETA2, V1BETA1)  # newest first: the first one the API server serves is used
+WORKLOADS, FLAVORS = "workloads", "resourceflavors"
+LABEL_QUEUE = LABEL_KUEUE_QUEUE
+POD_SET = "workers"
+
+VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
+VOLCANO_API = f"{VOLCANO_GROUP}/{VOLCANO_VERSION}"
+PODGROUPS = "podgroups"
+VOLCANO_SCHEDULER = "volcano"
+ANN_GROUP = "scheduling.k8s.io/group-name"
+ANN_VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"
+
+ADMITTED, EVICTED, PENDING = "admitted", "evicted", "pending"
+
+
+# ---- Kueue ------------------------------------------------------------------------------------
+
+
+def queue_name(job: Mapping) -> str | None:
+    return ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_QUEUE) or None
+
+
+def workload_name(job: str) -> str:
+    return f"holmesjob-{job}"
+
+
+def _quantity_text(resource: str, amount: float) -> str:
+    if resource in (CPU, MEMORY):
+        return show(resource, amount) if resource == CPU else str(int(amount))
+    return str(int(amount)) if amount == int(amount) else str(amount)
+
+
+def pod_sets(spec_count: int, shape: PodShape, template: Mapping | None) -> list[dict]:
+    """The Workload's pod sets: one shape, ``count`` pods."""
+    tspec = (template or {}).get("spec") if isinstance((template or {}).get("spec"), Mapping) else {}
+    requests = {k: _quantity_text(k, v) for k, v in sorted(shape.requests.items()) if v}
+    pod_spec: dict[str, Any] = {
+        "containers": [{"name": names.TRAINER_CONTAINER, "resources": {"requests": requests}}],
+        "restartPolicy": "Never",
+    }
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
+        if tspec.get(key):
+            pod_spec[key] = tspec[key]
+    return [{"name": POD_SET, "count": spec_count, "template": {"spec": pod_spec}}]
+
+
+def choose_version(served: Iterable[str]) -> str | None:
+    """The Kueue version to speak: the newest Holmes knows among those served (None: none)."""
+    served = set(served)
+    return next((v for v in KUEUE_VERSIONS if v in served), None)
+
+
+def build_workload(
+    job: str,
+    namespace: str,
+    queue: str,
+    count: int,
+    shape: PodShape,
+    template: Mapping | None,
+    priority: int,
+    priority_class: str | None = None,
+) -> dict:
+    """The job's Workload (v1beta2). ``priority_class``: the job's PriorityClass, named in
+    ``spec.priorityClassRef`` as Kueue's own integrations do (``priority`` is its value)."""
+    spec: dict[str, Any] = {"queueName": queue, "priority": priority}
+    if priority_class:
+        spec["priorityClassRef"] = {
+            "group": "scheduling.k8s.io",
+            "kind": "PriorityClass",
+            "name": priority_class,
+        }
+    spec["podSets"] = pod_sets(count, shape, template)
+    return {
+        "apiVersion": f"{KUEUE_GROUP}/{V1BETA2}",
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job),
+            "namespace": namespace,
+            "labels": {
+                names.LABEL_JOB: job,
+                names.LABEL_MANAGED_BY: names.MANAGED_BY,
+                LABEL_QUEUE: queue,
+            },
+        },
+        "spec": spec,
+    }
+
+
+def same_pod_sets(a: Any, b: Any) -> bool:
+    """Whether two pod set lists ask for the same thing (as the API server may have defaulted them)."""
+
+    def key(ps: Any) -> list:
+        out = []
+        for p in ps or []:
+            spec = ((p or {}).get("template") or {}).get("spec") or {}
+            reqs = [
+                {k: str(v) for k, v in ((c.get("resources") or {}).get("requests") or {}).items()}
+                for c in spec.get("containers") or []
+            ]
+            out.append(
+                (p.get("name"), p.get("count"), reqs, spec.get("nodeSelector"), spec.get("tolerations"))
+            )
+        return out
+
+    return key(a) == key(b)
+
+
+def _condition(obj: Mapping, type_: str) -> Mapping:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == type_), {})
+
+
+def admission(workload: Mapping) -> tuple[str, str]:
+    """(ADMITTED | EVICTED | PENDING, what Kueue says)."""
+    ev = _condition(workload, "Evicted")
+    if ev.get("status") == "True":
+        return EVICTED, f"{ev.get('reason') or 'Evicted'}: {ev.get('message') or 'no message'}"
+    adm = _condition(workload, "Admitted")
+    if adm.get("status") == "True":
+        cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
+        return ADMITTED, f"admitted by ClusterQueue {cq}" if cq else "admitted"
+    qr = _condition(workload, "QuotaReserved")
+    msg = qr.get("message") or adm.get("message") or "not admitted yet"
+    requeue = (workload.get("status") or {}).get("requeueState") or {}
+    if _condition(workload, "Requeued").get("status") == "False" and requeue.get("requeueAt"):
+        # evicted and backing off: Kueue queues it again at requeueAt
+        n = requeue.get("count")
+        msg += f" (requeued at {requeue['requeueAt']}" + (f", eviction {n})" if n else ")")
+    return PENDING, msg
+
+
+def flavor_node_labels(workload: Mapping, flavors: Mapping[str, Mapping]) -> tuple[dict, list[str]]:
+    """The node labels of the flavors Kueue assigned (all must hold), and flavors not found."""
+    labels: dict[str, str] = {}
+    missing: list[str] = []
+    adm = (workload.get("status") or {}).get("admission") or {}
+    for psa in adm.get("podSetAssignments") or []:
+        for flavor in sorted(set((psa.get("flavors") or {}).values())):
+            if flavor not in flavors:
+                missing.append(flavor)
+                continue
+            labels.update(((flavors[flavor].get("spec") or {}).get("nodeLabels")) or {})
+    return labels, missing
+
+
+def finished_conditions(workload: Mapping, ok: bool, message: str, now: str) -> list[dict] | None:
+    """The Workload's conditions with Finished=True (None when it already says so)."""
+    if _condition(workload, "Finished").get("status") == "True":
+        return None
+    conds = [c for c in (workload.get("status") or {}).get("conditions") or [] if c.get("type") != "Finished"]
+    conds.append(
+        {
+            "type": "Finished",
+            "status": "True",
+            "reason": "Succeeded" if ok else "Failed",
+            "message": message[:1000] or ("the job succeeded" if ok else "the job failed"),
+            "lastTransitionTime": now,
+        }
+    )
+    return conds
+
+
+# ---- Kueue: v1beta1 <-> v1beta2 ------------------------------------------------------------------
+# What v1beta2 renamed or moved among the fields Holmes reads or writes (the rest, pod sets,
+# counts, admission, flavors, conditions, requeueState and ResourceFlavor.spec.nodeLabels, is
+# the same in both): spec.priorityClassSource + priorityClassName became spec.priorityClassRef;
+# status.accumulatedPastExexcutionTimeSeconds lost its typo; a pod set assignment's
+# topologyAssignment lists slices instead of domains.
+PRIORITY_SOURCES = {  # v1beta1 priorityClassSource -> v1beta2 priorityClassRef {group, kind}
+    "scheduling.k8s.io/priorityclass": ("scheduling.k8s.io", "PriorityClass"),
+    "kueue.x-k8s.io/workloadpriorityclass": ("kueue.x-k8s.io", "WorkloadPriorityClass"),
+}
+
+
+def workload_as(version: str, workload: Mapping) -> dict:
+    """A Workload built by Holmes (v1beta2) in ``version``, to write it there."""
+    if version == V1BETA2:
+        return dict(workload)
+    if version != V1BETA1:
+        raise ValueError(f"Kueue version {version!r}: Holmes speaks {', '.join(KUEUE_VERSIONS)}")
+    out = {**workload, "apiVersion": f"{KUEUE_GROUP}/{V1BETA1}"}
+    spec = dict(workload.get("spec") or {})
+    ref = spec.pop("priorityClassRef", None)
+    source = next(
+        (k for k, gk in PRIORITY_SOURCES.items() if ref and gk == (ref["group"], ref["kind"])), None
+    )
+    if source:
+        spec["priorityClassSource"], spec["priorityClassName"] = source, ref["name"]
+    out["spec"] = spec
+    return out
+
+
+def workload_from(workload: Mapping) -> dict:
+    """A Workload as the API server returned it (in the version it was asked in), as v1beta2."""
+    if workload.get("apiVersion") != f"{KUEUE_GROUP}/{V1BETA1}":
+        return dict(workload)
+    out = {**workload, "apiVersion": f"{KUEUE_GROUP}/{V1BETA2}"}
+    spec = dict(workload.get("spec") or {})
+    source, name = spec.pop("priorityClassSource", None), spec.pop("priorityClassName", None)
+    if source in PRIORITY_SOURCES and name:
+        group, kind = PRIORITY_SOURCES[source]
+        spec["priorityClassRef"] = {"group": group, "kind": kind, "name": name}
+    out["spec"] = spec
+    status = dict(workload.get("status") or {})
+    if "accumulatedPastExexcutionTimeSeconds" in status:
+        status["accumulatedPastExecutionTimeSeconds"] = status.pop("accumulatedPastExexcutionTimeSeconds")
+    adm = status.get("admission")
+    if adm:
+        psas = [dict(p) for p in adm.get("podSetAssignments") or []]
+        for p in psas:
+            if p.get("topologyAssignment"):
+                p["topologyAssignment"] = _topology_v1beta2(p["topologyAssignment"])
+        status["admission"] = {**adm, "podSetAssignments": psas}
+    if "status" in workload:
+        out["status"] = status
+    return out
+
+
+def _topology_v1beta2(ta: Mapping) -> dict:
+    """v1beta1 ``{levels, domains: [{values, count}]}`` as v1beta2 ``{levels, slices}``: one
+    slice of every domain, each level's values listed one per domain."""
+    levels, domains = list(ta.get("levels") or []), list(ta.get("domains") or [])
+    if not domains:
+        return {"levels": levels, "slices": []}
+    values = [{"individual": {"roots": [d["values"][i] for d in domains]}} for i in range(len(levels))]
+    counts = {"individual": [d["count"] for d in domains]}
+    return {
+        "levels": levels,
+        "slices": [{"domainCount": len(domains), "valuesPerLevel": values, "podCounts": counts}],
+    }
+
+
+# ---- Volcano -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Kueue's word on a job this reconcile: go on (planning only on ``node_labels``, the
+    admitted flavors' nodes), or hold it suspended (``hold``: reason, message, a Warning?), or
+    stall it (``stall``: reason, message); with the Workload to create or delete."""
+
+    node_labels: Mapping[str, str] | None = None
+    hold: tuple[str, str, bool] | None = None
+    stall: tuple[str, str] | None = None
+    create: dict | None = None
+    delete: str | None = None
+
+
+def gate(
+    job: Mapping,
+    queue: str,
+    count: int,
+    shape: PodShape,
+    template: Mapping | None,
+    priority: int,
+    priority_class: str | None,
+    workload: Mapping | None,
+    flavors: Mapping[str, Mapping] | None,
+    requeued: bool,
+) -> Gate:
+    """A job labelled kueue.x-k8s.io/queue-name runs only while Kueue admits its Workload.
+    ``workload``: the job's own (a same-named job's leftover is None); ``flavors``: None when
+    the Kueue API is not served; ``requeued``: the job is held after an eviction;
+    ``priority_class``: the PriorityClass the priority is the value of, named in the Workload."""
+    if flavors is None:
+        return Gate(
+            stall=(
+                "KueueNotInstalled",
+                f"label {LABEL_QUEUE}={queue} asks Kueue to admit this job, but the API "
+                f"{KUEUE_GROUP} (Workload, {' or '.join(KUEUE_VERSIONS)}) is not served: "
+                "install Kueue, or remove the label",
+            )
+        )
+    meta = job.get("metadata") or {}
+    want = build_workload(
+        meta.get("name", ""),
+        meta.get("namespace", "default"),
+        queue,
+        count,
+        shape,
+        template,
+        priority,
+        priority_class,
+    )
+    name = want["metadata"]["name"]
+    if workload is None:
+        why = f"Workload {name} created in LocalQueue {queue}: waiting for Kueue to admit it"
+        return Gate(hold=("WaitingForAdmission", why, False), create=want)
+    if not same_pod_sets(workload.get("spec", {}).get("podSets"), want["spec"]["podSets"]):
+        why = f"the job's pods changed (count or requests): re-creating Workload {name} for Kueue"
+        return Gate(hold=("WaitingForAdmission", why, False), delete=name)
+    state, why = admission(workload)
+    if state == EVICTED:
+        msg = f"Workload {name} was evicted by Kueue ({why}): pods deleted; waiting to be admitted again"
+        return Gate(hold=("Requeued", msg, True))
+    if state == PENDING:
+        reason = "Requeued" if requeued else "WaitingForAdmission"
+        return Gate(hold=(reason, f"Workload {name} in LocalQueue {queue} is not admitted: {why}", False))
+    labels, missing = flavor_node_labels(workload, flavors)
+    if missing:
+        msg = (
+            f"Workload {name} is admitted with ResourceFlavor(s) {', '.join(missing)}, which do not "
+            "exist (yet): their node labels say where the job may run"
+        )
+        return Gate(hold=("WaitingForAdmission", msg, False))
+    return Gate(node_labels=labels)
+
+
+def volcano_group(template: Mapping | None) -> bool:
+    spec = (template or {}).get("spec")
+    return isinstance(spec, Mapping) and spec.get("schedulerName") == VOLCANO_SCHEDULER
+
+
+def podgroup_name(job: str) -> str:
+    return job
+
+
+def build_podgroup(
+    job: str, namespace: str, min_member: int, shape: PodShape, template: Mapping | None
+) -> dict:
+    ann = ((template or {}).get("metadata") or {}).get("annotations") or {}
+    spec: dict[str, Any] = {
+        "minMember": min_member,
+        "minResources": {
+            k: _quantity_text(k, v * min_member)
+            for k, v in sorted(shape.requests.items())
+            if v and k in (GPU, CPU, MEMORY)
+        },
+    }
+    if isinstance(ann, Mapping) and ann.get(ANN_VOLCANO_QUEUE):
+        spec["queue"] = ann[ANN_VOLCANO_QUEUE]
+    return {
+        "apiVersion": VOLCANO_API,
+        "kind": "PodGroup",
+        "metadata": {
+            "name": podgroup_name(job),
+            "namespace": namespace,
+            "labels": {names.LABEL_JOB: job, names.LABEL_MANAGED_BY: names.MANAGED_BY},
+        },
+        "spec": spec,
+    }
+
+
+def in_group(pod: dict, group: str) -> dict:
+    pod["metadata"].setdefault("annotations", {})[ANN_GROUP] = group
+    return pod

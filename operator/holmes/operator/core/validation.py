@@ -1,0 +1,45 @@
+"""What stops a job before anything is planned: a spec Holmes cannot run as written, or one the
+operator's job policy refuses. Each refusal is (condition reason, message naming the field and
+the fix); the reconciler stalls the job with it until the spec changes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from holmes.contract import JobSpec
+
+from . import names, queueing
+from .template import TemplatePolicy, policy_violations, shape_problems
+
+FIX = " -- fix the spec with kubectl edit or apply"
+
+
+def refusal(
+    job: Mapping, spec: JobSpec, policy: TemplatePolicy, across_members: bool, started_model: str | None
+) -> tuple[str, str] | None:
+    """The first reason the job cannot go on (None: it may). ``started_model``: the model hash
+    the job's checkpoints were written with (the launched ConfigMap's), if any."""
+    shape = shape_problems(spec.template)
+    if shape:
+        return "InvalidSpec", "; ".join(shape) + FIX
+    denied = policy_violations(spec.template, policy)
+    if spec.network == "hostNetwork" and not policy.allow_host_namespaces:
+        denied.append(
+            "spec.network: hostNetwork is not allowed by the operator's job policy (allowed by the "
+            "operator flag --allow-host-namespaces, chart value jobPolicy.allowHostNamespaces: true)"
+        )
+    if denied:
+        return "PolicyViolation", "; ".join(denied)
+    if across_members and queueing.volcano_group(spec.template):
+        return (
+            "InvalidSpec",
+            "schedulerName: volcano (a Volcano PodGroup) is not supported for a job across member "
+            "clusters yet: remove spec.template.spec.schedulerName",
+        )
+    if started_model and started_model != names.model_hash(job.get("spec")):
+        return (
+            "ImmutableField",
+            "spec.model cannot change once the job has started (its checkpoints hold this model); "
+            "revert spec.model or create a new HolmesJob",
+        )
+    return None

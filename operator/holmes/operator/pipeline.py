@@ -1,0 +1,227 @@
+"""One reconcile of one job, read top to bottom: observe (from the caches) -> decide (pure,
+core/reconcile.py) -> write (kube.py) -> status. Synchronous; the job's loop runs it in a worker
+thread (handlers.py).
+
+Where a job's children live is the only thing that differs between a job on this cluster and
+one across member clusters (core/members.py), so each is a ``Children``:
+- ``HubChildren``: in the hub's caches; writes go to the hub, adopted through ownerReferences.
+- ``MemberChildren``: in the members' caches, planned over the union of the members' nodes;
+  the decision's writes are split per member (``members.route``), an unreachable member is
+  skipped (redone once it answers), and the job carries a finalizer (no ownerReference crosses
+  clusters).
+
+Jobs plan and launch one at a time (``placement`` lock around decide + write), so each sees the
+pods the previous one created (core/capacity.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Protocol
+
+from .core import capacity, members, names, queueing
+from .core.reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide
+from .core.render import RenderSettings
+from .core.summary import pod_attempt
+from .kube import Caches, KubeIO
+from .membership import Members
+from .progress import ProgressReader, rank0
+from .watches import Watches
+
+
+class Children(Protocol):
+    """Where one job's children live, and how its writes reach them."""
+
+    states: Mapping[str, members.MemberState] | None  # the members' states; None on the hub
+
+    def nodes(self, hub_nodes: list[dict]) -> list[dict]: ...
+    def pods(self, ns: str, name: str) -> list[dict]: ...
+    def configmap(self, ns: str, name: str, uid: str) -> dict | None: ...
+    def service(self, ns: str, name: str, uid: str) -> dict | None: ...
+    def planner(self, planner: Planner) -> Planner: ...
+    def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]: ...
+    def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]: ...
+    def write(self, d: Decision, job: dict, pods: list[dict], nodes: list[dict]): ...
+
+
+@dataclass
+class HubChildren:
+    caches: Caches
+    io: KubeIO
+    states: None = None
+
+    def nodes(self, hub_nodes: list[dict]) -> list[dict]:
+        return hub_nodes
+
+    def pods(self, ns: str, name: str) -> list[dict]:
+        return self.caches.pods.by_label(ns, name)
+
+    def configmap(self, ns: str, name: str, uid: str) -> dict | None:
+        return self.caches.configmaps.get(ns, names.layout_configmap_name(name))
+
+    def service(self, ns: str, name: str, uid: str) -> dict | None:
+        return self.caches.services.get(ns, names.service_name(name))
+
+    def planner(self, planner: Planner) -> Planner:
+        return planner
+
+    def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]:
+        pods = {_key(p): p for p in self.caches.cluster_pods.values()}
+        for p in self.caches.pods.values():  # Holmes' own pods, including those just created
+            pods[_key(p)] = capacity.slim_pod(p)
+        return list(pods.values()), lambda ns, job: self.caches.configmaps.get(
+            ns, names.layout_configmap_name(job)
+        )
+
+    def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]:
+        return self.io.log_tail
+
+    def write(self, d: Decision, job: dict, pods: list[dict], nodes: list[dict]):
+        return self.io.apply(d, job)
+
+
+class MemberChildren:
+    """A job across the member clusters (the hub's own nodes are not used: register the hub as
+    a member too to plan on them)."""
+
+    def __init__(self, registry: Members, hub_io: KubeIO, say_once: Callable[[tuple, str], bool]) -> None:
+        self.registry, self.hub_io = registry, hub_io
+        self.regs = registry.all()
+        self.states = {m: r.state() for m, r in self.regs.items()}
+        self.usable = [m for m, st in self.states.items() if st.reachable]
+        self.say_once = say_once
+        self.pod_member: dict[str, str] = {}
+
+    def nodes(self, hub_nodes: list[dict]) -> list[dict]:
+        nodes, problems = members.union_nodes({m: r.node_list() for m, r in self.regs.items()}, self.usable)
+        self.say_once(("nodes",), "; ".join(problems))
+        return nodes
+
+    def pods(self, ns: str, name: str) -> list[dict]:
+        pods, self.pod_member = self.registry.job_pods(ns, name)
+        return pods
+
+    def configmap(self, ns: str, name: str, uid: str) -> dict | None:
+        return self.registry.child(self.usable, "configmaps", ns, names.layout_configmap_name(name), uid)
+
+    def service(self, ns: str, name: str, uid: str) -> dict | None:
+        return self.registry.child(self.usable, "services", ns, names.service_name(name), uid)
+
+    def planner(self, planner: Planner) -> Planner:
+        return members.MemberPlanner(planner)
+
+    def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]:
+        return self.registry.capacity_view()
+
+    def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]:
+        pod = rank0(job, pods)
+        at = self.regs.get(self.pod_member.get(pod["metadata"]["name"], "")) if pod else None
+        return (at.io if at is not None and at.io is not None else self.hub_io).log_tail
+
+    def write(self, d: Decision, job: dict, pods: list[dict], nodes: list[dict]):
+        uid = job["metadata"]["uid"]
+        attempt = d.status.get("attempt")
+        current = {self.pod_member[p["metadata"]["name"]] for p in pods if pod_attempt(p) == attempt}
+        node_member = {n["metadata"]["name"]: members.member_of(n) for n in nodes}
+        routed = members.route(d, uid, self.pod_member, node_member, current)
+        created, refusals = 0, []
+        for m, writes in sorted(routed.items()):
+            if m not in self.usable:  # redone once it answers again (stale pods are deleted then)
+                continue
+            part = Decision(
+                status={},
+                delete_pods=writes.delete_pods,
+                configmap=writes.configmap,
+                service=writes.service,
+                create_pods=writes.create_pods,
+            )
+            made, no = self.regs[m].io.apply(part, job, adopt=False)
+            created += made
+            refusals += [replace(r, message=f"in member cluster {m}: {r.message}") for r in no]
+        return created, refusals
+
+
+@dataclass
+class Pipeline:
+    """What every reconcile shares: the caches and writers, the planner, the settings."""
+
+    caches: Caches
+    io: KubeIO
+    watches: Watches
+    planner: Planner
+    settings: RenderSettings
+    backoff: RestartBackoff
+    progress: ProgressReader
+    say_once: Callable[[tuple, str], bool]
+
+    def __post_init__(self) -> None:
+        self.placement = threading.RLock()
+
+    def children(self, job: dict) -> tuple[Children, dict]:
+        """Where the job's children live (and the job, with the members' finalizer set first)."""
+        registry = self.watches.members
+        if registry is None or not registry.active():
+            return HubChildren(self.caches, self.io), job
+        finalizers = list(job["metadata"].get("finalizers") or [])
+        if members.FINALIZER not in finalizers:  # before any child exists in a member
+            job = self.io.set_finalizers(job, finalizers + [members.FINALIZER])
+        return MemberChildren(registry, self.io, self.say_once), job
+
+    def run(
+        self, job: dict, hub_nodes: list[dict], refused: list[ChildRefusal]
+    ) -> tuple[Decision, dict, dict, int, list[ChildRefusal]]:
+        """Observe, decide, write: (decision, job, old status, pods created, refusals)."""
+        ns, name, uid = job["metadata"]["namespace"], job["metadata"]["name"], job["metadata"].get("uid")
+        where, job = self.children(job)
+        nodes = where.nodes(hub_nodes)
+        pods = where.pods(ns, name)
+        found = self.progress.read(job, pods, where.log_tail(job, pods))
+        with self.placement:
+            job = self.caches.jobs.get(ns, name) or job
+            pods = where.pods(ns, name)
+            obs = Observed(
+                job=job,
+                pods=pods,
+                configmap=where.configmap(ns, name, uid),
+                service=where.service(ns, name, uid),
+                nodes=nodes,
+                now=datetime.now(timezone.utc),
+                progress=found,
+                refused=refused,
+                workload=self.caches.workloads.get(ns, queueing.workload_name(name)),
+                flavors=self.watches.flavors(),
+                priority_classes=self.watches.priority_classes(),
+                members=where.states,
+            )
+            planner = capacity.CapacityPlanner(
+                where.planner(self.planner),
+                f"{ns}/{name}",
+                functools.partial(self.shared_state, job, where),
+                gpu_resource=self.settings.gpu_resource,
+            )
+            d = decide(obs, planner, self.settings, self.backoff)
+            self.io.apply_queueing(d, job)
+            created, refusals = where.write(d, job, pods, nodes)
+            old = job.get("status") or {}
+            self.io.patch_status(job, old, d.status)
+        return d, job, old, created, refusals
+
+    def shared_state(self, me: Mapping, where: Children) -> capacity.SharedState:
+        """What other workloads hold (pods, launched layouts) and the waiting jobs ahead of ``me``."""
+        pods, layout = where.capacity_view()
+        return capacity.shared_state(
+            me,
+            self.caches.jobs.values(),
+            pods,
+            layout,
+            self.watches.priority_classes(),
+            self.settings.gpu_resource,
+        )
+
+
+def _key(obj: Mapping) -> tuple[str, str]:
+    return obj["metadata"].get("namespace"), obj["metadata"].get("name")

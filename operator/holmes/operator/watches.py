@@ -1,0 +1,238 @@
+"""What the operator watches, and when it may act on it: Holmes' informers on the hub, and the
+member clusters' (membership.py). No job loop decides anything before every informer holds a
+full LIST (a partly filled cache would look like deleted pods).
+
+- Children (pods, ConfigMaps, Services) by a server-side label selector; a change wakes the
+  loop of the job it belongs to. Exact namespaces get one watch each; patterns ("team-*",
+  "!kube-*") one cluster-wide watch, filtered here.
+- Shared clusters (core/capacity.py): every pod that has not ended (slimmed, field selector on
+  the phase) and PriorityClasses; a change wakes the jobs that have not launched yet.
+- Kueue (core/queueing.py, kueue_version.py): while the API server serves kueue.x-k8s.io
+  (v1beta2, else v1beta1; looked for again every 30 s), Workloads of Holmes jobs and
+  ResourceFlavors are cached too.
+- Member clusters (``--members-namespace``): the registry and each member's own informers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import functools
+import logging
+from collections.abc import Callable, Mapping
+
+from kubernetes import client
+
+from . import kueue_version
+from .core import capacity, names
+from .informer import Informer
+from .kube import Caches
+from .membership import Members
+
+log = logging.getLogger("holmes.operator")
+MEMBER_SYNC_SECONDS = 20.0  # at start-up, wait this long at most for the members' caches
+
+
+class Watches:
+    """The hub's informers (and the members', with a members namespace), feeding ``caches``.
+    The wake callbacks are called on the event loop: ``wake(key)`` one job, ``wake_all()`` every
+    job, ``wake_waiting()`` the jobs not launched yet."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        caches: Caches,
+        namespaces: tuple[str, ...],
+        members_namespace: str,
+        wake: Callable[[tuple[str, str]], None],
+        wake_all: Callable[[], None],
+        wake_waiting: Callable[[], None],
+        on_kueue: Callable[[str | None], None],
+    ) -> None:
+        self.api, self.caches, self.namespaces = api, caches, namespaces
+        self.members_namespace = members_namespace
+        self.wake, self.wake_all, self.wake_waiting = wake, wake_all, wake_waiting
+        self.on_kueue = on_kueue  # called with the Kueue version chosen (None: Kueue went away)
+        self.informers: list[Informer] = []
+        self.kueue: str | None = None  # the Kueue version in use (kueue_version.py); None: not served
+        self.members: Members | None = None  # member clusters, with --members-namespace
+
+    def start(self) -> None:
+        """Start every informer (from the event loop: their threads wake jobs through it)."""
+        loop = asyncio.get_running_loop()
+        # Watches hold their connection for minutes: a pool of their own, apart from the writes'.
+        core = client.CoreV1Api(client.ApiClient(self.api.configuration))
+        selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}"
+
+        def changed(ns: str, job: str) -> None:  # from an informer's thread
+            loop.call_soon_threadsafe(self.wake, (ns, job))
+
+        kinds = (
+            ("pods", self.caches.pods, core.list_namespaced_pod, core.list_pod_for_all_namespaces),
+            (
+                "configmaps",
+                self.caches.configmaps,
+                core.list_namespaced_config_map,
+                core.list_config_map_for_all_namespaces,
+            ),
+            (
+                "services",
+                self.caches.services,
+                core.list_namespaced_service,
+                core.list_service_for_all_namespaces,
+            ),
+        )
+        for kind, store, namespaced, everywhere in kinds:
+            self.watch(kind, namespaced, everywhere, selector, store, changed)
+        self._start_shared(core, changed)
+        if self.members_namespace:
+            self._start_members(core)
+
+    def watch(self, kind: str, namespaced, everywhere, selector: str, store, changed) -> None:
+        """One informer per namespace when they are exact names, else one filtered cluster-wide."""
+        if self.literal:
+            for ns in self.namespaces:
+                fn = functools.partial(namespaced, ns)
+                self.informers.append(Informer(f"{kind}/{ns}", fn, selector, store, changed).start())
+        else:
+            ok = functools.partial(namespace_matches, self.namespaces)
+            self.informers.append(Informer(kind, everywhere, selector, store, changed, ok).start())
+
+    @property
+    def literal(self) -> bool:
+        return bool(self.namespaces) and all(not any(ch in p for ch in "*?[!") for p in self.namespaces)
+
+    def _start_members(self, core: client.CoreV1Api) -> None:
+        loop = asyncio.get_running_loop()
+        ok = functools.partial(namespace_matches, self.namespaces)
+
+        def notify(what: str, ns: str, job: str) -> None:  # from a member's threads
+            if what == "child":
+                loop.call_soon_threadsafe(self.wake, (ns, job))
+            elif what == "capacity":
+                loop.call_soon_threadsafe(self.wake_waiting)
+            else:  # nodes, reachability, registrations
+                loop.call_soon_threadsafe(self.wake_all)
+
+        self.members = Members(core, self.members_namespace, notify, slim_node, node_fingerprint, ok).start()
+
+    def _start_shared(self, core: client.CoreV1Api, changed) -> None:
+        """What capacity and queueing read beyond the jobs' own children."""
+        loop = asyncio.get_running_loop()
+        api = core.api_client
+
+        def capacity_changed(ns: str, label: str) -> None:  # from an informer's thread
+            loop.call_soon_threadsafe(self.wake_waiting)
+
+        self.informers.append(
+            Informer(
+                "pods/all",
+                core.list_pod_for_all_namespaces,
+                "",
+                self.caches.cluster_pods,
+                capacity_changed,
+                field_selector="status.phase!=Succeeded,status.phase!=Failed",
+                transform=capacity.slim_pod,
+            ).start()
+        )
+        sched = client.SchedulingV1Api(api)
+        self.informers.append(
+            Informer(
+                "priorityclasses",
+                sched.list_priority_class,
+                "",
+                self.caches.priority_classes,
+                capacity_changed,
+            ).start()
+        )
+        # Kueue: the version the API server serves, now and when Kueue comes, changes or goes
+
+        def kueue_in_use(version: str | None) -> None:  # from the link's thread
+            self.kueue = version
+            self.on_kueue(version)
+            loop.call_soon_threadsafe(self.wake_all)
+
+        start = functools.partial(
+            kueue_version.start_informers,
+            api,
+            self.caches,
+            self.namespaces if self.literal else (),
+            functools.partial(namespace_matches, self.namespaces),
+            changed,
+            functools.partial(loop.call_soon_threadsafe, self.wake_all),
+        )
+        discover = functools.partial(kueue_version.served_versions, api)
+        self.informers.append(kueue_version.KueueLink(discover, start, self.caches, kueue_in_use).start())
+
+    async def synced(self) -> None:
+        """Return once every informer has listed (members: at most MEMBER_SYNC_SECONDS; one that
+        does not answer in time is unreachable, and jobs plan without it)."""
+        for inf in self.informers:
+            await asyncio.to_thread(inf.synced.wait)
+        if self.members is not None:
+            await asyncio.to_thread(self.members.wait_synced, MEMBER_SYNC_SECONDS)
+        log.info("caches filled", extra={"pods": len(self.caches.pods), "jobs": len(self.caches.jobs)})
+
+    def stop(self) -> None:
+        for inf in self.informers:
+            inf.stop()
+        if self.members is not None:
+            self.members.stop()
+
+    def flavors(self) -> dict[str, dict] | None:
+        """Kueue's ResourceFlavors by name (None: the Kueue API is not served)."""
+        return {f["metadata"]["name"]: f for f in self.caches.flavors.values()} if self.kueue else None
+
+    def priority_classes(self) -> dict[str, int]:
+        return {
+            p["metadata"]["name"]: int(p.get("value") or 0)
+            for p in self.caches.priority_classes.values()
+            if isinstance(p.get("value"), int)
+        }
+
+
+def namespace_matches(patterns: tuple[str, ...], ns: str) -> bool:
+    """kopf's namespace patterns: any positive one matches (none given: all), no "!" one does."""
+    pos = [p for p in patterns if not p.startswith("!")]
+    neg = [p[1:] for p in patterns if p.startswith("!")]
+    return (not pos or any(fnmatch.fnmatchcase(ns, p) for p in pos)) and not any(
+        fnmatch.fnmatchcase(ns, p) for p in neg
+    )
+
+
+def node_fingerprint(body: Mapping) -> tuple:
+    """What of a node matters to planning (heartbeats change none of it)."""
+    meta, spec, st = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    ready = next((c.get("status") for c in st.get("conditions") or [] if c.get("type") == "Ready"), None)
+    return (
+        tuple(sorted((meta.get("labels") or {}).items())),
+        tuple(sorted((st.get("allocatable") or {}).items())),
+        bool(spec.get("unschedulable")),
+        ready,
+        tuple(str(t) for t in spec.get("taints") or []),
+    )
+
+
+def slim_node(body: Mapping) -> dict:
+    """A node with only what planning reads (labels, Holmes' and NVIDIA's annotations, taints,
+    allocatable, capacity, Ready)."""
+    meta, spec, st = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": {
+                k: v
+                for k, v in (meta.get("annotations") or {}).items()
+                if k.startswith(("holmes.dev/", "nvidia.com/"))
+            },
+        },
+        "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
+        "status": {
+            "allocatable": dict(st.get("allocatable") or {}),
+            "capacity": dict(st.get("capacity") or {}),
+            "conditions": [dict(c) for c in st.get("conditions") or [] if c.get("type") == "Ready"],
+        },
+    }
