@@ -49,3 +49,26 @@ def test_nothing_known_or_nothing_printed_yet():
 
 def test_megatron_reports_from_the_last_stage():
     assert reporting_node_rank("megatron", 6) == 5 and reporting_node_rank("torchtitan", 6) == 0
+
+
+def test_the_progress_reader_reads_the_framework_line_from_its_reporting_pod():
+    from holmes.operator.progress import ProgressReader
+
+    def pod(rank):
+        labels = {"holmes.dev/attempt": "1", "holmes.dev/node-rank": str(rank)}
+        return {"metadata": {"name": f"j-1-{rank}", "uid": f"u{rank}", "labels": labels}, "status": {}}
+
+    job = {
+        "metadata": {"namespace": "ns", "name": "j"},
+        "spec": {"framework": "megatron"},
+        "status": {"launched": True, "phase": "Running", "attempt": 1, "layout": {"nodes": 3}},
+    }
+    asked = []
+
+    def tail(p, lines=20):
+        asked.append((p["metadata"]["name"], lines))
+        return "warming up\n" + MEGATRON
+
+    found = ProgressReader(9400, interval=0).read(job, [pod(0), pod(1), pod(2)], tail)
+    assert found["iteration"] == 7 and found["loss"] == 7.123456
+    assert asked == [("j-1-2", 200)]  # the last stage's pod, a longer tail than the trainer's last line
