@@ -126,3 +126,30 @@ def test_a_copied_launcher_runs_torchrun_with_the_hook_in_every_worker(tmp_path)
         ([0, 1], "IB", "gloo"),
         ([0, 1], "IB", "gloo"),
     ]
+
+
+def test_an_unsupported_torch_stops_the_pod_before_any_worker(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch, "__version__", "2.12.0+cu126")
+    with pytest.raises(launcher.LaunchError, match="torch 2.12.0\\+cu126 is not supported") as e:
+        launcher.check_hook({})
+    assert e.value.code == 2
+    launcher.check_hook({"HOLMES_NET_HOOK": "off"})  # the documented way to run without it
+
+
+def test_the_images_own_sitecustomize_still_runs(tmp_path):
+    dest = tmp_path / "holmes-launch"
+    install(dest)
+    image = tmp_path / "image-site"
+    image.mkdir()
+    (image / "sitecustomize.py").write_text("print('image sitecustomize ran')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "PYTHONPATH")}
+    env["PYTHONPATH"] = f"{dest}{os.pathsep}{image}"
+    show = "import sitecustomize; print(sitecustomize.__file__)"
+    r = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "image sitecustomize ran",
+        str(dest / "sitecustomize.py"),
+    ]  # ours, then theirs
