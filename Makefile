@@ -29,11 +29,19 @@ k8s:
 test: venv k8s lint
 	$(PY) -m pytest
 
-# ruff: lint and format check (config in pyproject.toml); `make fmt` applies both.
+# The edit-test loop: the tests that need no cluster and run no whole program (markers `cluster`
+# and `slow`, tests/conftest.py): about 90 s of CPU. `make test` runs them all.
+.PHONY: unit
+unit: venv k8s
+	$(PY) -m pytest -m "not cluster and not slow" -q
+
+# ruff: lint and format check; mypy: types (strict on contract/ and plan/). Config in
+# pyproject.toml; `make fmt` applies ruff's fixes.
 .PHONY: lint fmt
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 fmt: venv
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .

@@ -37,8 +37,10 @@ Fixtures
     A fresh namespace name (``t-<random>``) whose ``default`` service account and its token exist
     (so pods can be created at once); deleted after the test, without waiting.
 
-Tests that use ``cluster`` are marked ``cluster`` automatically: ``pytest -m "not cluster"``
-runs only the pure tests, which never start a cluster.
+Tests that use ``cluster`` or ``member_clusters`` are marked ``cluster`` automatically; any other
+test that starts a control plane fails, so none can slip unmarked into ``make unit``
+(``pytest -m "not cluster and not slow"``). ``slow`` marks tests that run whole programs
+(torchrun, pip, a benchmark's smoke run: every test under tests/bench/).
 """
 
 from __future__ import annotations
@@ -58,12 +60,37 @@ REPO = Path(__file__).resolve().parents[1]
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cluster: needs the local Kubernetes control plane")
+    config.addinivalue_line(
+        "markers", "slow: runs whole programs (torchrun, pip, a benchmark): make test runs it, make unit not"
+    )
+
+
+BENCH = REPO / "tests" / "bench"
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if {"cluster", "member_clusters"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+        if Path(item.fspath).is_relative_to(BENCH):  # the benchmarks' smoke runs are whole programs
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _control_planes_only_in_cluster_tests(request, monkeypatch):
+    """`make unit` runs ``-m "not cluster"``: a test that started a control plane of its own,
+    without the fixtures above, would land there unmarked. It fails instead, naming the fix."""
+    if request.node.get_closest_marker("cluster") is not None:
+        return
+    from localkube.controlplane import ControlPlane
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(
+            f"{request.node.nodeid} starts a control plane but is not marked cluster: use the cluster "
+            "or member_clusters fixture, or mark it @pytest.mark.cluster"
+        )
+
+    monkeypatch.setattr(ControlPlane, "up", refuse)
 
 
 class LocalCluster:

@@ -94,6 +94,8 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.pods:
         return pods_command(args, nodes, config)
     job = load_job(args.job)
+    if args.measured:
+        return measured_command(nodes, job, config, args.measured, args.json)
     try:
         if args.compare:
             holmes, base, ratio = compare(nodes, job, config)
@@ -101,14 +103,20 @@ def plan_command(args: argparse.Namespace) -> int:
             holmes = plan(nodes, job, config)
     except PlanError as e:
         raise CliError(f"no layout: {e}") from None
+    single = single_type(nodes, job, config, holmes)
     if args.json:
         doc: dict = holmes.to_dict()
         if args.compare:
             doc = {"holmes": doc, "megatronDefault": base.to_dict(), "speedup": round(ratio, 4)}
+        if single is not None:
+            doc = doc if args.compare else {"holmes": doc}
+            doc["singleType"] = {"layout": single[0].to_dict(), "speedup": round(single[1], 4)}
         print(json.dumps(doc, indent=2))
         return 0
     print("Holmes layout")
     print(explain(holmes))
+    if single is not None:
+        print_single_type(holmes, *single)
     if args.compare:
         print()
         print("Megatron default (nodes in name order, equal layers, same degrees)")
@@ -161,6 +169,121 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
     return 0
 
 
+def single_type(nodes, job, config, holmes):
+    """On nodes of several GPU types: (the plan made as if every GPU were ``gpuPeakTflops``,
+    re-estimated on the real GPUs; how much faster the GPU-aware plan is), else None."""
+    from holmes.plan import PlanError, plan
+    from holmes.plan.estimate import gpu_types, reestimate, without_gpu_types
+
+    if len(gpu_types(holmes)) < 2:
+        return None
+    try:
+        blind = plan(without_gpu_types(nodes), job, config)
+        real = reestimate(nodes, job, blind, config)
+    except PlanError as e:  # e.g. the blind plan does not fit the smaller GPUs' memory
+        print(f"(single-type plan not comparable: {e})", file=sys.stderr)
+        return None
+    return real, real.estimate["iterationSeconds"] / holmes.estimate["iterationSeconds"]
+
+
+def print_single_type(holmes, single, ratio: float) -> None:
+    from holmes.plan import explain
+
+    print()
+    print("Single-type plan (every GPU priced as gpuPeakTflops), estimated on the real GPUs")
+    print(explain(single))
+    he, se = holmes.estimate, single.estimate
+    print()
+    print(f"{'':24}{'GPU-aware':>12}{'single-type':>12}{'ratio':>8}")
+    for key, label in (
+        ("iterationSeconds", "iteration seconds"),
+        ("tokensPerSecond", "tokens/s"),
+        ("tflopsPerGpu", "TFLOPS/GPU"),
+    ):
+        print(f"{label:24}{he[key]:>12.4g}{se[key]:>12.4g}{he[key] / se[key]:>8.3f}")
+    print(f"the GPU-aware plan is {ratio:.3f}x the single-type plan's speed (estimated)")
+
+
+def measured_command(nodes, job, config, path: str, as_json: bool) -> int:
+    """--measured: calibrate the cost model from a run's metrics file, print the calibrated
+    plan and the change a re-plan would make (holmes.plan.calibrate)."""
+    from holmes.plan import PlanError, explain, plan
+    from holmes.plan.calibrate import CalibrationError, assess, read_metrics, with_rates
+
+    try:
+        measured = read_metrics(path)
+        cal, now_s = assess(nodes, job, measured.run, measured, config)
+        best = plan(with_rates(nodes, cal.node_tflops), job, config)
+    except (CalibrationError, PlanError) as e:
+        raise CliError(f"--measured {path}: {e}") from None
+    best_s = best.estimate["iterationSeconds"]
+    gain = now_s / best_s - 1
+    ran = "/".join(map(str, measured.run.layers))
+    new = "/".join(str(s.num_layers) for s in best.stages)
+    same = list(best.nodes) == list(measured.run.nodes) and ran == new
+    threshold = job.parallelism.replan.threshold
+    would = job.parallelism.replan.enabled and not same and gain > threshold
+    if as_json:
+        doc = {
+            "measured": {
+                "samples": measured.samples,
+                "iterationSeconds": measured.iteration_seconds,
+                "layers": list(measured.run.layers),
+                "nodes": list(measured.run.nodes),
+                "estimatedSeconds": round(now_s, 6),
+            },
+            "stages": [
+                {
+                    "stage": r.stage,
+                    "island": r.island,
+                    "gpu": r.gpu,
+                    "plannedComputeSeconds": round(r.planned_compute, 6),
+                    "measuredComputeSeconds": round(r.measured_compute, 6),
+                    "tflopsPerGpu": round(r.tflops, 6),
+                }
+                for r in cal.stages
+            ],
+            "nodeTflops": {k: round(v, 6) for k, v in sorted(cal.node_tflops.items())},
+            "calibrated": best.to_dict(),
+            "gain": round(gain, 6),
+            "wouldReplan": would,
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"Measured run ({measured.samples} iterations after warm-up): layers {ran}")
+    rows = [("stage", "island", "gpu", "planned", "measured", "ratio", "TFLOP/s/GPU")] + [
+        (
+            str(r.stage),
+            r.island,
+            r.gpu,
+            f"{r.planned_compute:.3g}s",
+            f"{r.measured_compute:.3g}s",
+            f"{r.ratio:.3g}",
+            f"{r.tflops:.4g}",
+        )
+        for r in cal.stages
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    print()
+    print("Calibrated plan (every node priced at the TFLOP/s its stage achieved)")
+    print(explain(best))
+    print()
+    measured_s = f", measured {measured.iteration_seconds:.4g} s" if measured.iteration_seconds else ""
+    print(f"running layout {ran}: calibrated estimate {now_s:.4g} s/iteration{measured_s}")
+    print(f"calibrated plan {new}: {best_s:.4g} s/iteration ({gain:+.1%} faster)")
+    if same:
+        print("change: none (the running layout is the calibrated plan)")
+    else:
+        verdict = "would re-plan" if would else "would not re-plan"
+        print(
+            f"change: layers {ran} -> {new}; a running job with parallelism.replan threshold "
+            f"{threshold:g} {verdict}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="holmes", description="Holmes: LLM training across clusters with heterogeneous NICs"
@@ -208,6 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-host-namespaces",
         action="store_true",
         help="with --pods: the operator's --allow-host-namespaces (spec.network: hostNetwork)",
+    )
+    pl.add_argument(
+        "--measured",
+        metavar="METRICS",
+        help="the trainer's metrics JSON-lines file (--metrics-file) of a run of this job: calibrate "
+        "the cost model from its stage times, print the calibrated plan and the change it would make",
     )
     pl.set_defaults(func=plan_command)
     return p

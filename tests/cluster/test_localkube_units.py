@@ -174,3 +174,11 @@ def test_down_signals_only_processes_of_its_own_state_dir(tmp_path):
         for p in (stranger, ours):
             p.kill()
             p.wait()
+
+
+def test_a_test_not_marked_cluster_cannot_start_a_control_plane(tmp_path):
+    """What keeps `make unit` (-m "not cluster") free of cluster tests: conftest.py refuses."""
+    from localkube.controlplane import ControlPlane
+
+    with pytest.raises(RuntimeError, match="not marked cluster"):
+        ControlPlane(tmp_path).up(TOPOLOGIES / "default.yaml")

@@ -89,6 +89,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # torchrun and two workers
 def test_a_copied_launcher_runs_torchrun_with_the_hook_in_every_worker(tmp_path):
     dest = tmp_path / "holmes-launch"
     written = {p.relative_to(dest).as_posix() for p in install(dest)}

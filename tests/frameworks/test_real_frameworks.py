@@ -142,6 +142,7 @@ def test_deepspeed_pipeline_cuts_at_the_layouts_stages(layout, hooked, monkeypat
         assert blocks == counts[stage]
 
 
+@pytest.mark.slow  # a Python that imports DeepSpeed
 def test_deepspeed_is_patched_when_the_worker_imports_it(tmp_path, layout):
     path = tmp_path / "layout.json"
     path.write_text(layout.to_json())

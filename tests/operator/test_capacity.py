@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from holmes.contract import load_job
+from holmes.contract.names import LABEL_KUEUE_QUEUE
 from holmes.operator.core import capacity, names, queueing
 from holmes.operator.core.capacity import CapacityPlanner, Ledger, WaitingForCapacity, free_view, pod_shape
 from holmes.operator.planning import ClusterPlanner
@@ -347,7 +348,7 @@ FLAVORS = {
 
 def kueue_job(name="k", count=2, **spec):
     m = job(name, count, **spec)
-    m["metadata"]["labels"] = {queueing.LABEL_QUEUE: "team-a"}
+    m["metadata"]["labels"] = {LABEL_KUEUE_QUEUE: "team-a"}
     return m
 
 

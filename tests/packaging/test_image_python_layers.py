@@ -26,7 +26,7 @@ from tests.packaging.packaging_helpers import REPO, dockerignore_excludes, run
 CONSTRAINTS = REPO / "docker" / "constraints.txt"
 WHEEL_STAGE_SOURCES = ("pyproject.toml", "README.md", "contract", "operator", "trainer")
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # pip installs into fresh environments
 
 
 def build_context(dest: Path) -> None:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from holmes.trainer.config import DataConfig, EvalConfig, OptimizerConfig
+from holmes.contract.jobspec import EvalSpec
+from holmes.trainer.config import DataConfig, OptimizerConfig
 from holmes.trainer.data import BatchLoader, BlendSource, DataError, Sharding, TokenWindows, make_source
 from holmes.trainer.tokenize import write_token_file
 from tests.trainer.trainer_harness import TINY, make_layout, run_ranks, tiny_config, train_on_layout
@@ -113,7 +114,7 @@ def test_training_eval_reports_the_same_loss_under_any_layout(tmp_path):
     cfg = tiny_config(
         iterations=6,
         data=DataConfig(path=path),
-        eval=EvalConfig(path, interval=2, windows=9),
+        eval=EvalSpec(path, interval_iterations=2, windows=9),
         optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-2),
     )
     multi = run_ranks(4, train_on_layout, cfg, make_layout(2, 2, [1, 3], 2, 4))[0][1]["records"]
@@ -146,9 +147,9 @@ def test_spec_fields_reach_the_trainer_config():
     }
     cfg = TrainConfig.from_jobspec(load_job(spec))
     o = cfg.optimizer
-    assert (o.decay, o.min_learning_rate, o.beta1, o.beta2) == ("linear", 1e-4, 0.8, 0.99)
+    assert (o.decay, o.min_learning_rate, *o.betas) == ("linear", 1e-4, 0.8, 0.99)
     assert cfg.data.blend == (("/a.bin", 2.0), ("/b.bin", 1.0))
-    assert cfg.eval == EvalConfig("/v.bin", 5, None)
+    assert cfg.eval == EvalSpec("/v.bin", 5, None)
     from holmes.trainer.engine import learning_rate
 
     assert [round(learning_rate(o, i, 10), 6) for i in (0, 5, 9)] == [0.001, 0.00055, 0.00019]

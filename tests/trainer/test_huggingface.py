@@ -151,7 +151,7 @@ def train_then_export(tmp_path, model: ModelSpec, layout, iterations: int = 3) -
         global_batch_size=8,
         iterations=iterations,
         optimizer=OptimizerConfig(kind="adamw", learning_rate=3e-3),
-        checkpoint=CheckpointConfig(ckpt, interval=2),
+        checkpoint=CheckpointConfig(ckpt, interval_iterations=2),
     )
     res = run_ranks(layout.world_size, train_on_layout, cfg, layout)
     first_batch = BatchLoader(make_source(None, model.vocab_size, SEQ, cfg.seed), Sharding(8, 1, 0)).batch(0)
@@ -219,6 +219,7 @@ def test_gpt_exports_to_gpt2(tmp_path, tensor):
     assert res[0][1]["loss"] == pytest.approx(hf_loss(exported, tokens), rel=1e-4)
 
 
+@pytest.mark.slow  # torchrun as processes
 def test_evaluate_cli_under_torchrun(tmp_path):
     path = llama_dir(tmp_path)
     tokens = token_file(tmp_path)

@@ -109,6 +109,7 @@ def test_training_under_tensor_parallel_layouts_matches_one_process(arch, pipeli
     assert_matches_reference(cfg, layout, param_atol=1e-5 if cfg.optimizer.kind == "adamw" else 2e-6)
 
 
+@pytest.mark.slow  # trains, saves and resumes on several ranks
 def test_resume_under_tensor_parallelism_continues_exactly(tmp_path):
     """Checkpoint under TP=2 x DP=2 with sequence parallelism (model slices as DTensor shards of
     whole tensors, optimizer state as chunks of whole tensors), kill, resume: the same losses."""
@@ -119,7 +120,7 @@ def test_resume_under_tensor_parallelism_continues_exactly(tmp_path):
     lay = make_layout(1, 2, [4], 2, 4, tensor=2)
     cfg = tiny_config(model=LLAMA, optimizer=ADAMW, iterations=5, sequence_parallel=True)
     want = run_ranks(4, train_on_layout, cfg, lay)[0][1]["losses"]
-    cfg = cfg.with_(checkpoint=CheckpointConfig(path=str(tmp_path / "ckpt"), interval=2))
+    cfg = cfg.with_(checkpoint=CheckpointConfig(path=str(tmp_path / "ckpt"), interval_iterations=2))
     run_ranks(4, train_on_layout, cfg, lay, _kill_after(3), allow_exit=True)
     assert checkpoint.newest_complete(cfg.checkpoint.path) == 2
     sizes = checkpoint.saved_sizes(checkpoint.iteration_dir(cfg.checkpoint.path, 2))

@@ -27,7 +27,7 @@ def test_resume_after_kill_continues_exactly(tmp_path):
     full = run_ranks(4, train_on_layout, tiny_config(optimizer=ADAMW, iterations=6), lay)
     want = full[0][1]["losses"]
 
-    ckpt = CheckpointConfig(path=str(tmp_path / "ckpt"), interval=3)
+    ckpt = CheckpointConfig(path=str(tmp_path / "ckpt"), interval_iterations=3)
     cfg = tiny_config(optimizer=ADAMW, iterations=6, checkpoint=ckpt)
     killed = run_ranks(4, train_on_layout, cfg, lay, _kill_after(5), allow_exit=True)
     assert all(v == ("exit", 17) for v in killed.values()), killed

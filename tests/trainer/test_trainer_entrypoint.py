@@ -49,6 +49,7 @@ def _launch(tmp_path, nnodes, nproc, extra_env=None, args=()):
     return finish_nodes(start_nodes(tmp_path, nnodes, nproc, env, args=args), timeout=150)
 
 
+@pytest.mark.slow  # torchrun as processes
 def test_torchrun_two_nodes_of_two_runs_the_layout_and_reports(tmp_path):
     _write(tmp_path)
     outs = _launch(tmp_path, nnodes=2, nproc=2)
@@ -78,6 +79,7 @@ def test_torchrun_two_nodes_of_two_runs_the_layout_and_reports(tmp_path):
     assert last["iteration"] == 3 and last["loss"] == pytest.approx(it[-1]["loss"], abs=1e-6)
 
 
+@pytest.mark.slow  # torchrun as processes
 def test_a_world_that_does_not_match_the_layout_is_refused_clearly(tmp_path):
     _write(tmp_path)
     outs = _launch(tmp_path, nnodes=1, nproc=2)

@@ -57,7 +57,7 @@ def _signal_rank(rank_to_stop: int, after: int, env: dict | None = None):
 def test_sigterm_on_one_rank_stops_all_at_one_boundary_saves_and_resumes_exactly(tmp_path):
     cfg = tiny_config(optimizer=ADAMW, iterations=6)
     want = run_ranks(4, train_on_layout, cfg, LAYOUT)[0][1]["losses"]
-    cfg = cfg.with_(checkpoint=CheckpointConfig(str(tmp_path / "ckpt"), interval=100))
+    cfg = cfg.with_(checkpoint=CheckpointConfig(str(tmp_path / "ckpt"), interval_iterations=100))
     res = run_ranks(4, _signal_rank(3, after=2), cfg, LAYOUT)
     # the signal came after iteration 2's vote had started: iteration 3's vote carries it
     assert {r: out["preempted"]["iteration"] for r, (_, out) in res.items()} == {0: 3, 1: 3, 2: 3, 3: 3}
@@ -75,7 +75,7 @@ def test_sigterm_on_one_rank_stops_all_at_one_boundary_saves_and_resumes_exactly
     [(False, {}, "onPreemption false"), (True, {"HOLMES_GRACE_SECONDS": "1"}, "no time left")],
 )
 def test_no_checkpoint_when_not_wanted_or_it_does_not_fit(tmp_path, on_preemption, env, why):
-    ckpt = CheckpointConfig(str(tmp_path / "ckpt"), interval=100, on_preemption=on_preemption)
+    ckpt = CheckpointConfig(str(tmp_path / "ckpt"), interval_iterations=100, on_preemption=on_preemption)
     res = run_ranks(4, _signal_rank(0, after=1, env=env), tiny_config(iterations=20, checkpoint=ckpt), LAYOUT)
     assert all(out["preempted"] == {"iteration": 2, "saved": False} for _, (_, out) in res.items()), why
     assert not os.path.exists(ckpt.path) or not os.listdir(ckpt.path), why
@@ -156,6 +156,7 @@ def _job(iterations: int, ckpt: str, on_preemption: bool) -> dict:
     return job
 
 
+@pytest.mark.slow  # torchrun and the launcher as processes
 def test_sigterm_to_one_pods_launcher_saves_exits_83_and_a_new_run_resumes(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     procs = _start(tmp_path, _job(1000, ckpt, True))
@@ -185,6 +186,7 @@ def test_sigterm_to_one_pods_launcher_saves_exits_83_and_a_new_run_resumes(tmp_p
     assert lines[-1]["holmes"] == "done"
 
 
+@pytest.mark.slow  # torchrun and the launcher as processes
 def test_sigterm_to_one_worker_without_on_preemption_exits_83_without_saving(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     procs = _start(tmp_path, _job(1000, ckpt, False))
@@ -201,6 +203,7 @@ def test_sigterm_to_one_worker_without_on_preemption_exits_83_without_saving(tmp
     assert last["holmes"] == "preempted" and last["saved"] is False and last["signalledRanks"] == 1
 
 
+@pytest.mark.slow  # torchrun and the launcher as processes
 def test_the_launcher_exits_with_the_workers_code_where_torchrun_says_1(tmp_path):
     from holmes.trainer.run import exit_status
 

@@ -263,7 +263,7 @@ def reference(cfg: TrainConfig) -> tuple[list[float], list[float], dict[str, tor
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": rest, "weight_decay": 0.0}],
             lr=o.learning_rate,
-            betas=(o.beta1, o.beta2),
+            betas=o.betas,
             eps=o.eps,
         )
     loader = BatchLoader(

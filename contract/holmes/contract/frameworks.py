@@ -98,7 +98,9 @@ def trainer_container(template: Mapping[str, Any] | None) -> Mapping[str, Any] |
     listed = ((template or {}).get("spec") or {}).get("containers") or []
     containers = [c for c in listed if isinstance(c, Mapping)]
     named = [c for c in containers if c.get("name") == TRAINER_CONTAINER]
-    return (named or containers or [None])[0]
+    if named:
+        return named[0]
+    return containers[0] if containers else None
 
 
 def user_command(template: Mapping[str, Any] | None) -> list[str]:

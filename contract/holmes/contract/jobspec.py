@@ -8,42 +8,10 @@ Parse with :meth:`JobSpec.from_manifest` (a whole HolmesJob object) or :meth:`Jo
 rejected by name. Types are strict (a YAML string "8" is not the integer 8; booleans are not
 numbers), like the API server's schema validation.
 
-Fields (camelCase in the manifest, snake_case here) and their documented defaults; a field
-without a default is required:
-
-    model:       layers, hiddenSize, attentionHeads, seqLength, vocabSize,
-                 architecture = gpt  (gpt | llama),
-                 ffnHiddenSize = 4 * hiddenSize (gpt) | 8h/3 rounded up to 256 (llama),
-                 tiedEmbeddings = false, kvHeads = attentionHeads (llama: grouped-query
-                 attention), ropeTheta = 10000 (llama only), normEps = 1e-5,
-                 init = none  (or {huggingface: {path: /models/llama}})
-    training:    globalBatchSize, microBatchSize, iterations, learningRate,
-                 seed = 1234, weightDecay = 0.01, gradClip = 1.0 (0 disables),
-                 warmupIterations = 0, decay = cosine (cosine | linear | constant),
-                 minLearningRate = 0, betas = [0.9, 0.95],
-                 activationRecompute = true (see below),
-                 data = {synthetic: {}}  (or {path: /data/tokens.bin},
-                        or {blend: [{path: a.bin, weight: 3}, {path: b.bin, weight: 1}]}),
-                 eval = none  (or {data: {path: /data/val.bin}, intervalIterations: 100,
-                        windows: all}),
-                 checkpoint = none  (or {path: /ckpt, intervalIterations: 100,
-                        onPreemption = true})
-    parallelism: tensor = 1, pipeline = auto, data = auto  (an integer or "auto"),
-                 partition = adaptive  (adaptive | uniform | [layers per stage, ...]),
-                 nicSelection = auto   (auto | off: plain rank order, the Megatron default),
-                 sequenceParallel = false  (shard the norm regions over the tensor group)
-    nodes:       count, gpusPerNode, selector = none (all nodes; a Kubernetes LabelSelector),
-                 clusterLabel = holmes.dev/cluster,
-                 minCount = count (elastic size: run on fewer nodes, down to this many),
-                 scaleUp = atCheckpoint (atCheckpoint | never: grow back to count)
-    template:    {} (PodTemplateSpec-like, opaque here, kept as given)
-    framework:   holmes  (holmes | megatron | torchtitan | deepspeed | torchrun: frameworks.py)
-    runPolicy:   backoffLimit = 3, suspend = false, ttlSecondsAfterFinished = none,
-                 activeDeadlineSeconds = none, waitForNodesSeconds = 60,
-                 disruptionLimit = none (unbounded),
-                 priority = none, priorityClassName = none (queue order on a shared cluster),
-                 failurePolicy = none  (or {rules: [{action: FailJob | Ignore | Count,
-                        onExitCodes: {containerName, operator: In | NotIn, values: [..]}}]})
+The fields (camelCase in the manifest, snake_case here) are described in docs/api.md and in the
+CRD's schema (crds/holmesjob.yaml; tests/operator/test_crd.py keeps it and this parser in step).
+Each default is stated once, on the dataclasses below: the reader takes it from there, and the
+trainer's config (holmes.trainer.config) from them too.
 
 ``activationRecompute`` (full recomputation: each transformer block keeps only its input and
 runs its forward again in backward) defaults to true because the paper's runs and Megatron-LM
@@ -65,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from .frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_problems
 from .names import API_VERSION, KIND, LABEL_CLUSTER
@@ -74,17 +42,14 @@ AUTO = "auto"
 PARTITION_MODES = ("adaptive", "uniform")
 NIC_SELECTION_MODES = ("auto", "off")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-DEFAULT_CLUSTER_LABEL = LABEL_CLUSTER
 FABRIC_CHECKS = ("fail", "warn", "off")
 GRAD_REDUCE_BYTES = {"float32": 4, "bfloat16": 2}
-DEFAULT_ACTIVATION_RECOMPUTE = True  # why: see the module docstring
 ARCHITECTURES = ("gpt", "llama")
 DECAYS = ("cosine", "linear", "constant")
 DEFAULT_ROPE_THETA = 10000.0  # Llama 2's; Llama 3 uses 500000
 SCALE_UP_MODES = ("atCheckpoint", "never")
 FAILURE_ACTIONS = ("FailJob", "Ignore", "Count")  # as a Kubernetes Job's podFailurePolicy
 EXIT_CODE_OPERATORS = ("In", "NotIn")
-DEFAULT_WAIT_FOR_NODES_SECONDS = 60
 
 
 def llama_ffn_hidden_size(hidden: int) -> int:
@@ -94,7 +59,7 @@ def llama_ffn_hidden_size(hidden: int) -> int:
 
 
 Degree = Union[int, str]  # an integer >= 1, or AUTO
-Partition = Union[str, tuple]  # "adaptive" | "uniform" | tuple of layer counts
+Partition = Union[str, tuple[int, ...]]  # "adaptive" | "uniform" | tuple of layer counts
 
 
 class SpecError(ValueError):
@@ -154,7 +119,7 @@ class ModelSpec:
 
     def to_spec(self) -> dict[str, Any]:
         """spec.model in camelCase, defaults resolved."""
-        return _to_camel(self)
+        return _camel_mapping(self)
 
     def shape(self) -> dict[str, Any]:
         """What a checkpoint's weights depend on (not init): the model identity a checkpoint
@@ -201,7 +166,7 @@ class TrainingSpec:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     warmup_iterations: int = 0
-    activation_recompute: bool = DEFAULT_ACTIVATION_RECOMPUTE
+    activation_recompute: bool = True  # why: see the module docstring
     decay: str = "cosine"  # after warm-up: cosine | linear (to minLearningRate) | constant
     min_learning_rate: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
@@ -217,6 +182,15 @@ class TrainingSpec:
 
 
 @dataclass(frozen=True)
+class ReplanSpec:
+    """Re-planning a running job from its measured stage speeds (operator core/replan.py)."""
+
+    enabled: bool = True  # default: on for partition adaptive, off otherwise (see _replan)
+    threshold: float = 0.1  # re-plan when another layout is estimated faster by more than this
+    max_replans: int = 2  # per job; never counted against runPolicy.backoffLimit
+
+
+@dataclass(frozen=True)
 class ParallelismSpec:
     tensor: Degree = 1
     pipeline: Degree = AUTO
@@ -224,6 +198,7 @@ class ParallelismSpec:
     partition: Partition = "adaptive"
     nic_selection: str = "auto"
     sequence_parallel: bool = False  # shard the norm regions' activations over the tensor group
+    replan: ReplanSpec = field(default_factory=ReplanSpec)
 
     @property
     def explicit_partition(self) -> tuple[int, ...] | None:
@@ -277,7 +252,7 @@ class NodesSpec:
     count: int
     gpus_per_node: int
     selector: LabelSelector | None = None
-    cluster_label: str = DEFAULT_CLUSTER_LABEL
+    cluster_label: str = LABEL_CLUSTER
     min_count: int | None = None  # None: count (the job never runs on fewer nodes)
     scale_up: str = "atCheckpoint"  # back to count once nodes return: atCheckpoint | never
 
@@ -332,7 +307,7 @@ class RunPolicy:
     suspend: bool = False
     ttl_seconds_after_finished: int | None = None
     active_deadline_seconds: int | None = None
-    wait_for_nodes_seconds: int = DEFAULT_WAIT_FOR_NODES_SECONDS
+    wait_for_nodes_seconds: int = 60
     disruption_limit: int | None = None  # None: disruptions never fail the job
     failure_policy: FailurePolicy | None = None
     # queue order on a shared cluster: a number, else a PriorityClass's value, else 0
@@ -346,7 +321,7 @@ class JobSpec:
     training: TrainingSpec
     nodes: NodesSpec
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
-    template: dict = field(default_factory=dict, hash=False)
+    template: dict[str, Any] = field(default_factory=dict, hash=False)
     run_policy: RunPolicy = field(default_factory=RunPolicy)
     # how pods reach each other (across member clusters too): their own pod IPs (podNetwork)
     # or their node's network (hostNetwork, the usual choice on RDMA nodes)
@@ -354,7 +329,8 @@ class JobSpec:
     # which program trains the layout: Holmes' engine, or the user's own (frameworks.py)
     framework: str = DEFAULT_FRAMEWORK
 
-    __hash__ = None  # template is a dict
+    # unhashable (template is a dict); typeshed spells an unhashable class the same way
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]
 
     @property
     def world_size(self) -> int:
@@ -414,10 +390,10 @@ class JobSpec:
             )
             template = {}
         run_policy = _run_policy(r, top.get("runPolicy", {}), "spec.runPolicy")
-        network = r.choice(top, "network", "spec", NETWORKS, default="podNetwork")
-        framework = r.choice(top, "framework", "spec", FRAMEWORKS, default=DEFAULT_FRAMEWORK)
-        if r.problems:
-            raise SpecError(r.problems)
+        network = r.choice(top, "network", "spec", NETWORKS, default=cls.network)
+        framework = r.choice(top, "framework", "spec", FRAMEWORKS, default=cls.framework)
+        if r.problems or model is None or training is None or nodes is None:
+            raise SpecError(r.problems)  # a missing section is among the problems
         job = cls(
             model=model,
             training=training,
@@ -435,7 +411,7 @@ class JobSpec:
 
     def to_spec(self) -> dict[str, Any]:
         """The spec back in camelCase; ``JobSpec.from_spec(job.to_spec()) == job``."""
-        return _to_camel(self)
+        return _camel_mapping(self)
 
     def replace(self, **sections: Any) -> JobSpec:
         """A copy with whole sections swapped (``job.replace(parallelism=...)``)."""
@@ -648,7 +624,7 @@ def _model(r: _Reader, v: Any, path: str) -> ModelSpec | None:
     )
     if d is None:
         return None
-    norm_eps = r.number(d, "normEps", path, default=1e-5, positive=True)
+    norm_eps = r.number(d, "normEps", path, default=ModelSpec.norm_eps, positive=True)
     rope_theta = r.number(d, "ropeTheta", path, default=None, positive=True)
     return ModelSpec(
         layers=r.integer(d, "layers", path),
@@ -657,11 +633,12 @@ def _model(r: _Reader, v: Any, path: str) -> ModelSpec | None:
         seq_length=r.integer(d, "seqLength", path),
         vocab_size=r.integer(d, "vocabSize", path),
         ffn_hidden_size=r.integer(d, "ffnHiddenSize", path, default=None) or 0,
-        tied_embeddings=r.boolean(d, "tiedEmbeddings", path, default=False),
-        architecture=r.choice(d, "architecture", path, ARCHITECTURES, default="gpt") or "gpt",
+        tied_embeddings=r.boolean(d, "tiedEmbeddings", path, default=ModelSpec.tied_embeddings),
+        architecture=r.choice(d, "architecture", path, ARCHITECTURES, default=ModelSpec.architecture)
+        or ModelSpec.architecture,
         kv_heads=r.integer(d, "kvHeads", path, default=None) or 0,
         rope_theta=rope_theta,
-        norm_eps=norm_eps if norm_eps is not None else 1e-5,
+        norm_eps=norm_eps if norm_eps is not None else ModelSpec.norm_eps,
         init=_init(r, d.get("init"), f"{path}.init"),
     )
 
@@ -702,30 +679,33 @@ def _training(r: _Reader, v: Any, path: str) -> TrainingSpec | None:
     )
     if d is None:
         return None
+    T = TrainingSpec  # the defaults
     return TrainingSpec(
         global_batch_size=r.integer(d, "globalBatchSize", path),
         micro_batch_size=r.integer(d, "microBatchSize", path),
         iterations=r.integer(d, "iterations", path),
         learning_rate=r.number(d, "learningRate", path, positive=True),
-        seed=r.integer(d, "seed", path, default=1234, minimum=0),
-        weight_decay=r.number(d, "weightDecay", path, default=0.01),
-        grad_clip=r.number(d, "gradClip", path, default=1.0),
-        warmup_iterations=r.integer(d, "warmupIterations", path, default=0, minimum=0),
-        activation_recompute=r.boolean(d, "activationRecompute", path, default=DEFAULT_ACTIVATION_RECOMPUTE),
-        decay=r.choice(d, "decay", path, DECAYS, default="cosine"),
-        min_learning_rate=r.number(d, "minLearningRate", path, default=0.0),
+        seed=r.integer(d, "seed", path, default=T.seed, minimum=0),
+        weight_decay=r.number(d, "weightDecay", path, default=T.weight_decay),
+        grad_clip=r.number(d, "gradClip", path, default=T.grad_clip),
+        warmup_iterations=r.integer(d, "warmupIterations", path, default=T.warmup_iterations, minimum=0),
+        activation_recompute=r.boolean(d, "activationRecompute", path, default=T.activation_recompute),
+        decay=r.choice(d, "decay", path, DECAYS, default=T.decay),
+        min_learning_rate=r.number(d, "minLearningRate", path, default=T.min_learning_rate),
         betas=_betas(r, d.get("betas"), f"{path}.betas"),
         data=_data(r, d.get("data"), f"{path}.data"),
         eval=_eval(r, d.get("eval"), f"{path}.eval"),
         checkpoint=_checkpoint(r, d.get("checkpoint"), f"{path}.checkpoint"),
-        grad_reduce_dtype=r.choice(d, "gradReduceDtype", path, tuple(GRAD_REDUCE_BYTES), default="float32"),
-        fabric_check=r.choice(d, "fabricCheck", path, FABRIC_CHECKS, default="warn"),
+        grad_reduce_dtype=r.choice(
+            d, "gradReduceDtype", path, tuple(GRAD_REDUCE_BYTES), default=T.grad_reduce_dtype
+        ),
+        fabric_check=r.choice(d, "fabricCheck", path, FABRIC_CHECKS, default=T.fabric_check),
     )
 
 
 def _betas(r: _Reader, v: Any, path: str) -> tuple[float, float]:
     if v is None:
-        return (0.9, 0.95)
+        return TrainingSpec.betas
     ok = (
         isinstance(v, (list, tuple))
         and len(v) == 2
@@ -733,7 +713,7 @@ def _betas(r: _Reader, v: Any, path: str) -> tuple[float, float]:
     )
     if not ok:
         r.add(path, f"must be two numbers in [0, 1) (Adam's beta1, beta2), e.g. [0.9, 0.95], got {_show(v)}")
-        return (0.9, 0.95)
+        return TrainingSpec.betas
     return (float(v[0]), float(v[1]))
 
 
@@ -795,7 +775,7 @@ def _checkpoint(r: _Reader, v: Any, path: str) -> CheckpointSpec | None:
     return CheckpointSpec(
         path=r.string(d, "path", path),
         interval_iterations=r.integer(d, "intervalIterations", path),
-        on_preemption=r.boolean(d, "onPreemption", path, default=True),
+        on_preemption=r.boolean(d, "onPreemption", path, default=CheckpointSpec.on_preemption),
     )
 
 
@@ -803,17 +783,44 @@ def _parallelism(r: _Reader, v: Any, path: str) -> ParallelismSpec:
     if v is None:
         v = {}
     d = r.mapping(
-        v, path, optional=("tensor", "pipeline", "data", "partition", "nicSelection", "sequenceParallel")
+        v,
+        path,
+        optional=("tensor", "pipeline", "data", "partition", "nicSelection", "sequenceParallel", "replan"),
     )
     if d is None:
         return ParallelismSpec()
+    P = ParallelismSpec  # the defaults
+    partition = _partition(r, d.get("partition", P.partition), f"{path}.partition")
     return ParallelismSpec(
-        tensor=r.degree(d, "tensor", path, default=1),
-        pipeline=r.degree(d, "pipeline", path, default=AUTO),
-        data=r.degree(d, "data", path, default=AUTO),
-        partition=_partition(r, d.get("partition", "adaptive"), f"{path}.partition"),
-        nic_selection=r.choice(d, "nicSelection", path, NIC_SELECTION_MODES, default="auto"),
-        sequence_parallel=r.boolean(d, "sequenceParallel", path, default=False),
+        tensor=r.degree(d, "tensor", path, default=P.tensor),
+        pipeline=r.degree(d, "pipeline", path, default=P.pipeline),
+        data=r.degree(d, "data", path, default=P.data),
+        partition=partition,
+        nic_selection=r.choice(d, "nicSelection", path, NIC_SELECTION_MODES, default=P.nic_selection),
+        sequence_parallel=r.boolean(d, "sequenceParallel", path, default=P.sequence_parallel),
+        replan=_replan(r, d.get("replan"), f"{path}.replan", partition),
+    )
+
+
+def _replan(r: _Reader, v: Any, path: str, partition: Partition) -> ReplanSpec:
+    """parallelism.replan: on by default for partition adaptive (the only mode whose layer
+    split the planner may change), refused for a fixed one."""
+    adaptive = partition == "adaptive"
+    d = r.mapping(v or {}, path, optional=("enabled", "threshold", "maxReplans"))
+    if d is None:
+        return ReplanSpec(enabled=adaptive)
+    enabled = r.boolean(d, "enabled", path, default=adaptive)
+    if enabled and not adaptive:
+        r.add(
+            f"{path}.enabled",
+            "re-planning changes the layer split: it needs partition: adaptive (set enabled: false, "
+            "or partition: adaptive)",
+        )
+    threshold = r.number(d, "threshold", path, default=ReplanSpec.threshold, positive=True)
+    return ReplanSpec(
+        enabled=bool(enabled),
+        threshold=ReplanSpec.threshold if threshold is None else threshold,
+        max_replans=r.integer(d, "maxReplans", path, default=ReplanSpec.max_replans, minimum=0),
     )
 
 
@@ -845,9 +852,9 @@ def _nodes(r: _Reader, v: Any, path: str) -> NodesSpec | None:
         count=r.integer(d, "count", path),
         gpus_per_node=r.integer(d, "gpusPerNode", path),
         selector=_selector(r, d.get("selector"), f"{path}.selector"),
-        cluster_label=r.string(d, "clusterLabel", path, default=DEFAULT_CLUSTER_LABEL),
+        cluster_label=r.string(d, "clusterLabel", path, default=NodesSpec.cluster_label),
         min_count=r.integer(d, "minCount", path, default=None),
-        scale_up=r.choice(d, "scaleUp", path, SCALE_UP_MODES, default="atCheckpoint"),
+        scale_up=r.choice(d, "scaleUp", path, SCALE_UP_MODES, default=NodesSpec.scale_up),
     )
 
 
@@ -915,12 +922,12 @@ def _run_policy(r: _Reader, v: Any, path: str) -> RunPolicy:
     if d is None:
         return RunPolicy()
     return RunPolicy(
-        backoff_limit=r.integer(d, "backoffLimit", path, default=3, minimum=0),
-        suspend=r.boolean(d, "suspend", path, default=False),
+        backoff_limit=r.integer(d, "backoffLimit", path, default=RunPolicy.backoff_limit, minimum=0),
+        suspend=r.boolean(d, "suspend", path, default=RunPolicy.suspend),
         ttl_seconds_after_finished=r.integer(d, "ttlSecondsAfterFinished", path, default=None, minimum=0),
         active_deadline_seconds=r.integer(d, "activeDeadlineSeconds", path, default=None),
         wait_for_nodes_seconds=r.integer(
-            d, "waitForNodesSeconds", path, default=DEFAULT_WAIT_FOR_NODES_SECONDS, minimum=0
+            d, "waitForNodesSeconds", path, default=RunPolicy.wait_for_nodes_seconds, minimum=0
         ),
         disruption_limit=r.integer(d, "disruptionLimit", path, default=None, minimum=0),
         failure_policy=_failure_policy(r, d.get("failurePolicy"), f"{path}.failurePolicy"),
@@ -996,7 +1003,9 @@ class _Reader:
     def add(self, path: str, what: str) -> None:
         self.problems.append(f"{path}: {what}")
 
-    def mapping(self, v: Any, path: str, required: tuple = (), optional: tuple = ()) -> Mapping | None:
+    def mapping(
+        self, v: Any, path: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+    ) -> Mapping[str, Any] | None:
         if not isinstance(v, Mapping):
             self.add(path, f"must be a mapping, got {_show(v)}")
             return None
@@ -1014,13 +1023,15 @@ class _Reader:
                 self.add(f"{path}.{k}", "required field is missing")
         return v
 
-    def _get(self, d: Mapping, key: str, default: Any) -> Any:
+    def _get(self, d: Mapping[str, Any], key: str, default: Any) -> Any:
         v = d.get(key)
         if v is None:
             return _REQUIRED if default is _REQUIRED else default
         return v
 
-    def integer(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
+    def integer(
+        self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED, minimum: int = 1
+    ) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED:
             return None  # reported by mapping()
@@ -1038,7 +1049,7 @@ class _Reader:
         return v
 
     def number(
-        self, d: Mapping, key: str, path: str, default: Any = _REQUIRED, positive: bool = False
+        self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED, positive: bool = False
     ) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED or (v is None and default is None):
@@ -1059,7 +1070,7 @@ class _Reader:
             return None
         return float(v)
 
-    def boolean(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED) -> Any:
+    def boolean(self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED:
             return None
@@ -1068,7 +1079,7 @@ class _Reader:
             return None
         return v
 
-    def string(self, d: Mapping, key: str, path: str, default: Any = _REQUIRED) -> Any:
+    def string(self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED or (v is None and default is None):
             return None
@@ -1077,7 +1088,9 @@ class _Reader:
             return None
         return v
 
-    def choice(self, d: Mapping, key: str, path: str, options: tuple, default: Any = _REQUIRED) -> Any:
+    def choice(
+        self, d: Mapping[str, Any], key: str, path: str, options: tuple[str, ...], default: Any = _REQUIRED
+    ) -> Any:
         v = self._get(d, key, default)
         if v is _REQUIRED:
             return None
@@ -1089,7 +1102,7 @@ class _Reader:
             return None
         return v
 
-    def degree(self, d: Mapping, key: str, path: str, default: Degree) -> Any:
+    def degree(self, d: Mapping[str, Any], key: str, path: str, default: Degree) -> Any:
         v = self._get(d, key, default)
         if v == AUTO:
             return AUTO
@@ -1109,6 +1122,15 @@ def camel(name: str) -> str:
 
 
 def _to_camel(obj: Any) -> Any:
+    if is_dataclass(obj):
+        return _camel_mapping(obj)
+    if isinstance(obj, (tuple, list)):
+        return [_to_camel(x) for x in obj]
+    return obj
+
+
+def _camel_mapping(obj: Any) -> dict[str, Any]:
+    """One of the dataclasses above as its camelCase mapping."""
     if isinstance(obj, LabelSelector):
         out: dict[str, Any] = {}
         if obj.match_labels:
@@ -1137,15 +1159,11 @@ def _to_camel(obj: Any) -> Any:
             "nodes": _to_camel(obj.nodes),
             "template": dict(obj.template),
             "runPolicy": _to_camel(obj.run_policy),
-            **({"network": obj.network} if obj.network != "podNetwork" else {}),
-            **({"framework": obj.framework} if obj.framework != DEFAULT_FRAMEWORK else {}),
+            **({"network": obj.network} if obj.network != JobSpec.network else {}),
+            **({"framework": obj.framework} if obj.framework != JobSpec.framework else {}),
         }
-    if is_dataclass(obj):
-        return {
-            camel(f.name): _to_camel(getattr(obj, f.name))
-            for f in fields(obj)
-            if getattr(obj, f.name) is not None
-        }
-    if isinstance(obj, (tuple, list)):
-        return [_to_camel(x) for x in obj]
-    return obj
+    return {
+        camel(f.name): _to_camel(getattr(obj, f.name))
+        for f in fields(obj)
+        if getattr(obj, f.name) is not None
+    }

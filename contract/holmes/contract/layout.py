@@ -38,9 +38,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .names import NIC_KINDS
+
 LAYOUT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-NIC_KINDS = ("infiniband", "roce", "ethernet")
 NETS = ("IB", "Socket")
 GROUP_KINDS = ("dp", "tp", "pp", "p2p", "embedding")
 
@@ -68,6 +69,12 @@ class GroupFamily:
     kind: str  # dp | tp | pp | p2p | embedding
     net: str  # IB | Socket
     stage: int | None = None  # dp/tp: the stage; p2p: the boundary after this stage; pp/embedding: None
+
+    def at(self) -> int:
+        """The stage of a dp, tp or p2p family (validate() makes sure they have one)."""
+        if self.stage is None:
+            raise LayoutError(f"group {self.kind} needs a stage")
+        return self.stage
 
 
 @dataclass(frozen=True)
@@ -145,11 +152,11 @@ class Layout:
             if kind is not None and fam.kind != kind:
                 continue
             if fam.kind == "dp":
-                base = fam.stage * n
+                base = fam.at() * n
                 for t in range(T):
                     yield ProcessGroup("dp", tuple(range(base + t, base + n, T)), fam.net, fam.stage)
             elif fam.kind == "tp":
-                base = fam.stage * n
+                base = fam.at() * n
                 for d in range(D):
                     yield ProcessGroup(
                         "tp", tuple(range(base + d * T, base + (d + 1) * T)), fam.net, fam.stage
@@ -159,9 +166,7 @@ class Layout:
                     yield ProcessGroup("pp", tuple(j + s * n for s in range(P)), fam.net)
             elif fam.kind == "p2p":
                 for j in range(n):
-                    yield ProcessGroup(
-                        "p2p", (fam.stage * n + j, (fam.stage + 1) * n + j), fam.net, fam.stage
-                    )
+                    yield ProcessGroup("p2p", (fam.at() * n + j, (fam.at() + 1) * n + j), fam.net, fam.stage)
             elif fam.kind == "embedding":
                 for j in range(n):
                     yield ProcessGroup("embedding", (j, j + (P - 1) * n), fam.net)
@@ -172,7 +177,7 @@ class Layout:
 
     def p2p_groups_of(self, rank: int) -> dict[int, ProcessGroup]:
         """This rank's stage-boundary groups by boundary (up to two: before and after its stage)."""
-        return {g.stage: g for g in self.process_groups("p2p") if rank in g.ranks}
+        return {g.stage: g for g in self.process_groups("p2p") if rank in g.ranks and g.stage is not None}
 
     # ---- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -323,7 +328,7 @@ def validate(layout: Layout) -> None:
                 "stage are the same ranks, the tied embedding is one tensor"
             )
     if layout.version >= 2:
-        boundaries = sorted(g.stage for g in layout.groups if g.kind == "p2p")
+        boundaries = sorted(g.at() for g in layout.groups if g.kind == "p2p")
         if boundaries != list(range(P - 1)):
             raise LayoutError(
                 f"a version-2 layout needs one p2p group family per stage boundary 0..{P - 2}, "

@@ -1,6 +1,7 @@
-"""The names every part of Holmes agrees on: the HolmesJob API's identity and the node label
-keys that say a node's NIC kind, speed and cluster. Defined once here; the operator adds the
-names of the children it creates (``holmes.operator.core.names``)."""
+"""The names every part of Holmes agrees on: the HolmesJob API's identity, the NIC kinds, and the
+label keys Holmes reads (a node's NIC kind, speed and cluster; a job's Kueue queue). Defined
+once here, without aliases; the operator adds the names of the children it creates
+(``holmes.operator.core.names``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "HolmesJob"
 PLURAL = "holmesjobs"
+
+# NIC kinds: what holmes.dev/nic says, what discovery classifies a node as, what a Layout's
+# stages carry. RDMA kinds are the ones NCCL's IB transport drives.
+INFINIBAND, ROCE, ETHERNET = "infiniband", "roce", "ethernet"
+NIC_KINDS = (INFINIBAND, ROCE, ETHERNET)
+RDMA_KINDS = (INFINIBAND, ROCE)
 
 # Node labels (set by an admin, by ``holmes.labeller`` or by nothing: see plan/discovery.py).
 LABEL_NIC = "holmes.dev/nic"  # infiniband | roce | ethernet
@@ -19,7 +26,25 @@ LABEL_LINK_LAYER = "holmes.dev/link-layer"  # InfiniBand | Ethernet (of the RDMA
 ANN_NIC_HCAS = "holmes.dev/nic-hcas"  # HCA names for NCCL_IB_HCA
 ANN_SOCKET_IFNAME = "holmes.dev/socket-ifname"
 ANN_NIC_PROBLEM = "holmes.dev/nic-problem"  # why the labeller could not decide
+# Node Feature Discovery's labels that say a node has RDMA (but not which kind).
+NFD_RDMA_LABELS = (
+    "feature.node.kubernetes.io/rdma.capable",
+    "feature.node.kubernetes.io/rdma.available",
+    "feature.node.kubernetes.io/pci-15b3.present",
+)
+# The extended resource a node offers GPUs as, and a pod asks for them by.
+RESOURCE_GPU = "nvidia.com/gpu"
+# A HolmesJob label: the Kueue LocalQueue that admits it (see docs/api.md).
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 
 # The trainer and the operator agree on how a graceful stop is told apart from a failure.
 EXIT_PREEMPTED = 83  # the trainer stopped on SIGTERM (preemption, eviction, deletion): a disruption
 ENV_GRACE_SECONDS = "HOLMES_GRACE_SECONDS"  # the pod's terminationGracePeriodSeconds, for the trainer
+
+# GPU Feature Discovery's node labels (NVIDIA's gpu-feature-discovery): the GPU type per node.
+LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"  # e.g. NVIDIA-H100-80GB-HBM3
+LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"  # MiB per GPU, e.g. 81559
+LABEL_GPU_COUNT = "nvidia.com/gpu.count"  # GPUs on the node
+# A node's achieved TFLOP/s per GPU, measured (calibration sets it on a job's in-memory view of
+# its nodes when it re-plans; an admin may set it on a node known to run slower than its type).
+LABEL_MEASURED_TFLOPS = "holmes.dev/measured-tflops"

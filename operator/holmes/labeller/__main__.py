@@ -118,8 +118,9 @@ def run_once(core, node: str, sysfs_root: str, keys: Keys, *, socket_ifname: boo
             ", ".join(f"{k}={'(removed)' if v is None else v}" for k, v in sorted(plan.changes.items()))
             or "the record",
         )
-        if keys.problem in plan.changes and plan.changes[keys.problem]:
-            _post_event(core, obj, plan.changes[keys.problem])
+        problem = plan.changes.get(keys.problem)
+        if problem:
+            _post_event(core, obj, problem)
         break
     else:
         raise LabellerError(f"node {node!r} kept changing: {CONFLICT_RETRIES} patches refused with 409")

@@ -32,7 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from holmes.plan.discovery import ETHERNET, INFINIBAND, ROCE, NicMapping
+from holmes.contract.names import ETHERNET, INFINIBAND, ROCE
+from holmes.plan.discovery import NicMapping
 
 from .sysfs import SysfsFacts, natural_key
 
@@ -169,7 +170,7 @@ class Plan:
 
 def read_record(annotations: Mapping[str, str]) -> tuple[dict[str, dict[str, str]], str | None]:
     text = annotations.get(RECORD_ANNOTATION)
-    empty = {"labels": {}, "annotations": {}}
+    empty: dict[str, dict[str, str]] = {"labels": {}, "annotations": {}}
     if text is None:
         return empty, None
     try:
@@ -210,8 +211,9 @@ def plan_patch(node_metadata: Mapping[str, Any], desired: Desired, keys: Keys | 
             if have is not None and not owned:
                 kept[key] = have
                 continue
-            if label_form.get(key) is not None:
-                kept[f"{key} (label)"] = label_form[key]
+            form = label_form.get(key)
+            if form is not None:
+                kept[f"{key} (label)"] = form
                 if owned and have is not None:  # stop shadowing the admin's label with our annotation
                     patch[part][key] = None
                     changes[key] = None

@@ -131,7 +131,7 @@ def read_sysfs(root: str | os.PathLike = "/sys") -> SysfsFacts:
     ports: list[RdmaPort] = []
     ib_dir = base / "class" / "infiniband"
     for hca_dir in sorted(_entries(ib_dir), key=lambda p: natural_key(p.name)):
-        netdevs = tuple(sorted((p.name for p in _entries(hca_dir / "device" / "net")), key=natural_key))
+        hca_netdevs = tuple(sorted((p.name for p in _entries(hca_dir / "device" / "net")), key=natural_key))
         port_dirs = sorted(
             (p for p in _entries(hca_dir / "ports") if p.name.isdigit()), key=lambda p: int(p.name)
         )
@@ -149,7 +149,7 @@ def read_sysfs(root: str | os.PathLike = "/sys") -> SysfsFacts:
                     link_layer=read(pd / "link_layer"),
                     rate_gbps=rate,
                     state=parse_state(read(pd / "state")),
-                    netdevs=netdevs,
+                    netdevs=hca_netdevs,
                 )
             )
 

@@ -14,6 +14,7 @@ import sys
 import kopf
 from kubernetes import client, config
 
+from holmes.contract.names import RDMA_KINDS
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
 from .core.reconcile import RestartBackoff
@@ -89,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--rdma-default-kind",
-        choices=["infiniband", "roce"],
+        choices=RDMA_KINDS,
         help="NIC kind of such nodes in any other cluster (default: report them as unusable)",
     )
     p.add_argument(
@@ -170,7 +171,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     kinds = {}
     for item in args.cluster_rdma_kind:
         cluster, _, kind = item.partition("=")
-        if not cluster or kind not in ("infiniband", "roce"):
+        if not cluster or kind not in RDMA_KINDS:
             p.error(f"--cluster-rdma-kind {item!r}: expected CLUSTER=infiniband or CLUSTER=roce")
         kinds[cluster] = kind
     args.cluster_rdma_kinds = kinds

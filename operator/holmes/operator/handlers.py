@@ -245,7 +245,8 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
                 rt.node_facts[name] = fp
             rt.wake_all()  # waiting jobs may fit now; a planned node may be gone
 
-    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry, id="job_changed")
+    # type is None for the objects of the initial listing (kopf's WatchingFn says str)
+    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry, id="job_changed")  # type: ignore[arg-type]
     async def job_changed(
         namespace: str, name: str, type: str | None, body: kopf.Body, holmes_nodes: kopf.Index, **_: Any
     ) -> None:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 from kubernetes import client
 
+from holmes.contract.names import LABEL_KUEUE_QUEUE
+
 from . import metrics
 from .core import names, queueing
 from .informer import Informer
@@ -166,7 +168,7 @@ class KueueLink:
         if version is None:
             self._say(
                 f"Kueue's API ({queueing.KUEUE_GROUP} Workloads in {' or '.join(queueing.KUEUE_VERSIONS)}) "
-                f"is not served: jobs labelled {queueing.LABEL_QUEUE} stall (KueueNotInstalled) until it is"
+                f"is not served: jobs labelled {LABEL_KUEUE_QUEUE} stall (KueueNotInstalled) until it is"
             )
         else:
             old = (

@@ -36,7 +36,9 @@ from .watches import Watches
 class Children(Protocol):
     """Where one job's children live, and how its writes reach them."""
 
-    states: Mapping[str, members.MemberState] | None  # the members' states; None on the hub
+    @property
+    def states(self) -> Mapping[str, members.MemberState] | None:
+        """The members' states; None on the hub."""
 
     def nodes(self, hub_nodes: list[dict]) -> list[dict]: ...
     def pods(self, ns: str, name: str) -> list[dict]: ...
@@ -52,7 +54,7 @@ class Children(Protocol):
 class HubChildren:
     caches: Caches
     io: KubeIO
-    states: None = None
+    states: Mapping[str, members.MemberState] | None = None  # a hub job has no members
 
     def nodes(self, hub_nodes: list[dict]) -> list[dict]:
         return hub_nodes
@@ -126,7 +128,7 @@ class MemberChildren:
         uid = job["metadata"]["uid"]
         attempt = d.status.get("attempt")
         current = {self.pod_member[p["metadata"]["name"]] for p in pods if pod_attempt(p) == attempt}
-        node_member = {n["metadata"]["name"]: members.member_of(n) for n in nodes}
+        node_member = {n["metadata"]["name"]: members.member_of(n) or "" for n in nodes}
         routed = members.route(d, uid, self.pod_member, node_member, current)
         created, refusals = 0, []
         for m, writes in sorted(routed.items()):
@@ -139,7 +141,10 @@ class MemberChildren:
                 service=writes.service,
                 create_pods=writes.create_pods,
             )
-            made, no = self.regs[m].io.apply(part, job, adopt=False)
+            io = self.regs[m].io
+            if io is None:  # a member whose kubeconfig cannot be used is never usable
+                continue
+            made, no = io.apply(part, job, adopt=False)
             created += made
             refusals += [replace(r, message=f"in member cluster {m}: {r.message}") for r in no]
         return created, refusals

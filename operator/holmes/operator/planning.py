@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from holmes.contract import JobSpec, Layout
 from holmes.plan import CostModelConfig, NicMapping, classify_node, nccl_env, plan
+from holmes.plan.calibrate import Measured, assess
 from holmes.plan.costmodel_file import CostModelFile
 from holmes.plan.discovery import why_unusable
 
@@ -74,3 +75,7 @@ class ClusterPlanner:
     def plan(self, nodes: list, job: JobSpec) -> Layout:
         with metrics.PLANNING_SECONDS.time():
             return plan(nodes, job, config=self.cost_model.refresh())
+
+    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Measured):
+        """The job's calibration from its measurements, and its running layout's seconds under it."""
+        return assess(nodes, job, layout, measured, self.cost_model.refresh())

@@ -43,8 +43,8 @@ def children(
         ]
         why = "; ".join(f"{c['reason']}: {c['message']}" for c in conds) or d.status.get("phase", "no pods")
         raise PreviewError(f"the operator would create no pods now ({why})")
-    extra = [d.podgroup] if getattr(d, "podgroup", None) else []
-    return [d.configmap, d.service, *extra, *d.create_pods]
+    first = [o for o in (d.configmap, d.service, getattr(d, "podgroup", None)) if o is not None]
+    return [*first, *d.create_pods]
 
 
 def as_list(objects: list[dict]) -> dict:

@@ -45,6 +45,16 @@ KEYS = (
 )
 INTEGERS = ("iteration", "checkpointIteration")
 FABRIC_GAUGE = "holmes_trainer_fabric_problem"  # labelled by message, one series per mismatch
+# per pipeline stage (label "stage"): the trainer's medians of its measured times (stage_times.py)
+STAGE_GAUGES = {
+    "holmes_trainer_stage_layers": "layers",
+    "holmes_trainer_stage_samples": "samples",
+    "holmes_trainer_stage_compute_seconds": "computeSeconds",
+    "holmes_trainer_stage_layer_seconds": "layerSeconds",
+    "holmes_trainer_stage_p2p_wait_seconds": "p2pWaitSeconds",
+    "holmes_trainer_stage_dp_exposed_seconds": "dpExposedSeconds",
+}
+STAGE_INTEGERS = ("stage", "layers", "samples")
 
 
 def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,19 +66,47 @@ def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
     fabric = d.get("fabricWarnings")
     if isinstance(fabric, list) and fabric:
         out["fabricWarnings"] = [str(m) for m in fabric if isinstance(m, str)][:20]
+    stages = _clean_stages(d.get("stages"))
+    if stages:
+        out["stages"] = stages
     return out
+
+
+def _clean_stages(rows: Any) -> list[dict[str, Any]]:
+    """Per-stage rows with every number present, numbered 0..P-1 (else none: a partial scrape)."""
+    if not isinstance(rows, list) or len(rows) > 1024:
+        return []
+    keys = ("stage", *STAGE_GAUGES.values())
+    out = []
+    for r in rows:
+        if not isinstance(r, Mapping) or not all(isinstance(r.get(k), (int, float)) for k in keys[:5]):
+            return []
+        out.append(
+            {
+                k: int(r[k]) if k in STAGE_INTEGERS else round(float(r[k]), 6)
+                for k in keys
+                if isinstance(r.get(k), (int, float)) and r[k] == r[k]
+            }
+        )
+    out.sort(key=lambda r: r["stage"])
+    return out if [r["stage"] for r in out] == list(range(len(out))) else []
 
 
 def from_prometheus(text: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     fabric: list[str] = []
+    stages: dict[str, dict[str, Any]] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name in GAUGES and not s.labels:
                 values[GAUGES[s.name]] = s.value
             elif s.name == FABRIC_GAUGE and s.value and "message" in s.labels:
                 fabric.append(s.labels["message"])
+            elif s.name in STAGE_GAUGES and s.labels.get("stage", "").isdigit():
+                row = stages.setdefault(s.labels["stage"], {"stage": int(s.labels["stage"])})
+                row[STAGE_GAUGES[s.name]] = s.value
     values["fabricWarnings"] = sorted(fabric)
+    values["stages"] = list(stages.values())
     for unset in ("evalLoss", "checkpointIteration"):  # 0 until the first evaluation / save
         if values.get(unset) == 0:
             values.pop(unset)

@@ -53,7 +53,7 @@ class Watches:
         self.members_namespace = members_namespace
         self.wake, self.wake_all, self.wake_waiting = wake, wake_all, wake_waiting
         self.on_kueue = on_kueue  # called with the Kueue version chosen (None: Kueue went away)
-        self.informers: list[Informer] = []
+        self.informers: list[Informer | kueue_version.KueueLink] = []  # each has .synced and .stop()
         self.kueue: str | None = None  # the Kueue version in use (kueue_version.py); None: not served
         self.members: Members | None = None  # member clusters, with --members-namespace
 
@@ -145,7 +145,10 @@ class Watches:
                 capacity_changed,
             ).start()
         )
+
         # Kueue: the version the API server serves, now and when Kueue comes, changes or goes
+        def wake_all_soon() -> None:  # from an informer's thread
+            loop.call_soon_threadsafe(self.wake_all)
 
         def kueue_in_use(version: str | None) -> None:  # from the link's thread
             self.kueue = version
@@ -159,7 +162,7 @@ class Watches:
             self.namespaces if self.literal else (),
             functools.partial(namespace_matches, self.namespaces),
             changed,
-            functools.partial(loop.call_soon_threadsafe, self.wake_all),
+            wake_all_soon,
         )
         discover = functools.partial(kueue_version.served_versions, api)
         self.informers.append(kueue_version.KueueLink(discover, start, self.caches, kueue_in_use).start())

@@ -64,6 +64,7 @@ from typing import NamedTuple
 from holmes.contract.flops import ModelCost
 
 from .discovery import NicMapping
+from .gpus import GpuProduct
 from .topology import Fabric
 
 MAIN_GRAD_BYTES = 4  # the trainer's gradient buffer is fp32
@@ -87,6 +88,8 @@ class CostModelConfig:
     activation_recompute: bool = True  # fallback only: plan() uses the job's activationRecompute
     nic_mapping: NicMapping = field(default_factory=NicMapping)
     max_island_orders: int = 24  # island orders tried per (tensor, pipeline, data)
+    # GPU types (plan/gpus.py): entries added to / overriding the built-in product table
+    gpu_products: tuple[tuple[str, GpuProduct], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("gpu_peak_tflops", "compute_efficiency", "gpu_memory_gib", "nvlink_gbps"):

@@ -34,7 +34,7 @@ import threading
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, Union
 
 from holmes.contract.documents import DocumentError, parse_documents, read_text
 from holmes.contract.jobspec import camel
@@ -42,6 +42,13 @@ from holmes.contract.jobspec import camel
 from .costmodel import CostModelConfig
 
 log = logging.getLogger("holmes.costmodel")
+
+
+class _Dataclass(Protocol):
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+_Config = TypeVar("_Config", bound=_Dataclass)  # a config section: built as its base's type
 
 
 class CostModelError(ValueError):
@@ -114,9 +121,16 @@ def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
     def wrong() -> CostModelError:
         return CostModelError(f"{path}: expected {_describe(tp)}, got {type(value).__name__} {value!r}")
 
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise wrong()
+        if default is None:  # a new entry of a name -> record mapping (gpuProducts): all keys
+            hints = _hints(tp)
+            known = {camel(f.name) for f in dataclasses.fields(tp) if f.init}
+            missing = sorted(known - set(value))
+            if missing and set(value) <= known:  # an unknown key gets _build's own message
+                raise CostModelError(f"{path}: missing {', '.join(missing)}")
+            default = tp(**{f.name: hints[f.name](1) for f in dataclasses.fields(tp) if f.init})
         return _build(tp, value, default, path + ".")
     if _is_union(tp):
         for arg in typing.get_args(tp):
@@ -164,7 +178,7 @@ def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
                 raise CostModelError(f"{path}: key {k!r} must be a string")
             if allowed and k not in allowed:
                 raise CostModelError(f"{path}: unknown name {k!r}; valid: {', '.join(sorted(allowed))}")
-            merged[k] = _convert(f"{path}.{k}", vt, v, None)
+            merged[k] = _convert(f"{path}.{k}", vt, v, merged.get(k))
         return tuple(merged.items())
     if typing.get_origin(tp) is tuple:
         args = typing.get_args(tp)
@@ -174,7 +188,7 @@ def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
     raise CostModelError(f"{path}: this field's type {tp} cannot be set from a file")
 
 
-def _build(cls: type, doc: Mapping[str, Any], base: Any, prefix: str) -> Any:
+def _build(cls: type[Any], doc: Mapping[str, Any], base: _Config, prefix: str) -> _Config:
     hints = _hints(cls)
     fields = {camel(f.name): f.name for f in dataclasses.fields(cls) if f.init}
     changes = {}
@@ -214,13 +228,13 @@ def from_mapping(doc: Any, base: CostModelConfig | None = None) -> CostModelConf
 
 
 def _schema(tp: Any, default: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         hints = _hints(tp)
         return {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                camel(f.name): _schema(hints[f.name], getattr(default, f.name))
+                camel(f.name): _schema(hints[f.name], getattr(default, f.name, None))
                 for f in dataclasses.fields(tp)
                 if f.init
             },
@@ -265,7 +279,7 @@ def _plain(tp: Any, value: Any) -> Any:
     if dataclasses.is_dataclass(value):
         return to_mapping(value)
     if _pair_value_type(tp) is not None:
-        return {k: v for k, v in value}
+        return {k: to_mapping(v) if dataclasses.is_dataclass(v) else v for k, v in value}
     if isinstance(value, tuple):
         return list(value)
     return value
@@ -364,14 +378,14 @@ class CostModelFile:
         if path is None:
             self.config = adjust(base or CostModelConfig())
         else:
-            text = self._read()
+            text = self._read(path)
             self.config = self._parse(text)  # CostModelError: the caller stops
             self._text = text
         on_state(True, False)
 
-    def _read(self) -> str:
+    def _read(self, path: str) -> str:
         try:
-            return read_text(self.path, "cost-model file")
+            return read_text(path, "cost-model file")
         except DocumentError as e:
             raise CostModelError(str(e)) from None
 
@@ -385,7 +399,7 @@ class CostModelFile:
             return self.config
         with self._lock:
             try:
-                text = self._read()
+                text = self._read(self.path)
                 if text != self._text:
                     new = self._parse(text)
             except CostModelError as e:

@@ -28,14 +28,12 @@ kind: an explicit kind label is the admin's answer to it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from holmes.contract import names
-
-INFINIBAND, ROCE, ETHERNET = "infiniband", "roce", "ethernet"
-RDMA_KINDS = (INFINIBAND, ROCE)
+from holmes.contract.names import ETHERNET, INFINIBAND, RDMA_KINDS, ROCE
 
 # Spellings an admin may write in holmes.dev/nic or a link-layer label.
 _KIND_ALIASES = {
@@ -64,14 +62,10 @@ class NicMapping:
     hcas_key: str = names.ANN_NIC_HCAS
     socket_ifname_key: str = names.ANN_SOCKET_IFNAME
     problem_key: str = names.ANN_NIC_PROBLEM
-    nfd_rdma_labels: tuple[str, ...] = (
-        "feature.node.kubernetes.io/rdma.capable",
-        "feature.node.kubernetes.io/rdma.available",
-        "feature.node.kubernetes.io/pci-15b3.present",
-    )
+    nfd_rdma_labels: tuple[str, ...] = names.NFD_RDMA_LABELS
     rdma_resource_prefixes: tuple[str, ...] = ("rdma/",)
     rdma_resource_names: tuple[str, ...] = ()  # e.g. an SR-IOV "nvidia.com/mlnx_sriov_rdma"
-    gpu_resource: str = "nvidia.com/gpu"
+    gpu_resource: str = names.RESOURCE_GPU
     # Kind for nodes that advertise RDMA but not which kind: per cluster (an admin who knows
     # "east is InfiniBand"), else one default; neither = report a problem.
     cluster_rdma_kinds: tuple[tuple[str, str], ...] = ()
@@ -257,7 +251,9 @@ def _link_layer_kind(value: str | None, m: NicMapping) -> tuple[str | None, str 
     return kind, None
 
 
-def classify_nodes(nodes, mapping: NicMapping | None = None) -> list[NodeNic]:
+def classify_nodes(
+    nodes: Iterable[Mapping[str, Any] | NodeNic], mapping: NicMapping | None = None
+) -> list[NodeNic]:
     """Classify many nodes; NodeNic entries pass through unchanged."""
     return [n if isinstance(n, NodeNic) else classify_node(n, mapping) for n in nodes]
 

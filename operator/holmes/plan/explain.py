@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from holmes.contract.layout import Layout
+from holmes.contract.names import ETHERNET
 
 from .partition_why import partition_lines
 
@@ -41,6 +42,7 @@ def table(layout: Layout) -> list[str]:
         "island",
         "nic",
         "dpNet",
+        "gpu",
         "nodes",
         "compute",
         "bubble",
@@ -61,6 +63,7 @@ def table(layout: Layout) -> list[str]:
                 s.island,
                 s.nic,
                 s.dp_net,
+                str(e.get("gpu", "-")),
                 _nodes_cell(nodes),
             ]
             + [
@@ -76,7 +79,10 @@ def table(layout: Layout) -> list[str]:
             ]
         )
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
     out = [head, line(cols)] + [line(r) for r in rows]
     nets = {g.kind: g.net for g in layout.groups if g.kind in ("pp", "embedding")}
     tail = f"pp net {nets.get('pp', '-')}"
@@ -96,7 +102,7 @@ def table(layout: Layout) -> list[str]:
 def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate], job: JobSpec) -> list[str]:
     out = []
     kinds = {s.nic for s in layout.stages}
-    mixed = [s.index for s in layout.stages if s.dp_net == "Socket" and s.nic != "ethernet"]
+    mixed = [s.index for s in layout.stages if s.dp_net == "Socket" and s.nic != ETHERNET]
     if job.parallelism.nic_selection == "off":
         out.append(
             "nicSelection off: nodes in name order (Megatron default); "
@@ -129,6 +135,7 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
                 else "stages span islands, so only activations cross the slow link"
             )
         )
+    out.extend(gpu_lines(best))
     out.extend(
         partition_lines(
             best.costs,
@@ -146,6 +153,39 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
             f"{d.pipeline} x data {d.data} is {nxt.seconds / best.seconds:.3g}x slower"
         )
     return ["why:"] + [x if x.startswith(" ") else f"- {x}" for x in out]
+
+
+def gpu_lines(best: Candidate) -> list[str]:
+    """What the stages' GPU types did to the plan (plan/gpus.py): nothing to say on one type."""
+    gpus = best.gpus
+    if not gpus:
+        return []
+    out = [note for g in gpus for note in g.notes]
+    out = list(dict.fromkeys(out))
+    kinds = {n for g in gpus for n in g.names}
+    if len(kinds) < 2:
+        return out
+    mixed = [s for s, g in enumerate(gpus) if g.mixed]
+    if mixed:
+        out.append(
+            f"stage(s) {', '.join(map(str, mixed[:8]))} mix GPU types ("
+            + "; ".join(f"stage {s}: {gpus[s].name}" for s in mixed[:3])
+            + "): a DP group steps together, so each runs at its slowest GPU "
+            f"({', '.join(f'{gpus[s].peak_tflops:g}' for s in mixed[:3])} TFLOPS peak) and its "
+            "smallest memory; the node counts per type do not split into whole stages"
+        )
+    else:
+        out.append(
+            "GPU types kept apart: every stage's DP groups hold one GPU type, since a DP group "
+            "runs at its slowest member"
+        )
+    out.append(
+        "each stage is priced by its own GPUs: "
+        + ", ".join(f"stage {s} {g.name} {g.peak_tflops:g} TFLOPS" for s, g in enumerate(gpus[:6]))
+        + (", ..." if len(gpus) > 6 else "")
+        + " (dense bf16 peak x computeEfficiency), so faster GPUs take more layers"
+    )
+    return out
 
 
 def explanation_lines(

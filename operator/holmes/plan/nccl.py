@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .discovery import ETHERNET, INFINIBAND, ROCE, NodeNic
+from holmes.contract.names import ETHERNET, INFINIBAND, ROCE
+
+from .discovery import NodeNic
 
 DEFAULT_GID_INDEX = 3  # RoCE v2 over IPv4 on most Mellanox setups
 

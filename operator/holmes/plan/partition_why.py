@@ -139,7 +139,8 @@ def step_line(costs: Sequence[StageCost], layers: Sequence[int]) -> str:
             if x > 0
         ]
         parts.append((s, n, fixed, ", ".join(what) or "nothing"))
-    groups: list[list] = []  # consecutive stages with the same fixed part, for long pipelines
+    # consecutive stages with the same fixed part, for long pipelines
+    groups: list[list[tuple[int, int, float, str]]] = []
     for p in parts:
         if (
             groups
@@ -153,10 +154,10 @@ def step_line(costs: Sequence[StageCost], layers: Sequence[int]) -> str:
     same = len({f"{x:.4g}" for x in per_layer}) == 1
     cells = []
     for g in groups[:8]:
-        s0, n, fixed, what = g[0]
+        s0, n, fixed, named = g[0]
         t = per_layer[s0]
         cells.append(
-            f"{_stages(s0, g[-1][0])} {n} x {_s(t)} + {_s(fixed)} ({what}: {fixed / t:.2g} layers' worth)"
+            f"{_stages(s0, g[-1][0])} {n} x {_s(t)} + {_s(fixed)} ({named}: {fixed / t:.2g} layers' worth)"
         )
     more = f"; ... {len(groups) - 8} more groups" if len(groups) > 8 else ""
     head = "steady step = layers x per-layer time + fixed part" + (
@@ -271,10 +272,10 @@ def partition_lines(
     else:
         a = min(range(P), key=lambda s: (layers[s], -s))
         b = max(range(P), key=lambda s: (layers[s], -s))
-    moves = {
+    tried = {
         (i, j): move(costs, layers, i, j) for i, j in _candidates(P, (a, b, cur.step_stage, cur.tail_stage))
     }
-    moves = {k: v for k, v in moves.items() if v is not None}
+    moves = {k: v for k, v in tried.items() if v is not None}
 
     if differ:
         ratio = rate[a] / rate[b] if rate[b] > 0 else float("inf")
@@ -298,9 +299,16 @@ def partition_lines(
                 f"{where[b]} ({layers[b]}), although {why}"
             )
     elif layers[a] != layers[b]:
+        per_layer = [c.layer_fwd + c.layer_bwd for c in costs]
+        unlike = max(per_layer[a], per_layer[b]) > REL * min(per_layer[a], per_layer[b])
         head = (
             f"stage {a} on {where[a]} gets {layers[a]} of {L} layers, stage {b} on {where[b]} {layers[b]}: "
-            f"the stages' DP fabrics are alike, their fixed per-step costs differ"
+            + (
+                f"the stages' DP fabrics are alike, their GPUs are not (one layer {_s(per_layer[a])} vs "
+                f"{_s(per_layer[b])} forward+backward per micro-batch)"
+                if unlike
+                else "the stages' DP fabrics are alike, their fixed per-step costs differ"
+            )
         )
     else:
         head = f"every stage gets {layers[0]} of {L} layers: the stages' DP fabrics are alike"
@@ -339,10 +347,10 @@ def partition_lines(
                 )
             else:
                 tail.append(f"uniform split ({_parts(even, layers)}) does not fit in GPU memory")
-    fitting = [mv for mv in moves.values() if mv.after is not None]
+    fitting = [(mv, mv.after) for mv in moves.values() if mv.after is not None]
     if fitting:
-        nxt = min(fitting, key=lambda mv: (mv.after.seconds, mv.src, mv.dst))
-        t = nxt.after.seconds
+        nxt, after = min(fitting, key=lambda f: (f[1].seconds, f[0].src, f[0].dst))
+        t = after.seconds
         if t < cur.seconds * (1 - 1e-9):
             tail.append(
                 "a faster neighbour exists: "
@@ -352,14 +360,14 @@ def partition_lines(
         elif t <= cur.seconds * (1 + 1e-9):
             tail.append(
                 f"equally fast: one layer from stage {nxt.src} to stage {nxt.dst} "
-                f"({_parts(nxt.after.layers, cur.layers)})"
+                f"({_parts(after.layers, cur.layers)})"
             )
         elif (nxt.src, nxt.dst) not in ((a, b), (b, a)):
             tail.append("next-best move: " + move_text(cur, nxt))
         else:
             tail.append(
                 f"next-best single-layer move: stage {nxt.src} -> {nxt.dst} "
-                f"({_parts(nxt.after.layers, cur.layers)}) at {_s(t)} ({t / cur.seconds - 1:+.2%})"
+                f"({_parts(after.layers, cur.layers)}) at {_s(t)} ({t / cur.seconds - 1:+.2%})"
             )
     if tail:
         out.append(f"partition {mode} {_parts(layers)}, {_s(cur.seconds)}: " + "; ".join(tail))

@@ -45,6 +45,7 @@ from .costmodel import (
     refine_partition,
 )
 from .discovery import NodeNic, classify_nodes, why_unusable
+from .gpus import StageGpu, node_gpu, stage_gpu
 from .topology import NodeSet, group_bandwidth_gbps, islands_of, merge, summarize
 
 
@@ -148,7 +149,7 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
     W = G * N
     tensors = (
         [p.tensor]
-        if p.tensor != AUTO
+        if isinstance(p.tensor, int)
         else [x for x in _divisors(G) if not tensor_parallel_problems(m, x, p.sequence_parallel)]
     )
     explicit = p.explicit_partition
@@ -159,7 +160,7 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
             continue
         if explicit is not None:
             pipes = [len(explicit)]
-        elif p.pipeline != AUTO:
+        elif isinstance(p.pipeline, int):
             pipes = [p.pipeline]
         else:
             pipes = [x for x in _divisors(W // T) if x <= m.layers]
@@ -170,7 +171,7 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
                 continue
             D = W // (T * P)
             label += f" x data {D}"
-            if p.data != AUTO and D != p.data:
+            if isinstance(p.data, int) and D != p.data:
                 problems.append(f"{label}: data is fixed to {p.data}")
                 continue
             if P > m.layers:
@@ -230,15 +231,32 @@ def arrange_groups(
     groups: list[list[tuple[NodeNic, ...]]] = []
     leftovers: list[NodeNic] = []
     for isl in islands:
-        take = min(len(isl.nodes) // block, blocks_needed - sum(len(g) for g in groups))
+        # GPU types apart inside an island (a DP group runs at its slowest GPU), fastest first;
+        # what is left of each type may still share a block with another type of this island
+        rest: list[NodeNic] = []
+        for part in _by_gpu_type(isl.nodes, cfg):
+            take = min(len(part) // block, blocks_needed - sum(len(g) for g in groups))
+            if take > 0:
+                groups.append([part[i * block : (i + 1) * block] for i in range(take)])
+            rest.extend(part[max(0, take) * block :])
+        take = min(len(rest) // block, blocks_needed - sum(len(g) for g in groups))
         if take > 0:
-            groups.append([isl.nodes[i * block : (i + 1) * block] for i in range(take)])
-        leftovers.extend(isl.nodes[take * block :])
+            groups.append([tuple(rest[i * block : (i + 1) * block]) for i in range(take)])
+        leftovers.extend(rest[max(0, take) * block :])
     missing = blocks_needed - sum(len(g) for g in groups)
     if missing:
         rest = leftovers[: missing * block]
         groups.append([tuple(rest[i * block : (i + 1) * block]) for i in range(missing)])
     return groups
+
+
+def _by_gpu_type(nodes: Sequence[NodeNic], cfg: CostModelConfig) -> list[tuple[NodeNic, ...]]:
+    """An island's nodes split by GPU type, fastest type first (one part without GFD labels)."""
+    parts: dict[tuple[float, float, str], list[NodeNic]] = {}
+    for n in nodes:
+        g = node_gpu(n, cfg)
+        parts.setdefault((-g.peak_tflops, -g.memory_gib, g.name), []).append(n)
+    return [tuple(parts[k]) for k in sorted(parts)]
 
 
 def island_orders(groups: Sequence[list[tuple[NodeNic, ...]]], cfg: CostModelConfig) -> list[tuple[int, ...]]:
@@ -269,8 +287,9 @@ class Candidate:
     costs: list[StageCost]
     world_net: str  # the world group's net (control-plane collectives)
     p2p_nets: tuple[str, ...]  # per stage boundary
+    gpus: tuple[StageGpu, ...] = ()  # per stage: what its compute and memory are priced with
 
-    def key(self, order_index: int) -> tuple:
+    def key(self, order_index: int) -> tuple[float, int, int, int]:
         return (round(self.seconds, 9), self.degrees.pipeline, self.degrees.tensor, order_index)
 
 
@@ -280,7 +299,7 @@ def _evaluate(
     nodes: Sequence[NodeNic],
     model: ModelCost,
     cfg: CostModelConfig,
-    sets_cache: dict,
+    sets_cache: dict[tuple[str, ...], NodeSet],
     refine: bool = False,
 ) -> Candidate | str:
     """Cost one placement (nodes in rank order); a string says why it is impossible."""
@@ -297,8 +316,8 @@ def _evaluate(
             sets_cache[key] = summarize(sn, cfg.fabric)
         sets.append(sets_cache[key])
     everything = sets[0]
-    for s in sets[1:]:
-        everything = merge(everything, s)
+    for other in sets[1:]:
+        everything = merge(everything, other)
     pp_net = everything.net if P > 1 else sets[0].net
     world_net = everything.net  # the control-plane collectives span every rank
     # each stage boundary on its own group: IB when both stages share one RDMA island
@@ -328,6 +347,7 @@ def _evaluate(
             else nbytes / ranks_on_node / nvlink
         )
     costs = []
+    gpus = tuple(stage_gpu(sn, cfg) for sn in stage_nodes)
     for s in range(P):
         place = StagePlace(
             index=s,
@@ -339,7 +359,7 @@ def _evaluate(
             inflight=P - s,
             embedding_sync=emb_sync if tied and s in (0, P - 1) else 0.0,
         )
-        costs.append(StageCost(model, shape, place, cfg))
+        costs.append(StageCost(model, shape, place, _priced(cfg, gpus[s])))
     mode = job.parallelism.partition
     L = model.layers
     if isinstance(mode, tuple):
@@ -357,7 +377,7 @@ def _evaluate(
         s, mem = max(((s, c.memory(n)) for s, (c, n) in enumerate(zip(costs, layers))), key=lambda x: x[1])
         return (
             f"tensor {T} x pipeline {P} x data {D}: stage {s} needs {mem / 2**30:.1f} GiB per GPU, "
-            f"more than {cfg.memory_headroom:.0%} of {cfg.gpu_memory_gib:g} GiB"
+            f"more than {cfg.memory_headroom:.0%} of {gpus[s].memory_gib:g} GiB"
         )
     seconds, stages = estimate_pipeline(costs, layers)
     return Candidate(
@@ -373,7 +393,15 @@ def _evaluate(
         costs,
         world_net,
         p2p_nets,
+        gpus,
     )
+
+
+def _priced(cfg: CostModelConfig, gpu: StageGpu) -> CostModelConfig:
+    """The config a stage's costs use: its own GPUs' peak and memory (plan/gpus.py)."""
+    if (gpu.peak_tflops, gpu.memory_gib) == (cfg.gpu_peak_tflops, cfg.gpu_memory_gib):
+        return cfg
+    return replace(cfg, gpu_peak_tflops=gpu.peak_tflops, gpu_memory_gib=gpu.memory_gib)
 
 
 def search(
@@ -385,9 +413,9 @@ def search(
     G, N = job.nodes.gpus_per_node, job.nodes.count
     best_per_degree: list[Candidate] = []
     why_not: list[str] = []
-    sets_cache: dict = {}
+    sets_cache: dict[tuple[str, ...], NodeSet] = {}
     name_order = [tuple(sorted(usable, key=lambda n: n.name)[:N])]  # nicSelection off: Megatron's
-    arrangements: dict[int, list] = {}
+    arrangements: dict[int, list[tuple[NodeNic, ...]]] = {}
     for deg in degree_candidates(job):
         span = max(1, deg.data * deg.tensor // G)
         if job.parallelism.nic_selection == "off":
@@ -400,7 +428,7 @@ def search(
                     for order in island_orders(groups, cfg)
                 ]
             orders = arrangements[span]
-        best: tuple | None = None
+        best: tuple[tuple[float, int, int, int], Candidate] | None = None
         for i, order in enumerate(orders):
             c = _evaluate(job, deg, order, model, cfg, sets_cache)
             if isinstance(c, str):
@@ -411,7 +439,8 @@ def search(
         if best is not None:
             c = best[1]
             if job.parallelism.partition == "adaptive":
-                c = _evaluate(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
+                refined = _evaluate(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
+                c = refined if isinstance(refined, Candidate) else c  # refining keeps to what fits
             best_per_degree.append(c)
     if not best_per_degree:
         recompute = (
@@ -509,6 +538,7 @@ def to_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
                 "dpExposedSeconds": r(s.dp_exposed),
                 "finishSeconds": r(s.finish),
                 "memoryGiB": r(s.memory_gib),
+                **_gpu_fields(c, s.index),
             }
             for s in c.stages
         ],
@@ -528,6 +558,14 @@ def to_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
         estimate=estimate,
         world_net=c.world_net,
     )
+
+
+def _gpu_fields(c: Candidate, stage: int) -> dict[str, Any]:
+    """A stage's GPU type and the peak TFLOP/s it was priced with (slowest member)."""
+    if not c.gpus:
+        return {}
+    g = c.gpus[stage]
+    return {"gpu": g.name, "gpuPeakTflops": _round(g.peak_tflops)}
 
 
 def _round(x: float) -> float:

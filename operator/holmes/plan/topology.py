@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .discovery import ETHERNET, RDMA_KINDS, NodeNic
+from holmes.contract.names import ETHERNET, INFINIBAND, RDMA_KINDS, ROCE
+
+from .discovery import NodeNic
 
 IB_NET, SOCKET_NET = "IB", "Socket"
 
@@ -35,7 +37,7 @@ class Island:
 class Fabric:
     """The network constants the topology needs (a slice of CostModelConfig)."""
 
-    net_efficiency: tuple[tuple[str, float], ...] = (("infiniband", 0.9), ("roce", 0.5))
+    net_efficiency: tuple[tuple[str, float], ...] = ((INFINIBAND, 0.9), (ROCE, 0.5))
     socket_efficiency: float = 0.6
     socket_gbps: float = 25.0  # host TCP network of RDMA nodes (per node)
     cross_cluster_gbps: float = 25.0  # per node, between clusters
@@ -59,8 +61,8 @@ class NodeSet:
     """Summary of a set of nodes (a stage, a DP group's nodes) for the cost model."""
 
     count: int
-    kinds: frozenset
-    clusters: frozenset
+    kinds: frozenset[str]
+    clusters: frozenset[str]
     min_gbps: float
     min_socket_gbps: float  # slowest host-network link among them
 
@@ -80,7 +82,7 @@ class NodeSet:
     @property
     def nic(self) -> str:
         """The set's NIC kind, or the slowest kind when mixed (ethernet < roce < infiniband)."""
-        for k in (ETHERNET, "roce", "infiniband"):
+        for k in (ETHERNET, ROCE, INFINIBAND):
             if k in self.kinds:
                 return k
         raise AssertionError("empty node set")

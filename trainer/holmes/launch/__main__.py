@@ -138,7 +138,12 @@ def fabric_file(root: Path = ROOT) -> Path:
         return copied
     import importlib.util
 
-    return Path(importlib.util.find_spec("holmes.trainer.fabric").origin)
+    spec = importlib.util.find_spec("holmes.trainer.fabric")
+    if spec is None or spec.origin is None:
+        raise LaunchError(
+            f"no {FABRIC_FILE} beside the launcher in {root}: copy it with holmes.launch.install", 2
+        )
+    return Path(spec.origin)
 
 
 def main(argv: list[str] | None = None, env: MutableMapping[str, str] | None = None) -> int:

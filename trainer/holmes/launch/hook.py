@@ -30,7 +30,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from .islands import Islands
@@ -153,7 +153,7 @@ class NetHook:
                 group_size, group_rank, global_ranks_in_group, backend, store, group_name, *args, **kwargs
             )
 
-        helper.__holmes_hook__ = True
+        setattr(helper, "__holmes_hook__", True)  # noqa: B010 (a marker on a function)
         return helper
 
     def wrap_split(self, original: Callable) -> Callable:
@@ -182,7 +182,7 @@ class NetHook:
                 **kwargs,
             )
 
-        split.__holmes_hook__ = True
+        setattr(split, "__holmes_hook__", True)  # noqa: B010 (a marker on a function)
         return split
 
 
@@ -249,10 +249,10 @@ def uninstall() -> None:
     _ORIGINALS.clear()
 
 
-def install_from_env(env: dict[str, str] | None = None) -> NetHook | None:
+def install_from_env(given: Mapping[str, str] | None = None) -> NetHook | None:
     """The hook for the Layout at ``$HOLMES_LAYOUT`` (none when it is unset, or with
     ``HOLMES_NET_HOOK=off``)."""
-    env = os.environ if env is None else env
+    env: Mapping[str, str] = os.environ if given is None else given
     if env.get("HOLMES_NET_HOOK", "on") == "off" or not env.get(ENV_LAYOUT):
         return None
     return install(Islands.read(env[ENV_LAYOUT]))

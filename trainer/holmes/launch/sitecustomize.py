@@ -23,7 +23,8 @@ def _chain() -> None:
         path = os.path.join(entry or os.getcwd(), "sitecustomize.py")
         if os.path.abspath(entry or os.getcwd()) != here and os.path.isfile(path):
             spec = importlib.util.spec_from_file_location("_image_sitecustomize", path)
-            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            if spec is not None and spec.loader is not None:
+                spec.loader.exec_module(importlib.util.module_from_spec(spec))
             return
 
 

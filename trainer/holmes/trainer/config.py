@@ -3,6 +3,11 @@
 Built from the HolmesJob spec (``TrainConfig.from_job``, through holmes.contract's one parser;
 the model is the contract's ``ModelSpec`` itself) and checked against the Layout
 (``check_against_layout``); the engine never reads YAML itself. Errors say what to fix.
+
+One vocabulary with the spec: fields the job carries keep the contract's names (``betas``,
+``interval_iterations``, ...), their defaults are the contract dataclasses' (read from them, not
+restated), and the eval section is the contract's ``EvalSpec`` itself. Only knobs the job does
+not carry (optimizer kind, eps, dtype, bucket size, ...) are defined here.
 """
 
 from __future__ import annotations
@@ -11,7 +16,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from holmes.contract import JobSpec, Layout, ModelSpec, load_job
-from holmes.contract.jobspec import DECAYS, FABRIC_CHECKS, tensor_parallel_problems
+from holmes.contract.jobspec import (
+    DECAYS,
+    FABRIC_CHECKS,
+    CheckpointSpec,
+    EvalSpec,
+    ParallelismSpec,
+    TrainingSpec,
+    tensor_parallel_problems,
+)
 
 DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -55,15 +68,14 @@ def check_schedule(name: str) -> None:
 @dataclass(frozen=True)
 class OptimizerConfig:
     kind: str = "adamw"
-    learning_rate: float = 3e-4
-    min_learning_rate: float = 0.0
-    warmup_iterations: int = 0
-    decay: str = "cosine"  # cosine | linear | constant (after warm-up)
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
+    learning_rate: float = 3e-4  # the job always gives it (required there); a bare engine's default
+    min_learning_rate: float = TrainingSpec.min_learning_rate
+    warmup_iterations: int = TrainingSpec.warmup_iterations
+    decay: str = TrainingSpec.decay  # cosine | linear | constant (after warm-up)
+    weight_decay: float = TrainingSpec.weight_decay
+    betas: tuple[float, float] = TrainingSpec.betas  # Adam's beta1, beta2
     eps: float = 1e-8
-    grad_clip: float = 1.0  # global L2 norm; 0 disables clipping
+    grad_clip: float = TrainingSpec.grad_clip  # global L2 norm; 0 disables clipping
 
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZERS:
@@ -87,17 +99,13 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class EvalConfig:
-    path: str  # a token file: its consecutive non-overlapping windows of seqLength+1 tokens
-    interval: int  # evaluate every N iterations (and after the last)
-    windows: int | None = None  # the first N windows only; None: all
-
-
-@dataclass(frozen=True)
 class CheckpointConfig:
+    """The job's training.checkpoint (``CheckpointSpec``), where a bare engine may also run
+    without one: no path, or interval 0."""
+
     path: str | None = None  # a directory shared by all ranks (one PVC for all pods)
-    interval: int = 0  # save every N iterations (and at the end); 0: only at the end
-    on_preemption: bool = True  # on SIGTERM, save before exiting when it fits (preempt.py)
+    interval_iterations: int = 0  # save every N iterations (and at the end); 0: only at the end
+    on_preemption: bool = CheckpointSpec.on_preemption  # on SIGTERM, save when it fits (preempt.py)
 
 
 @dataclass(frozen=True)
@@ -106,11 +114,11 @@ class TrainConfig:
     global_batch_size: int
     micro_batch_size: int
     iterations: int
-    seed: int = 1234
+    seed: int = TrainingSpec.seed
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    eval: EvalConfig | None = None
+    eval: EvalSpec | None = None  # evaluate every interval_iterations (and after the last)
     overlap: bool = True  # overlapped grad reduce-scatter and param all-gather
     # checkpoint each transformer block (model.py). from_jobspec always takes the job's
     # training.activationRecompute (default true there); False here keeps a bare engine plain.
@@ -118,10 +126,10 @@ class TrainConfig:
     bucket_elements: int = 40_000_000  # gradient bucket size (elements), as Megatron's default
     timeout_seconds: float = 600.0  # process-group timeout: how long a dead peer can stall us
     dtype: str = "float32"  # parameters and activations; bfloat16 on GPUs
-    grad_reduce_dtype: str = "float32"  # the DP reduce-scatter's dtype (job: training.gradReduceDtype)
-    fabric_check: str = "warn"  # fail | warn | off (job: training.fabricCheck; see fabric.py)
+    grad_reduce_dtype: str = TrainingSpec.grad_reduce_dtype  # the DP reduce-scatter's dtype
+    fabric_check: str = TrainingSpec.fabric_check  # fail | warn | off (see fabric.py)
     pipeline_schedule: str = "1F1B"  # or GPipe (HOLMES_PIPELINE_SCHEDULE); see check_schedule
-    sequence_parallel: bool = False  # job: parallelism.sequenceParallel (with tensor > 1)
+    sequence_parallel: bool = ParallelismSpec.sequence_parallel  # with tensor > 1
 
     def __post_init__(self) -> None:
         for name in ("dtype", "grad_reduce_dtype"):
@@ -162,8 +170,7 @@ class TrainConfig:
             warmup_iterations=t.warmup_iterations,
             decay=t.decay,
             min_learning_rate=t.min_learning_rate,
-            beta1=t.betas[0],
-            beta2=t.betas[1],
+            betas=t.betas,
         )
         ckpt = t.checkpoint
         kwargs: dict[str, Any] = dict(
@@ -178,9 +185,9 @@ class TrainConfig:
                 path=None if t.data.synthetic else t.data.path,
                 blend=tuple((b.path, b.weight) for b in t.data.blend),
             ),
-            eval=EvalConfig(t.eval.path, t.eval.interval_iterations, t.eval.windows) if t.eval else None,
+            eval=t.eval,
             checkpoint=CheckpointConfig(
-                path=ckpt.path, interval=ckpt.interval_iterations, on_preemption=ckpt.on_preemption
+                path=ckpt.path, interval_iterations=ckpt.interval_iterations, on_preemption=ckpt.on_preemption
             )
             if ckpt
             else CheckpointConfig(),

@@ -310,10 +310,11 @@ class DistributedOptimizer:
             if c.weight_decay and c.kind == "adamw":
                 b.master.sub_(torch.where(b.decay, b.master, 0.0), alpha=lr * c.weight_decay)
             if c.kind == "adamw":
-                b.exp_avg.lerp_(g, 1 - c.beta1)
-                b.exp_avg_sq.mul_(c.beta2).addcmul_(g, g, value=1 - c.beta2)
-                bc1 = 1 - c.beta1**self.step_count
-                bc2 = 1 - c.beta2**self.step_count
+                beta1, beta2 = c.betas
+                b.exp_avg.lerp_(g, 1 - beta1)
+                b.exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                bc1 = 1 - beta1**self.step_count
+                bc2 = 1 - beta2**self.step_count
                 denom = (b.exp_avg_sq.sqrt() / math.sqrt(bc2)).add_(c.eps)
                 b.master.addcdiv_(b.exp_avg, denom, value=-lr / bc1)
             else:  # plain SGD (tests compare parameters with it)

@@ -26,6 +26,7 @@ from .metrics import MetricsSink
 from .model import TIED_COPY, build_stage, global_name
 from .models import sharding
 from .schedule import MicroBatchRunner
+from .stage_times import StageTimes
 
 
 def learning_rate(cfg: OptimizerConfig, iteration: int, total: int) -> float:
@@ -152,6 +153,8 @@ class Trainer:
             schedule=cfg.pipeline_schedule,
             tp=self.tp,
         )
+        # every stage's times at rank 0, on the all-reduce train_step already does (stage_times.py)
+        self.stage_times = StageTimes([s.num_layers for s in layout.stages], info.stage, D * layout.tensor, M)
         self.loader = None
         if self.first or self.last:
             source = make_source(
@@ -333,9 +336,16 @@ class Trainer:
             loss_part = torch.zeros((), device=self.device)
         else:
             loss_part = loss_sum / (M * D)
-        red = torch.stack([self.opt.local_grad_sq(), loss_part.to(torch.float32)])
+        red = torch.cat(
+            [
+                torch.stack([self.opt.local_grad_sq(), loss_part.to(torch.float32)]),
+                torch.tensor(self.stage_times.outgoing(), dtype=torch.float32, device=self.device),
+            ]
+        )
         dist.all_reduce(red, group=self.groups.world)  # every rank: global grad norm and mean loss
-        grad_norm, loss = math.sqrt(float(red[0])), float(red[1])
+        summed = red.tolist()  # the one host read of the iteration, as before
+        grad_norm, loss = math.sqrt(summed[0]), summed[1]
+        stages = self.stage_times.incoming(summed[2:])
         t_norm = time.perf_counter() - t2
         if not (math.isfinite(grad_norm) and math.isfinite(loss)):
             raise FloatingPointError(
@@ -362,6 +372,8 @@ class Trainer:
         if not cfg.overlap:  # synchronous all-gathers ran inside step
             t_step = max(0.0, t_step - param_wait)
         bubble = max(0.0, t_sched - run_compute)
+        dp_exposed = times.grad_wait.seconds() + param_wait + times.embedding.seconds()
+        self.stage_times.record(compute, self.runner.p2p_wait, dp_exposed)
         record = {
             "iteration": self.iteration,
             "loss": loss,
@@ -378,6 +390,8 @@ class Trainer:
                 "data": t_data,
             },
         }
+        if stages is not None:
+            record["stages"] = stages  # measured in the previous iteration (stage_times.py)
         self.history.append(record)
         return record
 
@@ -403,19 +417,21 @@ class Trainer:
             activationRecompute=cfg.activation_recompute,
             flopsFormula=self.model_cost.formula_name(cfg.activation_recompute),
             device=str(self.device),
+            layout={**layout_signature(self.layout), "nodes": list(self.layout.nodes)},  # calibration
             groups=self.groups.created,  # this rank's communicators, the world group first
             fabric=self.fabric.summary(),  # every rank's findings (gathered)
         )
-        every = cfg.checkpoint.interval
+        every = cfg.checkpoint.interval_iterations
         while self.iteration < cfg.iterations:
             self.vote.launch(self.preemption.requested)  # waited for after the step: overlapped
             record = self.train_step()
             ev = cfg.eval
-            if ev and (self.iteration % ev.interval == 0 or self.iteration == cfg.iterations):
+            if ev and (self.iteration % ev.interval_iterations == 0 or self.iteration == cfg.iterations):
                 result = self.evaluate()
                 record.update(evalLoss=result["loss"], evalPerplexity=result["perplexity"])
                 self.last_eval_loss = result["loss"]
             self.sink.emit("iteration", **record)
+            self.sink.stages(self.stage_times.summary())
             if on_iteration is not None:
                 on_iteration(self, record)
             signalled = self.vote.result()

@@ -6,6 +6,12 @@ whether the run recomputes activations, named in the ``start`` line's ``flopsFor
 line carries ``"holmes": "<event>"`` so a reader can pick them out of other output: ``start``,
 ``iteration``, ``eval``, ``checkpoint``, ``resume``, ``preempted``, ``done``, ``error``. An
 iteration after which training.eval ran carries ``evalLoss`` and ``evalPerplexity`` too.
+An iteration line carries ``stages`` once every stage has been timed: per stage its layers,
+``computeSeconds`` (forward and backward of all micro-batches), ``layerSeconds`` (that per layer
+and micro-batch), ``p2pWaitSeconds`` (waits in pipeline p2p: transfers and neighbours) and
+``dpExposedSeconds``, means over the stage's ranks, measured in the previous iteration
+(stage_times.py); the gauges ``holmes_trainer_stage_*{stage}`` hold their recent medians, and
+the ``start`` line's ``layout`` (degrees, layers per stage, node order) says what ran.
 ``resume``: the iteration, ``consumedSamples``, ``layoutChanged`` and ``rngRestored`` (only
 under the same layout). ``preempted`` (SIGTERM, preempt.py): the iteration all ranks stopped
 after, its ``loss``, ``saved`` (and ``path``), the save's ``seconds``, ``signalledRanks`` and
@@ -34,6 +40,15 @@ class MetricsSink:
         "iterationSeconds": "holmes_trainer_iteration_seconds",
         "evalLoss": "holmes_trainer_eval_loss",
         "checkpointIteration": "holmes_trainer_checkpoint_iteration",  # set by checkpoint events
+    }
+    # per stage (label stage), from stage_times.StageTimes.summary(): what re-planning reads
+    STAGE_GAUGES = {
+        "layers": "holmes_trainer_stage_layers",
+        "samples": "holmes_trainer_stage_samples",
+        "computeSeconds": "holmes_trainer_stage_compute_seconds",
+        "layerSeconds": "holmes_trainer_stage_layer_seconds",
+        "p2pWaitSeconds": "holmes_trainer_stage_p2p_wait_seconds",
+        "dpExposedSeconds": "holmes_trainer_stage_dp_exposed_seconds",
     }
 
     def __init__(
@@ -73,6 +88,15 @@ class MetricsSink:
             ["message"],
             registry=self.registry,
         )
+        self._stage = {
+            key: Gauge(
+                name,
+                f"Holmes trainer, per pipeline stage: {key} (median over the recent iterations)",
+                ["stage"],
+                registry=self.registry,
+            )
+            for key, name in self.STAGE_GAUGES.items()
+        }
         started = start_http_server(port, addr=addr, registry=self.registry)
         self.server = started[0] if isinstance(started, tuple) else None
         self.port = self.server.server_port if self.server is not None else port
@@ -81,6 +105,14 @@ class MetricsSink:
         if self.enabled and self._gauges:
             for m in messages[:20]:  # one series each; a broken fabric on every rank stays readable
                 self._fabric.labels(message=m[:400]).set(1)
+
+    def stages(self, summary: list[dict[str, Any]]) -> None:
+        """Every stage's medians as gauges (rank 0; nothing before the first window)."""
+        if not (self.enabled and self._gauges and summary):
+            return
+        for row in summary:
+            for key, gauge in self._stage.items():
+                gauge.labels(stage=str(row["stage"])).set(row[key])
 
     def emit(self, event: str, **fields: Any) -> None:
         if not self.enabled:

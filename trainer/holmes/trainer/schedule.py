@@ -9,6 +9,7 @@ and backward, so the rest of the schedule's time is waiting on neighbours (the b
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -17,12 +18,27 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import schedules as _pp_schedules
 
 from holmes.contract import ModelSpec
 
 from .model import loss_fn
 from .tensor_parallel import TensorParallel
 from .timing import Stopwatch
+
+# The schedules wait for each batch of p2p sends/receives through this module-level function;
+# wrapped once, it times the waits of the runner active in this thread (a span: on CUDA two
+# events on the stream, which waits for NCCL's there; no host sync).
+_p2p_active = threading.local()
+_untimed_wait = _pp_schedules._wait_batch_p2p
+
+
+def _timed_wait(work: Any) -> Any:
+    watch = getattr(_p2p_active, "watch", None)
+    if watch is None:
+        return _untimed_wait(work)
+    with watch.span():
+        return _untimed_wait(work)
 
 
 class _TimedStage(PipelineStage):
@@ -93,6 +109,7 @@ class MicroBatchRunner:
         self.module, self.stage, self.stages, self.M = module, stage, stages, micro_batches
         self.first, self.last = stage == 0, stage == stages - 1
         self.watch = Stopwatch(device)
+        self.p2p_watch = Stopwatch(device)  # waits in pipeline p2p (transfers and neighbours)
         tp = tp or TensorParallel()
         self.loss_fn = partial(loss_fn, tp=tp)
         if stages == 1:
@@ -119,6 +136,7 @@ class MicroBatchRunner:
             group=pp_group,
         )
         self.pstage.watch = self.watch
+        _pp_schedules._wait_batch_p2p = _timed_wait  # idempotent; untimed outside run()
         self.pstage.boundary_groups = dict(p2p_groups or {})
         kind = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}[schedule]  # checked in TrainConfig
         self.schedule = kind(self.pstage, micro_batches, loss_fn=self.loss_fn, scale_grads=False)
@@ -128,19 +146,29 @@ class MicroBatchRunner:
         """Seconds this stage computed since reset_times (reads the CUDA events once)."""
         return self.watch.seconds()
 
+    @property
+    def p2p_wait(self) -> float:
+        """Seconds this stage waited in pipeline p2p since reset_times."""
+        return self.p2p_watch.seconds()
+
     def reset_times(self) -> None:
         self.watch.reset()
+        self.p2p_watch.reset()
 
     def run(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> torch.Tensor | None:
         if self.schedule is None:
             return self._run_local(inputs, targets)
         losses: list[torch.Tensor] = []
-        if self.first:
-            self.schedule.step(inputs, return_outputs=False)
-        elif self.last:
-            self.schedule.step(target=targets, losses=losses, return_outputs=False)
-        else:
-            self.schedule.step(return_outputs=False)
+        _p2p_active.watch = self.p2p_watch
+        try:
+            if self.first:
+                self.schedule.step(inputs, return_outputs=False)
+            elif self.last:
+                self.schedule.step(target=targets, losses=losses, return_outputs=False)
+            else:
+                self.schedule.step(return_outputs=False)
+        finally:
+            _p2p_active.watch = None
         if not self.last:
             return None
         return torch.stack([loss.detach().float() for loss in losses]).sum()

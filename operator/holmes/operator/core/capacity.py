@@ -29,12 +29,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
+from holmes.contract.names import LABEL_KUEUE_QUEUE, RESOURCE_GPU
 from holmes.plan import InsufficientNodes, PlanError
 
 from . import names
 
-GPU = "nvidia.com/gpu"
-LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 CPU, MEMORY = "cpu", "memory"
 ENDED = ("Succeeded", "Failed")
 # Taints the node lifecycle controller keeps in step with what the planner reads itself (the
@@ -143,11 +142,13 @@ class PodShape:
     node_labels: Mapping[str, str] = field(default_factory=dict)  # e.g. Kueue's admitted flavors
 
     def describe(self) -> str:
-        parts = [f"{show(k, v)} {k}" for k, v in sorted(self.requests.items()) if k in (GPU, CPU, MEMORY)]
+        parts = [
+            f"{show(k, v)} {k}" for k, v in sorted(self.requests.items()) if k in (RESOURCE_GPU, CPU, MEMORY)
+        ]
         return ", ".join(parts) or "nothing"
 
 
-def pod_shape(spec: JobSpec, gpu_resource: str = GPU) -> PodShape:
+def pod_shape(spec: JobSpec, gpu_resource: str = RESOURCE_GPU) -> PodShape:
     """One pod of the job: the template's requests plus gpusPerNode GPUs, and its placement rules."""
     tspec = (spec.template or {}).get("spec")
     tspec = tspec if isinstance(tspec, Mapping) else {}
@@ -342,7 +343,7 @@ class Ledger:
 
 
 def free_view(
-    nodes: Sequence[Mapping], shape: PodShape, led: Ledger, gpu_resource: str = GPU
+    nodes: Sequence[Mapping], shape: PodShape, led: Ledger, gpu_resource: str = RESOURCE_GPU
 ) -> tuple[list[dict], dict[str, str]]:
     """The nodes as the planner should see them for this job: allocatable GPUs reduced to what
     is free; nodes the job's pods cannot use left out, with why (node name -> reason)."""
@@ -431,7 +432,7 @@ class CapacityPlanner:
     me: str = ""  # namespace/name of the job being planned
     state: Callable[[], SharedState] = SharedState
     node_labels: Mapping[str, str] = field(default_factory=dict)  # Kueue flavors' node labels
-    gpu_resource: str = GPU
+    gpu_resource: str = RESOURCE_GPU
 
     @property
     def facts(self):
@@ -468,6 +469,10 @@ class CapacityPlanner:
             pass
         raise WaitingForCapacity(self.message(job, shape, view, led, blocked)) from None
 
+    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Any) -> Any:
+        """The cluster planner's calibration (core/replan.py): capacity does not change it."""
+        return self.inner.calibrated(nodes, job, layout, measured)
+
     def message(self, job: JobSpec, shape: PodShape, view: list, led: Ledger, blocked: Mapping) -> str:
         n, g = job.nodes.count, job.nodes.gpus_per_node
         fit = sorted(
@@ -499,7 +504,7 @@ def shared_state(
     pods: Sequence[Mapping],
     layout_configmap: Callable[[str, str], Mapping | None],
     classes: Mapping[str, int],
-    gpu_resource: str = GPU,
+    gpu_resource: str = RESOURCE_GPU,
 ) -> SharedState:
     """The shared view for job ``me`` from the API's objects: ``pods`` (every pod that has not
     ended), the HolmesJobs (launched ones with their layout ConfigMap, waiting ones in queue

@@ -12,7 +12,8 @@ SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
 MEMBERS = "MembersReachable"  # jobs across member clusters only (members.py)
-ALL = (READY, RECONCILING, STALLED, SUCCEEDED, FAILED, SUSPENDED, MEMBERS)
+REPLANNED = "Replanned"  # jobs with parallelism.replan only (replan.py)
+ALL = (READY, RECONCILING, STALLED, SUCCEEDED, FAILED, SUSPENDED, MEMBERS, REPLANNED)
 
 
 def get(conditions: Iterable[dict] | None, type_: str) -> dict | None:
@@ -47,7 +48,7 @@ def set_condition(
         cond["observedGeneration"] = generation
     out.append(cond)
     order = {t: i for i, t in enumerate(ALL)}
-    out.sort(key=lambda c: order.get(c.get("type"), len(order)))
+    out.sort(key=lambda c: order.get(str(c.get("type")), len(order)))
     return out
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from holmes.contract import JobSpec, Layout, LayoutError
+from holmes.contract.names import LABEL_CLUSTER
 from holmes.plan import PlanError
 
 from . import names
@@ -43,7 +44,6 @@ KUBECONFIG_KEY = "kubeconfig"  # the Secret's key holding the member's kubeconfi
 ANN_MEMBER = "holmes.dev/member"  # on member children (and member nodes in the hub's view)
 ANN_JOB_UID = "holmes.dev/job-uid"  # on member children: the hub job that owns them
 FINALIZER = "holmes.dev/member-children"  # on a hub job while it may have children in members
-CLUSTER_LABEL = "holmes.dev/cluster"
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def union_nodes(
                 continue
             node = tag(n, m)
             labels = node["metadata"].setdefault("labels", {})
-            labels.setdefault(CLUSTER_LABEL, m)
+            labels.setdefault(LABEL_CLUSTER, m)
             out.append(node)
     return out, problems
 
@@ -164,6 +164,10 @@ class MemberPlanner:
                 "parallelism.pipeline) so that each stage fits in one member"
             )
         return layout
+
+    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Any) -> Any:
+        """The inner planner's calibration (core/replan.py), on the nodes as plan() sees them."""
+        return self.inner.calibrated(island_labels(nodes, job.nodes.cluster_label), job, layout, measured)
 
 
 # ---- rendezvous -------------------------------------------------------------------------------

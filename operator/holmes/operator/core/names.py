@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from holmes.contract.names import API_VERSION, GROUP, KIND, LABEL_NIC, PLURAL, VERSION  # noqa: F401 (re-exported)
+from holmes.contract.names import API_VERSION, GROUP, KIND, PLURAL, VERSION  # noqa: F401 (re-exported)
 
 # Labels on every child (selectors and kubectl -l use these).
 LABEL_JOB = "holmes.dev/job-name"

@@ -23,14 +23,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from holmes.contract.names import LABEL_KUEUE_QUEUE, RESOURCE_GPU
+
 from . import names
-from .capacity import CPU, GPU, LABEL_KUEUE_QUEUE, MEMORY, PodShape, show
+from .capacity import CPU, MEMORY, PodShape, show
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 V1BETA2, V1BETA1 = "v1beta2", "v1beta1"
 KUEUE_VERSIONS = (V1BETA2, V1BETA1)  # newest first: the first one the API server serves is used
 WORKLOADS, FLAVORS = "workloads", "resourceflavors"
-LABEL_QUEUE = LABEL_KUEUE_QUEUE
 POD_SET = "workers"
 
 VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
@@ -47,7 +48,7 @@ ADMITTED, EVICTED, PENDING = "admitted", "evicted", "pending"
 
 
 def queue_name(job: Mapping) -> str | None:
-    return ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_QUEUE) or None
+    return ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_QUEUE) or None
 
 
 def workload_name(job: str) -> str:
@@ -109,7 +110,7 @@ def build_workload(
             "labels": {
                 names.LABEL_JOB: job,
                 names.LABEL_MANAGED_BY: names.MANAGED_BY,
-                LABEL_QUEUE: queue,
+                LABEL_KUEUE_QUEUE: queue,
             },
         },
         "spec": spec,
@@ -295,7 +296,7 @@ def gate(
         return Gate(
             stall=(
                 "KueueNotInstalled",
-                f"label {LABEL_QUEUE}={queue} asks Kueue to admit this job, but the API "
+                f"label {LABEL_KUEUE_QUEUE}={queue} asks Kueue to admit this job, but the API "
                 f"{KUEUE_GROUP} (Workload, {' or '.join(KUEUE_VERSIONS)}) is not served: "
                 "install Kueue, or remove the label",
             )
@@ -353,7 +354,7 @@ def build_podgroup(
         "minResources": {
             k: _quantity_text(k, v * min_member)
             for k, v in sorted(shape.requests.items())
-            if v and k in (GPU, CPU, MEMORY)
+            if v and k in (RESOURCE_GPU, CPU, MEMORY)
         },
     }
     if isinstance(ann, Mapping) and ann.get(ANN_VOLCANO_QUEUE):

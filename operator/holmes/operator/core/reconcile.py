@@ -30,12 +30,12 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 
-from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
+from holmes.contract import JobSpec, Layout, SpecError, load_job
 from holmes.plan import InsufficientNodes, PlanError
 
-from . import capacity, elastic, failures, frameworks, members, names, queueing, validation
+from . import capacity, elastic, failures, frameworks, members, names, queueing, replan, validation
 from . import conditions as cond
-from .render import RenderSettings, build_configmap, build_pod, build_service
+from .render import HOSTNAME_LABEL, RenderSettings, build_configmap, build_pod, build_service
 from .state import (  # noqa: F401 (the reconcile's data types, imported from here by the I/O side)
     CHILD_REJECTED_RETRY,
     DISRUPTION,
@@ -49,6 +49,7 @@ from .state import (  # noqa: F401 (the reconcile's data types, imported from he
     SCALE_UP,
     SUCCEEDED,
     SUSPENDED,
+    WAIT_INTERVAL,
     ChildRefusal,
     Decision,
     Event,
@@ -73,7 +74,6 @@ from .summary import (
 )
 
 _NEXT_ATTEMPT = re.compile(r"next attempt at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
-WAIT_INTERVAL = 30.0  # re-plan a job waiting for nodes at least this often
 
 
 def decide(
@@ -190,7 +190,7 @@ class _Reconciler(JobState):
         """Wait out the back-off after a gang restart (None: go on and launch now)."""
         self.status["nextAttemptTime"] = iso(due)
         last_hash = self.cm_annotation(names.ANN_SPEC_HASH)
-        if last_hash and last_hash != names.spec_hash(self.job.get("spec")):
+        if last_hash and last_hash != names.spec_hash(self.job.get("spec") or {}):
             self.status.pop("nextAttemptTime", None)  # the user changed the job: try it at once
             self.event(
                 "Normal",
@@ -250,13 +250,6 @@ class _Reconciler(JobState):
             self.delete_stale()
         self.status["pods"] = pod_counts([])
         self.set_phase(SUSPENDED, "Suspended", "runPolicy.suspend is true: pods deleted, status kept")
-        return self.d
-
-    def fail(self, reason: str, message: str) -> Decision:
-        self.d.delete_pods = self.live_pods()
-        self.status.pop("nextAttemptTime", None)
-        self.status["completionTime"] = self.now
-        self.set_phase(FAILED, reason, message, stalled=(reason, message))
         return self.d
 
     def children_refused(self, refused: list[ChildRefusal]) -> Decision:
@@ -335,24 +328,6 @@ class _Reconciler(JobState):
         self.planner = capacity.restricted(self.planner, g.node_labels or {})
         return None
 
-    def hold(self, reason: str, message: str, warn: bool = False) -> Decision:
-        """Suspended by the queueing system: no pods (deleted gracefully), status kept."""
-        if self.old.get("phase") != SUSPENDED:
-            if self.attempt == 0:
-                self.past_leftovers()
-            self.teardown()
-        else:
-            self.delete_stale()
-        self.status.pop("nextAttemptTime", None)
-        self.status.pop("waitingSince", None)
-        self.status["pods"] = pod_counts([])
-        old = cond.get(self.old.get("conditions"), cond.SUSPENDED) or {}
-        self.set_phase(SUSPENDED, reason, message, announce=False)
-        if (old.get("reason"), old.get("status")) != (reason, "True"):
-            self.event("Warning" if warn else "Normal", reason, message)
-        self.d.requeue_after = WAIT_INTERVAL
-        return self.d
-
     # ---- launching --------------------------------------------------------------------------
     def launch(self, spec: JobSpec) -> Decision:
         self.delete_stale()
@@ -368,14 +343,9 @@ class _Reconciler(JobState):
             )
             self.d.requeue_after = self.until_deadline(1.0)
             return self.d
-        layout = None
-        if self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt) and self.cm_annotation(
-            names.ANN_SPEC_HASH
-        ) == names.spec_hash(self.job.get("spec")):
-            try:  # resume a launch cut short
-                layout = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE])
-            except (KeyError, TypeError, LayoutError):
-                layout = None
+        layout = None  # resume a launch cut short: its layout, if the spec is the same
+        if self.cm_annotation(names.ANN_SPEC_HASH) == names.spec_hash(self.job.get("spec") or {}):
+            layout = self.launched_layout()
         by_name = self.nodes
         if layout is None:
             try:
@@ -415,9 +385,7 @@ class _Reconciler(JobState):
                 nccl_env=net.env,
                 template=spec.template,
                 settings=self.settings,
-                hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(
-                    "kubernetes.io/hostname"
-                ),
+                hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL),
                 master=master if rank else None,
                 host_network=spec.network == "hostNetwork",
             )
@@ -487,7 +455,7 @@ class _Reconciler(JobState):
     def plan_size(self, spec: JobSpec) -> Layout:
         """The layout to launch (elastic.plan_size); InsufficientNodes: wait for nodes."""
         sized = elastic.plan_size(
-            self.planner.plan,
+            replan.planning(self.planner.plan, self.old.get("adaptation"), spec),  # measured rates
             self.obs.nodes,
             spec,
             restarted=bool(self.old.get("restarts")),
@@ -500,6 +468,7 @@ class _Reconciler(JobState):
             self.event("Warning", "ScaledDown", sized.scaled_down)
         if sized.waiting is not None:
             raise sized.waiting
+        assert sized.layout is not None  # Sized holds a layout or why to wait
         return sized.layout
 
     def wait_for_nodes(self, why: str, reason: str = "WaitingForNodes") -> Decision:
@@ -520,7 +489,7 @@ class _Reconciler(JobState):
         if (
             self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt)
             and launched_hash
-            and launched_hash != names.spec_hash(self.job.get("spec"))
+            and launched_hash != names.spec_hash(self.job.get("spec") or {})
         ):
             self.teardown()
             self.event(
@@ -563,6 +532,8 @@ class _Reconciler(JobState):
             self.set_phase(RUNNING, "AllPodsRunning", f"attempt {self.attempt}: {expected} pods running")
             if expected < spec.nodes.count and self.scale_up(spec, expected):
                 return self.d
+            if self.adapt(spec):
+                return self.d
         else:
             why = waiting_reason(pods)
             self.set_phase(
@@ -575,13 +546,10 @@ class _Reconciler(JobState):
         return self.d
 
     def stuck_on_lost_node(self, pods: list[dict]) -> str:
-        if self.cm_annotation(names.ANN_ATTEMPT) != str(self.attempt):
+        layout = self.launched_layout()
+        if layout is None:
             return ""  # the plan of this attempt is not known
-        try:
-            planned = Layout.from_json(self.obs.configmap["data"][names.LAYOUT_FILE]).nodes
-        except (KeyError, TypeError, LayoutError):
-            return ""
-        return failures.stuck_on_lost_node(pods, planned, self.nodes, self.planner.facts.unusable)
+        return failures.stuck_on_lost_node(pods, list(layout.nodes), self.nodes, self.planner.facts.unusable)
 
     def pod_failed(self, spec: JobSpec, failed: list[dict]) -> Decision:
         """A failed pod: a disruption (failures.disruption), else what runPolicy.failurePolicy
@@ -655,23 +623,60 @@ class _Reconciler(JobState):
             )
         if not up.now:
             return False
-        self.teardown(restart=SCALE_UP)
         when = (
             f"checkpoint at iteration {ckpt} written"
             if after is not None
             else "the pods save a checkpoint as they stop (training.checkpoint.onPreemption)"
         )
-        self.set_phase(
-            RESTARTING,
+        return self.relaunch(
+            SCALE_UP,
             "ScaleUp",
             f"{up.bigger} nodes can run the job again; {when}: relaunching on more than {current} nodes "
             f"(nodes.count={spec.nodes.count})",
         )
-        self.d.requeue_after = 0.5
-        return True
+
+    # ---- re-planning from measured stage speeds (core/replan.py) -------------------------------
+    def adapt(self, spec: JobSpec) -> bool:
+        """A running job: judge its measured layout (replan.step); True: torn down to re-plan."""
+        layout = self.launched_layout()
+        if layout is None or not spec.parallelism.replan.enabled:
+            return False
+        step = replan.step(
+            spec,
+            self.old.get("adaptation") or {},
+            layout,
+            self.status.get("progress") or {},
+            self.obs.nodes,
+            self.planner.plan,
+            self.planner.calibrated,
+        )
+        if step.adaptation is not None:
+            self.status["adaptation"] = step.adaptation
+        if step.event:
+            self.event("Normal", "Replanned", step.event)
+        torn_down = self.relaunch_replanned(step.relaunch) if step.relaunch else False
+        if step.condition is not None:  # after set_phase, which rewrites the conditions
+            self.status["conditions"] = cond.set_condition(
+                self.status.get("conditions"), cond.REPLANNED, *step.condition, self.now, self.generation
+            )
+        return torn_down
+
+    def relaunch_replanned(self, when: str) -> bool:
+        progress = dict(self.status.get("progress") or {})
+        progress.pop("stages", None)  # measured in the layout being left
+        self.status["progress"] = progress
+        last = (self.status.get("adaptation") or {}).get("last") or {}
+        return self.relaunch(  # its own kind of restart: never against backoffLimit
+            replan.RESTART,
+            "Replanned",
+            f"re-planned from measured stage speeds: layers {last.get('from')} -> {last.get('to')}; {when}: "
+            "relaunching in the new layout, resuming from that checkpoint",
+        )
 
     def merge_progress(self) -> None:
         merged, warning = merged_progress(self.old.get("progress") or {}, self.obs.progress, self.now)
+        if merged is not None and merged.get("stages") and (layout := self.launched_layout()) is not None:
+            merged["stages"] = replan.with_planned(merged["stages"], layout)  # measured next to planned
         if merged is not None:
             self.status["progress"] = merged
         if warning:

@@ -25,12 +25,11 @@ from typing import Any
 import yaml
 
 from holmes.contract import JobSpec, Layout
-from holmes.contract.names import ENV_GRACE_SECONDS
+from holmes.contract.names import ENV_GRACE_SECONDS, LABEL_NIC, RESOURCE_GPU
 
 from . import names
 from .template import RDMA_CAPABILITIES, TemplatePolicy, harden_container, secure_defaults
 
-GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
@@ -41,7 +40,7 @@ class RenderSettings:
     image: str = "holmes-trainer:latest"
     master_port: int = 29500
     metrics_port: int = 9400  # the rank-0 trainer's Prometheus endpoint
-    gpu_resource: str = GPU_RESOURCE
+    gpu_resource: str = RESOURCE_GPU
     # Pods sharing a network namespace (hostNetwork: true, or the local node agent) cannot all
     # listen on one fixed port: with a range, each attempt gets its own pair of ports.
     port_range: tuple[int, int] | None = None
@@ -227,7 +226,7 @@ def build_pod(
             names.LABEL_ATTEMPT: str(job.attempt),
             names.LABEL_NODE_RANK: str(node_rank),
             names.LABEL_STAGE: str(stage),
-            names.LABEL_NIC: nic,
+            LABEL_NIC: nic,
         }
     )
     annotations = dict(tmeta.get("annotations") or {})

@@ -8,18 +8,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
-from holmes.contract import JobSpec, Layout
+from holmes.contract import JobSpec, Layout, LayoutError
 
 from . import conditions as cond
 from . import members, names
 from .render import JobRef, RenderSettings
-from .summary import iso, parse_time, pod_attempt
+from .summary import iso, parse_time, pod_attempt, pod_counts
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 FINISHED = (SUCCEEDED, FAILED)
+
+WAIT_INTERVAL = 30.0  # re-plan a job waiting for nodes (or held by a queue) at least this often
 
 # how a gang restart is counted (status.restartsByReason)
 FAILURE, DISRUPTION, IGNORED, SCALE_UP = "failure", "disruption", "ignored", "scaleUp"
@@ -109,10 +111,15 @@ class Planner(Protocol):
     """What the reconciler asks of the planner (``planning.ClusterPlanner``; tests give their
     own): a layout, and through ``facts`` the node facts that layout was planned with."""
 
-    facts: NodeFacts
+    @property
+    def facts(self) -> NodeFacts: ...
 
     def plan(self, nodes: list, job: JobSpec) -> Layout:
         """Raises InsufficientNodes (wait for nodes) or PlanError (the job cannot be planned)."""
+
+    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Any) -> Any:
+        """(Calibration, the running layout's seconds under it) from a run's measurements
+        (holmes.plan.calibrate.assess with the cost model in use; core/replan.py)."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +260,48 @@ class JobState:
         foreign = [p for p in self.obs.pods if not any(p is q for q in self.pods)]
         self.attempt = max((pod_attempt(p) or 0 for p in foreign), default=0)
 
+    def hold(self, reason: str, message: str, warn: bool = False) -> Decision:
+        """Suspended by the queueing system: no pods (deleted gracefully), status kept."""
+        if self.old.get("phase") != SUSPENDED:
+            if self.attempt == 0:
+                self.past_leftovers()
+            self.teardown()
+        else:
+            self.delete_stale()
+        self.status.pop("nextAttemptTime", None)
+        self.status.pop("waitingSince", None)
+        self.status["pods"] = pod_counts([])
+        old = cond.get(self.old.get("conditions"), cond.SUSPENDED) or {}
+        self.set_phase(SUSPENDED, reason, message, announce=False)
+        if (old.get("reason"), old.get("status")) != (reason, "True"):
+            self.event("Warning" if warn else "Normal", reason, message)
+        self.d.requeue_after = WAIT_INTERVAL
+        return self.d
+
+    def fail(self, reason: str, message: str) -> Decision:
+        self.d.delete_pods = self.live_pods()
+        self.status.pop("nextAttemptTime", None)
+        self.status["completionTime"] = self.now
+        self.set_phase(FAILED, reason, message, stalled=(reason, message))
+        return self.d
+
+    def relaunch(self, restart: str, reason: str, message: str) -> bool:
+        """A planned gang restart of kind ``restart`` (scale up, re-plan): tear down, say why, and
+        plan again at once (True: the reconcile ends here)."""
+        self.teardown(restart=restart)
+        self.set_phase(RESTARTING, reason, message)
+        self.d.requeue_after = 0.5
+        return True
+
+    def launched_layout(self) -> Layout | None:
+        """The Layout of the current attempt, from its ConfigMap (None: not known)."""
+        if self.cm_annotation(names.ANN_ATTEMPT) != str(self.attempt):
+            return None
+        try:
+            return Layout.from_json((self.obs.configmap or {})["data"][names.LAYOUT_FILE])
+        except (KeyError, TypeError, LayoutError):
+            return None
+
     def restarts_by_reason(self) -> dict[str, int]:
         """status.restartsByReason (a status written before it existed: all were failures)."""
         by = self.old.get("restartsByReason")
@@ -275,6 +324,7 @@ class JobState:
 
     def until_deadline(self, seconds: float) -> float:
         """``seconds``, or less so the job wakes up in time to fail on runPolicy.activeDeadlineSeconds."""
+        assert self.spec is not None  # only after the spec parsed
         deadline = self.spec.run_policy.active_deadline_seconds
         started = parse_time(self.status.get("startTime"))
         if deadline and started:
@@ -282,6 +332,7 @@ class JobState:
         return max(seconds, 0.0)
 
     def size(self, current: int | None) -> dict[str, int]:
+        assert self.spec is not None  # only after the spec parsed
         n = self.spec.nodes
         out = {"desired": n.count, "minimum": n.minimum}
         if current is not None:

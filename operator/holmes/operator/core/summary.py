@@ -24,11 +24,13 @@ def layout_status(layout: Layout, nic_of: Mapping[str, str], configmap: str) -> 
     """Per stage island/nic/layers/nodes, the DP group families with the NIC kinds they span,
     and the planner's estimate."""
     dp_net = {g.stage: g.net for g in layout.groups if g.kind == "dp"}
+    gpu = {e.get("stage"): e.get("gpu") for e in (layout.estimate or {}).get("stages", [])}
     stages, dp = [], []
     for s in layout.stages:
         nodes = list(s.nodes or layout.stage_nodes(s.index))
         stages.append(
             {"index": s.index, "island": s.island, "nic": s.nic, "layers": list(s.layers), "nodes": nodes}
+            | ({"gpu": gpu[s.index]} if gpu.get(s.index) else {})  # GPU type(s), plan/gpus.py
         )
         dp.append(
             {
@@ -63,15 +65,15 @@ def pod_counts(pods: Iterable[Mapping]) -> dict[str, int]:
 
 def pod_attempt(pod: Mapping) -> int | None:
     try:
-        return int(((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_ATTEMPT))
-    except (TypeError, ValueError):
+        return int(((pod.get("metadata") or {}).get("labels") or {})[names.LABEL_ATTEMPT])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
 def pod_node_rank(pod: Mapping) -> int | None:
     try:
-        return int(((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_NODE_RANK))
-    except (TypeError, ValueError):
+        return int(((pod.get("metadata") or {}).get("labels") or {})[names.LABEL_NODE_RANK])
+    except (KeyError, TypeError, ValueError):
         return None
 
 

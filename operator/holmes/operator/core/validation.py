@@ -36,7 +36,7 @@ def refusal(
             "schedulerName: volcano (a Volcano PodGroup) is not supported for a job across member "
             "clusters yet: remove spec.template.spec.schedulerName",
         )
-    if started_model and started_model != names.model_hash(job.get("spec")):
+    if started_model and started_model != names.model_hash(job.get("spec") or {}):
         return (
             "ImmutableField",
             "spec.model cannot change once the job has started (its checkpoints hold this model); "
