@@ -47,9 +47,11 @@ RULES = {
         {"torch", "numpy", "prometheus_client", "tokenizers", "safetensors"},
         {"contract", "trainer"},
     ),
+    # copied into pods of the user's own image: nothing but the standard library and its torch
+    "trainer/holmes/launch": ({"torch"}, {"launch"}),
 }
 CLI = REPO / "operator/holmes/cli.py"  # `holmes plan`: the planner, plus the client for --kubeconfig
-CLI_RULE = ({"kubernetes", "yaml"}, {"contract", "plan"})
+CLI_RULE = ({"kubernetes", "yaml"}, {"contract", "plan", "operator"})  # operator: --pods (pure preview)
 
 
 def package_of(path: Path) -> str:

@@ -1,5 +1,6 @@
 """`holmes` command line. `holmes plan --nodes NODES.yaml --job JOB.yaml [--json] [--compare]
-[--config COSTMODEL.yaml]` prints the layout Holmes would run, without any cluster (or with
+[--config COSTMODEL.yaml]` prints the layout Holmes would run (with `--pods`, the ConfigMap,
+Service and pods the operator would create, as a v1 List), without any cluster (or with
 --kubeconfig, reading the nodes of a live cluster); `holmes plan --print-config` prints the cost
 model's numbers as YAML to start a --config file from. `holmes dryrun --job JOB.yaml (--layout
 LAYOUT.json | --nodes NODES.yaml) [...]` runs the trainer's dry run (python -m
@@ -93,6 +94,8 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.kubeconfig is None and args.nodes is None:
         raise CliError("give --nodes NODES.yaml or --kubeconfig PATH")
     nodes = load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig, args.context)
+    if args.pods:
+        return pods_command(args, nodes, config)
     job = load_job(args.job)
     if args.measured:
         return measured_command(nodes, job, config, args.measured, args.json)
@@ -132,6 +135,40 @@ def plan_command(args: argparse.Namespace) -> int:
             r = he[key] / be[key]
             print(f"{label:24}{he[key]:>12.4g}{be[key]:>12.4g}{r:>8.3f}")
         print(f"Holmes is {ratio:.3f}x the Megatron-default speed (estimated)")
+    return 0
+
+
+def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
+    """The ConfigMap, Service and pods the operator would create, as a v1 List."""
+    from holmes.contract.documents import DocumentError, load_documents
+    from holmes.operator.core.render import RenderSettings
+    from holmes.operator.planning import ClusterPlanner, with_nic_flags
+    from holmes.operator.preview import PreviewError, as_list, children
+    from holmes.plan.costmodel_file import CostModelFile
+
+    load_job(args.job)  # the spec's own problems first, with the file's name
+    try:
+        (job,) = [d for d in load_documents(args.job, "job file") if isinstance(d, dict)][:1]
+    except (DocumentError, ValueError) as e:
+        raise CliError(str(e)) from None
+    kinds = dict(k.split("=", 1) for k in args.cluster_rdma_kind or [])
+    planner = ClusterPlanner(CostModelFile(base=with_nic_flags(config, kinds)))
+    from holmes.operator.core.template import TemplatePolicy
+
+    policy = TemplatePolicy(allow_host_namespaces=args.allow_host_namespaces)
+    settings = RenderSettings(image=args.trainer_image, policy=policy)
+    if args.namespace:
+        job.setdefault("metadata", {})["namespace"] = args.namespace
+    try:
+        doc = as_list(children(job, nodes, settings, planner))
+    except PreviewError as e:
+        raise CliError(str(e)) from None
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(doc, sort_keys=False), end="")
     return 0
 
 
@@ -305,6 +342,27 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the Layout JSON instead of the table")
     pl.add_argument(
         "--compare", action="store_true", help="also plan the Megatron default and print the ratio"
+    )
+    pl.add_argument(
+        "--pods",
+        action="store_true",
+        help="print the ConfigMap, Service and pods the operator would create, as a v1 List (YAML; "
+        "--json for JSON), for review before applying",
+    )
+    pl.add_argument("--namespace", help="with --pods: the job's namespace (default: its own, else default)")
+    pl.add_argument(
+        "--trainer-image", default="holmes-trainer:latest", help="with --pods: the operator's --trainer-image"
+    )
+    pl.add_argument(
+        "--cluster-rdma-kind",
+        action="append",
+        metavar="CLUSTER=KIND",
+        help="with --pods: the operator's --cluster-rdma-kind (repeatable)",
+    )
+    pl.add_argument(
+        "--allow-host-namespaces",
+        action="store_true",
+        help="with --pods: the operator's --allow-host-namespaces (spec.network: hostNetwork)",
     )
     pl.add_argument(
         "--measured",

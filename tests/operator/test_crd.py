@@ -132,6 +132,7 @@ def test_spec_fields_match_what_the_operator_parses():
             },
         },
         "network": "hostNetwork",
+        "framework": "holmes",
     }
     for section, fields in full.items():
         if isinstance(fields, dict) and section != "template":

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, Union
 
+from .frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_problems
 from .names import API_VERSION, KIND, LABEL_CLUSTER
 
 AUTO = "auto"
@@ -325,6 +326,8 @@ class JobSpec:
     # how pods reach each other (across member clusters too): their own pod IPs (podNetwork)
     # or their node's network (hostNetwork, the usual choice on RDMA nodes)
     network: str = "podNetwork"
+    # which program trains the layout: Holmes' engine, or the user's own (frameworks.py)
+    framework: str = DEFAULT_FRAMEWORK
 
     # unhashable (template is a dict); typeshed spells an unhashable class the same way
     __hash__: ClassVar[None] = None  # type: ignore[assignment]
@@ -370,7 +373,7 @@ class JobSpec:
             spec,
             "spec",
             required=("model", "training", "nodes"),
-            optional=("parallelism", "template", "runPolicy", "network"),
+            optional=("parallelism", "template", "runPolicy", "network", "framework"),
         )
         if top is None:
             raise SpecError(r.problems)
@@ -388,6 +391,7 @@ class JobSpec:
             template = {}
         run_policy = _run_policy(r, top.get("runPolicy", {}), "spec.runPolicy")
         network = r.choice(top, "network", "spec", NETWORKS, default=cls.network)
+        framework = r.choice(top, "framework", "spec", FRAMEWORKS, default=cls.framework)
         if r.problems or model is None or training is None or nodes is None:
             raise SpecError(r.problems)  # a missing section is among the problems
         job = cls(
@@ -398,8 +402,9 @@ class JobSpec:
             template=dict(template),
             run_policy=run_policy,
             network=network,
+            framework=framework,
         )
-        problems = cross_check(job)
+        problems = cross_check(job) + framework_problems(job)
         if problems:
             raise SpecError(problems)
         return job
@@ -1155,6 +1160,7 @@ def _camel_mapping(obj: Any) -> dict[str, Any]:
             "template": dict(obj.template),
             "runPolicy": _to_camel(obj.run_policy),
             **({"network": obj.network} if obj.network != JobSpec.network else {}),
+            **({"framework": obj.framework} if obj.framework != JobSpec.framework else {}),
         }
     return {
         camel(f.name): _to_camel(getattr(obj, f.name))

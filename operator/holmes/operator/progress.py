@@ -19,6 +19,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from holmes.contract.frameworks import HOLMES
+
+from .core import framework_progress
 from .core.reconcile import owned
 from .core.summary import pod_attempt, pod_node_rank
 
@@ -166,6 +169,9 @@ def scrape(url: str, timeout: float = 1.0, limit: int = MAX_SCRAPE_BYTES) -> dic
         return {}  # not listening yet, or gone: try again next time
 
 
+FRAMEWORK_TAIL_LINES = 200  # an external framework's iteration line among its other output
+
+
 class ProgressReader:
     """Each job's rank-0 trainer, read at most once per ``interval`` seconds while it runs, and
     its last line once it has ended."""
@@ -178,7 +184,7 @@ class ProgressReader:
     def forget(self, key: tuple[str, str]) -> None:
         self._read.pop(key, None)
 
-    def read(self, job: Mapping, pods: list[dict], log_tail: Callable[[dict], str]) -> dict | None:
+    def read(self, job: Mapping, pods: list[dict], log_tail: Callable[..., str]) -> dict | None:
         """The numbers (None: nothing new to read now). ``log_tail``: the ended rank-0 pod's log
         tail, from the API server of its cluster."""
         pod = rank0(job, pods)
@@ -193,22 +199,35 @@ class ProgressReader:
         elif last is not None and time.monotonic() - last < self.interval:
             return None
         self._read[key] = (time.monotonic(), pod["metadata"].get("uid") if ended else None)
+        framework = framework_of(job)
+        if framework != HOLMES:  # no metrics port: the framework's own iteration lines
+            return framework_progress.from_log(framework, log_tail(pod, lines=FRAMEWORK_TAIL_LINES))
         found = from_pod(pod, self.metrics_port)
         if not found and ended:  # the trainer's last line, from its log
             found = from_json_lines(log_tail(pod))
         return found
 
 
+def framework_of(job: Mapping) -> str:
+    return (job.get("spec") or {}).get("framework") or HOLMES
+
+
 def rank0(job: Mapping, pods: list[dict]) -> dict | None:
-    """The current attempt's rank-0 pod of a launched, unfinished job (None otherwise)."""
+    """The current attempt's pod that reports progress, of a launched, unfinished job (None
+    otherwise): rank 0's, or for an external framework the pod whose log carries its iteration
+    lines (spec.framework: core/framework_progress.py)."""
     st = job.get("status") or {}
     if not st.get("launched") or st.get("phase") in ("Succeeded", "Failed"):
         return None
+    reporter = 0
+    if framework_of(job) != HOLMES:
+        nodes = int((st.get("layout") or {}).get("nodes") or 1)
+        reporter = framework_progress.reporting_node_rank(framework_of(job), nodes)
     return next(
         (
             p
             for p in owned(pods, job["metadata"].get("uid"))
-            if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == 0
+            if pod_attempt(p) == st.get("attempt") and pod_node_rank(p) == reporter
         ),
         None,
     )

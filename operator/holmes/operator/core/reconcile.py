@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from holmes.contract import JobSpec, Layout, SpecError, load_job
 from holmes.plan import InsufficientNodes, PlanError
 
-from . import capacity, elastic, failures, members, names, queueing, replan, validation
+from . import capacity, elastic, failures, frameworks, members, names, queueing, replan, validation
 from . import conditions as cond
 from .render import HOSTNAME_LABEL, RenderSettings, build_configmap, build_pod, build_service
 from .state import (  # noqa: F401 (the reconcile's data types, imported from here by the I/O side)
@@ -362,8 +362,11 @@ class _Reconciler(JobState):
             self.teardown()  # a planned node vanished: plan again
             return self.launch(spec)
 
+        mismatch = frameworks.plan_conflicts(spec, layout)  # spec.framework: the user's arguments
+        if mismatch:
+            return self.stall("InvalidSpec", "; ".join(mismatch))
         ref = self.job_ref()
-        self.d.configmap = build_configmap(ref, layout, spec)
+        self.d.configmap = frameworks.with_framework_files(build_configmap(ref, layout, spec), spec, layout)
         if self.obs.service is None:
             self.d.service = build_service(ref, self.settings)
         existing = {pod_node_rank(p) for p in self.current_pods()}
@@ -373,21 +376,21 @@ class _Reconciler(JobState):
             if rank in existing or rank not in ranks:
                 continue
             net = nets[node_name]
-            self.d.create_pods.append(
-                build_pod(
-                    ref,
-                    layout,
-                    rank,
-                    nic=net.nic,
-                    rdma_resource=net.rdma_resource,
-                    nccl_env=net.env,
-                    template=spec.template,
-                    settings=self.settings,
-                    hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL),
-                    master=master if rank else None,
-                    host_network=spec.network == "hostNetwork",
-                )
+            pod = build_pod(
+                ref,
+                layout,
+                rank,
+                nic=net.nic,
+                rdma_resource=net.rdma_resource,
+                nccl_env=net.env,
+                template=spec.template,
+                settings=self.settings,
+                hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL),
+                master=master if rank else None,
+                host_network=spec.network == "hostNetwork",
             )
+            # spec.framework other than holmes: the user's command under Holmes' launcher
+            self.d.create_pods.append(frameworks.launched_pod(pod, spec, layout, rank, self.settings.image))
         if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup
             shape = capacity.pod_shape(spec, self.settings.gpu_resource)
             self.d.podgroup = queueing.build_podgroup(

@@ -1,0 +1,196 @@
+"""``spec.framework``: which program trains a HolmesJob's layout, and the checks of its command
+that need no cluster (pure Python, standard library only).
+
+``holmes`` (the default) runs Holmes' own engine. The others run the user's own image and
+command under Holmes' launcher (``holmes.launch``), which hands the plan to the program as the
+framework's own command-line arguments:
+
+- ``megatron``: Megatron-LM (or NeMo/Megatron-DeepSpeed scripts that take its arguments);
+- ``torchtitan``: torchtitan's trainer (``--module ... --config ...``);
+- ``deepspeed``: a DeepSpeed pipeline program (stage sizes through the launcher's hook);
+- ``torchrun``: any other torchrun program (it reads the Layout JSON itself if it wants it).
+
+The flags each framework reads for a value the plan fixes live here, so that the spec check
+(model and batch, known before planning) and the plan check (tensor and pipeline sizes, known
+after) name the same flags. A user argument that contradicts the plan is an error naming both
+values; the flags Holmes writes itself (the stage layout, the communicator file) may not be given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+HOLMES = "holmes"
+FRAMEWORKS = (HOLMES, "megatron", "torchtitan", "deepspeed", "torchrun")
+DEFAULT_FRAMEWORK = HOLMES
+TRAINER_CONTAINER = "trainer"
+
+# concept -> (the flag carrying it, the spec field it must equal). Concepts: the model's shape
+# and the batch (checked against the spec), the parallel degrees (checked against the Layout).
+PLAN_FLAGS: dict[str, dict[str, str]] = {
+    "megatron": {
+        "layers": "--num-layers",
+        "hiddenSize": "--hidden-size",
+        "attentionHeads": "--num-attention-heads",
+        "seqLength": "--seq-length",
+        "tensor": "--tensor-model-parallel-size",
+        "pipeline": "--pipeline-model-parallel-size",
+        "microBatchSize": "--micro-batch-size",
+        "globalBatchSize": "--global-batch-size",
+    },
+    "torchtitan": {
+        "seqLength": "--training.seq_len",
+        "tensor": "--parallelism.tensor_parallel_degree",
+        "pipeline": "--parallelism.pipeline_parallel_degree",
+        "microBatchSize": "--parallelism.pipeline_parallel_microbatch_size",
+        "globalBatchSize": "--training.global_batch_size",
+    },
+    "deepspeed": {},
+    "torchrun": {},
+}
+
+# Flags Holmes writes from the plan: a user value would fight Holmes' own (or, for Megatron's
+# --use-tp-pp-dp-mapping, reorder ranks so that a stage is no longer one block of nodes).
+OWNED_FLAGS: dict[str, tuple[str, ...]] = {
+    "megatron": (
+        "--pipeline-model-parallel-layout",
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--nccl-communicator-config-path",
+        "--use-tp-pp-dp-mapping",
+        "--context-parallel-size",
+        "--expert-model-parallel-size",
+    ),
+    "torchtitan": (
+        "--parallelism.module_fqns_per_model_part",
+        "--parallelism.pipeline_parallel_layers_per_stage",
+        "--parallelism.data_parallel_replicate_degree",
+        "--parallelism.data_parallel_shard_degree",
+        "--parallelism.context_parallel_degree",
+        "--training.local_batch_size",
+    ),
+    "deepspeed": (),
+    "torchrun": (),
+}
+
+SPEC_FIELDS = {
+    "layers": "spec.model.layers",
+    "hiddenSize": "spec.model.hiddenSize",
+    "attentionHeads": "spec.model.attentionHeads",
+    "seqLength": "spec.model.seqLength",
+    "tensor": "the plan's tensor size (spec.parallelism.tensor)",
+    "pipeline": "the plan's pipeline size (spec.parallelism.pipeline)",
+    "microBatchSize": "spec.training.microBatchSize",
+    "globalBatchSize": "spec.training.globalBatchSize",
+}
+
+# A command that starts torchrun itself would start a second rendezvous with its own ranks.
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed")
+
+
+def is_external(framework: str) -> bool:
+    return framework != HOLMES
+
+
+def trainer_container(template: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The template's container named ``trainer``, else its first one; None without any."""
+    listed = ((template or {}).get("spec") or {}).get("containers") or []
+    containers = [c for c in listed if isinstance(c, Mapping)]
+    named = [c for c in containers if c.get("name") == TRAINER_CONTAINER]
+    if named:
+        return named[0]
+    return containers[0] if containers else None
+
+
+def user_command(template: Mapping[str, Any] | None) -> list[str]:
+    """The trainer container's command followed by its args, as the user wrote them."""
+    c = trainer_container(template) or {}
+    return [str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+
+
+def flag_values(argv: Sequence[str], flag: str) -> list[str]:
+    """Every value ``argv`` gives ``flag`` (``--flag v`` or ``--flag=v``; a bare ``--flag``
+    gives ``""``)."""
+    out = []
+    for i, a in enumerate(argv):
+        if a == flag:
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            out.append("" if nxt.startswith("--") else nxt)
+        elif a.startswith(flag + "="):
+            out.append(a[len(flag) + 1 :])
+    return out
+
+
+def conflicts(framework: str, argv: Sequence[str], values: Mapping[str, int]) -> list[str]:
+    """User arguments that contradict ``values`` (concept -> the plan's or spec's value), or that
+    set a flag Holmes writes; one message per problem naming both values and the fix."""
+    out = []
+    for concept, want in values.items():
+        flag = PLAN_FLAGS.get(framework, {}).get(concept)
+        if flag is None:
+            continue
+        for got in flag_values(argv, flag):
+            if got.strip() != str(want):
+                out.append(
+                    f"spec.template: the command gives {flag} {got or '(no value)'} but "
+                    f"{SPEC_FIELDS[concept]} is {want}; remove {flag} (Holmes appends it from the plan) "
+                    "or make the two agree"
+                )
+    for flag in OWNED_FLAGS.get(framework, ()):
+        if flag_values(argv, flag):
+            out.append(
+                f"spec.template: the command sets {flag}, which Holmes controls for framework "
+                f"{framework} (it writes the stages and networks from the plan, in the framework's "
+                "default rank order); remove it"
+            )
+    return out
+
+
+def spec_values(job: Any) -> dict[str, int]:
+    """What the spec alone fixes: the model's shape, the batch, and degrees given as numbers."""
+    m, t, p = job.model, job.training, job.parallelism
+    values = {
+        "layers": m.layers,
+        "hiddenSize": m.hidden_size,
+        "attentionHeads": m.attention_heads,
+        "seqLength": m.seq_length,
+        "microBatchSize": t.micro_batch_size,
+        "globalBatchSize": t.global_batch_size,
+    }
+    for concept, v in (("tensor", p.tensor), ("pipeline", p.pipeline)):
+        if isinstance(v, int):
+            values[concept] = v
+    return values
+
+
+def framework_problems(job: Any) -> list[str]:
+    """The spec checks of ``spec.framework``: an external framework runs the user's own image and
+    command (Holmes cannot guess them), which must not start a launcher of its own nor contradict
+    the spec."""
+    fw = job.framework
+    if not is_external(fw):
+        return []
+    c = trainer_container(job.template)
+    if c is None:
+        return [
+            f"spec.template.spec.containers: framework {fw} runs your own image and command; add a "
+            f"container named {TRAINER_CONTAINER!r} with image and command"
+        ]
+    out = []
+    where = f"spec.template.spec.containers[{c.get('name')!r}]"
+    if not c.get("image"):
+        out.append(f"{where}.image: framework {fw} runs your own image; set the image holding your trainer")
+    argv = user_command(job.template)
+    if not argv:
+        out.append(
+            f"{where}.command: framework {fw} runs your own command (e.g. [python, pretrain_gpt.py, ...]); "
+            "set command (and args)"
+        )
+    elif any(a.split("/")[-1] in _LAUNCHERS for a in argv[:3]):
+        out.append(
+            f"{where}.command: {' '.join(argv[:3])} starts a launcher of its own; give the program "
+            "torchrun should run (e.g. [python, pretrain_gpt.py, ...]): Holmes starts torchrun with "
+            "the Layout's node ranks"
+        )
+    return out + conflicts(fw, argv, spec_values(job))

@@ -1,0 +1,210 @@
+"""Pure rendering for ``spec.framework`` other than holmes: the plan as the framework's own
+arguments, the files they point at, and the pod changes that run the user's command under
+Holmes' launcher (``holmes.launch``). Objects in, objects out; render.py's pod is the input.
+
+What a pod of an external framework gets on top of render.py's (which already sets ranks, the
+rendezvous, per-node NCCL env without NCCL_NET, the RDMA resource and the Layout at /etc/holmes):
+
+- an init container from the Holmes image copying the launcher and the network hook into an
+  emptyDir (``/holmes-launch``): the user's image needs only its own Python and torch;
+- the trainer container's command: ``<its python> /holmes-launch/launch.py -- <the user's
+  command and args> <the plan's arguments>``;
+- ``HOLMES_FRAMEWORK`` and ``HOLMES_FABRIC_CHECK`` for the launcher and the hook.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from holmes.contract import JobSpec, Layout
+from holmes.contract.frameworks import conflicts, is_external, trainer_container, user_command
+
+from . import names
+
+LAUNCH_VOLUME = "holmes-launch"
+LAUNCH_DIR = "/holmes-launch"
+INIT_CONTAINER = "holmes-launch"
+DEFAULT_PYTHON = "python3"
+
+
+# ---- the plan as arguments ---------------------------------------------------------------------
+
+
+def stage_layers(layout: Layout) -> list[int]:
+    return [s.num_layers for s in layout.stages]
+
+
+def global_batch(layout: Layout) -> int:
+    return layout.micro_batch_size * layout.micro_batches * layout.data
+
+
+def megatron_layout(layout: Layout) -> str:
+    """``--pipeline-model-parallel-layout``: E (embedding) on the first stage, t (a transformer
+    layer) times each stage's count, L (loss) on the last: ``Et*3|t*3|t*2L``."""
+    stages = [f"t*{n}" if n > 1 else "t" for n in stage_layers(layout)]
+    stages[0] = "E" + stages[0]
+    stages[-1] += "L"
+    return "|".join(stages)
+
+
+def megatron_nccl_file(stage: int) -> str:
+    return f"megatron-nccl-stage-{stage}.yaml"
+
+
+def megatron_nccl_config(layout: Layout, stage: int) -> dict[str, dict[str, str]]:
+    """Megatron-core's communicator YAML (``net_name`` per group *type*) for the pods of one
+    stage: right for this stage's groups, which is all a type-keyed file can say. The launcher's
+    hook sets the same nets per group and is what counts where both apply."""
+    net = {(g.kind, g.stage): g.net for g in layout.groups}
+    dp, tp = net[("dp", stage)], net[("tp", stage)]
+    pp = net.get(("pp", None), layout.world_net)
+    emb = net.get(("embedding", None), pp)
+    cfg = {"dp": dp, "dp_cp": dp, "tp": tp, "tp_cp": tp, "tp_dp": dp, "tp_dp_cp": dp, "pp": pp, "mp": pp}
+    cfg["embd"] = emb
+    return {kind: {"net_name": v} for kind, v in cfg.items()}
+
+
+def megatron_args(layout: Layout, node_rank: int) -> list[str]:
+    stage = layout.rank_info(node_rank * layout.gpus_per_node).stage
+    args = [
+        "--tensor-model-parallel-size",
+        str(layout.tensor),
+        "--pipeline-model-parallel-size",
+        str(layout.pipeline),
+        "--num-layers",
+        str(layout.num_layers),
+        "--micro-batch-size",
+        str(layout.micro_batch_size),
+        "--global-batch-size",
+        str(global_batch(layout)),
+        "--nccl-communicator-config-path",
+        f"{names.LAYOUT_MOUNT}/{megatron_nccl_file(stage)}",
+    ]
+    if layout.pipeline > 1:
+        args += ["--pipeline-model-parallel-layout", megatron_layout(layout)]
+    return args
+
+
+def torchtitan_parts(layout: Layout) -> list[str]:
+    """``module_fqns_per_model_part`` in torchtitan's CLI form (one ``a,b,c`` per stage):
+    ``tok_embeddings`` first, ``norm`` and ``output`` last, each stage its layers."""
+    parts = []
+    for s in layout.stages:
+        fqns = [f"layers.{i}" for i in range(*s.layers)]
+        if s.index == 0:
+            fqns.insert(0, "tok_embeddings")
+        if s.index == layout.pipeline - 1:
+            fqns += ["norm", "output"]
+        parts.append(",".join(fqns))
+    return parts
+
+
+def torchtitan_args(layout: Layout) -> list[str]:
+    local = layout.micro_batch_size * layout.micro_batches
+    args = [
+        "--parallelism.tensor_parallel_degree",
+        str(layout.tensor),
+        "--parallelism.pipeline_parallel_degree",
+        str(layout.pipeline),
+        "--parallelism.data_parallel_replicate_degree",
+        "1",
+        "--parallelism.data_parallel_shard_degree",
+        str(layout.data),
+        "--parallelism.context_parallel_degree",
+        "1",
+        "--training.local_batch_size",
+        str(local),
+        "--training.global_batch_size",
+        str(global_batch(layout)),
+    ]
+    if layout.pipeline > 1:
+        args += [
+            "--parallelism.pipeline_parallel_microbatch_size",
+            str(layout.micro_batch_size),
+            "--parallelism.module_fqns_per_model_part",
+            *torchtitan_parts(layout),
+        ]
+    return args
+
+
+def plan_args(framework: str, layout: Layout, node_rank: int) -> list[str]:
+    """The arguments appended to the user's for the pod of ``node_rank``. DeepSpeed takes the
+    stage sizes through the launcher's hook (holmes.launch.stages); torchrun programs read the
+    Layout themselves."""
+    if framework == "megatron":
+        return megatron_args(layout, node_rank)
+    if framework == "torchtitan":
+        return torchtitan_args(layout)
+    return []
+
+
+def plan_conflicts(spec: JobSpec, layout: Layout) -> list[str]:
+    """The user's arguments against what only the plan knows (tensor and pipeline sizes, and
+    the layer count again)."""
+    values = {"tensor": layout.tensor, "pipeline": layout.pipeline, "layers": layout.num_layers}
+    return conflicts(spec.framework, user_command(spec.template), values)
+
+
+# ---- the ConfigMap and the pod -----------------------------------------------------------------
+
+
+def with_framework_files(configmap: dict, spec: JobSpec, layout: Layout) -> dict:
+    """render.build_configmap's ConfigMap plus the files the framework's arguments name."""
+    if spec.framework != "megatron":
+        return configmap
+    out = copy.deepcopy(configmap)
+    for s in range(layout.pipeline):
+        out["data"][megatron_nccl_file(s)] = yaml.safe_dump(megatron_nccl_config(layout, s), sort_keys=True)
+    return out
+
+
+def launcher_python(argv: list[str]) -> str:
+    """The user's own interpreter when the command starts with one, so torchrun and the workers
+    run where the user's packages are."""
+    head = os.path.basename(argv[0]) if argv else ""
+    return argv[0] if head in ("python", "python3") or head.startswith("python3.") else DEFAULT_PYTHON
+
+
+def launched_pod(pod: Mapping[str, Any], spec: JobSpec, layout: Layout, node_rank: int, image: str) -> dict:
+    """render.build_pod's pod running the user's command under Holmes' launcher."""
+    if not is_external(spec.framework):
+        return dict(pod)
+    out = copy.deepcopy(dict(pod))
+    ps = out["spec"]
+    want = (trainer_container(spec.template) or {}).get("name", names.TRAINER_CONTAINER)
+    c = next(c for c in ps["containers"] if c.get("name") == want)
+    argv = user_command(spec.template)
+    c["command"] = [launcher_python(argv), f"{LAUNCH_DIR}/launch.py", "--", *argv]
+    c["command"] += plan_args(spec.framework, layout, node_rank)
+    c.pop("args", None)
+    given = {e.get("name") for e in c.get("env") or []}
+    ours = {"HOLMES_FRAMEWORK": spec.framework, "HOLMES_FABRIC_CHECK": spec.training.fabric_check}
+    c["env"] = [{"name": k, "value": v} for k, v in ours.items() if k not in given] + list(c.get("env") or [])
+    c["volumeMounts"] = [m for m in c.get("volumeMounts") or [] if m.get("name") != LAUNCH_VOLUME]
+    c["volumeMounts"].append({"name": LAUNCH_VOLUME, "mountPath": LAUNCH_DIR, "readOnly": True})
+    ps["volumes"] = [v for v in ps.get("volumes") or [] if v.get("name") != LAUNCH_VOLUME]
+    ps["volumes"].append({"name": LAUNCH_VOLUME, "emptyDir": {}})
+    init = [i for i in ps.get("initContainers") or [] if i.get("name") != INIT_CONTAINER]
+    ps["initContainers"] = [launcher_init_container(image), *init]
+    return out
+
+
+def launcher_init_container(image: str) -> dict:
+    """Copies the launcher from the Holmes image; within Pod Security's restricted level."""
+    return {
+        "name": INIT_CONTAINER,
+        "image": image,
+        "command": ["python", "-m", "holmes.launch.install", LAUNCH_DIR],
+        "volumeMounts": [{"name": LAUNCH_VOLUME, "mountPath": LAUNCH_DIR}],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }

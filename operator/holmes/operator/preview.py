@@ -1,0 +1,51 @@
+"""What the operator would create for a job, without a cluster: ``holmes plan --pods``.
+
+The reconciler's own first decision on an empty namespace (no pods, no ConfigMap) over the given
+nodes, so the ConfigMap, the headless Service and the pods are exactly the objects the operator
+would create for attempt 1 (with the same operator settings: image, ports, NIC flags), ready for
+review in a GitOps pull request. Pure: objects in, objects out.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timezone
+
+from .core.reconcile import Observed, RestartBackoff, decide
+from .core.render import RenderSettings
+from .planning import ClusterPlanner
+
+
+class PreviewError(ValueError):
+    """The operator would create nothing now; the message is the status it would set."""
+
+
+def children(
+    job: dict,
+    nodes: list[dict],
+    settings: RenderSettings = RenderSettings(),
+    planner: ClusterPlanner | None = None,
+) -> list[dict]:
+    """The ConfigMap, Service and pods (a Volcano PodGroup too, when the template asks for one)."""
+    job = copy.deepcopy(job)
+    meta = job.setdefault("metadata", {})
+    meta.setdefault("namespace", "default")
+    meta.setdefault("uid", "preview")
+    meta.setdefault("generation", 1)
+    job.pop("status", None)
+    obs = Observed(
+        job=job, pods=[], configmap=None, service=None, nodes=nodes, now=datetime.now(timezone.utc)
+    )
+    d = decide(obs, planner or ClusterPlanner.with_mapping(), settings, RestartBackoff(0))
+    if not d.create_pods:
+        conds = [
+            c for c in d.status.get("conditions") or [] if c.get("status") == "True" and c.get("message")
+        ]
+        why = "; ".join(f"{c['reason']}: {c['message']}" for c in conds) or d.status.get("phase", "no pods")
+        raise PreviewError(f"the operator would create no pods now ({why})")
+    first = [o for o in (d.configmap, d.service, getattr(d, "podgroup", None)) if o is not None]
+    return [*first, *d.create_pods]
+
+
+def as_list(objects: list[dict]) -> dict:
+    return {"apiVersion": "v1", "kind": "List", "items": objects}

@@ -1,0 +1,172 @@
+"""``python /holmes-launch/launch.py -- <program> [args]``: the user's program under torchrun, on
+Holmes' layout (the operator writes this command for ``spec.framework`` other than holmes).
+
+1. The environment: ``NCCL_NET`` removed (it would override every group's net), ``GLOO_SOCKET_IFNAME``
+   from ``NCCL_SOCKET_IFNAME`` (gloo's groups on the same interface as NCCL's bootstrap), the
+   launcher's directory first on ``PYTHONPATH`` so each worker's ``sitecustomize`` installs the
+   network hook; the other NCCL variables are the pod's, per node, as the operator set them.
+2. The hook's torch check, before any worker starts: an unsupported torch stops the pod with the
+   reason (exit 2) unless ``HOLMES_NET_HOOK=off``.
+3. The fabric preflight's device checks when this node's groups are planned on IB (RDMA devices,
+   HCAs, ports, GID index: ``holmes.trainer.fabric.rdma_problems``, copied beside this launcher),
+   per ``HOLMES_FABRIC_CHECK`` (fail: exit 3 | warn: one JSON line | off). They run on GPUs, or
+   anywhere ``HOLMES_FABRIC_ROOT`` names a directory holding sys/ and dev/.
+4. ``exec`` torchrun with a static rendezvous: ``--node-rank`` is the Layout's (``NODE_RANK``),
+   not the hostname order torchrun's c10d rendezvous would choose, so stage s is the block of
+   nodes the planner put on one island. torchrun's exit code is the pod's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
+
+from .islands import Islands
+
+RDMA_KINDS = ("infiniband", "roce")
+ROOT = Path(__file__).resolve().parents[2]  # the directory holding holmes/launch (PYTHONPATH)
+FABRIC_FILE = "fabric.py"  # the trainer's fabric checks, copied here by install.py
+_PYTHONS = ("python", "python3")
+
+
+class LaunchError(RuntimeError):
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def worker_env(env: Mapping[str, str], root: Path = ROOT) -> tuple[dict[str, str], list[str]]:
+    """The environment torchrun and its workers get, and notes on what changed."""
+    out, notes = dict(env), []
+    if out.pop("NCCL_NET", None) is not None:
+        notes.append(f"removed NCCL_NET={env['NCCL_NET']}: it would override every group's network")
+    if out.get("NCCL_SOCKET_IFNAME") and not out.get("GLOO_SOCKET_IFNAME"):
+        out["GLOO_SOCKET_IFNAME"] = out["NCCL_SOCKET_IFNAME"].lstrip("=^").split(",")[0]
+    paths = [str(root)] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(root)]
+    out["PYTHONPATH"] = os.pathsep.join(paths)
+    return out, notes
+
+
+def program_args(argv: Sequence[str]) -> list[str]:
+    """The user's command as torchrun's program arguments: ``python [-u] x.py a`` -> ``x.py a``,
+    ``python -m pkg a`` -> ``-m pkg a``, any other executable -> ``--no-python exe a``."""
+    if not argv:
+        raise LaunchError("no program given: python -m holmes.launch -- <program> [args]", 2)
+    head = os.path.basename(argv[0])
+    if not (head in _PYTHONS or head.startswith("python3.")):
+        return ["--no-python", *argv]
+    rest = list(argv[1:])
+    while rest and rest[0].startswith("-") and rest[0] != "-m":
+        rest.pop(0)  # python's own switches (-u, -O): torchrun runs workers with its own python
+    if not rest:
+        raise LaunchError(f"{' '.join(argv)} names no script or module for torchrun to run", 2)
+    return rest
+
+
+def torchrun_argv(env: Mapping[str, str], program: Sequence[str]) -> list[str]:
+    need = ("NNODES", "NPROC_PER_NODE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+    missing = [k for k in need if not env.get(k)]
+    if missing:
+        raise LaunchError(
+            f"{', '.join(missing)} not set: this launcher runs in pods the Holmes operator made", 2
+        )
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={env['NNODES']}",
+        f"--nproc-per-node={env['NPROC_PER_NODE']}",
+        f"--node-rank={env['NODE_RANK']}",
+        "--rdzv-backend=static",
+        f"--master-addr={env['MASTER_ADDR']}",
+        f"--master-port={env['MASTER_PORT']}",
+        *program,
+    ]
+
+
+def check_hook(env: Mapping[str, str]) -> None:
+    if env.get("HOLMES_NET_HOOK", "on") == "off":
+        return
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    from .hook import HookError, check_torch
+
+    try:
+        check_torch(torch.__version__, c10d)
+    except HookError as e:
+        raise LaunchError(str(e), 2) from None
+
+
+def device_check(env: Mapping[str, str], root: Path = ROOT) -> dict | None:
+    """The device checks' findings as a JSON-able dict, None when they do not apply here."""
+    mode = env.get("HOLMES_FABRIC_CHECK", "warn")
+    layout = env.get("HOLMES_LAYOUT")
+    if mode == "off" or not layout or env.get("HOLMES_NIC") not in RDMA_KINDS:
+        return None
+    node_rank = int(env.get("NODE_RANK", "0"))
+    if Islands.read(layout).node_island[node_rank] is None:
+        return None  # none of this node's groups is planned on IB
+    base = env.get("HOLMES_FABRIC_ROOT")
+    if not base:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {"devices": "skipped (no GPU and no HOLMES_FABRIC_ROOT)", "problems": []}
+        base = "/"
+    checks = runpy.run_path(str(fabric_file(root)))
+    problems = checks["rdma_problems"](Path(base) / "sys", Path(base) / "dev", env)
+    if problems and mode == "fail":
+        raise LaunchError(
+            f"fabric check failed on node rank {node_rank} ({env.get('HOLMES_NIC')}): "
+            + "; ".join(problems)
+            + ". Fix the pod's RDMA setup, or set training.fabricCheck: warn to train anyway at the "
+            "slower speed",
+            3,
+        )
+    return {"devices": "checked", "problems": problems}
+
+
+def fabric_file(root: Path = ROOT) -> Path:
+    """The copy beside the launcher in a pod; the trainer's own file in a checkout."""
+    copied = root / FABRIC_FILE
+    if copied.is_file():
+        return copied
+    import importlib.util
+
+    spec = importlib.util.find_spec("holmes.trainer.fabric")
+    if spec is None or spec.origin is None:
+        raise LaunchError(
+            f"no {FABRIC_FILE} beside the launcher in {root}: copy it with holmes.launch.install", 2
+        )
+    return Path(spec.origin)
+
+
+def main(argv: list[str] | None = None, env: MutableMapping[str, str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    env = os.environ if env is None else env
+    try:
+        run_env, notes = worker_env(env)
+        for note in notes:
+            print(f"holmes.launch: {note}", file=sys.stderr, flush=True)
+        check_hook(run_env)
+        found = device_check(run_env)
+        if found is not None:
+            print(json.dumps({"holmesFabric": found}), file=sys.stderr, flush=True)
+        cmd = torchrun_argv(run_env, program_args(argv))
+    except LaunchError as e:
+        print(f"holmes.launch: {e}", file=sys.stderr, flush=True)
+        return e.code
+    print("holmes.launch: " + json.dumps({"exec": cmd[1:]}), file=sys.stderr, flush=True)
+    os.execvpe(cmd[0], cmd, run_env)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
