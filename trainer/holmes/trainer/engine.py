@@ -361,7 +361,7 @@ class Trainer:
         red = torch.cat(
             [
                 torch.stack([self.opt.local_grad_sq(), loss_part.to(torch.float32)]),
-                torch.tensor(self.stage_times.outgoing(), dtype=torch.float32, device=self.device),
+                self._upload(torch.tensor(self.stage_times.outgoing(), dtype=torch.float32)),
             ]
         )
         dist.all_reduce(red, group=self.groups.world)  # every rank: global grad norm and mean loss
