@@ -8,13 +8,28 @@ import os
 import socket
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from holmes.contract import ModelSpec
 from holmes.contract.layout import GroupFamily, Layout, Stage
+
+SMOKE_HELP = "the small mode tests/bench runs: a toy-width model, the fewest steps (its numbers mean nothing)"
+
+
+def smoke_model(m: ModelSpec) -> ModelSpec:
+    """m at toy width (same layers, heads and architecture): every code path in seconds."""
+    return replace(
+        m,
+        hidden_size=16 * m.attention_heads,
+        ffn_hidden_size=32 * m.attention_heads,
+        seq_length=32,
+        vocab_size=256,
+    )
 
 
 def layout(

@@ -110,10 +110,15 @@ def main() -> None:
     ap.add_argument("--micro-batches", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child")
+    ap.add_argument(
+        "--smoke", action="store_true", help="the small mode tests/bench runs: a toy model, PP=2 only"
+    )
     a = ap.parse_args()
     if a.child:
         child(json.loads(a.child))
         return
+    if a.smoke:
+        a.iters, a.repeats, a.layers, a.hidden, a.seq, a.mb = 3, 1, 2, 64, 32, 2
 
     sys.path.insert(0, HERE)
     from trainer_common import table
@@ -129,6 +134,7 @@ def main() -> None:
     }
     half = a.layers // 2
     layouts = [("1 rank", 1, [a.layers]), (f"PP=2 [{half},{a.layers - half}]", 2, [half, a.layers - half])]
+    layouts = layouts[1:] if a.smoke else layouts
     rows = []
     for name, P, split in layouts:
         best: dict[bool, dict] = {}
