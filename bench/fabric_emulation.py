@@ -45,8 +45,9 @@ from typing import Any
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "hack")]  # fabric_netns; holmes_dev
 import fabric_netns as fab  # noqa: E402
+from holmes_dev.jobs import holmes_job  # noqa: E402
 
 from holmes.contract import Layout  # noqa: E402
 from holmes.plan import CostModelConfig, compare, plan  # noqa: E402
@@ -86,11 +87,9 @@ def node_dicts(spec: fab.FabricSpec, nic_gbps: float) -> list[dict[str, Any]]:
 
 def job_manifest(a: argparse.Namespace, nodes: int) -> dict[str, Any]:
     data = nodes // 2  # PP=2 across the islands, DP inside
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": "fabric-bench"},
-        "spec": {
+    return holmes_job(
+        "fabric-bench",
+        {
             "model": {
                 "layers": a.layers,
                 "hiddenSize": a.hidden,
@@ -116,7 +115,7 @@ def job_manifest(a: argparse.Namespace, nodes: int) -> dict[str, Any]:
             },
             "nodes": {"count": nodes, "gpusPerNode": 1},
         },
-    }
+    )
 
 
 def planner_config(

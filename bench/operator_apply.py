@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "hack")]  # the localkube harness (not part of the holmes package)
 
 import yaml  # noqa: E402
+from holmes_dev.jobs import holmes_job  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
@@ -36,11 +37,9 @@ from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd  
 
 
 def job(name: str, ns: str, nodes: int) -> dict:
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
+    return holmes_job(
+        name,
+        {
             "model": {
                 "layers": 32,
                 "hiddenSize": 4096,
@@ -68,7 +67,8 @@ def job(name: str, ns: str, nodes: int) -> dict:
             },
             "runPolicy": {"backoffLimit": 0},
         },
-    }
+        ns,
+    )
 
 
 class Bench:

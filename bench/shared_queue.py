@@ -24,8 +24,10 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent)]
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "hack")]  # operator_apply; holmes_dev and localkube
 import yaml  # noqa: E402
+from holmes_dev.jobs import tiny_job  # noqa: E402
 from operator_apply import Bench, OperatorProcess, cluster_kubeconfig, stop_cluster  # noqa: E402
 
 NODES, GPUS = 6, 2
@@ -38,18 +40,7 @@ def shape(i: int) -> tuple[int, int]:
 
 
 def manifest(name: str, ns: str, nodes: int, seconds: int) -> dict:
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "model": {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
-            "training": {"globalBatchSize": 8, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
-            "nodes": {"count": nodes, "gpusPerNode": GPUS},
-            "runPolicy": {"backoffLimit": 0},
-            "template": {"spec": {"containers": [{"name": "trainer", "command": ["sleep", str(seconds)]}]}},
-        },
-    }
+    return tiny_job(name, ns, nodes, GPUS, command=["sleep", str(seconds)], run_policy={"backoffLimit": 0})
 
 
 def ts(s: str | None) -> float | None:

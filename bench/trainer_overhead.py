@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer_common import SMOKE_HELP, _port, layout, median, smoke_model, table  # noqa: E402
+from trainer_common import SMOKE_HELP, free_port, layout, median, smoke_model, table  # noqa: E402
 
 from holmes.contract import ModelCost, ModelSpec
 from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
@@ -85,7 +85,11 @@ def main() -> None:
         a.iters = 4  # one after the warm-up
     torch.set_num_threads(a.threads)
     dist.init_process_group(
-        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_port()}", timeout=timedelta(seconds=60)
+        "gloo",
+        rank=0,
+        world_size=1,
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        timeout=timedelta(seconds=60),
     )
     cfg = TrainConfig(
         model=model,

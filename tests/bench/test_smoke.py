@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
+from tests.bench.bench_run import BENCH, run_bench
 from tests.conftest import REPO
 
-BENCH = REPO / "bench"
 LIBRARIES = {"trainer_common"}  # imported by the scripts, run through them
 OWN_TESTS = {  # script -> the test that runs its small mode
     "fault_soak": "tests/bench/test_fault_soak.py",
@@ -52,19 +50,6 @@ PURE = {
 }
 ROOT = {"fabric_emulation", "fabric_netns"}  # test_fabric_* below
 CLUSTER = {"operator_apply", "shared_queue"}  # test_operator_apply, test_shared_queue below
-
-
-def run_bench(
-    script: str, *args: str, env: dict | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCH / f"{script}.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-    )
 
 
 @pytest.mark.parametrize("script", sorted(PURE))
@@ -151,4 +136,4 @@ def test_every_bench_script_has_a_small_mode_test():
     assert scripts <= covered, f"bench scripts without a small-mode test: {sorted(scripts - covered)}"
     assert covered <= scripts, f"listed here but gone from bench/: {sorted(covered - scripts)}"
     for script, test in OWN_TESTS.items():
-        assert f"{script}.py" in (REPO / test).read_text(), (script, test)
+        assert re.search(rf'run_bench\(\s*"{script}"', (REPO / test).read_text()), (script, test)
