@@ -14,8 +14,23 @@ from holmes_dev.ports import free_port  # noqa: E402, F401 (the benches' one por
 
 from holmes.contract import ModelSpec  # noqa: E402
 from holmes.contract.layout import GroupFamily, Layout, Stage  # noqa: E402
+from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
 
 SMOKE_HELP = "the small mode tests/bench runs: a toy-width model, the fewest steps (its numbers mean nothing)"
+
+
+def train_config(
+    model: ModelSpec, global_batch: int, micro_batch: int, iterations: int, **kw: Any
+) -> TrainConfig:
+    """The trainer benchmarks' job: AdamW at 1e-3, the engine's defaults for the rest unless ``kw``."""
+    return TrainConfig(
+        model=model,
+        global_batch_size=global_batch,
+        micro_batch_size=micro_batch,
+        iterations=iterations,
+        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
+        **kw,
+    )
 
 
 def smoke_model(m: ModelSpec) -> ModelSpec:

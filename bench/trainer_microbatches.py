@@ -16,10 +16,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer_common import SMOKE_HELP, layout, median, run_ranks, smoke_model, table  # noqa: E402
+from trainer_common import SMOKE_HELP, layout, median, run_ranks, smoke_model, table, train_config  # noqa: E402
 
 from holmes.contract import ModelSpec
-from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 
 MODEL = ModelSpec(layers=6, hidden_size=256, attention_heads=8, seq_length=128, vocab_size=2048)
@@ -27,13 +26,7 @@ MB, P, SPLIT = 2, 2, [3, 3]
 
 
 def worker(rank: int, model: ModelSpec, m: int, iters: int) -> dict:
-    cfg = TrainConfig(
-        model=model,
-        global_batch_size=MB * m,
-        micro_batch_size=MB,
-        iterations=iters,
-        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
-    )
+    cfg = train_config(model, MB * m, MB, iters)
     hist = Trainer(
         cfg, layout(P, 1, SPLIT, MB, m), rank=rank, device=torch.device("cpu"), backend="gloo"
     ).train()

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer_common import SMOKE_HELP, free_port, layout, median, smoke_model, table  # noqa: E402
+from trainer_common import SMOKE_HELP, free_port, layout, median, smoke_model, table, train_config  # noqa: E402
 
 from holmes.contract import ModelCost, ModelSpec
-from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
+from holmes.trainer.config import TrainConfig  # noqa: E402
 from holmes.trainer.data import BatchLoader, Sharding, make_source  # noqa: E402
 from holmes.trainer.engine import Trainer, learning_rate  # noqa: E402
 from holmes.trainer.model import build_full, loss_fn  # noqa: E402
@@ -91,14 +91,7 @@ def main() -> None:
         init_method=f"tcp://127.0.0.1:{free_port()}",
         timeout=timedelta(seconds=60),
     )
-    cfg = TrainConfig(
-        model=model,
-        global_batch_size=MB * M,
-        micro_batch_size=MB,
-        iterations=a.iters,
-        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
-        bucket_elements=1_000_000,
-    )
+    cfg = train_config(model, MB * M, MB, a.iters, bucket_elements=1_000_000)
     plain = Plain(cfg)
     engine = Trainer(
         cfg, layout(1, 1, [model.layers], MB, M), rank=0, device=torch.device("cpu"), backend="gloo"

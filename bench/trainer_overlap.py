@@ -16,10 +16,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer_common import SMOKE_HELP, layout, median, run_ranks, smoke_model, table  # noqa: E402
+from trainer_common import SMOKE_HELP, layout, median, run_ranks, smoke_model, table, train_config  # noqa: E402
 
 from holmes.contract import ModelCost, ModelSpec
-from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 
 MODEL = ModelSpec(layers=4, hidden_size=384, attention_heads=6, seq_length=128, vocab_size=8192)
@@ -27,15 +26,7 @@ MB, M = 2, 2
 
 
 def worker(rank: int, model: ModelSpec, overlap: bool, iters: int, bucket: int) -> dict:
-    cfg = TrainConfig(
-        model=model,
-        global_batch_size=MB * M * 2,
-        micro_batch_size=MB,
-        iterations=iters,
-        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
-        overlap=overlap,
-        bucket_elements=bucket,
-    )
+    cfg = train_config(model, MB * M * 2, MB, iters, overlap=overlap, bucket_elements=bucket)
     t = Trainer(
         cfg, layout(1, 2, [model.layers], MB, M), rank=rank, device=torch.device("cpu"), backend="gloo"
     )

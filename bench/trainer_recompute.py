@@ -30,10 +30,9 @@ def child(spec: dict) -> None:
     import torch
 
     sys.path.insert(0, HERE)
-    from trainer_common import layout, median, run_ranks
+    from trainer_common import layout, median, run_ranks, train_config
 
     from holmes.contract import ModelSpec
-    from holmes.trainer.config import OptimizerConfig, TrainConfig
     from holmes.trainer.engine import Trainer
 
     def status_kib(field: str) -> int:
@@ -45,13 +44,8 @@ def child(spec: dict) -> None:
 
     def worker(rank: int, spec: dict) -> dict:
         model = ModelSpec(**spec["model"])
-        cfg = TrainConfig(
-            model=model,
-            global_batch_size=spec["mb"] * spec["m"],
-            micro_batch_size=spec["mb"],
-            iterations=spec["iters"],
-            optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
-            activation_recompute=spec["recompute"],
+        cfg = train_config(
+            model, spec["mb"] * spec["m"], spec["mb"], spec["iters"], activation_recompute=spec["recompute"]
         )
         lay = layout(spec["pipeline"], 1, spec["split"], spec["mb"], spec["m"])
         trainer = Trainer(cfg, lay, rank=rank, device=torch.device("cpu"), backend="gloo")

@@ -18,10 +18,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer_common import SMOKE_HELP, layout, median, run_ranks, smoke_model, table  # noqa: E402
+from trainer_common import SMOKE_HELP, layout, median, run_ranks, smoke_model, table, train_config  # noqa: E402
 
 from holmes.contract import ModelCost, ModelSpec  # noqa: E402
-from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 
 MODEL = ModelSpec(
@@ -45,14 +44,7 @@ CASES = [  # name, tensor, data, sequence parallel, threads per rank
 
 
 def worker(rank: int, model: ModelSpec, tensor: int, data: int, sp: bool, iters: int) -> dict:
-    cfg = TrainConfig(
-        model=model,
-        global_batch_size=MB * M * 2,
-        micro_batch_size=MB,
-        iterations=iters,
-        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
-        sequence_parallel=sp,
-    )
+    cfg = train_config(model, MB * M * 2, MB, iters, sequence_parallel=sp)
     lay = layout(1, data, [model.layers], MB, M * 2 // data, tensor=tensor)
     t = Trainer(cfg, lay, rank=rank, device=torch.device("cpu"), backend="gloo")
     hist = t.train()
