@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from holmes_dev.follow import follow_job, say  # hack/ is this script's folder, first on sys.path
+from holmes_dev.kubectl import run_kubectl
 from holmes_dev.ports import free_port
 
 
@@ -28,9 +29,7 @@ class Kubectl:
         self.binary, self.kubeconfig = binary, kubeconfig
 
     def __call__(self, *args: str, check: bool = True) -> str:
-        r = subprocess.run(
-            [self.binary, f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True
-        )
+        r = run_kubectl(self.binary, self.kubeconfig, *args)
         if check and r.returncode:
             raise SystemExit(f"kubectl {' '.join(args)} failed:\n{r.stderr}")
         return r.stdout
