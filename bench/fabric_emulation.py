@@ -4,6 +4,7 @@ run by the real trainer under torchrun, one "node" per network namespace.
     sudo .venv/bin/python bench/fabric_emulation.py [--cross-mbit 200] [--fast-mbit 2000] \
         [--rounds 2] [--iters 3]
     sudo .venv/bin/python bench/fabric_emulation.py --cleanup      # remove leftovers of a killed run
+    sudo .venv/bin/python bench/fabric_emulation.py --smoke        # seconds: the code path, no numbers
 
 Fabric (bench/fabric_netns.py): 4 namespaces, node-1/node-3 in island A (east, "InfiniBand"),
 node-2/node-4 in island B (west, "RoCE"), each node's NIC shaped at --fast-mbit, one trunk
@@ -44,8 +45,9 @@ from typing import Any
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "hack")]  # fabric_netns; holmes_dev
 import fabric_netns as fab  # noqa: E402
+from holmes_dev.jobs import holmes_job  # noqa: E402
 
 from holmes.contract import Layout  # noqa: E402
 from holmes.plan import CostModelConfig, compare, plan  # noqa: E402
@@ -85,11 +87,9 @@ def node_dicts(spec: fab.FabricSpec, nic_gbps: float) -> list[dict[str, Any]]:
 
 def job_manifest(a: argparse.Namespace, nodes: int) -> dict[str, Any]:
     data = nodes // 2  # PP=2 across the islands, DP inside
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": "fabric-bench"},
-        "spec": {
+    return holmes_job(
+        "fabric-bench",
+        {
             "model": {
                 "layers": a.layers,
                 "hiddenSize": a.hidden,
@@ -115,7 +115,7 @@ def job_manifest(a: argparse.Namespace, nodes: int) -> dict[str, Any]:
             },
             "nodes": {"count": nodes, "gpusPerNode": 1},
         },
-    }
+    )
 
 
 def planner_config(
@@ -401,12 +401,13 @@ def block_gflops(a: argparse.Namespace, windows: int = 5, seconds: float = 0.25)
     from holmes.contract import ModelSpec
     from holmes.contract.flops import layer_fwd_flops_per_token
     from holmes.trainer.models.gpt import Block
+    from holmes.trainer.tensor_parallel import TensorParallel
 
     torch.set_num_threads(1)
     cfg = ModelSpec(
         layers=1, hidden_size=a.hidden, attention_heads=a.heads, seq_length=a.seq, vocab_size=a.vocab
     )
-    block = Block(cfg)
+    block = Block(cfg, TensorParallel())  # one rank: no tensor parallelism
     x = torch.randn(a.micro_batch, a.seq, a.hidden, requires_grad=True)
     step = lambda: block(x).sum().backward()  # noqa: E731
     step()
@@ -487,27 +488,45 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--cleanup", action="store_true", help="only remove leftovers (namespaces, /etc/netns dirs)"
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the small mode tests/bench runs: a toy model, the holmes case only, one measured "
+        "iteration (its numbers mean nothing)",
+    )
     return ap
+
+
+SMOKE = dict(layers=4, hidden=64, heads=4, seq=32, vocab=256, warmup=1, iters=1, rounds=1, timeout=120)
+SMOKE_CASES = ("holmes",)  # each case starts 8 Pythons: one is enough to prove the path
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if a.smoke:
+        vars(a).update(SMOKE)
     if min(a.warmup, a.iters - 1, a.rounds - 1, a.timeout - 1) < 0:
         print(
             "fabric_emulation: --iters, --rounds and --timeout must be >= 1, --warmup >= 0", file=sys.stderr
         )
         return 2
     spec = fab.two_islands(per_island=2, fast_mbit=a.fast_mbit, cross_mbit=a.cross_mbit)
+    with fab.exclusive():
+        problems = fab.missing_prerequisites()
+        if a.pin and shutil.which("taskset") is None:
+            problems.append("`taskset` not found: install util-linux, or pass --no-pin")
+        if problems:
+            print(
+                "fabric_emulation: cannot emulate the fabric on this machine:\n  - "
+                + "\n  - ".join(problems),
+                file=sys.stderr,
+            )
+            return 2
+        return run_bench(a, spec)
 
-    problems = fab.missing_prerequisites()
-    if a.pin and shutil.which("taskset") is None:
-        problems.append("`taskset` not found: install util-linux, or pass --no-pin")
-    if problems:
-        print(
-            "fabric_emulation: cannot emulate the fabric on this machine:\n  - " + "\n  - ".join(problems),
-            file=sys.stderr,
-        )
-        return 2
+
+def run_bench(a: argparse.Namespace, spec: fab.FabricSpec) -> int:
+    """Build the fabric, run the cases, print the table; the fabric is removed on every way out."""
     removed = fab.destroy(spec)  # leftovers of a killed run, by exact name
     if a.cleanup:
         print("removed: " + (", ".join(removed) if removed else "nothing (no leftovers)"))
@@ -541,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = plans(spec, job, gflops * share / 1000, intra, cross)
         if a.skip_sync:
             cases = [c for c in cases if c.name != "holmes sync"]
+        if a.smoke:
+            cases = [c for c in cases if c.name in SMOKE_CASES]
         h = cases[0].layout
         print(
             f"fabric: 2 islands x 2 nodes (network namespaces); node NIC {a.fast_mbit:g} Mbit/s tbf "

@@ -24,12 +24,15 @@ The pure part (spec, commands, hosts files) is unit-tested; :func:`build`, :func
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 PREFIX = "hfe"
@@ -37,6 +40,7 @@ SWITCH_NS = f"{PREFIX}-switch"
 PROBE_NS = f"{PREFIX}-probe"
 SUBNET = "10.200.0"
 ETC_NETNS = "/etc/netns"
+LOCK_FILE = "/run/lock/holmes-fabric.lock"
 ISLANDS = {"a": ("east", "infiniband"), "b": ("west", "roce")}  # island -> (cluster label, NIC kind)
 IFNAMSIZ = 15  # longest Linux interface name
 CMD_TIMEOUT = 15
@@ -234,6 +238,23 @@ def missing_prerequisites() -> list[str]:
     finally:
         run(["ip", "netns", "del", PROBE_NS], check=False)
     return problems
+
+
+@contextmanager
+def exclusive(log=lambda m: print(m, file=sys.stderr)) -> Iterator[None]:
+    """Hold the machine's one emulated fabric: its namespace names are fixed, so a second run
+    (a test beside a measurement) would find them taken, or remove them as leftovers. Without
+    root there is no fabric to protect (and no writing another user's lock file)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    with open(LOCK_FILE, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"another emulated fabric is running (lock {LOCK_FILE}): waiting for it to finish")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield  # the lock goes with the file
 
 
 def existing_namespaces() -> set[str]:

@@ -42,6 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "hack"), str(REPO / "bench")]  # the localkube harness, bench helpers
 
+from holmes_dev.jobs import holmes_job  # noqa: E402
+from holmes_dev.kubectl import run_kubectl  # noqa: E402
 from operator_apply import cluster_kubeconfig, stop_cluster  # noqa: E402
 
 from localkube.__main__ import set_power  # noqa: E402
@@ -58,11 +60,9 @@ def job_manifest(name: str, ns: str, ckpt: Path, iterations: int) -> dict:
     """The demo's model on all six nodes in two pipeline stages (2x3; 2x2 on four nodes, so a
     lost node changes the layout), elastic down to four, checkpointing every CHECKPOINT_INTERVAL
     iterations onto a directory every simulated node shares."""
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
+    return holmes_job(
+        name,
+        {
             "model": {"layers": 6, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 256},
             "training": {
                 "globalBatchSize": 12,
@@ -86,7 +86,8 @@ def job_manifest(name: str, ns: str, ckpt: Path, iterations: int) -> dict:
                 }
             },
         },
-    }
+        ns,
+    )
 
 
 class Cluster:
@@ -95,13 +96,7 @@ class Cluster:
         self.kubectl_bin = binary("kubectl")
 
     def kubectl(self, *args: str, check: bool = True, timeout: float = 120, input: str | None = None) -> str:
-        r = subprocess.run(
-            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            input=input,
-        )
+        r = run_kubectl(self.kubectl_bin, self.kubeconfig, *args, input=input, timeout=timeout)
         if check and r.returncode:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {r.stderr.strip()}")
         return r.stdout

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer_common import _port, layout  # noqa: E402
+from trainer_common import free_port, layout  # noqa: E402
 
 from holmes.contract import ModelCost, ModelSpec
 from holmes.trainer.config import OptimizerConfig, TrainConfig
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "nccl" if device.type == "cuda" else "gloo",
         rank=0,
         world_size=1,
-        init_method=f"tcp://127.0.0.1:{_port()}",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
         timeout=timedelta(seconds=300),
     )
     results = []

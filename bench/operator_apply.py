@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "hack")]  # the localkube harness (not part of the holmes package)
 
 import yaml  # noqa: E402
+from holmes_dev.jobs import holmes_job  # noqa: E402
+from holmes_dev.kubectl import run_kubectl  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
@@ -36,11 +37,9 @@ from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd  
 
 
 def job(name: str, ns: str, nodes: int) -> dict:
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
+    return holmes_job(
+        name,
+        {
             "model": {
                 "layers": 32,
                 "hiddenSize": 4096,
@@ -68,7 +67,8 @@ def job(name: str, ns: str, nodes: int) -> dict:
             },
             "runPolicy": {"backoffLimit": 0},
         },
-    }
+        ns,
+    )
 
 
 class Bench:
@@ -82,13 +82,9 @@ class Bench:
         self.kubectl_bin = binary("kubectl")
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
-        return subprocess.run(
-            [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        r = run_kubectl(self.kubectl_bin, self.kubeconfig, *args, input=input)
+        r.check_returncode()
+        return r.stdout
 
     def install_crd(self) -> None:
         bench = self

@@ -2,19 +2,46 @@
 
 from __future__ import annotations
 
-import io
-import multiprocessing as mp
-import os
-import socket
-import traceback
+import sys
 from collections.abc import Callable
-from datetime import timedelta
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))  # holmes_dev: the shared helpers
+from holmes_dev import gloo  # noqa: E402
+from holmes_dev.ports import free_port  # noqa: E402, F401 (the benches' one port picker)
 
-from holmes.contract.layout import GroupFamily, Layout, Stage
+from holmes.contract import ModelSpec  # noqa: E402
+from holmes.contract.layout import GroupFamily, Layout, Stage  # noqa: E402
+from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
+
+SMOKE_HELP = "the small mode tests/bench runs: a toy-width model, the fewest steps (its numbers mean nothing)"
+
+
+def train_config(
+    model: ModelSpec, global_batch: int, micro_batch: int, iterations: int, **kw: Any
+) -> TrainConfig:
+    """The trainer benchmarks' job: AdamW at 1e-3, the engine's defaults for the rest unless ``kw``."""
+    return TrainConfig(
+        model=model,
+        global_batch_size=global_batch,
+        micro_batch_size=micro_batch,
+        iterations=iterations,
+        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
+        **kw,
+    )
+
+
+def smoke_model(m: ModelSpec) -> ModelSpec:
+    """m at toy width (same layers, heads and architecture): every code path in seconds."""
+    return replace(
+        m,
+        hidden_size=16 * m.attention_heads,
+        ffn_hidden_size=32 * m.attention_heads,
+        seq_length=32,
+        vocab_size=256,
+    )
 
 
 def layout(
@@ -43,51 +70,11 @@ def layout(
     )
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, world, port, fn, args, q, threads):
-    torch.set_num_threads(threads)
-    try:
-        dist.init_process_group(
-            "gloo",
-            rank=rank,
-            world_size=world,
-            init_method=f"tcp://127.0.0.1:{port}",
-            timeout=timedelta(seconds=120),
-        )
-        out = fn(rank, *args)
-        buf = io.BytesIO()
-        torch.save(out, buf)
-        q.put((rank, buf.getvalue()))
-        dist.destroy_process_group()
-    except BaseException:
-        q.put((rank, traceback.format_exc().encode()))
-        q.close()
-        q.join_thread()
-        os._exit(1)
-
-
 def run_ranks(world: int, fn: Callable, *args: Any, threads: int = 1) -> dict[int, Any]:
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    port = _port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, q, threads)) for r in range(world)]
-    for p in procs:
-        p.start()
-    out = {}
-    for _ in range(world):
-        rank, data = q.get(timeout=900)
-        try:
-            out[rank] = torch.load(io.BytesIO(data), weights_only=False)
-        except Exception:
-            raise RuntimeError(f"rank {rank} failed:\n{data.decode(errors='replace')}") from None
-    for p in procs:
-        p.join()
-    return out
+    """fn(rank, *args) on ``world`` forked gloo ranks; {rank: its result} (holmes_dev.gloo, with a
+    benchmark's patience: 15 minutes in all, 2 minutes per collective)."""
+    out = gloo.run_ranks(world, fn, *args, timeout=900, pg_timeout=120, threads=threads)
+    return {rank: result for rank, (_, result) in out.items()}
 
 
 def median(xs: list[float]) -> float:

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer_common import _port, layout, median, table  # noqa: E402
+from trainer_common import SMOKE_HELP, free_port, layout, median, smoke_model, table, train_config  # noqa: E402
 
 from holmes.contract import ModelCost, ModelSpec
-from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
+from holmes.trainer.config import TrainConfig  # noqa: E402
 from holmes.trainer.data import BatchLoader, Sharding, make_source  # noqa: E402
 from holmes.trainer.engine import Trainer, learning_rate  # noqa: E402
 from holmes.trainer.model import build_full, loss_fn  # noqa: E402
@@ -35,7 +35,7 @@ MB, M = 4, 2
 class Plain:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.model = build_full(MODEL, cfg.seed)
+        self.model = build_full(cfg.model, cfg.seed)
         params = list(self.model.parameters())  # decay on matrices only, as the engine does
         self.opt = torch.optim.AdamW(
             [
@@ -47,7 +47,7 @@ class Plain:
             foreach=True,
         )
         self.loader = BatchLoader(
-            make_source(None, MODEL.vocab_size, MODEL.seq_length, cfg.seed),
+            make_source(None, cfg.model.vocab_size, cfg.model.seq_length, cfg.seed),
             Sharding(cfg.global_batch_size, 1, 0),
         )
         self.i = 0
@@ -78,22 +78,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     a = ap.parse_args()
+    model = smoke_model(MODEL) if a.smoke else MODEL
+    if a.smoke:
+        a.iters = 4  # one after the warm-up
     torch.set_num_threads(a.threads)
     dist.init_process_group(
-        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_port()}", timeout=timedelta(seconds=60)
+        "gloo",
+        rank=0,
+        world_size=1,
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        timeout=timedelta(seconds=60),
     )
-    cfg = TrainConfig(
-        model=MODEL,
-        global_batch_size=MB * M,
-        micro_batch_size=MB,
-        iterations=a.iters,
-        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
-        bucket_elements=1_000_000,
-    )
+    cfg = train_config(model, MB * M, MB, a.iters, bucket_elements=1_000_000)
     plain = Plain(cfg)
     engine = Trainer(
-        cfg, layout(1, 1, [MODEL.layers], MB, M), rank=0, device=torch.device("cpu"), backend="gloo"
+        cfg, layout(1, 1, [model.layers], MB, M), rank=0, device=torch.device("cpu"), backend="gloo"
     )
     pw, pc, ew, ec, diffs = [], [], [], [], []
     for _ in range(a.iters):
@@ -119,8 +120,8 @@ def main() -> None:
         ],
     ]
     print(
-        f"GPT {MODEL.layers}L h={MODEL.hidden_size} s={MODEL.seq_length} V={MODEL.vocab_size} "
-        f"({ModelCost.of(MODEL).total_params / 1e6:.1f}M params), micro-batch {MB} x {M}, "
+        f"GPT {model.layers}L h={model.hidden_size} s={model.seq_length} V={model.vocab_size} "
+        f"({ModelCost.of(model).total_params / 1e6:.1f}M params), micro-batch {MB} x {M}, "
         f"{a.threads} thread(s), "
         f"CPU, {a.iters} steps each, median after {skip}"
     )

@@ -16,28 +16,19 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer_common import layout, median, run_ranks, table  # noqa: E402
+from trainer_common import SMOKE_HELP, layout, median, run_ranks, smoke_model, table, train_config  # noqa: E402
 
 from holmes.contract import ModelCost, ModelSpec
-from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 
 MODEL = ModelSpec(layers=4, hidden_size=384, attention_heads=6, seq_length=128, vocab_size=8192)
 MB, M = 2, 2
 
 
-def worker(rank: int, overlap: bool, iters: int, bucket: int) -> dict:
-    cfg = TrainConfig(
-        model=MODEL,
-        global_batch_size=MB * M * 2,
-        micro_batch_size=MB,
-        iterations=iters,
-        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
-        overlap=overlap,
-        bucket_elements=bucket,
-    )
+def worker(rank: int, model: ModelSpec, overlap: bool, iters: int, bucket: int) -> dict:
+    cfg = train_config(model, MB * M * 2, MB, iters, overlap=overlap, bucket_elements=bucket)
     t = Trainer(
-        cfg, layout(1, 2, [MODEL.layers], MB, M), rank=rank, device=torch.device("cpu"), backend="gloo"
+        cfg, layout(1, 2, [model.layers], MB, M), rank=rank, device=torch.device("cpu"), backend="gloo"
     )
     hist = t.train()
     return {
@@ -53,12 +44,16 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--bucket", type=int, default=2_000_000)
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     a = ap.parse_args()
+    model = smoke_model(MODEL) if a.smoke else MODEL
+    if a.smoke:  # still several buckets, so the overlapped path is the bucketed one
+        a.iters, a.rounds, a.bucket = 3, 1, 20_000
     res: dict[bool, list] = {True: [], False: []}
     losses = {}
     for _ in range(a.rounds):
         for overlap in (False, True):
-            r = run_ranks(2, worker, overlap, a.iters, a.bucket)[0]
+            r = run_ranks(2, worker, model, overlap, a.iters, a.bucket)[0]
             res[overlap].append(r)
             losses[overlap] = r["loss"]
     skip = 2
@@ -68,8 +63,8 @@ def main() -> None:
         comm = median([c for r in res[overlap] for c in r["comm"][skip:]])
         rows.append(["overlapped" if overlap else "synchronous", step * 1e3, comm * 1e3, comm / step])
     print(
-        f"DP=2 gloo on loopback, GPT {MODEL.layers}L h={MODEL.hidden_size} V={MODEL.vocab_size} "
-        f"({ModelCost.of(MODEL).total_params / 1e6:.1f}M params, {res[True][0]['buckets']} buckets), "
+        f"DP=2 gloo on loopback, GPT {model.layers}L h={model.hidden_size} V={model.vocab_size} "
+        f"({ModelCost.of(model).total_params / 1e6:.1f}M params, {res[True][0]['buckets']} buckets), "
         f"micro-batch {MB} x {M}, 1 thread/rank"
     )
     print(table(["optimizer", "ms/step", "exposed comm ms", "comm share"], rows))

@@ -30,10 +30,9 @@ def child(spec: dict) -> None:
     import torch
 
     sys.path.insert(0, HERE)
-    from trainer_common import layout, median, run_ranks
+    from trainer_common import layout, median, run_ranks, train_config
 
     from holmes.contract import ModelSpec
-    from holmes.trainer.config import OptimizerConfig, TrainConfig
     from holmes.trainer.engine import Trainer
 
     def status_kib(field: str) -> int:
@@ -45,13 +44,8 @@ def child(spec: dict) -> None:
 
     def worker(rank: int, spec: dict) -> dict:
         model = ModelSpec(**spec["model"])
-        cfg = TrainConfig(
-            model=model,
-            global_batch_size=spec["mb"] * spec["m"],
-            micro_batch_size=spec["mb"],
-            iterations=spec["iters"],
-            optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
-            activation_recompute=spec["recompute"],
+        cfg = train_config(
+            model, spec["mb"] * spec["m"], spec["mb"], spec["iters"], activation_recompute=spec["recompute"]
         )
         lay = layout(spec["pipeline"], 1, spec["split"], spec["mb"], spec["m"])
         trainer = Trainer(cfg, lay, rank=rank, device=torch.device("cpu"), backend="gloo")
@@ -110,10 +104,15 @@ def main() -> None:
     ap.add_argument("--micro-batches", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child")
+    ap.add_argument(
+        "--smoke", action="store_true", help="the small mode tests/bench runs: a toy model, PP=2 only"
+    )
     a = ap.parse_args()
     if a.child:
         child(json.loads(a.child))
         return
+    if a.smoke:
+        a.iters, a.repeats, a.layers, a.hidden, a.seq, a.mb = 3, 1, 2, 64, 32, 2
 
     sys.path.insert(0, HERE)
     from trainer_common import table
@@ -129,6 +128,7 @@ def main() -> None:
     }
     half = a.layers // 2
     layouts = [("1 rank", 1, [a.layers]), (f"PP=2 [{half},{a.layers - half}]", 2, [half, a.layers - half])]
+    layouts = layouts[1:] if a.smoke else layouts
     rows = []
     for name, P, split in layouts:
         best: dict[bool, dict] = {}

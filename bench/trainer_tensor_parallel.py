@@ -18,10 +18,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trainer_common import layout, median, run_ranks, table  # noqa: E402
+from trainer_common import SMOKE_HELP, layout, median, run_ranks, smoke_model, table, train_config  # noqa: E402
 
 from holmes.contract import ModelCost, ModelSpec  # noqa: E402
-from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 
 MODEL = ModelSpec(
@@ -44,16 +43,9 @@ CASES = [  # name, tensor, data, sequence parallel, threads per rank
 ]
 
 
-def worker(rank: int, tensor: int, data: int, sp: bool, iters: int) -> dict:
-    cfg = TrainConfig(
-        model=MODEL,
-        global_batch_size=MB * M * 2,
-        micro_batch_size=MB,
-        iterations=iters,
-        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-3),
-        sequence_parallel=sp,
-    )
-    lay = layout(1, data, [MODEL.layers], MB, M * 2 // data, tensor=tensor)
+def worker(rank: int, model: ModelSpec, tensor: int, data: int, sp: bool, iters: int) -> dict:
+    cfg = train_config(model, MB * M * 2, MB, iters, sequence_parallel=sp)
+    lay = layout(1, data, [model.layers], MB, M * 2 // data, tensor=tensor)
     t = Trainer(cfg, lay, rank=rank, device=torch.device("cpu"), backend="gloo")
     hist = t.train()
     return {
@@ -68,11 +60,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     a = ap.parse_args()
+    model = smoke_model(MODEL) if a.smoke else MODEL
+    if a.smoke:
+        a.iters, a.rounds = 3, 1
     res: dict[str, list] = {name: [] for name, *_ in CASES}
     for _ in range(a.rounds):  # interleaved: the machine's noise hits every case alike
         for name, tensor, data, sp, threads in CASES:
-            res[name].append(run_ranks(tensor * data, worker, tensor, data, sp, a.iters, threads=threads)[0])
+            threads = 1 if a.smoke else threads  # a toy model on 2 threads spins more than it computes
+            res[name].append(
+                run_ranks(tensor * data, worker, model, tensor, data, sp, a.iters, threads=threads)[0]
+            )
     skip = 2
     base = median([s for r in res[CASES[0][0]] for s in r["step"][skip:]])
     rows = []
@@ -82,8 +81,8 @@ def main() -> None:
         diff = max(abs(x - y) for x, y in zip(first["loss"], res[CASES[0][0]][0]["loss"]))
         rows.append([name, step * 1e3, step / base, first["param_bytes"] / 2**20, f"{diff:.1e}"])
     print(
-        f"llama {MODEL.layers}L h={MODEL.hidden_size} GQA {MODEL.attention_heads}/{MODEL.kv_heads} "
-        f"V={MODEL.vocab_size} s={MODEL.seq_length} ({ModelCost.of(MODEL).total_params / 1e6:.1f}M params), "
+        f"llama {model.layers}L h={model.hidden_size} GQA {model.attention_heads}/{model.kv_heads} "
+        f"V={model.vocab_size} s={model.seq_length} ({ModelCost.of(model).total_params / 1e6:.1f}M params), "
         f"global batch {MB * M * 2}, micro-batch {MB}, gloo on loopback, 2 cores"
     )
     print(table(["layout", "ms/step", "vs TP=1", "param MiB/rank", "max |loss - TP=1|"], rows))

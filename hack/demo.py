@@ -13,18 +13,15 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from holmes_dev.follow import follow_job, say  # hack/ is this script's folder, first on sys.path
+from holmes_dev.kubectl import run_kubectl
+from holmes_dev.ports import free_port
 
 
 class Kubectl:
@@ -32,9 +29,7 @@ class Kubectl:
         self.binary, self.kubeconfig = binary, kubeconfig
 
     def __call__(self, *args: str, check: bool = True) -> str:
-        r = subprocess.run(
-            [self.binary, f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True
-        )
+        r = run_kubectl(self.binary, self.kubeconfig, *args)
         if check and r.returncode:
             raise SystemExit(f"kubectl {' '.join(args)} failed:\n{r.stderr}")
         return r.stdout
@@ -42,10 +37,6 @@ class Kubectl:
     def json(self, *args: str) -> dict | None:
         out = self("get", *args, "-o", "json", check=False)
         return json.loads(out) if out.strip() else None
-
-
-def say(msg: str = "") -> None:
-    print(msg, flush=True)
 
 
 def show_layout(status: dict, layout_json: dict | None) -> None:
@@ -149,32 +140,14 @@ def operator_running(args: list[str], log_path: str) -> Iterator[subprocess.Pope
 
 
 def follow(k: Kubectl, ns: str, name: str, timeout: float) -> int:
-    end = time.monotonic() + timeout
-    phase, shown_layout, last_iter = None, False, None
-    while time.monotonic() < end:
-        job = k.json("holmesjob", name, "-n", ns) or {}
-        st = job.get("status") or {}
-        if st.get("phase") != phase:
-            phase = st.get("phase")
-            ready = next((c for c in st.get("conditions", []) if c["type"] == "Ready"), {})
-            say(f">> phase {phase}: {ready.get('message', '')}")
-        if st.get("layout") and not shown_layout:
-            cm = k.json("configmap", st["layout"]["configMap"], "-n", ns)
-            show_layout(st, json.loads(cm["data"]["layout.json"]) if cm else None)
-            shown_layout = True
-        prog = st.get("progress") or {}
-        if prog.get("iteration") is not None and prog.get("iteration") != last_iter:
-            last_iter = prog["iteration"]
-            say(
-                f"   iteration {last_iter}: loss {prog.get('loss', float('nan')):.4f}, "
-                f"{prog.get('tokensPerSecond', 0):.0f} tokens/s, {prog.get('tflopsPerGpu', 0):.3g} TFLOPS/GPU"
-            )
-        if phase in ("Succeeded", "Failed"):
-            break
-        time.sleep(1)
-    else:
-        say(f"!! {name} did not finish in {timeout:.0f}s")
-        phase = "Timeout"
+    def layout(st: dict) -> None:  # with the planner's explanation, from the layout's ConfigMap
+        cm = k.json("configmap", st["layout"]["configMap"], "-n", ns)
+        show_layout(st, json.loads(cm["data"]["layout.json"]) if cm else None)
+
+    def status() -> dict:
+        return (k.json("holmesjob", name, "-n", ns) or {}).get("status") or {}
+
+    phase = follow_job(name, status, timeout, on_layout=layout)
     say(k("get", "holmesjob", name, "-n", ns, "-o", "wide"))
     rank0 = f"{name}-{(k.json('holmesjob', name, '-n', ns) or {}).get('status', {}).get('attempt', 1)}-0"
     logs = k("logs", rank0, "-n", ns, check=False)

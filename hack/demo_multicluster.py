@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo import Kubectl, operator_running, say, show_layout  # noqa: E402
+from demo import Kubectl, operator_running, show_layout  # noqa: E402
+from holmes_dev.follow import follow_job, say  # noqa: E402
 
 from localkube.controlplane import binary  # noqa: E402
 from localkube.multicluster import MEMBERS_NAMESPACE, MultiCluster  # noqa: E402
@@ -84,17 +84,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def follow(mc: MultiCluster, hub: Kubectl, ns: str, name: str, timeout: float) -> int:
-    end = time.monotonic() + timeout
-    phase, shown, placed, last_iter = None, False, False, None
-    while time.monotonic() < end:
-        st = (hub.json("holmesjob", name, "-n", ns) or {}).get("status") or {}
-        if st.get("phase") != phase:
-            phase = st.get("phase")
-            ready = next((c for c in st.get("conditions", []) if c["type"] == "Ready"), {})
-            say(f">> phase {phase}: {ready.get('message', '')}")
-        if st.get("layout") and not shown:
-            show_layout(st, None)
-            shown = True
+    placed = False
+
+    def placement(st: dict) -> None:  # once running: which member cluster each rank's pod is in
+        nonlocal placed
         if st.get("launched") and not placed and st.get("phase") == "Running":
             say(">> the pods, in the member clusters their nodes belong to")
             for m in mc.members:
@@ -109,16 +102,11 @@ def follow(mc: MultiCluster, hub: Kubectl, ns: str, name: str, timeout: float) -
                         f"MASTER_ADDR {env.get('MASTER_ADDR')}"
                     )
             placed = True
-        prog = st.get("progress") or {}
-        if prog.get("iteration") is not None and prog.get("iteration") != last_iter:
-            last_iter = prog["iteration"]
-            say(f"   iteration {last_iter}: loss {prog.get('loss', float('nan')):.4f}")
-        if phase in ("Succeeded", "Failed"):
-            break
-        time.sleep(1)
-    else:
-        say(f"!! {name} did not finish in {timeout:.0f}s")
-        phase = "Timeout"
+
+    def status() -> dict:
+        return (hub.json("holmesjob", name, "-n", ns) or {}).get("status") or {}
+
+    phase = follow_job(name, status, timeout, on_layout=lambda st: show_layout(st, None), on_status=placement)
     say(hub("get", "holmesjob", name, "-n", ns, "-o", "wide"))
     say(">> status.members (per member cluster: reachable, the attempt's pods by phase)")
     st = (hub.json("holmesjob", name, "-n", ns) or {}).get("status") or {}

@@ -54,6 +54,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from holmes_dev.kubectl import run_kubectl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,13 +108,7 @@ class LocalCluster:
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess:
-        r = subprocess.run(
-            [self._kubectl, f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        r = run_kubectl(self._kubectl, self.kubeconfig, *args, input=input, timeout=timeout)
         if check and r.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
         return r

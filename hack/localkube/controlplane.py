@@ -29,6 +29,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from holmes_dev.kubectl import run_kubectl
+
 REPO = Path(__file__).resolve().parents[2]
 CACHE_BIN = Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache" / "holmes")) / "bin"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
@@ -368,10 +370,7 @@ class ControlPlane:
         log(f"cluster up in {time.monotonic() - t0:.1f}s: {len(names)} nodes; kubeconfig {self.kubeconfig}")
 
     def _kubectl_ok(self, *args: str) -> bool:
-        r = subprocess.run(
-            [binary("kubectl"), f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True
-        )
-        return r.returncode == 0
+        return run_kubectl(binary("kubectl"), str(self.kubeconfig), *args).returncode == 0
 
     def _ready_nodes(self) -> set[str]:
         r = subprocess.run(

@@ -18,11 +18,11 @@ from __future__ import annotations
 import base64
 import json
 import random
-import subprocess
 import time
 from pathlib import Path
 
 import yaml
+from holmes_dev.kubectl import run_kubectl
 
 from .controlplane import PORT_RANGE, REPO, ClusterError, ControlPlane, binary, port_free
 from .topology import load_topology
@@ -121,12 +121,7 @@ class MultiCluster:
                 cp.down(log=lambda m, member=member: log(f"  [{member}] {m}"))
 
     def kubectl(self, member: str, *args: str, input: str | None = None, check: bool = True) -> str:
-        r = subprocess.run(
-            [binary("kubectl"), f"--kubeconfig={self.kubeconfig(member)}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-        )
+        r = run_kubectl(binary("kubectl"), str(self.kubeconfig(member)), *args, input=input)
         if check and r.returncode:
             raise ClusterError(f"kubectl {' '.join(args)} on {member} failed: {r.stderr.strip()}")
         return r.stdout

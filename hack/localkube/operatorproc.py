@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from holmes_dev.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]  # hack/localkube/this.py -> the repository
 CRD = REPO / "crds" / "holmesjob.yaml"
@@ -61,12 +62,6 @@ def fake_gpu_node(i: int) -> dict:
             ],
         },
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def install_crd(cluster) -> None:

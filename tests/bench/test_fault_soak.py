@@ -7,30 +7,21 @@ must also have shrunk when its node went and grown back to six nodes after it re
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from tests.conftest import REPO
+from tests.bench.bench_run import run_bench
 
 
 def test_three_faults_cost_at_most_a_checkpoint_interval_each_and_the_loss_is_unchanged(cluster, tmp_path):
     out_json = tmp_path / "soak.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "fault_soak.py"),
-            "--faults=3",
-            "--kinds=delete-pod,delete-node,kill-trainer",
-            f"--state-dir={cluster.state_dir}",
-            f"--json={out_json}",
-            "--timeout=600",
-        ],
-        env={**os.environ, "HOLMES_KUBECONFIG": cluster.kubeconfig},
-        capture_output=True,
-        text=True,
+    proc = run_bench(
+        "fault_soak",
+        "--faults=3",
+        "--kinds=delete-pod,delete-node,kill-trainer",
+        f"--state-dir={cluster.state_dir}",
+        f"--json={out_json}",
+        "--timeout=600",
+        env={"HOLMES_KUBECONFIG": cluster.kubeconfig},
         timeout=1200,
-        cwd=REPO,
     )
     out = proc.stdout + proc.stderr[-3000:]
     assert proc.returncode == 0, out

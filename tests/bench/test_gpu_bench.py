@@ -1,21 +1,18 @@
 """bench/gpu.py's code path on CPU (a tiny model, no MFU) and its refusal without CUDA."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu.py"
+from tests.bench.bench_run import run_bench
 
 
 def test_smoke_run_on_cpu_reports_every_variant(tmp_path):
     out = tmp_path / "gpu.json"
     args = ["--device", "cpu", "--models", "tiny", "--iters", "2", "--warmup", "1"]
     args += ["--variants", "engine,plain", "--out", str(out)]
-    p = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300)
+    p = run_bench("gpu", *args)
     assert p.returncode == 0, p.stderr
     res = json.loads(out.read_text())
     assert [r["variant"] for r in res["results"]] == ["engine", "plain"]
@@ -25,5 +22,5 @@ def test_smoke_run_on_cpu_reports_every_variant(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the bench would run")
 def test_without_cuda_it_says_so():
-    p = subprocess.run([sys.executable, str(BENCH)], capture_output=True, text=True, timeout=120)
+    p = run_bench("gpu", timeout=120)
     assert p.returncode == 2 and "needs a CUDA GPU" in p.stderr and "--device cpu" in p.stderr

@@ -5,29 +5,20 @@ show several times that."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
-from tests.conftest import REPO
+from tests.bench.bench_run import run_bench
 
 
 def test_steady_jobs_cost_one_patch_per_progress_interval(cluster):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "operator_load.py"),
-            "--jobs=2",
-            "--window=15",
-            "--progress-interval=5",
-            "--apply-nodes=0",
-        ],
-        env={**os.environ, "HOLMES_KUBECONFIG": cluster.kubeconfig},
-        capture_output=True,
-        text=True,
+    proc = run_bench(
+        "operator_load",
+        "--jobs=2",
+        "--window=15",
+        "--progress-interval=5",
+        "--apply-nodes=0",
+        env={"HOLMES_KUBECONFIG": cluster.kubeconfig},
         timeout=600,
-        cwd=REPO,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode in (0, 1), out  # 1: the 0.1 target, which a 5 s interval cannot meet

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import yaml
+from holmes_dev.jobs import tiny_job
 
 from holmes.contract.jobspec import JobSpec
 from holmes.operator.__main__ import cost_model, parse_args
@@ -19,18 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def job(name: str, ns: str) -> dict:
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "model": {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
-            "training": {"globalBatchSize": 8, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
-            "nodes": {"count": 4, "gpusPerNode": 1},
-            "runPolicy": {"backoffLimit": 0},
-            "template": {"spec": {"containers": [{"name": "trainer", "command": ["sh", "-c", "sleep 600"]}]}},
-        },
-    }
+    return tiny_job(name, ns, count=4, command=["sh", "-c", "sleep 600"], run_policy={"backoffLimit": 0})
 
 
 def layout_of(cluster, ns: str, name: str, op: OperatorProcess, timeout: float = 60) -> dict:

@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 import yaml
+from holmes_dev.jobs import tiny_job, tiny_training
 
 from localkube.multicluster import MEMBERS_NAMESPACE
 from localkube.operatorproc import CRD, OperatorProcess
@@ -57,28 +58,11 @@ def ns(hub):
 
 
 def job(name, ns, count=4, command=None, iterations=4, **spec):
-    body = {
-        "model": {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
-        "training": {
-            "globalBatchSize": 8,
-            "microBatchSize": 1,
-            "iterations": iterations,
-            "learningRate": 1.0e-3,
-            "activationRecompute": False,
-        },
+    sections = {
+        "training": tiny_training(iterations, activationRecompute=False),
         "parallelism": {"pipeline": 2},
-        "nodes": {"count": count, "gpusPerNode": 1},
-        "runPolicy": {"backoffLimit": 2},
     }
-    if command is not None:
-        body["template"] = {"spec": {"containers": [{"name": "trainer", "command": command}]}}
-    body.update(spec)
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": body,
-    }
+    return tiny_job(name, ns, count, command=command, **sections | spec)
 
 
 def apply(mc, obj):

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import yaml
+from holmes_dev.jobs import tiny_job
 
 from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd
 from tests import polling
@@ -36,29 +37,6 @@ def operator(crd, namespace, tmp_path):
     yield op
     op.stop()
     print(op.tail(80))
-
-
-def job_manifest(name, ns, count=4, gpus=1, command=None, run_policy=None, iterations=5, **spec):
-    body = {
-        "model": {"layers": 4, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
-        "training": {
-            "globalBatchSize": 8,
-            "microBatchSize": 1,
-            "iterations": iterations,
-            "learningRate": 1.0e-3,
-        },
-        "nodes": {"count": count, "gpusPerNode": gpus},
-        "runPolicy": run_policy or {"backoffLimit": 2},
-    }
-    if command is not None:
-        body["template"] = {"spec": {"containers": [{"name": "trainer", "command": command}]}}
-    body.update(spec)
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": body,
-    }
 
 
 def apply(cluster, obj, check=True):
@@ -146,13 +124,13 @@ def test_crd_installs_and_kubectl_explain_teaches_the_fields(crd):
 
 
 def test_the_schema_rejects_what_it_can(crd, namespace):
-    bad = job_manifest("bad-enum", namespace, parallelism={"nicSelection": "sometimes"})
+    bad = tiny_job("bad-enum", namespace, parallelism={"nicSelection": "sometimes"})
     r = apply(crd, bad, check=False)
     assert r.returncode != 0 and "nicSelection" in r.stderr and "sometimes" in r.stderr
-    bad = job_manifest("bad-count", namespace, count=0)
+    bad = tiny_job("bad-count", namespace, count=0)
     r = apply(crd, bad, check=False)
     assert r.returncode != 0 and "spec.nodes.count" in r.stderr
-    bad = job_manifest("bad-missing", namespace)
+    bad = tiny_job("bad-missing", namespace)
     del bad["spec"]["model"]
     r = apply(crd, bad, check=False)
     assert r.returncode != 0 and "model" in r.stderr and "required" in r.stderr
@@ -164,7 +142,7 @@ def test_the_schema_rejects_what_it_can(crd, namespace):
 def test_pods_land_on_the_planned_nodes_with_the_nccl_env_of_their_nic(crd, namespace, operator):
     apply(
         crd,
-        job_manifest(
+        tiny_job(
             "place",
             namespace,
             count=6,
@@ -212,7 +190,7 @@ def test_pods_land_on_the_planned_nodes_with_the_nccl_env_of_their_nic(crd, name
 
 
 def test_trainer_pods_run_for_real_and_the_job_succeeds_with_progress(crd, namespace, operator):
-    apply(crd, job_manifest("train", namespace, count=4, iterations=6))
+    apply(crd, tiny_job("train", namespace, count=4, iterations=6))
     job = wait_phase(crd, namespace, "train", "Succeeded", timeout=180, op=operator)
     st = job["status"]
     prog = st.get("progress") or {}
@@ -233,7 +211,7 @@ def test_a_pod_failure_restarts_the_gang_and_counts_it(crd, namespace, operator)
         "-c",
         'if [ "$NODE_RANK" = 1 ] && [ "$HOLMES_ATTEMPT" = 1 ]; then sleep 2; exit 3; fi; sleep 600',
     ]
-    apply(crd, job_manifest("gang", namespace, command=fail_once))
+    apply(crd, tiny_job("gang", namespace, command=fail_once))
     job = wait_for(
         "a restart",
         lambda: (
@@ -276,7 +254,7 @@ def test_a_quota_that_forbids_the_gang_is_reported_and_leaves_no_partial_gang(cr
         "the quota controller to fill in the quota's status",
         lambda: crd.get_json("resourcequota", "gpus", "-n", namespace).get("status", {}).get("hard"),
     )
-    apply(crd, job_manifest("quota", namespace, command=SLEEP))
+    apply(crd, tiny_job("quota", namespace, command=SLEEP))
 
     job = wait_reconciling(crd, namespace, "quota", "ChildCreateFailed", operator)
     msg = condition(job, "Reconciling")["message"]
@@ -301,7 +279,7 @@ def test_a_quota_that_forbids_the_gang_is_reported_and_leaves_no_partial_gang(cr
 
 def test_backoff_limit_exhausted_fails_the_job_with_the_reason(crd, namespace, operator):
     always_fail = ["sh", "-c", 'if [ "$NODE_RANK" = 0 ]; then exit 7; fi; sleep 600']
-    apply(crd, job_manifest("doomed", namespace, command=always_fail, run_policy={"backoffLimit": 1}))
+    apply(crd, tiny_job("doomed", namespace, command=always_fail, run_policy={"backoffLimit": 1}))
     job = wait_phase(crd, namespace, "doomed", "Failed", op=operator)
     failed = condition(job, "Failed")
     assert failed["reason"] == "BackoffLimitExceeded" and "exit code 7" in failed["message"]
@@ -328,7 +306,7 @@ def set_suspend(cluster, ns, name, suspend: bool):
 
 
 def test_suspend_deletes_pods_and_resume_relaunches(crd, namespace, operator):
-    apply(crd, job_manifest("pause", namespace, command=SLEEP))
+    apply(crd, tiny_job("pause", namespace, command=SLEEP))
     wait_phase(crd, namespace, "pause", "Running", op=operator)
     set_suspend(crd, namespace, "pause", True)
     job = wait_phase(crd, namespace, "pause", "Suspended", op=operator)
@@ -341,7 +319,7 @@ def test_suspend_deletes_pods_and_resume_relaunches(crd, namespace, operator):
 
 
 def test_spec_edits_relaunch_but_the_model_is_immutable(crd, namespace, operator):
-    apply(crd, job_manifest("edit", namespace, command=SLEEP))
+    apply(crd, tiny_job("edit", namespace, command=SLEEP))
     wait_phase(crd, namespace, "edit", "Running", op=operator)
     crd.kubectl(
         "patch", "hj", "edit", "-n", namespace, "--type=merge", "-p", '{"spec":{"training":{"iterations":9}}}'
@@ -374,7 +352,7 @@ def test_spec_edits_relaunch_but_the_model_is_immutable(crd, namespace, operator
 
 
 def test_delete_garbage_collects_every_child(crd, namespace, operator):
-    apply(crd, job_manifest("gone", namespace, command=SLEEP))
+    apply(crd, tiny_job("gone", namespace, command=SLEEP))
     job = wait_phase(crd, namespace, "gone", "Running", op=operator)
     uid = job["metadata"]["uid"]
     for kind in ("pods", "services", "configmaps"):
@@ -395,7 +373,7 @@ def test_delete_garbage_collects_every_child(crd, namespace, operator):
 def test_ttl_after_finished_deletes_the_job(crd, namespace, operator):
     apply(
         crd,
-        job_manifest(
+        tiny_job(
             "short",
             namespace,
             command=["sh", "-c", "exit 0"],
@@ -411,7 +389,7 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(crd, namespace, tmp
     try:
         apply(
             crd,
-            job_manifest(
+            tiny_job(
                 "crash",
                 namespace,
                 count=6,
@@ -460,7 +438,7 @@ def fake_nodes(crd):
 def test_operator_killed_while_creating_a_large_job_leaves_no_duplicates(
     crd, namespace, fake_nodes, tmp_path
 ):
-    big = job_manifest(
+    big = tiny_job(
         "big",
         namespace,
         count=64,
@@ -553,8 +531,8 @@ def test_bad_manifests_each_get_a_clear_message_and_the_operator_keeps_serving(c
         "x" * 51: ({}, "InvalidName", "metadata.name"),
     }
     for name, (spec, _, _) in bad.items():
-        apply(crd, job_manifest(name, namespace, command=SLEEP, **spec))
-    apply(crd, job_manifest("good", namespace, command=SLEEP))
+        apply(crd, tiny_job(name, namespace, command=SLEEP, **spec))
+    apply(crd, tiny_job("good", namespace, command=SLEEP))
     wait_phase(crd, namespace, "good", "Running", op=operator)
     for name, (_, reason, field) in bad.items():
 
@@ -585,7 +563,7 @@ def test_bad_manifests_each_get_a_clear_message_and_the_operator_keeps_serving(c
 
 
 def test_waits_for_nodes_with_a_condition_saying_what_is_missing(crd, namespace, operator):
-    apply(crd, job_manifest("huge", namespace, count=8, command=SLEEP))
+    apply(crd, tiny_job("huge", namespace, count=8, command=SLEEP))
 
     job = wait_reconciling(crd, namespace, "huge", "WaitingForNodes", operator)
     msg = condition(job, "Reconciling")["message"]
@@ -619,7 +597,7 @@ def test_leader_killed_the_follower_takes_over_within_15s_without_duplicates(crd
         first = wait_for("a leader", lambda: lease_holder(crd, namespace), timeout=30)
         leader, follower = ops[first], next(op for i, op in ops.items() if i != first)
         second = next(i for i in ops if i != first)
-        apply(crd, job_manifest("ha", namespace, count=2, command=["sh", "-c", "sleep 20"]))
+        apply(crd, tiny_job("ha", namespace, count=2, command=["sh", "-c", "sleep 20"]))
         wait_phase(crd, namespace, "ha", "Running", op=leader)
         before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(crd, namespace, "ha")}
         leader.kill()

@@ -11,10 +11,11 @@ import json
 import uuid
 
 import pytest
+from holmes_dev.jobs import tiny_job
 
 from localkube.operatorproc import OperatorProcess, install_crd
 from tests.operator.pss_cases import CASES, RESTRICTED
-from tests.operator.test_operator_cluster import SLEEP, job_manifest, wait_for
+from tests.operator.test_operator_cluster import SLEEP, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,7 +54,7 @@ def test_every_control_stalls_its_job_with_the_field_and_the_flag_and_creates_no
             ns = ns_restricted if case.level == RESTRICTED else namespace
             name = f"pss-{i}"
             tried[(ns, name)] = case
-            items.append(job_manifest(name, ns, count=1, template=copy.deepcopy(case.fail)))
+            items.append(tiny_job(name, ns, count=1, template=copy.deepcopy(case.fail)))
         accepted = {  # passes every control: the operator creates its pod
             "spec": {
                 "containers": [
@@ -65,7 +66,7 @@ def test_every_control_stalls_its_job_with_the_field_and_the_flag_and_creates_no
                 ]
             }
         }
-        items.append(job_manifest("accepted", namespace, count=1, template=accepted))
+        items.append(tiny_job("accepted", namespace, count=1, template=accepted))
         cluster.kubectl(
             "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
         )

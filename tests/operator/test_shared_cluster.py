@@ -11,10 +11,11 @@ import json
 import time
 
 import pytest
+from holmes_dev.jobs import tiny_job
 
 from localkube.operatorproc import REPO, OperatorProcess, install_crd
 
-from .test_operator_cluster import apply, condition, get_job, job_manifest, pods_of, wait_for, wait_phase
+from .test_operator_cluster import apply, condition, get_job, pods_of, wait_for, wait_phase
 
 pytestmark = pytest.mark.timeout(300)
 THIRDPARTY = REPO / "hack" / "thirdparty-crds"
@@ -79,9 +80,9 @@ def reconciling(cluster, ns, name):
 def test_two_half_cluster_jobs_run_together_and_a_third_waits_then_runs(crds, namespace, operator):
     sleep = ["sh", "-c", "sleep 8"]
     for name in ("half-a", "half-b"):
-        apply(crds, job_manifest(name, namespace, count=3, gpus=2, command=sleep))
+        apply(crds, tiny_job(name, namespace, count=3, gpus=2, command=sleep))
     time.sleep(1.0)  # created after the first two: last in the queue
-    apply(crds, job_manifest("half-c", namespace, count=3, gpus=2, command=sleep))
+    apply(crds, tiny_job("half-c", namespace, count=3, gpus=2, command=sleep))
 
     def both_running():
         a, b = pods_of(crds, namespace, "half-a"), pods_of(crds, namespace, "half-b")
@@ -111,13 +112,13 @@ def test_two_half_cluster_jobs_run_together_and_a_third_waits_then_runs(crds, na
 def test_taints_node_selectors_and_cpu_requests_rule_nodes_out(crds, namespace, operator):
     crds.kubectl("taint", "node", "ib-0", "holmes.dev/test=shared:NoSchedule", "--overwrite")
     try:
-        whole = job_manifest("tainted", namespace, count=6, gpus=1, command=["sh", "-c", "sleep 600"])
+        whole = tiny_job("tainted", namespace, count=6, gpus=1, command=["sh", "-c", "sleep 600"])
         whole["spec"]["training"]["globalBatchSize"] = 12  # 6 data-parallel ranks
         apply(crds, whole)
-        sel = job_manifest("selector", namespace, count=4, gpus=1, command=["sleep", "1"])
+        sel = tiny_job("selector", namespace, count=4, gpus=1, command=["sleep", "1"])
         sel["spec"]["template"]["spec"]["nodeSelector"] = {"holmes.dev/cluster": "east"}
         apply(crds, sel)
-        cpu = job_manifest("cpu", namespace, count=1, gpus=1, command=["sleep", "1"])
+        cpu = tiny_job("cpu", namespace, count=1, gpus=1, command=["sleep", "1"])
         cpu["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "40"}}
         apply(crds, cpu)
 
@@ -210,7 +211,7 @@ def flavor_of(version, name):
 
 def queued_job(namespace, name, command):
     run_policy = {"backoffLimit": 2, "priorityClassName": "holmes-test-high"}
-    m = job_manifest(name, namespace, count=2, gpus=2, command=command, run_policy=run_policy)
+    m = tiny_job(name, namespace, count=2, gpus=2, command=command, run_policy=run_policy)
     m["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "user-queue"}
     return m
 
@@ -380,7 +381,7 @@ def test_kueue_installed_after_the_operator_started_then_upgraded(
 
 
 def test_volcano_jobs_get_a_podgroup_and_annotated_pods(crds, namespace, operator):
-    m = job_manifest("gang", namespace, count=3, gpus=1, command=["sleep", "1"])
+    m = tiny_job("gang", namespace, count=3, gpus=1, command=["sleep", "1"])
     m["spec"]["template"]["spec"]["schedulerName"] = "volcano"
     apply(crds, m)
     pg = wait_for(

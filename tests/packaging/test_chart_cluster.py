@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
+from holmes_dev.jobs import holmes_job
+from holmes_dev.ports import free_port
 
 from holmes.operator.core import names
 from tests.packaging.health_rules import argocd, kstatus
@@ -29,12 +30,6 @@ from tests.polling import wait_for
 pytestmark = pytest.mark.timeout(900)
 
 CRD_NAME = "holmesjobs.holmes.dev"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
 
 
 class Env:
@@ -47,11 +42,11 @@ class Env:
         self.release_ns = f"hpkg-sys-{suffix}"
         self.job_ns = f"hpkg-jobs-{suffix}"
         self.fullname = f"{self.release}-holmes"
-        self.liveness_port = free_port()
-        self.metrics_port = free_port()
+        self.liveness_port = free_port("0.0.0.0")
+        self.metrics_port = free_port("0.0.0.0")
         # trainer ports of this module's jobs: other test sessions on the machine may train at once
-        self.master_port = free_port()
-        self.trainer_metrics_port = free_port()
+        self.master_port = free_port("0.0.0.0")
+        self.trainer_metrics_port = free_port("0.0.0.0")
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None):
         return run(
@@ -161,12 +156,7 @@ def tiny_job(name: str, **overrides) -> dict:
         for k in keys[:-1]:
             node = node.setdefault(k, {})
         node[keys[-1]] = value
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return holmes_job(name, spec)
 
 
 def apply_job(env: Env, job: dict) -> None:

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from holmes_dev.jobs import holmes_job
 
 from holmes.contract.jobspec import AUTO, JobSpec, LabelSelector, SelectorRequirement, SpecError
 
@@ -20,7 +21,7 @@ def minimal_spec(**sections):
 
 
 def manifest(spec):
-    return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": "j"}, "spec": spec}
+    return holmes_job("j", spec)
 
 
 def problems_of(spec):

@@ -7,17 +7,16 @@ import urllib.request
 
 import pytest
 import yaml
+from holmes_dev.jobs import holmes_job
 
 from holmes.contract import ModelCost, ModelSpec
 from holmes.trainer.config import TrainConfig, TrainerConfigError
 from holmes.trainer.metrics import MetricsSink
 from tests.trainer.trainer_harness import finish_nodes, make_layout, start_nodes
 
-JOB = {
-    "apiVersion": "holmes.dev/v1alpha1",
-    "kind": "HolmesJob",
-    "metadata": {"name": "tiny"},
-    "spec": {
+JOB = holmes_job(
+    "tiny",
+    {
         "model": {"layers": 4, "hiddenSize": 32, "attentionHeads": 4, "seqLength": 16, "vocabSize": 64},
         "training": {
             "globalBatchSize": 16,
@@ -29,7 +28,7 @@ JOB = {
         "parallelism": {"pipeline": 2, "data": 2},
         "nodes": {"count": 2, "gpusPerNode": 2},
     },
-}
+)
 
 
 def _write(tmp_path, job=JOB, layout=None):

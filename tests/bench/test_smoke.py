@@ -1,0 +1,139 @@
+"""Every script in bench/ runs in its small mode here, so a changed signature or a renamed field
+fails `make test` instead of the next person who reproduces a number. Seconds each: toy models,
+the fewest steps, the smallest sizes; what is checked is that the script runs to its table, not
+its numbers. Scripts with a test file of their own are listed in OWN_TESTS; the last test fails
+when a new script in bench/ has neither."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from tests.bench.bench_run import BENCH, run_bench
+from tests.conftest import REPO
+
+LIBRARIES = {"trainer_common"}  # imported by the scripts, run through them
+OWN_TESTS = {  # script -> the test that runs its small mode
+    "fault_soak": "tests/bench/test_fault_soak.py",
+    "gpu": "tests/bench/test_gpu_bench.py",
+    "operator_load": "tests/bench/test_operator_load.py",
+}
+
+# script -> (small-mode arguments, a line its output must contain)
+PURE = {
+    "plan_compare": ([], "4 IB + 4 RoCE (paper)"),
+    "plan_scaling": (["--max-nodes", "64", "--repeat", "1"], "TFLOPS/GPU"),
+    "stage_memory": (
+        [
+            "--layers",
+            "2",
+            "--hidden",
+            "64",
+            "--heads",
+            "4",
+            "--seq",
+            "32",
+            "--vocab",
+            "256",
+            "--stage-layers",
+            "1",
+        ],
+        "build added",
+    ),
+    "trainer_microbatches": (["--smoke"], "bubble share (stage 0)"),
+    "trainer_overhead": (["--smoke"], "engine/plain"),
+    "trainer_overlap": (["--smoke"], "step time overlapped/synchronous"),
+    "trainer_recompute": (["--smoke"], "same final loss on and off"),
+    "trainer_tensor_parallel": (["--smoke"], "TP=2 + sequence parallel"),
+}
+ROOT = {"fabric_emulation", "fabric_netns"}  # test_fabric_* below
+CLUSTER = {"operator_apply", "shared_queue"}  # test_operator_apply, test_shared_queue below
+
+
+@pytest.mark.parametrize("script", sorted(PURE))
+def test_small_mode_runs_to_its_table(script):
+    args, expect = PURE[script]
+    p = run_bench(script, *args)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert expect in p.stdout, p.stdout
+
+
+@pytest.fixture
+def fabric():
+    """bench/fabric_netns, where this machine can build the emulated fabric (root, iproute2, veth,
+    bridge, tbf); the probe waits for a fabric already running (a measurement) to finish."""
+    import fabric_netns
+
+    if os.geteuid() != 0:
+        pytest.skip("root: network namespaces and tc need root")
+    with fabric_netns.exclusive():
+        problems = fabric_netns.missing_prerequisites()
+    if problems:
+        pytest.skip("; ".join(problems))
+    return fabric_netns
+
+
+def test_fabric_netns_shapes_the_trunk_and_leaves_nothing_behind(fabric):
+    fab = fabric
+    spec = fab.two_islands(per_island=2, fast_mbit=2000, cross_mbit=200)
+    with fab.exclusive():
+        fab.destroy(spec)
+        try:
+            fab.build(spec)
+            a1, b1 = (next(n for n in spec.nodes if n.island == i) for i in "ab")
+            a2 = next(n for n in spec.nodes if n.island == "a" and n is not a1)
+            cross = fab.measure_mbit(a1, b1, megabytes=4)
+            intra = fab.measure_mbit(a1, a2, megabytes=16)
+        finally:
+            fab.destroy(spec)
+        assert not set(spec.namespaces) & fab.existing_namespaces()
+    assert 0 < cross <= 200 * 1.1, cross  # the tbf on the trunk holds
+    assert intra > 2 * cross, (intra, cross)  # traffic inside an island does not cross it
+
+
+def test_fabric_emulation_small_mode_trains_the_holmes_layout_in_namespaces(fabric):
+    p = run_bench("fabric_emulation", "--smoke", timeout=400)
+    out = p.stdout + p.stderr[-3000:]
+    assert p.returncode == 0, out
+    row = re.search(r"^\s*holmes\s+no\s+2/2\s+([0-9.]+)\s", p.stdout, re.M)
+    assert row and float(row.group(1)) > 0, out  # DP inside the islands, a measured step time
+
+
+@pytest.mark.timeout(600)
+def test_operator_apply_small_mode(cluster):
+    p = run_bench(
+        "operator_apply", "--sizes", "8", "--repeats", "1", env={"HOLMES_KUBECONFIG": cluster.kubeconfig}
+    )
+    out = p.stdout + p.stderr[-3000:]
+    assert p.returncode == 0, out
+    assert re.search(r"^\s+8\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+", p.stdout, re.M), out
+
+
+@pytest.mark.timeout(600)
+def test_shared_queue_small_mode_never_holds_a_gpu_twice(cluster):
+    p = run_bench(
+        "shared_queue",
+        "--jobs",
+        "3",
+        "--scale",
+        "0.1",
+        env={"HOLMES_KUBECONFIG": cluster.kubeconfig},
+        timeout=500,
+    )
+    out = p.stdout + p.stderr[-3000:]
+    assert p.returncode in (0, 1), out  # 1: the makespan target, which 2-4 s jobs cannot meet
+    row = re.search(r"^\s+3\s+6\s+\d+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+(\d+)\s+(\d+)\s", p.stdout, re.M)
+    assert row, out
+    assert int(row.group(1)) <= 2 and int(row.group(2)) == 0, out  # max GPUs per node, oversubscribed
+    assert p.stdout.rstrip().endswith("met") or "failed [], unfinished []" in out, out
+
+
+def test_every_bench_script_has_a_small_mode_test():
+    scripts = {p.stem for p in BENCH.glob("*.py")} - LIBRARIES
+    covered = set(PURE) | ROOT | CLUSTER | set(OWN_TESTS)
+    assert scripts <= covered, f"bench scripts without a small-mode test: {sorted(scripts - covered)}"
+    assert covered <= scripts, f"listed here but gone from bench/: {sorted(covered - scripts)}"
+    for script, test in OWN_TESTS.items():
+        assert re.search(rf'run_bench\(\s*"{script}"', (REPO / test).read_text()), (script, test)
