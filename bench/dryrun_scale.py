@@ -23,12 +23,13 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))  # holmes_dev: the shared helpers
+from holmes_dev.jobs import holmes_job  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-SMALL_JOB = {
-    "apiVersion": "holmes.dev/v1alpha1",
-    "kind": "HolmesJob",
-    "metadata": {"name": "small"},
-    "spec": {
+SMALL_JOB = holmes_job(
+    "small",
+    {
         "model": {"layers": 4, "hiddenSize": 256, "attentionHeads": 4, "seqLength": 128, "vocabSize": 1024},
         "training": {
             "globalBatchSize": 32,
@@ -40,7 +41,7 @@ SMALL_JOB = {
         "parallelism": {"tensor": 1, "pipeline": 2, "data": 2},
         "nodes": {"count": 4, "gpusPerNode": 1},
     },
-}
+)
 
 
 def plan(job: Path, nodes: Path) -> dict:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import yaml
+from holmes_dev.jobs import holmes_job
 
 from holmes.contract import Layout
 from localkube.operatorproc import OperatorProcess, install_crd
@@ -19,35 +20,31 @@ LINK_LAYER = {"infiniband": "InfiniBand", "roce": "Ethernet"}
 
 
 def framework_job(name: str, ns: str, framework: str, program: str, gpus: int, **parallelism) -> dict:
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "framework": framework,
-            "model": {"layers": 8, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
-            "training": {
-                "globalBatchSize": 12 * gpus,
-                "microBatchSize": 1,
-                "iterations": 1,
-                "learningRate": 1.0e-3,
-            },
-            "nodes": {"count": 6, "gpusPerNode": gpus, "clusterLabel": "kubernetes.io/os"},
-            "parallelism": {"pipeline": 3, **parallelism},
-            "runPolicy": {"backoffLimit": 0},
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": f"registry.example/{framework}:test",
-                            "command": [sys.executable, str(PROGRAMS / program)],
-                        }
-                    ]
-                }
-            },
+    spec = {
+        "framework": framework,
+        "model": {"layers": 8, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
+        "training": {
+            "globalBatchSize": 12 * gpus,
+            "microBatchSize": 1,
+            "iterations": 1,
+            "learningRate": 1.0e-3,
+        },
+        "nodes": {"count": 6, "gpusPerNode": gpus, "clusterLabel": "kubernetes.io/os"},
+        "parallelism": {"pipeline": 3, **parallelism},
+        "runPolicy": {"backoffLimit": 0},
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": f"registry.example/{framework}:test",
+                        "command": [sys.executable, str(PROGRAMS / program)],
+                    }
+                ]
+            }
         },
     }
+    return holmes_job(name, spec, ns)
 
 
 def run_job(cluster, namespace: str, tmp_path: Path, manifest: dict, timeout: float = 420):

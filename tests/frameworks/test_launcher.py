@@ -3,12 +3,12 @@ torchrun of a copied launcher (as the init container writes it) whose workers ge
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from holmes_dev.ports import free_port
 
 from holmes.launch import __main__ as launcher
 from holmes.launch.install import install
@@ -81,12 +81,6 @@ print(json.dumps({"rank": dist.get_rank(), "nccl_net": os.environ.get("NCCL_NET"
                   "gloo_if": os.environ.get("GLOO_SOCKET_IFNAME")}), flush=True)
 dist.destroy_process_group()
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow  # torchrun and two workers

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from holmes_dev.jobs import holmes_job
 
 from holmes.trainer.config import TrainConfig
 from localkube.operatorproc import OperatorProcess, install_crd
@@ -27,52 +28,48 @@ SLOW_NODE = "roce-0"
 
 
 def manifest(ns: str, shared: Path) -> dict:
-    return {
-        "apiVersion": "holmes.dev/v1alpha1",
-        "kind": "HolmesJob",
-        "metadata": {"name": "adapt", "namespace": ns},
-        "spec": {
-            "model": {"layers": 6, "hiddenSize": 32, "attentionHeads": 4, "seqLength": 16, "vocabSize": 64},
-            "training": {
-                "globalBatchSize": 2,  # two micro-batches of one: the least 1F1B over two stages takes
-                "microBatchSize": 1,
-                "iterations": ITERATIONS,
-                "learningRate": 1.0e-3,
-                "activationRecompute": False,
-                "data": {"synthetic": {}},
-                "checkpoint": {"path": "/ckpt", "intervalIterations": 1000},  # only the stop's own
-            },
-            "parallelism": {"pipeline": 2},  # replan: on by default (partition adaptive)
-            "nodes": {
-                "count": 2,
-                "gpusPerNode": 1,
-                "selector": {
-                    "matchExpressions": [
-                        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["ib-0", SLOW_NODE]}
-                    ]
-                },
-            },
-            "runPolicy": {"backoffLimit": 0},
-            "template": {
-                "spec": {
-                    "terminationGracePeriodSeconds": 30,
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "args": ["--metrics-file", "/ckpt/metrics.jsonl"],
-                            "env": [
-                                {"name": "PYTHONPATH", "value": str(SLOWDOWN)},
-                                {"name": "HOLMES_TEST_SLOW_NODES", "value": SLOW_NODE},
-                                {"name": "HOLMES_TEST_SLOW_SECONDS", "value": "0.3"},
-                            ],
-                            "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
-                        }
-                    ],
-                    "volumes": [{"name": "ckpt", "hostPath": {"path": str(shared)}}],
-                }
+    spec = {
+        "model": {"layers": 6, "hiddenSize": 32, "attentionHeads": 4, "seqLength": 16, "vocabSize": 64},
+        "training": {
+            "globalBatchSize": 2,  # two micro-batches of one: the least 1F1B over two stages takes
+            "microBatchSize": 1,
+            "iterations": ITERATIONS,
+            "learningRate": 1.0e-3,
+            "activationRecompute": False,
+            "data": {"synthetic": {}},
+            "checkpoint": {"path": "/ckpt", "intervalIterations": 1000},  # only the stop's own
+        },
+        "parallelism": {"pipeline": 2},  # replan: on by default (partition adaptive)
+        "nodes": {
+            "count": 2,
+            "gpusPerNode": 1,
+            "selector": {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": ["ib-0", SLOW_NODE]}
+                ]
             },
         },
+        "runPolicy": {"backoffLimit": 0},
+        "template": {
+            "spec": {
+                "terminationGracePeriodSeconds": 30,
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "args": ["--metrics-file", "/ckpt/metrics.jsonl"],
+                        "env": [
+                            {"name": "PYTHONPATH", "value": str(SLOWDOWN)},
+                            {"name": "HOLMES_TEST_SLOW_NODES", "value": SLOW_NODE},
+                            {"name": "HOLMES_TEST_SLOW_SECONDS", "value": "0.3"},
+                        ],
+                        "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
+                    }
+                ],
+                "volumes": [{"name": "ckpt", "hostPath": {"path": str(shared)}}],
+            }
+        },
     }
+    return holmes_job("adapt", spec, ns)
 
 
 def test_a_slow_island_is_replanned_once_and_the_loss_follows_the_reference(cluster, namespace, tmp_path):
