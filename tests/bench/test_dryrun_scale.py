@@ -2,21 +2,13 @@
 the planner-vs-dry-run table; every check passes."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "dryrun_scale.py"
+from tests.bench.bench_run import run_bench
 
 
 def test_small_mode_plans_dry_runs_and_reports(tmp_path):
     out = tmp_path / "dry.json"
-    p = subprocess.run(
-        [sys.executable, str(BENCH), "--small", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    p = run_bench("dryrun_scale", "--small", "--out", str(out), timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     assert "planner GiB" in p.stdout and "sequences match: True" in p.stdout
     rec = json.loads(out.read_text())["small"]
