@@ -77,8 +77,9 @@ import json, os
 import torch.distributed as dist
 dist.init_process_group("gloo")
 dist.new_group([0, 1])
-print(json.dumps({"rank": dist.get_rank(), "nccl_net": os.environ.get("NCCL_NET"),
-                  "gloo_if": os.environ.get("GLOO_SOCKET_IFNAME")}), flush=True)
+# one write per line: the two workers share the pod's stdout (print writes text and newline apart)
+os.write(1, (json.dumps({"rank": dist.get_rank(), "nccl_net": os.environ.get("NCCL_NET"),
+                         "gloo_if": os.environ.get("GLOO_SOCKET_IFNAME")}) + "\\n").encode())
 dist.destroy_process_group()
 """
 
