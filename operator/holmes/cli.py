@@ -124,16 +124,7 @@ def plan_command(args: argparse.Namespace) -> int:
         print()
         print("Megatron default (nodes in name order, equal layers, same degrees)")
         print(explain(base))
-        he, be = holmes.estimate, base.estimate
-        print()
-        print(f"{'':24}{'Holmes':>12}{'Megatron':>12}{'ratio':>8}")
-        for key, label in (
-            ("iterationSeconds", "iteration seconds"),
-            ("tokensPerSecond", "tokens/s"),
-            ("tflopsPerGpu", "TFLOPS/GPU"),
-        ):
-            r = he[key] / be[key]
-            print(f"{label:24}{he[key]:>12.4g}{be[key]:>12.4g}{r:>8.3f}")
+        print_estimates(holmes.estimate, base.estimate, "Holmes", "Megatron")
         print(f"Holmes is {ratio:.3f}x the Megatron-default speed (estimated)")
     return 0
 
@@ -189,21 +180,25 @@ def single_type(nodes, job, config, holmes):
     return real, real.estimate["iterationSeconds"] / holmes.estimate["iterationSeconds"]
 
 
+def print_estimates(a: dict, b: dict, a_name: str, b_name: str) -> None:
+    """Two layouts' estimates side by side, with a's over b's."""
+    print()
+    print(f"{'':24}{a_name:>12}{b_name:>12}{'ratio':>8}")
+    for key, label in (
+        ("iterationSeconds", "iteration seconds"),
+        ("tokensPerSecond", "tokens/s"),
+        ("tflopsPerGpu", "TFLOPS/GPU"),
+    ):
+        print(f"{label:24}{a[key]:>12.4g}{b[key]:>12.4g}{a[key] / b[key]:>8.3f}")
+
+
 def print_single_type(holmes, single, ratio: float) -> None:
     from holmes.plan import explain
 
     print()
     print("Single-type plan (every GPU priced as gpuPeakTflops), estimated on the real GPUs")
     print(explain(single))
-    he, se = holmes.estimate, single.estimate
-    print()
-    print(f"{'':24}{'GPU-aware':>12}{'single-type':>12}{'ratio':>8}")
-    for key, label in (
-        ("iterationSeconds", "iteration seconds"),
-        ("tokensPerSecond", "tokens/s"),
-        ("tflopsPerGpu", "TFLOPS/GPU"),
-    ):
-        print(f"{label:24}{he[key]:>12.4g}{se[key]:>12.4g}{he[key] / se[key]:>8.3f}")
+    print_estimates(holmes.estimate, single.estimate, "GPU-aware", "single-type")
     print(f"the GPU-aware plan is {ratio:.3f}x the single-type plan's speed (estimated)")
 
 
