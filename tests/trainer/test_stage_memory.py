@@ -7,11 +7,14 @@ from stage_memory import measure
 pytestmark = pytest.mark.slow  # builds models of ~80M parameters in fresh processes
 
 
-def test_building_a_stage_adds_at_most_1_25x_its_fp32_parameter_bytes():
-    # the first stage of a small GPT: embedding (the largest parameter) + 4 of 8 layers, ~80M params
+def test_building_a_stage_adds_at_most_1_3x_its_fp32_parameter_bytes():
+    # the first stage of a small GPT: embedding (the largest parameter) + 4 of 8 layers, ~80M params.
+    # Peak RSS moves by about 1% between runs of the same code (1.23-1.25x measured on 2026-11-24,
+    # once 1.252x in a full suite run): the bound is above that noise and far below a second copy
+    # of the stage (2x), which is what this test is for.
     r = measure(layers=8, hidden=1024, heads=16, seq=512, vocab=32000, stage_layers=4, first=True)
     assert r["params"] > 50_000_000
-    assert r["ratio"] <= 1.25, r
+    assert r["ratio"] <= 1.3, r
 
 
 def test_tensor_parallelism_2_halves_a_ranks_parameter_memory():
