@@ -12,15 +12,22 @@ from tests.frameworks.cluster_jobs import framework_job, island_net, json_lines,
 pytestmark = pytest.mark.timeout(480)
 
 
-def test_torchtitan_mesh_on_the_plan(one_site, namespace, tmp_path):
-    cluster = one_site
-    job = framework_job("tt", namespace, "torchtitan", "torchtitan_mesh.py", gpus=1)
+def run_framework(cluster, namespace, tmp_path, name: str, framework: str, program: str):
+    """Run the job; (seconds, Layout, node -> NIC, rank -> the program's report, ranks -> the
+    hook's group line, layers per stage), every rank having reported."""
+    job = framework_job(name, namespace, framework, program, gpus=1)
     _, seconds, layout, logs = run_job(cluster, namespace, tmp_path, job)
     nic = {n.name: n.nic for n in cluster.topology.nodes}
-    ranks = {m["rank"]: m for text in logs.values() for m in json_lines(text, "torchtitan")}
+    ranks = {m["rank"]: m for text in logs.values() for m in json_lines(text, framework)}
     groups = {tuple(g["ranks"]): g for text in logs.values() for g in json_lines(text, "holmesGroup")}
     assert sorted(ranks) == list(range(layout.world_size))
-    counts = [s.num_layers for s in layout.stages]
+    return seconds, layout, nic, ranks, groups, [s.num_layers for s in layout.stages]
+
+
+def test_torchtitan_mesh_on_the_plan(one_site, namespace, tmp_path):
+    seconds, layout, nic, ranks, groups, counts = run_framework(
+        one_site, namespace, tmp_path, "tt", "torchtitan", "torchtitan_mesh.py"
+    )
     for r, m in ranks.items():
         mine = layout.groups_of(r)
         assert tuple(m["groups"]["pp"]) == mine["pp"].ranks
@@ -32,14 +39,9 @@ def test_torchtitan_mesh_on_the_plan(one_site, namespace, tmp_path):
 
 
 def test_deepspeed_pipeline_on_the_plan(one_site, namespace, tmp_path):
-    cluster = one_site
-    job = framework_job("ds", namespace, "deepspeed", "deepspeed_pipeline.py", gpus=1)
-    _, seconds, layout, logs = run_job(cluster, namespace, tmp_path, job)
-    nic = {n.name: n.nic for n in cluster.topology.nodes}
-    ranks = {m["rank"]: m for text in logs.values() for m in json_lines(text, "deepspeed")}
-    groups = {tuple(g["ranks"]): g for text in logs.values() for g in json_lines(text, "holmesGroup")}
-    assert sorted(ranks) == list(range(layout.world_size))
-    counts = [s.num_layers for s in layout.stages]
+    seconds, layout, nic, ranks, groups, counts = run_framework(
+        one_site, namespace, tmp_path, "ds", "deepspeed", "deepspeed_pipeline.py"
+    )
     for r, m in ranks.items():
         assert m["patched"] and m["stage"] == layout.rank_info(r).stage
         assert m["blocks"] == counts[m["stage"]]  # DeepSpeed built exactly the planner's layers here
