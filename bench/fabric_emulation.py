@@ -160,9 +160,12 @@ def launch_commands(
     layout_file: str,
     metrics: str,
     python: str = sys.executable,
+    launcher: str = "torch.distributed.run",
 ) -> list[tuple[str, list[str]]]:
     """One torchrun per node in its namespace; node rank i = layout.nodes[i] (torchrun's numbering,
-    the Layout contract's); rank 0's node hosts the rendezvous and is MASTER_ADDR by name."""
+    the Layout contract's); rank 0's node hosts the rendezvous and is MASTER_ADDR by name.
+    ``launcher``: ``holmes.trainer.run`` for a gang stopped the way a pod is (SIGTERM: the
+    workers checkpoint and exit 83), plain torchrun otherwise."""
     out = []
     for rank, name in enumerate(layout.nodes):
         node = spec.node(name)
@@ -176,7 +179,7 @@ def launch_commands(
                     node.netns,
                     python,
                     "-m",
-                    "torch.distributed.run",
+                    launcher,
                     f"--nnodes={len(layout.nodes)}",
                     f"--nproc-per-node={layout.gpus_per_node}",
                     f"--node-rank={rank}",
@@ -316,6 +319,41 @@ class Case:
         return summarize_run(self.iterations) if self.iterations and not self.error else None
 
 
+def trainer_env(timeout: float, bucket_elements: int, logdir: str, extra: dict[str, str]) -> dict[str, str]:
+    """The trainers' environment: one thread, gloo over the namespace's eth0, the bench's limits."""
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "HOLMES_BACKEND": "gloo",
+        "HOLMES_TIMEOUT_SECONDS": str(timeout),
+        "HOLMES_BUCKET_ELEMENTS": str(bucket_elements),
+        "HOLMES_TERMINATION_LOG": os.path.join(logdir, "termination-log"),
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
+
+
+def start_gang(
+    commands: list[tuple[str, list[str]]],
+    env: dict[str, str],
+    logdir: str,
+    cwd: str,
+    wrap=lambda rank, cmd: cmd,
+) -> list[tuple[str, subprocess.Popen, Any]]:
+    """Start every node's command (``wrap``ped: pinning, a CPU budget), its output in
+    ``logdir/<node>.log``; each process is in LIVE until the caller stops it (kill_tree)."""
+    gang = []
+    for rank, (name, cmd) in enumerate(commands):
+        log = open(os.path.join(logdir, f"{name}.log"), "w")
+        p = subprocess.Popen(
+            wrap(rank, cmd), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+        )
+        gang.append((name, p, log))
+        LIVE.append(p)
+    return gang
+
+
 def run_case(
     case: Case, spec: fab.FabricSpec, job: dict, a: argparse.Namespace, workdir: str, round_: int = 0
 ) -> list[dict[str, Any]]:
@@ -328,31 +366,21 @@ def run_case(
         yaml.safe_dump(job, f)
     with open(lay_file, "w") as f:
         f.write(case.layout.to_json())
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "GLOO_SOCKET_IFNAME": "eth0",
-        "HOLMES_BACKEND": "gloo",
-        "HOLMES_TIMEOUT_SECONDS": str(a.timeout),
-        "HOLMES_BUCKET_ELEMENTS": str(a.bucket_elements),
-        "HOLMES_TERMINATION_LOG": os.path.join(d, "termination-log"),
-        "PYTHONUNBUFFERED": "1",
-        **case.env,
-    }
+    env = trainer_env(a.timeout, a.bucket_elements, d, case.env)
     procs, logs = [], []
     t0, busy0, own0 = time.time(), machine_busy_seconds(), own_cpu_seconds()
     try:
         cores = sorted(os.sched_getaffinity(0))
-        for rank, (name, cmd) in enumerate(launch_commands(case.layout, spec, job_file, lay_file, metrics)):
-            log = open(os.path.join(d, f"{name}.log"), "w")
-            logs.append((name, log))
-            if a.pin:  # taskset, not preexec_fn: this process has torch's threads by now
-                cmd = ["taskset", "-c", str(core_of(case.layout, rank, cores))] + cmd
-            p = subprocess.Popen(
-                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True
-            )
-            procs.append(p)
-            LIVE.append(p)
+
+        def pin(rank: int, cmd: list[str]) -> list[str]:
+            # taskset, not preexec_fn: this process has torch's threads by now
+            return ["taskset", "-c", str(core_of(case.layout, rank, cores))] + cmd if a.pin else cmd
+
+        gang = start_gang(
+            launch_commands(case.layout, spec, job_file, lay_file, metrics), env, d, workdir, pin
+        )
+        logs = [(name, log) for name, _, log in gang]
+        procs = [p for _, p, _ in gang]
         deadline = time.time() + a.timeout
         while any(p.poll() is None for p in procs):
             if time.time() > deadline:
