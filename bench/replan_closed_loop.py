@@ -9,7 +9,9 @@ Fabric: bench/fabric_netns.py, two islands of --per-island nodes (A "InfiniBand"
 tbf-shaped trunk between them; one trainer process per node under holmes.trainer.run (the pod's
 launcher: SIGTERM makes the workers checkpoint and exit 83), gloo. Compute: each island's
 processes run in a CPU cgroup of their own (bench/cpu_limit.py), --fast-cores per process on A,
---slow-cores on B: the kernel throttles them, nothing is faked. The cost model prices every node
+--slow-cores on B: the kernel throttles them, nothing is faked. The budgets hold from rank 0's
+``start`` line on (a slower GPU slows training, not the host's imports and start-up; throttled
+start-ups would only lengthen the run). The cost model prices every node
 the same (the trainer's transformer block timed on one thread, times the mean budget), so the
 first plan splits the layers as if the islands were equal.
 
@@ -200,6 +202,7 @@ class Gang:
     procs: list = field(default_factory=list)  # (node, Popen, log)
     seen: dict[int, float] = field(default_factory=dict)  # iteration -> when the bench saw its line
     started: float = 0.0
+    limited: bool = False  # the islands' CPU budgets enforced (from rank 0's start line on)
 
     @property
     def metrics(self) -> str:
@@ -237,6 +240,7 @@ class Bench:
         with open(lay_file, "w") as f:
             f.write(layout.to_json())
         gang = Gang(layout, d, started=time.time())
+        self.limits.enforce(False)
         env = fe.trainer_env(
             self.a.timeout, self.a.bucket_elements, d, {"HOLMES_GRACE_SECONDS": str(GRACE_SECONDS)}
         )
@@ -276,6 +280,9 @@ class Bench:
                 time.sleep(2)  # the others report why, then stop
                 break
             recs = gang.records()
+            if not gang.limited and any(r.get("holmes") == "start" for r in recs):
+                self.limits.enforce(True)
+                gang.limited = True
             why = step(recs) if step else None
             if why:
                 return why
@@ -466,6 +473,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     budget = {"a": a.fast_cores * a.per_island, "b": a.slow_cores * a.per_island}
+    try:
+        for cores in budget.values():
+            cpu_limit.quota_files(1, cores)
+    except ValueError as e:
+        print(f"replan_closed_loop: --fast-cores / --slow-cores: {e}", file=sys.stderr)
+        return 2
     ncores = len(os.sched_getaffinity(0))
     if sum(budget.values()) > ncores:
         print(

@@ -14,7 +14,7 @@ import pytest
 from tests.bench.bench_run import BENCH, run_bench
 from tests.conftest import REPO
 
-LIBRARIES = {"trainer_common"}  # imported by the scripts, run through them
+LIBRARIES = {"trainer_common", "cpu_limit"}  # imported by the scripts, run through them
 OWN_TESTS = {  # script -> the test that runs its small mode
     "dryrun_scale": "tests/bench/test_dryrun_scale.py",
     "fault_soak": "tests/bench/test_fault_soak.py",
@@ -49,7 +49,7 @@ PURE = {
     "trainer_recompute": (["--smoke"], "same final loss on and off"),
     "trainer_tensor_parallel": (["--smoke"], "TP=2 + sequence parallel"),
 }
-ROOT = {"fabric_emulation", "fabric_netns"}  # test_fabric_* below
+ROOT = {"fabric_emulation", "fabric_netns", "replan_closed_loop"}  # test_fabric_*, test_replan_* below
 CLUSTER = {"operator_apply", "shared_queue"}  # test_operator_apply, test_shared_queue below
 
 
@@ -100,6 +100,19 @@ def test_fabric_emulation_small_mode_trains_the_holmes_layout_in_namespaces(fabr
     assert p.returncode == 0, out
     row = re.search(r"^\s*holmes\s+no\s+2/2\s+([0-9.]+)\s", p.stdout, re.M)
     assert row and float(row.group(1)) > 0, out  # DP inside the islands, a measured step time
+
+
+def test_replan_closed_loop_small_mode_replans_a_slowed_island_once(fabric):
+    """Island B's process at a quarter of island A's CPU budget: the operator's re-plan step,
+    fed the trainer's own measurements, moves layers off B and relaunches from a checkpoint."""
+    p = run_bench("replan_closed_loop", "--smoke", timeout=400)
+    out = p.stdout + p.stderr[-3000:]
+    assert p.returncode == 0, out
+    on = re.search(r"^\s*on\s+(\S+) -> (\S+)\s+1\s", p.stdout, re.M)  # e.g. 3A/3B -> 5A/1B, 1 re-plan
+    assert on, out
+    on_a = [sum(int(s[:-1]) for s in split.split("/") if s.endswith("A")) for split in on.groups()]
+    assert on_a[1] > on_a[0], out  # more layers on the faster island
+    assert re.search(r"relaunched from the checkpoint of iteration \d+", p.stdout), out
 
 
 @pytest.mark.timeout(600)
