@@ -61,7 +61,7 @@ from holmes.plan.planner import PlanError, as_job, to_layout  # noqa: E402
 
 LAUNCHER = "holmes.trainer.run"
 GRACE_SECONDS = 60  # the pods' grace period: time for the stopping trainers' checkpoint
-POLL_SECONDS = 0.25
+POLL_SECONDS = 0.1
 
 
 # ---- pure: the job, the candidates, what the operator would read ------------------------------
@@ -164,9 +164,14 @@ def progress_of(records: list[dict]) -> dict[str, Any]:
     return out
 
 
-def steady(records: list[dict], warmup: int) -> list[dict]:
-    """A start's iteration lines after its first ``warmup``."""
-    return [r for r in records if r.get("holmes") == "iteration"][warmup:]
+def steady(records: list[dict], warmup: int, seen: dict[int, float], limited_at: float | None) -> list[dict]:
+    """A start's iteration lines after its first ``warmup``, of iterations that ran wholly under
+    the CPU budgets: the one before was seen after they were enforced (``seen``: when the bench
+    saw each iteration's line; an iteration starts when the one before it ends)."""
+    its = [r for r in records if r.get("holmes") == "iteration"][warmup:]
+    if limited_at is None:
+        return []
+    return [r for r in its if seen.get(int(r["iteration"]) - 1, 0.0) > limited_at]
 
 
 # ---- I/O: gangs -----------------------------------------------------------------------------------
@@ -202,7 +207,7 @@ class Gang:
     procs: list = field(default_factory=list)  # (node, Popen, log)
     seen: dict[int, float] = field(default_factory=dict)  # iteration -> when the bench saw its line
     started: float = 0.0
-    limited: bool = False  # the islands' CPU budgets enforced (from rank 0's start line on)
+    limited_at: float | None = None  # when the islands' CPU budgets were enforced (at rank 0's start line)
 
     @property
     def metrics(self) -> str:
@@ -221,6 +226,14 @@ class Gang:
 
     def failed(self) -> list[tuple[str, int]]:
         return [(n, p.returncode) for n, p, _ in self.procs if p.poll() is not None and p.returncode]
+
+
+def too_short(gang: Gang, warmup: int) -> str:
+    return (
+        f"{gang.dir}: no iteration after the {warmup} warm-up ones ran wholly under the CPU budgets "
+        "(they hold from rank 0's start line on, seen within a poll): run more iterations "
+        "(--iterations, --probe-iters) or a bigger model"
+    )
 
 
 class Bench:
@@ -280,9 +293,9 @@ class Bench:
                 time.sleep(2)  # the others report why, then stop
                 break
             recs = gang.records()
-            if not gang.limited and any(r.get("holmes") == "start" for r in recs):
+            if gang.limited_at is None and any(r.get("holmes") == "start" for r in recs):
                 self.limits.enforce(True)
-                gang.limited = True
+                gang.limited_at = time.time()
             why = step(recs) if step else None
             if why:
                 return why
@@ -300,44 +313,84 @@ class Bench:
 
 @dataclass
 class Result:
+    """One case, pooled over rounds."""
+
     name: str
-    layouts: list[str]
-    tokens_per_s: float
-    s_per_iter: float
-    wall: float
-    replans: int = 0
-    detail: dict[str, Any] = field(default_factory=dict)
+    layouts: list[str] = field(default_factory=list)  # per round: what it ran, "4A/4B -> 2B/6A"
+    its: list[dict] = field(default_factory=list)  # measured iteration lines of the layout it ended in
+    walls: list[float] = field(default_factory=list)
+    replans: list[int] = field(default_factory=list)
+    other: list[float] = field(default_factory=list)  # per round: cores other work used meanwhile
+    details: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return statistics.median(r["tokensPerSecond"] for r in self.its)
+
+    @property
+    def s_per_iter(self) -> float:
+        return statistics.median(r["iterationSeconds"] for r in self.its)
 
 
-def fixed_run(b: Bench, layout: Layout, job: dict, name: str, tag: str) -> Result:
-    """The job in one layout, start to end, re-planning off."""
+class OtherLoad:
+    """The CPU other work on the machine used while a block ran, in cores (fabric_emulation's
+    measure: the machine's busy time minus this process tree's)."""
+
+    def __enter__(self) -> OtherLoad:
+        self.t, self.busy, self.own = time.time(), fe.machine_busy_seconds(), fe.own_cpu_seconds()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy = fe.machine_busy_seconds() - self.busy - (fe.own_cpu_seconds() - self.own)
+        self.cores = max(0.0, busy) / max(time.time() - self.t, 1e-9)
+
+
+def fixed_run(b: Bench, layout: Layout, job: dict, into: Result, tag: str) -> Result:
+    """The job in one layout, start to end, re-planning off; its measurements added to ``into``."""
     t = time.time()
-    gang = b.start(layout, job, tag)
-    try:
-        b.wait(gang)
-    finally:
-        b.stop(gang, graceful=False)
-    its = steady(gang.records(), b.a.warmup)
+    with OtherLoad() as load:
+        gang = b.start(layout, job, tag)
+        try:
+            b.wait(gang)
+        finally:
+            b.stop(gang, graceful=False)
+    its = steady(gang.records(), b.a.warmup, gang.seen, gang.limited_at)
     if not its:
-        raise RuntimeError(f"{gang.dir}: no iteration after the {b.a.warmup} warm-up ones")
-    return Result(
-        name,
-        [split_name(layout, b.spec)],
-        statistics.median(r["tokensPerSecond"] for r in its),
-        statistics.median(r["iterationSeconds"] for r in its),
-        time.time() - t,
-    )
+        raise RuntimeError(too_short(gang, b.a.warmup))
+    into.layouts.append(split_name(layout, b.spec))
+    into.its += its
+    into.walls.append(time.time() - t)
+    into.replans.append(0)
+    into.other.append(load.cores)
+    return into
 
 
 def closed_loop(
-    b: Bench, first: Layout, job: dict, nodes: list, config: CostModelConfig, log=print
+    b: Bench, first: Layout, job: dict, nodes: list, config: CostModelConfig, into: Result, log=print
 ) -> Result:
     """The job with re-planning on, the operator's decisions taken by core/replan (see the
-    module docstring); every start of the gang is a ``Gang``."""
+    module docstring); every start of the gang is a ``Gang``. Measurements added to ``into``."""
+    with OtherLoad() as load:
+        t0 = time.time()
+        gangs, adaptation, detail = _closed_loop(b, first, job, nodes, config, log)
+    last = gangs[-1]
+    its = steady(last.records(), b.a.warmup, last.seen, last.limited_at)
+    if not its:
+        raise RuntimeError(too_short(last, b.a.warmup))
+    into.layouts.append(" -> ".join(split_name(g.layout, b.spec) for g in gangs))
+    into.its += its
+    into.walls.append(time.time() - t0)
+    into.replans.append(int(adaptation.get("replans") or 0))
+    into.other.append(load.cores)
+    into.details.append(detail)
+    return into
+
+
+def _closed_loop(b: Bench, first: Layout, job: dict, nodes: list, config: CostModelConfig, log):
     spec = as_job(job)
     plan_fn = lambda ns, j: plan(ns, j, config=config)  # noqa: E731
     calibrated = lambda ns, j, lay, m: assess(ns, j, lay, m, config)  # noqa: E731
-    t0, adaptation, layout = time.time(), {}, first
+    adaptation, layout = {}, first
     gangs, decisions = [], []
     while True:
         gang = b.start(layout, job, f"on-{len(gangs)}")
@@ -370,10 +423,10 @@ def closed_loop(
         log(f"  relaunch ({why}): {split_name(gang.layout, b.spec)} -> {split_name(layout, b.spec)}")
     last = gangs[-1]
     recs = last.records()
-    its = steady(recs, b.a.warmup)
+    its = steady(recs, b.a.warmup, last.seen, last.limited_at)
     if not its:
-        raise RuntimeError(f"{last.dir}: no iteration after the {b.a.warmup} warm-up ones")
-    detail: dict[str, Any] = {"decisions": decisions}
+        raise RuntimeError(too_short(last, b.a.warmup))
+    detail: dict[str, Any] = {"decisions": decisions, "replans": int(adaptation.get("replans") or 0)}
     resumed = [r for r in recs if r.get("holmes") == "resume"]
     if len(gangs) > 1 and resumed and last.seen:
         r_it = int(resumed[0]["iteration"])
@@ -388,15 +441,7 @@ def closed_loop(
             downtime=gap,
             downtime_iters=gap / s_new,
         )
-    return Result(
-        "on",
-        [split_name(g.layout, b.spec) for g in gangs],
-        statistics.median(r["tokensPerSecond"] for r in its),
-        statistics.median(r["iterationSeconds"] for r in its),
-        time.time() - t0,
-        replans=int(adaptation.get("replans") or 0),
-        detail=detail,
-    )
+    return gangs, adaptation, detail
 
 
 # ---- main -----------------------------------------------------------------------------------------
@@ -420,6 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="training.checkpoint.onPreemption false: a re-plan waits for the next periodic checkpoint",
     )
     ap.add_argument("--warmup", type=int, default=2, help="iterations of each start left out of tokens/s")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every case this many times, order reversed every other round; iterations pooled",
+    )
     ap.add_argument("--probe-iters", type=int, default=4, help="measured iterations per brute-force split")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=256)
@@ -465,9 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.smoke:
         vars(a).update(SMOKE)
-    if min(a.per_island - 1, a.iterations - a.warmup - 1, a.probe_iters - 1, a.checkpoint_interval - 1) < 0:
+    if min(a.per_island, a.probe_iters, a.checkpoint_interval, a.rounds, a.iterations - a.warmup) < 1:
         print(
-            "replan_closed_loop: --per-island, --probe-iters and --checkpoint-interval must be >= 1 and "
+            "replan_closed_loop: --per-island, --probe-iters, --checkpoint-interval, --rounds must be >= 1, "
             "--iterations more than --warmup",
             file=sys.stderr,
         )
@@ -524,10 +575,7 @@ def run(a: argparse.Namespace, spec: fab.FabricSpec, budget: dict[str, float]) -
         equal = statistics.mean([a.fast_cores, a.slow_cores])  # the one speed the model assumes
         config = fe.planner_config(gflops * equal / 1000, intra, cross / a.per_island)
         nodes = fe.node_dicts(spec, intra)
-        ckpt = os.path.join(workdir, "checkpoints")
-        job_off = job_manifest(a, os.path.join(workdir, "checkpoints-off"), a.iterations, replan_on=False)
-        job_on = job_manifest(a, ckpt, a.iterations, replan_on=True)
-        first = plan(nodes, job_on, config=config)
+        first = plan(nodes, job_manifest(a, "/checkpoints", a.iterations, replan_on=True), config=config)
         print(
             f"fabric: 2 islands x {a.per_island} node(s) (network namespaces), trunk {a.cross_mbit:g} Mbit/s "
             f"tbf (measured {cross * 1000:.0f}); CPU per process: island A {a.fast_cores:g} core, island B "
@@ -543,24 +591,31 @@ def run(a: argparse.Namespace, spec: fab.FabricSpec, budget: dict[str, float]) -
             f"x {equal:.2f}, the mean budget: equal speeds); first plan {split_name(first, spec)}; "
             f"load average {os.getloadavg()[0]:.1f}"
         )
-        print("off (re-planning disabled):", flush=True)
-        results.append(fixed_run(Bench(a, spec, limits, workdir), first, job_off, "off", "off"))
-        print(f"  {results[-1].tokens_per_s:.0f} tokens/s", flush=True)
-        print("on (re-planning, the operator's core/replan.step):", flush=True)
         b = Bench(a, spec, limits, workdir)
-        b.starts = 10
-        results.append(closed_loop(b, first, job_on, nodes, config))
-        print(f"  {results[-1].tokens_per_s:.0f} tokens/s", flush=True)
-        if not a.skip_brute_force:
-            job_probe = job_manifest(a, None, a.warmup + a.probe_iters, replan_on=False)
-            cands = candidates(nodes, as_job(job_probe), first, config)
-            print(f"brute force over {len(cands)} layouts:", flush=True)
-            bb = Bench(a, spec, limits, workdir)
-            bb.starts = 20
-            for c in cands:
-                r = fixed_run(bb, c, job_probe, "split", "probe")
-                brute.append(r)
-                print(f"  {r.layouts[0]:8} {r.tokens_per_s:8.0f} tokens/s", flush=True)
+        off, on = Result("off"), Result("on")
+        results = [off, on]
+        job_probe = job_manifest(a, None, a.warmup + a.probe_iters, replan_on=False)
+        cands = [] if a.skip_brute_force else candidates(nodes, as_job(job_probe), first, config)
+        brute = [Result("split") for _ in cands]
+        for r in range(a.rounds):
+            order = (lambda xs: xs) if r % 2 == 0 else (lambda xs: xs[::-1])  # spread drift evenly
+            for case in order(["off", "on", "brute"]):
+                ckpt = os.path.join(workdir, f"checkpoints-{case}-{r}")
+                if case == "off":
+                    job_off = job_manifest(a, ckpt, a.iterations, replan_on=False)
+                    fixed_run(b, first, job_off, off, "off")
+                    print(f"round {r + 1} off (re-planning disabled): {off.layouts[-1]}", flush=True)
+                elif case == "on":
+                    print(f"round {r + 1} on (the operator's core/replan.step):", flush=True)
+                    closed_loop(
+                        b, first, job_manifest(a, ckpt, a.iterations, replan_on=True), nodes, config, on
+                    )
+                    print(f"  {on.layouts[-1]}", flush=True)
+                else:
+                    for c, res in order(list(zip(cands, brute))):
+                        fixed_run(b, c, job_probe, res, "probe")
+                    if cands:
+                        print(f"round {r + 1} brute force over {len(cands)} layouts", flush=True)
         failed = False
     except KeyboardInterrupt:
         print("interrupted: stopping the trainers, removing the fabric and the CPU groups", file=sys.stderr)
@@ -586,32 +641,30 @@ def print_table(a: argparse.Namespace, results: list[Result], brute: list[Result
     from trainer_common import table
 
     best = max(brute, key=lambda r: r.tokens_per_s) if brute else None
-    rows = []
-    for r in results:
-        rows.append(
-            [
-                r.name,
-                " -> ".join(r.layouts),
-                r.replans,
-                r.s_per_iter,
-                r.tokens_per_s,
-                r.tokens_per_s / best.tokens_per_s if best else float("nan"),
-                r.wall,
-            ]
-        )
+
+    def row(r: Result, name: str, replans: str, wall: str) -> list:
+        ratio = r.tokens_per_s / best.tokens_per_s if best else float("nan")
+        layouts = "; ".join(dict.fromkeys(r.layouts))  # distinct, in order
+        other = f"{min(r.other):.2f}-{max(r.other):.2f}"
+        return [name, layouts, replans, r.s_per_iter, r.tokens_per_s, ratio, wall, other]
+
+    rows = [
+        row(r, r.name, ",".join(map(str, r.replans)), "/".join(f"{w:.0f}" for w in r.walls)) for r in results
+    ]
     if best:
-        rows.append(["brute-force best", best.layouts[0], "-", best.s_per_iter, best.tokens_per_s, 1.0, "-"])
+        rows.append(row(best, "brute-force best", "-", "-"))
     print()
     print(
         table(
             [
                 "case",
-                "layout (layers+island per stage)",
+                "layers+island per stage",
                 "re-plans",
                 "s/iter",
                 "tokens/s",
                 "of best",
                 "wall s",
+                "other load",
             ],
             rows,
         )
@@ -621,22 +674,29 @@ def print_table(a: argparse.Namespace, results: list[Result], brute: list[Result
         print("brute force, every split: " + ", ".join(f"{r.layouts[0]} {r.tokens_per_s:.0f}" for r in brute))
     on = next((r for r in results if r.name == "on"), None)
     off = next((r for r in results if r.name == "off"), None)
+    busiest = max((x for r in [*results, *brute] for x in r.other), default=0.0)
+    if busiest > 0.25:
+        print(
+            f"warning: other work used up to {busiest:.2f} cores while a case ran (column 'other load'): "
+            "those times are inflated, rerun on a quiet machine to compare"
+        )
     if on and off:
         print(
             f"re-planning on / off: {on.tokens_per_s / off.tokens_per_s:.2f}x tokens/s, "
-            f"{off.wall / on.wall:.2f}x wall time for {a.iterations} iterations"
+            f"{statistics.mean(off.walls) / statistics.mean(on.walls):.2f}x wall time for "
+            f"{a.iterations} iterations"
         )
-    d = on.detail if on else {}
-    if "resumed_from" in d:
-        print(
-            f"re-plan decided at iteration {d['decisions'][0]['iteration']}, relaunched from the "
-            f"checkpoint of iteration {d['resumed_from']}: in checkpoint interval {d['interval']} (every "
-            f"{a.checkpoint_interval} iterations); it cost {d['redone']} iteration(s) run again and "
-            f"{d['downtime']:.1f} s from SIGTERM to the new layout's first iteration "
-            f"(= {d['downtime_iters']:.1f} iterations of the new layout)"
-        )
-    elif on:
-        print("no re-plan happened (the measured speeds did not make another layout faster by the threshold)")
+    for i, d in enumerate(on.details if on else []):
+        if "resumed_from" in d:
+            print(
+                f"round {i + 1}: re-plan decided at iteration {d['decisions'][0]['iteration']}, "
+                f"relaunched from the checkpoint of iteration {d['resumed_from']}: in checkpoint "
+                f"interval {d['interval']} (every {a.checkpoint_interval} iterations); it cost "
+                f"{d['redone']} iteration(s) run again and {d['downtime']:.1f} s from SIGTERM to the new "
+                f"layout's first iteration (= {d['downtime_iters']:.1f} iterations of the new layout)"
+            )
+        else:
+            print(f"round {i + 1}: no re-plan (no layout estimated faster by the threshold)")
 
 
 if __name__ == "__main__":
