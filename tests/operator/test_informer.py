@@ -113,5 +113,12 @@ def test_informer_lists_then_watches_only_the_selected_objects(cluster, namespac
         assert store.get(namespace, "other") is None  # not selected: never sent by the server
         with lock:
             assert seen and set(seen) == {(namespace, "j")}
+        # an idle watch stops at once (the operator's shutdown waits for it on its event loop)
+        stopping = threading.Thread(target=inf.stop)
+        stopping.start()
+        stopping.join(2)
+        assert not stopping.is_alive(), "stop() waited for the idle watch"
+        inf._thread.join(2)
+        assert not inf._thread.is_alive(), "the informer's thread still reads its watch"
     finally:
         inf.stop()

@@ -576,6 +576,29 @@ def lease_holder(cluster, ns: str, name: str = "holmes-operator") -> str | None:
     return json.loads(r.stdout)["spec"].get("holderIdentity") if r.returncode == 0 else None
 
 
+def test_sigterm_stops_the_operator_at_once_and_hands_its_lease_over(crd, namespace, tmp_path):
+    """A rollout's SIGTERM: the operator exits well inside Kubernetes' default 30 s grace period,
+    having released its Lease, so the next replica leads at once rather than after the lease
+    duration. (Its informers' idle watches once held the exit until the next event or the watch
+    timeout, 270 s: the kubelet's SIGKILL came first and the Lease was never released.)"""
+    op = OperatorProcess(
+        crd.kubeconfig,
+        [namespace],
+        tmp_path / "op.log",
+        extra=["--leader-elect", f"--leader-elect-namespace={namespace}", "--leader-elect-identity=op-a"],
+    ).start()
+    try:
+        wait_for("the lease", lambda: lease_holder(crd, namespace) == "op-a", timeout=30)
+        stopping = time.monotonic()
+        op.proc.terminate()
+        code = op.proc.wait(30)
+        took = time.monotonic() - stopping
+    finally:
+        op.stop()
+    assert code == 0 and took < 5, (code, took, op.tail(40))
+    assert not lease_holder(crd, namespace), op.tail(40)  # released: free for the next replica
+
+
 def test_leader_killed_the_follower_takes_over_within_15s_without_duplicates(crd, namespace, tmp_path):
     """Two replicas with --leader-elect: only the leader acts; SIGKILL it while a job runs and
     the follower leads within 15 s, adopts the running pods (same pods, no restart) and sees the

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -177,12 +178,16 @@ class Informer:
         return self
 
     def stop(self) -> None:
+        """Stop at once: the thread's blocked read of the watch is woken by shutting its socket
+        down. Closing the response here instead would wait for that read to return (the reader
+        holds the stream's lock): up to the next event or WATCH_SECONDS, on the event loop."""
         self._stop.set()
-        resp = self._resp
-        if resp is not None:
+        conn = getattr(self._resp, "connection", None)  # urllib3's, while the stream is open
+        sock = getattr(conn, "sock", None)
+        if sock is not None:
             try:
-                resp.close()
-            except Exception:  # the stream may be half-closed already
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed already
                 pass
 
     # ---- the thread ---------------------------------------------------------------------
