@@ -13,7 +13,7 @@ from holmes.plan.costmodel_file import CostModelFile
 from holmes.plan.discovery import why_unusable
 
 from . import metrics
-from .core.state import NodeNetwork
+from .core.render import NodeNetwork
 
 
 def with_nic_flags(

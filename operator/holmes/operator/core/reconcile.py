@@ -375,14 +375,11 @@ class _Reconciler(JobState):
         for rank, node_name in enumerate(layout.nodes):
             if rank in existing or rank not in ranks:
                 continue
-            net = nets[node_name]
             pod = build_pod(
                 ref,
                 layout,
                 rank,
-                nic=net.nic,
-                rdma_resource=net.rdma_resource,
-                nccl_env=net.env,
+                net=nets[node_name],
                 template=spec.template,
                 settings=self.settings,
                 hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL),

@@ -218,14 +218,22 @@ def torch_env(nccl_env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class NodeNetwork:
+    """What a node's pod needs from its network: the NIC kind (the pod's label and whether it
+    gets RDMA devices), the device plugin's RDMA resource, and the NCCL environment."""
+
+    nic: str  # infiniband | roce | ethernet
+    rdma_resource: str | None
+    env: Mapping[str, str]
+
+
 def build_pod(
     job: JobRef,
     layout: Layout,
     node_rank: int,
     *,
-    nic: str,
-    rdma_resource: str | None,
-    nccl_env: Mapping[str, str],
+    net: NodeNetwork,
     template: Mapping[str, Any] | None,
     settings: RenderSettings,
     hostname_label: str | None = None,
@@ -249,7 +257,7 @@ def build_pod(
             names.LABEL_ATTEMPT: str(job.attempt),
             names.LABEL_NODE_RANK: str(node_rank),
             names.LABEL_STAGE: str(stage),
-            LABEL_NIC: nic,
+            LABEL_NIC: net.nic,
         }
     )
     annotations = dict(tmeta.get("annotations") or {})
@@ -261,9 +269,9 @@ def build_pod(
         containers = [{"name": names.TRAINER_CONTAINER}]
     master = master or names.master_addr(job.name, job.namespace, job.attempt)
     ours = dict(rank_env(job, layout, node_rank, settings, master))
-    ours["HOLMES_NIC"] = nic
-    ours.update(nccl_env)
-    ours.update(torch_env(nccl_env))
+    ours["HOLMES_NIC"] = net.nic
+    ours.update(net.env)
+    ours.update(torch_env(net.env))
     # the trainer saves on SIGTERM only when it fits in what the kubelet grants (default 30 s)
     grace = pspec.get("terminationGracePeriodSeconds")
     ours[ENV_GRACE_SECONDS] = str(30 if grace is None else grace)
@@ -271,7 +279,7 @@ def build_pod(
     containers[idx] = _trainer_container(
         containers[idx],
         env=ours,
-        rdma_resource=rdma_resource,
+        rdma_resource=net.rdma_resource,
         gpus=layout.gpus_per_node,
         command=default_command(layout, node_rank, master, master_port),
         settings=settings,

@@ -14,7 +14,7 @@ from holmes.contract import JobSpec, Layout, LayoutError
 
 from . import conditions as cond
 from . import members, names
-from .render import JobRef, RenderSettings
+from .render import JobRef, NodeNetwork, RenderSettings
 from .summary import iso, parse_time, pod_attempt, pod_counts
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
@@ -120,13 +120,6 @@ class Planner(Protocol):
     def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Any) -> Any:
         """(Calibration, the running layout's seconds under it) from a run's measurements
         (holmes.plan.calibrate.assess with the cost model in use; core/replan.py)."""
-
-
-@dataclass(frozen=True)
-class NodeNetwork:
-    nic: str  # infiniband | roce | ethernet
-    rdma_resource: str | None
-    env: Mapping[str, str]
 
 
 def owned_by(obj: Mapping, uid: str) -> bool:
