@@ -478,6 +478,26 @@ def describe(case: Case, spec: fab.FabricSpec) -> str:
     )
 
 
+def add_job_arguments(
+    ap: argparse.ArgumentParser, *, layers: int, hidden: int, heads: int, vocab: int
+) -> None:
+    """The job's model and batch flags, shared by the fabric benches (block_gflops reads them)."""
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--hidden", type=int, default=hidden)
+    ap.add_argument("--heads", type=int, default=heads)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=vocab)
+    ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--micro-batches", type=int, default=4, help="per DP rank and iteration")
+    ap.add_argument(
+        "--bucket-elements",
+        type=int,
+        default=2_000_000,
+        help="gradient bucket size (HOLMES_BUCKET_ELEMENTS): several buckets per stage so "
+        "the overlapped optimizer has something to overlap",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cross-mbit", type=float, default=200, help="trunk between the islands (tbf)")
@@ -490,20 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="run every case this many times, order reversed every other round; iterations pooled",
     )
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--micro-batch", type=int, default=2)
-    ap.add_argument("--micro-batches", type=int, default=4, help="per DP rank and iteration")
-    ap.add_argument(
-        "--bucket-elements",
-        type=int,
-        default=2_000_000,
-        help="gradient bucket size (HOLMES_BUCKET_ELEMENTS): several buckets per stage so "
-        "the overlapped optimizer has something to overlap",
-    )
+    add_job_arguments(ap, layers=4, hidden=512, heads=8, vocab=8192)
     ap.add_argument("--timeout", type=int, default=180, help="seconds per case before it is killed")
     ap.add_argument(
         "--no-pin",

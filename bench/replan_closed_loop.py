@@ -32,7 +32,6 @@ the run ended in; "wall s" is the whole run's, start-ups and the relaunch includ
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -55,7 +54,7 @@ from holmes_dev.jobs import holmes_job  # noqa: E402
 from holmes.contract import JobSpec, Layout  # noqa: E402
 from holmes.operator.core import replan  # noqa: E402
 from holmes.plan import CostModelConfig, plan  # noqa: E402
-from holmes.plan.calibrate import CalibrationError, Run, assess, from_records  # noqa: E402
+from holmes.plan.calibrate import CalibrationError, Run, assess, from_records, metric_records  # noqa: E402
 from holmes.plan.estimate import evaluate_run, fixed_job  # noqa: E402
 from holmes.plan.planner import PlanError, as_job, to_layout  # noqa: E402
 
@@ -178,23 +177,12 @@ def steady(records: list[dict], warmup: int, seen: dict[int, float], limited_at:
 
 
 def read_records(path: str) -> list[dict]:
-    """Rank 0's metrics lines so far (a line being written is skipped until it is whole)."""
+    """Rank 0's metrics lines so far (none before the file exists)."""
     try:
         with open(path) as f:
-            text = f.read()
+            return metric_records(f)
     except FileNotFoundError:
         return []
-    out = []
-    for line in text.splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and "holmes" in rec:
-            out.append(rec)
-    return out
 
 
 @dataclass
@@ -206,7 +194,6 @@ class Gang:
     dir: str
     procs: list = field(default_factory=list)  # (node, Popen, log)
     seen: dict[int, float] = field(default_factory=dict)  # iteration -> when the bench saw its line
-    started: float = 0.0
     limited_at: float | None = None  # when the islands' CPU budgets were enforced (at rank 0's start line)
 
     @property
@@ -228,12 +215,16 @@ class Gang:
         return [(n, p.returncode) for n, p, _ in self.procs if p.poll() is not None and p.returncode]
 
 
-def too_short(gang: Gang, warmup: int) -> str:
-    return (
-        f"{gang.dir}: no iteration after the {warmup} warm-up ones ran wholly under the CPU budgets "
-        "(they hold from rank 0's start line on, seen within a poll): run more iterations "
-        "(--iterations, --probe-iters) or a bigger model"
-    )
+def measured(gang: Gang, warmup: int) -> list[dict]:
+    """The gang's iteration lines that count (``steady``); none is an error saying what to change."""
+    its = steady(gang.records(), warmup, gang.seen, gang.limited_at)
+    if not its:
+        raise RuntimeError(
+            f"{gang.dir}: no iteration after the {warmup} warm-up ones ran wholly under the CPU budgets "
+            "(they hold from rank 0's start line on, seen within a poll): run more iterations "
+            "(--iterations, --probe-iters) or a bigger model"
+        )
+    return its
 
 
 class Bench:
@@ -252,7 +243,7 @@ class Bench:
             yaml.safe_dump(job, f)
         with open(lay_file, "w") as f:
             f.write(layout.to_json())
-        gang = Gang(layout, d, started=time.time())
+        gang = Gang(layout, d)
         self.limits.enforce(False)
         env = fe.trainer_env(
             self.a.timeout, self.a.bucket_elements, d, {"HOLMES_GRACE_SECONDS": str(GRACE_SECONDS)}
@@ -285,7 +276,7 @@ class Bench:
 
     def wait(self, gang: Gang, step=None) -> str | None:
         """Until the gang ends (None) or ``step(records)`` returns why to relaunch it now."""
-        deadline = time.time() + self.a.timeout
+        deadline, read = time.time() + self.a.timeout, 0
         while gang.running():
             if time.time() > deadline:
                 raise RuntimeError(f"{gang.dir}: no end after {self.a.timeout} s (--timeout)")
@@ -296,9 +287,10 @@ class Bench:
             if gang.limited_at is None and any(r.get("holmes") == "start" for r in recs):
                 self.limits.enforce(True)
                 gang.limited_at = time.time()
-            why = step(recs) if step else None
+            why = step(recs) if step and len(recs) > read else None  # judged on new lines only
             if why:
                 return why
+            read = len(recs)
             time.sleep(POLL_SECONDS)
         gang.records()
         bad = [(n, c) for n, c in gang.failed() if c]
@@ -322,6 +314,13 @@ class Result:
     replans: list[int] = field(default_factory=list)
     other: list[float] = field(default_factory=list)  # per round: cores other work used meanwhile
     details: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, layouts: str, its: list[dict], wall: float, replans: int, other: float) -> None:
+        self.layouts.append(layouts)
+        self.its += its
+        self.walls.append(wall)
+        self.replans.append(replans)
+        self.other.append(other)
 
     @property
     def tokens_per_s(self) -> float:
@@ -354,14 +353,7 @@ def fixed_run(b: Bench, layout: Layout, job: dict, into: Result, tag: str) -> Re
             b.wait(gang)
         finally:
             b.stop(gang, graceful=False)
-    its = steady(gang.records(), b.a.warmup, gang.seen, gang.limited_at)
-    if not its:
-        raise RuntimeError(too_short(gang, b.a.warmup))
-    into.layouts.append(split_name(layout, b.spec))
-    into.its += its
-    into.walls.append(time.time() - t)
-    into.replans.append(0)
-    into.other.append(load.cores)
+    into.add(split_name(layout, b.spec), measured(gang, b.a.warmup), time.time() - t, 0, load.cores)
     return into
 
 
@@ -372,16 +364,9 @@ def closed_loop(
     module docstring); every start of the gang is a ``Gang``. Measurements added to ``into``."""
     with OtherLoad() as load:
         t0 = time.time()
-        gangs, adaptation, detail = _closed_loop(b, first, job, nodes, config, log)
-    last = gangs[-1]
-    its = steady(last.records(), b.a.warmup, last.seen, last.limited_at)
-    if not its:
-        raise RuntimeError(too_short(last, b.a.warmup))
-    into.layouts.append(" -> ".join(split_name(g.layout, b.spec) for g in gangs))
-    into.its += its
-    into.walls.append(time.time() - t0)
-    into.replans.append(int(adaptation.get("replans") or 0))
-    into.other.append(load.cores)
+        gangs, its, detail = _closed_loop(b, first, job, nodes, config, log)
+    path = " -> ".join(split_name(g.layout, b.spec) for g in gangs)
+    into.add(path, its, time.time() - t0, detail["replans"], load.cores)
     into.details.append(detail)
     return into
 
@@ -422,10 +407,8 @@ def _closed_loop(b: Bench, first: Layout, job: dict, nodes: list, config: CostMo
         layout = replan.planning(plan_fn, adaptation, spec)(nodes, spec)
         log(f"  relaunch ({why}): {split_name(gang.layout, b.spec)} -> {split_name(layout, b.spec)}")
     last = gangs[-1]
+    its = measured(last, b.a.warmup)
     recs = last.records()
-    its = steady(recs, b.a.warmup, last.seen, last.limited_at)
-    if not its:
-        raise RuntimeError(too_short(last, b.a.warmup))
     detail: dict[str, Any] = {"decisions": decisions, "replans": int(adaptation.get("replans") or 0)}
     resumed = [r for r in recs if r.get("holmes") == "resume"]
     if len(gangs) > 1 and resumed and last.seen:
@@ -441,7 +424,7 @@ def _closed_loop(b: Bench, first: Layout, job: dict, nodes: list, config: CostMo
             downtime=gap,
             downtime_iters=gap / s_new,
         )
-    return gangs, adaptation, detail
+    return gangs, its, detail
 
 
 # ---- main -----------------------------------------------------------------------------------------
@@ -472,14 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every case this many times, order reversed every other round; iterations pooled",
     )
     ap.add_argument("--probe-iters", type=int, default=4, help="measured iterations per brute-force split")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--vocab", type=int, default=2048)
-    ap.add_argument("--micro-batch", type=int, default=2)
-    ap.add_argument("--micro-batches", type=int, default=4, help="per DP rank and iteration")
-    ap.add_argument("--bucket-elements", type=int, default=2_000_000, help="HOLMES_BUCKET_ELEMENTS")
+    fe.add_job_arguments(ap, layers=8, hidden=256, heads=4, vocab=2048)
     ap.add_argument(
         "--timeout", type=int, default=900, help="seconds per start of a gang before it is killed"
     )

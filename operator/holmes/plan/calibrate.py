@@ -133,18 +133,25 @@ def from_records(records: Iterable[Mapping[str, Any]], warmup: int = WARMUP) -> 
     return Measured(run, stages, len(rows), secs or None)
 
 
+def metric_records(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The trainer's metric records among ``lines`` (other output, and a line still being
+    written, which is never a whole JSON object, are skipped)."""
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "holmes" in rec:
+            out.append(rec)
+    return out
+
+
 def read_metrics(path: str) -> Measured:
     """A trainer's metrics JSON-lines file (``--metrics-file``; other lines are skipped)."""
-    records = []
     try:
         with open(path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and "holmes" in rec:
-                    records.append(rec)
+            records = metric_records(f)
     except OSError as e:
         raise CalibrationError(f"cannot read the metrics file {path}: {e.strerror or e}") from None
     return from_records(records)
