@@ -206,3 +206,13 @@ def node_tree(root: Path, nic: str, gbps: float) -> FakeSysfs:
     if nic == "roce":
         return roce_node(root, int(gbps))
     return ethernet_node(root, int(gbps))
+
+
+def route_table(default_ifname: str) -> str:
+    """A host's /proc/net/route whose default route (of two, the lower metric) is ``default_ifname``."""
+    return (
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+        "docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n"
+        f"{default_ifname}\t00000000\t0100A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+        "eno1\t00000000\t0101A8C0\t0003\t0\t0\t600\t00000000\t0\t0\t0\n"
+    )

@@ -13,7 +13,7 @@ from holmes.labeller.rails import RailSelector
 from holmes.labeller.routes import default_route_ifname, read_default_route
 from holmes.labeller.sysfs import read_sysfs
 from holmes.plan import classify_node, nccl_env
-from tests.labeller.fakesysfs import NDR, FakeSysfs, gpu_server
+from tests.labeller.fakesysfs import NDR, FakeSysfs, gpu_server, route_table
 from tests.labeller.test_labeller_units import apply, nfd_node
 
 RAILS = ",".join(f"mlx5_{i}" for i in range(8))
@@ -21,15 +21,6 @@ HDR = "200 Gb/sec (4X HDR)"
 # A DGX/HGX node's other ports, in Ethernet mode, on root ports with no GPU below them.
 FRONT_END = ("mlx5_8", "Ethernet", HDR, "enp170s0f0np0", 200000, 0)
 STORAGE = ("mlx5_9", "Ethernet", HDR, "enp41s0f0np0", 200000, 1)
-
-
-def route_table(default_ifname: str) -> str:
-    return (
-        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
-        "docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n"
-        f"{default_ifname}\t00000000\t0100A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
-        "eno1\t00000000\t0101A8C0\t0003\t0\t0\t600\t00000000\t0\t0\t0\n"
-    )
 
 
 def test_hgx_infiniband_rails_beside_ethernet_mode_front_end_and_storage_ports(tmp_path):
