@@ -62,15 +62,31 @@ def test_daemonset_pod():
     assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]} == {
         "NODE_NAME": "spec.nodeName"
     }
-    assert c["volumeMounts"] == [{"name": "sys", "mountPath": "/host/sys", "readOnly": True}]
-    assert pod["volumes"] == [{"name": "sys", "hostPath": {"path": "/sys", "type": "Directory"}}]
+    assert c["volumeMounts"] == [
+        {"name": "sys", "mountPath": "/host/sys", "readOnly": True},
+        {"name": "route", "mountPath": "/host/route", "readOnly": True},
+    ]
+    # sysfs, and the host's route table (PID 1's network namespace: the pod has its own)
+    assert pod["volumes"] == [
+        {"name": "sys", "hostPath": {"path": "/sys", "type": "Directory"}},
+        {"name": "route", "hostPath": {"path": "/proc/1/net/route", "type": "File"}},
+    ]
     # The args are what the labeller's own parser accepts, with the values given.
     args = parse_args([a.replace("$(NODE_NAME)", "gpu-1") for a in c["args"]])
-    assert (args.node_name, args.sysfs_root, args.interval, args.socket_ifname) == (
+    assert (
+        args.node_name,
+        args.sysfs_root,
+        args.interval,
+        args.socket_ifname,
+        args.rails,
+        args.route_table,
+    ) == (
         "gpu-1",
         "/host/sys",
         300,
         True,
+        "",
+        "/host/route",
     )
     # Everything but the hostPath is Pod Security "restricted"; reading sysfs needs no privilege.
     psc, sc = pod["securityContext"], c["securityContext"]
@@ -94,6 +110,8 @@ def test_values_flow_into_the_daemonset(tmp_path):
                     "enabled": True,
                     "intervalSeconds": 60,
                     "socketIfname": False,
+                    "rails": "mlx5_[0-7], mlx5_1?",
+                    "defaultRoute": {"hostPath": ""},
                     "logLevel": "debug",
                     "sysfs": {"hostPath": "/var/lib/fake-sys", "root": "/host/sys/$(NODE_NAME)"},
                     "nodeSelector": {"nvidia.com/gpu.present": "true"},
@@ -114,12 +132,22 @@ def test_values_flow_into_the_daemonset(tmp_path):
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     c = pod["containers"][0]
     args = parse_args([a.replace("$(NODE_NAME)", "n") for a in c["args"]])
-    assert (args.sysfs_root, args.interval, args.socket_ifname, args.log_level) == (
+    assert (
+        args.sysfs_root,
+        args.interval,
+        args.socket_ifname,
+        args.log_level,
+        args.rails,
+        args.route_table,
+    ) == (
         "/host/sys/n",
         60,
         False,
         "debug",
+        "mlx5_[0-7], mlx5_1?",
+        "",
     )
+    assert [v["name"] for v in pod["volumes"]] == ["sys"], "no route table mounted"
     assert c["args"].count("--no-socket-ifname") == 2  # from socketIfname: false and from extraArgs
     assert pod["volumes"][0]["hostPath"]["path"] == "/var/lib/fake-sys"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and "tolerations" not in pod
@@ -135,6 +163,10 @@ def test_values_flow_into_the_daemonset(tmp_path):
             "labeller.intervalSeconds: Must be greater than or equal to 1",
         ),
         (["--set", "labeller.sysfs.hostPath=sys"], "labeller.sysfs.hostPath: Does not match pattern"),
+        (
+            ["--set", "labeller.defaultRoute.hostPath=proc/1/net/route"],
+            "labeller.defaultRoute.hostPath: Does not match pattern",
+        ),
         (["--set", "labeller.enable=true"], "labeller: Additional property enable is not allowed"),
         (
             ["--set", "labeller.enabled=true", "--set", "labeller.serviceAccount.create=false"],
@@ -152,3 +184,4 @@ def test_values_yaml_documents_every_labeller_key():
     values = yaml.safe_load((CHART / "values.yaml").read_text())["labeller"]
     assert set(values) == set(schema["properties"])
     assert set(values["sysfs"]) == set(schema["properties"]["sysfs"]["properties"])
+    assert set(values["defaultRoute"]) == set(schema["properties"]["defaultRoute"]["properties"])

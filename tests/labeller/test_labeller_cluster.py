@@ -4,11 +4,12 @@
    labeller pod per simulated node, each reading its own fake sysfs tree (a hostPath holding one
    tree per node, ``--sysfs-root /host/sys/$(NODE_NAME)``) with the chart's RBAC. The NFD-only
    nodes ib-1 and roce-1 become classifiable without any ``--cluster-rdma-kind``; the admin labels
-   of ib-0/roce-0 stay as they were; a port going down is followed. Every node's labels and
+   of ib-0/roce-0 stay as they were; the host route table the chart mounts moves roce-1's socket
+   interface off its RoCE rail's netdev; a port going down is followed. Every node's labels and
    annotations are restored exactly afterwards (the session's other tests share these nodes).
-2. ``python -m holmes.labeller --once`` on an API-only node of its own: the mixed-fabric problem
-   (annotation + Warning Event), then the fix, and the exit codes for a missing node and a
-   service account without rights.
+2. ``python -m holmes.labeller --once`` on an API-only node of its own: compute rails that
+   disagree (annotation + Warning Event), then the admin's rail selector annotation answering it,
+   and the exit codes for a missing node and a service account without rights.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import yaml
 from holmes.labeller.labels import RECORD_ANNOTATION
 from holmes.plan import classify_node
 from tests import polling
-from tests.labeller.fakesysfs import FakeSysfs, infiniband_node, node_tree, roce_node
+from tests.labeller.fakesysfs import FakeSysfs, gpu_server, node_tree, roce_node, route_table
 from tests.packaging.packaging_helpers import CHART, helm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +79,8 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
 
     release = f"lbl-{namespace}"
     values = sysfs_trees.parent / "values.yaml"
+    routes = sysfs_trees.parent / "route"  # every simulated host's default route: eno1
+    routes.write_text(route_table("eno1"))
     values.write_text(
         yaml.safe_dump(
             {
@@ -85,6 +88,7 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
                     "enabled": True,
                     "intervalSeconds": 1,
                     "sysfs": {"hostPath": str(sysfs_trees), "root": "/host/sys/$(NODE_NAME)"},
+                    "defaultRoute": {"hostPath": str(routes)},
                     # only the simulated nodes: an API-only node another test left behind
                     # has no agent to run a pod
                     "affinity": {
@@ -161,8 +165,10 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
             for key in ("holmes.dev/nic", "holmes.dev/nic-gbps"):
                 assert meta["labels"][key] == snaps[n.name]["labels"][key]
             assert "holmes.dev/nic" not in json.loads(meta["annotations"][RECORD_ANNOTATION])["labels"]
-        # The truth changes: roce-1's RoCE port goes down -> sockets only, its RDMA keys removed.
+        # roce-1's fastest Ethernet netdev is its RoCE rail's: the default route's eno1 instead.
         roce1 = next(n.name for n in nfd_only if n.nic == "roce")
+        assert nodes[roce1]["metadata"]["annotations"]["holmes.dev/socket-ifname"] == "eno1"
+        # The truth changes: roce-1's RoCE port goes down -> sockets only, its RDMA keys removed.
         FakeSysfs(sysfs_trees / roce1).set_port_state("mlx5_0", 1, "1: DOWN")
 
         def downgraded():
@@ -175,7 +181,10 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
 
         meta = wait_for(f"{roce1} to be labelled ethernet", downgraded, timeout=20)
         assert "holmes.dev/link-layer" not in meta["labels"]
-        assert meta["annotations"]["holmes.dev/socket-ifname"] == "ens1f0np0"
+        assert meta["annotations"]["holmes.dev/socket-ifname"] == "ens1f0np0"  # no longer a rail's
+        assert (
+            meta["annotations"]["holmes.dev/nic-other"] == "mlx5_0/1 (Ethernet, 100 Gb/s): not ACTIVE (DOWN)"
+        )
         log = cluster.pod_log(
             namespace, next(p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] == roce1), "labeller"
         )
@@ -237,17 +246,23 @@ def api_node(cluster):
     )
 
 
-def test_once_mixed_fabric_problem_then_fixed_and_clear_failures(cluster, namespace, api_node, tmp_path):
-    mixed = infiniband_node(tmp_path / "mixed")
-    mixed.hca("mlx5_1", [("Ethernet", "100 Gb/sec (4X EDR)", "4: ACTIVE")])
-    r = labeller(cluster, "--node-name", api_node, "--sysfs-root", str(tmp_path / "mixed"))
+def test_once_rails_that_disagree_then_the_admin_selector_and_clear_failures(
+    cluster, namespace, api_node, tmp_path
+):
+    mixed = tmp_path / "mixed"  # 4 InfiniBand + 4 RoCE rails, each near a GPU
+    gpu_server(mixed, rail_links=("InfiniBand",) * 4 + ("Ethernet",) * 4)
+    r = labeller(cluster, "--node-name", api_node, "--sysfs-root", str(mixed), "--route-table", "")
     assert r.returncode == 0, r.stderr
-    assert "problem: InfiniBand and RoCE ports are both ACTIVE" in r.stderr
+    assert "problem: the compute rails disagree" in r.stderr
     node = cluster.get_json("node", api_node)
     ann = node["metadata"]["annotations"]
-    assert "InfiniBand on mlx5_0/1; Ethernet on mlx5_1/1" in ann["holmes.dev/nic-problem"]
+    assert (
+        "InfiniBand on mlx5_0/1, mlx5_1/1, mlx5_2/1, mlx5_3/1; Ethernet on mlx5_4/1"
+        in ann["holmes.dev/nic-problem"]
+    )
+    assert "holmes.dev/nic-rails=mlx5_0,mlx5_1,mlx5_2,mlx5_3" in ann["holmes.dev/nic-problem"]
     assert "holmes.dev/nic" not in node["metadata"]["labels"]
-    assert any("both ACTIVE" in p for p in classify_node(node).problems)
+    assert any("the compute rails disagree" in p for p in classify_node(node).problems)
     events = wait_for(
         "the NicProblem event",
         lambda: [
@@ -260,6 +275,20 @@ def test_once_mixed_fabric_problem_then_fixed_and_clear_failures(cluster, namesp
         timeout=30,
     )
     assert events[0]["type"] == "Warning" and events[0]["involvedObject"]["kind"] == "Node"
+
+    # The admin does what the problem says; the node annotation wins over --rails.
+    cluster.kubectl("annotate", "node", api_node, "holmes.dev/nic-rails=mlx5_[0-3]")
+    r = labeller(cluster, "--node-name", api_node, "--sysfs-root", str(mixed), "--rails", "mlx5_7")
+    assert r.returncode == 0, r.stderr
+    meta = node_meta(cluster, api_node)
+    assert "holmes.dev/nic-problem" not in meta["annotations"]
+    assert meta["labels"]["holmes.dev/nic"] == "infiniband"
+    assert meta["annotations"]["holmes.dev/nic-hcas"] == "mlx5_0,mlx5_1,mlx5_2,mlx5_3"
+    assert (
+        "not named by node annotation holmes.dev/nic-rails 'mlx5_[0-3]'"
+        in meta["annotations"]["holmes.dev/nic-other"]
+    )
+    cluster.kubectl("annotate", "node", api_node, "holmes.dev/nic-rails-")
 
     roce_node(tmp_path / "roce", 200)
     r = labeller(cluster, "--node-name", api_node, "--sysfs-root", str(tmp_path / "roce"))

@@ -1,12 +1,15 @@
 """The Holmes NIC labeller: reads this node's sysfs and writes Holmes' NIC labels on its Node.
 
     python -m holmes.labeller --node-name $NODE_NAME [--sysfs-root /host/sys] [--interval 300]
-        [--once] [--kubeconfig PATH] [--no-socket-ifname]
+        [--once] [--kubeconfig PATH] [--no-socket-ifname] [--rails mlx5_0,mlx5_[1-7]]
+        [--route-table /host/route]
 
-Each pass: read sysfs (:mod:`.sysfs`), decide the keys (:func:`.labels.desired_labels`), read the
-Node and patch only the Holmes keys the labeller owns (:func:`.labels.plan_patch`; a 409 from a
-concurrent edit is retried on a fresh read). A node problem (InfiniBand and RoCE both active)
-also becomes a Warning Event on the Node when it first appears (in namespace ``default``: the API
+Each pass: read sysfs (:mod:`.sysfs`) and the host's default route (:mod:`.routes`), read the
+Node (its ``holmes.dev/nic-rails`` annotation, an admin's rail selector, beats ``--rails``),
+decide the keys (:func:`.labels.desired_labels`) and patch only the Holmes keys the labeller owns
+(:func:`.labels.plan_patch`; a 409 from a concurrent edit is retried on a fresh read). A node
+problem (the compute rails disagree on the link layer, or the selector names no port) also
+becomes a Warning Event on the Node when it first appears (in namespace ``default``: the API
 accepts Events about cluster-scoped objects only there, as the kubelet's own node Events).
 ``--once`` does one pass and exits 0, or 1 with the reason (API refused, node missing, sysfs not
 mounted); without it, errors are logged and retried at the next interval.
@@ -22,7 +25,8 @@ import signal
 import sys
 import threading
 
-from .labels import Desired, Keys, desired_labels, plan_patch
+from .labels import Desired, Keys, desired_labels, plan_patch, rail_selector
+from .routes import read_default_route
 from .sysfs import SysfsError, read_sysfs
 
 log = logging.getLogger("holmes.labeller")
@@ -66,8 +70,17 @@ def _core(kubeconfig: str | None):
     return client.CoreV1Api()
 
 
-def run_once(core, node: str, sysfs_root: str, keys: Keys, *, socket_ifname: bool = True) -> Desired:
-    """One pass; raises LabellerError with the reason."""
+def run_once(
+    core,
+    node: str,
+    sysfs_root: str,
+    keys: Keys,
+    *,
+    socket_ifname: bool = True,
+    rails: str | None = None,
+    route_table: str | None = None,
+) -> Desired:
+    """One pass; raises LabellerError with the reason. ``rails``: the --rails selector."""
     import json
 
     from kubernetes.client.rest import ApiException
@@ -76,27 +89,29 @@ def run_once(core, node: str, sysfs_root: str, keys: Keys, *, socket_ifname: boo
         facts = read_sysfs(sysfs_root)
     except SysfsError as e:
         raise LabellerError(str(e)) from None
-    desired = desired_labels(facts, keys, socket_ifname=socket_ifname)
-    log.info(
-        "%s: %s (ports: %s; netdevs up: %s)",
-        node,
-        desired.summary,
-        ", ".join(f"{p.name}={p.link_layer}/{p.state}/{p.rate_gbps}" for p in facts.ports) or "none",
-        ", ".join(f"{n.name}:{n.speed_mbps or '?'}Mb/s" for n in facts.netdevs if n.up and n.physical)
-        or "none",
-    )
     for msg in facts.errors:
         log.debug("sysfs: %s", msg)
-    for msg in desired.notes:
-        log.info("%s: %s", node, msg)
-    for msg in desired.problems:
-        log.warning("%s: problem: %s", node, msg)
+    default_route, route_note = read_default_route(route_table)
 
+    logged: tuple | None = None
+    desired: Desired | None = None
     for attempt in range(CONFLICT_RETRIES):
         try:
             obj = json.loads(core.read_node(node, _preload_content=False).data)
         except ApiException as e:
             raise _api_error(e, node, "reading") from None
+        selector = rail_selector((obj.get("metadata") or {}).get("annotations") or {}, rails, keys)
+        desired = desired_labels(
+            facts,
+            keys,
+            socket_ifname=socket_ifname,
+            selector=selector,
+            default_route=default_route,
+            route_note=route_note,
+        )
+        if logged != (desired, selector):  # once per pass, again only if a re-read changed it
+            logged = (desired, selector)
+            _log_decision(node, facts, desired)
         plan = plan_patch(obj.get("metadata") or {}, desired, keys)
         for msg in plan.notes:
             log.warning("%s: %s", node, msg)
@@ -124,7 +139,23 @@ def run_once(core, node: str, sysfs_root: str, keys: Keys, *, socket_ifname: boo
         break
     else:
         raise LabellerError(f"node {node!r} kept changing: {CONFLICT_RETRIES} patches refused with 409")
+    assert desired is not None  # the loop ran at least once
     return desired
+
+
+def _log_decision(node: str, facts, desired: Desired) -> None:
+    log.info(
+        "%s: %s (ports: %s; netdevs up: %s)",
+        node,
+        desired.summary,
+        ", ".join(f"{p.name}={p.link_layer}/{p.state}/{p.rate_gbps}" for p in facts.ports) or "none",
+        ", ".join(f"{n.name}:{n.speed_mbps or '?'}Mb/s" for n in facts.netdevs if n.up and n.physical)
+        or "none",
+    )
+    for msg in desired.notes:
+        log.info("%s: %s", node, msg)
+    for msg in desired.problems:
+        log.warning("%s: problem: %s", node, msg)
 
 
 EVENT_NAMESPACE = "default"  # the only namespace the API accepts for Events about a Node
@@ -187,6 +218,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_false",
         help=f"do not write {Keys.from_mapping().socket_ifname}",
     )
+    p.add_argument(
+        "--rails",
+        default="",
+        help="the compute rails' HCAs, comma-separated names or globs (e.g. 'mlx5_[0-7]'); "
+        f"default: chosen from sysfs. A node's {Keys.from_mapping().rails} annotation wins over this",
+    )
+    p.add_argument(
+        "--route-table",
+        default="/proc/net/route",
+        help="the host's IPv4 routes in /proc/net/route format, to find the default route's "
+        "interface (default /proc/net/route: right on the host's network; the chart mounts "
+        "the host's /proc/1/net/route); '' to not read one",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     a = p.parse_args(argv)
     if not a.node_name:
@@ -211,7 +255,15 @@ def main(argv=None) -> int:
         return 1
     while True:
         try:
-            run_once(core, a.node_name, a.sysfs_root, keys, socket_ifname=a.socket_ifname)
+            run_once(
+                core,
+                a.node_name,
+                a.sysfs_root,
+                keys,
+                socket_ifname=a.socket_ifname,
+                rails=a.rails,
+                route_table=a.route_table,
+            )
         except LabellerError as e:
             log.error("%s", e)
             if a.once:

@@ -5,15 +5,25 @@ What the labeller writes (the keys :mod:`holmes.plan.discovery` reads, named by 
 
 ===============================  ======  ==================================================
 ``holmes.dev/nic``               label   ``infiniband`` | ``roce`` | ``ethernet``
-``holmes.dev/nic-gbps``          label   ACTIVE RDMA ports' rates summed; else the fastest up
+``holmes.dev/nic-gbps``          label   the compute rails' rates summed; else the fastest up
                                          Ethernet netdev's speed
 ``holmes.dev/link-layer``        label   ``InfiniBand`` | ``Ethernet`` (RDMA nodes): lets
                                          discovery flag an admin's contradicting kind label
-``holmes.dev/nic-hcas``          annot.  HCAs with an ACTIVE port, comma-separated (NCCL_IB_HCA)
-``holmes.dev/socket-ifname``     annot.  fastest up hardware Ethernet netdev (NCCL_SOCKET_IFNAME)
-``holmes.dev/nic-problem``       annot.  why no kind was written (InfiniBand and RoCE ports
-                                         both ACTIVE): discovery reports the node unusable
+``holmes.dev/nic-hcas``          annot.  the compute rails' HCAs, comma-separated (NCCL_IB_HCA)
+``holmes.dev/nic-other``         annot.  the RDMA ports that are not rails, each with why
+``holmes.dev/socket-ifname``     annot.  fastest up hardware Ethernet netdev (NCCL_SOCKET_IFNAME);
+                                         the default route's interface instead where the
+                                         fastest is a compute rail's netdev
+``holmes.dev/nic-problem``       annot.  why no kind was written (the rails disagree on the
+                                         link layer, or the admin's selector names no
+                                         ACTIVE port): discovery reports the node unusable
 ===============================  ======  ==================================================
+
+The rails are chosen by :func:`.rails.choose_rails` (an admin's selector, else the HCAs near the
+GPUs on PCIe or NUMA, else the fastest ports' majority link layer); the NIC kind is the rails'
+link layer, and the other ports neither set it nor count in the speed. The selector is the node
+annotation ``holmes.dev/nic-rails`` (set by an admin, never written by the labeller), else the
+labeller's ``--rails``.
 
 Ownership: the annotation ``holmes.dev/nic-labeller`` records, as JSON, the keys and values the
 labeller wrote last. A Holmes key counts as the labeller's while its value is still what it
@@ -28,14 +38,15 @@ discovery also reads) counts as the admin's choice of that key.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from holmes.contract.names import ETHERNET, INFINIBAND, ROCE
 from holmes.plan.discovery import NicMapping
 
-from .sysfs import SysfsFacts, natural_key
+from .rails import RailSelector, choose_rails, link_of
+from .sysfs import NetDev, RdmaPort, SysfsFacts, natural_key
 
 RECORD_ANNOTATION = "holmes.dev/nic-labeller"
 _LINK_KIND = {"infiniband": INFINIBAND, "ethernet": ROCE}
@@ -52,6 +63,8 @@ class Keys:
     hcas: str
     socket_ifname: str
     problem: str
+    other: str = "holmes.dev/nic-other"  # written: ports that are not rails, and why
+    rails: str = "holmes.dev/nic-rails"  # read only: an admin's rail selector for this node
 
     @classmethod
     def from_mapping(cls, m: NicMapping | None = None) -> Keys:
@@ -66,7 +79,17 @@ class Keys:
 
     @property
     def annotations(self) -> tuple[str, ...]:
-        return (self.hcas, self.socket_ifname, self.problem)
+        return (self.hcas, self.socket_ifname, self.problem, self.other)
+
+
+def rail_selector(
+    node_annotations: Mapping[str, str], flag: str | None, keys: Keys | None = None
+) -> RailSelector | None:
+    """The admin's rail selector for this node: its annotation, else the labeller's ``--rails``."""
+    k = keys or Keys.from_mapping()
+    return RailSelector.parse(node_annotations.get(k.rails), f"node annotation {k.rails}") or (
+        RailSelector.parse(flag, "labeller flag --rails")
+    )
 
 
 @dataclass(frozen=True)
@@ -82,49 +105,71 @@ def _gbps_text(v: float) -> str:
     return f"{v:g}"
 
 
-def desired_labels(facts: SysfsFacts, keys: Keys | None = None, *, socket_ifname: bool = True) -> Desired:
-    """What this node's Holmes keys should say. Only ACTIVE RDMA ports count; InfiniBand and RoCE
-    both ACTIVE is a problem, not a guess; no ACTIVE RDMA port means Ethernet."""
+def _port_text(p: RdmaPort) -> str:
+    rate = f"{p.rate_gbps:g} Gb/s" if p.rate_gbps is not None else "rate unknown"
+    return f"{p.name} ({p.link_layer or 'link layer unknown'}, {rate})"
+
+
+def desired_labels(
+    facts: SysfsFacts,
+    keys: Keys | None = None,
+    *,
+    socket_ifname: bool = True,
+    selector: RailSelector | None = None,
+    default_route: str | None = None,
+    route_note: str | None = None,
+) -> Desired:
+    """What this node's Holmes keys should say. Only ACTIVE RDMA ports count, and of those only
+    the compute rails (:func:`.rails.choose_rails`); rails that disagree on the link layer are a
+    problem, not a guess; no ACTIVE RDMA port means Ethernet. ``default_route``: the host's
+    default-route interface (``route_note``: why it is unknown), used for the socket interface
+    where the fastest Ethernet netdev is a rail's."""
     k = keys or Keys.from_mapping()
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     notes: list[str] = []
     problems: list[str] = []
+    other: list[tuple[RdmaPort, str]] = []
 
-    active = [p for p in facts.ports if p.active]
-    by_kind: dict[str, list] = {}
-    for p in active:
-        kind = _LINK_KIND.get((p.link_layer or "").strip().lower())
-        if kind is None:
+    candidates, inactive = [], []
+    for p in facts.ports:
+        if not p.active:
+            inactive.append(f"{p.name} ({p.state or 'state unreadable'})")
+            other.append((p, f"not ACTIVE ({p.state or 'state unreadable'})"))
+        elif link_of(p) not in _LINK_KIND:
             notes.append(
                 f"port {p.name} is ACTIVE but its link layer {p.link_layer!r} is neither "
                 f"InfiniBand nor Ethernet: ignored"
             )
-            continue
-        by_kind.setdefault(kind, []).append(p)
-    inactive = [p for p in facts.ports if not p.active]
+            other.append((p, "link layer neither InfiniBand nor Ethernet"))
+        else:
+            candidates.append(p)
     if inactive:
-        notes.append(
-            "ports not ACTIVE, ignored: "
-            + ", ".join(f"{p.name} ({p.state or 'state unreadable'})" for p in inactive)
-        )
+        notes.append("ports not ACTIVE, ignored: " + ", ".join(inactive))
 
-    eth = sorted(
-        (n for n in facts.netdevs if n.physical and n.up and n.ethernet),
-        key=lambda n: (-(n.speed_mbps or 0), natural_key(n.name)),
-    )
-    if socket_ifname and eth:
-        annotations[k.socket_ifname] = eth[0].name
+    choice = choose_rails(candidates, facts.gpus, selector)
+    other.extend(choice.left_out)
+    rails = choice.rails
+    by_kind: dict[str, list[RdmaPort]] = {}
+    for p in rails:
+        by_kind.setdefault(_LINK_KIND[link_of(p)], []).append(p)
 
-    if len(by_kind) > 1:
+    if choice.problem:
+        problems.append(choice.problem)
+        summary = f"no rails: {choice.problem}"
+    elif len(by_kind) > 1:
         where = "; ".join(
             f"{_LINK_TEXT[kind]} on {', '.join(p.name for p in ps)}" for kind, ps in sorted(by_kind.items())
         )
+        _, example = max(sorted(by_kind.items()), key=lambda kv: len(kv[1]))
         problems.append(
-            f"InfiniBand and RoCE ports are both ACTIVE ({where}): one node must have one "
-            f"NIC kind; set {k.nic} and {k.hcas} by hand, or disable the ports not to use"
+            f"the compute rails disagree ({where}; rails chosen by {choice.how}): one node must "
+            f"have one NIC kind. Name the rails in the node annotation {k.rails} (or the "
+            f"labeller's --rails, chart value labeller.rails), e.g. "
+            f"{k.rails}={','.join(sorted({p.hca for p in example}, key=natural_key))}; or set "
+            f"{k.nic} and {k.hcas} by hand"
         )
-        summary = f"mixed link layers: {where}"
+        summary = f"rails disagree: {where}"
     elif by_kind:
         ((kind, ps),) = by_kind.items()
         labels[k.nic] = kind
@@ -141,9 +186,28 @@ def desired_labels(facts: SysfsFacts, keys: Keys | None = None, *, socket_ifname
             labels[k.gbps] = _gbps_text(sum(rates))
         hcas = sorted({p.hca for p in ps}, key=natural_key)
         annotations[k.hcas] = ",".join(hcas)
-        summary = f"{kind}: {len(ps)} ACTIVE port(s) on {','.join(hcas)}, {labels.get(k.gbps, '?')} Gbit/s"
+        summary = (
+            f"{kind}: {len(ps)} ACTIVE port(s) on {','.join(hcas)}, {labels.get(k.gbps, '?')} "
+            f"Gbit/s (rails by {choice.how})"
+        )
     else:
         labels[k.nic] = ETHERNET
+        summary = ""
+    if other:
+        annotations[k.other] = "; ".join(f"{_port_text(p)}: {why}" for p, why in other)
+        if rails or choice.problem:
+            notes.append(f"not rails: {annotations[k.other]}")
+
+    eth = sorted(
+        (n for n in facts.netdevs if n.physical and n.up and n.ethernet),
+        key=lambda n: (-(n.speed_mbps or 0), natural_key(n.name)),
+    )
+    if socket_ifname and eth:
+        ifname, why = _socket_ifname(facts, eth, rails, default_route, route_note)
+        annotations[k.socket_ifname] = ifname
+        if why:
+            notes.append(why)
+    if labels.get(k.nic) == ETHERNET:
         if eth and eth[0].speed_mbps:
             labels[k.gbps] = _gbps_text(eth[0].speed_mbps / 1000)
             summary = f"ethernet: {eth[0].name} up at {labels[k.gbps]} Gbit/s"
@@ -155,6 +219,39 @@ def desired_labels(facts: SysfsFacts, keys: Keys | None = None, *, socket_ifname
     if problems:
         annotations[k.problem] = "; ".join(problems)
     return Desired(labels, annotations, tuple(problems), tuple(notes), summary)
+
+
+def _socket_ifname(
+    facts: SysfsFacts,
+    eth: Sequence[NetDev],
+    rails: Sequence[RdmaPort],
+    default_route: str | None,
+    route_note: str | None,
+) -> tuple[str, str | None]:
+    """The fastest up hardware Ethernet netdev (of equally fast ones, the default route's), unless
+    it is a compute rail's and the default route's interface is known: rails are usually a backend
+    fabric not routed between clusters, the default route's interface is the front-end. Returns
+    (ifname, a note or None)."""
+    fastest = eth[0].name
+    rail_of = {nd: p.hca for p in rails for nd in p.netdevs}
+    tied = [n.name for n in eth if n.speed_mbps == eth[0].speed_mbps]
+    if default_route in tied and default_route not in rail_of:  # equally fast: the routed one
+        return default_route, (
+            None
+            if default_route == fastest
+            else f"socket interface {default_route}: it holds the default route"
+        )
+    if fastest not in rail_of:
+        return fastest, None
+    because = f"the fastest Ethernet interface {fastest} is a netdev of compute rail {rail_of[fastest]}"
+    route_dev = next((n for n in facts.netdevs if n.name == default_route), None)
+    if route_dev is not None and route_dev.operstate != "down" and route_dev.name != "lo":
+        return route_dev.name, f"socket interface {route_dev.name}: it holds the default route; {because}"
+    if route_dev is None:
+        why = route_note or f"the default route's interface {default_route} is not in {facts.root}/class/net"
+    else:
+        why = f"the default route's interface {default_route} is down"
+    return fastest, f"socket interface {fastest} although {because}: {why}"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,12 @@ What is read, relative to the root (``/sys`` on a host, ``/host/sys`` in the lab
 
 - ``class/infiniband/<hca>/ports/<n>/link_layer``: ``InfiniBand``, or ``Ethernet`` for RoCE;
   ``.../rate``: e.g. ``200 Gb/sec (4X HDR)``; ``.../state``: e.g. ``4: ACTIVE``;
-  ``class/infiniband/<hca>/device/net/``: the netdevs of the HCA's PCI device.
+  ``class/infiniband/<hca>/device/net/``: the netdevs of the HCA's PCI device;
+  ``class/infiniband/<hca>/device``: the PCI device, whose resolved path names its upstream
+  bridges (``devices/pci0000:00/<root port>/<switch ports>/<device>``), ``numa_node``, and a
+  ``physfn`` link when it is an SR-IOV virtual function.
+- ``bus/pci/devices/<address>/{vendor,class}``: NVIDIA GPUs (vendor ``0x10de``, class
+  ``0x0302xx`` 3D controller or ``0x0300xx`` VGA), where they sit on PCIe and their NUMA node.
 - ``class/net/<if>/``: ``operstate`` (``up``), ``speed`` (Mbit/s; ``-1`` or unreadable when
   unknown or down), ``type`` (1 = Ethernet, 32 = IPoIB), and whether it is backed by hardware
   (a ``device`` link) or a bond (``bonding/``) rather than virtual (lo, veth, bridges, ...).
@@ -44,6 +49,17 @@ VIRTUAL_PREFIXES = (
 )
 ARPHRD_ETHER, ARPHRD_INFINIBAND = 1, 32
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
+_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASSES = ("0x0302", "0x0300")  # 3D controller (data-centre GPUs), VGA controller
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    address: str  # e.g. 0000:17:00.0
+    bridges: tuple[str, ...]  # upstream PCI bridges, root port first (empty: on a root bus)
+    numa_node: int | None  # None when the platform does not say (-1)
+    physfn: str | None = None  # the physical function's address, for an SR-IOV virtual function
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,7 @@ class RdmaPort:
     rate_gbps: float | None  # from "200 Gb/sec (4X HDR)"
     state: str | None  # "ACTIVE", "DOWN", "INIT", "ARMED", ...
     netdevs: tuple[str, ...] = ()  # netdevs of the HCA's PCI device (ib0, ens1f0np0, ...)
+    pci: PciDevice | None = None  # the HCA's PCI device (None: no device link)
 
     @property
     def active(self) -> bool:
@@ -87,6 +104,7 @@ class SysfsFacts:
     ports: tuple[RdmaPort, ...] = ()
     netdevs: tuple[NetDev, ...] = ()
     infiniband_class: bool = False  # class/infiniband exists (rdma core loaded)
+    gpus: tuple[PciDevice, ...] = ()  # NVIDIA GPUs on the PCI bus
     errors: tuple[str, ...] = field(default=(), compare=False)
 
 
@@ -132,6 +150,7 @@ def read_sysfs(root: str | os.PathLike = "/sys") -> SysfsFacts:
     ib_dir = base / "class" / "infiniband"
     for hca_dir in sorted(_entries(ib_dir), key=lambda p: natural_key(p.name)):
         hca_netdevs = tuple(sorted((p.name for p in _entries(hca_dir / "device" / "net")), key=natural_key))
+        hca_pci = _pci_device(hca_dir / "device", read) if (hca_dir / "device").exists() else None
         port_dirs = sorted(
             (p for p in _entries(hca_dir / "ports") if p.name.isdigit()), key=lambda p: int(p.name)
         )
@@ -150,6 +169,7 @@ def read_sysfs(root: str | os.PathLike = "/sys") -> SysfsFacts:
                     rate_gbps=rate,
                     state=parse_state(read(pd / "state")),
                     netdevs=hca_netdevs,
+                    pci=hca_pci,
                 )
             )
 
@@ -169,12 +189,32 @@ def read_sysfs(root: str | os.PathLike = "/sys") -> SysfsFacts:
                 physical=_physical(nd),
             )
         )
+    gpus = []
+    for dev in sorted(_entries(base / "bus" / "pci" / "devices"), key=lambda p: p.name):
+        vendor, cls = read(dev / "vendor"), read(dev / "class")
+        if vendor == NVIDIA_VENDOR and (cls or "").startswith(GPU_CLASSES):
+            gpus.append(_pci_device(dev, read))
     return SysfsFacts(
         root=str(base),
         ports=tuple(ports),
         netdevs=tuple(netdevs),
         infiniband_class=ib_dir.is_dir(),
+        gpus=tuple(gpus),
         errors=tuple(errors),
+    )
+
+
+def _pci_device(link: Path, read) -> PciDevice:
+    """A PCI device from a link to its sysfs directory: the resolved path lists the bridges above it."""
+    chain = [part for part in Path(os.path.realpath(link)).parts if _PCI_ADDRESS.match(part)]
+    address = chain[-1] if chain else Path(os.path.realpath(link)).name
+    numa = _int(read(link / "numa_node")) if (link / "numa_node").exists() else None
+    physfn = link / "physfn"
+    return PciDevice(
+        address=address,
+        bridges=tuple(chain[:-1]),
+        numa_node=numa if numa is not None and numa >= 0 else None,
+        physfn=Path(os.path.realpath(physfn)).name if physfn.exists() else None,
     )
 
 

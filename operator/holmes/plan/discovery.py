@@ -21,8 +21,8 @@ Gb/s HDR rails = 1600); when no label says it, a per-kind default from the mappi
 ``holmes.dev/nic-hcas`` (comma-separated) or the label of that name ('.'-separated, since label
 values cannot hold commas); the socket interface (``NCCL_SOCKET_IFNAME``) from
 ``holmes.dev/socket-ifname`` (annotation or label). A ``holmes.dev/nic-problem`` annotation (or
-label), which the NIC labeller writes when a node's sysfs contradicts itself (InfiniBand and RoCE
-ports both active), makes the node unusable with that message, unless ``holmes.dev/nic`` says the
+label), which the NIC labeller writes when a node's sysfs contradicts itself (its compute rails
+disagree on InfiniBand vs RoCE), makes the node unusable with that message, unless ``holmes.dev/nic`` says the
 kind: an explicit kind label is the admin's answer to it.
 """
 
