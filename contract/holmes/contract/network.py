@@ -116,7 +116,7 @@ def _entry(r: Any, d: Mapping[str, Any], p: str, network: str | None) -> IslandN
                     f"{p}.{key}",
                     f"applies to NCCL's IB transport (infiniband, roce), not nic {nic}: remove it",
                 )
-    if "rdmaDevices" in d and sriov is not None:
+    if devices == "perRail" and sriov is not None:
         r.add(
             f"{p}.rdmaDevices",
             "applies to the shared RDMA device plugin; with sriov the pod gets one VF per network: remove it",
