@@ -131,12 +131,29 @@ def test_spec_fields_match_what_the_operator_parses():
                 ]
             },
         },
-        "network": "hostNetwork",
+        "network": "podNetwork",
+        "islands": [
+            {
+                "cluster": "east",
+                "nic": "roce",
+                "rdmaDevices": "perRail",
+                "trafficClass": 106,
+                "serviceLevel": 3,
+            },
+            {
+                "cluster": "west",
+                "sriov": {"networks": ["gpu/rail-0", "rail-1"], "resource": "nvidia.com/rail"},
+            },
+            {"nic": "ethernet", "netPlugin": "AWS Libfabric"},
+        ],
         "framework": "holmes",
     }
     for section, fields in full.items():
         if isinstance(fields, dict) and section != "template":
             assert set(fields) == set(spec["properties"][section]["properties"]), section
+    island = spec["properties"]["islands"]["items"]["properties"]
+    assert {k for entry in full["islands"] for k in entry} == set(island)
+    assert set(full["islands"][1]["sriov"]) == set(island["sriov"]["properties"])
     assert set(full) == set(spec["properties"])
     JobSpec.from_spec(full)
 

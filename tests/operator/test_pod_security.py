@@ -15,10 +15,9 @@ from holmes.operator.core.template import (
     policy_violations,
     rendered_pod_violations,
 )
-from holmes.operator.planning import ClusterPlanner
 from tests.operator.opfixtures import FakeWorld, manifest
 from tests.operator.pss_cases import CASES, PSA_CHECKS, Case
-from tests.operator.test_render import planned
+from tests.operator.test_render import planned, route_for
 
 IDS = [case.id for case in CASES]
 
@@ -73,7 +72,6 @@ def test_the_default_level_is_baseline_and_a_wrong_level_is_refused():
 # ---- what Holmes renders -------------------------------------------------------------------------
 
 REF = JobRef("tiny", "ns", 1, "spechash", "modelhash")
-PLANNER = ClusterPlanner.with_mapping()
 VOLCANO = {
     "metadata": {"annotations": {"scheduling.volcano.sh/queue-name": "q"}},
     "spec": {"schedulerName": "volcano"},
@@ -87,25 +85,26 @@ SIDECARS = {  # containers Holmes does not run, with nothing set: Holmes hardens
 }
 
 
-def holmes_pods(level: str, template: dict | None = None, **build) -> list[tuple[str, dict]]:
+def holmes_pods(
+    level: str, template: dict | None = None, network: str = "podNetwork", **build
+) -> list[tuple[str, dict]]:
     """One pod per node of a plan over every NIC kind (InfiniBand, RoCE, Ethernet; rank 0 serves
     metrics), rendered at ``level`` from ``template``: (a name for the kind, the pod)."""
     nodes, layout, _ = planned()
     settings = RenderSettings(policy=TemplatePolicy(level=level))
     out = []
-    for rank, node_name in enumerate(layout.nodes):
-        node = nodes[node_name]
-        net = PLANNER.facts.network(node)
+    for rank in range(len(layout.nodes)):
+        route = route_for(layout, rank, nodes, network=network)
         pod = build_pod(
             REF,
             layout,
             rank,
-            net=net,
+            route=route,
             template=template,
             settings=settings,
             **build,
         )
-        out.append((f"rank {rank} ({net.nic})", pod))
+        out.append((f"rank {rank} ({route.nic})", pod))
     return out
 
 
@@ -144,7 +143,7 @@ def test_a_restricted_namespace_needs_the_restricted_level():
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_host_network_pods_need_only_the_host_namespaces_exception(level):
-    for name, pod in holmes_pods(level, host_network=True):
+    for name, pod in holmes_pods(level, network="hostNetwork"):
         (v,) = rendered_pod_violations(pod, level)
         assert v.startswith("spec.hostNetwork: ") and "--allow-host-namespaces" in v, name
 

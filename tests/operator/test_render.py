@@ -14,6 +14,7 @@ from holmes.operator.core.render import (
     build_service,
     torch_env,
 )
+from holmes.operator.core.routes import pod_route, socket_nodes
 from holmes.operator.planning import ClusterPlanner
 from holmes.plan import plan
 from tests.operator.opfixtures import default_nodes, manifest, with_link_layers
@@ -35,16 +36,22 @@ def planned(count=6, gpus=2, **spec):
     return {n["metadata"]["name"]: n for n in nodes}, layout, job
 
 
+def route_for(layout, rank, nodes, **settings):
+    """The route the reconciler renders for the pod of ``rank`` (routes.job_routes)."""
+    name = layout.nodes[rank]
+    net = PLANNER.facts.network(nodes[name])
+    return pod_route(net, name, sockets=rank in socket_nodes(layout), **settings)
+
+
 def pod_for(rank, template=None, count=6):
     nodes, layout, job = planned(count=count)
     node = nodes[layout.nodes[rank]]
-    net = PLANNER.facts.network(node)
     return (
         build_pod(
             REF,
             layout,
             rank,
-            net=net,
+            route=route_for(layout, rank, nodes),
             template=template if template is not None else job["spec"].get("template"),
             settings=SETTINGS,
             hostname_label=node["metadata"]["labels"]["kubernetes.io/hostname"],
@@ -120,10 +127,13 @@ def test_infiniband_pod_gets_ib_env_rdma_resource_and_ipc_lock():
     assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
 
 
-def test_roce_pod_sets_the_gid_index():
+def test_roce_pod_leaves_the_gid_to_nccl():
+    """Issue 34, defect 2: NCCL >= 2.21 picks a RoCE v2 GID itself when NCCL_IB_GID_INDEX is
+    unset; a forced 3 overrode that (and is RoCE v1 or link-local on some hosts)."""
     pod, _, _ = pod_for(rank_of_kind("roce"))
     env = env_of(pod)
-    assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_IB_GID_INDEX"] == "3"
+    assert env["NCCL_IB_DISABLE"] == "0" and env["HOLMES_NIC"] == "roce"
+    assert "NCCL_IB_GID_INDEX" not in env
 
 
 def test_ethernet_pod_disables_ib_and_asks_no_rdma():
@@ -217,12 +227,11 @@ def test_a_port_range_gives_each_attempt_its_own_ports():
     assert job_ports(REF, SETTINGS) == (29511, 9411)
     assert "ports" not in build_service(REF, ranged)["spec"]
     nodes, layout, job = planned()
-    net = PLANNER.facts.network(nodes[layout.nodes[0]])
     pod = build_pod(
         REF,
         layout,
         0,
-        net=net,
+        route=route_for(layout, 0, nodes),
         template={},
         settings=ranged,
     )
@@ -232,17 +241,12 @@ def test_a_port_range_gives_each_attempt_its_own_ports():
     assert {"name": "metrics", "containerPort": a1[1]} in pod["spec"]["containers"][0]["ports"]
 
 
-def test_every_pod_gets_the_nccl_watchdog_and_the_gloo_interface():
+def test_every_pod_gets_the_nccl_watchdog():
     """A dead peer must end its peers' NCCL waits (watchdog, heartbeat) so the operator tears the
-    gang down; the trainer's gloo host groups need the interface NCCL's sockets use."""
+    gang down."""
     for kind in ("infiniband", "roce", "ethernet"):
         pod, _, _ = pod_for(rank_of_kind(kind))
         env = env_of(pod)
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and env["TORCH_NCCL_ENABLE_MONITORING"] == "1"
         assert int(env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]) > 0
-        if "NCCL_SOCKET_IFNAME" in env:
-            assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"]
-    # a node whose socket interface is known (holmes.dev/socket-ifname): gloo binds to it too;
-    # unknown, gloo resolves the pod's hostname, which the kubelet maps to the pod IP
-    assert torch_env({"NCCL_SOCKET_IFNAME": "eth1"})["GLOO_SOCKET_IFNAME"] == "eth1"
-    assert "GLOO_SOCKET_IFNAME" not in torch_env({})
+    assert torch_env() == {k: env[k] for k in torch_env()}

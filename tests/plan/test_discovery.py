@@ -71,6 +71,17 @@ def test_readiness_cordon_and_custom_cluster_label():
 
 
 def test_nccl_env_per_kind_never_sets_nccl_net():
+    for kind in ("infiniband", "roce", "ethernet"):
+        assert "NCCL_NET" not in nccl_env(kind)
+    with pytest.raises(ValueError, match="NCCL_NET"):
+        nccl_env("roce", extra={"NCCL_NET": "IB"})
+    with pytest.raises(ValueError, match="unknown NIC kind"):
+        nccl_env("myrinet")
+
+
+def test_nccl_env_holds_facts_of_the_fabric_never_names_of_the_host():
+    """Issue 34, defects 1 and 2: a pod's namespace has eth0 (net1... under Multus) and its own
+    VFs, not the host's bond0 or mlx5_3; NCCL >= 2.21 picks a RoCE v2 GID itself when unset."""
     ib = classify_node(
         node(
             "a",
@@ -78,23 +89,19 @@ def test_nccl_env_per_kind_never_sets_nccl_net():
             annotations={"holmes.dev/nic-hcas": "mlx5_0,mlx5_3", "holmes.dev/socket-ifname": "bond0"},
         )
     )
-    assert nccl_env(ib) == {
-        "NCCL_IB_DISABLE": "0",
-        "NCCL_IB_HCA": "mlx5_0,mlx5_3",
-        "NCCL_SOCKET_IFNAME": "bond0",
-    }
-    assert nccl_env("roce") == {"NCCL_IB_DISABLE": "0", "NCCL_IB_GID_INDEX": "3"}
-    assert nccl_env("roce", gid_index=5, hcas=["mlx5_2"])["NCCL_IB_GID_INDEX"] == "5"
-    assert nccl_env("ethernet", socket_ifname="eth0") == {
-        "NCCL_IB_DISABLE": "1",
-        "NCCL_SOCKET_IFNAME": "eth0",
-    }
+    assert ib.hcas == ("mlx5_0", "mlx5_3") and ib.socket_ifname == "bond0"  # still facts for planning
+    assert nccl_env(ib) == {"NCCL_IB_DISABLE": "0"}
     for kind in ("infiniband", "roce", "ethernet"):
-        assert "NCCL_NET" not in nccl_env(kind)
-    with pytest.raises(ValueError, match="NCCL_NET"):
-        nccl_env("roce", extra={"NCCL_NET": "IB"})
-    with pytest.raises(ValueError, match="unknown NIC kind"):
-        nccl_env("myrinet")
+        env = nccl_env(kind, traffic_class=106, service_level=3, socket=(4, 4))
+        assert not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX"} & set(env)
+        assert (env["NCCL_SOCKET_NTHREADS"], env["NCCL_NSOCKS_PERTHREAD"]) == ("4", "4")
+    assert nccl_env("roce", traffic_class=106, service_level=3) == {
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_IB_TC": "106",
+        "NCCL_IB_SL": "3",
+    }
+    assert nccl_env("roce") == {"NCCL_IB_DISABLE": "0"}  # no class named: NCCL's defaults
+    assert nccl_env("ethernet", traffic_class=106) == {"NCCL_IB_DISABLE": "1"}  # no IB transport there
     assert isinstance(ib, NodeNic)
 
 

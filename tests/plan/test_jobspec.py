@@ -326,3 +326,52 @@ def test_tensor_auto_only_offers_degrees_the_trainer_can_split():
     spec["model"].update(kvHeads=8, seqLength=36)
     spec["parallelism"]["sequenceParallel"] = True
     assert {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))} == {1, 2, 4}
+
+
+def test_islands_round_trip_and_their_problems_name_the_field_and_the_fix():
+    islands = [
+        {"cluster": "east", "nic": "infiniband", "rdmaDevices": "perRail"},
+        {
+            "cluster": "west",
+            "sriov": {"networks": ["llm/rail-0", "rail-1"]},
+            "trafficClass": 106,
+            "serviceLevel": 3,
+        },
+        {"nic": "ethernet", "netPlugin": "AWS Libfabric"},
+    ]
+    job = JobSpec.from_spec(minimal_spec(islands=islands))
+    assert [(i.cluster, i.nic) for i in job.islands] == [
+        ("east", "infiniband"),
+        ("west", None),
+        (None, "ethernet"),
+    ]
+    assert job.islands[1].sriov.networks == ("llm/rail-0", "rail-1") and job.islands[1].traffic_class == 106
+    assert JobSpec.from_spec(job.to_spec()) == job
+    assert "islands" not in JobSpec.from_spec(minimal_spec()).to_spec()
+    bad = [
+        {"nic": "ethernet", "trafficClass": 300},
+        {"rdmaDevices": "perRail", "sriov": {"networks": ["Bad_Name"]}},
+        {"cluster": "east", "nic": "ethernet"},
+        {"nic": "roce", "netPlugin": "x", "serviceLevel": 3, "color": "red"},
+        {"sriov": {"networks": []}},
+    ]
+    found = "\n".join(problems_of(minimal_spec(islands=bad)))
+    for expected in (
+        "spec.islands[0].trafficClass: must be 0..255, got 300",
+        "spec.islands[0].trafficClass: applies to NCCL's IB transport (infiniband, roce), not nic ethernet",
+        "spec.islands[1].sriov.networks: 'Bad_Name' is not a NetworkAttachmentDefinition name",
+        "spec.islands[3]: unknown field color",
+        "spec.islands[3].netPlugin: the island's traffic runs on the plugin",
+        "spec.islands[4].sriov.networks: must be a non-empty list",
+    ):
+        assert expected in found, expected
+    twice = problems_of(minimal_spec(islands=[{"cluster": "a"}, {"cluster": "a", "trafficClass": 1}]))
+    assert any("spec.islands[1]: names the same island as spec.islands[0]" in p for p in twice)
+    host = problems_of(minimal_spec(network="hostNetwork", islands=[{"sriov": {"networks": ["a"]}}]))
+    assert any("spec.islands[0].sriov: Multus attaches no networks to hostNetwork pods" in p for p in host)
+    per_rail_sriov = problems_of(
+        minimal_spec(islands=[{"rdmaDevices": "perRail", "sriov": {"networks": ["a"]}}])
+    )
+    assert any(
+        "spec.islands[0].rdmaDevices: applies to the shared RDMA device plugin" in p for p in per_rail_sriov
+    )

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, Union
 
 from .frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_problems
-from .names import API_VERSION, KIND, LABEL_CLUSTER
+from .names import API_VERSION, KIND, LABEL_CLUSTER, NETWORKS, POD_NETWORK
+from .network import IslandNetwork, read_islands
 
 AUTO = "auto"
 PARTITION_MODES = ("adaptive", "uniform")
@@ -298,9 +299,6 @@ class FailurePolicy:
         return None
 
 
-NETWORKS = ("podNetwork", "hostNetwork")
-
-
 @dataclass(frozen=True)
 class RunPolicy:
     backoff_limit: int = 3
@@ -325,7 +323,9 @@ class JobSpec:
     run_policy: RunPolicy = field(default_factory=RunPolicy)
     # how pods reach each other (across member clusters too): their own pod IPs (podNetwork)
     # or their node's network (hostNetwork, the usual choice on RDMA nodes)
-    network: str = "podNetwork"
+    network: str = POD_NETWORK
+    # per-island network settings: RDMA devices, SR-IOV networks, traffic class, net plugin
+    islands: tuple[IslandNetwork, ...] = ()
     # which program trains the layout: Holmes' engine, or the user's own (frameworks.py)
     framework: str = DEFAULT_FRAMEWORK
 
@@ -373,7 +373,7 @@ class JobSpec:
             spec,
             "spec",
             required=("model", "training", "nodes"),
-            optional=("parallelism", "template", "runPolicy", "network", "framework"),
+            optional=("parallelism", "template", "runPolicy", "network", "islands", "framework"),
         )
         if top is None:
             raise SpecError(r.problems)
@@ -391,6 +391,7 @@ class JobSpec:
             template = {}
         run_policy = _run_policy(r, top.get("runPolicy", {}), "spec.runPolicy")
         network = r.choice(top, "network", "spec", NETWORKS, default=cls.network)
+        islands = read_islands(r, top.get("islands"), "spec.islands", network)
         framework = r.choice(top, "framework", "spec", FRAMEWORKS, default=cls.framework)
         if r.problems or model is None or training is None or nodes is None:
             raise SpecError(r.problems)  # a missing section is among the problems
@@ -402,6 +403,7 @@ class JobSpec:
             template=dict(template),
             run_policy=run_policy,
             network=network,
+            islands=islands,
             framework=framework,
         )
         problems = cross_check(job) + framework_problems(job)
@@ -1160,6 +1162,7 @@ def _camel_mapping(obj: Any) -> dict[str, Any]:
             "template": dict(obj.template),
             "runPolicy": _to_camel(obj.run_policy),
             **({"network": obj.network} if obj.network != JobSpec.network else {}),
+            **({"islands": _to_camel(obj.islands)} if obj.islands else {}),
             **({"framework": obj.framework} if obj.framework != JobSpec.framework else {}),
         }
     return {

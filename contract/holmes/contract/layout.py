@@ -23,7 +23,9 @@ Process groups (``groups`` in JSON holds one *family* per kind and stage; expand
   island uses IB even when another boundary crosses islands on sockets.
 - ``embedding``: first and last stage ranks of each pp group (tied embeddings, P > 1).
 
-``net`` is the NCCL network of a group: ``IB`` (InfiniBand and RoCE) or ``Socket``.
+``net`` is the NCCL network of a group: ``IB`` (InfiniBand and RoCE) or ``Socket``, or inside
+an island whose job names a vendor net plugin (``spec.islands[].netPlugin``) that plugin's NCCL
+net name (e.g. ``AWS Libfabric``), passed to NCCL as the group's ``net_name`` like the others.
 ``worldNet`` (version 2) is the network of the world group, which carries the control-plane
 collectives (loss and grad-norm reduction, the resume decision, checkpoint coordination): IB
 only when every rank is on one RDMA island, else Socket, so one communicator never mixes ranks
@@ -43,6 +45,14 @@ from .names import NIC_KINDS
 LAYOUT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 NETS = ("IB", "Socket")
+
+
+def is_net(name: object) -> bool:
+    """IB, Socket, or a vendor net plugin's name (a non-empty string without outer spaces)."""
+    return name in NETS or (isinstance(name, str) and bool(name) and name == name.strip())
+
+
+_NET_HINT = "IB, Socket or a vendor net plugin's name"
 GROUP_KINDS = ("dp", "tp", "pp", "p2p", "embedding")
 
 
@@ -307,17 +317,17 @@ def validate(layout: Layout) -> None:
         start = s.layers[1]
         if s.nic not in NIC_KINDS:
             raise LayoutError(f"stage {i} nic {s.nic!r} is not one of {', '.join(NIC_KINDS)}")
-        if s.dp_net not in NETS:
-            raise LayoutError(f"stage {i} dpNet {s.dp_net!r} is not one of {', '.join(NETS)}")
-    if layout.world_net not in NETS:
-        raise LayoutError(f"worldNet {layout.world_net!r} is not one of {', '.join(NETS)}")
+        if not is_net(s.dp_net):
+            raise LayoutError(f"stage {i} dpNet {s.dp_net!r} is not {_NET_HINT}")
+    if not is_net(layout.world_net):
+        raise LayoutError(f"worldNet {layout.world_net!r} is not {_NET_HINT}")
     if layout.version < 2 and any(g.kind == "p2p" for g in layout.groups):
         raise LayoutError("group kind p2p needs layout version 2")
     for g in layout.groups:
         if g.kind not in GROUP_KINDS:
             raise LayoutError(f"group kind {g.kind!r} is not one of {', '.join(GROUP_KINDS)}")
-        if g.net not in NETS:
-            raise LayoutError(f"group {g.kind} net {g.net!r} is not one of {', '.join(NETS)}")
+        if not is_net(g.net):
+            raise LayoutError(f"group {g.kind} net {g.net!r} is not {_NET_HINT}")
         if g.kind in ("dp", "tp") and (g.stage is None or not 0 <= g.stage < P):
             raise LayoutError(f"group {g.kind} needs a stage in [0, {P}), got {g.stage!r}")
         if g.kind == "p2p" and (g.stage is None or not 0 <= g.stage < P - 1):

@@ -11,9 +11,11 @@ from holmes.plan import CostModelConfig, NicMapping, classify_node, nccl_env, pl
 from holmes.plan.calibrate import Measured, assess
 from holmes.plan.costmodel_file import CostModelFile
 from holmes.plan.discovery import why_unusable
+from holmes.plan.nccl import socket_threads
+from holmes.plan.topology import socket_gbps
 
 from . import metrics
-from .core.render import NodeNetwork
+from .core.routes import SHARED, SRIOV, NodeNetwork
 
 
 def with_nic_flags(
@@ -41,15 +43,29 @@ def export_state(valid: bool, reloaded: bool) -> None:
 
 
 class NodeFacts:
-    """Each node's NIC kind, NCCL environment and usability, classified with the cost model's
-    nicMapping as of the latest plan (so one reconcile sees one model)."""
+    """Each node's network facts (NIC kind, island, RDMA resource and how it is offered, rails,
+    socket threads for its link) and usability, classified with the cost model's nicMapping as
+    of the latest plan (so one reconcile sees one model)."""
 
     def __init__(self, cost_model: CostModelFile):
         self.cost_model = cost_model
 
     def network(self, node: Mapping) -> NodeNetwork:
-        nic = classify_node(node, self.cost_model.config.nic_mapping)
-        return NodeNetwork(nic=nic.nic, rdma_resource=nic.rdma_resource, env=dict(nccl_env(nic)))
+        config = self.cost_model.config
+        nic = classify_node(node, config.nic_mapping)
+        route = None
+        if nic.rdma_resource is not None:
+            shared = nic.rdma_resource.startswith(config.nic_mapping.rdma_resource_prefixes)
+            route = SHARED if shared else SRIOV
+        return NodeNetwork(
+            nic=nic.nic,
+            rdma_resource=nic.rdma_resource,
+            rdma_route=route,
+            cluster=nic.cluster,
+            hcas=nic.hcas,
+            socket_threads=socket_threads(socket_gbps(nic, config.fabric), config.fabric.socket_flow_gbps),
+            env=nccl_env(nic),
+        )
 
     def unusable(self, node: Mapping) -> str:
         """The planner's own verdict (not Ready, cordoned, classification problems), so a node

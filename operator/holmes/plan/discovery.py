@@ -99,6 +99,11 @@ class NodeNic:
     ready: bool = True  # Ready condition not False
     schedulable: bool = True  # spec.unschedulable not set (not cordoned)
     problems: tuple[str, ...] = ()
+    # What the job says of the node's island (the planner sets them from spec.islands and the
+    # template's env): its vendor net plugin, and NCCL_SOCKET_NTHREADS / NCCL_NSOCKS_PERTHREAD
+    # when the template fixes them (None: Holmes' value for the node's link speed).
+    net_plugin: str | None = None
+    socket_fixed: tuple[int | None, int | None] = (None, None)
 
     @property
     def island(self) -> str:

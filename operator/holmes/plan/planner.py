@@ -30,6 +30,7 @@ from typing import Any
 from holmes.contract.flops import ModelCost, tflops_per_gpu
 from holmes.contract.jobspec import AUTO, JobSpec, SpecError, load_job, tensor_parallel_problems
 from holmes.contract.layout import GroupFamily, Layout, Stage
+from holmes.contract.network import island_settings
 
 from . import partition as parts_mod
 from .costmodel import (
@@ -46,6 +47,7 @@ from .costmodel import (
 )
 from .discovery import NodeNic, classify_nodes, why_unusable
 from .gpus import StageGpu, node_gpu, stage_gpu
+from .nccl import fixed_socket_threads
 from .topology import NodeSet, group_bandwidth_gbps, islands_of, merge, summarize
 
 
@@ -75,10 +77,26 @@ def for_job(cfg: CostModelConfig, job: JobSpec) -> CostModelConfig:
 # ---- 1. node selection ------------------------------------------------------------------------
 
 
+def with_job_network(nics: Sequence[NodeNic], job: JobSpec) -> list[NodeNic]:
+    """The nodes with what the job says of their network: each island's vendor net plugin
+    (spec.islands) and socket threads the template fixes (its env wins over Holmes')."""
+    fixed = fixed_socket_threads(job.template)
+    out = []
+    for n in nics:
+        _, entry = island_settings(job.islands, n.cluster, n.nic)
+        plugin = entry.net_plugin if entry is not None else None
+        out.append(
+            n
+            if (plugin, fixed) == (None, (None, None))
+            else replace(n, net_plugin=plugin, socket_fixed=fixed)
+        )
+    return out
+
+
 def select_nodes(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> list[NodeNic]:
     """The nodes this job may use, sorted by name; InsufficientNodes when fewer than count."""
     mapping = cfg.nic_mapping.with_cluster_label(job.nodes.cluster_label)
-    nics = classify_nodes(nodes, mapping)
+    nics = with_job_network(classify_nodes(nodes, mapping), job)
     sel = job.nodes.selector
     G = job.nodes.gpus_per_node
     matched = [n for n in nics if sel is None or sel.matches(n.labels)]

@@ -6,17 +6,24 @@ RDMA to each other; different clusters are different fabrics), at the host netwo
 across clusters, at most the cross-cluster bandwidth.
 
 Bandwidths are Gbit/s per node (all of a node's NICs together); efficiencies turn line rate
-into what NCCL achieves (see :class:`holmes.plan.costmodel.CostModelConfig`).
+into what NCCL achieves (see :class:`holmes.plan.costmodel.CostModelConfig`). A Socket group
+reaches at most its TCP flows times ``socket_flow_gbps``: the pods get enough flows for their
+link (``NCCL_SOCKET_NTHREADS`` x ``NCCL_NSOCKS_PERTHREAD``, :func:`holmes.plan.nccl.socket_threads`)
+unless the job's template fixes them; NCCL's own default is one flow. An island whose job names a
+vendor net plugin (``spec.islands[].netPlugin``) runs its inside groups on that plugin's net, at
+``plugin_efficiency`` of the node's line rate.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from holmes.contract.names import ETHERNET, INFINIBAND, RDMA_KINDS, ROCE
 
 from .discovery import NodeNic
+from .nccl import SOCKET_MAX_FLOWS, SOCKET_MAX_THREADS, socket_threads
 
 IB_NET, SOCKET_NET = "IB", "Socket"
 
@@ -41,6 +48,10 @@ class Fabric:
     socket_efficiency: float = 0.6
     socket_gbps: float = 25.0  # host TCP network of RDMA nodes (per node)
     cross_cluster_gbps: float = 25.0  # per node, between clusters
+    # one TCP flow of NCCL's socket transport (one socket driven by one thread); NCCL's docs'
+    # 4 threads x 4 sockets for a generic 100 Gbit/s network make it 100/16
+    socket_flow_gbps: float = 6.25
+    plugin_efficiency: float = 0.8  # a vendor net plugin (EFA, TCPX): share of the line rate
 
     def rdma_efficiency(self, kind: str) -> float:
         return dict(self.net_efficiency)[kind]
@@ -65,6 +76,8 @@ class NodeSet:
     clusters: frozenset[str]
     min_gbps: float
     min_socket_gbps: float  # slowest host-network link among them
+    socket_flows_gbps: float = math.inf  # the fewest TCP flows among them x one flow's Gbit/s
+    plugins: frozenset[str | None] = frozenset({None})  # the nodes' vendor net plugins
 
     @property
     def single_island(self) -> bool:
@@ -75,9 +88,15 @@ class NodeSet:
         return self.single_island and next(iter(self.kinds)) in RDMA_KINDS
 
     @property
+    def plugin(self) -> str | None:
+        """The vendor net plugin of a set inside one island that names one."""
+        return next(iter(self.plugins)) if self.single_island and len(self.plugins) == 1 else None
+
+    @property
     def net(self) -> str:
-        """NCCL net of a group over these nodes: IB iff one RDMA island."""
-        return IB_NET if self.rdma_island else SOCKET_NET
+        """NCCL net of a group over these nodes: the island's vendor plugin when it names one
+        (an explicit choice wins), else IB iff one RDMA island, else Socket."""
+        return self.plugin or (IB_NET if self.rdma_island else SOCKET_NET)
 
     @property
     def nic(self) -> str:
@@ -100,6 +119,8 @@ def summarize(nodes: Sequence[NodeNic], fabric: Fabric) -> NodeSet:
         clusters=frozenset(n.cluster for n in nodes),
         min_gbps=min(n.gbps for n in nodes),
         min_socket_gbps=min(socket_gbps(n, fabric) for n in nodes),
+        socket_flows_gbps=min(socket_flows(n, fabric) for n in nodes) * fabric.socket_flow_gbps,
+        plugins=frozenset(n.net_plugin for n in nodes),
     )
 
 
@@ -110,12 +131,26 @@ def merge(a: NodeSet, b: NodeSet) -> NodeSet:
         a.clusters | b.clusters,
         min(a.min_gbps, b.min_gbps),
         min(a.min_socket_gbps, b.min_socket_gbps),
+        min(a.socket_flows_gbps, b.socket_flows_gbps),
+        a.plugins | b.plugins,
     )
 
 
 def socket_gbps(n: NodeNic, fabric: Fabric) -> float:
     """A node's TCP bandwidth: its own NICs if Ethernet, else the host network."""
     return n.gbps if n.nic == ETHERNET else min(fabric.socket_gbps, n.gbps)
+
+
+def socket_flows(n: NodeNic, fabric: Fabric) -> int:
+    """TCP flows per connection of the node's Socket groups: what Holmes renders for the
+    node's TCP link, or what the job's template fixes, as NCCL clamps it."""
+    threads, socks = socket_threads(socket_gbps(n, fabric), fabric.socket_flow_gbps)
+    fixed_threads, fixed_socks = n.socket_fixed
+    threads = min(SOCKET_MAX_THREADS, threads if fixed_threads is None else fixed_threads)
+    socks = socks if fixed_socks is None else fixed_socks
+    if threads < 1 or socks < 1:  # NCCL then runs the data on its one control connection
+        return 1
+    return min(SOCKET_MAX_FLOWS, threads * socks)
 
 
 def group_bandwidth_gbps(s: NodeSet, fabric: Fabric, net: str | None = None) -> float:
@@ -127,7 +162,11 @@ def group_bandwidth_gbps(s: NodeSet, fabric: Fabric, net: str | None = None) -> 
         if not s.rdma_island:
             raise ValueError("an IB group needs nodes on one RDMA island")
         return s.min_gbps * fabric.rdma_efficiency(next(iter(s.kinds)))
+    if net != SOCKET_NET:  # a vendor net plugin, inside its island
+        if net != s.plugin:
+            raise ValueError(f"a {net} group needs nodes on one island whose job names that plugin")
+        return s.min_gbps * fabric.plugin_efficiency
     bw = s.min_socket_gbps
     if len(s.clusters) > 1:
         bw = min(bw, fabric.cross_cluster_gbps)
-    return bw * fabric.socket_efficiency
+    return min(bw * fabric.socket_efficiency, s.socket_flows_gbps)

@@ -36,6 +36,7 @@ from holmes.plan import InsufficientNodes, PlanError
 from . import capacity, elastic, failures, frameworks, members, names, queueing, replan, validation
 from . import conditions as cond
 from .render import HOSTNAME_LABEL, RenderSettings, build_configmap, build_pod, build_service
+from .routes import RouteError, job_routes
 from .state import (  # noqa: F401 (the reconcile's data types, imported from here by the I/O side)
     CHILD_REJECTED_RETRY,
     DISRUPTION,
@@ -365,12 +366,16 @@ class _Reconciler(JobState):
         mismatch = frameworks.plan_conflicts(spec, layout)  # spec.framework: the user's arguments
         if mismatch:
             return self.stall("InvalidSpec", "; ".join(mismatch))
+        nets = {n: self.planner.facts.network(by_name[n]) for n in layout.nodes}
+        try:  # every node's route first: a node the network settings cannot serve gets nothing
+            pod_routes = job_routes(spec, layout, nets)
+        except RouteError as e:
+            return self.stall("InvalidSpec", f"{e}{validation.FIX}")
         ref = self.job_ref()
         self.d.configmap = frameworks.with_framework_files(build_configmap(ref, layout, spec), spec, layout)
         if self.obs.service is None:
             self.d.service = build_service(ref, self.settings)
         existing = {pod_node_rank(p) for p in self.current_pods()}
-        nets = {n: self.planner.facts.network(by_name[n]) for n in layout.nodes}
         ranks, master = members.rendezvous(self.obs.members, self.current_pods(), len(layout.nodes))
         for rank, node_name in enumerate(layout.nodes):
             if rank in existing or rank not in ranks:
@@ -379,12 +384,11 @@ class _Reconciler(JobState):
                 ref,
                 layout,
                 rank,
-                net=nets[node_name],
+                route=pod_routes[node_name],
                 template=spec.template,
                 settings=self.settings,
                 hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL),
                 master=master if rank else None,
-                host_network=spec.network == "hostNetwork",
             )
             # spec.framework other than holmes: the user's command under Holmes' launcher
             self.d.create_pods.append(frameworks.launched_pod(pod, spec, layout, rank, self.settings.image))

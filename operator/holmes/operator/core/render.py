@@ -3,8 +3,9 @@
 - ``build_configmap``: layout.json (the Layout contract) and job.yaml (the spec) for the trainer.
 - ``build_service``: headless Service whose name is the pods' subdomain (rendezvous by DNS).
 - ``build_pod``: one pod per planned node, pinned there by required node affinity on
-  kubernetes.io/hostname, with rank/rendezvous env (also as torchrun's PET_* variables), NCCL
-  env for the node's NIC kind, GPU and RDMA resources, IPC_LOCK on RDMA nodes, a memory-backed
+  kubernetes.io/hostname, with rank/rendezvous env (also as torchrun's PET_* variables), its
+  network route (routes.py: NCCL env of the fabric, resolver hints, GPU and RDMA resources or
+  SR-IOV VFs and Multus networks, IPC_LOCK on RDMA routes, host network), a memory-backed
   /dev/shm and the layout mounted at /etc/holmes; secure defaults (seccomp RuntimeDefault, no
   privilege escalation, capabilities dropped, no service-account token; at the restricted level
   runAsNonRoot and every container hardened: template.secure_defaults) unless the template,
@@ -28,6 +29,7 @@ from holmes.contract import JobSpec, Layout
 from holmes.contract.names import ENV_GRACE_SECONDS, LABEL_NIC, RESOURCE_GPU
 
 from . import names
+from .routes import PodRoute
 from .template import RDMA_CAPABILITIES, TemplatePolicy, harden_container, secure_defaults
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -207,25 +209,11 @@ TORCH_NCCL_ENV = {
 }
 
 
-def torch_env(nccl_env: Mapping[str, str]) -> dict[str, str]:
-    """torch.distributed's variables for a trainer pod: the NCCL watchdog above, and gloo's
-    interface: the trainer's host groups (stop vote, fabric findings, checkpoint coordination)
-    are gloo, which otherwise binds to whatever the pod's hostname resolves to (not always the
-    pod IP across nodes): the same interface NCCL's sockets use."""
-    env = dict(TORCH_NCCL_ENV)
-    if nccl_env.get("NCCL_SOCKET_IFNAME"):
-        env["GLOO_SOCKET_IFNAME"] = nccl_env["NCCL_SOCKET_IFNAME"]
-    return env
-
-
-@dataclass(frozen=True)
-class NodeNetwork:
-    """What a node's pod needs from its network: the NIC kind (the pod's label and whether it
-    gets RDMA devices), the device plugin's RDMA resource, and the NCCL environment."""
-
-    nic: str  # infiniband | roce | ethernet
-    rdma_resource: str | None
-    env: Mapping[str, str]
+def torch_env() -> dict[str, str]:
+    """torch.distributed's variables for a trainer pod: the NCCL watchdog above. gloo's
+    interface (GLOO_SOCKET_IFNAME), like NCCL's, is resolved inside the pod by the launcher:
+    a host's netdev names do not exist in a pod's own network namespace."""
+    return dict(TORCH_NCCL_ENV)
 
 
 def build_pod(
@@ -233,16 +221,16 @@ def build_pod(
     layout: Layout,
     node_rank: int,
     *,
-    net: NodeNetwork,
+    route: PodRoute,
     template: Mapping[str, Any] | None,
     settings: RenderSettings,
     hostname_label: str | None = None,
     master: str | None = None,
-    host_network: bool = False,
 ) -> dict:
-    """The pod for node ``layout.nodes[node_rank]`` of this attempt. ``master``: the rendezvous
-    address when not rank 0's DNS name (rank 0's IP, for a job across member clusters);
-    ``host_network``: the pod runs in its node's network namespace (spec.network: hostNetwork)."""
+    """The pod for node ``layout.nodes[node_rank]`` of this attempt. ``route``: how it reaches
+    the network (routes.pod_route: host network or its own, RDMA devices, Multus networks, NCCL
+    env); ``master``: the rendezvous address when not rank 0's DNS name (rank 0's IP, for a job
+    across member clusters)."""
     node = layout.nodes[node_rank]
     template = copy.deepcopy(dict(template or {}))
     tmeta = template.get("metadata") or {}
@@ -257,10 +245,11 @@ def build_pod(
             names.LABEL_ATTEMPT: str(job.attempt),
             names.LABEL_NODE_RANK: str(node_rank),
             names.LABEL_STAGE: str(stage),
-            LABEL_NIC: net.nic,
+            LABEL_NIC: route.nic,
         }
     )
     annotations = dict(tmeta.get("annotations") or {})
+    annotations.update(route.annotations)
     annotations.update({names.ANN_NODE: node, names.ANN_SPEC_HASH: job.spec_hash})
 
     containers = [dict(c) for c in pspec.get("containers") or []]
@@ -269,9 +258,8 @@ def build_pod(
         containers = [{"name": names.TRAINER_CONTAINER}]
     master = master or names.master_addr(job.name, job.namespace, job.attempt)
     ours = dict(rank_env(job, layout, node_rank, settings, master))
-    ours["HOLMES_NIC"] = net.nic
-    ours.update(net.env)
-    ours.update(torch_env(net.env))
+    ours.update(route.env)
+    ours.update(torch_env())
     # the trainer saves on SIGTERM only when it fits in what the kubelet grants (default 30 s)
     grace = pspec.get("terminationGracePeriodSeconds")
     ours[ENV_GRACE_SECONDS] = str(30 if grace is None else grace)
@@ -279,7 +267,7 @@ def build_pod(
     containers[idx] = _trainer_container(
         containers[idx],
         env=ours,
-        rdma_resource=net.rdma_resource,
+        route=route,
         gpus=layout.gpus_per_node,
         command=default_command(layout, node_rank, master, master_port),
         settings=settings,
@@ -305,7 +293,7 @@ def build_pod(
             "affinity": _pin_to(pspec.get("affinity"), hostname_label or node),
         }
     )
-    if host_network:  # RDMA nodes: the node's own interfaces; cluster DNS still resolves
+    if route.host_network:  # the node's own interfaces; cluster DNS still resolves
         pspec["hostNetwork"] = True
         pspec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
     pspec.setdefault("enableServiceLinks", False)
@@ -322,7 +310,7 @@ def _trainer_container(
     c: dict,
     *,
     env: Mapping[str, str],
-    rdma_resource: str | None,
+    route: PodRoute,
     gpus: int,
     command: Sequence[str],
     settings: RenderSettings,
@@ -345,8 +333,8 @@ def _trainer_container(
     resources = copy.deepcopy(c.get("resources") or {})
     limits = resources.setdefault("limits", {})
     limits.setdefault(settings.gpu_resource, gpus)
-    if rdma_resource:
-        limits.setdefault(rdma_resource, 1)
+    for name, quantity in route.resources.items():  # RDMA devices or SR-IOV VFs
+        limits.setdefault(name, quantity)
     c["resources"] = resources
 
     mounts = list(c.get("volumeMounts") or [])
@@ -357,12 +345,12 @@ def _trainer_container(
     c["volumeMounts"] = mounts
 
     # Secure defaults the template may override within the operator's policy: no privilege
-    # escalation, every capability dropped but IPC_LOCK on RDMA nodes (pinned memory for
+    # escalation, every capability dropped but IPC_LOCK on RDMA routes (pinned memory for
     # ibv_reg_mr).
     c = harden_container(c)
     caps = c["securityContext"]["capabilities"]
     add = list(caps.get("add") or [])
-    add += [cap for cap in RDMA_CAPABILITIES if rdma_resource and cap not in add]
+    add += [cap for cap in RDMA_CAPABILITIES if route.ipc_lock and cap not in add]
     if add:
         caps["add"] = add
 

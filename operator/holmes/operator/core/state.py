@@ -14,7 +14,8 @@ from holmes.contract import JobSpec, Layout, LayoutError
 
 from . import conditions as cond
 from . import members, names
-from .render import JobRef, NodeNetwork, RenderSettings
+from .render import JobRef, RenderSettings
+from .routes import NodeNetwork
 from .summary import iso, parse_time, pod_attempt, pod_counts
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"

@@ -1,0 +1,181 @@
+"""How a trainer pod reaches the network on its node: the route, pure (facts in, pod parts out).
+
+The NVIDIA Network Operator gives pods RDMA in one of three ways, and Holmes renders each:
+
+- **shared RDMA device plugin** (``rdma/rdma_shared_device_*`` in the node's allocatable): the
+  pod, in its own network namespace, requests that resource. Quantity: ``1`` (the plugin's usual
+  configuration exposes all of a node's rails as one device), or with ``spec.islands[].rdmaDevices:
+  perRail`` (an admin who configured one device per rail) one per rail the pod uses: the node's
+  compute-rail HCAs (``holmes.dev/nic-hcas``);
+- **SR-IOV + Multus** (a VF resource such as ``nvidia.com/sriov_rail`` in the node's allocatable,
+  configured in the NIC mapping's ``rdmaResourceNames``): the pod gets the annotation
+  ``k8s.v1.cni.cncf.io/networks`` listing ``spec.islands[].sriov.networks`` and requests one VF
+  per network; a node with VFs whose island names no networks is refused (:class:`RouteError`);
+- **hostNetwork** (``spec.network: hostNetwork``, allowed by the operator's policy): the pod
+  shares the node's namespace (``dnsPolicy: ClusterFirstWithHostNet``) and still requests the
+  RDMA resource for its devices.
+
+Every route: ``IPC_LOCK`` when the pod gets an RDMA device (pinned memory for ``ibv_reg_mr``),
+the NCCL settings that are facts of the fabric (``holmes.plan.nccl``), and the hints the in-pod
+resolver needs (``HOLMES_POD_NETWORK``, ``HOLMES_NIC``, ``HOLMES_HOST_HCAS``) instead of host
+names that a pod's namespace does not have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from holmes.contract import JobSpec, Layout
+from holmes.contract.names import (
+    ENV_HOST_HCAS,
+    ENV_NIC,
+    ENV_POD_NETWORK,
+    HOST_NETWORK,
+    POD_NETWORK,
+    RDMA_KINDS,
+)
+from holmes.contract.network import IslandNetwork, island_settings
+from holmes.plan.nccl import nccl_env
+
+MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
+SHARED, SRIOV = "shared", "sriov"  # how a node offers RDMA devices (NodeNetwork.rdma_route)
+
+
+class RouteError(ValueError):
+    """A node the job's network settings cannot reach; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    """What a node offers a pod's network (from its labels, annotations and allocatable)."""
+
+    nic: str  # infiniband | roce | ethernet
+    rdma_resource: str | None = None  # the device plugin's resource, if any
+    rdma_route: str | None = None  # shared (rdma/...) | sriov (a VF pool) | None
+    cluster: str = "default"  # the node's island is (cluster, nic)
+    hcas: tuple[str, ...] = ()  # the host's compute-rail HCAs (a hint, never NCCL_IB_HCA)
+    # (NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD) for the node's TCP link
+    socket_threads: tuple[int, int] = (1, 1)
+    # the NCCL environment of the node's kind alone (what a pod gets with no job settings)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PodRoute:
+    """What build_pod adds to a pod for its network."""
+
+    nic: str
+    host_network: bool = False
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    resources: Mapping[str, int] = field(default_factory=dict)  # limits, the template's win
+    env: Mapping[str, str] = field(default_factory=dict)
+    ipc_lock: bool = False
+
+
+def socket_nodes(layout: Layout) -> set[int]:
+    """Node ranks with a rank in a group that spans nodes on NCCL's socket transport (one pass
+    over the groups: O(world size x group kinds))."""
+    G = layout.gpus_per_node
+    if layout.world_net == "Socket" and len(layout.nodes) > 1:
+        return set(range(len(layout.nodes)))
+    out: set[int] = set()
+    for g in layout.process_groups():
+        nodes = {r // G for r in g.ranks}
+        if g.net == "Socket" and len(nodes) > 1:
+            out |= nodes
+    return out
+
+
+def pod_route(
+    net: NodeNetwork,
+    node: str,
+    *,
+    network: str = POD_NETWORK,
+    islands: tuple[IslandNetwork, ...] = (),
+    sockets: bool = True,
+    template_annotations: Mapping[str, str] | None = None,
+) -> PodRoute:
+    """The route of the pod on ``node``; ``sockets``: its groups use NCCL's socket transport
+    (:func:`socket_nodes`). Raises RouteError for a node the settings cannot serve."""
+    idx, entry = island_settings(islands, net.cluster, net.nic)
+    entry = entry or IslandNetwork()
+    where = f"spec.islands[{idx}]" if idx is not None else "spec.islands"
+    island = f"cluster={net.cluster} nic={net.nic}"
+    host = network == HOST_NETWORK
+    annotations: dict[str, str] = {}
+    resources: dict[str, int] = {}
+    if entry.sriov is not None:
+        resource = entry.sriov.resource or (net.rdma_resource if net.rdma_route == SRIOV else None)
+        if resource is None:
+            raise RouteError(
+                f"{where}.sriov.resource: node {node} ({island}) offers no SR-IOV resource Holmes "
+                f"knows ({net.rdma_resource or 'no RDMA resource'}): name the VF resource, e.g. "
+                "nvidia.com/sriov_rail"
+            )
+        if MULTUS_NETWORKS in (template_annotations or {}):
+            raise RouteError(
+                f"spec.template.metadata.annotations[{MULTUS_NETWORKS}] and {where}.sriov.networks both "
+                "attach networks: keep one (the island setting also requests the VFs)"
+            )
+        annotations[MULTUS_NETWORKS] = ",".join(entry.sriov.networks)
+        resources[resource] = len(entry.sriov.networks)
+    elif net.rdma_route == SRIOV and not host:
+        raise RouteError(
+            f"spec.islands: node {node} ({island}) offers RDMA as SR-IOV VFs ({net.rdma_resource}), which a "
+            f"pod gets only through a NetworkAttachmentDefinition: add an entry {{cluster: {net.cluster}, "
+            f"nic: {net.nic}, sriov: {{networks: [namespace/name, ...]}}}} (one per rail)"
+        )
+    elif net.rdma_resource is not None:
+        resources[net.rdma_resource] = _shared_devices(net, entry, where, node, island)
+    rdma = net.nic in RDMA_KINDS and bool(resources)
+    env = {ENV_POD_NETWORK: HOST_NETWORK if host else POD_NETWORK, ENV_NIC: net.nic}
+    if net.hcas:
+        env[ENV_HOST_HCAS] = ",".join(net.hcas)
+    # a vendor plugin owns the island's transport: no socket tuning of NCCL's own there
+    socket = net.socket_threads if sockets and entry.net_plugin is None else None
+    env.update(
+        nccl_env(net.nic, traffic_class=entry.traffic_class, service_level=entry.service_level, socket=socket)
+    )
+    return PodRoute(
+        nic=net.nic,
+        host_network=host,
+        annotations=annotations,
+        resources=resources,
+        env=env,
+        ipc_lock=rdma,
+    )
+
+
+def _shared_devices(net: NodeNetwork, entry: IslandNetwork, where: str, node: str, island: str) -> int:
+    """Devices of the shared RDMA device plugin a pod requests: 1, or one per rail."""
+    if entry.rdma_devices != "perRail":
+        return 1
+    if not net.hcas:
+        raise RouteError(
+            f"{where}.rdmaDevices: perRail needs node {node}'s rails ({island}), which no "
+            "holmes.dev/nic-hcas annotation lists: run the NIC labeller or annotate the node, "
+            "or use rdmaDevices: one"
+        )
+    return len(net.hcas)
+
+
+def job_routes(
+    spec: JobSpec,
+    layout: Layout,
+    nets: Mapping[str, NodeNetwork],
+) -> dict[str, PodRoute]:
+    """Every planned node's route (RouteError on the first node the job cannot serve)."""
+    annotations = (spec.template.get("metadata") or {}).get("annotations") or {}
+    on_sockets = socket_nodes(layout)
+    return {
+        node: pod_route(
+            nets[node],
+            node,
+            network=spec.network,
+            islands=spec.islands,
+            sockets=rank in on_sockets,
+            template_annotations=annotations,
+        )
+        for rank, node in enumerate(layout.nodes)
+    }
