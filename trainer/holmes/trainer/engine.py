@@ -17,14 +17,15 @@ import torch.distributed as dist
 from holmes.contract import ModelCost, flops
 from holmes.contract.layout import Layout
 
-from . import checkpoint, fabric, hf, preempt
+from . import checkpoint, fabric, preempt
+from .assemble import load_start_weights, stage_model
 from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
 from .evaluate import Evaluator
-from .groups import build_groups, tensor_parallel
+from .groups import build_groups
 from .metrics import MetricsSink
-from .model import TIED_COPY, build_stage, global_name
+from .model import TIED_COPY, global_name
 from .models import sharding
 from .schedule import MicroBatchRunner
 from .stage_times import StageTimes
@@ -121,25 +122,13 @@ class Trainer:
             {"kind": "preemption", "size": layout.world_size, "backend": "gloo", "net": "Socket"}
         )
         self.preempted: dict[str, Any] | None = None
-        stage = layout.stages[info.stage]
-        self.tp = tensor_parallel(layout, rank, self.groups, cfg.sequence_parallel)
-        self.module = build_stage(
-            cfg.model,
-            stage.layers[0],
-            stage.layers[1],
-            self.first,
-            self.last,
-            cfg.seed,
-            device,
-            recompute=cfg.activation_recompute,
-            dtype=cfg.dtype,
-            tp=self.tp,
-        )
+        self.module = stage_model(cfg, layout, rank, device, self.groups, recompute=cfg.activation_recompute)
+        self.tp = self.module.tp
         # Before the optimizer copies the weights into its shards: a run that resumes takes its
-        # checkpoint's, a fresh one starts from Hugging Face weights when the job names them.
+        # checkpoint's (maybe_resume, with the optimizer state), a fresh one the job's.
         self.resume_iteration = self._newest_checkpoint()
-        if self.resume_iteration is None and cfg.model.init is not None:
-            hf.load_stage(self.module, cfg.model, cfg.model.init.huggingface.path)
+        if self.resume_iteration is None:
+            load_start_weights(self.module, cfg, None, self.groups.world)
         tied_name = None
         if tied_split:
             tied_name = "embedding.tok.weight" if self.first else TIED_COPY
