@@ -85,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
+    from holmes.contract import trainer_metrics as wire
     from holmes.contract.names import EXIT_PREEMPTED
 
     from .engine import Trainer
     from .groups import init_world
-    from .metrics import MetricsSink
     from .preempt import note_exit
+    from .reporting import MetricsSink
     from .startup import StartupError, report, start
 
     overrides: dict[str, Any] = {
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     except StartupError as e:
         report("holmes.trainer", e)
         if e.rank == 0:  # the operator reads stdout: say why in its format too
-            print(json.dumps({"holmes": "error", "rank": 0, "message": str(e)[:2000]}), flush=True)
+            print(json.dumps({wire.EVENT_KEY: wire.ERROR, "rank": 0, "message": str(e)[:2000]}), flush=True)
         return 2
     cfg, layout, rank = started.cfg, started.layout, started.rank
     term = os.environ.get(
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-        sink.emit("error", rank=rank, message=msg[:2000])
+        sink.emit(wire.ERROR, rank=rank, message=msg[:2000])
         code = 1
     finally:
         sink.close()

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from holmes.contract import ModelCost, flops
+from holmes.contract import trainer_metrics as wire
 from holmes.contract.layout import Layout
 
 from . import checkpoint, fabric, preempt
@@ -24,9 +25,9 @@ from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
 from .evaluate import Evaluator
 from .groups import build_groups
-from .metrics import MetricsSink
 from .model import TIED_COPY, global_name
 from .models import sharding
+from .reporting import MetricsSink
 from .schedule import MicroBatchRunner
 from .stage_times import StageTimes
 
@@ -233,7 +234,7 @@ class Trainer:
         )
         self.last_save_seconds = time.perf_counter() - t0
         self.sink.emit(
-            "checkpoint", iteration=self.iteration, path=path, seconds=round(self.last_save_seconds, 3)
+            wire.CHECKPOINT, iteration=self.iteration, path=path, seconds=round(self.last_save_seconds, 3)
         )
         return path
 
@@ -282,7 +283,7 @@ class Trainer:
         self.iteration = iteration
         self.resume_iteration = None
         self.sink.emit(
-            "resume",
+            wire.RESUME,
             iteration=iteration,
             path=path,
             consumedSamples=iteration * self.cfg.global_batch_size,
@@ -304,7 +305,7 @@ class Trainer:
         last = self.history[-1] if self.history else {}
         self.preempted = {"iteration": self.iteration, "saved": path is not None}
         self.sink.emit(
-            "preempted",
+            wire.PREEMPTED,
             iteration=self.iteration,
             loss=last.get("loss"),
             saved=path is not None,
@@ -319,7 +320,8 @@ class Trainer:
         self.opt.wait_param_gathers()
         t0 = time.perf_counter()
         result = self.evaluator.run()
-        self.sink.emit("eval", iteration=self.iteration, seconds=round(time.perf_counter() - t0, 3), **result)
+        seconds = round(time.perf_counter() - t0, 3)
+        self.sink.emit(wire.EVAL, iteration=self.iteration, seconds=seconds, **result)
         return result
 
     # ---- one iteration -------------------------------------------------------------------
@@ -404,7 +406,7 @@ class Trainer:
             },
         }
         if stages is not None:
-            record["stages"] = stages  # measured in the previous iteration (stage_times.py)
+            record[wire.STAGES] = stages  # measured in the previous iteration (stage_times.py)
         self.history.append(record)
         return record
 
@@ -422,7 +424,7 @@ class Trainer:
         cfg = self.cfg
         self.maybe_resume()
         self.sink.emit(
-            "start",
+            wire.START,
             iteration=self.iteration,
             iterations=cfg.iterations,
             worldSize=self.layout.world_size,
@@ -451,7 +453,7 @@ class Trainer:
                 result = self.evaluate()
                 record.update(evalLoss=result["loss"], evalPerplexity=result["perplexity"])
                 self.last_eval_loss = result["loss"]
-            self.sink.emit("iteration", **record)
+            self.sink.emit(wire.ITERATION, **record)
             self.sink.stages(self.stage_times.summary())
             if on_iteration is not None:
                 on_iteration(self, record)
@@ -468,12 +470,12 @@ class Trainer:
         self.opt.wait_param_gathers()
         last = self.history[-1] if self.history else {}
         self.sink.emit(
-            "done",
+            wire.DONE,
             iteration=self.iteration,
             loss=last.get("loss"),
             **({"evalLoss": self.last_eval_loss} if self.last_eval_loss is not None else {}),
             tokensPerSecond=last.get("tokensPerSecond"),
             tflopsPerGpu=last.get("tflopsPerGpu"),
-            fabricWarnings=self.fabric.messages(),
+            fabricWarnings=self.fabric.messages(),  # wire.FABRIC_WARNINGS
         )
         return self.history
