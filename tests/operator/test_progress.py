@@ -107,7 +107,7 @@ def test_from_pod_scrapes_a_running_rank0_and_reads_a_terminated_one():
 
 
 def test_fabric_warnings_from_the_trainers_endpoint_and_its_last_line():
-    from holmes.trainer.metrics import MetricsSink
+    from holmes.trainer.reporting import MetricsSink
 
     msgs = ["rank 1 on node b: dp group (2 ranks) expects IB, found NCCL using Socket", 'a "quoted" one']
     sink = MetricsSink(enabled=True, port=0, addr="127.0.0.1", stream=open("/dev/null", "w"))

@@ -16,7 +16,7 @@ from holmes.contract.jobspec import SpecError
 from holmes.trainer import fabric
 from holmes.trainer.engine import Trainer
 from holmes.trainer.fabric import rdma_problems, select_hcas
-from holmes.trainer.metrics import MetricsSink
+from holmes.trainer.reporting import MetricsSink
 from tests.labeller.fakesysfs import FakeSysfs, infiniband_node, roce_node
 
 from .trainer_harness import make_layout, run_ranks, tiny_config

@@ -18,12 +18,12 @@ import yaml
 
 from holmes.contract import ModelSpec
 from holmes.trainer import hf
+from holmes.trainer.assemble import load_start_weights, stage_model
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
 from holmes.trainer.data import BatchLoader, Sharding, TokenWindows, make_source
 from holmes.trainer.evaluate import Evaluator
 from holmes.trainer.export import main as export_main
 from holmes.trainer.groups import build_groups
-from holmes.trainer.launch import Run, build_model_for_layout
 from holmes.trainer.model import build_full
 from holmes.trainer.tokenize import write_token_file
 from tests.trainer.trainer_harness import free_port, make_layout, run_ranks, tiny_config, train_on_layout
@@ -83,10 +83,11 @@ def hf_loss(model, tokens: str) -> float:
 
 def evaluate_on_layout(rank, cfg, layout, tokens, ckpt):
     groups = build_groups(layout, rank, "gloo", 30)
-    run = Run(cfg, layout, rank, torch.device("cpu"), groups)
-    module = build_model_for_layout(run, ckpt)
+    cpu = torch.device("cpu")
+    module = stage_model(cfg, layout, rank, cpu, groups)
+    load_start_weights(module, cfg, ckpt, groups.world)
     windows = TokenWindows(tokens, cfg.model.vocab_size, cfg.model.seq_length)
-    return Evaluator(module, cfg.model, layout, rank, groups, windows, run.device, torch.float32).run()
+    return Evaluator(module, cfg.model, layout, rank, groups, windows, cpu, torch.float32).run()
 
 
 def with_init(model: ModelSpec, path: str) -> ModelSpec:

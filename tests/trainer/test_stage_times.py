@@ -11,7 +11,7 @@ import torch
 
 from holmes.operator.progress import from_prometheus
 from holmes.trainer.engine import Trainer
-from holmes.trainer.metrics import MetricsSink
+from holmes.trainer.reporting import MetricsSink
 from holmes.trainer.stage_times import WARMUP, StageTimes
 from tests.trainer.trainer_harness import make_layout, run_ranks, tiny_config
 

@@ -11,7 +11,7 @@ from holmes_dev.jobs import holmes_job
 
 from holmes.contract import ModelCost, ModelSpec
 from holmes.trainer.config import TrainConfig, TrainerConfigError
-from holmes.trainer.metrics import MetricsSink
+from holmes.trainer.reporting import MetricsSink
 from tests.trainer.trainer_harness import finish_nodes, make_layout, start_nodes
 
 JOB = holmes_job(

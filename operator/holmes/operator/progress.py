@@ -19,42 +19,17 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from holmes.contract import trainer_metrics as wire
 from holmes.contract.frameworks import HOLMES
 
 from .core import framework_progress
 from .core.reconcile import owned
 from .core.summary import pod_attempt, pod_node_rank
 
-GAUGES = {
-    "holmes_trainer_iteration": "iteration",
-    "holmes_trainer_loss": "loss",
-    "holmes_trainer_tokens_per_second": "tokensPerSecond",
-    "holmes_trainer_tflops_per_gpu": "tflopsPerGpu",
-    "holmes_trainer_iteration_seconds": "iterationSeconds",
-    "holmes_trainer_eval_loss": "evalLoss",  # training.eval: set from the first evaluation on
-    "holmes_trainer_checkpoint_iteration": "checkpointIteration",  # 0 until the first save
-}
-KEYS = (
-    "iteration",
-    "loss",
-    "evalLoss",
-    "tokensPerSecond",
-    "tflopsPerGpu",
-    "iterationSeconds",
-    "checkpointIteration",
-)
-INTEGERS = ("iteration", "checkpointIteration")
-FABRIC_GAUGE = "holmes_trainer_fabric_problem"  # labelled by message, one series per mismatch
-# per pipeline stage (label "stage"): the trainer's medians of its measured times (stage_times.py)
-STAGE_GAUGES = {
-    "holmes_trainer_stage_layers": "layers",
-    "holmes_trainer_stage_samples": "samples",
-    "holmes_trainer_stage_compute_seconds": "computeSeconds",
-    "holmes_trainer_stage_layer_seconds": "layerSeconds",
-    "holmes_trainer_stage_p2p_wait_seconds": "p2pWaitSeconds",
-    "holmes_trainer_stage_dp_exposed_seconds": "dpExposedSeconds",
-}
-STAGE_INTEGERS = ("stage", "layers", "samples")
+# The trainer's names (holmes.contract.trainer_metrics), turned round: a gauge -> the key it sets
+GAUGES = {gauge: key for key, gauge in wire.PROGRESS_GAUGES.items()}
+KEYS = tuple(wire.PROGRESS_GAUGES)
+STAGE_GAUGES = {gauge: key for key, gauge in wire.STAGE_GAUGES.items()}
 
 
 def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -62,13 +37,13 @@ def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
     for k in KEYS:
         v = d.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:  # drop NaN
-            out[k] = int(v) if k in INTEGERS else round(float(v), 6)
-    fabric = d.get("fabricWarnings")
+            out[k] = int(v) if k in wire.INTEGER_KEYS else round(float(v), 6)
+    fabric = d.get(wire.FABRIC_WARNINGS)
     if isinstance(fabric, list) and fabric:
-        out["fabricWarnings"] = [str(m) for m in fabric if isinstance(m, str)][:20]
-    stages = _clean_stages(d.get("stages"))
+        out[wire.FABRIC_WARNINGS] = [str(m) for m in fabric if isinstance(m, str)][:20]
+    stages = _clean_stages(d.get(wire.STAGES))
     if stages:
-        out["stages"] = stages
+        out[wire.STAGES] = stages
     return out
 
 
@@ -76,20 +51,20 @@ def _clean_stages(rows: Any) -> list[dict[str, Any]]:
     """Per-stage rows with every number present, numbered 0..P-1 (else none: a partial scrape)."""
     if not isinstance(rows, list) or len(rows) > 1024:
         return []
-    keys = ("stage", *STAGE_GAUGES.values())
+    keys = (wire.STAGE_LABEL, *wire.STAGE_GAUGES)
     out = []
     for r in rows:
         if not isinstance(r, Mapping) or not all(isinstance(r.get(k), (int, float)) for k in keys[:5]):
             return []
         out.append(
             {
-                k: int(r[k]) if k in STAGE_INTEGERS else round(float(r[k]), 6)
+                k: int(r[k]) if k in wire.STAGE_INTEGER_KEYS else round(float(r[k]), 6)
                 for k in keys
                 if isinstance(r.get(k), (int, float)) and r[k] == r[k]
             }
         )
-    out.sort(key=lambda r: r["stage"])
-    return out if [r["stage"] for r in out] == list(range(len(out))) else []
+    out.sort(key=lambda r: r[wire.STAGE_LABEL])
+    return out if [r[wire.STAGE_LABEL] for r in out] == list(range(len(out))) else []
 
 
 def from_prometheus(text: str) -> dict[str, Any]:
@@ -100,13 +75,14 @@ def from_prometheus(text: str) -> dict[str, Any]:
         for s in fam.samples:
             if s.name in GAUGES and not s.labels:
                 values[GAUGES[s.name]] = s.value
-            elif s.name == FABRIC_GAUGE and s.value and "message" in s.labels:
-                fabric.append(s.labels["message"])
-            elif s.name in STAGE_GAUGES and s.labels.get("stage", "").isdigit():
-                row = stages.setdefault(s.labels["stage"], {"stage": int(s.labels["stage"])})
+            elif s.name == wire.FABRIC_GAUGE and s.value and wire.MESSAGE_LABEL in s.labels:
+                fabric.append(s.labels[wire.MESSAGE_LABEL])
+            elif s.name in STAGE_GAUGES and s.labels.get(wire.STAGE_LABEL, "").isdigit():
+                stage = s.labels[wire.STAGE_LABEL]
+                row = stages.setdefault(stage, {wire.STAGE_LABEL: int(stage)})
                 row[STAGE_GAUGES[s.name]] = s.value
-    values["fabricWarnings"] = sorted(fabric)
-    values["stages"] = list(stages.values())
+    values[wire.FABRIC_WARNINGS] = sorted(fabric)
+    values[wire.STAGES] = list(stages.values())
     for unset in ("evalLoss", "checkpointIteration"):  # 0 until the first evaluation / save
         if values.get(unset) == 0:
             values.pop(unset)
@@ -122,7 +98,7 @@ def from_json_lines(message: str | None) -> dict[str, Any]:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and rec.get("holmes") in ("iteration", "done", "preempted"):
+        if isinstance(rec, dict) and rec.get(wire.EVENT_KEY) in wire.PROGRESS_EVENTS:
             return _clean(rec)
     return {}
 

@@ -33,7 +33,7 @@ import json
 import os
 import sys
 import traceback
-from dataclasses import replace
+from typing import Any
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -79,71 +79,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    missing = [
-        k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
-    ]
-    if missing:
-        print(
-            f"holmes.trainer: {', '.join(missing)} not set: start it with torchrun "
-            "(torchrun --nnodes N --nproc-per-node G ... -m holmes.trainer ...)",
-            file=sys.stderr,
-        )
-        return 2
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     from .preempt import Preemption
 
     preemption = Preemption().install()  # from here on SIGTERM only asks to stop (preempt.py)
 
-    import torch
     import torch.distributed as dist
 
-    from holmes.contract import Layout
+    from holmes.contract import trainer_metrics as wire
     from holmes.contract.names import EXIT_PREEMPTED
 
-    from .config import TrainConfig, TrainerConfigError
     from .engine import Trainer
     from .groups import init_world
-    from .metrics import MetricsSink
     from .preempt import note_exit
+    from .reporting import MetricsSink
+    from .startup import StartupError, report, start
 
-    cuda = torch.cuda.is_available()
+    overrides: dict[str, Any] = {
+        "optimizer": args.optimizer,
+        "overlap": not args.no_overlap,
+        "pipeline_schedule": args.pipeline_schedule,
+    }
+    for name in ("bucket_elements", "timeout_seconds", "iterations"):
+        if getattr(args, name):
+            overrides[name] = getattr(args, name)
     try:
-        overrides = {
-            "dtype": args.dtype or ("bfloat16" if cuda else "float32"),
-            "optimizer": args.optimizer,
-            "overlap": not args.no_overlap,
-            "pipeline_schedule": args.pipeline_schedule,
-        }
-        if args.bucket_elements:
-            overrides["bucket_elements"] = args.bucket_elements
-        if args.timeout_seconds:
-            overrides["timeout_seconds"] = args.timeout_seconds
-        cfg = TrainConfig.from_job(args.job, **overrides)
-        with open(args.layout) as f:
-            layout = Layout.from_json(f.read())
-        if args.checkpoint_dir:
-            cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, path=args.checkpoint_dir))
-        if args.iterations:
-            cfg = replace(cfg, iterations=args.iterations)
-        cfg.check_against_layout(layout)
-        world = int(os.environ["WORLD_SIZE"])
-        if world != layout.world_size:
-            raise TrainerConfigError(
-                f"torchrun started {world} processes but the layout needs {layout.world_size} "
-                "(nnodes x nproc-per-node must equal the layout's worldSize)"
-            )
-    except (OSError, ValueError) as e:  # SpecError, TrainerConfigError, LayoutError
-        print(f"holmes.trainer: rank {rank}: {e}", file=sys.stderr)
-        if rank == 0:  # the operator reads stdout: say why in its format too
-            print(json.dumps({"holmes": "error", "rank": rank, "message": str(e)[:2000]}), flush=True)
+        started = start(
+            args.job,
+            args.layout,
+            training=True,
+            dtype=args.dtype,
+            backend=args.backend,
+            checkpoint_dir=args.checkpoint_dir,
+            **overrides,
+        )
+    except StartupError as e:
+        report("holmes.trainer", e)
+        if e.rank == 0:  # the operator reads stdout: say why in its format too
+            print(json.dumps({wire.EVENT_KEY: wire.ERROR, "rank": 0, "message": str(e)[:2000]}), flush=True)
         return 2
-
-    backend = args.backend or ("nccl" if cuda else "gloo")
-    if cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
+    cfg, layout, rank = started.cfg, started.layout, started.rank
     term = os.environ.get(
         "HOLMES_TERMINATION_LOG", "/dev/termination-log" if os.path.exists("/dev/termination-log") else ""
     )
@@ -156,13 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     code = 0
     try:
-        init_world(layout, backend, cfg.timeout_seconds)
+        init_world(layout, started.backend, cfg.timeout_seconds)
         trainer = Trainer(
             cfg,
             layout,
             rank=rank,
-            device=device,
-            backend=backend,
+            device=started.device,
+            backend=started.backend,
             sink=sink,
             fabric_root=os.environ.get("HOLMES_FABRIC_ROOT") or None,
             preemption=preemption,
@@ -184,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-        sink.emit("error", rank=rank, message=msg[:2000])
+        sink.emit(wire.ERROR, rank=rank, message=msg[:2000])
         code = 1
     finally:
         sink.close()

@@ -6,13 +6,14 @@ the model is the contract's ``ModelSpec`` itself) and checked against the Layout
 
 One vocabulary with the spec: fields the job carries keep the contract's names (``betas``,
 ``interval_iterations``, ...), their defaults are the contract dataclasses' (read from them, not
-restated), and the eval section is the contract's ``EvalSpec`` itself. Only knobs the job does
+restated) and ``from_jobspec`` fills them by name; the model and the eval section are the
+contract's ``ModelSpec`` and ``EvalSpec`` themselves. Only knobs the job does
 not carry (optimizer kind, eps, dtype, bucket size, ...) are defined here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from holmes.contract import JobSpec, Layout, ModelSpec, load_job
@@ -159,41 +160,23 @@ class TrainConfig:
     def from_jobspec(
         cls, job: JobSpec, *, dtype: str = "float32", optimizer: str = "adamw", **overrides: Any
     ) -> TrainConfig:
-        """JobSpec -> TrainConfig. Knobs the HolmesJob API does not carry (dtype, optimizer kind,
-        overlap, bucket size, timeout) come as keyword overrides from the entry point."""
-        t = job.training
-        opt = OptimizerConfig(
-            kind=optimizer,
-            learning_rate=t.learning_rate,
-            weight_decay=t.weight_decay,
-            grad_clip=t.grad_clip,
-            warmup_iterations=t.warmup_iterations,
-            decay=t.decay,
-            min_learning_rate=t.min_learning_rate,
-            betas=t.betas,
-        )
-        ckpt = t.checkpoint
+        """JobSpec -> TrainConfig. Fields named as the contract's are taken from it by name (a
+        field added to both needs no line here); knobs the HolmesJob API does not carry (dtype,
+        optimizer kind, overlap, bucket size, timeout) come as keyword overrides from the entry
+        point."""
+        t, checkpoint = job.training, CheckpointConfig()
+        if t.checkpoint is not None:
+            checkpoint = CheckpointConfig(**_from_contract(CheckpointConfig, t.checkpoint))
         kwargs: dict[str, Any] = dict(
+            _from_contract(cls, t),  # batch sizes, iterations, seed, eval, recompute, fabric check, ...
             model=job.model,
             dtype=_dtype_name(dtype),
-            global_batch_size=t.global_batch_size,
-            micro_batch_size=t.micro_batch_size,
-            iterations=t.iterations,
-            seed=t.seed,
-            optimizer=opt,
+            optimizer=OptimizerConfig(kind=optimizer, **_from_contract(OptimizerConfig, t)),
             data=DataConfig(
                 path=None if t.data.synthetic else t.data.path,
                 blend=tuple((b.path, b.weight) for b in t.data.blend),
             ),
-            eval=t.eval,
-            checkpoint=CheckpointConfig(
-                path=ckpt.path, interval_iterations=ckpt.interval_iterations, on_preemption=ckpt.on_preemption
-            )
-            if ckpt
-            else CheckpointConfig(),
-            activation_recompute=t.activation_recompute,
-            grad_reduce_dtype=t.grad_reduce_dtype,
-            fabric_check=t.fabric_check,
+            checkpoint=checkpoint,
             sequence_parallel=job.parallelism.sequence_parallel,
         )
         kwargs.update(overrides)
@@ -248,6 +231,17 @@ class TrainConfig:
                 f"1F1B needs microBatches ({layout.micro_batches}) >= pipeline stages "
                 f"({layout.pipeline}); raise globalBatchSize or lower microBatchSize"
             )
+
+
+# TrainingSpec's sections that the trainer holds in a shape of its own (a bare engine runs without
+# a token file or a checkpoint directory): converted above, never copied by name.
+OWN_SHAPE = ("data", "checkpoint")
+
+
+def _from_contract(trainer_type: type, section: Any) -> dict[str, Any]:
+    """``section``'s values (a JobSpec dataclass) of the fields ``trainer_type`` names alike."""
+    theirs = {f.name for f in fields(section)} - set(OWN_SHAPE)
+    return {f.name: getattr(section, f.name) for f in fields(trainer_type) if f.name in theirs}
 
 
 def _dtype_name(v: str) -> str:

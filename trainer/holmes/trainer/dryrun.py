@@ -66,6 +66,7 @@ from .config import CheckpointConfig, DataConfig, TrainConfig  # noqa: E402
 from .dist_optimizer import DistributedOptimizer  # noqa: E402
 from .fakecuda import fake_cuda  # noqa: E402
 from .recording import CATEGORIES, NCCL_COMMUNICATOR_BYTES, Collective, Recorder, sequence_problems  # noqa: E402
+from .startup import configure  # noqa: E402
 
 # One read of the device per iteration is by design: the loss and the global grad norm, which
 # the clipping coefficient and the NaN check need on the host (engine.Trainer.train_step).
@@ -187,7 +188,7 @@ def memory_labels(rec: Recorder) -> Iterator[None]:
         stack.enter_context(_patched(model_mod, "meta_stage", _outside_fake_mode))
         # values do not exist under fake tensors: drawing them would only cost time
         stack.enter_context(_patched(model_mod, "init_parameters", lambda real: lambda *a, **k: None))
-        stack.enter_context(_patched(engine_mod, "build_stage", _labelled(rec, "parameters")))
+        stack.enter_context(_patched(engine_mod, "stage_model", _labelled(rec, "parameters")))
         stack.enter_context(_patched(DistributedOptimizer, "__init__", _optimizer_labels(rec)))
         stack.enter_context(_patched(preempt.StopVote, "__init__", _host_group(rec)))
         stack.enter_context(_patched(DistributedOptimizer, "_launch_reduce", _labelled(rec, "gradients")))
@@ -491,10 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides: dict[str, Any] = {"dtype": "bfloat16", "pipeline_schedule": args.pipeline_schedule}
         if args.bucket_elements:
             overrides["bucket_elements"] = args.bucket_elements
-        job_cfg = TrainConfig.from_job(args.job, **overrides)
-        with open(args.layout) as f:
-            layout = Layout.from_json(f.read())
-        job_cfg.check_against_layout(layout)
+        job_cfg, layout = configure(args.job, args.layout, training=True, **overrides)
         cfg, skipped = dry_config(job_cfg, args.iterations)
         ranks = parse_ranks(args.ranks, layout)
         mb = args.micro_batches

@@ -15,17 +15,19 @@ import torch
 import torch.distributed as dist
 
 from holmes.contract import ModelCost, flops
+from holmes.contract import trainer_metrics as wire
 from holmes.contract.layout import Layout
 
-from . import checkpoint, fabric, hf, preempt
+from . import checkpoint, fabric, preempt
+from .assemble import load_start_weights, stage_model
 from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
 from .evaluate import Evaluator
-from .groups import build_groups, tensor_parallel
-from .metrics import MetricsSink
-from .model import TIED_COPY, build_stage, global_name
+from .groups import build_groups
+from .model import TIED_COPY, global_name
 from .models import sharding
+from .reporting import MetricsSink
 from .schedule import MicroBatchRunner
 from .stage_times import StageTimes
 
@@ -121,25 +123,13 @@ class Trainer:
             {"kind": "preemption", "size": layout.world_size, "backend": "gloo", "net": "Socket"}
         )
         self.preempted: dict[str, Any] | None = None
-        stage = layout.stages[info.stage]
-        self.tp = tensor_parallel(layout, rank, self.groups, cfg.sequence_parallel)
-        self.module = build_stage(
-            cfg.model,
-            stage.layers[0],
-            stage.layers[1],
-            self.first,
-            self.last,
-            cfg.seed,
-            device,
-            recompute=cfg.activation_recompute,
-            dtype=cfg.dtype,
-            tp=self.tp,
-        )
+        self.module = stage_model(cfg, layout, rank, device, self.groups, recompute=cfg.activation_recompute)
+        self.tp = self.module.tp
         # Before the optimizer copies the weights into its shards: a run that resumes takes its
-        # checkpoint's, a fresh one starts from Hugging Face weights when the job names them.
+        # checkpoint's (maybe_resume, with the optimizer state), a fresh one the job's.
         self.resume_iteration = self._newest_checkpoint()
-        if self.resume_iteration is None and cfg.model.init is not None:
-            hf.load_stage(self.module, cfg.model, cfg.model.init.huggingface.path)
+        if self.resume_iteration is None:
+            load_start_weights(self.module, cfg, None, self.groups.world)
         tied_name = None
         if tied_split:
             tied_name = "embedding.tok.weight" if self.first else TIED_COPY
@@ -244,7 +234,7 @@ class Trainer:
         )
         self.last_save_seconds = time.perf_counter() - t0
         self.sink.emit(
-            "checkpoint", iteration=self.iteration, path=path, seconds=round(self.last_save_seconds, 3)
+            wire.CHECKPOINT, iteration=self.iteration, path=path, seconds=round(self.last_save_seconds, 3)
         )
         return path
 
@@ -293,7 +283,7 @@ class Trainer:
         self.iteration = iteration
         self.resume_iteration = None
         self.sink.emit(
-            "resume",
+            wire.RESUME,
             iteration=iteration,
             path=path,
             consumedSamples=iteration * self.cfg.global_batch_size,
@@ -315,7 +305,7 @@ class Trainer:
         last = self.history[-1] if self.history else {}
         self.preempted = {"iteration": self.iteration, "saved": path is not None}
         self.sink.emit(
-            "preempted",
+            wire.PREEMPTED,
             iteration=self.iteration,
             loss=last.get("loss"),
             saved=path is not None,
@@ -330,7 +320,8 @@ class Trainer:
         self.opt.wait_param_gathers()
         t0 = time.perf_counter()
         result = self.evaluator.run()
-        self.sink.emit("eval", iteration=self.iteration, seconds=round(time.perf_counter() - t0, 3), **result)
+        seconds = round(time.perf_counter() - t0, 3)
+        self.sink.emit(wire.EVAL, iteration=self.iteration, seconds=seconds, **result)
         return result
 
     # ---- one iteration -------------------------------------------------------------------
@@ -415,7 +406,7 @@ class Trainer:
             },
         }
         if stages is not None:
-            record["stages"] = stages  # measured in the previous iteration (stage_times.py)
+            record[wire.STAGES] = stages  # measured in the previous iteration (stage_times.py)
         self.history.append(record)
         return record
 
@@ -433,7 +424,7 @@ class Trainer:
         cfg = self.cfg
         self.maybe_resume()
         self.sink.emit(
-            "start",
+            wire.START,
             iteration=self.iteration,
             iterations=cfg.iterations,
             worldSize=self.layout.world_size,
@@ -462,7 +453,7 @@ class Trainer:
                 result = self.evaluate()
                 record.update(evalLoss=result["loss"], evalPerplexity=result["perplexity"])
                 self.last_eval_loss = result["loss"]
-            self.sink.emit("iteration", **record)
+            self.sink.emit(wire.ITERATION, **record)
             self.sink.stages(self.stage_times.summary())
             if on_iteration is not None:
                 on_iteration(self, record)
@@ -479,12 +470,12 @@ class Trainer:
         self.opt.wait_param_gathers()
         last = self.history[-1] if self.history else {}
         self.sink.emit(
-            "done",
+            wire.DONE,
             iteration=self.iteration,
             loss=last.get("loss"),
             **({"evalLoss": self.last_eval_loss} if self.last_eval_loss is not None else {}),
             tokensPerSecond=last.get("tokensPerSecond"),
             tflopsPerGpu=last.get("tflopsPerGpu"),
-            fabricWarnings=self.fabric.messages(),
+            fabricWarnings=self.fabric.messages(),  # wire.FABRIC_WARNINGS
         )
         return self.history

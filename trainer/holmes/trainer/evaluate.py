@@ -133,34 +133,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=["nccl", "gloo"])
     args = ap.parse_args(argv)
 
-    from .launch import LaunchError, build_model_for_layout, start
+    from .assemble import load_start_weights, stage_model
+    from .groups import build_groups, init_world
+    from .startup import StartupError, report, start
 
     try:
-        run = start(args.job, args.layout, dtype=args.dtype, backend=args.backend)
-    except LaunchError as e:
-        print(f"holmes.trainer.evaluate: {e}", file=sys.stderr)
+        started = start(args.job, args.layout, training=False, dtype=args.dtype, backend=args.backend)
+    except StartupError as e:
+        report("holmes.trainer.evaluate", e)
         return 2
+    cfg, layout, rank, device = started.cfg, started.layout, started.rank, started.device
+    init_world(layout, started.backend, cfg.timeout_seconds)
+    groups = build_groups(layout, rank, started.backend, cfg.timeout_seconds)
     try:
-        module = build_model_for_layout(run, args.checkpoint)
-        windows = TokenWindows(args.tokens, run.cfg.model.vocab_size, run.cfg.model.seq_length)
+        module = stage_model(cfg, layout, rank, device, groups)
+        load_start_weights(module, cfg, args.checkpoint, groups.world)
+        windows = TokenWindows(args.tokens, cfg.model.vocab_size, cfg.model.seq_length)
+        dtype = getattr(torch, cfg.dtype)
         result = Evaluator(
-            module,
-            run.cfg.model,
-            run.layout,
-            run.rank,
-            run.groups,
-            windows,
-            run.device,
-            getattr(torch, run.cfg.dtype),
-            limit=args.windows,
+            module, cfg.model, layout, rank, groups, windows, device, dtype, limit=args.windows
         ).run()
     except (OSError, ValueError, RuntimeError) as e:
-        print(
-            f"holmes.trainer.evaluate: rank {run.rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True
-        )
+        print(f"holmes.trainer.evaluate: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)  # peers may be blocked in a collective with this rank
-    if run.rank == 0:
+    if rank == 0:
         print(json.dumps(result), flush=True)
     dist.destroy_process_group()
     return 0

@@ -1,4 +1,5 @@
-"""Per-iteration metrics: one JSON line on stdout (and in --metrics-file), and Prometheus gauges.
+"""Rank 0's report: one JSON line per event on stdout (and in --metrics-file), and Prometheus
+gauges; their names and keys are the operator's too (holmes.contract.trainer_metrics).
 
 Only rank 0 reports. Keys are camelCase like HolmesJob.status.progress (iteration, loss,
 tokensPerSecond, tflopsPerGpu: model FLOPs per second per GPU, with the formula that matches
@@ -26,30 +27,11 @@ import json
 import sys
 from typing import Any, TextIO
 
+from holmes.contract import trainer_metrics as wire
+
 
 class MetricsSink:
     """Writes metric records; a no-op on ranks other than 0."""
-
-    GAUGES = {
-        "iteration": "holmes_trainer_iteration",
-        "loss": "holmes_trainer_loss",
-        "learningRate": "holmes_trainer_learning_rate",
-        "gradNorm": "holmes_trainer_grad_norm",
-        "tokensPerSecond": "holmes_trainer_tokens_per_second",
-        "tflopsPerGpu": "holmes_trainer_tflops_per_gpu",
-        "iterationSeconds": "holmes_trainer_iteration_seconds",
-        "evalLoss": "holmes_trainer_eval_loss",
-        "checkpointIteration": "holmes_trainer_checkpoint_iteration",  # set by checkpoint events
-    }
-    # per stage (label stage), from stage_times.StageTimes.summary(): what re-planning reads
-    STAGE_GAUGES = {
-        "layers": "holmes_trainer_stage_layers",
-        "samples": "holmes_trainer_stage_samples",
-        "computeSeconds": "holmes_trainer_stage_compute_seconds",
-        "layerSeconds": "holmes_trainer_stage_layer_seconds",
-        "p2pWaitSeconds": "holmes_trainer_stage_p2p_wait_seconds",
-        "dpExposedSeconds": "holmes_trainer_stage_dp_exposed_seconds",
-    }
 
     def __init__(
         self,
@@ -64,7 +46,7 @@ class MetricsSink:
         self.termination_log = termination_log
         self.stream = stream or sys.stdout
         self.file = open(metrics_file, "a") if enabled and metrics_file else None
-        self.server = None
+        self.server: Any = None  # prometheus_client's WSGI server, while serving
         self.port: int | None = None
         self._gauges: dict[str, Any] = {}
         if enabled and port is not None:
@@ -74,28 +56,28 @@ class MetricsSink:
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         self.registry = CollectorRegistry()
-        for key, name in self.GAUGES.items():
+        for key, name in wire.GAUGES.items():  # checkpointIteration: set by checkpoint events
             self._gauges[key] = Gauge(name, f"Holmes trainer {key}", registry=self.registry)
         self._time = Gauge(
-            "holmes_trainer_time_seconds",
+            wire.TIME_GAUGE,
             "Where the last iteration's time went",
-            ["part"],
+            [wire.PART_LABEL],
             registry=self.registry,
         )
         self._fabric = Gauge(
-            "holmes_trainer_fabric_problem",
+            wire.FABRIC_GAUGE,
             "1 per fabric mismatch the start-up check found (training.fabricCheck: warn)",
-            ["message"],
+            [wire.MESSAGE_LABEL],
             registry=self.registry,
         )
         self._stage = {
             key: Gauge(
                 name,
                 f"Holmes trainer, per pipeline stage: {key} (median over the recent iterations)",
-                ["stage"],
+                [wire.STAGE_LABEL],
                 registry=self.registry,
             )
-            for key, name in self.STAGE_GAUGES.items()
+            for key, name in wire.STAGE_GAUGES.items()  # stage_times.StageTimes.summary()'s rows
         }
         started = start_http_server(port, addr=addr, registry=self.registry)
         self.server = started[0] if isinstance(started, tuple) else None
@@ -104,7 +86,7 @@ class MetricsSink:
     def fabric_problems(self, messages: list[str]) -> None:
         if self.enabled and self._gauges:
             for m in messages[:20]:  # one series each; a broken fabric on every rank stays readable
-                self._fabric.labels(message=m[:400]).set(1)
+                self._fabric.labels(m[:400]).set(1)
 
     def stages(self, summary: list[dict[str, Any]]) -> None:
         """Every stage's medians as gauges (rank 0; nothing before the first window)."""
@@ -112,25 +94,25 @@ class MetricsSink:
             return
         for row in summary:
             for key, gauge in self._stage.items():
-                gauge.labels(stage=str(row["stage"])).set(row[key])
+                gauge.labels(str(row[wire.STAGE_LABEL])).set(row[key])
 
     def emit(self, event: str, **fields: Any) -> None:
         if not self.enabled:
             return
-        line = json.dumps({"holmes": event, **fields}, sort_keys=False)
+        line = json.dumps({wire.EVENT_KEY: event, **fields}, sort_keys=False)
         print(line, file=self.stream, flush=True)
         if self.file:
             self.file.write(line + "\n")
             self.file.flush()
-        if self.termination_log and event in ("iteration", "preempted", "done", "error"):
+        if self.termination_log and event in wire.LAST_LINE_EVENTS:
             try:
                 with open(self.termination_log, "w") as f:  # Kubernetes keeps at most 4 KiB
                     f.write(line[:4000] + "\n")
             except OSError:
                 self.termination_log = None
-        if event == "checkpoint" and self._gauges:
+        if event == wire.CHECKPOINT and self._gauges:
             self._gauges["checkpointIteration"].set(fields["iteration"])
-        if event == "iteration" and self._gauges:
+        if event == wire.ITERATION and self._gauges:
             for key, gauge in self._gauges.items():
                 if fields.get(key) is not None:
                     gauge.set(fields[key])
