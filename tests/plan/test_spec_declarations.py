@@ -47,7 +47,7 @@ def test_the_reader_follows_the_declaration():
     assert problems == [
         "spec.toy: unknown field typo (known: gidIndex, trafficClass, mode, weight, routes, extra); "
         "remove or fix the spelling",
-        "spec.toy.gidIndex: must be an integer >= 0 <= 255, got 256",
+        "spec.toy.gidIndex: must be an integer from 0 to 255, got 256",
         "spec.toy.trafficClass: must be an integer >= 0, got '5' (a string: remove the quotes)",
         "spec.toy.mode: must be one of auto, static, got 'dynamic'",
         "spec.toy.weight: must be a positive number, got 0",

@@ -267,14 +267,15 @@ def _within(v: float, spec: Field) -> bool:
 
 
 def _integer_kind(spec: Field) -> str:
-    if spec.minimum == 1 and spec.maximum is None:
+    low, high = spec.minimum, spec.maximum
+    if low == 1 and high is None:
         kind = "a positive integer"
-    elif spec.minimum is None:
-        kind = "an integer"
+    elif low is not None and high is not None:
+        kind = f"an integer from {_number(low)} to {_number(high)}"
+    elif low is not None:
+        kind = f"an integer >= {_number(low)}"
     else:
-        kind = f"an integer >= {_number(spec.minimum)}"
-    if spec.maximum is not None:
-        kind += f" <= {_number(spec.maximum)}"
+        kind = "an integer" if high is None else f"an integer <= {_number(high)}"
     return kind + "".join(f' or "{w}"' for w in spec.words)
 
 
