@@ -11,4 +11,4 @@ CRD = Path(__file__).resolve().parents[1] / "crds" / "holmesjob.yaml"
 
 if __name__ == "__main__":
     CRD.write_text(render())
-    print(f"wrote {CRD.relative_to(Path.cwd()) if CRD.is_relative_to(Path.cwd()) else CRD}")
+    print(f"wrote {CRD}")
