@@ -71,6 +71,12 @@ demo: cluster-up
 	@$(PY) hack/demo.py --kubeconfig .holmes/kubeconfig --job examples/holmesjob-demo.yaml
 
 # Copy crds/ into the chart and re-render deploy/install.yaml (tests/packaging checks both).
-.PHONY: chart-sync
+.PHONY: chart-sync crd
 chart-sync:
+	hack/chart-sync.sh
+
+# Generate crds/holmesjob.yaml from the spec's declarations (contract/holmes/contract/jobspec.py,
+# status.py, podtemplate.py), then refresh its copies (tests/operator/test_crd.py checks it).
+crd: venv
+	$(PY) hack/gen_crd.py
 	hack/chart-sync.sh

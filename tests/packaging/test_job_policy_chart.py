@@ -57,8 +57,16 @@ def test_the_operator_pod_passes_restricted():
     assert rendered_pod_violations(pod, RESTRICTED, service_accounts=(sa,)) == []
 
 
-def test_the_labeller_needs_a_privileged_namespace_for_its_read_only_sysfs_only():
+def test_the_labeller_needs_a_privileged_namespace_for_its_read_only_host_files_only():
     ds = one(render({"labeller.enabled": "true"}), "DaemonSet")["spec"]["template"]
     sa = ds["spec"]["serviceAccountName"]
     refused = rendered_pod_violations(ds, BASELINE, service_accounts=(sa,))
-    assert [v.split(":")[0] for v in refused] == ["spec.volumes[0].hostPath"], refused
+    # /sys and the host's route table (the default route names the front-end interface)
+    assert [v.split(":")[0] for v in refused] == ["spec.volumes[0].hostPath", "spec.volumes[1].hostPath"], (
+        refused
+    )
+    assert [v["hostPath"]["path"] for v in ds["spec"]["volumes"]] == ["/sys", "/proc/1/net/route"]
+    without_route = one(
+        render({"labeller.enabled": "true", "labeller.defaultRoute.hostPath": ""}), "DaemonSet"
+    )
+    assert [v["name"] for v in without_route["spec"]["template"]["spec"]["volumes"]] == ["sys"]

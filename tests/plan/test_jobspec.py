@@ -357,7 +357,7 @@ def test_islands_round_trip_and_their_problems_name_the_field_and_the_fix():
     ]
     found = "\n".join(problems_of(minimal_spec(islands=bad)))
     for expected in (
-        "spec.islands[0].trafficClass: must be 0..255, got 300",
+        "spec.islands[0].trafficClass: must be an integer from 0 to 255, got 300",
         "spec.islands[0].trafficClass: applies to NCCL's IB transport (infiniband, roce), not nic ethernet",
         "spec.islands[1].sriov.networks: 'Bad_Name' is not a NetworkAttachmentDefinition name",
         "spec.islands[3]: unknown field color",

@@ -1,17 +1,19 @@
 """The HolmesJob spec as frozen dataclasses: one config that flows from the manifest to the
 planner, the operator and the trainer (torchtitan style). Pure Python, no third-party import.
 
+Each field is declared once, below: its type, default, allowed values, bounds and the one-line
+doc ``kubectl explain`` shows (``Annotated[type, Field(doc, ...)] = default``, see
+:mod:`holmes.contract.schema`). The reader and the CRD's schema (``crds/holmesjob.yaml``,
+``make crd``) are both made from these declarations; the special cases no declaration can
+state are the small ``read=`` functions just above the dataclasses. How to add a field:
+docs/api.md#adding-a-spec-field.
+
 Parse with :meth:`JobSpec.from_manifest` (a whole HolmesJob object) or :meth:`JobSpec.from_spec`
 (its ``spec``); turn back into camelCase with :meth:`JobSpec.to_spec`. Bad input raises
 :class:`SpecError`, whose message lists *every* problem with its field path and what to do, e.g.
 ``spec.training.microBatchSize: must be a positive integer, got 'four'``. Unknown fields are
 rejected by name. Types are strict (a YAML string "8" is not the integer 8; booleans are not
 numbers), like the API server's schema validation.
-
-The fields (camelCase in the manifest, snake_case here) are described in docs/api.md and in the
-CRD's schema (crds/holmesjob.yaml; tests/operator/test_crd.py keeps it and this parser in step).
-Each default is stated once, on the dataclasses below: the reader takes it from there, and the
-trainer's config (holmes.trainer.config) from them too.
 
 ``activationRecompute`` (full recomputation: each transformer block keeps only its input and
 runs its forward again in backward) defaults to true because the paper's runs and Megatron-LM
@@ -32,12 +34,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, ClassVar, Union
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Annotated, Any, ClassVar, Union
 
 from .frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_problems
 from .names import API_VERSION, KIND, LABEL_CLUSTER, NETWORKS, POD_NETWORK
 from .network import IslandNetwork, read_islands
+from .podtemplate import PodTemplate
+from .schema import ABSENT, INVALID, PRESERVE, Field, Reader, declared, is_int, show
+from .schema import camel as camel  # the cost-model file's keys are made the same way
 
 AUTO = "auto"
 PARTITION_MODES = ("adaptive", "uniform")
@@ -74,38 +79,227 @@ class SpecError(ValueError):
         super().__init__(head + ":\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
-# ---- the dataclasses ----------------------------------------------------------------------
+# ---- the special readers the declarations below name (read=); each returns the value, ABSENT
+# (the default applies) or INVALID after adding a problem ------------------------------------
+
+
+def _token_file(r: Reader, v: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """training.eval.data: the manifest nests the path one level down ({path: ...})."""
+    if v is None:
+        return INVALID  # required: mapping() said so
+    data = r.object(TokenFile, v, path)
+    return INVALID if data is INVALID else data.path
+
+
+def _data(r: Reader, v: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """training.data: exactly one source; ``synthetic: {}`` is written as an empty mapping."""
+    if v is None:
+        return ABSENT
+    d = r.mapping(v, path, optional=("synthetic", "path", "blend"))
+    if d is None:
+        return INVALID
+    if sum(k in d for k in ("synthetic", "path", "blend")) != 1:
+        r.add(
+            path,
+            "set exactly one of synthetic: {} (random tokens), path: <token file> or "
+            "blend: [{path, weight}, ...]",
+        )
+        return INVALID
+    if "synthetic" in d:
+        synthetic = d["synthetic"] if d["synthetic"] is not None else {}
+        return INVALID if r.mapping(synthetic, f"{path}.synthetic") is None else DataSpec()
+    (f,) = [f for f in declared(DataSpec) if f.key in d]
+    value = r.value(f.type, f.spec, d[f.key], f"{path}.{f.key}")
+    return INVALID if value is INVALID else DataSpec(synthetic=False, **{f.name: value})
+
+
+def _betas(r: Reader, v: Any, path: str, _: Mapping[str, Any]) -> Any:
+    if v is None:
+        return ABSENT
+    ok = (
+        isinstance(v, (list, tuple))
+        and len(v) == 2
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1 for x in v)
+    )
+    if not ok:
+        r.add(path, f"must be two numbers in [0, 1) (Adam's beta1, beta2), e.g. [0.9, 0.95], got {show(v)}")
+        return INVALID
+    return (float(v[0]), float(v[1]))
+
+
+def _partition(r: Reader, v: Any, path: str, _: Mapping[str, Any]) -> Any:
+    if v is None:
+        return ABSENT
+    if isinstance(v, str) and v in PARTITION_MODES:
+        return v
+    if isinstance(v, (list, tuple)):
+        if not v:
+            r.add(path, "an explicit partition needs one layer count per stage, got an empty list")
+            return INVALID
+        bad = [i for i, x in enumerate(v) if not is_int(x) or x < 1]
+        for i in bad:
+            r.add(f"{path}[{i}]", f"must be a positive integer (layers of stage {i}), got {show(v[i])}")
+        return tuple(v) if not bad else INVALID
+    r.add(path, f"must be adaptive, uniform or a list of layer counts per stage, got {show(v)}")
+    return INVALID
+
+
+def _replan(r: Reader, v: Any, path: str, siblings: Mapping[str, Any]) -> Any:
+    """parallelism.replan: on by default for partition adaptive (the only mode whose layer
+    split the planner may change), refused for a fixed one."""
+    adaptive = siblings.get("partition", ParallelismSpec.partition) == "adaptive"
+    replan = r.object(ReplanSpec, v if v is not None else {}, path, defaults={"enabled": adaptive})
+    if replan is not INVALID and replan.enabled and not adaptive:
+        r.add(
+            f"{path}.enabled",
+            "re-planning changes the layer split: it needs partition: adaptive (set enabled: false, "
+            "or partition: adaptive)",
+        )
+    return replan
+
+
+def _match_labels(r: Reader, v: Any, path: str, _: Mapping[str, Any]) -> Any:
+    if not v:
+        return ABSENT
+    if not isinstance(v, Mapping):
+        r.add(path, f"must be a mapping of label to value, got {show(v)}")
+        return INVALID
+    bad = [(k, x) for k, x in v.items() if not isinstance(k, str) or not isinstance(x, str)]
+    for k, x in bad:
+        r.add(f"{path}.{k}", f"label values must be strings (quote them in YAML), got {show(x)}")
+    return INVALID if bad else tuple(sorted(v.items()))
+
+
+def _selector_values(r: Reader, v: Any, path: str, siblings: Mapping[str, Any]) -> Any:
+    """A requirement's values: any strings (an empty label value too), as many as its operator
+    takes."""
+    values = v or []
+    if not isinstance(values, (list, tuple)) or not all(isinstance(x, str) for x in values):
+        r.add(path, f"must be a list of strings, got {show(values)}")
+        return INVALID
+    op = siblings.get("operator")
+    if op in ("In", "NotIn") and not values:
+        r.add(path, f"operator {op} needs at least one value")
+    if op in ("Exists", "DoesNotExist") and values:
+        r.add(path, f"operator {op} takes no values")
+    return tuple(values)
+
+
+def _exit_codes(r: Reader, v: Any, path: str, siblings: Mapping[str, Any]) -> Any:
+    if not isinstance(v, (list, tuple)) or not v or not all(is_int(x) for x in v):
+        if v is not None:  # missing: mapping() said so
+            r.add(path, f"must be a non-empty list of integer exit codes, got {show(v)}")
+        return INVALID
+    if len(set(v)) != len(v):
+        r.add(path, f"lists an exit code twice: {list(v)}")
+    if siblings.get("operator") == "In" and 0 in v:
+        r.add(path, "0 is success, not a failure: remove it (operator In)")
+    if any(x < 0 or x > 255 for x in v):
+        r.add(path, f"exit codes are 0..255, got {list(v)}")
+    return tuple(sorted(set(v)))
+
+
+def _template(r: Reader, v: Any, path: str, _: Mapping[str, Any]) -> Any:
+    if v is None:
+        return ABSENT
+    if not isinstance(v, Mapping):
+        r.add(path, f"must be a mapping (a PodTemplateSpec-like object), got {show(v)}")
+        return INVALID
+    return dict(v)
+
+
+# ---- the dataclasses: one declaration per field -------------------------------------------
 
 
 @dataclass(frozen=True)
 class HuggingFaceSource:
-    path: str  # a directory as transformers' save_pretrained writes it
+    path: Annotated[str, Field("The directory, mounted through template volumes.")]
 
 
 @dataclass(frozen=True)
 class ModelInit:
     """Where the weights start from (none: random, seeded by training.seed)."""
 
-    huggingface: HuggingFaceSource
+    huggingface: Annotated[
+        HuggingFaceSource,
+        Field(
+            "A directory inside the pods as transformers' save_pretrained writes a Llama model "
+            "(config.json and *.safetensors, sharded or not). config.json must match this model; "
+            "each pipeline stage reads only its own layers."
+        ),
+    ]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    layers: int
-    hidden_size: int
-    attention_heads: int
-    seq_length: int
-    vocab_size: int
-    ffn_hidden_size: int = 0  # 0 (not given): the architecture's default, resolved here
-    tied_embeddings: bool = False
-    architecture: str = "gpt"  # gpt: GPT-2 style; llama: RoPE, RMSNorm, SwiGLU, GQA
-    kv_heads: int = 0  # 0 (not given): attention_heads (no grouping)
-    rope_theta: float | None = None  # llama only; None resolves to DEFAULT_ROPE_THETA there
-    norm_eps: float = 1e-5
-    init: ModelInit | None = None
+    layers: Annotated[int, Field("Number of transformer layers; pipeline stages split these.", minimum=1)]
+    hidden_size: Annotated[int, Field("Hidden size h; must be divisible by attentionHeads.", minimum=1)]
+    attention_heads: Annotated[
+        int, Field("Number of attention heads; must be divisible by parallelism.tensor.", minimum=1)
+    ]
+    seq_length: Annotated[int, Field("Sequence length s in tokens.", minimum=1)]
+    vocab_size: Annotated[int, Field("Vocabulary size V (the embedding and output layer size).", minimum=1)]
+    # 0 (not given): the architecture's default, resolved in __post_init__
+    ffn_hidden_size: Annotated[
+        int,
+        Field(
+            "Feed-forward inner size. When omitted: 4 x hiddenSize for gpt; for llama 8/3 x "
+            "hiddenSize rounded up to a multiple of 256 (11008 for 4096), Meta's default.",
+            minimum=1,
+        ),
+    ] = 0
+    tied_embeddings: Annotated[
+        bool,
+        Field(
+            "Share the input embedding with the output layer (first and last stage keep them in sync).",
+            server_default=False,
+        ),
+    ] = False
+    architecture: Annotated[
+        str,
+        Field(
+            "gpt: GPT-2 style (learned positions, LayerNorm, GELU MLP, biases). llama: rotary "
+            "position embeddings (ropeTheta), RMSNorm (normEps), SwiGLU MLP (ffnHiddenSize), "
+            "grouped-query attention (kvHeads), no biases; loads and exports Hugging Face Llama "
+            "weights.",
+            enum=ARCHITECTURES,
+        ),
+    ] = "gpt"
+    kv_heads: Annotated[  # 0 (not given): attention_heads (no grouping)
+        int,
+        Field(
+            "Key/value heads (llama: grouped-query attention); must divide attentionHeads. "
+            "Defaults to attentionHeads; gpt allows only that.",
+            minimum=1,
+        ),
+    ] = 0
+    rope_theta: Annotated[  # llama only; None resolves to DEFAULT_ROPE_THETA there
+        float | None,
+        Field(
+            "Base of the rotary embedding's frequencies (llama only; default 10000, Llama 3 uses 500000).",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    ] = None
+    norm_eps: Annotated[
+        float,
+        Field(
+            "Epsilon of the LayerNorm (gpt) or RMSNorm (llama); default 1e-5.",
+            minimum=0,
+            exclusive_minimum=True,
+            server_default=False,
+        ),
+    ] = 1e-5
+    init: Annotated[
+        ModelInit | None,
+        Field(
+            "Where the weights start from; omitted: random, from training.seed. A run that "
+            "resumes from a checkpoint takes the checkpoint's weights instead."
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
-        if not self.ffn_hidden_size and isinstance(self.hidden_size, int):
+        if not self.ffn_hidden_size:
             llama = self.architecture == "llama"
             ffn = llama_ffn_hidden_size(self.hidden_size) if llama else 4 * self.hidden_size
             object.__setattr__(self, "ffn_hidden_size", ffn)
@@ -132,50 +326,200 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class BlendPart:
-    path: str
-    weight: float
+    path: Annotated[str, Field("A token file inside the pod.")]
+    weight: Annotated[
+        float,
+        Field(
+            "Relative share of the samples (weights need not sum to 1).", minimum=0, exclusive_minimum=True
+        ),
+    ]
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    synthetic: bool = True  # random tokens from the seed
-    path: str | None = None  # a token file on a volume
-    blend: tuple[BlendPart, ...] = ()  # several token files, each drawn in proportion to its weight
+    """Read by _data (exactly one source)."""
+
+    synthetic: Annotated[
+        bool,
+        Field(
+            "Random tokens drawn from the seed (for benchmarks and tests); write synthetic {}.",
+            schema={"type": "object", **PRESERVE},
+            server_default=False,
+        ),
+    ] = True
+    path: Annotated[
+        str | None, Field("Path inside the pod of a token file, mounted through template volumes.")
+    ] = None
+    blend: Annotated[
+        tuple[BlendPart, ...],
+        Field(
+            "Several token files, each drawn in proportion to its weight (to 1/1024 of the "
+            "samples), deterministic and the same under every layout.",
+            min_items=1,
+        ),
+    ] = ()
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """The manifest's form of training.eval.data (EvalSpec holds just its path)."""
+
+    path: Annotated[str, Field("A token file inside the pod.")]
 
 
 @dataclass(frozen=True)
 class EvalSpec:
-    path: str  # a token file (training.eval.data.path)
-    interval_iterations: int
-    windows: int | None = None  # evaluate the first N windows only; None: all of them
+    path: Annotated[  # written as data: {path: ...}
+        str,
+        Field(
+            "The held-out tokens (a token file, as training.data.path).",
+            key="data",
+            schema=TokenFile,
+            read=_token_file,
+        ),
+    ]
+    interval_iterations: Annotated[int, Field("Evaluate every this many iterations.", minimum=1)]
+    windows: Annotated[
+        int | None, Field("Evaluate on the first this many windows only (default all of them).", minimum=1)
+    ] = None
 
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    path: str
-    interval_iterations: int
-    on_preemption: bool = True  # on SIGTERM, save before exiting when it fits in the grace period
+    path: Annotated[str, Field("Directory inside the pods, on a volume every pod shares (template volumes).")]
+    interval_iterations: Annotated[int, Field("Save every this many iterations.", minimum=1)]
+    on_preemption: Annotated[
+        bool,
+        Field(
+            "On SIGTERM (pod deleted, evicted or preempted) the trainer ends the current "
+            "iteration and saves a checkpoint before exiting, when the last save took less than "
+            "what is left of the pod's terminationGracePeriodSeconds."
+        ),
+    ] = True
 
 
 @dataclass(frozen=True)
 class TrainingSpec:
-    global_batch_size: int
-    micro_batch_size: int
-    iterations: int
-    learning_rate: float
-    seed: int = 1234
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    warmup_iterations: int = 0
-    activation_recompute: bool = True  # why: see the module docstring
-    decay: str = "cosine"  # after warm-up: cosine | linear (to minLearningRate) | constant
-    min_learning_rate: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    data: DataSpec = field(default_factory=DataSpec)
-    eval: EvalSpec | None = None
-    checkpoint: CheckpointSpec | None = None
-    grad_reduce_dtype: str = "float32"  # float32 | bfloat16: the bytes of the DP reduce-scatter
-    fabric_check: str = "warn"  # fail | warn | off: the trainer's start-up check of its pod's fabric
+    global_batch_size: Annotated[
+        int,
+        Field(
+            "Sequences per iteration over all data-parallel replicas; divisible by data x microBatchSize.",
+            minimum=1,
+        ),
+    ]
+    micro_batch_size: Annotated[
+        int,
+        Field(
+            "Sequences per micro-batch on one pipeline; the 1F1B schedule runs globalBatchSize / "
+            "(data x microBatchSize) micro-batches per iteration.",
+            minimum=1,
+        ),
+    ]
+    iterations: Annotated[
+        int, Field("Optimizer steps to run; the job Succeeds when all pods finish them.", minimum=1)
+    ]
+    learning_rate: Annotated[
+        float,
+        Field(
+            "Peak AdamW learning rate. Write 3.0e-4, not 3e-4 (YAML 1.1 reads the latter as a string).",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    ]
+    seed: Annotated[int, Field("Seed for weight initialisation and synthetic data.", minimum=0)] = 1234
+    weight_decay: Annotated[
+        float, Field("AdamW weight decay (default 0.01).", minimum=0, server_default=False)
+    ] = 0.01
+    grad_clip: Annotated[
+        float,
+        Field("Global gradient-norm clip (default 1.0; 0 disables).", minimum=0, server_default=False),
+    ] = 1.0
+    warmup_iterations: Annotated[
+        int,
+        Field(
+            "Linear learning-rate warm-up iterations (default 0); at most iterations.",
+            minimum=0,
+            server_default=False,
+        ),
+    ] = 0
+    activation_recompute: Annotated[  # why: see the module docstring
+        bool,
+        Field(
+            "Full activation recomputation (default true, as the paper's runs and Megatron-LM at "
+            "scale): each transformer block keeps only its input and runs its forward again in "
+            "backward, about 33% more compute for a fraction of the activation memory. The "
+            "planner's time and memory estimate follow it, and TFLOPS/GPU are reported with the "
+            "matching model-FLOPs formula (96 B s l h^2 (1 + s/6h + V/16lh) with it, 72 B s l h^2 "
+            "(1 + s/6h + V/12lh) without). Set false for models that fit without it."
+        ),
+    ] = True
+    decay: Annotated[
+        str,
+        Field(
+            "How the learning rate falls from learningRate to minLearningRate after warm-up, over "
+            "the remaining iterations.",
+            enum=DECAYS,
+        ),
+    ] = "cosine"
+    min_learning_rate: Annotated[
+        float,
+        Field("Where the decay ends (default 0); at most learningRate.", minimum=0, server_default=False),
+    ] = 0.0
+    betas: Annotated[
+        tuple[float, float],
+        Field(
+            "AdamW's beta1 and beta2 (default [0.9, 0.95]).",
+            read=_betas,
+            schema={
+                "type": "array",
+                "minItems": 2,
+                "maxItems": 2,
+                "items": {"type": "number", "minimum": 0, "exclusiveMaximum": True, "maximum": 1},
+            },
+        ),
+    ] = (0.9, 0.95)
+    data: Annotated[
+        DataSpec,
+        Field(
+            "Where tokens come from; set exactly one of synthetic, path or blend.",
+            read=_data,
+            server_default=False,
+        ),
+    ] = field(default_factory=DataSpec)
+    eval: Annotated[
+        EvalSpec | None,
+        Field(
+            "Held-out loss during training: every intervalIterations (and after the last), the "
+            "mean next-token loss over consecutive non-overlapping windows of seqLength + 1 "
+            "tokens of a token file, in the metrics lines and status.progress.evalLoss."
+        ),
+    ] = None
+    checkpoint: Annotated[
+        CheckpointSpec | None,
+        Field("Periodic distributed checkpoints; a restarted attempt resumes from the latest one."),
+    ] = None
+    grad_reduce_dtype: Annotated[
+        str,
+        Field(
+            "The dtype gradients are reduce-scattered in across each data-parallel group (default "
+            "float32). bfloat16 halves those bytes, which matters on slow Socket DP groups; "
+            "gradients still accumulate and land in fp32 for the optimizer. The planner's cost "
+            "model counts the bytes it implies.",
+            enum=tuple(GRAD_REDUCE_BYTES),
+        ),
+    ] = "float32"
+    fabric_check: Annotated[
+        str,
+        Field(
+            "What the trainer does when a pod's fabric is not what the layout planned (default "
+            "warn). At start-up each rank checks that the RDMA devices, HCAs and GID index its IB "
+            "groups need are in the pod, and on NCCL that each group really uses the network the "
+            "layout chose (NCCL silently falls back to sockets). fail stops the job with the "
+            "mismatch; warn trains on and reports it in status.progress.fabricWarnings and a "
+            "FabricMismatch event; off skips it.",
+            enum=FABRIC_CHECKS,
+        ),
+    ] = "warn"
 
     @property
     def grad_reduce_bytes(self) -> int:
@@ -186,20 +530,98 @@ class TrainingSpec:
 class ReplanSpec:
     """Re-planning a running job from its measured stage speeds (operator core/replan.py)."""
 
-    enabled: bool = True  # default: on for partition adaptive, off otherwise (see _replan)
-    threshold: float = 0.1  # re-plan when another layout is estimated faster by more than this
-    max_replans: int = 2  # per job; never counted against runPolicy.backoffLimit
+    enabled: Annotated[  # the default when read: partition == adaptive (_replan)
+        bool,
+        Field(
+            "On by default with partition adaptive, off otherwise (it changes the layer split, so "
+            "it needs partition adaptive); also needs training.checkpoint.path.",
+            server_default=False,
+        ),
+    ] = True
+    threshold: Annotated[
+        float,
+        Field(
+            "Re-plan when the best layout under the measured speeds is estimated faster than the "
+            "running one by more than this fraction (0.1 = 10%); each further re-plan needs "
+            "threshold x (1 + re-plans so far).",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    ] = 0.1
+    max_replans: Annotated[  # never counted against runPolicy.backoffLimit
+        int,
+        Field("At most this many re-plans per job; a layout already run is never returned to.", minimum=0),
+    ] = 2
 
 
 @dataclass(frozen=True)
 class ParallelismSpec:
-    tensor: Degree = 1
-    pipeline: Degree = AUTO
-    data: Degree = AUTO
-    partition: Partition = "adaptive"
-    nic_selection: str = "auto"
-    sequence_parallel: bool = False  # shard the norm regions' activations over the tensor group
-    replan: ReplanSpec = field(default_factory=ReplanSpec)
+    tensor: Annotated[
+        Degree,
+        Field(
+            "Tensor-parallel degree (Megatron-style, over a node's NVLink): a positive integer or "
+            '"auto" (the planner picks). It stays inside a node and must divide gpusPerNode, '
+            "attentionHeads, kvHeads, ffnHiddenSize and vocabSize (and seqLength with "
+            "sequenceParallel).",
+            minimum=1,
+            words=(AUTO,),
+        ),
+    ] = 1
+    pipeline: Annotated[
+        Degree,
+        Field(
+            'Pipeline stages, a positive integer or "auto" (the planner picks, at most one per NIC '
+            "island where that balances).",
+            minimum=1,
+            words=(AUTO,),
+        ),
+    ] = AUTO
+    data: Annotated[
+        Degree,
+        Field(
+            'Data-parallel degree, a positive integer or "auto" (nodes x gpusPerNode / (pipeline x tensor)).',
+            minimum=1,
+            words=(AUTO,),
+        ),
+    ] = AUTO
+    partition: Annotated[
+        Partition,
+        Field(
+            'Layers per stage: "adaptive" (in proportion to each stage\'s effective speed, the '
+            'Holmes default), "uniform" (equal split), or a list of layer counts per stage such as '
+            "[26, 22] that sums to model.layers.",
+            read=_partition,
+            schema=PRESERVE,
+        ),
+    ] = "adaptive"
+    nic_selection: Annotated[
+        str,
+        Field(
+            '"auto" forms data-parallel groups only of nodes with the same NIC kind (Holmes\' '
+            'automatic NIC selection); "off" uses plain rank order like Megatron-LM, for comparison.',
+            enum=NIC_SELECTION_MODES,
+        ),
+    ] = "auto"
+    sequence_parallel: Annotated[  # shard the norm regions' activations over the tensor group
+        bool,
+        Field(
+            "With tensor > 1, also split the sequence between the tensor-parallel matmuls: norms "
+            "run on 1/tensor of the tokens and their activations take 1/tensor of the memory, for "
+            "the same communication volume (all-gather + reduce-scatter instead of all-reduce)."
+        ),
+    ] = False
+    replan: Annotated[
+        ReplanSpec,
+        Field(
+            "Re-planning while the job runs: from the stage times the trainer measures, the "
+            "operator calibrates the cost model for this job and, when another layer split or "
+            "island order is estimated faster by more than threshold, restarts the gang in that "
+            "layout from a checkpoint (status.adaptation, condition Replanned). Never counted "
+            "against backoffLimit.",
+            read=_replan,
+            server_default=False,
+        ),
+    ] = field(default_factory=ReplanSpec)
 
     @property
     def explicit_partition(self) -> tuple[int, ...] | None:
@@ -208,9 +630,16 @@ class ParallelismSpec:
 
 @dataclass(frozen=True)
 class SelectorRequirement:
-    key: str
-    operator: str  # In | NotIn | Exists | DoesNotExist
-    values: tuple[str, ...] = ()
+    key: Annotated[str, Field("The node label key.")]
+    operator: Annotated[str, Field("How the label relates to values.", enum=SELECTOR_OPERATORS)]
+    values: Annotated[
+        tuple[str, ...],
+        Field(
+            "Values for In and NotIn; empty for Exists and DoesNotExist.",
+            read=_selector_values,
+            schema={"type": "array", "items": {"type": "string"}},
+        ),
+    ] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         has = self.key in labels
@@ -227,8 +656,17 @@ class SelectorRequirement:
 class LabelSelector:
     """A Kubernetes LabelSelector; all requirements must hold (an empty selector matches all)."""
 
-    match_labels: tuple[tuple[str, str], ...] = ()
-    match_expressions: tuple[SelectorRequirement, ...] = ()
+    match_labels: Annotated[
+        tuple[tuple[str, str], ...],
+        Field(
+            "Node labels that must all be present with these values.",
+            read=_match_labels,
+            schema={"type": "object", "additionalProperties": {"type": "string"}},
+        ),
+    ] = ()
+    match_expressions: Annotated[
+        tuple[SelectorRequirement, ...], Field("Label requirements that must all hold.")
+    ] = ()
 
     def matches(self, labels: Mapping[str, str] | None) -> bool:
         labels = labels or {}
@@ -250,12 +688,54 @@ class LabelSelector:
 
 @dataclass(frozen=True)
 class NodesSpec:
-    count: int
-    gpus_per_node: int
-    selector: LabelSelector | None = None
-    cluster_label: str = LABEL_CLUSTER
-    min_count: int | None = None  # None: count (the job never runs on fewer nodes)
-    scale_up: str = "atCheckpoint"  # back to count once nodes return: atCheckpoint | never
+    count: Annotated[
+        int,
+        Field(
+            "Number of nodes, one pod per node. The job waits (Reconciling, WaitingForNodes) until "
+            "this many suitable nodes are Ready, or, with minCount below count, at most "
+            "runPolicy.waitForNodesSeconds before running on fewer.",
+            minimum=1,
+        ),
+    ]
+    gpus_per_node: Annotated[
+        int,
+        Field(
+            "GPUs used on each node (one process per GPU); each chosen node must have at least this "
+            "many nvidia.com/gpu allocatable.",
+            minimum=1,
+        ),
+    ]
+    selector: Annotated[
+        LabelSelector | None,
+        Field("A label selector restricting the candidate nodes; all nodes when omitted."),
+    ] = None
+    cluster_label: Annotated[
+        str,
+        Field(
+            "Node label naming the cluster (fabric island) a node belongs to; nodes of one cluster "
+            "and one NIC kind form an island."
+        ),
+    ] = LABEL_CLUSTER
+    min_count: Annotated[  # None: count (the job never runs on fewer nodes)
+        int | None,
+        Field(
+            "Elastic size: the fewest nodes the job runs on (default count). When fewer than count "
+            "suitable nodes are usable, the job runs on what there is (at least minCount) with the "
+            "same global batch (more micro-batches per rank), and resumes from its newest "
+            "checkpoint in the new layout.",
+            minimum=1,
+        ),
+    ] = None
+    scale_up: Annotated[
+        str,
+        Field(
+            "When a job running below count sees nodes return: atCheckpoint relaunches it on more "
+            "nodes at a checkpoint (the one its pods write as they stop with "
+            "training.checkpoint.onPreemption, else right after its next periodic one); never "
+            "keeps the size until the next restart.",
+            enum=SCALE_UP_MODES,
+        ),
+    ] = "atCheckpoint"
 
     @property
     def minimum(self) -> int:
@@ -271,9 +751,18 @@ class NodesSpec:
 class ExitCodes:
     """A failure-policy rule's ``onExitCodes``: a container's exit code In or NotIn ``values``."""
 
-    operator: str
-    values: tuple[int, ...]
-    container_name: str | None = None  # None: any container of the pod
+    operator: Annotated[str, Field("Whether the exit code is in values or not.", enum=EXIT_CODE_OPERATORS)]
+    values: Annotated[
+        tuple[int, ...],
+        Field(
+            "Exit codes (0 is not allowed with In).",
+            read=_exit_codes,
+            schema={"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}},
+        ),
+    ]
+    container_name: Annotated[  # None: any container of the pod
+        str | None, Field("Only this container's exit code; any container when omitted.")
+    ] = None
 
     def matches(self, container: str, code: int) -> bool:
         if self.container_name is not None and container != self.container_name:
@@ -283,13 +772,22 @@ class ExitCodes:
 
 @dataclass(frozen=True)
 class FailureRule:
-    action: str  # FailJob | Ignore | Count
-    on_exit_codes: ExitCodes
+    action: Annotated[
+        str,
+        Field(
+            "FailJob fails the job at once; Ignore restarts the gang without counting it; Count "
+            "counts it against backoffLimit.",
+            enum=FAILURE_ACTIONS,
+        ),
+    ]
+    on_exit_codes: Annotated[
+        ExitCodes, Field("Which exit codes of the failed pod's containers the rule matches.")
+    ]
 
 
 @dataclass(frozen=True)
 class FailurePolicy:
-    rules: tuple[FailureRule, ...] = ()
+    rules: Annotated[tuple[FailureRule, ...], Field("Rules in order; the first that matches decides.")]
 
     def action_for(self, exits: list[tuple[str, int]]) -> FailureRule | None:
         """The first rule matching any (container, non-zero exit code) of a failed pod."""
@@ -301,33 +799,170 @@ class FailurePolicy:
 
 @dataclass(frozen=True)
 class RunPolicy:
-    backoff_limit: int = 3
-    suspend: bool = False
-    ttl_seconds_after_finished: int | None = None
-    active_deadline_seconds: int | None = None
-    wait_for_nodes_seconds: int = 60
-    disruption_limit: int | None = None  # None: disruptions never fail the job
-    failure_policy: FailurePolicy | None = None
+    backoff_limit: Annotated[
+        int,
+        Field(
+            "Gang restarts allowed. When any pod fails, all pods of the attempt are deleted, the "
+            "layout is planned again on the nodes now available and the pods are recreated; after "
+            "backoffLimit restarts the next failure fails the job (reason BackoffLimitExceeded).",
+            minimum=0,
+        ),
+    ] = 3
+    suspend: Annotated[
+        bool,
+        Field(
+            "true deletes the pods and keeps the status (phase Suspended); false again plans anew "
+            "and relaunches."
+        ),
+    ] = False
+    ttl_seconds_after_finished: Annotated[
+        int | None,
+        Field(
+            "Delete the HolmesJob (and through owner references its pods) this many seconds after "
+            "it Succeeded or Failed; kept forever when omitted.",
+            minimum=0,
+            nullable=True,
+        ),
+    ] = None
+    active_deadline_seconds: Annotated[
+        int | None,
+        Field(
+            "Fail the job (reason DeadlineExceeded) when it has been active this long since it "
+            "started or was resumed.",
+            minimum=1,
+            nullable=True,
+        ),
+    ] = None
+    wait_for_nodes_seconds: Annotated[
+        int,
+        Field(
+            "With nodes.minCount below count, how long a launch waits for count suitable nodes "
+            "before running on fewer. A restart after a disruption does not wait: it runs at once "
+            "on what is left.",
+            minimum=0,
+        ),
+    ] = 60
+    disruption_limit: Annotated[  # None: disruptions never fail the job
+        int | None,
+        Field(
+            "Gang restarts allowed after disruptions (pod evicted, preempted or deleted, its node "
+            "lost or NotReady, the trainer's preempted exit, code 83). These do not count "
+            "against backoffLimit. Unbounded when omitted.",
+            minimum=0,
+            nullable=True,
+        ),
+    ] = None
+    failure_policy: Annotated[
+        FailurePolicy | None,
+        Field(
+            "What a failed pod's container exit codes mean, like a Kubernetes Job's "
+            "podFailurePolicy. The first rule that matches a non-zero exit code of the failed pod "
+            "decides; failures no rule matches count against backoffLimit."
+        ),
+    ] = None
     # queue order on a shared cluster: a number, else a PriorityClass's value, else 0
-    priority: int | None = None
-    priority_class_name: str | None = None
+    priority: Annotated[
+        int | None,
+        Field(
+            "Queue order on a shared cluster: among jobs waiting for capacity (reason "
+            "WaitingForCapacity) a higher number plans first; equal priorities go by creation "
+            "time. Wins over priorityClassName. Default 0.",
+            minimum=-(2**31),
+            nullable=True,
+        ),
+    ] = None
+    priority_class_name: Annotated[
+        str | None,
+        Field(
+            "Queue order from a PriorityClass (scheduling.k8s.io/v1): its value is the job's "
+            "priority when runPolicy.priority is not set. A class that does not exist stalls the "
+            "job (reason InvalidSpec) until it is created or the field is fixed.",
+            nullable=True,
+        ),
+    ] = None
 
 
 @dataclass(frozen=True, eq=True)
 class JobSpec:
-    model: ModelSpec
-    training: TrainingSpec
-    nodes: NodesSpec
-    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
-    template: dict[str, Any] = field(default_factory=dict, hash=False)
-    run_policy: RunPolicy = field(default_factory=RunPolicy)
-    # how pods reach each other (across member clusters too): their own pod IPs (podNetwork)
-    # or their node's network (hostNetwork, the usual choice on RDMA nodes)
-    network: str = POD_NETWORK
-    # per-island network settings: RDMA devices, SR-IOV networks, traffic class, net plugin
-    islands: tuple[IslandNetwork, ...] = ()
-    # which program trains the layout: Holmes' engine, or the user's own (frameworks.py)
-    framework: str = DEFAULT_FRAMEWORK
+    model: Annotated[
+        ModelSpec,
+        Field(
+            "The decoder to train (architecture gpt or llama). Immutable once the job has started "
+            "(checkpoints hold this model's weights): create a new HolmesJob instead."
+        ),
+    ]
+    training: Annotated[
+        TrainingSpec, Field("The optimisation run. Editing it on an active job relaunches the job.")
+    ]
+    nodes: Annotated[
+        NodesSpec,
+        Field("Which nodes to run on. Editing it on an active job relaunches the job with a new plan."),
+    ]
+    parallelism: Annotated[
+        ParallelismSpec,
+        Field(
+            'How the model is split. The planner fills in what is "auto" so that data-parallel '
+            "groups use one NIC kind and pipeline stages carry layers in proportion to their speed. "
+            "Editing it on an active job relaunches the job with a new plan.",
+            server_default=False,
+        ),
+    ] = field(default_factory=ParallelismSpec)
+    template: Annotated[
+        dict[str, Any],
+        Field(
+            'A PodTemplateSpec applied to every pod of the job. The container named "trainer" (or '
+            "the first container) runs the trainer; Holmes adds to it the rank and rendezvous env, "
+            "NCCL settings for the node's NIC kind, GPU and RDMA resources, IPC_LOCK on RDMA nodes, "
+            "/dev/shm in memory and the layout at /etc/holmes. Env, volumes, resources, "
+            "tolerations, schedulerName, labels and annotations given here are kept; env set here "
+            "wins over Holmes' defaults of the same name.",
+            read=_template,
+            schema=PodTemplate,
+        ),
+    ] = field(default_factory=dict, hash=False)
+    run_policy: Annotated[
+        RunPolicy,
+        Field("Lifecycle of the job; every field may be edited at any time and takes effect at once."),
+    ] = field(default_factory=RunPolicy)
+    network: Annotated[  # the parser applies the default (to_spec leaves it out)
+        str,
+        Field(
+            "How the job's pods reach each other, also across member clusters "
+            "(docs/multicluster.md): podNetwork (the default) uses the pods' own IPs, which must be "
+            "routable between the member clusters for a job that spans them; hostNetwork runs the "
+            "pods in their node's network namespace (the usual choice on RDMA nodes; needs the "
+            "operator's --allow-host-namespaces). Across members the rendezvous address is rank "
+            "0's IP.",
+            enum=NETWORKS,
+            server_default=False,
+        ),
+    ] = POD_NETWORK
+    islands: Annotated[
+        tuple[IslandNetwork, ...],
+        Field(
+            "Per-island network settings (docs/install.md#network-routes): how an island's pods get "
+            "RDMA devices (the shared RDMA device plugin, one device or one per rail; SR-IOV VFs "
+            "through Multus), the fabric's traffic class and service level, or a vendor NCCL net "
+            "plugin. An entry names its island by cluster and/or nic; the first match wins.",
+            read=read_islands,
+        ),
+    ] = ()
+    framework: Annotated[  # which program trains the layout: Holmes' engine or the user's (frameworks.py)
+        str,
+        Field(
+            "Which program trains the planned layout (docs/frameworks.md). holmes (the default) "
+            "runs Holmes' own engine. megatron, torchtitan and deepspeed run your own image and "
+            'command (the template\'s container "trainer", which must set both) under torchrun '
+            "with the Layout's node ranks; Holmes appends the plan as the framework's own "
+            "arguments (tensor and pipeline sizes, layers per stage, micro and global batch) and "
+            "gives every process group the NCCL network of its members' island. torchrun does the "
+            "same for any other torch.distributed program, which may read the Layout at "
+            "/etc/holmes. An argument of yours that contradicts the plan stalls the job with "
+            "InvalidSpec.",
+            enum=FRAMEWORKS,
+            server_default=False,
+        ),
+    ] = DEFAULT_FRAMEWORK
 
     # unhashable (template is a dict); typeshed spells an unhashable class the same way
     __hash__: ClassVar[None] = None  # type: ignore[assignment]
@@ -346,13 +981,13 @@ class JobSpec:
         """Parse a whole HolmesJob object (apiVersion, kind, metadata, spec, status)."""
         if not isinstance(obj, Mapping):
             raise SpecError(
-                [f"HolmesJob manifest: must be a mapping (apiVersion, kind, spec), got {_show(obj)}"]
+                [f"HolmesJob manifest: must be a mapping (apiVersion, kind, spec), got {show(obj)}"]
             )
         problems = []
         if obj.get("apiVersion") != API_VERSION:
-            problems.append(f"apiVersion: must be {API_VERSION}, got {_show(obj.get('apiVersion'))}")
+            problems.append(f"apiVersion: must be {API_VERSION}, got {show(obj.get('apiVersion'))}")
         if obj.get("kind") != KIND:
-            problems.append(f"kind: must be {KIND}, got {_show(obj.get('kind'))}")
+            problems.append(f"kind: must be {KIND}, got {show(obj.get('kind'))}")
         if "spec" not in obj:
             raise SpecError(
                 problems + ["spec: missing; a HolmesJob needs spec.model, spec.training and spec.nodes"]
@@ -368,48 +1003,15 @@ class JobSpec:
     @classmethod
     def from_spec(cls, spec: Any) -> JobSpec:
         """Parse the ``spec`` of a HolmesJob; raise SpecError listing every problem."""
-        r = _Reader()
-        top = r.mapping(
-            spec,
-            "spec",
-            required=("model", "training", "nodes"),
-            optional=("parallelism", "template", "runPolicy", "network", "islands", "framework"),
-        )
-        if top is None:
+        r = Reader()
+        job = r.object(cls, spec, "spec")
+        if job is INVALID or r.problems:
             raise SpecError(r.problems)
-        model = _model(r, top.get("model"), "spec.model")
-        training = _training(r, top.get("training"), "spec.training")
-        nodes = _nodes(r, top.get("nodes"), "spec.nodes")
-        par = _parallelism(r, top.get("parallelism", {}), "spec.parallelism")
-        template = top.get("template", {})
-        if template is None:
-            template = {}
-        if not isinstance(template, Mapping):
-            r.add(
-                "spec.template", f"must be a mapping (a PodTemplateSpec-like object), got {_show(template)}"
-            )
-            template = {}
-        run_policy = _run_policy(r, top.get("runPolicy", {}), "spec.runPolicy")
-        network = r.choice(top, "network", "spec", NETWORKS, default=cls.network)
-        islands = read_islands(r, top.get("islands"), "spec.islands", network)
-        framework = r.choice(top, "framework", "spec", FRAMEWORKS, default=cls.framework)
-        if r.problems or model is None or training is None or nodes is None:
-            raise SpecError(r.problems)  # a missing section is among the problems
-        job = cls(
-            model=model,
-            training=training,
-            nodes=nodes,
-            parallelism=par,
-            template=dict(template),
-            run_policy=run_policy,
-            network=network,
-            islands=islands,
-            framework=framework,
-        )
         problems = cross_check(job) + framework_problems(job)
         if problems:
             raise SpecError(problems)
-        return job
+        out: JobSpec = job
+        return out
 
     def to_spec(self) -> dict[str, Any]:
         """The spec back in camelCase; ``JobSpec.from_spec(job.to_spec()) == job``."""
@@ -417,8 +1019,6 @@ class JobSpec:
 
     def replace(self, **sections: Any) -> JobSpec:
         """A copy with whole sections swapped (``job.replace(parallelism=...)``)."""
-        from dataclasses import replace
-
         return replace(self, **sections)
 
 
@@ -606,521 +1206,7 @@ def _architecture_checks(m: ModelSpec) -> list[str]:
     return out
 
 
-# ---- section parsers ----------------------------------------------------------------------
-
-
-def _model(r: _Reader, v: Any, path: str) -> ModelSpec | None:
-    d = r.mapping(
-        v,
-        path,
-        required=("layers", "hiddenSize", "attentionHeads", "seqLength", "vocabSize"),
-        optional=(
-            "architecture",
-            "ffnHiddenSize",
-            "tiedEmbeddings",
-            "kvHeads",
-            "ropeTheta",
-            "normEps",
-            "init",
-        ),
-    )
-    if d is None:
-        return None
-    norm_eps = r.number(d, "normEps", path, default=ModelSpec.norm_eps, positive=True)
-    rope_theta = r.number(d, "ropeTheta", path, default=None, positive=True)
-    return ModelSpec(
-        layers=r.integer(d, "layers", path),
-        hidden_size=r.integer(d, "hiddenSize", path),
-        attention_heads=r.integer(d, "attentionHeads", path),
-        seq_length=r.integer(d, "seqLength", path),
-        vocab_size=r.integer(d, "vocabSize", path),
-        ffn_hidden_size=r.integer(d, "ffnHiddenSize", path, default=None) or 0,
-        tied_embeddings=r.boolean(d, "tiedEmbeddings", path, default=ModelSpec.tied_embeddings),
-        architecture=r.choice(d, "architecture", path, ARCHITECTURES, default=ModelSpec.architecture)
-        or ModelSpec.architecture,
-        kv_heads=r.integer(d, "kvHeads", path, default=None) or 0,
-        rope_theta=rope_theta,
-        norm_eps=norm_eps if norm_eps is not None else ModelSpec.norm_eps,
-        init=_init(r, d.get("init"), f"{path}.init"),
-    )
-
-
-def _init(r: _Reader, v: Any, path: str) -> ModelInit | None:
-    if v is None:
-        return None
-    d = r.mapping(v, path, required=("huggingface",))
-    if d is None or d.get("huggingface") is None:
-        return None
-    hf = r.mapping(d["huggingface"], f"{path}.huggingface", required=("path",))
-    if hf is None:
-        return None
-    where = r.string(hf, "path", f"{path}.huggingface")
-    return ModelInit(HuggingFaceSource(where)) if where else None
-
-
-def _training(r: _Reader, v: Any, path: str) -> TrainingSpec | None:
-    d = r.mapping(
-        v,
-        path,
-        required=("globalBatchSize", "microBatchSize", "iterations", "learningRate"),
-        optional=(
-            "seed",
-            "weightDecay",
-            "gradClip",
-            "warmupIterations",
-            "decay",
-            "minLearningRate",
-            "betas",
-            "activationRecompute",
-            "data",
-            "eval",
-            "checkpoint",
-            "gradReduceDtype",
-            "fabricCheck",
-        ),
-    )
-    if d is None:
-        return None
-    T = TrainingSpec  # the defaults
-    return TrainingSpec(
-        global_batch_size=r.integer(d, "globalBatchSize", path),
-        micro_batch_size=r.integer(d, "microBatchSize", path),
-        iterations=r.integer(d, "iterations", path),
-        learning_rate=r.number(d, "learningRate", path, positive=True),
-        seed=r.integer(d, "seed", path, default=T.seed, minimum=0),
-        weight_decay=r.number(d, "weightDecay", path, default=T.weight_decay),
-        grad_clip=r.number(d, "gradClip", path, default=T.grad_clip),
-        warmup_iterations=r.integer(d, "warmupIterations", path, default=T.warmup_iterations, minimum=0),
-        activation_recompute=r.boolean(d, "activationRecompute", path, default=T.activation_recompute),
-        decay=r.choice(d, "decay", path, DECAYS, default=T.decay),
-        min_learning_rate=r.number(d, "minLearningRate", path, default=T.min_learning_rate),
-        betas=_betas(r, d.get("betas"), f"{path}.betas"),
-        data=_data(r, d.get("data"), f"{path}.data"),
-        eval=_eval(r, d.get("eval"), f"{path}.eval"),
-        checkpoint=_checkpoint(r, d.get("checkpoint"), f"{path}.checkpoint"),
-        grad_reduce_dtype=r.choice(
-            d, "gradReduceDtype", path, tuple(GRAD_REDUCE_BYTES), default=T.grad_reduce_dtype
-        ),
-        fabric_check=r.choice(d, "fabricCheck", path, FABRIC_CHECKS, default=T.fabric_check),
-    )
-
-
-def _betas(r: _Reader, v: Any, path: str) -> tuple[float, float]:
-    if v is None:
-        return TrainingSpec.betas
-    ok = (
-        isinstance(v, (list, tuple))
-        and len(v) == 2
-        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1 for x in v)
-    )
-    if not ok:
-        r.add(path, f"must be two numbers in [0, 1) (Adam's beta1, beta2), e.g. [0.9, 0.95], got {_show(v)}")
-        return TrainingSpec.betas
-    return (float(v[0]), float(v[1]))
-
-
-def _data(r: _Reader, v: Any, path: str) -> DataSpec:
-    if v is None:
-        return DataSpec()
-    d = r.mapping(v, path, optional=("synthetic", "path", "blend"))
-    if d is None:
-        return DataSpec()
-    if sum(k in d for k in ("synthetic", "path", "blend")) != 1:
-        r.add(
-            path,
-            "set exactly one of synthetic: {} (random tokens), path: <token file> or "
-            "blend: [{path, weight}, ...]",
-        )
-        return DataSpec()
-    if "synthetic" in d:
-        r.mapping(d["synthetic"] if d["synthetic"] is not None else {}, f"{path}.synthetic")
-        return DataSpec()
-    if "path" in d:
-        return DataSpec(synthetic=False, path=r.string(d, "path", path))
-    parts = d["blend"]
-    if not isinstance(parts, (list, tuple)) or not parts:
-        r.add(f"{path}.blend", f"must be a non-empty list of {{path, weight}}, got {_show(parts)}")
-        return DataSpec()
-    blend = []
-    for i, part in enumerate(parts):
-        p = f"{path}.blend[{i}]"
-        pd = r.mapping(part, p, required=("path", "weight"))
-        if pd is None:
-            continue
-        where, weight = r.string(pd, "path", p), r.number(pd, "weight", p, positive=True)
-        if where and weight:
-            blend.append(BlendPart(where, weight))
-    return DataSpec(synthetic=False, blend=tuple(blend))
-
-
-def _eval(r: _Reader, v: Any, path: str) -> EvalSpec | None:
-    if v is None:
-        return None
-    d = r.mapping(v, path, required=("data", "intervalIterations"), optional=("windows",))
-    if d is None or d.get("data") is None:
-        return None
-    data = r.mapping(d["data"], f"{path}.data", required=("path",))
-    where = r.string(data, "path", f"{path}.data") if data is not None else None
-    interval = r.integer(d, "intervalIterations", path)
-    windows = r.integer(d, "windows", path, default=None)
-    if where is None or interval is None:
-        return None
-    return EvalSpec(path=where, interval_iterations=interval, windows=windows)
-
-
-def _checkpoint(r: _Reader, v: Any, path: str) -> CheckpointSpec | None:
-    if v is None:
-        return None
-    d = r.mapping(v, path, required=("path", "intervalIterations"), optional=("onPreemption",))
-    if d is None:
-        return None
-    return CheckpointSpec(
-        path=r.string(d, "path", path),
-        interval_iterations=r.integer(d, "intervalIterations", path),
-        on_preemption=r.boolean(d, "onPreemption", path, default=CheckpointSpec.on_preemption),
-    )
-
-
-def _parallelism(r: _Reader, v: Any, path: str) -> ParallelismSpec:
-    if v is None:
-        v = {}
-    d = r.mapping(
-        v,
-        path,
-        optional=("tensor", "pipeline", "data", "partition", "nicSelection", "sequenceParallel", "replan"),
-    )
-    if d is None:
-        return ParallelismSpec()
-    P = ParallelismSpec  # the defaults
-    partition = _partition(r, d.get("partition", P.partition), f"{path}.partition")
-    return ParallelismSpec(
-        tensor=r.degree(d, "tensor", path, default=P.tensor),
-        pipeline=r.degree(d, "pipeline", path, default=P.pipeline),
-        data=r.degree(d, "data", path, default=P.data),
-        partition=partition,
-        nic_selection=r.choice(d, "nicSelection", path, NIC_SELECTION_MODES, default=P.nic_selection),
-        sequence_parallel=r.boolean(d, "sequenceParallel", path, default=P.sequence_parallel),
-        replan=_replan(r, d.get("replan"), f"{path}.replan", partition),
-    )
-
-
-def _replan(r: _Reader, v: Any, path: str, partition: Partition) -> ReplanSpec:
-    """parallelism.replan: on by default for partition adaptive (the only mode whose layer
-    split the planner may change), refused for a fixed one."""
-    adaptive = partition == "adaptive"
-    d = r.mapping(v or {}, path, optional=("enabled", "threshold", "maxReplans"))
-    if d is None:
-        return ReplanSpec(enabled=adaptive)
-    enabled = r.boolean(d, "enabled", path, default=adaptive)
-    if enabled and not adaptive:
-        r.add(
-            f"{path}.enabled",
-            "re-planning changes the layer split: it needs partition: adaptive (set enabled: false, "
-            "or partition: adaptive)",
-        )
-    threshold = r.number(d, "threshold", path, default=ReplanSpec.threshold, positive=True)
-    return ReplanSpec(
-        enabled=bool(enabled),
-        threshold=ReplanSpec.threshold if threshold is None else threshold,
-        max_replans=r.integer(d, "maxReplans", path, default=ReplanSpec.max_replans, minimum=0),
-    )
-
-
-def _partition(r: _Reader, v: Any, path: str) -> Partition:
-    if isinstance(v, str) and v in PARTITION_MODES:
-        return v
-    if isinstance(v, (list, tuple)):
-        if not v:
-            r.add(path, "an explicit partition needs one layer count per stage, got an empty list")
-            return "adaptive"
-        bad = [i for i, x in enumerate(v) if not _is_int(x) or x < 1]
-        for i in bad:
-            r.add(f"{path}[{i}]", f"must be a positive integer (layers of stage {i}), got {_show(v[i])}")
-        return tuple(v) if not bad else "adaptive"
-    r.add(path, f"must be adaptive, uniform or a list of layer counts per stage, got {_show(v)}")
-    return "adaptive"
-
-
-def _nodes(r: _Reader, v: Any, path: str) -> NodesSpec | None:
-    d = r.mapping(
-        v,
-        path,
-        required=("count", "gpusPerNode"),
-        optional=("selector", "clusterLabel", "minCount", "scaleUp"),
-    )
-    if d is None:
-        return None
-    return NodesSpec(
-        count=r.integer(d, "count", path),
-        gpus_per_node=r.integer(d, "gpusPerNode", path),
-        selector=_selector(r, d.get("selector"), f"{path}.selector"),
-        cluster_label=r.string(d, "clusterLabel", path, default=NodesSpec.cluster_label),
-        min_count=r.integer(d, "minCount", path, default=None),
-        scale_up=r.choice(d, "scaleUp", path, SCALE_UP_MODES, default=NodesSpec.scale_up),
-    )
-
-
-def _selector(r: _Reader, v: Any, path: str) -> LabelSelector | None:
-    if v is None:
-        return None
-    d = r.mapping(v, path, optional=("matchLabels", "matchExpressions"))
-    if d is None:
-        return None
-    labels: list[tuple[str, str]] = []
-    ml = d.get("matchLabels") or {}
-    if not isinstance(ml, Mapping):
-        r.add(f"{path}.matchLabels", f"must be a mapping of label to value, got {_show(ml)}")
-    else:
-        for k, val in ml.items():
-            if not isinstance(k, str) or not isinstance(val, str):
-                r.add(
-                    f"{path}.matchLabels.{k}",
-                    f"label values must be strings (quote them in YAML), got {_show(val)}",
-                )
-            else:
-                labels.append((k, val))
-    exprs: list[SelectorRequirement] = []
-    me = d.get("matchExpressions") or []
-    if not isinstance(me, (list, tuple)):
-        r.add(f"{path}.matchExpressions", f"must be a list of {{key, operator, values}}, got {_show(me)}")
-        me = []
-    for i, e in enumerate(me):
-        p = f"{path}.matchExpressions[{i}]"
-        ed = r.mapping(e, p, required=("key", "operator"), optional=("values",))
-        if ed is None:
-            continue
-        key = r.string(ed, "key", p)
-        op = r.choice(ed, "operator", p, SELECTOR_OPERATORS)
-        vals = ed.get("values") or []
-        if not isinstance(vals, (list, tuple)) or not all(isinstance(x, str) for x in vals):
-            r.add(f"{p}.values", f"must be a list of strings, got {_show(vals)}")
-            vals = []
-        if op in ("In", "NotIn") and not vals:
-            r.add(f"{p}.values", f"operator {op} needs at least one value")
-        if op in ("Exists", "DoesNotExist") and vals:
-            r.add(f"{p}.values", f"operator {op} takes no values")
-        exprs.append(SelectorRequirement(key=key, operator=op, values=tuple(vals)))
-    return LabelSelector(match_labels=tuple(sorted(labels)), match_expressions=tuple(exprs))
-
-
-def _run_policy(r: _Reader, v: Any, path: str) -> RunPolicy:
-    if v is None:
-        v = {}
-    d = r.mapping(
-        v,
-        path,
-        optional=(
-            "backoffLimit",
-            "suspend",
-            "ttlSecondsAfterFinished",
-            "activeDeadlineSeconds",
-            "waitForNodesSeconds",
-            "disruptionLimit",
-            "failurePolicy",
-            "priority",
-            "priorityClassName",
-        ),
-    )
-    if d is None:
-        return RunPolicy()
-    return RunPolicy(
-        backoff_limit=r.integer(d, "backoffLimit", path, default=RunPolicy.backoff_limit, minimum=0),
-        suspend=r.boolean(d, "suspend", path, default=RunPolicy.suspend),
-        ttl_seconds_after_finished=r.integer(d, "ttlSecondsAfterFinished", path, default=None, minimum=0),
-        active_deadline_seconds=r.integer(d, "activeDeadlineSeconds", path, default=None),
-        wait_for_nodes_seconds=r.integer(
-            d, "waitForNodesSeconds", path, default=RunPolicy.wait_for_nodes_seconds, minimum=0
-        ),
-        disruption_limit=r.integer(d, "disruptionLimit", path, default=None, minimum=0),
-        failure_policy=_failure_policy(r, d.get("failurePolicy"), f"{path}.failurePolicy"),
-        priority=r.integer(d, "priority", path, default=None, minimum=-(2**31)),
-        priority_class_name=r.string(d, "priorityClassName", path, default=None),
-    )
-
-
-def _failure_policy(r: _Reader, v: Any, path: str) -> FailurePolicy | None:
-    if v is None:
-        return None
-    d = r.mapping(v, path, required=("rules",))
-    if d is None or d.get("rules") is None:
-        return None
-    rules = d["rules"]
-    if not isinstance(rules, (list, tuple)):
-        r.add(f"{path}.rules", f"must be a list of {{action, onExitCodes}}, got {_show(rules)}")
-        return None
-    out: list[FailureRule] = []
-    for i, rule in enumerate(rules):
-        p = f"{path}.rules[{i}]"
-        rd = r.mapping(rule, p, required=("action", "onExitCodes"))
-        if rd is None:
-            continue
-        action = r.choice(rd, "action", p, FAILURE_ACTIONS)
-        ep = f"{p}.onExitCodes"
-        if rd.get("onExitCodes") is None:
-            continue  # reported by mapping()
-        ed = r.mapping(rd["onExitCodes"], ep, required=("operator", "values"), optional=("containerName",))
-        if ed is None:
-            continue
-        op = r.choice(ed, "operator", ep, EXIT_CODE_OPERATORS)
-        container = r.string(ed, "containerName", ep, default=None)
-        vals = ed.get("values")
-        if not isinstance(vals, (list, tuple)) or not vals or not all(_is_int(x) for x in vals):
-            r.add(f"{ep}.values", f"must be a non-empty list of integer exit codes, got {_show(vals)}")
-            continue
-        if len(set(vals)) != len(vals):
-            r.add(f"{ep}.values", f"lists an exit code twice: {list(vals)}")
-        if op == "In" and 0 in vals:
-            r.add(f"{ep}.values", "0 is success, not a failure: remove it (operator In)")
-        if any(x < 0 or x > 255 for x in vals):
-            r.add(f"{ep}.values", f"exit codes are 0..255, got {list(vals)}")
-        if action is not None and op is not None:
-            out.append(FailureRule(action, ExitCodes(op, tuple(sorted(set(vals))), container)))
-    return FailurePolicy(tuple(out))
-
-
-# ---- field readers that collect problems instead of stopping at the first ------------------
-
-_REQUIRED = object()
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _show(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, Mapping):
-        return "a mapping"
-    if isinstance(v, (list, tuple)):
-        return "a list"
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-class _Reader:
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-
-    def add(self, path: str, what: str) -> None:
-        self.problems.append(f"{path}: {what}")
-
-    def mapping(
-        self, v: Any, path: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
-    ) -> Mapping[str, Any] | None:
-        if not isinstance(v, Mapping):
-            self.add(path, f"must be a mapping, got {_show(v)}")
-            return None
-        allowed = set(required) | set(optional)
-        unknown = sorted(str(k) for k in v if k not in allowed)
-        if unknown:
-            known = ", ".join(list(required) + list(optional)) or "no fields"
-            self.add(
-                path,
-                f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-                f"(known: {known}); remove or fix the spelling",
-            )
-        for k in required:
-            if v.get(k) is None:
-                self.add(f"{path}.{k}", "required field is missing")
-        return v
-
-    def _get(self, d: Mapping[str, Any], key: str, default: Any) -> Any:
-        v = d.get(key)
-        if v is None:
-            return _REQUIRED if default is _REQUIRED else default
-        return v
-
-    def integer(
-        self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED, minimum: int = 1
-    ) -> Any:
-        v = self._get(d, key, default)
-        if v is _REQUIRED:
-            return None  # reported by mapping()
-        if v is None and default is None:
-            return None
-        if not _is_int(v) or v < minimum:
-            kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-            hint = (
-                " (a string: remove the quotes)"
-                if isinstance(v, str) and v.strip().lstrip("-").isdigit()
-                else ""
-            )
-            self.add(f"{path}.{key}", f"must be {kind}, got {_show(v)}{hint}")
-            return None
-        return v
-
-    def number(
-        self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED, positive: bool = False
-    ) -> Any:
-        v = self._get(d, key, default)
-        if v is _REQUIRED or (v is None and default is None):
-            return None
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not ok or v < 0 or (positive and v == 0):
-            hint = ""
-            if isinstance(v, str):
-                try:
-                    float(v)
-                    hint = " (a string: YAML 1.1 reads 3e-4 as text, write 3.0e-4)"
-                except ValueError:
-                    pass
-            self.add(
-                f"{path}.{key}",
-                f"must be a {'positive' if positive else 'non-negative'} number, got {_show(v)}{hint}",
-            )
-            return None
-        return float(v)
-
-    def boolean(self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED) -> Any:
-        v = self._get(d, key, default)
-        if v is _REQUIRED:
-            return None
-        if not isinstance(v, bool):
-            self.add(f"{path}.{key}", f"must be true or false, got {_show(v)}")
-            return None
-        return v
-
-    def string(self, d: Mapping[str, Any], key: str, path: str, default: Any = _REQUIRED) -> Any:
-        v = self._get(d, key, default)
-        if v is _REQUIRED or (v is None and default is None):
-            return None
-        if not isinstance(v, str) or not v:
-            self.add(f"{path}.{key}", f"must be a non-empty string, got {_show(v)}")
-            return None
-        return v
-
-    def choice(
-        self, d: Mapping[str, Any], key: str, path: str, options: tuple[str, ...], default: Any = _REQUIRED
-    ) -> Any:
-        v = self._get(d, key, default)
-        if v is _REQUIRED:
-            return None
-        if v not in options:
-            hint = ""
-            if isinstance(v, bool) and "off" in options:  # YAML 1.1 reads a bare off/no as false
-                hint = ' (YAML reads a bare off as false: write "off" in quotes)'
-            self.add(f"{path}.{key}", f"must be one of {', '.join(options)}, got {_show(v)}{hint}")
-            return None
-        return v
-
-    def degree(self, d: Mapping[str, Any], key: str, path: str, default: Degree) -> Any:
-        v = self._get(d, key, default)
-        if v == AUTO:
-            return AUTO
-        if not _is_int(v) or v < 1:
-            self.add(f"{path}.{key}", f'must be a positive integer or "auto", got {_show(v)}')
-            return None
-        return v
-
-
 # ---- back to camelCase --------------------------------------------------------------------
-
-
-def camel(name: str) -> str:
-    """snake_case field name -> the camelCase key of the manifest (and of the cost-model file)."""
-    head, *rest = name.split("_")
-    return head + "".join(w[:1].upper() + w[1:] for w in rest)
 
 
 def _to_camel(obj: Any) -> Any:

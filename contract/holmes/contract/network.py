@@ -2,23 +2,9 @@
 
 An island is what the planner calls one: the nodes of one cluster (``spec.nodes.clusterLabel``)
 and one NIC kind. Each entry names an island by ``cluster`` and/or ``nic`` (an omitted key
-matches any) and says, for that island's pods:
-
-- ``rdmaDevices``: how many devices of the shared RDMA device plugin (``rdma/...``) a pod asks
-  for: ``one`` (the plugin exposes all of a node's rails as one device, its usual
-  configuration) or ``perRail`` (the admin configured one device per rail: one per rail the pod
-  uses, the node's compute-rail HCAs);
-- ``sriov``: the NetworkAttachmentDefinitions (``namespace/name``, or ``name`` in the job's
-  namespace; one per rail) Multus attaches as SR-IOV VFs, and optionally the VF ``resource``
-  (default: the node's own SR-IOV resource): the pod gets the Multus annotation and that many VFs;
-- ``trafficClass`` / ``serviceLevel``: the fabric's lossless class for NCCL's IB transport
-  (``NCCL_IB_TC``, ``NCCL_IB_SL``); unset, NCCL's defaults (TC 0, SL 0) apply;
-- ``netPlugin``: the NCCL network name of a vendor net plugin in the island's image (e.g. ``AWS
-  Libfabric`` for AWS OFI/EFA, ``GPUDirectTCPX`` for GCP TCPX): groups inside the island use it
-  instead of ``Socket``, and Holmes sets no socket tuning there.
-
-The first entry matching a node wins. Pure Python; the reader reports every problem with its
-field path, like the rest of the spec (jobspec.py).
+matches any); the first entry matching a node wins. Each field is declared once below (its doc
+is the CRD's, see :mod:`holmes.contract.schema`); :func:`read_islands` adds the checks that
+relate one field to another (and to ``spec.network``), each naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -26,33 +12,80 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from .names import HOST_NETWORK, NIC_KINDS, RDMA_KINDS
+from .schema import ABSENT, INVALID, Field, Reader
 
 RDMA_DEVICES = ("one", "perRail")
 # namespace/name or name, each a DNS-1123 label (NetworkAttachmentDefinitions are namespaced)
 _NAD = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # an extended resource name: vendor-domain/name
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_FIELDS = ("cluster", "nic", "rdmaDevices", "sriov", "trafficClass", "serviceLevel", "netPlugin")
 
 
 @dataclass(frozen=True)
 class Sriov:
-    networks: tuple[str, ...]  # NetworkAttachmentDefinitions, one per rail
-    resource: str | None = None  # the VF resource; None: the node's SR-IOV resource
+    networks: Annotated[
+        tuple[str, ...],
+        Field(
+            "The NetworkAttachmentDefinitions Multus attaches as SR-IOV VFs, one per rail "
+            "(namespace/name, or name in the job's namespace): the pod gets the "
+            "k8s.v1.cni.cncf.io/networks annotation and one VF per network.",
+            min_items=1,
+        ),
+    ]
+    resource: Annotated[
+        str | None,
+        Field(
+            "The VF resource the pod requests (e.g. nvidia.com/sriov_rail); default: the node's own "
+            "SR-IOV resource."
+        ),
+    ] = None
 
 
 @dataclass(frozen=True)
 class IslandNetwork:
-    cluster: str | None = None  # None: every cluster
-    nic: str | None = None  # None: every NIC kind
-    rdma_devices: str = "one"  # one | perRail (shared RDMA device plugin)
-    sriov: Sriov | None = None
-    traffic_class: int | None = None  # NCCL_IB_TC, 0..255
-    service_level: int | None = None  # NCCL_IB_SL, 0..15
-    net_plugin: str | None = None  # a vendor net plugin's NCCL net name
+    cluster: Annotated[
+        str | None, Field("The island's cluster (spec.nodes.clusterLabel); omitted: every cluster.")
+    ] = None
+    nic: Annotated[
+        str | None, Field("The island's NIC kind; omitted: every kind.", enum=NIC_KINDS, server_default=False)
+    ] = None
+    rdma_devices: Annotated[
+        str,
+        Field(
+            "How many devices of the shared RDMA device plugin (rdma/...) a pod asks for: one (the "
+            "plugin exposes a node's rails as one device, its usual configuration) or perRail (the "
+            "admin configured one device per rail: one per compute-rail HCA of the node).",
+            enum=RDMA_DEVICES,
+            server_default=False,
+        ),
+    ] = "one"
+    sriov: Annotated[
+        Sriov | None, Field("SR-IOV VFs attached by Multus instead of the shared RDMA device plugin.")
+    ] = None
+    traffic_class: Annotated[
+        int | None,
+        Field(
+            "The fabric's lossless traffic class for NCCL's IB transport (NCCL_IB_TC); unset: NCCL's "
+            "default.",
+            minimum=0,
+            maximum=255,
+        ),
+    ] = None
+    service_level: Annotated[
+        int | None,
+        Field("The InfiniBand service level (NCCL_IB_SL); unset: NCCL's default.", minimum=0, maximum=15),
+    ] = None
+    net_plugin: Annotated[
+        str | None,
+        Field(
+            "The NCCL net name of a vendor net plugin in the island's image (e.g. AWS Libfabric for "
+            "AWS OFI/EFA, GPUDirectTCPX for GCP TCPX): groups inside the island use it instead of "
+            "Socket, and Holmes sets no socket tuning there."
+        ),
+    ] = None
 
     def matches(self, cluster: str, nic: str) -> bool:
         return self.cluster in (None, cluster) and self.nic in (None, nic)
@@ -74,49 +107,42 @@ def island_settings(
     return None, None
 
 
-def read_islands(r: Any, v: Any, path: str, network: str | None) -> tuple[IslandNetwork, ...]:
-    """spec.islands with ``r`` (jobspec's problem-collecting reader); ``network``: spec.network."""
+def read_islands(r: Reader, v: Any, path: str, siblings: Mapping[str, Any]) -> Any:
+    """spec.islands (the ``read=`` of JobSpec.islands): each entry as declared, then the checks
+    between its fields, spec.network (a sibling read before it) and the other entries."""
     if v is None:
-        return ()
+        return ABSENT
     if not isinstance(v, (list, tuple)):
         r.add(path, "must be a list of {cluster, nic, ...} entries, one per island")
-        return ()
+        return INVALID
+    n = len(r.problems)
     out: list[IslandNetwork] = []
     seen: dict[tuple[str | None, str | None], int] = {}
     for i, item in enumerate(v):
         p = f"{path}[{i}]"
-        d = r.mapping(item, p, optional=_FIELDS)
-        if d is None:
-            continue
-        entry = _entry(r, d, p, network)
-        if entry is None:
+        entry = r.object(IslandNetwork, item, p)
+        if isinstance(item, Mapping):
+            _entry_problems(r, item, p, siblings.get("network"))
+        if not isinstance(entry, IslandNetwork):
             continue
         key = (entry.cluster, entry.nic)
         if key in seen:
             r.add(p, f"names the same island as {path}[{seen[key]}] ({entry.describe()}): merge them")
-            continue
-        seen[key] = i
+        seen.setdefault(key, i)
         out.append(entry)
-    return tuple(out)
+    return tuple(out) if len(r.problems) == n else INVALID
 
 
-def _entry(r: Any, d: Mapping[str, Any], p: str, network: str | None) -> IslandNetwork | None:
-    n = len(r.problems)
-    cluster = r.string(d, "cluster", p, default=None)
-    nic = r.choice(d, "nic", p, NIC_KINDS) if d.get("nic") is not None else None
-    devices = r.choice(d, "rdmaDevices", p, RDMA_DEVICES, default=IslandNetwork.rdma_devices)
-    tc = _bounded(r, d, "trafficClass", p, 255)
-    sl = _bounded(r, d, "serviceLevel", p, 15)
-    plugin = r.string(d, "netPlugin", p, default=None)
-    sriov = _sriov(r, d.get("sriov"), f"{p}.sriov")
-    if nic is not None and nic not in RDMA_KINDS:
+def _entry_problems(r: Reader, d: Mapping[str, Any], p: str, network: Any) -> None:
+    nic, sriov = d.get("nic"), d.get("sriov")
+    if nic in NIC_KINDS and nic not in RDMA_KINDS:
         for key in ("trafficClass", "serviceLevel"):
             if d.get(key) is not None:
                 r.add(
                     f"{p}.{key}",
                     f"applies to NCCL's IB transport (infiniband, roce), not nic {nic}: remove it",
                 )
-    if devices == "perRail" and sriov is not None:
+    if d.get("rdmaDevices") == "perRail" and sriov is not None:
         r.add(
             f"{p}.rdmaDevices",
             "applies to the shared RDMA device plugin; with sriov the pod gets one VF per network: remove it",
@@ -126,54 +152,30 @@ def _entry(r: Any, d: Mapping[str, Any], p: str, network: str | None) -> IslandN
             f"{p}.sriov",
             "Multus attaches no networks to hostNetwork pods: remove it, or use spec.network: podNetwork",
         )
-    if plugin is not None and (tc is not None or sl is not None):
+    if d.get("netPlugin") is not None and (
+        d.get("trafficClass") is not None or d.get("serviceLevel") is not None
+    ):
         r.add(
             f"{p}.netPlugin",
             "the island's traffic runs on the plugin, not NCCL's IB transport: drop "
             "trafficClass/serviceLevel or netPlugin",
         )
-    if len(r.problems) != n:
-        return None
-    return IslandNetwork(cluster, nic, devices, sriov, tc, sl, plugin)
-
-
-def _bounded(r: Any, d: Mapping[str, Any], key: str, p: str, top: int) -> int | None:
-    v: int | None = r.integer(d, key, p, default=None, minimum=0)
-    if v is not None and v > top:
-        r.add(f"{p}.{key}", f"must be 0..{top}, got {v}")
-        return None
-    return v
-
-
-def _sriov(r: Any, v: Any, p: str) -> Sriov | None:
-    if v is None:
-        return None
-    d = r.mapping(v, p, required=("networks",), optional=("resource",))
-    if d is None:
-        return None
-    resource = r.string(d, "resource", p, default=None)
-    if resource is not None and not _RESOURCE.match(resource):
+    if not isinstance(sriov, Mapping):
+        return
+    resource = sriov.get("resource")
+    if isinstance(resource, str) and resource and not _RESOURCE.match(resource):
         r.add(
-            f"{p}.resource",
+            f"{p}.sriov.resource",
             f"must be an extended resource name such as nvidia.com/sriov_rail, got {resource!r}",
         )
-    nets = d.get("networks")
-    if nets is None:
-        return None  # reported by mapping()
-    if not isinstance(nets, (list, tuple)) or not nets:
-        r.add(
-            f"{p}.networks",
-            "must be a non-empty list of NetworkAttachmentDefinitions (namespace/name), one per rail",
-        )
-        return None
-    bad = [x for x in nets if not isinstance(x, str) or not _NAD.match(x)]
+    nets = sriov.get("networks")
+    if not isinstance(nets, (list, tuple)):
+        return
+    bad = [x for x in nets if isinstance(x, str) and x and not _NAD.match(x)]
     if bad:
         r.add(
-            f"{p}.networks",
+            f"{p}.sriov.networks",
             f"{bad[0]!r} is not a NetworkAttachmentDefinition name: write namespace/name or name",
         )
-        return None
-    if len(set(nets)) != len(nets):
-        r.add(f"{p}.networks", "names a network twice: one entry per rail")
-        return None
-    return Sriov(tuple(nets), resource)
+    elif len(set(map(str, nets))) != len(nets):
+        r.add(f"{p}.sriov.networks", "names a network twice: one entry per rail")
