@@ -54,8 +54,9 @@ from holmes_dev.jobs import holmes_job  # noqa: E402
 from holmes.contract import JobSpec, Layout  # noqa: E402
 from holmes.operator.core import replan  # noqa: E402
 from holmes.plan import CostModelConfig, plan  # noqa: E402
-from holmes.plan.calibrate import CalibrationError, Run, assess, from_records, metric_records  # noqa: E402
+from holmes.plan.calibrate import assess  # noqa: E402
 from holmes.plan.estimate import evaluate_run, fixed_job  # noqa: E402
+from holmes.plan.measured import CalibrationError, RunLayout, from_records, metric_records  # noqa: E402
 from holmes.plan.planner import PlanError, as_job, to_layout  # noqa: E402
 
 LAUNCHER = "holmes.trainer.run"
@@ -118,7 +119,7 @@ def candidates(nodes: list, job: JobSpec, first: Layout, config: CostModelConfig
         for cut in range(1, L):  # pipeline 2: every split with at least one layer per stage
             if first.pipeline != 2:
                 raise ValueError("the brute force enumerates two-stage splits only")
-            run = Run(nodes_order, (cut, L - cut), first.tensor, first.data, first.micro_batches)
+            run = RunLayout(nodes_order, (cut, L - cut), first.tensor, first.data, first.micro_batches)
             try:
                 out.append(to_layout(evaluate_run(nodes, job, run, config), fixed_job(job, run), config))
             except PlanError:

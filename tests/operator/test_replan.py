@@ -10,8 +10,9 @@ from holmes.cli import load_nodes
 from holmes.contract import SpecError, load_job
 from holmes.operator.core import replan
 from holmes.plan import CostModelConfig, plan
-from holmes.plan.calibrate import MIN_SAMPLES, Run, assess, with_rates
+from holmes.plan.calibrate import assess, with_rates
 from holmes.plan.estimate import evaluate_run
+from holmes.plan.measured import MIN_SAMPLES, RunLayout
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = load_nodes(str(ROOT / "examples" / "nodes" / "mixed-gpus.yaml"))
@@ -33,7 +34,7 @@ def progress_for(layout, slow=None, samples=MIN_SAMPLES, nodes=NODES):
     """status.progress as the operator merges it from the trainer: each stage's compute seconds
     = the cost model's x ``slow[island]`` (pure decision tests: the inputs are data)."""
     slow = slow or {}
-    run = Run.of(layout)
+    run = RunLayout.of(layout)
     c = evaluate_run(nodes, JOB, run, CostModelConfig())
     stages = [
         {

@@ -8,9 +8,10 @@ from dataclasses import replace
 
 from holmes.contract import JobSpec, Layout
 from holmes.plan import CostModelConfig, NicMapping, classify_node, nccl_env, plan
-from holmes.plan.calibrate import Measured, assess
+from holmes.plan.calibrate import assess
 from holmes.plan.costmodel_file import CostModelFile
 from holmes.plan.discovery import why_unusable
+from holmes.plan.measured import Measured
 
 from . import metrics
 from .core.render import NodeNetwork

@@ -33,14 +33,15 @@ from typing import Any
 
 from holmes.contract import JobSpec, Layout
 from holmes.plan import PlanError
-from holmes.plan.calibrate import MIN_SAMPLES, Calibration, Measured, Run, StageMeasure, with_rates
+from holmes.plan.calibrate import Calibration, with_rates
+from holmes.plan.measured import MIN_SAMPLES, Measured, RunLayout, StageMeasure
 
 PlanFn = Callable[[list, JobSpec], Layout]
 
 
 def signature(layout: Layout | Mapping) -> str:
     """A layout's identity for hysteresis: node rank order, layers per stage, degrees."""
-    run = Run.of(layout) if not isinstance(layout, Run) else layout
+    run = RunLayout.of(layout) if not isinstance(layout, RunLayout) else layout
     return f"{','.join(run.nodes)}|{'/'.join(map(str, run.layers))}|t{run.tensor}d{run.data}"
 
 
@@ -66,7 +67,7 @@ def measured_in(progress: Mapping, layout: Layout) -> Measured | None:
             )
         )
     samples = min(int(r.get("samples") or 0) for r in stages)
-    return Measured(Run.of(layout), tuple(out), samples, progress.get("iterationSeconds"))
+    return Measured(RunLayout.of(layout), tuple(out), samples, progress.get("iterationSeconds"))
 
 
 @dataclass(frozen=True)
