@@ -22,7 +22,7 @@ Cases, same job (pipeline 2 across the islands, data parallel inside each):
                turns rank 0's metrics into status.progress and calls core/replan.step; when the
                step says relaunch it SIGTERMs the gang (the trainers write a checkpoint:
                training.checkpoint.onPreemption, or with --no-save-on-stop it waits for the next
-               periodic one), plans the new layout as the operator would (replan.planning: the
+               periodic one), plans the new layout as the operator would (replan.measured_nodes: the
                nodes at their measured rates) and starts the gang again, resumed from the checkpoint
   brute force  every layer split with either island first, --probe-iters measured iterations each
 "tokens/s" is the median of the measured iterations (after --warmup of each start) of the layout
@@ -405,7 +405,7 @@ def _closed_loop(b: Bench, first: Layout, job: dict, nodes: list, config: CostMo
         if why is None:
             break
         decisions[-1]["stopped"] = stopped
-        layout = replan.planning(plan_fn, adaptation, spec)(nodes, spec)
+        layout = plan_fn(list(replan.measured_nodes(nodes, adaptation, spec)), spec)
         log(f"  relaunch ({why}): {split_name(gang.layout, b.spec)} -> {split_name(layout, b.spec)}")
     last = gangs[-1]
     its = measured(last, b.a.warmup)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from holmes.operator import placement_facts
 from holmes.operator.core.render import JobRef, RenderSettings, build_pod
 from holmes.operator.core.template import (
     BASELINE,
@@ -15,7 +16,6 @@ from holmes.operator.core.template import (
     policy_violations,
     rendered_pod_violations,
 )
-from holmes.operator.planning import ClusterPlanner
 from tests.operator.opfixtures import FakeWorld, manifest
 from tests.operator.pss_cases import CASES, PSA_CHECKS, Case
 from tests.operator.test_render import planned
@@ -73,7 +73,7 @@ def test_the_default_level_is_baseline_and_a_wrong_level_is_refused():
 # ---- what Holmes renders -------------------------------------------------------------------------
 
 REF = JobRef("tiny", "ns", 1, "spechash", "modelhash")
-PLANNER = ClusterPlanner.with_mapping()
+FACTS = placement_facts.gather(placement_facts.builtin_cost_model())
 VOLCANO = {
     "metadata": {"annotations": {"scheduling.volcano.sh/queue-name": "q"}},
     "spec": {"schedulerName": "volcano"},
@@ -95,7 +95,7 @@ def holmes_pods(level: str, template: dict | None = None, **build) -> list[tuple
     out = []
     for rank, node_name in enumerate(layout.nodes):
         node = nodes[node_name]
-        net = PLANNER.facts.network(node)
+        net = FACTS.network(node)
         pod = build_pod(
             REF,
             layout,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import yaml
 
 from holmes.contract import JobSpec, Layout
+from holmes.operator import placement_facts
 from holmes.operator.core import names
 from holmes.operator.core.render import (
     JobRef,
@@ -14,13 +15,12 @@ from holmes.operator.core.render import (
     build_service,
     torch_env,
 )
-from holmes.operator.planning import ClusterPlanner
 from holmes.plan import plan
 from tests.operator.opfixtures import default_nodes, manifest, with_link_layers
 
 SETTINGS = RenderSettings(image="img:1", master_port=29511, metrics_port=9411)
 REF = JobRef("tiny", "ns", 3, "spechash", "modelhash")
-PLANNER = ClusterPlanner.with_mapping()
+FACTS = placement_facts.gather(placement_facts.builtin_cost_model())
 
 
 def planned(count=6, gpus=2, **spec):
@@ -38,7 +38,7 @@ def planned(count=6, gpus=2, **spec):
 def pod_for(rank, template=None, count=6):
     nodes, layout, job = planned(count=count)
     node = nodes[layout.nodes[rank]]
-    net = PLANNER.facts.network(node)
+    net = FACTS.network(node)
     return (
         build_pod(
             REF,
@@ -61,7 +61,7 @@ def env_of(pod):
 def rank_of_kind(kind):
     nodes, layout, _ = planned()
     for r, n in enumerate(layout.nodes):
-        if PLANNER.facts.network(nodes[n]).nic == kind:
+        if FACTS.network(nodes[n]).nic == kind:
             return r
     raise AssertionError(f"no {kind} node in {layout.nodes}")
 
@@ -217,7 +217,7 @@ def test_a_port_range_gives_each_attempt_its_own_ports():
     assert job_ports(REF, SETTINGS) == (29511, 9411)
     assert "ports" not in build_service(REF, ranged)["spec"]
     nodes, layout, job = planned()
-    net = PLANNER.facts.network(nodes[layout.nodes[0]])
+    net = FACTS.network(nodes[layout.nodes[0]])
     pod = build_pod(
         REF,
         layout,

@@ -135,14 +135,13 @@ def test_needs_checkpoints_and_can_be_off(layout):
 def test_planning_applies_the_measured_rates_only_when_on(layout):
     first = judge(layout, progress_for(layout, slow={H100: 3.0}))
     state = replan.adapted(None, first, layout)
-    seen = []
-    replan.planning(lambda n, j: seen.append(n), state, JOB)(NODES, JOB)
+    seen = [replan.measured_nodes(NODES, state, JOB)]
     assert seen[0] is not NODES and "holmes.dev/measured-tflops" in seen[0][0]["metadata"]["labels"]
     off = replace(
         JOB, parallelism=replace(JOB.parallelism, replan=replace(JOB.parallelism.replan, enabled=False))
     )
-    plain = replan.planning(plan, state, off)
-    assert plain is plan
+    plain = replan.measured_nodes(NODES, state, off)
+    assert plain is NODES
 
 
 def spec_with(**par):

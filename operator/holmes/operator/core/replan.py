@@ -27,7 +27,7 @@ Pure: the planner is passed in (``plan`` and ``calibrated``); the caller applies
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,12 +80,13 @@ class Verdict:
     record: Mapping[str, Any] = field(default_factory=dict)  # status.adaptation.last
 
 
-def planning(plan: PlanFn, adaptation: Mapping | None, spec: JobSpec) -> PlanFn:
-    """``plan`` pricing the nodes at the job's measured rates, when it has any and re-planning is on."""
+def measured_nodes(nodes: Sequence[Mapping], adaptation: Mapping | None, spec: JobSpec) -> Sequence[Mapping]:
+    """The nodes priced at the job's measured rates (copies), when it has any and re-planning is
+    on; else ``nodes`` themselves. A step of every placement of the job (placement.py)."""
     rates = dict((adaptation or {}).get("measuredTflops") or {})
     if not rates or not spec.parallelism.replan.enabled:
-        return plan
-    return lambda nodes, job: plan(with_rates(nodes, rates), job)
+        return nodes
+    return with_rates(nodes, rates)
 
 
 def _stage_line(cal: Calibration) -> str:
