@@ -1,6 +1,7 @@
 """Shared clusters: what a job may plan on, given what every other pod holds, and the queue of
-jobs waiting for capacity. Pure (no I/O): the runtime (handlers.py) gathers pods, launched
-layouts and waiting jobs from its caches, and plans each job under one lock against this view.
+jobs waiting for capacity. Pure (no I/O): the runtime (pipeline.py) gathers pods, launched
+layouts and jobs from its caches before deciding (``Workloads``), and places each job under one
+lock against this view.
 
 - ``PodShape``: what one pod of a job asks for (GPUs, CPU, memory) and where it may go (the
   template's nodeSelector, required node affinity, tolerations).
@@ -416,7 +417,8 @@ def priority_of(spec: JobSpec, classes: Mapping[str, int]) -> tuple[int, str]:
 
 @dataclass(frozen=True)
 class SharedState:
-    """What the other workloads hold and want, as the runtime read it from its caches."""
+    """What the other workloads hold and want, for one job: derived from the observed
+    ``Workloads`` by ``shared_state`` when the job is placed."""
 
     pods: Sequence[Mapping] = ()  # every pod that may hold resources (slim or full)
     launched: Sequence[Launched] = ()  # launched Holmes attempts (for ranks not created yet)
