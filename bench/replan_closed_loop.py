@@ -22,7 +22,7 @@ Cases, same job (pipeline 2 across the islands, data parallel inside each):
                turns rank 0's metrics into status.progress and calls core/replan.step; when the
                step says relaunch it SIGTERMs the gang (the trainers write a checkpoint:
                training.checkpoint.onPreemption, or with --no-save-on-stop it waits for the next
-               periodic one), plans the new layout as the operator would (replan.planning: the
+               periodic one), plans the new layout as the operator would (replan.measured_nodes: the
                nodes at their measured rates) and starts the gang again, resumed from the checkpoint
   brute force  every layer split with either island first, --probe-iters measured iterations each
 "tokens/s" is the median of the measured iterations (after --warmup of each start) of the layout
@@ -54,8 +54,9 @@ from holmes_dev.jobs import holmes_job  # noqa: E402
 from holmes.contract import JobSpec, Layout  # noqa: E402
 from holmes.operator.core import replan  # noqa: E402
 from holmes.plan import CostModelConfig, plan  # noqa: E402
-from holmes.plan.calibrate import CalibrationError, Run, assess, from_records, metric_records  # noqa: E402
+from holmes.plan.calibrate import assess  # noqa: E402
 from holmes.plan.estimate import evaluate_run, fixed_job  # noqa: E402
+from holmes.plan.measured import CalibrationError, RunLayout, from_records, metric_records  # noqa: E402
 from holmes.plan.planner import PlanError, as_job, to_layout  # noqa: E402
 
 LAUNCHER = "holmes.trainer.run"
@@ -118,7 +119,7 @@ def candidates(nodes: list, job: JobSpec, first: Layout, config: CostModelConfig
         for cut in range(1, L):  # pipeline 2: every split with at least one layer per stage
             if first.pipeline != 2:
                 raise ValueError("the brute force enumerates two-stage splits only")
-            run = Run(nodes_order, (cut, L - cut), first.tensor, first.data, first.micro_batches)
+            run = RunLayout(nodes_order, (cut, L - cut), first.tensor, first.data, first.micro_batches)
             try:
                 out.append(to_layout(evaluate_run(nodes, job, run, config), fixed_job(job, run), config))
             except PlanError:
@@ -404,7 +405,7 @@ def _closed_loop(b: Bench, first: Layout, job: dict, nodes: list, config: CostMo
         if why is None:
             break
         decisions[-1]["stopped"] = stopped
-        layout = replan.planning(plan_fn, adaptation, spec)(nodes, spec)
+        layout = plan_fn(list(replan.measured_nodes(nodes, adaptation, spec)), spec)
         log(f"  relaunch ({why}): {split_name(gang.layout, b.spec)} -> {split_name(layout, b.spec)}")
     last = gangs[-1]
     its = measured(last, b.a.warmup)

@@ -1,5 +1,6 @@
-"""Sizes that keep the operator readable (issue 24): its kopf wiring stays a page or so, and no
-class grows into a grab-bag again. Parsed, not imported."""
+"""Sizes that keep the operator readable (issues 24, 37): its kopf wiring stays a page or so, and
+no class anywhere on the operator side (operator/: the operator, the planner, the labeller, the
+CLI) grows into a grab-bag again. Parsed, not imported."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OPERATOR = REPO / "operator/holmes/operator"
+OPERATOR_SIDE = REPO / "operator/holmes"
 HANDLERS_MAX_LINES = 400
-CLASS_MAX_LINES = 600
+CLASS_MAX_LINES = 450  # the state machine was one 596-line class: split by concern (issue 37)
 
 
 def long_classes(path: Path, limit: int) -> list[str]:
@@ -29,13 +31,14 @@ def test_the_kopf_wiring_stays_short():
 
 
 def test_no_operator_class_is_a_grab_bag():
-    found = [c for f in sorted(OPERATOR.rglob("*.py")) for c in long_classes(f, CLASS_MAX_LINES)]
+    found = [c for f in sorted(OPERATOR_SIDE.rglob("*.py")) for c in long_classes(f, CLASS_MAX_LINES)]
     assert not found, (
-        "split by concern (a policy module in core/, a primitive in core/state.py):\n" + "\n".join(found)
+        "split by concern (a policy module in core/, a primitive in core/state.py, a step of the "
+        "state machine: reconcile.py, launching.py, tracking.py):\n" + "\n".join(found)
     )
 
 
 def test_the_size_check_can_fail(tmp_path):
     big = tmp_path / "big.py"
-    big.write_text("class Big:\n" + "    x = 1\n" * 700)
-    assert long_classes(big, CLASS_MAX_LINES) == ["big.py: class Big is 701 lines"]
+    big.write_text("class Big:\n" + "    x = 1\n" * CLASS_MAX_LINES)
+    assert long_classes(big, CLASS_MAX_LINES) == [f"big.py: class Big is {CLASS_MAX_LINES + 1} lines"]

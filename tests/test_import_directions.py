@@ -1,6 +1,7 @@
 """The dependency table of README.md, enforced: every import in each product package (module
-level or inside a function) stays within what its row allows. Parsed, not imported, so a
-lazy import inside a function counts too."""
+level or inside a function) stays within what its row allows; the imports between the product's
+modules read one way (no circle, ``TYPE_CHECKING`` imports included); no module imports another
+one's private (``_``) name. Parsed, not imported, so a lazy import inside a function counts too."""
 
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ RULES = {
 }
 CLI = REPO / "operator/holmes/cli.py"  # `holmes plan`: the planner, plus the client for --kubeconfig
 CLI_RULE = ({"kubernetes", "yaml"}, {"contract", "plan", "operator"})  # operator: --pods (pure preview)
+
+
+PRODUCT = ("contract", "operator", "trainer")  # the folders holding the holmes namespace package
 
 
 def package_of(path: Path) -> str:
@@ -134,3 +138,169 @@ def test_the_pure_core_refuses_the_client_and_io(tmp_path):
         "probe.py:2: imports kubernetes",
         "probe.py:3: imports holmes.operator",
     ]
+
+
+# ---- one direction: no circles, no private names ----------------------------------------------
+
+
+def module_of(path: Path, root: Path = REPO) -> str:
+    """holmes.plan.gpus for operator/holmes/plan/gpus.py; a package's __init__ is the package."""
+    parts = list(path.relative_to(root).parts[1:])
+    parts[-1] = parts[-1].removesuffix(".py")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def product_modules(root: Path = REPO) -> dict[str, Path]:
+    return {module_of(f, root): f for top in PRODUCT for f in sorted((root / top / "holmes").rglob("*.py"))}
+
+
+def imported_names(path: Path, module: str) -> list[tuple[int, str, str]]:
+    """(line, module imported from, name) of every ``from M import name`` (relative resolved)
+    and (line, M, "") of every ``import M``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, "") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            out += [(node.lineno, base, a.name) for a in node.names]
+    return out
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the product modules it imports (``from pkg import mod`` counts as importing mod)."""
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for m, path in modules.items():
+        for _, source, name in imported_names(path, m):
+            target = f"{source}.{name}" if f"{source}.{name}" in modules else source
+            while target not in modules and "." in target:
+                target = target.rpartition(".")[0]
+            if target in modules and target != m:
+                graph[m].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def private_imports(modules: dict[str, Path], root: Path = REPO) -> list[str]:
+    """``from other_module import _name``: a module reaching into another's private name."""
+    bad = []
+    for m, path in modules.items():
+        for line, source, name in imported_names(path, m):
+            private = name.startswith("_") and not name.startswith("__")
+            if private and source.split(".")[0] == "holmes" and source != m:
+                bad.append(f"{path.relative_to(root)}:{line}: imports {source}.{name}")
+    return bad
+
+
+def test_the_product_imports_read_one_way():
+    found = circles(import_graph(product_modules()))
+    assert not found, "import circles (move what both need into a module both import):\n" + "\n".join(
+        " <-> ".join(c) for c in found
+    )
+
+
+def test_no_module_imports_a_private_name_of_another():
+    bad = private_imports(product_modules())
+    assert not bad, "private names imported (make the name public or move it):\n" + "\n".join(bad)
+
+
+def test_the_circle_and_private_checks_can_fail(tmp_path):
+    """A two-module circle (one side a TYPE_CHECKING import, one a lazy import, as the planner's
+    and its explanation's were) and a private import are both caught."""
+    pkg = tmp_path / "operator" / "holmes" / "plan"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "planner.py").write_text("def plan():\n    from .explain import lines\n")
+    (pkg / "explain.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .planner import Candidate\n"
+    )
+    (pkg / "estimate.py").write_text("from holmes.plan.planner import _evaluate, plan\n")
+    modules = {module_of(f, tmp_path): f for f in sorted(pkg.glob("*.py"))}
+    assert circles(import_graph(modules)) == [["holmes.plan.explain", "holmes.plan.planner"]]
+    assert private_imports(modules, tmp_path) == [
+        "operator/holmes/plan/estimate.py:1: imports holmes.plan.planner._evaluate"
+    ]
+
+
+# ---- tests take shared helpers from helper modules, never from another test file --------------
+
+# Left for the engineers reshaping these files now (issue 37): the list only shrinks.
+TEST_IMPORTS_LEFT = {
+    ("tests/trainer/test_trainer_preemption.py", "tests.trainer.test_trainer_entrypoint"),
+    ("tests/trainer/test_tensor_parallel.py", "tests.trainer.test_trainer_checkpoint"),
+    ("tests/frameworks/test_framework_spec.py", "tests.plan.test_jobspec"),
+    ("tests/frameworks/test_real_frameworks.py", "tests.frameworks.test_framework_render"),
+    ("tests/frameworks/test_launcher.py", "tests.trainer.test_fabric"),
+    ("tests/labeller/test_labeller_rails.py", "tests.labeller.test_labeller_units"),  # main, issue 34
+}
+
+
+def imports_between_test_files(root: Path = REPO) -> set[tuple[str, str]]:
+    """(test file, test module it imports from): what belongs in a helper module instead."""
+    found = set()
+    for f in sorted((root / "tests").rglob("test_*.py")):
+        module = ".".join(f.relative_to(root).with_suffix("").parts)
+        for _, source, _name in imported_names(f, module):
+            if source.rpartition(".")[2].startswith("test_"):
+                found.add((str(f.relative_to(root)), source))
+    return found
+
+
+def test_tests_take_shared_helpers_from_helper_modules():
+    found = imports_between_test_files()
+    new = sorted(found - TEST_IMPORTS_LEFT)
+    assert not new, "move what these take into a helper module (opfixtures.py, cluster_helpers.py ...):\n" + (
+        "\n".join(f"{f} imports {m}" for f, m in new)
+    )
+
+
+def test_the_test_import_check_can_fail(tmp_path):
+    (tmp_path / "tests" / "plan").mkdir(parents=True)
+    (tmp_path / "tests" / "plan" / "test_a.py").write_text("from tests.plan.test_b import helper\n")
+    (tmp_path / "tests" / "plan" / "test_b.py").write_text("from .plan_helpers import node\n")
+    assert imports_between_test_files(tmp_path) == {("tests/plan/test_a.py", "tests.plan.test_b")}

@@ -133,7 +133,7 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
     """The ConfigMap, Service and pods the operator would create, as a v1 List."""
     from holmes.contract.documents import DocumentError, load_documents
     from holmes.operator.core.render import RenderSettings
-    from holmes.operator.planning import ClusterPlanner, with_nic_flags
+    from holmes.operator.placement_facts import with_nic_flags
     from holmes.operator.preview import PreviewError, as_list, children
     from holmes.plan.costmodel_file import CostModelFile
 
@@ -143,7 +143,7 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
     except (DocumentError, ValueError) as e:
         raise CliError(str(e)) from None
     kinds = dict(k.split("=", 1) for k in args.cluster_rdma_kind or [])
-    planner = ClusterPlanner(CostModelFile(base=with_nic_flags(config, kinds)))
+    cost_model = CostModelFile(base=with_nic_flags(config, kinds))
     from holmes.operator.core.template import TemplatePolicy
 
     policy = TemplatePolicy(allow_host_namespaces=args.allow_host_namespaces)
@@ -151,7 +151,7 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
     if args.namespace:
         job.setdefault("metadata", {})["namespace"] = args.namespace
     try:
-        doc = as_list(children(job, nodes, settings, planner))
+        doc = as_list(children(job, nodes, settings, cost_model))
     except PreviewError as e:
         raise CliError(str(e)) from None
     if args.json:

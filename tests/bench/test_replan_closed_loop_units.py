@@ -98,7 +98,7 @@ def test_progress_is_what_the_operator_reads_and_a_slow_island_is_replanned_away
         lambda ns, j, lay, m: assess(ns, j, lay, m, config),
     )
     assert step.relaunch and step.adaptation["replans"] == 1, step
-    after = replan.planning(lambda ns, j: plan(ns, j, config=config), step.adaptation, spec_)(nodes, spec_)
+    after = plan(replan.measured_nodes(nodes, step.adaptation, spec_), spec_, config=config)
     b_layers = lambda lay: sum(  # noqa: E731
         s.num_layers for s in lay.stages if spec.node(lay.stage_nodes(s.index)[0]).island == "b"
     )

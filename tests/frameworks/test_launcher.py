@@ -12,7 +12,7 @@ from holmes_dev.ports import free_port
 
 from holmes.launch import __main__ as launcher
 from holmes.launch.install import install
-from tests.frameworks.test_net_hook import THREE
+from tests.frameworks.layouts import THREE
 from tests.trainer.test_fabric import pod_root
 
 

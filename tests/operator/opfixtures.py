@@ -8,10 +8,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from holmes.contract.documents import load_documents
+from holmes.operator import placement_facts
 from holmes.operator.core import members, names
+from holmes.operator.core.capacity import Workloads
 from holmes.operator.core.reconcile import ChildRefusal, Observed, RestartBackoff, decide
 from holmes.operator.core.render import RenderSettings
-from holmes.operator.planning import ClusterPlanner
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -81,7 +82,8 @@ class FakeWorld:
         self.now = T0
         self.events: list = []
         self.deleted_job = False
-        self.planner = ClusterPlanner.with_mapping()
+        self.cost_model = placement_facts.builtin_cost_model()
+        self.workloads = Workloads  # what the other workloads hold (test_capacity's SharedWorld)
         self.settings = RenderSettings()
         self.backoff = backoff  # none unless a test is about it: restarts relaunch at once
         self.refuse = None  # pod -> ChildRefusal | None: what an admission step would refuse
@@ -110,7 +112,8 @@ class FakeWorld:
             priority_classes=self.priority_classes,
             members=self.members,
         )
-        d = decide(obs, self.planner, self.settings, self.backoff)
+        facts = placement_facts.gather(self.cost_model, self.workloads())
+        d = decide(obs, facts, self.settings, self.backoff)
         if d.delete_workload:
             self.workload = None
         if d.workload is not None and self.workload is None:

@@ -11,9 +11,10 @@ import pytest
 
 from holmes.contract import load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE
+from holmes.operator import placement_facts
 from holmes.operator.core import capacity, names, queueing
-from holmes.operator.core.capacity import CapacityPlanner, Ledger, WaitingForCapacity, free_view, pod_shape
-from holmes.operator.planning import ClusterPlanner
+from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads, free_view, pod_shape
+from holmes.operator.core.placement import Placement, on_free_capacity
 from holmes.plan import InsufficientNodes
 
 from .opfixtures import T0, FakeWorld, default_nodes, manifest, with_link_layers
@@ -166,8 +167,8 @@ def test_the_free_view_lowers_allocatable_gpus_and_leaves_out_full_nodes():
 
 
 class SharedWorld:
-    """Several FakeWorlds on one set of nodes; each plans with a CapacityPlanner whose view is
-    built from the others' objects exactly as the operator builds it from its caches."""
+    """Several FakeWorlds on one set of nodes; each places its job on what the others' objects
+    hold, observed as the operator observes them from its caches (pipeline.Pipeline.workloads)."""
 
     def __init__(self, *jobs, classes=None):
         self.nodes = nodes()
@@ -178,23 +179,22 @@ class SharedWorld:
 
     def add(self, m):
         w = FakeWorld(m, nodes=self.nodes)
-        key = f"{m['metadata']['namespace']}/{m['metadata']['name']}"
-        w.planner = CapacityPlanner(ClusterPlanner.with_mapping(), key, lambda w=w: self.state(w))
+        w.workloads = self.workloads
         self.worlds[m["metadata"]["name"]] = w
         return w
 
-    def state(self, me):
+    def workloads(self):
         pods = [p for w in self.worlds.values() for p in w.pods.values()]
-
-        def layout_cm(ns, name):
-            w = self.worlds.get(name)
-            return w.configmap if w else None
-
-        jobs = [w.job for w in self.worlds.values()]
-        return capacity.shared_state(me.job, jobs, pods, layout_cm, self.classes)
+        layouts = {
+            (w.job["metadata"]["namespace"], n): w.configmap
+            for n, w in self.worlds.items()
+            if w.configmap is not None
+        }
+        return Workloads(pods=pods, jobs=[w.job for w in self.worlds.values()], layouts=layouts)
 
     def step(self, *names_):
         for n in names_ or list(self.worlds):
+            self.worlds[n].priority_classes = self.classes or None
             self.worlds[n].step()
 
     def bind(self, name, phase="Running"):
@@ -253,10 +253,8 @@ def test_gpus_are_shared_per_gpu_not_per_node():
 def test_other_workloads_pods_hold_their_gpus():
     sw = SharedWorld(job("a", 3, created=0))
     foreign = [pod(f"x{i}", n, gpus=2) for i, n in enumerate(["ib-0", "ib-1", "roce-0", "roce-1"])]
-    real_state = sw.state
-    sw.state = lambda me: capacity.SharedState(
-        pods=list(real_state(me).pods) + foreign, launched=real_state(me).launched, ahead=real_state(me).ahead
-    )
+    seen = sw.workloads
+    sw.worlds["a"].workloads = lambda: Workloads([*seen().pods, *foreign], seen().jobs, seen().layouts)
     sw.step()
     assert sw.reason("a") == "WaitingForCapacity"
     assert "other pods (4 nodes)" in sw.worlds["a"].condition("Reconciling")["message"]
@@ -473,14 +471,16 @@ def test_plain_jobs_get_no_podgroup():
     assert w.podgroup is None and w.workload is None
 
 
-def test_the_capacity_planner_alone_is_a_planner():
-    p = CapacityPlanner(ClusterPlanner.with_mapping(), "ns/a")
-    spec = load_job(job("a", 3))
-    assert len(p.plan(nodes(), spec).nodes) == 3
+def test_the_capacity_step_alone_places_a_job():
+    a = job("a", 3)
+    where = Placement(placement_facts.gather(placement_facts.builtin_cost_model()), nodes(), a)
+    spec = load_job(a)
+    assert len(on_free_capacity(nodes(), spec, where).nodes) == 3
     with pytest.raises(InsufficientNodes) as e:
-        p.plan(nodes(), load_job(job("b", 7)))
+        on_free_capacity(nodes(), load_job(job("b", 7)), where)
     assert not isinstance(e.value, WaitingForCapacity)
     full = copy.deepcopy(nodes())
-    st = capacity.SharedState(pods=[pod(f"x{i}", n["metadata"]["name"], gpus=2) for i, n in enumerate(full)])
+    held = Workloads(pods=[pod(f"x{i}", n["metadata"]["name"], gpus=2) for i, n in enumerate(full)])
+    facts = placement_facts.gather(placement_facts.builtin_cost_model(), held)
     with pytest.raises(WaitingForCapacity):
-        CapacityPlanner(ClusterPlanner.with_mapping(), "ns/a", lambda: st).plan(full, spec)
+        on_free_capacity(full, spec, Placement(facts, full, a))

@@ -16,7 +16,7 @@ from holmes import cli
 from holmes.contract.layout import Layout
 from holmes.operator.__main__ import cost_model, main, parse_args
 from holmes.operator.core import names
-from holmes.operator.planning import ClusterPlanner, export_state
+from holmes.operator.placement_facts import builtin_cost_model, export_state
 from holmes.plan import CostModelConfig, NicMapping
 from holmes.plan.costmodel_file import CostModelFile
 from tests.operator.opfixtures import REPO, FakeWorld, default_nodes, manifest, with_link_layers
@@ -30,10 +30,10 @@ def write(path, doc) -> str:
     return str(path)
 
 
-def planned(planner, job=None) -> FakeWorld:
+def planned(model: CostModelFile, job=None) -> FakeWorld:
     """One reconcile of a fresh job through the pure path (decide)."""
     w = FakeWorld(job or manifest(count=4), with_link_layers(default_nodes()))
-    w.planner = planner
+    w.cost_model = model
     w.step()
     assert w.status["launched"], w.status
     return w
@@ -46,8 +46,8 @@ def metric(name: str) -> float:
 @pytest.mark.parametrize("doc", [SLOW_ROCE, SLOW_CROSS], ids=["roce-efficiency", "cross-cluster"])
 def test_the_operator_plans_what_holmes_plan_prints_for_the_same_file(tmp_path, doc, capsys):
     path = write(tmp_path / "costmodel.yaml", doc)
-    default = planned(ClusterPlanner.with_mapping())
-    tuned = planned(ClusterPlanner(CostModelFile(path)))
+    default = planned(builtin_cost_model())
+    tuned = planned(CostModelFile(path))
     # The file's numbers change what the job gets: other nodes or other layer splits, and the estimate.
     assert tuned.status["layout"]["stages"] != default.status["layout"]["stages"]
     assert (
@@ -94,9 +94,7 @@ def test_nic_flags_go_on_top_of_the_files_nic_mapping(tmp_path):
             training={"globalBatchSize": 12, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
         )
     )
-    w.planner = ClusterPlanner(
-        cost_model(parse_args(["--cost-model", path, "--cluster-rdma-kind", "west=roce"]))
-    )
+    w.cost_model = cost_model(parse_args(["--cost-model", path, "--cluster-rdma-kind", "west=roce"]))
     w.step()
     nics = {n: s["nic"] for s in w.status["layout"]["stages"] for n in s["nodes"]}
     assert nics["ib-1"] == "infiniband" and nics["roce-1"] == "roce"
@@ -107,18 +105,13 @@ def test_an_edited_file_is_used_from_the_next_plan_and_a_bad_edit_keeps_the_last
     f = tmp_path / "costmodel.yaml"
     write(f, SLOW_ROCE)
     model = CostModelFile(str(f), on_state=export_state)
-    planner = ClusterPlanner(model)
-    before = planned(planner).status["layout"]
+    before = planned(model).status["layout"]
     assert metric("holmes_cost_model_valid") == 1
 
     reloads = metric("holmes_cost_model_reloads_total")
     write(f, SLOW_CROSS)  # like the kubelet updating a mounted ConfigMap
-    after = planned(planner).status["layout"]
-    assert (
-        after
-        == planned(ClusterPlanner(CostModelFile(str(f), on_state=export_state))).status["layout"]
-        != before
-    )
+    after = planned(model).status["layout"]
+    assert after == planned(CostModelFile(str(f), on_state=export_state)).status["layout"] != before
     assert metric("holmes_cost_model_reloads_total") == reloads + 1
     changed = [r for r in caplog.records if "cost model reloaded" in r.getMessage()]
     assert len(changed) == 1
@@ -127,19 +120,19 @@ def test_an_edited_file_is_used_from_the_next_plan_and_a_bad_edit_keeps_the_last
 
     caplog.clear()
     f.write_text("fabric: {crossClusterGbps: -3}\n")  # a bad edit
-    assert planned(planner).status["layout"] == after  # the last good model stays in use
-    assert planned(planner).status["layout"] == after
+    assert planned(model).status["layout"] == after  # the last good model stays in use
+    assert planned(model).status["layout"] == after
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1, "one error per bad content, not one per plan"
     assert "fabric.crossClusterGbps: -3.0 must be a finite number >= 0" in errors[0].getMessage()
     assert "keeps the last good cost model" in errors[0].getMessage()
     assert metric("holmes_cost_model_valid") == 0
     f.unlink()  # gone: also kept, also reported
-    assert planned(planner).status["layout"] == after
+    assert planned(model).status["layout"] == after
     assert any("cannot read cost-model file" in r.getMessage() for r in caplog.records)
 
     write(f, SLOW_CROSS)  # fixed (back to the model in use)
-    assert planned(planner).status["layout"] == after
+    assert planned(model).status["layout"] == after
     assert metric("holmes_cost_model_valid") == 1
     assert metric("holmes_cost_model_reloads_total") == reloads + 1
 

@@ -10,12 +10,11 @@ import pytest
 
 from holmes.contract.layout import Layout
 from holmes.operator.core import members, names
-from holmes.operator.core.members import MemberPlanner, MemberState
+from holmes.operator.core.members import MemberState
 from holmes.operator.core.reconcile import Decision
 from holmes.operator.core.render import RenderSettings
 from holmes.operator.core.template import TemplatePolicy
-from holmes.operator.planning import ClusterPlanner
-from holmes.plan import PlanError
+from holmes.plan import PlanError, plan
 from tests.operator.opfixtures import FakeWorld, default_nodes, manifest, with_link_layers
 
 UID = "uid-1"
@@ -36,7 +35,6 @@ def up(*names_: str) -> dict[str, MemberState]:
 def multi_world(count: int = 4, **spec) -> FakeWorld:
     nodes, _ = members.union_nodes(split(with_link_layers(default_nodes())), ["east", "west"])
     w = FakeWorld(manifest(count=count, **spec), nodes)
-    w.planner = MemberPlanner(ClusterPlanner.with_mapping())
     w.members = up("east", "west")
     return w
 
@@ -92,19 +90,14 @@ def test_an_island_label_found_in_two_members_is_qualified_so_islands_never_span
 
 
 def test_a_layout_whose_data_parallel_group_spans_members_is_refused():
-    class Spanning:
-        def plan(self, nodes, job):
-            return Layout.from_json(
-                ClusterPlanner.with_mapping().plan(with_link_layers(default_nodes()), job).to_json()
-            )
-
     # one member per node: any stage of two nodes spans two members
     per = {n["metadata"]["name"]: [n] for n in with_link_layers(default_nodes())}
     nodes, _ = members.union_nodes(per, list(per))
     from holmes.contract import load_job
 
+    layout = plan(with_link_layers(default_nodes()), load_job(manifest(count=4, parallelism={"pipeline": 2})))
     with pytest.raises(PlanError, match="across member clusters"):
-        MemberPlanner(Spanning()).plan(nodes, load_job(manifest(count=4, parallelism={"pipeline": 2})))
+        members.within_members(layout, nodes)
 
 
 # ---- launching across members ----------------------------------------------------------------

@@ -8,15 +8,21 @@ import json
 import time
 
 import pytest
-import yaml
 from holmes_dev.jobs import tiny_job
 
 from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd
-from tests import polling
+from tests.operator.cluster_helpers import (
+    SLEEP,
+    apply,
+    condition,
+    events_of,
+    get_job,
+    pods_of,
+    wait_for,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.timeout(300)
-
-SLEEP = ["sh", "-c", "sleep 600"]
 
 
 @pytest.fixture(scope="module")
@@ -39,40 +45,6 @@ def operator(crd, namespace, tmp_path):
     print(op.tail(80))
 
 
-def apply(cluster, obj, check=True):
-    return cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj), check=check)
-
-
-def get_job(cluster, ns, name):
-    r = cluster.kubectl("get", "holmesjob", name, "-n", ns, "-o", "json", check=False)
-    return json.loads(r.stdout) if r.returncode == 0 else None
-
-
-def pods_of(cluster, ns, name):
-    return cluster.get_json("pods", "-n", ns, "-l", f"holmes.dev/job-name={name}")["items"]
-
-
-def wait_for(what, fn, timeout=90, every=0.3, op=None):
-    return polling.wait_for(
-        what, fn, timeout, every, detail=(lambda: f"\noperator log:\n{op.tail()}") if op else None
-    )
-
-
-def wait_phase(cluster, ns, name, phase, timeout=90, op=None):
-    def check():
-        job = get_job(cluster, ns, name)
-        return job if job and job.get("status", {}).get("phase") == phase else None
-
-    try:
-        return wait_for(f"{name} phase {phase}", check, timeout, op=op)
-    except AssertionError:
-        raise AssertionError(
-            f"{name} never reached {phase}: status "
-            f"{json.dumps((get_job(cluster, ns, name) or {}).get('status'), indent=1)}\n"
-            + (op.tail() if op else "")
-        ) from None
-
-
 def wait_reconciling(cluster, ns, name, reason, op):
     """The job once its Reconciling condition has this reason."""
 
@@ -82,17 +54,6 @@ def wait_reconciling(cluster, ns, name, reason, op):
         return job if c.get("reason") == reason else None
 
     return wait_for(f"{name} Reconciling {reason}", check, op=op)
-
-
-def condition(job, type_):
-    return next((c for c in job["status"].get("conditions", []) if c["type"] == type_), {})
-
-
-def events_of(cluster, ns, name):
-    ev = cluster.get_json(
-        "events", "-n", ns, "--field-selector", f"involvedObject.name={name},involvedObject.kind=HolmesJob"
-    )
-    return ev["items"]
 
 
 def env_of(pod):

@@ -17,7 +17,7 @@ from holmes.operator.core.template import (
 )
 from tests.operator.opfixtures import FakeWorld, manifest
 from tests.operator.pss_cases import CASES, PSA_CHECKS, Case
-from tests.operator.test_render import planned, route_for
+from tests.operator.render_helpers import planned, route_for
 
 IDS = [case.id for case in CASES]
 

@@ -14,8 +14,8 @@ import pytest
 from holmes_dev.jobs import tiny_job
 
 from localkube.operatorproc import OperatorProcess, install_crd
+from tests.operator.cluster_helpers import SLEEP, wait_for
 from tests.operator.pss_cases import CASES, RESTRICTED
-from tests.operator.test_operator_cluster import SLEEP, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 

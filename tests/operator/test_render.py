@@ -7,58 +7,12 @@ import yaml
 from holmes.contract import JobSpec, Layout
 from holmes.operator.core import names
 from holmes.operator.core.render import (
-    JobRef,
-    RenderSettings,
     build_configmap,
     build_pod,
     build_service,
     torch_env,
 )
-from holmes.operator.core.routes import pod_route, socket_nodes
-from holmes.operator.planning import ClusterPlanner
-from holmes.plan import plan
-from tests.operator.opfixtures import default_nodes, manifest, with_link_layers
-
-SETTINGS = RenderSettings(image="img:1", master_port=29511, metrics_port=9411)
-REF = JobRef("tiny", "ns", 3, "spechash", "modelhash")
-PLANNER = ClusterPlanner.with_mapping()
-
-
-def planned(count=6, gpus=2, **spec):
-    nodes = with_link_layers(default_nodes())
-    job = manifest(
-        count=count,
-        gpus=gpus,
-        training={"globalBatchSize": 24, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
-        **spec,
-    )
-    layout = plan(nodes, job)
-    return {n["metadata"]["name"]: n for n in nodes}, layout, job
-
-
-def route_for(layout, rank, nodes, **settings):
-    """The route the reconciler renders for the pod of ``rank`` (routes.job_routes)."""
-    name = layout.nodes[rank]
-    net = PLANNER.facts.network(nodes[name])
-    return pod_route(net, name, sockets=rank in socket_nodes(layout), **settings)
-
-
-def pod_for(rank, template=None, count=6):
-    nodes, layout, job = planned(count=count)
-    node = nodes[layout.nodes[rank]]
-    return (
-        build_pod(
-            REF,
-            layout,
-            rank,
-            route=route_for(layout, rank, nodes),
-            template=template if template is not None else job["spec"].get("template"),
-            settings=SETTINGS,
-            hostname_label=node["metadata"]["labels"]["kubernetes.io/hostname"],
-        ),
-        layout,
-        node,
-    )
+from tests.operator.render_helpers import FACTS, REF, SETTINGS, planned, pod_for, route_for
 
 
 def env_of(pod):
@@ -68,7 +22,7 @@ def env_of(pod):
 def rank_of_kind(kind):
     nodes, layout, _ = planned()
     for r, n in enumerate(layout.nodes):
-        if PLANNER.facts.network(nodes[n]).nic == kind:
+        if FACTS.network(nodes[n]).nic == kind:
             return r
     raise AssertionError(f"no {kind} node in {layout.nodes}")
 

@@ -10,8 +10,9 @@ from holmes.cli import load_nodes
 from holmes.contract import SpecError, load_job
 from holmes.operator.core import replan
 from holmes.plan import CostModelConfig, plan
-from holmes.plan.calibrate import MIN_SAMPLES, Run, assess, with_rates
+from holmes.plan.calibrate import assess, with_rates
 from holmes.plan.estimate import evaluate_run
+from holmes.plan.measured import MIN_SAMPLES, RunLayout
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = load_nodes(str(ROOT / "examples" / "nodes" / "mixed-gpus.yaml"))
@@ -33,7 +34,7 @@ def progress_for(layout, slow=None, samples=MIN_SAMPLES, nodes=NODES):
     """status.progress as the operator merges it from the trainer: each stage's compute seconds
     = the cost model's x ``slow[island]`` (pure decision tests: the inputs are data)."""
     slow = slow or {}
-    run = Run.of(layout)
+    run = RunLayout.of(layout)
     c = evaluate_run(nodes, JOB, run, CostModelConfig())
     stages = [
         {
@@ -134,14 +135,13 @@ def test_needs_checkpoints_and_can_be_off(layout):
 def test_planning_applies_the_measured_rates_only_when_on(layout):
     first = judge(layout, progress_for(layout, slow={H100: 3.0}))
     state = replan.adapted(None, first, layout)
-    seen = []
-    replan.planning(lambda n, j: seen.append(n), state, JOB)(NODES, JOB)
+    seen = [replan.measured_nodes(NODES, state, JOB)]
     assert seen[0] is not NODES and "holmes.dev/measured-tflops" in seen[0][0]["metadata"]["labels"]
     off = replace(
         JOB, parallelism=replace(JOB.parallelism, replan=replace(JOB.parallelism.replan, enabled=False))
     )
-    plain = replan.planning(plan, state, off)
-    assert plain is plan
+    plain = replan.measured_nodes(NODES, state, off)
+    assert plain is NODES
 
 
 def spec_with(**par):

@@ -14,7 +14,7 @@ from holmes_dev.jobs import holmes_job
 
 from holmes.trainer.config import TrainConfig
 from localkube.operatorproc import OperatorProcess, install_crd
-from tests.operator.test_operator_cluster import apply, condition, events_of, get_job, wait_for, wait_phase
+from tests.operator.cluster_helpers import apply, condition, events_of, get_job, wait_for, wait_phase
 from tests.trainer.trainer_harness import reference
 
 pytestmark = pytest.mark.timeout(420)

@@ -10,17 +10,18 @@ import pytest
 
 from holmes.contract import load_job
 from holmes.contract.documents import load_documents
+from holmes.operator import placement_facts
 from holmes.operator.core.render import RenderSettings
 from holmes.operator.core.routes import MULTUS_NETWORKS, RouteError, job_routes, pod_route, socket_nodes
 from holmes.operator.core.template import TemplatePolicy
-from holmes.operator.planning import ClusterPlanner
 from holmes.operator.preview import PreviewError, children
 from holmes.plan import NicMapping, plan
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = str(REPO / "examples" / "nodes" / "network-operator.yaml")
 JOB = str(REPO / "examples" / "jobs" / "gpt-network-operator.yaml")
-PLANNER = ClusterPlanner.with_mapping()
+COST_MODEL = placement_facts.builtin_cost_model()
+FACTS = placement_facts.gather(COST_MODEL)
 # what only a host has: the labeller's annotations on the example nodes
 HOST_NAMES = {"ens9f0np0", "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}
 HOST_NAME_VARS = {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX"}
@@ -36,9 +37,9 @@ def job(**spec) -> dict:
     return doc
 
 
-def pods(manifest: dict, node_list: list[dict] | None = None, planner=None, host: bool = False) -> dict:
+def pods(manifest: dict, node_list: list[dict] | None = None, cost_model=None, host: bool = False) -> dict:
     settings = RenderSettings(policy=TemplatePolicy(allow_host_namespaces=host))
-    out = children(manifest, node_list or nodes(), settings, planner or PLANNER)
+    out = children(manifest, node_list or nodes(), settings, cost_model or COST_MODEL)
     return {
         p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
             "nodeSelectorTerms"
@@ -112,16 +113,17 @@ def test_sriov_gets_the_multus_annotation_and_one_vf_per_network():
 def test_an_sriov_node_without_a_network_attachment_is_refused_before_any_pod():
     """A node whose RDMA is a VF pool (the NIC mapping's rdmaResourceNames) cannot reach its
     fabric without a NetworkAttachmentDefinition: the job stalls naming the field, no pod is made."""
-    planner = ClusterPlanner.with_mapping(NicMapping(rdma_resource_names=("nvidia.com/sriov_rail",)))
+    sriov_pools = NicMapping(rdma_resource_names=("nvidia.com/sriov_rail",))
+    cost_model = placement_facts.builtin_cost_model(sriov_pools)
     only_east = [job()["spec"]["islands"][0]]
     with pytest.raises(PreviewError) as e:
-        pods(job(islands=only_east), planner=planner)
+        pods(job(islands=only_east), cost_model=cost_model)
     msg = str(e.value)
     assert "InvalidSpec" in msg and "spec.islands: node west-" in msg and "nvidia.com/sriov_rail" in msg
     assert "sriov: {networks: [namespace/name, ...]}" in msg
     # with the networks named, the VF resource comes from the node itself
     west = {"cluster": "west", "sriov": {"networks": ["llm/rail-0", "llm/rail-1"]}}
-    rendered = pods(job(islands=[*only_east, west]), planner=planner)
+    rendered = pods(job(islands=[*only_east, west]), cost_model=cost_model)
     assert limits(rendered["west-0"])["nvidia.com/sriov_rail"] == 2
 
 
@@ -188,7 +190,7 @@ def test_routes_are_pure_and_first_matching_island_wins():
     spec = load_job(job(islands=[{"nic": "roce", "trafficClass": 1}, {"cluster": "west", "trafficClass": 2}]))
     layout = plan(nodes(), spec)
     by_name = {n["metadata"]["name"]: n for n in nodes()}
-    nets = {n: PLANNER.facts.network(by_name[n]) for n in layout.nodes}
+    nets = {n: FACTS.network(by_name[n]) for n in layout.nodes}
     routes = job_routes(spec, layout, nets)
     assert routes["west-0"].env["NCCL_IB_TC"] == "1" and "NCCL_IB_TC" not in routes["east-0"].env
     route = pod_route(nets["west-0"], "west-0", islands=spec.islands, sockets=False)

@@ -14,8 +14,7 @@ import pytest
 from holmes_dev.jobs import tiny_job
 
 from localkube.operatorproc import REPO, OperatorProcess, install_crd
-
-from .test_operator_cluster import apply, condition, get_job, pods_of, wait_for, wait_phase
+from tests.operator.cluster_helpers import apply, condition, get_job, pods_of, wait_for, wait_phase
 
 pytestmark = pytest.mark.timeout(300)
 THIRDPARTY = REPO / "hack" / "thirdparty-crds"

@@ -7,7 +7,7 @@ import pytest
 from holmes.operator.core.render import RenderSettings
 from holmes.operator.core.template import TemplatePolicy, policy_violations, shape_problems
 from tests.operator.opfixtures import FakeWorld, manifest
-from tests.operator.test_render import pod_for
+from tests.operator.render_helpers import pod_for
 
 
 def spec_of(**spec) -> dict:

@@ -8,18 +8,9 @@ import pytest
 from holmes.cli import load_nodes, main
 from holmes.contract import load_job
 from holmes.plan import CostModelConfig, plan
-from holmes.plan.calibrate import (
-    MIN_SAMPLES,
-    WARMUP,
-    CalibrationError,
-    Run,
-    assess,
-    calibrate,
-    from_records,
-    read_metrics,
-    with_rates,
-)
+from holmes.plan.calibrate import assess, calibrate, with_rates
 from holmes.plan.estimate import evaluate_run
+from holmes.plan.measured import MIN_SAMPLES, WARMUP, CalibrationError, RunLayout, from_records, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 MIXED = str(ROOT / "examples" / "nodes" / "mixed-gpus.yaml")
@@ -70,7 +61,7 @@ def records(run, computes, iterations=WARMUP + MIN_SAMPLES, jitter=0.0):
 @pytest.fixture(scope="module")
 def mixed():
     nodes, job = load_nodes(MIXED), load_job(JOB)
-    return nodes, job, Run.of(plan(nodes, job))
+    return nodes, job, RunLayout.of(plan(nodes, job))
 
 
 def test_rates_out_of_measured_times(mixed):

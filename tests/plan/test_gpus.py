@@ -7,10 +7,11 @@ import pytest
 
 from holmes.cli import main
 from holmes.plan import CostModelConfig, plan
+from holmes.plan.costmodel import GpuProduct
 from holmes.plan.costmodel_file import CostModelError, dump_yaml, from_mapping, load_yaml_text
 from holmes.plan.discovery import classify_node
 from holmes.plan.estimate import reestimate, without_gpu_types
-from holmes.plan.gpus import GpuProduct, lookup, node_gpu
+from holmes.plan.gpus import lookup, node_gpu
 
 from .plan_helpers import job_spec, node
 

@@ -22,7 +22,7 @@ from .core.render import RenderSettings
 from .core.template import BASELINE, LEVELS, POLICY_OPTIONS, PSS_VERSION, TemplatePolicy
 from .handlers import Runtime, register
 from .leader import LeaderElector, LeaseConfig, default_identity
-from .planning import ClusterPlanner, export_state, with_nic_flags
+from .placement_facts import export_state, with_nic_flags
 
 log = logging.getLogger("holmes.operator")
 
@@ -277,10 +277,9 @@ def build(
         policy=args.policy,
         progress_interval=args.progress_interval,
     )
-    planner = ClusterPlanner(model or cost_model(args))
     rt = Runtime(
         api=api_client(args.kubeconfig),
-        planner=planner,
+        cost_model=model or cost_model(args),
         settings=settings,
         backoff=args.restart_backoff,
         namespaces=tuple(args.namespace),

@@ -38,9 +38,11 @@ from typing import Any
 import kopf
 from kubernetes import client
 
+from holmes.plan.costmodel_file import CostModelFile
+
 from . import metrics, watches
 from .core import members, names
-from .core.reconcile import ChildRefusal, Decision, Planner, RestartBackoff
+from .core.reconcile import ChildRefusal, Decision, RestartBackoff
 from .core.render import RenderSettings
 from .kube import Caches, KubeIO
 from .pipeline import Pipeline
@@ -71,7 +73,7 @@ class Runtime:
     """What the handlers share: the caches and their watches, the reconcile pipeline, the wakers."""
 
     api: client.ApiClient
-    planner: Planner
+    cost_model: CostModelFile  # re-read at each decision when its file changed
     settings: RenderSettings = field(default_factory=RenderSettings)
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
     namespaces: tuple[str, ...] = ()  # kopf's patterns ("team-*", "!kube-*"); () = every namespace
@@ -99,7 +101,7 @@ class Runtime:
             self.caches,
             self.io,
             self.watches,
-            self.planner,
+            self.cost_model,
             self.settings,
             self.backoff,
             self.progress,

@@ -16,19 +16,22 @@ pods the previous one created (core/capacity.py).
 
 from __future__ import annotations
 
-import functools
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Protocol
 
+from holmes.plan.costmodel_file import CostModelFile
+
+from . import metrics, placement_facts
 from .core import capacity, members, names, queueing
-from .core.reconcile import ChildRefusal, Decision, Observed, Planner, RestartBackoff, decide
+from .core.reconcile import ChildRefusal, Decision, Observed, RestartBackoff, decide
 from .core.render import RenderSettings
 from .core.summary import pod_attempt
 from .kube import Caches, KubeIO
-from .membership import Members
+from .member_clusters import MemberRegistry
 from .progress import ProgressReader, rank0
 from .watches import Watches
 
@@ -44,7 +47,6 @@ class Children(Protocol):
     def pods(self, ns: str, name: str) -> list[dict]: ...
     def configmap(self, ns: str, name: str, uid: str) -> dict | None: ...
     def service(self, ns: str, name: str, uid: str) -> dict | None: ...
-    def planner(self, planner: Planner) -> Planner: ...
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]: ...
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]: ...
     def write(self, d: Decision, job: dict, pods: list[dict], nodes: list[dict]): ...
@@ -68,9 +70,6 @@ class HubChildren:
     def service(self, ns: str, name: str, uid: str) -> dict | None:
         return self.caches.services.get(ns, names.service_name(name))
 
-    def planner(self, planner: Planner) -> Planner:
-        return planner
-
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]:
         pods = {_key(p): p for p in self.caches.cluster_pods.values()}
         for p in self.caches.pods.values():  # Holmes' own pods, including those just created
@@ -90,7 +89,9 @@ class MemberChildren:
     """A job across the member clusters (the hub's own nodes are not used: register the hub as
     a member too to plan on them)."""
 
-    def __init__(self, registry: Members, hub_io: KubeIO, say_once: Callable[[tuple, str], bool]) -> None:
+    def __init__(
+        self, registry: MemberRegistry, hub_io: KubeIO, say_once: Callable[[tuple, str], bool]
+    ) -> None:
         self.registry, self.hub_io = registry, hub_io
         self.regs = registry.all()
         self.states = {m: r.state() for m, r in self.regs.items()}
@@ -112,9 +113,6 @@ class MemberChildren:
 
     def service(self, ns: str, name: str, uid: str) -> dict | None:
         return self.registry.child(self.usable, "services", ns, names.service_name(name), uid)
-
-    def planner(self, planner: Planner) -> Planner:
-        return members.MemberPlanner(planner)
 
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]:
         return self.registry.capacity_view()
@@ -152,12 +150,12 @@ class MemberChildren:
 
 @dataclass
 class Pipeline:
-    """What every reconcile shares: the caches and writers, the planner, the settings."""
+    """What every reconcile shares: the caches and writers, the cost model, the settings."""
 
     caches: Caches
     io: KubeIO
     watches: Watches
-    planner: Planner
+    cost_model: CostModelFile
     settings: RenderSettings
     backoff: RestartBackoff
     progress: ProgressReader
@@ -202,30 +200,30 @@ class Pipeline:
                 priority_classes=self.watches.priority_classes(),
                 members=where.states,
             )
-            planner = capacity.CapacityPlanner(
-                where.planner(self.planner),
-                f"{ns}/{name}",
-                functools.partial(self.shared_state, job, where),
-                gpu_resource=self.settings.gpu_resource,
-            )
-            d = decide(obs, planner, self.settings, self.backoff)
+            facts = placement_facts.gather(self.cost_model, self.workloads(where))
+            started = time.perf_counter()
+            d = decide(obs, facts, self.settings, self.backoff)
+            if d.placed:
+                metrics.PLANNING_SECONDS.observe(time.perf_counter() - started)
             self.io.apply_queueing(d, job)
             created, refusals = where.write(d, job, pods, nodes)
             old = job.get("status") or {}
             self.io.patch_status(job, old, d.status)
         return d, job, old, created, refusals
 
-    def shared_state(self, me: Mapping, where: Children) -> capacity.SharedState:
-        """What other workloads hold (pods, launched layouts) and the waiting jobs ahead of ``me``."""
+    def workloads(self, where: Children) -> capacity.Workloads:
+        """What the other workloads hold and want, from the caches: every pod that may hold
+        resources, every HolmesJob, the layout ConfigMap of each launched one."""
         pods, layout = where.capacity_view()
-        return capacity.shared_state(
-            me,
-            self.caches.jobs.values(),
-            pods,
-            layout,
-            self.watches.priority_classes(),
-            self.settings.gpu_resource,
-        )
+        jobs = list(self.caches.jobs.values())
+        layouts = {}
+        for j in jobs:
+            if (j.get("status") or {}).get("launched"):
+                key = (j["metadata"].get("namespace"), j["metadata"].get("name"))
+                cm = layout(*key)
+                if cm is not None:
+                    layouts[key] = cm
+        return capacity.Workloads(pods=pods, jobs=jobs, layouts=layouts)
 
 
 def _key(obj: Mapping) -> tuple[str, str]:

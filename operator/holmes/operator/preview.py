@@ -11,9 +11,11 @@ from __future__ import annotations
 import copy
 from datetime import datetime, timezone
 
+from holmes.plan.costmodel_file import CostModelFile
+
+from . import placement_facts
 from .core.reconcile import Observed, RestartBackoff, decide
 from .core.render import RenderSettings
-from .planning import ClusterPlanner
 
 
 class PreviewError(ValueError):
@@ -24,7 +26,7 @@ def children(
     job: dict,
     nodes: list[dict],
     settings: RenderSettings = RenderSettings(),
-    planner: ClusterPlanner | None = None,
+    cost_model: CostModelFile | None = None,
 ) -> list[dict]:
     """The ConfigMap, Service and pods (a Volcano PodGroup too, when the template asks for one)."""
     job = copy.deepcopy(job)
@@ -36,7 +38,8 @@ def children(
     obs = Observed(
         job=job, pods=[], configmap=None, service=None, nodes=nodes, now=datetime.now(timezone.utc)
     )
-    d = decide(obs, planner or ClusterPlanner.with_mapping(), settings, RestartBackoff(0))
+    facts = placement_facts.gather(cost_model or placement_facts.builtin_cost_model())
+    d = decide(obs, facts, settings, RestartBackoff(0))
     if not d.create_pods:
         conds = [
             c for c in d.status.get("conditions") or [] if c.get("status") == "True" and c.get("message")

@@ -1,5 +1,5 @@
 """What the operator watches, and when it may act on it: Holmes' informers on the hub, and the
-member clusters' (membership.py). No job loop decides anything before every informer holds a
+member clusters' (member_clusters.py). No job loop decides anything before every informer holds a
 full LIST (a partly filled cache would look like deleted pods).
 
 - Children (pods, ConfigMaps, Services) by a server-side label selector; a change wakes the
@@ -27,7 +27,7 @@ from . import kueue_version
 from .core import capacity, names
 from .informer import Informer
 from .kube import Caches
-from .membership import Members
+from .member_clusters import MemberRegistry
 
 log = logging.getLogger("holmes.operator")
 MEMBER_SYNC_SECONDS = 20.0  # at start-up, wait this long at most for the members' caches
@@ -55,7 +55,7 @@ class Watches:
         self.on_kueue = on_kueue  # called with the Kueue version chosen (None: Kueue went away)
         self.informers: list[Informer | kueue_version.KueueLink] = []  # each has .synced and .stop()
         self.kueue: str | None = None  # the Kueue version in use (kueue_version.py); None: not served
-        self.members: Members | None = None  # member clusters, with --members-namespace
+        self.members: MemberRegistry | None = None  # member clusters, with --members-namespace
 
     def start(self) -> None:
         """Start every informer (from the event loop: their threads wake jobs through it)."""
@@ -114,7 +114,9 @@ class Watches:
             else:  # nodes, reachability, registrations
                 loop.call_soon_threadsafe(self.wake_all)
 
-        self.members = Members(core, self.members_namespace, notify, slim_node, node_fingerprint, ok).start()
+        self.members = MemberRegistry(
+            core, self.members_namespace, notify, slim_node, node_fingerprint, ok
+        ).start()
 
     def _start_shared(self, core: client.CoreV1Api, changed) -> None:
         """What capacity and queueing read beyond the jobs' own children."""

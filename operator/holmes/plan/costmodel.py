@@ -71,7 +71,6 @@ from typing import NamedTuple
 from holmes.contract.flops import ModelCost
 
 from .discovery import NicMapping
-from .gpus import GpuProduct
 from .topology import Fabric
 
 MAIN_GRAD_BYTES = 4  # the trainer's gradient buffer is fp32
@@ -84,6 +83,19 @@ SHARD_EXTRA_BYTES = 4 + 1
 NCCL_COMMUNICATOR_BYTES = 100 * 2**20
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 BACKWARD_WORKING_SETS = 2  # a recomputed layer's working set and its gradients (see memory())
+
+
+@dataclass(frozen=True)
+class GpuProduct:
+    """One GPU product's dense bf16 peak and memory (a ``gpuProducts`` entry)."""
+
+    peak_tflops: float
+    memory_gib: float
+
+    def __post_init__(self) -> None:
+        for name in ("peak_tflops", "memory_gib"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"GpuProduct.{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -103,7 +115,7 @@ class CostModelConfig:
     activation_recompute: bool = True  # fallback only: plan() uses the job's activationRecompute
     nic_mapping: NicMapping = field(default_factory=NicMapping)
     max_island_orders: int = 24  # island orders tried per (tensor, pipeline, data)
-    # GPU types (plan/gpus.py): entries added to / overriding the built-in product table
+    # GPU types (plan/gpus.py): entries added to / overriding its built-in product table
     gpu_products: tuple[tuple[str, GpuProduct], ...] = ()
 
     def __post_init__(self) -> None:

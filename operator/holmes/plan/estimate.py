@@ -12,14 +12,15 @@ from holmes.contract.flops import ModelCost
 from holmes.contract.jobspec import JobSpec
 from holmes.contract.layout import Layout
 
-from .calibrate import Run
+from .candidate import Candidate, Degrees
 from .costmodel import CostModelConfig
 from .discovery import NodeNic, classify_nodes
 from .gpus import UNLABELLED
-from .planner import Candidate, Degrees, PlanError, _evaluate, as_job, for_job, to_layout
+from .measured import RunLayout
+from .planner import PlanError, as_job, cost_placement, for_job, to_layout
 
 
-def fixed_job(job: JobSpec, run: Run) -> JobSpec:
+def fixed_job(job: JobSpec, run: RunLayout) -> JobSpec:
     """The job with the run's degrees and layer split fixed (placement follows the run)."""
     par = replace(
         job.parallelism,
@@ -33,7 +34,7 @@ def fixed_job(job: JobSpec, run: Run) -> JobSpec:
 
 
 def evaluate_run(
-    nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], run: Run, config: CostModelConfig
+    nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], run: RunLayout, config: CostModelConfig
 ) -> Candidate:
     """The candidate for the run's layout (its nodes in its rank order, its layers) under
     ``config`` and the node facts given (GPU types, measured rates)."""
@@ -46,7 +47,7 @@ def evaluate_run(
         raise PlanError(f"the layout's node(s) {', '.join(missing[:5])} are not in the node list")
     order: list[NodeNic] = [by_name[name] for name in run.nodes]
     deg = Degrees(run.tensor, run.pipeline, run.data, run.micro_batches)
-    c = _evaluate(fixed_job(job, run), deg, order, ModelCost.of(job.model), cfg, {})
+    c = cost_placement(fixed_job(job, run), deg, order, ModelCost.of(job.model), cfg, {})
     if isinstance(c, str):
         raise PlanError(c)
     return c
@@ -55,7 +56,7 @@ def evaluate_run(
 def evaluate(
     nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], layout: Layout, config: CostModelConfig
 ) -> Candidate:
-    return evaluate_run(nodes, job, Run.of(layout), config)
+    return evaluate_run(nodes, job, RunLayout.of(layout), config)
 
 
 def reestimate(
@@ -63,7 +64,7 @@ def reestimate(
 ) -> Layout:
     """``layout`` with its estimate recomputed under ``config`` (no explanation)."""
     job = as_job(job)
-    return to_layout(evaluate(nodes, job, layout, config), fixed_job(job, Run.of(layout)), config)
+    return to_layout(evaluate(nodes, job, layout, config), fixed_job(job, RunLayout.of(layout)), config)
 
 
 def without_gpu_types(nodes: Sequence[Any]) -> list[Any]:

@@ -13,7 +13,7 @@ from .partition_why import partition_lines
 if TYPE_CHECKING:
     from holmes.contract.jobspec import JobSpec
 
-    from .planner import Candidate
+    from .candidate import Candidate
 
 
 def _nodes_cell(nodes: Sequence[str]) -> str:

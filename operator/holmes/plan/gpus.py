@@ -34,22 +34,10 @@ from typing import TYPE_CHECKING
 
 from holmes.contract import names
 
+from .costmodel import CostModelConfig, GpuProduct
+
 if TYPE_CHECKING:
-    from .costmodel import CostModelConfig
     from .discovery import NodeNic
-
-
-@dataclass(frozen=True)
-class GpuProduct:
-    """One GPU product's dense bf16 peak and memory (a ``gpuProducts`` entry)."""
-
-    peak_tflops: float
-    memory_gib: float
-
-    def __post_init__(self) -> None:
-        for name in ("peak_tflops", "memory_gib"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"GpuProduct.{name} must be > 0, got {getattr(self, name)}")
 
 
 # Dense bf16 tensor-core TFLOP/s (data-sheet figure without sparsity) and memory in GiB as sold.

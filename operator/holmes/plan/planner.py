@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from holmes.contract.flops import ModelCost, tflops_per_gpu
@@ -33,12 +33,12 @@ from holmes.contract.layout import GroupFamily, Layout, Stage
 from holmes.contract.network import island_settings
 
 from . import partition as parts_mod
+from .candidate import Candidate, Degrees
 from .costmodel import (
     GBIT,
     CostModelConfig,
     Shape,
     StageCost,
-    StageEstimate,
     StagePlace,
     estimate_pipeline,
     fits,
@@ -46,6 +46,7 @@ from .costmodel import (
     refine_partition,
 )
 from .discovery import NodeNic, classify_nodes, why_unusable
+from .explain import explanation_lines
 from .gpus import StageGpu, node_gpu, stage_gpu
 from .nccl import fixed_socket_threads
 from .topology import NodeSet, group_bandwidth_gbps, islands_of, merge, summarize
@@ -146,14 +147,6 @@ def select_nodes(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> li
 
 
 # ---- 2. degrees -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Degrees:
-    tensor: int
-    pipeline: int
-    data: int
-    micro_batches: int
 
 
 def _divisors(n: int) -> list[int]:
@@ -291,27 +284,7 @@ def island_orders(groups: Sequence[list[tuple[NodeNic, ...]]], cfg: CostModelCon
 # ---- 4. evaluation ----------------------------------------------------------------------------
 
 
-@dataclass
-class Candidate:
-    seconds: float
-    degrees: Degrees
-    nodes: tuple[NodeNic, ...]  # node rank order
-    stage_sets: list[NodeSet]
-    stage_nodes: list[tuple[NodeNic, ...]]
-    layers: tuple[int, ...]
-    stages: list[StageEstimate]
-    pp_net: str
-    emb_net: str | None
-    costs: list[StageCost]
-    world_net: str  # the world group's net (control-plane collectives)
-    p2p_nets: tuple[str, ...]  # per stage boundary
-    gpus: tuple[StageGpu, ...] = ()  # per stage: what its compute and memory are priced with
-
-    def key(self, order_index: int) -> tuple[float, int, int, int]:
-        return (round(self.seconds, 9), self.degrees.pipeline, self.degrees.tensor, order_index)
-
-
-def _evaluate(
+def cost_placement(
     job: JobSpec,
     deg: Degrees,
     nodes: Sequence[NodeNic],
@@ -448,7 +421,7 @@ def search(
             orders = arrangements[span]
         best: tuple[tuple[float, int, int, int], Candidate] | None = None
         for i, order in enumerate(orders):
-            c = _evaluate(job, deg, order, model, cfg, sets_cache)
+            c = cost_placement(job, deg, order, model, cfg, sets_cache)
             if isinstance(c, str):
                 why_not.append(c)
                 break  # memory does not depend on the island order
@@ -457,7 +430,7 @@ def search(
         if best is not None:
             c = best[1]
             if job.parallelism.partition == "adaptive":
-                refined = _evaluate(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
+                refined = cost_placement(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
                 c = refined if isinstance(refined, Candidate) else c  # refining keeps to what fits
             best_per_degree.append(c)
     if not best_per_degree:
@@ -484,8 +457,6 @@ def plan(
     nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: CostModelConfig | None = None
 ) -> Layout:
     """Plan a layout for ``job`` on these nodes (v1 Node dicts or classified NodeNic)."""
-    from .explain import explanation_lines
-
     cfg = config or CostModelConfig()
     try:
         job = as_job(job)

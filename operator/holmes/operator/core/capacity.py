@@ -1,6 +1,7 @@
 """Shared clusters: what a job may plan on, given what every other pod holds, and the queue of
-jobs waiting for capacity. Pure (no I/O): the runtime (handlers.py) gathers pods, launched
-layouts and waiting jobs from its caches, and plans each job under one lock against this view.
+jobs waiting for capacity. Pure (no I/O): the runtime (pipeline.py) gathers pods, launched
+layouts and jobs from its caches before deciding (``Workloads``), and places each job under one
+lock against this view.
 
 - ``PodShape``: what one pod of a job asks for (GPUs, CPU, memory) and where it may go (the
   template's nodeSelector, required node affinity, tolerations).
@@ -9,7 +10,7 @@ layouts and waiting jobs from its caches, and plans each job under one lock agai
   layout pinned it to), plus the ranks of launched Holmes attempts whose pods are not created
   yet (their ConfigMap's layout names the nodes). Rebuilt from the API's objects at every plan,
   so an operator restart loses nothing.
-- ``CapacityPlanner``: the reconciler's Planner on that view. A job first plans on the nodes that
+- Placement on that view (placement.on_free_capacity): a job first plans on the nodes that
   could ever run its pods (taints, selectors, affinity, CPU/memory): when that fails it waits for
   nodes (``InsufficientNodes``). Then the jobs ahead of it in the queue take their share (a job
   ahead that fits takes its plan's GPUs; one that does not fit holds every free node it could
@@ -24,13 +25,13 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE, RESOURCE_GPU
-from holmes.plan import InsufficientNodes, PlanError
+from holmes.plan import InsufficientNodes
 
 from . import names
 
@@ -416,102 +417,59 @@ def priority_of(spec: JobSpec, classes: Mapping[str, int]) -> tuple[int, str]:
 
 @dataclass(frozen=True)
 class SharedState:
-    """What the other workloads hold and want, as the runtime read it from its caches."""
+    """What the other workloads hold and want, for one job: derived from the observed
+    ``Workloads`` by ``shared_state`` when the job is placed."""
 
     pods: Sequence[Mapping] = ()  # every pod that may hold resources (slim or full)
     launched: Sequence[Launched] = ()  # launched Holmes attempts (for ranks not created yet)
     ahead: Sequence[Waiting] = ()  # waiting jobs before this one, in queue order
 
 
+def waiting_message(
+    job: JobSpec, shape: PodShape, fitting: Sequence[Mapping], led: Ledger, blocked: Mapping[str, str]
+) -> str:
+    """Why a job that could run here waits: what it needs, the ``fitting`` nodes (usable, with
+    enough GPUs free), who holds the rest, what is kept for the jobs ahead."""
+    n = job.nodes.count
+    fit = sorted(x["metadata"]["name"] for x in fitting)
+    holders: dict[str, int] = {}
+    for who in led.holders.values():
+        for h in who:
+            holders[h or "other pods"] = holders.get(h or "other pods", 0) + 1
+    held = ", ".join(f"{h} ({c} node{'s' if c > 1 else ''})" for h, c in sorted(holders.items()))
+    parts = [
+        f"needs {n} node(s) with {shape.describe()} free per pod; "
+        f"{len(fit)} node(s) have that free now" + (f" ({', '.join(fit[:8])})" if fit else "")
+    ]
+    if held:
+        parts.append(f"held by {held}")
+    if blocked:
+        heads = sorted(set(blocked.values()))
+        parts.append(f"{len(blocked)} free node(s) kept for {', '.join(heads[:3])} ahead in the queue")
+    parts.append("starts when capacity frees")
+    return "; ".join(parts)
+
+
 @dataclass(frozen=True)
-class CapacityPlanner:
-    """The reconciler's Planner (core.state.Planner) for one job on a shared cluster. ``state``
-    is read only when the job plans (a running job's reconcile never builds it)."""
+class Workloads:
+    """What the runtime observed of the other workloads, before deciding: every pod that may
+    hold resources (slim or full), every HolmesJob (the queue), and the layout ConfigMap of each
+    launched one by (namespace, name)."""
 
-    inner: Any  # the cluster planner (planning.ClusterPlanner)
-    me: str = ""  # namespace/name of the job being planned
-    state: Callable[[], SharedState] = SharedState
-    node_labels: Mapping[str, str] = field(default_factory=dict)  # Kueue flavors' node labels
-    gpu_resource: str = RESOURCE_GPU
-
-    @property
-    def facts(self):
-        return self.inner.facts
-
-    def plan(self, nodes: list, job: JobSpec) -> Layout:
-        shape = replace(pod_shape(job, self.gpu_resource), node_labels=dict(self.node_labels))
-        # 1. could the job ever run here, were every node empty?
-        possible, excluded = free_view(nodes, shape, Ledger(), self.gpu_resource)
-        try:
-            self.inner.plan(possible, job)
-        except InsufficientNodes as e:
-            raise InsufficientNodes(_with_exclusions(str(e), excluded)) from None
-        # 2. what the jobs ahead of it take, then what is left for it
-        state = self.state()
-        led = Ledger.of(state.pods, state.launched, skip_job=self.me)
-        blocked: dict[str, str] = {}
-        for w in state.ahead:
-            view, _ = free_view(_without(nodes, blocked), w.shape, led, self.gpu_resource)
-            try:
-                self.inner.plan(free_view(nodes, w.shape, Ledger(), self.gpu_resource)[0], w.spec)
-            except PlanError:
-                continue  # it cannot run here at all: it holds nothing
-            try:
-                take(led, self.inner.plan(view, w.spec).nodes, w.shape, w.job)
-            except PlanError:
-                for n in view:  # it waits: what it could use now stays free for it
-                    if _gpus(n, self.gpu_resource) >= w.spec.nodes.gpus_per_node:
-                        blocked.setdefault(n["metadata"]["name"], w.job)
-        view, _ = free_view(_without(nodes, blocked), shape, led, self.gpu_resource)
-        try:
-            return self.inner.plan(view, job)
-        except InsufficientNodes:
-            pass
-        raise WaitingForCapacity(self.message(job, shape, view, led, blocked)) from None
-
-    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Any) -> Any:
-        """The cluster planner's calibration (core/replan.py): capacity does not change it."""
-        return self.inner.calibrated(nodes, job, layout, measured)
-
-    def message(self, job: JobSpec, shape: PodShape, view: list, led: Ledger, blocked: Mapping) -> str:
-        n, g = job.nodes.count, job.nodes.gpus_per_node
-        fit = sorted(
-            x["metadata"]["name"]
-            for x in view
-            if _gpus(x, self.gpu_resource) >= g and not self.inner.facts.unusable(x)
-        )
-        holders: dict[str, int] = {}
-        for who in led.holders.values():
-            for h in who:
-                holders[h or "other pods"] = holders.get(h or "other pods", 0) + 1
-        held = ", ".join(f"{h} ({c} node{'s' if c > 1 else ''})" for h, c in sorted(holders.items()))
-        parts = [
-            f"needs {n} node(s) with {shape.describe()} free per pod; "
-            f"{len(fit)} node(s) have that free now" + (f" ({', '.join(fit[:8])})" if fit else "")
-        ]
-        if held:
-            parts.append(f"held by {held}")
-        if blocked:
-            heads = sorted(set(blocked.values()))
-            parts.append(f"{len(blocked)} free node(s) kept for {', '.join(heads[:3])} ahead in the queue")
-        parts.append("starts when capacity frees")
-        return "; ".join(parts)
+    pods: Sequence[Mapping] = ()
+    jobs: Sequence[Mapping] = ()
+    layouts: Mapping[tuple[str, str], Mapping] = field(default_factory=dict)
 
 
 def shared_state(
-    me: Mapping,
-    jobs: Iterable[Mapping],
-    pods: Sequence[Mapping],
-    layout_configmap: Callable[[str, str], Mapping | None],
-    classes: Mapping[str, int],
-    gpu_resource: str = RESOURCE_GPU,
+    me: Mapping, seen: Workloads, classes: Mapping[str, int], gpu_resource: str = RESOURCE_GPU
 ) -> SharedState:
-    """The shared view for job ``me`` from the API's objects: ``pods`` (every pod that has not
+    """The shared view for job ``me`` from the API's objects: the pods (every pod that has not
     ended), the HolmesJobs (launched ones with their layout ConfigMap, waiting ones in queue
     order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view."""
     launched, waiting = [], []
     me_key = None
-    for job in jobs:
+    for job in seen.jobs:
         meta, st = job.get("metadata") or {}, job.get("status") or {}
         ns, name = meta.get("namespace") or "", meta.get("name") or ""
         if meta.get("deletionTimestamp") or st.get("phase") in ENDED:
@@ -522,7 +480,7 @@ def shared_state(
             continue
         shape = pod_shape(spec, gpu_resource)
         if st.get("launched"):
-            cm = layout_configmap(ns, name) or {}
+            cm = seen.layouts.get((ns, name)) or {}
             ann = (cm.get("metadata") or {}).get("annotations") or {}
             if ann.get(names.ANN_ATTEMPT) != str(st.get("attempt")):
                 continue
@@ -547,25 +505,18 @@ def shared_state(
         waiting.append(w)
     # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
     ahead = [] if me_key is None else [w for w in queue_order(waiting) if w.key < me_key]
-    return SharedState(pods=list(pods), launched=launched, ahead=ahead)
+    return SharedState(pods=list(seen.pods), launched=launched, ahead=ahead)
 
 
-def restricted(planner: Any, node_labels: Mapping[str, str]) -> CapacityPlanner:
-    """``planner`` planning only on nodes with these labels (Kueue's admitted flavors)."""
-    if not isinstance(planner, CapacityPlanner):
-        planner = CapacityPlanner(planner)
-    return replace(planner, node_labels={**planner.node_labels, **node_labels})
-
-
-def _gpus(node: Mapping, gpu_resource: str) -> int:
+def gpus(node: Mapping, gpu_resource: str) -> int:
     return int(quantity(((node.get("status") or {}).get("allocatable") or {}).get(gpu_resource)) or 0)
 
 
-def _without(nodes: Sequence[Mapping], names_: Mapping[str, str]) -> list:
+def without(nodes: Sequence[Mapping], names_: Mapping[str, str]) -> list:
     return [n for n in nodes if (n.get("metadata") or {}).get("name") not in names_]
 
 
-def _with_exclusions(msg: str, excluded: Mapping[str, str]) -> str:
+def with_exclusions(msg: str, excluded: Mapping[str, str]) -> str:
     if not excluded:
         return msg
     items = sorted(excluded.items())

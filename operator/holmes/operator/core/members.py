@@ -1,5 +1,5 @@
 """Member clusters: one HolmesJob across several Kubernetes control planes. Pure (no I/O): the
-runtime (membership.py, handlers.py) gathers each member's nodes and children from its own
+runtime (member_clusters.py, handlers.py) gathers each member's nodes and children from its own
 informers; this module merges them into the one view the reconciler decides on, and splits the
 decision back into the writes for each member.
 
@@ -11,9 +11,10 @@ decision back into the writes for each member.
   annotation ``holmes.dev/member`` in the view only) and with ``holmes.dev/cluster`` defaulting
   to the member's name. A node name found in two members is left out (names must be unique
   across members: the layout names nodes).
-- Islands never span members (``MemberPlanner``): an island label value found in two members is
-  qualified with the member's name, and a plan whose stage (so its data-parallel groups) spans
-  members is refused; only pipeline point-to-point traffic crosses members.
+- Islands never span members (``island_labels``, ``within_members``: steps of placement.py): an
+  island label value found in two members is qualified with the member's name, and a plan whose
+  stage (so its data-parallel groups) spans members is refused; only pipeline point-to-point
+  traffic crosses members.
 - Children live in the member of their node: the pods of its ranks, and in each member hosting a
   rank the layout ConfigMap and the headless Service (``route``). No ownerReference crosses
   clusters: member children carry the hub job's uid (``holmes.dev/job-uid``) and member
@@ -32,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from holmes.contract import JobSpec, Layout, LayoutError
+from holmes.contract import Layout, LayoutError
 from holmes.contract.names import LABEL_CLUSTER
 from holmes.plan import PlanError
 
@@ -140,34 +141,19 @@ def spanning_stages(layout: Layout, node_member: Mapping[str, str]) -> list[str]
     return out
 
 
-class MemberPlanner:
-    """The reconciler's Planner over the members' union: islands stay inside members, and a
-    layout whose data-parallel groups would cross members is refused."""
-
-    def __init__(self, inner: Any):
-        self.inner = inner
-
-    @property
-    def facts(self):
-        return self.inner.facts
-
-    def plan(self, nodes: list, job: JobSpec) -> Layout:
-        nodes = island_labels(nodes, job.nodes.cluster_label)
-        layout = self.inner.plan(nodes, job)
-        where = {(n.get("metadata") or {}).get("name"): member_of(n) or "" for n in nodes}
-        bad = spanning_stages(layout, where)
-        if bad:
-            raise PlanError(
-                "the best layout puts a data-parallel group across member clusters ("
-                + "; ".join(bad)
-                + "): only pipeline stages may cross members; choose nodes.count (or "
-                "parallelism.pipeline) so that each stage fits in one member"
-            )
-        return layout
-
-    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Any) -> Any:
-        """The inner planner's calibration (core/replan.py), on the nodes as plan() sees them."""
-        return self.inner.calibrated(island_labels(nodes, job.nodes.cluster_label), job, layout, measured)
+def within_members(layout: Layout, nodes: Iterable[Mapping]) -> Layout:
+    """``layout`` if each of its stages (so its data-parallel groups) stays in one member of
+    ``nodes`` (the union view); else PlanError saying how to fix the spec."""
+    where = {(n.get("metadata") or {}).get("name"): member_of(n) or "" for n in nodes}
+    bad = spanning_stages(layout, where)
+    if bad:
+        raise PlanError(
+            "the best layout puts a data-parallel group across member clusters ("
+            + "; ".join(bad)
+            + "): only pipeline stages may cross members; choose nodes.count (or "
+            "parallelism.pipeline) so that each stage fits in one member"
+        )
+    return layout
 
 
 # ---- rendezvous -------------------------------------------------------------------------------

@@ -27,20 +27,21 @@ Pure: the planner is passed in (``plan`` and ``calibrated``); the caller applies
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from holmes.contract import JobSpec, Layout
 from holmes.plan import PlanError
-from holmes.plan.calibrate import MIN_SAMPLES, Calibration, Measured, Run, StageMeasure, with_rates
+from holmes.plan.calibrate import Calibration, with_rates
+from holmes.plan.measured import MIN_SAMPLES, Measured, RunLayout, StageMeasure
 
 PlanFn = Callable[[list, JobSpec], Layout]
 
 
 def signature(layout: Layout | Mapping) -> str:
     """A layout's identity for hysteresis: node rank order, layers per stage, degrees."""
-    run = Run.of(layout) if not isinstance(layout, Run) else layout
+    run = RunLayout.of(layout) if not isinstance(layout, RunLayout) else layout
     return f"{','.join(run.nodes)}|{'/'.join(map(str, run.layers))}|t{run.tensor}d{run.data}"
 
 
@@ -66,7 +67,7 @@ def measured_in(progress: Mapping, layout: Layout) -> Measured | None:
             )
         )
     samples = min(int(r.get("samples") or 0) for r in stages)
-    return Measured(Run.of(layout), tuple(out), samples, progress.get("iterationSeconds"))
+    return Measured(RunLayout.of(layout), tuple(out), samples, progress.get("iterationSeconds"))
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,13 @@ class Verdict:
     record: Mapping[str, Any] = field(default_factory=dict)  # status.adaptation.last
 
 
-def planning(plan: PlanFn, adaptation: Mapping | None, spec: JobSpec) -> PlanFn:
-    """``plan`` pricing the nodes at the job's measured rates, when it has any and re-planning is on."""
+def measured_nodes(nodes: Sequence[Mapping], adaptation: Mapping | None, spec: JobSpec) -> Sequence[Mapping]:
+    """The nodes priced at the job's measured rates (copies), when it has any and re-planning is
+    on; else ``nodes`` themselves. A step of every placement of the job (placement.py)."""
     rates = dict((adaptation or {}).get("measuredTflops") or {})
     if not rates or not spec.parallelism.replan.enabled:
-        return plan
-    return lambda nodes, job: plan(with_rates(nodes, rates), job)
+        return nodes
+    return with_rates(nodes, rates)
 
 
 def _stage_line(cal: Calibration) -> str:

@@ -8,14 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
 
 from holmes.contract import JobSpec, Layout, LayoutError
 
 from . import conditions as cond
 from . import members, names
+from .placement import PlacementFacts
 from .render import JobRef, RenderSettings
-from .routes import NodeNetwork
 from .summary import iso, parse_time, pod_attempt, pod_counts
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
@@ -96,31 +95,7 @@ class Decision:
     delete_workload: str | None = None  # name of a Workload to delete (its pod sets changed)
     workload_conditions: list[dict] | None = None  # the Workload's new status.conditions
     podgroup: dict | None = None  # Volcano PodGroup to create or update
-
-
-class NodeFacts(Protocol):
-    """What is known of one node from its labels and resources (``planning.NodeFacts``)."""
-
-    def network(self, node: Mapping) -> NodeNetwork:
-        """The node's NIC kind, RDMA resource and NCCL environment."""
-
-    def unusable(self, node: Mapping) -> str:
-        """Why the node cannot run pods ("" if it can)."""
-
-
-class Planner(Protocol):
-    """What the reconciler asks of the planner (``planning.ClusterPlanner``; tests give their
-    own): a layout, and through ``facts`` the node facts that layout was planned with."""
-
-    @property
-    def facts(self) -> NodeFacts: ...
-
-    def plan(self, nodes: list, job: JobSpec) -> Layout:
-        """Raises InsufficientNodes (wait for nodes) or PlanError (the job cannot be planned)."""
-
-    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Any) -> Any:
-        """(Calibration, the running layout's seconds under it) from a run's measurements
-        (holmes.plan.calibrate.assess with the cost model in use; core/replan.py)."""
+    placed: bool = False  # a layout was searched for (placement.py): timed as planning
 
 
 def owned_by(obj: Mapping, uid: str) -> bool:
@@ -159,8 +134,11 @@ class JobState:
     """One reconcile's view of the job and the status it writes (``self.status``, in
     ``self.d``); the state machine (reconcile._Reconciler) is built on these primitives."""
 
-    def __init__(self, obs: Observed, planner: Planner, settings: RenderSettings, backoff: RestartBackoff):
-        self.obs, self.planner, self.settings, self.backoff = obs, planner, settings, backoff
+    def __init__(
+        self, obs: Observed, facts: PlacementFacts, settings: RenderSettings, backoff: RestartBackoff
+    ):
+        self.obs, self.facts, self.settings, self.backoff = obs, facts, settings, backoff
+        self.node_labels: dict[str, str] = {}  # Kueue's admitted flavors: placement stays on them
         self.job = obs.job
         meta = self.job.get("metadata") or {}
         self.name, self.ns = meta.get("name", ""), meta.get("namespace", "default")

@@ -1,20 +1,21 @@
-"""The planner as the reconciler sees it (:class:`core.state.Planner`): holmes.plan does the
-thinking with the cost model current at each plan; this module only binds the two and times it."""
+"""What placement (core/placement.py) decides on, gathered by the I/O layer before each decision:
+the cost model as of this reconcile (its file re-read when it changed, the operator's NIC flags
+on top) and each node's NIC facts under it (``NodeFacts``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
 
-from holmes.contract import JobSpec, Layout
-from holmes.plan import CostModelConfig, NicMapping, classify_node, nccl_env, plan
-from holmes.plan.calibrate import Measured, assess
+from holmes.plan import CostModelConfig, NicMapping, classify_node, nccl_env
 from holmes.plan.costmodel_file import CostModelFile
 from holmes.plan.discovery import why_unusable
 from holmes.plan.nccl import socket_threads
 from holmes.plan.topology import socket_gbps
 
 from . import metrics
+from .core.capacity import Workloads
+from .core.placement import PlacementFacts
 from .core.routes import SHARED, SRIOV, NodeNetwork
 
 
@@ -74,24 +75,14 @@ class NodeFacts:
         return "" if nic.usable else why_unusable(nic)
 
 
-class ClusterPlanner:
-    """Plans with the cost model current at each plan (re-read from its file, if any)."""
+def builtin_cost_model(mapping: NicMapping | None = None) -> CostModelFile:
+    """The built-in cost model (no file), with ``mapping`` for NIC discovery."""
+    return CostModelFile(base=CostModelConfig(nic_mapping=mapping or NicMapping()), on_state=export_state)
 
-    def __init__(self, cost_model: CostModelFile | None = None):
-        self.cost_model = cost_model or CostModelFile(on_state=export_state)
-        self.facts = NodeFacts(self.cost_model)
 
-    @classmethod
-    def with_mapping(cls, mapping: NicMapping | None = None) -> ClusterPlanner:
-        """The built-in cost model (no file), with ``mapping`` for NIC discovery."""
-        return cls(
-            CostModelFile(base=CostModelConfig(nic_mapping=mapping or NicMapping()), on_state=export_state)
-        )
-
-    def plan(self, nodes: list, job: JobSpec) -> Layout:
-        with metrics.PLANNING_SECONDS.time():
-            return plan(nodes, job, config=self.cost_model.refresh())
-
-    def calibrated(self, nodes: list, job: JobSpec, layout: Layout, measured: Measured):
-        """The job's calibration from its measurements, and its running layout's seconds under it."""
-        return assess(nodes, job, layout, measured, self.cost_model.refresh())
+def gather(cost_model: CostModelFile, workloads: Workloads = Workloads()) -> PlacementFacts:
+    """The facts of one decision: the cost model re-read if its file changed, the nodes'
+    facts under it, and what the other workloads hold (``workloads``)."""
+    config = cost_model.refresh()
+    nodes = NodeFacts(cost_model)
+    return PlacementFacts(config, nodes.network, nodes.unusable, workloads)

@@ -1,7 +1,7 @@
 """Member clusters, the I/O side (the decisions are members.py's): the registry of members read
 from the hub's Secrets, and for each member its own API client, informers and health probe.
 
-- ``Members`` watches Secrets labelled ``holmes.dev/member-cluster`` in one namespace of the hub
+- ``MemberRegistry`` watches Secrets labelled ``holmes.dev/member-cluster`` in one namespace of the hub
   (the operator's ``--members-namespace``); each holds a kubeconfig under the key ``kubeconfig``.
   A new Secret starts a member, a changed kubeconfig restarts it, a deleted Secret stops it (and
   jobs stop waiting for it).
@@ -214,7 +214,7 @@ class Member:
             self._stop.wait(PROBE_SECONDS if now or self.synced else 1.0)
 
 
-class Members:
+class MemberRegistry:
     """The registered members, kept equal to the hub's member Secrets."""
 
     def __init__(
@@ -243,7 +243,7 @@ class Members:
             lambda ns, label: self.sync(),
         )
 
-    def start(self) -> Members:
+    def start(self) -> MemberRegistry:
         self.informer.start()
         return self
 
@@ -346,9 +346,9 @@ class Members:
         pods: dict[tuple, dict] = {}
         for m, r in regs.items():
             for p in r.caches.cluster_pods.values():
-                pods[(m, *_key(p))] = p
+                pods[(m, _key(p))] = p
             for p in r.caches.pods.values():
-                pods[(m, *_key(p))] = capacity.slim_pod(p)
+                pods[(m, _key(p))] = capacity.slim_pod(p)
 
         def layout(ns: str, job: str) -> Mapping | None:
             cms = [r.caches.configmaps.get(ns, names.layout_configmap_name(job)) for r in regs.values()]
@@ -377,8 +377,11 @@ class Members:
                 states[m] = MemberState(m, False, short_error(e))
         plan = members.cleanup(uid, states, children)
         for m, items in plan.deletes.items():
+            io = regs[m].io
+            if io is None:  # never usable: its children were not listed either
+                continue
             try:
-                regs[m].io.delete_children(ns, items)
+                io.delete_children(ns, items)
             except Exception as e:  # this member now; the others still get their deletes
                 log.warning("deleting children in member %s failed: %s", m, e, extra={"job": f"{ns}/{name}"})
         return plan

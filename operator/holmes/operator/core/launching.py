@@ -1,0 +1,214 @@
+"""Launching an attempt: wait for the last attempt's pods to stop, place the job
+(placement.py), render its ConfigMap, Service and pods, and say why it waits when it cannot
+launch. Part of the reconcile state machine (reconcile.py); pure."""
+
+from __future__ import annotations
+
+from holmes.contract import JobSpec, Layout
+from holmes.plan import InsufficientNodes, PlanError
+
+from . import capacity, frameworks, members, names, placement, queueing, validation
+from . import conditions as cond
+from .render import HOSTNAME_LABEL, build_configmap, build_pod, build_service
+from .routes import RouteError, job_routes
+from .state import (
+    PENDING,
+    RESTARTING,
+    WAIT_INTERVAL,
+    Decision,
+    JobState,
+)
+from .summary import (
+    iso,
+    layout_status,
+    parse_time,
+    pod_attempt,
+    pod_counts,
+    pod_node_rank,
+)
+
+
+class Launching(JobState):
+    """The launch half of the state machine (reconcile._Reconciler builds on it)."""
+
+    # ---- launching --------------------------------------------------------------------------
+    def launch(self, spec: JobSpec) -> Decision:
+        self.delete_stale()
+        stopping = self.terminating_pods()
+        if stopping:  # a graceful stop may be writing the checkpoint the next attempt resumes from
+            self.status["pods"] = pod_counts([])
+            self.set_phase(
+                RESTARTING if self.old.get("phase") == RESTARTING else PENDING,
+                "WaitingForPodsToStop",
+                f"attempt {self.attempt}: waiting for {len(stopping)} pod(s) of the previous attempt to stop "
+                f"({', '.join(stopping[:3])}{' ...' if len(stopping) > 3 else ''}) within their grace period",
+                announce=False,
+            )
+            self.d.requeue_after = self.until_deadline(1.0)
+            return self.d
+        layout = None  # resume a launch cut short: its layout, if the spec is the same
+        if self.cm_annotation(names.ANN_SPEC_HASH) == names.spec_hash(self.job.get("spec") or {}):
+            layout = self.launched_layout()
+        by_name = self.nodes
+        if layout is None:
+            try:
+                layout = self.plan_size(spec)
+            except InsufficientNodes as e:
+                return self.wait_for_nodes(str(e), getattr(e, "reason", "WaitingForNodes"))
+            except PlanError as e:
+                return self.stall("PlanFailed", f"cannot plan this job: {e}")
+            missing = [n for n in layout.nodes if n not in by_name]
+            if missing:
+                return self.stall("PlanFailed", f"the planner chose unknown nodes {missing}")
+            self.event("Normal", "Planned", plan_message(layout))
+        elif any(n not in by_name for n in layout.nodes):
+            self.teardown()  # a planned node vanished: plan again
+            return self.launch(spec)
+
+        mismatch = frameworks.plan_conflicts(spec, layout)  # spec.framework: the user's arguments
+        if mismatch:
+            return self.stall("InvalidSpec", "; ".join(mismatch))
+        nets = {n: self.facts.network(by_name[n]) for n in layout.nodes}
+        try:  # every node's route first: a node the network settings cannot serve gets nothing
+            pod_routes = job_routes(spec, layout, nets)
+        except RouteError as e:
+            return self.stall("InvalidSpec", f"{e}{validation.FIX}")
+        ref = self.job_ref()
+        self.d.configmap = frameworks.with_framework_files(build_configmap(ref, layout, spec), spec, layout)
+        if self.obs.service is None:
+            self.d.service = build_service(ref, self.settings)
+        existing = {pod_node_rank(p) for p in self.current_pods()}
+        ranks, master = members.rendezvous(self.obs.members, self.current_pods(), len(layout.nodes))
+        for rank, node_name in enumerate(layout.nodes):
+            if rank in existing or rank not in ranks:
+                continue
+            pod = build_pod(
+                ref,
+                layout,
+                rank,
+                route=pod_routes[node_name],
+                template=spec.template,
+                settings=self.settings,
+                hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL),
+                master=master if rank else None,
+            )
+            # spec.framework other than holmes: the user's command under Holmes' launcher
+            self.d.create_pods.append(frameworks.launched_pod(pod, spec, layout, rank, self.settings.image))
+        if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup
+            shape = capacity.pod_shape(spec, self.settings.gpu_resource)
+            self.d.podgroup = queueing.build_podgroup(
+                self.name, self.ns, len(layout.nodes), shape, spec.template
+            )
+            for pod in self.d.create_pods:
+                queueing.in_group(pod, self.d.podgroup["metadata"]["name"])
+        nic_of = {n: net.nic for n, net in nets.items()}
+        self.status["layout"] = layout_status(layout, nic_of, names.layout_configmap_name(self.name))
+        self.status.pop("waitingSince", None)
+        if len(existing) + len(self.d.create_pods) < len(layout.nodes):  # across members: rank 0 first
+            return self.wait_for_rendezvous(layout)
+        self.status["launched"] = True
+        self.status["size"] = self.size(len(layout.nodes))
+        self.status["pods"] = pod_counts(self.current_pods() + self.d.create_pods)
+        if self.d.create_pods:
+            self.event(
+                "Normal",
+                "Launched",
+                f"attempt {self.attempt}: created {len(self.d.create_pods)} pods "
+                f"for layout {self.status['layout']['shape']} (pipeline x data x tensor)",
+            )
+        self.set_phase(
+            PENDING, "PodsStarting", f"attempt {self.attempt}: waiting for {len(layout.nodes)} pods to run"
+        )
+        self.d.requeue_after = self.settings.progress_interval
+        return self.d
+
+    def wait_for_rendezvous(self, layout: Layout) -> Decision:
+        self.status["launched"] = False
+        self.status["size"] = self.size(len(layout.nodes))
+        self.status["pods"] = pod_counts(self.current_pods() + self.d.create_pods)
+        self.set_phase(
+            PENDING,
+            "WaitingForRendezvous",
+            f"attempt {self.attempt}: rank 0 is created first; the other {len(layout.nodes) - 1} pod(s) "
+            "follow once it has an IP, their rendezvous address across member clusters",
+            announce=False,
+        )
+        self.d.requeue_after = self.until_deadline(1.0)
+        return self.d
+
+    def terminating_pods(self) -> list[str]:
+        """Pods of earlier attempts still stopping on a node that can still stop them (a pod on a
+        lost node never reports back: it is not waited for)."""
+        by_name = self.nodes
+        out = []
+        for p in self.pods:
+            if pod_attempt(p) == self.attempt or (p.get("status") or {}).get("phase") in (
+                "Succeeded",
+                "Failed",
+            ):
+                continue
+            node = (p.get("spec") or {}).get("nodeName")
+            if not node:
+                continue  # never scheduled: nothing runs
+            if node not in by_name or "not Ready" in self.facts.unusable(by_name[node]):
+                continue
+            out.append(p["metadata"]["name"])
+        return out
+
+    def placement(self) -> placement.Placement:
+        """This job's placement question (core/placement.py); the decision then counts as one
+        that placed (its time is the operator's planning-duration metric)."""
+        self.d.placed = True
+        return placement.Placement(
+            self.facts,
+            self.obs.nodes,
+            self.job,
+            across_members=self.obs.members is not None,
+            node_labels=self.node_labels,
+            priority_classes=self.obs.priority_classes or {},
+            gpu_resource=self.settings.gpu_resource,
+        )
+
+    def plan_size(self, spec: JobSpec) -> Layout:
+        """The layout to launch (placement.place); InsufficientNodes: wait for nodes."""
+        sized = placement.place(
+            spec,
+            self.placement(),
+            self.old.get("adaptation"),
+            restarted=bool(self.old.get("restarts")),
+            since=parse_time(self.old.get("waitingSince")) or self.obs.now,
+            now=self.obs.now,
+        )
+        if sized.since is not None:
+            self.status["waitingSince"] = iso(sized.since)
+        if sized.scaled_down:
+            self.event("Warning", "ScaledDown", sized.scaled_down)
+        if sized.waiting is not None:
+            raise sized.waiting
+        assert sized.layout is not None  # Sized holds a layout or why to wait
+        return sized.layout
+
+    def wait_for_nodes(self, why: str, reason: str = "WaitingForNodes") -> Decision:
+        self.status["pods"] = pod_counts([])
+        self.status["size"] = self.size(None)
+        old = cond.get(self.old.get("conditions"), cond.RECONCILING)
+        announced = self.set_phase(PENDING, reason, why)
+        if not announced and not (old and old.get("reason") == reason and old.get("message") == why):
+            self.event("Normal", reason, why)
+        self.d.requeue_after = WAIT_INTERVAL
+        return self.d
+
+
+def plan_message(layout: Layout) -> str:
+    stages = "; ".join(
+        f"stage {s.index}: {s.island} {s.nic} layers {s.layers[0]}-{s.layers[1] - 1} "
+        f"on {len(s.nodes or layout.stage_nodes(s.index))} node(s), DP over {s.dp_net}"
+        for s in layout.stages
+    )
+    est = layout.estimate or {}
+    tail = (
+        f"; estimate {est['tflopsPerGpu']:.1f} TFLOPS/GPU"
+        if isinstance(est.get("tflopsPerGpu"), (int, float))
+        else ""
+    )
+    return f"layout {layout.pipeline}x{layout.data}x{layout.tensor} (PxDxT): {stages}{tail}"

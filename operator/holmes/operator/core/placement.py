@@ -1,0 +1,142 @@
+"""Placement: the layout a job runs in now, or why it waits. One function, ``place``, over data
+the I/O layer observed before deciding (``PlacementFacts``: the cost model of this reconcile,
+each node's facts under it, what the other workloads hold). Its steps, each a plain function:
+
+1. size (elastic.py): ``nodes.count``, else for an elastic job a smaller count down to
+   ``minCount``; each count tried runs steps 2-5;
+2. measured rates (replan.measured_nodes): each node priced at the TFLOP/s this job's stages
+   achieved there (status.adaptation.measuredTflops);
+3. capacity (``on_free_capacity``, capacity.py): first on the nodes its pods could ever use,
+   then on what the jobs ahead of it in the queue leave free;
+4. member clusters (``fit``, members.py): across members, islands stay inside a member and no
+   stage spans two;
+5. the layout search (holmes.plan.plan) under the cost model of this reconcile.
+
+Pure: no client, no clock of its own, no call back into the I/O layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from holmes.contract import JobSpec, Layout
+from holmes.contract.names import RESOURCE_GPU
+from holmes.plan import CostModelConfig, InsufficientNodes, PlanError, plan
+from holmes.plan.calibrate import Calibration, assess
+from holmes.plan.measured import Measured
+
+from . import capacity, elastic, members, replan
+from .routes import NodeNetwork
+
+
+@dataclass(frozen=True)
+class PlacementFacts:
+    """What placement decides on besides the job, observed before deciding (pipeline.py)."""
+
+    cost_model: CostModelConfig  # as of this reconcile (its file re-read when changed)
+    network: Callable[[Mapping], NodeNetwork]  # a node's NIC kind, RDMA resource, NCCL env
+    unusable: Callable[[Mapping], str]  # why a node cannot run pods ("" if it can)
+    workloads: capacity.Workloads = field(default_factory=capacity.Workloads)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One job's placement question: where it may go and what it competes with."""
+
+    facts: PlacementFacts
+    nodes: Sequence[Mapping]  # the hub's nodes, or the members' union (members.union_nodes)
+    job: Mapping  # the HolmesJob (its place in the queue)
+    across_members: bool = False
+    node_labels: Mapping[str, str] = field(default_factory=dict)  # Kueue's admitted flavors
+    priority_classes: Mapping[str, int] = field(default_factory=dict)
+    gpu_resource: str = RESOURCE_GPU
+
+    @property
+    def key(self) -> str:
+        meta = self.job.get("metadata") or {}
+        return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def place(
+    spec: JobSpec,
+    where: Placement,
+    adaptation: Mapping | None,
+    restarted: bool,
+    since: datetime,
+    now: datetime,
+) -> elastic.Sized:
+    """The layout to launch, or why to wait (step 1 over steps 2-5). Raises PlanError when the
+    job cannot be planned at all."""
+    nodes = list(replan.measured_nodes(where.nodes, adaptation, spec))
+    return elastic.plan_size(
+        lambda ns, job: on_free_capacity(ns, job, where), nodes, spec, restarted, since, now
+    )
+
+
+def on_free_capacity(nodes: Sequence[Mapping], spec: JobSpec, where: Placement) -> Layout:
+    """Step 3: could the job ever run on these nodes (InsufficientNodes if not); then what the
+    jobs ahead of it take, and a layout on what is left (WaitingForCapacity if none)."""
+    gpu = where.gpu_resource
+    shape = replace(capacity.pod_shape(spec, gpu), node_labels=dict(where.node_labels))
+    possible, excluded = capacity.free_view(nodes, shape, capacity.Ledger(), gpu)
+    try:
+        fit(possible, spec, where)
+    except InsufficientNodes as e:
+        raise InsufficientNodes(capacity.with_exclusions(str(e), excluded)) from None
+    state = capacity.shared_state(
+        where.job, where.facts.workloads, where.priority_classes or {}, gpu_resource=gpu
+    )
+    led = capacity.Ledger.of(state.pods, state.launched, skip_job=where.key)
+    blocked: dict[str, str] = {}
+    for w in state.ahead:
+        view, _ = capacity.free_view(capacity.without(nodes, blocked), w.shape, led, gpu)
+        try:
+            fit(capacity.free_view(nodes, w.shape, capacity.Ledger(), gpu)[0], w.spec, where)
+        except PlanError:
+            continue  # it cannot run here at all: it holds nothing
+        try:
+            capacity.take(led, fit(view, w.spec, where).nodes, w.shape, w.job)
+        except PlanError:
+            for n in view:  # it waits: what it could use now stays free for it
+                if capacity.gpus(n, gpu) >= w.spec.nodes.gpus_per_node:
+                    blocked.setdefault(n["metadata"]["name"], w.job)
+    view, _ = capacity.free_view(capacity.without(nodes, blocked), shape, led, gpu)
+    try:
+        return fit(view, spec, where)
+    except InsufficientNodes:
+        pass
+    fitting = [
+        x for x in view if capacity.gpus(x, gpu) >= spec.nodes.gpus_per_node and not where.facts.unusable(x)
+    ]
+    raise capacity.WaitingForCapacity(capacity.waiting_message(spec, shape, fitting, led, blocked)) from None
+
+
+def fit(nodes: Sequence[Mapping], spec: JobSpec, where: Placement) -> Layout:
+    """Steps 4-5: the layout search on these nodes; across members, islands stay inside members
+    and a layout with a stage across members is refused."""
+    if not where.across_members:
+        return plan(list(nodes), spec, where.facts.cost_model)
+    local = members.island_labels(nodes, spec.nodes.cluster_label)
+    return members.within_members(plan(local, spec, where.facts.cost_model), local)
+
+
+def at_least(spec: JobSpec, where: Placement, least: int) -> int:
+    """Nodes of the largest layout of at least ``least`` nodes (elastic growth; PlanError if
+    none plans now): steps 3-5 at each count, the nodes as observed."""
+    return len(
+        elastic.plan_at_least(
+            lambda ns, job: on_free_capacity(ns, job, where), list(where.nodes), spec, least
+        ).nodes
+    )
+
+
+def calibrated(
+    where: Placement, nodes: list, spec: JobSpec, layout: Layout, measured: Measured
+) -> tuple[Calibration, float]:
+    """The job's calibration from its measurements, and its running layout's seconds under it
+    (replan.py), on the nodes as ``fit`` sees them."""
+    if where.across_members:
+        nodes = members.island_labels(nodes, spec.nodes.cluster_label)
+    return assess(nodes, spec, layout, measured, where.facts.cost_model)

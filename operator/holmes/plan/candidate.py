@@ -1,0 +1,40 @@
+"""What the layout search (planner.py) weighs: the degrees it tries and one costed placement, a
+``Candidate``. Data only, so the search, the explanation (explain.py) and the estimate of a
+fixed layout (estimate.py) all read it without importing each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .costmodel import StageCost, StageEstimate
+from .discovery import NodeNic
+from .gpus import StageGpu
+from .topology import NodeSet
+
+
+@dataclass(frozen=True)
+class Degrees:
+    tensor: int
+    pipeline: int
+    data: int
+    micro_batches: int
+
+
+@dataclass
+class Candidate:
+    seconds: float
+    degrees: Degrees
+    nodes: tuple[NodeNic, ...]  # node rank order
+    stage_sets: list[NodeSet]
+    stage_nodes: list[tuple[NodeNic, ...]]
+    layers: tuple[int, ...]
+    stages: list[StageEstimate]
+    pp_net: str
+    emb_net: str | None
+    costs: list[StageCost]
+    world_net: str  # the world group's net (control-plane collectives)
+    p2p_nets: tuple[str, ...]  # per stage boundary
+    gpus: tuple[StageGpu, ...] = ()  # per stage: what its compute and memory are priced with
+
+    def key(self, order_index: int) -> tuple[float, int, int, int]:
+        return (round(self.seconds, 9), self.degrees.pipeline, self.degrees.tensor, order_index)

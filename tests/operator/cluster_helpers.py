@@ -1,0 +1,57 @@
+"""What the operator's cluster tests share: applying and reading HolmesJobs with kubectl, and
+waiting for a phase or a condition (with the operator's log when a wait times out)."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from tests import polling
+
+SLEEP = ["sh", "-c", "sleep 600"]
+
+
+def apply(cluster, obj, check=True):
+    return cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj), check=check)
+
+
+def get_job(cluster, ns, name):
+    r = cluster.kubectl("get", "holmesjob", name, "-n", ns, "-o", "json", check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def pods_of(cluster, ns, name):
+    return cluster.get_json("pods", "-n", ns, "-l", f"holmes.dev/job-name={name}")["items"]
+
+
+def wait_for(what, fn, timeout=90, every=0.3, op=None):
+    return polling.wait_for(
+        what, fn, timeout, every, detail=(lambda: f"\noperator log:\n{op.tail()}") if op else None
+    )
+
+
+def wait_phase(cluster, ns, name, phase, timeout=90, op=None):
+    def check():
+        job = get_job(cluster, ns, name)
+        return job if job and job.get("status", {}).get("phase") == phase else None
+
+    try:
+        return wait_for(f"{name} phase {phase}", check, timeout, op=op)
+    except AssertionError:
+        raise AssertionError(
+            f"{name} never reached {phase}: status "
+            f"{json.dumps((get_job(cluster, ns, name) or {}).get('status'), indent=1)}\n"
+            + (op.tail() if op else "")
+        ) from None
+
+
+def condition(job, type_):
+    return next((c for c in job["status"].get("conditions", []) if c["type"] == type_), {})
+
+
+def events_of(cluster, ns, name):
+    ev = cluster.get_json(
+        "events", "-n", ns, "--field-selector", f"involvedObject.name={name},involvedObject.kind=HolmesJob"
+    )
+    return ev["items"]
