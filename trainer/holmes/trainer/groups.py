@@ -9,17 +9,24 @@ group that spans nodes gets ``ProcessGroupNCCL.Options().config.net_name`` = the
 group crossing islands uses sockets. NCCL never falls back from a pinned network (fabric.py
 checks the pods first); a group inside one node is left unpinned, so NVLink-only tensor
 parallelism needs no HCA. gloo takes no options, the same code path builds plain groups.
+``NCCL_NET`` overrides every pinned net (launch/ncclenv.py): :func:`init_world` removes it from
+the environment before NCCL reads it, and refuses to start when NCCL's configuration files set it.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from holmes.contract.layout import Layout
+from holmes.launch import ncclenv
 
 from .tensor_parallel import TensorParallel
 
@@ -46,7 +53,7 @@ class RankGroups:
     preemption: Any = None
 
 
-def pinned_net(layout: Layout, ranks: tuple[int, ...] | list[int], net: str) -> str | None:
+def pinned_net(layout: Layout, ranks: Iterable[int], net: str) -> str | None:
     """The network a group is pinned to: its Layout ``net`` when it spans nodes, None (NCCL's
     own choice: NVLink, shared memory) when all its ranks are on one node."""
     nodes = {r // layout.gpus_per_node for r in ranks}
@@ -65,12 +72,36 @@ def group_options(backend: str, net: str | None) -> Any:
     return opts
 
 
+class NetOverrideError(RuntimeError):
+    """NCCL's configuration files set NCCL_NET, which would override every group's network."""
+
+
+def guard_nccl_net(
+    env: MutableMapping[str, str], home: Path | None = None, etc: Path = ncclenv.ETC_CONF
+) -> str | None:
+    """Before the first NCCL communicator: refuse an NCCL_NET in NCCL's configuration files
+    (``home``: the user's, default from the password database), remove one from ``env``
+    (this process's: NCCL reads it at its first communicator). A note on what was removed."""
+    found = ncclenv.file_override(env, ncclenv.user_home() if home is None else home, etc)
+    if found is not None:
+        raise NetOverrideError(
+            ncclenv.file_fix(found, "the Holmes engine pins every group itself, so nothing else turns it off")
+        )
+    return ncclenv.drop_from_env(env)
+
+
 def init_world(layout: Layout, backend: str, timeout_s: float) -> None:
     """init_process_group on the Layout's world network: the control-plane collectives (loss and
     grad-norm reduction, the resume decision, checkpoint coordination) run on this group, and
-    one communicator must not mix ranks that would pick different transports."""
+    one communicator must not mix ranks that would pick different transports. On NCCL,
+    :func:`guard_nccl_net` first."""
+    if backend == "nccl":
+        note = guard_nccl_net(os.environ)
+        if note:
+            print(f"holmes.trainer: {note}", file=sys.stderr, flush=True)
+    world_net = pinned_net(layout, range(layout.world_size), layout.world_net)  # None on one node
     dist.init_process_group(
-        backend, timeout=timedelta(seconds=timeout_s), pg_options=group_options(backend, layout.world_net)
+        backend, timeout=timedelta(seconds=timeout_s), pg_options=group_options(backend, world_net)
     )
 
 
@@ -91,7 +122,8 @@ def build_groups(
     world_net = nets.get((), layout.world_net)
     world = dist.group.WORLD
     if world_net != layout.world_net:  # the default group was created pinned to the planned net
-        world = dist.new_group(timeout=timeout, backend=backend, pg_options=group_options(backend, world_net))
+        pinned = pinned_net(layout, range(layout.world_size), world_net)
+        world = dist.new_group(timeout=timeout, backend=backend, pg_options=group_options(backend, pinned))
     created = [{"kind": "world", "size": layout.world_size, "backend": backend, "net": world_net}]
     members: list[tuple[dict[str, Any], Any]] = []
     kinds = ("dp", "tp", "pp", "p2p")
