@@ -27,7 +27,7 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
-from . import ncclenv
+from . import shared
 from .islands import Islands
 
 RDMA_KINDS = ("infiniband", "roce")
@@ -91,7 +91,7 @@ def torchrun_argv(env: Mapping[str, str], program: Sequence[str]) -> list[str]:
     ]
 
 
-def check_hook(env: Mapping[str, str], home: Path | None = None, etc: Path = ncclenv.ETC_CONF) -> str | None:
+def check_hook(env: Mapping[str, str], home: Path | None = None, etc: Path | None = None) -> str | None:
     """What the hook would refuse in every worker, refused once for the pod (exit 2): the
     torch version, an NCCL_NET in NCCL's configuration files, TorchComms with a Layout that
     needs several nets. A warning to print, if any."""
@@ -100,13 +100,11 @@ def check_hook(env: Mapping[str, str], home: Path | None = None, etc: Path = ncc
     import torch
     import torch.distributed.distributed_c10d as c10d
 
-    from .hook import ESCAPE, HookError, check_torch, check_torchcomms, torchcomms_enabled
+    from .hook import HookError, check_nccl_net, check_torch, check_torchcomms, torchcomms_enabled
 
     try:
         check_torch(torch.__version__, c10d)
-        found = ncclenv.file_override(env, ncclenv.user_home() if home is None else home, etc)
-        if found is not None:
-            raise HookError(ncclenv.file_fix(found, ESCAPE))
+        check_nccl_net(dict(env), home, etc)  # a copy: worker_env has already dropped the variable
         layout = env.get("HOLMES_LAYOUT")
         return check_torchcomms(Islands.read(layout), torchcomms_enabled()) if layout else None
     except HookError as e:
@@ -144,17 +142,10 @@ def device_check(env: Mapping[str, str], root: Path = ROOT) -> dict | None:
 
 def fabric_file(root: Path = ROOT) -> Path:
     """The copy beside the launcher in a pod; the trainer's own file in a checkout."""
-    copied = root / FABRIC_FILE
-    if copied.is_file():
-        return copied
-    import importlib.util
-
-    spec = importlib.util.find_spec("holmes.trainer.fabric")
-    if spec is None or spec.origin is None:
-        raise LaunchError(
-            f"no {FABRIC_FILE} beside the launcher in {root}: copy it with holmes.launch.install", 2
-        )
-    return Path(spec.origin)
+    try:
+        return shared.trainer_file(FABRIC_FILE, root)
+    except FileNotFoundError as e:
+        raise LaunchError(str(e), 2) from None
 
 
 def main(argv: list[str] | None = None, env: MutableMapping[str, str] | None = None) -> int:

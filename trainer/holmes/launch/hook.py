@@ -30,8 +30,9 @@ torch's device map where the backend string hides it (``undefined``). A net the 
 
 - a torch whose private functions the hook was not read against (:data:`SUPPORTED_TORCH`), or
   whose signatures differ;
-- ``NCCL_NET`` in one of NCCL's configuration files (``ncclenv.py``): it overrides every pinned
-  net; in the environment it is removed instead (as the launcher does for torchrun);
+- ``NCCL_NET`` in one of NCCL's configuration files (the trainer's ``ncclenv.py``): it
+  overrides every pinned net; in the environment it is removed instead (as the launcher does
+  for torchrun);
 - TorchComms on (``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` / ``torch.distributed.config.
   use_torchcomms``, with the ``torchcomms`` package installed) while the Layout's groups need
   more than one net; with one net it warns and logs every group ``applied: false``.
@@ -49,7 +50,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import ncclenv
+from . import shared
 from .islands import Islands
 
 SUPPORTED_TORCH = ("2.13",)  # major.minor read against (torch/distributed/distributed_c10d.py)
@@ -107,12 +108,15 @@ def check_torchcomms(islands: Islands, enabled: bool) -> str | None:
     )
 
 
-def check_nccl_net(env: MutableMapping[str, str], home: Path | None, etc: Path) -> list[str]:
-    """Refuse an NCCL_NET in NCCL's configuration files; remove it from ``env``. The notes."""
-    found = ncclenv.file_override(env, home, etc)
+def check_nccl_net(env: MutableMapping[str, str], home: Path | None, etc: Path | None) -> list[str]:
+    """Refuse an NCCL_NET in NCCL's configuration files (``home``: the user's, default from the
+    password database; ``etc``: default /etc/nccl.conf); remove it from ``env``. The notes."""
+    nccl = shared.load("ncclenv.py")  # the trainer's: see shared.py
+    home = nccl["user_home"]() if home is None else home
+    found = nccl["file_override"](env, home, nccl["ETC_CONF"] if etc is None else etc)
     if found is not None:
-        raise HookError(ncclenv.file_fix(found, ESCAPE))
-    note = ncclenv.drop_from_env(env)
+        raise HookError(nccl["file_fix"](found, ESCAPE))
+    note = nccl["drop_from_env"](env)
     return [note] if note else []
 
 
@@ -318,7 +322,7 @@ def install(
     *,
     env: MutableMapping[str, str] | None = None,
     home: Path | None = None,
-    etc: Path = ncclenv.ETC_CONF,
+    etc: Path | None = None,
     **options: Any,
 ) -> NetHook:
     """Check torch, NCCL_NET (in ``env``, default this process's, and NCCL's configuration
@@ -330,7 +334,7 @@ def install(
 
     check_torch(torch.__version__, c10d)
     env = os.environ if env is None else env
-    notes = check_nccl_net(env, ncclenv.user_home() if home is None else home, etc)
+    notes = check_nccl_net(env, home, etc)
     warning = check_torchcomms(islands, options.get("torchcomms", torchcomms_enabled)())
     uninstall()
     hook = NetHook(islands, log, **options)

@@ -9,7 +9,7 @@ group that spans nodes gets ``ProcessGroupNCCL.Options().config.net_name`` = the
 group crossing islands uses sockets. NCCL never falls back from a pinned network (fabric.py
 checks the pods first); a group inside one node is left unpinned, so NVLink-only tensor
 parallelism needs no HCA. gloo takes no options, the same code path builds plain groups.
-``NCCL_NET`` overrides every pinned net (launch/ncclenv.py): :func:`init_world` removes it from
+``NCCL_NET`` overrides every pinned net (ncclenv.py): :func:`init_world` removes it from
 the environment before NCCL reads it, and refuses to start when NCCL's configuration files set it.
 """
 
@@ -26,8 +26,8 @@ from typing import Any
 import torch.distributed as dist
 
 from holmes.contract.layout import Layout
-from holmes.launch import ncclenv
 
+from . import ncclenv
 from .tensor_parallel import TensorParallel
 
 

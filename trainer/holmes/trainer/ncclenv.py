@@ -9,7 +9,8 @@ its configuration files (``misc/param.cc``: ``initEnv``): ``$NCCL_CONF_FILE`` wh
 and the environment wins over both. So removing the variable from the environment is enough for
 the environment, and not for a file: only editing the image fixes that.
 
-Standard library only: it runs in the user's image, copied with the launcher.
+Standard library only: the launcher and its network hook run it in the user's image, copied
+beside the launcher (holmes.launch.install, holmes.launch.shared).
 """
 
 from __future__ import annotations
