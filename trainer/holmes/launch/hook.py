@@ -201,7 +201,7 @@ class NetHook:
         self.torchcomms = torchcomms
         self.decisions: list[dict[str, Any]] = []  # every group this process saw created
 
-    def decide(self, ranks: Sequence[int], backend: Any) -> dict[str, Any]:
+    def plan(self, ranks: Sequence[int], backend: Any) -> dict[str, Any]:
         devices = device_backends(backend)
         entry: dict[str, Any] = {"ranks": list(ranks), "backend": str(backend)}
         if str(backend) == "undefined":
@@ -241,7 +241,7 @@ class NetHook:
             ranks = list(range(group_size)) if default else list(global_ranks_in_group)
             me = group_rank if default else _global_rank(group_rank)
             given = None
-            entry = self.decide(ranks, backend)
+            entry = self.plan(ranks, backend)
             if entry["applied"]:
                 options = kwargs.pop("backend_options", args[0] if args else None)
                 args = args[1:]
@@ -267,7 +267,7 @@ class NetHook:
             backend = kwargs.get("backend") or dist.get_backend(parent)
             if mine is not None:
                 given = None
-                entry = self.decide([to_global[r] for r in mine], backend)
+                entry = self.plan([to_global[r] for r in mine], backend)
                 if entry["applied"]:
                     base = pg_options if pg_options is not None else self.split_options(parent)
                     pg_options, given = with_net(base, entry["net"], self.new_options)
