@@ -362,3 +362,18 @@ def test_the_engine_drops_nccl_net_from_its_env_and_refuses_it_in_nccl_conf(tmp_
     with pytest.raises(ImportError, match="ProcessGroupNCCL"):  # on to the NCCL options: none here
         groups.init_world(layout, "nccl", 30)
     assert "NCCL_NET" not in os.environ
+
+
+def test_the_engine_refuses_torchcomms_when_its_groups_need_several_nets():
+    """torch 2.13 passes TorchComms no per-group options: the pinned nets would be claimed in the
+    start line while NCCL picked one network for every group."""
+    from holmes.trainer import groups
+
+    two = make_layout(2, 2, [2, 2], 2, 4, gpus_per_node=2)  # dp inside a node, p2p across: Socket
+    assert groups.pinned_nets(two) == {"Socket"}
+    assert "WARNING: TorchComms is on" in groups.torchcomms_note(two, True)
+    four = make_layout(2, 2, [2, 2], 2, 4, gpus_per_node=1)  # dp on IB, p2p and world on Socket
+    assert groups.pinned_nets(four) == {"IB", "Socket"}
+    with pytest.raises(groups.NetOverrideError, match="TorchComms is on.*pins IB and Socket"):
+        groups.torchcomms_note(four, True)
+    assert groups.torchcomms_note(four, False) is None
