@@ -325,10 +325,13 @@ class StoreExchange:
             for line in self.store.get(f"{key}/answers").decode().splitlines():
                 r, answer = json.loads(line)
                 by_rank[int(r)] = answer
-            self.store.add(f"{key}/read", 1)
-            self._wait(lambda: self.store.add(f"{key}/read", 0) >= len(by_rank), min(wait_s, 5.0))
         except RuntimeError as e:  # torch's DistError: the store's host went away
             return Answers({self.rank: mine}, [], wait_s, lost=f"{type(e).__name__}: {e}".split("\n")[0])
+        try:  # every answer is read: the store's host may now leave at any moment
+            self.store.add(f"{key}/read", 1)
+            self._wait(lambda: self.store.add(f"{key}/read", 0) >= len(by_rank), min(wait_s, 5.0))
+        except RuntimeError:
+            pass
         missing = [] if verdict == b"all" else sorted(set(range(self.world)) - set(by_rank))
         return Answers(by_rank, missing, wait_s)
 
