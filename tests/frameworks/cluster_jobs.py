@@ -95,8 +95,10 @@ def json_lines(text: str, key: str) -> list[dict]:
     return out
 
 
-def island_net(layout: Layout, nic_of: dict[str, str], ranks) -> str:
-    """The truth the hook must match: IB iff every member's node is of one RDMA NIC kind (one
-    site, so one island)."""
+def island_net(layout: Layout, nic_of: dict[str, str], ranks) -> str | None:
+    """The truth the hook must match: none for a group inside one node (left to NCCL), else IB
+    iff every member's node is of one RDMA NIC kind (one site, so one island)."""
+    if len({r // layout.gpus_per_node for r in ranks}) == 1:
+        return None
     kinds = {nic_of[layout.nodes[r // layout.gpus_per_node]] for r in ranks}
     return "IB" if len(kinds) == 1 and kinds <= set(LINK_LAYER) else "Socket"

@@ -11,6 +11,7 @@ import pytest
 from holmes_dev.ports import free_port
 
 from holmes.launch import __main__ as launcher
+from holmes.launch import hook
 from holmes.launch.install import install
 from tests.frameworks.layouts import THREE
 from tests.trainer.test_fabric import pod_root
@@ -119,8 +120,8 @@ def test_a_copied_launcher_runs_torchrun_with_the_hook_in_every_worker(tmp_path)
     assert all(w["nccl_net"] is None and w["gloo_if"] == "lo" for w in workers)
     groups = [json.loads(line)["holmesGroup"] for line in r.stderr.splitlines() if '"holmesGroup"' in line]
     assert [(g["ranks"], g["net"], g["backend"]) for g in groups] == [
-        ([0, 1], "IB", "gloo"),
-        ([0, 1], "IB", "gloo"),
+        ([0, 1], None, "gloo"),  # one node: left to NCCL (NVLink, shared memory)
+        ([0, 1], None, "gloo"),
     ]
 
 
@@ -132,6 +133,21 @@ def test_an_unsupported_torch_stops_the_pod_before_any_worker(monkeypatch):
         launcher.check_hook({})
     assert e.value.code == 2
     launcher.check_hook({"HOLMES_NET_HOOK": "off"})  # the documented way to run without it
+
+
+def test_nccl_net_in_nccl_conf_or_torchcomms_stop_the_pod_before_any_worker(tmp_path, monkeypatch):
+    etc = tmp_path / "nccl.conf"
+    etc.write_text("NCCL_NET=IB\n")
+    with pytest.raises(launcher.LaunchError, match=f"NCCL_NET=IB in {etc} would override") as e:
+        launcher.check_hook({}, home=tmp_path, etc=etc)
+    assert e.value.code == 2
+    etc.write_text("NCCL_SOCKET_NTHREADS=4\n")
+    env = {"HOLMES_LAYOUT": layout_file(tmp_path)}
+    assert launcher.check_hook(env, home=tmp_path, etc=etc) is None
+    monkeypatch.setattr(hook, "torchcomms_enabled", lambda: True)
+    with pytest.raises(launcher.LaunchError, match="TorchComms is on") as e:
+        launcher.check_hook(env, home=tmp_path, etc=etc)
+    assert e.value.code == 2
 
 
 def test_the_images_own_sitecustomize_still_runs(tmp_path):

@@ -198,20 +198,25 @@ def _record_nets(rank: int, cfg, layout, root: str) -> dict:
         )
     finally:
         groups_mod.group_options, torch.distributed.all_gather_object = real_options, real_gather
-    return {"asked": asked, "gathered_on": gathered_on, "host": trainer.vote.group is not None}
+    return {"asked": asked, "gathered_on": gathered_on, "problems": trainer.fabric.messages()}
 
 
-def test_a_broken_hca_under_warn_pins_socket_and_gathers_on_the_host_group(tmp_path):
+def test_a_broken_hca_under_warn_pins_socket_and_shares_findings_off_every_communicator(tmp_path):
     """Before: the dp group was pinned to IB whatever the check found (its first collective
     would then fail, not warn), and the findings were gathered on the world group (itself on
-    IB with worldNet: IB)."""
+    IB with worldNet: IB). They now travel over the rendezvous store (TCP), not over any
+    process group: a gloo gather also waits its full timeout for a peer that never comes."""
     root = pod_root(tmp_path, uverbs=False)
     layout = make_layout(1, 2, [4], 2, 4, gpus_per_node=1)
     res = run_ranks(2, _record_nets, tiny_config(iterations=1), layout, str(root))
     for rank in (0, 1):
         out = res[rank][1]
         assert out["asked"] == ["Socket"], out  # the dp group (node-0, node-1)
-        assert out["gathered_on"] and set(out["gathered_on"]) == {"gloo"}, out
+        assert out["gathered_on"] == [], out
+        assert [p.split(":")[0] for p in out["problems"][:2]] == [
+            "rank 0 on node node-0",
+            "rank 1 on node node-1",
+        ]
 
 
 def _probe_fails(rank: int, cfg, layout) -> dict:
@@ -251,3 +256,124 @@ def test_healthy_pod_and_off_report_nothing(tmp_path):
     bad = pod_root(tmp_path / "bad", uverbs=False)
     off = run_ranks(2, _train, tiny_config(iterations=1, fabric_check="off"), layout, str(bad))
     assert {x["holmes"]: x for x in off[0][1]["lines"]}["start"]["fabric"]["check"] == "off"
+
+
+# ---- every step bounded: a rank that fails, hangs or dies does not hold the others ------------
+
+STEP_S = 3.0  # HOLMES_FABRIC_STEP_SECONDS in these runs
+PG_TIMEOUT_S = 60.0  # gloo's timeout: what the others waited before
+
+
+def _rank_1_breaks_its_dp_group(rank: int, cfg, layout, how: str) -> dict:
+    """Rank 1's dp communicator fails at once ("raises", as NCCL does when the pinned network is
+    missing) or its process dies ("dies"); rank 0 is left in the dp group's all-reduce, as a
+    peer is left in ncclCommInitRank."""
+    import os
+
+    os.environ[fabric.STEP_ENV] = str(STEP_S)
+    real = torch.distributed.all_reduce
+
+    def all_reduce(t, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
+        if rank == 1 and group is not None and group is not torch.distributed.group.WORLD:
+            if how == "dies":
+                os._exit(9)
+            raise RuntimeError("ncclInvalidUsage: network IB not found")
+        return real(t, op=op, group=group, async_op=async_op)
+
+    torch.distributed.all_reduce = all_reduce
+    try:
+        Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
+    finally:
+        torch.distributed.all_reduce = real
+    return {}
+
+
+def test_a_rank_whose_communicator_fails_does_not_leave_its_peers_hanging():
+    """Before: rank 0 waited in the dp all-reduce for gloo's timeout (60 s here, NCCL's 600 s
+    in a pod, or the watchdog killed it first) and rank 1 in the gather for rank 0; nobody said
+    anything until then. Now both report within the step's deadline, each naming both ranks."""
+    import time
+
+    layout = make_layout(1, 2, [4], 2, 4, gpus_per_node=1)
+    cfg = tiny_config(iterations=1, timeout_seconds=PG_TIMEOUT_S)
+    t0 = time.monotonic()
+    res = run_ranks(
+        2, _rank_1_breaks_its_dp_group, cfg, layout, "raises", pg_timeout=PG_TIMEOUT_S, allow_exit=True
+    )
+    seconds = time.monotonic() - t0
+    assert seconds < 40, seconds  # 3 x the 3 s step plus start-up on a loaded machine; before: > 60
+    for rank in (0, 1):
+        status, text = res[rank]
+        assert status == "error" and "fabric check failed (groups)" in text, text[-2000:]
+        assert (
+            "rank 1 on node node-1: dp group (2 ranks) expects IB, found RuntimeError: ncclInvalidUsage"
+            in text
+        )
+        assert "rank 0 on node node-0: dp group (2 ranks) expects IB, found no communicator after 3 s" in text
+
+
+def test_a_rank_that_dies_in_the_check_is_named_by_the_others():
+    import time
+
+    layout = make_layout(1, 2, [4], 2, 4, gpus_per_node=1)
+    cfg = tiny_config(iterations=1, timeout_seconds=PG_TIMEOUT_S)
+    t0 = time.monotonic()
+    res = run_ranks(
+        2, _rank_1_breaks_its_dp_group, cfg, layout, "dies", pg_timeout=PG_TIMEOUT_S, allow_exit=True
+    )
+    assert time.monotonic() - t0 < 40
+    assert res[1] == ("exit", 9)
+    status, text = res[0]
+    assert status == "error" and "fabric check failed (groups)" in text, text[-2000:]
+    assert "rank 1 on node node-1 did not answer within 6 s" in text  # twice the step: peers may still probe
+
+
+def test_step_deadline_from_the_timeout_or_the_environment():
+    assert fabric.step_seconds({}, 600) == 150 and fabric.step_seconds({}, 30) == 7.5
+    assert fabric.step_seconds({fabric.STEP_ENV: "20"}, 600) == 20
+    for bad in ("0", "600", "soon"):
+        with pytest.raises(fabric.FabricError, match=f"HOLMES_FABRIC_STEP_SECONDS={bad} must be"):
+            fabric.step_seconds({fabric.STEP_ENV: bad}, 600)
+
+
+def test_the_engine_drops_nccl_net_from_its_env_and_refuses_it_in_nccl_conf(tmp_path, monkeypatch):
+    """Before: an NCCL_NET in the template's env or in the image's nccl.conf silently moved every
+    group the engine pins (IB inside an island, Socket across) onto that one network."""
+    import os
+
+    from holmes.trainer import groups
+
+    nowhere = tmp_path / "no-etc" / "nccl.conf"
+    env = {"NCCL_NET": "IB", "NCCL_DEBUG": "INFO"}
+    assert "removed NCCL_NET=IB" in groups.guard_nccl_net(env, home=tmp_path, etc=nowhere)
+    assert env == {"NCCL_DEBUG": "INFO"}
+    conf = tmp_path / "site.conf"
+    conf.write_text("NCCL_IB_TIMEOUT=22\nNCCL_NET=Socket\n")
+    with pytest.raises(
+        groups.NetOverrideError, match=rf"NCCL_NET=Socket in {conf} would override.*NCCL_CONF_FILE"
+    ):
+        groups.guard_nccl_net({"NCCL_CONF_FILE": str(conf)}, home=tmp_path, etc=nowhere)
+    layout = make_layout(1, 2, [4], 2, 4, gpus_per_node=1)
+    monkeypatch.setenv("NCCL_CONF_FILE", str(conf))
+    with pytest.raises(groups.NetOverrideError):  # before NCCL is touched (this build has none)
+        groups.init_world(layout, "nccl", 30)
+    conf.write_text("NCCL_IB_TIMEOUT=22\n")
+    monkeypatch.setenv("NCCL_NET", "IB")
+    with pytest.raises(ImportError, match="ProcessGroupNCCL"):  # on to the NCCL options: none here
+        groups.init_world(layout, "nccl", 30)
+    assert "NCCL_NET" not in os.environ
+
+
+def test_the_engine_refuses_torchcomms_when_its_groups_need_several_nets():
+    """torch 2.13 passes TorchComms no per-group options: the pinned nets would be claimed in the
+    start line while NCCL picked one network for every group."""
+    from holmes.trainer import groups
+
+    two = make_layout(2, 2, [2, 2], 2, 4, gpus_per_node=2)  # dp inside a node, p2p across: Socket
+    assert groups.pinned_nets(two) == {"Socket"}
+    assert "WARNING: TorchComms is on" in groups.torchcomms_note(two, True)
+    four = make_layout(2, 2, [2, 2], 2, 4, gpus_per_node=1)  # dp on IB, p2p and world on Socket
+    assert groups.pinned_nets(four) == {"IB", "Socket"}
+    with pytest.raises(groups.NetOverrideError, match="TorchComms is on.*pins IB and Socket"):
+        groups.torchcomms_note(four, True)
+    assert groups.torchcomms_note(four, False) is None

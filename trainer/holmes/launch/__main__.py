@@ -5,8 +5,10 @@ Holmes' layout (the operator writes this command for ``spec.framework`` other th
    from ``NCCL_SOCKET_IFNAME`` (gloo's groups on the same interface as NCCL's bootstrap), the
    launcher's directory first on ``PYTHONPATH`` so each worker's ``sitecustomize`` installs the
    network hook; the other NCCL variables are the pod's, per node, as the operator set them.
-2. The hook's torch check, before any worker starts: an unsupported torch stops the pod with the
-   reason (exit 2) unless ``HOLMES_NET_HOOK=off``.
+2. The hook's checks, before any worker starts (unless ``HOLMES_NET_HOOK=off``): an unsupported
+   torch, an ``NCCL_NET`` in NCCL's configuration files (``/etc/nccl.conf``, ``~/.nccl.conf``,
+   ``$NCCL_CONF_FILE``: it would override every group's net) or TorchComms on while the Layout
+   needs several nets stops the pod with the reason (exit 2).
 3. The fabric preflight's device checks when this node's groups are planned on IB (RDMA devices,
    HCAs, ports, GID index: ``holmes.trainer.fabric.rdma_problems``, copied beside this launcher),
    per ``HOLMES_FABRIC_CHECK`` (fail: exit 3 | warn: one JSON line | off). They run on GPUs, or
@@ -25,6 +27,7 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
+from . import shared
 from .islands import Islands
 
 RDMA_KINDS = ("infiniband", "roce")
@@ -88,16 +91,22 @@ def torchrun_argv(env: Mapping[str, str], program: Sequence[str]) -> list[str]:
     ]
 
 
-def check_hook(env: Mapping[str, str]) -> None:
+def check_hook(env: Mapping[str, str], home: Path | None = None, etc: Path | None = None) -> str | None:
+    """What the hook would refuse in every worker, refused once for the pod (exit 2): the
+    torch version, an NCCL_NET in NCCL's configuration files, TorchComms with a Layout that
+    needs several nets. A warning to print, if any."""
     if env.get("HOLMES_NET_HOOK", "on") == "off":
-        return
+        return None
     import torch
     import torch.distributed.distributed_c10d as c10d
 
-    from .hook import HookError, check_torch
+    from .hook import HookError, check_nccl_net, check_torch, check_torchcomms, torchcomms_enabled
 
     try:
         check_torch(torch.__version__, c10d)
+        check_nccl_net(dict(env), home, etc)  # a copy: worker_env has already dropped the variable
+        layout = env.get("HOLMES_LAYOUT")
+        return check_torchcomms(Islands.read(layout), torchcomms_enabled()) if layout else None
     except HookError as e:
         raise LaunchError(str(e), 2) from None
 
@@ -133,17 +142,10 @@ def device_check(env: Mapping[str, str], root: Path = ROOT) -> dict | None:
 
 def fabric_file(root: Path = ROOT) -> Path:
     """The copy beside the launcher in a pod; the trainer's own file in a checkout."""
-    copied = root / FABRIC_FILE
-    if copied.is_file():
-        return copied
-    import importlib.util
-
-    spec = importlib.util.find_spec("holmes.trainer.fabric")
-    if spec is None or spec.origin is None:
-        raise LaunchError(
-            f"no {FABRIC_FILE} beside the launcher in {root}: copy it with holmes.launch.install", 2
-        )
-    return Path(spec.origin)
+    try:
+        return shared.trainer_file(FABRIC_FILE, root)
+    except FileNotFoundError as e:
+        raise LaunchError(str(e), 2) from None
 
 
 def main(argv: list[str] | None = None, env: MutableMapping[str, str] | None = None) -> int:
@@ -155,7 +157,9 @@ def main(argv: list[str] | None = None, env: MutableMapping[str, str] | None = N
         run_env, notes = worker_env(env)
         for note in notes:
             print(f"holmes.launch: {note}", file=sys.stderr, flush=True)
-        check_hook(run_env)
+        warning = check_hook(run_env)
+        if warning:
+            print(f"holmes.launch: {warning}", file=sys.stderr, flush=True)
         found = device_check(run_env)
         if found is not None:
             print(json.dumps({"holmesFabric": found}), file=sys.stderr, flush=True)

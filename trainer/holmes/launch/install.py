@@ -4,7 +4,7 @@ rebuild. DIR then holds::
 
     launch.py              the entry: python DIR/launch.py -- <program> [args]
     sitecustomize.py       installs the network hook in every worker (PYTHONPATH=DIR)
-    fabric.py              the trainer's device checks (standard library only)
+    fabric.py, ncclenv.py  the trainer's device and NCCL_NET checks (standard library only)
     holmes/launch/*.py     this package
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+
+from . import shared
 
 HERE = Path(__file__).resolve().parent
 ENTRY = '''"""Holmes' launcher entry (written by holmes.launch.install)."""
@@ -35,8 +37,8 @@ def install(dest: Path) -> list[Path]:
         if src.name != "sitecustomize.py":
             written.append(Path(shutil.copyfile(src, pkg / src.name)))
     written.append(Path(shutil.copyfile(HERE / "sitecustomize.py", dest / "sitecustomize.py")))
-    fabric = HERE.parent / "trainer" / "fabric.py"  # beside this package in the Holmes image
-    written.append(Path(shutil.copyfile(fabric, dest / "fabric.py")))
+    for name in shared.FILES:  # beside this package in the Holmes image
+        written.append(Path(shutil.copyfile(HERE.parent / "trainer" / name, dest / name)))
     entry = dest / "launch.py"
     entry.write_text(ENTRY)
     written.append(entry)

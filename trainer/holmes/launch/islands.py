@@ -1,10 +1,12 @@
 """Which NCCL network a process group gets, from the Layout JSON alone (pure, standard library).
 
 One rule, the planner's: a group whose members all sit on one RDMA island (one cluster, one NIC
-kind: InfiniBand or RoCE) uses ``IB``; any other group uses ``Socket``. A node's island is the
-island of the stage it hosts (a stage inside one island names it, e.g. ``east/infiniband``); a
-node of a mixed stage (``mixed:...``: nodes of several islands) is known only to be on sockets,
-so any group holding it uses ``Socket``, as the Layout's own groups of that stage do.
+kind: InfiniBand or RoCE) uses ``IB``; any other group uses ``Socket``; a group whose members all
+sit on one node gets none (:meth:`Islands.pinned`): NCCL runs it over NVLink or shared memory.
+A node's island is the island of the stage it hosts (a stage inside one island names it, e.g.
+``east/infiniband``); a node of a mixed stage (``mixed:...``: nodes of several islands) is known
+only to be on sockets, so any group holding it uses ``Socket``, as the Layout's own groups of
+that stage do.
 
 This reads the Layout's documented JSON fields directly instead of importing
 ``holmes.contract``: it runs inside the user's image, where only this package is copied.
@@ -57,3 +59,26 @@ class Islands:
             raise ValueError(f"ranks {bad} are outside the Layout's world of {self.world_size} ranks")
         found = {self.node_island[r // self.gpus_per_node] for r in ranks}
         return IB if len(found) == 1 and None not in found else SOCKET
+
+    def nodes(self, ranks: Iterable[int]) -> set[int]:
+        """The node ranks hosting ``ranks``."""
+        return {r // self.gpus_per_node for r in ranks}
+
+    def pinned(self, ranks: Iterable[int]) -> str | None:
+        """The net to pin a group to: :meth:`net` when it spans nodes, None inside one node
+        (NVLink-only tensor parallelism needs no HCA, and a pinned IB would make it fail
+        whenever the pod's IB is unusable)."""
+        ranks = list(ranks)
+        net = self.net(ranks)  # validates the ranks
+        return net if len(self.nodes(ranks)) > 1 else None
+
+    def nets_in_use(self) -> set[str]:
+        """The nets the Layout's multi-node groups can need: IB when an RDMA island has two
+        nodes or more, Socket when two nodes are not on one island."""
+        out: set[str] = set()
+        islands = [i for i in self.node_island if i is not None]
+        if any(islands.count(i) > 1 for i in set(islands)):
+            out.add(IB)
+        if len(self.node_island) > 1 and (None in self.node_island or len(set(islands)) > 1):
+            out.add(SOCKET)
+        return out

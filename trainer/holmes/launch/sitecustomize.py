@@ -1,7 +1,9 @@
 """Copied to the top of the launcher's directory as ``sitecustomize.py``, which Python imports at
 start-up from ``PYTHONPATH``: in each worker torchrun starts (``RANK`` set) it installs Holmes'
 network hook before the program creates any group, then runs the image's own sitecustomize, if
-it has one (this file shadows it)."""
+it has one (this file shadows it). A hook that refuses to install (hook.HookError: the message
+says why and the fix) ends the worker with exit code 2: Python itself would print an exception
+raised here and run the program on without the hook, on whatever network NCCL picks."""
 
 import importlib.util
 import os
@@ -13,7 +15,12 @@ def _holmes_hooks() -> None:
         return
     from holmes.launch import hook, stages
 
-    hook.install_from_env()
+    try:
+        hook.install_from_env()
+    except hook.HookError as e:
+        sys.stderr.write(f"holmes network hook: rank {os.environ['RANK']}: {e}\n")
+        sys.stderr.flush()
+        os._exit(2)
     stages.install_from_env()
 
 

@@ -14,6 +14,8 @@ Environment knobs (flags win over them):
 - HOLMES_PIPELINE_SCHEDULE: 1F1B (default) | GPipe; zero-bubble and interleaved ones are refused
 - HOLMES_FABRIC_ROOT: where the fabric check finds sys/ and dev/ (default /), e.g. a host's
   sysfs mounted elsewhere; set, it also runs the device checks on gloo
+- HOLMES_FABRIC_STEP_SECONDS: the most one fabric preflight step may take (default: a quarter of
+  the timeout, at most 150 s); a rank whose peers do not answer in time stops with their names
 - HOLMES_TERMINATION_LOG: where rank 0 keeps its latest JSON line (default /dev/termination-log
   when it exists), for the operator once the pod has terminated
 - HOLMES_GRACE_SECONDS: seconds from SIGTERM to SIGKILL (the pod's terminationGracePeriodSeconds;

@@ -98,6 +98,7 @@ class Trainer:
             backend=backend,
             host_group=self.vote.group,
             root=fabric_root,
+            timeout_s=cfg.timeout_seconds,
         )
         self.groups = build_groups(
             layout, rank, backend, cfg.timeout_seconds, need_embedding=tied_split, nets=self.fabric.nets
@@ -109,6 +110,7 @@ class Trainer:
             groups=self.groups,
             device=device,
             host_group=self.vote.group,
+            timeout_s=cfg.timeout_seconds,
         )
         self.sink.fabric_problems(self.fabric.messages())
         self.groups.preemption = self.vote.group

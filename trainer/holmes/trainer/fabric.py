@@ -4,28 +4,39 @@ Every NCCL group is pinned to its Layout network (``config.net_name``, groups.py
 never falls back from a pinned network: when a pod cannot open its HCA (no /dev/infiniband, no
 RDMA resource, a wrong GID index), the first collective of every IB-pinned group fails with
 ``ncclInvalidUsage`` ("network IB not found"). So the checks run *before any NCCL group exists*,
-and every rank's findings travel over the host (gloo) group, never over a communicator that
-might be the broken one. Per ``training.fabricCheck`` (fail | warn | off):
+and every rank's findings travel over the rendezvous store (TCP), never over a communicator
+that might be the broken one. Per ``training.fabricCheck`` (fail | warn | off):
 
 1. devices, on every rank that is in a group pinned to IB: NCCL_IB_DISABLE is not set,
    /dev/infiniband has a uverbs device, the HCAs that NCCL_IB_HCA names exist under
    /sys/class/infiniband with an ACTIVE port, and NCCL_IB_GID_INDEX is a populated GID on RoCE
-   ports. All ranks gather all findings and decide alike: ``fail`` stops every rank with one
+   ports. All ranks get all findings and decide alike: ``fail`` stops every rank with one
    message; ``warn`` runs every IB group that has a member without usable IB on Socket instead
    (what "train anyway, slower" can mean once nets are pinned), and says which;
 2. groups: each rank then creates its communicators with one small all-reduce per group (in
-   the Layout's order, the same on every rank) and catches what fails; the failures are
-   gathered over the host group and stop every rank with one report naming the group, its
-   network and NCCL's error (and NCCL's log file, NCCL_DEBUG_FILE, when the user set one).
+   the Layout's order, the same on every rank) and catches what fails; the failures are shared
+   and stop every rank with one report naming the group, its network and NCCL's error (and
+   NCCL's log file, NCCL_DEBUG_FILE, when the user set one).
+
+Every step is bounded (:func:`step_seconds`, ``HOLMES_FABRIC_STEP_SECONDS``): when one rank
+fails to create a communicator its peers block in ``ncclCommInitRank`` and would meet NCCL's
+timeout (600 s) or the watchdog long before any report. So the probes run in a thread waited
+for at most one step, each rank writes its findings to the store before waiting for the others
+(:class:`StoreExchange`), and a rank that gives no answer in time is named by the others.
 
 Groups inside one node (tensor parallelism) are not pinned (groups.py): NCCL runs them over
-NVLink or shared memory and needs no HCA for them. The checks below the I/O line are pure.
+NVLink or shared memory and needs no HCA for them. The checks below the I/O line are pure; the
+module imports only the standard library at its top (the launcher runs it in the user's image).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import socket
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,7 +186,8 @@ def ib_groups_of(layout: Any, rank: int) -> list[str]:
     """This rank's groups that would be pinned to IB, in words (empty: it needs no HCA)."""
     from .groups import pinned_net
 
-    out = ["world group"] if layout.world_net == "IB" else []
+    world = pinned_net(layout, range(layout.world_size), layout.world_net)
+    out = ["world group"] if world == "IB" else []
     for g in layout.process_groups():
         if rank in g.ranks and len(g.ranks) > 1 and pinned_net(layout, g.ranks, g.net) == "IB":
             label = (
@@ -230,12 +242,124 @@ class FabricReport:
         }
 
 
-def _gather(local: list[Any], host_group: Any) -> list[Any]:
+# ---- every rank's answer, bounded (the c10d store: TCP, no communicator) -------------------
+
+
+STEP_ENV = "HOLMES_FABRIC_STEP_SECONDS"
+STEP_MAX_S = 150.0
+
+
+def step_seconds(env: Mapping[str, str], timeout_s: float) -> float:
+    """How long one preflight step may take: ``$HOLMES_FABRIC_STEP_SECONDS``, else a quarter of
+    the process-group timeout, at most 150 s (NCCL creates thousands of ranks' communicators
+    well within that; a hung peer is found long before the 600 s NCCL/gloo timeouts)."""
+    raw = env.get(STEP_ENV)
+    if not raw:
+        return min(STEP_MAX_S, timeout_s / 4)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < timeout_s:
+        raise FabricError(
+            f"{STEP_ENV}={raw} must be a number of seconds above 0 and below the process-group "
+            f"timeout ({timeout_s:g} s, training.timeoutSeconds / HOLMES_TIMEOUT_SECONDS)"
+        )
+    return value
+
+
+@dataclass
+class Answers:
+    """One step's answers: each rank's, by rank; the ranks that gave none in time; what
+    went wrong with the store itself, if anything."""
+
+    by_rank: dict[int, Any]
+    missing: list[int]
+    waited_s: float
+    lost: str | None = None
+
+    def missing_messages(self, layout: Any) -> list[str]:
+        out = [
+            f"rank {r} on node {layout.nodes[r // layout.gpus_per_node]} did not answer within "
+            f"{self.waited_s:g} s (it stopped or hangs before this check: see its log)"
+            for r in self.missing
+        ]
+        if self.lost:
+            out.append(
+                f"the rendezvous store stopped answering ({self.lost}): only this rank's "
+                "findings are known, see the other ranks' logs"
+            )
+        return out
+
+    @property
+    def incomplete(self) -> bool:
+        return bool(self.missing or self.lost)
+
+
+class StoreExchange:
+    """Each rank writes its answer to the c10d store *before* waiting for the others, so a rank
+    that gives up still reports what it found, and the others read it. One verdict per step,
+    set once (``compare_set``): ``all`` by the last rank to answer, or ``abort <rank>`` by the
+    first rank whose wait ran out; every rank reads the same verdict, so all go on or all stop.
+    Each rank then waits (briefly) until every rank that answered has read: the store may live
+    in a rank's process, which must not leave before the others have read. The store is TCP to
+    the rendezvous host: no NCCL or gloo communicator is involved."""
+
+    def __init__(self, store: Any, prefix: str, rank: int, world: int, poll_s: float = 0.05):
+        self.store, self.prefix, self.rank, self.world, self.poll_s = store, prefix, rank, world, poll_s
+
+    def _wait(self, done: Any, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not done() and time.monotonic() < end:
+            time.sleep(self.poll_s)
+
+    def share(self, step: str, mine: Any, wait_s: float) -> Answers:
+        key = f"{self.prefix}/{step}"
+        try:
+            self.store.append(f"{key}/answers", json.dumps([self.rank, mine]) + "\n")
+            if self.store.add(f"{key}/count", 1) == self.world:
+                self.store.compare_set(f"{key}/verdict", "", "all")
+            self._wait(lambda: self.store.check([f"{key}/verdict"]), wait_s)
+            verdict = self.store.compare_set(f"{key}/verdict", "", f"abort {self.rank}")
+            by_rank = {}
+            for line in self.store.get(f"{key}/answers").decode().splitlines():
+                r, answer = json.loads(line)
+                by_rank[int(r)] = answer
+        except RuntimeError as e:  # torch's DistError: the store's host went away
+            return Answers({self.rank: mine}, [], wait_s, lost=f"{type(e).__name__}: {e}".split("\n")[0])
+        try:  # every answer is read: the store's host may now leave at any moment
+            self.store.add(f"{key}/read", 1)
+            self._wait(lambda: self.store.add(f"{key}/read", 0) >= len(by_rank), min(wait_s, 5.0))
+        except RuntimeError:
+            pass
+        missing = [] if verdict == b"all" else sorted(set(range(self.world)) - set(by_rank))
+        return Answers(by_rank, missing, wait_s)
+
+
+class LocalExchange:
+    """The dry run's: one rank in the process over the fake group, no peer to wait for."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def share(self, step: str, mine: Any, wait_s: float) -> Answers:
+        return Answers({self.rank: mine}, [], wait_s)
+
+
+_ROUNDS = itertools.count()  # a process that builds several trainers: every rank in one order
+
+
+def exchange_for(host_group: Any, rank: int) -> StoreExchange | LocalExchange:
+    """The default group's store (what every rank rendezvoused on), under a prefix of its own
+    per torchrun restart and per trainer built; the fake group (the dry run) has none."""
     import torch.distributed as dist
 
-    everyone: list[Any] = [None] * dist.get_world_size(host_group)
-    dist.all_gather_object(everyone, local, group=host_group)
-    return [x for part in everyone for x in part]
+    if dist.get_backend(host_group) == "fake":
+        return LocalExchange(rank)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefix = f"holmes-fabric/{restart}/{next(_ROUNDS)}"
+    store = dist.distributed_c10d._get_default_store()
+    return StoreExchange(store, prefix, rank, dist.get_world_size())
 
 
 def check_devices(
@@ -247,59 +371,127 @@ def check_devices(
     host_group: Any,
     env: Mapping[str, str] | None = None,
     root: str | None = None,
+    timeout_s: float = 600.0,
 ) -> FabricReport:
-    """Step 1, before any NCCL group is created; every rank calls it (a host collective).
-    Device checks run on NCCL, or on any backend when ``root`` (HOLMES_FABRIC_ROOT: where sys/
-    and dev/ are) is set."""
+    """Step 1, before any NCCL group is created; every rank calls it and every rank's findings
+    reach every rank within the step's deadline (:func:`step_seconds`). Device checks run on
+    NCCL, or on any backend when ``root`` (HOLMES_FABRIC_ROOT: where sys/ and dev/ are) is set."""
     if mode == "off":
         return FabricReport(mode, "skipped (fabricCheck: off)", "skipped (fabricCheck: off)", [])
     env = os.environ if env is None else env
     if not (backend == "nccl" or root):
         return FabricReport(mode, f"skipped (backend {backend} does not use RDMA)", "pending", [])
+    deadline = step_seconds(env, timeout_s)
     base = Path(root or "/")
     node = layout.nodes[rank // layout.gpus_per_node]
     ib = ib_groups_of(layout, rank)
     problems = rdma_problems(base / "sys", base / "dev", env) if ib else []
     local = [vars(Finding(rank, node, ", ".join(ib), "IB (InfiniBand/RoCE)", p)) for p in problems]
-    findings = [Finding(**f) for f in _gather(local, host_group)]
+    answers = exchange_for(host_group, rank).share("devices", local, deadline)
+    findings = [Finding(**f) for r in sorted(answers.by_rank) for f in answers.by_rank[r]]
+    if answers.incomplete:
+        raise FabricError(
+            "fabric check failed (devices): "
+            + "; ".join(answers.missing_messages(layout) + [f.message() for f in findings][:8])
+        )
     _decide(mode, findings, "devices")
     nets = fallback_nets(layout, {f.rank for f in findings})
     return FabricReport(mode, "checked", "pending", findings, nets)
 
 
-def check_groups(
-    report: FabricReport, *, rank: int, layout: Any, groups: Any, device: Any, host_group: Any
-) -> None:
-    """Step 2: create each communicator now (one 1-element all-reduce per group, the pp group
-    excepted: it carries no traffic) and stop every rank with one report if any failed."""
-    if report.mode == "off":
-        return
+def probe_groups(
+    pairs: list[tuple[dict[str, Any], Any]], device: Any, deadline_s: float, bounded: bool = True
+) -> tuple[list[tuple[dict[str, Any], str]], dict[str, Any] | None]:
+    """One 1-element all-reduce per group (creating its communicator), each waited for on the
+    device. Run in a thread the caller waits for at most ``deadline_s``: a rank whose peer
+    failed to create a communicator blocks in ``ncclCommInitRank`` (no timeout of its own
+    reaches it sooner than NCCL's). The failures, as (group, error); the group still being
+    created when the deadline passed, if any. ``bounded=False`` runs inline (the dry run: its
+    recorders are thread-local)."""
     import torch
     import torch.distributed as dist
 
+    failed: list[tuple[dict[str, Any], str]] = []
+    current: list[dict[str, Any] | None] = [None]
+
+    def run() -> None:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # the current device is per thread
+        probe = torch.zeros(1, device=device)
+        for created, pg in pairs:
+            current[0] = created
+            try:
+                dist.all_reduce(probe, group=pg)
+                if device.type == "cuda":
+                    torch.cuda.current_stream(device).synchronize()  # asynchronous errors surface here
+            except Exception as e:  # NCCL: "network IB not found", ncclInvalidUsage, a timeout
+                failed.append((created, f"{type(e).__name__}: {e}"))
+        current[0] = None
+
+    if not bounded:
+        run()
+        return failed, None
+    worker = threading.Thread(target=run, name="holmes-fabric-probe", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    return list(failed), current[0] if worker.is_alive() else None
+
+
+def check_groups(
+    report: FabricReport,
+    *,
+    rank: int,
+    layout: Any,
+    groups: Any,
+    device: Any,
+    host_group: Any,
+    timeout_s: float = 600.0,
+) -> None:
+    """Step 2: create each communicator now (:func:`probe_groups`, the pp group excepted: it
+    carries no traffic), within the step's deadline, and stop every rank with one report if any
+    failed, hung or did not answer. A probe still hanging is left behind in its thread: the
+    rank stops anyway (the trainer's entry point leaves with ``os._exit``)."""
+    if report.mode == "off":
+        return
+    import torch.distributed as dist
+
+    deadline = step_seconds(os.environ, timeout_s)
     node = layout.nodes[rank // layout.gpus_per_node]
-    probe = torch.zeros(1, device=device)
-    failed = []
-    for created, pg in [(groups.created[0], groups.world)] + list(groups.members):
-        if created["kind"] == "pp":
-            continue
-        try:
-            dist.all_reduce(probe, group=pg)
-        except Exception as e:  # NCCL: "network IB not found", ncclInvalidUsage, a timeout
-            failed.append(
-                vars(Finding(rank, node, group_label(created), created["net"], f"{type(e).__name__}: {e}"))
+    pairs = [
+        (c, pg) for c, pg in [(groups.created[0], groups.world)] + list(groups.members) if c["kind"] != "pp"
+    ]
+    exchange = exchange_for(host_group, rank)
+    failed, stuck = probe_groups(pairs, device, deadline, bounded=dist.get_backend(host_group) != "fake")
+    mine = [vars(Finding(rank, node, group_label(c), c["net"], error)) for c, error in failed]
+    if stuck is not None:
+        mine.append(
+            vars(
+                Finding(
+                    rank,
+                    node,
+                    group_label(stuck),
+                    stuck["net"],
+                    f"no communicator after {deadline:g} s (still being created: a peer of this "
+                    "group failed to create it, or cannot be reached)",
+                )
             )
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()  # start-up only: asynchronous errors surface here
-    found = [Finding(**f) for f in _gather(failed, host_group)]
+        )
+    # peers still in their own probe answer up to one deadline after this rank
+    answers = exchange.share("groups", mine, 2 * deadline)
     report.groups = "checked"
-    if found:
+    found = [Finding(**f) for r in sorted(answers.by_rank) for f in answers.by_rank[r]]
+    if found or answers.incomplete:
+        messages = [f.message() for f in found]
+        shown = "; ".join(answers.missing_messages(layout) + messages[:8])
+        more = f" (and {len(messages) - 8} more)" if len(messages) > 8 else ""
         log = nccl_log_path(os.environ)
         raise FabricError(
-            "cannot create these communicators: "
-            + "; ".join(f.message() for f in found[:8])
-            + (f" (and {len(found) - 8} more)" if len(found) > 8 else "")
+            "fabric check failed (groups): cannot create these communicators: "
+            + shown
+            + more
             + (f". NCCL's log on this rank: {log}" if log else ". Set NCCL_DEBUG=INFO to see why")
+            + ". Fix the pods' network for these groups (training.fabricCheck cannot train around "
+            "a communicator that does not exist)"
         )
 
 

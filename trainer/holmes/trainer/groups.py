@@ -9,18 +9,27 @@ group that spans nodes gets ``ProcessGroupNCCL.Options().config.net_name`` = the
 group crossing islands uses sockets. NCCL never falls back from a pinned network (fabric.py
 checks the pods first); a group inside one node is left unpinned, so NVLink-only tensor
 parallelism needs no HCA. gloo takes no options, the same code path builds plain groups.
+``NCCL_NET`` overrides every pinned net (ncclenv.py): :func:`init_world` removes it from
+the environment before NCCL reads it, and refuses to start when NCCL's configuration files set it;
+it refuses TorchComms too (torch 2.13 passes it no per-group options) when the Layout pins
+groups to different nets.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from holmes.contract.layout import Layout
 
+from . import ncclenv
 from .tensor_parallel import TensorParallel
 
 
@@ -46,7 +55,7 @@ class RankGroups:
     preemption: Any = None
 
 
-def pinned_net(layout: Layout, ranks: tuple[int, ...] | list[int], net: str) -> str | None:
+def pinned_net(layout: Layout, ranks: Iterable[int], net: str) -> str | None:
     """The network a group is pinned to: its Layout ``net`` when it spans nodes, None (NCCL's
     own choice: NVLink, shared memory) when all its ranks are on one node."""
     nodes = {r // layout.gpus_per_node for r in ranks}
@@ -65,12 +74,62 @@ def group_options(backend: str, net: str | None) -> Any:
     return opts
 
 
+class NetOverrideError(RuntimeError):
+    """Something would override every group's pinned network: NCCL_NET in NCCL's configuration
+    files, or TorchComms while the Layout pins several nets."""
+
+
+def guard_nccl_net(
+    env: MutableMapping[str, str], home: Path | None = None, etc: Path = ncclenv.ETC_CONF
+) -> str | None:
+    """Before the first NCCL communicator: refuse an NCCL_NET in NCCL's configuration files
+    (``home``: the user's, default from the password database), remove one from ``env``
+    (this process's: NCCL reads it at its first communicator). A note on what was removed."""
+    found = ncclenv.file_override(env, ncclenv.user_home() if home is None else home, etc)
+    if found is not None:
+        raise NetOverrideError(
+            ncclenv.file_fix(found, "the Holmes engine pins every group itself, so nothing else turns it off")
+        )
+    return ncclenv.drop_from_env(env)
+
+
+def pinned_nets(layout: Layout) -> set[str]:
+    """Every net some group of the Layout is pinned to (the world's included)."""
+    groups = [tuple(range(layout.world_size))] + [g.ranks for g in layout.process_groups()]
+    nets = [layout.world_net] + [g.net for g in layout.process_groups()]
+    return {n for ranks, net in zip(groups, nets, strict=True) if (n := pinned_net(layout, ranks, net))}
+
+
+def torchcomms_note(layout: Layout, enabled: bool) -> str | None:
+    """TorchComms on: torch 2.13 hands it no per-group options, so no pinned net would hold.
+    Refused when the Layout pins groups to different nets; a warning when to one at most."""
+    if not enabled:
+        return None
+    nets = sorted(pinned_nets(layout))
+    why = (
+        "TorchComms is on (TORCH_DISTRIBUTED_USE_TORCHCOMMS or torch.distributed.config."
+        "use_torchcomms): torch 2.13 passes it no per-group NCCL options, so NCCL picks every "
+        "group's network"
+    )
+    if len(nets) > 1:
+        raise NetOverrideError(f"{why}; this Layout pins {' and '.join(nets)}. Unset it to train")
+    return f"WARNING: {why}; this Layout pins {nets[0] if nets else 'no network'} only, so training goes on"
+
+
 def init_world(layout: Layout, backend: str, timeout_s: float) -> None:
     """init_process_group on the Layout's world network: the control-plane collectives (loss and
     grad-norm reduction, the resume decision, checkpoint coordination) run on this group, and
-    one communicator must not mix ranks that would pick different transports."""
+    one communicator must not mix ranks that would pick different transports. On NCCL, what
+    would override the pinned nets first: :func:`guard_nccl_net`, :func:`torchcomms_note`."""
+    if backend == "nccl":
+        from torch.distributed.distributed_c10d import _use_torchcomms_enabled
+
+        for note in (guard_nccl_net(os.environ), torchcomms_note(layout, _use_torchcomms_enabled())):
+            if note:
+                print(f"holmes.trainer: {note}", file=sys.stderr, flush=True)
+    world_net = pinned_net(layout, range(layout.world_size), layout.world_net)  # None on one node
     dist.init_process_group(
-        backend, timeout=timedelta(seconds=timeout_s), pg_options=group_options(backend, layout.world_net)
+        backend, timeout=timedelta(seconds=timeout_s), pg_options=group_options(backend, world_net)
     )
 
 
@@ -91,7 +150,8 @@ def build_groups(
     world_net = nets.get((), layout.world_net)
     world = dist.group.WORLD
     if world_net != layout.world_net:  # the default group was created pinned to the planned net
-        world = dist.new_group(timeout=timeout, backend=backend, pg_options=group_options(backend, world_net))
+        pinned = pinned_net(layout, range(layout.world_size), world_net)
+        world = dist.new_group(timeout=timeout, backend=backend, pg_options=group_options(backend, pinned))
     created = [{"kind": "world", "size": layout.world_size, "backend": backend, "net": world_net}]
     members: list[tuple[dict[str, Any], Any]] = []
     kinds = ("dp", "tp", "pp", "p2p")
