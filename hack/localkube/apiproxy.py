@@ -101,5 +101,9 @@ class ApiForwarder:
 
     def stop(self) -> None:
         self.stop_event.set()
-        self.listener.close()
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept() at once
+        except OSError:
+            pass
         self.thread.join(timeout=2)
+        self.listener.close()

@@ -17,6 +17,8 @@ from localkube import podnet
 from localkube.apiproxy import ApiForwarder
 from localkube.controlplane import ControlPlane
 
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
 
 def in_pod(net: podnet.PodNet, code: str, timeout: float = 20) -> str:
     r = subprocess.run(
