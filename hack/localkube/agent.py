@@ -552,6 +552,8 @@ class Agent:
         )
         if run.net is not None:
             sandbox = ["ip", "netns", "exec", run.net.netns, *sandbox]
+        if self.hosts_dirty:  # the pod's own name must resolve from its first instruction on
+            self.write_hosts()
         n = run.restarts.get(c["name"], 0)
         with open(run.dir / f"{c['name']}.log", "ab") as logf:  # the child keeps its own descriptor
             logf.write(

@@ -131,3 +131,16 @@ def test_a_host_network_pod_stays_in_the_hosts_namespace(cluster, namespace):
     uid = cluster.get_json("pod", "hostnet", "-n", namespace)["metadata"]["uid"]
     assert podnet.netns_name(octet(cluster), uid) not in podnet.namespaces()
     cluster.kubectl("delete", "pod", "hostnet", "-n", namespace, "--grace-period=0", "--force", check=False)
+
+
+def test_the_hosts_file_names_the_pod_before_its_command_starts(cluster, namespace):
+    """A pod resolves its own name at once (torch's rendezvous does); inside its namespace a miss
+    in /etc/hosts fails at once too, as there is no DNS server to wait for."""
+    p = pod("early", "")
+    p["spec"].update(hostname="early", subdomain="job")
+    p["spec"]["containers"][0]["command"] = ["cat", "/etc/hosts"]
+    apply(cluster, namespace, p)
+    done = cluster.wait_pod(namespace, "early")
+    assert f"{done['status']['podIP']}\tearly.job.{namespace}.svc" in cluster.pod_log(
+        namespace, "early", "main"
+    )
