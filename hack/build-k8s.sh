@@ -43,6 +43,9 @@ ensure_tools() {  # host tools the steps below (and the node agent) need
   command -v rsync   >/dev/null || missing+=(rsync)      # kubernetes' build scripts
   command -v unzip   >/dev/null || missing+=(unzip)
   command -v unshare >/dev/null || missing+=(util-linux) # node agent's per-pod mount/uts namespaces
+  command -v ip      >/dev/null || missing+=(iproute2)   # node agent: `ip netns` per pod
+  local cni=/usr/lib/cni                                 # the pods' CNI plugins (hack/localkube/podnet.py)
+  [[ -x $cni/bridge && -x $cni/host-local && -x $cni/loopback ]] || missing+=(containernetworking-plugins)
   command -v openssl >/dev/null || missing+=(openssl)    # service-account key
   command -v make    >/dev/null || missing+=(make)
   command -v dpkg-source >/dev/null || missing+=(dpkg-dev)

@@ -1,11 +1,19 @@
 """The node agent: plays the kubelet for every node of a topology, with local processes.
 
 - Registers the topology's Nodes (labels, allocatable) and keeps them Ready (heartbeats).
-- For each pod the scheduler binds to one of its nodes: gives it a unique loopback IP
-  127.<octet>.x.y, materializes its volumes, resolves its env and runs its init containers, then
-  its one container, as a local process (images are mapped to the local environment: the repo's
-  .venv/bin comes first on PATH) inside `unshare --mount --uts` with the pod's hostname, volumes
-  bind-mounted at their mountPaths and a per-pod hosts file over /etc/hosts (no cluster DNS).
+- For each pod the scheduler binds to one of its nodes: gives it a network namespace of its own
+  (podnet.py: `lo` and `eth0` on a bridge, an address in the pod subnet from CNI host-local
+  IPAM, made by Debian's CNI plugins; `net1`... on a second bridge for a pod that asks for
+  networks with Multus' `k8s.v1.cni.cncf.io/networks` annotation), or, for a `hostNetwork` pod,
+  the host's namespace and a unique loopback IP 127.<octet>.x.y. Then it materializes the volumes,
+  resolves the env and runs the init containers, then the one container, as a local process
+  (images are mapped to the local environment: the repo's .venv/bin comes first on PATH) inside
+  `ip netns exec` (which also shows the pod only its own /sys/class/net) and
+  `unshare --mount --uts` with the pod's hostname, volumes bind-mounted at their mountPaths and a
+  per-pod hosts file over /etc/hosts (no cluster DNS): pod DNS names map to pod IPs.
+- The `kubernetes` Service: the API server listens on the host's 127.0.0.1 only; each pod in a
+  namespace of its own gets 127.0.0.1:<api port> relayed to it (apiproxy.py), so in-cluster
+  clients work unchanged.
 - Reports phase, container states, exit codes and restart counts per restartPolicy; a deleted pod's
   process group gets SIGTERM, then SIGKILL after the grace period.
 - Logs: <state-dir>/pods/<namespace>/<pod>/<container>.log (there is no `kubectl logs`).
@@ -34,8 +42,9 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from . import logserver, volumes
+from . import logserver, podnet, volumes
 from . import podspec as ps
+from .apiproxy import ApiForwarder
 from .topology import Topology, load_topology
 
 log = logging.getLogger("localkube.agent")
@@ -71,6 +80,10 @@ class PodRun:
     message: str = ""
     reason: str = ""
     volume_paths: dict | None = None
+    net: podnet.PodNet | None = None  # its network namespace (None: hostNetwork, or torn down)
+    extra_ifnames: list[str] = field(default_factory=list)
+    api: ApiForwarder | None = None
+    host_ip: str = "127.0.0.1"
 
     @property
     def ns(self) -> str:
@@ -114,6 +127,7 @@ class Agent:
         self.pgid_file = state_dir / "pods" / "pgids.json"
         self.mountpoints = state_dir / "pods" / "mountpoints.txt"
         self.powered_off: set[str] = set()
+        self.network = podnet.PodNetwork(state_dir, ip_octet)
 
     # ---- API helpers ---------------------------------------------------------------------------
     def _get(self, kind: str, ns: str, name: str) -> dict | None:
@@ -299,6 +313,7 @@ class Agent:
         )
 
     def run(self) -> None:
+        self.network.claim()
         pki = self.dir / "pki"
         logs = logserver.serve(
             self.dir / "pods", pki / "kubelet.crt", pki / "kubelet.key", self.kubelet_port, self.running
@@ -339,6 +354,7 @@ class Agent:
                 next_beat = time.monotonic() + HEARTBEAT_S
         logs.shutdown()
         self.shutdown()
+        self.network.release()
 
     def handle(self, item: tuple) -> None:
         if item[0] == "services":
@@ -392,9 +408,8 @@ class Agent:
 
     def new_run(self, pod: dict) -> PodRun:
         md = pod["metadata"]
-        ip = self.alloc_ip()
         pdir = self.dir / "pods" / md["namespace"] / md["name"]
-        run = PodRun(uid=md["uid"], pod=pod, ip=ip, dir=pdir, work=pdir / md["uid"])
+        run = PodRun(uid=md["uid"], pod=pod, ip="", dir=pdir, work=pdir / md["uid"])
         run.work.mkdir(parents=True, exist_ok=True)
         (run.work / "hosts").touch()
         self.runs[run.uid] = run
@@ -404,7 +419,34 @@ class Agent:
             run.reason, run.message = "Unsupported", problem
             self.finish(run, "Failed")
             self.event(run, "Unsupported", problem, warning=True)
+            return run
+        if pod["spec"].get("hostNetwork"):
+            run.ip = self.alloc_ip()
+            return run
+        try:
+            self.attach_network(run)
+        except (podnet.NetworkError, OSError) as e:
+            self.release_network(run)
+            run.reason, run.message = "FailedCreatePodSandBox", f"pod network: {e}"
+            self.event(run, "FailedCreatePodSandBox", run.message, warning=True)
+            self.finish(run, "Failed")
         return run
+
+    def attach_network(self, run: PodRun) -> None:
+        """The pod's own namespace with its interfaces, and the API server reachable in it."""
+        run.extra_ifnames = podnet.extra_interfaces(run.pod["metadata"].get("annotations"))
+        run.net = self.network.add(run.uid, run.extra_ifnames)
+        run.ip, run.host_ip = run.net.ip, podnet.host_address(self.network.subnet)
+        run.api = ApiForwarder(run.net.path, self.api_port)
+
+    def release_network(self, run: PodRun) -> None:
+        """Stop the API relay, CNI DEL, delete the namespace (its processes are gone)."""
+        if run.api is not None:
+            run.api.stop()
+            run.api = None
+        if run.net is not None:
+            self.network.delete(run.net, run.extra_ifnames)
+            run.net = None
 
     @staticmethod
     def unsupported(pod: dict) -> str:
@@ -456,7 +498,7 @@ class Agent:
         node = self.topology.node(pod["spec"]["nodeName"])
         # Downward API reads status.podIP/hostIP: fill them in before resolving.
         pod.setdefault("status", {}).update(
-            {"podIP": run.ip, "podIPs": [{"ip": run.ip}], "hostIP": "127.0.0.1"}
+            {"podIP": run.ip, "podIPs": [{"ip": run.ip}], "hostIP": run.host_ip}
         )
         try:
             if run.volume_paths is None:
@@ -508,6 +550,10 @@ class Agent:
             if os.geteuid() == 0
             else ["unshare", "--user", "--map-root-user", "--mount", "--uts"]
         )
+        if run.net is not None:
+            sandbox = ["ip", "netns", "exec", run.net.netns, *sandbox]
+        if self.hosts_dirty:  # the pod's own name must resolve from its first instruction on
+            self.write_hosts()
         n = run.restarts.get(c["name"], 0)
         with open(run.dir / f"{c['name']}.log", "ab") as logf:  # the child keeps its own descriptor
             logf.write(
@@ -574,6 +620,7 @@ class Agent:
 
     def finish(self, run: PodRun, phase: str) -> None:
         run.phase = phase
+        self.release_network(run)  # like a kubelet tearing down a finished pod's sandbox
         if run.volume_paths is not None:
             volumes.cleanup(run.work, run.uid)  # memory-backed emptyDirs free their RAM now
         self.report(run)
@@ -631,6 +678,7 @@ class Agent:
     def forget(self, run: PodRun) -> None:
         self.runs.pop(run.uid, None)
         self.ips.discard(run.ip)
+        self.release_network(run)
         volumes.cleanup(run.work, run.uid)
         shutil.rmtree(run.work, ignore_errors=True)
         self.hosts_dirty = True
@@ -664,9 +712,9 @@ class Agent:
         initialized = run.step >= len(init_specs)
         status = {
             "phase": run.phase,
-            "hostIP": "127.0.0.1",
-            "podIP": run.ip,
-            "podIPs": [{"ip": run.ip}],
+            "hostIP": run.host_ip,
+            "podIP": run.ip or None,
+            "podIPs": [{"ip": run.ip}] if run.ip else None,
             "startTime": pod.get("status", {}).get("startTime") or ps.now_iso(),
             "conditions": ps.pod_conditions(initialized, running, ps.now_iso()),
             "containerStatuses": statuses(app, True),
@@ -710,7 +758,7 @@ class Agent:
         """Rewrite every pod's hosts file in place (same inode: it is bind-mounted)."""
         self.hosts_dirty = False
         entries = []
-        live = [r for r in self.runs.values() if not r.deleting]
+        live = [r for r in self.runs.values() if not r.deleting and r.ip]
         for r in live:
             entries += [(r.ip, n, scope) for n, scope in ps.host_names(r.pod)]
         for svc in self.services:
@@ -724,6 +772,8 @@ class Agent:
             for ip in sorted(ips, key=lambda s: tuple(int(x) for x in s.split("."))):
                 entries += [(ip, n, scope) for n, scope in ps.service_names(svc)]
         for r in self.runs.values():
+            if not r.ip:
+                continue
             text = ps.render_hosts(r.pod, r.ip, entries)
             try:
                 with open(r.work / "hosts", "r+") as f:
@@ -752,6 +802,7 @@ class Agent:
             if r.proc is not None:
                 self.kill_pod(r)
             volumes.cleanup(r.work, r.uid)
+            self.release_network(r)
         self.save_pgids()
         remove_mountpoints(self.mountpoints)
         log.info("node agent stopped")

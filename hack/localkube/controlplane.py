@@ -1,8 +1,9 @@
-"""Start and stop a real Kubernetes v1.20 control plane on loopback, plus the node agent.
+"""Start and stop a real Kubernetes v1.20 control plane on loopback, plus the node agent (whose
+pods get network namespaces of their own: podnet.py).
 
 Everything lives in one state directory (``.holmes/cluster`` for ``make cluster-up``)::
 
-    cluster.json        ports, pod-IP prefix, topology path, recorded PIDs
+    cluster.json        ports, pod-IP octet, topology path, recorded PIDs
     kubeconfig          admin kubeconfig (token auth, the apiserver's self-signed CA)
     pki/                apiserver cert (made by the apiserver), service-account key pair
     etcd/               etcd data
@@ -30,6 +31,8 @@ import urllib.request
 from pathlib import Path
 
 from holmes_dev.kubectl import run_kubectl
+
+from . import podnet
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_BIN = Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache" / "holmes")) / "bin"
@@ -174,6 +177,11 @@ class ControlPlane:
                 raise ClusterError(
                     f"`{tool}` not found: apt-get install {'openssl' if tool == 'openssl' else 'util-linux'}"
                 )
+        try:
+            podnet.preflight()
+            ip_octet = podnet.pick_octet()
+        except podnet.NetworkError as e:
+            raise ClusterError(str(e)) from e
         # A fresh etcd each time: nothing of an earlier run survives, so neither do its pod dirs.
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
         shutil.rmtree(self.dir / "pods", ignore_errors=True)
@@ -186,8 +194,9 @@ class ControlPlane:
             "etcdPort": base,
             "apiserverPort": base + 2,
             "kubeletPort": base + 3,
-            # Pods get 127.<octet>.x.y: distinct per cluster so two clusters' pods never clash.
-            "podIPOctet": 16 + (base // 10) % 224,
+            # The agent's own /24 of the pod subnet (and 127.<octet>.x.y for hostNetwork pods):
+            # free on this machine, so two clusters' pods never clash; the agent locks it.
+            "podIPOctet": ip_octet,
             "token": secrets.token_hex(16),
             "topology": topology,
             "stateDir": str(self.dir),
@@ -438,6 +447,7 @@ class ControlPlane:
         from .agent import kill_recorded_pods
 
         kill_recorded_pods(self.dir)
+        podnet.release_leftovers(self.dir, st.get("podIPOctet"))
         if pids:
             st["pids"] = {}
             self._save(st)

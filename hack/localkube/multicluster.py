@@ -2,11 +2,12 @@
 
 The topology's nodes are split by their ``cluster`` (the default topology: ``east`` with the
 InfiniBand nodes, ``west`` with the RoCE nodes); each part gets its own control plane and node
-agent in ``<root>/<cluster>/`` (a ``ControlPlane`` state dir), with pod IPs ``127.<octet>.x.y``
-distinct per cluster, so pods of two clusters reach each other by IP (the "routable pod
-network" a job across clusters needs). The first cluster doubles as the hub, where the operator
-and the HolmesJobs live; ``register`` makes every cluster a member of it (a Secret labelled
-``holmes.dev/member-cluster`` holding that cluster's kubeconfig, in the hub's members namespace).
+agent in ``<root>/<cluster>/`` (a ``ControlPlane`` state dir). Every agent puts its pods on one
+bridge, each in its own /24 of the pod subnet (podnet.py), so pods of two clusters reach each
+other by pod IP (the "routable pod network" a job across clusters needs). The first cluster
+doubles as the hub, where the operator and the HolmesJobs live; ``register`` makes every cluster
+a member of it (a Secret labelled ``holmes.dev/member-cluster`` holding that cluster's
+kubeconfig, in the hub's members namespace).
 
     <root>/multicluster.json     the members, the hub, the topology
     <root>/<member>/             a ControlPlane state dir (kubeconfig, logs, pods, ...)
@@ -17,33 +18,18 @@ from __future__ import annotations
 
 import base64
 import json
-import random
 import time
 from pathlib import Path
 
 import yaml
 from holmes_dev.kubectl import run_kubectl
 
-from .controlplane import PORT_RANGE, REPO, ClusterError, ControlPlane, binary, port_free
+from .controlplane import REPO, ClusterError, ControlPlane, binary, pick_ports
 from .topology import load_topology
 
 STATE = "multicluster.json"
 MEMBERS_NAMESPACE = "holmes-system"
 MEMBER_LABEL = "holmes.dev/member-cluster"
-
-
-def octet(base: int) -> int:
-    """The pod-IP octet ControlPlane.up derives from a port base."""
-    return 16 + (base // 10) % 224
-
-
-def pick_base(used_octets: set[int]) -> int:
-    rnd = random.Random()
-    for _ in range(200):
-        base = rnd.randrange(PORT_RANGE[0], PORT_RANGE[1], 10)
-        if octet(base) not in used_octets and all(port_free(p) for p in range(base, base + 4)):
-            return base
-    raise ClusterError(f"no free block of ports with a distinct pod-IP octet in {PORT_RANGE}")
 
 
 def split_topology(path: str | Path) -> dict[str, dict]:
@@ -92,7 +78,6 @@ class MultiCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         st = {"topology": topology, "members": sorted(parts), "hub": sorted(parts)[0]}
         (self.root / STATE).write_text(json.dumps(st, indent=2))
-        used: set[int] = set()
         for member in sorted(parts):
             cp = self.plane(member)
             cp.dir.mkdir(parents=True, exist_ok=True)
@@ -100,17 +85,15 @@ class MultiCluster:
             text = yaml.safe_dump(parts[member], sort_keys=False)
             if not part.exists() or part.read_text() != text:
                 part.write_text(text)
-            if cp.running() and octet(cp.state().get("portBase", 0)) not in used:
+            if cp.running():  # its agent owns its pod-IP octet: the next member picks another
                 log(f"member {member}: already running")
-                used.add(cp.state()["podIPOctet"])
                 continue
             log(f"member {member}: starting its control plane ({len(parts[member]['nodes'])} nodes)")
             try:
-                cp.up(part, port_base=pick_base(used), log=lambda m, member=member: log(f"  [{member}] {m}"))
+                cp.up(part, port_base=pick_ports(None), log=lambda m, member=member: log(f"  [{member}] {m}"))
             except BaseException:
                 self.down(log=lambda *_: None)
                 raise
-            used.add(cp.state()["podIPOctet"])
         return st
 
     def down(self, log=print) -> None:

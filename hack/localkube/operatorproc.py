@@ -19,7 +19,8 @@ CRD = REPO / "crds" / "holmesjob.yaml"
 # The default topology advertises some RDMA nodes through NFD labels only, which cannot tell
 # InfiniBand from RoCE: tell the operator what the admin knows about each cluster.
 RDMA_KINDS = ("east=infiniband", "west=roce")
-# The node agent runs every pod in the host's network namespace: per-attempt ports.
+# hostNetwork pods share their node's network namespace: per-attempt ports (pods in namespaces
+# of their own would not need them).
 PORT_RANGE = "20000-29999"
 
 

@@ -130,7 +130,7 @@ def test_pinned_pod_runs_with_resolved_env_and_volumes(cluster, namespace):
     got = json.loads(line[-1][len("RESULT ") :])
     assert got["MY_NAME"] == "envpod" and got["MY_NS"] == namespace
     assert got["MY_UID"] == done["metadata"]["uid"] and got["MY_APP"] == "envpod"
-    assert got["MY_IP"] == done["status"]["podIP"] and got["MY_IP"].startswith("127.")
+    assert got["MY_IP"] == done["status"]["podIP"] and got["MY_IP"].startswith("10.244.")
     assert got["MY_NODE"] == target and got["MY_EXPANDED"] == f"envpod@{target}"
     assert got["MY_GREETING"] == "hi" and got["MY_PW"] == "s3cret" and got["CFG_greeting"] == "hi"
     assert got["MY_MEM_MI"] == "3072"
@@ -264,8 +264,8 @@ def test_service_account_gets_only_what_rbac_allows(cluster, namespace):
 
 
 def test_pods_find_each_other_by_name_and_share_ports(cluster, namespace):
-    """Headless-Service style names resolve through the hosts file to per-pod loopback IPs, so two
-    pods can each listen on 29500 (like two jobs' rank-0 pods) and dial each other by name."""
+    """Headless-Service style names resolve through the hosts file to pod IPs, so two pods can
+    each listen on 29500 (like two jobs' rank-0 pods) and dial each other by name."""
     server = """
         import socket
         s = socket.create_server((socket.gethostbyname(socket.gethostname()), 29500))

@@ -195,13 +195,13 @@ def test_helm_install_wait_runs_the_operator_pod(env):
     # the Role sits in the served namespace, not the release namespace
     role = env.get("role", env.fullname, "-n", env.job_ns)
     assert role["metadata"]["labels"]["app.kubernetes.io/instance"] == env.release
-    # the operator's liveness endpoint answers (the agent runs no probes, so ask it ourselves)
+    # the operator's liveness endpoint answers at its pod IP, where a kubelet would probe it
+    # (the agent runs no probes, so ask it ourselves)
+    ip = pod["status"]["podIP"]
     env.wait_for(
-        "the liveness endpoint", lambda: http_ok(f"http://127.0.0.1:{env.liveness_port}/healthz"), timeout=60
+        "the liveness endpoint", lambda: http_ok(f"http://{ip}:{env.liveness_port}/healthz"), timeout=60
     )
-    metrics = env.wait_for(
-        "the metrics endpoint", lambda: http_ok(f"http://127.0.0.1:{env.metrics_port}/metrics")
-    )
+    metrics = env.wait_for("the metrics endpoint", lambda: http_ok(f"http://{ip}:{env.metrics_port}/metrics"))
     assert "holmes_jobs" in metrics
     lease = env.wait_for(
         "the operator to take the leader Lease",
