@@ -37,6 +37,16 @@ RESOURCE_GPU = "nvidia.com/gpu"
 # A HolmesJob label: the Kueue LocalQueue that admits it (see docs/api.md).
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 
+# How a job's pods reach each other (spec.network): their own network namespace or the node's.
+POD_NETWORK, HOST_NETWORK = "podNetwork", "hostNetwork"
+NETWORKS = (POD_NETWORK, HOST_NETWORK)
+# Hints the operator renders into every trainer pod for the in-pod resolver (holmes.launch), which
+# turns them into NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME and NCCL_IB_HCA from what the pod itself
+# sees: host netdev and HCA names are facts of the host, not of a pod's namespace.
+ENV_POD_NETWORK = "HOLMES_POD_NETWORK"  # podNetwork | hostNetwork
+ENV_NIC = "HOLMES_NIC"  # the node's NIC kind: infiniband | roce | ethernet
+ENV_HOST_HCAS = "HOLMES_HOST_HCAS"  # the node's compute-rail HCAs, comma-separated (hostNetwork only)
+
 # The trainer and the operator agree on how a graceful stop is told apart from a failure.
 EXIT_PREEMPTED = 83  # the trainer stopped on SIGTERM (preemption, eviction, deletion): a disruption
 ENV_GRACE_SECONDS = "HOLMES_GRACE_SECONDS"  # the pod's terminationGracePeriodSeconds, for the trainer
@@ -48,3 +58,7 @@ LABEL_GPU_COUNT = "nvidia.com/gpu.count"  # GPUs on the node
 # A node's achieved TFLOP/s per GPU, measured (calibration sets it on a job's in-memory view of
 # its nodes when it re-plans; an admin may set it on a node known to run slower than its type).
 LABEL_MEASURED_TFLOPS = "holmes.dev/measured-tflops"
+
+# What the pod resolves itself (holmes.launch.podnet) and the operator never renders: present in a
+# pod's env only when the user's template sets it, and then it wins (a wrong one stops the pod).
+POD_RESOLVED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX")
