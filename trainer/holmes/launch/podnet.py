@@ -580,7 +580,14 @@ def read_devices(dev_root: Path) -> frozenset[str] | None:
 
 def look(root: Path) -> PodView:
     """What this pod sees: its namespace's interfaces, and ``root``/sys and ``root``/dev."""
-    return PodView(interfaces(), read_hcas(root / "sys"), read_devices(root / "dev"))
+    try:
+        found = interfaces()
+    except OSError as e:  # a sandbox without rtnetlink
+        raise NetError(
+            f"cannot list this pod's network interfaces ({e}): the pod's {SOCKET_IFNAME} and "
+            f"{GLOO_IFNAME} cannot be resolved here"
+        ) from None
+    return PodView(found, read_hcas(root / "sys"), read_devices(root / "dev"))
 
 
 def nccl_version() -> tuple[int, ...] | None:
