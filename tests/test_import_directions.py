@@ -46,7 +46,7 @@ RULES = {
     "operator/holmes/operator/core": ({"yaml"}, {"contract", "plan", "operator.core"}),
     "trainer/holmes/trainer": (
         {"torch", "numpy", "prometheus_client", "tokenizers", "safetensors"},
-        {"contract", "trainer"},
+        {"contract", "trainer", "launch"},  # launch: the pod's network resolver, standard library only
     ),
     # copied into pods of the user's own image: nothing but the standard library and its torch
     "trainer/holmes/launch": ({"torch"}, {"launch"}),

@@ -11,7 +11,7 @@ import socket
 import time
 
 from localkube import podnet
-from tests.cluster.test_localkube import apply, pod
+from tests.cluster.pods import apply, pod
 
 # Prints the pod's interfaces and eth0's IPv4 address (SIOCGIFADDR), then waits to be deleted.
 PROBE = """

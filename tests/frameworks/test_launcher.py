@@ -17,14 +17,12 @@ from tests.frameworks.layouts import THREE
 from tests.trainer.test_fabric import pod_root
 
 
-def test_worker_env_drops_nccl_net_and_follows_the_socket_interface():
-    env, notes = launcher.worker_env(
-        {"NCCL_NET": "IB", "NCCL_SOCKET_IFNAME": "=eth1", "PYTHONPATH": "/app"}, Path("/holmes-launch")
-    )
+def test_worker_env_drops_nccl_net_and_puts_the_launcher_first():
+    env, notes = launcher.worker_env({"NCCL_NET": "IB", "PYTHONPATH": "/app"}, Path("/holmes-launch"))
     assert "NCCL_NET" not in env and "NCCL_NET=IB" in notes[0]
-    assert env["GLOO_SOCKET_IFNAME"] == "eth1" and env["PYTHONPATH"] == "/holmes-launch:/app"
+    assert env["PYTHONPATH"] == "/holmes-launch:/app"
     env, notes = launcher.worker_env({"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "eth0"}, Path("/x"))
-    assert env["GLOO_SOCKET_IFNAME"] == "lo" and not notes
+    assert env["GLOO_SOCKET_IFNAME"] == "lo" and not notes  # socket names: podnet's (test_podnet.py)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +101,9 @@ def test_a_copied_launcher_runs_torchrun_with_the_hook_in_every_worker(tmp_path)
         "MASTER_PORT": str(free_port()),
         "HOLMES_LAYOUT": str(tmp_path / "layout.json"),
         "NCCL_NET": "Socket",
-        "NCCL_SOCKET_IFNAME": "lo",
+        # an RDMA node whose sys/ and dev/ are a fake pod's: the resolver and the copied fabric.py read them
+        "HOLMES_NIC": "infiniband",
+        "HOLMES_FABRIC_ROOT": str(pod_root(tmp_path / "pod")),
     }
     r = subprocess.run(
         [sys.executable, str(dest / "launch.py"), "--", "python", str(tmp_path / "prog.py")],
@@ -117,12 +117,43 @@ def test_a_copied_launcher_runs_torchrun_with_the_hook_in_every_worker(tmp_path)
     assert "removed NCCL_NET=Socket" in r.stderr
     workers = [json.loads(line) for line in r.stdout.splitlines() if line.startswith('{"rank"')]
     assert sorted(w["rank"] for w in workers) == [0, 1]
+    # gloo's interface resolved in the pod: the one the route to MASTER_ADDR=127.0.0.1 starts from
     assert all(w["nccl_net"] is None and w["gloo_if"] == "lo" for w in workers)
+    (net,) = [json.loads(line)["holmesNet"] for line in r.stderr.splitlines() if '"holmesNet"' in line]
+    assert net["set"] == {"NCCL_SOCKET_IFNAME": "=lo", "GLOO_SOCKET_IFNAME": "lo", "NCCL_IB_HCA": "=mlx5_0:1"}
+    (fab,) = [json.loads(line)["holmesFabric"] for line in r.stderr.splitlines() if '"holmesFabric"' in line]
+    assert fab == {"devices": "checked", "problems": []}
     groups = [json.loads(line)["holmesGroup"] for line in r.stderr.splitlines() if '"holmesGroup"' in line]
     assert [(g["ranks"], g["net"], g["backend"]) for g in groups] == [
         ([0, 1], None, "gloo"),  # one node: left to NCCL (NVLink, shared memory)
         ([0, 1], None, "gloo"),
     ]
+
+
+def test_a_host_interface_name_in_the_template_stops_the_pod_before_any_worker(tmp_path):
+    env = {
+        "PATH": os.environ["PATH"],
+        "NNODES": "2",
+        "NPROC_PER_NODE": "1",
+        "NODE_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "HOLMES_NET_HOOK": "off",
+        "GLOO_SOCKET_IFNAME": "eno12399np0",  # the host's name, as the operator used to copy it
+    }
+    # a process of its own: a launcher that let it through would exec torchrun and wait for rank 0
+    r = subprocess.run(
+        [sys.executable, "-m", "holmes.launch", "--", "python", "train.py"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert (
+        "holmes.launch: GLOO_SOCKET_IFNAME=eno12399np0 (set in the pod template) names eno12399np0"
+        in r.stderr
+    )
 
 
 def test_an_unsupported_torch_stops_the_pod_before_any_worker(monkeypatch):

@@ -19,9 +19,8 @@ from holmes.trainer.fabric import rdma_problems, select_hcas
 from holmes.trainer.reporting import MetricsSink
 from tests.labeller.fakesysfs import FakeSysfs, infiniband_node, roce_node
 
+from .fakepod import roce_table
 from .trainer_harness import make_layout, run_ranks, tiny_config
-
-ROCE_V2_GID = "0000:0000:0000:0000:0000:ffff:0a00:0005"
 
 
 def pod_root(tmp_path: Path, kind: str = "infiniband", uverbs: bool = True, **kw) -> Path:
@@ -31,7 +30,8 @@ def pod_root(tmp_path: Path, kind: str = "infiniband", uverbs: bool = True, **kw
         infiniband_node(sysfs, **kw)
     elif kind == "roce-gid":
         fs = FakeSysfs(sysfs).base_host()
-        fs.hca("mlx5_0", [("Ethernet", "100 Gb/sec", "4: ACTIVE")], gids={3: ROCE_V2_GID})
+        fs.hca("mlx5_0", [("Ethernet", "100 Gb/sec", "4: ACTIVE")])
+        roce_table(sysfs, "mlx5_0", "10.0.0.5")  # RoCE v2 at index 3, as mlx5 fills the table
     else:
         roce_node(sysfs)
     if uverbs:
@@ -70,9 +70,13 @@ def test_a_port_that_is_down_is_not_usable(tmp_path):
     assert "no ACTIVE port on mlx5_0" in p
 
 
-def test_roce_gid_index_must_be_populated(tmp_path):
+def test_roce_gid_index_must_be_populated_roce_v2(tmp_path):
     root = pod_root(tmp_path, kind="roce-gid")
-    assert problems(root, NCCL_IB_GID_INDEX="3") == []
+    assert problems(root, NCCL_IB_GID_INDEX="3") == [] == problems(root)  # set, or NCCL's own choice
+    (p,) = problems(root, NCCL_IB_GID_INDEX="2")
+    assert "NCCL_IB_GID_INDEX=2 is not RoCE v2 on RoCE port mlx5_0:1 (IB/RoCE v1, 10.0.0.5)" in p
+    (p,) = problems(root, NCCL_IB_GID_INDEX="1")
+    assert "NCCL_IB_GID_INDEX=1 is link-local on RoCE port mlx5_0:1" in p
     (p,) = problems(root, NCCL_IB_GID_INDEX="5")
     assert "NCCL_IB_GID_INDEX=5 is empty on RoCE port mlx5_0:1" in p
     assert problems(root, NCCL_IB_GID_INDEX="x")[0].startswith("NCCL_IB_GID_INDEX=x is not a number")

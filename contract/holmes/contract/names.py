@@ -58,3 +58,7 @@ LABEL_GPU_COUNT = "nvidia.com/gpu.count"  # GPUs on the node
 # A node's achieved TFLOP/s per GPU, measured (calibration sets it on a job's in-memory view of
 # its nodes when it re-plans; an admin may set it on a node known to run slower than its type).
 LABEL_MEASURED_TFLOPS = "holmes.dev/measured-tflops"
+
+# What the pod resolves itself (holmes.launch.podnet) and the operator never renders: present in a
+# pod's env only when the user's template sets it, and then it wins (a wrong one stops the pod).
+POD_RESOLVED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX")

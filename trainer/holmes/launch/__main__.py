@@ -1,19 +1,21 @@
 """``python /holmes-launch/launch.py -- <program> [args]``: the user's program under torchrun, on
 Holmes' layout (the operator writes this command for ``spec.framework`` other than holmes).
 
-1. The environment: ``NCCL_NET`` removed (it would override every group's net), ``GLOO_SOCKET_IFNAME``
-   from ``NCCL_SOCKET_IFNAME`` (gloo's groups on the same interface as NCCL's bootstrap), the
+1. The environment: ``NCCL_NET`` removed (it would override every group's net), the
    launcher's directory first on ``PYTHONPATH`` so each worker's ``sitecustomize`` installs the
    network hook; the other NCCL variables are the pod's, per node, as the operator set them.
 2. The hook's checks, before any worker starts (unless ``HOLMES_NET_HOOK=off``): an unsupported
    torch, an ``NCCL_NET`` in NCCL's configuration files (``/etc/nccl.conf``, ``~/.nccl.conf``,
    ``$NCCL_CONF_FILE``: it would override every group's net) or TorchComms on while the Layout
    needs several nets stops the pod with the reason (exit 2).
-3. The fabric preflight's device checks when this node's groups are planned on IB (RDMA devices,
+3. The pod's network names, resolved in the pod (``podnet``, as the Holmes engine's start-up
+   does): ``NCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` from the route to ``MASTER_ADDR``,
+   ``NCCL_IB_HCA`` from the RDMA devices the pod sees; a wrong value in the template: exit 2.
+4. The fabric preflight's device checks when this node's groups are planned on IB (RDMA devices,
    HCAs, ports, GID index: ``holmes.trainer.fabric.rdma_problems``, copied beside this launcher),
    per ``HOLMES_FABRIC_CHECK`` (fail: exit 3 | warn: one JSON line | off). They run on GPUs, or
    anywhere ``HOLMES_FABRIC_ROOT`` names a directory holding sys/ and dev/.
-4. ``exec`` torchrun with a static rendezvous: ``--node-rank`` is the Layout's (``NODE_RANK``),
+5. ``exec`` torchrun with a static rendezvous: ``--node-rank`` is the Layout's (``NODE_RANK``),
    not the hostname order torchrun's c10d rendezvous would choose, so stage s is the block of
    nodes the planner put on one island. torchrun's exit code is the pod's.
 """
@@ -27,7 +29,7 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
-from . import shared
+from . import podnet, shared
 from .islands import Islands
 
 RDMA_KINDS = ("infiniband", "roce")
@@ -47,8 +49,6 @@ def worker_env(env: Mapping[str, str], root: Path = ROOT) -> tuple[dict[str, str
     out, notes = dict(env), []
     if out.pop("NCCL_NET", None) is not None:
         notes.append(f"removed NCCL_NET={env['NCCL_NET']}: it would override every group's network")
-    if out.get("NCCL_SOCKET_IFNAME") and not out.get("GLOO_SOCKET_IFNAME"):
-        out["GLOO_SOCKET_IFNAME"] = out["NCCL_SOCKET_IFNAME"].lstrip("=^").split(",")[0]
     paths = [str(root)] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(root)]
     out["PYTHONPATH"] = os.pathsep.join(paths)
     return out, notes
@@ -160,10 +160,16 @@ def main(argv: list[str] | None = None, env: MutableMapping[str, str] | None = N
         warning = check_hook(run_env)
         if warning:
             print(f"holmes.launch: {warning}", file=sys.stderr, flush=True)
+        cmd = torchrun_argv(run_env, program_args(argv))
+        if not run_env["MASTER_PORT"].isdigit():
+            raise LaunchError(f"MASTER_PORT={run_env['MASTER_PORT']} is not a port number", 2)
+        podnet.setup(run_env, run_env["MASTER_ADDR"], int(run_env["MASTER_PORT"]))
         found = device_check(run_env)
         if found is not None:
             print(json.dumps({"holmesFabric": found}), file=sys.stderr, flush=True)
-        cmd = torchrun_argv(run_env, program_args(argv))
+    except podnet.NetError as e:
+        print(f"holmes.launch: {e}", file=sys.stderr, flush=True)
+        return 2
     except LaunchError as e:
         print(f"holmes.launch: {e}", file=sys.stderr, flush=True)
         return e.code

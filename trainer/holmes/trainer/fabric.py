@@ -9,8 +9,9 @@ that might be the broken one. Per ``training.fabricCheck`` (fail | warn | off):
 
 1. devices, on every rank that is in a group pinned to IB: NCCL_IB_DISABLE is not set,
    /dev/infiniband has a uverbs device, the HCAs that NCCL_IB_HCA names exist under
-   /sys/class/infiniband with an ACTIVE port, and NCCL_IB_GID_INDEX is a populated GID on RoCE
-   ports. All ranks get all findings and decide alike: ``fail`` stops every rank with one
+   /sys/class/infiniband with an ACTIVE port, and each RoCE port has a routable RoCE v2 GID
+   (at NCCL_IB_GID_INDEX when set, else one NCCL picks itself). All ranks get all findings and
+   decide alike: ``fail`` stops every rank with one
    message; ``warn`` runs every IB group that has a member without usable IB on Socket instead
    (what "train anyway, slower" can mean once nets are pinned), and says which;
 2. groups: each rank then creates its communicators with one small all-reduce per group (in
@@ -41,6 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from holmes.launch.podnet import gid_problems, read_hcas, select_hcas
 
 MODES = ("fail", "warn", "off")
 
@@ -74,51 +77,10 @@ def group_label(created: Mapping[str, Any]) -> str:
 # ---- devices: what NCCL's IB transport needs in the pod --------------------------------------
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
-
-
-def select_hcas(present: list[str], spec: str | None) -> tuple[list[tuple[str, int | None]], list[str]]:
-    """The (hca, port) pairs NCCL_IB_HCA selects among ``present``, and the names it asks for
-    that are missing. The syntax is NCCL's: ``mlx5_0:1,mlx5_1`` matches by prefix, a leading
-    ``=`` by exact name, a leading ``^`` excludes; unset selects every HCA."""
-    if not spec:
-        return [(h, None) for h in present], []
-    text = spec.strip()
-    exclude = text.startswith("^")
-    text = text.lstrip("^")
-    exact = text.startswith("=")
-    text = text.lstrip("=")
-    wanted: list[tuple[str, int | None]] = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        name, _, port = item.partition(":")
-        wanted.append((name, int(port) if port.isdigit() else None))
-
-    def hits(name: str) -> list[str]:
-        return [h for h in present if (h == name if exact else h.startswith(name))]
-
-    if exclude:
-        gone = {h for name, _ in wanted for h in hits(name)}
-        return [(h, None) for h in present if h not in gone], []
-    chosen: list[tuple[str, int | None]] = []
-    missing: list[str] = []
-    for name, port in wanted:
-        found = hits(name)
-        if not found:
-            missing.append(name if port is None else f"{name}:{port}")
-        chosen += [(h, port) for h in found]
-    return chosen, missing
-
-
-def _zero_gid(gid: str) -> bool:
-    return not gid or set(gid.replace(":", "")) <= {"0"}
-
-
 def rdma_problems(sys_root: Path, dev_root: Path, env: Mapping[str, str]) -> list[str]:
-    """What stops NCCL's IB transport (InfiniBand or RoCE) in this pod; empty when all is there."""
+    """What stops NCCL's IB transport (InfiniBand or RoCE) in this pod; empty when all is there.
+    On RoCE ports the GID NCCL will use must be RoCE v2 and routable: NCCL_IB_GID_INDEX's when
+    set, else one NCCL (>= 2.21) picks itself."""
     problems: list[str] = []
     if env.get("NCCL_IB_DISABLE", "0").strip() not in ("", "0"):
         problems.append(f"NCCL_IB_DISABLE={env['NCCL_IB_DISABLE']} in the pod env (it turns IB/RoCE off)")
@@ -128,45 +90,26 @@ def rdma_problems(sys_root: Path, dev_root: Path, env: Mapping[str, str]) -> lis
             f"no {ib_dev}/uverbs* device in the pod (request the node's RDMA resource, or mount {ib_dev})"
         )
     cls = sys_root / "class" / "infiniband"
-    present = sorted(p.name for p in cls.iterdir()) if cls.is_dir() else []
-    if not present:
+    hcas = {h.name: h for h in read_hcas(sys_root)}
+    if not hcas:
         problems.append(f"no RDMA device under {cls}")
         return problems
-    chosen, missing = select_hcas(present, env.get("NCCL_IB_HCA"))
+    chosen, missing = select_hcas(list(hcas), env.get("NCCL_IB_HCA"))
     if missing:
         problems.append(
             f"NCCL_IB_HCA={env.get('NCCL_IB_HCA')} names {', '.join(missing)}, not under {cls} "
-            f"(present: {', '.join(present)})"
+            f"(present: {', '.join(hcas)})"
         )
-    active: list[tuple[str, str]] = []
+    active = []
     for hca, port in chosen:
-        ports_dir = cls / hca / "ports"
-        ports = [str(port)] if port is not None else sorted(p.name for p in ports_dir.glob("*"))
-        for p in ports:
-            state = _read(ports_dir / p / "state")
-            if not state:
-                problems.append(f"{hca} has no port {p}")
-            elif "ACTIVE" in state:
-                active.append((hca, p))
+        ports = [p for p in hcas[hca].ports if port is None or p.port == port]
+        if port is not None and not ports:
+            problems.append(f"{hca} has no port {port}")
+        active += [p for p in ports if p.active]
     if chosen and not active:
         names = ", ".join(sorted({h for h, _ in chosen}))
         problems.append(f"no ACTIVE port on {names} (link down or not cabled)")
-    gid = env.get("NCCL_IB_GID_INDEX", "").strip()
-    if gid:
-        if not gid.isdigit():
-            problems.append(f"NCCL_IB_GID_INDEX={gid} is not a number")
-        else:
-            for hca, p in active:
-                port_dir = cls / hca / "ports" / p
-                if _read(port_dir / "link_layer") != "Ethernet":
-                    continue  # InfiniBand ports address by LID; the GID index is RoCE's
-                value = _read(port_dir / "gids" / gid)
-                if _zero_gid(value):
-                    problems.append(
-                        f"NCCL_IB_GID_INDEX={gid} is empty on RoCE port {hca}:{p} "
-                        "(pick a populated RoCE v2 index, as show_gids lists)"
-                    )
-    return problems
+    return problems + gid_problems(active, env)
 
 
 def nccl_log_path(env: Mapping[str, str], hostname: str | None = None, pid: int | None = None) -> str | None:

@@ -19,6 +19,11 @@ launcher sets that timeout to the pod's grace period (``HOLMES_GRACE_SECONDS``, 
 neither is given, and exports it so the workers know their deadline (preempt.grace_seconds).
 Keep torchrun's ``--max-restarts`` at 0 (its default): a restart would run the workers again
 after they exit 83.
+
+Before torchrun starts a worker, the pod's network names are resolved inside the pod
+(``holmes.launch.podnet``, the same resolver ``holmes.launch`` calls): ``NCCL_SOCKET_IFNAME`` and
+``GLOO_SOCKET_IFNAME`` from the route to the rendezvous, ``NCCL_IB_HCA`` from the RDMA devices
+the pod sees. A template value naming what the pod does not have exits 2 with the reason.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ import os
 import shutil
 import sys
 import tempfile
+from typing import Any
 
 from holmes.contract.names import ENV_GRACE_SECONDS, EXIT_PREEMPTED
+from holmes.launch import podnet
 
 from .preempt import ENV_EXIT_DIR, TORCHRUN_SHUTDOWN_ENV, grace_seconds
 
@@ -51,6 +58,19 @@ def noted_exits(directory: str) -> list[int]:
     return codes
 
 
+def rendezvous(args: Any) -> tuple[str, int]:
+    """The host and port torchrun's workers meet at (``--master-addr`` under the static
+    rendezvous Holmes renders, else ``--rdzv-endpoint``; port 0: not known yet)."""
+    if args.standalone:
+        return "localhost", 0
+    if args.rdzv_backend == "static" and not args.rdzv_endpoint:
+        return args.master_addr, int(args.master_port)
+    host, _, port = args.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        return args.rdzv_endpoint.strip("[]"), 0
+    return host.strip("[]"), int(port)
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -63,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         grace = grace_seconds({ENV_GRACE_SECONDS: os.environ.get(ENV_GRACE_SECONDS, "")})
         args.shutdown_timeout = int(given) if given.isdigit() else math.ceil(grace)
     os.environ[TORCHRUN_SHUTDOWN_ENV] = str(args.shutdown_timeout)  # the workers' deadline too
+    try:
+        podnet.setup(os.environ, *rendezvous(args))
+    except podnet.NetError as e:
+        print(f"holmes.trainer.run: {e}", file=sys.stderr, flush=True)
+        return 2
     exits = tempfile.mkdtemp(prefix="holmes-exit-")
     os.environ[ENV_EXIT_DIR] = exits
     try:
