@@ -418,7 +418,10 @@ def search(
                     tuple(n for g in order for blk in groups[g] for n in blk)
                     for order in island_orders(groups, cfg)
                 ]
-            orders = arrangements[span]
+            # Megatron's order too: the island-aware orders keep DP on one fabric, but when the
+            # pipeline's p2p dominates (a small model) name order can be faster, and a plan must
+            # never be worse than the default it is compared with
+            orders = arrangements[span] + [o for o in name_order if o not in arrangements[span]]
         best: tuple[tuple[float, int, int, int], Candidate] | None = None
         for i, order in enumerate(orders):
             c = cost_placement(job, deg, order, model, cfg, sets_cache)
