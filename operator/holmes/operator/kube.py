@@ -59,6 +59,8 @@ class Caches:
         self.workloads = Store(index_label=names.LABEL_JOB)
         self.flavors = Store(index_label=None)
         self.priority_classes = Store(index_label=None)
+        # DRA: every ResourceSlice, while the API server serves them (watches.py)
+        self.resource_slices = Store(index_label=None)
 
 
 class KubeIO:
