@@ -21,8 +21,11 @@ class CliError(Exception):
 
 def load_nodes(path: str) -> list[dict]:
     """A v1 List of Nodes (kubectl get nodes -o yaml|json), a NodeList, a plain list, or Node
-    documents; JSON and libyaml-parsed YAML are fast (holmes.contract.documents)."""
+    documents; JSON and libyaml-parsed YAML are fast (holmes.contract.documents). ResourceSlices
+    among them (``kubectl get nodes,resourceslices -o json``) are joined onto their nodes
+    (holmes.plan.dra)."""
     from holmes.contract.documents import DocumentError, load_documents
+    from holmes.plan import dra
 
     try:
         docs = load_documents(path, "nodes file")
@@ -36,12 +39,20 @@ def load_nodes(path: str) -> list[dict]:
             nodes.extend(d)
         else:
             nodes.append(d)
-    bad = [i for i, n in enumerate(nodes) if not isinstance(n, dict) or n.get("kind", "Node") != "Node"]
+    slices = [n for n in nodes if dra.is_slice(n)]
+    bad = [
+        i
+        for i, n in enumerate(nodes)
+        if not isinstance(n, dict) or (n.get("kind", "Node") != "Node" and not dra.is_slice(n))
+    ]
     if bad:
-        raise CliError(f"nodes file {path}: item {bad[0]} is not a v1 Node object")
+        raise CliError(
+            f"nodes file {path}: item {bad[0]} is neither a v1 Node nor a {dra.API_VERSION} ResourceSlice"
+        )
+    nodes = [n for n in nodes if not dra.is_slice(n)]
     if not nodes:
         raise CliError(f"nodes file {path} holds no nodes")
-    return nodes
+    return dra.join(nodes, slices) if slices else nodes
 
 
 def load_job(path: str):
@@ -58,13 +69,24 @@ def nodes_from_cluster(kubeconfig: str | None, context: str | None) -> list[dict
         from kubernetes import client, config  # only this path needs the Kubernetes client
     except ImportError:
         raise CliError("--kubeconfig needs the kubernetes Python package (pip install kubernetes)") from None
+    from holmes.plan import dra
+
     try:
         config.load_kube_config(config_file=kubeconfig, context=context)
         api = client.ApiClient()
         items = client.CoreV1Api(api).list_node().items
     except Exception as e:  # config errors, connection refused, 403...
         raise CliError(f"cannot list nodes from the cluster: {e}") from None
-    return [api.sanitize_for_serialization(n) for n in items]
+    nodes = [api.sanitize_for_serialization(n) for n in items]
+    group, version = dra.API_VERSION.split("/")
+    try:  # DRA's devices, where the API server serves them
+        custom = client.CustomObjectsApi(api)
+        slices = custom.list_cluster_custom_object(group, version, "resourceslices")["items"]
+    except client.ApiException as e:
+        if e.status != 404:
+            raise CliError(f"cannot list {dra.API_VERSION} resourceslices from the cluster: {e}") from None
+        slices = []
+    return dra.join(nodes, slices)
 
 
 def load_config(path: str | None):

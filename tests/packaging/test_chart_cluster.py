@@ -263,6 +263,9 @@ NEEDED = {
     ("workloads.kueue.x-k8s.io/status", "patch"): "kube.KubeIO.apply_queueing (Finished)",
     ("podgroups.scheduling.volcano.sh", "create"): "kube.KubeIO.apply_queueing",
     ("podgroups.scheduling.volcano.sh", "patch"): "kube.KubeIO.apply_queueing (a new gang size)",
+    ("resourceslices.resource.k8s.io", "list"): "informer.Informer (DRA devices, watches.py)",
+    ("resourceslices.resource.k8s.io", "watch"): "informer.Informer (DRA devices, watches.py)",
+    ("resourceclaimtemplates.resource.k8s.io", "create"): "kube.KubeIO._create_claim_template",
 }
 # Cluster-wide reads (the ClusterRole in every mode): besides nodes and CRDs, pods (what other
 # workloads hold), PriorityClasses and Kueue's ResourceFlavors.
@@ -273,6 +276,7 @@ CLUSTER_READS = (
     "pods",
     "priorityclasses",
     "resourceflavors",
+    "resourceslices",
 )
 # In the release namespace only: the leader-election Lease (leader.LeaderElector).
 LEADER = {

@@ -132,6 +132,7 @@ def test_watch_namespaces_gives_roles_per_namespace_and_flags():
         "pods",  # list/watch only: what other workloads hold (capacity planning)
         "priorityclasses",
         "resourceflavors",
+        "resourceslices",  # list/watch: DRA devices
     }
     args = operator_pod(docs)["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args

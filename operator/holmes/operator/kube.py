@@ -59,6 +59,8 @@ class Caches:
         self.workloads = Store(index_label=names.LABEL_JOB)
         self.flavors = Store(index_label=None)
         self.priority_classes = Store(index_label=None)
+        # DRA: every ResourceSlice, while the API server serves them (watches.py)
+        self.resource_slices = Store(index_label=None)
 
 
 class KubeIO:
@@ -110,7 +112,10 @@ class KubeIO:
         if d.service is not None:
             own(d.service)
             refused += self._attempt("Service", d.service, self._create_service, ns)[1]
-        if refused:  # pods need both: create none of them
+        for tpl in d.claim_templates:  # named by content: one already there is the same
+            own(tpl)
+            refused += self._attempt("ResourceClaimTemplate", tpl, self._create_claim_template, ns)[1]
+        if refused:  # pods need them all: create none of them
             return 0, refused
         for pod in d.create_pods:
             own(pod)
@@ -128,6 +133,18 @@ class KubeIO:
 
     def _create_pod(self, ns: str, pod: dict) -> bool:
         return self._create(self.core.create_namespaced_pod, ns, pod, self.caches.pods)
+
+    def _create_claim_template(self, ns: str, body: dict) -> bool:
+        group, version = body["apiVersion"].split("/")
+        try:
+            self.custom.create_namespaced_custom_object(
+                group, version, ns, "resourceclaimtemplates", body, _preload_content=False
+            )
+            return True
+        except ApiException as e:
+            if e.status == 409:  # created by an earlier attempt or before a restart
+                return False
+            raise
 
     def _create_service(self, ns: str, svc: dict) -> bool:
         return self._create(self.core.create_namespaced_service, ns, svc, self.caches.services)

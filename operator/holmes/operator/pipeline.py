@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Protocol
 
+from holmes.plan import dra
 from holmes.plan.costmodel_file import CostModelFile
 
 from . import metrics, placement_facts
@@ -59,7 +60,9 @@ class HubChildren:
     states: Mapping[str, members.MemberState] | None = None  # a hub job has no members
 
     def nodes(self, hub_nodes: list[dict]) -> list[dict]:
-        return hub_nodes
+        """The hub's nodes, with their DRA devices (ResourceSlices) joined on (holmes.plan.dra)."""
+        slices = self.caches.resource_slices.values()
+        return dra.join(hub_nodes, slices) if slices else hub_nodes
 
     def pods(self, ns: str, name: str) -> list[dict]:
         return self.caches.pods.by_label(ns, name)

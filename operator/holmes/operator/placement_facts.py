@@ -16,7 +16,7 @@ from holmes.plan.topology import socket_gbps
 from . import metrics
 from .core.capacity import Workloads
 from .core.placement import PlacementFacts
-from .core.routes import SHARED, SRIOV, NodeNetwork
+from .core.routes import SHARED, SRIOV, DraOffer, NodeNetwork
 
 
 def with_nic_flags(
@@ -54,9 +54,15 @@ class NodeFacts:
     def network(self, node: Mapping) -> NodeNetwork:
         config = self.cost_model.config
         nic = classify_node(node, config.nic_mapping)
+        m = config.nic_mapping
         route = None
-        if nic.rdma_resource is not None:
-            shared = nic.rdma_resource.startswith(config.nic_mapping.rdma_resource_prefixes)
+        dra = None
+        if nic.devices is not None:  # NICs or GPUs in ResourceSlices (holmes.plan.dra)
+            nics, gpus = bool(nic.devices.rails) and nic.rdma, nic.gpu_source == "dra"
+            if nics or gpus:
+                dra = DraOffer(nic.devices, nics, gpus, m.dra_nic_driver, m.dra_nic_class, m.dra_gpu_class)
+        if nic.rdma_resource is not None and not (dra and dra.nics):
+            shared = nic.rdma_resource.startswith(m.rdma_resource_prefixes)
             route = SHARED if shared else SRIOV
         return NodeNetwork(
             nic=nic.nic,
@@ -66,6 +72,7 @@ class NodeFacts:
             hcas=nic.hcas,
             socket_threads=socket_threads(socket_gbps(nic, config.fabric), config.fabric.socket_flow_gbps),
             env=nccl_env(nic),
+            dra=dra,
         )
 
     def unusable(self, node: Mapping) -> str:

@@ -28,7 +28,8 @@ def children(
     settings: RenderSettings = RenderSettings(),
     cost_model: CostModelFile | None = None,
 ) -> list[dict]:
-    """The ConfigMap, Service and pods (a Volcano PodGroup too, when the template asks for one)."""
+    """The ConfigMap, Service and pods (a Volcano PodGroup too, when the template asks for one;
+    the ResourceClaimTemplates of pods that get their devices through DRA)."""
     job = copy.deepcopy(job)
     meta = job.setdefault("metadata", {})
     meta.setdefault("namespace", "default")
@@ -47,7 +48,7 @@ def children(
         why = "; ".join(f"{c['reason']}: {c['message']}" for c in conds) or d.status.get("phase", "no pods")
         raise PreviewError(f"the operator would create no pods now ({why})")
     first = [o for o in (d.configmap, d.service, getattr(d, "podgroup", None)) if o is not None]
-    return [*first, *d.create_pods]
+    return [*first, *d.claim_templates, *d.create_pods]
 
 
 def as_list(objects: list[dict]) -> dict:

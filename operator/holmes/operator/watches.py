@@ -10,6 +10,10 @@ full LIST (a partly filled cache would look like deleted pods).
 - Kueue (core/queueing.py, kueue_version.py): while the API server serves kueue.x-k8s.io
   (v1beta2, else v1beta1; looked for again every 30 s), Workloads of Holmes jobs and
   ResourceFlavors are cached too.
+- DRA (holmes.plan.dra): while the API server serves ``resource.k8s.io/v1`` ResourceSlices
+  (looked for once at start-up: a cluster that gains the API needs an operator restart), every
+  ResourceSlice; a change wakes every job (a node's devices changed). The pipeline joins them onto
+  the nodes before planning.
 - Member clusters (``--members-namespace``): the registry and each member's own informers.
 """
 
@@ -22,6 +26,9 @@ import logging
 from collections.abc import Callable, Mapping
 
 from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from holmes.plan import dra
 
 from . import kueue_version
 from .core import capacity, names
@@ -168,6 +175,15 @@ class Watches:
         )
         discover = functools.partial(kueue_version.served_versions, api)
         self.informers.append(kueue_version.KueueLink(discover, start, self.caches, kueue_in_use).start())
+        if serves_resource_slices(api):
+            group, version = dra.API_VERSION.split("/")
+            custom = client.CustomObjectsApi(api)
+            fn = functools.partial(custom.list_cluster_custom_object, group, version, SLICES)
+            self.informers.append(
+                Informer(
+                    SLICES, fn, "", self.caches.resource_slices, lambda ns, label: wake_all_soon()
+                ).start()
+            )
 
     async def synced(self) -> None:
         """Return once every informer has listed (members: at most MEMBER_SYNC_SECONDS; one that
@@ -194,6 +210,23 @@ class Watches:
             for p in self.caches.priority_classes.values()
             if isinstance(p.get("value"), int)
         }
+
+
+SLICES = "resourceslices"
+
+
+def serves_resource_slices(api: client.ApiClient) -> bool:
+    """Whether the API server serves DRA's ResourceSlices in the version Holmes reads."""
+    group, version = dra.API_VERSION.split("/")
+    try:
+        resources = client.CustomObjectsApi(api).get_api_resources(group, version).resources
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    found = any(r.name == SLICES for r in resources or [])
+    log.info("DRA ResourceSlices %s", "served: read for NIC and GPU discovery" if found else "not served")
+    return found
 
 
 def namespace_matches(patterns: tuple[str, ...], ns: str) -> bool:

@@ -11,19 +11,30 @@ Rules, first match wins (every name is configurable in :class:`NicMapping`):
    ``/sys/class/infiniband/*/ports/*/link_layer`` says), or from the mapping's per-cluster kinds
    (``cluster_rdma_kinds``: "east is InfiniBand") or its ``rdma_default_kind``; otherwise the
    node gets a *problem*, never a guess.
-3. ``device-plugin``: an ``rdma/*`` resource in ``status.allocatable`` (Mellanox shared device
+3. ``dra``: RDMA NICs in the node's ResourceSlices of DRANET (``dra.py``; joined onto the Node
+   by ``dra.join``): the kind from their link type (``dra.net/encapsulation``: ``infiniband``, or
+   ``ether`` = RoCE), else from a link-layer label or the mapping's kinds as in rule 2 (DRANET
+   says no link type for an RDMA device without a netdev). The HCAs are their
+   ``dra.net/rdmaDevice`` names; pods then ask for them with ResourceClaims (routes.py).
+4. ``device-plugin``: an ``rdma/*`` resource in ``status.allocatable`` (Mellanox shared device
    plugin) or a configured SR-IOV resource: RDMA, kind as in rule 2.
-4. ``no-rdma``: none of the above: plain Ethernet (sockets).
+5. ``no-rdma``: none of the above: plain Ethernet (sockets).
 
 ``gbps`` is the bandwidth of the node's NICs *together* for collective traffic (e.g. 8 x 200
 Gb/s HDR rails = 1600); when no label says it, a per-kind default from the mapping is used and
-``gbps_source`` says so. HCAs (for ``NCCL_IB_HCA``) come from the annotation
+``gbps_source`` says so (DRANET publishes no link speed, so DRA nodes too take the label or the
+default). HCAs (for ``NCCL_IB_HCA``) come from the annotation
 ``holmes.dev/nic-hcas`` (comma-separated) or the label of that name ('.'-separated, since label
 values cannot hold commas); the socket interface (``NCCL_SOCKET_IFNAME``) from
 ``holmes.dev/socket-ifname`` (annotation or label). A ``holmes.dev/nic-problem`` annotation (or
 label), which the NIC labeller writes when a node's sysfs contradicts itself (its compute rails
 disagree on InfiniBand vs RoCE), makes the node unusable with that message, unless ``holmes.dev/nic`` says the
 kind: an explicit kind label is the admin's answer to it.
+
+GPUs: ``gpus`` is the allocatable ``nvidia.com/gpu`` of the device plugin; a node without it
+counts the whole GPUs NVIDIA's DRA driver publishes in its slices (``gpu_source`` says which).
+The GPU product is GPU Feature Discovery's label when there is one, else the DRA driver's
+``productName`` (``gpu_product``, priced by gpus.py).
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ from typing import Any
 
 from holmes.contract import names
 from holmes.contract.names import ETHERNET, INFINIBAND, RDMA_KINDS, ROCE
+
+from . import dra
 
 # Spellings an admin may write in holmes.dev/nic or a link-layer label.
 _KIND_ALIASES = {
@@ -73,6 +86,13 @@ class NicMapping:
     # Node bandwidth (Gbit/s, all NICs together) when no label gives it.
     default_gbps: tuple[tuple[str, float], ...] = ((INFINIBAND, 200.0), (ROCE, 100.0), (ETHERNET, 25.0))
     default_cluster: str = "default"
+    # DRA: the drivers whose ResourceSlices describe NICs and GPUs ("" turns one off), and the
+    # DeviceClasses the pods' ResourceClaims name (DRANET installs none: create one, e.g. with
+    # the selector device.driver == "dra.net", and name it here).
+    dra_nic_driver: str = "dra.net"
+    dra_gpu_driver: str = "gpu.nvidia.com"
+    dra_nic_class: str = "dranet"
+    dra_gpu_class: str = "gpu.nvidia.com"
 
     def gbps_for(self, kind: str) -> float:
         return dict(self.default_gbps)[kind]
@@ -94,8 +114,12 @@ class NodeNic:
     hcas: tuple[str, ...] = ()
     socket_ifname: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
-    source: str = "no-rdma"  # holmes-labels | nfd | device-plugin | no-rdma
+    source: str = "no-rdma"  # holmes-labels | dra | nfd | device-plugin | no-rdma
     gbps_source: str = "default"  # label | default
+    gpu_source: str = "device-plugin"  # device-plugin | dra (the GPUs are DRA devices)
+    gpu_product: str | None = None  # the DRA driver's productName (GFD's label wins)
+    gpu_memory_gib: float | None = None  # the DRA driver's memory capacity per GPU
+    devices: dra.NodeDevices | None = field(default=None, compare=False)  # from ResourceSlices
     ready: bool = True  # Ready condition not False
     schedulable: bool = True  # spec.unschedulable not set (not cordoned)
     problems: tuple[str, ...] = ()
@@ -168,6 +192,10 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
     link_kind, link_problem = _link_layer_kind(labels.get(m.link_layer_label), m)
     if link_problem:
         problems.append(link_problem)
+    devices = dra.node_devices(node, m.dra_nic_driver, m.dra_gpu_driver)
+    rails = devices.rails if devices else ()
+    dra_kinds = {k for n in rails if (k := n.link_kind)}
+    dra_kind = next(iter(dra_kinds)) if len(dra_kinds) == 1 else None
 
     kind: str | None
     label_kind = labels.get(m.nic_label)
@@ -183,11 +211,26 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
                 f"label {m.nic_label}={label_kind} contradicts {m.link_layer_label}="
                 f"{labels[m.link_layer_label]} ({link_kind}): fix one of them"
             )
+    elif devices is not None and rails:
+        source = "dra"
+        problems.extend(devices.problems)
+        if dra_kind and link_kind and dra_kind != link_kind:
+            problems.append(
+                f"label {m.link_layer_label}={labels[m.link_layer_label]} contradicts the link type "
+                f"of its RDMA NICs in ResourceSlices of {m.dra_nic_driver} ({dra_kind}): fix the label"
+            )
+        kind = dra_kind or link_kind or _rdma_fallback(labels, m)
+        if kind is None and not devices.problems:
+            problems.append(
+                f"has RDMA NICs in ResourceSlices of {m.dra_nic_driver} "
+                f"({', '.join(n.device for n in rails)}) that say no link type (no dra.net/encapsulation: "
+                f"no netdev): set label {m.nic_label}=infiniband|roce (or {m.link_layer_label}, or a "
+                "default kind in the NIC mapping)"
+            )
     elif nfd_hits or rdma_resource:
         source = "nfd" if nfd_hits else "device-plugin"
         why = f"label {nfd_hits[0]}=true" if nfd_hits else f"resource {rdma_resource}"
-        cluster = labels.get(m.cluster_label) or m.default_cluster
-        kind = link_kind or dict(m.cluster_rdma_kinds).get(cluster) or m.rdma_default_kind
+        kind = link_kind or _rdma_fallback(labels, m)
         if kind is None:
             problems.append(
                 f"advertises RDMA ({why}) but no InfiniBand/RoCE kind: set label "
@@ -218,9 +261,25 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
     hcas_text = annotations.get(m.hcas_key)
     if hcas_text is not None:
         hcas = tuple(h.strip() for h in hcas_text.split(",") if h.strip())
-    else:
+    elif m.hcas_key in labels:
         hcas = tuple(h for h in (labels.get(m.hcas_key) or "").split(".") if h)
+    else:  # DRANET's HCA names of the rails
+        hcas = tuple(sorted({n.hca for n in rails if n.hca}))
     ifname = annotations.get(m.socket_ifname_key) or labels.get(m.socket_ifname_key) or None
+
+    gpus = _quantity_int(allocatable.get(m.gpu_resource, 0))
+    gpu_source = "device-plugin"
+    dra_gpus = devices.gpus if devices else ()
+    if not gpus and dra_gpus:
+        gpus, gpu_source = len(dra_gpus), "dra"
+    products = sorted({g.product for g in dra_gpus if g.product})
+    if len(products) > 1 and names.LABEL_GPU_PRODUCT not in labels:
+        problems.append(
+            f"its GPUs in ResourceSlices of {m.dra_gpu_driver} are of several products "
+            f"({', '.join(products)}): Holmes prices a node as one type; label it "
+            f"{names.LABEL_GPU_PRODUCT} with the slowest"
+        )
+    mems = [g.memory_gib for g in dra_gpus if g.memory_gib]
 
     ready = True
     for c in status.get("conditions") or []:
@@ -231,17 +290,27 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
         cluster=labels.get(m.cluster_label) or m.default_cluster,
         nic=kind or ETHERNET,
         gbps=gbps,
-        gpus=_quantity_int(allocatable.get(m.gpu_resource, 0)),
+        gpus=gpus,
         rdma_resource=rdma_resource,
         hcas=hcas,
         socket_ifname=ifname,
         labels=labels,
         source=source,
         gbps_source=gbps_source,
+        gpu_source=gpu_source,
+        gpu_product=products[0] if len(products) == 1 else None,
+        gpu_memory_gib=min(mems) if mems else None,
+        devices=devices,
         ready=ready,
         schedulable=not bool(spec.get("unschedulable")),
         problems=tuple(problems),
     )
+
+
+def _rdma_fallback(labels: Mapping[str, str], m: NicMapping) -> str | None:
+    """The kind of an RDMA node whose NICs do not say it: its cluster's, else the default."""
+    cluster = labels.get(m.cluster_label) or m.default_cluster
+    return dict(m.cluster_rdma_kinds).get(cluster) or m.rdma_default_kind
 
 
 def _link_layer_kind(value: str | None, m: NicMapping) -> tuple[str | None, str | None]:

@@ -12,6 +12,7 @@ from holmes.contract.flops import ModelCost
 from holmes.contract.jobspec import JobSpec
 from holmes.contract.layout import Layout
 
+from . import dra
 from .candidate import Candidate, Degrees
 from .costmodel import CostModelConfig
 from .discovery import NodeNic, classify_nodes
@@ -68,19 +69,21 @@ def reestimate(
 
 
 def without_gpu_types(nodes: Sequence[Any]) -> list[Any]:
-    """The nodes as a cluster without GPU Feature Discovery would show them: every GPU priced
-    with the single ``gpuPeakTflops`` (the plan Holmes made before it read GPU types)."""
+    """The nodes as a cluster without GPU Feature Discovery (or a DRA GPU driver) would show
+    them: every GPU priced with the single ``gpuPeakTflops`` (the plan Holmes made before it
+    read GPU types)."""
     from holmes.contract import names
 
     gfd = (names.LABEL_GPU_PRODUCT, names.LABEL_GPU_MEMORY, names.LABEL_GPU_COUNT)
     out: list[Any] = []
     for n in nodes:
         if isinstance(n, NodeNic):
-            out.append(replace(n, labels={k: v for k, v in n.labels.items() if k not in gfd}))
+            labels = {k: v for k, v in n.labels.items() if k not in gfd}
+            out.append(replace(n, labels=labels, gpu_product=None, gpu_memory_gib=None))
             continue
         meta = dict(n.get("metadata") or {})
         meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items() if k not in gfd}
-        out.append({**n, "metadata": meta})
+        out.append({**dra.without_gpu_types(n), "metadata": meta})
     return out
 
 

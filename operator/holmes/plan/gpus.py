@@ -14,7 +14,11 @@ Peak figures are **dense** bf16 tensor-core TFLOP/s from NVIDIA's data sheets (t
 the 2:4-sparsity figure, twice these, first; training does not use sparsity). The cost model
 multiplies them by ``computeEfficiency`` as it did the single ``gpuPeakTflops``.
 
-A node without a product label is priced with ``gpuPeakTflops`` / ``gpuMemoryGib`` (the
+A node without the label but with GPUs that NVIDIA's DRA driver publishes in ResourceSlices
+(discovery.py, dra.py) is looked up by their ``productName`` (``NVIDIA A100-SXM4-80GB``: words
+split on spaces as on dashes) and their ``memory`` capacity stands in for the memory label.
+
+A node without a product label or DRA product is priced with ``gpuPeakTflops`` / ``gpuMemoryGib`` (the
 single-type setting, for clusters without GFD); a product the table does not know, or a MIG
 slice, is priced the same way and its note says so (``holmes plan``'s ``why:`` lines show it).
 A measured rate, the label ``holmes.dev/measured-tflops`` (achieved TFLOP/s per GPU on this
@@ -129,7 +133,11 @@ def node_gpu(node: NodeNic, cfg: CostModelConfig) -> NodeGpu:
     """The GPU type of one node and what it is priced with (see the module docstring)."""
     labels = node.labels or {}
     product = labels.get(names.LABEL_GPU_PRODUCT)
+    where = names.LABEL_GPU_PRODUCT
     mem_label = _memory_label(labels)
+    if not product and node.gpu_product:  # the DRA driver's, when GFD has not labelled the node
+        product, where = node.gpu_product, "DRA productName"
+        mem_label = mem_label or node.gpu_memory_gib
     measured = _positive(labels.get(names.LABEL_MEASURED_TFLOPS))
     if not product:
         name, peak, mem, note = UNLABELLED, cfg.gpu_peak_tflops, cfg.gpu_memory_gib, None
@@ -141,7 +149,7 @@ def node_gpu(node: NodeNic, cfg: CostModelConfig) -> NodeGpu:
             why = "a MIG slice" if "MIG" in _words(product) else "not in the GPU table"
             peak, mem, source = cfg.gpu_peak_tflops, cfg.gpu_memory_gib, "gpuPeakTflops"
             note = (
-                f"{names.LABEL_GPU_PRODUCT}={product} is {why}: priced as gpuPeakTflops "
+                f"{where}={product} is {why}: priced as gpuPeakTflops "
                 f"{cfg.gpu_peak_tflops:g}; add it under the cost model's gpuProducts"
             )
         else:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from holmes.contract import JobSpec, Layout
 from holmes.plan import InsufficientNodes, PlanError
 
-from . import capacity, frameworks, members, names, placement, queueing, validation
+from . import capacity, frameworks, members, names, placement, queueing, render, validation
 from . import conditions as cond
 from .render import HOSTNAME_LABEL, build_configmap, build_pod, build_service
-from .routes import RouteError, job_routes
+from .routes import RouteError, claim_templates, job_routes
 from .state import (
     PENDING,
     RESTARTING,
@@ -74,6 +74,17 @@ class Launching(JobState):
         except RouteError as e:
             return self.stall("InvalidSpec", f"{e}{validation.FIX}")
         ref = self.job_ref()
+        claimed = [n for n, r in pod_routes.items() if r.claim is not None]
+        if claimed and self.obs.members is not None:
+            return self.stall(
+                "InvalidSpec",
+                f"node(s) {', '.join(claimed[:3])} offer their devices through DRA (ResourceSlices), "
+                "which Holmes requests only for jobs on the hub's own nodes, not across member clusters"
+                f"{validation.FIX}",
+            )
+        self.d.claim_templates = claim_templates(
+            ref.name, ref.namespace, pod_routes.values(), render.child_labels(ref)
+        )
         self.d.configmap = frameworks.with_framework_files(build_configmap(ref, layout, spec), spec, layout)
         if self.obs.service is None:
             self.d.service = build_service(ref, self.settings)

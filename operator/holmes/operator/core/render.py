@@ -29,7 +29,7 @@ from holmes.contract import JobSpec, Layout
 from holmes.contract.names import ENV_GRACE_SECONDS, LABEL_NIC, RESOURCE_GPU
 
 from . import names
-from .routes import PodRoute
+from .routes import CLAIM, PodRoute
 from .template import RDMA_CAPABILITIES, TemplatePolicy, harden_container, secure_defaults
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -293,6 +293,10 @@ def build_pod(
             "affinity": _pin_to(pspec.get("affinity"), hostname_label or node),
         }
     )
+    if route.claim is not None:  # DRA devices: the pod's ResourceClaim from the job's template
+        pspec["resourceClaims"] = [c for c in pspec.get("resourceClaims") or [] if c.get("name") != CLAIM] + [
+            {"name": CLAIM, "resourceClaimTemplateName": route.claim_template_name(job.name)}
+        ]
     if route.host_network:  # the node's own interfaces; cluster DNS still resolves
         pspec["hostNetwork"] = True
         pspec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
@@ -332,9 +336,14 @@ def _trainer_container(
 
     resources = copy.deepcopy(c.get("resources") or {})
     limits = resources.setdefault("limits", {})
-    limits.setdefault(settings.gpu_resource, gpus)
+    if route.claim is None or not route.claim.gpus:  # else the GPUs come with the DRA claim
+        limits.setdefault(settings.gpu_resource, gpus)
     for name, quantity in route.resources.items():  # RDMA devices or SR-IOV VFs
         limits.setdefault(name, quantity)
+    if route.claim is not None:
+        resources["claims"] = [c for c in resources.get("claims") or [] if c.get("name") != CLAIM] + [
+            {"name": CLAIM}
+        ]
     c["resources"] = resources
 
     mounts = list(c.get("volumeMounts") or [])

@@ -15,6 +15,24 @@ The NVIDIA Network Operator gives pods RDMA in one of three ways, and Holmes ren
   shares the node's namespace (``dnsPolicy: ClusterFirstWithHostNet``) and still requests the
   RDMA resource for its devices.
 
+Kubernetes' Dynamic Resource Allocation (``resource.k8s.io/v1``) is a fourth: a node whose RDMA
+NICs (DRANET) or GPUs (NVIDIA's DRA driver) are devices in ResourceSlices (discovery.py, dra.py)
+gets them through one ResourceClaim per pod, made from a ResourceClaimTemplate the operator
+creates (:func:`device_claim`, :func:`claim_templates`), instead of device-plugin resources:
+
+- GPUs and NICs both from DRA, and every GPU with an RDMA NIC on its own PCIe root
+  (``resource.kubernetes.io/pcieRoot``, which both drivers publish): one request per GPU
+  (``gpu-<i>``) and per NIC (``nic-<i>``), each pair under a ``matchAttribute`` constraint on
+  the PCIe root, so the scheduler allocates a NIC beside each GPU (GPUDirect RDMA stays on the
+  PCIe switch);
+- otherwise (roots unknown, fewer rails than GPUs, only one kind from DRA): a ``gpus`` request
+  of the pod's GPU count and a ``nics`` request of one rail per GPU (at most the node's rails),
+  without alignment.
+
+NIC requests select RDMA devices by CEL (``dra.net/rdma``, and the rails' HCA names when all
+have one). A SR-IOV island setting (``spec.islands[].sriov``) is the admin's explicit choice and
+keeps its VFs; the pod's NICs then do not come from DRA.
+
 Every route: ``IPC_LOCK`` when the pod gets an RDMA device (pinned memory for ``ibv_reg_mr``),
 the NCCL settings that are facts of the fabric (``holmes.plan.nccl``), and the hints the in-pod
 resolver needs (``HOLMES_POD_NETWORK``, ``HOLMES_NIC``, ``HOLMES_HOST_HCAS``) instead of host
@@ -23,8 +41,10 @@ names that a pod's namespace does not have.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from holmes.contract import JobSpec, Layout
 from holmes.contract.names import (
@@ -36,10 +56,15 @@ from holmes.contract.names import (
     RDMA_KINDS,
 )
 from holmes.contract.network import IslandNetwork, island_settings
+from holmes.plan.dra import API_VERSION as DRA_API_VERSION
+from holmes.plan.dra import PCIE_ROOT, NodeDevices
 from holmes.plan.nccl import nccl_env
+
+from . import names
 
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 SHARED, SRIOV = "shared", "sriov"  # how a node offers RDMA devices (NodeNetwork.rdma_route)
+CLAIM = "devices"  # the name of a pod's one ResourceClaim (its spec.resourceClaims entry)
 
 
 class RouteError(ValueError):
@@ -59,6 +84,33 @@ class NodeNetwork:
     socket_threads: tuple[int, int] = (1, 1)
     # the NCCL environment of the node's kind alone (what a pod gets with no job settings)
     env: Mapping[str, str] = field(default_factory=dict)
+    dra: DraOffer | None = None  # its devices in ResourceSlices, when NICs or GPUs come from DRA
+
+
+@dataclass(frozen=True)
+class DraOffer:
+    """What a node offers through DRA: its devices and the DeviceClasses to ask for them by."""
+
+    devices: NodeDevices
+    nics: bool  # its RDMA NICs come from DRA (DRANET's rails)
+    gpus: bool  # its GPUs come from DRA (no device-plugin GPUs)
+    nic_driver: str = "dra.net"
+    nic_class: str = "dranet"
+    gpu_class: str = "gpu.nvidia.com"
+
+
+@dataclass(frozen=True)
+class DeviceClaim:
+    """A pod's DRA devices: the spec of its ResourceClaimTemplate."""
+
+    spec: Mapping[str, Any]  # ResourceClaimTemplate.spec ({"spec": {"devices": ...}})
+    gpus: bool  # the GPUs come from the claim: no nvidia.com/gpu limit
+    aligned: bool  # a NIC on each GPU's PCIe root
+
+    @property
+    def template_name(self) -> str:
+        """Named by its content: pods of one device shape share a template."""
+        return f"{CLAIM}-{names.digest(self.spec)[:10]}"
 
 
 @dataclass(frozen=True)
@@ -71,6 +123,11 @@ class PodRoute:
     resources: Mapping[str, int] = field(default_factory=dict)  # limits, the template's win
     env: Mapping[str, str] = field(default_factory=dict)
     ipc_lock: bool = False
+    claim: DeviceClaim | None = None  # DRA devices (spec.resourceClaims), None: device plugins
+
+    def claim_template_name(self, job: str) -> str | None:
+        """The pod's ResourceClaimTemplate (the job's child), None without DRA devices."""
+        return None if self.claim is None else f"{job}-{self.claim.template_name}"
 
 
 def socket_nodes(layout: Layout) -> set[int]:
@@ -95,9 +152,11 @@ def pod_route(
     islands: tuple[IslandNetwork, ...] = (),
     sockets: bool = True,
     template_annotations: Mapping[str, str] | None = None,
+    gpus: int = 0,
 ) -> PodRoute:
     """The route of the pod on ``node``; ``sockets``: its groups use NCCL's socket transport
-    (:func:`socket_nodes`). Raises RouteError for a node the settings cannot serve."""
+    (:func:`socket_nodes`); ``gpus``: the GPUs the pod uses (its DRA claim asks for them).
+    Raises RouteError for a node the settings cannot serve."""
     idx, entry = island_settings(islands, net.cluster, net.nic)
     entry = entry or IslandNetwork()
     where = f"spec.islands[{idx}]" if idx is not None else "spec.islands"
@@ -126,9 +185,16 @@ def pod_route(
             f"pod gets only through a NetworkAttachmentDefinition: add an entry {{cluster: {net.cluster}, "
             f"nic: {net.nic}, sriov: {{networks: [namespace/name, ...]}}}} (one per rail)"
         )
+    elif net.dra is not None and net.dra.nics:
+        pass  # the NICs come with the DRA claim below
     elif net.rdma_resource is not None:
         resources[net.rdma_resource] = _shared_devices(net, entry, where, node, island)
-    rdma = net.nic in RDMA_KINDS and bool(resources)
+    offer = net.dra
+    if offer is not None and entry.sriov is not None:  # the VFs are the pod's NICs
+        offer = DraOffer(offer.devices, False, offer.gpus, offer.nic_driver, offer.nic_class, offer.gpu_class)
+    claim = device_claim(offer, gpus) if offer is not None else None
+    nic_claim = claim is not None and offer is not None and offer.nics
+    rdma = net.nic in RDMA_KINDS and (bool(resources) or nic_claim)
     env = {ENV_POD_NETWORK: HOST_NETWORK if host else POD_NETWORK, ENV_NIC: net.nic}
     if net.hcas:
         env[ENV_HOST_HCAS] = ",".join(net.hcas)
@@ -144,7 +210,72 @@ def pod_route(
         resources=resources,
         env=env,
         ipc_lock=rdma,
+        claim=claim,
     )
+
+
+def device_claim(offer: DraOffer, gpus: int) -> DeviceClaim | None:
+    """The ResourceClaimTemplate spec of a pod using ``gpus`` GPUs on a node with this offer
+    (see the module docstring); None when neither its GPUs nor its NICs come from DRA."""
+    rails = offer.devices.rails if offer.nics else ()
+    want_gpus = offer.gpus and gpus > 0
+    if not want_gpus and not rails:
+        return None
+    nic_selector = f'device.attributes["{offer.nic_driver}"].rdma == true'
+    hcas = [n.hca for n in rails]
+    if rails and all(hcas):
+        listed = ", ".join(json.dumps(h) for h in sorted(set(hcas)))  # type: ignore[type-var]
+        nic_selector += f' && device.attributes["{offer.nic_driver}"].rdmaDevice in [{listed}]'
+
+    def request(name: str, device_class: str, count: int, selector: str | None = None) -> dict:
+        exactly: dict[str, Any] = {
+            "deviceClassName": device_class,
+            "allocationMode": "ExactCount",
+            "count": count,
+        }
+        if selector:
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
+        return {"name": name, "exactly": exactly}
+
+    requests: list[dict] = []
+    constraints: list[dict] = []
+    aligned = want_gpus and bool(rails) and offer.devices.aligned_pairs(gpus)
+    if aligned:
+        for i in range(gpus):
+            requests += [
+                request(f"gpu-{i}", offer.gpu_class, 1),
+                request(f"nic-{i}", offer.nic_class, 1, nic_selector),
+            ]
+            constraints.append({"requests": [f"gpu-{i}", f"nic-{i}"], "matchAttribute": PCIE_ROOT})
+    else:
+        if want_gpus:
+            requests.append(request("gpus", offer.gpu_class, gpus))
+        if rails:
+            requests.append(
+                request("nics", offer.nic_class, min(gpus or len(rails), len(rails)), nic_selector)
+            )
+    devices: dict[str, Any] = {"requests": requests}
+    if constraints:
+        devices["constraints"] = constraints
+    return DeviceClaim(spec={"spec": {"devices": devices}}, gpus=want_gpus, aligned=aligned)
+
+
+def claim_templates(
+    job: str, namespace: str, routes: Iterable[PodRoute], labels: Mapping[str, str]
+) -> list[dict]:
+    """The ResourceClaimTemplates the job's pods name, one per distinct device shape."""
+    out: dict[str, dict] = {}
+    for r in routes:
+        name = r.claim_template_name(job)
+        if name is None or r.claim is None or name in out:
+            continue
+        out[name] = {
+            "apiVersion": DRA_API_VERSION,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+            "spec": json.loads(json.dumps(r.claim.spec)),
+        }
+    return [out[k] for k in sorted(out)]
 
 
 def _shared_devices(net: NodeNetwork, entry: IslandNetwork, where: str, node: str, island: str) -> int:
@@ -176,6 +307,7 @@ def job_routes(
             islands=spec.islands,
             sockets=rank in on_sockets,
             template_annotations=annotations,
+            gpus=layout.gpus_per_node,
         )
         for rank, node in enumerate(layout.nodes)
     }

@@ -87,6 +87,9 @@ class Decision:
     delete_pods: list[str] = field(default_factory=list)
     configmap: dict | None = None  # create or replace
     service: dict | None = None  # create when missing
+    claim_templates: list[dict] = field(
+        default_factory=list
+    )  # DRA ResourceClaimTemplates: create when missing
     create_pods: list[dict] = field(default_factory=list)
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)

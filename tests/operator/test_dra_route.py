@@ -1,0 +1,182 @@
+"""The DRA route (core/routes.py): pods on nodes whose GPUs and NICs are DRA devices ask for them
+through a ResourceClaimTemplate, a NIC beside each GPU where the PCIe roots allow; rendered by
+the reconciler and `holmes plan --pods`, and checked against the Kubernetes 1.34 API's schemas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from holmes.cli import main
+from holmes.contract.network import IslandNetwork, Sriov
+from holmes.operator import placement_facts
+from holmes.operator.core.routes import PodRoute, claim_templates, pod_route
+from holmes.operator.preview import children
+from holmes.plan.dra import join
+from tests.plan.dra_helpers import aligned_slices, dra_node, gpu, rail, rslice
+
+FACTS = placement_facts.gather(placement_facts.builtin_cost_model())
+SCHEMAS = json.loads((Path(__file__).parent / "data" / "k8s-1.34-dra-schemas.json").read_text())
+
+
+def net(node: dict, slices: list[dict]):
+    (joined,) = join([node], slices)
+    return FACTS.network(joined)
+
+
+def requests(route: PodRoute) -> dict[str, dict]:
+    assert route.claim is not None
+    return {r["name"]: r["exactly"] for r in route.claim.spec["spec"]["devices"]["requests"]}
+
+
+def test_a_nic_on_each_gpus_pcie_root_when_the_attributes_allow():
+    r = pod_route(net(dra_node("a"), aligned_slices("a", gpus=4)), "a", gpus=4)
+    assert r.claim is not None and r.claim.aligned and r.claim.gpus and r.ipc_lock and not r.resources
+    reqs = requests(r)
+    assert sorted(reqs) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "nic-0", "nic-1", "nic-2", "nic-3"]
+    assert reqs["gpu-0"] == {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}
+    assert reqs["nic-2"]["deviceClassName"] == "dranet"
+    cel = reqs["nic-2"]["selectors"][0]["cel"]["expression"]
+    assert cel.startswith('device.attributes["dra.net"].rdma == true') and '"mlx5_3"' in cel
+    assert r.claim.spec["spec"]["devices"]["constraints"][1] == {
+        "requests": ["gpu-1", "nic-1"],
+        "matchAttribute": "resource.kubernetes.io/pcieRoot",
+    }
+    assert r.env["HOLMES_HOST_HCAS"] == "mlx5_0,mlx5_1,mlx5_2,mlx5_3"
+
+
+def test_without_roots_or_with_fewer_rails_the_devices_are_asked_for_unaligned():
+    no_roots = [
+        rslice("a", "dra.net", [rail(i) for i in range(4)]),
+        rslice("a", "gpu.nvidia.com", [gpu(i) for i in range(4)]),
+    ]
+    r = pod_route(net(dra_node("a"), no_roots), "a", gpus=4)
+    assert r.claim is not None and not r.claim.aligned
+    assert {k: v["count"] for k, v in requests(r).items()} == {"gpus": 4, "nics": 4}
+    assert "constraints" not in r.claim.spec["spec"]["devices"]
+    two_rails = [
+        rslice("a", "dra.net", [rail(0, root="r0"), rail(1, root="r1")]),
+        rslice("a", "gpu.nvidia.com", [gpu(i, root=f"r{i % 2}") for i in range(4)]),
+    ]
+    r = pod_route(net(dra_node("a"), two_rails), "a", gpus=4)
+    assert not r.claim.aligned and {k: v["count"] for k, v in requests(r).items()} == {"gpus": 4, "nics": 2}
+
+
+def test_device_plugin_gpus_keep_their_limit_and_only_the_nics_are_claimed():
+    r = pod_route(net(dra_node("a", gpus_allocatable=8), aligned_slices("a")), "a", gpus=8)
+    assert r.claim is not None and not r.claim.gpus and list(requests(r)) == ["nics"]
+    # a node without DRA devices renders as before
+    assert pod_route(net(dra_node("b", gpus_allocatable=8), []), "b", gpus=8).claim is None
+
+
+def test_an_sriov_island_setting_keeps_its_vfs_and_claims_only_the_gpus():
+    islands = (
+        IslandNetwork(cluster="east", nic="infiniband", sriov=Sriov(networks=("ns/rail0",), resource="v/f")),
+    )
+    r = pod_route(net(dra_node("a"), aligned_slices("a")), "a", gpus=8, islands=islands)
+    assert r.resources == {"v/f": 1} and list(requests(r)) == ["gpus"]
+
+
+def dra_children(gpus: int = 8) -> list[dict]:
+    from holmes.cli import load_nodes
+
+    job = yaml.safe_load(open("examples/jobs/gpt-7b-zones.yaml"))
+    return children(job, load_nodes("examples/nodes/dra.yaml"))
+
+
+def test_the_operator_creates_one_template_and_every_pod_claims_it():
+    objs = dra_children()
+    templates = [o for o in objs if o["kind"] == "ResourceClaimTemplate"]
+    pods = [o for o in objs if o["kind"] == "Pod"]
+    assert len(templates) == 1 and len(pods) == 8
+    name = templates[0]["metadata"]["name"]
+    assert (
+        name.startswith("gpt-7b-devices-")
+        and templates[0]["metadata"]["labels"]["holmes.dev/job-name"] == "gpt-7b"
+    )
+    for p in pods:
+        assert p["spec"]["resourceClaims"] == [{"name": "devices", "resourceClaimTemplateName": name}]
+        c = p["spec"]["containers"][0]
+        assert c["resources"]["claims"] == [{"name": "devices"}]
+        assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
+        assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
+
+
+def test_holmes_plan_pods_shows_the_claims(capsys):
+    main(["plan", "--nodes", "examples/nodes/dra.yaml", "--job", "examples/jobs/gpt-7b-zones.yaml", "--pods"])
+    items = yaml.safe_load(capsys.readouterr().out)["items"]
+    assert [o["kind"] for o in items][:3] == ["ConfigMap", "Service", "ResourceClaimTemplate"]
+
+
+# ---- the rendered fields against the Kubernetes 1.34 API's schemas -------------------------------
+
+
+def check(value, schema, path="$"):
+    """Errors of ``value`` against a (strict) JSON Schema of the kinds the API's schemas use."""
+    if "$ref" in schema:
+        return check(value, SCHEMAS["$defs"][schema["$ref"].rsplit("/", 1)[1]], path)
+    if "oneOf" in schema:
+        return (
+            [] if any(not check(value, s, path) for s in schema["oneOf"]) else [f"{path}: matches no oneOf"]
+        )
+    errors: list[str] = []
+    types = schema.get("type")
+    types = [types] if isinstance(types, str) else types or []
+    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+    if types and not any(
+        isinstance(value, kinds[t]) if t in kinds else isinstance(value, int) and not isinstance(value, bool)
+        for t in types
+    ):
+        return [f"{path}: {value!r} is not {'/'.join(types)}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} not in {schema['enum']}")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        errors += [f"{path}: {k} is required" for k in schema.get("required", []) if k not in value]
+        for k, v in value.items():
+            if k in props:
+                errors += check(v, props[k], f"{path}.{k}")
+            elif schema.get("additionalProperties") is False:
+                errors.append(f"{path}: unknown field {k}")
+            elif isinstance(schema.get("additionalProperties"), dict):
+                errors += check(v, schema["additionalProperties"], f"{path}.{k}")
+    if isinstance(value, list) and "items" in schema:
+        for i, v in enumerate(value):
+            errors += check(v, schema["items"], f"{path}[{i}]")
+    return errors
+
+
+def test_the_validator_catches_what_the_api_server_would_refuse():
+    tpl = next(o for o in dra_children() if o["kind"] == "ResourceClaimTemplate")
+    bad = json.loads(json.dumps(tpl))
+    bad["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClass"] = "x"  # misspelt
+    del bad["spec"]["spec"]["devices"]["constraints"][0]["requests"]
+    bad["spec"]["spec"]["devices"]["requests"][1]["exactly"]["count"] = "1"
+    errors = check(bad, SCHEMAS["ResourceClaimTemplate"])
+    assert any("unknown field deviceClass" in e for e in errors)
+    assert any(".count: '1' is not integer" in e for e in errors)
+    assert len(errors) >= 2
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_rendered_templates_and_pod_claims_match_the_api_schema(aligned):
+    objs = dra_children()
+    if not aligned:  # the unaligned shape: GPUs and NICs as two requests
+        gpus = rslice("a", "gpu.nvidia.com", [gpu(0), gpu(1)])
+        r = pod_route(net(dra_node("a"), [rslice("a", "dra.net", [rail(0)]), gpus]), "a", gpus=2)
+        assert sorted(requests(r)) == ["gpus", "nics"]
+        objs = claim_templates("job", "ns", [r], {})
+    for o in objs:
+        if o["kind"] == "ResourceClaimTemplate":
+            assert check(o, SCHEMAS["ResourceClaimTemplate"]) == []
+        if o["kind"] == "Pod":
+            for i, c in enumerate(o["spec"]["resourceClaims"]):
+                assert (
+                    check(c, {"$ref": "#/$defs/io.k8s.api.core.v1.PodResourceClaim"}, f"resourceClaims[{i}]")
+                    == []
+                )
+            res = o["spec"]["containers"][0]["resources"]
+            assert check(res, {"$ref": "#/$defs/io.k8s.api.core.v1.ResourceRequirements"}) == []
