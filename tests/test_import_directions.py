@@ -31,7 +31,7 @@ IO_STDLIB = {
     "time",
     "logging",
 }
-PURE = {"operator/holmes/operator/core"}
+PURE = {"operator/holmes/operator/core", "operator/holmes/view"}
 
 # package folder -> (allowed top-level third-party modules, allowed holmes subpackages)
 RULES = {
@@ -42,6 +42,8 @@ RULES = {
         {"kopf", "kubernetes", "prometheus_client", "yaml"},
         {"contract", "plan", "operator"},
     ),
+    # pictures and text of layouts and jobs, for people: pure, from the contract's data
+    "operator/holmes/view": (set(), {"contract", "view"}),
     # the operator's pure core: decisions from data, no client, no sockets, no clock of its own
     "operator/holmes/operator/core": ({"yaml"}, {"contract", "plan", "operator.core"}),
     "trainer/holmes/trainer": (
@@ -52,7 +54,10 @@ RULES = {
     "trainer/holmes/launch": ({"torch"}, {"launch"}),
 }
 CLI = REPO / "operator/holmes/cli.py"  # `holmes plan`: the planner, plus the client for --kubeconfig
-CLI_RULE = ({"kubernetes", "yaml"}, {"contract", "plan", "operator"})  # operator: --pods (pure preview)
+CLI_RULE = (
+    {"kubernetes", "yaml"},
+    {"contract", "plan", "operator", "view"},
+)  # operator: --pods (pure preview)
 
 
 PRODUCT = ("contract", "operator", "trainer")  # the folders holding the holmes namespace package
