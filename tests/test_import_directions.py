@@ -119,6 +119,14 @@ def test_cli_imports_only_the_planner_and_the_contract():
     assert not violations(CLI, CLI_RULE)
 
 
+PLUGIN = REPO / "operator/holmes/kubectl_holmes.py"  # `kubectl holmes`: the CLI's plan, the client, views
+PLUGIN_RULE = ({"kubernetes"}, {"cli", "contract", "operator.core", "view"})
+
+
+def test_kubectl_plugin_imports_only_the_cli_the_client_and_the_views():
+    assert not violations(PLUGIN, PLUGIN_RULE)
+
+
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
     """A checker that misses a function-level import or a relative one could never fail."""
     probe = tmp_path / "probe.py"

@@ -96,7 +96,9 @@ def plan_command(args: argparse.Namespace) -> int:
         raise CliError("give --job JOB.yaml (a HolmesJob manifest)")
     if args.kubeconfig is None and args.nodes is None:
         raise CliError("give --nodes NODES.yaml or --kubeconfig PATH")
-    nodes = load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig, args.context)
+    nodes = (
+        load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig or None, args.context)
+    )
     if args.pods:
         return pods_command(args, nodes, config)
     job = load_job(args.job)
@@ -366,7 +368,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--nodes",
         help="YAML or JSON: a v1 List of Nodes (kubectl get nodes -o json loads fastest) or Node objects",
     )
-    pl.add_argument("--kubeconfig", help="read the nodes from this cluster instead of --nodes")
+    pl.add_argument(
+        "--kubeconfig",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help="read the nodes from this cluster instead of --nodes (without PATH: $KUBECONFIG or "
+        "~/.kube/config, as kubectl)",
+    )
     pl.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
     pl.add_argument("--job", help="YAML or JSON: a HolmesJob manifest (required unless --print-config)")
     pl.add_argument(
