@@ -120,22 +120,39 @@ def why_command(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def common(p: argparse.ArgumentParser, default: object) -> argparse.ArgumentParser:
+    p.add_argument(
+        "-n",
+        "--namespace",
+        default=default,
+        help="the job's namespace (default: the context's, else default)",
+    )
+    p.add_argument("--context", default=default, help="kubeconfig context (default: the current one)")
+    p.add_argument(
+        "--kubeconfig", default=default, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)"
+    )
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kubectl holmes", description="Holmes jobs on the current kubeconfig context's cluster"
     )
-    p.add_argument("-n", "--namespace", help="the job's namespace (default: the context's, else default)")
-    p.add_argument("--context", help="kubeconfig context (default: the current one)")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    common(p, None)
     sub = p.add_subparsers(dest="command", required=True)
+    # before or after the command, as kubectl takes them
+    after = common(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
     pl = sub.add_parser(
         "plan",
+        parents=[after],
         help="the layout Holmes would run for a job file on this cluster's nodes",
         description="Other options go to holmes plan (--json, --compare, --pods, --svg FILE, --config ...).",
     )
     pl.add_argument("-f", "--filename", required=True, help="the HolmesJob manifest")
     pl.set_defaults(func=plan_command)
-    st = sub.add_parser("status", help="a job's layout, progress with ETA and per-stage measured speed")
+    st = sub.add_parser(
+        "status", parents=[after], help="a job's layout, progress with ETA and per-stage measured speed"
+    )
     st.add_argument("job", help="the HolmesJob's name")
     st.add_argument("--svg", metavar="FILE", help="also draw its layout (from its layout ConfigMap)")
     st.set_defaults(func=status_command)
