@@ -157,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--svg", metavar="FILE", help="also draw its layout (from its layout ConfigMap)")
     st.set_defaults(func=status_command)
     wh = sub.add_parser(
-        "why", help="why a job waits or stalled: its conditions, events and pods, with the fix"
+        "why",
+        parents=[after],
+        help="why a job waits or stalled: its conditions, events and pods, with the fix",
     )
     wh.add_argument("job", help="the HolmesJob's name")
     wh.set_defaults(func=why_command)

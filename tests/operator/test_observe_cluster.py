@@ -90,19 +90,22 @@ def test_a_running_job_shows_a_percentage_and_an_eta_at_the_measured_rate(crd, n
     wait_for("a measured rate in status.progress", measured, timeout=180, op=operator)
     pod = next(p for p in pods_of(crd, namespace, "eta") if p["metadata"]["name"] == "eta-1-0")
     t1, it1 = metric_iteration(pod)
-    time.sleep(6)
-    t2, it2 = metric_iteration(pod)
+    t2, it2 = t1, it1
+    while (it2 - it1 < 10 or t2 - t1 < 5) and t2 - t1 < 60:  # enough iterations to time
+        time.sleep(1)
+        t2, it2 = metric_iteration(pod)
     rate = (it2 - it1) / (t2 - t1)  # the trainer's own count, timed by the test
-    assert it2 > it1 > 0, (it1, it2)
+    assert it2 - it1 >= 3 and it1 > 0, (it1, it2)
     st = get_job(crd, namespace, "eta")["status"]
     p = st["progress"]
     assert st["phase"] == "Running" and p["iterations"] == ITERATIONS
     assert p["percentComplete"] == 100 * p["iteration"] // ITERATIONS
     left = ITERATIONS - p["iteration"]
     assert abs(p["estimatedRemainingSeconds"] - left / p["iterationsPerSecond"]) <= 1
-    # the operator's rate against the test's (2 shared cores: the rate wanders, hence the margin)
-    assert p["iterationsPerSecond"] == pytest.approx(rate, rel=0.35), (p, rate)
-    assert p["estimatedRemainingSeconds"] == pytest.approx(left / rate, rel=0.35, abs=3)
+    # the operator's rate and ETA against the test's: within a factor of 1.5 (2 shared cores: the
+    # rate wanders between the operator's window, since the attempt's first report, and the test's)
+    assert 1 / 1.5 <= p["iterationsPerSecond"] / rate <= 1.5, (p, rate)
+    assert 1 / 1.5 <= p["estimatedRemainingSeconds"] / (left / rate) <= 1.5, (p, rate)
     print(
         f"measured {rate:.2f} it/s; status {p['iterationsPerSecond']:.2f} it/s, ETA {p['estimatedRemaining']}"
     )
