@@ -31,7 +31,7 @@ IO_STDLIB = {
     "time",
     "logging",
 }
-PURE = {"operator/holmes/operator/core"}
+PURE = {"operator/holmes/operator/core", "operator/holmes/view"}
 
 # package folder -> (allowed top-level third-party modules, allowed holmes subpackages)
 RULES = {
@@ -42,6 +42,8 @@ RULES = {
         {"kopf", "kubernetes", "prometheus_client", "yaml"},
         {"contract", "plan", "operator"},
     ),
+    # pictures and text of layouts and jobs, for people: pure, from the contract's data
+    "operator/holmes/view": (set(), {"contract", "view"}),
     # the operator's pure core: decisions from data, no client, no sockets, no clock of its own
     "operator/holmes/operator/core": ({"yaml"}, {"contract", "plan", "operator.core"}),
     "trainer/holmes/trainer": (
@@ -52,7 +54,10 @@ RULES = {
     "trainer/holmes/launch": ({"torch"}, {"launch"}),
 }
 CLI = REPO / "operator/holmes/cli.py"  # `holmes plan`: the planner, plus the client for --kubeconfig
-CLI_RULE = ({"kubernetes", "yaml"}, {"contract", "plan", "operator"})  # operator: --pods (pure preview)
+CLI_RULE = (
+    {"kubernetes", "yaml"},
+    {"contract", "plan", "operator", "view"},
+)  # operator: --pods (pure preview)
 
 
 PRODUCT = ("contract", "operator", "trainer")  # the folders holding the holmes namespace package
@@ -112,6 +117,14 @@ def test_package_imports_only_what_its_row_allows(folder):
 
 def test_cli_imports_only_the_planner_and_the_contract():
     assert not violations(CLI, CLI_RULE)
+
+
+PLUGIN = REPO / "operator/holmes/kubectl_holmes.py"  # `kubectl holmes`: the CLI's plan, the client, views
+PLUGIN_RULE = ({"kubernetes"}, {"cli", "contract", "operator.core", "view"})
+
+
+def test_kubectl_plugin_imports_only_the_cli_the_client_and_the_views():
+    assert not violations(PLUGIN, PLUGIN_RULE)
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):

@@ -5,7 +5,8 @@ Service and pods the operator would create, as a v1 List), without any cluster (
 model's numbers as YAML to start a --config file from. `holmes dryrun --job JOB.yaml (--layout
 LAYOUT.json | --nodes NODES.yaml) [...]` runs the trainer's dry run (python -m
 holmes.trainer.dryrun, in a process of its own: the CLI itself never imports torch) on the
-given Layout or on the one planned for those nodes."""
+given Layout or on the one planned for those nodes. `holmes plan --svg FILE` also draws the layout
+(holmes.view); with `--layout LAYOUT.json` or `--from-status JOB.yaml` it draws one without planning."""
 
 from __future__ import annotations
 
@@ -111,11 +112,15 @@ def plan_command(args: argparse.Namespace) -> int:
 
         print(dump_yaml(config), end="")
         return 0
+    if args.from_status or args.layout:
+        return svg_only_command(args)
     if args.job is None:
         raise CliError("give --job JOB.yaml (a HolmesJob manifest)")
     if args.kubeconfig is None and args.nodes is None:
         raise CliError("give --nodes NODES.yaml or --kubeconfig PATH")
-    nodes = load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig, args.context)
+    nodes = (
+        load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig or None, args.context)
+    )
     if args.pods:
         return pods_command(args, nodes, config)
     job = load_job(args.job)
@@ -128,6 +133,10 @@ def plan_command(args: argparse.Namespace) -> int:
             holmes = plan(nodes, job, config)
     except PlanError as e:
         raise CliError(f"no layout: {e}") from None
+    if args.svg:
+        from holmes.view import picture
+
+        write_svg(args.svg, picture.from_layout(holmes, f"Holmes layout of {args.job}"))
     single = single_type(nodes, job, config, holmes)
     if args.json:
         doc: dict = holmes.to_dict()
@@ -148,6 +157,44 @@ def plan_command(args: argparse.Namespace) -> int:
         print(explain(base))
         print_estimates(holmes.estimate, base.estimate, "Holmes", "Megatron")
         print(f"Holmes is {ratio:.3f}x the Megatron-default speed (estimated)")
+    return 0
+
+
+def write_svg(path: str, pic) -> None:
+    from holmes.view.svg import render
+
+    try:
+        with open(path, "w") as f:
+            f.write(render(pic))
+    except OSError as e:
+        raise CliError(f"--svg {path}: {e.strerror}") from None
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def svg_only_command(args: argparse.Namespace) -> int:
+    """--svg with --layout (a Layout JSON: holmes plan --json, or a job's <name>-layout ConfigMap's
+    layout.json) or --from-status (a HolmesJob as kubectl get -o yaml prints it): draw, no plan."""
+    from holmes.contract.documents import DocumentError, load_documents
+    from holmes.contract.layout import Layout, LayoutError
+    from holmes.view import picture
+
+    if not args.svg:
+        raise CliError("--layout and --from-status draw a layout: give --svg FILE")
+    if args.layout and args.from_status:
+        raise CliError("give --layout or --from-status, not both")
+    path = args.layout or args.from_status
+    try:
+        (doc,) = [d for d in load_documents(path, "layout file" if args.layout else "job file")][:1]
+        if args.layout:
+            if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":  # kubectl get cm <job>-layout
+                doc = json.loads((doc.get("data") or {}).get("layout.json") or "null")
+            doc = doc.get("holmes", doc) if isinstance(doc, dict) else doc  # holmes plan --json --compare
+            pic = picture.from_layout(Layout.from_dict(doc), f"Holmes layout {path}")
+        else:
+            pic = picture.from_status(doc if isinstance(doc, dict) else {})
+    except (DocumentError, LayoutError, picture.PictureError, ValueError) as e:
+        raise CliError(f"{path}: {e}") from None
+    write_svg(args.svg, pic)
     return 0
 
 
@@ -343,7 +390,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--nodes",
         help="YAML or JSON: a v1 List of Nodes (kubectl get nodes -o json loads fastest) or Node objects",
     )
-    pl.add_argument("--kubeconfig", help="read the nodes from this cluster instead of --nodes")
+    pl.add_argument(
+        "--kubeconfig",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help="read the nodes from this cluster instead of --nodes (without PATH: $KUBECONFIG or "
+        "~/.kube/config, as kubectl)",
+    )
     pl.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
     pl.add_argument("--job", help="YAML or JSON: a HolmesJob manifest (required unless --print-config)")
     pl.add_argument(
@@ -386,6 +440,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="METRICS",
         help="the trainer's metrics JSON-lines file (--metrics-file) of a run of this job: calibrate "
         "the cost model from its stage times, print the calibrated plan and the change it would make",
+    )
+    pl.add_argument(
+        "--svg",
+        metavar="FILE",
+        help="also draw the layout as SVG: islands, nodes, stages, groups by network, slow links and "
+        "the estimated 1F1B schedule per stage",
+    )
+    pl.add_argument(
+        "--layout",
+        metavar="LAYOUT.json",
+        help="with --svg: draw this Layout (holmes plan --json, or a job's <name>-layout ConfigMap, "
+        "kubectl get cm -o yaml) instead of planning",
+    )
+    pl.add_argument(
+        "--from-status",
+        metavar="JOB.yaml",
+        help="with --svg: draw a running job's layout from its status (kubectl get hj NAME -o yaml)",
     )
     pl.set_defaults(func=plan_command)
     dr = sub.add_parser(

@@ -70,6 +70,18 @@ PRINTER_COLUMNS = [
         "Model TFLOPS per GPU reported by the trainer (Narayanan et al. formula).",
     ),
     _column(
+        "Done%",
+        "integer",
+        ".status.progress.percentComplete",
+        "Percent of training.iterations done.",
+    ),
+    _column(
+        "ETA",
+        "string",
+        ".status.progress.estimatedRemaining",
+        "Estimated time left, at the iteration rate measured in the current attempt.",
+    ),
+    _column(
         "Size",
         "integer",
         ".status.size.current",

@@ -200,12 +200,43 @@ class StageProgress:
 
 @documented
 @dataclass(frozen=True)
+class RateBasis:
+    attempt: Annotated[int | None, Field("The attempt the rate is measured in.")] = None
+    iteration: Annotated[int | None, Field("The iteration of the attempt's first progress report.")] = None
+    time: Annotated[str | None, Field("When the operator read it.", format="date-time")] = None
+
+
+@documented
+@dataclass(frozen=True)
 class Progress:
     iteration: Annotated[int | None, Field("Last completed iteration.")] = None
     checkpoint_iteration: Annotated[
         int | None, Field("Iteration of the newest checkpoint the trainer wrote in this attempt.")
     ] = None
-    iterations: Annotated[int | None, Field("Iterations to run in total.")] = None
+    iterations: Annotated[int | None, Field("Iterations to run in total (spec.training.iterations).")] = None
+    percent_complete: Annotated[
+        int | None, Field("Percent of the iterations done (iteration / iterations, rounded down).")
+    ] = None
+    iterations_per_second: Annotated[
+        float | None,
+        Field(
+            "Measured rate: iterations since rateFrom over the time since (checkpoints and evaluations"
+            " included); the trainer's last iteration time until this attempt has two reports."
+        ),
+    ] = None
+    estimated_remaining_seconds: Annotated[
+        int | None, Field("Estimated seconds until the last iteration: what is left at iterationsPerSecond.")
+    ] = None
+    estimated_remaining: Annotated[
+        str | None, Field("estimatedRemainingSeconds for people (45s, 12m30s, 3h05m, 2d04h).")
+    ] = None
+    rate_from: Annotated[
+        RateBasis | None,
+        Field(
+            "Where the measured rate counts from: the current attempt's first progress report (a "
+            "restart, resume or re-plan starts a new one)."
+        ),
+    ] = None
     loss: Annotated[float | None, Field("Training loss of the last iteration.")] = None
     eval_loss: Annotated[float | None, Field("Loss on training.eval's data at the last evaluation.")] = None
     tokens_per_second: Annotated[float | None, Field("Training throughput in tokens per second.")] = None

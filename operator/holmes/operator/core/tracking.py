@@ -9,7 +9,7 @@ from datetime import timedelta
 from holmes.contract import JobSpec
 
 from . import conditions as cond
-from . import elastic, failures, names, placement, replan
+from . import elastic, eta, failures, names, placement, replan
 from .launching import Launching
 from .render import build_service
 from .state import (
@@ -59,7 +59,7 @@ class Tracking(Launching):
         counts = pod_counts(pods)
         self.status["pods"] = counts
         expected = int((self.status.get("layout") or {}).get("nodes") or spec.nodes.count)
-        self.merge_progress()
+        self.merge_progress(spec)
 
         # Disruptions first: when a node dies or a pod is evicted, its peers fail too (their
         # collectives break), and those failures are not the job's fault.
@@ -227,11 +227,13 @@ class Tracking(Launching):
             "relaunching in the new layout, resuming from that checkpoint",
         )
 
-    def merge_progress(self) -> None:
-        merged, warning = merged_progress(self.old.get("progress") or {}, self.obs.progress, self.now)
+    def merge_progress(self, spec: JobSpec) -> None:
+        before = self.old.get("progress") or {}
+        merged, warning = merged_progress(before, self.obs.progress, self.now)
         if merged is not None and merged.get("stages") and (layout := self.launched_layout()) is not None:
             merged["stages"] = replan.with_planned(merged["stages"], layout)  # measured next to planned
         if merged is not None:
-            self.status["progress"] = merged
+            total = spec.training.iterations
+            self.status["progress"] = eta.with_eta(merged, before, self.attempt, total, self.obs.now)
         if warning:
             self.event("Warning", "FabricMismatch", warning)

@@ -1,0 +1,186 @@
+"""`kubectl holmes`: the kubectl plugin (kubectl runs the executable ``kubectl-holmes`` found on
+PATH, installed with the package). Against the current kubeconfig context, as kubectl itself:
+
+- ``kubectl holmes plan -f JOB.yaml [holmes plan options]``: the layout Holmes would run on the
+  cluster's nodes (``holmes plan --kubeconfig``'s code path);
+- ``kubectl holmes status JOB [--svg FILE]``: phase, layout, progress with percentage and ETA,
+  each stage's measured speed; ``--svg`` draws the layout from the job's layout ConfigMap;
+- ``kubectl holmes why JOB``: what keeps it waiting or stalled, with the fix.
+
+``-n/--namespace``, ``--context`` and ``--kubeconfig`` as kubectl's (kubectl hands a plugin no
+flags of its own: ``KUBECONFIG`` in the environment works too). The I/O is here; the text
+comes from holmes.view.job_text, the picture from holmes.view.svg."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from holmes.cli import main as holmes_main
+from holmes.cli import quiet_closed_pipe, write_svg
+from holmes.contract.names import GROUP, PLURAL, VERSION
+from holmes.operator.core.names import LABEL_ATTEMPT, LABEL_JOB
+
+
+class PluginError(Exception):
+    pass
+
+
+def client(args: argparse.Namespace):
+    try:
+        from kubernetes import client as k8s
+        from kubernetes import config
+    except ImportError:
+        raise PluginError("needs the kubernetes Python package (pip install kubernetes)") from None
+    try:
+        config.load_kube_config(config_file=args.kubeconfig, context=args.context)
+        contexts, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
+    except Exception as e:  # no kubeconfig, unknown context
+        raise PluginError(f"kubeconfig: {e}") from None
+    chosen = active if args.context is None else next(c for c in contexts if c.get("name") == args.context)
+    if args.namespace is None:  # as kubectl: the context's namespace, else default
+        args.namespace = (chosen.get("context") or {}).get("namespace") or "default"
+    return k8s, k8s.ApiClient()
+
+
+def get_job(k8s, api, ns: str, name: str) -> dict[str, Any]:
+    try:
+        return k8s.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+    except k8s.exceptions.ApiException as e:
+        if e.status == 404:
+            raise PluginError(
+                f"no HolmesJob {name} in namespace {ns} (kubectl get holmesjobs -A lists them)"
+            ) from None
+        raise PluginError(f"reading HolmesJob {ns}/{name}: {e.status} {e.reason}") from None
+    except Exception as e:  # connection refused, TLS
+        raise PluginError(f"reading HolmesJob {ns}/{name}: {e}") from None
+
+
+def plan_command(args: argparse.Namespace, rest: list[str]) -> int:
+    argv = ["plan", "--job", args.filename, "--kubeconfig", args.kubeconfig or ""]
+    argv += ["--context", args.context] if args.context else []
+    return holmes_main(argv + rest)
+
+
+def status_command(args: argparse.Namespace, rest: list[str]) -> int:
+    from holmes.view import job_text
+
+    k8s, api = client(args)
+    job = get_job(k8s, api, args.namespace, args.job)
+    print("\n".join(job_text.status_lines(job, datetime.now(timezone.utc))))
+    if args.svg:
+        draw(k8s, api, job, args.svg)
+    return 0
+
+
+def draw(k8s, api, job: dict[str, Any], path: str) -> None:
+    """The layout ConfigMap's full Layout (with the schedule), else what the status holds."""
+    from holmes.contract.layout import Layout, LayoutError
+    from holmes.view import picture
+
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    cm_name = ((job.get("status") or {}).get("layout") or {}).get("configMap")
+    pic = None
+    if cm_name:
+        try:
+            cm = k8s.CoreV1Api(api).read_namespaced_config_map(cm_name, ns)
+            pic = picture.from_layout(
+                Layout.from_json((cm.data or {})["layout.json"]), f"HolmesJob {ns}/{name}"
+            )
+        except (k8s.exceptions.ApiException, KeyError, LayoutError) as e:
+            print(f"(ConfigMap {cm_name}: {e}; drawing from the status)", file=sys.stderr)
+    try:
+        write_svg(path, pic or picture.from_status(job))
+    except picture.PictureError as e:
+        raise PluginError(str(e)) from None
+
+
+def why_command(args: argparse.Namespace, rest: list[str]) -> int:
+    from holmes.view import job_text
+
+    k8s, api = client(args)
+    job = get_job(k8s, api, args.namespace, args.job)
+    core = k8s.CoreV1Api(api)
+    selector = f"involvedObject.name={args.job},involvedObject.kind=HolmesJob"
+    try:
+        events = core.list_namespaced_event(args.namespace, field_selector=selector).items
+        attempt = (job.get("status") or {}).get("attempt")
+        labels = f"{LABEL_JOB}={args.job}" + (f",{LABEL_ATTEMPT}={attempt}" if attempt else "")
+        pods = core.list_namespaced_pod(args.namespace, label_selector=labels).items
+    except k8s.exceptions.ApiException as e:
+        raise PluginError(
+            f"reading events and pods of {args.namespace}/{args.job}: {e.status} {e.reason}"
+        ) from None
+    plain = [api.sanitize_for_serialization(x) for x in (*events, *pods)]
+    lines = job_text.why_lines(job, plain[: len(events)], plain[len(events) :], datetime.now(timezone.utc))
+    print("\n".join(lines))
+    return 0
+
+
+def common(p: argparse.ArgumentParser, default: object) -> argparse.ArgumentParser:
+    p.add_argument(
+        "-n",
+        "--namespace",
+        default=default,
+        help="the job's namespace (default: the context's, else default)",
+    )
+    p.add_argument("--context", default=default, help="kubeconfig context (default: the current one)")
+    p.add_argument(
+        "--kubeconfig", default=default, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)"
+    )
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kubectl holmes", description="Holmes jobs on the current kubeconfig context's cluster"
+    )
+    common(p, None)
+    sub = p.add_subparsers(dest="command", required=True)
+    # before or after the command, as kubectl takes them
+    after = common(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
+    pl = sub.add_parser(
+        "plan",
+        parents=[after],
+        help="the layout Holmes would run for a job file on this cluster's nodes",
+        description="Other options go to holmes plan (--json, --compare, --pods, --svg FILE, --config ...).",
+    )
+    pl.add_argument("-f", "--filename", required=True, help="the HolmesJob manifest")
+    pl.set_defaults(func=plan_command)
+    st = sub.add_parser(
+        "status", parents=[after], help="a job's layout, progress with ETA and per-stage measured speed"
+    )
+    st.add_argument("job", help="the HolmesJob's name")
+    st.add_argument("--svg", metavar="FILE", help="also draw its layout (from its layout ConfigMap)")
+    st.set_defaults(func=status_command)
+    wh = sub.add_parser(
+        "why",
+        parents=[after],
+        help="why a job waits or stalled: its conditions, events and pods, with the fix",
+    )
+    wh.add_argument("job", help="the HolmesJob's name")
+    wh.set_defaults(func=why_command)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "plan":
+        parser.parse_args(argv)  # unknown options: argparse's own error and exit 2
+    try:
+        code = args.func(args, rest)
+        sys.stdout.flush()
+        return code
+    except PluginError as e:
+        print(f"kubectl holmes {args.command}: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return quiet_closed_pipe()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
