@@ -4,16 +4,21 @@ the degrees and the engine."""
 import pytest
 
 from holmes.contract.jobspec import JobSpec, SpecError
-from tests.plan.test_jobspec import minimal_spec
+from tests.plan.plan_helpers import job_spec
 
 TRAINER = {"name": "trainer", "image": "i", "command": ["python", "pretrain_gpt.py"]}
 TEMPLATE = {"spec": {"containers": [TRAINER]}}
 
 
 def moe_spec(moe=None, framework="megatron", **parallelism):
-    spec = minimal_spec(framework=framework, template=TEMPLATE, parallelism=parallelism)
+    spec = {**minimal_spec(), "framework": framework, "template": TEMPLATE, "parallelism": parallelism}
     spec["model"]["moe"] = {"experts": 8, **(moe or {})}
     return spec
+
+
+def minimal_spec(**sections):
+    spec = job_spec(layers=8, hidden=256, heads=8, seq=128, vocab=1000, B=16, mb=2, count=2, gpus=4)
+    return {**spec, **sections}
 
 
 def problems(spec):

@@ -12,6 +12,8 @@ import typing
 from collections.abc import Sequence
 
 RENAMED = {"num_experts": "num_moe_experts"}
+# Megatron-LM's store_false flags: the flag -> the field it turns off
+NEGATED = {"disable_bias_linear": "add_bias_linear"}
 
 
 def parse_flags(argv: Sequence[str]) -> dict[str, str | bool]:
@@ -54,6 +56,7 @@ def transformer_config(argv: Sequence[str]):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     flags = {RENAMED.get(k, k): v for k, v in parse_flags(argv).items()}
+    flags.update({NEGATED[k]: False for k in list(flags) if k in NEGATED})
     hints = typing.get_type_hints(TransformerConfig)
     names = [f.name for f in dataclasses.fields(TransformerConfig) if f.name in flags]
     kw = {n: _typed(hints[n], flags[n]) for n in names}

@@ -8,24 +8,17 @@ import pytest
 
 from holmes.contract import JobSpec, Layout
 from holmes.contract.frameworks import engine_env, recompute_conflicts
+from tests.frameworks.framework_helpers import (
+    MEGATRON,
+    REPO,
+    job,
+    launched,
+    plan_pods,
+    pod_argv,
+    pod_env,
+    small_config,
+)
 from tests.frameworks.megatron_config import transformer_config
-from tests.frameworks.test_framework_render import MEGATRON, job, launched
-from tests.frameworks.test_plan_pods import REPO, plan_pods
-
-
-def pod_argv(pod):
-    """The user's command and Holmes' arguments, as the launcher hands them to torchrun."""
-    command = pod["spec"]["containers"][0]["command"]
-    return command[command.index("--") + 1 :]
-
-
-def small_config(pod):
-    """TransformerConfig of a render-test pod (its command leaves the model's width to the spec)."""
-    return transformer_config([*pod_argv(pod), "--hidden-size", "64", "--num-attention-heads", "4"])
-
-
-def pod_env(pod):
-    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env") or []}
 
 
 def test_the_megatron_example_builds_megatron_cores_transformer_config_as_written(capsys):

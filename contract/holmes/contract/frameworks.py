@@ -38,6 +38,11 @@ PLAN_FLAGS: dict[str, dict[str, str]] = {
         "pipeline": "--pipeline-model-parallel-size",
         "microBatchSize": "--micro-batch-size",
         "globalBatchSize": "--global-batch-size",
+        "experts": "--num-experts",
+        "expertsPerToken": "--moe-router-topk",
+        "expertHiddenSize": "--moe-ffn-hidden-size",
+        "sharedExpertSize": "--moe-shared-expert-intermediate-size",
+        "expert": "--expert-model-parallel-size",
     },
     "torchtitan": {
         "seqLength": "--training.seq_len",
@@ -60,7 +65,7 @@ OWNED_FLAGS: dict[str, tuple[str, ...]] = {
         "--nccl-communicator-config-path",
         "--use-tp-pp-dp-mapping",
         "--context-parallel-size",
-        "--expert-model-parallel-size",
+        "--expert-tensor-parallel-size",  # Holmes plans expert tensor parallelism = tensor
     ),
     "torchtitan": (
         "--parallelism.module_fqns_per_model_part",
@@ -69,6 +74,7 @@ OWNED_FLAGS: dict[str, tuple[str, ...]] = {
         "--parallelism.data_parallel_shard_degree",
         "--parallelism.context_parallel_degree",
         "--training.local_batch_size",
+        "--parallelism.expert_parallel_degree",  # expert x tensor (its experts borrow the tensor ranks)
     ),
     "deepspeed": (),
     "torchrun": (),
@@ -83,6 +89,11 @@ SPEC_FIELDS = {
     "pipeline": "the plan's pipeline size (spec.parallelism.pipeline)",
     "microBatchSize": "spec.training.microBatchSize",
     "globalBatchSize": "spec.training.globalBatchSize",
+    "experts": "spec.model.moe.experts",
+    "expertsPerToken": "spec.model.moe.expertsPerToken",
+    "expertHiddenSize": "spec.model.moe.expertHiddenSize",
+    "sharedExpertSize": "spec.model.moe.sharedExperts x expertHiddenSize",
+    "expert": "the plan's expert-parallel size (spec.parallelism.expert)",
 }
 
 # A command that starts torchrun itself would start a second rendezvous with its own ranks.
@@ -249,8 +260,13 @@ def spec_values(job: Any) -> dict[str, int]:
         "microBatchSize": t.micro_batch_size,
         "globalBatchSize": t.global_batch_size,
     }
-    for concept, v in (("tensor", p.tensor), ("pipeline", p.pipeline)):
-        if isinstance(v, int):
+    if m.moe is not None:
+        values["experts"] = m.moe.experts
+        values["expertsPerToken"] = m.moe.experts_per_token
+        values["expertHiddenSize"] = m.moe.expert_hidden_size
+        values["sharedExpertSize"] = m.moe.shared_experts * m.moe.expert_hidden_size
+    for concept, v in (("tensor", p.tensor), ("pipeline", p.pipeline), ("expert", p.expert)):
+        if isinstance(v, int) and (concept != "expert" or m.moe is not None):
             values[concept] = v
     return values
 

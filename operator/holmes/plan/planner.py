@@ -496,8 +496,10 @@ def search(
             if cfg.activation_recompute
             else ", set training.activationRecompute: true (keeps one activation per layer)"
         )
+        spans = any("would span islands" in w for w in why_not)
         raise PlanError(
-            "no layout fits in GPU memory: "
+            ("no layout keeps every expert group on one island and fits in GPU memory: " if spans else "")
+            + ("no layout fits in GPU memory: " if not spans else "")
             + "; ".join(why_not[:4])
             + "; fix: raise pipeline or tensor (or set them to auto), lower microBatchSize"
             + recompute

@@ -75,6 +75,11 @@ def megatron_nccl_config(layout: Layout, stage: int) -> dict[str, dict[str, str]
     emb = net.get(("embedding", None), pp)
     cfg = {"dp": dp, "dp_cp": dp, "tp": tp, "tp_cp": tp, "tp_dp": dp, "tp_dp_cp": dp, "pp": pp, "mp": pp}
     cfg["embd"] = emb
+    # megatron-core's expert groups (parallel_state.initialize_model_parallel makes them even
+    # with expert parallelism 1): inside the stage, so on its island, but tp_ep_pp and the
+    # distributed optimizer's instance group span the stages like pp
+    cfg.update({k: dp for k in ("ep", "ep_dp", "intra_ep_dp", "inter_ep_dp", "tp_ep_mp")})
+    cfg.update({"ep_tp": tp, "tp_ep_pp": pp, "intra_dist_opt_instance": pp})
     return {kind: {"net_name": v} for kind, v in cfg.items()}
 
 
@@ -101,6 +106,14 @@ def megatron_args(spec: JobSpec, layout: Layout, node_rank: int) -> list[str]:
         args += ["--pipeline-model-parallel-layout", megatron_layout(layout)]
     if spec.parallelism.sequence_parallel and layout.tensor > 1:
         args.append("--sequence-parallel")
+    moe = spec.model.moe
+    if moe is not None:
+        args += ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.experts_per_token)]
+        args += ["--moe-ffn-hidden-size", str(moe.expert_hidden_size)]
+        args += ["--expert-model-parallel-size", str(layout.expert)]
+        if moe.shared_experts:
+            shared = moe.shared_experts * moe.expert_hidden_size
+            args += ["--moe-shared-expert-intermediate-size", str(shared)]
     return args + recompute_args(spec.framework, spec.training.activation_recompute)
 
 
@@ -119,6 +132,8 @@ def torchtitan_parts(layout: Layout) -> list[str]:
 
 
 def torchtitan_args(layout: Layout) -> list[str]:
+    """torchtitan's arguments. Its expert parallelism borrows the tensor ranks (its experts are
+    not tensor-split): Holmes' E expert groups of E x T ranks are its expert degree E x T."""
     local = layout.micro_batch_size * layout.micro_batches
     args = [
         "--parallelism.tensor_parallel_degree",
@@ -136,6 +151,8 @@ def torchtitan_args(layout: Layout) -> list[str]:
         "--training.global_batch_size",
         str(global_batch(layout)),
     ]
+    if layout.expert > 1:
+        args += ["--parallelism.expert_parallel_degree", str(layout.expert * layout.tensor)]
     if layout.pipeline > 1:
         args += [
             "--parallelism.pipeline_parallel_microbatch_size",
@@ -161,6 +178,8 @@ def plan_conflicts(spec: JobSpec, layout: Layout) -> list[str]:
     """The user's arguments against what only the plan knows (tensor and pipeline sizes, and
     the layer count again), and the template's env against what the engine asserts for them."""
     values = {"tensor": layout.tensor, "pipeline": layout.pipeline, "layers": layout.num_layers}
+    if spec.model.moe is not None:
+        values["expert"] = layout.expert
     argv = user_command(spec.template)
     env = trainer_env(spec.template)
     return conflicts(spec.framework, argv, values) + env_conflicts(spec.framework, argv, env, layout.tensor)
