@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
 
 import pytest
 import torch.distributed as dist
@@ -17,7 +16,7 @@ from holmes.contract import Layout
 from holmes.launch import hook, stages
 from holmes.launch.islands import Islands
 from holmes.operator.core import frameworks as fw
-from tests.frameworks.test_framework_render import job, launched
+from tests.frameworks.framework_helpers import job, launched, titan_config
 
 
 @pytest.fixture(scope="module")
@@ -37,24 +36,6 @@ def hooked(layout):
     hook.uninstall()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def titan_config(args):
-    """The arguments as torchtitan's trainer parses them: its ConfigManager's tyro rules over its
-    own ParallelismConfig and TrainingConfig (its llama3 config registry imports triton, which
-    the CPU wheel lacks)."""
-    import tyro
-    from torchtitan.config.configs import ParallelismConfig, TrainingConfig
-    from torchtitan.config.manager import ConfigManager, custom_registry
-
-    ConfigManager()  # registers the tyro rules (comma-separated lists)
-
-    @dataclass
-    class Job:
-        parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
-        training: TrainingConfig = field(default_factory=TrainingConfig)
-
-    return tyro.cli(Job, args=args, registry=custom_registry)
 
 
 def test_torchtitan_parses_the_plan_and_its_mesh_forms_holmes_groups(layout, hooked, monkeypatch):

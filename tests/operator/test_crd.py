@@ -76,6 +76,7 @@ def test_spec_fields_match_what_the_operator_parses():
             "ropeTheta": 500000.0,
             "normEps": 1.0e-6,
             "init": {"huggingface": {"path": "/models/llama"}},
+            "moe": {"experts": 4, "expertsPerToken": 2, "expertHiddenSize": 16, "sharedExperts": 1},
         },
         "training": {
             "globalBatchSize": 4,
@@ -100,6 +101,7 @@ def test_spec_fields_match_what_the_operator_parses():
             "tensor": 1,
             "pipeline": "auto",
             "data": "auto",
+            "expert": "auto",
             "partition": "adaptive",
             "nicSelection": "auto",
             "sequenceParallel": False,
@@ -113,7 +115,7 @@ def test_spec_fields_match_what_the_operator_parses():
             "minCount": 1,
             "scaleUp": "never",
         },
-        "template": {},
+        "template": {"spec": {"containers": [{"name": "trainer", "image": "i", "command": ["python", "x"]}]}},
         "runPolicy": {
             "backoffLimit": 1,
             "suspend": False,
@@ -147,7 +149,7 @@ def test_spec_fields_match_what_the_operator_parses():
             },
             {"nic": "ethernet", "netPlugin": "AWS Libfabric"},
         ],
-        "framework": "holmes",
+        "framework": "megatron",  # a mixture of experts runs on an external engine
     }
     for section, fields in full.items():
         if isinstance(fields, dict) and section != "template":

@@ -26,6 +26,12 @@ output projection h x h each, K and V h x h_kv each with h_kv = kvHeads * h/atte
 gate, up and down projections h x ffn each) and ``4sh`` the attention scores and weighted sum;
 the head adds ``2hV``. Per iteration: ``B s (p l (2 N_l + 4sh) + 6hV)`` with p = 4 passes with
 recomputation, 3 without; for GPT's N_l = 4h^2 + 2h*ffn this is exactly the formula above.
+
+A mixture of experts (``model.moe``) replaces each layer's MLP by ``experts`` MLPs of width
+``ffn_e`` (the expert hidden size) plus ``shared`` always-on ones and a router (``h x experts``).
+Its parameters count every expert; its FLOPs only the ``topk + shared`` experts a token passes
+through plus the router: per token and layer ``2 (A_l + R + (topk + shared) M(ffn_e)) + 4sh``
+with ``A_l`` the attention's matrices, ``R = h*experts`` and ``M`` one MLP's matrices.
 """
 
 from __future__ import annotations
@@ -45,6 +51,17 @@ def layer_matrix_params(architecture: str, hidden: int, ffn: int, kv_hidden: int
     if architecture == "llama":
         return 2 * hidden * hidden + 2 * hidden * kv_hidden + 3 * hidden * ffn
     return 4 * hidden * hidden + 2 * hidden * ffn
+
+
+def attention_matrix_params(architecture: str, hidden: int, kv_hidden: int) -> int:
+    if architecture == "llama":
+        return 2 * hidden * hidden + 2 * hidden * kv_hidden
+    return 4 * hidden * hidden
+
+
+def mlp_matrix_params(architecture: str, hidden: int, ffn: int) -> int:
+    """One MLP's matrices: SwiGLU's gate, up and down (llama), GELU's up and down (gpt)."""
+    return (3 if architecture == "llama" else 2) * hidden * ffn
 
 
 def head_fwd_flops_per_token(hidden: int, vocab: int) -> float:
@@ -105,9 +122,14 @@ class ModelCost:
     tied: bool
     architecture: str = "gpt"
     kv_heads: int = 0  # 0: heads
+    experts: int = 0  # 0: a dense model (no mixture of experts)
+    experts_per_token: int = 0
+    expert_ffn: int = 0
+    shared_experts: int = 0
 
     @classmethod
     def of(cls, m: ModelSpec) -> ModelCost:
+        moe = m.moe
         return cls(
             m.layers,
             m.hidden_size,
@@ -118,7 +140,29 @@ class ModelCost:
             m.tied_embeddings,
             m.architecture,
             m.kv_heads,
+            experts=moe.experts if moe else 0,
+            experts_per_token=moe.experts_per_token if moe else 0,
+            expert_ffn=moe.expert_hidden_size if moe else 0,
+            shared_experts=moe.shared_experts if moe else 0,
         )
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    def _mlp(self, ffn: int) -> int:
+        """One MLP: matrices, and GPT's biases (ffn + h)."""
+        bias = 0 if self.architecture == "llama" else ffn + self.hidden
+        return mlp_matrix_params(self.architecture, self.hidden, ffn) + bias
+
+    @property
+    def expert_layer_params(self) -> int:
+        """One layer's routed experts: what expert parallelism splits (0 for a dense model)."""
+        return self.experts * self._mlp(self.expert_ffn) if self.moe else 0
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden * self.experts if self.moe else 0
 
     @property
     def kv_hidden(self) -> int:
@@ -126,7 +170,13 @@ class ModelCost:
 
     @property
     def layer_params(self) -> int:
+        """Every parameter of one layer (a mixture of experts: every expert, shared ones, router)."""
         h, f = self.hidden, self.ffn
+        if self.moe:
+            attention = attention_matrix_params(self.architecture, h, self.kv_hidden)
+            attention += 2 * h if self.architecture == "llama" else 4 * h + 4 * h  # norms (+ biases)
+            shared = self.shared_experts * self._mlp(self.expert_ffn)
+            return attention + self.router_params + shared + self.expert_layer_params
         matrices = layer_matrix_params(self.architecture, h, f, self.kv_hidden)
         if self.architecture == "llama":
             return matrices + 2 * h  # two RMSNorm weights, no biases
@@ -153,14 +203,28 @@ class ModelCost:
         keeps both norms' and both matmul blocks' inputs (8h) and two dropout masks (2h); Q, K, V
         and the projection's input (8h) and the MLP's GELU input and output (4 ffn). Llama has no
         dropout (8h) and keeps Q and the projection's input (4h), the smaller K and V (4 h_kv) and
-        the gate, up and product outputs (6 ffn)."""
+        the gate, up and product outputs (6 ffn).
+        A mixture of experts keeps the MLP terms once per expert a token passes through
+        (``topk + shared`` of width ffn_e) and the routed copies of its input and output
+        (``4 topk h``: the dispatched tokens and the combined outputs)."""
         h, f = self.hidden, self.ffn
+        routed = 0
+        if self.moe:
+            f = (self.experts_per_token + self.shared_experts) * self.expert_ffn
+            routed = 4 * self.experts_per_token * h
         if self.architecture == "llama":
-            return 8 * h, 4 * h + 4 * self.kv_hidden + 6 * f
-        return 10 * h, 8 * h + 4 * f
+            return 8 * h, 4 * h + 4 * self.kv_hidden + 6 * f + routed
+        return 10 * h, 8 * h + 4 * f + routed
 
     def layer_fwd_flops_per_token(self) -> float:
-        matrices = layer_matrix_params(self.architecture, self.hidden, self.ffn, self.kv_hidden)
+        if self.moe:
+            active = self.experts_per_token + self.shared_experts
+            matrices = attention_matrix_params(self.architecture, self.hidden, self.kv_hidden)
+            matrices += self.router_params + active * mlp_matrix_params(
+                self.architecture, self.hidden, self.expert_ffn
+            )
+        else:
+            matrices = layer_matrix_params(self.architecture, self.hidden, self.ffn, self.kv_hidden)
         return 2 * matrices + 4 * self.seq * self.hidden
 
     def head_fwd_flops_per_token(self) -> float:

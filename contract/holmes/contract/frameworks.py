@@ -38,6 +38,11 @@ PLAN_FLAGS: dict[str, dict[str, str]] = {
         "pipeline": "--pipeline-model-parallel-size",
         "microBatchSize": "--micro-batch-size",
         "globalBatchSize": "--global-batch-size",
+        "experts": "--num-experts",
+        "expertsPerToken": "--moe-router-topk",
+        "expertHiddenSize": "--moe-ffn-hidden-size",
+        "sharedExpertSize": "--moe-shared-expert-intermediate-size",
+        "expert": "--expert-model-parallel-size",
     },
     "torchtitan": {
         "seqLength": "--training.seq_len",
@@ -60,7 +65,7 @@ OWNED_FLAGS: dict[str, tuple[str, ...]] = {
         "--nccl-communicator-config-path",
         "--use-tp-pp-dp-mapping",
         "--context-parallel-size",
-        "--expert-model-parallel-size",
+        "--expert-tensor-parallel-size",  # Holmes plans expert tensor parallelism = tensor
     ),
     "torchtitan": (
         "--parallelism.module_fqns_per_model_part",
@@ -69,6 +74,7 @@ OWNED_FLAGS: dict[str, tuple[str, ...]] = {
         "--parallelism.data_parallel_shard_degree",
         "--parallelism.context_parallel_degree",
         "--training.local_batch_size",
+        "--parallelism.expert_parallel_degree",  # expert x tensor (its experts borrow the tensor ranks)
     ),
     "deepspeed": (),
     "torchrun": (),
@@ -83,6 +89,11 @@ SPEC_FIELDS = {
     "pipeline": "the plan's pipeline size (spec.parallelism.pipeline)",
     "microBatchSize": "spec.training.microBatchSize",
     "globalBatchSize": "spec.training.globalBatchSize",
+    "experts": "spec.model.moe.experts",
+    "expertsPerToken": "spec.model.moe.expertsPerToken",
+    "expertHiddenSize": "spec.model.moe.expertHiddenSize",
+    "sharedExpertSize": "spec.model.moe.sharedExperts x expertHiddenSize",
+    "expert": "the plan's expert-parallel size (spec.parallelism.expert)",
 }
 
 # A command that starts torchrun itself would start a second rendezvous with its own ranks.
@@ -147,6 +158,97 @@ def conflicts(framework: str, argv: Sequence[str], values: Mapping[str, int]) ->
     return out
 
 
+# Megatron-LM's full recomputation as the planner prices it (training.activationRecompute):
+# every layer its own recompute unit, so each keeps only its input (costmodel.memory).
+# megatron-core's TransformerConfig refuses granularity full without a unit size.
+MEGATRON_RECOMPUTE = {
+    "--recompute-granularity": "full",
+    "--recompute-method": "uniform",
+    "--recompute-num-layers": "1",
+}
+# Megatron-LM's shorthand for selective recomputation (validate_args sets granularity selective)
+MEGATRON_SELECTIVE = "--recompute-activations"
+
+
+def recompute_args(framework: str, recompute: bool) -> list[str]:
+    """The recomputation flags that make the engine keep what the plan's memory estimate assumed
+    (appended after the user's; none without recomputation: the engine's default keeps all)."""
+    if framework != "megatron" or not recompute:
+        return []
+    return [a for flag, v in MEGATRON_RECOMPUTE.items() for a in (flag, v)]
+
+
+def recompute_conflicts(framework: str, argv: Sequence[str], recompute: bool) -> list[str]:
+    """User recomputation flags the plan's memory estimate contradicts. With recomputation the
+    plan keeps one input per layer: any other unit or selective recomputation keeps more.
+    Without it, full recomputation would run a forward the plan did not price (selective
+    recomputation keeps less than planned and is allowed)."""
+    if framework != "megatron":
+        return []
+    field = "spec.training.activationRecompute"
+    out = []
+    if recompute:
+        for flag, want in MEGATRON_RECOMPUTE.items():
+            for got in flag_values(argv, flag):
+                if got.strip() != want:
+                    out.append(
+                        f"spec.template: the command gives {flag} {got or '(no value)'} but {field} is "
+                        f"true, which the plan prices as {flag} {want} (one recompute unit per layer); "
+                        f"remove {flag} (Holmes appends it) or set activationRecompute: false"
+                    )
+        if flag_values(argv, MEGATRON_SELECTIVE):
+            out.append(
+                f"spec.template: the command sets {MEGATRON_SELECTIVE} (selective recomputation) but "
+                f"{field} is true (full recomputation, which Holmes appends); remove "
+                f"{MEGATRON_SELECTIVE} or set activationRecompute: false"
+            )
+        return out
+    full = [g for g in flag_values(argv, "--recompute-granularity") if g.strip() != "selective"]
+    for got in full:
+        out.append(
+            f"spec.template: the command gives --recompute-granularity {got or '(no value)'} but {field} "
+            "is false, so the plan prices no recomputed forward; set activationRecompute: true (Holmes "
+            "then appends the recompute flags) or remove --recompute-granularity"
+        )
+    return out
+
+
+# Megatron-LM's validate_args (megatron/training/arguments.py, core_v0.16.1 and 2026-08 main)
+# asserts CUDA_DEVICE_MAX_CONNECTIONS=1 when tensor or context parallelism is above 1 on GPUs
+# before Blackwell, unless FSDP or the MoE all-to-all overlap is on: those assert or want it
+# above 1. Blackwell no longer needs it; there it only orders kernel launches.
+MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+_MANY_CONNECTIONS = ("--use-torch-fsdp2", "--use-megatron-fsdp", "--overlap-moe-expert-parallel-comm")
+
+
+def engine_env(framework: str, argv: Sequence[str], tensor: int, context: int = 1) -> dict[str, str]:
+    """Environment the engine asserts for the plan's degrees, set in its pods."""
+    if framework != "megatron" or (tensor == 1 and context == 1):
+        return {}
+    if any(flag_values(argv, f) for f in _MANY_CONNECTIONS):
+        return {}
+    return {MAX_CONNECTIONS: "1"}
+
+
+def env_conflicts(framework: str, argv: Sequence[str], env: Mapping[str, str], tensor: int) -> list[str]:
+    """Template env that contradicts what :func:`engine_env` must set (template env wins)."""
+    out = []
+    for name, want in engine_env(framework, argv, tensor).items():
+        if name in env and env[name] != want:
+            out.append(
+                f"spec.template: the trainer container sets {name}={env[name]} but {framework} asserts "
+                f"{name}={want} with tensor parallelism {tensor} (the plan's); remove it from env "
+                "(Holmes sets it)"
+            )
+    return out
+
+
+def trainer_env(template: Mapping[str, Any] | None) -> dict[str, str]:
+    """The trainer container's literal env values (valueFrom entries are left out)."""
+    env = (trainer_container(template) or {}).get("env") or []
+    return {str(e["name"]): str(e["value"]) for e in env if isinstance(e, Mapping) and "value" in e}
+
+
 def spec_values(job: Any) -> dict[str, int]:
     """What the spec alone fixes: the model's shape, the batch, and degrees given as numbers."""
     m, t, p = job.model, job.training, job.parallelism
@@ -158,8 +260,13 @@ def spec_values(job: Any) -> dict[str, int]:
         "microBatchSize": t.micro_batch_size,
         "globalBatchSize": t.global_batch_size,
     }
-    for concept, v in (("tensor", p.tensor), ("pipeline", p.pipeline)):
-        if isinstance(v, int):
+    if m.moe is not None:
+        values["experts"] = m.moe.experts
+        values["expertsPerToken"] = m.moe.experts_per_token
+        values["expertHiddenSize"] = m.moe.expert_hidden_size
+        values["sharedExpertSize"] = m.moe.shared_experts * m.moe.expert_hidden_size
+    for concept, v in (("tensor", p.tensor), ("pipeline", p.pipeline), ("expert", p.expert)):
+        if isinstance(v, int) and (concept != "expert" or m.moe is not None):
             values[concept] = v
     return values
 
@@ -193,4 +300,12 @@ def framework_problems(job: Any) -> list[str]:
             "torchrun should run (e.g. [python, pretrain_gpt.py, ...]): Holmes starts torchrun with "
             "the Layout's node ranks"
         )
-    return out + conflicts(fw, argv, spec_values(job))
+    out += conflicts(fw, argv, spec_values(job))
+    sp = flag_values(argv, "--sequence-parallel")
+    if fw == "megatron" and sp and not job.parallelism.sequence_parallel:
+        out.append(
+            "spec.template: the command sets --sequence-parallel but spec.parallelism.sequenceParallel is "
+            "false, which the plan's memory estimate assumes; set sequenceParallel: true (Holmes then "
+            "appends --sequence-parallel when tensor > 1) or remove the flag"
+        )
+    return out + recompute_conflicts(fw, argv, job.training.activation_recompute)

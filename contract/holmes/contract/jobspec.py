@@ -231,6 +231,47 @@ class ModelInit:
 
 
 @dataclass(frozen=True)
+class MixtureOfExperts:
+    """Every transformer layer's MLP as a mixture of experts (Mixtral, DeepSeek, Qwen3-MoE): a
+    router sends each token to expertsPerToken of the experts, plus the shared experts every
+    token passes through."""
+
+    experts: Annotated[
+        int,
+        Field(
+            "Routed experts per layer (Megatron-LM --num-experts); the expert-parallel degree "
+            "(parallelism.expert) must divide it.",
+            minimum=2,
+        ),
+    ]
+    experts_per_token: Annotated[
+        int,
+        Field(
+            "Experts each token is routed to, the router's top-k (--moe-router-topk); at most experts.",
+            minimum=1,
+        ),
+    ] = 2
+    # 0 (not given): model.ffnHiddenSize, resolved by ModelSpec.__post_init__
+    expert_hidden_size: Annotated[
+        int,
+        Field(
+            "Feed-forward inner size of one expert (--moe-ffn-hidden-size); model.ffnHiddenSize "
+            "when omitted.",
+            minimum=1,
+        ),
+    ] = 0
+    shared_experts: Annotated[
+        int,
+        Field(
+            "Experts every token passes through besides its routed ones (DeepSeek's shared experts), "
+            "each expertHiddenSize wide (--moe-shared-expert-intermediate-size = sharedExperts x "
+            "expertHiddenSize).",
+            minimum=0,
+        ),
+    ] = 0
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     layers: Annotated[int, Field("Number of transformer layers; pipeline stages split these.", minimum=1)]
     hidden_size: Annotated[int, Field("Hidden size h; must be divisible by attentionHeads.", minimum=1)]
@@ -297,12 +338,22 @@ class ModelSpec:
             "resumes from a checkpoint takes the checkpoint's weights instead."
         ),
     ] = None
+    moe: Annotated[
+        MixtureOfExperts | None,
+        Field(
+            "Mixture of experts in every layer's MLP; a dense model when omitted. Trained by "
+            "framework megatron or torchtitan (Holmes' own engine trains dense models); the "
+            "planner keeps each expert-parallel group inside one NIC island."
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         if not self.ffn_hidden_size:
             llama = self.architecture == "llama"
             ffn = llama_ffn_hidden_size(self.hidden_size) if llama else 4 * self.hidden_size
             object.__setattr__(self, "ffn_hidden_size", ffn)
+        if self.moe is not None and not self.moe.expert_hidden_size:
+            object.__setattr__(self, "moe", replace(self.moe, expert_hidden_size=self.ffn_hidden_size))
         if not self.kv_heads:
             object.__setattr__(self, "kv_heads", self.attention_heads)
         if self.architecture == "llama" and self.rope_theta is None:
@@ -580,6 +631,17 @@ class ParallelismSpec:
         Degree,
         Field(
             'Data-parallel degree, a positive integer or "auto" (nodes x gpusPerNode / (pipeline x tensor)).',
+            minimum=1,
+            words=(AUTO,),
+        ),
+    ] = AUTO
+    expert: Annotated[
+        Degree,
+        Field(
+            "Expert-parallel degree of a model.moe: how many data-parallel ranks of a stage split "
+            'the experts between them (each group all-to-alls its tokens), or "auto" (the planner '
+            "picks, keeping every group inside one NIC island and, where it fits, one node). It "
+            "divides model.moe.experts and the data-parallel degree; 1 for a dense model.",
             minimum=1,
             words=(AUTO,),
         ),
@@ -1081,6 +1143,7 @@ def cross_check(job: JobSpec) -> list[str]:
             "the schedule decays from learningRate down to minLearningRate"
         )
     out += _architecture_checks(m)
+    out += moe_problems(job)
     world = job.world_size
     T = p.tensor
     if isinstance(T, int):
@@ -1147,6 +1210,44 @@ def cross_check(job: JobSpec) -> list[str]:
         out.append(
             f"spec.training.globalBatchSize: {t.global_batch_size} is not divisible by "
             f"data*microBatchSize = {D}*{t.micro_batch_size}; use a multiple of {D * t.micro_batch_size}"
+        )
+    return out
+
+
+def moe_problems(job: JobSpec) -> list[str]:
+    """A mixture of experts against the degrees and the engine (the planner checks the rest)."""
+    moe, p = job.model.moe, job.parallelism
+    E = p.expert
+    if moe is None:
+        if isinstance(E, int) and E > 1:
+            return [
+                f"spec.parallelism.expert: {E} but the model has no experts (model.moe); remove it or "
+                "describe the experts in model.moe"
+            ]
+        return []
+    out = []
+    if moe.experts_per_token > moe.experts:
+        out.append(
+            f"spec.model.moe.expertsPerToken: {moe.experts_per_token} exceeds experts {moe.experts}; a "
+            "token is routed to at most every expert"
+        )
+    if isinstance(E, int) and moe.experts % E:
+        out.append(f"spec.parallelism.expert: {E} must divide model.moe.experts {moe.experts}")
+    if isinstance(E, int) and isinstance(p.data, int) and p.data % E:
+        out.append(
+            f"spec.parallelism.expert: {E} must divide parallelism.data {p.data} (expert groups are "
+            "formed of a stage's data-parallel ranks)"
+        )
+    if isinstance(p.tensor, int) and p.tensor > 1 and not p.sequence_parallel:
+        out.append(
+            f"spec.parallelism.sequenceParallel: a mixture of experts with tensor {p.tensor} needs it "
+            "(Megatron-core's MoE layer refuses to train tensor parallel without it); set "
+            "sequenceParallel: true or tensor: 1"
+        )
+    if job.framework == DEFAULT_FRAMEWORK:
+        out.append(
+            "spec.model.moe: Holmes' own engine (framework holmes) trains dense models only; run a "
+            "mixture of experts with framework megatron or torchtitan, which Holmes plans the same way"
         )
     return out
 

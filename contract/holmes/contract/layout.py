@@ -22,6 +22,10 @@ Process groups (``groups`` in JSON holds one *family* per kind and stage; expand
   ``(b*D*T + j, (b+1)*D*T + j)``: one group per stage boundary, so a boundary inside one RDMA
   island uses IB even when another boundary crosses islands on sockets.
 - ``embedding``: first and last stage ranks of each pp group (tied embeddings, P > 1).
+- ``ep`` of stage s (a mixture of experts, ``expert`` E > 1, E divides D): the ranks that split
+  a layer's experts and all-to-all their tokens, Megatron's order ``tp-cp-ep-dp-pp``: for each
+  expert-data index k < D/E and tp index t, ranks ``s*D*T + t + e*T + k*E*T`` for e < E, so a
+  group is E x T consecutive ranks of one stage (one node when E x T <= gpusPerNode).
 
 ``net`` is the NCCL network of a group: ``IB`` (InfiniBand and RoCE) or ``Socket``, or inside
 an island whose job names a vendor net plugin (``spec.islands[].netPlugin``) that plugin's NCCL
@@ -53,7 +57,7 @@ def is_net(name: object) -> bool:
 
 
 _NET_HINT = "IB, Socket or a vendor net plugin's name"
-GROUP_KINDS = ("dp", "tp", "pp", "p2p", "embedding")
+GROUP_KINDS = ("dp", "tp", "pp", "p2p", "embedding", "ep")
 
 
 class LayoutError(ValueError):
@@ -76,9 +80,9 @@ class Stage:
 
 @dataclass(frozen=True)
 class GroupFamily:
-    kind: str  # dp | tp | pp | p2p | embedding
+    kind: str  # dp | tp | pp | p2p | embedding | ep
     net: str  # IB | Socket
-    stage: int | None = None  # dp/tp: the stage; p2p: the boundary after this stage; pp/embedding: None
+    stage: int | None = None  # dp/tp/ep: the stage; p2p: the boundary after this stage; pp/embedding: None
 
     def at(self) -> int:
         """The stage of a dp, tp or p2p family (validate() makes sure they have one)."""
@@ -121,6 +125,7 @@ class Layout:
     explanation: tuple[str, ...] = ()
     version: int = LAYOUT_VERSION
     world_net: str = "Socket"  # the world group's network (control-plane collectives)
+    expert: int = 1  # expert-parallel degree (a mixture of experts); JSON "expert" when > 1
 
     def __post_init__(self) -> None:
         validate(self)
@@ -180,6 +185,12 @@ class Layout:
             elif fam.kind == "embedding":
                 for j in range(n):
                     yield ProcessGroup("embedding", (j, j + (P - 1) * n), fam.net)
+            elif fam.kind == "ep":
+                base, E = fam.at() * n, self.expert
+                for k in range(D // E):
+                    for t in range(T):
+                        ranks = tuple(base + t + e * T + k * E * T for e in range(E))
+                        yield ProcessGroup("ep", ranks, fam.net, fam.stage)
 
     def groups_of(self, rank: int) -> dict[str, ProcessGroup]:
         """The groups this rank belongs to, by kind (p2p: see :meth:`p2p_groups_of`)."""
@@ -201,6 +212,7 @@ class Layout:
             "gpusPerNode": self.gpus_per_node,
             "microBatchSize": self.micro_batch_size,
             "microBatches": self.micro_batches,
+            **({"expert": self.expert} if self.expert > 1 else {}),
             "nodes": list(self.nodes),
             "stages": [
                 {
@@ -263,6 +275,7 @@ class Layout:
                 explanation=tuple(d.get("explanation", ())),
                 version=version,
                 world_net=str(d["worldNet"]) if version >= 2 else "Socket",
+                expert=int(d.get("expert", 1)),
             )
         except KeyError as e:
             raise LayoutError(f"layout is missing the field {e.args[0]!r}") from None
@@ -297,6 +310,8 @@ def validate(layout: Layout) -> None:
             raise LayoutError(f"{name} must be >= 1, got {v}")
     if G % T:
         raise LayoutError(f"tensor {T} must divide gpusPerNode {G}: tensor parallelism stays inside a node")
+    if layout.expert < 1 or D % layout.expert:
+        raise LayoutError(f"expert {layout.expert} must be >= 1 and divide data {D}")
     if len(layout.nodes) * G != P * D * T:
         raise LayoutError(
             f"{len(layout.nodes)} nodes x {G} GPUs = {len(layout.nodes) * G} ranks, "
@@ -328,7 +343,9 @@ def validate(layout: Layout) -> None:
             raise LayoutError(f"group kind {g.kind!r} is not one of {', '.join(GROUP_KINDS)}")
         if not is_net(g.net):
             raise LayoutError(f"group {g.kind} net {g.net!r} is not {_NET_HINT}")
-        if g.kind in ("dp", "tp") and (g.stage is None or not 0 <= g.stage < P):
+        if g.kind == "ep" and layout.expert == 1:
+            raise LayoutError("group ep needs expert > 1 (a mixture of experts split over ranks)")
+        if g.kind in ("dp", "tp", "ep") and (g.stage is None or not 0 <= g.stage < P):
             raise LayoutError(f"group {g.kind} needs a stage in [0, {P}), got {g.stage!r}")
         if g.kind == "p2p" and (g.stage is None or not 0 <= g.stage < P - 1):
             raise LayoutError(f"group p2p needs a boundary stage in [0, {P - 1}), got {g.stage!r}")

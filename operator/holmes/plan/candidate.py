@@ -18,6 +18,7 @@ class Degrees:
     pipeline: int
     data: int
     micro_batches: int
+    expert: int = 1  # expert-parallel degree (a mixture of experts), divides data
 
 
 @dataclass
@@ -36,5 +37,6 @@ class Candidate:
     p2p_nets: tuple[str, ...]  # per stage boundary
     gpus: tuple[StageGpu, ...] = ()  # per stage: what its compute and memory are priced with
 
-    def key(self, order_index: int) -> tuple[float, int, int, int]:
-        return (round(self.seconds, 9), self.degrees.pipeline, self.degrees.tensor, order_index)
+    def key(self, order_index: int) -> tuple[float, int, int, int, int]:
+        d = self.degrees
+        return (round(self.seconds, 9), d.pipeline, d.tensor, d.expert, order_index)

@@ -59,6 +59,16 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
 - Recomputation on or off comes from the job (``spec.training.activationRecompute``, what the
   trainer runs): :func:`.planner.plan` puts it into the config; ``CostModelConfig.activation_recompute``
   only matters when the cost model is driven without a job.
+- Mixture of experts (``model.moe``, expert-parallel degree E; Megatron's layout: the experts of
+  a layer split over E data-parallel ranks of a stage, each expert over the stage's tensor
+  group): a layer computes its attention, router and the ``topk + shared`` experts each token
+  passes through; each MoE layer all-to-alls its tokens twice per forward (dispatch, combine)
+  and twice per backward (+2 with recomputation), ``tokens x topk x h`` bf16 per rank of which
+  ``(E - e)/E`` leave the node (e of the group's ranks on the node), over NVLink inside a node
+  and through the node's NICs on the group's own fabric (the planner keeps the group inside one
+  island) otherwise; not overlapped with compute. Expert weights are split E x T ways, their
+  gradients reduced and their optimizer state sharded over the D/E expert-data-parallel ranks.
+  Tokens are assumed evenly routed (the load-balancing loss's aim; no token dropping).
 - Optimizer step time, kernel launch overheads and stragglers are ignored.
 """
 
@@ -147,6 +157,10 @@ class StagePlace:
     p2p_out: float
     inflight: int  # micro-batches whose activations are alive at once (1F1B)
     embedding_sync: float = 0.0  # seconds: tied-embedding gradient all-reduce (first/last stage)
+    # a mixture of experts: achieved per-node bandwidth of its expert groups' fabric (None: each
+    # group inside one node, on NVLink) and how many of a group's ranks share a node
+    ep_gbps: float | None = None
+    ep_ranks_per_node: int = 1
 
 
 @dataclass(frozen=True)
@@ -159,6 +173,8 @@ class Shape:
     micro_batch: int
     micro_batches: int
     sequence_parallel: bool = False  # the job's parallelism.sequenceParallel
+    expert: int = 1  # expert-parallel degree (a mixture of experts; divides data)
+    ranks_per_node: int = 1  # GPUs of this job on one node (they share its NICs)
 
 
 class StageCost:
@@ -176,6 +192,9 @@ class StageCost:
         f = tokens * model.layer_fwd_flops_per_token() / T / rate
         self.layer_fwd = f + 2 * tp_allreduce
         self.layer_bwd = 2 * f + 2 * tp_allreduce + recompute * (f + 2 * tp_allreduce)
+        self.a2a = self.all_to_all_seconds()
+        self.layer_fwd += 2 * self.a2a  # dispatch and combine
+        self.layer_bwd += (2 + 2 * recompute) * self.a2a
         hf = tokens * model.head_fwd_flops_per_token() / T / rate if place.last else 0.0
         self.head_fwd, self.head_bwd = hf, 2 * hf
         self.extra_params = (
@@ -184,6 +203,26 @@ class StageCost:
             + (model.vocab * model.hidden if place.last and model.tied and not place.first else 0)
         )
         self.mem_cap = cfg.gpu_memory_gib * 2**30 * cfg.memory_headroom
+
+    def all_to_all_seconds(self) -> float:
+        """One all-to-all of one MoE layer for one micro-batch (0 without expert parallelism)."""
+        m, s, place = self.model, self.shape, self.place
+        E = s.expert
+        if not m.moe or E == 1:
+            return 0.0
+        tokens = s.micro_batch * m.seq / (s.tensor if s.sequence_parallel else 1)
+        sent = tokens * m.experts_per_token * m.hidden * self.cfg.activation_bytes * (E - 1) / E
+        inside = sent / self.nvlink
+        if place.ep_gbps is None:
+            return inside
+        off_node = (E - place.ep_ranks_per_node) / (E - 1)  # of what a rank sends
+        through_nics = s.ranks_per_node * sent * off_node / (place.ep_gbps * GBIT)
+        return max(inside, through_nics)
+
+    def all_to_all(self, n: int) -> float:
+        """All-to-all seconds per iteration of n layers (forward, backward, recomputation)."""
+        passes = 4 + 2 * self.cfg.activation_recompute
+        return self.shape.micro_batches * n * passes * self.a2a
 
     # per micro-batch
     def fwd(self, n: int) -> float:
@@ -199,22 +238,35 @@ class StageCost:
     def params(self, n: int) -> int:
         return n * self.model.layer_params + self.extra_params
 
+    def expert_params(self, n: int) -> int:
+        """The routed experts among params(n): split over the expert group, not replicated."""
+        return n * self.model.expert_layer_params
+
     def dp_times(self, n: int) -> tuple[float, float]:
         """(reduce-scatter, all-gather) seconds per iteration for this stage's DP groups."""
-        D, T = self.shape.data, self.shape.tensor
-        if D == 1:
-            return 0.0, 0.0
-        ring = (D - 1) / D
-        p = self.params(n)
+        D, T, E = self.shape.data, self.shape.tensor, self.shape.expert
+        e = self.expert_params(n)
+        p = self.params(n) - e
+        cfg = self.cfg
 
-        def t(nbytes: int) -> float:
-            inside = nbytes / T * ring / self.nvlink  # each GPU's share over NVLink
+        def t(nbytes: float, group: int, split: int) -> float:
+            """A ring over ``group`` DP ranks of a tensor of ``nbytes`` split ``split`` ways."""
+            if group == 1 or nbytes == 0:
+                return 0.0
+            ring = (group - 1) / group
+            inside = nbytes / split * ring / self.nvlink  # each GPU's share over NVLink
             if self.place.dp_gbps is None:
                 return inside
-            through_nics = nbytes * ring / (self.place.dp_gbps * GBIT)  # all T groups share the node's NICs
+            # the node's NICs carry one replica's worth (all its tensor groups share them), or
+            # the slices it holds when one replica spans nodes (experts over E x T > node GPUs)
+            on_node = min(1.0, self.shape.ranks_per_node / split) if split > T else 1.0
+            through_nics = nbytes * on_node * ring / (self.place.dp_gbps * GBIT)
             return max(inside, through_nics)
 
-        return t(p * self.cfg.grad_bytes), t(p * self.cfg.param_bytes)
+        # the dense part over the D ranks, the experts over the D/E expert-data-parallel ranks
+        rs = t(p * cfg.grad_bytes, D, T) + t(e * cfg.grad_bytes, D // E, E * T)
+        ag = t(p * cfg.param_bytes, D, T) + t(e * cfg.param_bytes, D // E, E * T)
+        return rs, ag
 
     def dp_exposed(self, n: int) -> float:
         rs, ag = self.dp_times(n)
@@ -232,10 +284,28 @@ class StageCost:
 
     def communicators(self) -> int:
         """NCCL communicators a GPU of this stage holds: world (the grad norm), dp, tp, the p2p
-        group of each boundary it sits on, the tied embedding's group."""
+        group of each boundary it sits on, the tied embedding's group, the expert group and its
+        expert-data-parallel group."""
         s, place = self.shape, self.place
         tied = self.model.tied and s.pipeline > 1 and (place.first or place.last)
-        return 1 + (s.data > 1) + (s.tensor > 1) + (not place.first) + (not place.last) + tied
+        experts = (s.expert > 1) + (s.expert > 1 and s.data > s.expert)
+        return 1 + (s.data > 1) + (s.tensor > 1) + (not place.first) + (not place.last) + tied + experts
+
+    def shard_bytes(self) -> float:
+        """Per parameter of a distributed-optimizer shard: optimizer state and the extras."""
+        cfg = self.cfg
+        shard = cfg.optimizer_bytes + SHARD_EXTRA_BYTES + cfg.param_bytes
+        # the trainer accumulates into an fp32 gradient buffer whatever dtype it reduces in
+        if cfg.grad_bytes != MAIN_GRAD_BYTES and self.shape.data > 1:
+            shard += cfg.grad_bytes  # the reduced shard, in the reduce dtype
+        return shard
+
+    def expert_memory(self, n: int) -> float:
+        """Bytes per GPU of n layers' routed experts: this GPU's slice (E x T ways) in weights and
+        fp32 gradients, its optimizer shard over the D/E expert-data-parallel ranks."""
+        s, cfg = self.shape, self.cfg
+        e = self.expert_params(n) / (s.tensor * s.expert)
+        return e * (cfg.param_bytes + MAIN_GRAD_BYTES) + e * self.shard_bytes() / (s.data // s.expert)
 
     def pipeline_buffers(self) -> float:
         """torch's PipelineStage allocates one receive buffer per micro-batch for the whole run
@@ -251,12 +321,9 @@ class StageCost:
         m, s = self.model, self.shape
         T, D = s.tensor, s.data
         cfg = self.cfg
-        p = self.params(n) / T
-        # the trainer accumulates into an fp32 gradient buffer whatever dtype it reduces in
-        shard = cfg.optimizer_bytes + SHARD_EXTRA_BYTES + cfg.param_bytes
-        if cfg.grad_bytes != MAIN_GRAD_BYTES and D > 1:
-            shard += cfg.grad_bytes  # the reduced shard, in the reduce dtype
-        static = p * (cfg.param_bytes + MAIN_GRAD_BYTES) + p * shard / D
+        p = (self.params(n) - self.expert_params(n)) / T
+        static = p * (cfg.param_bytes + MAIN_GRAD_BYTES) + p * self.shard_bytes() / D
+        static += self.expert_memory(n)
         static += self.pipeline_buffers() + self.communicators() * NCCL_COMMUNICATOR_BYTES
         b, seq, h, a = s.micro_batch, m.seq, m.hidden, m.heads
         shared, split = m.layer_activation_bytes_per_token()
@@ -280,13 +347,14 @@ class StageCost:
 class StageEstimate:
     index: int
     layers: int
-    compute: float  # seconds per iteration: m * (fwd + bwd)
+    compute: float  # seconds per iteration: m * (fwd + bwd), the all-to-all left out
     p2p: float  # seconds per iteration: m * (p2p in + out)
     bubble: float  # idle seconds inside the pipeline (warm-up / cool-down / waiting on slower stages)
     dp_comm: float  # reduce-scatter + all-gather, seconds
     dp_exposed: float  # the part not hidden by overlap
     finish: float  # when this stage is done with the iteration
     memory_gib: float
+    all_to_all: float = 0.0  # seconds per iteration: the experts' all-to-all (inside compute)
 
 
 class Timeline(NamedTuple):
@@ -335,13 +403,14 @@ def estimate_pipeline(costs: Sequence[StageCost], layers: Sequence[int]) -> tupl
             StageEstimate(
                 index=s,
                 layers=n,
-                compute=m * (c.fwd(n) + c.bwd(n)),
+                compute=m * (c.fwd(n) + c.bwd(n)) - c.all_to_all(n),
                 p2p=m * (c.place.p2p_in + c.place.p2p_out),
                 bubble=max(0.0, tl.pipeline - m * tl.steps[s]),
                 dp_comm=rs + ag,
                 dp_exposed=tl.exposed[s],
                 finish=tl.finishes[s],
                 memory_gib=c.memory(n) / 2**30,
+                all_to_all=c.all_to_all(n),
             )
         )
     return tl.seconds, out

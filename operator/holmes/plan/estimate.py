@@ -28,6 +28,7 @@ def fixed_job(job: JobSpec, run: RunLayout) -> JobSpec:
         tensor=run.tensor,
         pipeline=run.pipeline,
         data=run.data,
+        expert=run.expert if job.model.moe is not None else job.parallelism.expert,
         partition=run.layers,
         replan=replace(job.parallelism.replan, enabled=False),  # a fixed split is not re-planned
     )
@@ -47,7 +48,7 @@ def evaluate_run(
     if missing:
         raise PlanError(f"the layout's node(s) {', '.join(missing[:5])} are not in the node list")
     order: list[NodeNic] = [by_name[name] for name in run.nodes]
-    deg = Degrees(run.tensor, run.pipeline, run.data, run.micro_batches)
+    deg = Degrees(run.tensor, run.pipeline, run.data, run.micro_batches, run.expert)
     c = cost_placement(fixed_job(job, run), deg, order, ModelCost.of(job.model), cfg, {})
     if isinstance(c, str):
         raise PlanError(c)

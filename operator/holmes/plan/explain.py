@@ -32,8 +32,9 @@ def table(layout: Layout) -> list[str]:
     per_stage = {s["stage"]: s for s in est.get("stages", [])}
     head = (
         f"{len(layout.nodes)} nodes x {layout.gpus_per_node} GPUs = {layout.world_size} ranks: "
-        f"tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data}, "
-        f"{layout.micro_batches} micro-batches of {layout.micro_batch_size} per DP rank"
+        f"tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data}"
+        + (f" x expert {layout.expert}" if layout.expert > 1 else "")
+        + f", {layout.micro_batches} micro-batches of {layout.micro_batch_size} per DP rank"
     )
     cols = [
         "stage",
@@ -135,6 +136,7 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
                 else "stages span islands, so only activations cross the slow link"
             )
         )
+    out.extend(expert_lines(layout, best, alternatives))
     out.extend(gpu_lines(best))
     out.extend(
         partition_lines(
@@ -146,13 +148,73 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
     )
     if len(alternatives) > 1:
         nxt = alternatives[1]
-        d = nxt.degrees
         out.append(
-            f"chose tensor {layout.tensor} x pipeline {layout.pipeline} x data {layout.data} over "
-            f"{len(alternatives) - 1} other degree choice(s); next best tensor {d.tensor} x pipeline "
-            f"{d.pipeline} x data {d.data} is {nxt.seconds / best.seconds:.3g}x slower"
+            f"chose {_degrees(best)} over {len(alternatives) - 1} other degree choice(s); next best "
+            f"{_degrees(nxt)} is {nxt.seconds / best.seconds:.3g}x slower"
         )
     return ["why:"] + [x if x.startswith(" ") else f"- {x}" for x in out]
+
+
+def _degrees(c: Candidate) -> str:
+    d = c.degrees
+    return f"tensor {d.tensor} x pipeline {d.pipeline} x data {d.data}" + (
+        f" x expert {d.expert}" if d.expert > 1 else ""
+    )
+
+
+def expert_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]) -> list[str]:
+    """Where a mixture of experts' groups sit, what their all-to-all costs, and why this degree."""
+    model = best.costs[0].model
+    if not model.moe:
+        return []
+    E, T = best.degrees.expert, best.degrees.tensor
+    est = layout.estimate or {}
+    head = (
+        f"mixture of experts: {model.experts} experts, {model.experts_per_token} per token"
+        + (f" + {model.shared_experts} shared" if model.shared_experts else "")
+        + f" ({est.get('activeParameters', 0) / 1e9:.3g}B of {model.total_params / 1e9:.3g}B "
+        "parameters per token)"
+    )
+    if E == 1:
+        return [head + ": expert parallel 1, every GPU of a stage holds all of its layers' experts"]
+    inside = [c.place.ep_gbps is None for c in best.costs]
+    where = (
+        "inside one node (NVLink)" if all(inside) else f"{E * T // layout.gpus_per_node} nodes of one island"
+    )
+    stages = ", ".join(
+        f"stage {s.index} on {s.island} ({_nodes_cell(s.nodes or layout.stage_nodes(s.index))})"
+        for s in layout.stages[:4]
+    ) + (", ..." if layout.pipeline > 4 else "")
+    out = [
+        f"{head}: expert parallel {E}, each layer's experts split over {E} data-parallel ranks of its "
+        f"stage ({model.experts // E} experts each"
+        + (f", each expert over the tensor group of {T}" if T > 1 else "")
+        + f"); every expert group is {E * T} GPUs {where}: {stages}"
+    ]
+    worst = max(range(len(best.stages)), key=lambda s: best.stages[s].all_to_all)
+    a2a = best.stages[worst].all_to_all
+    fabric = "NVLink" if inside[worst] else f"{layout.stages[worst].island}'s {layout.stages[worst].dp_net}"
+    mem = best.costs[worst].expert_memory(best.layers[worst]) / 2**30
+    out.append(
+        f"  all-to-all: {a2a:.3g} s/iteration on stage {worst} ({a2a / best.seconds:.1%} of the iteration), "
+        f"priced on {fabric}: dispatch and combine per MoE layer and micro-batch, forward and backward; "
+        f"its experts' weights, gradients and optimizer state take {mem:.3g} GiB/GPU"
+    )
+    same = [
+        c
+        for c in alternatives
+        if c is not best
+        and (c.degrees.tensor, c.degrees.pipeline, c.degrees.data)
+        == (T, best.degrees.pipeline, best.degrees.data)
+    ]
+    for c in sorted(same, key=lambda c: c.seconds)[:2]:
+        d = c.degrees
+        alt_a2a = max(x.all_to_all for x in c.stages)
+        out.append(
+            f"  expert {d.expert} instead: {c.seconds / best.seconds:.3g}x the time (all-to-all "
+            f"{alt_a2a:.3g} s, {max(x.memory_gib for x in c.stages):.3g} GiB/GPU)"
+        )
+    return out
 
 
 def gpu_lines(best: Candidate) -> list[str]:

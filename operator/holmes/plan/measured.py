@@ -27,6 +27,7 @@ class RunLayout:
     tensor: int
     data: int
     micro_batches: int
+    expert: int = 1  # a mixture of experts' expert-parallel degree
 
     @property
     def pipeline(self) -> int:
@@ -43,6 +44,7 @@ class RunLayout:
                     int(layout["tensor"]),
                     int(layout["data"]),
                     int(layout["microBatches"]),
+                    int(layout.get("expert", 1)),
                 )
             except (KeyError, TypeError, ValueError) as e:
                 raise CalibrationError(f"the run's layout record lacks {e}: an older trainer?") from None
@@ -52,6 +54,7 @@ class RunLayout:
             layout.tensor,
             layout.data,
             layout.micro_batches,
+            layout.expert,
         )
 
 

@@ -9,7 +9,9 @@ Steps (all deterministic):
    sequenceParallel: ``tensor_parallel_problems``); what the spec
    fixes is kept; a stage is a whole number of nodes or a whole fraction of one node; the
    global batch splits into an integer number of micro-batches per DP rank, at least one per
-   stage (1F1B needs m >= pipeline).
+   stage (1F1B needs m >= pipeline). A mixture of experts adds the expert-parallel degree E:
+   it divides data and the experts; an expert group (E x tensor consecutive ranks of a stage)
+   is a whole fraction of a node or whole nodes, and must lie on one island (step 4).
 3. Place stages (``nicSelection: auto``): nodes are grouped by island (cluster x NIC kind) and
    each island filled with whole stages, so a stage's DP groups stay on one NIC kind whenever
    island sizes allow; leftover nodes form mixed stages (sockets). Island groups are tried in
@@ -163,6 +165,8 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
         if isinstance(p.tensor, int)
         else [x for x in _divisors(G) if not tensor_parallel_problems(m, x, p.sequence_parallel)]
     )
+    if m.moe is not None and not p.sequence_parallel:
+        tensors = [x for x in tensors if x == 1]  # MoE layers need sequence parallelism with tensor
     explicit = p.explicit_partition
     out: list[Degrees] = []
     problems: list[str] = []
@@ -208,7 +212,8 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
                     f"one per stage)"
                 )
                 continue
-            out.append(Degrees(T, P, D, mb))
+            for E in expert_candidates(job, T, D, problems, label):
+                out.append(Degrees(T, P, D, mb, E))
     if not out:
         fixed = {
             k: v for k, v in (("tensor", p.tensor), ("pipeline", p.pipeline), ("data", p.data)) if v != AUTO
@@ -222,6 +227,29 @@ def degree_candidates(job: JobSpec) -> list[Degrees]:
             "micro-batches per DP rank, or change the fixed degrees / nodes.count"
         )
         raise PlanError(head + ": " + "; ".join(shown) + "; " + fix)
+    return out
+
+
+def expert_candidates(job: JobSpec, T: int, D: int, problems: list[str], label: str) -> list[int]:
+    """Expert-parallel degrees for (T, D): 1 for a dense model; else those dividing the experts
+    and D whose group of E x T ranks is a whole fraction of a node or whole nodes."""
+    moe, G = job.model.moe, job.nodes.gpus_per_node
+    if moe is None:
+        return [1]
+    given = job.parallelism.expert
+    out = []
+    for E in [given] if isinstance(given, int) else _divisors(D):
+        why = ""
+        if D % E:
+            why = f"expert {E} does not divide data {D}"
+        elif moe.experts % E:
+            why = f"expert {E} does not divide the {moe.experts} experts"
+        elif (E * T) % G and G % (E * T):
+            why = f"an expert group of {E * T} GPUs is neither a multiple nor a divisor of gpusPerNode {G}"
+        if why:
+            problems.append(f"{label}: {why}")
+        else:
+            out.append(E)
     return out
 
 
@@ -317,7 +345,11 @@ def cost_placement(
     ends = merge(sets[0], sets[-1])  # the embedding group's nodes (tied, P > 1)
     emb_net = ends.net if tied else None
     sp = job.parallelism.sequence_parallel
-    shape = Shape(T, D, P, job.training.micro_batch_size, deg.micro_batches, sp)
+    E = deg.expert
+    shape = Shape(T, D, P, job.training.micro_batch_size, deg.micro_batches, sp, E, min(R, G))
+    expert_fabric = expert_groups(stage_nodes, E * T, G, cfg)
+    if isinstance(expert_fabric, str):
+        return f"tensor {T} x pipeline {P} x data {D} x expert {E}: {expert_fabric}"
     act = shape.micro_batch * model.seq * model.hidden * cfg.activation_bytes
     nvlink = cfg.nvlink_gbps * GBIT
     ranks_on_node = min(R, G)
@@ -349,6 +381,8 @@ def cost_placement(
             p2p_out=boundary[s] if s < P - 1 else 0.0,
             inflight=P - s,
             embedding_sync=emb_sync if tied and s in (0, P - 1) else 0.0,
+            ep_gbps=expert_fabric[s],
+            ep_ranks_per_node=min(E, max(1, G // T)),
         )
         costs.append(StageCost(model, shape, place, _priced(cfg, gpus[s])))
     mode = job.parallelism.partition
@@ -388,6 +422,29 @@ def cost_placement(
     )
 
 
+def expert_groups(
+    stage_nodes: Sequence[tuple[NodeNic, ...]], group_gpus: int, G: int, cfg: CostModelConfig
+) -> list[float | None] | str:
+    """Per stage, the fabric an expert group's all-to-all crosses: None where each group (E x T
+    consecutive ranks) sits inside one node, else the slowest group's per-node Gbit/s. A group
+    that would span islands is refused: the all-to-all moves more bytes than data parallelism,
+    so it must stay on one RDMA fabric (or one Ethernet island)."""
+    if group_gpus <= G:
+        return [None] * len(stage_nodes)
+    per_group = group_gpus // G
+    out: list[float | None] = []
+    for s, sn in enumerate(stage_nodes):
+        speeds = []
+        for i in range(0, len(sn), per_group):
+            members = summarize(sn[i : i + per_group], cfg.fabric)
+            if not members.single_island:
+                names = ", ".join(n.name for n in sn[i : i + per_group][:4])
+                return f"stage {s}'s expert group on {names} would span islands"
+            speeds.append(group_bandwidth_gbps(members, cfg.fabric))
+        out.append(min(speeds))
+    return out
+
+
 def _priced(cfg: CostModelConfig, gpu: StageGpu) -> CostModelConfig:
     """The config a stage's costs use: its own GPUs' peak and memory (plan/gpus.py)."""
     if (gpu.peak_tflops, gpu.memory_gib) == (cfg.gpu_peak_tflops, cfg.gpu_memory_gib):
@@ -422,7 +479,7 @@ def search(
             # pipeline's p2p dominates (a small model) name order can be faster, and a plan must
             # never be worse than the default it is compared with
             orders = arrangements[span] + [o for o in name_order if o not in arrangements[span]]
-        best: tuple[tuple[float, int, int, int], Candidate] | None = None
+        best: tuple[tuple[float, int, int, int, int], Candidate] | None = None
         for i, order in enumerate(orders):
             c = cost_placement(job, deg, order, model, cfg, sets_cache)
             if isinstance(c, str):
@@ -442,8 +499,10 @@ def search(
             if cfg.activation_recompute
             else ", set training.activationRecompute: true (keeps one activation per layer)"
         )
+        spans = any("would span islands" in w for w in why_not)
         raise PlanError(
-            "no layout fits in GPU memory: "
+            ("no layout keeps every expert group on one island and fits in GPU memory: " if spans else "")
+            + ("no layout fits in GPU memory: " if not spans else "")
             + "; ".join(why_not[:4])
             + "; fix: raise pipeline or tensor (or set them to auto), lower microBatchSize"
             + recompute
@@ -495,6 +554,8 @@ def to_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
         groups.append(GroupFamily("dp", st.net, s))
     for s, st in enumerate(c.stage_sets):
         groups.append(GroupFamily("tp", st.net, s))
+    if d.expert > 1:  # inside one island (cost_placement refused any other)
+        groups += [GroupFamily("ep", st.net, s) for s, st in enumerate(c.stage_sets)]
     groups.append(GroupFamily("pp", c.pp_net))
     groups += [GroupFamily("p2p", net, b) for b, net in enumerate(c.p2p_nets)]
     if c.emb_net is not None:
@@ -519,6 +580,7 @@ def to_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
             model.flops_per_iteration(job.training.global_batch_size, recompute=cfg.activation_recompute)
         ),
         "activationRecompute": cfg.activation_recompute,
+        **_expert_fields(c, model),
         "stages": [
             {
                 "stage": s.index,
@@ -530,6 +592,7 @@ def to_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
                 "dpExposedSeconds": r(s.dp_exposed),
                 "finishSeconds": r(s.finish),
                 "memoryGiB": r(s.memory_gib),
+                **({"allToAllSeconds": r(s.all_to_all)} if model.moe else {}),
                 **_gpu_fields(c, s.index),
             }
             for s in c.stages
@@ -549,7 +612,25 @@ def to_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
         micro_batches=d.micro_batches,
         estimate=estimate,
         world_net=c.world_net,
+        expert=d.expert,
     )
+
+
+def _expert_fields(c: Candidate, model: ModelCost) -> dict[str, Any]:
+    """A mixture of experts' share of the estimate: its degree, the parameters a token passes
+    through, the all-to-all on the slowest stage's clock and where the groups run."""
+    if not model.moe:
+        return {}
+    active = model.total_params - model.layers * model.expert_layer_params * (
+        1 - model.experts_per_token / model.experts
+    )
+    fabric = [c.costs[s].place.ep_gbps for s in range(len(c.costs))]
+    return {
+        "expert": c.degrees.expert,
+        "activeParameters": int(active),
+        "allToAllSeconds": _round(max(s.all_to_all for s in c.stages)),
+        "expertGroupsInsideNode": all(f is None for f in fabric),
+    }
 
 
 def _gpu_fields(c: Candidate, stage: int) -> dict[str, Any]:

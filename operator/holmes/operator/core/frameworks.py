@@ -22,7 +22,16 @@ from typing import Any
 import yaml
 
 from holmes.contract import JobSpec, Layout
-from holmes.contract.frameworks import conflicts, is_external, trainer_container, user_command
+from holmes.contract.frameworks import (
+    conflicts,
+    engine_env,
+    env_conflicts,
+    is_external,
+    recompute_args,
+    trainer_container,
+    trainer_env,
+    user_command,
+)
 
 from . import names
 
@@ -66,10 +75,18 @@ def megatron_nccl_config(layout: Layout, stage: int) -> dict[str, dict[str, str]
     emb = net.get(("embedding", None), pp)
     cfg = {"dp": dp, "dp_cp": dp, "tp": tp, "tp_cp": tp, "tp_dp": dp, "tp_dp_cp": dp, "pp": pp, "mp": pp}
     cfg["embd"] = emb
+    # megatron-core's expert groups (parallel_state.initialize_model_parallel makes them even
+    # with expert parallelism 1): inside the stage, so on its island, but tp_ep_pp and the
+    # distributed optimizer's instance group span the stages like pp
+    cfg.update({k: dp for k in ("ep", "ep_dp", "intra_ep_dp", "inter_ep_dp", "tp_ep_mp")})
+    cfg.update({"ep_tp": tp, "tp_ep_pp": pp, "intra_dist_opt_instance": pp})
     return {kind: {"net_name": v} for kind, v in cfg.items()}
 
 
-def megatron_args(layout: Layout, node_rank: int) -> list[str]:
+def megatron_args(spec: JobSpec, layout: Layout, node_rank: int) -> list[str]:
+    """Megatron-LM's arguments for the plan: degrees, batch, stage layout, this stage's
+    communicator file, and what the plan's memory estimate assumed (sequence parallelism,
+    full recomputation of every layer)."""
     stage = layout.rank_info(node_rank * layout.gpus_per_node).stage
     args = [
         "--tensor-model-parallel-size",
@@ -87,7 +104,17 @@ def megatron_args(layout: Layout, node_rank: int) -> list[str]:
     ]
     if layout.pipeline > 1:
         args += ["--pipeline-model-parallel-layout", megatron_layout(layout)]
-    return args
+    if spec.parallelism.sequence_parallel and layout.tensor > 1:
+        args.append("--sequence-parallel")
+    moe = spec.model.moe
+    if moe is not None:
+        args += ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.experts_per_token)]
+        args += ["--moe-ffn-hidden-size", str(moe.expert_hidden_size)]
+        args += ["--expert-model-parallel-size", str(layout.expert)]
+        if moe.shared_experts:
+            shared = moe.shared_experts * moe.expert_hidden_size
+            args += ["--moe-shared-expert-intermediate-size", str(shared)]
+    return args + recompute_args(spec.framework, spec.training.activation_recompute)
 
 
 def torchtitan_parts(layout: Layout) -> list[str]:
@@ -105,6 +132,8 @@ def torchtitan_parts(layout: Layout) -> list[str]:
 
 
 def torchtitan_args(layout: Layout) -> list[str]:
+    """torchtitan's arguments. Its expert parallelism borrows the tensor ranks (its experts are
+    not tensor-split): Holmes' E expert groups of E x T ranks are its expert degree E x T."""
     local = layout.micro_batch_size * layout.micro_batches
     args = [
         "--parallelism.tensor_parallel_degree",
@@ -122,6 +151,8 @@ def torchtitan_args(layout: Layout) -> list[str]:
         "--training.global_batch_size",
         str(global_batch(layout)),
     ]
+    if layout.expert > 1:
+        args += ["--parallelism.expert_parallel_degree", str(layout.expert * layout.tensor)]
     if layout.pipeline > 1:
         args += [
             "--parallelism.pipeline_parallel_microbatch_size",
@@ -132,22 +163,26 @@ def torchtitan_args(layout: Layout) -> list[str]:
     return args
 
 
-def plan_args(framework: str, layout: Layout, node_rank: int) -> list[str]:
+def plan_args(spec: JobSpec, layout: Layout, node_rank: int) -> list[str]:
     """The arguments appended to the user's for the pod of ``node_rank``. DeepSpeed takes the
     stage sizes through the launcher's hook (holmes.launch.stages); torchrun programs read the
     Layout themselves."""
-    if framework == "megatron":
-        return megatron_args(layout, node_rank)
-    if framework == "torchtitan":
+    if spec.framework == "megatron":
+        return megatron_args(spec, layout, node_rank)
+    if spec.framework == "torchtitan":
         return torchtitan_args(layout)
     return []
 
 
 def plan_conflicts(spec: JobSpec, layout: Layout) -> list[str]:
     """The user's arguments against what only the plan knows (tensor and pipeline sizes, and
-    the layer count again)."""
+    the layer count again), and the template's env against what the engine asserts for them."""
     values = {"tensor": layout.tensor, "pipeline": layout.pipeline, "layers": layout.num_layers}
-    return conflicts(spec.framework, user_command(spec.template), values)
+    if spec.model.moe is not None:
+        values["expert"] = layout.expert
+    argv = user_command(spec.template)
+    env = trainer_env(spec.template)
+    return conflicts(spec.framework, argv, values) + env_conflicts(spec.framework, argv, env, layout.tensor)
 
 
 # ---- the ConfigMap and the pod -----------------------------------------------------------------
@@ -180,10 +215,11 @@ def launched_pod(pod: Mapping[str, Any], spec: JobSpec, layout: Layout, node_ran
     c = next(c for c in ps["containers"] if c.get("name") == want)
     argv = user_command(spec.template)
     c["command"] = [launcher_python(argv), f"{LAUNCH_DIR}/launch.py", "--", *argv]
-    c["command"] += plan_args(spec.framework, layout, node_rank)
+    c["command"] += plan_args(spec, layout, node_rank)
     c.pop("args", None)
     given = {e.get("name") for e in c.get("env") or []}
     ours = {"HOLMES_FRAMEWORK": spec.framework, "HOLMES_FABRIC_CHECK": spec.training.fabric_check}
+    ours.update(engine_env(spec.framework, argv, layout.tensor))
     c["env"] = [{"name": k, "value": v} for k, v in ours.items() if k not in given] + list(c.get("env") or [])
     c["volumeMounts"] = [m for m in c.get("volumeMounts") or [] if m.get("name") != LAUNCH_VOLUME]
     c["volumeMounts"].append({"name": LAUNCH_VOLUME, "mountPath": LAUNCH_DIR, "readOnly": True})
