@@ -196,6 +196,11 @@ def check_resolved(result: dict, nic_of: dict[str, str], network: str, ifname: s
         assert net["socket"]["ifname"] == ifname and net["gloo"]["ifname"] == ifname, net
         assert net["set"]["NCCL_SOCKET_IFNAME"] == f"={ifname}" and net["set"]["GLOO_SOCKET_IFNAME"] == ifname
         assert FRONT_END not in json.dumps(net["set"]) and ETH_IFNAME not in json.dumps(net["set"])
+        trainer = pod["spec"]["containers"][0]
+        rdma = [k for k in trainer["resources"]["limits"] if k.startswith("rdma/")]
+        added = (trainer.get("securityContext") or {}).get("capabilities", {}).get("add") or []
+        assert bool(pod["spec"].get("hostNetwork")) == (network == "hostNetwork")
+        assert bool(rdma) == ("IPC_LOCK" in added) == (nic_of[node] in ("infiniband", "roce")), trainer
         if nic_of[node] in ("infiniband", "roce"):  # no HCA on this machine: named, not hidden
             assert net["hca"]["value"] is None and net["problems"], net
             if network == "hostNetwork":  # the node's rails, as the operator passed them
