@@ -6,6 +6,7 @@ forward. Recorded by wrapping torch.distributed in each forked gloo rank."""
 from __future__ import annotations
 
 import functools
+import json
 
 import torch
 import torch.distributed as dist
@@ -185,3 +186,37 @@ def test_the_layout_families_name_each_boundarys_net():
         GroupFamily("p2p", "Socket", 0),
         GroupFamily("p2p", "Socket", 1),
     ]
+
+
+def test_every_group_the_engine_builds_is_logged_once_with_its_pinned_net(capsys):
+    """Before: only rank 0's start line listed groups (its own), so the DP group of another
+    stage never showed its network in any pod's log. Now each group's lowest rank writes the
+    hook's ``holmesGroup`` line: the pinned net (null inside one node), applied on NCCL only."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from holmes.trainer.groups import LOG_KEY, build_groups
+
+    layout = make_layout(2, 2, [2, 2], 1, 2, gpus_per_node=2, tensor=2)  # tp inside a node
+    lines = []
+    for rank in range(layout.world_size):
+        dist.init_process_group("fake", rank=rank, world_size=layout.world_size, store=FakeStore())
+        try:
+            build_groups(layout, rank, "fake", 30, nets={(0, 2): "Socket"})  # the fabric check's move
+        finally:
+            dist.destroy_process_group()
+        err = capsys.readouterr().err
+        lines += [json.loads(x)[LOG_KEY] for x in err.splitlines() if x.startswith(f'{{"{LOG_KEY}"')]
+    logged = {(g["kind"], tuple(g["ranks"])): g for g in lines}
+    assert len(logged) == len(lines)  # once per group
+    assert logged[("world", tuple(range(8)))]["net"] == "Socket"
+    want = [g for g in layout.process_groups() if len(g.ranks) > 1]
+    assert sorted(logged) == sorted([("world", tuple(range(8)))] + [(g.kind, g.ranks) for g in want])
+    for g in want:
+        entry = logged[(g.kind, g.ranks)]
+        if g.kind == "tp":  # both ranks on one node: left to NCCL
+            assert entry["net"] is None and "NVLink" in entry["why"], entry
+        elif g.ranks == (0, 2):
+            assert entry["net"] == "Socket" and entry["planned"] == "IB", entry
+        else:
+            assert entry["net"] == g.net and "planned" not in entry, entry
+        assert entry["applied"] is False and entry["backend"] == "fake"

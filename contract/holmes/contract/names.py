@@ -23,8 +23,8 @@ LABEL_NIC_GBPS = "holmes.dev/nic-gbps"  # all NICs of the node together, Gbit/s
 LABEL_CLUSTER = "holmes.dev/cluster"  # the default of spec.nodes.clusterLabel
 LABEL_LINK_LAYER = "holmes.dev/link-layer"  # InfiniBand | Ethernet (of the RDMA ports)
 # Node annotations (values too long or too free-form for labels).
-ANN_NIC_HCAS = "holmes.dev/nic-hcas"  # HCA names for NCCL_IB_HCA
-ANN_SOCKET_IFNAME = "holmes.dev/socket-ifname"
+ANN_NIC_HCAS = "holmes.dev/nic-hcas"  # the host's rail HCAs: the pods' HOLMES_HOST_HCAS hint
+ANN_SOCKET_IFNAME = "holmes.dev/socket-ifname"  # the host's netdev, never a pod's setting
 ANN_NIC_PROBLEM = "holmes.dev/nic-problem"  # why the labeller could not decide
 # Node Feature Discovery's labels that say a node has RDMA (but not which kind).
 NFD_RDMA_LABELS = (

@@ -9,9 +9,11 @@ What the labeller writes (the keys :mod:`holmes.plan.discovery` reads, named by 
                                          Ethernet netdev's speed
 ``holmes.dev/link-layer``        label   ``InfiniBand`` | ``Ethernet`` (RDMA nodes): lets
                                          discovery flag an admin's contradicting kind label
-``holmes.dev/nic-hcas``          annot.  the compute rails' HCAs, comma-separated (NCCL_IB_HCA)
+``holmes.dev/nic-hcas``          annot.  the compute rails' HCAs, comma-separated (the pods'
+                                         HOLMES_HOST_HCAS hint)
 ``holmes.dev/nic-other``         annot.  the RDMA ports that are not rails, each with why
-``holmes.dev/socket-ifname``     annot.  fastest up hardware Ethernet netdev (NCCL_SOCKET_IFNAME);
+``holmes.dev/socket-ifname``     annot.  fastest up hardware Ethernet netdev (a host fact: pods
+                                         resolve their own interface);
                                          the default route's interface instead where the
                                          fastest is a compute rail's netdev
 ``holmes.dev/nic-problem``       annot.  why no kind was written (the rails disagree on the

@@ -23,13 +23,16 @@ Rules, first match wins (every name is configurable in :class:`NicMapping`):
 ``gbps`` is the bandwidth of the node's NICs *together* for collective traffic (e.g. 8 x 200
 Gb/s HDR rails = 1600); when no label says it, a per-kind default from the mapping is used and
 ``gbps_source`` says so (DRANET publishes no link speed, so DRA nodes too take the label or the
-default). HCAs (for ``NCCL_IB_HCA``) come from the annotation
+default). The host's compute-rail HCAs come from the annotation
 ``holmes.dev/nic-hcas`` (comma-separated) or the label of that name ('.'-separated, since label
-values cannot hold commas); the socket interface (``NCCL_SOCKET_IFNAME``) from
-``holmes.dev/socket-ifname`` (annotation or label). A ``holmes.dev/nic-problem`` annotation (or
-label), which the NIC labeller writes when a node's sysfs contradicts itself (its compute rails
-disagree on InfiniBand vs RoCE), makes the node unusable with that message, unless ``holmes.dev/nic`` says the
-kind: an explicit kind label is the admin's answer to it.
+values cannot hold commas); the host's socket interface from ``holmes.dev/socket-ifname``
+(annotation or label). Both are the host's names: the operator passes the HCAs as a hint
+(``HOLMES_HOST_HCAS``) and never copies either into a pod's ``NCCL_IB_HCA`` or
+``NCCL_SOCKET_IFNAME``, which the pod resolves from what it sees (``holmes.launch.podnet``).
+A ``holmes.dev/nic-problem`` annotation (or label), which the NIC labeller writes when a node's
+sysfs contradicts itself (its compute rails disagree on InfiniBand vs RoCE), makes the node
+unusable with that message, unless ``holmes.dev/nic`` says the kind: an explicit kind label is
+the admin's answer to it.
 
 GPUs: ``gpus`` is the allocatable ``nvidia.com/gpu`` of the device plugin; a node without it
 counts the whole GPUs NVIDIA's DRA driver publishes in its slices (``gpu_source`` says which).

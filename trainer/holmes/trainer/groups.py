@@ -13,10 +13,16 @@ parallelism needs no HCA. gloo takes no options, the same code path builds plain
 the environment before NCCL reads it, and refuses to start when NCCL's configuration files set it;
 it refuses TorchComms too (torch 2.13 passes it no per-group options) when the Layout pins
 groups to different nets.
+
+Each group's lowest rank logs one JSON line ``{"holmesGroup": {...}}`` (the world group: rank
+0), the line the launcher's network hook writes for other frameworks (``holmes.launch.hook``),
+so every group's network shows in the pods' logs whatever the framework: ``net`` is the pinned
+network (null inside one node), ``applied`` whether it was passed to NCCL, ``why`` when not.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterable, MutableMapping
@@ -60,6 +66,33 @@ def pinned_net(layout: Layout, ranks: Iterable[int], net: str) -> str | None:
     own choice: NVLink, shared memory) when all its ranks are on one node."""
     nodes = {r // layout.gpus_per_node for r in ranks}
     return net if len(nodes) > 1 else None
+
+
+LOG_KEY = "holmesGroup"  # the hook's key (holmes.launch.hook.LOG_KEY): one reader for both
+
+
+def group_line(
+    layout: Layout, kind: str, ranks: Iterable[int], backend: str, net: str, planned: str | None = None
+) -> dict[str, Any]:
+    """The log entry of one group (pure), in the hook's terms. ``planned``: the Layout's net
+    where the fabric check moved the group to ``net``."""
+    members = list(ranks)
+    pinned = pinned_net(layout, members, net)
+    entry: dict[str, Any] = {"ranks": members, "kind": kind, "backend": backend, "net": pinned}
+    if planned is not None and planned != net:
+        entry["planned"] = planned
+    if pinned is None:
+        node = layout.nodes[members[0] // layout.gpus_per_node]
+        entry.update(applied=False, why=f"all ranks on node {node}: NCCL uses NVLink or shared memory")
+    elif backend != "nccl":
+        entry.update(applied=False, why=f"backend {backend}: net is what NCCL would get")
+    else:
+        entry["applied"] = True
+    return entry
+
+
+def log_group(entry: dict[str, Any]) -> None:
+    print(json.dumps({LOG_KEY: entry}, separators=(",", ":")), file=sys.stderr, flush=True)
 
 
 def group_options(backend: str, net: str | None) -> Any:
@@ -153,6 +186,8 @@ def build_groups(
         pinned = pinned_net(layout, range(layout.world_size), world_net)
         world = dist.new_group(timeout=timeout, backend=backend, pg_options=group_options(backend, pinned))
     created = [{"kind": "world", "size": layout.world_size, "backend": backend, "net": world_net}]
+    if rank == 0:
+        log_group(group_line(layout, "world", range(layout.world_size), backend, world_net, layout.world_net))
     members: list[tuple[dict[str, Any], Any]] = []
     kinds = ("dp", "tp", "pp", "p2p")
     specs = [g for g in layout.process_groups() if g.kind in kinds]
@@ -166,6 +201,8 @@ def build_groups(
             handle = dist.new_group(
                 list(g.ranks), timeout=timeout, backend=backend, pg_options=group_options(backend, pinned)
             )
+            if rank == min(g.ranks):
+                log_group(group_line(layout, g.kind, g.ranks, backend, net, g.net))
         if rank not in g.ranks:
             continue
         if handle is not None:
