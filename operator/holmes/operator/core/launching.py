@@ -74,7 +74,7 @@ class Launching(JobState):
         except RouteError as e:
             return self.stall("InvalidSpec", f"{e}{validation.FIX}")
         ref = self.job_ref()
-        self.d.configmap = frameworks.with_framework_files(build_configmap(ref, layout, spec), spec, layout)
+        self.d.configmap = build_configmap(ref, layout, spec, frameworks.config_files(spec, layout))
         if self.obs.service is None:
             self.d.service = build_service(ref, self.settings)
         existing = {pod_node_rank(p) for p in self.current_pods()}
@@ -91,9 +91,10 @@ class Launching(JobState):
                 settings=self.settings,
                 hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL),
                 master=master if rank else None,
+                # spec.framework other than holmes: the user's command under Holmes' launcher
+                launch=frameworks.launch(spec, layout, rank, self.settings.image),
             )
-            # spec.framework other than holmes: the user's command under Holmes' launcher
-            self.d.create_pods.append(frameworks.launched_pod(pod, spec, layout, rank, self.settings.image))
+            self.d.create_pods.append(pod)
         if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup
             shape = capacity.pod_shape(spec, self.settings.gpu_resource)
             self.d.podgroup = queueing.build_podgroup(

@@ -1,6 +1,7 @@
 """Pure rendering of a HolmesJob attempt's children: objects in, objects out, no I/O.
 
-- ``build_configmap``: layout.json (the Layout contract) and job.yaml (the spec) for the trainer.
+- ``build_configmap``: layout.json (the Layout contract) and job.yaml (the spec) for the trainer,
+  and the files a framework's arguments name (frameworks.config_files).
 - ``build_service``: headless Service whose name is the pods' subdomain (rendezvous by DNS).
 - ``build_pod``: one pod per planned node, pinned there by required node affinity on
   kubernetes.io/hostname, with rank/rendezvous env (also as torchrun's PET_* variables), its
@@ -11,7 +12,9 @@
   runAsNonRoot and every container hardened: template.secure_defaults) unless the template,
   within the operator's policy (template.py), says otherwise. The user's template is respected: image,
   command/args, env (wins over ours), resources (win over ours), volumes, tolerations,
-  schedulerName, labels, annotations and any other PodSpec field.
+  schedulerName, labels, annotations and any other PodSpec field. For ``spec.framework`` other
+  than holmes the same pass runs the user's command under Holmes' launcher (frameworks.launch:
+  its command, variables, volume and init container).
 
 Owner references are added by the caller (kopf.adopt), so these stay plain dicts.
 """
@@ -29,6 +32,7 @@ from holmes.contract import JobSpec, Layout
 from holmes.contract.names import ENV_GRACE_SECONDS, LABEL_NIC, RESOURCE_GPU
 
 from . import names
+from .frameworks import Launch
 from .routes import PodRoute
 from .template import RDMA_CAPABILITIES, TemplatePolicy, harden_container, secure_defaults
 
@@ -81,8 +85,11 @@ def child_labels(job: JobRef) -> dict[str, str]:
     return {names.LABEL_JOB: job.name, names.LABEL_MANAGED_BY: names.MANAGED_BY}
 
 
-def build_configmap(job: JobRef, layout: Layout, spec: JobSpec) -> dict:
-    """The Layout and the job (its typed spec, defaults filled in) as the trainer reads them."""
+def build_configmap(
+    job: JobRef, layout: Layout, spec: JobSpec, files: Mapping[str, str] | None = None
+) -> dict:
+    """The Layout and the job (its typed spec, defaults filled in) as the trainer reads them;
+    ``files``: more files for /etc/holmes (frameworks.config_files)."""
     manifest = {
         "apiVersion": names.API_VERSION,
         "kind": names.KIND,
@@ -105,6 +112,7 @@ def build_configmap(job: JobRef, layout: Layout, spec: JobSpec) -> dict:
         "data": {
             names.LAYOUT_FILE: layout.to_json(indent=1),
             names.JOB_FILE: yaml.safe_dump(manifest, sort_keys=False),
+            **(files or {}),
         },
     }
 
@@ -226,11 +234,13 @@ def build_pod(
     settings: RenderSettings,
     hostname_label: str | None = None,
     master: str | None = None,
+    launch: Launch | None = None,
 ) -> dict:
     """The pod for node ``layout.nodes[node_rank]`` of this attempt. ``route``: how it reaches
     the network (routes.pod_route: host network or its own, RDMA devices, Multus networks, NCCL
     env); ``master``: the rendezvous address when not rank 0's DNS name (rank 0's IP, for a job
-    across member clusters)."""
+    across member clusters); ``launch``: the launcher's part for ``spec.framework`` other than
+    holmes (frameworks.launch), None to run Holmes' trainer."""
     node = layout.nodes[node_rank]
     template = copy.deepcopy(dict(template or {}))
     tmeta = template.get("metadata") or {}
@@ -256,8 +266,15 @@ def build_pod(
     idx = next((i for i, c in enumerate(containers) if c.get("name") == names.TRAINER_CONTAINER), 0)
     if not containers:
         containers = [{"name": names.TRAINER_CONTAINER}]
+    # volumes of these names are Holmes': a template's own are replaced (pod and trainer alike)
+    replaced = {names.LAYOUT_VOLUME, names.SHM_VOLUME, *([launch.volume["name"]] if launch else [])}
+    shm = not any(  # a memory-backed /dev/shm unless the user mounts their own
+        m.get("mountPath") == "/dev/shm" and m.get("name") not in replaced
+        for m in containers[idx].get("volumeMounts") or []
+    )
     master = master or names.master_addr(job.name, job.namespace, job.attempt)
-    ours = dict(rank_env(job, layout, node_rank, settings, master))
+    ours = dict(launch.env) if launch else {}  # the launcher's first; ours win on a clash
+    ours.update(rank_env(job, layout, node_rank, settings, master))
     ours.update(route.env)
     ours.update(torch_env())
     # the trainer saves on SIGTERM only when it fits in what the kubelet grants (default 30 s)
@@ -272,16 +289,19 @@ def build_pod(
         command=default_command(layout, node_rank, master, master_port),
         settings=settings,
         ports=(master_port, metrics_port if node_rank == 0 else None),
+        launch=launch,
+        replaced=replaced,
+        shm=shm,
     )
 
-    volumes = [
-        v for v in pspec.get("volumes") or [] if v.get("name") not in (names.LAYOUT_VOLUME, names.SHM_VOLUME)
-    ]
+    volumes = [v for v in pspec.get("volumes") or [] if v.get("name") not in replaced]
     volumes.append(
         {"name": names.LAYOUT_VOLUME, "configMap": {"name": names.layout_configmap_name(job.name)}}
     )
-    if not _mounts_path(containers[idx], "/dev/shm"):
+    if shm:
         volumes.append({"name": names.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    if launch:
+        volumes.append(copy.deepcopy(dict(launch.volume)))
 
     pspec.update(
         {
@@ -298,6 +318,10 @@ def build_pod(
         pspec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
     pspec.setdefault("enableServiceLinks", False)
     secure_defaults(pspec, settings.policy.level)  # no API token, seccomp; restricted: non-root...
+    if launch:  # the launcher's copy runs first (written within the restricted level already)
+        init = launch.init_container
+        users = [i for i in pspec.get("initContainers") or [] if i.get("name") != init["name"]]
+        pspec["initContainers"] = [copy.deepcopy(dict(init)), *users]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -315,11 +339,17 @@ def _trainer_container(
     command: Sequence[str],
     settings: RenderSettings,
     ports: tuple[int, int | None],
+    launch: Launch | None,
+    replaced: set[str],
+    shm: bool,
 ) -> dict:
     c = dict(c)
     c.setdefault("name", names.TRAINER_CONTAINER)
     c.setdefault("image", settings.image)
-    if "command" not in c:
+    if launch:  # the user's command and args under the launcher, the plan's arguments appended
+        c["command"] = list(launch.command)
+        c.pop("args", None)
+    elif "command" not in c:
         c["command"] = list(command) + list(c.pop("args", None) or [])  # user args extend the trainer's
     user_env = list(c.get("env") or [])
     user_names = {e.get("name") for e in user_env}
@@ -337,11 +367,12 @@ def _trainer_container(
         limits.setdefault(name, quantity)
     c["resources"] = resources
 
-    mounts = list(c.get("volumeMounts") or [])
-    mounts = [m for m in mounts if m.get("name") not in (names.LAYOUT_VOLUME, names.SHM_VOLUME)]
+    mounts = [m for m in c.get("volumeMounts") or [] if m.get("name") not in replaced]
     mounts.append({"name": names.LAYOUT_VOLUME, "mountPath": names.LAYOUT_MOUNT, "readOnly": True})
-    if not _mounts_path(c, "/dev/shm"):
+    if shm:
         mounts.append({"name": names.SHM_VOLUME, "mountPath": "/dev/shm"})
+    if launch:
+        mounts.append(dict(launch.mount))
     c["volumeMounts"] = mounts
 
     # Secure defaults the template may override within the operator's policy: no privilege
@@ -360,12 +391,6 @@ def _trainer_container(
         declared.append({"name": "metrics", "containerPort": ports[1]})
     c["ports"] = declared
     return c
-
-
-def _mounts_path(c: Mapping[str, Any], path: str) -> bool:
-    return any(
-        m.get("mountPath") == path and m.get("name") != names.SHM_VOLUME for m in c.get("volumeMounts") or []
-    )
 
 
 def _pin_to(affinity: Mapping[str, Any] | None, hostname: str) -> dict:
