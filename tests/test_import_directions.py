@@ -267,6 +267,46 @@ def test_the_circle_and_private_checks_can_fail(tmp_path):
     ]
 
 
+# ---- one name, one module ------------------------------------------------------------------------
+
+# Left for the engineers changing these files now (issue 37): the set only shrinks.
+SHARED_FILE_NAMES_LEFT = {
+    # operator/core/routes.py (how a pod reaches the network) and labeller/routes.py (the host's
+    # default route): core/routes.py is being reshaped on another branch
+    "routes.py",
+}
+
+
+def shared_file_names(root: Path = REPO) -> dict[str, list[str]]:
+    """File names that two of the product's modules share (``__init__``/``__main__`` aside): a
+    reader (or a grep, or a traceback) cannot tell ``names.py`` from ``names.py``."""
+    where: dict[str, list[str]] = {}
+    for folder in PRODUCT:
+        for f in sorted((root / folder).rglob("*.py")):
+            if f.name not in ("__init__.py", "__main__.py"):
+                where.setdefault(f.name, []).append(str(f.relative_to(root)))
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def test_no_two_modules_share_a_file_name():
+    shared = shared_file_names()
+    new = {name: paths for name, paths in shared.items() if name not in SHARED_FILE_NAMES_LEFT}
+    assert not new, "rename one of each so its name says what it holds:\n" + "\n".join(
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(new.items())
+    )
+    assert SHARED_FILE_NAMES_LEFT <= set(shared), "renamed: drop it from SHARED_FILE_NAMES_LEFT"
+
+
+def test_the_shared_file_name_check_can_fail(tmp_path):
+    for folder in ("contract/holmes/contract", "operator/holmes/operator/core"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "names.py").write_text("")
+        (tmp_path / folder / "__init__.py").write_text("")
+    assert shared_file_names(tmp_path) == {
+        "names.py": ["contract/holmes/contract/names.py", "operator/holmes/operator/core/names.py"]
+    }
+
+
 # ---- tests take shared helpers from helper modules, never from another test file --------------
 
 # Left for the engineers reshaping these files now (issue 37): the list only shrinks.

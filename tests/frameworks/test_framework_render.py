@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from holmes.contract import JobSpec
-from holmes.operator.core import frameworks as fw
+from holmes.operator.core import framework_launch as fw
 from holmes.operator.core.render import RenderSettings
 from holmes.operator.core.template import BASELINE, RESTRICTED, TemplatePolicy, rendered_pod_violations
 from tests.operator.opfixtures import FakeWorld, default_nodes, manifest, with_link_layers

@@ -7,7 +7,7 @@ from __future__ import annotations
 from holmes.contract import JobSpec, Layout
 from holmes.plan import InsufficientNodes, PlanError
 
-from . import capacity, frameworks, members, names, placement, queueing, validation
+from . import capacity, child_names, framework_launch, members, placement, queueing, validation
 from . import conditions as cond
 from .render import HOSTNAME_LABEL, build_configmap, build_pod, build_service
 from .routes import RouteError, job_routes
@@ -47,7 +47,7 @@ class Launching(JobState):
             self.d.requeue_after = self.until_deadline(1.0)
             return self.d
         layout = None  # resume a launch cut short: its layout, if the spec is the same
-        if self.cm_annotation(names.ANN_SPEC_HASH) == names.spec_hash(self.job.get("spec") or {}):
+        if self.cm_annotation(child_names.ANN_SPEC_HASH) == child_names.spec_hash(self.job.get("spec") or {}):
             layout = self.launched_layout()
         by_name = self.nodes
         if layout is None:
@@ -65,7 +65,7 @@ class Launching(JobState):
             self.teardown()  # a planned node vanished: plan again
             return self.launch(spec)
 
-        mismatch = frameworks.plan_conflicts(spec, layout)  # spec.framework: the user's arguments
+        mismatch = framework_launch.plan_conflicts(spec, layout)  # spec.framework: the user's arguments
         if mismatch:
             return self.stall("InvalidSpec", "; ".join(mismatch))
         nets = {n: self.facts.network(by_name[n]) for n in layout.nodes}
@@ -74,7 +74,7 @@ class Launching(JobState):
         except RouteError as e:
             return self.stall("InvalidSpec", f"{e}{validation.FIX}")
         ref = self.job_ref()
-        self.d.configmap = build_configmap(ref, layout, spec, frameworks.config_files(spec, layout))
+        self.d.configmap = build_configmap(ref, layout, spec, framework_launch.config_files(spec, layout))
         if self.obs.service is None:
             self.d.service = build_service(ref, self.settings)
         existing = {pod_node_rank(p) for p in self.current_pods()}
@@ -92,7 +92,7 @@ class Launching(JobState):
                 hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL),
                 master=master if rank else None,
                 # spec.framework other than holmes: the user's command under Holmes' launcher
-                launch=frameworks.launch(spec, layout, rank, self.settings.image),
+                launch=framework_launch.launch(spec, layout, rank, self.settings.image),
             )
             self.d.create_pods.append(pod)
         if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup
@@ -103,7 +103,7 @@ class Launching(JobState):
             for pod in self.d.create_pods:
                 queueing.in_group(pod, self.d.podgroup["metadata"]["name"])
         nic_of = {n: net.nic for n, net in nets.items()}
-        self.status["layout"] = layout_status(layout, nic_of, names.layout_configmap_name(self.name))
+        self.status["layout"] = layout_status(layout, nic_of, child_names.layout_configmap_name(self.name))
         self.status.pop("waitingSince", None)
         if len(existing) + len(self.d.create_pods) < len(layout.nodes):  # across members: rank 0 first
             return self.wait_for_rendezvous(layout)

@@ -1,6 +1,8 @@
-"""Pure rendering for ``spec.framework`` other than holmes: the plan as the framework's own
-arguments, the files they point at, and what the pods need to run the user's command under
-Holmes' launcher (``holmes.launch``), returned as data that render.py renders the pods with.
+"""How a ``spec.framework`` other than holmes is launched on the plan, pure: the plan as the
+framework's own arguments, the files they point at, and what the pods need to run the user's
+command under Holmes' launcher (``holmes.launch``), returned as data that render.py renders the
+pods with. (Which frameworks there are and the checks of their commands that need no plan:
+``holmes.contract.frameworks``.)
 
 What a pod of an external framework gets on top of Holmes' own (render.py: ranks, the
 rendezvous, per-node NCCL env without NCCL_NET, the RDMA resource and the Layout at /etc/holmes):
@@ -24,7 +26,7 @@ import yaml
 from holmes.contract import JobSpec, Layout
 from holmes.contract.frameworks import conflicts, is_external, user_command
 
-from . import names
+from . import child_names
 
 LAUNCH_VOLUME = "holmes-launch"
 LAUNCH_DIR = "/holmes-launch"
@@ -83,7 +85,7 @@ def megatron_args(layout: Layout, node_rank: int) -> list[str]:
         "--global-batch-size",
         str(global_batch(layout)),
         "--nccl-communicator-config-path",
-        f"{names.LAYOUT_MOUNT}/{megatron_nccl_file(stage)}",
+        f"{child_names.LAYOUT_MOUNT}/{megatron_nccl_file(stage)}",
     ]
     if layout.pipeline > 1:
         args += ["--pipeline-model-parallel-layout", megatron_layout(layout)]
