@@ -313,7 +313,6 @@ def test_the_shared_file_name_check_can_fail(tmp_path):
 TEST_IMPORTS_LEFT = {
     ("tests/trainer/test_trainer_preemption.py", "tests.trainer.test_trainer_entrypoint"),
     ("tests/trainer/test_tensor_parallel.py", "tests.trainer.test_trainer_checkpoint"),
-    ("tests/frameworks/test_framework_spec.py", "tests.plan.test_jobspec"),
     ("tests/frameworks/test_real_frameworks.py", "tests.frameworks.test_framework_render"),
     ("tests/frameworks/test_launcher.py", "tests.trainer.test_fabric"),
     ("tests/labeller/test_labeller_rails.py", "tests.labeller.test_labeller_units"),  # main, issue 34
