@@ -309,15 +309,6 @@ def test_the_shared_file_name_check_can_fail(tmp_path):
 
 # ---- tests take shared helpers from helper modules, never from another test file --------------
 
-# Left for the engineers reshaping these files now (issue 37): the list only shrinks.
-TEST_IMPORTS_LEFT = {
-    ("tests/trainer/test_trainer_preemption.py", "tests.trainer.test_trainer_entrypoint"),
-    ("tests/trainer/test_tensor_parallel.py", "tests.trainer.test_trainer_checkpoint"),
-    ("tests/frameworks/test_real_frameworks.py", "tests.frameworks.test_framework_render"),
-    ("tests/frameworks/test_launcher.py", "tests.trainer.test_fabric"),
-    ("tests/labeller/test_labeller_rails.py", "tests.labeller.test_labeller_units"),  # main, issue 34
-}
-
 
 def imports_between_test_files(root: Path = REPO) -> set[tuple[str, str]]:
     """(test file, test module it imports from): what belongs in a helper module instead."""
@@ -331,11 +322,9 @@ def imports_between_test_files(root: Path = REPO) -> set[tuple[str, str]]:
 
 
 def test_tests_take_shared_helpers_from_helper_modules():
-    found = imports_between_test_files()
-    new = sorted(found - TEST_IMPORTS_LEFT)
-    assert not new, "move what these take into a helper module (opfixtures.py, cluster_helpers.py ...):\n" + (
-        "\n".join(f"{f} imports {m}" for f, m in new)
-    )
+    found = sorted(imports_between_test_files())
+    where = "\n".join(f"{f} imports {m}" for f, m in found)
+    assert not found, f"move what these take into a helper module (opfixtures.py, ...):\n{where}"
 
 
 def test_the_test_import_check_can_fail(tmp_path):

@@ -8,34 +8,8 @@ from holmes.contract import JobSpec
 from holmes.operator.core import framework_launch as fw
 from holmes.operator.core.render import RenderSettings
 from holmes.operator.core.template import BASELINE, RESTRICTED, TemplatePolicy, rendered_pod_violations
-from tests.operator.opfixtures import FakeWorld, default_nodes, manifest, with_link_layers
-
-MEGATRON = ["python3", "pretrain_gpt.py", "--seq-length", "32", "--tokenizer-type", "NullTokenizer"]
-
-
-def template(command, args=None, **container):
-    c = {"name": "trainer", "image": "registry.example/megatron:1", "command": command, **container}
-    if args:
-        c["args"] = args
-    return {"spec": {"containers": [c]}}
-
-
-def job(framework="megatron", command=MEGATRON, layers=8, pipeline=3, **extra):
-    return manifest(
-        count=6,
-        gpus=2,
-        framework=framework,
-        model={"layers": layers, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
-        training={"globalBatchSize": 24, "microBatchSize": 1, "iterations": 5, "learningRate": 1.0e-3},
-        parallelism={"pipeline": pipeline, "tensor": 2},
-        template=template(command, **extra),
-    )
-
-
-def launched(manifest_):
-    w = FakeWorld(manifest_, nodes=with_link_layers(default_nodes()))
-    d = w.step()
-    return w, d
+from tests.frameworks.framework_jobs import MEGATRON, job, launched
+from tests.operator.opfixtures import FakeWorld, default_nodes, with_link_layers
 
 
 def test_megatron_pods_run_the_users_command_under_the_launcher_with_the_plan_appended():

@@ -17,7 +17,7 @@ from holmes.contract import Layout
 from holmes.launch import hook, stages
 from holmes.launch.islands import Islands
 from holmes.operator.core import framework_launch as fw
-from tests.frameworks.test_framework_render import job, launched
+from tests.frameworks.framework_jobs import job, launched
 
 
 @pytest.fixture(scope="module")
