@@ -309,6 +309,10 @@ def test_the_shared_file_name_check_can_fail(tmp_path):
 
 # ---- tests take shared helpers from helper modules, never from another test file --------------
 
+# main has rewritten test_fabric.pod_root since this branch (it builds on tests/trainer/fakepod.py):
+# after the merge it moves into fakepod.py and this set is deleted.
+TEST_IMPORTS_LEFT = {("tests/frameworks/test_launcher.py", "tests.trainer.test_fabric")}
+
 
 def imports_between_test_files(root: Path = REPO) -> set[tuple[str, str]]:
     """(test file, test module it imports from): what belongs in a helper module instead."""
@@ -322,7 +326,7 @@ def imports_between_test_files(root: Path = REPO) -> set[tuple[str, str]]:
 
 
 def test_tests_take_shared_helpers_from_helper_modules():
-    found = sorted(imports_between_test_files())
+    found = sorted(imports_between_test_files() - TEST_IMPORTS_LEFT)
     where = "\n".join(f"{f} imports {m}" for f, m in found)
     assert not found, f"move what these take into a helper module (opfixtures.py, ...):\n{where}"
 

@@ -13,7 +13,7 @@ from holmes_dev.ports import free_port
 from holmes.launch import __main__ as launcher
 from holmes.launch.install import install
 from tests.frameworks.layouts import THREE
-from tests.labeller.fakesysfs import pod_root
+from tests.trainer.test_fabric import pod_root
 
 
 def test_worker_env_drops_nccl_net_and_follows_the_socket_interface():

@@ -216,22 +216,3 @@ def route_table(default_ifname: str) -> str:
         f"{default_ifname}\t00000000\t0100A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
         "eno1\t00000000\t0101A8C0\t0003\t0\t0\t600\t00000000\t0\t0\t0\n"
     )
-
-
-ROCE_V2_GID = "0000:0000:0000:0000:0000:ffff:0a00:0005"
-
-
-def pod_root(tmp_path: Path, kind: str = "infiniband", uverbs: bool = True, **kw) -> Path:
-    """A pod's view: <root>/sys as sysfs shows the node's HCAs, <root>/dev/infiniband if mounted."""
-    sysfs = tmp_path / "sys"
-    if kind == "infiniband":
-        infiniband_node(sysfs, **kw)
-    elif kind == "roce-gid":
-        fs = FakeSysfs(sysfs).base_host()
-        fs.hca("mlx5_0", [("Ethernet", "100 Gb/sec", "4: ACTIVE")], gids={3: ROCE_V2_GID})
-    else:
-        roce_node(sysfs)
-    if uverbs:
-        (tmp_path / "dev" / "infiniband").mkdir(parents=True)
-        (tmp_path / "dev" / "infiniband" / "uverbs0").touch()
-    return tmp_path

@@ -17,9 +17,27 @@ from holmes.trainer import fabric
 from holmes.trainer.engine import Trainer
 from holmes.trainer.fabric import rdma_problems, select_hcas
 from holmes.trainer.reporting import MetricsSink
-from tests.labeller.fakesysfs import FakeSysfs, pod_root
+from tests.labeller.fakesysfs import FakeSysfs, infiniband_node, roce_node
 
 from .trainer_harness import make_layout, run_ranks, tiny_config
+
+ROCE_V2_GID = "0000:0000:0000:0000:0000:ffff:0a00:0005"
+
+
+def pod_root(tmp_path: Path, kind: str = "infiniband", uverbs: bool = True, **kw) -> Path:
+    """A pod's view: <root>/sys as sysfs shows the node's HCAs, <root>/dev/infiniband if mounted."""
+    sysfs = tmp_path / "sys"
+    if kind == "infiniband":
+        infiniband_node(sysfs, **kw)
+    elif kind == "roce-gid":
+        fs = FakeSysfs(sysfs).base_host()
+        fs.hca("mlx5_0", [("Ethernet", "100 Gb/sec", "4: ACTIVE")], gids={3: ROCE_V2_GID})
+    else:
+        roce_node(sysfs)
+    if uverbs:
+        (tmp_path / "dev" / "infiniband").mkdir(parents=True)
+        (tmp_path / "dev" / "infiniband" / "uverbs0").touch()
+    return tmp_path
 
 
 def problems(root: Path, **env: str) -> list[str]:
