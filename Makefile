@@ -76,7 +76,7 @@ chart-sync:
 	hack/chart-sync.sh
 
 # Generate crds/holmesjob.yaml from the spec's declarations (contract/holmes/contract/jobspec.py,
-# status.py, podtemplate.py), then refresh its copies (tests/operator/test_crd.py checks it).
+# status.py, podtemplate.py), then refresh its copies (tests/contract/test_crd.py checks it).
 crd: venv
 	$(PY) hack/gen_crd.py
 	hack/chart-sync.sh

@@ -280,17 +280,50 @@ def test_the_circle_and_private_checks_can_fail(tmp_path):
     ]
 
 
+# ---- one name, one module ------------------------------------------------------------------------
+
+# Left for the engineers changing these files now (issue 37): the set only shrinks.
+SHARED_FILE_NAMES_LEFT = {
+    # operator/core/routes.py (how a pod reaches the network) and labeller/routes.py (the host's
+    # default route): core/routes.py is being reshaped on another branch
+    "routes.py",
+}
+
+
+def shared_file_names(root: Path = REPO) -> dict[str, list[str]]:
+    """File names that two of the product's modules share (``__init__``/``__main__`` aside): a
+    reader (or a grep, or a traceback) cannot tell ``names.py`` from ``names.py``."""
+    where: dict[str, list[str]] = {}
+    for folder in PRODUCT:
+        for f in sorted((root / folder).rglob("*.py")):
+            if f.name not in ("__init__.py", "__main__.py"):
+                where.setdefault(f.name, []).append(str(f.relative_to(root)))
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def test_no_two_modules_share_a_file_name():
+    shared = shared_file_names()
+    new = {name: paths for name, paths in shared.items() if name not in SHARED_FILE_NAMES_LEFT}
+    assert not new, "rename one of each so its name says what it holds:\n" + "\n".join(
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(new.items())
+    )
+    assert SHARED_FILE_NAMES_LEFT <= set(shared), "renamed: drop it from SHARED_FILE_NAMES_LEFT"
+
+
+def test_the_shared_file_name_check_can_fail(tmp_path):
+    for folder in ("contract/holmes/contract", "operator/holmes/operator/core"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "names.py").write_text("")
+        (tmp_path / folder / "__init__.py").write_text("")
+    assert shared_file_names(tmp_path) == {
+        "names.py": ["contract/holmes/contract/names.py", "operator/holmes/operator/core/names.py"]
+    }
+
+
 # ---- tests take shared helpers from helper modules, never from another test file --------------
 
-# Left for the engineers reshaping these files now (issue 37): the list only shrinks.
-TEST_IMPORTS_LEFT = {
-    ("tests/trainer/test_trainer_preemption.py", "tests.trainer.test_trainer_entrypoint"),
-    ("tests/trainer/test_tensor_parallel.py", "tests.trainer.test_trainer_checkpoint"),
-    ("tests/frameworks/test_framework_spec.py", "tests.plan.test_jobspec"),
-    ("tests/frameworks/test_real_frameworks.py", "tests.frameworks.test_framework_render"),
-    ("tests/frameworks/test_launcher.py", "tests.trainer.test_fabric"),
-    ("tests/labeller/test_labeller_rails.py", "tests.labeller.test_labeller_units"),  # main, issue 34
-}
+# main has rewritten test_fabric.pod_root since this branch (it builds on tests/trainer/fakepod.py):
+# after the merge it moves into fakepod.py and this set is deleted.
 
 
 def imports_between_test_files(root: Path = REPO) -> set[tuple[str, str]]:
@@ -305,11 +338,9 @@ def imports_between_test_files(root: Path = REPO) -> set[tuple[str, str]]:
 
 
 def test_tests_take_shared_helpers_from_helper_modules():
-    found = imports_between_test_files()
-    new = sorted(found - TEST_IMPORTS_LEFT)
-    assert not new, "move what these take into a helper module (opfixtures.py, cluster_helpers.py ...):\n" + (
-        "\n".join(f"{f} imports {m}" for f, m in new)
-    )
+    found = sorted(imports_between_test_files())
+    where = "\n".join(f"{f} imports {m}" for f, m in found)
+    assert not found, f"move what these take into a helper module (opfixtures.py, ...):\n{where}"
 
 
 def test_the_test_import_check_can_fail(tmp_path):

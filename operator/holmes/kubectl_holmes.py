@@ -22,7 +22,7 @@ from typing import Any
 from holmes.cli import main as holmes_main
 from holmes.cli import quiet_closed_pipe, write_svg
 from holmes.contract.names import GROUP, PLURAL, VERSION
-from holmes.operator.core.names import LABEL_ATTEMPT, LABEL_JOB
+from holmes.operator.core.child_names import LABEL_ATTEMPT, LABEL_JOB
 
 
 class PluginError(Exception):

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from holmes.contract import JobSpec
-from holmes.operator.core import frameworks as fw
+from holmes.operator.core import framework_launch as fw
 from holmes.operator.core.render import RenderSettings
 from holmes.operator.core.template import BASELINE, RESTRICTED, TemplatePolicy, rendered_pod_violations
 from tests.frameworks.framework_helpers import MEGATRON, job, launched
@@ -124,3 +124,23 @@ def test_launcher_pods_pass_the_pod_security_level_holmes_enforces(level):
     for pod in d.create_pods:
         assert pod["spec"]["initContainers"][0]["name"] == "holmes-launch"
         assert rendered_pod_violations(pod, level) == [], pod["metadata"]["name"]
+
+
+@pytest.mark.parametrize("framework, taken", [("megatron", "holmes-launch"), ("holmes", "holmes-layout")])
+def test_a_template_mount_replaced_by_holmes_does_not_stand_in_for_dev_shm(framework, taken):
+    """A template volume named like one of Holmes' own is replaced by Holmes'; mounted at
+    /dev/shm it must not keep the pod from its memory-backed /dev/shm (it used to leave the
+    launcher's pods with none at all)."""
+    m = job(framework, volumeMounts=[{"name": taken, "mountPath": "/dev/shm"}])
+    m["spec"]["template"]["spec"]["volumes"] = [{"name": taken, "emptyDir": {"sizeLimit": "1Gi"}}]
+    if framework == "holmes":
+        del m["spec"]["framework"]
+    w, d = launched(m)
+    assert len(d.create_pods) == 6, w.reasons()
+    for pod in d.create_pods:
+        (c,) = pod["spec"]["containers"]
+        shm = [mnt for mnt in c["volumeMounts"] if mnt["mountPath"] == "/dev/shm"]
+        assert shm == [{"name": "dshm", "mountPath": "/dev/shm"}], c["volumeMounts"]
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+        assert volumes[taken] != {"name": taken, "emptyDir": {"sizeLimit": "1Gi"}}  # Holmes' own instead

@@ -1,10 +1,8 @@
 """spec.framework: parsing, the own-image/own-command rule and the arguments that contradict the spec."""
 
-import pytest
-
 from holmes.contract.frameworks import FRAMEWORKS, conflicts, flag_values
-from holmes.contract.jobspec import JobSpec, SpecError
-from tests.plan.test_jobspec import minimal_spec
+from holmes.contract.jobspec import JobSpec
+from tests.contract.spec_helpers import minimal_spec, problems_of
 
 
 def template(command, image="registry.example/megatron:24.09", args=None):
@@ -12,12 +10,6 @@ def template(command, image="registry.example/megatron:24.09", args=None):
     if args is not None:
         c["args"] = args
     return {"spec": {"containers": [{"name": "sidecar", "image": "s", "command": ["s"]}, c]}}
-
-
-def problems_of(spec):
-    with pytest.raises(SpecError) as e:
-        JobSpec.from_spec(spec)
-    return e.value.problems
 
 
 def test_default_is_holmes_and_round_trips():

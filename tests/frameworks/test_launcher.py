@@ -14,7 +14,7 @@ from holmes.launch import __main__ as launcher
 from holmes.launch import hook
 from holmes.launch.install import install
 from tests.frameworks.layouts import THREE
-from tests.trainer.test_fabric import pod_root
+from tests.trainer.fakepod import pod_root
 
 
 def test_worker_env_drops_nccl_net_and_puts_the_launcher_first():

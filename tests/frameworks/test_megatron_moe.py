@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from holmes.contract import Layout
-from holmes.operator.core import frameworks as fw
+from holmes.operator.core import framework_launch as fw
 from holmes.plan.planner import plan
 from tests.frameworks.framework_helpers import MEGATRON, job, launched, pod_argv, small_config, titan_config
 from tests.plan.moe_helpers import moe_job, three_islands

@@ -15,7 +15,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from holmes.contract import Layout
 from holmes.launch import hook, stages
 from holmes.launch.islands import Islands
-from holmes.operator.core import frameworks as fw
+from holmes.operator.core import framework_launch as fw
 from tests.frameworks.framework_helpers import job, launched, titan_config
 
 

@@ -14,7 +14,7 @@ from holmes.labeller.routes import default_route_ifname, read_default_route
 from holmes.labeller.sysfs import read_sysfs
 from holmes.plan import classify_node, nccl_env
 from tests.labeller.fakesysfs import NDR, FakeSysfs, gpu_server, route_table
-from tests.labeller.test_labeller_units import apply, nfd_node
+from tests.labeller.labeller_helpers import apply, nfd_node
 
 RAILS = ",".join(f"mlx5_{i}" for i in range(8))
 HDR = "200 Gb/sec (4X HDR)"

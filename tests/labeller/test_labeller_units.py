@@ -3,7 +3,6 @@ patch, and what it writes classified by holmes.plan's discovery exactly as the o
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -12,39 +11,7 @@ from holmes.labeller.labels import RECORD_ANNOTATION, Keys, desired_labels, plan
 from holmes.labeller.sysfs import SysfsError, parse_rate, parse_state, read_sysfs
 from holmes.plan import NicMapping, classify_node, nccl_env
 from tests.labeller.fakesysfs import FakeSysfs, ethernet_node, infiniband_node, roce_node
-
-NFD = {"feature.node.kubernetes.io/rdma.capable": "true", "feature.node.kubernetes.io/rdma.available": "true"}
-
-
-def nfd_node(name="n1", labels=None, annotations=None):
-    """A Node as NFD leaves an RDMA node: RDMA yes, kind unknown."""
-    return {
-        "metadata": {
-            "name": name,
-            "resourceVersion": "42",
-            "labels": {"kubernetes.io/hostname": name, "holmes.dev/cluster": "east", **NFD, **(labels or {})},
-            "annotations": dict(annotations or {}),
-        },
-        "status": {
-            "allocatable": {"nvidia.com/gpu": "8", "rdma/hca": "1k"},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
-
-
-def apply(node: dict, patch: dict | None) -> dict:
-    """What the API server does with the labeller's merge patch of metadata."""
-    out = copy.deepcopy(node)
-    for part, kv in ((patch or {}).get("metadata") or {}).items():
-        if part == "resourceVersion":
-            continue
-        target = out["metadata"].setdefault(part, {})
-        for k, v in kv.items():
-            if v is None:
-                target.pop(k, None)
-            else:
-                target[k] = v
-    return out
+from tests.labeller.labeller_helpers import apply, nfd_node
 
 
 def label_node(node: dict, root) -> dict:

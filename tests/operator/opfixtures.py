@@ -8,8 +8,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from holmes.contract.documents import load_documents
+from holmes.contract.names import API_VERSION, KIND
 from holmes.operator import placement_facts
-from holmes.operator.core import members, names
+from holmes.operator.core import child_names, members
 from holmes.operator.core.capacity import Workloads
 from holmes.operator.core.reconcile import ChildRefusal, Observed, RestartBackoff, decide
 from holmes.operator.core.render import RenderSettings
@@ -60,8 +61,8 @@ def manifest(name: str = "tiny", count: int = 4, gpus: int = 1, **spec_overrides
     for k, v in spec_overrides.items():
         spec[k] = v
     return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name, "namespace": "ns", "uid": "uid-1", "generation": 1},
         "spec": spec,
     }
@@ -135,14 +136,14 @@ class FakeWorld:
             if no is not None:
                 refusals.append(no)
             elif self.members is not None:  # in its node's member, owned through the annotation
-                node = p["metadata"]["annotations"][names.ANN_NODE]
+                node = p["metadata"]["annotations"][child_names.ANN_NODE]
                 where = {n["metadata"]["name"]: members.member_of(n) for n in self.nodes}
                 pod = members.tag(p, where[node], self.job["metadata"]["uid"])
                 self.pods.setdefault(p["metadata"]["name"], pod)
             else:  # owned by this job object, as kopf.adopt makes it
                 pod = copy.deepcopy(p)
                 ref = {
-                    "kind": names.KIND,
+                    "kind": KIND,
                     "name": self.job["metadata"]["name"],
                     "uid": self.job["metadata"]["uid"],
                 }

@@ -12,7 +12,7 @@ import pytest
 from holmes.contract import load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE
 from holmes.operator import placement_facts
-from holmes.operator.core import capacity, names, queueing
+from holmes.operator.core import capacity, child_names, queueing
 from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads, free_view, pod_shape
 from holmes.operator.core.placement import Placement, on_free_capacity
 from holmes.plan import InsufficientNodes
@@ -114,8 +114,11 @@ def pod(name, node=None, gpus=1, phase="Running", nominated=None, holmes_job=Non
         requests["cpu"] = cpu
     meta = {"name": name, "namespace": ns, "uid": name}
     if holmes_job:
-        meta["labels"] = {names.LABEL_JOB: holmes_job, names.LABEL_MANAGED_BY: names.MANAGED_BY}
-        meta["annotations"] = {names.ANN_NODE: node}
+        meta["labels"] = {
+            child_names.LABEL_JOB: holmes_job,
+            child_names.LABEL_MANAGED_BY: child_names.MANAGED_BY,
+        }
+        meta["annotations"] = {child_names.ANN_NODE: node}
     return {
         "metadata": meta,
         "spec": {
@@ -201,13 +204,14 @@ class SharedWorld:
         """The scheduler binds a job's pods to their pinned nodes; the kubelet runs them."""
         w = self.worlds[name]
         for p in w.pods.values():
-            p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
+            p["spec"]["nodeName"] = p["metadata"]["annotations"][child_names.ANN_NODE]
             p.setdefault("status", {})["phase"] = phase
 
     def nodes_of(self, name):
         w = self.worlds[name]
         return sorted(
-            p["spec"].get("nodeName") or p["metadata"]["annotations"][names.ANN_NODE] for p in w.pods.values()
+            p["spec"].get("nodeName") or p["metadata"]["annotations"][child_names.ANN_NODE]
+            for p in w.pods.values()
         )
 
     def reason(self, name):
@@ -380,7 +384,7 @@ def test_kueue_admit_run_evict_readmit():
     admit(w)
     w.step()
     assert w.status["launched"] and "Resumed" in w.reasons()
-    placed = sorted(p["metadata"]["annotations"][names.ANN_NODE] for p in w.pods.values())
+    placed = sorted(p["metadata"]["annotations"][child_names.ANN_NODE] for p in w.pods.values())
     assert placed == ["roce-0", "roce-1"] or set(placed) <= {"roce-0", "roce-1", "eth-1"}
     assert all(n in {"roce-0", "roce-1", "eth-1"} for n in placed)  # the flavor's nodes only
     attempt = w.status["attempt"]

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from holmes import cli
 from holmes.contract.layout import Layout
 from holmes.operator.__main__ import cost_model, main, parse_args
-from holmes.operator.core import names
+from holmes.operator.core import child_names
 from holmes.operator.placement_facts import builtin_cost_model, export_state
 from holmes.plan import CostModelConfig, NicMapping
 from holmes.plan.costmodel_file import CostModelFile
@@ -62,7 +62,7 @@ def test_the_operator_plans_what_holmes_plan_prints_for_the_same_file(tmp_path, 
     job.write_text(yaml.safe_dump(tuned.job | {"status": {}}))
     assert cli.main(["plan", "--config", path, "--nodes", str(nodes), "--job", str(job), "--json"]) == 0
     printed = Layout.from_dict(json.loads(capsys.readouterr().out))
-    assert Layout.from_json(tuned.configmap["data"][names.LAYOUT_FILE]) == printed
+    assert Layout.from_json(tuned.configmap["data"][child_names.LAYOUT_FILE]) == printed
     assert tuned.status["layout"]["estimate"] == {
         k: v for k, v in printed.estimate.items() if isinstance(v, (int, float, str))
     }

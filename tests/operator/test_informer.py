@@ -8,7 +8,7 @@ import time
 
 from kubernetes import client
 
-from holmes.operator.core import names
+from holmes.operator.core import child_names
 from holmes.operator.informer import Informer, Store
 
 
@@ -19,13 +19,13 @@ def obj(name: str, rv: int, job: str = "a", uid: str = "u1", ns: str = "ns") -> 
             "namespace": ns,
             "uid": uid,
             "resourceVersion": str(rv),
-            "labels": {names.LABEL_JOB: job},
+            "labels": {child_names.LABEL_JOB: job},
         }
     }
 
 
 def test_store_keeps_the_newer_version_and_indexes_by_job():
-    s = Store(names.LABEL_JOB)
+    s = Store(child_names.LABEL_JOB)
     assert s.put(obj("p0", 5)) and s.put(obj("p1", 6)) and s.put(obj("q0", 7, job="b"))
     assert not s.put(obj("p0", 4))  # a late watch event after what a write returned
     assert s.get("ns", "p0")["metadata"]["resourceVersion"] == "5"
@@ -40,7 +40,7 @@ def test_store_keeps_the_newer_version_and_indexes_by_job():
 
 
 def test_store_remove_only_forgets_the_object_of_that_uid():
-    s = Store(names.LABEL_JOB)
+    s = Store(child_names.LABEL_JOB)
     s.put(obj("p0", 5, uid="new"))
     assert not s.remove(obj("p0", 4, uid="old"))  # the DELETED event of an earlier pod of this name
     assert s.get("ns", "p0") is not None
@@ -49,7 +49,7 @@ def test_store_remove_only_forgets_the_object_of_that_uid():
 
 
 def test_a_write_response_after_the_deletion_does_not_bring_the_object_back():
-    s = Store(names.LABEL_JOB)
+    s = Store(child_names.LABEL_JOB)
     s.put(obj("p0", 5, uid="u1"))
     assert s.remove(obj("p0", 6, uid="u1"))  # the watch: deleted at once (never scheduled)
     assert not s.put(obj("p0", 6, uid="u1"))  # then the delete call's own response
@@ -58,7 +58,7 @@ def test_a_write_response_after_the_deletion_does_not_bring_the_object_back():
 
 
 def test_store_replace_reports_the_jobs_whose_objects_changed():
-    s = Store(names.LABEL_JOB)
+    s = Store(child_names.LABEL_JOB)
     s.put(obj("p0", 1))
     s.put(obj("q0", 1, job="b"))
     s.put(obj("r0", 1, job="c"))
@@ -78,14 +78,14 @@ def wait_until(what, fn, timeout=20.0):
 
 def test_informer_lists_then_watches_only_the_selected_objects(cluster, namespace):
     core = client.CoreV1Api(cluster.api_client())
-    labels = {names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_JOB: "j"}
+    labels = {child_names.LABEL_MANAGED_BY: child_names.MANAGED_BY, child_names.LABEL_JOB: "j"}
 
     def cm(name: str, data: str, labelled: bool = True) -> dict:
         meta = {"name": name, **({"labels": labels} if labelled else {})}
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": data}}
 
     core.create_namespaced_config_map(namespace, cm("before", "0"))
-    store = Store(names.LABEL_JOB)
+    store = Store(child_names.LABEL_JOB)
     seen: list[tuple[str, str]] = []
     lock = threading.Lock()
 
@@ -96,7 +96,7 @@ def test_informer_lists_then_watches_only_the_selected_objects(cluster, namespac
     inf = Informer(
         "configmaps",
         functools.partial(core.list_namespaced_config_map, namespace),
-        f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}",
+        f"{child_names.LABEL_MANAGED_BY}={child_names.MANAGED_BY},{child_names.LABEL_JOB}",
         store,
         changed,
     ).start()

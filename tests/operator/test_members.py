@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from holmes.contract.layout import Layout
-from holmes.operator.core import members, names
+from holmes.operator.core import child_names, members
 from holmes.operator.core.members import MemberState
 from holmes.operator.core.reconcile import Decision
 from holmes.operator.core.render import RenderSettings
@@ -119,9 +119,9 @@ def test_rank_0_first_then_the_others_with_its_ip_as_the_rendezvous_address():
         assert e["MASTER_ADDR"] == e["PET_MASTER_ADDR"] == "127.40.0.7"
         assert "--master-addr=127.40.0.7" in p["spec"]["containers"][0]["command"]
     rank0 = env(w.pods["tiny-1-0"])
-    assert rank0["MASTER_ADDR"] == names.master_addr("tiny", "ns", 1)  # its own, by name
+    assert rank0["MASTER_ADDR"] == child_names.master_addr("tiny", "ns", 1)  # its own, by name
     # the plan keeps each stage in one member; pods went to their node's member
-    layout = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+    layout = Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE])
     where = {n["metadata"]["name"]: members.member_of(n) for n in w.nodes}
     assert not members.spanning_stages(layout, where)
     assert set(member_pods(w)) == {"east", "west"}
@@ -218,7 +218,7 @@ def test_route_sends_each_pod_to_its_node_member_and_the_configmap_where_ranks_a
         assert writes.configmap["metadata"]["annotations"][members.ANN_JOB_UID] == UID
         assert writes.service["metadata"]["annotations"][members.ANN_MEMBER] == m
         for p in writes.create_pods:
-            assert node_member[p["metadata"]["annotations"][names.ANN_NODE]] == m
+            assert node_member[p["metadata"]["annotations"][child_names.ANN_NODE]] == m
             assert "ownerReferences" not in p["metadata"]
 
 

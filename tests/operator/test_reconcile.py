@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from holmes.contract.layout import Layout
-from holmes.operator.core import names
+from holmes.operator.core import child_names
 from holmes.operator.core.reconcile import ChildRefusal, RestartBackoff
 from holmes.operator.core.render import RenderSettings
 from holmes.operator.core.summary import iso
@@ -24,7 +24,7 @@ def launched(world: FakeWorld) -> FakeWorld:
 def test_first_reconcile_plans_writes_layout_and_creates_one_pod_per_planned_node():
     w = FakeWorld(manifest(count=4))
     d = w.step()
-    layout = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+    layout = Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE])
     assert [p["metadata"]["name"] for p in d.create_pods] == [f"tiny-1-{r}" for r in range(4)]
     placed = [
         p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
@@ -253,7 +253,7 @@ def test_other_spec_edits_relaunch_without_counting_a_restart():
     d = w.step()
     assert "SpecChanged" in w.reasons() and w.status["restarts"] == 0 and w.status["attempt"] == 2
     assert sorted(d.delete_pods) == [f"tiny-1-{r}" for r in range(4)] and len(d.create_pods) == 4
-    assert "iterations: 9" in w.configmap["data"][names.JOB_FILE]
+    assert "iterations: 9" in w.configmap["data"][child_names.JOB_FILE]
 
 
 def test_run_policy_edits_do_not_relaunch():
@@ -268,14 +268,14 @@ def test_run_policy_edits_do_not_relaunch():
 def test_crash_after_creating_some_pods_resumes_from_the_configmap_without_duplicates():
     w = FakeWorld(manifest())
     d = w.step()
-    layout_before = w.configmap["data"][names.LAYOUT_FILE]
+    layout_before = w.configmap["data"][child_names.LAYOUT_FILE]
     # The operator died after the ConfigMap and two pods, before the status patch.
     w.job.pop("status")
     for n in ("tiny-1-2", "tiny-1-3"):
         w.pods.pop(n)
     d = w.step()
     assert sorted(p["metadata"]["name"] for p in d.create_pods) == ["tiny-1-2", "tiny-1-3"]
-    assert w.configmap["data"][names.LAYOUT_FILE] == layout_before
+    assert w.configmap["data"][child_names.LAYOUT_FILE] == layout_before
     assert sorted(w.pods) == [f"tiny-1-{r}" for r in range(4)]
 
 
@@ -306,7 +306,7 @@ def test_stale_pods_of_old_attempts_are_deleted():
     stale["metadata"] = dict(
         stale["metadata"],
         name="tiny-0-0",
-        labels=dict(stale["metadata"]["labels"], **{names.LABEL_ATTEMPT: "0"}),
+        labels=dict(stale["metadata"]["labels"], **{child_names.LABEL_ATTEMPT: "0"}),
     )
     w.pods["tiny-0-0"] = stale
     d = w.step()
@@ -317,12 +317,12 @@ def test_lost_planned_node_replans_an_unfinished_launch():
     nodes = with_link_layers(default_nodes())
     w = FakeWorld(manifest(count=4), nodes)
     w.step()
-    first = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+    first = Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE])
     w.job["status"]["launched"] = False  # the launch did not finish
     gone = first.nodes[0]
     nodes[:] = [n for n in nodes if n["metadata"]["name"] != gone]
     w.step()
-    second = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+    second = Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE])
     assert gone not in second.nodes and w.status["attempt"] == 2
 
 
@@ -418,7 +418,7 @@ def test_a_spec_edit_during_the_backoff_launches_at_once_but_a_run_policy_edit_d
     w.edit_spec(training={"globalBatchSize": 8, "microBatchSize": 1, "iterations": 9, "learningRate": 1.0e-3})
     d = w.step()
     assert len(d.create_pods) == 4 and "SpecChanged" in w.reasons() and w.status["restarts"] == 1
-    assert "iterations: 9" in w.configmap["data"][names.JOB_FILE]
+    assert "iterations: 9" in w.configmap["data"][child_names.JOB_FILE]
 
 
 def test_the_deadline_still_fails_a_job_waiting_out_its_backoff():
@@ -453,7 +453,7 @@ def _lose(node: dict, how: str, nodes: list[dict]) -> None:
 def test_a_pending_pod_on_a_lost_node_restarts_the_gang_on_the_nodes_left(how, why):
     nodes = with_link_layers(default_nodes())
     w = launched(FakeWorld(manifest(), nodes))
-    planned = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes
+    planned = Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE]).nodes
     w.set_phase("Running", *[n for n in w.pods if not n.endswith("-2")])  # rank 2 never started
     lost = planned[2]
     _lose(next(n for n in nodes if n["metadata"]["name"] == lost), how, nodes)
@@ -464,7 +464,7 @@ def test_a_pending_pod_on_a_lost_node_restarts_the_gang_on_the_nodes_left(how, w
     assert "tiny-1-2" in warning.message
     w.step()
     assert w.status["attempt"] == 2 and len(w.pods) == 4
-    assert lost not in Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes
+    assert lost not in Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE]).nodes
 
 
 def test_running_pods_on_a_node_gone_not_ready_are_left_to_kubernetes():
@@ -472,7 +472,7 @@ def test_running_pods_on_a_node_gone_not_ready_are_left_to_kubernetes():
     w = launched(FakeWorld(manifest(), nodes))
     w.set_phase("Running")
     w.step()
-    lost = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes[1]
+    lost = Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE]).nodes[1]
     _lose(next(n for n in nodes if n["metadata"]["name"] == lost), "NotReady", nodes)
     d = w.step()
     assert not d.delete_pods and w.status["phase"] == "Running" and w.status["restarts"] == 0
@@ -480,7 +480,7 @@ def test_running_pods_on_a_node_gone_not_ready_are_left_to_kubernetes():
 
 def _quota_refusal(rank_limit: int):
     def refuse(pod):
-        if int(pod["metadata"]["labels"][names.LABEL_NODE_RANK]) >= rank_limit:
+        if int(pod["metadata"]["labels"][child_names.LABEL_NODE_RANK]) >= rank_limit:
             msg = f'pods "{pod["metadata"]["name"]}" is forbidden: exceeded quota: gpus, requested: 1'
             return ChildRefusal("Pod", pod["metadata"]["name"], 403, "Forbidden", msg)
         return None
@@ -651,7 +651,7 @@ def test_a_status_from_before_the_breakdown_counts_its_restarts_as_failures():
 def test_the_next_attempt_waits_for_the_old_pods_to_stop():
     w = _running(manifest())
     for p in w.pods.values():
-        p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
+        p["spec"]["nodeName"] = p["metadata"]["annotations"][child_names.ANN_NODE]
     w.set_phase("Failed", "tiny-1-3", exit_code=83)
     d = w.step()
     assert len(d.delete_pods) == 4 and not w.pods  # FakeWorld deletes at once
@@ -659,7 +659,7 @@ def test_the_next_attempt_waits_for_the_old_pods_to_stop():
     w.pods["tiny-1-0"] = {
         "metadata": {
             "name": "tiny-1-0",
-            "labels": {names.LABEL_ATTEMPT: "1", names.LABEL_NODE_RANK: "0"},
+            "labels": {child_names.LABEL_ATTEMPT: "1", child_names.LABEL_NODE_RANK: "0"},
             "deletionTimestamp": "2026-01-01T00:00:00Z",
             "ownerReferences": [{"uid": "uid-1"}],
         },
@@ -706,7 +706,9 @@ def test_an_elastic_job_waits_then_runs_on_fewer_nodes():
     d = w.step(seconds=31)
     assert len(w.pods) == 5 and w.status["size"] == {"current": 5, "desired": 6, "minimum": 3}
     assert any(e.reason == "ScaledDown" for e in d.events) and "waitingSince" not in w.status
-    assert gone["metadata"]["name"] not in Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes
+    assert (
+        gone["metadata"]["name"] not in Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE]).nodes
+    )
 
 
 def test_a_node_deleted_under_an_elastic_job_continues_smaller_at_once_and_grows_back_after_a_checkpoint():
@@ -714,9 +716,9 @@ def test_a_node_deleted_under_an_elastic_job_continues_smaller_at_once_and_grows
     job = _elastic()
     job["spec"]["training"]["checkpoint"]["onPreemption"] = False  # only periodic checkpoints
     w = _running(job, nodes)
-    layout = Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+    layout = Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE])
     for p in w.pods.values():
-        p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
+        p["spec"]["nodeName"] = p["metadata"]["annotations"][child_names.ANN_NODE]
     lost = _node(nodes, layout.nodes[2])
     nodes.remove(lost)
     d = w.step(progress={"iteration": 7, "loss": 3.0, "checkpointIteration": 5})
@@ -743,9 +745,9 @@ def test_scale_up_never_keeps_the_smaller_size():
     job = _elastic()
     job["spec"]["nodes"]["scaleUp"] = "never"
     w = _running(job, nodes)
-    lost = _node(nodes, Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes[0])
+    lost = _node(nodes, Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE]).nodes[0])
     for p in w.pods.values():
-        p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
+        p["spec"]["nodeName"] = p["metadata"]["annotations"][child_names.ANN_NODE]
     nodes.remove(lost)
     w.step()
     w.step()
@@ -788,8 +790,8 @@ def test_with_saves_on_preemption_an_elastic_job_grows_back_as_soon_as_its_nodes
     nodes = with_link_layers(default_nodes())
     w = _running(_elastic(), nodes)
     for p in w.pods.values():
-        p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
-    lost = _node(nodes, Layout.from_json(w.configmap["data"][names.LAYOUT_FILE]).nodes[1])
+        p["spec"]["nodeName"] = p["metadata"]["annotations"][child_names.ANN_NODE]
+    lost = _node(nodes, Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE]).nodes[1])
     nodes.remove(lost)
     w.step()
     w.step()
@@ -809,7 +811,7 @@ def test_a_pod_failing_while_its_node_is_not_ready_is_a_disruption():
     nodes = with_link_layers(default_nodes())
     w = _running(manifest(runPolicy={"backoffLimit": 0}), nodes)
     for p in w.pods.values():
-        p["spec"]["nodeName"] = p["metadata"]["annotations"][names.ANN_NODE]
+        p["spec"]["nodeName"] = p["metadata"]["annotations"][child_names.ANN_NODE]
     node = w.pods["tiny-1-2"]["spec"]["nodeName"]
     _lose(_node(nodes, node), "NotReady", nodes)
     w.set_phase("Failed", "tiny-1-0", exit_code=1)  # a peer's collective broke

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from holmes.contract import JobSpec, Layout
-from holmes.operator.core import names
+from holmes.operator.core import child_names
 from holmes.operator.core.render import (
     build_configmap,
     build_pod,
@@ -36,13 +36,13 @@ def test_configmap_holds_the_layout_and_the_spec():
     assert doc["kind"] == "HolmesJob" and JobSpec.from_spec(doc["spec"]) == JobSpec.from_manifest(job)
     assert doc["spec"]["training"]["activationRecompute"] is True
     assert cm["metadata"]["name"] == "tiny-layout"
-    assert cm["metadata"]["annotations"][names.ANN_ATTEMPT] == "3"
+    assert cm["metadata"]["annotations"][child_names.ANN_ATTEMPT] == "3"
 
 
 def test_headless_service_selects_the_jobs_pods():
     svc = build_service(REF, SETTINGS)
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
-    assert svc["spec"]["selector"] == {names.LABEL_JOB: "tiny"}
+    assert svc["spec"]["selector"] == {child_names.LABEL_JOB: "tiny"}
     assert svc["spec"]["ports"][0]["port"] == 29511
 
 
@@ -67,7 +67,7 @@ def test_pod_is_pinned_by_required_node_affinity_and_named_for_rendezvous():
     cmd = spec["containers"][0]["command"]
     assert cmd[:3] == ["python", "-m", "holmes.trainer.run"] and "--node-rank=2" in cmd
     assert cmd[cmd.index("-m", 3) + 1] == "holmes.trainer"
-    assert pod["metadata"]["labels"][names.LABEL_ATTEMPT] == "3"
+    assert pod["metadata"]["labels"][child_names.LABEL_ATTEMPT] == "3"
 
 
 def test_infiniband_pod_gets_ib_env_rdma_resource_and_ipc_lock():
@@ -102,10 +102,10 @@ def test_ethernet_pod_disables_ib_and_asks_no_rdma():
 def test_every_pod_gets_memory_backed_shm_and_the_layout_mounted():
     pod, _, _ = pod_for(0)
     vols = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert vols[names.SHM_VOLUME]["emptyDir"] == {"medium": "Memory"}
-    assert vols[names.LAYOUT_VOLUME]["configMap"]["name"] == "tiny-layout"
+    assert vols[child_names.SHM_VOLUME]["emptyDir"] == {"medium": "Memory"}
+    assert vols[child_names.LAYOUT_VOLUME]["configMap"]["name"] == "tiny-layout"
     mounts = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert mounts["/dev/shm"] == names.SHM_VOLUME and mounts["/etc/holmes"] == names.LAYOUT_VOLUME
+    assert mounts["/dev/shm"] == child_names.SHM_VOLUME and mounts["/etc/holmes"] == child_names.LAYOUT_VOLUME
 
 
 def test_user_template_fields_are_respected():
@@ -136,7 +136,10 @@ def test_user_template_fields_are_respected():
     spec = pod["spec"]
     assert spec["schedulerName"] == "volcano" and spec["priorityClassName"] == "high"
     assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-    assert pod["metadata"]["labels"]["team"] == "llm" and pod["metadata"]["labels"][names.LABEL_JOB] == "tiny"
+    assert (
+        pod["metadata"]["labels"]["team"] == "llm"
+        and pod["metadata"]["labels"][child_names.LABEL_JOB] == "tiny"
+    )
     assert pod["metadata"]["annotations"]["a"] == "b"
     sidecar, trainer = spec["containers"]
     assert sidecar == {"name": "sidecar", "image": "busybox"}

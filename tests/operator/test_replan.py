@@ -208,14 +208,14 @@ def _progress(layout, seconds_per_layer, iteration, ckpt):
 
 def _world(on_preemption=True):
     from holmes.contract import Layout
-    from holmes.operator.core import names
+    from holmes.operator.core import child_names
     from tests.operator.opfixtures import FakeWorld, default_nodes, with_link_layers
 
     w = FakeWorld(_replan_job(on_preemption), with_link_layers(default_nodes()))
     w.step()
     w.set_phase("Running")
     w.step()
-    return w, lambda: Layout.from_json(w.configmap["data"][names.LAYOUT_FILE])
+    return w, lambda: Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE])
 
 
 def test_reconcile_replans_once_from_a_checkpoint_and_not_against_backoff_limit():

@@ -22,7 +22,7 @@ import yaml
 from holmes_dev.jobs import holmes_job
 from holmes_dev.ports import free_port
 
-from holmes.operator.core import names
+from holmes.operator.core import child_names
 from tests.packaging.health_rules import argocd, kstatus
 from tests.packaging.packaging_helpers import CHART, CRDS, cache_bin, helm, run
 from tests.polling import wait_for
@@ -359,8 +359,8 @@ def pod_logs(env: Env, cluster, job: str) -> str:
     if cluster.state_dir is None:
         return ""
     out = []
-    for p in env.get("pods", "-n", env.job_ns, "-l", f"{names.LABEL_JOB}={job}")["items"]:
-        log = cluster.pod_log(env.job_ns, p["metadata"]["name"], names.TRAINER_CONTAINER)
+    for p in env.get("pods", "-n", env.job_ns, "-l", f"{child_names.LABEL_JOB}={job}")["items"]:
+        log = cluster.pod_log(env.job_ns, p["metadata"]["name"], child_names.TRAINER_CONTAINER)
         out.append(f"--- {p['metadata']['name']}:\n" + "\n".join(log.splitlines()[-25:]))
     return "\n".join(out)
 
@@ -425,7 +425,7 @@ def test_running_job_reads_current_and_progressing_then_suspend_and_resume(env):
     )
     assert kstatus(obj)[0] == "Current"
     assert argocd(obj)[0] == "Progressing"
-    assert len(env.get("pods", "-n", env.job_ns, "-l", f"{names.LABEL_JOB}=long")["items"]) == 2
+    assert len(env.get("pods", "-n", env.job_ns, "-l", f"{child_names.LABEL_JOB}=long")["items"]) == 2
     # an edit the operator has not seen yet reads InProgress / Progressing (observedGeneration)
     env.kubectl(
         "patch",
@@ -451,11 +451,11 @@ def test_running_job_reads_current_and_progressing_then_suspend_and_resume(env):
     assert argocd(obj)[0] == "Suspended"
     env.wait_for(
         "the suspended job's pods to go",
-        lambda: not env.get("pods", "-n", env.job_ns, "-l", f"{names.LABEL_JOB}=long")["items"],
+        lambda: not env.get("pods", "-n", env.job_ns, "-l", f"{child_names.LABEL_JOB}=long")["items"],
         timeout=60,
     )
     # ... resume plans again and replaces the layout ConfigMap (configmaps update)
-    cm = names.layout_configmap_name("long")
+    cm = child_names.layout_configmap_name("long")
     cm_before = env.get("configmap", cm, "-n", env.job_ns)["metadata"]["resourceVersion"]
     env.kubectl(
         "patch",

@@ -4,10 +4,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from holmes.contract import JobSpec, Layout, ModelCost
+from holmes.contract import JobSpec, Layout, ModelCost, SpecError
 from holmes.contract.flops import tflops_per_gpu
 from holmes.plan import CostModelConfig, InsufficientNodes, PlanError, compare, explain, plan
 from holmes.plan.discovery import NodeNic
+from holmes.plan.planner import degree_candidates, for_job
+from tests.contract.spec_helpers import minimal_spec
 from tests.plan.plan_helpers import job_spec, node, paper_nodes
 
 
@@ -217,3 +219,29 @@ def test_planner_config_changes_the_estimate():
     fast = plan(paper_nodes(), job_spec(), CostModelConfig(compute_efficiency=0.8))
     slow = plan(paper_nodes(), job_spec(), CostModelConfig(compute_efficiency=0.4))
     assert fast.estimate["tflopsPerGpu"] > slow.estimate["tflopsPerGpu"]
+
+
+def test_grad_reduce_dtype_is_validated_and_sets_the_cost_models_bytes():
+    spec = minimal_spec()
+    assert JobSpec.from_spec(spec).training.grad_reduce_dtype == "float32"
+    spec["training"]["gradReduceDtype"] = "bfloat16"
+    job = JobSpec.from_spec(spec)
+    assert job.training.grad_reduce_bytes == 2 and for_job(CostModelConfig(), job).grad_bytes == 2
+    spec["training"]["gradReduceDtype"] = "fp8"
+    with pytest.raises(SpecError, match="spec.training.gradReduceDtype"):
+        JobSpec.from_spec(spec)
+
+
+def test_tensor_auto_only_offers_degrees_the_trainer_can_split():
+    spec = minimal_spec(parallelism={"tensor": "auto", "pipeline": 1})
+    spec["nodes"] = {"count": 1, "gpusPerNode": 8}
+    spec["training"]["globalBatchSize"] = 64
+    offered = {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))}
+    assert offered == {1, 2, 4, 8}  # heads 8, ffn 1024, vocab 1000 all divide
+    spec["model"]["vocabSize"] = 1002  # 2 x 501
+    assert {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))} == {1, 2}
+    spec["model"].update(vocabSize=1000, architecture="llama", kvHeads=2)
+    assert {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))} == {1, 2}
+    spec["model"].update(kvHeads=8, seqLength=36)
+    spec["parallelism"]["sequenceParallel"] = True
+    assert {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))} == {1, 2, 4}

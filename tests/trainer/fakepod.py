@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.labeller.fakesysfs import FakeSysfs
+from tests.labeller.fakesysfs import FakeSysfs, infiniband_node, roce_node
 
 V1, V2 = "IB/RoCE v1", "RoCE v2"
 LINK_LOCAL = "fe80:0000:0000:0000:0000:0000:0000:0001"
@@ -60,3 +60,20 @@ def verbs(pod: Path, devices: dict[str, int], mounted: list[str] | None = None) 
     dev.mkdir(parents=True, exist_ok=True)
     for hca in devices if mounted is None else mounted:
         (dev / f"uverbs{devices[hca]}").touch()
+
+
+def pod_root(tmp_path: Path, kind: str = "infiniband", uverbs: bool = True, **kw) -> Path:
+    """A pod's view: <root>/sys as sysfs shows the node's HCAs, <root>/dev/infiniband if mounted."""
+    sysfs = tmp_path / "sys"
+    if kind == "infiniband":
+        infiniband_node(sysfs, **kw)
+    elif kind == "roce-gid":
+        fs = FakeSysfs(sysfs).base_host()
+        fs.hca("mlx5_0", [("Ethernet", "100 Gb/sec", "4: ACTIVE")])
+        roce_table(sysfs, "mlx5_0", "10.0.0.5")  # RoCE v2 at index 3, as mlx5 fills the table
+    else:
+        roce_node(sysfs)
+    if uverbs:
+        (tmp_path / "dev" / "infiniband").mkdir(parents=True)
+        (tmp_path / "dev" / "infiniband" / "uverbs0").touch()
+    return tmp_path

@@ -17,27 +17,10 @@ from holmes.trainer import fabric
 from holmes.trainer.engine import Trainer
 from holmes.trainer.fabric import rdma_problems, select_hcas
 from holmes.trainer.reporting import MetricsSink
-from tests.labeller.fakesysfs import FakeSysfs, infiniband_node, roce_node
+from tests.labeller.fakesysfs import FakeSysfs
 
-from .fakepod import roce_table
+from .fakepod import pod_root
 from .trainer_harness import make_layout, run_ranks, tiny_config
-
-
-def pod_root(tmp_path: Path, kind: str = "infiniband", uverbs: bool = True, **kw) -> Path:
-    """A pod's view: <root>/sys as sysfs shows the node's HCAs, <root>/dev/infiniband if mounted."""
-    sysfs = tmp_path / "sys"
-    if kind == "infiniband":
-        infiniband_node(sysfs, **kw)
-    elif kind == "roce-gid":
-        fs = FakeSysfs(sysfs).base_host()
-        fs.hca("mlx5_0", [("Ethernet", "100 Gb/sec", "4: ACTIVE")])
-        roce_table(sysfs, "mlx5_0", "10.0.0.5")  # RoCE v2 at index 3, as mlx5 fills the table
-    else:
-        roce_node(sysfs)
-    if uverbs:
-        (tmp_path / "dev" / "infiniband").mkdir(parents=True)
-        (tmp_path / "dev" / "infiniband" / "uverbs0").touch()
-    return tmp_path
 
 
 def problems(root: Path, **env: str) -> list[str]:

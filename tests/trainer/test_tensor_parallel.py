@@ -17,6 +17,7 @@ from holmes.trainer.tensor_parallel import TensorParallel
 from tests.trainer.trainer_harness import (
     TINY,
     assert_matches_reference,
+    kill_after,
     make_layout,
     run_ranks,
     tiny_config,
@@ -115,13 +116,12 @@ def test_resume_under_tensor_parallelism_continues_exactly(tmp_path):
     whole tensors, optimizer state as chunks of whole tensors), kill, resume: the same losses."""
     from holmes.trainer import checkpoint
     from holmes.trainer.config import CheckpointConfig
-    from tests.trainer.test_trainer_checkpoint import _kill_after
 
     lay = make_layout(1, 2, [4], 2, 4, tensor=2)
     cfg = tiny_config(model=LLAMA, optimizer=ADAMW, iterations=5, sequence_parallel=True)
     want = run_ranks(4, train_on_layout, cfg, lay)[0][1]["losses"]
     cfg = cfg.with_(checkpoint=CheckpointConfig(path=str(tmp_path / "ckpt"), interval_iterations=2))
-    run_ranks(4, train_on_layout, cfg, lay, _kill_after(3), allow_exit=True)
+    run_ranks(4, train_on_layout, cfg, lay, kill_after(3), allow_exit=True)
     assert checkpoint.newest_complete(cfg.checkpoint.path) == 2
     sizes = checkpoint.saved_sizes(checkpoint.iteration_dir(cfg.checkpoint.path, 2))
     assert sizes["model.embedding.tok.weight"] == torch.Size([LLAMA.vocab_size, LLAMA.hidden_size])  # whole

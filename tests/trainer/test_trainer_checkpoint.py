@@ -9,17 +9,9 @@ import torch
 from holmes.trainer import checkpoint
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
 from holmes.trainer.engine import Trainer, layout_signature
-from tests.trainer.trainer_harness import make_layout, run_ranks, tiny_config, train_on_layout
+from tests.trainer.trainer_harness import kill_after, make_layout, run_ranks, tiny_config, train_on_layout
 
 ADAMW = OptimizerConfig(kind="adamw", learning_rate=3e-3, warmup_iterations=2)
-
-
-def _kill_after(n):
-    def on_iteration(trainer, record):
-        if trainer.iteration == n:
-            os._exit(17)  # no cleanup, like a node going away
-
-    return on_iteration
 
 
 def test_resume_after_kill_continues_exactly(tmp_path):
@@ -29,7 +21,7 @@ def test_resume_after_kill_continues_exactly(tmp_path):
 
     ckpt = CheckpointConfig(path=str(tmp_path / "ckpt"), interval_iterations=3)
     cfg = tiny_config(optimizer=ADAMW, iterations=6, checkpoint=ckpt)
-    killed = run_ranks(4, train_on_layout, cfg, lay, _kill_after(5), allow_exit=True)
+    killed = run_ranks(4, train_on_layout, cfg, lay, kill_after(5), allow_exit=True)
     assert all(v == ("exit", 17) for v in killed.values()), killed
     assert checkpoint.newest_complete(ckpt.path) == 3
     # a checkpoint that was being written when the job died has no marker and is skipped

@@ -7,31 +7,14 @@ import urllib.request
 
 import pytest
 import yaml
-from holmes_dev.jobs import holmes_job
 
 from holmes.contract import ModelCost, ModelSpec
 from holmes.trainer.config import TrainConfig, TrainerConfigError
 from holmes.trainer.reporting import MetricsSink
-from tests.trainer.trainer_harness import finish_nodes, make_layout, start_nodes
-
-JOB = holmes_job(
-    "tiny",
-    {
-        "model": {"layers": 4, "hiddenSize": 32, "attentionHeads": 4, "seqLength": 16, "vocabSize": 64},
-        "training": {
-            "globalBatchSize": 16,
-            "microBatchSize": 2,
-            "iterations": 3,
-            "learningRate": 1e-3,
-            "seed": 5,
-        },
-        "parallelism": {"pipeline": 2, "data": 2},
-        "nodes": {"count": 2, "gpusPerNode": 2},
-    },
-)
+from tests.trainer.trainer_harness import TINY_JOB, finish_nodes, make_layout, start_nodes
 
 
-def _write(tmp_path, job=JOB, layout=None):
+def _write(tmp_path, job=TINY_JOB, layout=None):
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     layout = layout or make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2)
     (tmp_path / "layout.json").write_text(layout.to_json())
@@ -61,7 +44,7 @@ def test_torchrun_two_nodes_of_two_runs_the_layout_and_reports(tmp_path):
     assert [l["iteration"] for l in it] == [1, 2, 3]
     # the job leaves training.activationRecompute at its default (true): the 96 formula
     assert lines[0]["activationRecompute"] is True and lines[0]["flopsFormula"].startswith("96")
-    m = TrainConfig.from_job(JOB).model
+    m = TrainConfig.from_job(TINY_JOB).model
     for l in it:
         assert l["loss"] > 0 and l["tokensPerSecond"] > 0 and l["tflopsPerGpu"] > 0
         assert l["tflopsPerGpu"] == pytest.approx(
@@ -88,7 +71,7 @@ def test_a_world_that_does_not_match_the_layout_is_refused_clearly(tmp_path):
 
 
 def test_config_checks_against_layout():
-    cfg = TrainConfig.from_job(JOB)
+    cfg = TrainConfig.from_job(TINY_JOB)
     assert cfg.model.ffn_hidden_size == 128 and cfg.optimizer.kind == "adamw" and cfg.checkpoint.path is None
     lay = make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2)
     cfg.check_against_layout(lay)
@@ -142,7 +125,7 @@ def test_parameter_count_is_the_planners_and_matches_the_module(tied):
     from holmes.contract.jobspec import JobSpec
     from holmes.trainer.model import build_full
 
-    spec = JobSpec.from_manifest(JOB)
+    spec = JobSpec.from_manifest(TINY_JOB)
     m = TrainConfig.from_jobspec(replace(spec, model=replace(spec.model, tied_embeddings=tied))).model
     module = build_full(m, seed=0)
     assert ModelCost.of(m).total_params == sum(p.numel() for p in module.parameters())

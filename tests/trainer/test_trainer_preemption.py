@@ -21,8 +21,8 @@ from holmes.trainer import checkpoint
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
 from holmes.trainer.engine import Trainer
 from holmes.trainer.preempt import Preemption, grace_seconds
-from tests.trainer.test_trainer_entrypoint import JOB
 from tests.trainer.trainer_harness import (
+    TINY_JOB,
     finish_nodes,
     free_port,
     make_layout,
@@ -148,7 +148,7 @@ def _stops(outs) -> dict[int, int]:
 
 
 def _job(iterations: int, ckpt: str, on_preemption: bool) -> dict:
-    job = json.loads(json.dumps(JOB))
+    job = json.loads(json.dumps(TINY_JOB))
     job["spec"]["training"].update(
         iterations=iterations,
         checkpoint={"path": ckpt, "intervalIterations": 1000, "onPreemption": on_preemption},
@@ -209,7 +209,7 @@ def test_the_launcher_exits_with_the_workers_code_where_torchrun_says_1(tmp_path
 
     assert exit_status(-9) == 137 and exit_status(83) == 83
     # a world that does not match the layout: the worker exits 2 (configuration)
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(JOB))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(TINY_JOB))
     (tmp_path / "layout.json").write_text(make_layout(2, 2, [3, 1], 2, 4, gpus_per_node=2).to_json())
     cmd = [
         sys.executable,

@@ -3,11 +3,13 @@ trainer processes; forked gloo ranks and free ports come from hack/holmes_dev (r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from holmes_dev.gloo import run_ranks  # noqa: F401 (the trainer tests import it from here)
+from holmes_dev.jobs import holmes_job
 from holmes_dev.ports import free_port
 
 from holmes.contract import ModelSpec
@@ -19,6 +21,23 @@ from holmes.trainer.model import build_full, global_name, loss_fn
 from holmes.trainer.models import sharding
 
 TINY = ModelSpec(layers=4, hidden_size=32, attention_heads=4, seq_length=16, vocab_size=64)
+
+# The HolmesJob of the entry-point tests (TINY on 2 nodes x 2 GPUs: pipeline 2 x data 2).
+TINY_JOB = holmes_job(
+    "tiny",
+    {
+        "model": {"layers": 4, "hiddenSize": 32, "attentionHeads": 4, "seqLength": 16, "vocabSize": 64},
+        "training": {
+            "globalBatchSize": 16,
+            "microBatchSize": 2,
+            "iterations": 3,
+            "learningRate": 1e-3,
+            "seed": 5,
+        },
+        "parallelism": {"pipeline": 2, "data": 2},
+        "nodes": {"count": 2, "gpusPerNode": 2},
+    },
+)
 
 
 def tiny_config(**kw: Any) -> TrainConfig:
@@ -223,3 +242,13 @@ def assert_matches_reference(cfg: TrainConfig, layout: Layout, param_atol: float
     assert_params_close(params, ref_params, atol=param_atol)
     assert losses[-1] < losses[0]
     return params
+
+
+def kill_after(n):
+    """A train_on_layout hook that ends the process at iteration ``n``, as a lost node would."""
+
+    def on_iteration(trainer, record):
+        if trainer.iteration == n:
+            os._exit(17)  # no cleanup, like a node going away
+
+    return on_iteration

@@ -1,7 +1,7 @@
 """The names every part of Holmes agrees on: the HolmesJob API's identity, the NIC kinds, and the
 label keys Holmes reads (a node's NIC kind, speed and cluster; a job's Kueue queue). Defined
 once here, without aliases; the operator adds the names of the children it creates
-(``holmes.operator.core.names``)."""
+(``holmes.operator.core.child_names``)."""
 
 from __future__ import annotations
 

@@ -38,10 +38,11 @@ from typing import Any
 import kopf
 from kubernetes import client
 
+from holmes.contract.names import GROUP, PLURAL, VERSION
 from holmes.plan.costmodel_file import CostModelFile
 
 from . import metrics, watches
-from .core import members, names
+from .core import members
 from .core.reconcile import ChildRefusal, Decision, RestartBackoff
 from .core.render import RenderSettings
 from .kube import Caches, KubeIO
@@ -248,7 +249,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
             rt.wake_all()  # waiting jobs may fit now; a planned node may be gone
 
     # type is None for the objects of the initial listing (kopf's WatchingFn says str)
-    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry, id="job_changed")  # type: ignore[arg-type]
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="job_changed")  # type: ignore[arg-type]
     async def job_changed(
         namespace: str, name: str, type: str | None, body: kopf.Body, holmes_nodes: kopf.Index, **_: Any
     ) -> None:

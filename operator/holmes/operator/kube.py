@@ -20,7 +20,9 @@ import kopf
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from .core import names, queueing
+from holmes.contract.names import GROUP, PLURAL, VERSION
+
+from .core import child_names, queueing
 from .core.reconcile import ChildRefusal, Decision
 from .informer import Store
 
@@ -50,13 +52,13 @@ class Caches:
 
     def __init__(self) -> None:
         self.jobs = Store(index_label=None)
-        self.pods = Store(index_label=names.LABEL_JOB)
-        self.configmaps = Store(index_label=names.LABEL_JOB)
-        self.services = Store(index_label=names.LABEL_JOB)
+        self.pods = Store(index_label=child_names.LABEL_JOB)
+        self.configmaps = Store(index_label=child_names.LABEL_JOB)
+        self.services = Store(index_label=child_names.LABEL_JOB)
         # shared clusters: every pod that has not ended, slimmed (capacity.slim_pod); Kueue's
         # Workloads of Holmes jobs and its ResourceFlavors; PriorityClasses
         self.cluster_pods = Store(index_label=None)
-        self.workloads = Store(index_label=names.LABEL_JOB)
+        self.workloads = Store(index_label=child_names.LABEL_JOB)
         self.flavors = Store(index_label=None)
         self.priority_classes = Store(index_label=None)
         # DRA: every ResourceSlice, while the API server serves them (watches.py)
@@ -76,7 +78,7 @@ class KubeIO:
         """The last lines of a pod's training container log ('' when logs are not reachable)."""
         meta = pod["metadata"]
         names_ = [c["name"] for c in pod["spec"]["containers"]]
-        container = names.TRAINER_CONTAINER if names.TRAINER_CONTAINER in names_ else names_[0]
+        container = child_names.TRAINER_CONTAINER if child_names.TRAINER_CONTAINER in names_ else names_[0]
         try:
             resp = self.core.read_namespaced_pod_log(
                 meta["name"],
@@ -157,10 +159,10 @@ class KubeIO:
             return False
         meta = job["metadata"]
         resp = self.custom.patch_namespaced_custom_object_status(
-            names.GROUP,
-            names.VERSION,
+            GROUP,
+            VERSION,
             meta["namespace"],
-            names.PLURAL,
+            PLURAL,
             meta["name"],
             {"status": patch},
             _preload_content=False,
@@ -191,7 +193,7 @@ class KubeIO:
         """The job's pods, ConfigMaps and Services as the API server has them now (not the
         caches: a delete's response stored after the watch already said the object is gone
         would linger there), with the caches corrected to match."""
-        selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}={job}"
+        selector = f"{child_names.LABEL_MANAGED_BY}={child_names.MANAGED_BY},{child_names.LABEL_JOB}={job}"
         out: list[tuple[str, dict]] = []
         for kind, fn, store in (
             ("Pod", self.core.list_namespaced_pod, self.caches.pods),
@@ -210,10 +212,10 @@ class KubeIO:
         """Replace the job's metadata.finalizers (409 when the job changed since it was read)."""
         meta = job["metadata"]
         resp = self.custom.patch_namespaced_custom_object(
-            names.GROUP,
-            names.VERSION,
+            GROUP,
+            VERSION,
             meta["namespace"],
-            names.PLURAL,
+            PLURAL,
             meta["name"],
             {"metadata": {"finalizers": finalizers, "resourceVersion": meta.get("resourceVersion")}},
             _preload_content=False,
@@ -225,10 +227,10 @@ class KubeIO:
     def delete_job(self, ns: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(
-                names.GROUP,
-                names.VERSION,
+                GROUP,
+                VERSION,
                 ns,
-                names.PLURAL,
+                PLURAL,
                 name,
                 body=client.V1DeleteOptions(propagation_policy="Background"),
                 _preload_content=False,

@@ -21,7 +21,7 @@ from kubernetes import client
 from holmes.contract.names import LABEL_KUEUE_QUEUE
 
 from . import metrics
-from .core import names, queueing
+from .core import child_names, queueing
 from .informer import Informer
 from .kube import Caches
 
@@ -77,7 +77,7 @@ def start_informers(
     and cached as v1beta2."""
     custom = client.CustomObjectsApi(api)
     g, v = queueing.KUEUE_GROUP, version
-    selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}"
+    selector = f"{child_names.LABEL_MANAGED_BY}={child_names.MANAGED_BY},{child_names.LABEL_JOB}"
     store, as_v1beta2 = caches.workloads, queueing.workload_from
     out = [
         Informer(

@@ -29,7 +29,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from .core import capacity, members, names
+from .core import capacity, child_names, members
 from .core.members import KUBECONFIG_KEY, LABEL_MEMBER_CLUSTER, MemberState
 from .informer import Informer, Store
 from .kube import Caches, KubeIO
@@ -147,7 +147,7 @@ class Member:
         # Watches hold their connection for minutes: a pool of their own, apart from the writes'.
         watch_api = with_default_timeout(client.ApiClient(self.api.configuration))
         core = client.CoreV1Api(watch_api)
-        selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}"
+        selector = f"{child_names.LABEL_MANAGED_BY}={child_names.MANAGED_BY},{child_names.LABEL_JOB}"
 
         def changed(ns: str, label: str) -> None:
             self.notify("child", ns, label)
@@ -335,7 +335,7 @@ class MemberRegistry:
             obj = getattr(regs[m].caches, kind).get(ns, name) if m in regs else None
             if obj is not None and members.owned_children([obj], uid):
                 ann = obj["metadata"].get("annotations") or {}
-                attempt = ann.get(names.ANN_ATTEMPT) or ""
+                attempt = ann.get(child_names.ANN_ATTEMPT) or ""
                 found.append((int(attempt) if attempt.isdigit() else -1, m, obj))
         return max(found, key=lambda x: (x[0], x[1]))[2] if found else None
 
@@ -351,10 +351,10 @@ class MemberRegistry:
                 pods[(m, _key(p))] = capacity.slim_pod(p)
 
         def layout(ns: str, job: str) -> Mapping | None:
-            cms = [r.caches.configmaps.get(ns, names.layout_configmap_name(job)) for r in regs.values()]
+            cms = [r.caches.configmaps.get(ns, child_names.layout_configmap_name(job)) for r in regs.values()]
             return max(
                 (c for c in cms if c is not None),
-                key=lambda c: int((c["metadata"].get("annotations") or {}).get(names.ANN_ATTEMPT) or 0),
+                key=lambda c: int((c["metadata"].get("annotations") or {}).get(child_names.ANN_ATTEMPT) or 0),
                 default=None,
             )
 

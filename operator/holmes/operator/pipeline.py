@@ -27,7 +27,7 @@ from holmes.plan import dra
 from holmes.plan.costmodel_file import CostModelFile
 
 from . import metrics, placement_facts
-from .core import capacity, members, names, queueing
+from .core import capacity, child_names, members, queueing
 from .core.reconcile import ChildRefusal, Decision, Observed, RestartBackoff, decide
 from .core.render import RenderSettings
 from .core.summary import pod_attempt
@@ -68,17 +68,17 @@ class HubChildren:
         return self.caches.pods.by_label(ns, name)
 
     def configmap(self, ns: str, name: str, uid: str) -> dict | None:
-        return self.caches.configmaps.get(ns, names.layout_configmap_name(name))
+        return self.caches.configmaps.get(ns, child_names.layout_configmap_name(name))
 
     def service(self, ns: str, name: str, uid: str) -> dict | None:
-        return self.caches.services.get(ns, names.service_name(name))
+        return self.caches.services.get(ns, child_names.service_name(name))
 
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]:
         pods = {_key(p): p for p in self.caches.cluster_pods.values()}
         for p in self.caches.pods.values():  # Holmes' own pods, including those just created
             pods[_key(p)] = capacity.slim_pod(p)
         return list(pods.values()), lambda ns, job: self.caches.configmaps.get(
-            ns, names.layout_configmap_name(job)
+            ns, child_names.layout_configmap_name(job)
         )
 
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]:
@@ -112,10 +112,12 @@ class MemberChildren:
         return pods
 
     def configmap(self, ns: str, name: str, uid: str) -> dict | None:
-        return self.registry.child(self.usable, "configmaps", ns, names.layout_configmap_name(name), uid)
+        return self.registry.child(
+            self.usable, "configmaps", ns, child_names.layout_configmap_name(name), uid
+        )
 
     def service(self, ns: str, name: str, uid: str) -> dict | None:
-        return self.registry.child(self.usable, "services", ns, names.service_name(name), uid)
+        return self.registry.child(self.usable, "services", ns, child_names.service_name(name), uid)
 
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]:
         return self.registry.capacity_view()

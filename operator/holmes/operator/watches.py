@@ -31,7 +31,7 @@ from kubernetes.client.rest import ApiException
 from holmes.plan import dra
 
 from . import kueue_version
-from .core import capacity, names
+from .core import capacity, child_names
 from .informer import Informer
 from .kube import Caches
 from .member_clusters import MemberRegistry
@@ -69,7 +69,7 @@ class Watches:
         loop = asyncio.get_running_loop()
         # Watches hold their connection for minutes: a pool of their own, apart from the writes'.
         core = client.CoreV1Api(client.ApiClient(self.api.configuration))
-        selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY},{names.LABEL_JOB}"
+        selector = f"{child_names.LABEL_MANAGED_BY}={child_names.MANAGED_BY},{child_names.LABEL_JOB}"
 
         def changed(ns: str, job: str) -> None:  # from an informer's thread
             loop.call_soon_threadsafe(self.wake, (ns, job))

@@ -33,7 +33,7 @@ from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE, RESOURCE_GPU
 from holmes.plan import InsufficientNodes
 
-from . import names
+from . import child_names
 
 CPU, MEMORY = "cpu", "memory"
 ENDED = ("Succeeded", "Failed")
@@ -155,8 +155,8 @@ def pod_shape(spec: JobSpec, gpu_resource: str = RESOURCE_GPU) -> PodShape:
     tspec = tspec if isinstance(tspec, Mapping) else {}
     containers = [c for c in tspec.get("containers") or [] if isinstance(c, Mapping)]
     if not containers:
-        containers = [{"name": names.TRAINER_CONTAINER}]
-    idx = next((i for i, c in enumerate(containers) if c.get("name") == names.TRAINER_CONTAINER), 0)
+        containers = [{"name": child_names.TRAINER_CONTAINER}]
+    idx = next((i for i, c in enumerate(containers) if c.get("name") == child_names.TRAINER_CONTAINER), 0)
     req = pod_requests({**tspec, "containers": containers})
     own = _container_requests(containers[idx])
     # the trainer container gets gpusPerNode GPUs unless its template says otherwise (render.py)
@@ -251,14 +251,16 @@ def pod_node(pod: Mapping) -> str | None:
     return (
         spec.get("nodeName")
         or st.get("nominatedNodeName")
-        or ((meta.get("annotations") or {}).get(names.ANN_NODE) if _is_holmes(meta) else None)
+        or ((meta.get("annotations") or {}).get(child_names.ANN_NODE) if _is_holmes(meta) else None)
         or None
     )
 
 
 def _is_holmes(meta: Mapping) -> bool:
     labels = meta.get("labels") or {}
-    return labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY and names.LABEL_JOB in labels
+    return (
+        labels.get(child_names.LABEL_MANAGED_BY) == child_names.MANAGED_BY and child_names.LABEL_JOB in labels
+    )
 
 
 def slim_pod(pod: Mapping) -> dict:
@@ -274,9 +276,9 @@ def slim_pod(pod: Mapping) -> dict:
             "labels": {
                 k: v
                 for k, v in (meta.get("labels") or {}).items()
-                if k in (names.LABEL_JOB, names.LABEL_MANAGED_BY, names.LABEL_ATTEMPT)
+                if k in (child_names.LABEL_JOB, child_names.LABEL_MANAGED_BY, child_names.LABEL_ATTEMPT)
             },
-            "annotations": {k: v for k, v in ann.items() if k == names.ANN_NODE},
+            "annotations": {k: v for k, v in ann.items() if k == child_names.ANN_NODE},
         },
         "spec": {"nodeName": spec.get("nodeName"), "requests": pod_requests(spec)},
         "status": {"phase": st.get("phase"), "nominatedNodeName": st.get("nominatedNodeName")},
@@ -291,7 +293,7 @@ def _requests_of(pod: Mapping) -> Mapping[str, float]:
 def owner_of(pod: Mapping) -> str:
     meta = pod.get("metadata") or {}
     if _is_holmes(meta):
-        return f"{meta.get('namespace')}/{meta['labels'][names.LABEL_JOB]}"
+        return f"{meta.get('namespace')}/{meta['labels'][child_names.LABEL_JOB]}"
     return ""
 
 
@@ -338,7 +340,7 @@ class Ledger:
                 continue
             ns, job = lj.job.split("/", 1)
             for rank, node in enumerate(lj.nodes):
-                if (ns, names.pod_name(job, lj.attempt, rank)) not in have:
+                if (ns, child_names.pod_name(job, lj.attempt, rank)) not in have:
                     led.add(node, lj.shape.requests, lj.job)
         return led
 
@@ -482,10 +484,10 @@ def shared_state(
         if st.get("launched"):
             cm = seen.layouts.get((ns, name)) or {}
             ann = (cm.get("metadata") or {}).get("annotations") or {}
-            if ann.get(names.ANN_ATTEMPT) != str(st.get("attempt")):
+            if ann.get(child_names.ANN_ATTEMPT) != str(st.get("attempt")):
                 continue
             try:
-                planned = Layout.from_json(cm["data"][names.LAYOUT_FILE]).nodes
+                planned = Layout.from_json(cm["data"][child_names.LAYOUT_FILE]).nodes
             except (KeyError, TypeError, LayoutError):
                 continue
             launched.append(Launched(f"{ns}/{name}", int(st.get("attempt") or 0), tuple(planned), shape))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from holmes.contract import JobSpec, Layout
 from holmes.plan import InsufficientNodes, PlanError
 
-from . import capacity, frameworks, members, names, placement, queueing, render, validation
+from . import capacity, child_names, framework_launch, members, placement, queueing, render, validation
 from . import conditions as cond
 from .render import HOSTNAME_LABEL, build_configmap, build_pod, build_service
 from .routes import RouteError, claim_templates, job_routes
@@ -47,7 +47,7 @@ class Launching(JobState):
             self.d.requeue_after = self.until_deadline(1.0)
             return self.d
         layout = None  # resume a launch cut short: its layout, if the spec is the same
-        if self.cm_annotation(names.ANN_SPEC_HASH) == names.spec_hash(self.job.get("spec") or {}):
+        if self.cm_annotation(child_names.ANN_SPEC_HASH) == child_names.spec_hash(self.job.get("spec") or {}):
             layout = self.launched_layout()
         by_name = self.nodes
         if layout is None:
@@ -65,7 +65,7 @@ class Launching(JobState):
             self.teardown()  # a planned node vanished: plan again
             return self.launch(spec)
 
-        mismatch = frameworks.plan_conflicts(spec, layout)  # spec.framework: the user's arguments
+        mismatch = framework_launch.plan_conflicts(spec, layout)  # spec.framework: the user's arguments
         if mismatch:
             return self.stall("InvalidSpec", "; ".join(mismatch))
         nets = {n: self.facts.network(by_name[n]) for n in layout.nodes}
@@ -85,7 +85,7 @@ class Launching(JobState):
         self.d.claim_templates = claim_templates(
             ref.name, ref.namespace, pod_routes.values(), render.child_labels(ref)
         )
-        self.d.configmap = frameworks.with_framework_files(build_configmap(ref, layout, spec), spec, layout)
+        self.d.configmap = build_configmap(ref, layout, spec, framework_launch.config_files(spec, layout))
         if self.obs.service is None:
             self.d.service = build_service(ref, self.settings)
         existing = {pod_node_rank(p) for p in self.current_pods()}
@@ -102,9 +102,10 @@ class Launching(JobState):
                 settings=self.settings,
                 hostname_label=(by_name[node_name]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL),
                 master=master if rank else None,
+                # spec.framework other than holmes: the user's command under Holmes' launcher
+                launch=framework_launch.launch(spec, layout, rank, self.settings.image),
             )
-            # spec.framework other than holmes: the user's command under Holmes' launcher
-            self.d.create_pods.append(frameworks.launched_pod(pod, spec, layout, rank, self.settings.image))
+            self.d.create_pods.append(pod)
         if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup
             shape = capacity.pod_shape(spec, self.settings.gpu_resource)
             self.d.podgroup = queueing.build_podgroup(
@@ -113,7 +114,7 @@ class Launching(JobState):
             for pod in self.d.create_pods:
                 queueing.in_group(pod, self.d.podgroup["metadata"]["name"])
         nic_of = {n: net.nic for n, net in nets.items()}
-        self.status["layout"] = layout_status(layout, nic_of, names.layout_configmap_name(self.name))
+        self.status["layout"] = layout_status(layout, nic_of, child_names.layout_configmap_name(self.name))
         self.status.pop("waitingSince", None)
         if len(existing) + len(self.d.create_pods) < len(layout.nodes):  # across members: rank 0 first
             return self.wait_for_rendezvous(layout)

@@ -37,7 +37,7 @@ from holmes.contract import Layout, LayoutError
 from holmes.contract.names import LABEL_CLUSTER
 from holmes.plan import PlanError
 
-from . import names
+from . import child_names
 from .summary import pod_node_rank
 
 LABEL_MEMBER_CLUSTER = "holmes.dev/member-cluster"  # on the hub's Secrets that register members
@@ -221,7 +221,7 @@ class MemberWrites:
 def layout_members(configmap: Mapping | None, node_member: Mapping[str, str]) -> list[str]:
     """Members hosting a node of the ConfigMap's layout."""
     try:
-        nodes = Layout.from_json(configmap["data"][names.LAYOUT_FILE]).nodes
+        nodes = Layout.from_json(configmap["data"][child_names.LAYOUT_FILE]).nodes
     except (KeyError, TypeError, LayoutError, json.JSONDecodeError):
         return []
     return sorted({node_member[n] for n in nodes if n in node_member})
@@ -253,7 +253,7 @@ def route(
         for m in ms:
             of(m).configmap = tag(decision.configmap, m, job_uid)
     for pod in decision.create_pods:
-        node = ((pod.get("metadata") or {}).get("annotations") or {}).get(names.ANN_NODE)
+        node = ((pod.get("metadata") or {}).get("annotations") or {}).get(child_names.ANN_NODE)
         m = node_member.get(node or "")
         if m:
             hosts.add(m)
@@ -308,7 +308,7 @@ def job_status(
     tagged = []
     for p in pods:
         m = member_of(p) or by_node.get(
-            ((p.get("metadata") or {}).get("annotations") or {}).get(names.ANN_NODE) or ""
+            ((p.get("metadata") or {}).get("annotations") or {}).get(child_names.ANN_NODE) or ""
         )
         tagged.append(tag(p, m) if m else p)
     st = members_status(states, tagged)

@@ -25,7 +25,7 @@ from typing import Any
 
 from holmes.contract.names import LABEL_KUEUE_QUEUE, RESOURCE_GPU
 
-from . import names
+from . import child_names
 from .capacity import CPU, MEMORY, PodShape, show
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -66,7 +66,7 @@ def pod_sets(spec_count: int, shape: PodShape, template: Mapping | None) -> list
     tspec = (template or {}).get("spec") if isinstance((template or {}).get("spec"), Mapping) else {}
     requests = {k: _quantity_text(k, v) for k, v in sorted(shape.requests.items()) if v}
     pod_spec: dict[str, Any] = {
-        "containers": [{"name": names.TRAINER_CONTAINER, "resources": {"requests": requests}}],
+        "containers": [{"name": child_names.TRAINER_CONTAINER, "resources": {"requests": requests}}],
         "restartPolicy": "Never",
     }
     for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
@@ -108,8 +108,8 @@ def build_workload(
             "name": workload_name(job),
             "namespace": namespace,
             "labels": {
-                names.LABEL_JOB: job,
-                names.LABEL_MANAGED_BY: names.MANAGED_BY,
+                child_names.LABEL_JOB: job,
+                child_names.LABEL_MANAGED_BY: child_names.MANAGED_BY,
                 LABEL_KUEUE_QUEUE: queue,
             },
         },
@@ -365,7 +365,7 @@ def build_podgroup(
         "metadata": {
             "name": podgroup_name(job),
             "namespace": namespace,
-            "labels": {names.LABEL_JOB: job, names.LABEL_MANAGED_BY: names.MANAGED_BY},
+            "labels": {child_names.LABEL_JOB: job, child_names.LABEL_MANAGED_BY: child_names.MANAGED_BY},
         },
         "spec": spec,
     }

@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 
 from holmes.contract import JobSpec, SpecError, load_job
 
-from . import capacity, members, names, placement, queueing, validation
+from . import capacity, child_names, members, placement, queueing, validation
 from . import conditions as cond
 from .render import RenderSettings
 from .state import (  # noqa: F401 (the reconcile's data types, imported from here by the I/O side)
@@ -106,7 +106,7 @@ class _Reconciler(Tracking):
         if phase in FINISHED:
             return self.finished(phase, spec)
 
-        problem = names.job_name_problem(self.name)
+        problem = child_names.job_name_problem(self.name)
         if problem:
             return self.stall("InvalidName", problem)
         if spec is None:
@@ -117,7 +117,7 @@ class _Reconciler(Tracking):
             spec,
             self.settings.policy,
             self.obs.members is not None,
-            self.cm_annotation(names.ANN_MODEL_HASH),
+            self.cm_annotation(child_names.ANN_MODEL_HASH),
         )
         if refused is not None:
             return self.stall(*refused)
@@ -182,8 +182,8 @@ class _Reconciler(Tracking):
     def restart_backoff(self, due: datetime) -> Decision | None:
         """Wait out the back-off after a gang restart (None: go on and launch now)."""
         self.status["nextAttemptTime"] = iso(due)
-        last_hash = self.cm_annotation(names.ANN_SPEC_HASH)
-        if last_hash and last_hash != names.spec_hash(self.job.get("spec") or {}):
+        last_hash = self.cm_annotation(child_names.ANN_SPEC_HASH)
+        if last_hash and last_hash != child_names.spec_hash(self.job.get("spec") or {}):
             self.status.pop("nextAttemptTime", None)  # the user changed the job: try it at once
             self.event(
                 "Normal",

@@ -1,6 +1,7 @@
 """Pure rendering of a HolmesJob attempt's children: objects in, objects out, no I/O.
 
-- ``build_configmap``: layout.json (the Layout contract) and job.yaml (the spec) for the trainer.
+- ``build_configmap``: layout.json (the Layout contract) and job.yaml (the spec) for the trainer,
+  and the files a framework's arguments name (framework_launch.config_files).
 - ``build_service``: headless Service whose name is the pods' subdomain (rendezvous by DNS).
 - ``build_pod``: one pod per planned node, pinned there by required node affinity on
   kubernetes.io/hostname, with rank/rendezvous env (also as torchrun's PET_* variables), its
@@ -11,7 +12,9 @@
   runAsNonRoot and every container hardened: template.secure_defaults) unless the template,
   within the operator's policy (template.py), says otherwise. The user's template is respected: image,
   command/args, env (wins over ours), resources (win over ours), volumes, tolerations,
-  schedulerName, labels, annotations and any other PodSpec field.
+  schedulerName, labels, annotations and any other PodSpec field. For ``spec.framework`` other
+  than holmes the same pass runs the user's command under Holmes' launcher (framework_launch.launch:
+  its command, variables, volume and init container).
 
 Owner references are added by the caller (kopf.adopt), so these stay plain dicts.
 """
@@ -26,9 +29,10 @@ from typing import Any
 import yaml
 
 from holmes.contract import JobSpec, Layout
-from holmes.contract.names import ENV_GRACE_SECONDS, LABEL_NIC, RESOURCE_GPU
+from holmes.contract.names import API_VERSION, ENV_GRACE_SECONDS, KIND, LABEL_NIC, RESOURCE_GPU
 
-from . import names
+from . import child_names
+from .framework_launch import Launch
 from .routes import CLAIM, PodRoute
 from .template import RDMA_CAPABILITIES, TemplatePolicy, harden_container, secure_defaults
 
@@ -59,7 +63,7 @@ def job_ports(job: JobRef, settings: RenderSettings) -> tuple[int, int]:
         return settings.master_port, settings.metrics_port
     lo, hi = settings.port_range
     slots = max(1, (hi - lo + 1) // 2)
-    slot = int(names.digest(f"{job.namespace}/{job.name}/{job.attempt}"), 16) % slots
+    slot = int(child_names.digest(f"{job.namespace}/{job.name}/{job.attempt}"), 16) % slots
     return lo + 2 * slot, lo + 2 * slot + 1
 
 
@@ -78,14 +82,17 @@ class JobRef:
 
 
 def child_labels(job: JobRef) -> dict[str, str]:
-    return {names.LABEL_JOB: job.name, names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    return {child_names.LABEL_JOB: job.name, child_names.LABEL_MANAGED_BY: child_names.MANAGED_BY}
 
 
-def build_configmap(job: JobRef, layout: Layout, spec: JobSpec) -> dict:
-    """The Layout and the job (its typed spec, defaults filled in) as the trainer reads them."""
+def build_configmap(
+    job: JobRef, layout: Layout, spec: JobSpec, files: Mapping[str, str] | None = None
+) -> dict:
+    """The Layout and the job (its typed spec, defaults filled in) as the trainer reads them;
+    ``files``: more files for /etc/holmes (framework_launch.config_files)."""
     manifest = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": job.name, "namespace": job.namespace},
         "spec": spec.to_spec(),
     }
@@ -93,18 +100,19 @@ def build_configmap(job: JobRef, layout: Layout, spec: JobSpec) -> dict:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": names.layout_configmap_name(job.name),
+            "name": child_names.layout_configmap_name(job.name),
             "namespace": job.namespace,
             "labels": child_labels(job),
             "annotations": {
-                names.ANN_ATTEMPT: str(job.attempt),
-                names.ANN_SPEC_HASH: job.spec_hash,
-                names.ANN_MODEL_HASH: job.model_hash,
+                child_names.ANN_ATTEMPT: str(job.attempt),
+                child_names.ANN_SPEC_HASH: job.spec_hash,
+                child_names.ANN_MODEL_HASH: job.model_hash,
             },
         },
         "data": {
-            names.LAYOUT_FILE: layout.to_json(indent=1),
-            names.JOB_FILE: yaml.safe_dump(manifest, sort_keys=False),
+            child_names.LAYOUT_FILE: layout.to_json(indent=1),
+            child_names.JOB_FILE: yaml.safe_dump(manifest, sort_keys=False),
+            **(files or {}),
         },
     }
 
@@ -120,14 +128,14 @@ def build_service(job: JobRef, settings: RenderSettings) -> dict:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": names.service_name(job.name),
+            "name": child_names.service_name(job.name),
             "namespace": job.namespace,
             "labels": child_labels(job),
         },
         "spec": {
             "clusterIP": "None",  # headless: DNS records per pod, no proxy
             "publishNotReadyAddresses": True,  # rendezvous happens before readiness
-            "selector": {names.LABEL_JOB: job.name},
+            "selector": {child_names.LABEL_JOB: job.name},
             **({"ports": ports} if ports else {}),
         },
     }
@@ -153,9 +161,9 @@ def default_command(layout: Layout, node_rank: int, master: str, master_port: in
         "-m",
         "holmes.trainer",
         "--job",
-        f"{names.LAYOUT_MOUNT}/{names.JOB_FILE}",
+        f"{child_names.LAYOUT_MOUNT}/{child_names.JOB_FILE}",
         "--layout",
-        f"{names.LAYOUT_MOUNT}/{names.LAYOUT_FILE}",
+        f"{child_names.LAYOUT_MOUNT}/{child_names.LAYOUT_FILE}",
     ]
 
 
@@ -164,7 +172,7 @@ def rank_env(
 ) -> dict[str, str]:
     """``master``: the rendezvous address (rank 0's IP across member clusters); default: rank
     0's DNS name through the headless Service."""
-    master = master or names.master_addr(job.name, job.namespace, job.attempt)
+    master = master or child_names.master_addr(job.name, job.namespace, job.attempt)
     master_port, metrics_port = job_ports(job, settings)
     nnodes, nproc = len(layout.nodes), layout.gpus_per_node
     env = {
@@ -189,8 +197,8 @@ def rank_env(
         {
             "HOLMES_JOB_NAME": job.name,
             "HOLMES_ATTEMPT": str(job.attempt),
-            "HOLMES_LAYOUT": f"{names.LAYOUT_MOUNT}/{names.LAYOUT_FILE}",
-            "HOLMES_JOB": f"{names.LAYOUT_MOUNT}/{names.JOB_FILE}",
+            "HOLMES_LAYOUT": f"{child_names.LAYOUT_MOUNT}/{child_names.LAYOUT_FILE}",
+            "HOLMES_JOB": f"{child_names.LAYOUT_MOUNT}/{child_names.JOB_FILE}",
             "HOLMES_METRICS_PORT": str(metrics_port),
         }
     )
@@ -226,38 +234,51 @@ def build_pod(
     settings: RenderSettings,
     hostname_label: str | None = None,
     master: str | None = None,
+    launch: Launch | None = None,
 ) -> dict:
     """The pod for node ``layout.nodes[node_rank]`` of this attempt. ``route``: how it reaches
     the network (routes.pod_route: host network or its own, RDMA devices, Multus networks, NCCL
     env); ``master``: the rendezvous address when not rank 0's DNS name (rank 0's IP, for a job
-    across member clusters)."""
+    across member clusters); ``launch``: the launcher's part for ``spec.framework`` other than
+    holmes (framework_launch.launch), None to run Holmes' trainer."""
     node = layout.nodes[node_rank]
     template = copy.deepcopy(dict(template or {}))
     tmeta = template.get("metadata") or {}
     pspec: dict[str, Any] = dict(template.get("spec") or {})
-    name = names.pod_name(job.name, job.attempt, node_rank)
+    name = child_names.pod_name(job.name, job.attempt, node_rank)
     stage = layout.rank_info(node_rank * layout.gpus_per_node).stage
 
     labels = {k: v for k, v in (tmeta.get("labels") or {}).items() if not k.startswith("holmes.dev/")}
     labels.update(child_labels(job))
     labels.update(
         {
-            names.LABEL_ATTEMPT: str(job.attempt),
-            names.LABEL_NODE_RANK: str(node_rank),
-            names.LABEL_STAGE: str(stage),
+            child_names.LABEL_ATTEMPT: str(job.attempt),
+            child_names.LABEL_NODE_RANK: str(node_rank),
+            child_names.LABEL_STAGE: str(stage),
             LABEL_NIC: route.nic,
         }
     )
     annotations = dict(tmeta.get("annotations") or {})
     annotations.update(route.annotations)
-    annotations.update({names.ANN_NODE: node, names.ANN_SPEC_HASH: job.spec_hash})
+    annotations.update({child_names.ANN_NODE: node, child_names.ANN_SPEC_HASH: job.spec_hash})
 
     containers = [dict(c) for c in pspec.get("containers") or []]
-    idx = next((i for i, c in enumerate(containers) if c.get("name") == names.TRAINER_CONTAINER), 0)
+    idx = next((i for i, c in enumerate(containers) if c.get("name") == child_names.TRAINER_CONTAINER), 0)
     if not containers:
-        containers = [{"name": names.TRAINER_CONTAINER}]
-    master = master or names.master_addr(job.name, job.namespace, job.attempt)
-    ours = dict(rank_env(job, layout, node_rank, settings, master))
+        containers = [{"name": child_names.TRAINER_CONTAINER}]
+    # volumes of these names are Holmes': a template's own are replaced (pod and trainer alike)
+    replaced = {
+        child_names.LAYOUT_VOLUME,
+        child_names.SHM_VOLUME,
+        *([launch.volume["name"]] if launch else []),
+    }
+    shm = not any(  # a memory-backed /dev/shm unless the user mounts their own
+        m.get("mountPath") == "/dev/shm" and m.get("name") not in replaced
+        for m in containers[idx].get("volumeMounts") or []
+    )
+    master = master or child_names.master_addr(job.name, job.namespace, job.attempt)
+    ours = dict(launch.env) if launch else {}  # the launcher's first; ours win on a clash
+    ours.update(rank_env(job, layout, node_rank, settings, master))
     ours.update(route.env)
     ours.update(torch_env())
     # the trainer saves on SIGTERM only when it fits in what the kubelet grants (default 30 s)
@@ -272,16 +293,22 @@ def build_pod(
         command=default_command(layout, node_rank, master, master_port),
         settings=settings,
         ports=(master_port, metrics_port if node_rank == 0 else None),
+        launch=launch,
+        replaced=replaced,
+        shm=shm,
     )
 
-    volumes = [
-        v for v in pspec.get("volumes") or [] if v.get("name") not in (names.LAYOUT_VOLUME, names.SHM_VOLUME)
-    ]
+    volumes = [v for v in pspec.get("volumes") or [] if v.get("name") not in replaced]
     volumes.append(
-        {"name": names.LAYOUT_VOLUME, "configMap": {"name": names.layout_configmap_name(job.name)}}
+        {
+            "name": child_names.LAYOUT_VOLUME,
+            "configMap": {"name": child_names.layout_configmap_name(job.name)},
+        }
     )
-    if not _mounts_path(containers[idx], "/dev/shm"):
-        volumes.append({"name": names.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    if shm:
+        volumes.append({"name": child_names.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    if launch:
+        volumes.append(copy.deepcopy(dict(launch.volume)))
 
     pspec.update(
         {
@@ -289,7 +316,7 @@ def build_pod(
             "volumes": volumes,
             "restartPolicy": "Never",  # a failed pod fails the attempt: the operator restarts the gang
             "hostname": name,
-            "subdomain": names.service_name(job.name),
+            "subdomain": child_names.service_name(job.name),
             "affinity": _pin_to(pspec.get("affinity"), hostname_label or node),
         }
     )
@@ -302,6 +329,10 @@ def build_pod(
         pspec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
     pspec.setdefault("enableServiceLinks", False)
     secure_defaults(pspec, settings.policy.level)  # no API token, seccomp; restricted: non-root...
+    if launch:  # the launcher's copy runs first (written within the restricted level already)
+        init = launch.init_container
+        users = [i for i in pspec.get("initContainers") or [] if i.get("name") != init["name"]]
+        pspec["initContainers"] = [copy.deepcopy(dict(init)), *users]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -319,11 +350,17 @@ def _trainer_container(
     command: Sequence[str],
     settings: RenderSettings,
     ports: tuple[int, int | None],
+    launch: Launch | None,
+    replaced: set[str],
+    shm: bool,
 ) -> dict:
     c = dict(c)
-    c.setdefault("name", names.TRAINER_CONTAINER)
+    c.setdefault("name", child_names.TRAINER_CONTAINER)
     c.setdefault("image", settings.image)
-    if "command" not in c:
+    if launch:  # the user's command and args under the launcher, the plan's arguments appended
+        c["command"] = list(launch.command)
+        c.pop("args", None)
+    elif "command" not in c:
         c["command"] = list(command) + list(c.pop("args", None) or [])  # user args extend the trainer's
     user_env = list(c.get("env") or [])
     user_names = {e.get("name") for e in user_env}
@@ -346,11 +383,14 @@ def _trainer_container(
         ]
     c["resources"] = resources
 
-    mounts = list(c.get("volumeMounts") or [])
-    mounts = [m for m in mounts if m.get("name") not in (names.LAYOUT_VOLUME, names.SHM_VOLUME)]
-    mounts.append({"name": names.LAYOUT_VOLUME, "mountPath": names.LAYOUT_MOUNT, "readOnly": True})
-    if not _mounts_path(c, "/dev/shm"):
-        mounts.append({"name": names.SHM_VOLUME, "mountPath": "/dev/shm"})
+    mounts = [m for m in c.get("volumeMounts") or [] if m.get("name") not in replaced]
+    mounts.append(
+        {"name": child_names.LAYOUT_VOLUME, "mountPath": child_names.LAYOUT_MOUNT, "readOnly": True}
+    )
+    if shm:
+        mounts.append({"name": child_names.SHM_VOLUME, "mountPath": "/dev/shm"})
+    if launch:
+        mounts.append(dict(launch.mount))
     c["volumeMounts"] = mounts
 
     # Secure defaults the template may override within the operator's policy: no privilege
@@ -369,12 +409,6 @@ def _trainer_container(
         declared.append({"name": "metrics", "containerPort": ports[1]})
     c["ports"] = declared
     return c
-
-
-def _mounts_path(c: Mapping[str, Any], path: str) -> bool:
-    return any(
-        m.get("mountPath") == path and m.get("name") != names.SHM_VOLUME for m in c.get("volumeMounts") or []
-    )
 
 
 def _pin_to(affinity: Mapping[str, Any] | None, hostname: str) -> dict:

@@ -60,7 +60,7 @@ from holmes.plan.dra import API_VERSION as DRA_API_VERSION
 from holmes.plan.dra import PCIE_ROOT, NodeDevices
 from holmes.plan.nccl import nccl_env
 
-from . import names
+from . import child_names
 
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 SHARED, SRIOV = "shared", "sriov"  # how a node offers RDMA devices (NodeNetwork.rdma_route)
@@ -110,7 +110,7 @@ class DeviceClaim:
     @property
     def template_name(self) -> str:
         """Named by its content: pods of one device shape share a template."""
-        return f"{CLAIM}-{names.digest(self.spec)[:10]}"
+        return f"{CLAIM}-{child_names.digest(self.spec)[:10]}"
 
 
 @dataclass(frozen=True)

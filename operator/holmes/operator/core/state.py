@@ -11,8 +11,8 @@ from datetime import datetime, timedelta
 
 from holmes.contract import JobSpec, Layout, LayoutError
 
+from . import child_names, members
 from . import conditions as cond
-from . import members, names
 from .placement import PlacementFacts
 from .render import JobRef, RenderSettings
 from .summary import iso, parse_time, pod_attempt, pod_counts
@@ -270,10 +270,10 @@ class JobState:
 
     def launched_layout(self) -> Layout | None:
         """The Layout of the current attempt, from its ConfigMap (None: not known)."""
-        if self.cm_annotation(names.ANN_ATTEMPT) != str(self.attempt):
+        if self.cm_annotation(child_names.ANN_ATTEMPT) != str(self.attempt):
             return None
         try:
-            return Layout.from_json((self.obs.configmap or {})["data"][names.LAYOUT_FILE])
+            return Layout.from_json((self.obs.configmap or {})["data"][child_names.LAYOUT_FILE])
         except (KeyError, TypeError, LayoutError):
             return None
 
@@ -290,8 +290,8 @@ class JobState:
             self.name,
             self.ns,
             self.attempt if attempt is None else attempt,
-            names.spec_hash(spec),
-            names.model_hash(spec),
+            child_names.spec_hash(spec),
+            child_names.model_hash(spec),
         )
 
     def cm_annotation(self, key: str) -> str | None:

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 from holmes.contract.layout import Layout
 
-from . import names
+from . import child_names
 
 
 def iso(t: datetime) -> str:
@@ -65,14 +65,14 @@ def pod_counts(pods: Iterable[Mapping]) -> dict[str, int]:
 
 def pod_attempt(pod: Mapping) -> int | None:
     try:
-        return int(((pod.get("metadata") or {}).get("labels") or {})[names.LABEL_ATTEMPT])
+        return int(((pod.get("metadata") or {}).get("labels") or {})[child_names.LABEL_ATTEMPT])
     except (KeyError, TypeError, ValueError):
         return None
 
 
 def pod_node_rank(pod: Mapping) -> int | None:
     try:
-        return int(((pod.get("metadata") or {}).get("labels") or {})[names.LABEL_NODE_RANK])
+        return int(((pod.get("metadata") or {}).get("labels") or {})[child_names.LABEL_NODE_RANK])
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -82,7 +82,7 @@ def failure_of(pod: Mapping) -> str:
     st = pod.get("status") or {}
     name = (pod.get("metadata") or {}).get("name", "?")
     node = (pod.get("spec") or {}).get("nodeName") or (pod.get("metadata", {}).get("annotations") or {}).get(
-        names.ANN_NODE, "?"
+        child_names.ANN_NODE, "?"
     )
     for cs in st.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")

@@ -8,8 +8,8 @@ from datetime import timedelta
 
 from holmes.contract import JobSpec
 
+from . import child_names, elastic, eta, failures, placement, replan
 from . import conditions as cond
-from . import elastic, eta, failures, names, placement, replan
 from .launching import Launching
 from .render import build_service
 from .state import (
@@ -39,11 +39,11 @@ class Tracking(Launching):
     def track(self, spec: JobSpec) -> Decision:
         self.status.pop("createFailures", None)  # this attempt's children were all accepted
         self.delete_stale()
-        launched_hash = self.cm_annotation(names.ANN_SPEC_HASH)
+        launched_hash = self.cm_annotation(child_names.ANN_SPEC_HASH)
         if (
-            self.cm_annotation(names.ANN_ATTEMPT) == str(self.attempt)
+            self.cm_annotation(child_names.ANN_ATTEMPT) == str(self.attempt)
             and launched_hash
-            and launched_hash != names.spec_hash(self.job.get("spec") or {})
+            and launched_hash != child_names.spec_hash(self.job.get("spec") or {})
         ):
             self.teardown()
             self.event(

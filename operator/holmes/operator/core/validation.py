@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from holmes.contract import JobSpec
 
-from . import names, queueing
+from . import child_names, queueing
 from .template import TemplatePolicy, policy_violations, shape_problems
 
 FIX = " -- fix the spec with kubectl edit or apply"
@@ -36,7 +36,7 @@ def refusal(
             "schedulerName: volcano (a Volcano PodGroup) is not supported for a job across member "
             "clusters yet: remove spec.template.spec.schedulerName",
         )
-    if started_model and started_model != names.model_hash(job.get("spec") or {}):
+    if started_model and started_model != child_names.model_hash(job.get("spec") or {}):
         return (
             "ImmutableField",
             "spec.model cannot change once the job has started (its checkpoints hold this model); "

@@ -6,28 +6,13 @@ import yaml
 from holmes_dev.jobs import holmes_job
 
 from holmes.contract.jobspec import AUTO, JobSpec, LabelSelector, SelectorRequirement, SpecError
+from tests.contract.spec_helpers import minimal_spec, problems_of
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "gpt-7b.yaml"
 
 
-def minimal_spec(**sections):
-    spec = {
-        "model": {"layers": 8, "hiddenSize": 256, "attentionHeads": 8, "seqLength": 128, "vocabSize": 1000},
-        "training": {"globalBatchSize": 16, "microBatchSize": 2, "iterations": 10, "learningRate": 1.0e-3},
-        "nodes": {"count": 2, "gpusPerNode": 4},
-    }
-    spec.update(sections)
-    return spec
-
-
 def manifest(spec):
     return holmes_job("j", spec)
-
-
-def problems_of(spec):
-    with pytest.raises(SpecError) as e:
-        JobSpec.from_spec(spec)
-    return e.value.problems
 
 
 def test_example_manifest_parses_with_every_field():
@@ -295,37 +280,6 @@ def test_activation_recompute_defaults_on_round_trips_and_is_strict():
             p.startswith("spec.training.activationRecompute: must be true or false")
             for p in problems_of(spec)
         )
-
-
-def test_grad_reduce_dtype_is_validated_and_sets_the_cost_models_bytes():
-    from holmes.plan import CostModelConfig
-    from holmes.plan.planner import for_job
-
-    spec = minimal_spec()
-    assert JobSpec.from_spec(spec).training.grad_reduce_dtype == "float32"
-    spec["training"]["gradReduceDtype"] = "bfloat16"
-    job = JobSpec.from_spec(spec)
-    assert job.training.grad_reduce_bytes == 2 and for_job(CostModelConfig(), job).grad_bytes == 2
-    spec["training"]["gradReduceDtype"] = "fp8"
-    with pytest.raises(SpecError, match="spec.training.gradReduceDtype"):
-        JobSpec.from_spec(spec)
-
-
-def test_tensor_auto_only_offers_degrees_the_trainer_can_split():
-    from holmes.plan.planner import degree_candidates
-
-    spec = minimal_spec(parallelism={"tensor": "auto", "pipeline": 1})
-    spec["nodes"] = {"count": 1, "gpusPerNode": 8}
-    spec["training"]["globalBatchSize"] = 64
-    offered = {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))}
-    assert offered == {1, 2, 4, 8}  # heads 8, ffn 1024, vocab 1000 all divide
-    spec["model"]["vocabSize"] = 1002  # 2 x 501
-    assert {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))} == {1, 2}
-    spec["model"].update(vocabSize=1000, architecture="llama", kvHeads=2)
-    assert {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))} == {1, 2}
-    spec["model"].update(kvHeads=8, seqLength=36)
-    spec["parallelism"]["sequenceParallel"] = True
-    assert {d.tensor for d in degree_candidates(JobSpec.from_spec(spec))} == {1, 2, 4}
 
 
 def test_islands_round_trip_and_their_problems_name_the_field_and_the_fix():

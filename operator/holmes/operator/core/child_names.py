@@ -1,5 +1,7 @@
-"""Names, labels and annotations shared by rendering, reconciling and tests: one place so a
-pod, its ConfigMap and the operator always agree."""
+"""The names of a HolmesJob's children (its pods, ConfigMap and Service), the labels, annotations,
+container, volume and mount names Holmes puts on them, and the hashes recording what an attempt
+was launched from: one place so a pod, its ConfigMap and the operator always agree. (The names
+every part of Holmes shares, the API's and the node labels', are ``holmes.contract.names``.)"""
 
 from __future__ import annotations
 
@@ -7,8 +9,6 @@ import hashlib
 import json
 import re
 from typing import Any
-
-from holmes.contract.names import API_VERSION, GROUP, KIND, PLURAL, VERSION  # noqa: F401 (re-exported)
 
 # Labels on every child (selectors and kubectl -l use these).
 LABEL_JOB = "holmes.dev/job-name"

@@ -1,8 +1,10 @@
-"""Pure rendering for ``spec.framework`` other than holmes: the plan as the framework's own
-arguments, the files they point at, and the pod changes that run the user's command under
-Holmes' launcher (``holmes.launch``). Objects in, objects out; render.py's pod is the input.
+"""How a ``spec.framework`` other than holmes is launched on the plan, pure: the plan as the
+framework's own arguments, the files they point at, and what the pods need to run the user's
+command under Holmes' launcher (``holmes.launch``), returned as data that render.py renders the
+pods with. (Which frameworks there are and the checks of their commands that need no plan:
+``holmes.contract.frameworks``.)
 
-What a pod of an external framework gets on top of render.py's (which already sets ranks, the
+What a pod of an external framework gets on top of Holmes' own (render.py: ranks, the
 rendezvous, per-node NCCL env without NCCL_NET, the RDMA resource and the Layout at /etc/holmes):
 
 - an init container from the Holmes image copying the launcher and the network hook into an
@@ -14,9 +16,9 @@ rendezvous, per-node NCCL env without NCCL_NET, the RDMA resource and the Layout
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -28,12 +30,11 @@ from holmes.contract.frameworks import (
     env_conflicts,
     is_external,
     recompute_args,
-    trainer_container,
     trainer_env,
     user_command,
 )
 
-from . import names
+from . import child_names
 
 LAUNCH_VOLUME = "holmes-launch"
 LAUNCH_DIR = "/holmes-launch"
@@ -100,7 +101,7 @@ def megatron_args(spec: JobSpec, layout: Layout, node_rank: int) -> list[str]:
         "--global-batch-size",
         str(global_batch(layout)),
         "--nccl-communicator-config-path",
-        f"{names.LAYOUT_MOUNT}/{megatron_nccl_file(stage)}",
+        f"{child_names.LAYOUT_MOUNT}/{megatron_nccl_file(stage)}",
     ]
     if layout.pipeline > 1:
         args += ["--pipeline-model-parallel-layout", megatron_layout(layout)]
@@ -185,17 +186,52 @@ def plan_conflicts(spec: JobSpec, layout: Layout) -> list[str]:
     return conflicts(spec.framework, argv, values) + env_conflicts(spec.framework, argv, env, layout.tensor)
 
 
-# ---- the ConfigMap and the pod -----------------------------------------------------------------
+# ---- the ConfigMap's files and the pod's parts ----------------------------------------------------
 
 
-def with_framework_files(configmap: dict, spec: JobSpec, layout: Layout) -> dict:
-    """render.build_configmap's ConfigMap plus the files the framework's arguments name."""
+def config_files(spec: JobSpec, layout: Layout) -> dict[str, str]:
+    """The files the framework's arguments name, added to the job's ConfigMap (mounted at
+    /etc/holmes): Megatron's communicator file per stage."""
     if spec.framework != "megatron":
-        return configmap
-    out = copy.deepcopy(configmap)
-    for s in range(layout.pipeline):
-        out["data"][megatron_nccl_file(s)] = yaml.safe_dump(megatron_nccl_config(layout, s), sort_keys=True)
-    return out
+        return {}
+    return {
+        megatron_nccl_file(s): yaml.safe_dump(megatron_nccl_config(layout, s), sort_keys=True)
+        for s in range(layout.pipeline)
+    }
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the launcher adds to the pod of one node rank (render.build_pod renders it in): the
+    trainer container's whole command (its args folded in), variables ahead of Holmes' own
+    (Holmes' and the user's win on a clash), and an emptyDir that an init container, first of
+    the pod's, fills with the launcher."""
+
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    volume: Mapping[str, Any]
+    mount: Mapping[str, Any]
+    init_container: Mapping[str, Any]
+
+
+def launch(spec: JobSpec, layout: Layout, node_rank: int, image: str) -> Launch | None:
+    """The launcher's part of the pod of ``node_rank``; None for Holmes' own trainer.
+    ``image``: the Holmes image the init container copies the launcher from."""
+    if not is_external(spec.framework):
+        return None
+    argv = user_command(spec.template)
+    command = (launcher_python(argv), f"{LAUNCH_DIR}/launch.py", "--", *argv)
+    return Launch(
+        command=(*command, *plan_args(spec, layout, node_rank)),
+        env={
+            "HOLMES_FRAMEWORK": spec.framework,
+            "HOLMES_FABRIC_CHECK": spec.training.fabric_check,
+            **engine_env(spec.framework, argv, layout.tensor),
+        },
+        volume={"name": LAUNCH_VOLUME, "emptyDir": {}},
+        mount={"name": LAUNCH_VOLUME, "mountPath": LAUNCH_DIR, "readOnly": True},
+        init_container=launcher_init_container(image),
+    )
 
 
 def launcher_python(argv: list[str]) -> str:
@@ -203,31 +239,6 @@ def launcher_python(argv: list[str]) -> str:
     run where the user's packages are."""
     head = os.path.basename(argv[0]) if argv else ""
     return argv[0] if head in ("python", "python3") or head.startswith("python3.") else DEFAULT_PYTHON
-
-
-def launched_pod(pod: Mapping[str, Any], spec: JobSpec, layout: Layout, node_rank: int, image: str) -> dict:
-    """render.build_pod's pod running the user's command under Holmes' launcher."""
-    if not is_external(spec.framework):
-        return dict(pod)
-    out = copy.deepcopy(dict(pod))
-    ps = out["spec"]
-    want = (trainer_container(spec.template) or {}).get("name", names.TRAINER_CONTAINER)
-    c = next(c for c in ps["containers"] if c.get("name") == want)
-    argv = user_command(spec.template)
-    c["command"] = [launcher_python(argv), f"{LAUNCH_DIR}/launch.py", "--", *argv]
-    c["command"] += plan_args(spec, layout, node_rank)
-    c.pop("args", None)
-    given = {e.get("name") for e in c.get("env") or []}
-    ours = {"HOLMES_FRAMEWORK": spec.framework, "HOLMES_FABRIC_CHECK": spec.training.fabric_check}
-    ours.update(engine_env(spec.framework, argv, layout.tensor))
-    c["env"] = [{"name": k, "value": v} for k, v in ours.items() if k not in given] + list(c.get("env") or [])
-    c["volumeMounts"] = [m for m in c.get("volumeMounts") or [] if m.get("name") != LAUNCH_VOLUME]
-    c["volumeMounts"].append({"name": LAUNCH_VOLUME, "mountPath": LAUNCH_DIR, "readOnly": True})
-    ps["volumes"] = [v for v in ps.get("volumes") or [] if v.get("name") != LAUNCH_VOLUME]
-    ps["volumes"].append({"name": LAUNCH_VOLUME, "emptyDir": {}})
-    init = [i for i in ps.get("initContainers") or [] if i.get("name") != INIT_CONTAINER]
-    ps["initContainers"] = [launcher_init_container(image), *init]
-    return out
 
 
 def launcher_init_container(image: str) -> dict:
