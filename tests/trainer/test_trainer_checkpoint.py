@@ -17,6 +17,7 @@ ADAMW = OptimizerConfig(kind="adamw", learning_rate=3e-3, warmup_iterations=2)
 def _kill_after(n):
     def on_iteration(trainer, record):
         if trainer.iteration == n:
+            trainer.wait_for_checkpoint()  # an asynchronous save in flight would be lost
             os._exit(17)  # no cleanup, like a node going away
 
     return on_iteration
@@ -119,7 +120,7 @@ def _checkpoint_group(rank: int, cfg, layout) -> dict:
 def test_checkpoint_coordination_runs_on_a_host_group_with_a_long_timeout(tmp_path):
     """Before: DCP coordinated on the world group (NCCL on GPUs, its 600 s timeout and watchdog),
     so a save slower than the process-group timeout killed the job."""
-    cfg = tiny_config(iterations=1, checkpoint=CheckpointConfig(path=str(tmp_path)))
+    cfg = tiny_config(iterations=1, checkpoint=CheckpointConfig(path=str(tmp_path), asynchronous=False))
     out = run_ranks(2, _checkpoint_group, cfg, make_layout(1, 2, [4], 2, 4))
     for rank in (0, 1):
         res = out[rank][1]

@@ -396,6 +396,14 @@ class CheckpointSpec:
             "what is left of the pod's terminationGracePeriodSeconds."
         ),
     ] = True
+    asynchronous: Annotated[
+        bool,
+        Field(
+            "Copy each checkpoint into host memory, then write it while training goes on (one "
+            "save at a time; the marker is written once every pod has finished). false: every "
+            "pod waits for the files, and needs no host memory for a copy of its state."
+        ),
+    ] = True
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from holmes.contract.layout import Layout
 
 from . import checkpoint, fabric, preempt
 from .assemble import load_start_weights, stage_model
+from .async_checkpoint import AsyncCheckpointer, Saved
 from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
@@ -119,6 +120,10 @@ class Trainer:
             backend=host_backend,
             timeout=timedelta(seconds=max(cfg.timeout_seconds, CHECKPOINT_TIMEOUT_SECONDS)),
         )
+        # asynchronous saves (async_checkpoint.py): staged here, written while training goes on
+        self.checkpointer = None
+        if cfg.checkpoint.path and cfg.checkpoint.asynchronous:
+            self.checkpointer = AsyncCheckpointer(self.checkpoint_group, rank, on_commit=self._committed)
         self.groups.created.append(
             {"kind": "preemption", "size": layout.world_size, "backend": "gloo", "net": "Socket"}
         )
@@ -208,35 +213,49 @@ class Trainer:
         """What a checkpoint must share with the run that continues it (besides the model)."""
         return {"globalBatchSize": self.cfg.global_batch_size, "optimizer": self.cfg.optimizer.kind}
 
-    def save_checkpoint(self, **marker: Any) -> str:
-        """Collective (world group): model, optimizer state and RNG under global names, then the
-        marker (holmes.json) with ``marker``'s extra fields. Returns the directory."""
+    def save_checkpoint(self, *, synchronous: bool = False, **marker: Any) -> str:
+        """Collective (checkpoint group): model, optimizer state and RNG under global names, then
+        the marker (holmes.json) with ``marker``'s extra fields. Returns the directory. With
+        training.checkpoint.asynchronous (and not ``synchronous``) it returns once the state is
+        staged; the marker follows when every rank has written (async_checkpoint.py)."""
         root = self.cfg.checkpoint.path
         self.opt.wait_param_gathers()
-        t0 = time.perf_counter()
         state = checkpoint.model_tensors(self.module, tied_copy=False)
         state.update(checkpoint.optimizer_tensors(self.opt, self.tp, saving=True))
         state.update(checkpoint.rng_state(self.rank))
-        path = checkpoint.save(
-            root,
-            self.iteration,
-            state,
-            self.rank,
-            {
-                "format": checkpoint.FORMAT,
-                "layout": layout_signature(self.layout),
-                "model": self.cfg.model.shape(),
-                **self._training_meta(),
-                "consumedSamples": self.iteration * self.cfg.global_batch_size,
-                **marker,
-            },
-            group=self.checkpoint_group,
-        )
-        self.last_save_seconds = time.perf_counter() - t0
-        self.sink.emit(
-            wire.CHECKPOINT, iteration=self.iteration, path=path, seconds=round(self.last_save_seconds, 3)
-        )
+        meta = {
+            "format": checkpoint.FORMAT,
+            "layout": layout_signature(self.layout),
+            "model": self.cfg.model.shape(),
+            **self._training_meta(),
+            "consumedSamples": self.iteration * self.cfg.global_batch_size,
+            **marker,
+        }
+        if self.checkpointer is not None and not synchronous:
+            return self.checkpointer.save(root, self.iteration, state, meta)
+        self.wait_for_checkpoint()
+        t0 = time.perf_counter()
+        path = checkpoint.save(root, self.iteration, state, self.rank, meta, group=self.checkpoint_group)
+        self._committed(Saved(self.iteration, path, time.perf_counter() - t0, time.perf_counter() - t0))
         return path
+
+    def _committed(self, saved: Saved) -> None:
+        # staging to commit: what a synchronous save on preemption is expected to need (an
+        # overestimate for a background write, which shares the machine with training)
+        self.last_save_seconds = saved.total_seconds
+        extra = {} if self.checkpointer is None else {"stagingSeconds": round(saved.stage_seconds, 3)}
+        self.sink.emit(
+            wire.CHECKPOINT,
+            iteration=saved.iteration,
+            path=saved.path,
+            seconds=round(saved.total_seconds, 3),
+            **extra,
+        )
+
+    def wait_for_checkpoint(self) -> None:
+        """Collective: the in-flight asynchronous save committed (its failure raised here)."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
 
     def _newest_checkpoint(self) -> int | None:
         root = self.cfg.checkpoint.path
@@ -296,11 +315,12 @@ class Trainer:
         grace any rank has left (all decide alike), then note it for the exit code (83)."""
         cfg = self.cfg
         path, seconds, left = None, 0.0, None
+        self.wait_for_checkpoint()  # a save in flight is finished first: it may be all there is
         if cfg.checkpoint.path and (cfg.checkpoint.on_preemption or due):
             needed = preempt.save_seconds_needed(self.last_save_seconds)
             fits, left = self.vote.save_fits(self.preemption.seconds_left(preempt.grace_seconds()), needed)
             if fits:
-                path = self.save_checkpoint(preempted=True)
+                path = self.save_checkpoint(synchronous=True, preempted=True)
                 seconds = self.last_save_seconds
         last = self.history[-1] if self.history else {}
         self.preempted = {"iteration": self.iteration, "saved": path is not None}
@@ -457,6 +477,8 @@ class Trainer:
             self.sink.stages(self.stage_times.summary())
             if on_iteration is not None:
                 on_iteration(self, record)
+            if self.checkpointer is not None:
+                self.checkpointer.poll()  # reports a save that committed meanwhile
             signalled = self.vote.result()
             due = bool(cfg.checkpoint.path) and (
                 self.iteration == cfg.iterations or bool(every) and self.iteration % every == 0
@@ -467,6 +489,7 @@ class Trainer:
                 return self.history
             if due:
                 self.save_checkpoint()
+        self.wait_for_checkpoint()
         self.opt.wait_param_gathers()
         last = self.history[-1] if self.history else {}
         self.sink.emit(
