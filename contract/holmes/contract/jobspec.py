@@ -509,8 +509,9 @@ class TrainingSpec:
     grad_reduce_dtype: Annotated[
         str,
         Field(
-            "The dtype gradients are reduce-scattered in across each data-parallel group (default "
-            "float32). bfloat16 halves those bytes, which matters on slow Socket DP groups; "
+            "The dtype gradients are reduce-scattered in across each data-parallel group, and a "
+            "tied embedding's gradient all-reduced in between first and last stage (default "
+            "float32). bfloat16 halves those bytes, which matters on slow Socket groups; "
             "gradients still accumulate and land in fp32 for the optimizer. The planner's cost "
             "model counts the bytes it implies.",
             enum=tuple(GRAD_REDUCE_BYTES),
