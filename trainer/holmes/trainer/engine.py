@@ -26,6 +26,7 @@ from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
 from .evaluate import Evaluator
 from .groups import build_groups
+from .load_barrier import meet_after_load
 from .model import TIED_COPY, global_name
 from .models import sharding
 from .reporting import MetricsSink
@@ -133,8 +134,17 @@ class Trainer:
         # Before the optimizer copies the weights into its shards: a run that resumes takes its
         # checkpoint's (maybe_resume, with the optimizer state), a fresh one the job's.
         self.resume_iteration = self._newest_checkpoint()
+        self.weight_load_seconds: dict[int, float] | None = None
         if self.resume_iteration is None:
+            t_load = time.perf_counter()
             load_start_weights(self.module, cfg, None, self.groups.world)
+            if cfg.model.init is not None:  # one stage on slow storage: stop here, saying so
+                self.weight_load_seconds = meet_after_load(
+                    time.perf_counter() - t_load,
+                    self.vote.group,
+                    cfg.timeout_seconds,
+                    "the Hugging Face weights (spec.model.init.huggingface.path)",
+                )
         tied_name = None
         if tied_split:
             tied_name = "embedding.tok.weight" if self.first else TIED_COPY
@@ -430,6 +440,11 @@ class Trainer:
         self.history.append(record)
         return record
 
+    def _load_seconds(self) -> list[float]:
+        """Each rank's start-weight load, in rank order (load_barrier.py)."""
+        took = self.weight_load_seconds or {}
+        return [round(took[r], 3) for r in sorted(took)]
+
     def _upload(self, batch: torch.Tensor) -> torch.Tensor:
         """Host batch -> device without making the host wait: a copy from pageable memory is
         synchronous (the host would wait for the previous step's queued work before queueing
@@ -463,6 +478,7 @@ class Trainer:
             layout={**layout_signature(self.layout), "nodes": list(self.layout.nodes)},  # calibration
             groups=self.groups.created,  # this rank's communicators, the world group first
             fabric=self.fabric.summary(),  # every rank's findings (gathered)
+            **({"weightLoadSeconds": self._load_seconds()} if self.weight_load_seconds else {}),
         )
         every = cfg.checkpoint.interval_iterations
         while self.iteration < cfg.iterations:
