@@ -110,9 +110,14 @@ class CpuLimits:
     cores: Mapping[str, float]
 
     @classmethod
-    def create(cls, cores: Mapping[str, float], hierarchy: Hierarchy | None = None) -> CpuLimits:
+    def create(
+        cls, cores: Mapping[str, float], hierarchy: Hierarchy | None = None, sweep: bool = True
+    ) -> CpuLimits:
+        """``sweep``: delete the groups a killed run left first (False where another bench may be
+        running: give ``cores`` names of this run's own, e.g. with the PID in them)."""
         h = hierarchy or detect()
-        remove_leftovers(h)
+        if sweep:
+            remove_leftovers(h)
         if h.version == 2:  # the root's children get the cpu controller only when it is delegated
             with open(os.path.join(h.root, "cgroup.subtree_control")) as f:
                 if "cpu" not in f.read().split():

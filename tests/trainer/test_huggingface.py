@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -17,7 +18,7 @@ import transformers  # a test dependency (pyproject test extra): a missing one f
 import yaml
 
 from holmes.contract import ModelSpec
-from holmes.trainer import hf
+from holmes.trainer import hf, load_barrier
 from holmes.trainer.assemble import load_start_weights, stage_model
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
 from holmes.trainer.data import BatchLoader, Sharding, TokenWindows, make_source
@@ -255,3 +256,58 @@ def test_evaluate_cli_under_torchrun(tmp_path):
     want = hf_loss(transformers.LlamaForCausalLM.from_pretrained(path), tokens)
     assert line["loss"] == pytest.approx(want, rel=1e-4) and line["tokens"] == 19 * SEQ
     assert line["perplexity"] == pytest.approx(np.exp(line["loss"]), rel=1e-9)
+
+
+# the bounded meeting point after the weights are loaded (load_barrier.py): a rank on slow
+# storage stops the run with its name before any rank waits in a pipeline send
+LOAD_LAYOUT = make_layout(3, 1, [1, 1, 1], 1, 3)  # three stages: the first send waits on the next
+
+
+def _train_loading(rank: int, cfg, layout, slow_rank: int | None, delay: float) -> dict:
+    from holmes.trainer import hf
+    from holmes.trainer.engine import Trainer
+
+    real = hf.load_stage
+
+    def load_stage(*args, **kwargs):  # this rank's volume is slower than the others'
+        if rank == slow_rank:
+            time.sleep(delay)
+        return real(*args, **kwargs)
+
+    hf.load_stage = load_stage
+    t = Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
+    t.train()
+    return {"took": t.weight_load_seconds}
+
+
+def test_every_rank_reports_its_load_time(tmp_path):
+    cfg = tiny_config(model=with_init(LLAMA, llama_dir(tmp_path)), micro_batch_size=1, global_batch_size=3)
+    out = run_ranks(3, _train_loading, cfg.with_(iterations=1), LOAD_LAYOUT, None, 0.0)
+    for rank in range(3):
+        took = out[rank][1]["took"]
+        assert sorted(took) == [0, 1, 2] and all(s >= 0 for s in took.values()), took
+
+
+def test_a_stage_on_slow_storage_is_named_before_the_first_send_times_out(tmp_path):
+    """Before: ranks 0 and 1 went on to their first pipeline send/receive and failed there after
+    the process-group timeout, with gloo's (NCCL's) words about a collective, not the slow rank."""
+    cfg = tiny_config(
+        model=with_init(LLAMA, llama_dir(tmp_path)),
+        micro_batch_size=1,
+        global_batch_size=3,
+        iterations=1,
+        timeout_seconds=4.0,  # the meeting waits 2 s, rank 2 loads 8 s longer than the others
+    )
+    out = run_ranks(3, _train_loading, cfg, LOAD_LAYOUT, 2, 8.0, allow_exit=True, timeout=90)
+    for rank in (0, 1):
+        status, text = out[rank]
+        assert status == "error" and "WeightLoadError" in text, out[rank]
+        assert "rank(s) 2 did not finish loading the Hugging Face weights" in text, text
+        assert "HOLMES_TIMEOUT_SECONDS" in text and "faster volume" in text
+    assert out[2][0] == "error" and "WeightLoadError" in out[2][1], out[2]
+
+
+def test_the_message_names_every_late_rank_and_what_each_took():
+    msg = load_barrier.late_message([2, 5], 300.0, {0: 12.0, 1: 14.5}, "the weights")
+    assert msg.startswith("rank(s) 2, 5 did not finish loading the weights within 300 s")
+    assert "rank 0: 12.0 s, rank 1: 14.5 s" in msg

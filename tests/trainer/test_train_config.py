@@ -27,7 +27,7 @@ TRAINING = {
     "gradReduceDtype": "bfloat16",
     "fabricCheck": "fail",
     "eval": {"data": {"path": "/eval.bin"}, "intervalIterations": 2},
-    "checkpoint": {"path": "/ckpt", "intervalIterations": 5, "onPreemption": False},
+    "checkpoint": {"path": "/ckpt", "intervalIterations": 5, "onPreemption": False, "asynchronous": False},
 }
 JOB = holmes_job(
     "tiny",
@@ -77,6 +77,6 @@ def test_every_field_named_like_the_contracts_is_the_jobs():
             "betas",
             "grad_clip",
         },
-        CheckpointConfig: {"path", "interval_iterations", "on_preemption"},
+        CheckpointConfig: {"path", "interval_iterations", "on_preemption", "asynchronous"},
     }
     assert cfg.eval is spec.training.eval  # the contract's EvalSpec itself, not a copy

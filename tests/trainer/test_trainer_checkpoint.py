@@ -111,7 +111,7 @@ def _checkpoint_group(rank: int, cfg, layout) -> dict:
 def test_checkpoint_coordination_runs_on_a_host_group_with_a_long_timeout(tmp_path):
     """Before: DCP coordinated on the world group (NCCL on GPUs, its 600 s timeout and watchdog),
     so a save slower than the process-group timeout killed the job."""
-    cfg = tiny_config(iterations=1, checkpoint=CheckpointConfig(path=str(tmp_path)))
+    cfg = tiny_config(iterations=1, checkpoint=CheckpointConfig(path=str(tmp_path), asynchronous=False))
     out = run_ranks(2, _checkpoint_group, cfg, make_layout(1, 2, [4], 2, 4))
     for rank in (0, 1):
         res = out[rank][1]

@@ -249,6 +249,7 @@ def kill_after(n):
 
     def on_iteration(trainer, record):
         if trainer.iteration == n:
+            trainer.wait_for_checkpoint()  # an asynchronous save in flight would be lost
             os._exit(17)  # no cleanup, like a node going away
 
     return on_iteration

@@ -447,6 +447,14 @@ class CheckpointSpec:
             "what is left of the pod's terminationGracePeriodSeconds."
         ),
     ] = True
+    asynchronous: Annotated[
+        bool,
+        Field(
+            "Copy each checkpoint into host memory, then write it while training goes on (one "
+            "save at a time; the marker is written once every pod has finished). false: every "
+            "pod waits for the files, and needs no host memory for a copy of its state."
+        ),
+    ] = True
 
 
 @dataclass(frozen=True)
@@ -552,8 +560,9 @@ class TrainingSpec:
     grad_reduce_dtype: Annotated[
         str,
         Field(
-            "The dtype gradients are reduce-scattered in across each data-parallel group (default "
-            "float32). bfloat16 halves those bytes, which matters on slow Socket DP groups; "
+            "The dtype gradients are reduce-scattered in across each data-parallel group, and a "
+            "tied embedding's gradient all-reduced in between first and last stage (default "
+            "float32). bfloat16 halves those bytes, which matters on slow Socket groups; "
             "gradients still accumulate and land in fp32 for the optimizer. The planner's cost "
             "model counts the bytes it implies.",
             enum=tuple(GRAD_REDUCE_BYTES),

@@ -47,7 +47,8 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
   shard the optimizer state (12 bytes) plus the fp32 reduced gradient, the all-gather's source
   copy and the weight-decay mask (``SHARD_EXTRA_BYTES + param_bytes``); torch's pipeline receive
   buffers, one activation and one gradient buffer per micro-batch held for the whole run
-  (:meth:`StageCost.pipeline_buffers`); ``NCCL_COMMUNICATOR_BYTES`` per communicator; and
+  (:meth:`StageCost.pipeline_buffers`); ``NCCL_COMMUNICATOR_BYTES`` per communicator, and on
+  NVSwitch nodes where NVLS pays (``holmes.contract.nvls``) its buffers per communicator; and
   activations: with recomputation each layer keeps its input per
   in-flight micro-batch (``min(P - s, m)`` at stage s) plus one layer's full working set
   (Korthikanti et al. 2022: ``s b h (10 + 24/T + 5 a s / (h T))`` bytes for GPT; the llama terms
@@ -161,6 +162,7 @@ class StagePlace:
     # group inside one node, on NVLink) and how many of a group's ranks share a node
     ep_gbps: float | None = None
     ep_ranks_per_node: int = 1
+    nvls_bytes: float = 0.0  # NVLink SHARP's buffers on this stage's GPUs (holmes.contract.nvls)
 
 
 @dataclass(frozen=True)
@@ -325,6 +327,7 @@ class StageCost:
         static = p * (cfg.param_bytes + MAIN_GRAD_BYTES) + p * self.shard_bytes() / D
         static += self.expert_memory(n)
         static += self.pipeline_buffers() + self.communicators() * NCCL_COMMUNICATOR_BYTES
+        static += self.place.nvls_bytes
         b, seq, h, a = s.micro_batch, m.seq, m.hidden, m.heads
         shared, split = m.layer_activation_bytes_per_token()
         sp = T if s.sequence_parallel else 1  # the norm regions and each layer's input, split too

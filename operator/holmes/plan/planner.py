@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from holmes.contract import nvls
 from holmes.contract.flops import ModelCost, tflops_per_gpu
 from holmes.contract.jobspec import AUTO, JobSpec, SpecError, load_job, tensor_parallel_problems
 from holmes.contract.layout import GroupFamily, Layout, Stage
@@ -383,6 +384,7 @@ def cost_placement(
             embedding_sync=emb_sync if tied and s in (0, P - 1) else 0.0,
             ep_gbps=expert_fabric[s],
             ep_ranks_per_node=min(E, max(1, G // T)),
+            nvls_bytes=nvls.choose(gpus[s].name, T, D, P, G, s, tied).bytes,
         )
         costs.append(StageCost(model, shape, place, _priced(cfg, gpus[s])))
     mode = job.parallelism.partition

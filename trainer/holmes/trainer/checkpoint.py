@@ -397,14 +397,19 @@ def save(
     dcp.save(state, checkpoint_id=path, process_group=group)
     dist.barrier(group=group)
     if rank == 0:
-        tmp = os.path.join(path, MARKER + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"iteration": iteration, **meta}, f)
-            f.flush()
-            os.fsync(f.fileno())  # the data before the rename that publishes it
-        os.replace(tmp, os.path.join(path, MARKER))
+        write_marker(path, iteration, meta)
     dist.barrier(group=group)
     return path
+
+
+def write_marker(path: str, iteration: int, meta: dict[str, Any]) -> None:
+    """Publish checkpoint directory ``path`` as complete (rank 0, once every rank has written)."""
+    tmp = os.path.join(path, MARKER + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"iteration": iteration, **meta}, f)
+        f.flush()
+        os.fsync(f.fileno())  # the data before the rename that publishes it
+    os.replace(tmp, os.path.join(path, MARKER))
 
 
 def load(path: str, state: dict[str, Any], group: Any = None) -> None:

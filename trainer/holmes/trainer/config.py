@@ -107,6 +107,7 @@ class CheckpointConfig:
     path: str | None = None  # a directory shared by all ranks (one PVC for all pods)
     interval_iterations: int = 0  # save every N iterations (and at the end); 0: only at the end
     on_preemption: bool = CheckpointSpec.on_preemption  # on SIGTERM, save when it fits (preempt.py)
+    asynchronous: bool = CheckpointSpec.asynchronous  # stage, then write while training goes on
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,13 @@ One iteration:
    gradient into the fp32 buffer. When a parameter has seen all M micro-batches it is done; when
    every parameter of a bucket is done, the bucket is scaled by 1/(M*D) and its
    ``reduce_scatter_tensor`` starts asynchronously (overlap on) while backward goes on.
-2. ``finish_grad_sync`` waits for those (exposed communication), first summing a tied embedding
-   over the embedding group and, with sequence parallelism, the replicated parameters' partial
-   gradients over the tp group (both in buckets of their own), and fails loudly if any parameter
-   missed a gradient.
+   A tied embedding's bucket is first summed over the embedding group (first and last stage,
+   often across islands): its all-reduce starts, asynchronously and in the reduce dtype
+   (``gradReduceDtype``), as soon as its M-th gradient has landed.
+2. ``finish_grad_sync`` waits for those (exposed communication): the tied embedding's
+   all-reduce, then its DP reduce-scatter; with sequence parallelism, the replicated
+   parameters' partial gradients summed over the tp group (a bucket of their own); and fails
+   loudly if any parameter missed a gradient.
 3. The engine all-reduces ``local_grad_sq()`` across all ranks -> the global norm (a parameter
    every tp rank holds whole counts on tp rank 0 only, a tied copy once); ``step``
    clips, runs AdamW/SGD on the shard, writes it back in model dtype and starts each bucket's
@@ -66,6 +69,8 @@ class _Bucket:
     norm_mask: torch.Tensor | None = None  # bool over the shard: elements in the grad norm (None: all)
     pending: int = 0  # parameters still waiting for their last micro-batch
     grad_work: Any = None
+    pre_work: Any = None  # the tied embedding's all-reduce in flight
+    pre_in: torch.Tensor | None = None  # its bucket cast to the reduce dtype, alive while in flight
     gather_work: Any = None
     launched: bool = False
     reduce_in: torch.Tensor | None = None  # the bucket cast to the reduce dtype, alive while in flight
@@ -137,6 +142,8 @@ class DistributedOptimizer:
         # bfloat16 halves the reduce-scatter's bytes (slow Socket DP groups); gradients still
         # accumulate and land in fp32, only the wire format is narrower
         self.reduce_dtype = reduce_dtype if dp_size > 1 else torch.float32
+        # the tied embedding's all-reduce crosses the slow link whatever D is: the same wire dtype
+        self.embedding_dtype = reduce_dtype
         self.grad_scale = 1.0 / (micro_batches * dp_size)
 
         # ---- buckets (the tied embedding gets a bucket of its own) -----------------------
@@ -252,6 +259,8 @@ class DistributedOptimizer:
                 b.pending -= 1
                 if b.pending == 0 and self.overlap and b.pre_reduce is None:
                     self._launch_reduce(b, async_op=True)
+                elif b.pending == 0 and self.overlap and b.pre_watch == "embedding":
+                    self._launch_embedding(b, async_op=True)
 
         return hook
 
@@ -269,6 +278,24 @@ class DistributedOptimizer:
             out, src = b.reduce_out, b.reduce_in
         b.grad_work = dist.reduce_scatter_single(out, src, group=self.dp_group, async_op=async_op)
 
+    def _launch_embedding(self, b: _Bucket, async_op: bool) -> None:
+        """Sum the tied embedding's gradient over the embedding group, in the reduce dtype."""
+        full = self.grad_buffer[b.start : b.start + b.size]
+        if self.embedding_dtype != torch.float32:
+            b.pre_in = full.to(self.embedding_dtype)
+        b.pre_work = dist.all_reduce(
+            full if b.pre_in is None else b.pre_in, group=b.pre_reduce, async_op=async_op
+        )
+
+    def _finish_embedding(self, b: _Bucket) -> None:
+        if b.pre_work is None and b.pre_in is None:  # not started in backward (overlap off)
+            self._launch_embedding(b, async_op=False)
+        if b.pre_work is not None:
+            b.pre_work.wait()
+        if b.pre_in is not None:  # back into the fp32 buffer the reduce-scatter reads
+            self.grad_buffer[b.start : b.start + b.size].copy_(b.pre_in)
+        b.pre_work, b.pre_in = None, None
+
     def finish_grad_sync(self) -> None:
         """All gradients reduced into this rank's shards; raises if a parameter missed one."""
         missing = [
@@ -285,8 +312,11 @@ class DistributedOptimizer:
                 + ". Every parameter must take part in the loss (or set requires_grad=False)."
             )
         for b in self.buckets:
-            if b.pre_reduce is not None:  # tied embedding / sequence-parallel partial sums
-                with getattr(self.times, b.pre_watch).span():
+            if b.pre_watch == "embedding":
+                with self.times.embedding.span():
+                    self._finish_embedding(b)
+            elif b.pre_reduce is not None:  # sequence-parallel partial sums
+                with self.times.tp.span():
                     dist.all_reduce(self.grad_buffer[b.start : b.start + b.size], group=b.pre_reduce)
             if not b.launched:
                 with self.times.grad_wait.span():

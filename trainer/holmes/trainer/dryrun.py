@@ -57,7 +57,7 @@ fakecuda.load_before_torch()  # torch reads its CUDA hooks once, when imported (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from holmes.contract import Layout  # noqa: E402
+from holmes.contract import Layout, nvls  # noqa: E402
 
 from . import engine as engine_mod  # noqa: E402
 from . import model as model_mod  # noqa: E402
@@ -291,9 +291,10 @@ def run_rank(cfg: TrainConfig, layout: Layout, rank: int, buffer_scale: float = 
             trainer.train(on_iteration=next_phase)
             aligned = alignment_problems(trainer.opt, rank)
         comms = communicators(trainer, rec.collectives)
-        peak_by, peak_phase = _peak(rec, len(comms), buffer_scale)
-        steady = f"iteration {cfg.iterations}"
         info = layout.rank_info(rank)
+        nvls_choice = rank_nvls(cfg, layout, info.stage)
+        peak_by, peak_phase = _peak(rec, len(comms), buffer_scale, nvls_choice.bytes)
+        steady = f"iteration {cfg.iterations}"
         return {
             "rank": rank,
             "stage": info.stage,
@@ -309,6 +310,7 @@ def run_rank(cfg: TrainConfig, layout: Layout, rank: int, buffer_scale: float = 
                 if h.phase != "build"
             ],
             "communicators": len(comms),
+            "nvls": {"enabled": nvls_choice.enabled, "bytes": nvls_choice.bytes, "why": nvls_choice.why},
             "communicatorList": comms,
             "collectives": [c.to_json() for c in rec.collectives],
             "seconds": round(time.perf_counter() - t0, 2),
@@ -318,15 +320,26 @@ def run_rank(cfg: TrainConfig, layout: Layout, rank: int, buffer_scale: float = 
         dist.destroy_process_group()
 
 
-def _peak(rec: Recorder, communicators: int, buffer_scale: float) -> tuple[dict[str, int], str]:
-    """The highest of the phases' peaks once the communicators' buffers are counted and the
-    pipeline buffers scaled to the job's micro-batches (both are held from their creation to
-    the end, so they add to every later moment alike)."""
+def rank_nvls(cfg: TrainConfig, layout: Layout, stage: int) -> nvls.NvlsChoice:
+    """NVLS for a GPU of ``stage`` (holmes.contract.nvls), on the GPU type the planner priced
+    the stage with (the Layout's estimate; none: no NVSwitch assumed)."""
+    rows = {int(r["stage"]): r for r in (layout.estimate.get("stages") or []) if "stage" in r}
+    gpu = rows.get(stage, {}).get("gpu")
+    tied = cfg.model.tied_embeddings and layout.pipeline > 1
+    return nvls.choose(gpu, layout.tensor, layout.data, layout.pipeline, layout.gpus_per_node, stage, tied)
+
+
+def _peak(
+    rec: Recorder, communicators: int, buffer_scale: float, nvls_bytes: int = 0
+) -> tuple[dict[str, int], str]:
+    """The highest of the phases' peaks once the communicators' buffers (NVLS's too, where the
+    rank turns it on) are counted and the pipeline buffers scaled to the job's micro-batches
+    (both are held from their creation to the end, so they add to every later moment alike)."""
     best: tuple[int, dict[str, int], str] = (-1, {}, "")
     for phase, by in rec.memory.phase_peaks.items():
         by = {k: by.get(k, 0) for k in CATEGORIES}
         by["pipelineBuffers"] = round(by["pipelineBuffers"] * buffer_scale)
-        by["communication"] = communicators * NCCL_COMMUNICATOR_BYTES
+        by["communication"] = communicators * NCCL_COMMUNICATOR_BYTES + nvls_bytes
         if sum(by.values()) > best[0]:
             best = (sum(by.values()), by, phase)
     return best[1], best[2]

@@ -20,11 +20,13 @@ from holmes.contract.layout import Layout
 
 from . import checkpoint, fabric, preempt
 from .assemble import load_start_weights, stage_model
+from .async_checkpoint import AsyncCheckpointer, Saved
 from .config import OptimizerConfig, TrainConfig
 from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
 from .evaluate import Evaluator
 from .groups import build_groups
+from .load_barrier import meet_after_load
 from .model import TIED_COPY, global_name
 from .models import sharding
 from .reporting import MetricsSink
@@ -121,6 +123,10 @@ class Trainer:
             backend=host_backend,
             timeout=timedelta(seconds=max(cfg.timeout_seconds, CHECKPOINT_TIMEOUT_SECONDS)),
         )
+        # asynchronous saves (async_checkpoint.py): staged here, written while training goes on
+        self.checkpointer = None
+        if cfg.checkpoint.path and cfg.checkpoint.asynchronous:
+            self.checkpointer = AsyncCheckpointer(self.checkpoint_group, rank, on_commit=self._committed)
         self.groups.created.append(
             {"kind": "preemption", "size": layout.world_size, "backend": "gloo", "net": "Socket"}
         )
@@ -130,8 +136,17 @@ class Trainer:
         # Before the optimizer copies the weights into its shards: a run that resumes takes its
         # checkpoint's (maybe_resume, with the optimizer state), a fresh one the job's.
         self.resume_iteration = self._newest_checkpoint()
+        self.weight_load_seconds: dict[int, float] | None = None
         if self.resume_iteration is None:
+            t_load = time.perf_counter()
             load_start_weights(self.module, cfg, None, self.groups.world)
+            if cfg.model.init is not None:  # one stage on slow storage: stop here, saying so
+                self.weight_load_seconds = meet_after_load(
+                    time.perf_counter() - t_load,
+                    self.vote.group,
+                    cfg.timeout_seconds,
+                    "the Hugging Face weights (spec.model.init.huggingface.path)",
+                )
         tied_name = None
         if tied_split:
             tied_name = "embedding.tok.weight" if self.first else TIED_COPY
@@ -210,35 +225,49 @@ class Trainer:
         """What a checkpoint must share with the run that continues it (besides the model)."""
         return {"globalBatchSize": self.cfg.global_batch_size, "optimizer": self.cfg.optimizer.kind}
 
-    def save_checkpoint(self, **marker: Any) -> str:
-        """Collective (world group): model, optimizer state and RNG under global names, then the
-        marker (holmes.json) with ``marker``'s extra fields. Returns the directory."""
+    def save_checkpoint(self, *, synchronous: bool = False, **marker: Any) -> str:
+        """Collective (checkpoint group): model, optimizer state and RNG under global names, then
+        the marker (holmes.json) with ``marker``'s extra fields. Returns the directory. With
+        training.checkpoint.asynchronous (and not ``synchronous``) it returns once the state is
+        staged; the marker follows when every rank has written (async_checkpoint.py)."""
         root = self.cfg.checkpoint.path
         self.opt.wait_param_gathers()
-        t0 = time.perf_counter()
         state = checkpoint.model_tensors(self.module, tied_copy=False)
         state.update(checkpoint.optimizer_tensors(self.opt, self.tp, saving=True))
         state.update(checkpoint.rng_state(self.rank))
-        path = checkpoint.save(
-            root,
-            self.iteration,
-            state,
-            self.rank,
-            {
-                "format": checkpoint.FORMAT,
-                "layout": layout_signature(self.layout),
-                "model": self.cfg.model.shape(),
-                **self._training_meta(),
-                "consumedSamples": self.iteration * self.cfg.global_batch_size,
-                **marker,
-            },
-            group=self.checkpoint_group,
-        )
-        self.last_save_seconds = time.perf_counter() - t0
-        self.sink.emit(
-            wire.CHECKPOINT, iteration=self.iteration, path=path, seconds=round(self.last_save_seconds, 3)
-        )
+        meta = {
+            "format": checkpoint.FORMAT,
+            "layout": layout_signature(self.layout),
+            "model": self.cfg.model.shape(),
+            **self._training_meta(),
+            "consumedSamples": self.iteration * self.cfg.global_batch_size,
+            **marker,
+        }
+        if self.checkpointer is not None and not synchronous:
+            return self.checkpointer.save(root, self.iteration, state, meta)
+        self.wait_for_checkpoint()
+        t0 = time.perf_counter()
+        path = checkpoint.save(root, self.iteration, state, self.rank, meta, group=self.checkpoint_group)
+        self._committed(Saved(self.iteration, path, time.perf_counter() - t0, time.perf_counter() - t0))
         return path
+
+    def _committed(self, saved: Saved) -> None:
+        # staging to commit: what a synchronous save on preemption is expected to need (an
+        # overestimate for a background write, which shares the machine with training)
+        self.last_save_seconds = saved.total_seconds
+        extra = {} if self.checkpointer is None else {"stagingSeconds": round(saved.stage_seconds, 3)}
+        self.sink.emit(
+            wire.CHECKPOINT,
+            iteration=saved.iteration,
+            path=saved.path,
+            seconds=round(saved.total_seconds, 3),
+            **extra,
+        )
+
+    def wait_for_checkpoint(self) -> None:
+        """Collective: the in-flight asynchronous save committed (its failure raised here)."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
 
     def _newest_checkpoint(self) -> int | None:
         root = self.cfg.checkpoint.path
@@ -298,11 +327,12 @@ class Trainer:
         grace any rank has left (all decide alike), then note it for the exit code (83)."""
         cfg = self.cfg
         path, seconds, left = None, 0.0, None
+        self.wait_for_checkpoint()  # a save in flight is finished first: it may be all there is
         if cfg.checkpoint.path and (cfg.checkpoint.on_preemption or due):
             needed = preempt.save_seconds_needed(self.last_save_seconds)
             fits, left = self.vote.save_fits(self.preemption.seconds_left(preempt.grace_seconds()), needed)
             if fits:
-                path = self.save_checkpoint(preempted=True)
+                path = self.save_checkpoint(synchronous=True, preempted=True)
                 seconds = self.last_save_seconds
         last = self.history[-1] if self.history else {}
         self.preempted = {"iteration": self.iteration, "saved": path is not None}
@@ -412,6 +442,11 @@ class Trainer:
         self.history.append(record)
         return record
 
+    def _load_seconds(self) -> list[float]:
+        """Each rank's start-weight load, in rank order (load_barrier.py)."""
+        took = self.weight_load_seconds or {}
+        return [round(took[r], 3) for r in sorted(took)]
+
     def _upload(self, batch: torch.Tensor) -> torch.Tensor:
         """Host batch -> device without making the host wait: a copy from pageable memory is
         synchronous (the host would wait for the previous step's queued work before queueing
@@ -445,6 +480,7 @@ class Trainer:
             layout={**layout_signature(self.layout), "nodes": list(self.layout.nodes)},  # calibration
             groups=self.groups.created,  # this rank's communicators, the world group first
             fabric=self.fabric.summary(),  # every rank's findings (gathered)
+            **({"weightLoadSeconds": self._load_seconds()} if self.weight_load_seconds else {}),
         )
         every = cfg.checkpoint.interval_iterations
         while self.iteration < cfg.iterations:
@@ -459,6 +495,8 @@ class Trainer:
             self.sink.stages(self.stage_times.summary())
             if on_iteration is not None:
                 on_iteration(self, record)
+            if self.checkpointer is not None:
+                self.checkpointer.poll()  # reports a save that committed meanwhile
             signalled = self.vote.result()
             due = bool(cfg.checkpoint.path) and (
                 self.iteration == cfg.iterations or bool(every) and self.iteration % every == 0
@@ -469,6 +507,7 @@ class Trainer:
                 return self.history
             if due:
                 self.save_checkpoint()
+        self.wait_for_checkpoint()
         self.opt.wait_param_gathers()
         last = self.history[-1] if self.history else {}
         self.sink.emit(

@@ -1,0 +1,126 @@
+"""NVLink SHARP (NVLS) per rank: on only where it pays, and what it costs in GPU memory.
+
+NVLS (NCCL's NVLS/NVLSTree algorithms, Hopper and later on NVSwitch nodes) offloads reductions
+to the switch: it speeds up all-reduce, reduce-scatter and all-gather among GPUs of one node.
+Its price is memory: NCCL sets up NVLS buffers and multicast objects for every communicator with
+at least two ranks on such a node, over a gigabyte each (NCCL issue 864; NeMo turns it off with
+``NCCL_NVLS_ENABLE=0``). NCCL has no per-communicator switch (torch 2.13's
+``ProcessGroupNCCL.Options.config`` exposes blocking, CTA and CGA limits and net_name, NCCL's
+ncclConfig_t only ``nvlsCTAs``): ``NCCL_NVLS_ENABLE`` is read once per process. So the choice is
+per rank, from its groups:
+
+- a group **pays** when it is a tensor- or data-parallel group entirely inside one node with at
+  least :data:`MIN_RANKS` GPUs (the bandwidth-bound collectives NVLS accelerates);
+- a rank turns NVLS on when one of its groups pays, and then every **eligible** communicator it
+  holds (two or more ranks on a node: the world group, a p2p pair on one node...) costs
+  :data:`COMMUNICATOR_BYTES` more; otherwise NVLS is off and costs nothing.
+
+The groups are those the planner's memory model counts per GPU (world, dp, tp, the p2p group of
+each boundary the stage sits on, the tied embedding's). Pure Python: the planner
+(holmes.plan.costmodel) and the trainer's dry run both count with it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+COMMUNICATOR_BYTES = 2**30  # a model of NVLS's buffers per communicator, not a measurement
+MIN_RANKS = 4  # GPUs of one node in a group for NVLS to pay
+# GPU families whose SXM boards sit on NVSwitch with multicast (NVLS): Hopper and Blackwell
+NVSWITCH_FAMILIES = ("H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200")
+_NOT_NVSWITCH = ("PCIE", "NVL")  # PCIe cards and the two-GPU NVL bridge have no NVSwitch
+
+
+def nvswitch_gpu(name: str | None, gpus_per_node: int) -> bool:
+    """Whether a node of ``gpus_per_node`` GPUs named ``name`` (a GPU product or the planner's
+    short name) has NVLS: an NVSwitch board (4 or 8 SXM GPUs) of a Hopper or later family."""
+    if not name or gpus_per_node < 4:
+        return False
+    return all(_nvswitch_product(part) for part in name.split("+"))  # a mixed stage: every type
+
+
+def _nvswitch_product(name: str) -> bool:
+    words = re.split(r"[^A-Z0-9]+", name.upper())
+    if any(w in _NOT_NVSWITCH or w.endswith("PCIE") for w in words):
+        return False
+    return any(w in NVSWITCH_FAMILIES for w in words)
+
+
+@dataclass(frozen=True)
+class GroupSpan:
+    kind: str  # world | dp | tp | p2p | embedding
+    local: int  # most of its ranks on one node
+    nodes: int
+
+    @property
+    def eligible(self) -> bool:
+        return self.local >= 2
+
+    @property
+    def pays(self) -> bool:
+        return self.kind in ("tp", "dp") and self.nodes == 1 and self.local >= MIN_RANKS
+
+
+def _span(kind: str, ranks: list[int], gpus_per_node: int) -> GroupSpan:
+    per: dict[int, int] = {}
+    for r in ranks:
+        per[r // gpus_per_node] = per.get(r // gpus_per_node, 0) + 1
+    return GroupSpan(kind, max(per.values()), len(per))
+
+
+def stage_groups(
+    tensor: int, data: int, pipeline: int, gpus_per_node: int, stage: int, tied: bool
+) -> list[GroupSpan]:
+    """The communicators a GPU of ``stage`` holds, as the Layout's rank rules place them (its
+    first rank stands for all: the stage's block is laid out alike)."""
+    T, D, P, G = tensor, data, pipeline, gpus_per_node
+    base = stage * D * T
+    world = T * D * P
+    out = [GroupSpan("world", min(G, world), math.ceil(world / G))]
+    if D > 1:
+        out.append(_span("dp", [base + k * T for k in range(D)], G))
+    if T > 1:
+        out.append(_span("tp", [base + t for t in range(T)], G))
+    if stage > 0:
+        out.append(_span("p2p", [base - D * T, base], G))
+    if stage < P - 1:
+        out.append(_span("p2p", [base, base + D * T], G))
+    if tied and P > 1 and stage in (0, P - 1):
+        out.append(_span("embedding", [0, (P - 1) * D * T], G))
+    return out
+
+
+@dataclass(frozen=True)
+class NvlsChoice:
+    enabled: bool
+    communicators: int  # eligible communicators, each COMMUNICATOR_BYTES more when enabled
+    why: str
+
+    @property
+    def bytes(self) -> int:
+        return self.communicators * COMMUNICATOR_BYTES if self.enabled else 0
+
+    def env(self) -> dict[str, str]:
+        """NCCL's process-wide switch for this rank."""
+        return {"NCCL_NVLS_ENABLE": "1" if self.enabled else "0"}
+
+
+def choose(
+    gpu: str | None, tensor: int, data: int, pipeline: int, gpus_per_node: int, stage: int, tied: bool
+) -> NvlsChoice:
+    """NVLS on or off for a GPU of ``stage`` (module docstring), and why."""
+    if not nvswitch_gpu(gpu, gpus_per_node):
+        return NvlsChoice(False, 0, f"{gpu or 'unknown GPU'} x {gpus_per_node}: no NVSwitch multicast")
+    groups = stage_groups(tensor, data, pipeline, gpus_per_node, stage, tied)
+    eligible = sum(g.eligible for g in groups)
+    paying = [g.kind for g in groups if g.pays]
+    if not paying:
+        why = f"no tp/dp group of {MIN_RANKS}+ GPUs inside one node: NVLS would cost memory only"
+        return NvlsChoice(False, eligible, why)
+    return NvlsChoice(
+        True,
+        eligible,
+        f"{'/'.join(paying)} inside one node; {eligible} communicators x {COMMUNICATOR_BYTES // 2**20} MiB",
+    )

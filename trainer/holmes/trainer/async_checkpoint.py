@@ -1,0 +1,195 @@
+"""Checkpoints that do not stop training: stage to host memory, write in the background.
+
+A save (:meth:`AsyncCheckpointer.save`, collective over the checkpoint group) has two parts:
+
+1. **Staging**, on the training thread: every tensor of the rank's state is copied into host
+   memory this rank keeps from one save to the next (:class:`HostStager`; pinned on a GPU, so
+   the device-to-host copies are DMA transfers). This is what the iteration pays: one copy of
+   the rank's state at memory bandwidth. The buffers exist once, so staging is bounded to one
+   copy of the state: a save waits for the previous one to finish before it overwrites them.
+2. **Writing**, on torch's checkpoint thread (``torch.distributed.checkpoint.async_save``):
+   DCP's plan exchange over the checkpoint group and the file writes, while the next
+   iterations run. Then, on a thread of this module, the **commit**: every rank reports
+   whether its write finished (gathered over the checkpoint group), and only when all did
+   does rank 0 write ``holmes.json`` (checkpoint.write_marker). A save that failed anywhere
+   leaves a directory without the marker, which nothing resumes from (checkpoint.py).
+
+Both threads use the checkpoint group (gloo, its own long timeout) and only one save is in
+flight, so its collectives never interleave with another's; the training thread never uses
+that group while a save is in flight (a resume happens before the first save). Failures are
+raised on the training thread at the next point every rank passes alike (the next save,
+:meth:`wait` at the end or on preemption): a rank that raised earlier would leave the others
+waiting in their next collective.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from . import checkpoint
+
+
+class HostStager:
+    """``torch.distributed.checkpoint``'s AsyncStager protocol for Holmes' state: a copy of each
+    tensor (plain, :class:`checkpoint.Chunks` pieces, a DTensor's local shard) into host buffers
+    kept between saves. A DTensor is staged as the one chunk it is (its offsets in the global
+    tensor), so the checkpoint's metadata is the same as a synchronous save's."""
+
+    _synchronize_after_execute = False  # stage() returns only once the copies have landed
+
+    def __init__(self, pin: bool | None = None):
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self._buffers: dict[tuple[str, int], torch.Tensor] = {}
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return self._synchronize_after_execute
+
+    @property
+    def staged_bytes(self) -> int:
+        """Host memory the staging buffers hold."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def _copy(self, key: str, i: int, t: torch.Tensor) -> torch.Tensor:
+        buf = self._buffers.get((key, i))
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin)
+            self._buffers[(key, i)] = buf
+        buf.copy_(t.detach(), non_blocking=self.pin)
+        return buf
+
+    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        from torch.distributed.tensor import DTensor
+
+        out: dict[str, Any] = {}
+        for key, value in state.items():
+            if isinstance(value, checkpoint.Chunks):
+                pieces = [(o, self._copy(key, i, t)) for i, (o, t) in enumerate(value._pieces)]
+                out[key] = checkpoint.Chunks(tuple(value.shape), pieces)
+            elif isinstance(value, DTensor):
+                (chunk,) = value.__create_chunk_list__()
+                local = self._copy(key, 0, value.to_local())
+                out[key] = checkpoint.Chunks(tuple(value.shape), [(tuple(chunk.offsets), local)])
+            elif isinstance(value, torch.Tensor):
+                out[key] = self._copy(key, 0, value)
+            else:
+                raise TypeError(f"checkpoint state {key}: cannot stage a {type(value).__name__}")
+        if self.pin and torch.cuda.is_initialized():
+            torch.cuda.current_stream().synchronize()  # the writer thread reads the buffers next
+        return out
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: :meth:`stage` returns staged state."""
+
+    def close(self) -> None:
+        self._buffers.clear()
+
+
+@dataclass
+class Saved:
+    """One committed checkpoint."""
+
+    iteration: int
+    path: str
+    stage_seconds: float  # what the training thread paid
+    total_seconds: float  # staging to commit
+
+
+class AsyncCheckpointer:
+    """At most one save in flight; see the module docstring. ``group``: the checkpoint group
+    (it needs a CPU backend: gloo). ``on_commit`` runs on the training thread for each save
+    that committed, from :meth:`poll` or :meth:`wait`."""
+
+    def __init__(self, group: Any, rank: int, on_commit: Callable[[Saved], None] | None = None):
+        self.group, self.rank, self.on_commit = group, rank, on_commit
+        self.stager = HostStager()
+        self._commit = ThreadPoolExecutor(max_workers=1, thread_name_prefix="holmes-checkpoint")
+        self._pending: Future[Saved] | None = None
+        self.in_flight_iteration: int | None = None
+
+    def save(self, root: str, iteration: int, state: dict[str, Any], meta: dict[str, Any]) -> str:
+        """Stage ``state`` and start writing it as ``iter_<iteration>``; returns the directory.
+        Waits first for the previous save (and raises its failure)."""
+        self.wait()
+        path = checkpoint.iteration_dir(root, iteration)
+        t0 = time.perf_counter()
+        upload = dcp.async_save(state, checkpoint_id=path, process_group=self.group, async_stager=self.stager)
+        staged = time.perf_counter() - t0
+        if not isinstance(upload, Future):  # an AsyncSaveResponse: staging of its own (not ours)
+            upload = upload.upload_completion
+        self.in_flight_iteration = iteration
+        self._pending = self._commit.submit(self._finish, upload, path, iteration, meta, t0, staged)
+        return path
+
+    def _finish(
+        self, upload: Future, path: str, iteration: int, meta: dict[str, Any], t0: float, staged: float
+    ) -> Saved:
+        """The commit thread: every rank's write outcome gathered, then the marker (rank 0)."""
+        errors: dict[int, str] = {}
+        try:
+            upload.result()
+        except BaseException as e:  # reported to every rank below, raised on the training thread
+            errors = _causes(e, self.rank)
+        outcomes: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(outcomes, errors, group=self.group)
+        failed = {r: e for each in outcomes for r, e in each.items()}
+        if failed:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {path} was not completed: "
+                + "; ".join(f"rank {r}: {e}" for r, e in sorted(failed.items()))
+                + f". It has no {checkpoint.MARKER} and is never resumed from; check the volume "
+                "behind spec.training.checkpoint.path (space, permissions) on those ranks' nodes"
+            )
+        if self.rank == 0:
+            checkpoint.write_marker(path, iteration, meta)
+        dist.barrier(group=self.group)  # no rank reports the save done before the marker exists
+        return Saved(iteration, path, staged, time.perf_counter() - t0)
+
+    def poll(self) -> Saved | None:
+        """The in-flight save if it committed meanwhile (not collective: a failure waits for
+        :meth:`wait`)."""
+        p = self._pending
+        if p is None or not p.done() or p.exception() is not None:
+            return None
+        return self._collect()
+
+    def wait(self) -> Saved | None:
+        """Block until the in-flight save (if any) is committed; raise its failure here."""
+        if self._pending is None:
+            return None
+        self._pending.exception()  # blocks
+        return self._collect()
+
+    def _collect(self) -> Saved:
+        p, self._pending, self.in_flight_iteration = self._pending, None, None
+        assert p is not None
+        saved = p.result()  # raises the commit's CheckpointError
+        if self.on_commit is not None:
+            self.on_commit(saved)
+        return saved
+
+    def close(self) -> None:
+        """Wait for the in-flight save, then free the staging buffers and the thread."""
+        try:
+            self.wait()
+        finally:
+            self._commit.shutdown(wait=True)
+            self.stager.close()
+
+
+def _causes(error: BaseException, rank: int) -> dict[int, str]:
+    """rank -> what failed there: DCP gathers every rank's failure into one CheckpointException
+    (keyed by rank in the checkpoint group, which spans the world)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(error, CheckpointException):
+        return {r: f"{type(e).__name__}: {str(e)[:300]}" for r, (e, _) in error.failures.items()}
+    return {rank: f"{type(error).__name__}: {str(error)[:300]}"}
