@@ -282,13 +282,6 @@ def test_the_circle_and_private_checks_can_fail(tmp_path):
 
 # ---- one name, one module ------------------------------------------------------------------------
 
-# Left for the engineers changing these files now (issue 37): the set only shrinks.
-SHARED_FILE_NAMES_LEFT = {
-    # operator/core/routes.py (how a pod reaches the network) and labeller/routes.py (the host's
-    # default route): core/routes.py is being reshaped on another branch
-    "routes.py",
-}
-
 
 def shared_file_names(root: Path = REPO) -> dict[str, list[str]]:
     """File names that two of the product's modules share (``__init__``/``__main__`` aside): a
@@ -303,11 +296,9 @@ def shared_file_names(root: Path = REPO) -> dict[str, list[str]]:
 
 def test_no_two_modules_share_a_file_name():
     shared = shared_file_names()
-    new = {name: paths for name, paths in shared.items() if name not in SHARED_FILE_NAMES_LEFT}
-    assert not new, "rename one of each so its name says what it holds:\n" + "\n".join(
-        f"{name}: {', '.join(paths)}" for name, paths in sorted(new.items())
+    assert not shared, "rename one of each so its name says what it holds:\n" + "\n".join(
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(shared.items())
     )
-    assert SHARED_FILE_NAMES_LEFT <= set(shared), "renamed: drop it from SHARED_FILE_NAMES_LEFT"
 
 
 def test_the_shared_file_name_check_can_fail(tmp_path):

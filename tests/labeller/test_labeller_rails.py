@@ -10,7 +10,7 @@ import pytest
 from holmes.labeller.__main__ import parse_args
 from holmes.labeller.labels import desired_labels, plan_patch, rail_selector
 from holmes.labeller.rails import RailSelector
-from holmes.labeller.routes import default_route_ifname, read_default_route
+from holmes.labeller.route_table import default_route_ifname, read_default_route
 from holmes.labeller.sysfs import read_sysfs
 from holmes.plan import classify_node, nccl_env
 from tests.labeller.fakesysfs import NDR, FakeSysfs, gpu_server, route_table

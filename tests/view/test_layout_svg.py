@@ -15,7 +15,7 @@ from holmes.contract import load_job
 from holmes.contract.documents import load_documents
 from holmes.operator.core.summary import layout_status
 from holmes.plan import CostModelConfig, plan
-from holmes.view import picture, schedule, svg
+from holmes.view import picture, svg, timeline
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_NODES = str(ROOT / "examples" / "nodes" / "paper.yaml")
@@ -45,14 +45,14 @@ def test_equal_stages_without_transfers_have_the_textbook_1f1b_bubble():
     """P stages of forward 1 and backward 2, m micro-batches: the iteration is (m + P - 1) x 3
     and every stage idles (P - 1) x 3 (Narayanan et al.'s bubble)."""
     P, m = 4, 8
-    s = schedule.simulate([1.0] * P, [2.0] * P, [0.0] * (P - 1), m, [0.0] * P)
+    s = timeline.simulate([1.0] * P, [2.0] * P, [0.0] * (P - 1), m, [0.0] * P)
     assert s.seconds == pytest.approx((m + P - 1) * 3)
     assert [s.idle(i) for i in range(P)] == pytest.approx([(P - 1) * 3] * P)
     assert all(len(s.of(i)) == 2 * m for i in range(P))
 
 
 def test_every_stage_waits_its_turn_and_dp_comes_after_the_last_backward():
-    s = schedule.simulate([1.0, 1.0], [2.0, 2.0], [0.5], 2, [0.0, 1.5])
+    s = timeline.simulate([1.0, 1.0], [2.0, 2.0], [0.5], 2, [0.0, 1.5])
     by = {(b.stage, b.kind, b.micro_batch): b for b in s.blocks}
     assert by[(1, "F", 0)].start == pytest.approx(by[(0, "F", 0)].end + 0.5)  # the transfer
     assert by[(0, "B", 0)].start >= by[(1, "B", 0)].end + 0.5
@@ -67,13 +67,13 @@ def test_boundary_transfers_are_recovered_from_the_stages_sums():
     m = 4
     boundaries = [0.3, 0.1, 0.2]
     per_stage = [m * (a + b) for a, b in zip([0.0, *boundaries], [*boundaries, 0.0])]
-    assert schedule.transfers(per_stage, m) == pytest.approx(boundaries)
+    assert timeline.transfers(per_stage, m) == pytest.approx(boundaries)
 
 
 def test_the_schedule_of_a_planned_layout_is_close_to_the_cost_models_iteration():
     for nodes, job in ((PAPER_NODES, GPT), (MIXED_NODES, LLAMA_70B)):
         layout = planned(nodes, job)
-        s = schedule.from_estimate(layout.estimate, layout.micro_batches)
+        s = timeline.from_estimate(layout.estimate, layout.micro_batches)
         assert s is not None
         assert s.seconds == pytest.approx(layout.estimate["iterationSeconds"], rel=0.05), (nodes, job)
 

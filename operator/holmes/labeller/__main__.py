@@ -4,7 +4,7 @@
         [--once] [--kubeconfig PATH] [--no-socket-ifname] [--rails mlx5_0,mlx5_[1-7]]
         [--route-table /host/route]
 
-Each pass: read sysfs (:mod:`.sysfs`) and the host's default route (:mod:`.routes`), read the
+Each pass: read sysfs (:mod:`.sysfs`) and the host's default route (:mod:`.route_table`), read the
 Node (its ``holmes.dev/nic-rails`` annotation, an admin's rail selector, beats ``--rails``),
 decide the keys (:func:`.labels.desired_labels`) and patch only the Holmes keys the labeller owns
 (:func:`.labels.plan_patch`; a 409 from a concurrent edit is retried on a fresh read). A node
@@ -26,7 +26,7 @@ import sys
 import threading
 
 from .labels import Desired, Keys, desired_labels, plan_patch, rail_selector
-from .routes import read_default_route
+from .route_table import read_default_route
 from .sysfs import SysfsError, read_sysfs
 
 log = logging.getLogger("holmes.labeller")

@@ -14,7 +14,7 @@ import math
 from xml.sax.saxutils import escape, quoteattr
 
 from .picture import CROSSES_ISLANDS, Picture
-from .schedule import Schedule, from_estimate
+from .timeline import Schedule, from_estimate
 
 WIDTH = 1100
 LEFT = 250  # the stage labels' column
