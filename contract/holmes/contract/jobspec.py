@@ -40,7 +40,7 @@ from typing import Annotated, Any, ClassVar, Union
 from .frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_problems
 from .names import API_VERSION, KIND, LABEL_CLUSTER, NETWORKS, POD_NETWORK
 from .network import IslandNetwork, read_islands
-from .podtemplate import PodTemplate
+from .podtemplate import PodTemplate, shape_problems
 from .schema import ABSENT, INVALID, PRESERVE, Field, Reader, declared, is_int, show
 from .schema import camel as camel  # the cost-model file's keys are made the same way
 
@@ -218,7 +218,9 @@ def _template(r: Reader, v: Any, path: str, _: Mapping[str, Any]) -> Any:
     if not isinstance(v, Mapping):
         r.add(path, f"must be a mapping (a PodTemplateSpec-like object), got {show(v)}")
         return INVALID
-    return dict(v)
+    problems = shape_problems(v)
+    r.problems += problems
+    return INVALID if problems else dict(v)
 
 
 # ---- the dataclasses: one declaration per field -------------------------------------------
