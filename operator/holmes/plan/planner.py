@@ -385,6 +385,35 @@ def cost_placement(
     )
 
 
+def memory_floor_problem(
+    job: JobSpec, deg: Degrees, model: ModelCost, cfg: CostModelConfig, memory_gib: float
+) -> str:
+    """Why no placement of these degrees can fit, known without the nodes: its fullest stage
+    (at least layers / pipeline layers, or the largest explicit count) needs more than the
+    roomiest GPU holds even where a stage needs least (``StageCost.memory_floor``); '' if it
+    may fit."""
+    parts = job.parallelism.explicit_partition
+    n = max(parts) if parts else -(-model.layers // deg.pipeline)
+    shape = Shape(
+        deg.tensor,
+        deg.data,
+        deg.pipeline,
+        job.training.micro_batch_size,
+        deg.micro_batches,
+        job.parallelism.sequence_parallel,
+    )
+    middle = StagePlace(index=1, first=False, last=False, dp_gbps=None, p2p_in=0.0, p2p_out=0.0, inflight=1)
+    cost = StageCost(model, shape, middle, replace(cfg, gpu_memory_gib=memory_gib))
+    need = cost.memory_floor(n)
+    if need <= cost.mem_cap:
+        return ""
+    return (
+        f"tensor {deg.tensor} x pipeline {deg.pipeline} x data {deg.data}: a stage of {n} layers "
+        f"needs at least {need / 2**30:.1f} GiB per GPU, more than {cfg.memory_headroom:.0%} of "
+        f"{memory_gib:g} GiB"
+    )
+
+
 def _priced(cfg: CostModelConfig, gpu: StageGpu) -> CostModelConfig:
     """The config a stage's costs use: its own GPUs' peak and memory (plan/gpus.py)."""
     if (gpu.peak_tflops, gpu.memory_gib) == (cfg.gpu_peak_tflops, cfg.gpu_memory_gib):
@@ -412,7 +441,12 @@ def search(
 
     name_order = [tuple(sorted(usable, key=lambda n: n.name)[:N])]  # nicSelection off: Megatron's
     arrangements: dict[int, list[tuple[NodeNic, ...]]] = {}
+    roomiest = max((node_gpu(n, cfg).memory_gib for n in usable), default=cfg.gpu_memory_gib)
     for deg in degree_candidates(job):
+        too_big = memory_floor_problem(job, deg, model, cfg, roomiest)
+        if too_big:
+            why_not.append(too_big)
+            continue
         span = max(1, deg.data * deg.tensor // G)
         if job.parallelism.nic_selection == "off":
             orders = name_order
