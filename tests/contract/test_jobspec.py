@@ -84,7 +84,9 @@ def test_type_errors_name_field_and_value():
     msgs = problems_of(spec)
     text = "\n".join(msgs)
     assert "spec.training.microBatchSize: must be a positive integer, got 'four'" in text
-    assert "spec.model.layers: must be a positive integer, got '8' (a string: remove the quotes)" in text
+    assert "spec.model.layers: must be an integer from 1 to 1024, got '8' (a string: remove the quotes)" in (
+        text
+    )
     assert "spec.training.learningRate" in text and "write 3.0e-4" in text
     assert "spec.runPolicy.suspend: must be true or false" in text
     assert "spec.parallelism.pipeline" in text and "spec.parallelism.tensor" in text

@@ -120,8 +120,13 @@ class FakeWorld:
         if d.workload is not None and self.workload is None:
             self.workload = copy.deepcopy(d.workload)
             self.workload["metadata"]["ownerReferences"] = [{"uid": self.job["metadata"]["uid"]}]
-        if d.workload_conditions is not None and self.workload is not None:
-            self.workload.setdefault("status", {})["conditions"] = d.workload_conditions
+        if d.workload_status is not None and self.workload is not None:  # a merge patch
+            status = self.workload.setdefault("status", {})
+            for k, v in d.workload_status.items():
+                if v is None:
+                    status.pop(k, None)
+                else:
+                    status[k] = v
         if d.podgroup is not None:
             self.podgroup = copy.deepcopy(d.podgroup)
         for name in d.delete_pods:

@@ -17,6 +17,7 @@ from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads,
 from holmes.operator.core.placement import Placement, on_free_capacity
 from holmes.plan import InsufficientNodes
 
+from . import kueue_standin as kueue
 from .opfixtures import T0, FakeWorld, default_nodes, manifest, with_link_layers
 
 
@@ -391,19 +392,17 @@ def test_kueue_admit_run_evict_readmit():
     w.set_phase("Running")
     w.step()
     assert w.status["phase"] == "Running"
-    # Kueue evicts it (preempted by a higher-priority workload)
-    w.workload["status"]["conditions"].append(
-        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "preempted by cq/urgent"}
-    )
+    # Kueue evicts it (preempted by a higher-priority workload): Evicted=True, quota still held
+    w.workload["status"] = kueue.evict(w.workload, "Preempted", "preempted by cq/urgent", "t1")
     w.step()
     assert w.status["phase"] == "Suspended" and not w.pods
     c = w.condition("Suspended")
     assert c["reason"] == "Requeued" and "Preempted: preempted by cq/urgent" in c["message"]
-    # Kueue clears the admission, then admits it again
-    w.workload["status"] = {"conditions": [{"type": "Evicted", "status": "False", "reason": "QuotaReserved"}]}
+    # its pods gone, Holmes releases the quota (test_kueue_preemption.py); Kueue admits it again
     w.step()
     assert w.condition("Suspended")["reason"] == "Requeued" and not w.pods
-    admit(w)
+    assert not queueing.holds_quota(w.workload)
+    w.workload["status"] = kueue.reserve_quota(w.workload, "west-gpu", "t2")
     w.step()
     assert w.status["launched"] and w.status["attempt"] > attempt and len(w.pods) == 2
     assert w.status["restarts"] == 0  # a requeue is not a failure

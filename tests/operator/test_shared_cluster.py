@@ -13,7 +13,9 @@ import time
 import pytest
 from holmes_dev.jobs import tiny_job
 
+from holmes.operator.core import queueing
 from localkube.operatorproc import REPO, OperatorProcess, install_crd
+from tests.operator import kueue_standin
 from tests.operator.cluster_helpers import apply, condition, get_job, pods_of, wait_for, wait_phase
 
 pytestmark = pytest.mark.timeout(300)
@@ -228,8 +230,10 @@ def priority_class(crds):
 
 
 def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, namespace, operator, tmp_path):
-    """Holmes speaks the version the stand-in serves newest; Kueue (played here) admits, evicts,
-    releases and re-admits the Workload in that version; the job's end marks it Finished."""
+    """Holmes speaks the version the stand-in serves newest; Kueue (played here, its status
+    writes as v0.19's code makes them: kueue_standin) admits and evicts the Workload in that
+    version; Holmes stops the job and releases the quota; Kueue re-admits it; the job's end marks
+    it Finished."""
     flavor = f"west-{namespace}"
     crds.kubectl("apply", "-f", "-", input=json.dumps(flavor_of(kueue, flavor)))
     go = tmp_path / "go"  # the pods run until this file exists
@@ -266,54 +270,37 @@ def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, names
         pods = pods_of(crds, namespace, "queued")
         assert {p["spec"]["nodeName"] for p in pods} <= {"roce-0", "roce-1", "eth-1"}  # the flavor's nodes
 
-        # Kueue evicts it: the pods go (gracefully), the job is Suspended with reason Requeued
-        evicted = admitted(flavor)
-        evicted["conditions"][2] = {
-            "type": "Evicted",
-            "status": "True",
-            "reason": "Preempted",
-            "message": "preempted by urgent",
-            "lastTransitionTime": "2026-01-01T00:01:00Z",
-        }
+        # Kueue evicts it as v0.19's code does (kueue_standin.evict): Evicted=True, the quota still
+        # reserved; Holmes stops the pods (Suspended, reason Requeued), then releases the quota
+        # as Kueue's job framework does: QuotaReserved=False, admission cleared, Requeued=True
+        wl = get_workload(crds, kueue, namespace, "holmesjob-queued")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        evicted = kueue_standin.evict(wl, "Preempted", "preempted by urgent", now)
         patch_workload_status(crds, kueue, namespace, "holmesjob-queued", evicted)
         job = wait_phase(crds, namespace, "queued", "Suspended", op=operator)
         c = condition(job, "Suspended")
         assert c["reason"] == "Requeued" and "preempted by urgent" in c["message"]
         wait_for("pods gone", lambda: not pods_of(crds, namespace, "queued") or None, timeout=60, op=operator)
 
-        # Kueue releases the quota and backs off before requeueing it, then admits it again
-        released = {
-            "admission": None,
-            "requeueState": {"count": 1, "requeueAt": "2026-01-01T00:03:00Z"},
-            "conditions": [
-                {
-                    "type": "QuotaReserved",
-                    "status": "False",
-                    "reason": "Pending",
-                    "message": "waiting",
-                    "lastTransitionTime": "2026-01-01T00:02:00Z",
-                },
-                {
-                    "type": "Requeued",
-                    "status": "False",
-                    "reason": "Preempted",
-                    "message": "backing off",
-                    "lastTransitionTime": "2026-01-01T00:02:00Z",
-                },
-            ],
-        }
-        patch_workload_status(crds, kueue, namespace, "holmesjob-queued", released)
-        job = wait_for(
-            "the requeue time in the job's status",
-            lambda: (
-                lambda j: (
-                    j if "requeued at 2026-01-01T00:03:00Z" in condition(j, "Suspended")["message"] else None
-                )
-            )(get_job(crds, namespace, "queued")),
-            op=operator,
-        )
+        def released():
+            w = get_workload(crds, kueue, namespace, "holmesjob-queued")
+            return None if queueing.holds_quota(w) else w
+
+        wl = wait_for("the quota released", released, timeout=60, op=operator)
+        assert "admission" not in wl["status"]
+        assert kueue_standin.condition(wl, "Requeued")["status"] == "True"
+        assert kueue_standin.condition(wl, "Evicted")["status"] == "True"  # until Kueue reserves again
+        assert kueue_standin.admissible(wl)  # Kueue may now admit the preemptor, then this job again
+
+        def waiting_for_kueue():
+            j = get_job(crds, namespace, "queued")
+            return j if "waiting for Kueue to admit" in condition(j, "Suspended")["message"] else None
+
+        job = wait_for("the job waiting for Kueue", waiting_for_kueue, op=operator)
         assert job["status"]["phase"] == "Suspended" and condition(job, "Suspended")["reason"] == "Requeued"
-        patch_workload_status(crds, kueue, namespace, "holmesjob-queued", admitted(flavor))
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        readmitted = kueue_standin.reserve_quota(wl, flavor, now)
+        patch_workload_status(crds, kueue, namespace, "holmesjob-queued", readmitted)
         job = wait_phase(crds, namespace, "queued", "Running", op=operator)
         assert job["status"]["restarts"] == 0 and job["status"]["attempt"] >= 2
         assert len(pods_of(crds, namespace, "queued")) == 2

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from holmes.contract.podtemplate import shape_problems
 from holmes.operator.core.render import RenderSettings
-from holmes.operator.core.template import TemplatePolicy, policy_violations, shape_problems
+from holmes.operator.core.template import TemplatePolicy, policy_violations
 from tests.operator.opfixtures import FakeWorld, manifest
 from tests.operator.render_helpers import pod_for
 

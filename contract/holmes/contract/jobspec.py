@@ -40,7 +40,7 @@ from typing import Annotated, Any, ClassVar, Union
 from .frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_problems
 from .names import API_VERSION, KIND, LABEL_CLUSTER, NETWORKS, POD_NETWORK
 from .network import IslandNetwork, read_islands
-from .podtemplate import PodTemplate
+from .podtemplate import PodTemplate, shape_problems
 from .schema import ABSENT, INVALID, PRESERVE, Field, Reader, declared, is_int, show
 from .schema import camel as camel  # the cost-model file's keys are made the same way
 
@@ -56,6 +56,19 @@ DEFAULT_ROPE_THETA = 10000.0  # Llama 2's; Llama 3 uses 500000
 SCALE_UP_MODES = ("atCheckpoint", "never")
 FAILURE_ACTIONS = ("FailJob", "Ignore", "Count")  # as a Kubernetes Job's podFailurePolicy
 EXIT_CODE_OPERATORS = ("In", "NotIn")
+
+
+# Upper bounds of the sizes planning and training grow with, far beyond any model or cluster
+# trained today (Llama 3 405B: 126 layers, hidden 16384, 128 heads, a 128k vocabulary; the
+# largest clusters: about 100,000 GPUs). A value past them is a typo or a hostile spec: refused
+# here and by the API server (the CRD's maximum), it never reaches the planner, whose search
+# grows with layers x nodes (holmes.plan.budget bounds what stays within them).
+MAX_LAYERS = 1024
+MAX_HIDDEN = 131_072
+MAX_HEADS = 16_384
+MAX_TOKENS = 16_777_216  # sequence length, vocabulary, sequences per batch: 2^24
+MAX_NODES = 65_536
+MAX_GPUS_PER_NODE = 64
 
 
 def llama_ffn_hidden_size(hidden: int) -> int:
@@ -205,7 +218,9 @@ def _template(r: Reader, v: Any, path: str, _: Mapping[str, Any]) -> Any:
     if not isinstance(v, Mapping):
         r.add(path, f"must be a mapping (a PodTemplateSpec-like object), got {show(v)}")
         return INVALID
-    return dict(v)
+    problems = shape_problems(v)
+    r.problems += problems
+    return INVALID if problems else dict(v)
 
 
 # ---- the dataclasses: one declaration per field -------------------------------------------
@@ -273,13 +288,26 @@ class MixtureOfExperts:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    layers: Annotated[int, Field("Number of transformer layers; pipeline stages split these.", minimum=1)]
-    hidden_size: Annotated[int, Field("Hidden size h; must be divisible by attentionHeads.", minimum=1)]
-    attention_heads: Annotated[
-        int, Field("Number of attention heads; must be divisible by parallelism.tensor.", minimum=1)
+    layers: Annotated[
+        int,
+        Field("Number of transformer layers; pipeline stages split these.", minimum=1, maximum=MAX_LAYERS),
     ]
-    seq_length: Annotated[int, Field("Sequence length s in tokens.", minimum=1)]
-    vocab_size: Annotated[int, Field("Vocabulary size V (the embedding and output layer size).", minimum=1)]
+    hidden_size: Annotated[
+        int, Field("Hidden size h; must be divisible by attentionHeads.", minimum=1, maximum=MAX_HIDDEN)
+    ]
+    attention_heads: Annotated[
+        int,
+        Field(
+            "Number of attention heads; must be divisible by parallelism.tensor.",
+            minimum=1,
+            maximum=MAX_HEADS,
+        ),
+    ]
+    seq_length: Annotated[int, Field("Sequence length s in tokens.", minimum=1, maximum=MAX_TOKENS)]
+    vocab_size: Annotated[
+        int,
+        Field("Vocabulary size V (the embedding and output layer size).", minimum=1, maximum=MAX_TOKENS),
+    ]
     # 0 (not given): the architecture's default, resolved in __post_init__
     ffn_hidden_size: Annotated[
         int,
@@ -287,6 +315,7 @@ class ModelSpec:
             "Feed-forward inner size. When omitted: 4 x hiddenSize for gpt; for llama 8/3 x "
             "hiddenSize rounded up to a multiple of 256 (11008 for 4096), Meta's default.",
             minimum=1,
+            maximum=8 * MAX_HIDDEN,
         ),
     ] = 0
     tied_embeddings: Annotated[
@@ -312,6 +341,7 @@ class ModelSpec:
             "Key/value heads (llama: grouped-query attention); must divide attentionHeads. "
             "Defaults to attentionHeads; gpt allows only that.",
             minimum=1,
+            maximum=MAX_HEADS,
         ),
     ] = 0
     rope_theta: Annotated[  # llama only; None resolves to DEFAULT_ROPE_THETA there
@@ -464,6 +494,7 @@ class TrainingSpec:
         Field(
             "Sequences per iteration over all data-parallel replicas; divisible by data x microBatchSize.",
             minimum=1,
+            maximum=MAX_TOKENS,
         ),
     ]
     micro_batch_size: Annotated[
@@ -766,6 +797,7 @@ class NodesSpec:
             "this many suitable nodes are Ready, or, with minCount below count, at most "
             "runPolicy.waitForNodesSeconds before running on fewer.",
             minimum=1,
+            maximum=MAX_NODES,
         ),
     ]
     gpus_per_node: Annotated[
@@ -774,6 +806,7 @@ class NodesSpec:
             "GPUs used on each node (one process per GPU); each chosen node must have at least this "
             "many nvidia.com/gpu allocatable.",
             minimum=1,
+            maximum=MAX_GPUS_PER_NODE,
         ),
     ]
     selector: Annotated[
@@ -795,6 +828,7 @@ class NodesSpec:
             "same global batch (more micro-batches per rank), and resumes from its newest "
             "checkpoint in the new layout.",
             minimum=1,
+            maximum=MAX_NODES,
         ),
     ] = None
     scale_up: Annotated[

@@ -296,7 +296,7 @@ class KubeIO:
             kopf.adopt(d.workload, owner=owner)
             body = queueing.workload_as(self.kueue_version, d.workload)
             self._create_custom(*kueue, queueing.WORKLOADS, ns, body)
-        if d.workload_conditions is not None and d.workload is None:
+        if d.workload_status is not None and d.workload is None:  # Finished, or a quota released
             name = queueing.workload_name(owner["metadata"]["name"])
             try:
                 resp = self.custom.patch_namespaced_custom_object_status(
@@ -304,7 +304,7 @@ class KubeIO:
                     ns,
                     queueing.WORKLOADS,
                     name,
-                    {"status": {"conditions": d.workload_conditions}},
+                    {"status": d.workload_status},
                     _preload_content=False,
                 )
                 self.caches.workloads.put(queueing.workload_from(_json(resp)))

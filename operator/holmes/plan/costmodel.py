@@ -319,6 +319,13 @@ class StageCost:
         one = s.micro_batch * m.seq / sp * m.hidden * self.cfg.activation_bytes
         return s.micro_batches * one * ((not self.place.first) + (not self.place.last))
 
+    def memory_floor(self, n: int) -> float:
+        """Less than any stage of ``n`` or more layers needs under this shape, wherever it sits:
+        :meth:`memory` without what only some positions hold (embedding and head, logits, receive
+        buffers, communicators) and with one micro-batch in flight. The search drops a degree
+        choice whose fullest stage cannot fit by this alone before it looks at a single node."""
+        return self.memory(n) - self.pipeline_buffers() - self.communicators() * NCCL_COMMUNICATOR_BYTES
+
     def memory(self, n: int) -> float:
         m, s = self.model, self.shape
         T, D = s.tensor, s.data

@@ -16,9 +16,10 @@ from . import dra
 from .candidate import Candidate, Degrees
 from .costmodel import CostModelConfig
 from .discovery import NodeNic, classify_nodes
+from .errors import PlanError
 from .gpus import UNLABELLED
 from .measured import RunLayout
-from .planner import PlanError, as_job, cost_placement, for_job, to_layout
+from .planner import as_job, cost_placement, for_job, to_layout
 
 
 def fixed_job(job: JobSpec, run: RunLayout) -> JobSpec:

@@ -36,6 +36,7 @@ from holmes.contract.layout import GroupFamily, Layout, Stage
 from holmes.contract.network import island_settings
 
 from . import partition as parts_mod
+from .budget import Budget
 from .candidate import Candidate, Degrees
 from .costmodel import (
     GBIT,
@@ -49,18 +50,11 @@ from .costmodel import (
     refine_partition,
 )
 from .discovery import NodeNic, classify_nodes, why_unusable
+from .errors import InsufficientNodes, PlanError
 from .explain import explanation_lines
 from .gpus import StageGpu, node_gpu, stage_gpu
 from .nccl import fixed_socket_threads
 from .topology import NodeSet, group_bandwidth_gbps, islands_of, merge, summarize
-
-
-class PlanError(ValueError):
-    """No valid layout; the message says what is missing and what would fix it."""
-
-
-class InsufficientNodes(PlanError):
-    """Not enough suitable nodes (yet): the operator waits for nodes instead of stalling."""
 
 
 def as_job(job: JobSpec | Mapping[str, Any]) -> JobSpec:
@@ -319,22 +313,25 @@ def cost_placement(
     nodes: Sequence[NodeNic],
     model: ModelCost,
     cfg: CostModelConfig,
-    sets_cache: dict[tuple[str, ...], NodeSet],
+    stage_cache: dict[tuple[str, ...], tuple[NodeSet, StageGpu]],
     refine: bool = False,
 ) -> Candidate | str:
-    """Cost one placement (nodes in rank order); a string says why it is impossible."""
+    """Cost one placement (nodes in rank order); a string says why it is impossible.
+    ``stage_cache``: each stage's node set and GPUs by its nodes' names (stages recur across
+    candidates; summarising them is what the search's cost grows with on many nodes)."""
     G = job.nodes.gpus_per_node
     T, P, D = deg.tensor, deg.pipeline, deg.data
     R = D * T
     per_node = max(1, G // R)  # stages per node
     span = max(1, R // G)  # nodes per stage
     stage_nodes = [tuple(nodes[(s // per_node) * span : (s // per_node) * span + span]) for s in range(P)]
-    sets = []
+    sets, gpus_of = [], []
     for sn in stage_nodes:
         key = tuple(n.name for n in sn)
-        if key not in sets_cache:
-            sets_cache[key] = summarize(sn, cfg.fabric)
-        sets.append(sets_cache[key])
+        if key not in stage_cache:
+            stage_cache[key] = (summarize(sn, cfg.fabric), stage_gpu(sn, cfg))
+        sets.append(stage_cache[key][0])
+        gpus_of.append(stage_cache[key][1])
     everything = sets[0]
     for other in sets[1:]:
         everything = merge(everything, other)
@@ -371,7 +368,7 @@ def cost_placement(
             else nbytes / ranks_on_node / nvlink
         )
     costs = []
-    gpus = tuple(stage_gpu(sn, cfg) for sn in stage_nodes)
+    gpus = tuple(gpus_of)
     for s in range(P):
         place = StagePlace(
             index=s,
@@ -447,6 +444,36 @@ def expert_groups(
     return out
 
 
+def memory_floor_problem(
+    job: JobSpec, deg: Degrees, model: ModelCost, cfg: CostModelConfig, memory_gib: float
+) -> str:
+    """Why no placement of these degrees can fit, known without the nodes: its fullest stage
+    (at least layers / pipeline layers, or the largest explicit count) needs more than the
+    roomiest GPU holds even where a stage needs least (``StageCost.memory_floor``); '' if it
+    may fit."""
+    parts = job.parallelism.explicit_partition
+    n = max(parts) if parts else -(-model.layers // deg.pipeline)
+    shape = Shape(
+        deg.tensor,
+        deg.data,
+        deg.pipeline,
+        job.training.micro_batch_size,
+        deg.micro_batches,
+        job.parallelism.sequence_parallel,
+        deg.expert,  # experts split over E: with E = 1 the floor would count every expert
+    )
+    middle = StagePlace(index=1, first=False, last=False, dp_gbps=None, p2p_in=0.0, p2p_out=0.0, inflight=1)
+    cost = StageCost(model, shape, middle, replace(cfg, gpu_memory_gib=memory_gib))
+    need = cost.memory_floor(n)
+    if need <= cost.mem_cap:
+        return ""
+    return (
+        f"tensor {deg.tensor} x pipeline {deg.pipeline} x data {deg.data}: a stage of {n} layers "
+        f"needs at least {need / 2**30:.1f} GiB per GPU, more than {cfg.memory_headroom:.0%} of "
+        f"{memory_gib:g} GiB"
+    )
+
+
 def _priced(cfg: CostModelConfig, gpu: StageGpu) -> CostModelConfig:
     """The config a stage's costs use: its own GPUs' peak and memory (plan/gpus.py)."""
     if (gpu.peak_tflops, gpu.memory_gib) == (cfg.gpu_peak_tflops, cfg.gpu_memory_gib):
@@ -455,23 +482,37 @@ def _priced(cfg: CostModelConfig, gpu: StageGpu) -> CostModelConfig:
 
 
 def search(
-    usable: Sequence[NodeNic], job: JobSpec, cfg: CostModelConfig
+    usable: Sequence[NodeNic], job: JobSpec, cfg: CostModelConfig, budget: Budget | None = None
 ) -> tuple[Candidate, list[Candidate]]:
-    """Best candidate and the best one per degree choice (for the explanation)."""
+    """Best candidate and the best one per degree choice (for the explanation). Each candidate
+    is paid for from ``budget`` before it is costed (PlanTooLarge past it)."""
     cfg = for_job(cfg, job)
+    budget = budget if budget is not None else Budget()
     model = ModelCost.of(job.model)
     G, N = job.nodes.gpus_per_node, job.nodes.count
     best_per_degree: list[Candidate] = []
     why_not: list[str] = []
-    sets_cache: dict[tuple[str, ...], NodeSet] = {}
+    stage_cache: dict[tuple[str, ...], tuple[NodeSet, StageGpu]] = {}
+    L = job.model.layers
+
+    def pay(deg: Degrees, nodes: int) -> None:
+        T, P, D = deg.tensor, deg.pipeline, deg.data
+        budget.spend(nodes + L + P, f"{nodes} nodes x {L} layers (tensor {T} x pipeline {P} x data {D})")
+
     name_order = [tuple(sorted(usable, key=lambda n: n.name)[:N])]  # nicSelection off: Megatron's
     arrangements: dict[int, list[tuple[NodeNic, ...]]] = {}
+    roomiest = max((node_gpu(n, cfg).memory_gib for n in usable), default=cfg.gpu_memory_gib)
     for deg in degree_candidates(job):
+        too_big = memory_floor_problem(job, deg, model, cfg, roomiest)
+        if too_big:
+            why_not.append(too_big)
+            continue
         span = max(1, deg.data * deg.tensor // G)
         if job.parallelism.nic_selection == "off":
             orders = name_order
         else:
             if span not in arrangements:
+                budget.spend(len(usable), f"arranging {len(usable)} nodes")
                 groups = arrange_groups(usable, N, span, cfg)
                 arrangements[span] = [
                     tuple(n for g in order for blk in groups[g] for n in blk)
@@ -483,7 +524,8 @@ def search(
             orders = arrangements[span] + [o for o in name_order if o not in arrangements[span]]
         best: tuple[tuple[float, int, int, int, int], Candidate] | None = None
         for i, order in enumerate(orders):
-            c = cost_placement(job, deg, order, model, cfg, sets_cache)
+            pay(deg, len(order))
+            c = cost_placement(job, deg, order, model, cfg, stage_cache)
             if isinstance(c, str):
                 why_not.append(c)
                 break  # memory does not depend on the island order
@@ -492,7 +534,8 @@ def search(
         if best is not None:
             c = best[1]
             if job.parallelism.partition == "adaptive":
-                refined = cost_placement(job, deg, c.nodes, model, cfg, sets_cache, refine=True)
+                pay(deg, len(c.nodes))
+                refined = cost_placement(job, deg, c.nodes, model, cfg, stage_cache, refine=True)
                 c = refined if isinstance(refined, Candidate) else c  # refining keeps to what fits
             best_per_degree.append(c)
     if not best_per_degree:
@@ -518,9 +561,14 @@ def search(
 
 
 def plan(
-    nodes: Sequence[Any], job: JobSpec | Mapping[str, Any], config: CostModelConfig | None = None
+    nodes: Sequence[Any],
+    job: JobSpec | Mapping[str, Any],
+    config: CostModelConfig | None = None,
+    budget: Budget | None = None,
 ) -> Layout:
-    """Plan a layout for ``job`` on these nodes (v1 Node dicts or classified NodeNic)."""
+    """Plan a layout for ``job`` on these nodes (v1 Node dicts or classified NodeNic), within
+    ``budget`` (a fresh default one when None; pass one to share it between several plans of
+    one job). PlanTooLarge when the search would exceed it."""
     cfg = config or CostModelConfig()
     try:
         job = as_job(job)
@@ -528,7 +576,7 @@ def plan(
         raise PlanError(str(e)) from None
     cfg = for_job(cfg, job)
     usable = select_nodes(nodes, job, cfg)
-    best, alternatives = search(usable, job, cfg)
+    best, alternatives = search(usable, job, cfg, budget)
     layout = to_layout(best, job, cfg)
     return replace(layout, explanation=tuple(explanation_lines(layout, best, alternatives, job)))
 

@@ -24,6 +24,7 @@ lock against this view.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -81,16 +82,17 @@ def quantity(v: Any) -> float | None:
     if isinstance(v, bool):
         return None
     if isinstance(v, (int, float)):
-        return float(v)
+        return float(v) if math.isfinite(v) else None
     if not isinstance(v, str):
         return None
     m = _QUANTITY.match(v.strip())
     if not m:
         return None
     try:
-        return float(m.group(1)) * _SUFFIX[m.group(2)]
+        q = float(m.group(1)) * _SUFFIX[m.group(2)]
     except ValueError:
         return None
+    return q if math.isfinite(q) else None  # "1e999" reads as infinity: not an amount
 
 
 def show(resource: str, amount: float) -> str:

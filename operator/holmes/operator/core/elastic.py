@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from holmes.contract import JobSpec, Layout
-from holmes.plan import InsufficientNodes, PlanError
+from holmes.plan import InsufficientNodes, PlanError, PlanTooLarge
 
 PlanFn = Callable[[list, JobSpec], Layout]
 
@@ -52,9 +52,12 @@ def plan_size(
                 f"{wait - waited:.0f}s more (runPolicy.waitForNodesSeconds={wait})"
             )
             return Sized(waiting=why, since=since)
-        for count in range(n.count - 1, n.minimum - 1, -1):
+        # no layout needs more nodes than are listed: start there, not at count - 1
+        for count in range(min(n.count - 1, len(nodes)), n.minimum - 1, -1):
             try:
                 layout = plan(nodes, spec.replace(nodes=replace(n, count=count)))
+            except PlanTooLarge:
+                raise  # the sizes tried share one budget: smaller ones cannot search on
             except PlanError:
                 continue
             return Sized(
@@ -68,9 +71,11 @@ def plan_size(
 def plan_at_least(plan: PlanFn, nodes: list, spec: JobSpec, least: int) -> Layout:
     """The largest layout of at least ``least`` nodes (InsufficientNodes if none plans now)."""
     n = spec.nodes
-    for count in range(n.count, least - 1, -1):
+    for count in range(min(n.count, len(nodes)), least - 1, -1):
         try:
             return plan(nodes, spec.replace(nodes=replace(n, count=count)))
+        except PlanTooLarge:
+            raise
         except PlanError:
             continue
     raise InsufficientNodes(f"no layout of {least} or more nodes plans now")

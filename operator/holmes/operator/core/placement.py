@@ -23,7 +23,7 @@ from datetime import datetime
 
 from holmes.contract import JobSpec, Layout
 from holmes.contract.names import RESOURCE_GPU
-from holmes.plan import CostModelConfig, InsufficientNodes, PlanError, plan
+from holmes.plan import Budget, CostModelConfig, InsufficientNodes, PlanError, plan
 from holmes.plan.calibrate import Calibration, assess
 from holmes.plan.measured import Measured
 
@@ -68,21 +68,28 @@ def place(
     now: datetime,
 ) -> elastic.Sized:
     """The layout to launch, or why to wait (step 1 over steps 2-5). Raises PlanError when the
-    job cannot be planned at all."""
+    job cannot be planned at all (PlanTooLarge when every size it tries together would search
+    more than one budget: one job's placement is bounded however many sizes it tries)."""
     nodes = list(replan.measured_nodes(where.nodes, adaptation, spec))
+    budget = Budget()
     return elastic.plan_size(
-        lambda ns, job: on_free_capacity(ns, job, where), nodes, spec, restarted, since, now
+        lambda ns, job: on_free_capacity(ns, job, where, budget), nodes, spec, restarted, since, now
     )
 
 
-def on_free_capacity(nodes: Sequence[Mapping], spec: JobSpec, where: Placement) -> Layout:
+def on_free_capacity(
+    nodes: Sequence[Mapping], spec: JobSpec, where: Placement, budget: Budget | None = None
+) -> Layout:
     """Step 3: could the job ever run on these nodes (InsufficientNodes if not); then what the
-    jobs ahead of it take, and a layout on what is left (WaitingForCapacity if none)."""
+    jobs ahead of it take, and a layout on what is left (WaitingForCapacity if none). The job's
+    own searches spend ``budget``; each job ahead plans on a budget of its own (one too large to
+    plan holds nothing), so a huge spec ahead in the queue costs others one budget at most."""
+    budget = budget if budget is not None else Budget()
     gpu = where.gpu_resource
     shape = replace(capacity.pod_shape(spec, gpu), node_labels=dict(where.node_labels))
     possible, excluded = capacity.free_view(nodes, shape, capacity.Ledger(), gpu)
     try:
-        fit(possible, spec, where)
+        fit(possible, spec, where, budget)
     except InsufficientNodes as e:
         raise InsufficientNodes(capacity.with_exclusions(str(e), excluded)) from None
     state = capacity.shared_state(
@@ -93,18 +100,19 @@ def on_free_capacity(nodes: Sequence[Mapping], spec: JobSpec, where: Placement) 
     for w in state.ahead:
         view, _ = capacity.free_view(capacity.without(nodes, blocked), w.shape, led, gpu)
         try:
-            fit(capacity.free_view(nodes, w.shape, capacity.Ledger(), gpu)[0], w.spec, where)
+            ahead = Budget()  # its two searches share one budget, as in its own placement
+            fit(capacity.free_view(nodes, w.shape, capacity.Ledger(), gpu)[0], w.spec, where, ahead)
         except PlanError:
             continue  # it cannot run here at all: it holds nothing
         try:
-            capacity.take(led, fit(view, w.spec, where).nodes, w.shape, w.job)
+            capacity.take(led, fit(view, w.spec, where, ahead).nodes, w.shape, w.job)
         except PlanError:
             for n in view:  # it waits: what it could use now stays free for it
                 if capacity.gpus(n, gpu) >= w.spec.nodes.gpus_per_node:
                     blocked.setdefault(n["metadata"]["name"], w.job)
     view, _ = capacity.free_view(capacity.without(nodes, blocked), shape, led, gpu)
     try:
-        return fit(view, spec, where)
+        return fit(view, spec, where, budget)
     except InsufficientNodes:
         pass
     fitting = [
@@ -113,21 +121,22 @@ def on_free_capacity(nodes: Sequence[Mapping], spec: JobSpec, where: Placement) 
     raise capacity.WaitingForCapacity(capacity.waiting_message(spec, shape, fitting, led, blocked)) from None
 
 
-def fit(nodes: Sequence[Mapping], spec: JobSpec, where: Placement) -> Layout:
-    """Steps 4-5: the layout search on these nodes; across members, islands stay inside members
-    and a layout with a stage across members is refused."""
+def fit(nodes: Sequence[Mapping], spec: JobSpec, where: Placement, budget: Budget) -> Layout:
+    """Steps 4-5: the layout search on these nodes, within ``budget``; across members, islands
+    stay inside members and a layout with a stage across members is refused."""
     if not where.across_members:
-        return plan(list(nodes), spec, where.facts.cost_model)
+        return plan(list(nodes), spec, where.facts.cost_model, budget)
     local = members.island_labels(nodes, spec.nodes.cluster_label)
-    return members.within_members(plan(local, spec, where.facts.cost_model), local)
+    return members.within_members(plan(local, spec, where.facts.cost_model, budget), local)
 
 
 def at_least(spec: JobSpec, where: Placement, least: int) -> int:
     """Nodes of the largest layout of at least ``least`` nodes (elastic growth; PlanError if
     none plans now): steps 3-5 at each count, the nodes as observed."""
+    budget = Budget()
     return len(
         elastic.plan_at_least(
-            lambda ns, job: on_free_capacity(ns, job, where), list(where.nodes), spec, least
+            lambda ns, job: on_free_capacity(ns, job, where, budget), list(where.nodes), spec, least
         ).nodes
     )
 

@@ -5,9 +5,19 @@
   requesting the template's CPU/memory plus gpusPerNode GPUs and the RDMA resource the template
   asks for). The job stays suspended until the Workload's ``Admitted`` condition is True; it
   plans only on nodes carrying the node labels of the ResourceFlavors in
-  ``status.admission.podSetAssignments[].flavors``; an ``Evicted`` condition that is True
-  suspends it again (pods deleted gracefully, reason Requeued) until Kueue admits it anew. When
-  the job finishes, the Workload gets ``Finished`` so Kueue releases the quota.
+  ``status.admission.podSetAssignments[].flavors``. When the job finishes, the Workload gets
+  ``Finished`` so Kueue releases the quota.
+- Eviction (preemption, a stopped queue, node failures): Kueue's eviction only sets
+  ``Evicted=True`` (``pkg/workload/evict``, v0.19.2); the quota stays reserved until the job's
+  integration has stopped the job. Holmes does what Kueue's job framework does for the kinds it
+  integrates (``pkg/controller/jobframework/reconciler.go``, step "handle eviction"): delete the
+  pods (the job is Suspended, reason Requeued), and once none is active, in one status patch:
+  ``Requeued`` (True when evicted by preemption or node failures, else False), ``QuotaReserved``
+  False (reason Pending) with ``status.admission`` cleared, and ``Admitted`` False (reason
+  NoReservation) (``workload.SetRequeuedCondition``, ``UnsetQuotaReservationWithCondition``,
+  ``SyncAdmittedCondition``). Only then can the preempting workload's quota fit. ``Evicted``
+  stays True until Kueue reserves quota again (``SetQuotaReservation`` resets it), when the job
+  resumes from its newest checkpoint in a new attempt.
   Two versions of Kueue's API are spoken (``KUEUE_VERSIONS``): ``v1beta2`` (Kueue 0.15 on) and
   ``v1beta1`` (Kueue 0.6 to 0.14; deprecated since 0.16). Decisions read and build ``v1beta2``
   objects only; ``workload_as`` / ``workload_from`` translate at the API boundary (the fields
@@ -140,17 +150,27 @@ def _condition(obj: Mapping, type_: str) -> Mapping:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
+def holds_quota(workload: Mapping) -> bool:
+    """Kueue's ``HasQuotaReservation``: its QuotaReserved condition is True."""
+    return _condition(workload, "QuotaReserved").get("status") == "True"
+
+
 def admission(workload: Mapping) -> tuple[str, str]:
-    """(ADMITTED | EVICTED | PENDING, what Kueue says)."""
+    """(ADMITTED | EVICTED | PENDING, what Kueue says). EVICTED while the evicted Workload
+    still holds its quota (the job must stop and release it); once released it is PENDING, as
+    Kueue keeps Evicted True until it reserves quota for it again."""
     ev = _condition(workload, "Evicted")
-    if ev.get("status") == "True":
-        return EVICTED, f"{ev.get('reason') or 'Evicted'}: {ev.get('message') or 'no message'}"
+    evicted = f"{ev.get('reason') or 'Evicted'}: {ev.get('message') or 'no message'}"
+    if ev.get("status") == "True" and holds_quota(workload):
+        return EVICTED, evicted
     adm = _condition(workload, "Admitted")
     if adm.get("status") == "True":
         cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
         return ADMITTED, f"admitted by ClusterQueue {cq}" if cq else "admitted"
     qr = _condition(workload, "QuotaReserved")
     msg = qr.get("message") or adm.get("message") or "not admitted yet"
+    if ev.get("status") == "True":
+        msg = f"quota released after the eviction ({evicted}); waiting for Kueue to admit it again"
     requeue = (workload.get("status") or {}).get("requeueState") or {}
     if _condition(workload, "Requeued").get("status") == "False" and requeue.get("requeueAt"):
         # evicted and backing off: Kueue queues it again at requeueAt
@@ -171,6 +191,48 @@ def flavor_node_labels(workload: Mapping, flavors: Mapping[str, Mapping]) -> tup
                 continue
             labels.update(((flavors[flavor].get("spec") or {}).get("nodeLabels")) or {})
     return labels, missing
+
+
+# Evictions after which Kueue's job framework sets Requeued=True (the Workload queues again at
+# once); after the others (a stopped queue, a deactivated Workload...) Requeued is False.
+REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
+
+
+def set_condition(conditions: Iterable[Mapping], new: Mapping, now: str) -> list[dict]:
+    """``conditions`` with ``new`` set as apimachinery's SetStatusCondition does: the
+    lastTransitionTime moves only when the status changes."""
+    out, found = [], False
+    for c in conditions:
+        if c.get("type") != new["type"]:
+            out.append(dict(c))
+            continue
+        found = True
+        moved = c.get("status") != new["status"]
+        out.append({**c, **new, "lastTransitionTime": now if moved else c.get("lastTransitionTime", now)})
+    if not found:
+        out.append({**new, "lastTransitionTime": now})
+    return out
+
+
+def release_after_eviction(workload: Mapping, now: str) -> dict | None:
+    """The Workload's status patch that gives back an evicted Workload's quota, as Kueue's job
+    framework writes it once the job is no longer active (None: nothing to release)."""
+    ev = _condition(workload, "Evicted")
+    if ev.get("status") != "True" or not holds_quota(workload):
+        return None
+    reason, message = ev.get("reason") or "Evicted", ev.get("message") or ""
+    conds = (workload.get("status") or {}).get("conditions") or []
+    requeued = "True" if reason in REQUEUED_AT_ONCE else "False"
+    conds = set_condition(
+        conds, {"type": "Requeued", "status": requeued, "reason": reason, "message": message}, now
+    )
+    conds = set_condition(
+        conds, {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": message}, now
+    )
+    if _condition(workload, "Admitted").get("status") == "True":  # SyncAdmittedCondition
+        no = {"type": "Admitted", "status": "False", "reason": "NoReservation"}
+        conds = set_condition(conds, {**no, "message": "The workload has no reservation"}, now)
+    return {"conditions": conds, "admission": None}
 
 
 def finished_conditions(workload: Mapping, ok: bool, message: str, now: str) -> list[dict] | None:
@@ -274,6 +336,7 @@ class Gate:
     stall: tuple[str, str] | None = None
     create: dict | None = None
     delete: str | None = None
+    release: dict | None = None  # the Workload's status patch giving back an evicted one's quota
 
 
 def gate(
@@ -287,11 +350,15 @@ def gate(
     workload: Mapping | None,
     flavors: Mapping[str, Mapping] | None,
     requeued: bool,
+    active: bool = False,
+    now: str = "",
 ) -> Gate:
     """A job labelled kueue.x-k8s.io/queue-name runs only while Kueue admits its Workload.
     ``workload``: the job's own (a same-named job's leftover is None); ``flavors``: None when
     the Kueue API is not served; ``requeued``: the job is held after an eviction;
-    ``priority_class``: the PriorityClass the priority is the value of, named in the Workload."""
+    ``priority_class``: the PriorityClass the priority is the value of, named in the Workload;
+    ``active``: the job has pods running or starting that are not being deleted (an evicted
+    Workload's quota is released only once it has none); ``now``: the time conditions carry."""
     if flavors is None:
         return Gate(
             stall=(
@@ -322,7 +389,8 @@ def gate(
     state, why = admission(workload)
     if state == EVICTED:
         msg = f"Workload {name} was evicted by Kueue ({why}): pods deleted; waiting to be admitted again"
-        return Gate(hold=("Requeued", msg, True))
+        release = None if active else release_after_eviction(workload, now)
+        return Gate(hold=("Requeued", msg, True), release=release)
     if state == PENDING:
         reason = "Requeued" if requeued else "WaitingForAdmission"
         return Gate(hold=(reason, f"Workload {name} in LocalQueue {queue} is not admitted: {why}", False))

@@ -219,9 +219,8 @@ class _Reconciler(Tracking):
             self.d.delete_pods = self.live_pods()
         if self.obs.workload is not None and queueing.queue_name(self.job):  # Kueue frees the quota
             msg = (cond.get(self.old.get("conditions"), cond.READY) or {}).get("message") or ""
-            self.d.workload_conditions = queueing.finished_conditions(
-                self.obs.workload, phase == SUCCEEDED, msg, self.now
-            )
+            conds = queueing.finished_conditions(self.obs.workload, phase == SUCCEEDED, msg, self.now)
+            self.d.workload_status = None if conds is None else {"conditions": conds}
         ttl = spec.run_policy.ttl_seconds_after_finished if spec else None
         done = parse_time(self.old.get("completionTime"))
         if ttl is not None and done:
@@ -312,8 +311,11 @@ class _Reconciler(Tracking):
             wl,
             self.obs.flavors,
             requeued=was == "Requeued",
+            active=bool(self.live_pods()),
+            now=self.now,
         )
         self.d.workload, self.d.delete_workload = g.create, g.delete
+        self.d.workload_status = g.release
         if g.stall is not None:
             return self.stall(*g.stall)
         if g.hold is not None:

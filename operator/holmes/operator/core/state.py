@@ -96,7 +96,7 @@ class Decision:
     requeue_after: float | None = None
     workload: dict | None = None  # Kueue Workload to create
     delete_workload: str | None = None  # name of a Workload to delete (its pod sets changed)
-    workload_conditions: list[dict] | None = None  # the Workload's new status.conditions
+    workload_status: dict | None = None  # a merge patch of the Workload's status (null removes)
     podgroup: dict | None = None  # Volcano PodGroup to create or update
     placed: bool = False  # a layout was searched for (placement.py): timed as planning
 

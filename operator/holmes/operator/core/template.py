@@ -7,10 +7,10 @@ Pod Security Admission, which cannot guard the namespaces where RDMA jobs run (t
 ``privileged`` for the IPC_LOCK capability Holmes grants): by default every control of the
 **baseline** profile, optionally the **restricted** one, each control relaxed only by its own
 ``--allow-*`` exception. On top, Holmes' own: service accounts (and so API tokens, by any
-route), nodeName and runtime classes. ``shape_problems`` catches the fields the operator reads
-but that the CRD schema (an open object) lets through with the wrong type, which would
-otherwise raise inside rendering on every reconcile. Both return "path: what is wrong" strings,
-with paths as in the HolmesJob.
+route), nodeName and runtime classes. Violations are "path: what is wrong" strings, with paths
+as in the HolmesJob. (Fields of the wrong type, which the CRD schema, an open object, lets
+through, are the contract's ``holmes.contract.podtemplate.shape_problems``: ``load_job``
+refuses them before anything here reads the template.)
 
 ``secure_defaults`` fills what Holmes sets unless the template says otherwise (render.py calls
 it); ``rendered_pod_violations`` checks a pod Holmes rendered against the level it enforces.
@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-ROOT = "spec.template"
+from holmes.contract.podtemplate import ROOT
+
 RDMA_CAPABILITIES = ("IPC_LOCK",)  # pinned memory for ibv_reg_mr: Holmes adds it on RDMA nodes
 
 # The Pod Security Standards as of this Kubernetes release (k8s.io/pod-security-admission's
@@ -188,112 +189,6 @@ POLICY_OPTIONS = (
 )
 OPTION = {o.field: o for o in POLICY_OPTIONS}
 assert [o.field for o in POLICY_OPTIONS] == [f.name for f in fields(TemplatePolicy)]
-
-
-def _kind(v: Any) -> str:
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, (int, float)):
-        return f"the number {v}"
-    if isinstance(v, str):
-        return f"the string {v!r}"
-    if isinstance(v, list):
-        return "a list"
-    return "a mapping" if isinstance(v, Mapping) else type(v).__name__
-
-
-_MAP, _LIST, _STR, _STRS = "mapping", "list", "string", "list of strings"
-
-
-_IS = {
-    _MAP: lambda v: isinstance(v, Mapping),
-    _LIST: lambda v: isinstance(v, list),
-    _STR: lambda v: isinstance(v, str),
-    _STRS: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-}
-
-
-def _check(value: Any, want: str, path: str, out: list[str]) -> bool:
-    ok = _IS[want](value)
-    if not ok:
-        out.append(f"{path}: must be a {want}, got {_kind(value)}")
-    return ok
-
-
-def _string_map(d: Mapping, key: str, path: str, out: list[str]) -> None:
-    v = d.get(key)
-    if v is None or not _check(v, _MAP, f"{path}.{key}", out):
-        return
-    for k, x in v.items():
-        if not isinstance(x, str):
-            out.append(f"{path}.{key}.{k}: must be a string, got {_kind(x)} (quote it)")
-
-
-def _list_of_maps(d: Mapping, key: str, path: str, out: list[str]) -> list[tuple[str, Mapping]]:
-    v = d.get(key)
-    if v is None or not _check(v, _LIST, f"{path}.{key}", out):
-        return []
-    items = []
-    for i, x in enumerate(v):
-        p = f"{path}.{key}[{i}]"
-        if _check(x, _MAP, p, out):
-            items.append((p, x))
-    return items
-
-
-def shape_problems(template: Mapping[str, Any] | None) -> list[str]:
-    """Wrongly typed fields among those the operator reads or merges into."""
-    out: list[str] = []
-    if not template:
-        return out
-    meta = template.get("metadata")
-    if meta is not None and _check(meta, _MAP, f"{ROOT}.metadata", out):
-        _string_map(meta, "labels", f"{ROOT}.metadata", out)
-        _string_map(meta, "annotations", f"{ROOT}.metadata", out)
-    spec = template.get("spec")
-    if spec is None or not _check(spec, _MAP, f"{ROOT}.spec", out):
-        return out
-    sp = f"{ROOT}.spec"
-    for key in ("affinity", "securityContext", "nodeSelector"):
-        if spec.get(key) is not None:
-            _check(spec[key], _MAP, f"{sp}.{key}", out)
-    if spec.get("nodeSelector") is not None:
-        _string_map(spec, "nodeSelector", sp, out)
-    for key in ("serviceAccountName", "nodeName", "runtimeClassName", "schedulerName"):
-        if spec.get(key) is not None:
-            _check(spec[key], _STR, f"{sp}.{key}", out)
-    _list_of_maps(spec, "tolerations", sp, out)
-    for p, vol in _list_of_maps(spec, "volumes", sp, out):
-        if not isinstance(vol.get("name"), str):
-            out.append(f"{p}.name: must be a string, got {_kind(vol.get('name'))}")
-    for p, c in _list_of_maps(spec, "containers", sp, out) + _list_of_maps(spec, "initContainers", sp, out):
-        if c.get("name") is not None:
-            _check(c["name"], _STR, f"{p}.name", out)
-        for key in ("command", "args"):
-            if c.get(key) is not None:
-                _check(c[key], _STRS, f"{p}.{key}", out)
-        for key in ("resources", "securityContext"):
-            if c.get(key) is not None and _check(c[key], _MAP, f"{p}.{key}", out) and key == "resources":
-                for part in ("limits", "requests"):
-                    if c[key].get(part) is not None:
-                        _check(c[key][part], _MAP, f"{p}.resources.{part}", out)
-        sc = c.get("securityContext")
-        if isinstance(sc, Mapping) and sc.get("capabilities") is not None:
-            if _check(sc["capabilities"], _MAP, f"{p}.securityContext.capabilities", out):
-                for part in ("add", "drop"):
-                    if sc["capabilities"].get(part) is not None:
-                        _check(
-                            sc["capabilities"][part], _STRS, f"{p}.securityContext.capabilities.{part}", out
-                        )
-        for ep, e in _list_of_maps(c, "env", p, out):
-            if not isinstance(e.get("name"), str):
-                out.append(f"{ep}.name: must be a string, got {_kind(e.get('name'))}")
-        for mp, m in _list_of_maps(c, "volumeMounts", p, out):
-            for key in ("name", "mountPath"):
-                if not isinstance(m.get(key), str):
-                    out.append(f"{mp}.{key}: must be a string, got {_kind(m.get(key))}")
-        _list_of_maps(c, "ports", p, out)
-    return out
 
 
 # ---- Pod Security controls ---------------------------------------------------------------------

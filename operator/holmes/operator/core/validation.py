@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from holmes.contract import JobSpec
 
 from . import child_names, queueing
-from .template import TemplatePolicy, policy_violations, shape_problems
+from .template import TemplatePolicy, policy_violations
 
 FIX = " -- fix the spec with kubectl edit or apply"
 
@@ -19,9 +19,6 @@ def refusal(
 ) -> tuple[str, str] | None:
     """The first reason the job cannot go on (None: it may). ``started_model``: the model hash
     the job's checkpoints were written with (the launched ConfigMap's), if any."""
-    shape = shape_problems(spec.template)
-    if shape:
-        return "InvalidSpec", "; ".join(shape) + FIX
     denied = policy_violations(spec.template, policy)
     if spec.network == "hostNetwork" and not policy.allow_host_namespaces:
         denied.append(

@@ -1,0 +1,227 @@
+"""No input crashes anything: seeded mutations of the example HolmesJobs through the contract's
+``load_job``, ``holmes plan --job`` (the CLI's own entry, in process) and the operator's first
+decision on an empty namespace (``holmes.operator.preview.children``). Every case is accepted
+or refused with a message naming the field; a TypeError, AttributeError or traceback fails.
+
+The mutations are what a hand-edited manifest gets wrong: a value of another type or out of
+range, a field removed, an unknown field, a value moved from elsewhere in the manifest. The
+seed is fixed, so a failure names the case that reproduces it (``mutate(seed_doc, rng)``)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import random
+import re
+import signal
+import time
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from holmes.cli import main as cli_main
+from holmes.contract import SpecError, load_job
+from holmes.contract.documents import load_documents
+from holmes.operator.preview import PreviewError, children
+
+ROOT = Path(__file__).resolve().parents[2]
+SEEDS = sorted([*ROOT.glob("examples/holmesjob-*.yaml"), *ROOT.glob("examples/jobs/*.yaml")])
+NODES = ROOT / "examples/nodes/paper.yaml"
+CASES = 4000
+# The CLI and the operator plan every job they accept (milliseconds each): to stay within
+# seconds, they see every OPERATOR_EVERY-th / CLI_EVERY-th case the contract accepted, and every
+# REFUSED_EVERY-th refused one (refused cases must be refused there too, by name).
+OPERATOR_EVERY, CLI_EVERY, REFUSED_EVERY = 2, 4, 20
+CASE_SECONDS = 5  # one case through all three entries; far more than any example job needs
+
+# A problem line starts with the field it is about (spec.x.y, apiVersion, kind, the manifest).
+NAMES_A_FIELD = re.compile(r"^(spec\b|apiVersion\b|kind\b|HolmesJob manifest\b)")
+
+ODD: list[Any] = [
+    None,
+    0,
+    -1,
+    1,
+    5,
+    2**31,
+    2**63,
+    10**30,
+    0.5,
+    -2.5,
+    math.nan,
+    math.inf,
+    True,
+    False,
+    "",
+    "x",
+    "5",
+    "auto",
+    "off",
+    [],
+    [5],
+    ["x"],
+    [None],
+    [{"name": 5}],
+    [[1]],
+    {},
+    {"name": 5},
+    {"x": {"y": 1}},
+]
+
+
+def paths(doc: Any, at: tuple = ()) -> list[tuple]:
+    """Every path into the manifest (keys and list indices), the root's spec first."""
+    out = [at]
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += paths(v, (*at, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out += paths(v, (*at, i))
+    return out
+
+
+def get(doc: Any, path: tuple) -> Any:
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+def mutate(doc: dict, rng: random.Random) -> dict:
+    """One to three mutations of a copy of ``doc``."""
+    doc = copy.deepcopy(doc)
+    for _ in range(rng.randint(1, 3)):
+        all_paths = [p for p in paths(doc) if p and p[0] == "spec"]  # apiVersion/kind: a few only
+        if not all_paths:  # the spec itself was removed
+            break
+        path = rng.choice(all_paths) if rng.random() < 0.97 else (rng.choice(["apiVersion", "kind"]),)
+        parent, key = get(doc, path[:-1]), path[-1]
+        op = rng.random()
+        if op < 0.55:
+            parent[key] = copy.deepcopy(rng.choice(ODD))
+        elif op < 0.7 and isinstance(parent, dict):
+            del parent[key]
+        elif op < 0.8:
+            parent[key] = copy.deepcopy(get(doc, rng.choice(all_paths)))  # a value from elsewhere
+        elif op < 0.9 and isinstance(parent[key], dict):
+            parent[key][rng.choice(["extra", "Layers", "count"])] = copy.deepcopy(rng.choice(ODD))
+        elif isinstance(parent[key], list):
+            parent[key].append(copy.deepcopy(rng.choice(ODD)))
+        elif isinstance(parent[key], int) and not isinstance(parent[key], bool):
+            parent[key] = rng.choice([parent[key] * 10**6, -parent[key], parent[key] + 1])
+        else:
+            parent[key] = str(parent[key])
+    return doc
+
+
+def seeds() -> list[dict]:
+    out = []
+    for path in SEEDS:
+        (doc,) = [
+            d for d in load_documents(str(path)) if isinstance(d, dict) and d.get("kind") == "HolmesJob"
+        ]
+        out.append(doc)
+    return out
+
+
+def check_load(doc: dict) -> bool:
+    """True when accepted; a refusal must be a SpecError whose every line names a field."""
+    try:
+        load_job(doc)
+    except SpecError as e:
+        assert e.problems, "a SpecError with no problem line"
+        unnamed = [p for p in e.problems if not NAMES_A_FIELD.match(p)]
+        assert not unnamed, f"problem lines that name no field: {unnamed}"
+        return False
+    return True
+
+
+def check_cli(doc: dict, tmp: Path) -> None:
+    job = tmp / "job.yaml"
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli_main(["plan", "--nodes", str(NODES), "--job", str(job), "--json"])
+    assert code in (0, 2), f"holmes plan exited {code}: {err.getvalue()[-2000:]}"
+    assert "Traceback" not in err.getvalue()
+    if code == 2:
+        assert err.getvalue().startswith("holmes plan: "), err.getvalue()
+
+
+def check_operator(doc: dict, nodes: list[dict]) -> None:
+    try:
+        children(doc, nodes)
+    except PreviewError as e:
+        assert str(e), "an empty refusal"
+
+
+class Stalled(Exception):
+    pass
+
+
+def _stalled(signum: int, frame: Any) -> None:
+    raise Stalled(f"more than {CASE_SECONDS} s")
+
+
+def test_mutated_jobs_are_accepted_or_refused_by_name(tmp_path: Path) -> None:
+    rng = random.Random(39)
+    base = seeds()
+    nodes = load_documents(str(NODES))[0]["items"]
+    crashes: list[str] = []
+    accepted = 0
+    previous = signal.signal(signal.SIGALRM, _stalled)
+    started = time.perf_counter()
+    try:
+        for case in range(CASES):
+            doc = mutate(rng.choice(base), rng)
+            signal.alarm(CASE_SECONDS)  # a spec that stalls the planner is a failure too
+            try:
+                ok = check_load(doc)
+                accepted += ok
+                every = (OPERATOR_EVERY, CLI_EVERY) if ok else (REFUSED_EVERY, REFUSED_EVERY)
+                if case % every[0] == 0:
+                    check_operator(doc, nodes)
+                if case % every[1] == 0:
+                    check_cli(doc, tmp_path)
+            except Exception as e:  # collect them all: one run shows every kind of crash
+                where = traceback.extract_tb(e.__traceback__)[-1]
+                at = f"{Path(where.filename).name}:{where.lineno}"
+                crashes.append(f"case {case}: {type(e).__name__} at {at}: {str(e)[:300]}")
+            finally:
+                signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    print(
+        f"{CASES} cases, {accepted} accepted, {len(crashes)} crashed, {time.perf_counter() - started:.1f} s"
+    )
+    assert not crashes, f"{len(crashes)} of {CASES} cases crashed:\n" + "\n".join(crashes[:80])
+    # the mutations must leave some jobs valid, or the CLI and operator paths go unexercised
+    assert accepted > CASES // 20, accepted
+
+
+def megatron(**container: Any) -> dict:
+    doc = next(d for d in seeds() if (d.get("spec") or {}).get("framework") == "megatron")
+    c = doc["spec"]["template"]["spec"]["containers"][0]
+    c.update(container)
+    return doc
+
+
+@pytest.mark.parametrize(
+    "doc, field",
+    [  # what the fuzz found crashing load_job (framework checks) and the planner (socket threads)
+        (megatron(args=5), "spec.template.spec.containers[0].args: must be a list of strings"),
+        (megatron(command="python x.py"), "spec.template.spec.containers[0].command: must be a list"),
+        (megatron(env=[{"name": "NCCL_SOCKET_NTHREADS", "value": 4}]), "containers[0].env[0].value"),
+        (megatron(env={"A": "1"}), "spec.template.spec.containers[0].env: must be a list"),
+        (megatron(resources={"requests": {"cpu": math.inf}}), "containers[0].resources.requests.cpu"),
+    ],
+)
+def test_templates_of_the_wrong_shape_are_refused_by_name(doc: dict, field: str) -> None:
+    with pytest.raises(SpecError) as e:
+        load_job(doc)
+    assert any(field in p for p in e.value.problems), e.value.problems
