@@ -164,6 +164,9 @@ build_target() {  # build_target TARGET KEY
 main() {
   local start=$SECONDS
   ensure_tools
+  # One run at a time per cache (tests and demos of several checkouts share it).
+  exec 9>"$DIR/.lock"
+  flock -n 9 || { say "waiting for another build-images run"; flock 9; }
   local names; names=$(images_py names) || die "python3 -m holmes_dev.images failed"
   BASE_REF=$(sed -n 's/^BASE_REF=//p' <<<"$names")
   RECIPE_LABEL=$(sed -n 's/^RECIPE_LABEL=//p' <<<"$names")
