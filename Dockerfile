@@ -15,9 +15,14 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 # expects (driver capability settings, cudart) without duplicating those libraries.
 ARG CUDA_IMAGE=nvidia/cuda:13.0.2-base-ubuntu24.04
 
+# PIP_CONFIG_FILE (optional build arg, declared in each stage that runs pip): a pip.conf for
+# builds without PyPI. hack/build-images.sh points it at a wheelhouse mounted into the build
+# (no-index + find-links); a plain `docker build` leaves it unset and pip uses PyPI.
+
 # ---------------------------------------------------------------------------------------------
 # wheel: the holmes package (pure Python), built once for both images.
 FROM ${PYTHON_IMAGE} AS wheel
+ARG PIP_CONFIG_FILE
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY contract/ contract/
@@ -29,6 +34,7 @@ RUN pip install --no-cache-dir --disable-pip-version-check setuptools==84.2.1 \
 # ---------------------------------------------------------------------------------------------
 # operator-venv: the operator's dependencies only (no torch), at the versions the tests ran.
 FROM ${PYTHON_IMAGE} AS operator-venv
+ARG PIP_CONFIG_FILE
 COPY docker/constraints.txt /tmp/constraints.txt
 COPY --from=wheel /wheels/ /wheels/
 RUN python -m venv /opt/holmes \
@@ -61,6 +67,7 @@ CMD ["--all-namespaces"]
 # ---------------------------------------------------------------------------------------------
 # trainer-venv: torch (CUDA 13 build from PyPI, NCCL included) + the holmes trainer.
 FROM ${CUDA_IMAGE} AS trainer-venv
+ARG PIP_CONFIG_FILE
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \

@@ -26,7 +26,13 @@ LOCALKUBE := PYTHONPATH=hack $(PY) -m localkube
 k8s:
 	@bash hack/build-k8s.sh
 
-test: venv k8s lint
+# The two images of the Dockerfile (hack/build-images.sh), built into the local containers storage
+# (`podman images`) on a Debian base; rebuilt only when what goes into them changes.
+.PHONY: images
+images:
+	@bash hack/build-images.sh
+
+test: venv k8s images lint
 	$(PY) -m pytest
 
 # The edit-test loop: the tests that need no cluster and run no whole program (markers `cluster`
@@ -64,7 +70,7 @@ multicluster-up: venv k8s
 demo-multicluster: multicluster-up
 	@PYTHONPATH=hack $(PY) hack/demo_multicluster.py
 
-demo: cluster-up
+demo: images cluster-up
 	@echo ">> the simulated nodes and how each advertises its NIC"
 	@$(LOCALKUBE) nodes
 	@# CRD + operator + a small HolmesJob trained to Succeeded: prints the layout and the metrics.

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
+from holmes_dev import images
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "holmes"
@@ -83,36 +83,6 @@ def one(docs: list[dict], kind: str) -> dict:
 
 
 def dockerignore_excludes(rel: str) -> bool:
-    """Docker's .dockerignore semantics (last matching rule wins; '!' re-includes;
-    a pattern matching a parent directory matches everything below it)."""
-    rules = []
-    for line in (REPO / ".dockerignore").read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        neg = line.startswith("!")
-        pat = line[1:] if neg else line
-        rx = ""
-        i = 0
-        while i < len(pat):
-            if pat.startswith("**/", i):
-                rx += "(?:.*/)?"
-                i += 3
-            elif pat.startswith("**", i):
-                rx += ".*"
-                i += 2
-            elif pat[i] == "*":
-                rx += "[^/]*"
-                i += 1
-            elif pat[i] == "?":
-                rx += "[^/]"
-                i += 1
-            else:
-                rx += re.escape(pat[i])
-                i += 1
-        rules.append((re.compile(rx.rstrip("/") + "(?:/.*)?$"), neg))
-    excluded = False
-    for rx, neg in rules:
-        if rx.match(rel):
-            excluded = not neg
-    return excluded
+    """Whether .dockerignore keeps `rel` out of the build context (the matcher
+    hack/build-images.sh keys its cache on, holmes_dev.images)."""
+    return images.excluded(rel, images.dockerignore_rules((REPO / ".dockerignore").read_text()))
