@@ -50,3 +50,39 @@ def test_the_planner_memory_model_counts_it():
     assert c.enabled and c.communicators == 2  # world and tp: 8 ranks on the node each
     sxm, pcie = _stage_memory_gib("NVIDIA-H100-80GB-HBM3"), _stage_memory_gib("NVIDIA-H100-PCIe")
     assert round(sxm - pcie, 2) == round(c.bytes / 2**30, 2), (sxm, pcie)
+
+
+def test_a_node_holds_the_stages_its_ranks_belong_to():
+    assert nvls.node_stages(4, 1, 4, 8) == [range(0, 2), range(2, 4)]  # two stages a node
+    assert nvls.node_stages(8, 2, 2, 8) == [range(0, 1)] * 2 + [range(1, 2)] * 2  # two nodes a stage
+    assert nvls.node_stages(1, 6, 4, 8) == [range(0, 2), range(1, 3), range(2, 4)]  # straddling
+
+
+def test_stages_sharing_a_node_that_disagree_turn_it_off_and_count_nothing():
+    """NCCL_NVLS_ENABLE is one per pod: with data 6 on 8-GPU nodes, stages 0 and 3 have their dp
+    group inside a node (on) and stages 1 and 2 straddle two (off); every node holds an 'off'
+    stage, so every pod is off and no stage counts NVLS's memory."""
+    d = nvls.decide(["H100"] * 4, 1, 6, 4, 8, tied=False)
+    assert [nvls.choose("H100", 1, 6, 4, 8, s, False).enabled for s in range(4)] == [True, False, False, True]
+    assert d.nodes == (False, False, False)
+    assert [c.bytes for c in d.stages] == [0, 0, 0, 0]
+    assert "node 0 also holds stage 1" in d.stages[0].why
+    assert d.node_env(0) == {"NCCL_NVLS_ENABLE": "0"}
+
+
+def test_a_stage_counts_nvls_when_one_of_its_nodes_runs_with_it():
+    """Stage 0 spans nodes 0 and 1; node 1 also holds stage 1 (priced on the A100 of node 2),
+    so node 1 is off. Stage 0's ranks on node 0 run with NVLS: its estimate keeps counting it
+    (over-counting the ranks on node 1, the safe side)."""
+    d = nvls.decide(["H100", "H100+A100"], 4, 3, 2, 8, tied=False)
+    assert d.nodes == (True, False, False)
+    assert d.stages[0].enabled and d.stages[0].bytes > 0
+    assert not d.stages[1].enabled and d.stages[1].bytes == 0
+    assert [d.node_env(n)["NCCL_NVLS_ENABLE"] for n in range(3)] == ["1", "0", "0"]
+
+
+def test_every_stage_on_a_node_on_nvlink_sharp_agrees():
+    """Tensor 4 on 8-GPU H100 nodes: two stages a node, both with a tp group of 4 inside it."""
+    d = nvls.decide(["H100"] * 4, 4, 1, 4, 8, tied=True)
+    assert d.nodes == (True, True) and all(c.enabled for c in d.stages)
+    assert [c.bytes for c in d.stages] == [nvls.choose("H100", 4, 1, 4, 8, s, True).bytes for s in range(4)]

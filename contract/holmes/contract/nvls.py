@@ -15,6 +15,14 @@ per rank, from its groups:
   holds (two or more ranks on a node: the world group, a p2p pair on one node...) costs
   :data:`COMMUNICATOR_BYTES` more; otherwise NVLS is off and costs nothing.
 
+A pod runs one node's ranks and its environment reaches all of them, so the switch is set per
+node (:func:`decide`): on when every stage with ranks on the node turns it on. Stages share a
+node only when a stage has fewer ranks than the node has GPUs; where they disagree the node
+goes off (the conservative side: off never spends memory the estimate did not count), and a
+stage counts NVLS's memory only when one of its nodes runs with it. The variable is always
+set, "0" as well as "1": NCCL's own default turns NVLS on wherever the hardware has it, which
+would spend memory the estimate counted as zero (NeMo sets 0 for the same reason).
+
 The groups are those the planner's memory model counts per GPU (world, dp, tp, the p2p group of
 each boundary the stage sits on, the tied embedding's). Pure Python: the planner
 (holmes.plan.costmodel) and the trainer's dry run both count with it.
@@ -24,7 +32,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .layout import Layout
+
+ENV = "NCCL_NVLS_ENABLE"
 
 COMMUNICATOR_BYTES = 2**30  # a model of NVLS's buffers per communicator, not a measurement
 MIN_RANKS = 4  # GPUs of one node in a group for NVLS to pay
@@ -104,7 +119,7 @@ class NvlsChoice:
 
     def env(self) -> dict[str, str]:
         """NCCL's process-wide switch for this rank."""
-        return {"NCCL_NVLS_ENABLE": "1" if self.enabled else "0"}
+        return {ENV: "1" if self.enabled else "0"}
 
 
 def choose(
@@ -124,3 +139,57 @@ def choose(
         eligible,
         f"{'/'.join(paying)} inside one node; {eligible} communicators x {COMMUNICATOR_BYTES // 2**20} MiB",
     )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """NVLS for a whole layout: per stage (what the memory estimate counts) and per node (what
+    its pod's environment says)."""
+
+    stages: tuple[NvlsChoice, ...]
+    nodes: tuple[bool, ...]
+
+    def node_env(self, node_rank: int) -> dict[str, str]:
+        """The pod of ``node_rank``'s process-wide switch (every rank on the node shares it)."""
+        return {ENV: "1" if self.nodes[node_rank] else "0"}
+
+
+def node_stages(tensor: int, data: int, pipeline: int, gpus_per_node: int) -> list[range]:
+    """The stages with ranks on each node (ranks fill nodes in order, a stage's block after the
+    previous one's, as the Layout's rank rules place them)."""
+    R, G = tensor * data, gpus_per_node
+    nodes = math.ceil(pipeline * R / G)
+    return [range(n * G // R, min(pipeline, ((n + 1) * G - 1) // R + 1)) for n in range(nodes)]
+
+
+def decide(
+    gpus: Sequence[str | None], tensor: int, data: int, pipeline: int, gpus_per_node: int, tied: bool
+) -> Decision:
+    """NVLS per stage and per node; ``gpus``: each stage's GPU type (the planner's name). See the
+    module docstring for nodes holding several stages."""
+    T, D, P, G = tensor, data, pipeline, gpus_per_node
+    own = [choose(gpus[s], T, D, P, G, s, tied) for s in range(P)]
+    on_node = node_stages(T, D, P, G)
+    nodes = tuple(all(own[s].enabled for s in stages) for stages in on_node)
+    out = []
+    for s, c in enumerate(own):
+        mine = [n for n, stages in enumerate(on_node) if s in stages]
+        if c.enabled and not any(nodes[n] for n in mine):
+            n = mine[0]
+            other = next(j for j in on_node[n] if not own[j].enabled)
+            why = (
+                f"off: node {n} also holds stage {other} ({own[other].why}) and NCCL_NVLS_ENABLE "
+                "is one per pod, set off where the node's stages disagree"
+            )
+            c = replace(c, enabled=False, why=why)
+        out.append(c)
+    return Decision(tuple(out), nodes)
+
+
+def from_layout(layout: Layout, tied: bool) -> Decision:
+    """:func:`decide` on the GPU types the planner priced each stage with (the Layout's estimate;
+    a stage with none recorded: no NVSwitch assumed, NVLS off). ``tied``: tied embeddings with
+    more than one stage (the embedding group's communicator)."""
+    rows = {int(r["stage"]): r for r in (layout.estimate.get("stages") or []) if "stage" in r}
+    gpus = [rows.get(s, {}).get("gpu") for s in range(layout.pipeline)]
+    return decide(gpus, layout.tensor, layout.data, layout.pipeline, layout.gpus_per_node, tied)

@@ -369,6 +369,8 @@ def cost_placement(
         )
     costs = []
     gpus = tuple(gpus_of)
+    # the same decision renders each pod's NCCL_NVLS_ENABLE (operator routes.job_routes)
+    nvls_of = nvls.decide([g.name for g in gpus], T, D, P, G, tied).stages
     for s in range(P):
         place = StagePlace(
             index=s,
@@ -381,7 +383,7 @@ def cost_placement(
             embedding_sync=emb_sync if tied and s in (0, P - 1) else 0.0,
             ep_gbps=expert_fabric[s],
             ep_ranks_per_node=min(E, max(1, G // T)),
-            nvls_bytes=nvls.choose(gpus[s].name, T, D, P, G, s, tied).bytes,
+            nvls_bytes=nvls_of[s].bytes,
         )
         costs.append(StageCost(model, shape, place, _priced(cfg, gpus[s])))
     mode = job.parallelism.partition

@@ -322,11 +322,10 @@ def run_rank(cfg: TrainConfig, layout: Layout, rank: int, buffer_scale: float = 
 
 def rank_nvls(cfg: TrainConfig, layout: Layout, stage: int) -> nvls.NvlsChoice:
     """NVLS for a GPU of ``stage`` (holmes.contract.nvls), on the GPU type the planner priced
-    the stage with (the Layout's estimate; none: no NVSwitch assumed)."""
-    rows = {int(r["stage"]): r for r in (layout.estimate.get("stages") or []) if "stage" in r}
-    gpu = rows.get(stage, {}).get("gpu")
+    the stage with (the Layout's estimate; none: no NVSwitch assumed): the decision the
+    planner counted and the operator renders into the pod's NCCL_NVLS_ENABLE."""
     tied = cfg.model.tied_embeddings and layout.pipeline > 1
-    return nvls.choose(gpu, layout.tensor, layout.data, layout.pipeline, layout.gpus_per_node, stage, tied)
+    return nvls.from_layout(layout, tied).stages[stage]
 
 
 def _peak(

@@ -36,17 +36,20 @@ keeps its VFs; the pod's NICs then do not come from DRA.
 Every route: ``IPC_LOCK`` when the pod gets an RDMA device (pinned memory for ``ibv_reg_mr``),
 the NCCL settings that are facts of the fabric (``holmes.plan.nccl``), and the hints the in-pod
 resolver needs (``HOLMES_POD_NETWORK``, ``HOLMES_NIC``, ``HOLMES_HOST_HCAS``) instead of host
-names that a pod's namespace does not have.
+names that a pod's namespace does not have. :func:`job_routes` adds ``NCCL_NVLS_ENABLE``, the
+node's NVLink SHARP switch (``holmes.contract.nvls.from_layout``: the decision whose memory the
+planner counted; NCCL reads it once per process, so it is in the pod's environment from the
+start, for Holmes' trainer and a framework's launcher alike; a template's value wins).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from holmes.contract import JobSpec, Layout
+from holmes.contract import JobSpec, Layout, nvls
 from holmes.contract.names import (
     ENV_HOST_HCAS,
     ENV_NIC,
@@ -296,11 +299,14 @@ def job_routes(
     layout: Layout,
     nets: Mapping[str, NodeNetwork],
 ) -> dict[str, PodRoute]:
-    """Every planned node's route (RouteError on the first node the job cannot serve)."""
+    """Every planned node's route (RouteError on the first node the job cannot serve), with the
+    node's NVLS switch (module docstring)."""
     annotations = (spec.template.get("metadata") or {}).get("annotations") or {}
     on_sockets = socket_nodes(layout)
-    return {
-        node: pod_route(
+    nvls_decision = nvls.from_layout(layout, spec.model.tied_embeddings and layout.pipeline > 1)
+    out = {}
+    for rank, node in enumerate(layout.nodes):
+        route = pod_route(
             nets[node],
             node,
             network=spec.network,
@@ -309,5 +315,5 @@ def job_routes(
             template_annotations=annotations,
             gpus=layout.gpus_per_node,
         )
-        for rank, node in enumerate(layout.nodes)
-    }
+        out[node] = replace(route, env={**route.env, **nvls_decision.node_env(rank)})
+    return out
