@@ -72,3 +72,60 @@ def test_megatron_forms_holmes_groups_on_their_networks(one_site, namespace, tmp
         },
     }
     print("MEGATRON-SUMMARY " + json.dumps(summary))
+
+
+EXPERT_GROUPS = ("ep", "ep_tp", "tp_ep_mp", "tp_ep_pp", "ep_dp")  # megatron-core 0.16.1's
+
+
+def test_megatron_forms_its_expert_groups_on_their_islands(one_site, namespace, tmp_path):
+    """A mixture of experts: megatron-core forms its expert groups from the appended
+    ``--expert-model-parallel-size``; the hook logs each with its island's net, and the
+    communicator file names each with the same net where the group leaves its node."""
+    cluster = one_site
+    job = framework_job(
+        "moe", namespace, "megatron", "megatron_groups.py", gpus=2, tensor=2, expert=2, sequenceParallel=True
+    )  # megatron-core's MoE layer needs sequence parallelism with tensor 2
+    job["spec"]["model"]["moe"] = {"experts": 4, "expertsPerToken": 2}
+    _, seconds, layout, logs = run_job(cluster, namespace, tmp_path, job)
+    nic = {n.name: n.nic for n in cluster.topology.nodes}
+    G = layout.gpus_per_node
+    assert layout.expert == 2 and sorted(s.nic for s in layout.stages) == ["ethernet", "infiniband", "roce"]
+
+    ranks, groups = {}, []
+    for text in logs.values():
+        for m in json_lines(text, "megatron"):
+            ranks[m["rank"]] = m
+        groups += json_lines(text, "holmesGroup")
+    assert sorted(ranks) == list(range(layout.world_size))
+    logged = {tuple(g["ranks"]): g for g in groups}
+
+    seen: dict[str, set] = {k: set() for k in EXPERT_GROUPS}
+    for r, m in ranks.items():
+        assert m["expertParallelSize"] == layout.expert, (r, m["expertParallelSize"])
+        for kind in EXPERT_GROUPS:
+            assert kind in m["groups"], f"rank {r}: megatron-core formed no {kind} group"
+            members = tuple(m["groups"][kind])
+            seen[kind].add(members)
+            assert members in logged, (
+                f"rank {r}: megatron-core's {kind} group {members} was not seen by the hook"
+            )
+            net = island_net(layout, nic, members)
+            assert logged[members]["net"] == net, (kind, members, logged[members])
+            assert kind in m["communicatorNets"], f"the communicator file names no {kind}"
+            if net is not None:  # leaves its node: Megatron's own file must agree with the hook
+                assert m["communicatorNets"][kind] == net, (r, kind, members, m["communicatorNets"])
+    # megatron-core's expert-parallel groups are the Layout's, each inside one island and
+    # (tensor 2 on two-GPU nodes) across its stage's two nodes, on the island's network
+    assert seen["ep"] == {pg.ranks for pg in layout.process_groups("ep")}
+    for members in seen["ep"]:
+        assert len({nic[layout.nodes[x // G]] for x in members}) == 1
+        assert len({x // G for x in members}) == 2
+    assert {logged[g]["net"] for g in seen["ep"]} == {"IB", "Socket"}
+    assert {logged[g]["net"] for g in seen["tp_ep_pp"]} == {"Socket"}  # across the islands
+
+    summary = {
+        "seconds": round(seconds, 1),
+        "stages": [(s.island, s.nic, s.num_layers, s.dp_net) for s in layout.stages],
+        "expert": {k: sorted((g, logged[g]["net"]) for g in seen[k]) for k in EXPERT_GROUPS},
+    }
+    print("MEGATRON-MOE-SUMMARY " + json.dumps(summary))

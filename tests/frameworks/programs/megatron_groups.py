@@ -5,7 +5,9 @@ appends (as Megatron-LM's argument parser would), builds the process groups with
 from the ``--pipeline-model-parallel-layout`` string with Megatron's own parser. Each rank
 prints one JSON line ``{"megatron": {...}}``: its groups' global ranks, the stage sizes, and the
 communicator file's nets (which Megatron itself would read on NCCL; on the CPU wheel it cannot,
-ProcessGroupNCCL does not exist there).
+ProcessGroupNCCL does not exist there). For a mixture of experts ``--expert-model-parallel-size``
+reaches ``initialize_model_parallel`` as Megatron-LM passes it, and the expert groups
+megatron-core forms are printed under their communicator-file names.
 """
 
 import argparse
@@ -23,6 +25,7 @@ def main() -> None:
     p.add_argument("--global-batch-size", type=int, required=True)
     p.add_argument("--pipeline-model-parallel-layout", default=None)
     p.add_argument("--nccl-communicator-config-path", default=None)
+    p.add_argument("--expert-model-parallel-size", type=int, default=1)
     args, _ = p.parse_known_args()
 
     dist.init_process_group("gloo")
@@ -33,6 +36,7 @@ def main() -> None:
     ps.initialize_model_parallel(
         args.tensor_model_parallel_size,
         args.pipeline_model_parallel_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
         nccl_communicator_config_path=args.nccl_communicator_config_path
         if dist.is_nccl_available()
         else None,
@@ -44,6 +48,12 @@ def main() -> None:
         "mp": ps.get_model_parallel_group,
         "tp_dp": ps.get_tensor_and_data_parallel_group,
         "embd": ps.get_embedding_group,
+        # the expert groups, keyed as megatron-core names them in the communicator file
+        "ep": ps.get_expert_model_parallel_group,
+        "ep_tp": ps.get_expert_tensor_parallel_group,
+        "tp_ep_mp": ps.get_expert_tensor_and_model_parallel_group,
+        "tp_ep_pp": ps.get_expert_tensor_model_pipeline_parallel_group,
+        "ep_dp": ps.get_expert_data_parallel_group,
     }
     groups = {}
     for kind, get in getters.items():
@@ -72,6 +82,7 @@ def main() -> None:
         "stageLayers": layers,
         "communicatorNets": cfg,
         "dataParallelSize": ps.get_data_parallel_world_size(),
+        "expertParallelSize": ps.get_expert_model_parallel_world_size(),
     }
     print(json.dumps({"megatron": out}), flush=True)
     dist.barrier()
