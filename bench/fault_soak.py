@@ -14,7 +14,8 @@ back after its next checkpoint. Reported per fault kind: time to recover (the fa
 iteration trained after it) and iterations lost (trained before the fault, trained again after
 it); overall goodput (iterations that count / iterations trained). Checked: the job Succeeds, its
 final loss is within 1e-3 of the reference, no fault loses more iterations than the checkpoint
-interval, no two live pods of one rank, no two attempts' pods alive at once, nothing left behind.
+interval (plus the window of an asynchronous save in flight), no two live pods of one rank, no two
+attempts' pods alive at once, nothing left behind.
 
     .venv/bin/python bench/fault_soak.py                       # private cluster, 10 faults
     .venv/bin/python bench/fault_soak.py --faults 3 --kinds delete-pod,delete-node,kill-trainer
@@ -52,6 +53,11 @@ from localkube.operatorproc import OperatorProcess, install_crd  # noqa: E402
 
 KINDS = ("kill-trainer", "delete-pod", "drain-node", "delete-node", "kill-operator")
 CHECKPOINT_INTERVAL = 10
+# Checkpoints are saved asynchronously (training.checkpoint.asynchronous, the default): the one
+# started at iteration N counts only once every rank has written it, an iteration or two later, so
+# a crash in that window resumes from the one before. The bound allows that window, no more.
+ASYNC_SAVE_WINDOW = 2
+MOST_LOST = CHECKPOINT_INTERVAL + ASYNC_SAVE_WINDOW
 LOSS_TOLERANCE = 1e-3
 POD_MARKER = "LOCALKUBE_POD"
 
@@ -512,8 +518,11 @@ def report(ref: Result, soak: Result, iterations: int, left: list[str]) -> bool:
     if ref.loss is None or soak.loss is None or abs(soak.loss - ref.loss) > LOSS_TOLERANCE:
         problems.append(f"final loss {soak.loss} is not within {LOSS_TOLERANCE} of {ref.loss}")
     for f in soak.faults:
-        if f["iterationsLost"] > CHECKPOINT_INTERVAL:
-            problems.append(f"{f['what']} lost {f['iterationsLost']} iterations (> {CHECKPOINT_INTERVAL})")
+        if f["iterationsLost"] > MOST_LOST:
+            problems.append(
+                f"{f['what']} lost {f['iterationsLost']} iterations (> {CHECKPOINT_INTERVAL} + "
+                f"{ASYNC_SAVE_WINDOW} while a save is in flight)"
+            )
     for p in problems:
         print(f"!! {p}")
     print("OK" if not problems else f"{len(problems)} problem(s)")
