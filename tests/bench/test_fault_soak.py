@@ -2,7 +2,8 @@
 node's machine gone and its Node deleted, a trainer killed) against an undisturbed run of the same
 job. The bench itself checks the job Succeeds with the undisturbed run's final loss (1e-3), no
 fault loses more than a checkpoint interval (and an asynchronous save's window), and no duplicate
-or leftover pods; here the job must also have shrunk when its node went and grown back to six nodes after it returned."""
+or leftover pods; here the job must also have shrunk when its node went and grown back to six
+nodes after it returned."""
 
 from __future__ import annotations
 
