@@ -210,7 +210,7 @@ def test_helm_install_wait_runs_the_operator_pod(env):
         )(env.get("lease", env.fullname, "-n", env.release_ns)),
         timeout=60,
     )
-    assert lease["spec"]["leaseDurationSeconds"] == 8
+    assert lease["spec"]["leaseDurationSeconds"] == 15
 
 
 def http_ok(url: str) -> str | None:

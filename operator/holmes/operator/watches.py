@@ -133,17 +133,25 @@ class Watches:
         def capacity_changed(ns: str, label: str) -> None:  # from an informer's thread
             loop.call_soon_threadsafe(self.wake_waiting)
 
-        self.informers.append(
-            Informer(
-                "pods/all",
-                core.list_pod_for_all_namespaces,
-                "",
-                self.caches.cluster_pods,
-                capacity_changed,
-                field_selector="status.phase!=Succeeded,status.phase!=Failed",
-                transform=capacity.slim_pod,
-            ).start()
-        )
+        # What other pods hold on the nodes. An operator serving named namespaces reads pods in
+        # those only (its RBAC grants no more): pods elsewhere are then invisible to capacity.
+        if self.literal:
+            list_in = core.list_namespaced_pod
+            pod_lists = [(f"pods/running/{ns}", functools.partial(list_in, ns)) for ns in self.namespaces]
+        else:
+            pod_lists = [("pods/all", core.list_pod_for_all_namespaces)]
+        for name, list_pods in pod_lists:
+            self.informers.append(
+                Informer(
+                    name,
+                    list_pods,
+                    "",
+                    self.caches.cluster_pods,
+                    capacity_changed,
+                    field_selector="status.phase!=Succeeded,status.phase!=Failed",
+                    transform=capacity.slim_pod,
+                ).start()
+            )
         sched = client.SchedulingV1Api(api)
         self.informers.append(
             Informer(
