@@ -24,6 +24,7 @@ import fnmatch
 import functools
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -100,7 +101,8 @@ class Watches:
         if self.literal:
             for ns in self.namespaces:
                 fn = functools.partial(namespaced, ns)
-                self.informers.append(Informer(f"{kind}/{ns}", fn, selector, store, changed).start())
+                informer = Informer(f"{kind}/{ns}", fn, selector, store, changed, namespace=ns)
+                self.informers.append(informer.start())
         else:
             ok = functools.partial(namespace_matches, self.namespaces)
             self.informers.append(Informer(kind, everywhere, selector, store, changed, ok).start())
@@ -135,12 +137,13 @@ class Watches:
 
         # What other pods hold on the nodes. An operator serving named namespaces reads pods in
         # those only (its RBAC grants no more): pods elsewhere are then invisible to capacity.
+        pod_lists: list[tuple[str, Callable[..., Any], str | None]]
         if self.literal:
             list_in = core.list_namespaced_pod
-            pod_lists = [(f"pods/running/{ns}", functools.partial(list_in, ns)) for ns in self.namespaces]
+            pod_lists = [(f"pods/running/{ns}", functools.partial(list_in, ns), ns) for ns in self.namespaces]
         else:
-            pod_lists = [("pods/all", core.list_pod_for_all_namespaces)]
-        for name, list_pods in pod_lists:
+            pod_lists = [("pods/all", core.list_pod_for_all_namespaces, None)]
+        for name, list_pods, ns in pod_lists:
             self.informers.append(
                 Informer(
                     name,
@@ -150,6 +153,7 @@ class Watches:
                     capacity_changed,
                     field_selector="status.phase!=Succeeded,status.phase!=Failed",
                     transform=capacity.slim_pod,
+                    namespace=ns,
                 ).start()
             )
         sched = client.SchedulingV1Api(api)
