@@ -159,14 +159,31 @@ def test_rbac_has_no_wildcards_and_no_secret_access():
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
 
 
-def test_member_clusters_read_secrets_in_the_release_namespace_only_when_enabled():
-    docs = render({"members.enabled": "true"}, namespace="ml")
+def test_member_clusters_read_only_the_named_secrets_in_the_release_namespace():
+    docs = render({"members.enabled": "true", "members.secretNames": "{member-b,member-c}"}, namespace="ml")
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--members-namespace=ml" in args
+    assert [a for a in args if a.startswith("--member-secret")] == [
+        "--member-secret=member-b",
+        "--member-secret=member-c",
+    ]
     roles = [r for r in by_kind(docs, "Role") if any("secrets" in x["resources"] for x in r["rules"])]
     assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
-        ("ml", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]}])
+        (
+            "ml",
+            [
+                {
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "resourceNames": ["member-b", "member-c"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        )
     ]
+    # no names: refused with the value to set (never every Secret of the namespace)
+    out = helm("template", "h", str(CHART), "--set", "members.enabled=true", check=False)
+    assert out.returncode != 0 and "members.secretNames" in out.stderr
     for role in by_kind(docs, "ClusterRole"):
         assert all("secrets" not in x["resources"] for x in role["rules"])
     assert not any(

@@ -56,9 +56,11 @@ class Watches:
         wake_all: Callable[[], None],
         wake_waiting: Callable[[], None],
         on_kueue: Callable[[str | None], None],
+        member_secrets: tuple[str, ...] = (),
     ) -> None:
         self.api, self.caches, self.namespaces = api, caches, namespaces
         self.members_namespace = members_namespace
+        self.member_secrets = member_secrets  # the member Secrets by name; () = every labelled one
         self.wake, self.wake_all, self.wake_waiting = wake, wake_all, wake_waiting
         self.on_kueue = on_kueue  # called with the Kueue version chosen (None: Kueue went away)
         self.informers: list[Informer | kueue_version.KueueLink] = []  # each has .synced and .stop()
@@ -124,7 +126,7 @@ class Watches:
                 loop.call_soon_threadsafe(self.wake_all)
 
         self.members = MemberRegistry(
-            core, self.members_namespace, notify, slim_node, node_fingerprint, ok
+            core, self.members_namespace, notify, slim_node, node_fingerprint, ok, self.member_secrets
         ).start()
 
     def _start_shared(self, core: client.CoreV1Api, changed) -> None:
