@@ -538,3 +538,25 @@ def test_network_policy_off_by_default_and_covers_operator_and_trainers():
 def test_crd_keeps_argo_cd_from_pruning_or_deleting_it():
     crd = one(render(), "CustomResourceDefinition")
     assert crd["metadata"]["annotations"]["argocd.argoproj.io/sync-options"] == "Prune=false,Delete=false"
+
+
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+
+
+def test_labeller_admission_policy_only_where_the_server_serves_it():
+    assert not by_kind(render({"labeller.enabled": "true"}), "ValidatingAdmissionPolicy")  # 1.20-like
+    docs = render({"labeller.enabled": "true"}, extra=["--api-versions", VAP_API])
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    sa = one(docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert policy["spec"]["matchConditions"][0]["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:holmes-system:{sa}"'
+    )
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
+    rules = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert "variables.nodeName" in rules and "holmes.dev/" in rules and "object.spec" in rules
+    assert "authentication.kubernetes.io/node-name" in policy["spec"]["variables"][0]["expression"]
+    off = {"labeller.enabled": "true", "labeller.admissionPolicy": "false"}
+    assert not by_kind(render(off, extra=["--api-versions", VAP_API]), "ValidatingAdmissionPolicy")
+    assert not by_kind(render(extra=["--api-versions", VAP_API]), "ValidatingAdmissionPolicy")
