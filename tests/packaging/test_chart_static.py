@@ -472,6 +472,18 @@ def test_pod_disruption_budget_only_with_several_replicas():
         assert not by_kind(render(values), "PodDisruptionBudget"), values
 
 
+def test_pod_disruption_budget_api_follows_the_server():
+    """policy/v1 where served (1.21+; v1beta1 is gone from 1.25), policy/v1beta1 on older servers
+    (the 1.20 test bed); deploy/install.yaml, one render for every server, carries none."""
+    assert one(render(), "PodDisruptionBudget")["apiVersion"] == "policy/v1"
+    from tests.packaging.packaging_helpers import REPO
+
+    sync = (REPO / "hack" / "chart-sync.sh").read_text()
+    assert "podDisruptionBudget.enabled=false" in sync
+    installed = [d for d in yaml.safe_load_all((REPO / "deploy" / "install.yaml").read_text()) if d]
+    assert not by_kind(installed, "PodDisruptionBudget")
+
+
 def test_lease_timings_default_to_kubernetes_own():
     args = operator_pod(render())["containers"][0]["args"]
     assert {
