@@ -67,6 +67,21 @@ def test_store_replace_reports_the_jobs_whose_objects_changed():
     assert len(s) == 3
 
 
+def test_store_replace_of_one_namespace_keeps_the_other_namespaces_objects():
+    """Per-namespace informers (watch.namespaces: [a, b]) share one store: a's LIST must not
+    drop b's pods, or the operator would believe b's jobs lost their pods."""
+    s = Store(child_names.LABEL_JOB)
+    s.put(obj("p0", 1, ns="a"))
+    s.put(obj("q0", 1, job="b", ns="b"))
+    changed = s.replace([obj("p1", 2, ns="a")], namespace="a")
+    assert changed == {("a", "a")}
+    assert s.get("b", "q0") is not None and [o["metadata"]["name"] for o in s.by_label("b", "b")] == ["q0"]
+    assert s.get("a", "p0") is None and s.get("a", "p1") is not None
+    # unscoped: the whole store is the LIST
+    s.replace([obj("p1", 2, ns="a")])
+    assert s.get("b", "q0") is None
+
+
 def wait_until(what, fn, timeout=20.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:

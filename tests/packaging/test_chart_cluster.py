@@ -210,7 +210,7 @@ def test_helm_install_wait_runs_the_operator_pod(env):
         )(env.get("lease", env.fullname, "-n", env.release_ns)),
         timeout=60,
     )
-    assert lease["spec"]["leaseDurationSeconds"] == 8
+    assert lease["spec"]["leaseDurationSeconds"] == 15
 
 
 def http_ok(url: str) -> str | None:
@@ -267,13 +267,12 @@ NEEDED = {
     ("resourceslices.resource.k8s.io", "watch"): "informer.Informer (DRA devices, watches.py)",
     ("resourceclaimtemplates.resource.k8s.io", "create"): "kube.KubeIO._create_claim_template",
 }
-# Cluster-wide reads (the ClusterRole in every mode): besides nodes and CRDs, pods (what other
-# workloads hold), PriorityClasses and Kueue's ResourceFlavors.
+# Cluster-wide reads (the ClusterRole in every mode): besides nodes and CRDs, PriorityClasses
+# and Kueue's ResourceFlavors. Not pods: a namespaced install reads pods in its namespaces only.
 CLUSTER_READS = (
     "nodes",
     "customresourcedefinitions",
     "namespaces",
-    "pods",
     "priorityclasses",
     "resourceflavors",
     "resourceslices",
@@ -339,10 +338,13 @@ def test_a_forbidden_call_is_refused(env, tmp_path):
     # allowed: what the operator does
     run(kubectl + ["get", "pods", "-n", env.job_ns])
     run(kubectl + ["get", "nodes"])
-    # refused: secrets, nodes writes, pod writes outside the served namespaces (pods are read
-    # cluster-wide: free capacity counts every pod), HolmesJob writes there
+    # refused: secrets, nodes writes, any pod call outside the served namespaces (the
+    # namespaced install lists no pod elsewhere, nor cluster-wide), HolmesJob writes there
     for args in (
         ["get", "secrets", "-n", env.job_ns],
+        ["get", "pods", "-n", env.release_ns],
+        ["get", "pods", "-n", "default"],
+        ["get", "pods", "--all-namespaces"],
         ["label", "node", "ib-0", "x=y"],
         ["delete", "pod", "no-such-pod", "-n", env.release_ns],
         ["delete", "holmesjobs", "--all", "-n", env.release_ns],
@@ -601,3 +603,70 @@ def test_cluster_wide_rbac_grants_the_same_calls_in_every_namespace(env):
             ).stdout,
             check=False,
         )
+
+
+# ---- tenants: the aggregated holmes-edit / holmes-view ClusterRoles (issue 35) ----------------
+
+
+def can_i(env: Env, who: str, verb: str, resource: str, ns: str | None) -> bool:
+    """``resource`` may name a subresource (``holmesjobs.holmes.dev/status``): kubectl reads
+    RESOURCE/X as an object's name, so it goes to --subresource."""
+    where = ["-n", ns] if ns else ["--all-namespaces"]
+    resource, _, sub = resource.partition("/")
+    subresource = [f"--subresource={sub}"] if sub else []
+    proc = env.kubectl("auth", "can-i", verb, resource, *subresource, *where, f"--as={who}", check=False)
+    assert proc.stdout.strip() in ("yes", "no"), proc.stdout + proc.stderr
+    return proc.stdout.strip() == "yes"
+
+
+def test_tenant_bound_to_holmes_edit_may_create_holmesjobs_there_and_nothing_more(env):
+    tenant = "tenant-" + uuid.uuid4().hex[:6]
+    env.kubectl("create", "serviceaccount", tenant, "-n", env.job_ns)
+    env.kubectl(
+        "create",
+        "rolebinding",
+        tenant,
+        "-n",
+        env.job_ns,
+        f"--clusterrole={env.fullname}-edit",
+        f"--serviceaccount={env.job_ns}:{tenant}",
+    )
+    who = f"system:serviceaccount:{env.job_ns}:{tenant}"
+    for verb in ("create", "get", "list", "watch", "update", "patch", "delete"):
+        assert can_i(env, who, verb, "holmesjobs.holmes.dev", env.job_ns), verb
+    # status is the operator's; nothing else in the namespace, nothing elsewhere
+    assert not can_i(env, who, "patch", "holmesjobs.holmes.dev/status", env.job_ns)
+    assert can_i(env, who, "get", "holmesjobs.holmes.dev/status", env.job_ns)
+    for verb, res, ns in (
+        ("create", "holmesjobs.holmes.dev", env.release_ns),
+        ("create", "holmesjobs.holmes.dev", "default"),
+        ("list", "holmesjobs.holmes.dev", None),
+        ("create", "pods", env.job_ns),
+        ("list", "pods", env.job_ns),
+        ("get", "secrets", env.job_ns),
+        ("create", "configmaps", env.job_ns),
+        ("create", "rolebindings.rbac.authorization.k8s.io", env.job_ns),
+    ):
+        assert not can_i(env, who, verb, res, ns), (verb, res, ns)
+    # exactly: everything the tenant may do in its namespace, as the apiserver lists it
+    listed = parse_can_i(env.kubectl("auth", "can-i", "--list", "-n", env.job_ns, f"--as={who}").stdout)
+    hj = "holmesjobs.holmes.dev"
+    writes = {(hj, v) for v in ("create", "update", "patch", "delete", "deletecollection")}
+    reads = {(r, v) for r in (hj, hj + "/status") for v in ("get", "list", "watch")}
+    assert listed == writes | reads
+
+
+def test_built_in_view_and_edit_roles_aggregate_the_holmes_rules(env):
+    """Kubernetes' controller-manager aggregates labelled ClusterRoles into edit/view: whoever
+    the cluster already lets view (edit) a namespace sees (edits) its HolmesJobs."""
+    name = "viewer-" + uuid.uuid4().hex[:6]
+    env.kubectl("create", "serviceaccount", name, "-n", env.job_ns)
+    sa = f"--serviceaccount={env.job_ns}:{name}"
+    env.kubectl("create", "rolebinding", name, "-n", env.job_ns, "--clusterrole=view", sa)
+    viewer = f"system:serviceaccount:{env.job_ns}:{name}"
+    env.wait_for(
+        "the view ClusterRole to aggregate holmes-view",
+        lambda: can_i(env, viewer, "list", "holmesjobs.holmes.dev", env.job_ns),
+        timeout=60,
+    )
+    assert not can_i(env, viewer, "create", "holmesjobs.holmes.dev", env.job_ns)

@@ -43,8 +43,11 @@ def test_defaults_two_replicas_with_a_leader_lease_and_the_pieces():
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",
+            "ClusterRole",  # holmes-edit, aggregated into edit and admin
+            "ClusterRole",  # holmes-view, aggregated into view
             "Service",
             "Deployment",
+            "PodDisruptionBudget",
         ]
     )
     dep = one(docs, "Deployment")
@@ -115,6 +118,10 @@ def served(objs: list[dict]) -> list[dict]:
     return [o for o in objs if not o["metadata"]["name"].endswith("-leader")]
 
 
+def operator_cluster_role(docs: list[dict], name: str = "holmes") -> dict:
+    return next(d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == name)
+
+
 def test_watch_namespaces_gives_roles_per_namespace_and_flags():
     docs = render({"watch.allNamespaces": "false", "watch.namespaces": "{team-a,team-b}"})
     roles = served(by_kind(docs, "Role"))
@@ -124,12 +131,11 @@ def test_watch_namespaces_gives_roles_per_namespace_and_flags():
         "team-b",
     ]
     # the ClusterRole keeps only cluster-scoped reads
-    cr = one(docs, "ClusterRole")
+    cr = operator_cluster_role(docs)
     assert {r for rule in cr["rules"] for r in rule["resources"]} == {
         "nodes",
         "customresourcedefinitions",
-        "namespaces",
-        "pods",  # list/watch only: what other workloads hold (capacity planning)
+        "namespaces",  # no pods: those are read in the served namespaces only
         "priorityclasses",
         "resourceflavors",
         "resourceslices",  # list/watch: DRA devices
@@ -153,14 +159,31 @@ def test_rbac_has_no_wildcards_and_no_secret_access():
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
 
 
-def test_member_clusters_read_secrets_in_the_release_namespace_only_when_enabled():
-    docs = render({"members.enabled": "true"}, namespace="ml")
+def test_member_clusters_read_only_the_named_secrets_in_the_release_namespace():
+    docs = render({"members.enabled": "true", "members.secretNames": "{member-b,member-c}"}, namespace="ml")
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--members-namespace=ml" in args
+    assert [a for a in args if a.startswith("--member-secret")] == [
+        "--member-secret=member-b",
+        "--member-secret=member-c",
+    ]
     roles = [r for r in by_kind(docs, "Role") if any("secrets" in x["resources"] for x in r["rules"])]
     assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
-        ("ml", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]}])
+        (
+            "ml",
+            [
+                {
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "resourceNames": ["member-b", "member-c"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        )
     ]
+    # no names: refused with the value to set (never every Secret of the namespace)
+    out = helm("template", "h", str(CHART), "--set", "members.enabled=true", check=False)
+    assert out.returncode != 0 and "members.secretNames" in out.stderr
     for role in by_kind(docs, "ClusterRole"):
         assert all("secrets" not in x["resources"] for x in role["rules"])
     assert not any(
@@ -374,3 +397,178 @@ def test_job_policy_values_become_operator_flags():
     args = operator_pod(docs)["containers"][0]["args"]
     assert "--allow-host-path" in args and "--allow-service-accounts=trainer,reader" in args
     assert "--allow-capabilities=SYS_PTRACE" in args and "--allow-privileged" not in args
+
+
+# ---- issue 35: tenant RBAC, the operator pod's availability, network policy, GitOps ----------
+
+
+def rules_granting(docs: list[dict], resource: str) -> list[tuple[str, str, dict]]:
+    """(kind, namespace, rule) of every (Cluster)Role rule that names ``resource``."""
+    return [
+        (d["kind"], d["metadata"].get("namespace", ""), rule)
+        for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+        for rule in d["rules"]
+        if resource in rule["resources"]
+    ]
+
+
+def test_namespaced_install_reads_pods_only_in_its_namespaces():
+    docs = render({"watch.allNamespaces": "false", "watch.namespaces": "{team-a,team-b}"})
+    grants = rules_granting(docs, "pods")
+    assert sorted(ns for kind, ns, _ in grants) == ["team-a", "team-b"]
+    assert {kind for kind, _, _ in grants} == {"Role"}
+    # nodes stay a cluster-scoped read
+    nodes = [(k, r["verbs"]) for k, _, r in rules_granting(docs, "nodes")]
+    assert nodes == [("ClusterRole", ["list", "watch"])]
+    # every namespace: one ClusterRole rule covers every pod, the operator's children included
+    assert [(k, r["verbs"]) for k, _, r in rules_granting(render(), "pods")] == [
+        ("ClusterRole", ["list", "watch", "create", "delete"])
+    ]
+
+
+def test_tenant_cluster_roles_aggregate_into_edit_and_view():
+    docs = render()
+    edit = operator_cluster_role(docs, "holmes-edit")
+    view = operator_cluster_role(docs, "holmes-view")
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-edit" not in view["metadata"]["labels"]
+    grants = {
+        name: {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+        for name, role in (("edit", edit), ("view", view))
+    }
+    reads = {(r, v) for r in ("holmesjobs", "holmesjobs/status") for v in ("get", "list", "watch")}
+    assert grants["view"] == reads
+    writes = {("holmesjobs", v) for v in ("create", "update", "patch", "delete", "deletecollection")}
+    assert grants["edit"] == reads | writes  # status stays the operator's
+    for role in (edit, view):
+        assert all(rule["apiGroups"] == ["holmes.dev"] for rule in role["rules"])
+    # a second release names its own
+    assert operator_cluster_role(render(release="other"), "other-holmes-edit")
+
+
+def probe_of(docs: list[dict], kind: str) -> dict:
+    return operator_pod(docs)["containers"][0][kind]
+
+
+def test_readiness_and_startup_probes_ask_the_health_endpoint():
+    docs = render({"startup.failureThreshold": "7"})
+    for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert probe_of(docs, kind)["httpGet"] == {"path": "/healthz", "port": "health"}, kind
+    assert probe_of(docs, "startupProbe")["failureThreshold"] == 7
+
+
+def test_pod_disruption_budget_only_with_several_replicas():
+    pdb = one(render(), "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= (
+        one(render(), "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    )
+    for values in (
+        {"replicas": "1"},
+        {"leaderElection.enabled": "false"},
+        {"podDisruptionBudget.enabled": "false"},
+    ):
+        assert not by_kind(render(values), "PodDisruptionBudget"), values
+
+
+def test_pod_disruption_budget_api_follows_the_server():
+    """policy/v1 where served (1.21+; v1beta1 is gone from 1.25), policy/v1beta1 on older servers
+    (the 1.20 test bed); deploy/install.yaml, one render for every server, carries none."""
+    assert one(render(), "PodDisruptionBudget")["apiVersion"] == "policy/v1"
+    from tests.packaging.packaging_helpers import REPO
+
+    sync = (REPO / "hack" / "chart-sync.sh").read_text()
+    assert "podDisruptionBudget.enabled=false" in sync
+    installed = [d for d in yaml.safe_load_all((REPO / "deploy" / "install.yaml").read_text()) if d]
+    assert not by_kind(installed, "PodDisruptionBudget")
+
+
+def test_lease_timings_default_to_kubernetes_own():
+    args = operator_pod(render())["containers"][0]["args"]
+    assert {
+        "--leader-elect-lease-duration=15",
+        "--leader-elect-renew-deadline=10",
+        "--leader-elect-retry-period=2",
+    } <= set(args)
+
+
+def test_bind_address_reaches_health_and_metrics_with_ipv6_in_brackets():
+    args = operator_pod(render())["containers"][0]["args"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in args and "--metrics-addr=0.0.0.0" in args
+    args = operator_pod(render({"bindAddress": "::"}))["containers"][0]["args"]
+    assert "--liveness=http://[::]:8080/healthz" in args and "--metrics-addr=::" in args
+
+
+def test_port_range_value_becomes_the_flag_and_the_schema_checks_it():
+    args = operator_pod(render({"trainer.portRange": "30000-30999"}))["containers"][0]["args"]
+    assert "--port-range=30000-30999" in args
+    assert not any(a.startswith("--port-range") for a in operator_pod(render())["containers"][0]["args"])
+    out = helm("template", "h", str(CHART), "--set", "trainer.portRange=30000", check=False)
+    assert out.returncode != 0 and "portRange" in out.stderr
+
+
+def test_trainer_metrics_port_is_off_dcgm_exporters_9400():
+    from holmes.operator.core.render import RenderSettings
+
+    args = operator_pod(render())["containers"][0]["args"]
+    assert f"--trainer-metrics-port={RenderSettings.metrics_port}" in args
+    assert RenderSettings.metrics_port != 9400
+
+
+def test_network_policy_off_by_default_and_covers_operator_and_trainers():
+    assert not by_kind(render(), "NetworkPolicy")
+    docs = render(
+        {
+            "networkPolicy.enabled": "true",
+            "watch.allNamespaces": "false",
+            "watch.namespaces": "{team-a}",
+            "trainer.portRange": "30000-30999",
+        },
+        extra=["--set-json", 'networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"x":"y"}}}]'],
+    )
+    pols = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in by_kind(docs, "NetworkPolicy")}
+    assert set(pols) == {("holmes-system", "holmes"), ("team-a", "holmes-trainers")}
+    op = pols[("holmes-system", "holmes")]["spec"]
+    assert [r["ports"][0]["port"] for r in op["ingress"]] == [8080, 9090]
+    assert op["ingress"][1]["from"] == [{"namespaceSelector": {"matchLabels": {"x": "y"}}}]
+    tr = pols[("team-a", "holmes-trainers")]["spec"]
+    assert tr["podSelector"] == {"matchLabels": {"app.kubernetes.io/managed-by": "holmes-operator"}}
+    peers, from_operator, scrapers = tr["ingress"]
+    assert "ports" not in peers  # NCCL's sockets: ephemeral ports
+    assert from_operator["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "holmes-system"
+    }
+    assert from_operator["ports"] == [{"port": 30000, "endPort": 30999, "protocol": "TCP"}]
+    assert scrapers["ports"] == from_operator["ports"]
+    # without a range: the one metrics port
+    docs = render({"networkPolicy.enabled": "true", "watch.allNamespaces": "false"})
+    tr = next(p for p in by_kind(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-trainers"))
+    assert tr["spec"]["ingress"][1]["ports"] == [{"port": 29510, "protocol": "TCP"}]
+
+
+def test_crd_keeps_argo_cd_from_pruning_or_deleting_it():
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"]["argocd.argoproj.io/sync-options"] == "Prune=false,Delete=false"
+
+
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+
+
+def test_labeller_admission_policy_only_where_the_server_serves_it():
+    assert not by_kind(render({"labeller.enabled": "true"}), "ValidatingAdmissionPolicy")  # 1.20-like
+    docs = render({"labeller.enabled": "true"}, extra=["--api-versions", VAP_API])
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    sa = one(docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert policy["spec"]["matchConditions"][0]["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:holmes-system:{sa}"'
+    )
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
+    rules = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert "variables.nodeName" in rules and "holmes.dev/" in rules and "object.spec" in rules
+    assert "authentication.kubernetes.io/node-name" in policy["spec"]["variables"][0]["expression"]
+    off = {"labeller.enabled": "true", "labeller.admissionPolicy": "false"}
+    assert not by_kind(render(off, extra=["--api-versions", VAP_API]), "ValidatingAdmissionPolicy")
+    assert not by_kind(render(extra=["--api-versions", VAP_API]), "ValidatingAdmissionPolicy")

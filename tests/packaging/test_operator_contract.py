@@ -53,7 +53,7 @@ def test_the_operator_accepts_the_chart_command_line(values, monkeypatch):
     assert args.metrics_port == (0 if values.get("metrics.enabled") == "false" else 9090)
     assert args.trainer_image == "holmes-trainer:0.1.0"
     assert args.master_port == int(values.get("trainer.masterPort", 29500))
-    assert args.trainer_metrics_port == int(values.get("trainer.metricsPort", 9400))
+    assert args.trainer_metrics_port == int(values.get("trainer.metricsPort", 29510))
     assert (args.restart_backoff.base, args.restart_backoff.cap) == (
         float(values.get("restartBackoff.seconds", 10)),
         float(values.get("restartBackoff.maxSeconds", 300)),

@@ -90,3 +90,10 @@ app.kubernetes.io/part-of: holmes
 {{- required "labeller.serviceAccount.name is required when labeller.serviceAccount.create is false" .Values.labeller.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+An address as a URL's host: an IPv6 literal in brackets ([::]), anything else as it is.
+*/}}
+{{- define "holmes.urlHost" -}}
+{{- if contains ":" . }}[{{ . }}]{{ else }}{{ . }}{{ end }}
+{{- end }}

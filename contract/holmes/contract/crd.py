@@ -139,6 +139,9 @@ def crd() -> dict[str, Any]:
         "metadata": {
             "name": f"{PLURAL}.{GROUP}",
             "labels": {"app.kubernetes.io/name": "holmes", "app.kubernetes.io/component": "crd"},
+            # Argo CD prunes (or deletes with the Application) whatever leaves the rendered set,
+            # whatever Helm's keep policy says: deleting the CRD deletes every HolmesJob.
+            "annotations": {"argocd.argoproj.io/sync-options": "Prune=false,Delete=false"},
         },
         "spec": {
             "group": GROUP,

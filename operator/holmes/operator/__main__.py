@@ -135,6 +135,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "while any is registered, jobs span the members' nodes (docs/multicluster.md). Default: off",
     )
     p.add_argument(
+        "--member-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="read only this registration Secret in --members-namespace (repeat for each member), "
+        "each watched by name, so that RBAC can grant exactly these (resourceNames). "
+        "Default: every Secret there labelled holmes.dev/member-cluster",
+    )
+    p.add_argument(
         "--progress-interval",
         type=float,
         default=RenderSettings.progress_interval,
@@ -210,6 +219,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not (lo.isdigit() and hi.isdigit() and 1024 <= int(lo) < int(hi) <= 65535):
             p.error(f"--port-range {args.port_range!r}: expected LO-HI with 1024 <= LO < HI <= 65535")
         args.port_range_tuple = (int(lo), int(hi))
+    if args.member_secret and not args.members_namespace:
+        p.error("--member-secret names a Secret in --members-namespace: set --members-namespace too")
     return args
 
 
@@ -284,6 +295,7 @@ def build(
         backoff=args.restart_backoff,
         namespaces=tuple(args.namespace),
         members_namespace=args.members_namespace,
+        member_secrets=tuple(args.member_secret),
     )
     register(rt, registry)
 

@@ -79,6 +79,7 @@ class Runtime:
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
     namespaces: tuple[str, ...] = ()  # kopf's patterns ("team-*", "!kube-*"); () = every namespace
     members_namespace: str = ""  # where member clusters are registered (Secrets); "" = none
+    member_secrets: tuple[str, ...] = ()  # only these Secrets there (RBAC resourceNames); () = all
     wakers: dict = field(default_factory=dict)  # (ns, name) -> Waker
     loops: dict = field(default_factory=dict)  # (ns, name) -> asyncio.Task
     node_facts: dict = field(default_factory=dict)  # node name -> fingerprint
@@ -96,6 +97,7 @@ class Runtime:
             self.wake_all,
             self.wake_waiting,
             self._kueue_in_use,
+            self.member_secrets,
         )
         self.progress = ProgressReader(self.settings.metrics_port, self.settings.progress_interval)
         self.pipeline = Pipeline(

@@ -107,16 +107,18 @@ class Store:
             self._unset(key)
             return True
 
-    def replace(self, objs: list[dict]) -> set[tuple[str, str]]:
-        """Take a fresh LIST; the index values (namespace, label) whose objects changed."""
+    def replace(self, objs: list[dict], namespace: str | None = None) -> set[tuple[str, str]]:
+        """Take a fresh LIST (of ``namespace`` only, when given: several per-namespace informers
+        share a store, and one's LIST must not drop the others' objects); the index values
+        (namespace, label) whose objects changed."""
         with self._lock:
-            before = dict(self._objs)
-            self._objs.clear()
-            self._index.clear()
+            before = {k: o for k, o in self._objs.items() if namespace is None or k[0] == namespace}
+            for key in before:
+                self._unset(key)
             for o in objs:
                 self._set(o)
             changed = set()
-            for key in set(before) | set(self._objs):
+            for key in set(before) | {_key(o) for o in objs}:
                 a, b = before.get(key), self._objs.get(key)
                 if a is None or b is None or _rv(a) != _rv(b):
                     label = self.label(a or b)
@@ -163,8 +165,10 @@ class Informer:
         namespace_ok: Callable[[str], bool] = lambda ns: True,
         field_selector: str | None = None,
         transform: Callable[[dict], dict] | None = None,
+        namespace: str | None = None,  # the one namespace list_fn lists, if it lists one
     ) -> None:
         self.kind, self.list_fn, self.selector, self.store = kind, list_fn, selector, store
+        self.namespace = namespace
         self.on_change, self.namespace_ok = on_change, namespace_ok
         self.fields = {"field_selector": field_selector} if field_selector else {}
         self.transform = transform or (lambda o: o)
@@ -221,7 +225,7 @@ class Informer:
         )
         body = json.loads(resp.data)
         items = [self.transform(o) for o in body.get("items") or [] if self.namespace_ok(_key(o)[0])]
-        for changed in self.store.replace(items):
+        for changed in self.store.replace(items, self.namespace):
             self.on_change(*changed)
         if self.store.index_label is None:
             self.on_change("", "")

@@ -34,8 +34,8 @@ class LeaseConfig:
     namespace: str
     name: str
     identity: str
-    duration: float = 8.0  # a follower waits this long on an unchanged record
-    renew_deadline: float = 6.0  # a leader that cannot renew for this long exits
+    duration: float = 15.0  # a follower waits this long on an unchanged record
+    renew_deadline: float = 10.0  # a leader that cannot renew for this long exits
     retry: float = 2.0  # seconds between tries (leader: renewals; followers: looks)
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ import functools
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -225,6 +225,7 @@ class MemberRegistry:
         slim_node: Callable[[Mapping], dict],
         fingerprint: Callable[[Mapping], tuple],
         namespace_ok: Callable[[str], bool] = lambda ns: True,
+        secret_names: Sequence[str] = (),
     ) -> None:
         self.namespace = namespace
         self.notify = notify
@@ -234,21 +235,32 @@ class MemberRegistry:
         self._lock = threading.Lock()
         self._members: dict[str, Member] = {}
         self._digests: dict[str, str] = {}
-        self.secrets = Store(index_label=None)
-        self.informer = Informer(
-            "member-secrets",
-            functools.partial(core.list_namespaced_secret, namespace),
-            LABEL_MEMBER_CLUSTER,
-            self.secrets,
-            lambda ns, label: self.sync(),
-        )
+        # Every labelled Secret of the namespace, or (secret_names) each named one through a
+        # field selector on its name: RBAC's resourceNames then limits the operator to exactly
+        # those Secrets. A store each: one's LIST replaces only its own.
+        lists: list[tuple[str, str | None]] = [(n, f"metadata.name={n}") for n in secret_names]
+        lists = lists or [("", None)]
+        self.stores = [Store(index_label=None) for _ in lists]
+        self.informers = [
+            Informer(
+                f"member-secrets/{n}" if n else "member-secrets",
+                functools.partial(core.list_namespaced_secret, namespace),
+                LABEL_MEMBER_CLUSTER,
+                store,
+                lambda ns, label: self.sync(),
+                field_selector=fields,
+            )
+            for (n, fields), store in zip(lists, self.stores, strict=True)
+        ]
 
     def start(self) -> MemberRegistry:
-        self.informer.start()
+        for informer in self.informers:
+            informer.start()
         return self
 
     def stop(self) -> None:
-        self.informer.stop()
+        for informer in self.informers:
+            informer.stop()
         with self._lock:
             for m in self._members.values():
                 m.stop()
@@ -258,7 +270,7 @@ class MemberRegistry:
     def sync(self) -> None:
         """Start, restart or stop members to match the Secrets (from the informer's thread)."""
         wanted: dict[str, tuple[Mapping | None, str, str]] = {}
-        for s in self.secrets.values():
+        for s in (s for store in self.stores for s in store.values()):
             meta = s.get("metadata") or {}
             name = (meta.get("labels") or {}).get(LABEL_MEMBER_CLUSTER) or ""
             where = f"Secret {self.namespace}/{meta.get('name')}"
@@ -305,7 +317,8 @@ class MemberRegistry:
     def wait_synced(self, timeout: float) -> None:
         """Block until the Secrets are listed and every member's caches are filled (at most
         ``timeout`` seconds for the members: an unreachable one must not keep the operator idle)."""
-        self.informer.synced.wait()
+        for informer in self.informers:
+            informer.synced.wait()
         deadline = threading.Event()
         timer = threading.Timer(timeout, deadline.set)
         timer.start()

@@ -24,6 +24,7 @@ import fnmatch
 import functools
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -55,9 +56,11 @@ class Watches:
         wake_all: Callable[[], None],
         wake_waiting: Callable[[], None],
         on_kueue: Callable[[str | None], None],
+        member_secrets: tuple[str, ...] = (),
     ) -> None:
         self.api, self.caches, self.namespaces = api, caches, namespaces
         self.members_namespace = members_namespace
+        self.member_secrets = member_secrets  # the member Secrets by name; () = every labelled one
         self.wake, self.wake_all, self.wake_waiting = wake, wake_all, wake_waiting
         self.on_kueue = on_kueue  # called with the Kueue version chosen (None: Kueue went away)
         self.informers: list[Informer | kueue_version.KueueLink] = []  # each has .synced and .stop()
@@ -100,7 +103,8 @@ class Watches:
         if self.literal:
             for ns in self.namespaces:
                 fn = functools.partial(namespaced, ns)
-                self.informers.append(Informer(f"{kind}/{ns}", fn, selector, store, changed).start())
+                informer = Informer(f"{kind}/{ns}", fn, selector, store, changed, namespace=ns)
+                self.informers.append(informer.start())
         else:
             ok = functools.partial(namespace_matches, self.namespaces)
             self.informers.append(Informer(kind, everywhere, selector, store, changed, ok).start())
@@ -122,7 +126,7 @@ class Watches:
                 loop.call_soon_threadsafe(self.wake_all)
 
         self.members = MemberRegistry(
-            core, self.members_namespace, notify, slim_node, node_fingerprint, ok
+            core, self.members_namespace, notify, slim_node, node_fingerprint, ok, self.member_secrets
         ).start()
 
     def _start_shared(self, core: client.CoreV1Api, changed) -> None:
@@ -133,17 +137,27 @@ class Watches:
         def capacity_changed(ns: str, label: str) -> None:  # from an informer's thread
             loop.call_soon_threadsafe(self.wake_waiting)
 
-        self.informers.append(
-            Informer(
-                "pods/all",
-                core.list_pod_for_all_namespaces,
-                "",
-                self.caches.cluster_pods,
-                capacity_changed,
-                field_selector="status.phase!=Succeeded,status.phase!=Failed",
-                transform=capacity.slim_pod,
-            ).start()
-        )
+        # What other pods hold on the nodes. An operator serving named namespaces reads pods in
+        # those only (its RBAC grants no more): pods elsewhere are then invisible to capacity.
+        pod_lists: list[tuple[str, Callable[..., Any], str | None]]
+        if self.literal:
+            list_in = core.list_namespaced_pod
+            pod_lists = [(f"pods/running/{ns}", functools.partial(list_in, ns), ns) for ns in self.namespaces]
+        else:
+            pod_lists = [("pods/all", core.list_pod_for_all_namespaces, None)]
+        for name, list_pods, ns in pod_lists:
+            self.informers.append(
+                Informer(
+                    name,
+                    list_pods,
+                    "",
+                    self.caches.cluster_pods,
+                    capacity_changed,
+                    field_selector="status.phase!=Succeeded,status.phase!=Failed",
+                    transform=capacity.slim_pod,
+                    namespace=ns,
+                ).start()
+            )
         sched = client.SchedulingV1Api(api)
         self.informers.append(
             Informer(
