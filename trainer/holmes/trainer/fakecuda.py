@@ -83,7 +83,8 @@ def _torch_root() -> Path:
 
 def _build(root: Path) -> Path:
     version = (root / "version.py").read_text() if (root / "version.py").exists() else ""
-    key = hashlib.sha256((version + LIBRARY_SOURCE).encode()).hexdigest()[:16]
+    # the rpath names this torch's lib/: a library built for another (since deleted) venv fails
+    key = hashlib.sha256((version + str(root) + LIBRARY_SOURCE).encode()).hexdigest()[:16]
     lib = cache_dir() / f"fakecuda_{key}.so"
     if lib.exists():
         return lib
