@@ -10,6 +10,7 @@ import time
 import pytest
 from holmes_dev.jobs import tiny_job
 
+from holmes.operator.leader import LeaseConfig
 from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd
 from tests.operator.cluster_helpers import (
     SLEEP,
@@ -562,10 +563,11 @@ def test_sigterm_stops_the_operator_at_once_and_hands_its_lease_over(crd, namesp
     assert not lease_holder(crd, namespace), op.tail(40)  # released: free for the next replica
 
 
-def test_leader_killed_the_follower_takes_over_within_15s_without_duplicates(crd, namespace, tmp_path):
+def test_leader_killed_the_follower_takes_over_within_the_lease_without_duplicates(crd, namespace, tmp_path):
     """Two replicas with --leader-elect: only the leader acts; SIGKILL it while a job runs and
-    the follower leads within 15 s, adopts the running pods (same pods, no restart) and sees the
-    job to Succeeded."""
+    the follower leads once the lease runs out, adopts the running pods (same pods, no restart)
+    and sees the job to Succeeded. With the default 15/10/2 s the follower may have seen the last
+    renewal up to one retry late and looks once per retry, so it leads within duration + 2 retries."""
     ops = {
         ident: OperatorProcess(
             crd.kubeconfig,
@@ -598,7 +600,8 @@ def test_leader_killed_the_follower_takes_over_within_15s_without_duplicates(crd
             op.stop()
             print(f"--- {ident}:\n{op.tail(30)}")
     print(f"takeover {takeover:.1f}s after the leader's SIGKILL")
-    assert takeover <= 15, takeover
+    bound = LeaseConfig.duration + 2 * LeaseConfig.retry + 1  # +1 s: this shared machine's scheduling
+    assert takeover <= bound, (takeover, bound)
     after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(crd, namespace, "ha")}
     assert after == before and sorted(after) == ["ha-1-0", "ha-1-1"]
     assert job["status"]["restarts"] == 0 and job["status"]["attempt"] == 1
