@@ -6,22 +6,27 @@
   IPAM, made by Debian's CNI plugins; `net1`... on a second bridge for a pod that asks for
   networks with Multus' `k8s.v1.cni.cncf.io/networks` annotation), or, for a `hostNetwork` pod,
   the host's namespace and a unique loopback IP 127.<octet>.x.y. Then it materializes the volumes,
-  resolves the env and runs the init containers, then the one container, as a local process
-  (images are mapped to the local environment: the repo's .venv/bin comes first on PATH) inside
-  `ip netns exec` (which also shows the pod only its own /sys/class/net) and
-  `unshare --mount --uts` with the pod's hostname, volumes bind-mounted at their mountPaths and a
-  per-pod hosts file over /etc/hosts (no cluster DNS): pod DNS names map to pod IPs.
+  resolves the env and runs the init containers, then the one container. Each container's
+  `image` decides how (imagepolicy.py):
+  - in the local containers storage (`make images`): a real OCI container (container.py, runc):
+    the image's root filesystem, user, ENTRYPOINT/CMD and env, in the pod's network namespace;
+  - a host-image stand-in (cluster.json hostImages, default `*`, never a localhost/ name): a
+    local process (the repo's .venv/bin first on PATH) inside `ip netns exec` (which also shows
+    the pod only its own /sys/class/net) and `unshare --mount --uts`;
+  - otherwise ErrImagePull, then ImagePullBackOff, as a kubelet that cannot pull.
+  Either way with the pod's hostname, volumes bind-mounted at their mountPaths and a per-pod
+  hosts file over /etc/hosts (no cluster DNS): pod DNS names map to pod IPs.
 - The `kubernetes` Service: the API server listens on the host's 127.0.0.1 only; each pod in a
   namespace of its own gets 127.0.0.1:<api port> relayed to it (apiproxy.py), so in-cluster
   clients work unchanged.
 - Reports phase, container states, exit codes and restart counts per restartPolicy; a deleted pod's
-  process group gets SIGTERM, then SIGKILL after the grace period.
+  container (or process group) gets SIGTERM, then SIGKILL after the grace period.
 - Logs: <state-dir>/pods/<namespace>/<pod>/<container>.log (there is no `kubectl logs`).
 - Power: the nodes named in <state-dir>/powered-off (`python -m localkube power off NODE`) are
   machines gone dark: their pods' processes are killed at once, nothing about them is reported,
   no heartbeat is sent and a deleted Node is not registered again until the node is powered on.
 
-It is a test/demo harness, not a kubelet: no probes, no resource limits, no images.
+It is a test/demo harness, not a kubelet: no probes, no resource limits, no image pulls.
 """
 
 from __future__ import annotations
@@ -42,9 +47,11 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from . import logserver, podnet, volumes
+from . import container as ct
+from . import imagepolicy, logserver, podnet, volumes
 from . import podspec as ps
 from .apiproxy import ApiForwarder
+from .ociconfig import Mount
 from .topology import Topology, load_topology
 
 log = logging.getLogger("localkube.agent")
@@ -55,6 +62,11 @@ POWERED_OFF = "powered-off"  # in the state dir: one node name per line
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 POD_MARKER = "LOCALKUBE_POD"  # env var naming the pod; lets `down` verify a PID before killing it
 HACK_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def container_prefix(octet: int) -> str:
+    """The runtime ids of one agent's containers start with this (it owns the octet)."""
+    return f"lk{octet}-"
 
 
 @dataclass
@@ -84,6 +96,10 @@ class PodRun:
     extra_ifnames: list[str] = field(default_factory=list)
     api: ApiForwarder | None = None
     host_ip: str = "127.0.0.1"
+    container: ct.Container | None = None  # the running OCI container (None: a host process)
+    container_ids: dict = field(default_factory=dict)  # container name -> status containerID
+    image_ids: dict = field(default_factory=dict)  # container name -> status imageID
+    pull_failures: dict = field(default_factory=dict)  # container name -> failed pulls in a row
 
     @property
     def ns(self) -> str:
@@ -109,8 +125,10 @@ class Agent:
         api_port: int,
         ip_octet: int,
         kubelet_port: int,
+        host_images: tuple[str, ...] = imagepolicy.DEFAULT_HOST_IMAGES,
     ):
         self.dir = state_dir
+        self.host_images = tuple(host_images)
         self.topology = topology
         self.nodes = set(topology.names)
         self.api_port = api_port
@@ -314,6 +332,8 @@ class Agent:
 
     def run(self) -> None:
         self.network.claim()
+        for cid in ct.remove_leftovers(container_prefix(self.octet)):  # the octet is ours now
+            log.info("removed leftover container %s", cid)
         pki = self.dir / "pki"
         logs = logserver.serve(
             self.dir / "pods", pki / "kubelet.crt", pki / "kubelet.key", self.kubelet_port, self.running
@@ -500,11 +520,19 @@ class Agent:
         pod.setdefault("status", {}).update(
             {"podIP": run.ip, "podIPs": [{"ip": run.ip}], "hostIP": run.host_ip}
         )
+        image = self.image_decision(c)
+        if image.kind == "pull_error":
+            self.pull_failed(run, c, image)
+            return
+        run.pull_failures.pop(c["name"], None)
         try:
+            if image.kind == "container" and os.geteuid() != 0:
+                raise ps.Unsupported(f"running image {image.ref} as a container needs root (runc, overlays)")
             if run.volume_paths is None:
                 run.volume_paths = volumes.materialize(pod, run.work, self.configmap, self.secret, self.token)
-            env = ps.resolve_env(pod, c, self.base_env(run), self.configmap, self.secret, node.allocatable)
-            argv = ps.container_argv(c, env)
+            base = self.base_env(run) if image.kind == "host" else self.service_env(run)
+            env = ps.resolve_env(pod, c, base, self.configmap, self.secret, node.allocatable)
+            argv = ps.container_argv(c, env) if image.kind == "host" else []
             mounts = volumes.mounts_for(c, run.volume_paths)
         except ps.ConfigError as e:
             run.states[c["name"]] = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
@@ -515,20 +543,18 @@ class Agent:
                 self.report(run)
             return
         except ps.Unsupported as e:
-            run.reason, run.message = "Unsupported", str(e)
-            run.states[c["name"]] = {
-                "terminated": {
-                    "exitCode": 128,
-                    "reason": "Unsupported",
-                    "message": str(e),
-                    "startedAt": ps.now_iso(),
-                    "finishedAt": ps.now_iso(),
-                }
-            }
-            self.event(run, "Unsupported", str(e), warning=True)
-            self.finish(run, "Failed")
+            self.fail_container(run, c, "Unsupported", str(e))
             return
         run.message = ""
+        if self.hosts_dirty:  # the pod's own name must resolve from its first instruction on
+            self.write_hosts()
+        if image.kind == "container":
+            self.start_container(run, c, image, env, mounts)
+            return
+        run.container_ids[c["name"]] = f"localkube://{run.uid}/{c['name']}"
+        run.image_ids[c["name"]] = imagepolicy.HOST_IMAGE_ID
+        if run.restarts.get(c["name"], 0) == 0 and run.step == 0:
+            self.event(run, "HostProcess", image.message)
         workdir = c.get("workingDir") or ""
         if not (workdir and os.path.isdir(workdir)):
             workdir = str(run.work / "workdir")
@@ -552,8 +578,6 @@ class Agent:
         )
         if run.net is not None:
             sandbox = ["ip", "netns", "exec", run.net.netns, *sandbox]
-        if self.hosts_dirty:  # the pod's own name must resolve from its first instruction on
-            self.write_hosts()
         n = run.restarts.get(c["name"], 0)
         with open(run.dir / f"{c['name']}.log", "ab") as logf:  # the child keeps its own descriptor
             logf.write(
@@ -575,11 +599,92 @@ class Agent:
                 },
             )
         self.save_pgids()
+        self.started(run, c, is_init, f"pid {run.proc.pid}")
+
+    def started(self, run: PodRun, c: dict, is_init: bool, what: str) -> None:
         run.started_at = ps.now_iso()
         run.states[c["name"]] = {"running": {"startedAt": run.started_at}}
         run.phase = "Pending" if is_init else "Running"
-        self.event(run, "Started", f"Started container {c['name']} (pid {run.proc.pid})")
+        self.event(run, "Started", f"Started container {c['name']} ({what})")
         self.report(run)
+
+    # ---- images --------------------------------------------------------------------------------
+    def image_decision(self, c: dict) -> imagepolicy.Decision:
+        image = c.get("image") or ""
+        try:
+            local = ct.local_image_id(imagepolicy.normalize(image))
+        except ValueError:
+            local = None
+        return imagepolicy.decide(image, local, self.host_images)
+
+    def pull_failed(self, run: PodRun, c: dict, image: imagepolicy.Decision) -> None:
+        """ErrImagePull, then ImagePullBackOff, retried with back-off (the pod stays Pending): an
+        image built later (`make images`) starts it, as a registry coming back would."""
+        n = run.pull_failures[c["name"]] = run.pull_failures.get(c["name"], 0) + 1
+        reason = "ErrImagePull" if n == 1 else "ImagePullBackOff"
+        run.states[c["name"]] = {"waiting": {"reason": reason, "message": image.message}}
+        run.next_start = time.monotonic() + ps.backoff_seconds(n)
+        if n == 1:
+            self.event(run, "Failed", f"Failed to pull image {c.get('image')!r}: {image.message}", True)
+        self.report(run)
+
+    def fail_container(self, run: PodRun, c: dict, reason: str, message: str) -> None:
+        """The container cannot be run here at all: the pod fails, naming why."""
+        run.reason, run.message = reason, message
+        run.states[c["name"]] = {
+            "terminated": {
+                "exitCode": 128,
+                "reason": reason,
+                "message": message,
+                "startedAt": ps.now_iso(),
+                "finishedAt": ps.now_iso(),
+            }
+        }
+        self.event(run, reason, message, warning=True)
+        self.finish(run, "Failed")
+
+    def start_container(
+        self, run: PodRun, c: dict, image: imagepolicy.Decision, env: dict, mounts: list[dict]
+    ) -> None:
+        """Run the container from its image (container.py): one runtime container per start."""
+        is_init = run.step < len(run.pod["spec"].get("initContainers") or [])
+        n = run.restarts.get(c["name"], 0)
+        command, args = ps.container_command(c, env)
+        cid = f"{container_prefix(self.octet)}{run.uid}-{run.step}"
+        bundle = run.work / "containers" / f"{run.step}-{n}"
+        shutil.rmtree(bundle, ignore_errors=True)
+        req = ct.ContainerRequest(
+            id=cid,
+            image=image.ref,
+            bundle=bundle,
+            hostname=ps.pod_hostname(run.pod)[:63],
+            command=command,
+            args=args,
+            env=env,
+            mounts=[Mount(str(run.work / "hosts"), "/etc/hosts", ro=True)]
+            + [Mount(m["src"], m["dst"], m["ro"]) for m in mounts],
+            netns=run.net.path if run.net is not None else None,
+            working_dir=c.get("workingDir") or "",
+            security_context=c.get("securityContext"),
+            pod_security_context=run.pod["spec"].get("securityContext"),
+        )
+        with open(run.dir / f"{c['name']}.log", "ab") as logf:
+            logf.write(
+                f"==== localkube: {run.ns}/{run.name} container {c['name']} start #{n} at {ps.now_iso()} "
+                f"(image {image.ref}, runtime id {cid})\n".encode()
+            )
+            logf.flush()
+            try:
+                run.container = ct.start(req, stdout=logf)
+            except (ps.Unsupported, RuntimeError, OSError) as e:
+                shutil.rmtree(bundle, ignore_errors=True)
+                self.fail_container(run, c, "CreateContainerError", f"image {image.ref}: {e}")
+                return
+        run.proc = run.container.proc
+        run.container_ids[c["name"]] = f"runc://{cid}"
+        run.image_ids[c["name"]] = f"sha256:{image.image_id}"
+        self.save_pgids()
+        self.started(run, c, is_init, f"image {image.ref}")
 
     def exited(self, run: PodRun, code: int) -> None:
         is_init, c = run.containers()[run.step]
@@ -588,7 +693,7 @@ class Agent:
             code = 128 - code  # killed by a signal, like container runtimes report
         run.proc = None
         self.save_pgids()
-        term = ps.terminated_state(code, run.started_at, ps.now_iso(), f"localkube://{run.uid}/{c['name']}")
+        term = ps.terminated_state(code, run.started_at, ps.now_iso(), run.container_ids.get(c["name"], ""))
         policy = run.pod["spec"].get("restartPolicy", "Always")
         if is_init and code == 0:
             run.states[c["name"]] = term
@@ -629,15 +734,27 @@ class Agent:
         run.deleting = True
         run.kill_deadline = time.monotonic() + max(0.0, float(grace))
         if run.proc is not None and run.proc.poll() is None:
-            self.killpg(run.proc, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+            self.signal(run, signal.SIGTERM if grace > 0 else signal.SIGKILL)
             if not run.gone:
                 self.event(run, reason, message)
 
+    def signal(self, run: PodRun, sig: int) -> None:
+        """To the container's init through the runtime (killpg would reach runc, not the
+        container), or to a host process's group."""
+        if run.container is not None:
+            run.container.signal(sig)
+        else:
+            self.killpg(run.proc, sig)
+
     def kill_pod(self, run: PodRun) -> None:
-        """SIGKILL all the pod runs, as a container runtime kills a pod's cgroup: its process
-        group, and every process that left the group but carries the pod's marker (torchrun
-        starts its workers in sessions of their own)."""
-        self.killpg(run.proc, signal.SIGKILL)
+        """SIGKILL all the pod runs, as a container runtime kills a pod's cgroup: its container
+        (killed and deleted by the runtime), or its process group and every process that left the
+        group but carries the pod's marker (torchrun starts its workers in sessions of their own)."""
+        if run.container is not None:
+            run.container.cleanup()
+            run.container = None
+        else:
+            self.killpg(run.proc, signal.SIGKILL)
         marker = f"{POD_MARKER}={self.dir}:{run.ns}/{run.name}".encode()
         for d in Path("/proc").iterdir():
             if not d.name.isdigit():
@@ -704,7 +821,8 @@ class Agent:
                         run.restarts.get(c["name"], 0),
                         run.last.get(c["name"]),
                         ready_if_running and "running" in st,
-                        f"localkube://{run.uid}/{c['name']}",
+                        run.container_ids.get(c["name"], ""),
+                        run.image_ids.get(c["name"], ""),
                     )
                 )
             return out
@@ -741,12 +859,20 @@ class Agent:
 
     # ---- hosts files ---------------------------------------------------------------------------
     def base_env(self, run: PodRun) -> dict[str, str]:
+        """A host process's environment before the pod's: the venv first on PATH."""
         venv = os.environ.get("LOCALKUBE_VENV", str(REPO / ".venv"))
         return {
             "PATH": f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root",
             "LANG": "C.UTF-8",
             "HOSTNAME": ps.pod_hostname(run.pod)[:63],
+            **self.service_env(run),
+        }
+
+    def service_env(self, run: PodRun) -> dict[str, str]:
+        """What the kubelet adds to every container (the `kubernetes` Service, relayed to the API
+        server inside the pod's namespace), and the marker `down` finds pod processes by."""
+        return {
             "KUBERNETES_SERVICE_HOST": "127.0.0.1",
             "KUBERNETES_SERVICE_PORT": str(self.api_port),
             "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port),
@@ -792,9 +918,10 @@ class Agent:
         tmp.replace(self.pgid_file)
 
     def shutdown(self) -> None:
-        procs = [r.proc for r in self.runs.values() if r.proc is not None and r.proc.poll() is None]
-        for p in procs:
-            self.killpg(p, signal.SIGTERM)
+        live = [r for r in self.runs.values() if r.proc is not None and r.proc.poll() is None]
+        for r in live:
+            self.signal(r, signal.SIGTERM)
+        procs = [r.proc for r in live if r.proc is not None]
         end = time.monotonic() + 5
         while any(p.poll() is None for p in procs) and time.monotonic() < end:
             time.sleep(0.1)
@@ -805,6 +932,7 @@ class Agent:
             self.release_network(r)
         self.save_pgids()
         remove_mountpoints(self.mountpoints)
+        ct.release_images()
         log.info("node agent stopped")
 
 
@@ -874,6 +1002,7 @@ def main(state_dir: str) -> None:
         st["apiserverPort"],
         st["podIPOctet"],
         st["kubeletPort"],
+        tuple(st.get("hostImages", imagepolicy.DEFAULT_HOST_IMAGES)),
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())

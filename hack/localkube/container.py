@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from .ociconfig import ImageConfig, Mount, merged_env, process_args, resolve_user, runtime_config
+from .ociconfig import ImageConfig, Mount, home_dir, merged_env, process_args, resolve_user, runtime_config
 from .podspec import Unsupported
 
 RUNTIME = "runc"
@@ -42,6 +42,17 @@ def _run(cmd: list[str], timeout: float = 120) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     return proc.stdout
+
+
+def local_image_id(ref: str) -> str | None:
+    """The id of ``ref`` (fully qualified: imagepolicy.normalize) in the local containers storage;
+    None when it is not there or podman is missing."""
+    try:
+        cmd = ["podman", "image", "inspect", "--format", "{{.Id}}", ref]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        return None
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
 def inspect_image(ref: str) -> ImageConfig:
@@ -138,10 +149,13 @@ def start(req: ContainerRequest, stdout: IO | int | None = None) -> Container:
         _read(Path(lower, "etc/group")),
         req.pod_security_context,
     )
+    env = merged_env(image.env, req.env, req.hostname)
+    if not any(e.startswith("HOME=") for e in env):  # as Docker and CRI-O: the user's passwd home
+        env.append(f"HOME={home_dir(user.uid, _read(Path(lower, 'etc/passwd')))}")
     config = runtime_config(
         rootfs=str(req.bundle / "rootfs"),
         argv=process_args(image, req.command, req.args),
-        env=merged_env(image.env, req.env, req.hostname),
+        env=env,
         user=user,
         cwd=req.working_dir or image.workdir or "/",
         hostname=req.hostname,
@@ -182,3 +196,17 @@ def start(req: ContainerRequest, stdout: IO | int | None = None) -> Container:
         close_fds=True,
     )
     return Container(req.id, req.bundle, proc)
+
+
+def remove_leftovers(prefix: str) -> list[str]:
+    """Kill and delete the runtime's containers whose id starts with ``prefix`` (one node agent's,
+    left by an agent that died without stopping them); their bundles go with the state dir."""
+    try:
+        proc = subprocess.run([RUNTIME, "list", "-q"], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return []
+    gone = [cid for cid in proc.stdout.split() if cid.startswith(prefix)]
+    for cid in gone:
+        subprocess.run([RUNTIME, "kill", cid, "KILL"], capture_output=True, timeout=30)
+        subprocess.run([RUNTIME, "delete", "--force", cid], capture_output=True, timeout=30)
+    return gone

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from holmes_dev.kubectl import run_kubectl
 
-from . import podnet
+from . import container, imagepolicy, podnet
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_BIN = Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache" / "holmes")) / "bin"
@@ -199,6 +199,9 @@ class ControlPlane:
             "podIPOctet": ip_octet,
             "token": secrets.token_hex(16),
             "topology": topology,
+            # Images whose pods run as host processes when not in the local containers storage
+            # (imagepolicy.py): LOCALKUBE_HOST_IMAGES, comma-separated patterns; "" for none.
+            "hostImages": list(imagepolicy.parse_patterns(os.environ.get("LOCALKUBE_HOST_IMAGES"))),
             "stateDir": str(self.dir),
             "pids": {},
         }
@@ -444,10 +447,13 @@ class ControlPlane:
             except ChildProcessError:
                 pass
         # Pod process groups the agent recorded, in case the agent itself died uncleanly.
-        from .agent import kill_recorded_pods
+        from .agent import container_prefix, kill_recorded_pods
 
         kill_recorded_pods(self.dir)
-        podnet.release_leftovers(self.dir, st.get("podIPOctet"))
+        octet = st.get("podIPOctet")
+        podnet.release_leftovers(
+            self.dir, octet, also=lambda: container.remove_leftovers(container_prefix(octet))
+        )
         if pids:
             st["pids"] = {}
             self._save(st)

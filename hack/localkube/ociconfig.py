@@ -159,6 +159,12 @@ def resolve_user(
     return User(uid, gid, tuple(sorted(set(extra) - {gid})))
 
 
+def home_dir(uid: int, passwd: str) -> str:
+    """The home directory of ``uid`` in the image's /etc/passwd; "/" when it has no entry."""
+    entry = next((u for u in _table(passwd, 6) if u[2] == str(uid)), None)
+    return entry[5] if entry is not None and entry[5] else "/"
+
+
 def capabilities(security_context: dict | None) -> list[str]:
     """containerd's default set with securityContext.capabilities' drop, then add, applied."""
     caps_sc = (security_context or {}).get("capabilities") or {}

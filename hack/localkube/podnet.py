@@ -31,6 +31,7 @@ import random
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -365,15 +366,18 @@ def remove_unused_bridges() -> None:
                     log.warning("%s", e)
 
 
-def release_leftovers(state_dir: Path, octet: int | None) -> None:
+def release_leftovers(state_dir: Path, octet: int | None, also: Callable[[], object] | None = None) -> None:
     """For `localkube down`: remove the namespaces and bridges a stopped (or crashed) agent of
-    this state dir left, unless another running agent now owns its octet."""
+    this state dir left, unless another running agent now owns its octet; ``also`` removes
+    the agent's other leftovers (its containers) under the same ownership."""
     if octet is None:
         return
     lock = _octet_lock(octet)
     if lock is None:
         return
     try:
+        if also is not None:
+            also()
         net = PodNetwork(state_dir, octet)
         net.remove_leftovers()
     finally:

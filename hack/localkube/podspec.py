@@ -176,6 +176,16 @@ def container_argv(container: dict, env: dict[str, str]) -> list[str]:
     return [expand(a, env) for a in [*command, *args]]
 
 
+def container_command(container: dict, env: dict[str, str]) -> tuple[list[str] | None, list[str] | None]:
+    """command and args, each $(VAR)-expanded, None when the container leaves it to the image
+    (its ENTRYPOINT and CMD, which are never expanded)."""
+    command, args = container.get("command"), container.get("args")
+    return (
+        [expand(a, env) for a in command] if command else None,
+        [expand(a, env) for a in args] if args else None,
+    )
+
+
 def pod_hostname(pod: dict) -> str:
     spec = pod.get("spec", {})
     return spec.get("hostname") or pod["metadata"]["name"]
@@ -229,12 +239,18 @@ def render_hosts(own_pod: dict, own_ip: str, entries: list[tuple[str, str, str]]
 
 # ---- status -----------------------------------------------------------------------------------
 def container_status(
-    container: dict, state: dict, restarts: int, last_state: dict | None, ready: bool, container_id: str = ""
+    container: dict,
+    state: dict,
+    restarts: int,
+    last_state: dict | None,
+    ready: bool,
+    container_id: str = "",
+    image_id: str = "",
 ) -> dict:
     out = {
         "name": container["name"],
         "image": container.get("image", ""),
-        "imageID": "localkube://local-environment",
+        "imageID": image_id,
         "ready": ready,
         "restartCount": restarts,
         "started": "running" in state,

@@ -75,6 +75,7 @@ def materialize(
             if (vol["emptyDir"] or {}).get("medium") == "Memory":
                 dest = SHM_ROOT / uid / name
             dest.mkdir(parents=True, exist_ok=True)
+            dest.chmod(0o777)  # as the kubelet makes it: writable by a container's non-root user
         elif "hostPath" in vol:
             hp = vol["hostPath"]
             dest = Path(hp["path"])
