@@ -12,12 +12,13 @@ from localkube.ociconfig import (
     Mount,
     User,
     capabilities,
+    home_dir,
     merged_env,
     process_args,
     resolve_user,
     runtime_config,
 )
-from localkube.podspec import Unsupported
+from localkube.podspec import Unsupported, container_command
 
 IMAGE = ImageConfig(id="abc", entrypoint=("python", "-m", "holmes.operator"), cmd=("--all-namespaces",))
 
@@ -54,6 +55,12 @@ PASSWD = (
     "web:x:33:33::/:/bin/sh\n"
 )
 GROUP = "root:x:0:\nholmes:x:65532:\nrdma:x:990:holmes,web\nweb:x:33:\n"
+
+
+def test_home_is_the_users_passwd_entry_else_root_dir():
+    assert home_dir(65532, PASSWD) == "/home/holmes"
+    assert home_dir(0, PASSWD) == "/root"
+    assert home_dir(1234, PASSWD) == "/"  # a runAsUser without a passwd entry
 
 
 def test_image_user_numeric_pair_and_its_groups():
@@ -139,3 +146,11 @@ def test_runtime_config_root_user_mounts_and_network():
 def test_privileged_is_refused():
     with pytest.raises(Unsupported, match="privileged"):
         config(security_context={"privileged": True})
+
+
+def test_command_and_args_are_expanded_separately_and_left_to_the_image_when_absent():
+    env = {"PORT": "29500"}
+    c = {"name": "t", "command": ["torchrun", "--port=$(PORT)"], "args": ["$(MISSING)", "$$(PORT)"]}
+    assert container_command(c, env) == (["torchrun", "--port=29500"], ["$(MISSING)", "$(PORT)"])
+    assert container_command({"name": "t", "args": ["--help"]}, env) == (None, ["--help"])
+    assert container_command({"name": "t"}, env) == (None, None)
