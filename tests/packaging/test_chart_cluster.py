@@ -24,7 +24,7 @@ from holmes_dev.ports import free_port
 
 from holmes.operator.core import child_names
 from tests.packaging.health_rules import argocd, kstatus
-from tests.packaging.packaging_helpers import CHART, CRDS, cache_bin, helm, run
+from tests.packaging.packaging_helpers import CHART, CRDS, cache_bin, helm, run, without_rules
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.timeout(900)
@@ -126,7 +126,7 @@ def env(cluster):
     e.helm("uninstall", e.release, "-n", e.release_ns, "--wait", check=False)
     e.kubectl("delete", "namespace", e.release_ns, e.job_ns, "--wait=false", check=False)
     # Leave the CRD as crds/ defines it for whoever comes next.
-    e.kubectl("apply", "-f", str(CRDS / "holmesjob.yaml"), check=False)
+    e.kubectl("apply", "--validate=false", "-f", str(CRDS / "holmesjob.yaml"), check=False)
 
 
 def tiny_job(name: str, **overrides) -> dict:
@@ -577,7 +577,8 @@ def test_reinstall_adopts_the_kept_crd_and_restores_it(env):
     cols = [c["name"] for c in live["spec"]["versions"][0].get("additionalPrinterColumns", [])]
     assert "Upgraded" not in cols  # back to crds/ as the chart carries it
     src = yaml.safe_load((CRDS / "holmesjob.yaml").read_text())
-    assert live["spec"]["versions"][0]["schema"] == src["spec"]["versions"][0]["schema"]
+    # the 1.20 server runs no CEL: the chart leaves the rules out for it
+    assert live["spec"]["versions"][0]["schema"] == without_rules(src["spec"]["versions"][0]["schema"])
     env.kubectl("delete", "holmesjob", "--all", "-n", env.job_ns, "--wait=true", "--timeout=60s")
 
 
