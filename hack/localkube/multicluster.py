@@ -117,16 +117,17 @@ class MultiCluster:
         from kubernetes import client as k8s
         from kubernetes import config
 
-        from holmes import member_token
+        from holmes.kubectl_holmes import PluginError, issue_member_token
+        from holmes.operator.core import member_token
 
         self.kubectl(member, "apply", "-k", str(REPO / "deploy" / "member"))
         api = config.new_client_from_config(str(self.kubeconfig(member)))
         end = time.monotonic() + 30
         while True:  # the service account was just created: the API may not serve it yet
             try:
-                token = member_token.issue(k8s, api, "holmes-system", "holmes-member", 24 * 3600)
+                token = issue_member_token(k8s, api, "holmes-system", "holmes-member", 24 * 3600)
                 break
-            except member_token.TokenError:
+            except PluginError:
                 if time.monotonic() > end:
                     raise
                 time.sleep(0.2)

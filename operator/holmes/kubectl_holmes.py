@@ -8,7 +8,7 @@ PATH, installed with the package). Against the current kubeconfig context, as ku
 - ``kubectl holmes why JOB``: what keeps it waiting or stalled, with the fix;
 - ``kubectl holmes member-kubeconfig --member NAME [--duration 720h]``: run against a member
   cluster, prints a kubeconfig for the hub's operator with an expiring token of the
-  ``holmes-member`` service account (holmes.member_token), to store in the hub's Secret.
+  ``holmes-member`` service account (holmes.operator.core.member_token), to store in the hub's Secret.
 
 ``-n/--namespace``, ``--context`` and ``--kubeconfig`` as kubectl's (kubectl hands a plugin no
 flags of its own: ``KUBECONFIG`` in the environment works too). The I/O is here; the text
@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from holmes import member_token
 from holmes.cli import main as holmes_main
 from holmes.cli import quiet_closed_pipe, write_svg
 from holmes.contract.names import GROUP, PLURAL, VERSION
+from holmes.operator.core import member_token
 from holmes.operator.core.child_names import LABEL_ATTEMPT, LABEL_JOB
 
 
@@ -124,14 +124,29 @@ def why_command(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def member_kubeconfig_command(args: argparse.Namespace, rest: list[str]) -> int:
-    import yaml
+def issue_member_token(k8s, api, namespace: str, service_account: str, expiration: int) -> str:
+    """A token of ``service_account`` from the TokenRequest API, valid ``expiration`` seconds."""
+    body = member_token.token_request(expiration)
+    try:
+        out = k8s.CoreV1Api(api).create_namespaced_service_account_token(service_account, namespace, body)
+    except k8s.exceptions.ApiException as e:
+        hint = ""
+        if e.status == 404:
+            hint = f": no service account {namespace}/{service_account} (`kubectl apply -k deploy/member/`)"
+        raise PluginError(
+            f"TokenRequest for {namespace}/{service_account}: {e.status} {e.reason}{hint}"
+        ) from None
+    except Exception as e:  # connection refused, TLS
+        raise PluginError(f"TokenRequest for {namespace}/{service_account}: {e}") from None
+    return str(out.status.token)
 
+
+def member_kubeconfig_command(args: argparse.Namespace, rest: list[str]) -> int:
     namespace = args.namespace or "holmes-system"  # deploy/member/'s, not the context's
     k8s, api = client(args)
     try:
         expiration = member_token.seconds(args.duration)
-        token = member_token.issue(k8s, api, namespace, args.service_account, expiration)
+        token = issue_member_token(k8s, api, namespace, args.service_account, expiration)
         expires = member_token.expires(token)
     except member_token.TokenError as e:
         raise PluginError(str(e)) from None
@@ -142,8 +157,7 @@ def member_kubeconfig_command(args: argparse.Namespace, rest: list[str]) -> int:
             ca = f.read()
     user = f"{args.service_account}@{args.member}"
     print(
-        yaml.safe_dump(member_token.kubeconfig(args.member, cfg.host, ca, token, user), sort_keys=False),
-        end="",
+        member_token.kubeconfig_text(member_token.kubeconfig(args.member, cfg.host, ca, token, user)), end=""
     )
     print(
         f"# token of {namespace}/{args.service_account} expires {expires:%Y-%m-%dT%H:%M:%SZ}: issue a new "

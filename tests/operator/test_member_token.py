@@ -1,4 +1,4 @@
-"""The member cluster's token for the hub (holmes.member_token, `kubectl holmes
+"""The member cluster's token for the hub (holmes.operator.core.member_token, `kubectl holmes
 member-kubeconfig`): durations, the token's dates, the kubeconfig around it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from holmes.member_token import TokenError, claims, expires, kubeconfig, seconds
+from holmes.operator.core.member_token import TokenError, claims, expires, kubeconfig, seconds
 
 
 def jwt(payload: dict) -> str:

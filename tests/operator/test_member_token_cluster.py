@@ -11,7 +11,7 @@ import io
 import yaml
 
 from holmes.kubectl_holmes import main
-from holmes.member_token import claims
+from holmes.operator.core.member_token import claims
 from tests.packaging.packaging_helpers import DEPLOY
 
 

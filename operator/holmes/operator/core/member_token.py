@@ -5,7 +5,7 @@ The token comes from the TokenRequest API (``serviceaccounts/token``, on every s
 1.12 that is started with a service-account issuer, 1.20 included), not from a
 ``kubernetes.io/service-account-token`` Secret, which never expires and stays valid until the
 Secret is deleted. kubectl's own ``create token`` needs kubectl 1.24; this needs only the
-Python client. Pure functions here; :func:`issue` is the one API call."""
+Python client. Pure: the plugin (holmes.kubectl_holmes) makes the one API call."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import json
 import re
 from datetime import datetime, timezone
 from typing import Any
+
+import yaml
 
 MIN_SECONDS = 600  # the API server refuses a shorter expirationSeconds
 DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -71,19 +73,15 @@ def kubeconfig(member: str, server: str, ca_pem: bytes | None, token: str, user:
     }
 
 
-def issue(k8s: Any, api: Any, namespace: str, service_account: str, expiration: int) -> str:
-    """A token for ``service_account`` valid for ``expiration`` seconds (the server may shorten
-    it to its --service-account-max-token-expiration), for the API server's own audiences."""
-    body = k8s.AuthenticationV1TokenRequest(
-        spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration)
-    )
-    try:
-        out = k8s.CoreV1Api(api).create_namespaced_service_account_token(service_account, namespace, body)
-    except k8s.exceptions.ApiException as e:
-        hint = ""
-        if e.status == 404:
-            hint = f": no service account {namespace}/{service_account} (`kubectl apply -k deploy/member/`)"
-        raise TokenError(
-            f"TokenRequest for {namespace}/{service_account}: {e.status} {e.reason}{hint}"
-        ) from None
-    return str(out.status.token)
+def token_request(expiration: int) -> dict[str, Any]:
+    """The TokenRequest body: ``expiration`` seconds (the server may shorten it to its
+    --service-account-max-token-expiration), for the API server's own audiences (none named)."""
+    return {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"audiences": [], "expirationSeconds": expiration},
+    }
+
+
+def kubeconfig_text(config: dict[str, Any]) -> str:
+    return str(yaml.safe_dump(config, sort_keys=False))
