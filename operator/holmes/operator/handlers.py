@@ -228,11 +228,17 @@ class Runtime:
             metrics.PODS_CREATED.labels(ns).inc(created)
         if int(d.status.get("restarts") or 0) > int(old.get("restarts") or 0):
             metrics.RESTARTS.labels(ns).inc()
+        if replans(d.status) > replans(old):
+            metrics.REPLANS.labels(ns).inc()
         if d.status.get("phase") == "Failed" and old.get("phase") != "Failed":
             reason = next(
                 (c.get("reason") for c in d.status.get("conditions") or [] if c.get("type") == "Failed"), ""
             )
             metrics.FAILURES.labels(ns, reason or "Unknown").inc()
+
+
+def replans(status: Mapping) -> int:
+    return int((status.get("adaptation") or {}).get("replans") or 0)
 
 
 def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:

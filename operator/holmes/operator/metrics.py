@@ -34,6 +34,9 @@ PLANNING_SECONDS = Histogram(
 )
 PODS_CREATED = Counter("holmes_pods_created_total", "Pods created for HolmesJobs", ["namespace"])
 RESTARTS = Counter("holmes_restarts_total", "Gang restarts (all reasons)", ["namespace"])
+REPLANS = Counter(
+    "holmes_replans_total", "Re-plans from measured stage speeds (parallelism.replan)", ["namespace"]
+)
 FAILURES = Counter(
     "holmes_job_failures_total", "HolmesJobs that ended Failed, by reason", ["namespace", "reason"]
 )
