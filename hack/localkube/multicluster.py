@@ -111,36 +111,30 @@ class MultiCluster:
 
     def member_kubeconfig(self, member: str) -> bytes:
         """A kubeconfig for the hub's operator with only the member side's rights: applies
-        deploy/member/ (a service account, its token, the ClusterRole) and uses that token, as
-        docs/multicluster.md tells an admin to do."""
+        deploy/member/ (a service account and the ClusterRole) and issues that account a token
+        that expires, as docs/multicluster.md tells an admin to do (`kubectl holmes
+        member-kubeconfig`). A day: longer than any test or demo."""
+        from kubernetes import client as k8s
+        from kubernetes import config
+
+        from holmes.kubectl_holmes import PluginError, issue_member_token
+        from holmes.operator.core import member_token
+
         self.kubectl(member, "apply", "-k", str(REPO / "deploy" / "member"))
+        api = config.new_client_from_config(str(self.kubeconfig(member)))
         end = time.monotonic() + 30
-        token = ""
-        while not token:
-            token = self.kubectl(
-                member,
-                "get",
-                "secret",
-                "holmes-member-token",
-                "-n",
-                "holmes-system",
-                "-o",
-                "jsonpath={.data.token}",
-                check=False,
-            ).strip()
-            if not token:
+        while True:  # the service account was just created: the API may not serve it yet
+            try:
+                token = issue_member_token(k8s, api, "holmes-system", "holmes-member", 24 * 3600)
+                break
+            except PluginError:
                 if time.monotonic() > end:
-                    raise ClusterError(f"{member}: the holmes-member token was never filled in")
+                    raise
                 time.sleep(0.2)
         admin = json.loads(self.kubeconfig(member).read_text())
-        cfg = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": member,
-            "clusters": [{"name": member, "cluster": admin["clusters"][0]["cluster"]}],
-            "users": [{"name": "holmes-member", "user": {"token": base64.b64decode(token).decode()}}],
-            "contexts": [{"name": member, "context": {"cluster": member, "user": "holmes-member"}}],
-        }
+        cluster = admin["clusters"][0]["cluster"]
+        cfg = member_token.kubeconfig(member, cluster["server"], None, token, "holmes-member")
+        cfg["clusters"][0]["cluster"] = cluster  # its CA as the admin's kubeconfig gives it
         return yaml.safe_dump(cfg).encode()
 
     def register(

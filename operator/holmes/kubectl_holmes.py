@@ -5,7 +5,10 @@ PATH, installed with the package). Against the current kubeconfig context, as ku
   cluster's nodes (``holmes plan --kubeconfig``'s code path);
 - ``kubectl holmes status JOB [--svg FILE]``: phase, layout, progress with percentage and ETA,
   each stage's measured speed; ``--svg`` draws the layout from the job's layout ConfigMap;
-- ``kubectl holmes why JOB``: what keeps it waiting or stalled, with the fix.
+- ``kubectl holmes why JOB``: what keeps it waiting or stalled, with the fix;
+- ``kubectl holmes member-kubeconfig --member NAME [--duration 720h]``: run against a member
+  cluster, prints a kubeconfig for the hub's operator with an expiring token of the
+  ``holmes-member`` service account (holmes.operator.core.member_token), to store in the hub's Secret.
 
 ``-n/--namespace``, ``--context`` and ``--kubeconfig`` as kubectl's (kubectl hands a plugin no
 flags of its own: ``KUBECONFIG`` in the environment works too). The I/O is here; the text
@@ -22,6 +25,7 @@ from typing import Any
 from holmes.cli import main as holmes_main
 from holmes.cli import quiet_closed_pipe, write_svg
 from holmes.contract.names import GROUP, PLURAL, VERSION
+from holmes.operator.core import member_token
 from holmes.operator.core.child_names import LABEL_ATTEMPT, LABEL_JOB
 
 
@@ -120,6 +124,49 @@ def why_command(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def issue_member_token(k8s, api, namespace: str, service_account: str, expiration: int) -> str:
+    """A token of ``service_account`` from the TokenRequest API, valid ``expiration`` seconds."""
+    body = member_token.token_request(expiration)
+    try:
+        out = k8s.CoreV1Api(api).create_namespaced_service_account_token(service_account, namespace, body)
+    except k8s.exceptions.ApiException as e:
+        hint = ""
+        if e.status == 404:
+            hint = f": no service account {namespace}/{service_account} (`kubectl apply -k deploy/member/`)"
+        raise PluginError(
+            f"TokenRequest for {namespace}/{service_account}: {e.status} {e.reason}{hint}"
+        ) from None
+    except Exception as e:  # connection refused, TLS
+        raise PluginError(f"TokenRequest for {namespace}/{service_account}: {e}") from None
+    return str(out.status.token)
+
+
+def member_kubeconfig_command(args: argparse.Namespace, rest: list[str]) -> int:
+    namespace = args.namespace or "holmes-system"  # deploy/member/'s, not the context's
+    k8s, api = client(args)
+    try:
+        expiration = member_token.seconds(args.duration)
+        token = issue_member_token(k8s, api, namespace, args.service_account, expiration)
+        expires = member_token.expires(token)
+    except member_token.TokenError as e:
+        raise PluginError(str(e)) from None
+    cfg = api.configuration
+    ca = None
+    if cfg.ssl_ca_cert:
+        with open(cfg.ssl_ca_cert, "rb") as f:
+            ca = f.read()
+    user = f"{args.service_account}@{args.member}"
+    print(
+        member_token.kubeconfig_text(member_token.kubeconfig(args.member, cfg.host, ca, token, user)), end=""
+    )
+    print(
+        f"# token of {namespace}/{args.service_account} expires {expires:%Y-%m-%dT%H:%M:%SZ}: issue a new "
+        "one and replace the hub's Secret before then (docs/multicluster.md#rotating-the-token)",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def common(p: argparse.ArgumentParser, default: object) -> argparse.ArgumentParser:
     p.add_argument(
         "-n",
@@ -163,6 +210,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wh.add_argument("job", help="the HolmesJob's name")
     wh.set_defaults(func=why_command)
+    mk = sub.add_parser(
+        "member-kubeconfig",
+        parents=[after],
+        help="a kubeconfig for the hub's operator, with an expiring token (run against the member)",
+        description="Issues a token of the member side's service account (deploy/member/) through the "
+        "TokenRequest API and prints a kubeconfig with it; -n is its namespace (default holmes-system).",
+    )
+    mk.add_argument(
+        "--member", required=True, help="the member's name (the kubeconfig's context and cluster)"
+    )
+    mk.add_argument(
+        "--duration", default="720h", help="how long the token is valid (default 720h; at least 10m)"
+    )
+    mk.add_argument("--service-account", default="holmes-member", help="default holmes-member")
+    mk.set_defaults(func=member_kubeconfig_command)
     return p
 
 

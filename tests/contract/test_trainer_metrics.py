@@ -56,14 +56,14 @@ def test_every_progress_gauge_and_stage_gauge_reads_back(sink):
     sink.emit(wire.ITERATION, **{k: v for k, v in NUMBERS.items() if k != "checkpointIteration"})
     sink.emit(wire.CHECKPOINT, iteration=NUMBERS["checkpointIteration"])  # its gauge's only writer
     sink.stages(ROWS)
-    sink.fabric_problems(["a mismatch"])
+    sink.fabric_problems({"socketFallback": 1})
     read = progress.scrape(f"http://127.0.0.1:{sink.port}/metrics")
     assert {k: read[k] for k in wire.PROGRESS_GAUGES} == {
         k: round(v, 6) if k not in wire.INTEGER_KEYS else int(v) for k, v in NUMBERS.items()
     }
     assert [r[wire.STAGE_LABEL] for r in read[wire.STAGES]] == [0, 1]
     assert read[wire.STAGES][1]["computeSeconds"] == ROWS[1]["computeSeconds"]
-    assert read[wire.FABRIC_WARNINGS] == ["a mismatch"]
+    assert read[wire.FABRIC_WARNINGS] == [progress.fabric_warning("socketFallback", 1)]
 
 
 def test_the_names_are_unique():

@@ -16,6 +16,7 @@ from holmes.operator import placement_facts
 from holmes.operator.core.routes import PodRoute, claim_templates, pod_route
 from holmes.operator.preview import children
 from holmes.plan.dra import join
+from tests.openapi_check import check as check_against
 from tests.plan.dra_helpers import aligned_slices, dra_node, gpu, rail, rslice
 
 FACTS = placement_facts.gather(placement_facts.builtin_cost_model())
@@ -115,38 +116,7 @@ def test_holmes_plan_pods_shows_the_claims(capsys):
 
 
 def check(value, schema, path="$"):
-    """Errors of ``value`` against a (strict) JSON Schema of the kinds the API's schemas use."""
-    if "$ref" in schema:
-        return check(value, SCHEMAS["$defs"][schema["$ref"].rsplit("/", 1)[1]], path)
-    if "oneOf" in schema:
-        return (
-            [] if any(not check(value, s, path) for s in schema["oneOf"]) else [f"{path}: matches no oneOf"]
-        )
-    errors: list[str] = []
-    types = schema.get("type")
-    types = [types] if isinstance(types, str) else types or []
-    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-    if types and not any(
-        isinstance(value, kinds[t]) if t in kinds else isinstance(value, int) and not isinstance(value, bool)
-        for t in types
-    ):
-        return [f"{path}: {value!r} is not {'/'.join(types)}"]
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{path}: {value!r} not in {schema['enum']}")
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        errors += [f"{path}: {k} is required" for k in schema.get("required", []) if k not in value]
-        for k, v in value.items():
-            if k in props:
-                errors += check(v, props[k], f"{path}.{k}")
-            elif schema.get("additionalProperties") is False:
-                errors.append(f"{path}: unknown field {k}")
-            elif isinstance(schema.get("additionalProperties"), dict):
-                errors += check(v, schema["additionalProperties"], f"{path}.{k}")
-    if isinstance(value, list) and "items" in schema:
-        for i, v in enumerate(value):
-            errors += check(v, schema["items"], f"{path}[{i}]")
-    return errors
+    return check_against(value, schema, SCHEMAS["$defs"], path)
 
 
 def test_the_validator_catches_what_the_api_server_would_refuse():

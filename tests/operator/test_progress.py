@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -112,12 +113,17 @@ def test_fabric_warnings_from_the_trainers_endpoint_and_its_last_line():
     msgs = ["rank 1 on node b: dp group (2 ranks) expects IB, found NCCL using Socket", 'a "quoted" one']
     sink = MetricsSink(enabled=True, port=0, addr="127.0.0.1", stream=open("/dev/null", "w"))
     try:
-        sink.fabric_problems(msgs)
+        sink.fabric_problems({"devices": 2})
         sink.emit("iteration", iteration=2, loss=3.0)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{sink.port}/metrics").read().decode()
         found = progress.scrape(f"http://127.0.0.1:{sink.port}/metrics")
     finally:
         sink.close()
-    assert found["iteration"] == 2 and found["fabricWarnings"] == sorted(msgs)
+    # counts per kind, from a closed set of label values: no message text on the metrics port
+    assert 'holmes_trainer_fabric_problems{kind="devices"} 2.0' in text
+    assert 'holmes_trainer_fabric_problems{kind="socketFallback"} 0.0' in text and "Socket" not in text
+    assert found["iteration"] == 2 and found["fabricWarnings"] == [progress.fabric_warning("devices", 2)]
+    assert found["fabricWarnings"][0].startswith("fabricCheck warn: 2 ranks of IB groups")
     done = json.dumps({"holmes": "done", "iteration": 5, "fabricWarnings": msgs})
     assert progress.from_json_lines(done)["fabricWarnings"] == msgs
     assert "fabricWarnings" not in progress.from_json_lines(json.dumps({"holmes": "done", "iteration": 5}))

@@ -72,6 +72,15 @@ def render(
     return [d for d in yaml.safe_load_all(out) if d]
 
 
+def without_rules(node):
+    """A CRD (or part of one) without its CEL rules, as a server older than 1.25 keeps it."""
+    if isinstance(node, dict):
+        return {k: without_rules(v) for k, v in node.items() if k != "x-kubernetes-validations"}
+    if isinstance(node, list):
+        return [without_rules(v) for v in node]
+    return node
+
+
 def by_kind(docs: list[dict], kind: str) -> list[dict]:
     return [d for d in docs if d.get("kind") == kind]
 

@@ -22,9 +22,12 @@ HEADER = """\
 # GENERATED from contract/holmes/contract/{jobspec,status,podtemplate}.py by `make crd`; do not
 # edit (docs/api.md#adding-a-spec-field).
 # HolmesJob: train one LLM across GPU nodes whose NICs differ (InfiniBand, RoCE, Ethernet).
-# apiextensions.k8s.io/v1, valid on Kubernetes >= 1.16 (tested on 1.20). Kubernetes 1.20
-# ignores CEL rules, so cross-field checks (hiddenSize divisible by attentionHeads, ...) are
-# done by the operator, which reports them in a Stalled condition and a Warning Event.
+# apiextensions.k8s.io/v1. The x-kubernetes-validations (CEL) rules (hiddenSize divisible by
+# attentionHeads, an immutable spec.model, ...) run on Kubernetes >= 1.25. Older servers do not
+# know the field: apply this file there with `kubectl apply --validate=false` (the server drops
+# the rules) or install the chart, which leaves them out; the operator makes the same checks
+# and reports a failing one in a Stalled condition and a Warning Event
+# (docs/install.md#cel-validation-rules).
 """
 
 DESCRIPTION = (
@@ -35,10 +38,10 @@ DESCRIPTION = (
     "settings."
 )
 SPEC_DESCRIPTION = (
-    "What to train and where. runPolicy may be edited at any time; editing model is refused once "
-    "the job has started (Stalled); editing training, parallelism, nodes or template of an active "
-    "job re-plans it and relaunches all pods as a new attempt (not counted as a restart). Edits to "
-    "a finished job have no effect."
+    "What to train and where. runPolicy may be edited at any time; editing model is refused by "
+    "the API server (1.25+), or once the job has started by the operator (Stalled); editing "
+    "training, parallelism, nodes or template of an active job re-plans it and relaunches all "
+    "pods as a new attempt (not counted as a restart). Edits to a finished job have no effect."
 )
 STATUS_DESCRIPTION = "What the operator observed and did; written by the operator only."
 

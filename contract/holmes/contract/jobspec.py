@@ -41,7 +41,7 @@ from .frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_problems
 from .names import API_VERSION, KIND, LABEL_CLUSTER, NETWORKS, POD_NETWORK
 from .network import IslandNetwork, read_islands
 from .podtemplate import PodTemplate, shape_problems
-from .schema import ABSENT, INVALID, PRESERVE, Field, Reader, declared, is_int, show
+from .schema import ABSENT, INVALID, PRESERVE, Field, Reader, Rule, declared, is_int, show
 from .schema import camel as camel  # the cost-model file's keys are made the same way
 
 AUTO = "auto"
@@ -251,6 +251,14 @@ class MixtureOfExperts:
     router sends each token to expertsPerToken of the experts, plus the shared experts every
     token passes through."""
 
+    # CEL rules the API server checks (Kubernetes 1.25+); moe_problems makes the same check
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            "self.expertsPerToken <= self.experts",
+            "expertsPerToken must be at most experts (a token is routed to at most every expert)",
+        ),
+    )
+
     experts: Annotated[
         int,
         Field(
@@ -288,6 +296,33 @@ class MixtureOfExperts:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    # CEL rules the API server checks (Kubernetes 1.25+); cross_check makes the same checks
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            "self.hiddenSize % self.attentionHeads == 0",
+            "hiddenSize must be divisible by attentionHeads; pick a head count that divides it",
+        ),
+        Rule(
+            "!has(self.kvHeads) || (self.architecture == 'llama' ? self.attentionHeads % self.kvHeads == 0 "
+            ": self.kvHeads == self.attentionHeads)",
+            "kvHeads must divide attentionHeads (llama); architecture gpt has no grouped-query attention, "
+            "so its kvHeads must equal attentionHeads",
+        ),
+        Rule(
+            "self.architecture == 'llama' || !has(self.ropeTheta)",
+            "ropeTheta is for architecture llama (gpt learns its positions); remove it or use llama",
+        ),
+        Rule(
+            "self.architecture == 'llama' || !has(self.init)",
+            "init.huggingface loads llama weights only; use architecture: llama or remove init",
+        ),
+        Rule(
+            "self.architecture != 'llama' || self.hiddenSize % self.attentionHeads != 0 || "
+            "(self.hiddenSize / self.attentionHeads) % 2 == 0",
+            "the head size hiddenSize/attentionHeads must be even for llama's rotary embeddings",
+        ),
+    )
+
     layers: Annotated[
         int,
         Field("Number of transformer layers; pipeline stages split these.", minimum=1, maximum=MAX_LAYERS),
@@ -489,6 +524,22 @@ class CheckpointSpec:
 
 @dataclass(frozen=True)
 class TrainingSpec:
+    # CEL rules the API server checks (Kubernetes 1.25+); cross_check makes the same checks
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            "self.globalBatchSize % self.microBatchSize == 0",
+            "globalBatchSize must be a multiple of microBatchSize",
+        ),
+        Rule(
+            "!has(self.warmupIterations) || self.warmupIterations <= self.iterations",
+            "warmupIterations must be at most iterations",
+        ),
+        Rule(
+            "!has(self.minLearningRate) || self.minLearningRate <= self.learningRate",
+            "minLearningRate must be at most learningRate (the schedule decays from one to the other)",
+        ),
+    )
+
     global_batch_size: Annotated[
         int,
         Field(
@@ -790,6 +841,11 @@ class LabelSelector:
 
 @dataclass(frozen=True)
 class NodesSpec:
+    # a CEL rule the API server checks (Kubernetes 1.25+); cross_check makes the same check
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("!has(self.minCount) || self.minCount <= self.count", "minCount must be at most count"),
+    )
+
     count: Annotated[
         int,
         Field(
@@ -989,11 +1045,55 @@ class RunPolicy:
 
 @dataclass(frozen=True, eq=True)
 class JobSpec:
+    # CEL rules across sections the API server checks (Kubernetes 1.25+); cross_check,
+    # tensor_parallel_problems and moe_problems make the same checks. A degree is an int or "auto"
+    # (parallelism has no server default: absent, every degree is 1 or auto); a degree below 1 is
+    # refused by its own rule, and skipped here rather than divided by.
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            "!has(self.parallelism) || type(self.parallelism.tensor) != int || "
+            "self.parallelism.tensor < 1 || "
+            "self.nodes.gpusPerNode % self.parallelism.tensor == 0",
+            "parallelism.tensor must divide nodes.gpusPerNode (tensor parallelism stays inside a node)",
+        ),
+        Rule(
+            "!has(self.parallelism) || type(self.parallelism.tensor) != int || "
+            "self.parallelism.tensor < 1 || "
+            "(self.model.attentionHeads % self.parallelism.tensor == 0 && "
+            "self.model.vocabSize % self.parallelism.tensor == 0)",
+            "parallelism.tensor must divide model.attentionHeads and model.vocabSize (pad the vocabulary "
+            "to a multiple of it)",
+        ),
+        Rule(
+            "!has(self.parallelism) || type(self.parallelism.pipeline) != int || "
+            "self.parallelism.pipeline <= self.model.layers",
+            "parallelism.pipeline must be at most model.layers (every stage needs a layer)",
+        ),
+        Rule(
+            "!has(self.parallelism) || type(self.parallelism.data) != int || self.parallelism.data < 1 || "
+            "self.training.globalBatchSize % (self.parallelism.data * self.training.microBatchSize) == 0",
+            "training.globalBatchSize must be a multiple of parallelism.data x training.microBatchSize",
+        ),
+        Rule(
+            "!has(self.model.moe) || !has(self.parallelism) || type(self.parallelism.expert) != int || "
+            "self.parallelism.expert < 1 || "
+            "self.model.moe.experts % self.parallelism.expert == 0",
+            "parallelism.expert must divide model.moe.experts",
+        ),
+    )
+
     model: Annotated[
         ModelSpec,
         Field(
             "The decoder to train (architecture gpt or llama). Immutable once the job has started "
-            "(checkpoints hold this model's weights): create a new HolmesJob instead."
+            "(checkpoints hold this model's weights): create a new HolmesJob instead. API servers "
+            "that run CEL rules (1.25+) refuse any edit of it; older ones leave it to the operator.",
+            rules=(
+                Rule(
+                    "self == oldSelf",
+                    "model is immutable (a job's checkpoints hold this model): create a new HolmesJob",
+                ),
+            ),
         ),
     ]
     training: Annotated[

@@ -12,7 +12,12 @@ default is the dataclass default, its manifest key the camelCase of its name. Fr
 - ``minimum``/``maximum``/``exclusive_minimum``, ``min_items``/``max_items``: bounds checked by
   both the reader and the API server; a spec string is never empty;
 - a field without a default is required; a scalar default is also the API server's
-  (``default:`` in the CRD) unless ``server_default=False``, an object's default there is ``{}``.
+  (``default:`` in the CRD) unless ``server_default=False``, an object's default there is ``{}``;
+- ``rules=`` (on a field) and a ``RULES`` class attribute (on a dataclass, for checks across its
+  fields): CEL rules (:class:`Rule`) the API server checks at admission, Kubernetes 1.25+. An
+  integer field with ``words`` gets its rule from the declaration (the schema alone cannot bound
+  an int-or-string). The reader, or the spec's cross checks, make each check too: older servers
+  and the operator rely on those.
 
 What no declaration can say (a value whose meaning depends on another field, a legacy form, a
 manifest shape that differs from the dataclass) is a ``read=`` function next to the dataclass:
@@ -47,6 +52,18 @@ ReadHook = Callable[["Reader", Any, str, Mapping[str, Any]], Any]
 
 
 @dataclass(frozen=True)
+class Rule:
+    """One CEL rule of the CRD (``x-kubernetes-validations``), checked by the API server at
+    admission from Kubernetes 1.25 on. ``rule`` sees the value as ``self`` (a transition rule
+    also its stored value as ``oldSelf``, and runs on updates only); ``message`` names the field
+    and the fix, as the reader's problems do. Only ``rule`` and ``message``: the fields 1.25
+    knows (``messageExpression`` is 1.27+, ``reason``/``fieldPath`` 1.28+)."""
+
+    rule: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Field:
     """One field's declaration: the doc the CRD's description (``kubectl explain``) shows, and
     what values it takes. See the module docstring."""
@@ -66,6 +83,7 @@ class Field:
     key: str | None = None  # the manifest key when not camel(name)
     read: ReadHook | None = None
     schema: Mapping[str, Any] | type | None = None
+    rules: tuple[Rule, ...] = ()  # CEL rules on this field's value (see Rule)
 
 
 def camel(name: str) -> str:
@@ -326,6 +344,17 @@ def object_schema(cls: type, *, preserve_unknown: bool = False) -> dict[str, Any
     if required:
         out["required"] = required
     out["properties"] = {f.key: field_schema(f, spec=spec) for f in fields}
+    return with_rules(out, getattr(cls, "RULES", ()))
+
+
+RULES_KEY = "x-kubernetes-validations"
+
+
+def with_rules(schema: Mapping[str, Any], rules: tuple[Rule, ...] | list[Rule]) -> dict[str, Any]:
+    """``schema`` with ``rules`` added to its CEL rules."""
+    out = dict(schema)
+    if rules:
+        out[RULES_KEY] = [*out.get(RULES_KEY, ()), *({"rule": r.rule, "message": r.message} for r in rules)]
     return out
 
 
@@ -341,13 +370,13 @@ def field_schema(f: Declared, *, spec: bool = True) -> dict[str, Any]:
         out["default"] = {} if dataclasses.is_dataclass(f.default) else f.default
     if s.nullable:
         out["nullable"] = True
-    return with_description(out, s.doc)
+    return with_description(with_rules(out, s.rules), s.doc)
 
 
 def with_description(schema: Mapping[str, Any], doc: str) -> dict[str, Any]:
     """``schema`` with its description after the field's own keys, before its sub-fields (where
     a reader of the YAML looks for it)."""
-    nested = ("required", "properties", "items", "additionalProperties")
+    nested = (RULES_KEY, "required", "properties", "items", "additionalProperties")
     out = {k: v for k, v in schema.items() if k not in nested}
     out["description"] = doc
     out.update((k, v) for k, v in schema.items() if k in nested)
@@ -358,7 +387,7 @@ def _type_schema(tp: Any, s: Field, *, spec: bool) -> dict[str, Any]:
     if tp is bool:
         return {"type": "boolean"}
     if s.words:
-        return {"x-kubernetes-int-or-string": True}
+        return with_rules({"x-kubernetes-int-or-string": True}, [words_rule(s)])
     if tp in (int, float):
         out: dict[str, Any] = {"type": "integer" if tp is int else "number"}
         if s.exclusive_minimum:
@@ -394,6 +423,15 @@ def _type_schema(tp: Any, s: Field, *, spec: bool) -> dict[str, Any]:
             return {"type": "object", **PRESERVE}
         return {"type": "object", "additionalProperties": _type_schema(args[1], Field(""), spec=spec)}
     raise TypeError(f"no OpenAPI rule for {tp!r}; give the field a schema=")
+
+
+def words_rule(s: Field) -> Rule:
+    """An int-or-string field's CEL rule: one of its words, or an integer within its bounds."""
+    words = ", ".join(f"'{w}'" for w in s.words)
+    bounds = [f"self >= {_number(s.minimum)}"] if s.minimum is not None else []
+    bounds += [f"self <= {_number(s.maximum)}"] if s.maximum is not None else []
+    number = " && ".join(bounds) or "true"
+    return Rule(f"type(self) == string ? self in [{words}] : {number}", f"must be {_integer_kind(s)}")
 
 
 def _server_default(f: Declared) -> bool:

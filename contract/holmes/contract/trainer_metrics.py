@@ -9,7 +9,9 @@ Two channels carry the same numbers:
   keys camelCase as in status.progress;
 - Prometheus gauges on the metrics port: :data:`GAUGES` (one series each),
   :data:`STAGE_GAUGES` (one series per pipeline stage, label :data:`STAGE_LABEL`),
-  :data:`FABRIC_GAUGE` (one per fabric mismatch, label :data:`MESSAGE_LABEL`) and
+  :data:`FABRIC_GAUGE` (how many fabric problems the start-up check found, one series per
+  kind in :data:`FABRIC_KINDS`, label :data:`FABRIC_KIND_LABEL`: label values come from closed
+  sets, never from free text, so a scrape's series stay few and stable) and
   :data:`TIME_GAUGE` (where the last iteration's time went, label :data:`PART_LABEL`).
 """
 
@@ -67,7 +69,13 @@ STAGE_GAUGES: Final[Mapping[str, str]] = {
 }
 STAGE_INTEGER_KEYS: Final = (STAGE_LABEL, "layers", "samples")
 
-FABRIC_GAUGE: Final = "holmes_trainer_fabric_problem"  # 1 per mismatch the start-up check found
-MESSAGE_LABEL: Final = "message"
+# The start-up fabric check's findings (training.fabricCheck: warn), counted per kind; the
+# messages themselves are in the start and done lines (status.progress.fabricWarnings).
+FABRIC_GAUGE: Final = "holmes_trainer_fabric_problems"
+FABRIC_KIND_LABEL: Final = "kind"
+FABRIC_KINDS: Final[Mapping[str, str]] = {
+    "devices": "ranks of IB groups whose pod lacks what NCCL's IB transport needs",
+    "socketFallback": "groups planned on IB that run on TCP sockets instead",
+}
 TIME_GAUGE: Final = "holmes_trainer_time_seconds"  # the keys of an iteration line's "time"
 PART_LABEL: Final = "part"

@@ -17,6 +17,7 @@ from kubernetes import client, config
 from holmes.contract.names import RDMA_KINDS
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
+from . import metrics
 from .core.reconcile import RestartBackoff
 from .core.render import RenderSettings
 from .core.template import BASELINE, LEVELS, POLICY_OPTIONS, PSS_VERSION, TemplatePolicy
@@ -367,6 +368,7 @@ async def serve(
     both the caches are filled and this replica leads. A clean exit hands the Lease over."""
     electing = asyncio.create_task(elector.run()) if elector else None
     rt.leading = elector.leading if elector else None
+    metrics.LEADER.set(0 if elector else 1)  # without --leader-elect this one replica acts
     try:
         await kopf.operator(
             registry=registry,

@@ -223,14 +223,22 @@ class Runtime:
         return True
 
     def _account(self, job: Mapping, old: Mapping, d: Decision, created: int) -> None:
-        metrics.PODS_CREATED.inc(created)
+        ns = job["metadata"]["namespace"]
+        if created:
+            metrics.PODS_CREATED.labels(ns).inc(created)
         if int(d.status.get("restarts") or 0) > int(old.get("restarts") or 0):
-            metrics.RESTARTS.inc()
+            metrics.RESTARTS.labels(ns).inc()
+        if replans(d.status) > replans(old):
+            metrics.REPLANS.labels(ns).inc()
         if d.status.get("phase") == "Failed" and old.get("phase") != "Failed":
             reason = next(
                 (c.get("reason") for c in d.status.get("conditions") or [] if c.get("type") == "Failed"), ""
             )
-            metrics.FAILURES.labels(reason or "Unknown").inc()
+            metrics.FAILURES.labels(ns, reason or "Unknown").inc()
+
+
+def replans(status: Mapping) -> int:
+    return int((status.get("adaptation") or {}).get("replans") or 0)
 
 
 def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:

@@ -26,6 +26,8 @@ from datetime import datetime, timezone
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from . import metrics
+
 log = logging.getLogger("holmes.operator.leader")
 
 
@@ -178,6 +180,7 @@ class LeaderElector:
         except (ApiException, OSError) as e:  # it expires by itself
             log.warning("could not release the leader lease: %s", e, extra={"lease": self._where()})
         self.leading.clear()
+        metrics.LEADER.set(0)
 
     # ---- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -186,6 +189,7 @@ class LeaderElector:
         while not self.leading.is_set():
             if await self._try():
                 self.leading.set()
+                metrics.LEADER.set(1)
                 log.info("leading", extra={"lease": self._where(), "identity": cfg.identity})
             else:
                 await asyncio.sleep(cfg.retry)
@@ -201,6 +205,7 @@ class LeaderElector:
                     extra={"lease": self._where(), "identity": cfg.identity},
                 )
                 self.leading.clear()
+                metrics.LEADER.set(0)
                 self.on_lost()
                 return
 

@@ -1,5 +1,9 @@
 """Prometheus metrics of the operator (prometheus-client's default registry, so the process
-collector's memory and CPU series come along)."""
+collector's memory and CPU series come along). Per-job series carry the job's ``namespace`` (a
+tenant's view; bounded by the namespaces the operator serves), never a job name or free text.
+Only the leader acts: a standby reports ``holmes_leader`` 0 and no jobs, so aggregate with
+``max``/``sum by (namespace, phase)`` over the replicas, or keep ``holmes_leader == 1``.
+charts/holmes's PrometheusRule and dashboard use these names (tests/packaging check them)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,16 @@ from prometheus_client import Counter, Gauge, Histogram
 
 PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 
-JOBS = Gauge("holmes_jobs", "HolmesJobs known to this operator, by phase", ["phase"])
+JOBS = Gauge(
+    "holmes_jobs",
+    "HolmesJobs this operator acts on, by namespace and phase (0 on a standby)",
+    ["namespace", "phase"],
+)
+LEADER = Gauge(
+    "holmes_leader",
+    "1 while this replica acts on jobs (holds the leader Lease, or runs without --leader-elect); "
+    "0 while it stands by",
+)
 RECONCILE_SECONDS = Histogram(
     "holmes_reconcile_duration_seconds",
     "Time of one reconcile of a HolmesJob",
@@ -19,9 +32,14 @@ PLANNING_SECONDS = Histogram(
     "ahead, the layout search; rendering the pods after it)",
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),
 )
-PODS_CREATED = Counter("holmes_pods_created_total", "Pods created for HolmesJobs")
-RESTARTS = Counter("holmes_restarts_total", "Gang restarts after a pod failure")
-FAILURES = Counter("holmes_job_failures_total", "HolmesJobs that ended Failed, by reason", ["reason"])
+PODS_CREATED = Counter("holmes_pods_created_total", "Pods created for HolmesJobs", ["namespace"])
+RESTARTS = Counter("holmes_restarts_total", "Gang restarts (all reasons)", ["namespace"])
+REPLANS = Counter(
+    "holmes_replans_total", "Re-plans from measured stage speeds (parallelism.replan)", ["namespace"]
+)
+FAILURES = Counter(
+    "holmes_job_failures_total", "HolmesJobs that ended Failed, by reason", ["namespace", "reason"]
+)
 RECONCILE_ERRORS = Counter("holmes_reconcile_errors_total", "Reconciles that raised (retried with backoff)")
 COST_MODEL_VALID = Gauge(
     "holmes_cost_model_valid",
@@ -38,20 +56,31 @@ COST_MODEL_RELOADS = Counter("holmes_cost_model_reloads_total", "Changed --cost-
 
 
 class PhaseTracker:
-    """The phase of every job this operator serves, exported as one gauge per phase."""
+    """The phase of every job this operator acts on, exported as one gauge per namespace and
+    phase; a namespace's series go when its last job does."""
 
     def __init__(self) -> None:
         self._phase: dict[tuple[str, str], str] = {}
-        for p in PHASES:
-            JOBS.labels(p).set(0)
+        self._exported: set[tuple[str, str]] = set()
 
     def set(self, key: tuple[str, str], phase: str | None) -> None:
         if phase is None:
             self._phase.pop(key, None)
         else:
             self._phase[key] = phase
-        for p, n in self.counts().items():
-            JOBS.labels(p).set(n)
+        series = {(ns, p): n for ns, phases in self.by_namespace().items() for p, n in phases.items()}
+        for gone in self._exported - set(series):
+            JOBS.remove(*gone)
+        for labels, n in series.items():
+            JOBS.labels(*labels).set(n)
+        self._exported = set(series)
+
+    def by_namespace(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for (ns, _), p in self._phase.items():
+            row = out.setdefault(ns, dict.fromkeys(PHASES, 0))
+            row[p] = row.get(p, 0) + 1
+        return out
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(PHASES, 0)

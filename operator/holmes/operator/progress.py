@@ -67,6 +67,15 @@ def _clean_stages(rows: Any) -> list[dict[str, Any]]:
     return out if [r[wire.STAGE_LABEL] for r in out] == list(range(len(out))) else []
 
 
+def fabric_warning(kind: str, count: int) -> str:
+    """A running trainer's fabric problems of one kind, as status.progress.fabricWarnings says it
+    until the done line brings each message (the metrics port carries counts only)."""
+    return (
+        f"fabricCheck warn: {count} {wire.FABRIC_KINDS[kind]} (the rank-0 trainer's start line in "
+        "its log lists each one)"
+    )
+
+
 def from_prometheus(text: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     fabric: list[str] = []
@@ -75,8 +84,12 @@ def from_prometheus(text: str) -> dict[str, Any]:
         for s in fam.samples:
             if s.name in GAUGES and not s.labels:
                 values[GAUGES[s.name]] = s.value
-            elif s.name == wire.FABRIC_GAUGE and s.value and wire.MESSAGE_LABEL in s.labels:
-                fabric.append(s.labels[wire.MESSAGE_LABEL])
+            elif (
+                s.name == wire.FABRIC_GAUGE
+                and s.value
+                and s.labels.get(wire.FABRIC_KIND_LABEL) in wire.FABRIC_KINDS
+            ):
+                fabric.append(fabric_warning(s.labels[wire.FABRIC_KIND_LABEL], int(s.value)))
             elif s.name in STAGE_GAUGES and s.labels.get(wire.STAGE_LABEL, "").isdigit():
                 stage = s.labels[wire.STAGE_LABEL]
                 row = stages.setdefault(stage, {wire.STAGE_LABEL: int(stage)})

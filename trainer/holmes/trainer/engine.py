@@ -114,7 +114,7 @@ class Trainer:
             host_group=self.vote.group,
             timeout_s=cfg.timeout_seconds,
         )
-        self.sink.fabric_problems(self.fabric.messages())
+        self.sink.fabric_problems(self.fabric.counts())
         self.groups.preemption = self.vote.group
         # Checkpoint coordination (DCP's plan exchange and barriers) on a host group of its own:
         # pickled plans stay in host memory, and a save slower than the NCCL timeout (a big

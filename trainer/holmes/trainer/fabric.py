@@ -176,6 +176,11 @@ class FabricReport:
             )
         return out
 
+    def counts(self) -> dict[str, int]:
+        """The findings per kind of contract.trainer_metrics.FABRIC_KINDS (the metrics port's
+        series; the messages go in the start and done lines)."""
+        return {"devices": len(self.findings), "socketFallback": len(self.nets)}
+
     def summary(self) -> dict[str, Any]:
         return {
             "check": self.mode,

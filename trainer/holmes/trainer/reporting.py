@@ -66,8 +66,8 @@ class MetricsSink:
         )
         self._fabric = Gauge(
             wire.FABRIC_GAUGE,
-            "1 per fabric mismatch the start-up check found (training.fabricCheck: warn)",
-            [wire.MESSAGE_LABEL],
+            "Fabric problems the start-up check found, by kind (training.fabricCheck: warn)",
+            [wire.FABRIC_KIND_LABEL],
             registry=self.registry,
         )
         self._stage = {
@@ -83,10 +83,11 @@ class MetricsSink:
         self.server = started[0] if isinstance(started, tuple) else None
         self.port = self.server.server_port if self.server is not None else port
 
-    def fabric_problems(self, messages: list[str]) -> None:
+    def fabric_problems(self, counts: dict[str, int]) -> None:
+        """How many problems of each kind (wire.FABRIC_KINDS) the start-up check found."""
         if self.enabled and self._gauges:
-            for m in messages[:20]:  # one series each; a broken fabric on every rank stays readable
-                self._fabric.labels(m[:400]).set(1)
+            for kind in wire.FABRIC_KINDS:
+                self._fabric.labels(kind).set(counts.get(kind, 0))
 
     def stages(self, summary: list[dict[str, Any]]) -> None:
         """Every stage's medians as gauges (rank 0; nothing before the first window)."""
