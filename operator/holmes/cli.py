@@ -149,6 +149,8 @@ def plan_command(args: argparse.Namespace) -> int:
         return 0
     print("Holmes layout")
     print(explain(holmes))
+    if job.training.across_islands.mode != "pipeline":
+        print_across(nodes, job, config)
     if single is not None:
         print_single_type(holmes, *single)
     if args.compare:
@@ -247,6 +249,25 @@ def single_type(nodes, job, config, holmes):
         print(f"(single-type plan not comparable: {e})", file=sys.stderr)
         return None
     return real, real.estimate["iterationSeconds"] / holmes.estimate["iterationSeconds"]
+
+
+def print_across(nodes, job, config) -> None:
+    """spec.training.acrossIslands.mode replicas or auto: the pipeline against replicas."""
+    from holmes.plan import PlanError
+    from holmes.plan.across_plan import compare_across
+
+    print()
+    print(f"Across islands (spec.training.acrossIslands.mode: {job.training.across_islands.mode})")
+    try:
+        found = compare_across(nodes, job, config)
+    except PlanError as e:
+        print(f"  replicas: not possible here: {e}")
+        return
+    if found is None:
+        print("  all nodes are in one cluster: there is no link to cross, the layout above runs")
+        return
+    for line in found.lines:
+        print(f"  {line}")
 
 
 def print_estimates(a: dict, b: dict, a_name: str, b_name: str) -> None:

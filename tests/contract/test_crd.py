@@ -96,6 +96,14 @@ def test_spec_fields_match_what_the_operator_parses():
             "fabricCheck": "fail",
             "data": {"synthetic": {}},
             "checkpoint": {"path": "/c", "intervalIterations": 1, "onPreemption": False},
+            "acrossIslands": {
+                "mode": "replicas",
+                "innerSteps": 20,
+                "outerLearningRate": 0.7,
+                "outerMomentum": 0.9,
+                "fragments": 2,
+                "exchangeDtype": "bfloat16",
+            },
         },
         "parallelism": {
             "tensor": 1,

@@ -28,6 +28,7 @@ TRAINING = {
     "fabricCheck": "fail",
     "eval": {"data": {"path": "/eval.bin"}, "intervalIterations": 2},
     "checkpoint": {"path": "/ckpt", "intervalIterations": 5, "onPreemption": False, "asynchronous": False},
+    "acrossIslands": {"mode": "replicas", "innerSteps": 4, "fragments": 2},
 }
 JOB = holmes_job(
     "tiny",
@@ -67,6 +68,7 @@ def test_every_field_named_like_the_contracts_is_the_jobs():
             "activation_recompute",
             "grad_reduce_dtype",
             "fabric_check",
+            "across_islands",
         },
         OptimizerConfig: {
             "learning_rate",

@@ -49,6 +49,8 @@ PARTITION_MODES = ("adaptive", "uniform")
 NIC_SELECTION_MODES = ("auto", "off")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 FABRIC_CHECKS = ("fail", "warn", "off")
+ACROSS_ISLANDS_MODES = ("pipeline", "replicas", "auto")
+EXCHANGE_DTYPES = ("float32", "bfloat16")
 GRAD_REDUCE_BYTES = {"float32": 4, "bfloat16": 2}
 ARCHITECTURES = ("gpt", "llama")
 DECAYS = ("cosine", "linear", "constant")
@@ -523,6 +525,63 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
+class AcrossIslandsSpec:
+    """How training crosses the slow links between islands: the paper's pipeline cut (only
+    activations cross), or DiLoCo replicas that meet every innerSteps steps (trainer outer.py)."""
+
+    mode: Annotated[
+        str,
+        Field(
+            "pipeline (default): one model across the islands, cut into pipeline stages where the "
+            "links are slow, updated synchronously. replicas: every island trains a whole replica "
+            "(its own pipeline, data and tensor parallelism) and the replicas average the change "
+            "of their weights every innerSteps steps with an outer Nesterov step (DiLoCo); this "
+            "changes the optimization, so it is opt-in. auto: the planner picks whichever it "
+            "estimates reaches the loss sooner.",
+            enum=ACROSS_ISLANDS_MODES,
+        ),
+    ] = "pipeline"
+    inner_steps: Annotated[
+        int,
+        Field(
+            "With replicas: optimizer steps each replica takes on its own between two "
+            "synchronizations over the slow link (DiLoCo's H).",
+            minimum=1,
+        ),
+    ] = 50
+    outer_learning_rate: Annotated[
+        float,
+        Field(
+            "With replicas: the outer step's learning rate on the replicas' averaged weight change "
+            "(1 with outerMomentum 0 is plain weight averaging).",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    ] = 0.7
+    outer_momentum: Annotated[
+        float,
+        Field("With replicas: the outer step's Nesterov momentum (0: none).", minimum=0, maximum=0.999),
+    ] = 0.9
+    fragments: Annotated[
+        int,
+        Field(
+            "With replicas: synchronize the weights in this many fragments, one every "
+            "innerSteps / fragments steps (Streaming DiLoCo), so each exchange sends 1/fragments "
+            "of the model; divides innerSteps.",
+            minimum=1,
+        ),
+    ] = 1
+    exchange_dtype: Annotated[
+        str,
+        Field(
+            "With replicas: the dtype the weight changes cross the slow link in; bfloat16 halves "
+            "the bytes, the outer step still runs in float32.",
+            enum=EXCHANGE_DTYPES,
+        ),
+    ] = "float32"
+
+
+@dataclass(frozen=True)
 class TrainingSpec:
     # CEL rules the API server checks (Kubernetes 1.25+); cross_check makes the same checks
     RULES: ClassVar[tuple[Rule, ...]] = (
@@ -662,6 +721,14 @@ class TrainingSpec:
             enum=FABRIC_CHECKS,
         ),
     ] = "warn"
+    across_islands: Annotated[
+        AcrossIslandsSpec,
+        Field(
+            "How training crosses the slow links between islands: pipeline stages (default) or "
+            "replicas that synchronize every innerSteps steps (DiLoCo), or auto (the planner picks).",
+            server_default=False,
+        ),
+    ] = field(default_factory=AcrossIslandsSpec)
 
     @property
     def grad_reduce_bytes(self) -> int:
@@ -1287,6 +1354,12 @@ def cross_check(job: JobSpec) -> list[str]:
         )
     out += _architecture_checks(m)
     out += moe_problems(job)
+    a = t.across_islands
+    if a.inner_steps % a.fragments:
+        out.append(
+            f"spec.training.acrossIslands.fragments: {a.fragments} does not divide innerSteps "
+            f"{a.inner_steps}; pick a divisor so every fragment is synchronized once per innerSteps"
+        )
     world = job.world_size
     T = p.tensor
     if isinstance(T, int):

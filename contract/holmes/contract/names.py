@@ -50,6 +50,11 @@ ENV_HOST_HCAS = "HOLMES_HOST_HCAS"  # the node's compute-rail HCAs, comma-separa
 # The trainer and the operator agree on how a graceful stop is told apart from a failure.
 EXIT_PREEMPTED = 83  # the trainer stopped on SIGTERM (preemption, eviction, deletion): a disruption
 ENV_GRACE_SECONDS = "HOLMES_GRACE_SECONDS"  # the pod's terminationGracePeriodSeconds, for the trainer
+# spec.training.acrossIslands.mode replicas: which replica a pod's trainers belong to, how many
+# there are, and host:port of the outer group's store (served by replica 0's rank 0).
+ENV_REPLICA = "HOLMES_REPLICA"
+ENV_REPLICAS = "HOLMES_REPLICAS"
+ENV_OUTER_ADDR = "HOLMES_OUTER_ADDR"
 
 # GPU Feature Discovery's node labels (NVIDIA's gpu-feature-discovery): the GPU type per node.
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"  # e.g. NVIDIA-H100-80GB-HBM3

@@ -48,6 +48,7 @@ class Fabric:
     socket_efficiency: float = 0.6
     socket_gbps: float = 25.0  # host TCP network of RDMA nodes (per node)
     cross_cluster_gbps: float = 25.0  # per node, between clusters
+    cross_cluster_latency_ms: float = 0.0  # one way, between clusters (a WAN: tens of ms)
     # one TCP flow of NCCL's socket transport (one socket driven by one thread); NCCL's docs'
     # 4 threads x 4 sockets for a generic 100 Gbit/s network make it 100/16
     socket_flow_gbps: float = 6.25

@@ -20,6 +20,9 @@ Environment knobs (flags win over them):
   when it exists), for the operator once the pod has terminated
 - HOLMES_GRACE_SECONDS: seconds from SIGTERM to SIGKILL (the pod's terminationGracePeriodSeconds;
   default 30)
+- HOLMES_REPLICA, HOLMES_REPLICAS, HOLMES_OUTER_ADDR (host:port): with
+  spec.training.acrossIslands.mode replicas, this world is replica HOLMES_REPLICA of
+  HOLMES_REPLICAS, whose outer group meets at the store replica 0's rank 0 serves there (outer.py)
 
 Exit codes: 0 done, 1 failed, 2 cannot start (configuration), 83 (holmes.contract.names.
 EXIT_PREEMPTED) stopped on SIGTERM at an iteration boundary all ranks agreed on, after saving a
@@ -92,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .engine import Trainer
     from .groups import init_world
+    from .outer import ReplicaError, ReplicaPlace
     from .preempt import note_exit
     from .reporting import MetricsSink
     from .startup import StartupError, report, start
@@ -120,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({wire.EVENT_KEY: wire.ERROR, "rank": 0, "message": str(e)[:2000]}), flush=True)
         return 2
     cfg, layout, rank = started.cfg, started.layout, started.rank
+    try:
+        replica = ReplicaPlace.from_env(os.environ)
+    except ReplicaError as e:
+        report("holmes.trainer", StartupError(str(e), rank))
+        return 2
     term = os.environ.get(
         "HOLMES_TERMINATION_LOG", "/dev/termination-log" if os.path.exists("/dev/termination-log") else ""
     )
@@ -142,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             sink=sink,
             fabric_root=os.environ.get("HOLMES_FABRIC_ROOT") or None,
             preemption=preemption,
+            replica=replica,
         )
         trainer.train()
         if trainer.preempted is not None:

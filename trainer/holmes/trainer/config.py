@@ -20,6 +20,7 @@ from holmes.contract import JobSpec, Layout, ModelSpec, load_job
 from holmes.contract.jobspec import (
     DECAYS,
     FABRIC_CHECKS,
+    AcrossIslandsSpec,
     CheckpointSpec,
     EvalSpec,
     ParallelismSpec,
@@ -132,6 +133,8 @@ class TrainConfig:
     fabric_check: str = TrainingSpec.fabric_check  # fail | warn | off (see fabric.py)
     pipeline_schedule: str = "1F1B"  # or GPipe (HOLMES_PIPELINE_SCHEDULE); see check_schedule
     sequence_parallel: bool = ParallelismSpec.sequence_parallel  # with tensor > 1
+    # pipeline (one world) or replicas (DiLoCo between worlds, outer.py); from the job by name
+    across_islands: AcrossIslandsSpec = field(default_factory=AcrossIslandsSpec)
 
     def __post_init__(self) -> None:
         for name in ("dtype", "grad_reduce_dtype"):

@@ -77,6 +77,9 @@ class _Bucket:
     reduce_out: torch.Tensor | None = None  # this rank's reduced shard in the reduce dtype
     grad_shard: torch.Tensor | None = None
     master: torch.Tensor | None = None
+    # more fp32 state shaped as the shard, kept by others (outer.py's anchor and momentum), saved
+    # and resharded with the moments
+    extra: dict[str, torch.Tensor] | None = None
     exp_avg: torch.Tensor | None = None
     exp_avg_sq: torch.Tensor | None = None
     decay: torch.Tensor | None = None  # bool mask over the shard: which elements get weight decay
@@ -418,7 +421,27 @@ class DistributedOptimizer:
         out = {"master": b.master}
         if b.exp_avg is not None:
             out.update(exp_avg=b.exp_avg, exp_avg_sq=b.exp_avg_sq)
+        out.update(b.extra or {})
         return out
+
+    def masters(self) -> list[torch.Tensor]:
+        """This rank's fp32 master shard of every bucket, in bucket order (outer.py's operand)."""
+        return [b.master for b in self.buckets]
+
+    def add_shard_state(self, name: str, tensors: list[torch.Tensor]) -> None:
+        """Keep ``tensors`` (one per bucket, shaped as its master shard) as state ``name``: saved
+        and loaded with the optimizer's own (checkpoint.optimizer_tensors)."""
+        if len(tensors) != len(self.buckets):
+            raise ValueError(f"state {name}: {len(tensors)} tensors for {len(self.buckets)} buckets")
+        for b, t in zip(self.buckets, tensors):
+            if t.shape != b.master.shape:
+                raise ValueError(f"state {name}: shape {tuple(t.shape)} != shard {tuple(b.master.shape)}")
+            b.extra = {**(b.extra or {}), name: t}
+
+    def republish(self) -> None:
+        """The parameters again from the master shards, after someone else changed them."""
+        self.wait_param_gathers()
+        self._gather_params()
 
     def bucket_state_dict(self, prefix: str) -> dict[str, Any]:
         """The per-bucket keys of checkpoints of format 1 (read only under their own layout)."""

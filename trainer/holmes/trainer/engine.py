@@ -6,8 +6,10 @@ The default process group must already be initialised (the entry point or a test
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +20,7 @@ from holmes.contract import ModelCost, flops
 from holmes.contract import trainer_metrics as wire
 from holmes.contract.layout import Layout
 
-from . import checkpoint, fabric, preempt
+from . import checkpoint, fabric, outer, preempt
 from .assemble import load_start_weights, stage_model
 from .async_checkpoint import AsyncCheckpointer, Saved
 from .config import OptimizerConfig, TrainConfig
@@ -61,6 +63,23 @@ def layout_signature(layout: Layout) -> dict[str, Any]:
     }
 
 
+def replicas_of(cfg: TrainConfig, place: outer.ReplicaPlace | None) -> outer.ReplicaPlace | None:
+    """This run's place among replicas (None: one synchronous world). mode replicas without a
+    place is one replica (outer steps on itself); auto follows what the operator decided (a
+    place given or not); pipeline with a place is a mismatch between job and launcher."""
+    mode = cfg.across_islands.mode
+    if mode == "pipeline":
+        if place is not None:
+            raise outer.ReplicaError(
+                f"{outer.ENV_REPLICA} is set but spec.training.acrossIslands.mode is pipeline: set "
+                "mode replicas (or auto), or start the trainer without the replica variables"
+            )
+        return None
+    if mode == "replicas" and place is None:
+        return outer.ReplicaPlace(0, 1, "", 0)
+    return place
+
+
 class Trainer:
     def __init__(
         self,
@@ -74,8 +93,13 @@ class Trainer:
         fabric_root: str | None = None,
         preemption: preempt.Preemption | None = None,
         host_backend: str = "gloo",
+        replica: outer.ReplicaPlace | None = None,
     ):
         cfg.check_against_layout(layout)
+        self.replica = replicas_of(cfg, replica)
+        if self.replica is not None and cfg.checkpoint.path:  # each replica resumes its own state
+            path = os.path.join(cfg.checkpoint.path, f"replica-{self.replica.replica}")
+            cfg = cfg.with_(checkpoint=replace(cfg.checkpoint, path=path))
         if dist.get_world_size() != layout.world_size:
             raise RuntimeError(
                 f"the layout needs {layout.world_size} ranks but {dist.get_world_size()} "
@@ -168,6 +192,18 @@ class Trainer:
                 n for n, _ in self.module.named_parameters() if sharding.split_of(global_name(n)) is None
             },
         )
+        # replicas: the outer group (the same rank of every replica) and the outer optimizer
+        self.outer: outer.OuterSync | None = None
+        if self.replica is not None:
+            group: outer.OuterGroup = outer.LocalGroup()
+            if self.replica.replicas > 1:
+                group = outer.OuterGroup.connect(
+                    self.replica, rank, layout.world_size, backend, cfg.timeout_seconds
+                )
+                self.groups.created.append(
+                    {"kind": "outer", "size": group.size, "backend": backend, "net": outer.OUTER_NET}
+                )
+            self.outer = outer.OuterSync(self.opt, cfg.across_islands, group)
         self.runner = MicroBatchRunner(
             self.module,
             cfg.model,
@@ -194,7 +230,10 @@ class Trainer:
                 cfg.data.token_dtype,
                 blend=cfg.data.blend,
             )
-            self.loader = BatchLoader(source, Sharding(cfg.global_batch_size, D, info.dp_index))
+            R, r = (1, 0) if self.replica is None else (self.replica.replicas, self.replica.replica)
+            # replicas read disjoint samples: replica r's DP rank d is DP rank r*D + d of R*D
+            shards = Sharding(cfg.global_batch_size * R, D * R, r * D + info.dp_index)
+            self.loader = BatchLoader(source, shards)
         self.evaluator = None
         if cfg.eval is not None:
             windows = TokenWindows(cfg.eval.path, cfg.model.vocab_size, cfg.model.seq_length)
@@ -408,6 +447,7 @@ class Trainer:
         self.opt.step(lr, coef)
         t_step = time.perf_counter() - t3
         self.iteration += 1
+        synced = None if self.outer is None else self.outer.after_step(self.iteration)
         seconds = time.perf_counter() - t0
 
         times = self.opt.times
@@ -437,6 +477,8 @@ class Trainer:
                 "data": t_data,
             },
         }
+        if synced is not None:
+            record["outer"] = synced
         if stages is not None:
             record[wire.STAGES] = stages  # measured in the previous iteration (stage_times.py)
         self.history.append(record)
@@ -460,6 +502,8 @@ class Trainer:
     ) -> list[dict[str, Any]]:
         cfg = self.cfg
         self.maybe_resume()
+        if self.outer is not None:  # a replica behind the others takes their weights
+            self.iteration = self.outer.join(self.iteration, layout_signature(self.layout))
         self.sink.emit(
             wire.START,
             iteration=self.iteration,
@@ -481,6 +525,7 @@ class Trainer:
             groups=self.groups.created,  # this rank's communicators, the world group first
             fabric=self.fabric.summary(),  # every rank's findings (gathered)
             **({"weightLoadSeconds": self._load_seconds()} if self.weight_load_seconds else {}),
+            **({"replica": self.replica.replica, "replicas": self.replica.replicas} if self.replica else {}),
         )
         every = cfg.checkpoint.interval_iterations
         while self.iteration < cfg.iterations:

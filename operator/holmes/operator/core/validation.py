@@ -27,6 +27,16 @@ def refusal(
         )
     if denied:
         return "PolicyViolation", "; ".join(denied)
+    if spec.training.across_islands.mode == "replicas":
+        # the trainer runs replicas (trainer/outer.py) when its launcher places each world; this
+        # operator does not render one world per island yet, and a single world would silently
+        # train with an outer optimizer over itself
+        return (
+            "InvalidSpec",
+            "spec.training.acrossIslands.mode: replicas is not run by this operator yet (the trainer "
+            "supports it, launched per island with HOLMES_REPLICA, HOLMES_REPLICAS and "
+            "HOLMES_OUTER_ADDR); use pipeline, or auto (which runs the pipeline for now)" + FIX,
+        )
     if across_members and queueing.volcano_group(spec.template):
         return (
             "InvalidSpec",

@@ -1,0 +1,147 @@
+"""Pipeline across a link, or replicas that meet over it (DiLoCo): which reaches a loss sooner.
+
+Pure. Two islands joined by one link (``Link``: per-node bandwidth and one-way latency, per pair
+of islands), the same total batch either way:
+
+- **pipeline**: one model cut at the link into ``stages`` stages; every micro-batch's
+  activations cross forward and its gradients backward. 1F1B keeps the slower of compute and
+  the link busy for all micro-batches, plus the fill and drain of the other stages:
+  ``max(M * c, M * x) + (P - 1) * (c + 2 x)`` with ``c`` a stage's forward + backward of one
+  micro-batch and ``x`` one crossing (latency + bytes / bandwidth).
+- **replicas**: every island trains the whole model on its share of the batch; every
+  ``inner_steps`` steps the replicas all-reduce the change of their weights over the link
+  (a ring: each sends ``2 (R - 1) / R`` of the bytes, ``2 (R - 1)`` latencies), of which
+  ``overlap`` is hidden behind compute (0 here: the trainer does not overlap the exchange).
+- **convergence**: replicas need ``tokens_ratio`` times the tokens synchronous training needs
+  to reach the same loss. Not derivable from first principles: it is measured
+  (bench/across_sites.py) and passed in, and the verdict says which value it used.
+
+The verdict compares seconds per synchronous-equivalent token: each mode's seconds per token
+times the tokens it needs relative to synchronous training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Tokens to the same loss relative to synchronous training, by inner steps H, as
+# bench/across_sites.py measured them (2 replicas, a 0.87M-parameter GPT, AdamW at 1e-3 untuned
+# for either mode; docs/benchmarks.md#across-sites-pipeline-or-replicas-diloco). Below 1 there:
+# the planner does not bank on replicas beating synchronous training, it takes at least 1.
+MEASURED_TOKENS_RATIO = ((5, 0.70), (20, 0.95))
+
+
+def assumed_tokens_ratio(inner_steps: int) -> tuple[float, str]:
+    """The convergence assumption for ``inner_steps`` and where it comes from (one line)."""
+    hs = [h for h, _ in MEASURED_TOKENS_RATIO]
+    near = min(MEASURED_TOKENS_RATIO, key=lambda hr: abs(hr[0] - inner_steps))
+    basis = f"bench/across_sites.py measured {near[1]:.2f}x synchronous tokens at H={near[0]}"
+    if inner_steps > max(hs):
+        basis += f" (H={inner_steps} is beyond what was measured: larger H usually needs more)"
+    return max(
+        1.0, near[1]
+    ), f"replicas need {max(1.0, near[1]):.2f}x the synchronous tokens ({basis}; taken as at least 1)"
+
+
+@dataclass(frozen=True)
+class Link:
+    """The network between two islands, per node and per direction."""
+
+    gbps: float
+    latency_s: float = 0.0
+
+    def seconds(self, nbytes: float) -> float:
+        return self.latency_s + nbytes * 8 / (self.gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class AcrossWork:
+    """One iteration of the job, in the terms both modes are priced in."""
+
+    compute_s: (
+        float  # forward + backward of the whole model on the whole batch, on one island's share of GPUs
+    )
+    micro_batches: int  # per pipeline, per iteration
+    activation_bytes: float  # one micro-batch's activations at a stage boundary
+    model_bytes: float  # the weights one rank of a replica exchanges per outer step, on the link's dtype
+    tokens_per_iteration: int
+    replicas: int = 2
+    stages: int = 2
+
+
+@dataclass(frozen=True)
+class AcrossChoice:
+    pipeline_s: float  # seconds per iteration
+    replicas_s: float
+    pipeline_s_per_token: float  # per synchronous-equivalent token
+    replicas_s_per_token: float
+    pick: str  # "pipeline" | "replicas"
+    why: str
+
+
+def pipeline_iteration_s(w: AcrossWork, link: Link) -> float:
+    """Seconds per iteration with the model cut at the link into ``w.stages`` stages (the batch's
+    compute spread over the stages, each island's GPUs running one)."""
+    M, P = w.micro_batches, w.stages
+    c = w.compute_s * w.replicas / P / M  # a stage of 1/P of the model on the whole batch, per micro-batch
+    x = link.seconds(w.activation_bytes)
+    return max(M * c, M * x) + (P - 1) * (c + 2 * x)
+
+
+def exchange_s(w: AcrossWork, link: Link, fragments: int = 1) -> float:
+    """One outer step's all-reduce over the link (all fragments together)."""
+    R = w.replicas
+    return 2 * (R - 1) / R * w.model_bytes * 8 / (link.gbps * 1e9) + 2 * (R - 1) * fragments * link.latency_s
+
+
+def replicas_iteration_s(
+    w: AcrossWork, link: Link, inner_steps: int, overlap: float = 0.0, fragments: int = 1
+) -> float:
+    """Seconds per iteration of every replica training its share of the batch, the exchange
+    amortised over ``inner_steps`` and ``overlap`` of it hidden behind compute."""
+    return w.compute_s + (1 - overlap) * exchange_s(w, link, fragments) / inner_steps
+
+
+def choose(
+    w: AcrossWork, link: Link, inner_steps: int, tokens_ratio: float, overlap: float = 0.0, fragments: int = 1
+) -> AcrossChoice:
+    """Which mode reaches a loss sooner over ``link``, with replicas needing ``tokens_ratio``
+    times the synchronous tokens (measured)."""
+    if tokens_ratio <= 0 or inner_steps < 1 or not 0 <= overlap <= 1:
+        raise ValueError(
+            f"tokens_ratio {tokens_ratio} must be > 0, inner_steps {inner_steps} >= 1, "
+            f"overlap {overlap} in [0, 1]"
+        )
+    p = pipeline_iteration_s(w, link)
+    r = replicas_iteration_s(w, link, inner_steps, overlap, fragments)
+    p_tok, r_tok = p / w.tokens_per_iteration, r * tokens_ratio / w.tokens_per_iteration
+    pick = "replicas" if r_tok < p_tok else "pipeline"
+    x = link.seconds(w.activation_bytes)
+    why = (
+        f"pipeline {p * 1e3:.0f} ms/iteration (each of {w.micro_batches} micro-batches crosses the "
+        f"{link.gbps:g} Gbit/s, {link.latency_s * 1e3:g} ms link in {x * 1e3:.1f} ms each way); replicas "
+        f"{r * 1e3:.0f} ms/iteration (the {w.model_bytes / 1e6:.1f} MB exchange every {inner_steps} steps) "
+        f"but {tokens_ratio:.2f}x the tokens to the same loss (measured): "
+        f"{pick} is {max(p_tok, r_tok) / min(p_tok, r_tok):.2f}x faster per token"
+    )
+    return AcrossChoice(p, r, p_tok, r_tok, pick, why)
+
+
+def crossover_gbps(
+    w: AcrossWork, latency_s: float, inner_steps: int, tokens_ratio: float, lo: float = 1e-4, hi: float = 1e4
+) -> float | None:
+    """The link speed above which the pipeline is faster per token (bisection on a log scale);
+    None when one mode wins over the whole range."""
+
+    def pipeline_wins(gbps: float) -> bool:
+        return choose(w, Link(gbps, latency_s), inner_steps, tokens_ratio).pick == "pipeline"
+
+    if pipeline_wins(lo) == pipeline_wins(hi):
+        return None
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        if pipeline_wins(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

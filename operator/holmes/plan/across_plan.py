@@ -1,0 +1,96 @@
+"""``holmes plan`` for a job allowed to cross islands as replicas (acrossIslands.mode replicas or
+auto): the planner's pipeline over all the nodes against one replica per cluster, each planned
+on its own cluster's nodes with its share of the batch, plus the outer exchange over the link
+(holmes.plan.across prices both)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from holmes.contract import JobSpec, Layout, ModelCost
+
+from . import across
+from .costmodel import CostModelConfig
+from .discovery import classify_node
+from .errors import PlanError
+from .planner import plan
+
+
+@dataclass(frozen=True)
+class AcrossPlan:
+    pipeline: Layout
+    replica: Layout  # the slowest cluster's replica layout
+    replicas: int
+    pipeline_s: float  # seconds per iteration
+    replicas_s: float  # a replica's iteration plus the outer exchange amortised over H
+    exchange_s: float  # one outer step
+    pick: str
+    lines: tuple[str, ...]
+
+
+def clusters_of(nodes: Sequence[Any]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for n in nodes:
+        out.setdefault(classify_node(n).cluster, []).append(n)
+    return out
+
+
+def compare_across(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> AcrossPlan | None:
+    """None when the nodes are in one cluster (nothing to cross); PlanError when a replica
+    cannot be planned on a cluster, saying why."""
+    groups = clusters_of(nodes)
+    if len(groups) < 2:
+        return None
+    t, spec = job.training, job.training.across_islands
+    R = len(groups)
+    if t.global_batch_size % (R * t.micro_batch_size):
+        raise PlanError(
+            f"spec.training.globalBatchSize {t.global_batch_size} does not split into {R} replicas of whole "
+            f"micro-batches of {t.micro_batch_size}: make it a multiple of {R * t.micro_batch_size}"
+        )
+    pipeline = plan(nodes, job, cfg)
+    per_replica = min(len(g) for g in groups.values())
+    replica_job = replace(
+        job,
+        training=replace(t, global_batch_size=t.global_batch_size // R),
+        nodes=replace(job.nodes, count=per_replica, min_count=None),
+        parallelism=replace(job.parallelism, pipeline="auto", data="auto"),
+    )
+    replicas = []
+    for name, members in sorted(groups.items()):
+        try:
+            replicas.append(plan(members, replica_job, cfg))
+        except PlanError as e:
+            raise PlanError(f"a replica on cluster {name} cannot be planned: {e}") from None
+    slowest = max(replicas, key=lambda lay: lay.estimate["iterationSeconds"])
+    exchange_bytes = 2 if spec.exchange_dtype == "bfloat16" else 4
+    params = ModelCost.of(job.model).total_params
+    work = across.AcrossWork(
+        compute_s=slowest.estimate["iterationSeconds"],
+        micro_batches=pipeline.micro_batches,
+        activation_bytes=0.0,  # the pipeline's own estimate prices its link; not used below
+        model_bytes=params * exchange_bytes / per_replica,  # each node sends its ranks' shards
+        tokens_per_iteration=t.global_batch_size * job.model.seq_length,
+        replicas=R,
+    )
+    link = across.Link(cfg.fabric.cross_cluster_gbps, cfg.fabric.cross_cluster_latency_ms / 1e3)
+    exchange = across.exchange_s(work, link, spec.fragments)
+    rep_s = across.replicas_iteration_s(work, link, spec.inner_steps, fragments=spec.fragments)
+    pipe_s = pipeline.estimate["iterationSeconds"]
+    ratio, assumption = across.assumed_tokens_ratio(spec.inner_steps)
+    pipe_tok, rep_tok = pipe_s, rep_s * ratio  # same tokens per iteration: compare per iteration
+    pick = "replicas" if rep_tok < pipe_tok else "pipeline"
+    faster = max(pipe_tok, rep_tok) / min(pipe_tok, rep_tok)
+    lines = (
+        f"pipeline across the clusters: {pipe_s:.2f} s/iteration "
+        f"(P={pipeline.pipeline} D={pipeline.data} T={pipeline.tensor}, the link at {link.gbps:g} Gbit/s, "
+        f"{cfg.fabric.cross_cluster_latency_ms:g} ms)",
+        f"replicas, one per cluster ({R}): {slowest.estimate['iterationSeconds']:.2f} s/iteration "
+        f"(P={slowest.pipeline} D={slowest.data} T={slowest.tensor} on {per_replica} nodes) + "
+        f"{exchange:.2f} s outer exchange every {spec.inner_steps} steps = {rep_s:.2f} s/iteration",
+        f"convergence: {assumption}",
+        f"faster per token: {pick}, {faster:.2f}x",
+    )
+    return AcrossPlan(pipeline, slowest, R, pipe_s, rep_s, exchange, pick, lines)

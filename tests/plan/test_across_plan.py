@@ -1,0 +1,63 @@
+"""holmes plan with spec.training.acrossIslands: the pipeline over every node against one
+replica per cluster, on the paper's testbed (4 InfiniBand nodes in east, 4 RoCE in west)."""
+
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from holmes.cli import load_nodes, main
+from holmes.contract import load_job
+from holmes.plan import CostModelConfig
+from holmes.plan.across_plan import compare_across
+
+NODES = load_nodes("examples/nodes/paper.yaml")
+
+
+def job(**across):
+    d = yaml.safe_load(open("examples/jobs/gpt-7b.yaml"))
+    d["spec"]["training"]["acrossIslands"] = {"mode": "auto", **across}
+    return load_job(d)
+
+
+def link(gbps, latency_ms=0.0):
+    c = CostModelConfig()
+    return replace(c, fabric=replace(c.fabric, cross_cluster_gbps=gbps, cross_cluster_latency_ms=latency_ms))
+
+
+def test_a_wan_between_the_clusters_makes_replicas_faster_per_token():
+    found = compare_across(NODES, job(innerSteps=50), link(1.0, latency_ms=30))
+    assert found.replicas == 2 and found.pick == "replicas"
+    assert found.pipeline_s > found.replicas_s
+    assert any("measured" in line and "H=20" in line for line in found.lines)  # the assumption, sourced
+
+
+def test_the_exchange_grows_as_the_link_slows_and_shrinks_with_bfloat16():
+    slow = compare_across(NODES, job(innerSteps=50), link(1.0))
+    fast = compare_across(NODES, job(innerSteps=50), link(25.0))
+    half = compare_across(NODES, job(innerSteps=50, exchangeDtype="bfloat16"), link(1.0))
+    assert slow.exchange_s == pytest.approx(25 * fast.exchange_s, rel=1e-6)
+    assert half.exchange_s == pytest.approx(slow.exchange_s / 2, rel=1e-6)
+
+
+def test_one_cluster_has_no_link_to_cross():
+    east = [n for n in NODES if n["metadata"]["labels"].get("holmes.dev/cluster") == "east"]
+    small = load_job(
+        {**yaml.safe_load(open("examples/jobs/gpt-7b.yaml"))["spec"], "nodes": {"count": 4, "gpusPerNode": 8}}
+    )
+    assert compare_across(east, small, CostModelConfig()) is None
+
+
+def test_holmes_plan_prints_both_and_which_is_faster(capsys):
+    import tempfile
+
+    d = yaml.safe_load(open("examples/jobs/gpt-7b.yaml"))
+    d["spec"]["training"]["acrossIslands"] = {"mode": "replicas", "innerSteps": 20}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump(d, f)
+        f.flush()
+        assert main(["plan", "--nodes", "examples/nodes/paper.yaml", "--job", f.name]) == 0
+    out = capsys.readouterr().out
+    assert "Across islands (spec.training.acrossIslands.mode: replicas)" in out
+    assert "pipeline across the clusters:" in out and "replicas, one per cluster (2):" in out
+    assert "faster per token:" in out and "convergence: replicas need" in out
