@@ -27,32 +27,17 @@ PORT_RANGE = "20000-29999"
 FAKE_KINDS = (("infiniband", "fake-a", 200), ("roce", "fake-b", 200), ("ethernet", "fake-c", 100))
 
 
-def fake_gpu_node(i: int) -> dict:
-    """An 8-GPU node registered through the API only: it exists and is Ready, but nothing runs
-    its pods (for measuring and crashing the operator at scale). Tainted, and labelled
-    holmes.dev/fake=1 so jobs select it explicitly."""
-    nic, cluster, gbps = FAKE_KINDS[i % 3]
-    alloc = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}
-    if nic != "ethernet":
-        alloc[f"rdma/fake_{nic}"] = "1k"
-    name = f"fake-{i:04d}"
+def api_node(name: str, labels: dict[str, str], allocatable: dict[str, str], taint: dict[str, str]) -> dict:
+    """A Node registered through the API only: it exists and is Ready, but no agent runs its
+    pods. ``taint`` keeps pods that do not tolerate it off the node."""
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "holmes.dev/fake": "1",
-                "holmes.dev/nic": nic,
-                "holmes.dev/nic-gbps": str(gbps),
-                "holmes.dev/cluster": cluster,
-            },
-        },
-        "spec": {"taints": [{"key": "holmes.dev/fake", "value": "1", "effect": "NoSchedule"}]},
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
+        "spec": {"taints": [taint]},
         "status": {
-            "capacity": alloc,
-            "allocatable": alloc,
+            "capacity": allocatable,
+            "allocatable": allocatable,
             "conditions": [
                 {
                     "type": "Ready",
@@ -63,6 +48,24 @@ def fake_gpu_node(i: int) -> dict:
             ],
         },
     }
+
+
+def fake_gpu_node(i: int) -> dict:
+    """An 8-GPU API-only node (for measuring and crashing the operator at scale). Tainted, and
+    labelled holmes.dev/fake=1 so jobs select it explicitly."""
+    nic, cluster, gbps = FAKE_KINDS[i % 3]
+    alloc = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}
+    if nic != "ethernet":
+        alloc[f"rdma/fake_{nic}"] = "1k"
+    labels = {
+        "holmes.dev/fake": "1",
+        "holmes.dev/nic": nic,
+        "holmes.dev/nic-gbps": str(gbps),
+        "holmes.dev/cluster": cluster,
+    }
+    return api_node(
+        f"fake-{i:04d}", labels, alloc, {"key": "holmes.dev/fake", "value": "1", "effect": "NoSchedule"}
+    )
 
 
 def install_crd(cluster) -> None:

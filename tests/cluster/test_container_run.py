@@ -87,12 +87,6 @@ SCRIPT = (
 )
 
 
-SCRIPT = (
-    'cat /data/in; echo "$GREETING $HOSTNAME $(hostname) $(id -u)"; ls /sys/class/net; '
-    "echo x > /scratch/out; echo y > /data/x"
-)
-
-
 def test_volumes_env_user_override_and_a_network_namespace(tmp_path):
     data = tmp_path / "data"
     data.mkdir()

@@ -63,7 +63,19 @@ def rule_failures(schema: dict, value: Any, old: Any = _MISSING, path: str = "")
     return out
 
 
+def decoded(value: Any) -> Any:
+    """``value`` as the API server decodes the request's JSON: an integer beyond int64 becomes a
+    double (a field of type integer then refuses it; a number or a preserved field keeps it)."""
+    if isinstance(value, dict):
+        return {k: decoded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decoded(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return float(value)
+    return value
+
+
 def admit(schema: dict, obj: dict, old: dict | None = None) -> list[str]:
     """The rule failures of creating ``obj`` (or updating ``old`` to it): empty when admitted."""
-    new = with_defaults(schema, obj)
-    return rule_failures(schema, new, _MISSING if old is None else with_defaults(schema, old))
+    new = with_defaults(schema, decoded(obj))
+    return rule_failures(schema, new, _MISSING if old is None else with_defaults(schema, decoded(old)))

@@ -93,6 +93,25 @@ def test_type_errors_name_field_and_value():
     assert len(msgs) == 6
 
 
+def test_integers_beyond_int64_are_refused_by_name():
+    """The API server holds an integer field as an int64 and refuses a larger one: so does the
+    reader, naming the field (the field's own bound where it is tighter)."""
+    spec = minimal_spec(parallelism={"pipeline": 2, "partition": [2**63, 3]})
+    spec["training"].update(iterations=10**30, seed=-(2**63) - 1)
+    spec["model"]["layers"] = 10**30
+    assert problems_of(spec) == [
+        "spec.model.layers: must be an integer from 1 to 1024, got 1000000000000000000000000000000",
+        "spec.training.iterations: must be a positive integer, got 1000000000000000000000000000000 "
+        "(beyond the API server's int64: at most 9223372036854775807)",
+        "spec.training.seed: must be an integer >= 0, got -9223372036854775809",
+        "spec.parallelism.partition[0]: must be a positive integer (layers of stage 0), "
+        "got 9223372036854775808",
+    ]
+    spec = minimal_spec()
+    spec["training"]["iterations"] = 2**63 - 1  # the largest int64 is an integer the server holds
+    assert JobSpec.from_spec(spec).training.iterations == 2**63 - 1
+
+
 def test_unknown_and_missing_fields_are_named():
     spec = minimal_spec()
     spec["model"]["hiden"] = 3

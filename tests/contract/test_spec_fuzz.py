@@ -9,6 +9,7 @@ seed is fixed, so a failure names the case that reproduces it (``mutate(seed_doc
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import random
@@ -16,6 +17,7 @@ import re
 import signal
 import time
 import traceback
+from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -41,15 +43,31 @@ CASE_SECONDS = 5  # one case through all three entries; far more than any exampl
 NAMES_A_FIELD = re.compile(r"^(spec\b|apiVersion\b|kind\b|HolmesJob manifest\b)")
 
 
+def integers(value: Any) -> Iterator[int]:
+    """The integers a read spec holds in its declared fields (the pod template, a mapping kept
+    as given, is not read field by field)."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from integers(getattr(value, f.name))
+    elif isinstance(value, tuple):
+        for v in value:
+            yield from integers(v)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        yield value
+
+
 def check_load(doc: dict) -> bool:
-    """True when accepted; a refusal must be a SpecError whose every line names a field."""
+    """True when accepted; a refusal must be a SpecError whose every line names a field. An
+    accepted spec holds only integers the API server holds (int64)."""
     try:
-        load_job(doc)
+        job = load_job(doc)
     except SpecError as e:
         assert e.problems, "a SpecError with no problem line"
         unnamed = [p for p in e.problems if not NAMES_A_FIELD.match(p)]
         assert not unnamed, f"problem lines that name no field: {unnamed}"
         return False
+    beyond = [i for i in integers(job) if not -(2**63) <= i < 2**63]
+    assert not beyond, f"accepted integers beyond int64: {beyond}"
     return True
 
 

@@ -216,11 +216,10 @@ def test_admin_label_form_of_an_annotation_and_a_broken_record(tmp_path):
 def test_keys_follow_discovery_mapping():
     k = Keys.from_mapping(NicMapping())
     m = NicMapping()
-    assert (k.nic, k.gbps, k.link_layer, k.hcas, k.socket_ifname, k.problem) == (
+    assert (k.nic, k.gbps, k.link_layer, k.hcas, k.problem) == (
         m.nic_label,
         m.gbps_label,
         m.link_layer_label,
         m.hcas_key,
-        m.socket_ifname_key,
         m.problem_key,
     )

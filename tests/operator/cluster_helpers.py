@@ -4,9 +4,12 @@ waiting for a phase or a condition (with the operator's log when a wait times ou
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import yaml
 
+from localkube.operatorproc import OperatorProcess
 from tests import polling
 
 SLEEP = ["sh", "-c", "sleep 600"]
@@ -23,6 +26,17 @@ def get_job(cluster, ns, name):
 
 def pods_of(cluster, ns, name):
     return cluster.get_json("pods", "-n", ns, "-l", f"holmes.dev/job-name={name}")["items"]
+
+
+def running_operator(
+    cluster, namespace: str, tmp_path: Path, extra: list[str] = (), tail: int = 80
+) -> Iterator[OperatorProcess]:
+    """For a fixture to ``yield from``: an operator watching ``namespace``, stopped at the end
+    with its log's last ``tail`` lines printed (pytest shows them with a failed test)."""
+    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log", extra=extra).start()
+    yield op
+    op.stop()
+    print(op.tail(tail))
 
 
 def wait_for(what, fn, timeout=90, every=0.3, op=None):

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from holmes_dev.jobs import tiny_job
 
-from localkube.operatorproc import OperatorProcess, install_crd
+from localkube.operatorproc import OperatorProcess, api_node, install_crd
 from tests.operator.cluster_helpers import SLEEP, apply, pods_of, wait_for
 from tests.plan.dra_helpers import aligned_slices
 
@@ -25,25 +25,8 @@ TAINT = {"key": "holmes.dev/dra-test", "value": "1", "effect": "NoSchedule"}
 
 def slice_node(name: str) -> dict:
     """Ready, with 2 GPUs in slices only: no Holmes label, no nvidia.com/gpu, no rdma/*."""
-    alloc = {"cpu": "16", "memory": "64Gi", "pods": "110"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "dra-test": "1",
-                "topology.kubernetes.io/zone": "east",
-            },
-        },
-        "spec": {"taints": [TAINT]},
-        "status": {
-            "capacity": alloc,
-            "allocatable": alloc,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "Fake", "message": "API only"}],
-        },
-    }
+    labels = {"dra-test": "1", "topology.kubernetes.io/zone": "east"}
+    return api_node(name, labels, {"cpu": "16", "memory": "64Gi", "pods": "110"}, TAINT)
 
 
 @pytest.fixture
@@ -55,7 +38,6 @@ def dra_nodes(cluster):
     names = ["dra-node-0", "dra-node-1"]
     for n in names:
         apply(cluster, slice_node(n))
-        cluster.kubectl()
         for s in aligned_slices(n, gpus=2):
             apply(cluster, s)
     yield names

@@ -16,28 +16,15 @@ from holmes_dev.jobs import tiny_job
 
 from holmes.operator import progress
 from localkube.controlplane import binary
-from localkube.operatorproc import OperatorProcess, install_crd
-from tests.operator.cluster_helpers import apply, get_job, pods_of, wait_for, wait_phase
+from tests.operator.cluster_helpers import apply, get_job, pods_of, running_operator, wait_for, wait_phase
 
 pytestmark = pytest.mark.timeout(400)
 ITERATIONS = 3000  # the tiny model runs tens of iterations a second: long enough to measure
 
 
-@pytest.fixture(scope="module")
-def crd(cluster):
-    install_crd(cluster)
-    return cluster
-
-
 @pytest.fixture
 def operator(crd, namespace, tmp_path):
-    op = OperatorProcess(
-        crd.kubeconfig, [namespace], tmp_path / "operator.log", extra=["--progress-interval=1"]
-    )
-    op.start()
-    yield op
-    op.stop()
-    print(op.tail(40))
+    yield from running_operator(crd, namespace, tmp_path, extra=["--progress-interval=1"], tail=40)
 
 
 def kubectl_user(cluster, *args: str, timeout: float = 60):

@@ -11,7 +11,7 @@ import pytest
 from holmes_dev.jobs import tiny_job
 
 from holmes.operator.leader import LeaseConfig
-from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd
+from localkube.operatorproc import OperatorProcess, fake_gpu_node
 from tests.operator.cluster_helpers import (
     SLEEP,
     apply,
@@ -19,6 +19,7 @@ from tests.operator.cluster_helpers import (
     events_of,
     get_job,
     pods_of,
+    running_operator,
     wait_for,
     wait_phase,
 )
@@ -26,24 +27,11 @@ from tests.operator.cluster_helpers import (
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def crd(cluster):
-    install_crd(cluster)
-    return cluster
-
-
 @pytest.fixture
 def operator(crd, namespace, tmp_path):
     # A 1 s restart back-off: the path is exercised, the gang-restart tests stay fast.
-    op = OperatorProcess(
-        crd.kubeconfig,
-        [namespace],
-        tmp_path / "operator.log",
-        extra=["--restart-backoff-seconds=1", "--restart-backoff-max-seconds=2"],
-    ).start()
-    yield op
-    op.stop()
-    print(op.tail(80))
+    backoff = ["--restart-backoff-seconds=1", "--restart-backoff-max-seconds=2"]
+    yield from running_operator(crd, namespace, tmp_path, extra=backoff)
 
 
 def wait_reconciling(cluster, ns, name, reason, op):

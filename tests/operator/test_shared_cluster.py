@@ -16,7 +16,15 @@ from holmes_dev.jobs import tiny_job
 from holmes.operator.core import queueing
 from localkube.operatorproc import REPO, OperatorProcess, install_crd
 from tests.operator import kueue_standin
-from tests.operator.cluster_helpers import apply, condition, get_job, pods_of, wait_for, wait_phase
+from tests.operator.cluster_helpers import (
+    apply,
+    condition,
+    get_job,
+    pods_of,
+    running_operator,
+    wait_for,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.timeout(300)
 THIRDPARTY = REPO / "hack" / "thirdparty-crds"
@@ -61,10 +69,7 @@ def kueue(request, crds):
 
 @pytest.fixture
 def operator(crds, namespace, tmp_path):
-    op = OperatorProcess(crds.kubeconfig, [namespace], tmp_path / "operator.log").start()
-    yield op
-    op.stop()
-    print(op.tail(60))
+    yield from running_operator(crds, namespace, tmp_path, tail=60)
 
 
 def placed(pod):

@@ -53,7 +53,7 @@ def test_device_plugin_resource_alone_is_rdma_without_kind():
 
 def test_plain_node_is_ethernet_and_contradictions_are_reported():
     n = classify_node(node("d", annotations={"holmes.dev/socket-ifname": "eth1"}))
-    assert (n.nic, n.source, n.gbps, n.socket_ifname) == ("ethernet", "no-rdma", 25.0, "eth1")
+    assert (n.nic, n.source, n.gbps) == ("ethernet", "no-rdma", 25.0)
     bad = classify_node(node("e", "infiniband", labels={"holmes.dev/link-layer": "Ethernet"}))
     assert any("contradicts" in p for p in bad.problems)
     assert any("not a NIC kind" in p for p in classify_node(node("f", "myrinet")).problems)
@@ -89,7 +89,7 @@ def test_nccl_env_holds_facts_of_the_fabric_never_names_of_the_host():
             annotations={"holmes.dev/nic-hcas": "mlx5_0,mlx5_3", "holmes.dev/socket-ifname": "bond0"},
         )
     )
-    assert ib.hcas == ("mlx5_0", "mlx5_3") and ib.socket_ifname == "bond0"  # still facts for planning
+    assert ib.hcas == ("mlx5_0", "mlx5_3")  # a fact the pods get as a hint (HOLMES_HOST_HCAS)
     assert nccl_env(ib) == {"NCCL_IB_DISABLE": "0"}
     for kind in ("infiniband", "roce", "ethernet"):
         env = nccl_env(kind, traffic_class=106, service_level=3, socket=(4, 4))

@@ -9,16 +9,7 @@ import torch
 from holmes.contract import ModelCost, ModelSpec
 from holmes.trainer.config import OptimizerConfig
 from holmes.trainer.model import build_full
-from tests.trainer.trainer_harness import (
-    assert_matches_reference,
-    assert_params_close,
-    make_layout,
-    merged,
-    reference,
-    run_ranks,
-    tiny_config,
-    train_on_layout,
-)
+from tests.trainer.trainer_harness import assert_matches_reference, make_layout, tiny_config
 
 LLAMA = ModelSpec(
     layers=4,
@@ -48,11 +39,7 @@ def test_llama_matches_single_process_reference(pipeline, data, split, micro_bat
 def test_llama_adamw_with_tied_embeddings_across_stages():
     adamw = OptimizerConfig(kind="adamw", learning_rate=3e-3, warmup_iterations=1, weight_decay=0.1)
     cfg = tiny_config(model=replace(LLAMA, tied_embeddings=True), optimizer=adamw, iterations=5)
-    ref_losses, _, ref_params = reference(cfg)
-    res = run_ranks(4, train_on_layout, cfg, make_layout(2, 2, [2, 2], 2, 4, embedding=True))
-    losses, params = merged(res)
-    assert losses == pytest.approx(ref_losses, abs=1e-5)
-    assert_params_close(params, ref_params, atol=1e-5)
+    params = assert_matches_reference(cfg, make_layout(2, 2, [2, 2], 2, 4, embedding=True), param_atol=1e-5)
     assert torch.equal(params["head.tied_embedding"], params["embedding.tok.weight"])
 
 

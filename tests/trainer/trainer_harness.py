@@ -228,6 +228,11 @@ def assert_params_close(got: dict, want: dict, atol: float = 2e-6) -> None:
             assert torch.allclose(got[k], v, atol=atol, rtol=0), f"{k}: max diff {(got[k] - v).abs().max()}"
 
 
+def trained(cfg: TrainConfig, layout: Layout) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The losses and merged parameters of ``cfg`` trained under ``layout`` on forked ranks."""
+    return merged(run_ranks(layout.world_size, train_on_layout, cfg, layout))
+
+
 def assert_matches_reference(cfg: TrainConfig, layout: Layout, param_atol: float = 2e-6) -> dict:
     """Train ``cfg`` under ``layout`` on forked ranks and compare with the single-process
     reference: losses within 1e-5, grad norms within 1e-4 relative, parameters within

@@ -139,8 +139,13 @@ def _without_none(tp: Any) -> tuple[Any, bool]:
 # ---- the reader ---------------------------------------------------------------------------
 
 
+# The API server holds a JSON integer as an int64: a larger one in an integer field is refused.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer the API server can hold (Python's are unbounded)."""
+    return isinstance(v, int) and not isinstance(v, bool) and INT64_MIN <= v <= INT64_MAX
 
 
 def show(v: Any) -> str:
@@ -231,6 +236,9 @@ class Reader:
             if is_int(v) and _within(v, spec):
                 return v
             hint = " (a string: remove the quotes)" if isinstance(v, str) and _digits(v) else ""
+            if isinstance(v, int) and not isinstance(v, bool) and _within(v, spec):
+                bound = f"at most {INT64_MAX}" if v > 0 else f"at least {INT64_MIN}"
+                hint = f" (beyond the API server's int64: {bound})"
             return self._bad(path, f"must be {_integer_kind(spec)}", v, hint)
         if tp is float:
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

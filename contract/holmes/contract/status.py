@@ -156,14 +156,12 @@ class PodCounts:
 
 @documented
 @dataclass(frozen=True)
-class MemberStatus:
+class MemberStatus(PodCounts):
+    """The member's reachability and its share of the attempt: nodes, and pods by phase."""
+
     reachable: Annotated[bool | None, Field("Whether the member's API server answered recently.")] = None
     message: Annotated[str | None, Field("Why it is not reachable (the last error), when it is not.")] = None
     nodes: Annotated[int | None, Field("Nodes of the current attempt in this member.")] = None
-    pending: Annotated[int | None, Field("Pods not yet running.")] = None
-    running: Annotated[int | None, Field("Pods running.")] = None
-    succeeded: Annotated[int | None, Field("Pods that finished successfully.")] = None
-    failed: Annotated[int | None, Field("Pods that failed.")] = None
 
 
 @documented

@@ -33,8 +33,8 @@ recorded (or it was deleted); a key present with any other value, or present wit
 was set by someone else and is never changed or removed. So an admin overrides a labeller key
 by setting a different value; to hand a key back, delete it (and its entry in the record, or
 the whole record to reset). An admin who writes exactly the labeller's value cannot be told
-apart and is treated as the labeller. The label form of ``nic-hcas``/``socket-ifname`` (which
-discovery also reads) counts as the admin's choice of that key.
+apart and is treated as the labeller. The label form of ``nic-hcas`` (which discovery also
+reads) or of ``socket-ifname`` counts as the admin's choice of that key.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from holmes.contract.names import ETHERNET, INFINIBAND, ROCE
+from holmes.contract.names import ANN_SOCKET_IFNAME, ETHERNET, INFINIBAND, ROCE
 from holmes.plan.discovery import NicMapping
 
 from .rails import RailSelector, choose_rails, link_of
@@ -63,17 +63,16 @@ class Keys:
     gbps: str
     link_layer: str
     hcas: str
-    socket_ifname: str
     problem: str
+    # for people (kubectl describe node): Holmes does not read it, pods resolve their own interface
+    socket_ifname: str = ANN_SOCKET_IFNAME
     other: str = "holmes.dev/nic-other"  # written: ports that are not rails, and why
     rails: str = "holmes.dev/nic-rails"  # read only: an admin's rail selector for this node
 
     @classmethod
     def from_mapping(cls, m: NicMapping | None = None) -> Keys:
         m = m or NicMapping()
-        return cls(
-            m.nic_label, m.gbps_label, m.link_layer_label, m.hcas_key, m.socket_ifname_key, m.problem_key
-        )
+        return cls(m.nic_label, m.gbps_label, m.link_layer_label, m.hcas_key, m.problem_key)
 
     @property
     def labels(self) -> tuple[str, ...]:

@@ -25,10 +25,10 @@ Gb/s HDR rails = 1600); when no label says it, a per-kind default from the mappi
 ``gbps_source`` says so (DRANET publishes no link speed, so DRA nodes too take the label or the
 default). The host's compute-rail HCAs come from the annotation
 ``holmes.dev/nic-hcas`` (comma-separated) or the label of that name ('.'-separated, since label
-values cannot hold commas); the host's socket interface from ``holmes.dev/socket-ifname``
-(annotation or label). Both are the host's names: the operator passes the HCAs as a hint
-(``HOLMES_HOST_HCAS``) and never copies either into a pod's ``NCCL_IB_HCA`` or
-``NCCL_SOCKET_IFNAME``, which the pod resolves from what it sees (``holmes.launch.podnet``).
+values cannot hold commas). They are the host's names: the operator passes them as a hint
+(``HOLMES_HOST_HCAS``) and never copies them into a pod's ``NCCL_IB_HCA``, which the pod
+resolves from what it sees (``holmes.launch.podnet``), as it does ``NCCL_SOCKET_IFNAME``: the
+labeller's ``holmes.dev/socket-ifname`` is for people, Holmes does not read it.
 A ``holmes.dev/nic-problem`` annotation (or label), which the NIC labeller writes when a node's
 sysfs contradicts itself (its compute rails disagree on InfiniBand vs RoCE), makes the node
 unusable with that message, unless ``holmes.dev/nic`` says the kind: an explicit kind label is
@@ -76,7 +76,6 @@ class NicMapping:
     cluster_label: str = names.LABEL_CLUSTER
     link_layer_label: str = names.LABEL_LINK_LAYER
     hcas_key: str = names.ANN_NIC_HCAS
-    socket_ifname_key: str = names.ANN_SOCKET_IFNAME
     problem_key: str = names.ANN_NIC_PROBLEM
     nfd_rdma_labels: tuple[str, ...] = names.NFD_RDMA_LABELS
     rdma_resource_prefixes: tuple[str, ...] = ("rdma/",)
@@ -115,7 +114,6 @@ class NodeNic:
     gpus: int  # allocatable nvidia.com/gpu
     rdma_resource: str | None = None  # e.g. "rdma/rdma_shared_device_a": pods request it
     hcas: tuple[str, ...] = ()
-    socket_ifname: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
     source: str = "no-rdma"  # holmes-labels | dra | nfd | device-plugin | no-rdma
     gbps_source: str = "default"  # label | default
@@ -268,7 +266,6 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
         hcas = tuple(h for h in (labels.get(m.hcas_key) or "").split(".") if h)
     else:  # DRANET's HCA names of the rails
         hcas = tuple(sorted({n.hca for n in rails if n.hca}))
-    ifname = annotations.get(m.socket_ifname_key) or labels.get(m.socket_ifname_key) or None
 
     gpus = _quantity_int(allocatable.get(m.gpu_resource, 0))
     gpu_source = "device-plugin"
@@ -296,7 +293,6 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
         gpus=gpus,
         rdma_resource=rdma_resource,
         hcas=hcas,
-        socket_ifname=ifname,
         labels=labels,
         source=source,
         gbps_source=gbps_source,
