@@ -145,3 +145,41 @@ def test_a_preempted_trainers_last_line_is_its_progress():
         ]
     )
     assert progress.from_json_lines(msg) == {"iteration": 41, "loss": 1.9}
+
+
+def test_each_replicas_rank0_is_read_with_its_own_iteration_and_outer_step():
+    """acrossIslands replicas: replica 0's numbers are the job's progress; every replica's first
+    pod (its rank 0, on its own metrics port) gives status.replicas its row."""
+    from holmes.operator.core import child_names
+
+    job = {
+        "metadata": {"namespace": "ns", "name": "j", "uid": "u"},
+        "status": {"launched": True, "attempt": 1},
+    }
+
+    def pod(rank, replica, port):
+        labels = {
+            child_names.LABEL_ATTEMPT: "1",
+            child_names.LABEL_NODE_RANK: str(rank),
+            child_names.LABEL_REPLICA: str(replica),
+        }
+        return {
+            "metadata": {
+                "name": f"j-1-{rank}",
+                "uid": f"p{rank}",
+                "labels": labels,
+                "ownerReferences": [{"uid": "u"}],
+            },
+            "spec": {
+                "containers": [{"name": "trainer", "ports": [{"name": "metrics", "containerPort": port}]}]
+            },
+            "status": {"phase": "Running", "podIP": "127.0.0.1"},
+        }
+
+    first = exposition(holmes_trainer_iteration=12, holmes_trainer_outer_step=2).encode()
+    second = exposition(holmes_trainer_iteration=11, holmes_trainer_outer_step=2).encode()
+    with serving(first) as p0, serving(second) as p1:
+        pods = [pod(0, 0, p0), pod(1, 0, 1), pod(2, 1, p1), pod(3, 1, 1)]
+        found = progress.ProgressReader(1, 0.0).read(job, pods, lambda *a, **k: "")
+    assert found["iteration"] == 12 and found["outerStep"] == 2
+    assert found["replicas"] == {0: {"iteration": 12, "outerStep": 2}, 1: {"iteration": 11, "outerStep": 2}}

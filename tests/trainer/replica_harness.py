@@ -91,6 +91,7 @@ def train_replica(rank: int, place: ReplicaPlace, cfg, layout, on_iteration=None
     return {
         "losses": [h["loss"] for h in history],
         "outer": [h.get("outer") for h in history],
+        "outerStep": [h.get("outerStep") for h in history],  # what status.progress.outerStep reads
         "params": params,
         "iteration": trainer.iteration,
     }

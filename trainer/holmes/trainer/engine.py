@@ -477,6 +477,8 @@ class Trainer:
                 "data": t_data,
             },
         }
+        if self.outer is not None:
+            record["outerStep"] = self.outer.outer_steps  # status.progress.outerStep (trainer_metrics)
         if synced is not None:
             record["outer"] = synced
         if stages is not None:

@@ -37,6 +37,8 @@ from .routes import PodRoute
 
 PIPELINE, REPLICAS = "pipeline", "replicas"
 REPLICAS_FILE = "replicas.json"
+# the key of each replica's numbers (replica -> numbers) in what the progress reader returns
+REPLICAS_READ = "replicas"
 
 
 @dataclass(frozen=True)
@@ -191,3 +193,16 @@ def replica_status(plan: ReplicaPlan, progress: Mapping[int, Mapping[str, Any]])
                 row[key] = seen[key]
         out.append(row)
     return out
+
+
+def merged_status(
+    plan: ReplicaPlan, before: Sequence[Mapping[str, Any]] | None, read: Mapping[int, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """status.replicas with the numbers just read; a replica not read this time keeps its last."""
+    seen: dict[int, dict[str, Any]] = {}
+    for row in before or []:
+        if isinstance(row, Mapping) and isinstance(row.get("replica"), int):
+            seen[row["replica"]] = dict(row)
+    for r, numbers in read.items():
+        seen.setdefault(r, {}).update({k: v for k, v in (numbers or {}).items() if v is not None})
+    return replica_status(plan, seen)
