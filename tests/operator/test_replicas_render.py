@@ -123,3 +123,10 @@ def test_status_shows_each_replicas_iteration_and_last_outer_step():
         {"replica": 0, "cluster": "east", "nodes": 3, "iteration": 12, "outerStep": 3},
         {"replica": 1, "cluster": "west", "nodes": 3},
     ]
+
+
+def test_nodes_count_is_the_whole_jobs_and_each_replica_takes_its_share():
+    plan = replicas.plan_replicas(spec(count=4), NODES, CFG)
+    assert [len(lay.nodes) for lay in plan.layouts] == [2, 2]
+    with pytest.raises(PlanError, match="spec.nodes.count 1 gives no node to each of 2 replicas"):
+        replicas.plan_replicas(spec(count=1), NODES, CFG)

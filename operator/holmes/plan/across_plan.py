@@ -59,9 +59,15 @@ def replica_layouts(
     groups: dict[str, list[Any]], job: JobSpec, cfg: CostModelConfig
 ) -> list[tuple[str, Layout]]:
     """One replica per cluster, in cluster-name order, each planned on its own cluster's nodes
-    with as many nodes as the smallest cluster has (the replicas pair their optimizer shards rank
-    by rank, so they run the same shape); PlanError naming the cluster that cannot hold one."""
-    per_replica = min(len(g) for g in groups.values())
+    with as many nodes as the smallest cluster has, at most its share of spec.nodes.count (the
+    replicas pair their optimizer shards rank by rank, so they run the same shape); PlanError
+    naming the cluster that cannot hold one."""
+    per_replica = min(min(len(g) for g in groups.values()), job.nodes.count // len(groups))
+    if per_replica < 1:
+        raise PlanError(
+            f"spec.nodes.count {job.nodes.count} gives no node to each of {len(groups)} replicas (one "
+            f"per cluster: {', '.join(sorted(groups))}): make it at least {len(groups)}"
+        )
     rjob = replica_job(job, len(groups), per_replica)
     out = []
     for name, members in sorted(groups.items()):
