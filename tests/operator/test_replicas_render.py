@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import yaml
 
 from holmes.contract import JobSpec, Layout
 from holmes.contract.names import ENV_OUTER_ADDR, ENV_REPLICA, ENV_REPLICAS
@@ -97,6 +98,10 @@ def test_the_configmap_holds_every_replicas_layout_and_the_table_reads_back():
     assert [row["cluster"] for row in json.loads(cm["data"]["replicas.json"])] == ["east", "west"]
     assert replicas.read_plan(cm["data"]) == plan
     assert replicas.read_plan({"layout.json": "{}"}) is None
+    # each replica's trainer reads its own world's job: its share of the batch (12 over 2)
+    share = JobSpec.from_spec(yaml.safe_load(cm["data"]["job.yaml"])["spec"])
+    assert share.training.global_batch_size == 6 and share.model == s.model
+    assert all(lay.micro_batch_size * lay.micro_batches * lay.data == 6 for lay in plan.layouts)
 
 
 def test_auto_follows_the_planners_verdict_and_one_cluster_is_the_pipeline():

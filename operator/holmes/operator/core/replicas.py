@@ -28,7 +28,7 @@ from typing import Any
 
 from holmes.contract import JobSpec, Layout
 from holmes.plan import PlanError
-from holmes.plan.across_plan import clusters_of, compare_across, replica_layouts
+from holmes.plan.across_plan import clusters_of, compare_across, replica_job, replica_layouts
 from holmes.plan.costmodel import CostModelConfig
 
 from . import child_names, render
@@ -135,7 +135,10 @@ def build_configmap(
     ]
     more = {child_names.replica_layout_file(r): lay.to_json(indent=1) for r, lay in enumerate(plan.layouts)}
     more[REPLICAS_FILE] = json.dumps(table, indent=1)
-    return render.build_configmap(job, plan.layouts[0], spec, {**more, **(files or {})})
+    # job.yaml as each replica's world reads it: its share of globalBatchSize (the trainer checks
+    # its layout runs exactly that many samples; replicas read disjoint ones), what it was planned as
+    share = replica_job(spec, len(plan.layouts), len(plan.layouts[0].nodes))
+    return render.build_configmap(job, plan.layouts[0], share, {**more, **(files or {})})
 
 
 def read_plan(data: Mapping[str, str]) -> ReplicaPlan | None:
