@@ -128,9 +128,11 @@ def test_replicas_on_two_islands_survive_a_lost_pod_and_resume_from_their_checkp
         got = lines(shared, r)
         starts = [i for i, x in enumerate(got) if x["holmes"] == "start"]
         assert len(starts) == 2, [x["holmes"] for x in got]
-        first, second = got[: starts[1]], got[starts[1] :]
+        at = next(i for i, x in enumerate(got) if x["holmes"] == "resume")  # the second attempt's first
+        assert starts[0] < at < starts[1]
+        first, second = got[:at], got[at:]
         ran_to = max(x["iteration"] for x in first if x["holmes"] == "iteration")
-        resume = next(x for x in second if x["holmes"] == "resume")
+        resume = second[0]
         again = [x["iteration"] for x in second if x["holmes"] == "iteration"]
         assert again == list(range(again[0], ITERATIONS + 1))
         # a checkpoint of this replica's own (SIGTERM's where it was, else the last interval's)

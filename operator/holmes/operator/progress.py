@@ -183,18 +183,20 @@ class ProgressReader:
             return None
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
         ended = terminated(pod)
-        last, last_read = self._read.get(key, (None, None))
-        if ended:  # its last line, once
-            if last_read == pod["metadata"].get("uid"):
-                return None
-        elif last is not None and time.monotonic() - last < self.interval:
+        others = replica_reporters(job, pods)  # acrossIslands replicas: each replica's rank 0
+        reporters = [pod, *others.values()]
+        # an ended reporter's last line is read once; each replica's rank 0 may end after rank 0's
+        done = frozenset(p["metadata"].get("uid") for p in reporters if terminated(p))
+        last, last_done = self._read.get(key, (None, None))
+        if done == last_done and (
+            len(done) == len(reporters) or (last is not None and time.monotonic() - last < self.interval)
+        ):
             return None
-        self._read[key] = (time.monotonic(), pod["metadata"].get("uid") if ended else None)
+        self._read[key] = (time.monotonic(), done)
         framework = framework_of(job)
         if framework != HOLMES:  # no metrics port: the framework's own iteration lines
             return framework_progress.from_log(framework, log_tail(pod, lines=FRAMEWORK_TAIL_LINES))
         found = self.numbers(pod, ended, log_tail)
-        others = replica_reporters(job, pods)
         if others:  # acrossIslands replicas: each replica's rank 0 reports its own world
             found = dict(found or {})
             found[REPLICAS] = {0: {k: v for k, v in found.items() if k != REPLICAS}}
