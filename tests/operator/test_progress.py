@@ -145,3 +145,73 @@ def test_a_preempted_trainers_last_line_is_its_progress():
         ]
     )
     assert progress.from_json_lines(msg) == {"iteration": 41, "loss": 1.9}
+
+
+def test_each_replicas_rank0_is_read_with_its_own_iteration_and_outer_step():
+    """acrossIslands replicas: replica 0's numbers are the job's progress; every replica's first
+    pod (its rank 0, on its own metrics port) gives status.replicas its row."""
+    from holmes.operator.core import child_names
+
+    job = {
+        "metadata": {"namespace": "ns", "name": "j", "uid": "u"},
+        "status": {"launched": True, "attempt": 1},
+    }
+
+    def pod(rank, replica, port):
+        labels = {
+            child_names.LABEL_ATTEMPT: "1",
+            child_names.LABEL_NODE_RANK: str(rank),
+            child_names.LABEL_REPLICA: str(replica),
+        }
+        return {
+            "metadata": {
+                "name": f"j-1-{rank}",
+                "uid": f"p{rank}",
+                "labels": labels,
+                "ownerReferences": [{"uid": "u"}],
+            },
+            "spec": {
+                "containers": [{"name": "trainer", "ports": [{"name": "metrics", "containerPort": port}]}]
+            },
+            "status": {"phase": "Running", "podIP": "127.0.0.1"},
+        }
+
+    first = exposition(holmes_trainer_iteration=12, holmes_trainer_outer_step=2).encode()
+    second = exposition(holmes_trainer_iteration=11, holmes_trainer_outer_step=2).encode()
+    with serving(first) as p0, serving(second) as p1:
+        pods = [pod(0, 0, p0), pod(1, 0, 1), pod(2, 1, p1), pod(3, 1, 1)]
+        found = progress.ProgressReader(1, 0.0).read(job, pods, lambda *a, **k: "")
+    assert found["iteration"] == 12 and found["outerStep"] == 2
+    assert found["replicas"] == {0: {"iteration": 12, "outerStep": 2}, 1: {"iteration": 11, "outerStep": 2}}
+
+
+def test_a_replica_ending_after_replica_0_has_its_last_line_read_too():
+    """Replica 0's rank 0 ended and was read; replica 1's ends later: its last line is read then
+    (status.replicas would otherwise keep its last scrape), and nothing more once all ended."""
+    from holmes.operator.core import child_names
+
+    job = {
+        "metadata": {"namespace": "ns", "name": "j", "uid": "u"},
+        "status": {"launched": True, "attempt": 1},
+    }
+
+    def pod(rank, replica, line=None):
+        labels = {
+            child_names.LABEL_ATTEMPT: "1",
+            child_names.LABEL_NODE_RANK: str(rank),
+            child_names.LABEL_REPLICA: str(replica),
+        }
+        status = {"phase": "Running", "podIP": "127.0.0.1"}
+        if line is not None:
+            term = {"exitCode": 0, "message": json.dumps({"holmes": "done", **line})}
+            status = {"phase": "Succeeded", "containerStatuses": [{"state": {"terminated": term}}]}
+        meta = {"name": f"j-1-{rank}", "uid": f"p{rank}", "labels": labels, "ownerReferences": [{"uid": "u"}]}
+        return {"metadata": meta, "spec": {"containers": [{"name": "trainer"}]}, "status": status}
+
+    reader = progress.ProgressReader(1, 3600.0)  # no second read of a running pod within the test
+    zero_done = pod(0, 0, {"iteration": 32, "outerStep": 8})
+    first = reader.read(job, [zero_done, pod(1, 1)], lambda *a, **k: "")
+    assert first["replicas"][0] == {"iteration": 32, "outerStep": 8} and first["replicas"][1] == {}
+    both = [zero_done, pod(1, 1, {"iteration": 32, "outerStep": 8})]
+    assert reader.read(job, both, lambda *a, **k: "")["replicas"][1] == {"iteration": 32, "outerStep": 8}
+    assert reader.read(job, both, lambda *a, **k: "") is None

@@ -4,6 +4,7 @@ island), plus the outer group's store; and a worker that trains one rank of one 
 from __future__ import annotations
 
 import io
+import json
 import multiprocessing as mp
 import os
 import queue
@@ -19,6 +20,7 @@ from holmes_dev.ports import free_port
 
 from holmes.trainer.engine import Trainer
 from holmes.trainer.outer import ReplicaPlace
+from holmes.trainer.reporting import MetricsSink
 
 
 def _worker(replica: int, replicas: int, rank: int, world: int, ports: list[int], fn, args, q) -> None:
@@ -83,14 +85,21 @@ def run_replica_ranks(replicas: int, world: int, fn: Callable, *args: Any, timeo
 
 def train_replica(rank: int, place: ReplicaPlace, cfg, layout, on_iteration=None) -> dict:
     """Train one rank of one replica; its losses, outer records and (DP index 0) parameters."""
-    trainer = Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo", replica=place)
+    out = io.StringIO()
+    sink = MetricsSink(enabled=rank == 0, stream=out)
+    trainer = Trainer(
+        cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo", replica=place, sink=sink
+    )
     history = trainer.train(on_iteration)
+    lines = [json.loads(x) for x in out.getvalue().splitlines() if x.startswith("{")]
     params = {}
     if trainer.info.dp_index == 0:
         params = {k: v.detach().clone() for k, v in trainer.module.state_dict().items()}
     return {
         "losses": [h["loss"] for h in history],
         "outer": [h.get("outer") for h in history],
+        "outerStep": [h.get("outerStep") for h in history],  # what status.progress.outerStep reads
+        "done": next((x for x in lines if x["holmes"] == "done"), None),  # read once the pod ended
         "params": params,
         "iteration": trainer.iteration,
     }

@@ -46,6 +46,8 @@ def test_one_replica_with_plain_averaging_is_synchronous_training():
     got = run_replica_ranks(1, 4, train_replica, one, lay)
     assert got[(0, 0)]["losses"] == pytest.approx(want_losses, abs=1e-6)
     assert [o is not None for o in got[(0, 0)]["outer"]] == [False, True, False, True]
+    assert got[(0, 0)]["outerStep"] == [0, 1, 1, 2]  # every line: the outer steps taken so far
+    assert got[(0, 0)]["done"]["outerStep"] == 2  # and the last line, read once the pod ended
     assert_params_close(replica_params(got, 0), want, atol=1e-6)
 
 

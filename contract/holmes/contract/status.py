@@ -166,6 +166,21 @@ class MemberStatus(PodCounts):
 
 @documented
 @dataclass(frozen=True)
+class ReplicaStatus:
+    replica: Annotated[int | None, Field("Replica number (HOLMES_REPLICA of its pods).")] = None
+    cluster: Annotated[str | None, Field("The cluster (island) the replica trains on.")] = None
+    nodes: Annotated[int | None, Field("Nodes of the replica (its pods are one torch world).")] = None
+    iteration: Annotated[int | None, Field("The replica's last completed iteration.")] = None
+    outer_step: Annotated[
+        int | None, Field("The last outer step (synchronization with the other replicas) it took part in.")
+    ] = None
+    checkpoint_iteration: Annotated[
+        int | None, Field("The iteration of the replica's newest checkpoint (its own directory).")
+    ] = None
+
+
+@documented
+@dataclass(frozen=True)
 class StageProgress:
     stage: Annotated[int | None, Field("Stage number.")] = None
     layers: Annotated[int | None, Field("Transformer layers of the stage.")] = None
@@ -240,6 +255,13 @@ class Progress:
     tokens_per_second: Annotated[float | None, Field("Training throughput in tokens per second.")] = None
     tflops_per_gpu: Annotated[float | None, Field("Model TFLOPS per GPU.")] = None
     iteration_seconds: Annotated[float | None, Field("Wall time of the last iteration.")] = None
+    outer_step: Annotated[
+        int | None,
+        Field(
+            "With acrossIslands replicas: the outer steps (synchronizations over the slow link) "
+            "replica 0 has taken; 0 before the first, and in a synchronous job."
+        ),
+    ] = None
     stages: Annotated[
         tuple[StageProgress, ...] | None,
         Field(
@@ -344,6 +366,13 @@ class JobStatus:
             "Multi-cluster jobs (member clusters registered with the operator): per member "
             "cluster, whether its API server is reachable and the current attempt's pods there by"
             " phase."
+        ),
+    ] = None
+    replicas: Annotated[
+        tuple[ReplicaStatus, ...] | None,
+        Field(
+            "With spec.training.acrossIslands replicas: one per cluster, each a torch world of its "
+            "own, with its progress (each replica's rank 0 reports its own)."
         ),
     ] = None
     start_time: Annotated[

@@ -45,8 +45,11 @@ PROGRESS_GAUGES: Final[Mapping[str, str]] = {
     "tflopsPerGpu": "holmes_trainer_tflops_per_gpu",
     "iterationSeconds": "holmes_trainer_iteration_seconds",
     "checkpointIteration": "holmes_trainer_checkpoint_iteration",  # 0 until the first save
+    # acrossIslands replicas: outer steps this replica has taken part in (0 until the first, and
+    # in a synchronous job); a replica's rank 0 reports its own replica's numbers
+    "outerStep": "holmes_trainer_outer_step",
 }
-INTEGER_KEYS: Final = ("iteration", "checkpointIteration")
+INTEGER_KEYS: Final = ("iteration", "checkpointIteration", "outerStep")
 # every iteration line's numbers that have a gauge: progress, and two for dashboards
 GAUGES: Final[Mapping[str, str]] = {
     **PROGRESS_GAUGES,

@@ -23,7 +23,9 @@ from holmes.contract import trainer_metrics as wire
 from holmes.contract.frameworks import HOLMES
 
 from .core import framework_progress
+from .core.child_names import LABEL_REPLICA
 from .core.reconcile import owned
+from .core.replicas import REPLICAS_READ as REPLICAS
 from .core.summary import pod_attempt, pod_node_rank
 
 # The trainer's names (holmes.contract.trainer_metrics), turned round: a gauge -> the key it sets
@@ -181,20 +183,46 @@ class ProgressReader:
             return None
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
         ended = terminated(pod)
-        last, last_read = self._read.get(key, (None, None))
-        if ended:  # its last line, once
-            if last_read == pod["metadata"].get("uid"):
-                return None
-        elif last is not None and time.monotonic() - last < self.interval:
+        others = replica_reporters(job, pods)  # acrossIslands replicas: each replica's rank 0
+        reporters = [pod, *others.values()]
+        # an ended reporter's last line is read once; each replica's rank 0 may end after rank 0's
+        done = frozenset(p["metadata"].get("uid") for p in reporters if terminated(p))
+        last, last_done = self._read.get(key, (None, None))
+        if done == last_done and (
+            len(done) == len(reporters) or (last is not None and time.monotonic() - last < self.interval)
+        ):
             return None
-        self._read[key] = (time.monotonic(), pod["metadata"].get("uid") if ended else None)
+        self._read[key] = (time.monotonic(), done)
         framework = framework_of(job)
         if framework != HOLMES:  # no metrics port: the framework's own iteration lines
             return framework_progress.from_log(framework, log_tail(pod, lines=FRAMEWORK_TAIL_LINES))
+        found = self.numbers(pod, ended, log_tail)
+        if others:  # acrossIslands replicas: each replica's rank 0 reports its own world
+            found = dict(found or {})
+            found[REPLICAS] = {0: {k: v for k, v in found.items() if k != REPLICAS}}
+            for r, p in others.items():
+                found[REPLICAS][r] = self.numbers(p, terminated(p), log_tail)
+        return found
+
+    def numbers(self, pod: Mapping[str, Any], ended: bool, log_tail: Callable[..., str]) -> dict[str, Any]:
         found = from_pod(pod, self.metrics_port)
         if not found and ended:  # the trainer's last line, from its log
             found = from_json_lines(log_tail(pod))
         return found
+
+
+def replica_reporters(job: Mapping, pods: list[dict]) -> dict[int, dict]:
+    """Replicas 1.. of an acrossIslands replicas job: each replica's first pod (its rank 0)."""
+    st = job.get("status") or {}
+    out: dict[int, dict] = {}
+    for p in owned(pods, job["metadata"].get("uid")):
+        r = ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_REPLICA, "")
+        if pod_attempt(p) != st.get("attempt") or not r.isdigit() or int(r) == 0:
+            continue
+        rank = pod_node_rank(p)
+        if rank is not None and (int(r) not in out or rank < (pod_node_rank(out[int(r)]) or 0)):
+            out[int(r)] = p
+    return out
 
 
 def framework_of(job: Mapping) -> str:

@@ -37,6 +37,47 @@ def clusters_of(nodes: Sequence[Any]) -> dict[str, list[Any]]:
     return out
 
 
+def replica_job(job: JobSpec, replicas: int, per_replica: int) -> JobSpec:
+    """The job one replica of ``replicas`` runs: its share of the batch on ``per_replica`` nodes,
+    its own pipeline and data degrees; PlanError when the batch does not split into them."""
+    t = job.training
+    if t.global_batch_size % (replicas * t.micro_batch_size):
+        raise PlanError(
+            f"spec.training.globalBatchSize {t.global_batch_size} does not split into {replicas} replicas "
+            f"of whole micro-batches of {t.micro_batch_size}: make it a multiple of "
+            f"{replicas * t.micro_batch_size}"
+        )
+    return replace(
+        job,
+        training=replace(t, global_batch_size=t.global_batch_size // replicas),
+        nodes=replace(job.nodes, count=per_replica, min_count=None),
+        parallelism=replace(job.parallelism, pipeline="auto", data="auto"),
+    )
+
+
+def replica_layouts(
+    groups: dict[str, list[Any]], job: JobSpec, cfg: CostModelConfig
+) -> list[tuple[str, Layout]]:
+    """One replica per cluster, in cluster-name order, each planned on its own cluster's nodes
+    with as many nodes as the smallest cluster has, at most its share of spec.nodes.count (the
+    replicas pair their optimizer shards rank by rank, so they run the same shape); PlanError
+    naming the cluster that cannot hold one."""
+    per_replica = min(min(len(g) for g in groups.values()), job.nodes.count // len(groups))
+    if per_replica < 1:
+        raise PlanError(
+            f"spec.nodes.count {job.nodes.count} gives no node to each of {len(groups)} replicas (one "
+            f"per cluster: {', '.join(sorted(groups))}): make it at least {len(groups)}"
+        )
+    rjob = replica_job(job, len(groups), per_replica)
+    out = []
+    for name, members in sorted(groups.items()):
+        try:
+            out.append((name, plan(members, rjob, cfg)))
+        except PlanError as e:
+            raise PlanError(f"a replica on cluster {name} cannot be planned: {e}") from None
+    return out
+
+
 def compare_across(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> AcrossPlan | None:
     """None when the nodes are in one cluster (nothing to cross); PlanError when a replica
     cannot be planned on a cluster, saying why."""
@@ -45,25 +86,9 @@ def compare_across(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> 
         return None
     t, spec = job.training, job.training.across_islands
     R = len(groups)
-    if t.global_batch_size % (R * t.micro_batch_size):
-        raise PlanError(
-            f"spec.training.globalBatchSize {t.global_batch_size} does not split into {R} replicas of whole "
-            f"micro-batches of {t.micro_batch_size}: make it a multiple of {R * t.micro_batch_size}"
-        )
     pipeline = plan(nodes, job, cfg)
-    per_replica = min(len(g) for g in groups.values())
-    replica_job = replace(
-        job,
-        training=replace(t, global_batch_size=t.global_batch_size // R),
-        nodes=replace(job.nodes, count=per_replica, min_count=None),
-        parallelism=replace(job.parallelism, pipeline="auto", data="auto"),
-    )
-    replicas = []
-    for name, members in sorted(groups.items()):
-        try:
-            replicas.append(plan(members, replica_job, cfg))
-        except PlanError as e:
-            raise PlanError(f"a replica on cluster {name} cannot be planned: {e}") from None
+    replicas = [lay for _, lay in replica_layouts(groups, job, cfg)]
+    per_replica = len(replicas[0].nodes)
     slowest = max(replicas, key=lambda lay: lay.estimate["iterationSeconds"])
     exchange_bytes = 2 if spec.exchange_dtype == "bfloat16" else 4
     params = ModelCost.of(job.model).total_params

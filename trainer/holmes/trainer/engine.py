@@ -379,12 +379,17 @@ class Trainer:
             wire.PREEMPTED,
             iteration=self.iteration,
             loss=last.get("loss"),
+            **self.outer_progress(),
             saved=path is not None,
             **({"path": path} if path else {}),
             seconds=round(seconds, 3),
             signalledRanks=signalled,
             **({"graceLeftSeconds": round(left, 3)} if left is not None and math.isfinite(left) else {}),
         )
+
+    def outer_progress(self) -> dict[str, Any]:
+        """The outer steps taken, for a last line (read once the pod ended: trainer_metrics)."""
+        return {} if self.outer is None else {"outerStep": self.outer.outer_steps}
 
     def evaluate(self) -> dict[str, Any]:
         """training.eval's loss on its windows with the current weights (collective)."""
@@ -477,6 +482,8 @@ class Trainer:
                 "data": t_data,
             },
         }
+        if self.outer is not None:
+            record["outerStep"] = self.outer.outer_steps  # status.progress.outerStep (trainer_metrics)
         if synced is not None:
             record["outer"] = synced
         if stages is not None:
@@ -563,5 +570,6 @@ class Trainer:
             tokensPerSecond=last.get("tokensPerSecond"),
             tflopsPerGpu=last.get("tflopsPerGpu"),
             fabricWarnings=self.fabric.messages(),  # wire.FABRIC_WARNINGS
+            **self.outer_progress(),
         )
         return self.history

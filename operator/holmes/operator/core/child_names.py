@@ -15,6 +15,7 @@ LABEL_JOB = "holmes.dev/job-name"
 LABEL_ATTEMPT = "holmes.dev/attempt"
 LABEL_NODE_RANK = "holmes.dev/node-rank"
 LABEL_STAGE = "holmes.dev/stage"
+LABEL_REPLICA = "holmes.dev/replica"  # acrossIslands replicas: the replica a pod's world is
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "holmes-operator"
 
@@ -50,7 +51,17 @@ def service_name(job: str) -> str:
 
 def master_addr(job: str, namespace: str, attempt: int) -> str:
     """DNS name of the rank-0 pod through the headless Service (hostname.subdomain.ns.svc)."""
-    return f"{pod_name(job, attempt, 0)}.{service_name(job)}.{namespace}.svc"
+    return pod_addr(job, namespace, attempt, 0)
+
+
+def pod_addr(job: str, namespace: str, attempt: int, index: int) -> str:
+    """DNS name of pod ``index`` of an attempt through the headless Service."""
+    return f"{pod_name(job, attempt, index)}.{service_name(job)}.{namespace}.svc"
+
+
+def replica_layout_file(replica: int) -> str:
+    """The ConfigMap key of replica ``replica``'s Layout (acrossIslands replicas)."""
+    return f"layout-{replica}.json"
 
 
 def job_name_problem(name: str) -> str | None:

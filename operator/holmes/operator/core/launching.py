@@ -7,7 +7,17 @@ from __future__ import annotations
 from holmes.contract import JobSpec, Layout
 from holmes.plan import InsufficientNodes, PlanError
 
-from . import capacity, child_names, framework_launch, members, placement, queueing, render, validation
+from . import (
+    capacity,
+    child_names,
+    framework_launch,
+    members,
+    placement,
+    queueing,
+    render,
+    replicas,
+    validation,
+)
 from . import conditions as cond
 from .render import HOSTNAME_LABEL, build_configmap, build_pod, build_service
 from .routes import RouteError, claim_templates, job_routes
@@ -46,8 +56,13 @@ class Launching(JobState):
             )
             self.d.requeue_after = self.until_deadline(1.0)
             return self.d
+        same_spec = self.cm_annotation(child_names.ANN_SPEC_HASH) == child_names.spec_hash(
+            self.job.get("spec") or {}
+        )
+        if self.runs_as_replicas(spec, same_spec):
+            return self.launch_replicas(spec, same_spec)
         layout = None  # resume a launch cut short: its layout, if the spec is the same
-        if self.cm_annotation(child_names.ANN_SPEC_HASH) == child_names.spec_hash(self.job.get("spec") or {}):
+        if same_spec:
             layout = self.launched_layout()
         by_name = self.nodes
         if layout is None:
@@ -131,6 +146,110 @@ class Launching(JobState):
         self.set_phase(
             PENDING, "PodsStarting", f"attempt {self.attempt}: waiting for {len(layout.nodes)} pods to run"
         )
+        self.d.requeue_after = self.settings.progress_interval
+        return self.d
+
+    # ---- acrossIslands replicas: one torch world per cluster (replicas.py) -------------------
+    def launched_replicas(self) -> replicas.ReplicaPlan | None:
+        """The current attempt's replicas, from its ConfigMap (None: not known, or a pipeline)."""
+        if self.cm_annotation(child_names.ANN_ATTEMPT) != str(self.attempt):
+            return None
+        try:
+            return replicas.read_plan((self.obs.configmap or {}).get("data") or {})
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def runs_as_replicas(self, spec: JobSpec, same_spec: bool) -> bool:
+        """mode replicas, or auto where the planner picks replicas on the usable nodes (a launch
+        cut short keeps what it launched)."""
+        mode = spec.training.across_islands.mode
+        if mode == "pipeline" or (
+            mode == "auto" and (spec.framework != "holmes" or self.obs.members is not None)
+        ):
+            return False  # auto: replicas only where validation.py would let mode replicas run
+        if same_spec and self.launched_replicas() is not None:
+            return True
+        return replicas.choose(spec, self.replica_nodes(spec), self.facts.cost_model) == replicas.REPLICAS
+
+    def replica_nodes(self, spec: JobSpec) -> list[dict]:
+        """The nodes the job's pods could use (GPUs, taints, Ready). Replicas are planned on
+        them as they are, not behind the jobs ahead in a queue (capacity.py plans pipelines)."""
+        shape = capacity.pod_shape(spec, self.settings.gpu_resource)
+        view, _ = capacity.free_view(self.obs.nodes, shape, capacity.Ledger(), self.settings.gpu_resource)
+        return [n for n in view if not self.facts.unusable(n)]
+
+    def launch_replicas(self, spec: JobSpec, same_spec: bool) -> Decision:
+        """One torch world per cluster (validation.py refused member clusters and frameworks
+        other than holmes)."""
+        by_name = self.nodes
+        plan = self.launched_replicas() if same_spec else None
+        if plan is None:
+            try:
+                plan = replicas.plan_replicas(spec, self.replica_nodes(spec), self.facts.cost_model)
+            except InsufficientNodes as e:
+                return self.wait_for_nodes(str(e), getattr(e, "reason", "WaitingForNodes"))
+            except PlanError as e:
+                return self.stall("PlanFailed", f"cannot plan this job's replicas: {e}")
+            self.d.placed = True
+            self.event(
+                "Normal",
+                "Planned",
+                f"{len(plan.layouts)} replicas, one per cluster ("
+                + "; ".join(f"{c}: {plan_message(lay)}" for c, lay in zip(plan.clusters, plan.layouts))
+                + ")",
+            )
+        elif any(n not in by_name for n in plan.nodes):
+            self.teardown()  # a planned node vanished: plan again
+            return self.launch(spec)
+        nets = {n: self.facts.network(by_name[n]) for n in plan.nodes}
+        pod_routes = {}
+        try:  # each replica's routes inside its own island(s)
+            for lay in plan.layouts:
+                pod_routes.update(job_routes(spec, lay, {n: nets[n] for n in lay.nodes}))
+        except RouteError as e:
+            return self.stall("InvalidSpec", f"{e}{validation.FIX}")
+        ref = self.job_ref()
+        self.d.claim_templates = claim_templates(
+            ref.name, ref.namespace, pod_routes.values(), render.child_labels(ref)
+        )
+        self.d.configmap = replicas.build_configmap(ref, plan, spec)
+        if self.obs.service is None:
+            self.d.service = build_service(ref, self.settings)
+        existing = {pod_node_rank(p) for p in self.current_pods()}
+        self.d.create_pods = replicas.build_pods(
+            ref,
+            plan,
+            routes=pod_routes,
+            template=spec.template,
+            settings=self.settings,
+            hostname_labels={
+                n: (by_name[n]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL) for n in plan.nodes
+            },
+            skip={r for r in existing if r is not None},
+        )
+        total = len(plan.nodes)
+        if queueing.volcano_group(spec.template):
+            shape = capacity.pod_shape(spec, self.settings.gpu_resource)
+            self.d.podgroup = queueing.build_podgroup(self.name, self.ns, total, shape, spec.template)
+            for pod in self.d.create_pods:
+                queueing.in_group(pod, self.d.podgroup["metadata"]["name"])
+        nic_of = {n: net.nic for n, net in nets.items()}
+        layout_st = layout_status(plan.layouts[0], nic_of, child_names.layout_configmap_name(self.name))
+        layout_st["nodes"] = total  # the gang: every replica's pods (replica 0's shape above)
+        self.status["layout"] = layout_st
+        self.status["replicas"] = replicas.replica_status(plan, {})
+        self.status.pop("waitingSince", None)
+        self.status["launched"] = True
+        self.status["size"] = self.size(total)
+        self.status["pods"] = pod_counts(self.current_pods() + self.d.create_pods)
+        if self.d.create_pods:
+            self.event(
+                "Normal",
+                "Launched",
+                f"attempt {self.attempt}: created {len(self.d.create_pods)} pods for {len(plan.layouts)} "
+                f"replicas of layout {layout_st['shape']} (pipeline x data x tensor)",
+            )
+        self.set_phase(PENDING, "PodsStarting", f"attempt {self.attempt}: waiting for {total} pods to run")
         self.d.requeue_after = self.settings.progress_interval
         return self.d
 

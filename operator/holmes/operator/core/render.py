@@ -29,7 +29,16 @@ from typing import Any
 import yaml
 
 from holmes.contract import JobSpec, Layout
-from holmes.contract.names import API_VERSION, ENV_GRACE_SECONDS, KIND, LABEL_NIC, RESOURCE_GPU
+from holmes.contract.names import (
+    API_VERSION,
+    ENV_GRACE_SECONDS,
+    ENV_OUTER_ADDR,
+    ENV_REPLICA,
+    ENV_REPLICAS,
+    KIND,
+    LABEL_NIC,
+    RESOURCE_GPU,
+)
 
 from . import child_names
 from .framework_launch import Launch
@@ -65,6 +74,23 @@ def job_ports(job: JobRef, settings: RenderSettings) -> tuple[int, int]:
     slots = max(1, (hi - lo + 1) // 2)
     slot = int(child_names.digest(f"{job.namespace}/{job.name}/{job.attempt}"), 16) % slots
     return lo + 2 * slot, lo + 2 * slot + 1
+
+
+@dataclass(frozen=True)
+class ReplicaSlot:
+    """One replica of a job across islands as replicas (core/replicas.py): a torch world of its
+    own inside the job's pods. Its pods are numbered on from ``first`` (pod names and node-rank
+    labels count over all replicas, so the gang is tracked as one); its rendezvous is its own
+    first pod, on its own ``ports`` (rendezvous, metrics: pods sharing a host network must not
+    clash); its layout is ``layout_file`` in the job's ConfigMap; ``outer_addr`` is where the
+    outer group meets (replica 0's first pod serves that store)."""
+
+    index: int
+    count: int
+    first: int
+    ports: tuple[int, int]
+    outer_addr: str
+    layout_file: str
 
 
 @dataclass(frozen=True)
@@ -144,7 +170,9 @@ def build_service(job: JobRef, settings: RenderSettings) -> dict:
 # ---- Pods --------------------------------------------------------------------------------------
 
 
-def default_command(layout: Layout, node_rank: int, master: str, master_port: int) -> list[str]:
+def default_command(
+    layout: Layout, node_rank: int, master: str, master_port: int, layout_file: str = child_names.LAYOUT_FILE
+) -> list[str]:
     """torchrun's arguments (a static rendezvous: node ranks are the layout's node order) under
     Holmes' launcher, which exits with the workers' own code (83: preempted) where torchrun
     would say 1 (holmes.trainer.run)."""
@@ -163,17 +191,24 @@ def default_command(layout: Layout, node_rank: int, master: str, master_port: in
         "--job",
         f"{child_names.LAYOUT_MOUNT}/{child_names.JOB_FILE}",
         "--layout",
-        f"{child_names.LAYOUT_MOUNT}/{child_names.LAYOUT_FILE}",
+        f"{child_names.LAYOUT_MOUNT}/{layout_file}",
     ]
 
 
 def rank_env(
-    job: JobRef, layout: Layout, node_rank: int, settings: RenderSettings, master: str | None = None
+    job: JobRef,
+    layout: Layout,
+    node_rank: int,
+    settings: RenderSettings,
+    master: str | None = None,
+    replica: ReplicaSlot | None = None,
 ) -> dict[str, str]:
     """``master``: the rendezvous address (rank 0's IP across member clusters); default: rank
-    0's DNS name through the headless Service."""
+    0's DNS name through the headless Service. ``replica``: the variables of a replica's world
+    (its ports, its layout file, where the outer group meets)."""
     master = master or child_names.master_addr(job.name, job.namespace, job.attempt)
-    master_port, metrics_port = job_ports(job, settings)
+    master_port, metrics_port = replica.ports if replica else job_ports(job, settings)
+    layout_file = env_layout_file(replica)
     nnodes, nproc = len(layout.nodes), layout.gpus_per_node
     env = {
         "MASTER_ADDR": master,
@@ -197,12 +232,24 @@ def rank_env(
         {
             "HOLMES_JOB_NAME": job.name,
             "HOLMES_ATTEMPT": str(job.attempt),
-            "HOLMES_LAYOUT": f"{child_names.LAYOUT_MOUNT}/{child_names.LAYOUT_FILE}",
+            "HOLMES_LAYOUT": f"{child_names.LAYOUT_MOUNT}/{layout_file}",
             "HOLMES_JOB": f"{child_names.LAYOUT_MOUNT}/{child_names.JOB_FILE}",
             "HOLMES_METRICS_PORT": str(metrics_port),
         }
     )
+    if replica:
+        env.update(
+            {
+                ENV_REPLICA: str(replica.index),
+                ENV_REPLICAS: str(replica.count),
+                ENV_OUTER_ADDR: replica.outer_addr,
+            }
+        )
     return env
+
+
+def env_layout_file(replica: ReplicaSlot | None) -> str:
+    return replica.layout_file if replica else child_names.LAYOUT_FILE
 
 
 # A dead peer leaves NCCL ranks blocked in a collective: the watchdog aborts the communicator
@@ -235,17 +282,20 @@ def build_pod(
     hostname_label: str | None = None,
     master: str | None = None,
     launch: Launch | None = None,
+    replica: ReplicaSlot | None = None,
 ) -> dict:
     """The pod for node ``layout.nodes[node_rank]`` of this attempt. ``route``: how it reaches
     the network (routes.pod_route: host network or its own, RDMA devices, Multus networks, NCCL
     env); ``master``: the rendezvous address when not rank 0's DNS name (rank 0's IP, for a job
     across member clusters); ``launch``: the launcher's part for ``spec.framework`` other than
-    holmes (framework_launch.launch), None to run Holmes' trainer."""
+    holmes (framework_launch.launch), None to run Holmes' trainer; ``replica``: the replica
+    whose world this pod is part of (acrossIslands replicas), ``node_rank`` counting inside it."""
     node = layout.nodes[node_rank]
+    pod_index = node_rank + (replica.first if replica else 0)
     template = copy.deepcopy(dict(template or {}))
     tmeta = template.get("metadata") or {}
     pspec: dict[str, Any] = dict(template.get("spec") or {})
-    name = child_names.pod_name(job.name, job.attempt, node_rank)
+    name = child_names.pod_name(job.name, job.attempt, pod_index)
     stage = layout.rank_info(node_rank * layout.gpus_per_node).stage
 
     labels = {k: v for k, v in (tmeta.get("labels") or {}).items() if not k.startswith("holmes.dev/")}
@@ -253,11 +303,13 @@ def build_pod(
     labels.update(
         {
             child_names.LABEL_ATTEMPT: str(job.attempt),
-            child_names.LABEL_NODE_RANK: str(node_rank),
+            child_names.LABEL_NODE_RANK: str(pod_index),
             child_names.LABEL_STAGE: str(stage),
             LABEL_NIC: route.nic,
         }
     )
+    if replica:
+        labels[child_names.LABEL_REPLICA] = str(replica.index)
     annotations = dict(tmeta.get("annotations") or {})
     annotations.update(route.annotations)
     annotations.update({child_names.ANN_NODE: node, child_names.ANN_SPEC_HASH: job.spec_hash})
@@ -276,21 +328,23 @@ def build_pod(
         m.get("mountPath") == "/dev/shm" and m.get("name") not in replaced
         for m in containers[idx].get("volumeMounts") or []
     )
+    if replica and not master:  # the replica's own first pod
+        master = child_names.pod_addr(job.name, job.namespace, job.attempt, replica.first)
     master = master or child_names.master_addr(job.name, job.namespace, job.attempt)
     ours = dict(launch.env) if launch else {}  # the launcher's first; ours win on a clash
-    ours.update(rank_env(job, layout, node_rank, settings, master))
+    ours.update(rank_env(job, layout, node_rank, settings, master, replica))
     ours.update(route.env)
     ours.update(torch_env())
     # the trainer saves on SIGTERM only when it fits in what the kubelet grants (default 30 s)
     grace = pspec.get("terminationGracePeriodSeconds")
     ours[ENV_GRACE_SECONDS] = str(30 if grace is None else grace)
-    master_port, metrics_port = job_ports(job, settings)
+    master_port, metrics_port = replica.ports if replica else job_ports(job, settings)
     containers[idx] = _trainer_container(
         containers[idx],
         env=ours,
         route=route,
         gpus=layout.gpus_per_node,
-        command=default_command(layout, node_rank, master, master_port),
+        command=default_command(layout, node_rank, master, master_port, env_layout_file(replica)),
         settings=settings,
         ports=(master_port, metrics_port if node_rank == 0 else None),
         launch=launch,

@@ -8,10 +8,11 @@ from datetime import timedelta
 
 from holmes.contract import JobSpec
 
-from . import child_names, elastic, eta, failures, placement, replan
+from . import child_names, elastic, eta, failures, placement, replan, replicas
 from . import conditions as cond
 from .launching import Launching
 from .render import build_service
+from .replicas import REPLICAS_READ
 from .state import (
     DISRUPTION,
     FAILURE,
@@ -103,7 +104,9 @@ class Tracking(Launching):
         layout = self.launched_layout()
         if layout is None:
             return ""  # the plan of this attempt is not known
-        return failures.stuck_on_lost_node(pods, list(layout.nodes), self.nodes, self.facts.unusable)
+        plan = self.launched_replicas()  # acrossIslands replicas: every replica's nodes
+        nodes = list(plan.nodes if plan is not None else layout.nodes)
+        return failures.stuck_on_lost_node(pods, nodes, self.nodes, self.facts.unusable)
 
     def pod_failed(self, spec: JobSpec, failed: list[dict]) -> Decision:
         """A failed pod: a disruption (failures.disruption), else what runPolicy.failurePolicy
@@ -195,6 +198,8 @@ class Tracking(Launching):
         layout = self.launched_layout()
         if layout is None or not spec.parallelism.replan.enabled:
             return False
+        if self.launched_replicas() is not None:  # replan.step re-plans one pipeline world
+            return False
         step = replan.step(
             spec,
             self.old.get("adaptation") or {},
@@ -229,7 +234,11 @@ class Tracking(Launching):
 
     def merge_progress(self, spec: JobSpec) -> None:
         before = self.old.get("progress") or {}
-        merged, warning = merged_progress(before, self.obs.progress, self.now)
+        read = dict(self.obs.progress or {})
+        per_replica = read.pop(REPLICAS_READ, None)
+        if per_replica is not None and (plan := self.launched_replicas()) is not None:
+            self.status["replicas"] = replicas.merged_status(plan, self.old.get("replicas"), per_replica)
+        merged, warning = merged_progress(before, read or None, self.now)
         if merged is not None and merged.get("stages") and (layout := self.launched_layout()) is not None:
             merged["stages"] = replan.with_planned(merged["stages"], layout)  # measured next to planned
         if merged is not None:

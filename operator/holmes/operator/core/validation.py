@@ -27,15 +27,19 @@ def refusal(
         )
     if denied:
         return "PolicyViolation", "; ".join(denied)
-    if spec.training.across_islands.mode == "replicas":
-        # the trainer runs replicas (trainer/outer.py) when its launcher places each world; this
-        # operator does not render one world per island yet, and a single world would silently
-        # train with an outer optimizer over itself
+    replicas = spec.training.across_islands.mode == "replicas"  # auto runs a pipeline here
+    if replicas and spec.framework != "holmes":  # the outer step is Holmes' trainer's (outer.py)
         return (
             "InvalidSpec",
-            "spec.training.acrossIslands.mode: replicas is not run by this operator yet (the trainer "
-            "supports it, launched per island with HOLMES_REPLICA, HOLMES_REPLICAS and "
-            "HOLMES_OUTER_ADDR); use pipeline, or auto (which runs the pipeline for now)" + FIX,
+            "spec.training.acrossIslands.mode: replicas runs Holmes' own trainer, not "
+            f"spec.framework {spec.framework}: use framework holmes, or mode pipeline (or auto)" + FIX,
+        )
+    if replicas and across_members:  # each replica meets at its first pod's DNS name
+        return (
+            "InvalidSpec",
+            "spec.training.acrossIslands.mode: replicas is not run across member clusters yet (each "
+            "replica's rendezvous is its first pod's DNS name, which members do not share): use mode "
+            "pipeline (or auto), or run the job on one control plane's clusters" + FIX,
         )
     if across_members and queueing.volcano_group(spec.template):
         return (
