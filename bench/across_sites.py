@@ -311,8 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.smoke:
-        a.layers, a.hidden, a.seq, a.iterations, a.target_loss = 2, 64, 32, 60, 4.3
-        a.inner_steps, a.timeout = [4, 8], 300
+        a.layers, a.hidden, a.seq, a.iterations, a.target_loss = 2, 64, 32, 32, 4.3
+        a.inner_steps, a.timeout = [4], 300  # one H: each run starts a torch world per rank
     problems = fab.missing_prerequisites()
     if problems:
         print("cannot emulate the fabric here:\n  " + "\n  ".join(problems), file=sys.stderr)
