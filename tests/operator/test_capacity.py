@@ -312,6 +312,43 @@ def test_priority_then_creation_time_orders_the_queue():
     assert urgent.status["launched"] and not early.status["launched"]
 
 
+def in_namespace(m, ns):
+    m["metadata"]["namespace"] = ns
+    return m
+
+
+def test_namespaces_take_turns_so_fifty_jobs_of_one_do_not_starve_anothers_one():
+    sw = SharedWorld(job("r1", 3, created=0), job("r2", 3, created=0))
+    sw.step()
+    sw.bind("r1")
+    sw.bind("r2")
+    many = [sw.add(in_namespace(job(f"a{i:02}", 3, created=1 + i), "team-a")) for i in range(50)]
+    one = sw.add(in_namespace(job("b", 3, created=100), "team-b"))
+    sw.step()
+    assert all(sw.reason(w.job["metadata"]["name"]) == "WaitingForCapacity" for w in [*many, one])
+    sw.worlds["r1"].set_phase("Succeeded")  # room for two 3-node jobs: team-a's first, then team-b's
+    sw.worlds["r2"].set_phase("Succeeded")
+    sw.step()
+    launched = sorted(n for n, w in sw.worlds.items() if n[0] != "r" and w.status.get("launched"))
+    assert launched == ["a00", "b"]
+    assert "kept for" not in one.condition("Reconciling")["message"]
+
+
+def test_the_queue_orders_by_priority_then_turns_between_namespaces_then_age():
+    spec = load_job(job("x", 1))
+    shape = pod_shape(spec)
+
+    def w(key, created, priority=0):
+        return capacity.Waiting(key, spec, shape, priority, f"2026-01-01T00:00:{created:02}Z")
+
+    jobs = [w("a/1", 1), w("a/2", 2), w("a/3", 3), w("b/1", 4), w("c/1", 5), w("b/2", 6), w("c/0", 7, 9)]
+    order = capacity.queue_order(jobs)
+    assert [x.job for x in order] == ["c/0", "a/1", "b/1", "c/1", "a/2", "b/2", "a/3"]
+    # a namespace with jobs running already waits behind those with none running
+    order = capacity.queue_order(jobs, running={"a": 1, "b": 2})
+    assert [x.job for x in order] == ["c/0", "c/1", "a/1", "a/2", "b/1", "a/3", "b/2"]
+
+
 def test_an_unknown_priority_class_stalls_the_job_with_what_to_fix():
     w = FakeWorld(job("a", 1, runPolicy={"priorityClassName": "nope"}), nodes=nodes())
     w.priority_classes = {"high": 1000}
