@@ -480,12 +480,14 @@ def waiting_message(
 @dataclass(frozen=True)
 class Workloads:
     """What the runtime observed of the other workloads, before deciding: every pod that may
-    hold resources (slim or full), every HolmesJob (the queue), and the layout ConfigMap of each
-    launched one by (namespace, name)."""
+    hold resources (slim or full), every HolmesJob (the queue), the layout ConfigMap of each
+    launched one by (namespace, name), and the jobs whose launch is being written (their pods
+    are among ``pods``; they are in no queue)."""
 
     pods: Sequence[Mapping] = ()
     jobs: Sequence[Mapping] = ()
     layouts: Mapping[tuple[str, str], Mapping] = field(default_factory=dict)
+    launching: frozenset[str] = frozenset()  # namespace/name
 
 
 def shared_state(
@@ -525,6 +527,9 @@ def shared_state(
         queued = ((meta.get("labels") or {}).get(LABEL_KUEUE_QUEUE)) is not None
         unadmitted = queued and st.get("phase") in (None, "Suspended")  # Kueue's to order
         if spec.run_policy.suspend or st.get("phase") == "Suspended" or stalled or unadmitted:
+            continue
+        if f"{ns}/{name}" in seen.launching:  # its pods are being created: they hold its share
+            running[ns] = running.get(ns, 0) + 1
             continue
         w = Waiting(
             f"{ns}/{name}", spec, shape, priority_of(spec, classes)[0], meta.get("creationTimestamp") or ""
