@@ -334,6 +334,21 @@ def test_namespaces_take_turns_so_fifty_jobs_of_one_do_not_starve_anothers_one()
     assert "kept for" not in one.condition("Reconciling")["message"]
 
 
+def test_namespaces_take_turns_when_jobs_run_one_after_another():
+    # each job needs 4 of the 6 nodes: one runs at a time
+    sw = SharedWorld(*[in_namespace(job(f"a{i}", 4, created=0), "team-a") for i in range(4)])
+    b = sw.add(in_namespace(job("b", 4, created=0), "team-b"))
+    order = []
+    for _ in range(5):
+        sw.step()
+        now = [n for n, w in sw.worlds.items() if w.status.get("launched") and n not in order]
+        assert len(now) == 1, now
+        order += now
+        sw.worlds[now[0]].set_phase("Succeeded")
+    # team-a's a0 was first (the oldest by name); then team-b's turn, though a1..a3 are as old
+    assert order == ["a0", "b", "a1", "a2", "a3"] and b.status["launched"]
+
+
 def test_the_queue_orders_by_priority_then_turns_between_namespaces_then_age():
     spec = load_job(job("x", 1))
     shape = pod_shape(spec)

@@ -19,10 +19,11 @@ lock against this view.
   is free).
 - Queue order: ``priority`` (runPolicy.priority, else the value of runPolicy.priorityClassName's
   PriorityClass, else 0; higher first); within one priority, namespaces take turns: a job's
-  turn is the number of its namespace's launched jobs plus its place among its namespace's
-  waiting jobs of that priority, lower first (fifty jobs from one team do not starve another
-  team's one, and a team already running gets the next turn after those that are not); then
-  creation time, then namespace/name.
+  turn is the number of turns its namespace has taken (its launched jobs, and its jobs that ended
+  since the oldest waiting job was created) plus its place among its namespace's waiting jobs
+  of that priority, lower first (fifty jobs from one team do not starve another team's one,
+  whether they run side by side or one after another); then creation time, then
+  namespace/name.
 """
 
 from __future__ import annotations
@@ -498,10 +499,13 @@ def shared_state(
     order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view."""
     launched, waiting = [], []
     me_key: str | None = None
-    running: dict[str, int] = {}  # launched jobs by namespace (their turns are taken)
+    running: dict[str, int] = {}  # turns taken, by namespace: launched jobs (and ended ones below)
+    ended: list[tuple[str, str]] = []  # (namespace, completionTime)
     for job in seen.jobs:
         meta, st = job.get("metadata") or {}, job.get("status") or {}
         ns, name = meta.get("namespace") or "", meta.get("name") or ""
+        if st.get("phase") in ENDED and st.get("completionTime"):
+            ended.append((ns, st["completionTime"]))
         if meta.get("deletionTimestamp") or st.get("phase") in ENDED:
             continue
         try:
@@ -537,6 +541,12 @@ def shared_state(
         if meta.get("uid") == (me.get("metadata") or {}).get("uid"):
             me_key = w.job
         waiting.append(w)
+    # a job that ended while the oldest of the waiting jobs waited took its turn too, so one
+    # namespace's jobs running one after another do not each go before another's older wait
+    since = min((w.created for w in waiting), default="")
+    for ns, done in ended:
+        if since and done >= since:
+            running[ns] = running.get(ns, 0) + 1
     queue = queue_order(waiting, running)
     mine = next((w.key for w in queue if w.job == me_key), None)
     # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
