@@ -511,6 +511,8 @@ def test_volcano_jobs_get_a_podgroup_of_the_gang_and_annotated_pods():
     m["spec"]["template"]["metadata"] = {"annotations": {queueing.ANN_VOLCANO_QUEUE: "research"}}
     w = FakeWorld(m, nodes=nodes())
     w.step()
+    w.volcano_sets("Inqueue")
+    w.step()
     pg = w.podgroup
     assert pg["apiVersion"] == "scheduling.volcano.sh/v1beta1" and pg["kind"] == "PodGroup"
     assert pg["spec"]["minMember"] == 3 and pg["spec"]["queue"] == "research"
@@ -518,6 +520,72 @@ def test_volcano_jobs_get_a_podgroup_of_the_gang_and_annotated_pods():
     for p in w.pods.values():
         assert p["metadata"]["annotations"][queueing.ANN_GROUP] == "v"
         assert p["spec"]["schedulerName"] == "volcano"
+
+
+def volcano_job(name="v", count=3):
+    return FakeWorld(job(name, count, template=template(schedulerName="volcano")), nodes=nodes())
+
+
+def test_a_volcano_gangs_pods_wait_uncreated_until_volcano_admits_its_podgroup():
+    w = volcano_job()
+    w.step()  # the PodGroup is created first: no pod, no layout ConfigMap, nothing held
+    assert w.podgroup["spec"]["minMember"] == 3 and not w.pods and w.configmap is None
+    c = w.condition("Reconciling")
+    assert c["reason"] == "WaitingForPodGroup" and "queue default (phase Inqueue)" in c["message"]
+    w.volcano_sets("Pending")  # the queue cannot hold minResources yet
+    w.step()
+    assert not w.pods and "PodGroup v is Pending" in w.condition("Reconciling")["message"]
+    w.volcano_sets("Inqueue")  # the enqueue action admitted it: Volcano's controller creates pods now
+    w.step()
+    assert len(w.pods) == 3 and w.status["launched"]
+    w.volcano_sets("Running")
+    w.set_phase("Running")
+    w.step()
+    assert w.status["phase"] == "Running"
+
+
+def test_a_preempted_volcano_gang_waits_for_its_podgroup_to_be_enqueued_again():
+    w = volcano_job()
+    w.step()
+    w.volcano_sets("Inqueue")
+    w.step()
+    w.volcano_sets("Running")
+    w.set_phase("Running")
+    w.step()
+    victim = sorted(w.pods)[0]  # Volcano's preempt action evicts a pod
+    w.pods[victim]["status"] = {"phase": "Failed", "reason": "Evicted", "message": "preempted"}
+    w.step()  # a gang restart, counted as a disruption
+    assert w.status["restartsByReason"].get("disruption") == 1
+    w.step()
+    # the group still reads Running (the old attempt's) until Volcano's next session: no new pods
+    assert not [p for p in w.pods.values() if p["metadata"]["labels"]["holmes.dev/attempt"] == "2"]
+    assert "still Running from the last attempt" in w.condition("Reconciling")["message"]
+    w.volcano_sets("Pending")  # below minMember and not Inqueue: Volcano sets it Pending
+    w.step()
+    assert w.condition("Reconciling")["reason"] == "WaitingForPodGroup"
+    w.volcano_sets("Inqueue")
+    w.step()
+    assert len([p for p in w.pods.values() if p["metadata"]["labels"]["holmes.dev/attempt"] == "2"]) == 3
+
+
+def test_completed_is_not_success_the_pods_say_how_a_volcano_gang_ended():
+    w = volcano_job(count=2)
+    w.step()
+    w.volcano_sets("Inqueue")
+    w.step()
+    w.set_phase("Failed", exit_code=1)
+    w.volcano_sets("Completed")  # every allocated pod Succeeded *or Failed*
+    w.job["spec"]["runPolicy"]["backoffLimit"] = 0
+    w.step()
+    assert w.status["phase"] == "Failed"
+
+
+def test_a_volcano_job_where_volcano_is_not_installed_stalls_saying_so():
+    w = volcano_job()
+    w.volcano = False
+    w.step()
+    stalled = w.condition("Stalled")
+    assert stalled["reason"] == "VolcanoNotInstalled" and not w.pods and w.podgroup is None
 
 
 def test_plain_jobs_get_no_podgroup():

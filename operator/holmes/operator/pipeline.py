@@ -205,6 +205,8 @@ class Pipeline:
                 workload=self.caches.workloads.get(ns, queueing.workload_name(name)),
                 flavors=self.watches.flavors(),
                 priority_classes=self.watches.priority_classes(),
+                podgroup=self.caches.podgroups.get(ns, queueing.podgroup_name(name)),
+                volcano=self.watches.volcano,
                 members=where.states,
             )
             facts = placement_facts.gather(self.cost_model, self.workloads(where))

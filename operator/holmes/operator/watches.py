@@ -10,6 +10,9 @@ full LIST (a partly filled cache would look like deleted pods).
 - Kueue (core/queueing.py, kueue_version.py): while the API server serves kueue.x-k8s.io
   (v1beta2, else v1beta1; looked for again every 30 s), Workloads of Holmes jobs and
   ResourceFlavors are cached too.
+- Volcano (core/queueing.py): while the API server serves scheduling.volcano.sh/v1beta1
+  PodGroups (looked for once at start-up, as DRA below), the PodGroups of Holmes jobs; a change
+  (Volcano admitting a group: Inqueue) wakes the job's loop.
 - DRA (holmes.plan.dra): while the API server serves ``resource.k8s.io/v1`` ResourceSlices
   (looked for once at start-up: a cluster that gains the API needs an operator restart), every
   ResourceSlice; a change wakes every job (a node's devices changed). The pipeline joins them onto
@@ -32,7 +35,7 @@ from kubernetes.client.rest import ApiException
 from holmes.plan import dra
 
 from . import kueue_version
-from .core import capacity, child_names
+from .core import capacity, child_names, queueing
 from .informer import Informer
 from .kube import Caches
 from .member_clusters import MemberRegistry
@@ -66,6 +69,7 @@ class Watches:
         self.informers: list[Informer | kueue_version.KueueLink] = []  # each has .synced and .stop()
         self.kueue: str | None = None  # the Kueue version in use (kueue_version.py); None: not served
         self.members: MemberRegistry | None = None  # member clusters, with --members-namespace
+        self.volcano = False  # the API server serves Volcano's PodGroups (looked for at start-up)
 
     def start(self) -> None:
         """Start every informer (from the event loop: their threads wake jobs through it)."""
@@ -94,6 +98,18 @@ class Watches:
         )
         for kind, store, namespaced, everywhere in kinds:
             self.watch(kind, namespaced, everywhere, selector, store, changed)
+        self.volcano = serves_podgroups(core.api_client)
+        if self.volcano:  # Volcano writes the phase Holmes waits for (queueing.podgroup_wait)
+            custom = client.CustomObjectsApi(core.api_client)
+            g, v, plural = queueing.VOLCANO_GROUP, queueing.VOLCANO_VERSION, queueing.PODGROUPS
+            self.watch(
+                plural,
+                lambda ns, **kw: custom.list_namespaced_custom_object(g, v, ns, plural, **kw),
+                lambda **kw: custom.list_cluster_custom_object(g, v, plural, **kw),
+                selector,
+                self.caches.podgroups,
+                changed,
+            )
         self._start_shared(core, changed)
         if self.members_namespace:
             self._start_members(core)
@@ -240,6 +256,23 @@ def serves_resource_slices(api: client.ApiClient) -> bool:
         raise
     found = any(r.name == SLICES for r in resources or [])
     log.info("DRA ResourceSlices %s", "served: read for NIC and GPU discovery" if found else "not served")
+    return found
+
+
+def serves_podgroups(api: client.ApiClient) -> bool:
+    """Whether the API server serves Volcano's PodGroups (scheduling.volcano.sh/v1beta1)."""
+    try:
+        resources = (
+            client.CustomObjectsApi(api)
+            .get_api_resources(queueing.VOLCANO_GROUP, queueing.VOLCANO_VERSION)
+            .resources
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    found = any(r.name == queueing.PODGROUPS for r in resources or [])
+    log.info("Volcano PodGroups %s", "served: watched for their phase" if found else "not served")
     return found
 
 
