@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -366,6 +367,8 @@ async def serve(
     """kopf (watches, caches, handlers) and, with --leader-elect, the Lease; the job loops act once
     both the caches are filled and this replica leads. A clean exit hands the Lease over."""
     electing = asyncio.create_task(elector.run()) if elector else None
+    if electing is not None and elector is not None:
+        electing.add_done_callback(functools.partial(_election_ended, elector))
     rt.leading = elector.leading if elector else None
     try:
         await kopf.operator(
@@ -380,6 +383,16 @@ async def serve(
             electing.cancel()
             await asyncio.gather(electing, return_exceptions=True)
             await asyncio.to_thread(elector.release)
+
+
+def _election_ended(elector: LeaderElector, task: asyncio.Task) -> None:
+    """An election that ended by an error would leave a replica that never leads (or leads
+    unrenewed): exit, so that Kubernetes restarts it as a follower."""
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger("holmes.operator.leader").critical(
+            "leader election failed: %r; exiting so that a restart elects again", task.exception()
+        )
+        elector.on_lost()
 
 
 if __name__ == "__main__":
