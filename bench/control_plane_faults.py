@@ -482,8 +482,9 @@ class Bench:
         # the status patch in every run, so mid-status-write aims a few pods earlier
         aim = WIDE // 4 if kind == "kill-mid-launch" else WIDE - 6
         self.freeze_at(name, aim, lambda: self.ops.freeze(leader))
-        self.ops.kill(leader, signal.SIGKILL)
+        os.kill(self.ops.reps[leader].proc.pid, signal.SIGKILL)  # dead before the follower may lead
         created, launched = len(self.w.pods(name)), bool(self.w.status(name).get("launched"))
+        self.ops.kill(leader, signal.SIGKILL)  # reaped and started again as the follower
         f.hit = 0 < created < WIDE or not launched
         f.note = f"{created}/{WIDE} pods, status launched={launched} after leader {leader} was killed"
         wait_until(f"{name}'s {WIDE} pods", lambda: len(self.w.pods(name)) == WIDE, 120)
