@@ -557,7 +557,7 @@ def member_cutoff(seconds: float, job_seconds: int, tmp: Path, judge: Judge) -> 
         spec = workload_job(name, ns, job_seconds + int(seconds))
         spec["spec"]["nodes"] = {"count": 4, "minCount": 2, "gpusPerNode": 1}
         hub.create(spec)
-        judge.expected.add(name)
+        judge.expected, judge.last = {name}, {}  # the first testbed's jobs are not on this one
 
         def snapshot() -> Snapshot | None:  # the jobs on the hub, the pods in both members
             a = hub.snapshot()
