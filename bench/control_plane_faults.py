@@ -641,6 +641,7 @@ def main() -> int:
     cp.dir.mkdir(parents=True, exist_ok=True)
     ns = "faults"
     ops = None
+    b: Bench | None = None
     judge = Judge()
     faults: list[Fault] = []
     problems: list[str] = []
@@ -702,6 +703,9 @@ def main() -> int:
         if ops:
             print(ops.tail(), file=sys.stderr)
     finally:
+        if b is not None and b.watcher.is_alive():  # no replica started again once stopped
+            b.stop.set()
+            b.watcher.join(10)
         if ops:
             ops.stop()
         cp.down(log=lambda m: None)
