@@ -39,7 +39,7 @@ RULES = {
     "operator/holmes/plan": ({"yaml"}, {"contract", "plan"}),
     "operator/holmes/labeller": ({"kubernetes"}, {"contract", "plan", "labeller"}),
     "operator/holmes/operator": (
-        {"kopf", "kubernetes", "prometheus_client", "yaml"},
+        {"kopf", "kubernetes", "urllib3", "prometheus_client", "yaml"},
         {"contract", "plan", "operator"},
     ),
     # pictures and text of layouts and jobs, for people: pure, from the contract's data

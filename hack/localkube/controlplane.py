@@ -381,6 +381,62 @@ class ControlPlane:
         )
         log(f"cluster up in {time.monotonic() - t0:.1f}s: {len(names)} nodes; kubeconfig {self.kubeconfig}")
 
+    # ---- faults (bench/control_plane_faults.py) --------------------------------------------
+    def pid(self, name: str) -> int:
+        pid = self.state().get("pids", {}).get(name)
+        if not self._alive(pid):
+            raise ClusterError(f"{name} is not running (state {self.state_file})")
+        return pid
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP one component (a stalled process: its sockets stay open, nothing answers)."""
+        os.kill(self.pid(name), signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        os.kill(self.pid(name), signal.SIGCONT)
+
+    def restart(
+        self, name: str, sig: int = signal.SIGTERM, down_for: float = 0.0, timeout: float = 90
+    ) -> float:
+        """Stop one component with ``sig`` (SIGKILL: a crash), wait ``down_for`` seconds, start it
+        again with the same command line and environment, and wait until it serves; the seconds
+        it was down. A node agent killed takes its pods' processes with it (a node reboot)."""
+        st = self.state()
+        pid = self.pid(name)
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        env = dict(
+            kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv
+        )
+        t0 = time.monotonic()
+        os.kill(pid, sig)
+        end = time.monotonic() + 15
+        while pid_alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        if name == "node-agent":
+            from .agent import kill_recorded_pods
+
+            kill_recorded_pods(self.dir)
+        time.sleep(down_for)
+        self._spawn(
+            st,
+            name,
+            [a.decode() for a in argv],
+            env={k.decode(): v.decode() for k, v in env.items()},
+        )
+        ready = {
+            "etcd": lambda: not port_free(st["etcdPort"]),
+            "kube-apiserver": lambda: self._ready(st),
+            "node-agent": lambda: set(_names(st)) <= self._ready_nodes(),
+        }.get(name, lambda: True)
+        self._wait(f"{name} to serve again", st, name, ready, timeout)
+        return time.monotonic() - t0
+
     def _kubectl_ok(self, *args: str) -> bool:
         return run_kubectl(binary("kubectl"), str(self.kubeconfig), *args).returncode == 0
 
@@ -457,3 +513,9 @@ class ControlPlane:
         if pids:
             st["pids"] = {}
             self._save(st)
+
+
+def _names(st: dict) -> list[str]:
+    from .topology import load_topology
+
+    return list(load_topology(st["topology"]).names)

@@ -20,6 +20,7 @@ OWN_TESTS = {  # script -> the test that runs its small mode
     "checkpoint_overhead": "tests/bench/test_checkpoint_overhead.py",
     "dryrun_scale": "tests/bench/test_dryrun_scale.py",
     "fault_soak": "tests/bench/test_fault_soak.py",
+    "control_plane_faults": "tests/bench/test_control_plane_faults.py",
     "gpu": "tests/bench/test_gpu_bench.py",
     "operator_load": "tests/bench/test_operator_load.py",
 }

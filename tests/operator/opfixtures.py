@@ -94,6 +94,7 @@ class FakeWorld:
         self.flavors: dict | None = None
         self.priority_classes: dict | None = None
         self.podgroup: dict | None = None
+        self.volcano = True  # the API server serves PodGroups
         # member clusters (members.py): name -> MemberState; None: a single-cluster job
         self.members: dict | None = None
 
@@ -111,6 +112,8 @@ class FakeWorld:
             workload=copy.deepcopy(self.workload),
             flavors=self.flavors,
             priority_classes=self.priority_classes,
+            podgroup=copy.deepcopy(self.podgroup),
+            volcano=self.volcano,
             members=self.members,
         )
         facts = placement_facts.gather(self.cost_model, self.workloads())
@@ -127,8 +130,11 @@ class FakeWorld:
                     status.pop(k, None)
                 else:
                     status[k] = v
-        if d.podgroup is not None:
-            self.podgroup = copy.deepcopy(d.podgroup)
+        if d.podgroup is not None:  # created, else its spec patched (Volcano owns the status)
+            if self.podgroup is None:
+                self.podgroup = copy.deepcopy(d.podgroup)
+            else:
+                self.podgroup["spec"] = copy.deepcopy(d.podgroup["spec"])
         for name in d.delete_pods:
             self.pods.pop(name, None)
         if d.configmap is not None:
@@ -162,6 +168,10 @@ class FakeWorld:
         return d
 
     # ---- what the kubelet/scheduler would do ---------------------------------------------
+    def volcano_sets(self, phase: str) -> None:
+        """Volcano's scheduler writes the PodGroup's phase (queueing.py: what each means)."""
+        self.podgroup.setdefault("status", {})["phase"] = phase
+
     def set_phase(self, phase: str, *names_: str, exit_code: int = 1) -> None:
         for n in names_ or list(self.pods):
             st = self.pods[n].setdefault("status", {})

@@ -312,6 +312,58 @@ def test_priority_then_creation_time_orders_the_queue():
     assert urgent.status["launched"] and not early.status["launched"]
 
 
+def in_namespace(m, ns):
+    m["metadata"]["namespace"] = ns
+    return m
+
+
+def test_namespaces_take_turns_so_fifty_jobs_of_one_do_not_starve_anothers_one():
+    sw = SharedWorld(job("r1", 3, created=0), job("r2", 3, created=0))
+    sw.step()
+    sw.bind("r1")
+    sw.bind("r2")
+    many = [sw.add(in_namespace(job(f"a{i:02}", 3, created=1 + i), "team-a")) for i in range(50)]
+    one = sw.add(in_namespace(job("b", 3, created=100), "team-b"))
+    sw.step()
+    assert all(sw.reason(w.job["metadata"]["name"]) == "WaitingForCapacity" for w in [*many, one])
+    sw.worlds["r1"].set_phase("Succeeded")  # room for two 3-node jobs: team-a's first, then team-b's
+    sw.worlds["r2"].set_phase("Succeeded")
+    sw.step()
+    launched = sorted(n for n, w in sw.worlds.items() if n[0] != "r" and w.status.get("launched"))
+    assert launched == ["a00", "b"]
+    assert "kept for" not in one.condition("Reconciling")["message"]
+
+
+def test_namespaces_take_turns_when_jobs_run_one_after_another():
+    # each job needs 4 of the 6 nodes: one runs at a time
+    sw = SharedWorld(*[in_namespace(job(f"a{i}", 4, created=0), "team-a") for i in range(4)])
+    b = sw.add(in_namespace(job("b", 4, created=0), "team-b"))
+    order = []
+    for _ in range(5):
+        sw.step()
+        now = [n for n, w in sw.worlds.items() if w.status.get("launched") and n not in order]
+        assert len(now) == 1, now
+        order += now
+        sw.worlds[now[0]].set_phase("Succeeded")
+    # team-a's a0 was first (the oldest by name); then team-b's turn, though a1..a3 are as old
+    assert order == ["a0", "b", "a1", "a2", "a3"] and b.status["launched"]
+
+
+def test_the_queue_orders_by_priority_then_turns_between_namespaces_then_age():
+    spec = load_job(job("x", 1))
+    shape = pod_shape(spec)
+
+    def w(key, created, priority=0):
+        return capacity.Waiting(key, spec, shape, priority, f"2026-01-01T00:00:{created:02}Z")
+
+    jobs = [w("a/1", 1), w("a/2", 2), w("a/3", 3), w("b/1", 4), w("c/1", 5), w("b/2", 6), w("c/0", 7, 9)]
+    order = capacity.queue_order(jobs)
+    assert [x.job for x in order] == ["c/0", "a/1", "b/1", "c/1", "a/2", "b/2", "a/3"]
+    # a namespace with jobs running already waits behind those with none running
+    order = capacity.queue_order(jobs, running={"a": 1, "b": 2})
+    assert [x.job for x in order] == ["c/0", "c/1", "a/1", "a/2", "b/1", "a/3", "b/2"]
+
+
 def test_an_unknown_priority_class_stalls_the_job_with_what_to_fix():
     w = FakeWorld(job("a", 1, runPolicy={"priorityClassName": "nope"}), nodes=nodes())
     w.priority_classes = {"high": 1000}
@@ -459,6 +511,8 @@ def test_volcano_jobs_get_a_podgroup_of_the_gang_and_annotated_pods():
     m["spec"]["template"]["metadata"] = {"annotations": {queueing.ANN_VOLCANO_QUEUE: "research"}}
     w = FakeWorld(m, nodes=nodes())
     w.step()
+    w.volcano_sets("Inqueue")
+    w.step()
     pg = w.podgroup
     assert pg["apiVersion"] == "scheduling.volcano.sh/v1beta1" and pg["kind"] == "PodGroup"
     assert pg["spec"]["minMember"] == 3 and pg["spec"]["queue"] == "research"
@@ -466,6 +520,72 @@ def test_volcano_jobs_get_a_podgroup_of_the_gang_and_annotated_pods():
     for p in w.pods.values():
         assert p["metadata"]["annotations"][queueing.ANN_GROUP] == "v"
         assert p["spec"]["schedulerName"] == "volcano"
+
+
+def volcano_job(name="v", count=3):
+    return FakeWorld(job(name, count, template=template(schedulerName="volcano")), nodes=nodes())
+
+
+def test_a_volcano_gangs_pods_wait_uncreated_until_volcano_admits_its_podgroup():
+    w = volcano_job()
+    w.step()  # the PodGroup is created first: no pod, no layout ConfigMap, nothing held
+    assert w.podgroup["spec"]["minMember"] == 3 and not w.pods and w.configmap is None
+    c = w.condition("Reconciling")
+    assert c["reason"] == "WaitingForPodGroup" and "queue default (phase Inqueue)" in c["message"]
+    w.volcano_sets("Pending")  # the queue cannot hold minResources yet
+    w.step()
+    assert not w.pods and "PodGroup v is Pending" in w.condition("Reconciling")["message"]
+    w.volcano_sets("Inqueue")  # the enqueue action admitted it: Volcano's controller creates pods now
+    w.step()
+    assert len(w.pods) == 3 and w.status["launched"]
+    w.volcano_sets("Running")
+    w.set_phase("Running")
+    w.step()
+    assert w.status["phase"] == "Running"
+
+
+def test_a_preempted_volcano_gang_waits_for_its_podgroup_to_be_enqueued_again():
+    w = volcano_job()
+    w.step()
+    w.volcano_sets("Inqueue")
+    w.step()
+    w.volcano_sets("Running")
+    w.set_phase("Running")
+    w.step()
+    victim = sorted(w.pods)[0]  # Volcano's preempt action evicts a pod
+    w.pods[victim]["status"] = {"phase": "Failed", "reason": "Evicted", "message": "preempted"}
+    w.step()  # a gang restart, counted as a disruption
+    assert w.status["restartsByReason"].get("disruption") == 1
+    w.step()
+    # the group still reads Running (the old attempt's) until Volcano's next session: no new pods
+    assert not [p for p in w.pods.values() if p["metadata"]["labels"]["holmes.dev/attempt"] == "2"]
+    assert "still Running from the last attempt" in w.condition("Reconciling")["message"]
+    w.volcano_sets("Pending")  # below minMember and not Inqueue: Volcano sets it Pending
+    w.step()
+    assert w.condition("Reconciling")["reason"] == "WaitingForPodGroup"
+    w.volcano_sets("Inqueue")
+    w.step()
+    assert len([p for p in w.pods.values() if p["metadata"]["labels"]["holmes.dev/attempt"] == "2"]) == 3
+
+
+def test_completed_is_not_success_the_pods_say_how_a_volcano_gang_ended():
+    w = volcano_job(count=2)
+    w.step()
+    w.volcano_sets("Inqueue")
+    w.step()
+    w.set_phase("Failed", exit_code=1)
+    w.volcano_sets("Completed")  # every allocated pod Succeeded *or Failed*
+    w.job["spec"]["runPolicy"]["backoffLimit"] = 0
+    w.step()
+    assert w.status["phase"] == "Failed"
+
+
+def test_a_volcano_job_where_volcano_is_not_installed_stalls_saying_so():
+    w = volcano_job()
+    w.volcano = False
+    w.step()
+    stalled = w.condition("Stalled")
+    assert stalled["reason"] == "VolcanoNotInstalled" and not w.pods and w.podgroup is None
 
 
 def test_plain_jobs_get_no_podgroup():

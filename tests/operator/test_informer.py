@@ -9,7 +9,7 @@ import time
 from kubernetes import client
 
 from holmes.operator.core import child_names
-from holmes.operator.informer import Informer, Store
+from holmes.operator.informer import RETRY_MAX, Informer, Store, next_backoff
 
 
 def obj(name: str, rv: int, job: str = "a", uid: str = "u1", ns: str = "ns") -> dict:
@@ -89,6 +89,16 @@ def wait_until(what, fn, timeout=20.0):
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_after_a_long_outage_an_informer_tries_again_within_a_few_seconds():
+    waits, b = [], 1.0
+    for _ in range(8):  # eight failed tries: the API server restarting for ~30 s
+        waits.append(b)
+        b = next_backoff(b)
+    assert waits == [1, 2, 4, 5, 5, 5, 5, 5] and RETRY_MAX <= 5
+    # (it was 1, 2, 4, 8, 16, 30: a restarted operator's caches filled 30 s after the API server
+    # was back, and no job acted meanwhile)
 
 
 def test_informer_lists_then_watches_only_the_selected_objects(cluster, namespace):

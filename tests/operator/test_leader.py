@@ -36,6 +36,17 @@ def test_timings_must_nest():
         LeaseConfig("ns", "l", "me", duration=4, renew_deadline=5, retry=1)
 
 
+def test_an_api_server_that_refuses_connections_is_a_failed_try_not_the_end_of_the_election():
+    from holmes_dev.ports import free_port
+
+    conf = client.Configuration(host=f"https://127.0.0.1:{free_port()}")  # nothing listens there
+    conf.verify_ssl = False
+    elector = LeaderElector(client.ApiClient(conf), LeaseConfig("ns", "lease", "me", 4, 3, 0.5))
+    # urllib3 retries the refused connection, then raises MaxRetryError (not an OSError); it
+    # escaped the loop, so a follower facing a restarting API server never led again
+    assert asyncio.run(elector._try()) is False
+
+
 def test_one_leader_then_takeover_after_death_and_at_once_after_release(cluster, namespace):
     """Two electors on one Lease: one leads; when it stops renewing (dies) the other takes over
     after the lease duration; a clean release hands over on the follower's next look."""

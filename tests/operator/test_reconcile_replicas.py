@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from holmes.contract import JobSpec, load_job
 from holmes.contract.names import ENV_REPLICA
-from holmes.operator.core import child_names, replicas
+from holmes.operator.core import child_names, queueing, replicas
 from holmes.operator.core.template import TemplatePolicy
 from holmes.operator.core.validation import refusal
 from holmes.plan import CostModelConfig
@@ -163,3 +163,16 @@ def test_replicas_are_refused_only_across_member_clusters_and_for_other_framewor
     reason, message = refused("replicas", framework="torchrun")
     assert reason == "InvalidSpec" and "spec.framework torchrun" in message
     assert refused("auto", members=True) is None  # auto runs the pipeline there
+
+
+def test_replicas_under_volcano_wait_uncreated_until_their_one_podgroup_is_admitted():
+    """Every replica's pods form one Volcano gang: none is created before Volcano admits it."""
+    w = world(template={"spec": {"schedulerName": "volcano"}})
+    w.step()
+    assert not w.pods and w.podgroup["spec"]["minMember"] == 6
+    assert w.condition("Reconciling")["reason"] == "WaitingForPodGroup"
+    w.volcano_sets("Inqueue")
+    w.step()
+    assert len(w.pods) == 6 and w.status["launched"]
+    group = w.podgroup["metadata"]["name"]
+    assert all(p["metadata"]["annotations"][queueing.ANN_GROUP] == group for p in w.pods.values())

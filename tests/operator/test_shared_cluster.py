@@ -12,6 +12,7 @@ import time
 
 import pytest
 from holmes_dev.jobs import tiny_job
+from kubernetes import client
 
 from holmes.operator.core import queueing
 from localkube.operatorproc import REPO, OperatorProcess, install_crd
@@ -371,7 +372,7 @@ def test_kueue_installed_after_the_operator_started_then_upgraded(
         install_kueue(crds, kueue)  # as the other tests of this version expect it
 
 
-def test_volcano_jobs_get_a_podgroup_and_annotated_pods(crds, namespace, operator):
+def test_volcano_jobs_get_a_podgroup_then_once_admitted_annotated_pods(crds, namespace, operator):
     m = tiny_job("gang", namespace, count=3, gpus=1, command=["sleep", "1"])
     m["spec"]["template"]["spec"]["schedulerName"] = "volcano"
     apply(crds, m)
@@ -386,6 +387,22 @@ def test_volcano_jobs_get_a_podgroup_and_annotated_pods(crds, namespace, operato
     )
     assert pg["spec"]["minMember"] == 3 and pg["spec"]["minResources"] == {"nvidia.com/gpu": "3"}
     assert pg["metadata"]["ownerReferences"][0]["kind"] == "HolmesJob"
+    # Volcano's job controller creates no pod before the queue admits the group: nor does Holmes
+    wait_for(
+        "WaitingForPodGroup",
+        lambda: reconciling(crds, namespace, "gang").get("reason") == "WaitingForPodGroup",
+        op=operator,
+    )
+    time.sleep(2)
+    assert not pods_of(crds, namespace, "gang")
+    client.CustomObjectsApi(crds.api_client()).patch_namespaced_custom_object_status(
+        queueing.VOLCANO_GROUP,  # play Volcano's enqueue action: the group is admitted to its queue
+        queueing.VOLCANO_VERSION,
+        namespace,
+        queueing.PODGROUPS,
+        "gang",
+        {"status": {"phase": queueing.PG_INQUEUE}},
+    )
     pods = wait_for("pods", lambda: (lambda p: p if len(p) == 3 else None)(pods_of(crds, namespace, "gang")))
     for p in pods:  # no Volcano scheduler runs here: they stay Pending, in their group
         assert p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "gang"

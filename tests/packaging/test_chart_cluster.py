@@ -144,6 +144,8 @@ NEEDED = {
     ("workloads.kueue.x-k8s.io", "create"): "kube.KubeIO.apply_queueing",
     ("workloads.kueue.x-k8s.io", "delete"): "kube.KubeIO.apply_queueing (the job's pods changed)",
     ("workloads.kueue.x-k8s.io/status", "patch"): "kube.KubeIO.apply_queueing (Finished)",
+    ("podgroups.scheduling.volcano.sh", "list"): "informer.Informer (the PodGroups' phase, watches.py)",
+    ("podgroups.scheduling.volcano.sh", "watch"): "informer.Informer (the PodGroups' phase, watches.py)",
     ("podgroups.scheduling.volcano.sh", "create"): "kube.KubeIO.apply_queueing",
     ("podgroups.scheduling.volcano.sh", "patch"): "kube.KubeIO.apply_queueing (a new gang size)",
     ("resourceslices.resource.k8s.io", "list"): "informer.Informer (DRA devices, watches.py)",

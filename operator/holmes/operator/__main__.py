@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import sys
+import time
 
 import kopf
 from kubernetes import client, config
 
-from holmes.contract.names import RDMA_KINDS
+from holmes.contract.names import GROUP, PLURAL, RDMA_KINDS, VERSION
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
 from . import metrics
@@ -24,6 +26,7 @@ from .core.template import BASELINE, LEVELS, POLICY_OPTIONS, PSS_VERSION, Templa
 from .handlers import Runtime, register
 from .leader import LeaderElector, LeaseConfig, default_identity
 from .placement_facts import export_state, with_nic_flags
+from .watches import until_answered
 
 log = logging.getLogger("holmes.operator")
 
@@ -366,7 +369,12 @@ async def serve(
 ) -> None:
     """kopf (watches, caches, handlers) and, with --leader-elect, the Lease; the job loops act once
     both the caches are filled and this replica leads. A clean exit hands the Lease over."""
+    # kopf resolves the HolmesJob resource once, at start-up: an API server still starting (its
+    # CRDs not served yet) left an operator that led and served no HolmesJob at all
+    await asyncio.to_thread(until_answered, functools.partial(crd_served, rt.api), time.sleep)
     electing = asyncio.create_task(elector.run()) if elector else None
+    if electing is not None and elector is not None:
+        electing.add_done_callback(functools.partial(_election_ended, elector))
     rt.leading = elector.leading if elector else None
     metrics.LEADER.set(0 if elector else 1)  # without --leader-elect this one replica acts
     try:
@@ -382,6 +390,33 @@ async def serve(
             electing.cancel()
             await asyncio.gather(electing, return_exceptions=True)
             await asyncio.to_thread(elector.release)
+
+
+def crd_served(api: client.ApiClient) -> bool:
+    """True once the API server serves HolmesJobs (API discovery); raises while it does not, so
+    ``until_answered`` asks again (the CRD is installed before the operator: a missing one is
+    waited for too, saying so)."""
+    try:
+        resources = client.CustomObjectsApi(api).get_api_resources(GROUP, VERSION).resources or []
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
+        resources = []
+    if not any(r.name == PLURAL for r in resources):
+        raise OSError(
+            f"the API server does not serve {PLURAL}.{GROUP}/{VERSION} (yet): is its CRD installed?"
+        )
+    return True
+
+
+def _election_ended(elector: LeaderElector, task: asyncio.Task) -> None:
+    """An election that ended by an error would leave a replica that never leads (or leads
+    unrenewed): exit, so that Kubernetes restarts it as a follower."""
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger("holmes.operator.leader").critical(
+            "leader election failed: %r; exiting so that a restart elects again", task.exception()
+        )
+        elector.on_lost()
 
 
 if __name__ == "__main__":

@@ -318,6 +318,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.startup(registry=registry, id="start_informers")
     async def start_informers(**_: Any) -> None:
+        await asyncio.to_thread(rt.watches.discover)
         rt.watches.start()
         rt.readying = asyncio.create_task(rt.become_ready(), name="holmes caches and lease")
 

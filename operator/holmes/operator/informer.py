@@ -147,6 +147,18 @@ class Store:
             return len(self._objs)
 
 
+# A failed LIST or WATCH is tried again after 1, 2, 4, then every RETRY_MAX seconds: an API
+# server back from a restart is seen within RETRY_MAX (with 30 s, as client-go's reflector caps
+# it, an operator whose caches were not filled yet waited up to 30 s more before acting: 38 s
+# to recover from a 25 s API server restart in bench/control_plane_faults.py). While the API
+# server is down that is one refused connection per informer every few seconds.
+RETRY_MAX = 5.0
+
+
+def next_backoff(backoff: float) -> float:
+    return min(backoff * 2, RETRY_MAX)
+
+
 class Informer:
     """Keeps ``store`` equal to what ``list_fn`` (a kubernetes client LIST function, namespaced
     by partial application or cluster-wide) returns for ``selector``, in a daemon thread. Calls
@@ -217,7 +229,7 @@ class Informer:
                     extra={"error": str(e)},
                 )
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = next_backoff(backoff)
 
     def _list(self) -> str:
         resp = self.list_fn(

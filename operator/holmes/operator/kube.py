@@ -63,6 +63,8 @@ class Caches:
         self.priority_classes = Store(index_label=None)
         # DRA: every ResourceSlice, while the API server serves them (watches.py)
         self.resource_slices = Store(index_label=None)
+        # Volcano: the PodGroups of Holmes jobs, while the API server serves them (watches.py)
+        self.podgroups = Store(index_label=child_names.LABEL_JOB)
 
 
 class KubeIO:

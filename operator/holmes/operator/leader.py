@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -210,9 +211,12 @@ class LeaderElector:
                 return
 
     async def _try(self) -> bool:
+        """One try; False when the API server could not be asked. urllib3 raises its own errors
+        (MaxRetryError once the API server refused every connection retried), not OSError: one
+        escaping here would end the election for good, a follower that never leads."""
         try:
             return await asyncio.wait_for(asyncio.to_thread(self.try_acquire_or_renew), self.cfg.retry * 2)
-        except (ApiException, OSError, asyncio.TimeoutError, ValueError) as e:
+        except (ApiException, OSError, urllib3.exceptions.HTTPError, asyncio.TimeoutError, ValueError) as e:
             log.warning("leader lease: %s", e, extra={"lease": self._where()})
             self._lease = None
             return False

@@ -32,6 +32,11 @@ PLANNING_SECONDS = Histogram(
     "ahead, the layout search; rendering the pods after it)",
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),
 )
+PLACEMENT_RETRIES = Counter(
+    "holmes_placement_retries_total",
+    "Decisions that claimed capacity decided again because another job claimed some first "
+    "(optimistic placement: plans run outside the placement lock)",
+)
 PODS_CREATED = Counter("holmes_pods_created_total", "Pods created for HolmesJobs", ["namespace"])
 RESTARTS = Counter("holmes_restarts_total", "Gang restarts (all reasons)", ["namespace"])
 REPLANS = Counter(

@@ -10,13 +10,14 @@ one across member clusters (core/members.py), so each is a ``Children``:
   skipped (redone once it answers), and the job carries a finalizer (no ownerReference crosses
   clusters).
 
-Jobs plan and launch one at a time (``placement`` lock around decide + write), so each sees the
-pods the previous one created (core/capacity.py).
+Jobs decide (and plan) concurrently on a snapshot of the caches and take the ``placement`` lock
+only to write (commit.py): a decision that claims capacity made before another job's claim is
+decided again, so each launch sees the pods the previous one created (core/capacity.py) and no
+slow plan holds the others' launches.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from typing import Protocol
 from holmes.plan import dra
 from holmes.plan.costmodel_file import CostModelFile
 
-from . import metrics, placement_facts
+from . import commit, metrics, placement_facts
 from .core import capacity, child_names, members, queueing
 from .core.reconcile import ChildRefusal, Decision, Observed, RestartBackoff, decide
 from .core.render import RenderSettings
@@ -167,7 +168,7 @@ class Pipeline:
     say_once: Callable[[tuple, str], bool]
 
     def __post_init__(self) -> None:
-        self.placement = threading.RLock()
+        self.placement = commit.PlacementLock()
 
     def children(self, job: dict) -> tuple[Children, dict]:
         """Where the job's children live (and the job, with the members' finalizer set first)."""
@@ -188,12 +189,13 @@ class Pipeline:
         nodes = where.nodes(hub_nodes)
         pods = where.pods(ns, name)
         found = self.progress.read(job, pods, where.log_tail(job, pods))
-        with self.placement:
-            job = self.caches.jobs.get(ns, name) or job
-            pods = where.pods(ns, name)
+
+        def observe_and_decide() -> tuple[Decision, tuple[dict, list[dict]]]:
+            fresh = self.caches.jobs.get(ns, name) or job
+            mine = where.pods(ns, name)
             obs = Observed(
-                job=job,
-                pods=pods,
+                job=fresh,
+                pods=mine,
                 configmap=where.configmap(ns, name, uid),
                 service=where.service(ns, name, uid),
                 nodes=nodes,
@@ -203,6 +205,8 @@ class Pipeline:
                 workload=self.caches.workloads.get(ns, queueing.workload_name(name)),
                 flavors=self.watches.flavors(),
                 priority_classes=self.watches.priority_classes(),
+                podgroup=self.caches.podgroups.get(ns, queueing.podgroup_name(name)),
+                volcano=self.watches.volcano,
                 members=where.states,
             )
             facts = placement_facts.gather(self.cost_model, self.workloads(where))
@@ -210,16 +214,27 @@ class Pipeline:
             d = decide(obs, facts, self.settings, self.backoff)
             if d.placed:
                 metrics.PLANNING_SECONDS.observe(time.perf_counter() - started)
-            self.io.apply_queueing(d, job)
-            created, refusals = where.write(d, job, pods, nodes)
-            old = job.get("status") or {}
-            self.io.patch_status(job, old, d.status)
-        return d, job, old, created, refusals
+            return d, (fresh, mine)
+
+        def write(d: Decision, on: tuple[dict, list[dict]]) -> tuple[int, list[ChildRefusal]]:
+            seen_job, seen_pods = on
+            self.io.apply_queueing(d, seen_job)
+            made = where.write(d, seen_job, seen_pods, nodes)
+            self.io.patch_status(seen_job, seen_job.get("status") or {}, d.status)
+            return made
+
+        key = f"{ns}/{name}"
+        d, (job, _), (created, refusals) = self.placement.decide_and_write(key, observe_and_decide, write)
+        return d, job, job.get("status") or {}, created, refusals
 
     def workloads(self, where: Children) -> capacity.Workloads:
         """What the other workloads hold and want, from the caches: every pod that may hold
-        resources, every HolmesJob, the layout ConfigMap of each launched one."""
+        resources (with those of claims being written: commit.py), every HolmesJob, the layout
+        ConfigMap of each launched one."""
+        creating, launching = self.placement.in_flight()  # before the caches they land in
         pods, layout = where.capacity_view()
+        have = {_key(p) for p in pods}
+        pods = pods + [capacity.slim_pod(p) for p in creating if _key(p) not in have]
         jobs = list(self.caches.jobs.values())
         layouts = {}
         for j in jobs:
@@ -228,7 +243,7 @@ class Pipeline:
                 cm = layout(*key)
                 if cm is not None:
                     layouts[key] = cm
-        return capacity.Workloads(pods=pods, jobs=jobs, layouts=layouts)
+        return capacity.Workloads(pods=pods, jobs=jobs, layouts=layouts, launching=launching)
 
 
 def _key(obj: Mapping) -> tuple[str, str]:

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from holmes.plan.costmodel_file import CostModelFile
 
 from . import placement_facts
+from .core import queueing
 from .core.reconcile import Observed, RestartBackoff, decide
 from .core.render import RenderSettings
 
@@ -36,8 +37,14 @@ def children(
     meta.setdefault("uid", "preview")
     meta.setdefault("generation", 1)
     job.pop("status", None)
-    obs = Observed(
-        job=job, pods=[], configmap=None, service=None, nodes=nodes, now=datetime.now(timezone.utc)
+    obs = Observed(  # a Volcano PodGroup as once admitted (the pods wait for that: queueing.py)
+        job=job,
+        pods=[],
+        configmap=None,
+        service=None,
+        nodes=nodes,
+        now=datetime.now(timezone.utc),
+        podgroup={"status": {"phase": queueing.PG_INQUEUE}},
     )
     facts = placement_facts.gather(cost_model or placement_facts.builtin_cost_model())
     d = decide(obs, facts, settings, RestartBackoff(0))

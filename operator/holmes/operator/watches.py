@@ -10,6 +10,9 @@ full LIST (a partly filled cache would look like deleted pods).
 - Kueue (core/queueing.py, kueue_version.py): while the API server serves kueue.x-k8s.io
   (v1beta2, else v1beta1; looked for again every 30 s), Workloads of Holmes jobs and
   ResourceFlavors are cached too.
+- Volcano (core/queueing.py): while the API server serves scheduling.volcano.sh/v1beta1
+  PodGroups (looked for once at start-up, as DRA below), the PodGroups of Holmes jobs; a change
+  (Volcano admitting a group: Inqueue) wakes the job's loop.
 - DRA (holmes.plan.dra): while the API server serves ``resource.k8s.io/v1`` ResourceSlices
   (looked for once at start-up: a cluster that gains the API needs an operator restart), every
   ResourceSlice; a change wakes every job (a node's devices changed). The pipeline joins them onto
@@ -23,17 +26,19 @@ import asyncio
 import fnmatch
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from holmes.plan import dra
 
 from . import kueue_version
-from .core import capacity, child_names
-from .informer import Informer
+from .core import capacity, child_names, queueing
+from .informer import Informer, next_backoff
 from .kube import Caches
 from .member_clusters import MemberRegistry
 
@@ -66,9 +71,22 @@ class Watches:
         self.informers: list[Informer | kueue_version.KueueLink] = []  # each has .synced and .stop()
         self.kueue: str | None = None  # the Kueue version in use (kueue_version.py); None: not served
         self.members: MemberRegistry | None = None  # member clusters, with --members-namespace
+        self.volcano = False  # the API server serves Volcano's PodGroups (discover(), at start-up)
+        self.dra = False  # ... and DRA's ResourceSlices
+
+    def discover(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Which optional APIs the server serves (Volcano's PodGroups, DRA's ResourceSlices),
+        asked before any informer starts (in a worker thread): tried again until the API
+        server answers, so an operator started while it restarts neither fails its start-up
+        (kopf tried that again only 60 s later, with the informers started before the error
+        started twice) nor takes an optional API for absent."""
+        self.volcano, self.dra = until_answered(
+            lambda: (serves_podgroups(self.api), serves_resource_slices(self.api)), sleep
+        )
 
     def start(self) -> None:
-        """Start every informer (from the event loop: their threads wake jobs through it)."""
+        """Start every informer (from the event loop: their threads wake jobs through it);
+        ``discover`` first."""
         loop = asyncio.get_running_loop()
         # Watches hold their connection for minutes: a pool of their own, apart from the writes'.
         core = client.CoreV1Api(client.ApiClient(self.api.configuration))
@@ -94,6 +112,17 @@ class Watches:
         )
         for kind, store, namespaced, everywhere in kinds:
             self.watch(kind, namespaced, everywhere, selector, store, changed)
+        if self.volcano:  # Volcano writes the phase Holmes waits for (queueing.podgroup_wait)
+            custom = client.CustomObjectsApi(core.api_client)
+            g, v, plural = queueing.VOLCANO_GROUP, queueing.VOLCANO_VERSION, queueing.PODGROUPS
+            self.watch(
+                plural,
+                lambda ns, **kw: custom.list_namespaced_custom_object(g, v, ns, plural, **kw),
+                lambda **kw: custom.list_cluster_custom_object(g, v, plural, **kw),
+                selector,
+                self.caches.podgroups,
+                changed,
+            )
         self._start_shared(core, changed)
         if self.members_namespace:
             self._start_members(core)
@@ -189,7 +218,7 @@ class Watches:
         )
         discover = functools.partial(kueue_version.served_versions, api)
         self.informers.append(kueue_version.KueueLink(discover, start, self.caches, kueue_in_use).start())
-        if serves_resource_slices(api):
+        if self.dra:
             group, version = dra.API_VERSION.split("/")
             custom = client.CustomObjectsApi(api)
             fn = functools.partial(custom.list_cluster_custom_object, group, version, SLICES)
@@ -240,6 +269,44 @@ def serves_resource_slices(api: client.ApiClient) -> bool:
         raise
     found = any(r.name == SLICES for r in resources or [])
     log.info("DRA ResourceSlices %s", "served: read for NIC and GPU discovery" if found else "not served")
+    return found
+
+
+T = TypeVar("T")
+
+
+def until_answered(ask: Callable[[], T], sleep: Callable[[float], None]) -> T:
+    """``ask()``, tried again after 1, 2, 4, 5, 5... s while the API server cannot be reached or
+    answers 5xx (it is restarting); other errors are raised."""
+    backoff = 1.0
+    while True:
+        try:
+            return ask()
+        except ApiException as e:
+            if e.status is not None and e.status < 500:
+                raise
+            why: Exception = e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            why = e
+        log.warning("API discovery failed; asking again in %.0fs: %s", backoff, why)
+        sleep(backoff)
+        backoff = next_backoff(backoff)
+
+
+def serves_podgroups(api: client.ApiClient) -> bool:
+    """Whether the API server serves Volcano's PodGroups (scheduling.volcano.sh/v1beta1)."""
+    try:
+        resources = (
+            client.CustomObjectsApi(api)
+            .get_api_resources(queueing.VOLCANO_GROUP, queueing.VOLCANO_VERSION)
+            .resources
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    found = any(r.name == queueing.PODGROUPS for r in resources or [])
+    log.info("Volcano PodGroups %s", "served: watched for their phase" if found else "not served")
     return found
 
 

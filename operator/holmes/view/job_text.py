@@ -27,6 +27,11 @@ FIXES = {
         "Kueue has not admitted its Workload: kubectl describe workload -n NAMESPACE, and check "
         "the ClusterQueue's quota"
     ),
+    "WaitingForPodGroup": (
+        "Volcano has not admitted its PodGroup to the queue: kubectl describe podgroup NAME -n "
+        "NAMESPACE, and check the Volcano queue's capacity"
+    ),
+    "VolcanoNotInstalled": "install Volcano, then restart the operator (or remove schedulerName)",
     "InvalidSpec": "edit the spec as the message says: kubectl edit holmesjob NAME -n NAMESPACE",
     "InvalidName": "recreate the job under a shorter name (pod names carry it)",
     "WaitingForPodsToStop": "nothing: the previous attempt's pods are stopping",

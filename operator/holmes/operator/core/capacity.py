@@ -18,7 +18,12 @@ lock against this view.
   fails it waits for capacity (``WaitingForCapacity``, a message saying what it needs and what
   is free).
 - Queue order: ``priority`` (runPolicy.priority, else the value of runPolicy.priorityClassName's
-  PriorityClass, else 0; higher first), then creation time, then namespace/name.
+  PriorityClass, else 0; higher first); within one priority, namespaces take turns: a job's
+  turn is the number of turns its namespace has taken (its launched jobs, and its jobs that ended
+  since the oldest waiting job was created) plus its place among its namespace's waiting jobs
+  of that priority, lower first (fifty jobs from one team do not starve another team's one,
+  whether they run side by side or one after another); then creation time, then
+  namespace/name.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import copy
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
@@ -394,14 +399,33 @@ class Waiting:
     shape: PodShape
     priority: int
     created: str  # metadata.creationTimestamp (RFC 3339 sorts as text)
+    turn: int = 0  # its place among its namespace's waiting jobs of this priority (``with_turns``)
+
+    @property
+    def namespace(self) -> str:
+        return self.job.split("/", 1)[0]
 
     @property
     def key(self) -> tuple:
-        return (-self.priority, self.created, self.job)
+        return (-self.priority, self.turn, self.created, self.job)
 
 
-def queue_order(jobs: Iterable[Waiting]) -> list[Waiting]:
-    return sorted(jobs, key=lambda w: w.key)
+def with_turns(jobs: Iterable[Waiting], running: Mapping[str, int]) -> list[Waiting]:
+    """Each job with its turn: its namespace's launched jobs (``running``, by namespace) plus
+    its place among that namespace's waiting jobs of its priority (round-robin between
+    namespaces within a priority, those running least first)."""
+    seen: dict[tuple[str, int], int] = {}
+    out = []
+    for w in sorted(jobs, key=lambda w: (w.created, w.job)):
+        at = (w.namespace, w.priority)
+        out.append(replace(w, turn=running.get(w.namespace, 0) + seen.get(at, 0)))
+        seen[at] = seen.get(at, 0) + 1
+    return out
+
+
+def queue_order(jobs: Iterable[Waiting], running: Mapping[str, int] | None = None) -> list[Waiting]:
+    """Waiting jobs in the order they take capacity: priority, then namespaces' turns, then age."""
+    return sorted(with_turns(jobs, running or {}), key=lambda w: w.key)
 
 
 def priority_of(spec: JobSpec, classes: Mapping[str, int]) -> tuple[int, str]:
@@ -457,12 +481,14 @@ def waiting_message(
 @dataclass(frozen=True)
 class Workloads:
     """What the runtime observed of the other workloads, before deciding: every pod that may
-    hold resources (slim or full), every HolmesJob (the queue), and the layout ConfigMap of each
-    launched one by (namespace, name)."""
+    hold resources (slim or full), every HolmesJob (the queue), the layout ConfigMap of each
+    launched one by (namespace, name), and the jobs whose launch is being written (their pods
+    are among ``pods``; they are in no queue)."""
 
     pods: Sequence[Mapping] = ()
     jobs: Sequence[Mapping] = ()
     layouts: Mapping[tuple[str, str], Mapping] = field(default_factory=dict)
+    launching: frozenset[str] = frozenset()  # namespace/name
 
 
 def shared_state(
@@ -472,10 +498,14 @@ def shared_state(
     ended), the HolmesJobs (launched ones with their layout ConfigMap, waiting ones in queue
     order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view."""
     launched, waiting = [], []
-    me_key = None
+    me_key: str | None = None
+    running: dict[str, int] = {}  # turns taken, by namespace: launched jobs (and ended ones below)
+    ended: list[tuple[str, str]] = []  # (namespace, completionTime)
     for job in seen.jobs:
         meta, st = job.get("metadata") or {}, job.get("status") or {}
         ns, name = meta.get("namespace") or "", meta.get("name") or ""
+        if st.get("phase") in ENDED and st.get("completionTime"):
+            ended.append((ns, st["completionTime"]))
         if meta.get("deletionTimestamp") or st.get("phase") in ENDED:
             continue
         try:
@@ -493,6 +523,7 @@ def shared_state(
             except (KeyError, TypeError, LayoutError):
                 continue
             launched.append(Launched(f"{ns}/{name}", int(st.get("attempt") or 0), tuple(planned), shape))
+            running[ns] = running.get(ns, 0) + 1
             continue
         stalled = any(
             c.get("type") == "Stalled" and c.get("status") == "True" for c in st.get("conditions") or []
@@ -501,14 +532,25 @@ def shared_state(
         unadmitted = queued and st.get("phase") in (None, "Suspended")  # Kueue's to order
         if spec.run_policy.suspend or st.get("phase") == "Suspended" or stalled or unadmitted:
             continue
+        if f"{ns}/{name}" in seen.launching:  # its pods are being created: they hold its share
+            running[ns] = running.get(ns, 0) + 1
+            continue
         w = Waiting(
             f"{ns}/{name}", spec, shape, priority_of(spec, classes)[0], meta.get("creationTimestamp") or ""
         )
         if meta.get("uid") == (me.get("metadata") or {}).get("uid"):
-            me_key = w.key
+            me_key = w.job
         waiting.append(w)
+    # a job that ended while the oldest of the waiting jobs waited took its turn too, so one
+    # namespace's jobs running one after another do not each go before another's older wait
+    since = min((w.created for w in waiting), default="")
+    for ns, done in ended:
+        if since and done >= since:
+            running[ns] = running.get(ns, 0) + 1
+    queue = queue_order(waiting, running)
+    mine = next((w.key for w in queue if w.job == me_key), None)
     # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
-    ahead = [] if me_key is None else [w for w in queue_order(waiting) if w.key < me_key]
+    ahead = [] if mine is None else [w for w in queue if w.key < mine]
     return SharedState(pods=list(seen.pods), launched=launched, ahead=ahead)
 
 

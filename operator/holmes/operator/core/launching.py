@@ -56,6 +56,13 @@ class Launching(JobState):
             )
             self.d.requeue_after = self.until_deadline(1.0)
             return self.d
+        if queueing.volcano_group(spec.template) and not self.obs.volcano:
+            return self.stall(
+                "VolcanoNotInstalled",
+                f"template.spec.schedulerName: {queueing.VOLCANO_SCHEDULER} asks Volcano to gang-schedule "
+                f"this job, but the API {queueing.VOLCANO_API} (PodGroup) is not served: install "
+                "Volcano (then restart the operator), or remove schedulerName",
+            )
         same_spec = self.cm_annotation(child_names.ANN_SPEC_HASH) == child_names.spec_hash(
             self.job.get("spec") or {}
         )
@@ -83,6 +90,15 @@ class Launching(JobState):
         mismatch = framework_launch.plan_conflicts(spec, layout)  # spec.framework: the user's arguments
         if mismatch:
             return self.stall("InvalidSpec", "; ".join(mismatch))
+        if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup, admitted first
+            shape = capacity.pod_shape(spec, self.settings.gpu_resource)
+            self.d.podgroup = queueing.build_podgroup(
+                self.name, self.ns, len(layout.nodes), shape, spec.template
+            )
+            started = any(pod_attempt(p) == self.attempt for p in self.pods)
+            why = queueing.podgroup_wait(self.obs.podgroup, self.d.podgroup, started)
+            if why is not None:
+                return self.wait_for_podgroup(why)
         nets = {n: self.facts.network(by_name[n]) for n in layout.nodes}
         try:  # every node's route first: a node the network settings cannot serve gets nothing
             pod_routes = job_routes(spec, layout, nets)
@@ -121,11 +137,7 @@ class Launching(JobState):
                 launch=framework_launch.launch(spec, layout, rank, self.settings.image),
             )
             self.d.create_pods.append(pod)
-        if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup
-            shape = capacity.pod_shape(spec, self.settings.gpu_resource)
-            self.d.podgroup = queueing.build_podgroup(
-                self.name, self.ns, len(layout.nodes), shape, spec.template
-            )
+        if self.d.podgroup is not None:
             for pod in self.d.create_pods:
                 queueing.in_group(pod, self.d.podgroup["metadata"]["name"])
         nic_of = {n: net.nic for n, net in nets.items()}
@@ -201,6 +213,15 @@ class Launching(JobState):
         elif any(n not in by_name for n in plan.nodes):
             self.teardown()  # a planned node vanished: plan again
             return self.launch(spec)
+        if queueing.volcano_group(spec.template):  # every replica's pods: one gang, admitted first
+            shape = capacity.pod_shape(spec, self.settings.gpu_resource)
+            self.d.podgroup = queueing.build_podgroup(
+                self.name, self.ns, len(plan.nodes), shape, spec.template
+            )
+            started = any(pod_attempt(p) == self.attempt for p in self.pods)
+            why = queueing.podgroup_wait(self.obs.podgroup, self.d.podgroup, started)
+            if why is not None:
+                return self.wait_for_podgroup(why)
         nets = {n: self.facts.network(by_name[n]) for n in plan.nodes}
         pod_routes = {}
         try:  # each replica's routes inside its own island(s)
@@ -228,9 +249,7 @@ class Launching(JobState):
             skip={r for r in existing if r is not None},
         )
         total = len(plan.nodes)
-        if queueing.volcano_group(spec.template):
-            shape = capacity.pod_shape(spec, self.settings.gpu_resource)
-            self.d.podgroup = queueing.build_podgroup(self.name, self.ns, total, shape, spec.template)
+        if self.d.podgroup is not None:
             for pod in self.d.create_pods:
                 queueing.in_group(pod, self.d.podgroup["metadata"]["name"])
         nic_of = {n: net.nic for n, net in nets.items()}
@@ -265,6 +284,16 @@ class Launching(JobState):
             announce=False,
         )
         self.d.requeue_after = self.until_deadline(1.0)
+        return self.d
+
+    def wait_for_podgroup(self, why: str) -> Decision:
+        """Volcano's queue has not admitted the gang's PodGroup: its pods wait uncreated (as
+        Volcano's job controller does), holding nothing."""
+        self.status["launched"] = False
+        self.status["pods"] = pod_counts(self.current_pods())
+        self.status["size"] = self.size(None)
+        self.set_phase(PENDING, "WaitingForPodGroup", why, announce=False)
+        self.d.requeue_after = self.until_deadline(WAIT_INTERVAL)
         return self.d
 
     def terminating_pods(self) -> list[str]:

@@ -23,12 +23,18 @@ from datetime import datetime
 
 from holmes.contract import JobSpec, Layout
 from holmes.contract.names import RESOURCE_GPU
-from holmes.plan import Budget, CostModelConfig, InsufficientNodes, PlanError, plan
+from holmes.plan import Budget, CostModelConfig, InsufficientNodes, PlanError, PlanTooLarge, plan
+from holmes.plan.budget import DEFAULT_UNITS
 from holmes.plan.calibrate import Calibration, assess
 from holmes.plan.measured import Measured
 
 from . import capacity, elastic, members, replan
 from .routes import NodeNetwork
+
+# The search a job ahead in the queue may cost each job behind it (a fiftieth of a job's own
+# budget, ~0.3 s here): one whose weighing needs more keeps the free nodes it could use, as a
+# waiting head does, until its own placement launches it or refuses it (Stalled, out of the queue).
+AHEAD_UNITS = DEFAULT_UNITS // 50
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,9 @@ def on_free_capacity(
 ) -> Layout:
     """Step 3: could the job ever run on these nodes (InsufficientNodes if not); then what the
     jobs ahead of it take, and a layout on what is left (WaitingForCapacity if none). The job's
-    own searches spend ``budget``; each job ahead plans on a budget of its own (one too large to
-    plan holds nothing), so a huge spec ahead in the queue costs others one budget at most."""
+    own searches spend ``budget``; each job ahead is weighed on ``AHEAD_UNITS`` of its own (one
+    too large to weigh keeps the free nodes it could use), so a huge spec ahead in the queue
+    costs others a small fixed search at most."""
     budget = budget if budget is not None else Budget()
     gpu = where.gpu_resource
     shape = replace(capacity.pod_shape(spec, gpu), node_labels=dict(where.node_labels))
@@ -99,17 +106,18 @@ def on_free_capacity(
     blocked: dict[str, str] = {}
     for w in state.ahead:
         view, _ = capacity.free_view(capacity.without(nodes, blocked), w.shape, led, gpu)
+        ahead = Budget(AHEAD_UNITS)  # its two searches share one budget, as in its own placement
         try:
-            ahead = Budget()  # its two searches share one budget, as in its own placement
             fit(capacity.free_view(nodes, w.shape, capacity.Ledger(), gpu)[0], w.spec, where, ahead)
+        except PlanTooLarge:  # too costly to weigh in another job's placement: as if it waits
+            keep_for(w, view, blocked, gpu)
+            continue
         except PlanError:
             continue  # it cannot run here at all: it holds nothing
         try:
             capacity.take(led, fit(view, w.spec, where, ahead).nodes, w.shape, w.job)
-        except PlanError:
-            for n in view:  # it waits: what it could use now stays free for it
-                if capacity.gpus(n, gpu) >= w.spec.nodes.gpus_per_node:
-                    blocked.setdefault(n["metadata"]["name"], w.job)
+        except PlanError:  # it waits (or is too costly to weigh): what it could use stays free for it
+            keep_for(w, view, blocked, gpu)
     view, _ = capacity.free_view(capacity.without(nodes, blocked), shape, led, gpu)
     try:
         return fit(view, spec, where, budget)
@@ -119,6 +127,13 @@ def on_free_capacity(
         x for x in view if capacity.gpus(x, gpu) >= spec.nodes.gpus_per_node and not where.facts.unusable(x)
     ]
     raise capacity.WaitingForCapacity(capacity.waiting_message(spec, shape, fitting, led, blocked)) from None
+
+
+def keep_for(w: capacity.Waiting, view: Sequence[Mapping], blocked: dict[str, str], gpu: str) -> None:
+    """A job ahead that waits keeps the nodes of ``view`` it could use free for itself."""
+    for n in view:
+        if capacity.gpus(n, gpu) >= w.spec.nodes.gpus_per_node:
+            blocked.setdefault(n["metadata"]["name"], w.job)
 
 
 def fit(nodes: Sequence[Mapping], spec: JobSpec, where: Placement, budget: Budget) -> Layout:

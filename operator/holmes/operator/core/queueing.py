@@ -24,7 +24,8 @@
   Holmes uses that v1beta2 renamed or moved).
 - Volcano (``scheduling.volcano.sh/v1beta1``): a job whose template sets
   ``schedulerName: volcano`` gets a ``PodGroup`` with ``minMember`` = the gang; its pods carry
-  the annotation ``scheduling.k8s.io/group-name``.
+  the annotation ``scheduling.k8s.io/group-name`` and are created once Volcano admitted the
+  group (phase ``Inqueue``: ``podgroup_wait``), as Volcano's own job controller does.
 """
 
 from __future__ import annotations
@@ -402,6 +403,49 @@ def gate(
         )
         return Gate(hold=("WaitingForAdmission", msg, False))
     return Gate(node_labels=labels)
+
+
+# PodGroup phases (scheduling.volcano.sh/v1beta1), as Volcano's scheduler sets them at the end
+# of each session (pkg/scheduler/framework/session.go, jobStatus): Pending until the enqueue
+# action admits the group to its queue (Inqueue); Running once minMember pods are allocated or
+# done; Unknown while some run and the rest cannot be scheduled; Completed once every allocated
+# pod Succeeded *or Failed*; a group that falls below minMember (pods evicted by preemption or
+# reclaim) and is not Inqueue goes back to Pending and must be enqueued again.
+PG_PENDING, PG_INQUEUE, PG_RUNNING, PG_UNKNOWN, PG_COMPLETED = (
+    "Pending",
+    "Inqueue",
+    "Running",
+    "Unknown",
+    "Completed",
+)
+
+
+def podgroup_wait(podgroup: Mapping | None, want: Mapping, started: bool) -> str | None:
+    """Why the gang's pods are not created yet (None: create them). Volcano's own job controller
+    creates a job's pods only once its PodGroup is admitted (its phase neither empty nor
+    Pending): a group's pods created earlier sit unbound while holding their nodes in every
+    other placement. So the first pod of an attempt waits for ``Inqueue``; once the attempt has
+    pods (``started``) the rest follow whatever the phase (the group was admitted for them).
+    Running, Unknown or Completed with no pod of this attempt are the last attempt's, read
+    before Volcano's next session sets the group back to Pending."""
+    if started:
+        return None
+    name = want["metadata"]["name"]
+    queue = (want.get("spec") or {}).get("queue") or "default"
+    phase = ((podgroup or {}).get("status") or {}).get("phase") or ""
+    if podgroup is not None and phase == PG_INQUEUE:
+        return None
+    if podgroup is None:
+        state = "created"
+    elif phase in (PG_RUNNING, PG_UNKNOWN, PG_COMPLETED):
+        state = f"still {phase} from the last attempt (Volcano sets it Pending at its next session)"
+    else:
+        state = f"{phase or 'with no phase yet'}"
+    return (
+        f"PodGroup {name} is {state}: waiting for Volcano to admit it to queue {queue} (phase "
+        f"Inqueue) before creating its {want['spec']['minMember']} pods, as Volcano's job "
+        "controller does; a Pending group stays so while its queue cannot hold spec.minResources"
+    )
 
 
 def volcano_group(template: Mapping | None) -> bool:

@@ -75,6 +75,10 @@ class Observed:
     workload: dict | None = None
     flavors: Mapping[str, dict] | None = None
     priority_classes: Mapping[str, int] | None = None
+    # Volcano (queueing.py): the job's PodGroup as Volcano last wrote its status; whether the
+    # API server serves PodGroups at all
+    podgroup: dict | None = None
+    volcano: bool = True
     # Member clusters (members.py): every registered member's state by name, for a job across
     # members (pods, ConfigMap and Service are then the members' and nodes their union, each
     # tagged with its member); None for a single-cluster job.
