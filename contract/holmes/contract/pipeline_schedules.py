@@ -145,3 +145,18 @@ def crossings(name: str, pipeline: int, virtual: int) -> dict[int, int]:
         if b is not None:
             out[b] = out.get(b, 0) + 1
     return out
+
+
+def micro_batch_problems(name: str, pipeline: int, micro_batches: int) -> list[str]:
+    """What torch's schedule ``name`` refuses for this pipeline and M, said with the fix."""
+    p, m, out = pipeline, micro_batches, []
+    if p > 1 and m < p:
+        out.append(
+            f"{name} needs microBatches ({m}) >= pipeline stages ({p}); raise globalBatchSize or "
+            "lower microBatchSize"
+        )
+    if kind(name).placement == LOOPED and p > 1 and m >= p and m % (m // p):
+        out.append(f"{name} needs microBatches ({m}) a multiple of microBatches // pipeline ({m // p})")
+    if name == "DualPipeV" and m < 2 * p:
+        out.append(f"DualPipeV needs microBatches ({m}) >= 2 x pipeline stages ({2 * p})")
+    return out

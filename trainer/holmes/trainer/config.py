@@ -48,17 +48,7 @@ def check_schedule(name: str) -> None:
 
 def schedule_problems(name: str, pipeline: int, virtual: int, micro_batches: int) -> list[str]:
     """What torch's schedule ``name`` refuses for this pipeline, said with the fix."""
-    p, m, out = pipeline, micro_batches, []
-    if p > 1 and m < p:
-        out.append(
-            f"{name} needs microBatches ({m}) >= pipeline stages ({p}); raise globalBatchSize or "
-            "lower microBatchSize"
-        )
-    if sched.kind(name).placement == sched.LOOPED and p > 1 and m % max(1, m // p):
-        out.append(f"{name} needs microBatches ({m}) a multiple of microBatches // pipeline ({m // p})")
-    if name == "DualPipeV" and m < 2 * p:
-        out.append(f"DualPipeV needs microBatches ({m}) >= 2 x pipeline stages ({2 * p})")
-    return out
+    return sched.micro_batch_problems(name, pipeline, micro_batches)
 
 
 @dataclass(frozen=True)
