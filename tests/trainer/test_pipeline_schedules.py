@@ -97,3 +97,13 @@ def test_each_bucket_reduce_scatter_starts_when_its_last_weight_gradient_lands(s
             assert events[i - 1] == ("grad", bucket, True), (rank, schedule, events[i - 3 : i + 1])
             later = [e for e in events[i + 1 :] if e[:2] == ("grad", bucket)]
             assert not later, f"rank {rank}: a gradient of bucket {bucket} after its reduce-scatter"
+
+
+def test_evaluation_with_virtual_stages_is_refused_with_the_fix():
+    from holmes.contract.jobspec import EvalSpec
+    from holmes.trainer.config import TrainerConfigError
+
+    looped = make_layout(2, 1, [1, 1, 1, 1], 2, 8, schedule="Interleaved1F1B")
+    cfg = tiny_config(eval=EvalSpec(path="/eval.bin", interval_iterations=1))
+    with pytest.raises(TrainerConfigError, match="set training.pipelineSchedule to 1F1B"):
+        cfg.check_against_layout(looped)

@@ -216,6 +216,8 @@ class TrainConfig:
                 "across stages (or its schedule puts the first and last virtual stage on one "
                 "rank): re-plan the layout for this job"
             )
+        if self.eval is not None:
+            check_eval_layout(layout)
         name = self.schedule_for(layout)
         problems = schedule_problems(name, layout.pipeline, layout.virtual_stages, layout.micro_batches)
         if problems:
@@ -234,6 +236,18 @@ class TrainConfig:
                 f"{name} (or auto)"
             )
         return name
+
+
+_EVAL_CHUNKS = (
+    "training.eval runs one chunk per GPU, but the layout has virtual stages: set "
+    "training.pipelineSchedule to 1F1B (or leave eval out)"
+)
+
+
+def check_eval_layout(layout: Layout) -> None:
+    """Evaluation reads its windows stage by stage: one chunk per GPU."""
+    if layout.virtual_stages > 1:
+        raise TrainerConfigError(_EVAL_CHUNKS)
 
 
 # TrainingSpec's sections that the trainer holds in a shape of its own (a bare engine runs without
