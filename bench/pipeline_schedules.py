@@ -149,9 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     pick = plan(nodes(), job(model, iterations, "auto"), config)
     base = layouts["1F1B"]
     for s, lay in layouts.items():  # one placement, one split per stage: only the schedule differs
-        assert lay.nodes == base.nodes and [x.num_layers for x in lay.stages] == [
-            x.num_layers for x in base.stages
-        ], s
+        same_split = [x.num_layers for x in lay.stages] == [x.num_layers for x in base.stages]
+        assert lay.nodes == base.nodes and same_split, s
     cfg = train_config(model, MB * M, MB, iterations, bucket_elements=2_000_000)
     ref_losses, _, _ = reference(cfg)
 
@@ -174,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                 seconds[s].append(max(o["seconds"] for o in out.values()))
                 bubble[s].append(median([o["bubble"] for o in out.values()]))
                 compute[s].append(max(o["compute"] for o in out.values()))
-                parity[s] = max(
-                    parity.get(s, 0.0), rel_diff(out[0]["losses"], ref_losses)
-                )  # any rank: all-reduced
+                diff = rel_diff(out[0]["losses"], ref_losses)  # any rank's: the loss is all-reduced
+                parity[s] = max(parity.get(s, 0.0), diff)
     finally:
         if limits is not None:
             limits.remove()
