@@ -48,7 +48,9 @@ from holmes.trainer.engine import Trainer  # noqa: E402
 from holmes.trainer.model import build_stage  # noqa: E402
 from tests.trainer.trainer_harness import reference  # noqa: E402
 
-MODEL = ModelSpec(layers=12, hidden_size=256, attention_heads=4, seq_length=64, vocab_size=2048)
+# wide enough that a split backward costs what a full one does (at h=256, seq 64 torch's separate
+# input- and weight-gradient passes took up to 1.7x a full backward on one thread: CPU overhead)
+MODEL = ModelSpec(layers=12, hidden_size=512, attention_heads=4, seq_length=128, vocab_size=2048)
 P, MB, M = 3, 1, 6  # M = 2P: what DualPipeV needs at least; 1F1B's bubble is (P-1)/(M+P-1) = 25%
 SCHEDULES = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 ISLANDS = (("east", "infiniband"), ("west", "roce"), ("south", "ethernet"))
@@ -132,8 +134,8 @@ def rel_diff(got: list[float], want: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--iterations", type=int, default=8, help="per run, --warmup of them not measured")
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=4, help="per run, --warmup of them not measured")
+    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--cores", type=float, default=0.3, help="CPU budget of each rank (cgroup quota)")
     ap.add_argument("--link-gbps", type=float, default=8.0, help="what the planner assumes of the links")
     ap.add_argument("--no-cpu-limit", action="store_true", help="run unthrottled (then the bubble is free)")
