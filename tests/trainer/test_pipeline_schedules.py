@@ -35,6 +35,14 @@ def test_every_schedule_matches_the_single_process_reference(schedule, pipeline,
     assert_matches_reference(cfg, make_layout(pipeline, data, split, 2, micro_batches, schedule=schedule))
 
 
+@pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "InterleavedZeroBubble"])
+def test_a_split_backward_under_activation_recompute_matches_the_reference(schedule):
+    """The job's default: each block rebuilt in backward, here once for the input gradient's pass
+    and read again by the weight gradient's."""
+    cfg = tiny_config(model=EIGHT_LAYERS, activation_recompute=True)
+    assert_matches_reference(cfg, make_layout(2, 1, [2, 2, 2, 2], 2, 8, schedule=schedule))
+
+
 @pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "Interleaved1F1B"])
 def test_tied_embeddings_match_the_reference_on_one_rank_or_across_the_pipeline(schedule):
     """V-shaped: the first rank holds the embedding and the head, so the tied matrix gets a
