@@ -115,3 +115,10 @@ def test_evaluation_with_virtual_stages_is_refused_with_the_fix():
     cfg = tiny_config(eval=EvalSpec(path="/eval.bin", interval_iterations=1))
     with pytest.raises(TrainerConfigError, match="set training.pipelineSchedule to 1F1B"):
         cfg.check_against_layout(looped)
+
+
+@pytest.mark.parametrize("schedule, sequence_parallel", [("ZBVZeroBubble", True), ("Interleaved1F1B", False)])
+def test_tensor_parallel_chunks_match_the_reference(schedule, sequence_parallel):
+    cfg = tiny_config(sequence_parallel=sequence_parallel)
+    layout = make_layout(2, 1, [1, 1, 1, 1], 2, 8, schedule=schedule, tensor=2)
+    assert_matches_reference(cfg, layout, param_atol=1e-5)
