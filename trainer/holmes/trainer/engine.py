@@ -58,6 +58,15 @@ def layout_signature(layout: Layout) -> dict[str, Any]:
         "stageLayers": [list(s.layers) for s in layout.stages],
         "microBatchSize": layout.micro_batch_size,
         "microBatches": layout.micro_batches,
+        # virtual stages: which layers each chunk holds (the spans alone may coincide)
+        **(
+            {
+                "pipelineSchedule": layout.schedule,
+                "chunks": [[list(c) for c in s.chunks] for s in layout.stages],
+            }
+            if layout.virtual_stages > 1
+            else {}
+        ),
     }
 
 
