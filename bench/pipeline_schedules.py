@@ -112,10 +112,33 @@ def block_tflops(model: ModelSpec, cores: float) -> float:
     return flops * n / (time.perf_counter() - t0) / 1e12 * cores
 
 
-def worker(rank: int, cfg, layout: Layout, dirs: list, warmup: int) -> dict:
-    if dirs[rank]:  # this rank (and every thread it starts) under its own budget from here on
-        with open(os.path.join(dirs[rank], "cgroup.procs"), "w") as f:
+def _join(group_dir: str | None) -> None:
+    """This process (and every thread it starts) under its group's budget from here on."""
+    if group_dir:
+        with open(os.path.join(group_dir, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
+
+
+def ping(rank: int, dirs: list, n: int) -> float:
+    """Seconds one small p2p message costs between two budgeted ranks (half a round trip)."""
+    import torch.distributed as dist
+
+    _join(dirs[rank])
+    t = torch.zeros(16)
+    for i in range(n + 2):
+        if i == 2:
+            t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        else:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+    return (time.perf_counter() - t0) / n / 2
+
+
+def worker(rank: int, cfg, layout: Layout, dirs: list, warmup: int) -> dict:
+    _join(dirs[rank])
     trainer = Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
     hist = trainer.train()
     steady = hist[warmup:]
@@ -125,6 +148,10 @@ def worker(rank: int, cfg, layout: Layout, dirs: list, warmup: int) -> dict:
         "bubble": median([h["time"]["bubble"] for h in steady]),
         "compute": median([h["time"]["compute"] for h in steady]),
     }
+
+
+def pick_line(layout: Layout) -> str:
+    return next(line for line in layout.explanation if line.startswith("schedule:"))
 
 
 def rel_diff(got: list[float], want: list[float]) -> float:
@@ -146,15 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     model = replace(MODEL, hidden_size=a.hidden, seq_length=a.seq)
     model = smoke_model(model) if a.smoke else model
     rounds, iterations, warmup = (1, 3, 1) if a.smoke else (a.rounds, a.iterations, a.warmup)
-    config = planner_config(block_tflops(model, a.cores), a.link_gbps, a.link_gbps)
-    layouts = {s: plan(nodes(), job(model, iterations, s), config) for s in SCHEDULES}
-    pick = plan(nodes(), job(model, iterations, "auto"), config)
-    base = layouts["1F1B"]
-    for s, lay in layouts.items():  # one placement, one split per stage: only the schedule differs
-        same_split = [x.num_layers for x in lay.stages] == [x.num_layers for x in base.stages]
-        assert lay.nodes == base.nodes and same_split, s
     cfg = train_config(model, MB * M, MB, iterations, bucket_elements=2_000_000)
     ref_losses, _, _ = reference(cfg)
+    tflops = block_tflops(model, a.cores)
 
     limits = None
     names = [f"pp{os.getpid()}-rank{r}" for r in range(P)]  # this run's own: others may run
@@ -164,6 +185,21 @@ def main(argv: list[str] | None = None) -> int:
         except cpu_limit.CpuLimitError as e:
             sys.exit(f"pipeline_schedules: {e}; or pass --no-cpu-limit")
     dirs = [limits.dir(n) if limits else None for n in names]
+    try:
+        # the cost model priced on this machine: compute per budget, links, and what a step
+        # loses per p2p message it waits for (measured between two budgeted ranks)
+        message = median(list(run_ranks(2, ping, dirs, 40).values()))
+        config = replace(planner_config(tflops, a.link_gbps, a.link_gbps), p2p_message_seconds=message)
+        layouts = {s: plan(nodes(), job(model, iterations, s), config) for s in SCHEDULES}
+        pick = plan(nodes(), job(model, iterations, "auto"), config)
+    except BaseException:
+        if limits is not None:
+            limits.remove()
+        raise
+    base = layouts["1F1B"]
+    for s, lay in layouts.items():  # one placement, one split per stage: only the schedule differs
+        same_split = [x.num_layers for x in lay.stages] == [x.num_layers for x in base.stages]
+        assert lay.nodes == base.nodes and same_split, s
     seconds: dict[str, list[float]] = {s: [] for s in SCHEDULES}
     bubble: dict[str, list[float]] = {s: [] for s in SCHEDULES}
     compute: dict[str, list[float]] = {s: [] for s in SCHEDULES}
@@ -220,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         )
     )
-    print(f"planner: {next(line for line in pick.explanation if line.startswith('schedule:'))}")
+    print(f"planner ({message * 1e3:.2g} ms per p2p message, measured): {pick_line(pick)}")
     print(
         json.dumps(
             {
@@ -234,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 "microBatches": M,
                 "islands": len(ISLANDS),
                 "coresPerRank": a.cores if limits else None,
+                "p2pMessageSeconds": float(f"{message:.3g}"),
                 "rounds": rounds,
             }
         )

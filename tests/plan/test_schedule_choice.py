@@ -87,3 +87,22 @@ def test_chunks_split_each_stage_evenly_with_the_remainder_away_from_the_head():
     looped = chunk_split([5, 4, 3], "Interleaved1F1B", 2, 12)
     assert looped == ((3, 2), (2, 2), (2, 1))  # the last stage's chunk 1 holds the head
     assert chunk_split([1, 4, 3], "Interleaved1F1B", 2, 8) is None
+
+
+def test_a_fixed_cost_per_p2p_message_charges_schedules_by_the_messages_they_wait_for():
+    """p2p_message_seconds: per micro-batch a middle GPU waits for 2 messages under 1F1B, 4
+    under ZB-V (two chunks, each with remote neighbours) and 7-8 with four looped chunks."""
+    from holmes.plan.schedule_choice import _waits
+
+    assert _waits("1F1B", 3, 1) == [1, 2, 1]
+    assert _waits("ZBVZeroBubble", 3, 2) == [2, 4, 2]  # the turn on the last GPU waits for nothing
+    assert _waits("Interleaved1F1B", 3, 4) == [7, 8, 7]
+    slow = replace(FAT_LINKS, p2p_message_seconds=0.01)
+    M = 3  # 48 sequences over 16 data-parallel pipelines of micro-batch 1
+    for schedule, waits in (("1F1B", 2), ("ZBVZeroBubble", 4)):
+        job = three_island_job(pipelineSchedule=schedule)
+        before = plan(THREE_ISLANDS, job, FAT_LINKS).estimate["iterationSeconds"]
+        after = plan(THREE_ISLANDS, job, slow).estimate["iterationSeconds"]
+        assert 0 < after - before <= M * waits * 0.01 + 1e-9, (schedule, before, after)
+    with pytest.raises(ValueError, match="p2p_message_seconds must be >= 0"):
+        replace(FAT_LINKS, p2p_message_seconds=-1.0)

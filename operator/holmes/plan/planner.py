@@ -605,9 +605,23 @@ def to_layout(
     """The candidate as a Layout; with ``option`` (schedule_choice) its schedule's chunks and
     its estimate (the default: 1F1B, one chunk per stage)."""
     layout = _one_chunk_layout(c, job, cfg)
-    if option is None or option.virtual == 1 and option.name == "1F1B":
+    if option is None:
         return layout
+    if option.virtual == 1 and option.name == "1F1B":  # only p2p_message_seconds can change it
+        return replace(layout, estimate=_timed(layout.estimate, option.seconds))
     return with_schedule(layout, option, c)
+
+
+def _timed(estimate: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``estimate`` with the iteration taking ``seconds`` (the rates scaled alike)."""
+    if estimate["iterationSeconds"] == _round(seconds):
+        return estimate
+    out = dict(estimate)
+    ratio = estimate["iterationSeconds"] / seconds
+    for key in ("tokensPerSecond", "samplesPerSecond", "tflopsPerGpu"):
+        out[key] = _round(out[key] * ratio)
+    out["iterationSeconds"] = _round(seconds)
+    return out
 
 
 def with_schedule(layout: Layout, option: schedule_choice.ScheduleOption, c: Candidate) -> Layout:
@@ -631,12 +645,8 @@ def with_schedule(layout: Layout, option: schedule_choice.ScheduleOption, c: Can
         groups.append(GroupFamily("p2p", c.wrap_net, P - 1))
     if sched.owner(name, P, P * v - 1)[0] == 0:  # first and last virtual stage share rank 0
         groups = [g for g in groups if g.kind != "embedding"]
-    estimate = dict(layout.estimate)
-    ratio = layout.estimate["iterationSeconds"] / option.seconds
-    for key in ("tokensPerSecond", "samplesPerSecond", "tflopsPerGpu"):
-        estimate[key] = _round(estimate[key] * ratio)
+    estimate = dict(_timed(layout.estimate, option.seconds))
     estimate.update(
-        iterationSeconds=_round(option.seconds),
         memoryPerGpuGiB=_round(option.memory_gib),
         pipelineSchedule=name,
         virtualStages=v,

@@ -94,6 +94,11 @@ def price(c: Candidate, name: str, virtual: int, total_layers: int) -> ScheduleO
         if s in (0, P - 1):
             adjacent.add(P - 1)  # the wrap-around link, if the schedule crosses it
         p2p.append(sum(cross.get(b, 0) * link[b] for b in adjacent))
+    # and a fixed cost per message a step waits for: each chunk's input from a remote stage, and
+    # its output's gradient back (cost model's p2p_message_seconds)
+    latency = c.costs[0].cfg.p2p_message_seconds
+    waits = _waits(name, P, virtual)
+    p2p = [x + latency * w for x, w in zip(p2p, waits)]
     steps = [cost.fwd(n) + cost.bwd(n) + p for cost, n, p in zip(costs, c.layers, p2p)]
     units = sched.bubble_units(name, P, virtual)
     bubble = fill * units / (P - 1) if P > 1 else 0.0
@@ -107,6 +112,19 @@ def price(c: Candidate, name: str, virtual: int, total_layers: int) -> ScheduleO
     return ScheduleOption(
         name, virtual, seconds, bubble, m * max(p2p), memory / 2**30, chunks or (), "; ".join(problems)
     )
+
+
+def _waits(name: str, pipeline: int, virtual: int) -> list[int]:
+    """Per stage, the p2p messages one micro-batch makes it wait for (a chunk whose neighbour
+    virtual stage is on another GPU: its input forward, its output's gradient backward)."""
+    out = [0] * pipeline
+    last = pipeline * virtual - 1
+    for k in range(last + 1):
+        s, _ = sched.owner(name, pipeline, k)
+        out[s] += (k > 0 and sched.link(name, pipeline, k - 1) is not None) + (
+            k < last and sched.link(name, pipeline, k) is not None
+        )
+    return out
 
 
 def _buffer_side(cost: StageCost) -> float:
