@@ -82,11 +82,11 @@ def test_an_external_framework_runs_one_stage_per_gpu():
 
 
 def test_chunks_split_each_stage_evenly_with_the_remainder_away_from_the_head():
-    split = chunk_split([5, 4, 3], "ZBVZeroBubble", 2, 12)
+    split = chunk_split([5, 4, 3], "ZBVZeroBubble", 2)
     assert split == ((3, 2), (2, 2), (2, 1))  # stage 0's chunk 1 ends with the head: the smaller
-    looped = chunk_split([5, 4, 3], "Interleaved1F1B", 2, 12)
+    looped = chunk_split([5, 4, 3], "Interleaved1F1B", 2)
     assert looped == ((3, 2), (2, 2), (2, 1))  # the last stage's chunk 1 holds the head
-    assert chunk_split([1, 4, 3], "Interleaved1F1B", 2, 8) is None
+    assert chunk_split([1, 4, 3], "Interleaved1F1B", 2) is None
 
 
 def test_a_fixed_cost_per_p2p_message_charges_schedules_by_the_messages_they_wait_for():

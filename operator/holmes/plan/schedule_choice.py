@@ -42,9 +42,7 @@ class ScheduleOption:
     problem: str = ""  # why it cannot run here ("" when it can)
 
 
-def chunk_split(
-    layers: Sequence[int], name: str, virtual: int, total: int
-) -> tuple[tuple[int, ...], ...] | None:
+def chunk_split(layers: Sequence[int], name: str, virtual: int) -> tuple[tuple[int, ...], ...] | None:
     """Per stage, its layers over its ``virtual`` chunks (evenly; the remainder away from the
     chunk with the head); None when a stage has fewer layers than chunks."""
     P = len(layers)
@@ -76,10 +74,10 @@ def _placed_costs(c: Candidate, name: str, virtual: int) -> list[StageCost]:
     return out
 
 
-def price(c: Candidate, name: str, virtual: int, total_layers: int) -> ScheduleOption:
+def price(c: Candidate, name: str, virtual: int) -> ScheduleOption:
     P, m = len(c.costs), c.degrees.micro_batches
     problems = sched.micro_batch_problems(name, P, m)
-    chunks = chunk_split(c.layers, name, virtual, total_layers)
+    chunks = chunk_split(c.layers, name, virtual)
     if chunks is None:
         problems.append(f"a stage has fewer layers than {virtual} chunks")
     costs = _placed_costs(c, name, virtual)
@@ -139,7 +137,7 @@ def options(c: Candidate, job: JobSpec) -> list[ScheduleOption]:
     t = job.training
     P = c.degrees.pipeline
     if P == 1:
-        return [price(c, "1F1B", 1, sum(c.layers))]
+        return [price(c, "1F1B", 1)]
     if job.framework != "holmes":
         names: Sequence[str] = ("1F1B",)  # an external engine runs one stage per GPU
     elif t.pipeline_schedule == sched.AUTO:
@@ -151,7 +149,7 @@ def options(c: Candidate, job: JobSpec) -> list[ScheduleOption]:
         choices = sched.virtual_choices(name)
         if t.virtual_stages is not None and t.virtual_stages in choices:
             choices = (t.virtual_stages,)
-        out += [price(c, name, v, sum(c.layers)) for v in choices]
+        out += [price(c, name, v) for v in choices]
     return out
 
 
