@@ -646,6 +646,9 @@ def with_schedule(layout: Layout, option: schedule_choice.ScheduleOption, c: Can
     if sched.owner(name, P, P * v - 1)[0] == 0:  # first and last virtual stage share rank 0
         groups = [g for g in groups if g.kind != "embedding"]
     estimate = dict(_timed(layout.estimate, option.seconds))
+    estimate["stages"] = [  # this schedule's in-flight micro-batches and receive buffers
+        {**st, "memoryGiB": _round(gib)} for st, gib in zip(estimate["stages"], option.stage_memory_gib)
+    ]
     estimate.update(
         memoryPerGpuGiB=_round(option.memory_gib),
         pipelineSchedule=name,

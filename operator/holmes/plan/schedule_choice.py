@@ -40,6 +40,7 @@ class ScheduleOption:
     memory_gib: float  # the fullest stage
     chunks: tuple[tuple[int, ...], ...]  # per stage: layers per chunk
     problem: str = ""  # why it cannot run here ("" when it can)
+    stage_memory_gib: tuple[float, ...] = ()  # per stage (the dry run checks each)
 
 
 def chunk_split(layers: Sequence[int], name: str, virtual: int) -> tuple[tuple[int, ...], ...] | None:
@@ -108,7 +109,15 @@ def price(c: Candidate, name: str, virtual: int) -> ScheduleOption:
     if any(mem > cost.mem_cap for mem, cost in zip(mems, costs)):
         problems.append(f"needs {memory / 2**30:.1f} GiB on its fullest GPU")
     return ScheduleOption(
-        name, virtual, seconds, bubble, m * max(p2p), memory / 2**30, chunks or (), "; ".join(problems)
+        name,
+        virtual,
+        seconds,
+        bubble,
+        m * max(p2p),
+        memory / 2**30,
+        chunks or (),
+        "; ".join(problems),
+        tuple(x / 2**30 for x in mems),
     )
 
 
