@@ -103,8 +103,17 @@ def price(c: Candidate, name: str, virtual: int) -> ScheduleOption:
     bubble = fill * units / (P - 1) if P > 1 else 0.0
     pipeline = m * max(steps) + bubble
     seconds = base.seconds - base.pipeline + pipeline
-    # each further chunk holds receive buffers of its own: an activation in and a gradient in
-    mems = [cost.memory(n) + (virtual - 1) * 2 * _buffer_side(cost) for cost, n in zip(costs, c.layers)]
+    # each further chunk holds receive buffers of its own: an activation in and a gradient in.
+    # A split backward keeps each micro-batch's graph from its input-gradient pass to its weight
+    # pass: under activation recompute the rebuilt blocks stay alive in between, so every
+    # micro-batch in flight holds whole activations, as without recompute (the dry run's gpt-7b
+    # under ZBV: 152 GiB of activations per GPU where recompute would keep 10)
+    mem_costs = costs
+    if sched.kind(name).split_backward and costs[0].cfg.activation_recompute:
+        mem_costs = [
+            StageCost(x.model, x.shape, x.place, replace(x.cfg, activation_recompute=False)) for x in costs
+        ]
+    mems = [cost.memory(n) + (virtual - 1) * 2 * _buffer_side(cost) for cost, n in zip(mem_costs, c.layers)]
     memory = max(mems)
     if any(mem > cost.mem_cap for mem, cost in zip(mems, costs)):
         problems.append(f"needs {memory / 2**30:.1f} GiB on its fullest GPU")
