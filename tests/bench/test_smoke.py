@@ -23,6 +23,7 @@ OWN_TESTS = {  # script -> the test that runs its small mode
     "control_plane_faults": "tests/bench/test_control_plane_faults.py",
     "gpu": "tests/bench/test_gpu_bench.py",
     "operator_load": "tests/bench/test_operator_load.py",
+    "pipeline_schedules": "tests/bench/test_pipeline_schedules_bench.py",
 }
 
 # script -> (small-mode arguments, a line its output must contain)

@@ -94,6 +94,8 @@ def test_spec_fields_match_what_the_operator_parses():
             "activationRecompute": False,
             "gradReduceDtype": "bfloat16",
             "fabricCheck": "fail",
+            "pipelineSchedule": "1F1B",
+            "virtualStages": 1,
             "data": {"synthetic": {}},
             "checkpoint": {"path": "/c", "intervalIterations": 1, "onPreemption": False},
             "acrossIslands": {

@@ -75,8 +75,8 @@ def test_version_1_layouts_are_still_read():
     d["groups"] = [g for g in d["groups"] if g["kind"] != "p2p"]
     lay = Layout.from_dict(d)
     assert lay.world_net == "Socket" and not list(lay.process_groups("p2p"))
-    d["version"] = 3
-    with pytest.raises(LayoutError, match="version 3 is not supported"):
+    d["version"] = 4
+    with pytest.raises(LayoutError, match="version 4 is not supported"):
         Layout.from_dict(d)
 
 

@@ -147,3 +147,27 @@ def test_flat_ranges_become_chunks_of_the_global_tensor():
     # 1-D: a bias split by rows, a replicated norm as is
     assert checkpoint.flat_chunks("layers.0.mlp.fc.bias", (8,), tp, 1, 5) == [(0, (9,), (4,))]
     assert checkpoint.flat_chunks("layers.0.ln1.weight", (8,), tp, 1, 5) == [(0, (1,), (4,))]
+
+
+@pytest.mark.slow  # trains, saves and resumes under two schedules
+def test_resume_under_a_v_shaped_schedule_continues_exactly_and_saves_again(tmp_path):
+    """A checkpoint holds tensors under global names: chunks of two virtual stages per GPU load
+    them as any stage does, and their own checkpoint resumes a one-chunk layout again."""
+    from tests.trainer.trainer_harness import make_layout
+
+    cfg = tiny_config(model=SIX, optimizer=ADAMW, iterations=6)
+    root = str(tmp_path / "ckpt")
+    full = run_ranks(
+        2, train_on_layout, cfg.with_(checkpoint=CheckpointConfig(root, 3)), _layout(2, 1, [3, 3])
+    )
+    want = full[0][1]["losses"]
+    zbv = make_layout(2, 1, [2, 1, 1, 2], 2, 8, schedule="ZBVZeroBubble")
+    ckpt = CheckpointConfig(_copy_checkpoint(root, 3, tmp_path / "zbv"), 3)
+    got = run_ranks(2, train_on_layout, cfg.with_(checkpoint=ckpt), zbv)[0][1]["records"]
+    assert [r["iteration"] for r in got] == [4, 5, 6]
+    assert _rel([r["loss"] for r in got], want[3:]) < 1e-4
+    meta = checkpoint.check_model(checkpoint.iteration_dir(ckpt.path, 6), SIX.shape())
+    assert meta["layout"]["pipelineSchedule"] == "ZBVZeroBubble" and meta["layout"]["chunks"][0] == [
+        [0, 2],
+        [4, 6],
+    ]

@@ -26,6 +26,7 @@ TRAINING = {
     "activationRecompute": True,  # the job's default, not a bare engine's
     "gradReduceDtype": "bfloat16",
     "fabricCheck": "fail",
+    "pipelineSchedule": "GPipe",
     "eval": {"data": {"path": "/eval.bin"}, "intervalIterations": 2},
     "checkpoint": {"path": "/ckpt", "intervalIterations": 5, "onPreemption": False, "asynchronous": False},
     "acrossIslands": {"mode": "replicas", "innerSteps": 4, "fragments": 2},
@@ -69,6 +70,7 @@ def test_every_field_named_like_the_contracts_is_the_jobs():
             "grad_reduce_dtype",
             "fabric_check",
             "across_islands",
+            "pipeline_schedule",
         },
         OptimizerConfig: {
             "learning_rate",

@@ -1,5 +1,5 @@
 """The distributed optimizer's own paths: padded buckets with DP > 1, AdamW parameter parity,
-fp32 master weights under bf16, and the pipeline schedules it accepts or refuses."""
+fp32 master weights under bf16, and the pipeline schedules a layout accepts or refuses."""
 
 import pytest
 import torch
@@ -74,17 +74,19 @@ def test_master_weights_are_fp32_and_the_bf16_parameters_are_rounded_from_them()
         assert any(b["finer_than_param"] for b in buckets)
 
 
-@pytest.mark.parametrize("name", ["ZBVZeroBubble", "InterleavedZeroBubble", "DualPipeV"])
-def test_zero_bubble_schedules_are_refused_with_the_reason(name):
-    with pytest.raises(TrainerConfigError, match="post-accumulate-grad hooks .* would never fire"):
-        tiny_config(pipeline_schedule=name)
-
-
-def test_interleaved_and_unknown_schedules_are_refused():
-    with pytest.raises(TrainerConfigError, match="several stages per rank"):
-        tiny_config(pipeline_schedule="Interleaved1F1B")
-    with pytest.raises(TrainerConfigError, match="not one of 1F1B, GPipe"):
+def test_unknown_schedules_and_schedules_the_layout_was_not_planned_for_are_refused():
+    with pytest.raises(TrainerConfigError, match="not one of auto, 1F1B, GPipe, Interleaved1F1B"):
         tiny_config(pipeline_schedule="1f1b")
+    # a one-chunk layout cannot run a V-shaped schedule: it needs two chunks per rank
+    with pytest.raises(TrainerConfigError, match="re-plan with training.pipelineSchedule ZBVZeroBubble"):
+        tiny_config(pipeline_schedule="ZBVZeroBubble").check_against_layout(make_layout(2, 1, [2, 2], 2, 8))
+    looped = make_layout(2, 1, [1, 1, 1, 1], 2, 8, schedule="Interleaved1F1B")
+    with pytest.raises(TrainerConfigError, match="planned for Interleaved1F1B with 2"):
+        tiny_config(pipeline_schedule="1F1B").check_against_layout(looped)
+    # the same placement with a split backward runs on it
+    zero_bubble = tiny_config(pipeline_schedule="InterleavedZeroBubble")
+    assert zero_bubble.schedule_for(looped) == "InterleavedZeroBubble"
+    assert tiny_config().schedule_for(looped) == "Interleaved1F1B"  # auto: the layout's
 
 
 @pytest.mark.parametrize("dp_size", [3, 5, 6])

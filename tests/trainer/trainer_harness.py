@@ -13,7 +13,8 @@ from holmes_dev.jobs import holmes_job
 from holmes_dev.ports import free_port
 
 from holmes.contract import ModelSpec
-from holmes.contract.layout import GroupFamily, Layout, Stage
+from holmes.contract import pipeline_schedules as sched
+from holmes.contract.layout import LAYOUT_VERSION, VIRTUAL_VERSION, GroupFamily, Layout, Stage
 from holmes.trainer.config import OptimizerConfig, TrainConfig
 from holmes.trainer.data import BatchLoader, Sharding, make_source
 from holmes.trainer.engine import Trainer, learning_rate
@@ -64,20 +65,36 @@ def make_layout(
     gpus_per_node: int | None = None,
     embedding: bool = False,
     tensor: int = 1,
+    schedule: str = "1F1B",
 ) -> Layout:
+    """``split``: layers per stage, or with virtual stages (a looped or V-shaped ``schedule``)
+    layers per virtual stage in pipeline order (pipeline x v numbers)."""
     world = pipeline * data * tensor
     g = gpus_per_node or world
     bounds = [0]
     for n in split:
         bounds.append(bounds[-1] + n)
+    v = len(split) // pipeline
+    chunks: list[list[tuple[int, int]]] = [[(0, 0)] * v for _ in range(pipeline)]
+    for k in range(pipeline * v):
+        st, c = sched.owner(schedule, pipeline, k)
+        chunks[st][c] = (bounds[k], bounds[k + 1])
     stages = tuple(
-        Stage(i, (bounds[i], bounds[i + 1]), f"isl{i}/infiniband", "infiniband", "IB")
+        Stage(
+            i,
+            (min(a for a, _ in chunks[i]), max(b for _, b in chunks[i])),
+            f"isl{i}/infiniband",
+            "infiniband",
+            "IB",
+            chunks=tuple(chunks[i]) if v > 1 else (),
+        )
         for i in range(pipeline)
     )
     groups = tuple(GroupFamily("dp", "IB", s) for s in range(pipeline)) + (GroupFamily("pp", "Socket"),)
     if tensor > 1:
         groups += tuple(GroupFamily("tp", "IB", s) for s in range(pipeline))
-    groups += tuple(GroupFamily("p2p", "Socket", b) for b in range(pipeline - 1))
+    wrap = sched.needs_wrap_link(schedule, pipeline, v)
+    groups += tuple(GroupFamily("p2p", "Socket", b) for b in range(pipeline if wrap else pipeline - 1))
     if embedding:
         groups += (GroupFamily("embedding", "Socket"),)
     return Layout(
@@ -90,6 +107,8 @@ def make_layout(
         groups=groups,
         micro_batch_size=micro_batch_size,
         micro_batches=micro_batches,
+        schedule=schedule,
+        version=VIRTUAL_VERSION if v > 1 else LAYOUT_VERSION,
     )
 
 

@@ -171,7 +171,8 @@ def crd() -> dict[str, Any]:
     }
 
 
-# ---- YAML as a person would write it: block mappings, lists of scalars inline, a text that
+# ---- YAML as a person would write it: block mappings, lists of scalars inline (one per line
+# when they do not fit), a text that
 # does not fit on its key's line folded (>-) at 100 columns ---------------------------------
 
 WIDTH = 100
@@ -195,6 +196,8 @@ def _block(obj: dict[str, Any], indent: int) -> list[str]:
             for item in value:
                 first, *rest = _block(item, indent + 4)
                 lines += [f"{pad}  - {first.lstrip()}", *rest]
+        elif isinstance(value, list) and value and len(head) + 1 + len(_inline(value)) > WIDTH:
+            lines += [head, *(f"{pad}  - {_inline(x)}" for x in value)]  # a long enum: one per line
         elif isinstance(value, str) and len(head) + 1 + len(_inline(value)) > WIDTH:
             wrapped = textwrap.wrap(value, WIDTH - indent - 2, break_long_words=False, break_on_hyphens=False)
             lines += [f"{head} >-", *(f"{pad}  {line}" for line in wrapped)]

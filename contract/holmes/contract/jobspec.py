@@ -40,6 +40,8 @@ from typing import Annotated, Any, ClassVar, Union
 from .frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_problems
 from .names import API_VERSION, KIND, LABEL_CLUSTER, NETWORKS, POD_NETWORK
 from .network import IslandNetwork, read_islands
+from .pipeline_schedules import AUTO as AUTO_SCHEDULE
+from .pipeline_schedules import SCHEDULE_NAMES, virtual_choices
 from .podtemplate import PodTemplate, shape_problems
 from .schema import ABSENT, INVALID, PRESERVE, Field, Reader, Rule, declared, is_int, show
 from .schema import camel as camel  # the cost-model file's keys are made the same way
@@ -729,6 +731,29 @@ class TrainingSpec:
             server_default=False,
         ),
     ] = field(default_factory=AcrossIslandsSpec)
+    pipeline_schedule: Annotated[
+        str,
+        Field(
+            "The pipeline schedule (default auto: the planner picks the fastest by its cost model "
+            "and says why in holmes plan). 1F1B and GPipe run one stage per GPU; Interleaved1F1B "
+            "and InterleavedZeroBubble run virtualStages chunks per GPU, looped round the "
+            "pipeline (each micro-batch crosses every stage boundary, and the link from the last "
+            "stage back to the first, once per chunk); ZBVZeroBubble and DualPipeV run two chunks "
+            "per GPU down the pipeline and back (only neighbouring stages talk). Interleaving "
+            "divides 1F1B's bubble by the chunks per GPU; the zero-bubble ones also fill it with "
+            "deferred weight gradients. Each chunk stays on its GPU's island.",
+            enum=(AUTO_SCHEDULE, *SCHEDULE_NAMES),
+        ),
+    ] = AUTO_SCHEDULE
+    virtual_stages: Annotated[
+        int | None,
+        Field(
+            "Chunks per GPU for Interleaved1F1B and InterleavedZeroBubble (default: the planner's "
+            "choice, 2 to 4); ZBVZeroBubble and DualPipeV always run 2, 1F1B and GPipe 1.",
+            minimum=1,
+            maximum=8,
+        ),
+    ] = None
 
     @property
     def grad_reduce_bytes(self) -> int:
@@ -1331,6 +1356,25 @@ def load_job(source: Any) -> JobSpec:
 # ---- cross-field checks -------------------------------------------------------------------
 
 
+def _schedule_problems(job: JobSpec) -> list[str]:
+    """training.pipelineSchedule and virtualStages: chunks only where the schedule has a choice,
+    and virtual stages only on Holmes' engine (an external framework runs one stage per GPU)."""
+    t, out = job.training, []
+    name, v = t.pipeline_schedule, t.virtual_stages
+    if v is not None and name != AUTO_SCHEDULE and v not in virtual_choices(name):
+        choices = " or ".join(map(str, virtual_choices(name)))
+        out.append(
+            f"spec.training.virtualStages: {name} runs {choices} chunk(s) per GPU, got {v}; "
+            "leave virtualStages out or pick Interleaved1F1B / InterleavedZeroBubble"
+        )
+    if job.framework != DEFAULT_FRAMEWORK and name not in (AUTO_SCHEDULE, "1F1B"):
+        out.append(
+            f"spec.training.pipelineSchedule: {name} runs on Holmes' engine only; framework "
+            f"{job.framework} is launched with one stage per GPU (1F1B): use auto or 1F1B"
+        )
+    return out
+
+
 def cross_check(job: JobSpec) -> list[str]:
     """Pure consistency checks across fields; one message per problem, with the fix."""
     m, t, n, p = job.model, job.training, job.nodes, job.parallelism
@@ -1360,6 +1404,7 @@ def cross_check(job: JobSpec) -> list[str]:
             f"spec.training.acrossIslands.fragments: {a.fragments} does not divide innerSteps "
             f"{a.inner_steps}; pick a divisor so every fragment is synchronized once per innerSteps"
         )
+    out += _schedule_problems(job)
     world = job.world_size
     T = p.tensor
     if isinstance(T, int):

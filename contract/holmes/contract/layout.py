@@ -35,6 +35,13 @@ collectives (loss and grad-norm reduction, the resume decision, checkpoint coord
 only when every rank is on one RDMA island, else Socket, so one communicator never mixes ranks
 that would pick different transports. Version 1 documents (no ``worldNet``, no ``p2p``) are
 still read: their world is Socket and their pipeline traffic stays on the ``pp`` groups.
+
+Virtual stages (version 3, written only when ``pipelineSchedule`` runs more than one stage per
+rank): each stage lists its ``chunks``, the layer ranges of its virtual stages in chunk order,
+placed by the schedule (pipeline_schedules.owner: looped or V-shaped), so every chunk of a rank
+stays on that rank's island; ``layers`` is then the span of its chunks. A looped schedule adds
+the p2p family of boundary P-1: the wrap-around link from the last stage's ranks to the
+first's, ranks ``((P-1)*D*T + j, j)``. Documents without virtual stages stay version 2.
 """
 
 from __future__ import annotations
@@ -44,10 +51,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import pipeline_schedules as sched
 from .names import NIC_KINDS
 
 LAYOUT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VIRTUAL_VERSION = 3  # the version of a layout with virtual stages (chunks)
+READABLE_VERSIONS = (1, 2, 3)
 NETS = ("IB", "Socket")
 
 
@@ -72,10 +81,17 @@ class Stage:
     nic: str  # infiniband | roce | ethernet (the stage's nodes' kind, or the slowest when mixed)
     dp_net: str  # NCCL net of this stage's DP groups
     nodes: tuple[str, ...] = ()  # node names hosting this stage's ranks (derived, for humans)
+    # the layer ranges of this stage's virtual stages, in chunk order (version 3); () = one: layers
+    chunks: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """The layer ranges this stage holds, one per virtual stage (chunk order)."""
+        return self.chunks or (self.layers,)
 
     @property
     def num_layers(self) -> int:
-        return self.layers[1] - self.layers[0]
+        return sum(b - a for a, b in self.ranges)
 
 
 @dataclass(frozen=True)
@@ -126,6 +142,7 @@ class Layout:
     version: int = LAYOUT_VERSION
     world_net: str = "Socket"  # the world group's network (control-plane collectives)
     expert: int = 1  # expert-parallel degree (a mixture of experts); JSON "expert" when > 1
+    schedule: str = "1F1B"  # the pipeline schedule the chunks are placed for (JSON pipelineSchedule)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -137,7 +154,27 @@ class Layout:
 
     @property
     def num_layers(self) -> int:
-        return self.stages[-1].layers[1]
+        return max(b for s in self.stages for _, b in s.ranges)
+
+    @property
+    def virtual_stages(self) -> int:
+        """Virtual stages per rank (v): 1 unless the schedule interleaves."""
+        return len(self.stages[0].ranges)
+
+    def virtual_layers(self) -> list[tuple[int, int]]:
+        """The layer range of each virtual stage, in pipeline order."""
+        owners = (
+            sched.owner(self.schedule, self.pipeline, k) for k in range(self.pipeline * self.virtual_stages)
+        )
+        return [self.stages[st].ranges[c] for st, c in owners]
+
+    @property
+    def embedding_split(self) -> bool:
+        """The first and last virtual stage sit on different ranks (a tied embedding is summed)."""
+        if self.pipeline == 1:
+            return False
+        last = sched.owner(self.schedule, self.pipeline, self.pipeline * self.virtual_stages - 1)[0]
+        return last != 0
 
     @property
     def ranks_per_stage(self) -> int:
@@ -180,11 +217,13 @@ class Layout:
                 for j in range(n):
                     yield ProcessGroup("pp", tuple(j + s * n for s in range(P)), fam.net)
             elif fam.kind == "p2p":
-                for j in range(n):
-                    yield ProcessGroup("p2p", (fam.at() * n + j, (fam.at() + 1) * n + j), fam.net, fam.stage)
+                for j in range(n):  # boundary P-1: the wrap-around link (looped virtual stages)
+                    pair = (fam.at() * n + j, (fam.at() + 1) % P * n + j)
+                    yield ProcessGroup("p2p", pair, fam.net, fam.stage)
             elif fam.kind == "embedding":
+                last = sched.owner(self.schedule, P, P * self.virtual_stages - 1)[0]
                 for j in range(n):
-                    yield ProcessGroup("embedding", (j, j + (P - 1) * n), fam.net)
+                    yield ProcessGroup("embedding", (j, j + last * n), fam.net)
             elif fam.kind == "ep":
                 base, E = fam.at() * n, self.expert
                 for k in range(D // E):
@@ -202,6 +241,7 @@ class Layout:
 
     # ---- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        virtual = self.version >= VIRTUAL_VERSION
         return {
             "version": self.version,
             "worldSize": self.world_size,
@@ -213,6 +253,7 @@ class Layout:
             "microBatchSize": self.micro_batch_size,
             "microBatches": self.micro_batches,
             **({"expert": self.expert} if self.expert > 1 else {}),
+            **({"pipelineSchedule": self.schedule} if virtual else {}),
             "nodes": list(self.nodes),
             "stages": [
                 {
@@ -222,6 +263,7 @@ class Layout:
                     "nic": s.nic,
                     "dpNet": s.dp_net,
                     "nodes": list(s.nodes or self.stage_nodes(s.index)),
+                    **({"chunks": [list(c) for c in s.ranges]} if virtual else {}),
                 }
                 for s in self.stages
             ],
@@ -255,6 +297,7 @@ class Layout:
                     nic=str(s["nic"]),
                     dp_net=str(s["dpNet"]),
                     nodes=tuple(s.get("nodes", ())),
+                    chunks=tuple((int(c[0]), int(c[1])) for c in s.get("chunks", ())),
                 )
                 for s in d["stages"]
             )
@@ -276,6 +319,7 @@ class Layout:
                 version=version,
                 world_net=str(d["worldNet"]) if version >= 2 else "Socket",
                 expert=int(d.get("expert", 1)),
+                schedule=str(d.get("pipelineSchedule", "1F1B")),
             )
         except KeyError as e:
             raise LayoutError(f"layout is missing the field {e.args[0]!r}") from None
@@ -321,15 +365,10 @@ def validate(layout: Layout) -> None:
         raise LayoutError("a node appears twice in nodes: every GPU is used at most once")
     if len(layout.stages) != P:
         raise LayoutError(f"{len(layout.stages)} stages listed for pipeline={P}")
-    start = 0
+    _validate_virtual(layout)
     for i, s in enumerate(layout.stages):
         if s.index != i:
             raise LayoutError(f"stage {i} has index {s.index}: stages must be listed in pipeline order")
-        if s.layers[0] != start or s.layers[1] <= s.layers[0]:
-            raise LayoutError(
-                f"stage {i} layers {list(s.layers)} must start at {start} and hold at least one layer"
-            )
-        start = s.layers[1]
         if s.nic not in NIC_KINDS:
             raise LayoutError(f"stage {i} nic {s.nic!r} is not one of {', '.join(NIC_KINDS)}")
         if not is_net(s.dp_net):
@@ -347,17 +386,65 @@ def validate(layout: Layout) -> None:
             raise LayoutError("group ep needs expert > 1 (a mixture of experts split over ranks)")
         if g.kind in ("dp", "tp", "ep") and (g.stage is None or not 0 <= g.stage < P):
             raise LayoutError(f"group {g.kind} needs a stage in [0, {P}), got {g.stage!r}")
-        if g.kind == "p2p" and (g.stage is None or not 0 <= g.stage < P - 1):
-            raise LayoutError(f"group p2p needs a boundary stage in [0, {P - 1}), got {g.stage!r}")
-        if g.kind == "embedding" and P == 1:
+        links = P if sched.needs_wrap_link(layout.schedule, P, layout.virtual_stages) else P - 1
+        if g.kind == "p2p" and (g.stage is None or not 0 <= g.stage < links):
+            raise LayoutError(f"group p2p needs a boundary stage in [0, {links}), got {g.stage!r}")
+        if g.kind == "embedding" and not layout.embedding_split:
             raise LayoutError(
-                "group embedding needs pipeline > 1: with one stage the first and last "
-                "stage are the same ranks, the tied embedding is one tensor"
+                "group embedding needs the first and last stage on different ranks (pipeline > 1, "
+                "not V-shaped): on the same ranks the tied embedding is one tensor"
             )
     if layout.version >= 2:
         boundaries = sorted(g.at() for g in layout.groups if g.kind == "p2p")
-        if boundaries != list(range(P - 1)):
+        wrap = sched.needs_wrap_link(layout.schedule, P, layout.virtual_stages)
+        want = list(range(P if wrap else P - 1))
+        if boundaries != want:
             raise LayoutError(
-                f"a version-2 layout needs one p2p group family per stage boundary 0..{P - 2}, "
-                f"got boundaries {boundaries}"
+                f"a version-{layout.version} layout needs one p2p group family per stage boundary "
+                f"0..{want[-1] if want else -1}"
+                + (" (P-1: the wrap-around link of looped virtual stages)" if wrap else "")
+                + f", got boundaries {boundaries}"
             )
+
+
+def _validate_virtual(layout: Layout) -> None:
+    """Schedule, chunks and layers: every virtual stage in pipeline order holds the next
+    non-empty run of layers, and each stage's span covers its chunks."""
+    P = layout.pipeline
+    if layout.schedule not in sched.SCHEDULES:
+        raise LayoutError(
+            f"pipelineSchedule {layout.schedule!r} is not one of {', '.join(sched.SCHEDULE_NAMES)}"
+        )
+    counts = {len(s.ranges) for s in layout.stages}
+    if len(counts) != 1:
+        raise LayoutError(f"every stage must hold the same number of chunks, got {sorted(counts)}")
+    v = counts.pop()
+    choices = sched.virtual_choices(layout.schedule)
+    if v not in choices:
+        raise LayoutError(
+            f"pipelineSchedule {layout.schedule} runs {' or '.join(map(str, choices))} "
+            f"virtual stages per rank, but the stages list {v} chunks"
+        )
+    single = sched.kind(layout.schedule).placement == sched.SINGLE
+    if layout.version >= VIRTUAL_VERSION and single or layout.version < VIRTUAL_VERSION and v > 1:
+        raise LayoutError(
+            f"virtual stages (chunks, pipelineSchedule) need layout version {VIRTUAL_VERSION}, and "
+            f"version {VIRTUAL_VERSION} is only for them: got version {layout.version} with "
+            f"{layout.schedule} and {v} chunk(s) per stage"
+        )
+    if layout.version < VIRTUAL_VERSION and layout.schedule != "1F1B":
+        raise LayoutError(
+            f"a version-{layout.version} layout is planned for 1F1B, got pipelineSchedule {layout.schedule}"
+        )
+    start = 0
+    for k, (a, b) in enumerate(layout.virtual_layers()):
+        if a != start or b <= a:
+            st, c = sched.owner(layout.schedule, P, k)
+            raise LayoutError(
+                f"virtual stage {k} (stage {st} chunk {c}) layers {[a, b]} must start at {start} "
+                "and hold at least one layer"
+            )
+        start = b
+    for i, s in enumerate(layout.stages):
+        if s.chunks and s.layers != (min(a for a, _ in s.chunks), max(b for _, b in s.chunks)):
+            raise LayoutError(f"stage {i} layers {list(s.layers)} must be the span of its chunks")

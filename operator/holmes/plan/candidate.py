@@ -36,6 +36,8 @@ class Candidate:
     world_net: str  # the world group's net (control-plane collectives)
     p2p_nets: tuple[str, ...]  # per stage boundary
     gpus: tuple[StageGpu, ...] = ()  # per stage: what its compute and memory are priced with
+    wrap_p2p: float = 0.0  # seconds per micro-batch on the last -> first stage link (looped schedules)
+    wrap_net: str = "Socket"  # that link's p2p group's net
 
     def key(self, order_index: int) -> tuple[float, int, int, int, int]:
         d = self.degrees

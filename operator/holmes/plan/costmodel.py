@@ -128,11 +128,19 @@ class CostModelConfig:
     max_island_orders: int = 24  # island orders tried per (tensor, pipeline, data)
     # GPU types (plan/gpus.py): entries added to / overriding its built-in product table
     gpu_products: tuple[tuple[str, GpuProduct], ...] = ()
+    # seconds a pipeline step loses per p2p message it waits for, beyond the bytes (the schedule's
+    # host-side step, the wait); 0 ignores it. It ranks schedules with virtual stages, whose GPUs
+    # wait on v times the messages (plan/schedule_choice.py); bench/pipeline_schedules.py measures it
+    p2p_message_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("gpu_peak_tflops", "compute_efficiency", "gpu_memory_gib", "nvlink_gbps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"CostModelConfig.{name} must be > 0, got {getattr(self, name)}")
+        if not self.p2p_message_seconds >= 0:
+            raise ValueError(
+                f"CostModelConfig.p2p_message_seconds must be >= 0, got {self.p2p_message_seconds}"
+            )
         if not 0 <= self.overlap_efficiency <= 1:
             raise ValueError(
                 f"CostModelConfig.overlap_efficiency must be in [0, 1], got {self.overlap_efficiency}"

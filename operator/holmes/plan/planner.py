@@ -30,12 +30,14 @@ from dataclasses import replace
 from typing import Any
 
 from holmes.contract import nvls
+from holmes.contract import pipeline_schedules as sched
 from holmes.contract.flops import ModelCost, tflops_per_gpu
 from holmes.contract.jobspec import AUTO, JobSpec, SpecError, load_job, tensor_parallel_problems
-from holmes.contract.layout import GroupFamily, Layout, Stage
+from holmes.contract.layout import VIRTUAL_VERSION, GroupFamily, Layout, Stage
 from holmes.contract.network import island_settings
 
 from . import partition as parts_mod
+from . import schedule_choice
 from .budget import Budget
 from .candidate import Candidate, Degrees
 from .costmodel import (
@@ -359,6 +361,14 @@ def cost_placement(
             pair = merge(sets[s], sets[s + 1])
             bw = group_bandwidth_gbps(pair, cfg.fabric, p2p_nets[s])
             boundary.append(ranks_on_node / T * act / (bw * GBIT))
+    # the wrap-around link (last stage -> first) a looped schedule adds (schedule_choice.py)
+    wrap_pair = merge(sets[-1], sets[0])
+    if P < 2 or stage_nodes[0] == stage_nodes[-1]:
+        wrap_p2p = act / T / nvlink
+    else:
+        wrap_p2p = (
+            ranks_on_node / T * act / (group_bandwidth_gbps(wrap_pair, cfg.fabric, wrap_pair.net) * GBIT)
+        )
     emb_sync = 0.0
     if tied:
         nbytes = ranks_on_node * model.vocab * model.hidden / T * cfg.grad_bytes
@@ -420,6 +430,8 @@ def cost_placement(
         world_net,
         p2p_nets,
         gpus,
+        wrap_p2p,
+        wrap_pair.net,
     )
 
 
@@ -579,11 +591,112 @@ def plan(
     cfg = for_job(cfg, job)
     usable = select_nodes(nodes, job, cfg)
     best, alternatives = search(usable, job, cfg, budget)
-    layout = to_layout(best, job, cfg)
-    return replace(layout, explanation=tuple(explanation_lines(layout, best, alternatives, job)))
+    option, priced = schedule_choice.choose(best, job)
+    if option.problem:
+        raise PlanError(f"spec.training.pipelineSchedule: {option.name} cannot run here: {option.problem}")
+    layout = to_layout(best, job, cfg, option)
+    lines = explanation_lines(layout, best, alternatives, job) + schedule_lines(option, priced, best)
+    return replace(layout, explanation=tuple(lines))
 
 
-def to_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
+def to_layout(
+    c: Candidate, job: JobSpec, cfg: CostModelConfig, option: schedule_choice.ScheduleOption | None = None
+) -> Layout:
+    """The candidate as a Layout; with ``option`` (schedule_choice) its schedule's chunks and
+    its estimate (the default: 1F1B, one chunk per stage)."""
+    layout = _one_chunk_layout(c, job, cfg)
+    if option is None:
+        return layout
+    if option.virtual == 1 and option.name == "1F1B":  # only p2p_message_seconds can change it
+        return replace(layout, estimate=_timed(layout.estimate, option.seconds))
+    return with_schedule(layout, option, c)
+
+
+def _timed(estimate: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``estimate`` with the iteration taking ``seconds`` (the rates scaled alike)."""
+    if estimate["iterationSeconds"] == _round(seconds):
+        return estimate
+    out = dict(estimate)
+    ratio = estimate["iterationSeconds"] / seconds
+    for key in ("tokensPerSecond", "samplesPerSecond", "tflopsPerGpu"):
+        out[key] = _round(out[key] * ratio)
+    out["iterationSeconds"] = _round(seconds)
+    return out
+
+
+def with_schedule(layout: Layout, option: schedule_choice.ScheduleOption, c: Candidate) -> Layout:
+    """``layout`` running ``option``: each stage's chunks (virtual stages in pipeline order take
+    consecutive layers), the wrap-around p2p family of a looped schedule, no embedding group
+    where the first and last virtual stage share a rank, and the estimate of the schedule."""
+    P, v, name = layout.pipeline, option.virtual, option.name
+    ranges: list[list[tuple[int, int]]] = [[(0, 0)] * v for _ in range(P)]
+    start = 0
+    for k in range(P * v):
+        s, ch = sched.owner(name, P, k)
+        n = option.chunks[s][ch]
+        ranges[s][ch] = (start, start + n)
+        start += n
+    stages = tuple(
+        replace(st, layers=(min(a for a, _ in r), max(b for _, b in r)), chunks=tuple(r) if v > 1 else ())
+        for st, r in zip(layout.stages, ranges)
+    )
+    groups = list(layout.groups)
+    if sched.needs_wrap_link(name, P, v):
+        groups.append(GroupFamily("p2p", c.wrap_net, P - 1))
+    if sched.owner(name, P, P * v - 1)[0] == 0:  # first and last virtual stage share rank 0
+        groups = [g for g in groups if g.kind != "embedding"]
+    estimate = dict(_timed(layout.estimate, option.seconds))
+    estimate["stages"] = [  # this schedule's in-flight micro-batches and receive buffers
+        {**st, "memoryGiB": _round(gib)} for st, gib in zip(estimate["stages"], option.stage_memory_gib)
+    ]
+    estimate.update(
+        memoryPerGpuGiB=_round(option.memory_gib),
+        pipelineSchedule=name,
+        virtualStages=v,
+        bubbleSeconds=_round(option.bubble_seconds),
+    )
+    return replace(
+        layout, stages=stages, schedule=name, version=VIRTUAL_VERSION, groups=tuple(groups), estimate=estimate
+    )
+
+
+def schedule_lines(
+    option: schedule_choice.ScheduleOption, priced: list[schedule_choice.ScheduleOption], c: Candidate
+) -> list[str]:
+    """Why this schedule: the bubble, the p2p and the memory of each one priced."""
+    if c.degrees.pipeline == 1:
+        return []
+    base = next((o for o in priced if o.name == "1F1B"), None)
+    head = f"schedule: {option.name}"
+    if option.virtual > 1:
+        head += f" with {option.virtual} virtual stages per GPU"
+    head += (
+        f", {option.seconds:.4g} s/iteration (bubble {option.bubble_seconds:.3g} s, p2p "
+        f"{option.p2p_seconds:.3g} s, memory {option.memory_gib:.1f} GiB), the fastest of "
+        f"{len(priced)} priced"
+    )
+    if base is not None and option is not base:
+        head += (
+            f"; {base.seconds / option.seconds:.2f}x 1F1B: bubble {base.bubble_seconds:.3g} s -> "
+            f"{option.bubble_seconds:.3g} s, p2p {base.p2p_seconds:.3g} s -> {option.p2p_seconds:.3g} s, "
+            f"memory {base.memory_gib:.1f} -> {option.memory_gib:.1f} GiB"
+        )
+    lines = [head]
+    for o in sorted(priced, key=lambda o: o.seconds):
+        if o is option:
+            continue
+        what = f"{o.name}" + (f" v={o.virtual}" if o.virtual > 1 else "")
+        if o.problem:
+            lines.append(f"  {what}: cannot run: {o.problem}")
+        else:
+            lines.append(
+                f"  {what}: {o.seconds:.4g} s/iteration (bubble {o.bubble_seconds:.3g} s, p2p "
+                f"{o.p2p_seconds:.3g} s, memory {o.memory_gib:.1f} GiB)"
+            )
+    return lines
+
+
+def _one_chunk_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:
     cfg = for_job(cfg, job)
     d = c.degrees
     model = ModelCost.of(job.model)

@@ -11,7 +11,8 @@ Environment knobs (flags win over them):
 - HOLMES_DTYPE: float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)
 - HOLMES_OPTIMIZER: adamw | sgd;  HOLMES_OVERLAP=0: synchronous optimizer (same math)
 - HOLMES_BUCKET_ELEMENTS: gradient bucket size in elements (default 40M)
-- HOLMES_PIPELINE_SCHEDULE: 1F1B (default) | GPipe; zero-bubble and interleaved ones are refused
+- HOLMES_PIPELINE_SCHEDULE: overrides training.pipelineSchedule (default: the job's; auto runs the
+  schedule the layout was planned for); one that places virtual stages otherwise is refused
 - HOLMES_FABRIC_ROOT: where the fabric check finds sys/ and dev/ (default /), e.g. a host's
   sysfs mounted elsewhere; set, it also runs the device checks on gloo
 - HOLMES_FABRIC_STEP_SECONDS: the most one fabric preflight step may take (default: a quarter of
@@ -72,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=int(env("HOLMES_BUCKET_ELEMENTS")) if env("HOLMES_BUCKET_ELEMENTS") else None,
     )
-    ap.add_argument("--pipeline-schedule", default=env("HOLMES_PIPELINE_SCHEDULE", "1F1B"))
+    ap.add_argument("--pipeline-schedule", default=env("HOLMES_PIPELINE_SCHEDULE"))
     ap.add_argument(
         "--no-overlap",
         action="store_true",
@@ -103,9 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides: dict[str, Any] = {
         "optimizer": args.optimizer,
         "overlap": not args.no_overlap,
-        "pipeline_schedule": args.pipeline_schedule,
     }
-    for name in ("bucket_elements", "timeout_seconds", "iterations"):
+    for name in ("bucket_elements", "timeout_seconds", "iterations", "pipeline_schedule"):
         if getattr(args, name):
             overrides[name] = getattr(args, name)
     try:

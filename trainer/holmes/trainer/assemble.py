@@ -28,17 +28,19 @@ def stage_model(
     ``device`` in ``cfg.dtype``, with the seed's weights."""
     info = layout.rank_info(rank)
     stage = layout.stages[info.stage]
+    ranges = stage.ranges  # one per virtual stage: the embedding where layer 0 is, the head at the end
     return build_stage(
         cfg.model,
         stage.layers[0],
         stage.layers[1],
-        info.stage == 0,
-        info.stage == layout.pipeline - 1,
+        any(a == 0 for a, _ in ranges),
+        any(b == layout.num_layers for _, b in ranges),
         cfg.seed,
         device,
         recompute=recompute,
         dtype=cfg.dtype,
         tp=tensor_parallel(layout, rank, groups, cfg.sequence_parallel),
+        ranges=ranges,
     )
 
 

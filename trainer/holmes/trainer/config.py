@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from holmes.contract import JobSpec, Layout, ModelSpec, load_job
+from holmes.contract import pipeline_schedules as sched
 from holmes.contract.jobspec import (
     DECAYS,
     FABRIC_CHECKS,
@@ -37,34 +38,18 @@ class TrainerConfigError(ValueError):
     spec's own problems are holmes.contract.SpecError); the message says what to change."""
 
 
-# Pipeline schedules the engine runs (one stage per rank, as a Layout has), and why others are
-# refused rather than run wrong.
-PIPELINE_SCHEDULES = ("1F1B", "GPipe")
-REFUSED_SCHEDULES = {
-    "ZBVZeroBubble": "zero-bubble",
-    "InterleavedZeroBubble": "zero-bubble",
-    "DualPipeV": "zero-bubble",
-    "Interleaved1F1B": "interleaved",
-    "LoopedBFS": "interleaved",
-}
+# Pipeline schedules the engine runs (holmes.contract.pipeline_schedules); "auto": the Layout's.
+PIPELINE_SCHEDULES = (sched.AUTO, *sched.SCHEDULE_NAMES)
 
 
 def check_schedule(name: str) -> None:
-    why = REFUSED_SCHEDULES.get(name)
-    if why == "zero-bubble":
-        raise TrainerConfigError(
-            f"pipeline schedule {name} is not supported: it splits backward into input and weight "
-            "gradients and accumulates weight gradients itself, so the post-accumulate-grad hooks "
-            "that start each gradient bucket's reduce-scatter would never fire; use "
-            f"{' or '.join(PIPELINE_SCHEDULES)}"
-        )
-    if why == "interleaved":
-        raise TrainerConfigError(
-            f"pipeline schedule {name} is not supported: it needs several stages per rank and a "
-            f"Layout gives each rank one; use {' or '.join(PIPELINE_SCHEDULES)}"
-        )
     if name not in PIPELINE_SCHEDULES:
         raise TrainerConfigError(f"pipeline schedule {name!r} is not one of {', '.join(PIPELINE_SCHEDULES)}")
+
+
+def schedule_problems(name: str, pipeline: int, virtual: int, micro_batches: int) -> list[str]:
+    """What torch's schedule ``name`` refuses for this pipeline, said with the fix."""
+    return sched.micro_batch_problems(name, pipeline, micro_batches)
 
 
 @dataclass(frozen=True)
@@ -131,7 +116,9 @@ class TrainConfig:
     dtype: str = "float32"  # parameters and activations; bfloat16 on GPUs
     grad_reduce_dtype: str = TrainingSpec.grad_reduce_dtype  # the DP reduce-scatter's dtype
     fabric_check: str = TrainingSpec.fabric_check  # fail | warn | off (see fabric.py)
-    pipeline_schedule: str = "1F1B"  # or GPipe (HOLMES_PIPELINE_SCHEDULE); see check_schedule
+    # auto: the Layout's (planned with its chunks); else one of PIPELINE_SCHEDULES, which must
+    # place virtual stages as the Layout does (1F1B and GPipe run any one-chunk Layout)
+    pipeline_schedule: str = TrainingSpec.pipeline_schedule
     sequence_parallel: bool = ParallelismSpec.sequence_parallel  # with tensor > 1
     # pipeline (one world) or replicas (DiLoCo between worlds, outer.py); from the job by name
     across_islands: AcrossIslandsSpec = field(default_factory=AcrossIslandsSpec)
@@ -220,21 +207,50 @@ class TrainConfig:
                 f"but globalBatchSize is {self.global_batch_size}"
             )
         has_embedding = any(g.kind == "embedding" for g in layout.groups)
-        if self.model.tied_embeddings and layout.pipeline > 1 and not has_embedding:
+        split = layout.embedding_split  # first and last virtual stage on different ranks
+        if self.model.tied_embeddings and split and not has_embedding:
             raise TrainerConfigError(
                 "model.tiedEmbeddings is true but the layout has no embedding group to sum the "
                 "first and last stage's embedding gradients: re-plan the layout for this job"
             )
-        if has_embedding and not (self.model.tied_embeddings and layout.pipeline > 1):
+        if has_embedding and not (self.model.tied_embeddings and split):
             raise TrainerConfigError(
                 "the layout has an embedding group but the job's model does not tie embeddings "
-                "across stages: re-plan the layout for this job"
+                "across stages (or its schedule puts the first and last virtual stage on one "
+                "rank): re-plan the layout for this job"
             )
-        if layout.pipeline > 1 and layout.micro_batches < layout.pipeline:
+        if self.eval is not None:
+            check_eval_layout(layout)
+        name = self.schedule_for(layout)
+        problems = schedule_problems(name, layout.pipeline, layout.virtual_stages, layout.micro_batches)
+        if problems:
+            raise TrainerConfigError("; ".join(problems))
+
+    def schedule_for(self, layout: Layout) -> str:
+        """The schedule to run on ``layout``: the job's, else (auto) the one it was planned for.
+        A schedule placing virtual stages otherwise than the Layout is refused (re-plan)."""
+        name = layout.schedule if self.pipeline_schedule == sched.AUTO else self.pipeline_schedule
+        want, have = sched.kind(name).placement, sched.kind(layout.schedule).placement
+        if layout.pipeline > 1 and (want != have or layout.virtual_stages not in sched.virtual_choices(name)):
             raise TrainerConfigError(
-                f"1F1B needs microBatches ({layout.micro_batches}) >= pipeline stages "
-                f"({layout.pipeline}); raise globalBatchSize or lower microBatchSize"
+                f"pipeline schedule {name} needs {'/'.join(map(str, sched.virtual_choices(name)))} "
+                f"virtual stage(s) per rank placed {want}, but the layout was planned for "
+                f"{layout.schedule} with {layout.virtual_stages}: re-plan with training.pipelineSchedule "
+                f"{name} (or auto)"
             )
+        return name
+
+
+_EVAL_CHUNKS = (
+    "training.eval runs one chunk per GPU, but the layout has virtual stages: set "
+    "training.pipelineSchedule to 1F1B (or leave eval out)"
+)
+
+
+def check_eval_layout(layout: Layout) -> None:
+    """Evaluation reads its windows stage by stage: one chunk per GPU."""
+    if layout.virtual_stages > 1:
+        raise TrainerConfigError(_EVAL_CHUNKS)
 
 
 # TrainingSpec's sections that the trainer holds in a shape of its own (a bare engine runs without

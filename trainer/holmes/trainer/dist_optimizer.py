@@ -221,7 +221,8 @@ class DistributedOptimizer:
         self._reset_pending()
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._make_grad_hook(i))
-        index_of = {id(p): i for i, p in enumerate(self.params)}
+        index_of = self._index_of = {id(p): i for i, p in enumerate(self.params)}
+        self.expected = [micro_batches] * len(self.params)  # gradients per iteration (count_uses)
         for mod in module.modules():
             ids = sorted(
                 {self.bucket_of[index_of[id(p)]] for p in mod.parameters(recurse=False) if id(p) in index_of}
@@ -249,23 +250,44 @@ class DistributedOptimizer:
 
     def _make_grad_hook(self, i: int) -> Callable[[torch.Tensor], None]:
         def hook(p: torch.Tensor) -> None:
-            self.main_grads[i].add_(p.grad)
-            p.grad = None
-            self.seen[i] += 1
-            if self.seen[i] > self.M:
-                raise RuntimeError(
-                    f"parameter {self.names[i]} received {self.seen[i]} gradients in one "
-                    f"iteration of {self.M} micro-batches: zero_grad/step were skipped"
-                )
-            if self.seen[i] == self.M:
-                b = self.buckets[self.bucket_of[i]]
-                b.pending -= 1
-                if b.pending == 0 and self.overlap and b.pre_reduce is None:
-                    self._launch_reduce(b, async_op=True)
-                elif b.pending == 0 and self.overlap and b.pre_watch == "embedding":
-                    self._launch_embedding(b, async_op=True)
+            self._land(i, p)
 
         return hook
+
+    def count_uses(self, chunks: list[list[nn.Parameter]]) -> None:
+        """Virtual stages run their backwards separately: a parameter two chunks use (a tied
+        embedding whose first and last virtual stage share a rank) gets a gradient from each, per
+        micro-batch. Its bucket is final after all of them."""
+        for i, p in enumerate(self.params):
+            self.expected[i] = self.M * max(1, sum(any(q is p for q in c) for c in chunks))
+
+    def collect_grads(self, params: Collection[torch.Tensor]) -> None:
+        """Land the gradients a backward left in ``.grad`` without accumulating through autograd
+        (a split backward's weight step assigns ``.grad`` itself: no post-accumulate-grad hook
+        fires). The pipeline stage calls it after each backward chunk, so a bucket's
+        reduce-scatter starts when its last weight gradient is final, whatever the schedule."""
+        for p in params:
+            if p.grad is not None and id(p) in self._index_of:
+                self._land(self._index_of[id(p)], p)
+
+    def _land(self, i: int, p: torch.Tensor) -> None:
+        """Parameter i's gradient of one micro-batch into the fp32 buffer; the bucket's
+        reduction starts with the last one."""
+        self.main_grads[i].add_(p.grad)
+        p.grad = None
+        self.seen[i] += 1
+        if self.seen[i] > self.expected[i]:
+            raise RuntimeError(
+                f"parameter {self.names[i]} received {self.seen[i]} gradients in one "
+                f"iteration of {self.M} micro-batches: zero_grad/step were skipped"
+            )
+        if self.seen[i] == self.expected[i]:
+            b = self.buckets[self.bucket_of[i]]
+            b.pending -= 1
+            if b.pending == 0 and self.overlap and b.pre_reduce is None:
+                self._launch_reduce(b, async_op=True)
+            elif b.pending == 0 and self.overlap and b.pre_watch == "embedding":
+                self._launch_embedding(b, async_op=True)
 
     def _launch_reduce(self, b: _Bucket, async_op: bool) -> None:
         full = self.grad_buffer[b.start : b.start + b.size]
@@ -302,9 +324,9 @@ class DistributedOptimizer:
     def finish_grad_sync(self) -> None:
         """All gradients reduced into this rank's shards; raises if a parameter missed one."""
         missing = [
-            f"{self.names[i]} ({self.seen[i]}/{self.M})"
+            f"{self.names[i]} ({self.seen[i]}/{self.expected[i]})"
             for i in range(len(self.params))
-            if self.seen[i] != self.M
+            if self.seen[i] != self.expected[i]
         ]
         if missing:
             raise RuntimeError(

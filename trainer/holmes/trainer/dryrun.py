@@ -58,11 +58,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from holmes.contract import Layout, nvls  # noqa: E402
+from holmes.contract import pipeline_schedules as sched  # noqa: E402
 
 from . import engine as engine_mod  # noqa: E402
 from . import model as model_mod  # noqa: E402
 from . import preempt  # noqa: E402
-from .config import CheckpointConfig, DataConfig, TrainConfig  # noqa: E402
+from .config import CheckpointConfig, DataConfig, TrainConfig, schedule_problems  # noqa: E402
 from .dist_optimizer import DistributedOptimizer  # noqa: E402
 from .fakecuda import fake_cuda  # noqa: E402
 from .recording import CATEGORIES, NCCL_COMMUNICATOR_BYTES, Collective, Recorder, sequence_problems  # noqa: E402
@@ -353,9 +354,13 @@ def reduce_micro_batches(cfg: TrainConfig, layout: Layout, run: int | None) -> t
     device as often per iteration. What grows with M is the number of steady steps, and
     torch's receive buffers (one activation and one gradient buffer per micro-batch, allocated
     at the first step and held): those are scaled by M/run in the peak. Running all M costs
-    minutes per stage on fake tensors (--micro-batches all)."""
+    minutes per stage on fake tensors (--micro-batches all). Schedules with virtual stages
+    (v chunks per rank) warm up over up to 2P micro-batches, and DualPipeV needs 2P: they run
+    2P by default."""
     M = layout.micro_batches
-    run = min(M, run or max(layout.pipeline, 2))
+    virtual = sched.kind(cfg.schedule_for(layout)).placement != sched.SINGLE
+    depth = 2 * layout.pipeline if virtual else layout.pipeline
+    run = min(M, run or max(depth, 2))
     if run == M:
         return cfg, layout
     if run < layout.pipeline:
@@ -363,7 +368,11 @@ def reduce_micro_batches(cfg: TrainConfig, layout: Layout, run: int | None) -> t
             f"--micro-batches {run}: 1F1B needs at least the pipeline depth ({layout.pipeline})"
         )
     smaller = replace(layout, micro_batches=run)
-    return replace(cfg, global_batch_size=layout.micro_batch_size * run * layout.data), smaller
+    cfg = replace(cfg, global_batch_size=layout.micro_batch_size * run * layout.data)
+    problems = schedule_problems(cfg.schedule_for(layout), layout.pipeline, layout.virtual_stages, run)
+    if problems:
+        raise DryRunError(f"--micro-batches {run}: {'; '.join(problems)}")
+    return cfg, smaller
 
 
 # ---- the whole run ---------------------------------------------------------------------------
@@ -487,7 +496,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--tolerance", type=float, default=0.10, help="planner vs dry-run memory (default 0.10)")
     ap.add_argument("--bucket-elements", type=int, help="gradient bucket size (the trainer's default else)")
-    ap.add_argument("--pipeline-schedule", default="1F1B")
+    ap.add_argument("--pipeline-schedule", default="auto", help="default: the layout's")
     ap.add_argument("--jobs", type=int, default=1, help="processes to spread the ranks over (default 1)")
     ap.add_argument("--collectives", action="store_true", help="list every rank's collectives in full")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -60,6 +60,15 @@ def layout_signature(layout: Layout) -> dict[str, Any]:
         "stageLayers": [list(s.layers) for s in layout.stages],
         "microBatchSize": layout.micro_batch_size,
         "microBatches": layout.micro_batches,
+        # virtual stages: which layers each chunk holds (the spans alone may coincide)
+        **(
+            {
+                "pipelineSchedule": layout.schedule,
+                "chunks": [[list(c) for c in s.chunks] for s in layout.stages],
+            }
+            if layout.virtual_stages > 1
+            else {}
+        ),
     }
 
 
@@ -110,8 +119,12 @@ class Trainer:
         info = layout.rank_info(rank)
         self.info = info
         P, D, M = layout.pipeline, layout.data, layout.micro_batches
-        self.first, self.last = info.stage == 0, info.stage == P - 1
-        tied_split = cfg.model.tied_embeddings and P > 1
+        self.schedule = cfg.schedule_for(layout)
+        # the ranks holding layer 0 and the last layer (one rank holds both in a V-shaped schedule)
+        ranges = layout.stages[info.stage].ranges
+        self.first = any(a == 0 for a, _ in ranges)
+        self.last = any(b == layout.num_layers for _, b in ranges)
+        tied_split = cfg.model.tied_embeddings and layout.embedding_split
         # SIGTERM (preempt.py): every rank votes each iteration on a gloo group of its own, made
         # first: the fabric preflight gathers its findings on it, before any NCCL group exists
         # (host_backend: gloo; the dry run's fake group plays it there)
@@ -215,9 +228,11 @@ class Trainer:
             device=device,
             pp_group=self.groups.pp,
             p2p_groups=self.groups.p2p,
-            schedule=cfg.pipeline_schedule,
+            schedule=self.schedule,
             tp=self.tp,
+            on_weight_grads=self.opt.collect_grads,
         )
+        self.opt.count_uses(self.runner.chunk_params)
         # every stage's times at rank 0, on the all-reduce train_step already does (stage_times.py)
         self.stage_times = StageTimes([s.num_layers for s in layout.stages], info.stage, D * layout.tensor, M)
         self.loader = None
@@ -524,7 +539,8 @@ class Trainer:
             parameters=self.model_cost.total_params,
             overlap=cfg.overlap,
             gradReduceDtype=cfg.grad_reduce_dtype,
-            pipelineSchedule=cfg.pipeline_schedule,
+            pipelineSchedule=self.schedule,
+            virtualStages=self.layout.virtual_stages,
             activationRecompute=cfg.activation_recompute,
             flopsFormula=self.model_cost.formula_name(cfg.activation_recompute),
             device=str(self.device),

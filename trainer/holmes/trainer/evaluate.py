@@ -33,6 +33,7 @@ from torch import nn
 from holmes.contract import ModelSpec
 from holmes.contract.layout import Layout
 
+from .config import check_eval_layout
 from .data import TokenWindows
 from .groups import RankGroups
 from .model import ce_sum
@@ -52,6 +53,7 @@ class Evaluator:
         dtype: torch.dtype,
         limit: int | None = None,
     ):
+        check_eval_layout(layout)
         self.module, self.model, self.layout, self.groups = module, model, layout, groups
         self.windows, self.device, self.dtype = windows, device, dtype
         self.tp = getattr(module, "tp", None) or TensorParallel()

@@ -58,9 +58,20 @@ class Head(nn.Module):
         return self.out(x)
 
 
+def _run_blocks(blocks: nn.ModuleDict, x: torch.Tensor, recompute: bool) -> torch.Tensor:
+    recompute = recompute and torch.is_grad_enabled()
+    for block in blocks.values():
+        x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+    return x
+
+
 class StageModule(nn.Module):
     """Layers [start, end) of the model; the first stage adds the embedding, the last the head.
-    ``tp``: this rank's tensor-parallel slice (the default: the whole model)."""
+    ``tp``: this rank's tensor-parallel slice (the default: the whole model).
+
+    Virtual stages (``ranges``: several layer ranges, one per chunk): the module holds all of
+    them under their global names (so the optimizer, checkpoints and weight loading see one
+    module), and ``chunk(c)`` is the module the pipeline runs for chunk c."""
 
     def __init__(
         self,
@@ -71,14 +82,17 @@ class StageModule(nn.Module):
         last: bool,
         recompute: bool = False,
         tp: TensorParallel | None = None,
+        ranges: tuple[tuple[int, int], ...] | None = None,
     ):
         super().__init__()
         tp = tp or TensorParallel()
         self.cfg, self.start, self.end, self.first, self.last = cfg, start, end, first, last
+        self.ranges = tuple(ranges or ((start, end),))
         self.recompute, self.tp = recompute, tp
         arch = architecture(cfg)
         self.embedding = arch.Embedding(cfg, tp) if first else None
-        self.layers = nn.ModuleDict({str(i): arch.Block(cfg, tp) for i in range(start, end)})
+        held = sorted(i for a, b in self.ranges for i in range(a, b))
+        self.layers = nn.ModuleDict({str(i): arch.Block(cfg, tp) for i in held})
         if last:
             tied = self.embedding.tok.weight if (cfg.tied_embeddings and first) else None
             self.head = Head(cfg, tied, own_tied_copy=cfg.tied_embeddings and not first, tp=tp)
@@ -86,11 +100,36 @@ class StageModule(nn.Module):
             self.head = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.ranges) > 1:
+            raise RuntimeError("a stage of several virtual stages runs chunk by chunk: use chunk(c)")
         if self.embedding is not None:
             x = self.embedding(x)
-        recompute = self.recompute and torch.is_grad_enabled()
-        for block in self.layers.values():
-            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+        x = _run_blocks(self.layers, x, self.recompute)
+        return self.head(x) if self.head is not None else x
+
+    def chunk(self, c: int) -> nn.Module:
+        """Chunk c (its layer range; the embedding if it starts the model, the head if it ends it)
+        as a module sharing this one's parameters."""
+        a, b = self.ranges[c]
+        return _Chunk(self, a, b)
+
+
+class _Chunk(nn.Module):
+    def __init__(self, stage: StageModule, start: int, end: int):
+        super().__init__()
+        self.recompute = stage.recompute
+        self.embedding = stage.embedding if start == 0 else None
+        self.layers = nn.ModuleDict({str(i): stage.layers[str(i)] for i in range(start, end)})
+        self.head = stage.head if end == stage.cfg.layers else None
+        if self.head is not None and self.head._tied is not None and self.embedding is None:
+            # the head uses the embedding another chunk of this rank holds: a parameter of this
+            # chunk too, so a split backward computes its gradient here as well
+            self.tied_embedding = self.head._tied[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embedding is not None:
+            x = self.embedding(x)
+        x = _run_blocks(self.layers, x, self.recompute)
         return self.head(x) if self.head is not None else x
 
 
@@ -105,12 +144,13 @@ def build_stage(
     recompute: bool = False,
     dtype: str = "float32",
     tp: TensorParallel | None = None,
+    ranges: tuple[tuple[int, int], ...] | None = None,
 ) -> StageModule:
     """One stage (this rank's tensor-parallel slice of it), built on the meta device (no
     memory), allocated once on ``device`` in ``dtype`` and initialised parameter by parameter:
     the host never holds the stage (a 7B stage on a GPU needs no host copy), and the same seed
     gives the same weights whatever the split."""
-    module = meta_stage(cfg, start, end, first, last, recompute, dtype, tp).to_empty(device=device)
+    module = meta_stage(cfg, start, end, first, last, recompute, dtype, tp, ranges).to_empty(device=device)
     if module.head is not None and module.head._tied is not None:
         # leaving the meta device made new Parameter objects: point the head at the real one
         module.head._tied = [module.embedding.tok.weight]
@@ -127,11 +167,12 @@ def meta_stage(
     recompute: bool = False,
     dtype: str = "float32",
     tp: TensorParallel | None = None,
+    ranges: tuple[tuple[int, int], ...] | None = None,
 ) -> StageModule:
     """The stage on the meta device in ``dtype``: shapes only (the dry run builds it outside
     FakeTensorMode, whose parameters could not be moved to a device afterwards)."""
     with torch.device("meta"):
-        module = StageModule(cfg, start, end, first, last, recompute=recompute, tp=tp)
+        module = StageModule(cfg, start, end, first, last, recompute=recompute, tp=tp, ranges=ranges)
     return module.to(dtype=getattr(torch, dtype))
 
 

@@ -1,0 +1,282 @@
+"""Pipeline schedules side by side on one layout: 1F1B against the interleaved and zero-bubble
+schedules, tokens/s and parity with the single-process reference, and the planner's pick.
+
+    sudo .venv/bin/python bench/pipeline_schedules.py [--rounds 2] [--cores 0.3] [--smoke]
+
+The layout: three nodes of one GPU on three islands (east/InfiniBand, west/RoCE,
+south/Ethernet), pipeline 3, planned by Holmes' planner with the cost model priced on this
+machine (one "GPU" is one CPU process: a transformer block timed on one thread, times the
+budget; fabric_emulation.planner_config). Each schedule is planned with
+``training.pipelineSchedule`` fixed: the same placement and layers per stage (checked), its
+chunks split by the planner. ``plannerPick`` is what ``auto`` chooses.
+
+Each rank runs in a CPU cgroup of its own with a fixed budget (bench/cpu_limit.py, ``--cores``
+per rank), as a GPU is its own: a rank idling in the bubble hands no CPU to the others, so the
+bubble costs here what it costs on a GPU. Ranks talk gloo over loopback, unshaped: the links
+between the islands are fast here, so the p2p that interleaving adds costs little (the planner is
+told so: it prices the links at --link-gbps).
+
+Rounds interleave the schedules so drift hits them alike; tokens/s is the median of the measured
+iterations (after --warmup) over rounds. Parity: each schedule's losses against the plain
+single-process PyTorch loop of the tests (same seed, data, AdamW, clipping): the worst relative
+difference. The last line is JSON: speedupOver1F1B (the best new schedule over 1F1B),
+plannerPick, measuredBest, worstParityRelDiff, and what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path[:0] = [HERE, REPO]
+import cpu_limit  # noqa: E402
+from fabric_emulation import planner_config  # noqa: E402
+from trainer_common import SMOKE_HELP, median, run_ranks, smoke_model, table, train_config  # noqa: E402
+
+from holmes.contract import Layout, ModelSpec  # noqa: E402
+from holmes.contract.flops import ModelCost  # noqa: E402
+from holmes.plan import plan  # noqa: E402
+from holmes.trainer.engine import Trainer  # noqa: E402
+from holmes.trainer.model import build_stage  # noqa: E402
+from tests.trainer.trainer_harness import reference  # noqa: E402
+
+# wide enough that a split backward costs what a full one does (at h=256, seq 64 torch's separate
+# input- and weight-gradient passes took up to 1.7x a full backward on one thread: CPU overhead)
+MODEL = ModelSpec(layers=12, hidden_size=512, attention_heads=4, seq_length=128, vocab_size=2048)
+P, MB, M = 3, 1, 6  # M = 2P: what DualPipeV needs at least; 1F1B's bubble is (P-1)/(M+P-1) = 25%
+SCHEDULES = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+ISLANDS = (("east", "infiniband"), ("west", "roce"), ("south", "ethernet"))
+
+
+def nodes() -> list[dict]:
+    """One node of one GPU per island (v1 Node objects, as kubectl prints them)."""
+    out = []
+    for i, (cluster, nic) in enumerate(ISLANDS):
+        labels = {"holmes.dev/cluster": cluster, "holmes.dev/nic": nic}
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": f"{cluster}-{i}", "labels": labels},
+                "spec": {},
+                "status": {
+                    "allocatable": {"cpu": "8", "nvidia.com/gpu": "1"},
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            }
+        )
+    return out
+
+
+def job(model: ModelSpec, iterations: int, schedule: str) -> dict:
+    return {
+        "model": {
+            "layers": model.layers,
+            "hiddenSize": model.hidden_size,
+            "attentionHeads": model.attention_heads,
+            "seqLength": model.seq_length,
+            "vocabSize": model.vocab_size,
+        },
+        "training": {
+            "globalBatchSize": MB * M,
+            "microBatchSize": MB,
+            "iterations": iterations,
+            "learningRate": 1.0e-3,
+            "activationRecompute": False,
+            "pipelineSchedule": schedule,
+        },
+        "parallelism": {"pipeline": P, "data": 1, "tensor": 1},
+        "nodes": {"count": P, "gpusPerNode": 1},
+    }
+
+
+def block_tflops(model: ModelSpec, cores: float) -> float:
+    """One transformer block's forward+backward on one thread, as TFLOP/s, times the budget."""
+    torch.set_num_threads(1)
+    block = build_stage(model, 0, 1, False, False, seed=1)
+    x = torch.randn(MB, model.seq_length, model.hidden_size, requires_grad=True)
+    flops = 3 * MB * model.seq_length * ModelCost.of(model).layer_fwd_flops_per_token()
+    block(x).sum().backward()  # warm-up
+    t0 = time.perf_counter()
+    n = 5
+    for _ in range(n):
+        block(x).sum().backward()
+    return flops * n / (time.perf_counter() - t0) / 1e12 * cores
+
+
+def _join(group_dir: str | None) -> None:
+    """This process (and every thread it starts) under its group's budget from here on."""
+    if group_dir:
+        with open(os.path.join(group_dir, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+
+def ping(rank: int, dirs: list, n: int) -> float:
+    """Seconds one small p2p message costs between two budgeted ranks (half a round trip)."""
+    import torch.distributed as dist
+
+    _join(dirs[rank])
+    t = torch.zeros(16)
+    for i in range(n + 2):
+        if i == 2:
+            t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        else:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+    return (time.perf_counter() - t0) / n / 2
+
+
+def worker(rank: int, cfg, layout: Layout, dirs: list, warmup: int) -> dict:
+    _join(dirs[rank])
+    trainer = Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
+    hist = trainer.train()
+    steady = hist[warmup:]
+    return {
+        "losses": [h["loss"] for h in hist],
+        "seconds": median([h["iterationSeconds"] for h in steady]),
+        "bubble": median([h["time"]["bubble"] for h in steady]),
+        "compute": median([h["time"]["compute"] for h in steady]),
+    }
+
+
+def pick_line(layout: Layout) -> str:
+    return next(line for line in layout.explanation if line.startswith("schedule:"))
+
+
+def rel_diff(got: list[float], want: list[float]) -> float:
+    return max(abs(g - w) / abs(w) for g, w in zip(got, want))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=4, help="per run, --warmup of them not measured")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--cores", type=float, default=0.3, help="CPU budget of each rank (cgroup quota)")
+    ap.add_argument("--link-gbps", type=float, default=8.0, help="what the planner assumes of the links")
+    ap.add_argument("--no-cpu-limit", action="store_true", help="run unthrottled (then the bubble is free)")
+    ap.add_argument("--hidden", type=int, default=MODEL.hidden_size)
+    ap.add_argument("--seq", type=int, default=MODEL.seq_length)
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    a = ap.parse_args(argv)
+    model = replace(MODEL, hidden_size=a.hidden, seq_length=a.seq)
+    model = smoke_model(model) if a.smoke else model
+    rounds, iterations, warmup = (1, 3, 1) if a.smoke else (a.rounds, a.iterations, a.warmup)
+    cfg = train_config(model, MB * M, MB, iterations, bucket_elements=2_000_000)
+    ref_losses, _, _ = reference(cfg)
+    tflops = block_tflops(model, a.cores)
+
+    limits = None
+    names = [f"pp{os.getpid()}-rank{r}" for r in range(P)]  # this run's own: others may run
+    if not a.no_cpu_limit:
+        try:
+            limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False)
+        except cpu_limit.CpuLimitError as e:
+            sys.exit(f"pipeline_schedules: {e}; or pass --no-cpu-limit")
+    dirs = [limits.dir(n) if limits else None for n in names]
+    try:
+        # the cost model priced on this machine: compute per budget, links, and what a step
+        # loses per p2p message it waits for (measured between two budgeted ranks)
+        message = median(list(run_ranks(2, ping, dirs, 40).values()))
+        config = replace(planner_config(tflops, a.link_gbps, a.link_gbps), p2p_message_seconds=message)
+        layouts = {s: plan(nodes(), job(model, iterations, s), config) for s in SCHEDULES}
+        pick = plan(nodes(), job(model, iterations, "auto"), config)
+    except BaseException:
+        if limits is not None:
+            limits.remove()
+        raise
+    base = layouts["1F1B"]
+    for s, lay in layouts.items():  # one placement, one split per stage: only the schedule differs
+        same_split = [x.num_layers for x in lay.stages] == [x.num_layers for x in base.stages]
+        assert lay.nodes == base.nodes and same_split, s
+    seconds: dict[str, list[float]] = {s: [] for s in SCHEDULES}
+    bubble: dict[str, list[float]] = {s: [] for s in SCHEDULES}
+    compute: dict[str, list[float]] = {s: [] for s in SCHEDULES}
+    parity: dict[str, float] = {}
+    try:
+        for _ in range(rounds):
+            for s in SCHEDULES:
+                out = run_ranks(P, worker, cfg, layouts[s], dirs, warmup)
+                seconds[s].append(max(o["seconds"] for o in out.values()))
+                bubble[s].append(median([o["bubble"] for o in out.values()]))
+                compute[s].append(max(o["compute"] for o in out.values()))
+                diff = rel_diff(out[0]["losses"], ref_losses)  # any rank's: the loss is all-reduced
+                parity[s] = max(parity.get(s, 0.0), diff)
+    finally:
+        if limits is not None:
+            limits.remove()
+    tokens = MB * M * model.seq_length
+    tps = {s: tokens / median(seconds[s]) for s in SCHEDULES}
+    best_new = max(SCHEDULES[1:], key=lambda s: tps[s])
+    measured_best = max(SCHEDULES, key=lambda s: tps[s])
+    rows = [
+        [
+            s,
+            layouts[s].virtual_stages,
+            tps[s],
+            median(seconds[s]),
+            median(compute[s]),
+            median(bubble[s]),
+            tps[s] / tps["1F1B"],
+            layouts[s].estimate["iterationSeconds"],
+            parity[s],
+        ]
+        for s in SCHEDULES
+    ]
+    budget = f"{a.cores:g} core per rank (cgroup quota: a rank idling in the bubble lends no CPU)"
+    print(
+        f"pipeline {P} over 3 islands (gloo on loopback, unshaped), {model.layers} layers x "
+        f"h={model.hidden_size}, M={M}, layers per stage {[x.num_layers for x in base.stages]}; "
+        f"{budget if limits else 'no CPU limit'}; median of {rounds} round(s)"
+    )
+    print(
+        table(
+            [
+                "schedule",
+                "v",
+                "tokens/s",
+                "s/iteration",
+                "compute s",
+                "bubble s",
+                "x 1F1B",
+                "planned s",
+                "parity rel diff",
+            ],
+            rows,
+        )
+    )
+    print(f"planner ({message * 1e3:.2g} ms per p2p message, measured): {pick_line(pick)}")
+    print(
+        json.dumps(
+            {
+                "speedupOver1F1B": round(tps[best_new] / tps["1F1B"], 4),
+                "bestNewSchedule": best_new,
+                "plannerPick": pick.schedule,
+                "measuredBest": measured_best,
+                "worstParityRelDiff": float(f"{max(parity.values()):.3g}"),
+                "tokensPerSecond": {s: round(tps[s], 2) for s in SCHEDULES},
+                "pipeline": P,
+                "microBatches": M,
+                "islands": len(ISLANDS),
+                "coresPerRank": a.cores if limits else None,
+                "p2pMessageSeconds": float(f"{message:.3g}"),
+                "rounds": rounds,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Pipeline schedules: which virtual stages a rank holds under each, and what each costs.
+
+Shared by the planner (choosing a schedule and v), the Layout (placing virtual stages) and the
+trainer (running them with torch.distributed.pipelining). Pure Python.
+
+With ``v`` virtual stages per rank a pipeline of P rank-stages has P*v virtual stages, run in
+order k = 0 .. P*v-1. Where virtual stage k lives:
+
+- ``single`` (1F1B, GPipe): v = 1, virtual stage k is rank-stage k.
+- ``looped`` (Interleaved1F1B, InterleavedZeroBubble; Megatron's interleaving): k on rank-stage
+  k mod P, as its chunk k div P. Each micro-batch goes round the ranks v times: it crosses
+  every boundary v times and the wrap-around link from the last rank-stage to the first v-1
+  times, so a layout that interleaves needs a p2p group on that link too (boundary P-1).
+- ``vshape`` (ZBVZeroBubble, DualPipeV): v = 2, down the ranks and back up (k < P on k, else on
+  2P-1-k). The turn at the last rank-stage stays on one rank, no wrap-around link: every
+  activation still travels only between neighbours, over the boundaries Holmes placed.
+
+Split backward (the zero-bubble schedules) runs each micro-batch's input gradient first (to
+unblock the previous stage) and its weight gradient later, filling the bubble.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SINGLE, LOOPED, VSHAPE = "single", "looped", "vshape"
+
+
+@dataclass(frozen=True)
+class ScheduleKind:
+    name: str
+    placement: str  # single | looped | vshape
+    split_backward: bool  # backward split into input and weight gradients (zero bubble)
+
+
+SCHEDULES = {
+    k.name: k
+    for k in (
+        ScheduleKind("1F1B", SINGLE, False),
+        ScheduleKind("GPipe", SINGLE, False),
+        ScheduleKind("Interleaved1F1B", LOOPED, False),
+        ScheduleKind("InterleavedZeroBubble", LOOPED, True),
+        ScheduleKind("ZBVZeroBubble", VSHAPE, True),
+        ScheduleKind("DualPipeV", VSHAPE, True),
+    )
+}
+AUTO = "auto"
+SCHEDULE_NAMES = tuple(SCHEDULES)
+
+
+def kind(name: str) -> ScheduleKind:
+    if name not in SCHEDULES:
+        raise ValueError(f"pipeline schedule {name!r} is not one of {', '.join(SCHEDULE_NAMES)}")
+    return SCHEDULES[name]
+
+
+def virtual_choices(name: str) -> tuple[int, ...]:
+    """The numbers of virtual stages per rank a schedule runs with (looped: the planner tries 2..4)."""
+    placement = kind(name).placement
+    return {SINGLE: (1,), VSHAPE: (2,), LOOPED: (2, 3, 4)}[placement]
+
+
+def owner(name: str, pipeline: int, k: int) -> tuple[int, int]:
+    """(rank-stage, chunk) of virtual stage k."""
+    placement = kind(name).placement
+    if placement == VSHAPE:
+        return (k, 0) if k < pipeline else (2 * pipeline - 1 - k, 1)
+    return k % pipeline, k // pipeline
+
+
+def virtual_stage(name: str, pipeline: int, stage: int, chunk: int) -> int:
+    """The virtual stage index of rank-stage ``stage``'s chunk ``chunk`` (owner's inverse)."""
+    if kind(name).placement == VSHAPE:
+        return stage if chunk == 0 else 2 * pipeline - 1 - stage
+    return chunk * pipeline + stage
+
+
+def link(name: str, pipeline: int, k: int) -> int | None:
+    """The rank-stage boundary the activation from virtual stage k to k+1 travels: b between
+    rank-stages b and b+1, ``pipeline - 1`` for the wrap-around link (last to first, looped),
+    None when both virtual stages are on one rank."""
+    a, _ = owner(name, pipeline, k)
+    b, _ = owner(name, pipeline, k + 1)
+    if a == b:
+        return None
+    if abs(a - b) == 1:
+        return min(a, b)
+    return pipeline - 1  # looped: the last rank-stage hands on to the first
+
+
+def needs_wrap_link(name: str, pipeline: int, virtual: int) -> bool:
+    return kind(name).placement == LOOPED and virtual > 1 and pipeline > 1
+
+
+# ---- cost: bubble and in-flight micro-batches -----------------------------------------------
+# Per micro-batch a rank-stage spends t = F + B (backward = input grad + weight grad, B ~ 2F).
+# The idle time each schedule leaves, in units of t, over an iteration of M micro-batches:
+#   1F1B, GPipe: (P-1) t (warm-up and cool-down)
+#   Interleaved1F1B: (P-1) t / v (Narayanan et al. 2021)
+#   zero bubble: the weight gradients (W ~ t/3) fill the bubble; what stays is the input-grad
+#   chain's: ZB-H1 keeps ~1/3 of the plain bubble (Qi et al. 2024), a V-shape with v = 2 halves
+#   it again (ZB-V); DualPipeV is ZB-V's bubble with both directions' micro-batches in flight.
+_ZERO_BUBBLE_LEFT = 1 / 3
+
+
+def bubble_units(name: str, pipeline: int, virtual: int) -> float:
+    """Idle time per iteration, in units of one micro-batch's forward+backward on a rank-stage."""
+    p = pipeline - 1
+    k = kind(name)
+    if k.placement == SINGLE:
+        return float(p)
+    left = _ZERO_BUBBLE_LEFT if k.split_backward else 1.0
+    return p * left / virtual
+
+
+def bubble_fraction(name: str, pipeline: int, virtual: int, micro_batches: int) -> float:
+    """The bubble's share of the iteration (bubble / (bubble + M))."""
+    b = bubble_units(name, pipeline, virtual)
+    return b / (b + micro_batches)
+
+
+def in_flight(name: str, pipeline: int, virtual: int, micro_batches: int, stage: int = 0) -> float:
+    """Micro-batches whose activations rank-stage ``stage`` holds at its peak, in units of one
+    micro-batch through all its layers (its v chunks together)."""
+    p, m = pipeline, micro_batches
+    k = kind(name)
+    if name == "GPipe":
+        return float(m)
+    if k.placement == SINGLE:
+        return float(min(m, p - stage))
+    if name == "DualPipeV":
+        return float(min(m, 2 * p - stage))  # two directions' warm-ups in flight
+    if k.placement == VSHAPE:
+        return float(min(m, p))  # ZB-V: the same peak as 1F1B, spread evenly over the ranks
+    # looped: Megatron's interleaved warm-up holds (P-1)*2 + (v-1)*P chunk micro-batches
+    return float(min(m, ((p - stage - 1) * 2 + (virtual - 1) * p + 1) / virtual))
+
+
+def crossings(name: str, pipeline: int, virtual: int) -> dict[int, int]:
+    """How many times one micro-batch's activation crosses each boundary forward (the same
+    back): boundary -> count; ``pipeline - 1`` is the wrap-around link (looped)."""
+    out: dict[int, int] = {}
+    for k in range(pipeline * virtual - 1):
+        b = link(name, pipeline, k)
+        if b is not None:
+            out[b] = out.get(b, 0) + 1
+    return out
+
+
+def micro_batch_problems(name: str, pipeline: int, micro_batches: int) -> list[str]:
+    """What torch's schedule ``name`` refuses for this pipeline and M, said with the fix."""
+    p, m, out = pipeline, micro_batches, []
+    if p > 1 and m < p:
+        out.append(
+            f"{name} needs microBatches ({m}) >= pipeline stages ({p}); raise globalBatchSize or "
+            "lower microBatchSize"
+        )
+    if kind(name).placement == LOOPED and p > 1 and m >= p and m % (m // p):
+        out.append(f"{name} needs microBatches ({m}) a multiple of microBatches // pipeline ({m // p})")
+    if name == "DualPipeV" and m < 2 * p:
+        out.append(f"DualPipeV needs microBatches ({m}) >= 2 x pipeline stages ({2 * p})")
+    return out

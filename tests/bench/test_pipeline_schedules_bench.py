@@ -1,0 +1,31 @@
+"""bench/pipeline_schedules.py's small mode: every schedule runs on the same three-island layout,
+each rank under its CPU budget, every one matches the single-process reference, and the last line
+is the JSON the table in docs/benchmarks.md comes from (its speeds mean nothing at toy width)."""
+
+import json
+import os
+
+import pytest
+
+from tests.bench.bench_run import run_bench
+
+SCHEDULES = {"1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+
+
+def test_small_mode_runs_every_schedule_side_by_side_at_parity():
+    import cpu_limit
+
+    if os.geteuid() != 0:
+        pytest.skip("root: the per-rank CPU budgets are cgroups")
+    try:
+        cpu_limit.detect()
+    except cpu_limit.CpuLimitError as e:
+        pytest.skip(str(e))
+    p = run_bench("pipeline_schedules", "--smoke", timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert set(result["tokensPerSecond"]) == SCHEDULES and result["islands"] == 3 and result["pipeline"] >= 3
+    assert result["plannerPick"] in SCHEDULES and result["measuredBest"] in SCHEDULES
+    assert result["bestNewSchedule"] in SCHEDULES - {"1F1B"} and result["speedupOver1F1B"] > 0
+    assert result["worstParityRelDiff"] < 1e-4
+    assert result["coresPerRank"] == 0.3 and "lends no CPU" in p.stdout
