@@ -296,6 +296,24 @@ def test_backfill_onto_nodes_the_head_cannot_use():
     assert small.status["launched"] and sw.nodes_of("small") == [free[0]]
 
 
+def test_the_head_keeps_only_nodes_its_selector_matches():
+    # seen at scale (bench/operator_scale.py): a head waiting for its one island kept every free
+    # node of the cluster, so jobs behind it that could run on the other island waited with it
+    sw = SharedWorld(job("run", 2, created=0, nodes=east(2)))
+    sw.step()
+    sw.bind("run")
+    head = sw.add(job("head", 3, created=1, nodes=east(3)))  # east has 3 nodes, 2 held
+    small = sw.add(job("small", 2, created=2))
+    sw.step("head", "small")
+    assert sw.reason("head") == "WaitingForCapacity" and not head.status["launched"]
+    assert small.status["launched"], small.condition("Reconciling")["message"]
+    assert all(n.startswith(("roce-", "eth-1")) for n in sw.nodes_of("small")), sw.nodes_of("small")
+
+
+def east(count):
+    return {"count": count, "gpusPerNode": 2, "selector": {"matchLabels": {"holmes.dev/cluster": "east"}}}
+
+
 def test_priority_then_creation_time_orders_the_queue():
     sw = SharedWorld(job("run", 3, created=0))
     sw.step()

@@ -516,6 +516,14 @@ def gpus(node: Mapping, gpu_resource: str) -> int:
     return int(quantity(((node.get("status") or {}).get("allocatable") or {}).get(gpu_resource)) or 0)
 
 
+def selected(nodes: Sequence[Mapping], spec: JobSpec) -> list:
+    """The nodes ``spec.nodes.selector`` matches (all of them without one), as the planner picks."""
+    sel = spec.nodes.selector
+    if sel is None:
+        return list(nodes)
+    return [n for n in nodes if sel.matches((n.get("metadata") or {}).get("labels"))]
+
+
 def without(nodes: Sequence[Mapping], names_: Mapping[str, str]) -> list:
     return [n for n in nodes if (n.get("metadata") or {}).get("name") not in names_]
 

@@ -98,10 +98,12 @@ def on_free_capacity(
     led = capacity.Ledger.of(state.pods, state.launched, skip_job=where.key)
     blocked: dict[str, str] = {}
     for w in state.ahead:
-        view, _ = capacity.free_view(capacity.without(nodes, blocked), w.shape, led, gpu)
+        # only the nodes its selector matches: it keeps none that it could never use
+        mine = capacity.selected(nodes, w.spec)
+        view, _ = capacity.free_view(capacity.without(mine, blocked), w.shape, led, gpu)
         try:
             ahead = Budget()  # its two searches share one budget, as in its own placement
-            fit(capacity.free_view(nodes, w.shape, capacity.Ledger(), gpu)[0], w.spec, where, ahead)
+            fit(capacity.free_view(mine, w.shape, capacity.Ledger(), gpu)[0], w.spec, where, ahead)
         except PlanError:
             continue  # it cannot run here at all: it holds nothing
         try:
