@@ -21,6 +21,7 @@ OWN_TESTS = {  # script -> the test that runs its small mode
     "fault_soak": "tests/bench/test_fault_soak.py",
     "gpu": "tests/bench/test_gpu_bench.py",
     "operator_load": "tests/bench/test_operator_load.py",
+    "operator_scale": "tests/bench/test_operator_scale.py",
 }
 
 # script -> (small-mode arguments, a line its output must contain)

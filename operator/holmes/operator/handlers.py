@@ -41,7 +41,7 @@ from kubernetes import client
 from holmes.contract.names import GROUP, PLURAL, VERSION
 from holmes.plan.costmodel_file import CostModelFile
 
-from . import metrics, watches
+from . import api_count, metrics, watches
 from .core import members
 from .core.reconcile import ChildRefusal, Decision, RestartBackoff
 from .core.render import RenderSettings
@@ -181,6 +181,7 @@ class Runtime:
         self._account(job, old, d, created)
         for ev in d.events:
             kopf.event(job, type=ev.type, reason=ev.reason, message=ev.message[:1000])
+            api_count.API_REQUESTS.labels("POST", "events").inc()  # sent by kopf's client
             level = logging.WARNING if ev.type == "Warning" else logging.INFO
             log.log(
                 level,
