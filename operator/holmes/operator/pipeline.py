@@ -76,6 +76,12 @@ class HubChildren:
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]:
         pods = {_key(p): p for p in self.caches.cluster_pods.values()}
         for p in self.caches.pods.values():  # Holmes' own pods, including those just created
+            seen = pods.get(_key(p))
+            if seen is not None and _rv(seen) == _rv(p):
+                continue  # the same version, slim already: no work per pod per reconcile
+            if (p.get("status") or {}).get("phase") in capacity.ENDED:
+                pods.pop(_key(p), None)  # holds nothing (the shared cache keeps no ended pods)
+                continue
             pods[_key(p)] = capacity.slim_pod(p)
         return list(pods.values()), lambda ns, job: self.caches.configmaps.get(
             ns, child_names.layout_configmap_name(job)
@@ -233,3 +239,7 @@ class Pipeline:
 
 def _key(obj: Mapping) -> tuple[str, str]:
     return obj["metadata"].get("namespace"), obj["metadata"].get("name")
+
+
+def _rv(obj: Mapping) -> str | None:
+    return obj["metadata"].get("resourceVersion")

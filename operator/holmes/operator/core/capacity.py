@@ -23,7 +23,6 @@ lock against this view.
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -370,9 +369,9 @@ def free_view(
             out[name] = ", ".join(short)
             continue
         gpus = int(max((quantity(alloc.get(gpu_resource)) or 0.0) - used.get(gpu_resource, 0.0), 0.0))
-        if (quantity(alloc.get(gpu_resource)) or 0) != gpus:
-            n = copy.deepcopy(dict(n))
-            n.setdefault("status", {}).setdefault("allocatable", {})[gpu_resource] = str(gpus)
+        if (quantity(alloc.get(gpu_resource)) or 0) != gpus:  # a copy of the path it changes only
+            status = {**(n.get("status") or {}), "allocatable": {**alloc, gpu_resource: str(gpus)}}
+            n = {**n, "status": status}
         view.append(n)
     return view, out
 
