@@ -351,6 +351,23 @@ def east(count):
     return {"count": count, "gpusPerNode": 2, "selector": {"matchLabels": {"holmes.dev/cluster": "east"}}}
 
 
+def test_a_job_ahead_that_fits_now_is_searched_once(monkeypatch):
+    # seen at scale (bench/operator_scale.py, 1,000 nodes): each placement searched every job
+    # ahead twice (could it ever run, then on what is free), under the placement lock
+    from holmes.operator.core import placement
+
+    sw = SharedWorld(job("a", 2, created=0), job("b", 2, created=1))
+    calls = []
+    real = placement.plan
+    monkeypatch.setattr(
+        placement, "plan", lambda nodes, spec, *a: calls.append(spec.nodes.count) or real(nodes, spec, *a)
+    )
+    sw.step("b")  # a was created first and not placed yet: b plans around it
+    assert sw.worlds["b"].status["launched"]
+    assert len(calls) == 3, calls  # a's on the free nodes; b's own two (ever, then now)
+    assert not set(sw.nodes_of("b")) & {"ib-0", "ib-1"}  # a, ahead, would take the InfiniBand pair
+
+
 def test_priority_then_creation_time_orders_the_queue():
     sw = SharedWorld(job("run", 3, created=0))
     sw.step()

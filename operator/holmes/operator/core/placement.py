@@ -101,14 +101,17 @@ def on_free_capacity(
         # only the nodes its selector matches: it keeps none that it could never use
         mine = capacity.selected(nodes, w.spec)
         view, _ = capacity.free_view(capacity.without(mine, blocked), w.shape, led, gpu)
+        ahead = Budget()  # its two searches share one budget, as in its own placement
+        try:  # it fits now: it takes what it would (one search, the common case)
+            capacity.take(led, fit(view, w.spec, where, ahead).nodes, w.shape, w.job)
+            continue
+        except PlanError:
+            pass
         try:
-            ahead = Budget()  # its two searches share one budget, as in its own placement
             fit(capacity.free_view(mine, w.shape, capacity.Ledger(), gpu)[0], w.spec, where, ahead)
         except PlanError:
-            continue  # it cannot run here at all: it holds nothing
-        try:
-            capacity.take(led, fit(view, w.spec, where, ahead).nodes, w.shape, w.job)
-        except PlanError:
+            continue  # it cannot run here at all (or plan within its budget): it holds nothing
+        else:
             for n in view:  # it waits: what it could use now stays free for it
                 if capacity.gpus(n, gpu) >= w.spec.nodes.gpus_per_node:
                     blocked.setdefault(n["metadata"]["name"], w.job)
