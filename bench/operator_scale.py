@@ -396,7 +396,11 @@ def main() -> int:
     result: dict = {"nodes": a.nodes, "islands": a.islands, "jobs": a.jobs}
     t_start = time.monotonic()
     try:
-        b.install_crd()
+        try:
+            b.install_crd()
+        except subprocess.CalledProcessError:  # `kubectl wait` before the CRD is listed: once more
+            time.sleep(5)
+            b.install_crd()
         hollow_log = open(tmp / "hollow.log", "ab")
         hollow = subprocess.Popen(hollow_cmd, stdout=hollow_log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         wait_for(f"{a.nodes} hollow nodes Ready", lambda: ready_hollow_nodes(core) >= a.nodes, 600, 2.0, True)

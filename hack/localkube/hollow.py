@@ -41,7 +41,7 @@ import queue
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -99,7 +99,11 @@ class HollowKubelets:
         self.lease_seconds, self.status_seconds = lease_seconds, status_seconds
         self.start_seconds, self.default_run = start_seconds, default_run
         self.pod_ip = pod_ip
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="hollow-write")
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="hollow-write")  # pods
+        # heartbeats apart, one batch at a time: a slow API server delays them (as a kubelet's
+        # renewals lag) but never queues pods' reports behind a backlog of renewals
+        self.beats = ThreadPoolExecutor(1, thread_name_prefix="hollow-beat")
+        self.beating: Future | None = None
         self.pods: dict[str, HollowPod] = {}
         self.due: list[tuple[float, int, str, str]] = []  # (when, seq, uid, "run" | "end")
         self.seq = 0
@@ -187,6 +191,10 @@ class HollowKubelets:
                 f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{name}",
                 {"spec": {"renewTime": now}},
             )
+
+    def _beat(self, leases: list[str], statuses: list[str]) -> None:
+        self._quiet("leases", self._renew, leases)
+        self._quiet("node status", self._report_node, statuses)
 
     def _report_node(self, names: list[str]) -> None:
         now = ps.now_iso()
@@ -384,15 +392,16 @@ class HollowKubelets:
                 next_tick = now + TICK
                 self.read_control()
                 leases = [self.order[(lease_i + k) % n] for k in range(min(n, lease_per_tick))]
-                lease_i = (lease_i + lease_per_tick) % n
-                self.submit("leases", self._renew, leases)
                 statuses = [self.order[(status_i + k) % n] for k in range(min(n, status_per_tick))]
-                status_i = (status_i + status_per_tick) % n
-                self.submit("node status", self._report_node, statuses)
+                if self.beating is None or self.beating.done():  # else this tick's beats are skipped
+                    lease_i = (lease_i + lease_per_tick) % n
+                    status_i = (status_i + status_per_tick) % n
+                    self.beating = self.beats.submit(self._beat, leases, statuses)
 
     def shutdown(self) -> None:
         self.stop.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.beats.shutdown(wait=True, cancel_futures=True)
 
 
 class _Expired(Exception):
@@ -428,8 +437,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if a.lease_seconds <= 0 or a.status_seconds <= 0:
         ap.error("--lease-seconds and --status-seconds must be > 0")
-    api = config.new_client_from_config(a.kubeconfig)
-    api.configuration.connection_pool_maxsize = max(16, a.workers * 2)
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=a.kubeconfig, client_configuration=cfg)
+    # before the client exists: its connection pool is made with it (a smaller pool than the
+    # writers would open a TLS connection per request)
+    cfg.connection_pool_maxsize = a.workers + 4
+    api = client.ApiClient(cfg)
     hk = HollowKubelets(
         api,
         nodes,
