@@ -138,6 +138,7 @@ class Observer:
         self.lock = threading.Lock()
         self.jobs: dict[tuple[str, str], dict] = {}  # key -> last status
         self.pods: dict[tuple[str, str], dict] = {}  # live view of every pod of the bench
+        self.by_job: dict[tuple[str, str], set] = defaultdict(set)  # job -> its pods' keys
         self.created: dict[tuple[str, str], float] = {}  # key -> when the bench created it
         self.expected: dict[tuple[str, str], int] = {}  # key -> pods of its first attempt
         self.launched: dict[tuple[str, str], float] = {}  # key -> seconds create -> all pods
@@ -233,20 +234,21 @@ class Observer:
         with self.lock:
             if kind == "DELETED":
                 self.pods.pop(key, None)
+                self.by_job[job].discard(key)
                 return
             self.pods[key] = pod
             if labels.get(LABEL_ATTEMPT) == "1" and job in self.expected and job not in self.launched:
                 self.first_pods[job].add(meta["name"])
                 if len(self.first_pods[job]) >= self.expected[job] and job in self.created:
                     self.launched[job] = now - self.created[job]
+            self.by_job[job].add(key)
             if live(pod):
                 rank = labels.get(LABEL_RANK)
                 twins = [
                     n
-                    for (ns, n), p in self.pods.items()
-                    if ns == job[0]
-                    and n != meta["name"]
-                    and (p["metadata"].get("labels") or {}).get(LABEL_JOB) == job[1]
+                    for k in self.by_job[job]
+                    if (n := k[1]) != meta["name"]
+                    and (p := self.pods.get(k)) is not None
                     and (p["metadata"].get("labels") or {}).get(LABEL_RANK) == rank
                     and live(p)
                 ]
