@@ -202,6 +202,15 @@ def test_holmes_pods_already_in_the_shared_cache_are_not_slimmed_again(monkeypat
     assert calls == ["new"]  # per reconcile: only what the shared cache does not hold yet
     names = {p["metadata"]["name"] for p in pods}
     assert "new" in names and "p1" not in names and len(names) == 50
+    # nothing changed since: the next reconcile's view is the same, made no anew
+    again, _ = HubChildren(caches, None).capacity_view()  # type: ignore[arg-type]
+    assert again is pods and calls == ["new"]
+    # a pod changed: made anew
+    newer = copy.deepcopy(new)
+    newer["metadata"]["resourceVersion"] = "10"
+    caches.pods.put(newer)
+    third, _ = HubChildren(caches, None).capacity_view()  # type: ignore[arg-type]
+    assert third is not pods and calls == ["new", "new"]
 
 
 # ---- several jobs on one cluster ---------------------------------------------------------------

@@ -54,6 +54,7 @@ class Store:
         # uids whose deletion the watch reported: a write's response that arrives after it (an
         # object deleted at once) must not bring the object back
         self._gone: OrderedDict[str, None] = OrderedDict()
+        self.version = 0  # moves on every change: views derived from the store can be kept
 
     def label(self, obj: Mapping) -> str | None:
         if self.index_label is None:
@@ -61,6 +62,7 @@ class Store:
         return ((obj.get("metadata") or {}).get("labels") or {}).get(self.index_label)
 
     def _set(self, obj: dict) -> None:  # under the lock
+        self.version += 1
         key = _key(obj)
         self._unset(key)
         self._objs[key] = obj
@@ -69,6 +71,7 @@ class Store:
             self._index.setdefault((key[0], label), set()).add(key[1])
 
     def _unset(self, key: tuple[str, str]) -> None:  # under the lock
+        self.version += 1
         old = self._objs.pop(key, None)
         label = self.label(old) if old is not None else None
         if label is not None:

@@ -63,6 +63,8 @@ class Caches:
         self.priority_classes = Store(index_label=None)
         # DRA: every ResourceSlice, while the API server serves them (watches.py)
         self.resource_slices = Store(index_label=None)
+        # the capacity view (pipeline.HubChildren) as of (cluster_pods, pods) versions
+        self.capacity_view: tuple[tuple[int, int], list[dict]] | None = None
 
 
 class KubeIO:
