@@ -588,9 +588,12 @@ def main() -> int:
             hollow.wait(30)
             subprocess.run([*hollow_cmd, "--unregister"], env=env, cwd=REPO, check=False, capture_output=True)
         stop_cluster(cp)
-        shutil.rmtree(tmp, ignore_errors=True)
     met = {k: result[k] <= v for k, v in TARGETS.items()}
     clean = all(result[k] == 0 for k in ("orphanPods", "duplicatePods", "lostJobs", "wrongPhase"))
+    if clean and all(met.values()):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        log(f"the operator's and the hollow kubelets' logs are kept in {tmp}")
     log("targets: " + ", ".join(f"{k} <= {v}: {'met' if met[k] else 'MISSED'}" for k, v in TARGETS.items()))
     print(json.dumps(result))
     return 0 if clean and (all(met.values()) or a.small) else 1
