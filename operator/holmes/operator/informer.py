@@ -152,11 +152,12 @@ class Store:
 
 class Informer:
     """Keeps ``store`` equal to what ``list_fn`` (a kubernetes client LIST function, namespaced
-    by partial application or cluster-wide) returns for ``selector``, in a daemon thread. Calls
-    ``on_change(namespace, label_value)`` for every object that changed (from that thread), or
-    ``on_change(namespace, "")`` when the store has no index label. ``field_selector`` narrows the
-    watch further (e.g. pods that have not ended); ``transform`` slims each object before it is
-    stored (the cluster-wide pod cache keeps only what capacity planning reads)."""
+        by partial application or cluster-wide) returns for ``selector``, in a daemon thread. Calls
+        ``on_change(namespace, label_value)`` for every object that changed (from that thread), or
+        ``on_change(namespace, "")`` when the store has no index label. ``field_selector`` narrows the
+        watch further (e.g. pods that have not ended); ``transform`` slims each object before it is
+        stored (the cluster-wide pod cache keeps only what capacity planning reads); ``on_object``
+    sees each (event type, object) too."""
 
     def __init__(
         self,
@@ -169,12 +170,15 @@ class Informer:
         field_selector: str | None = None,
         transform: Callable[[dict], dict] | None = None,
         namespace: str | None = None,  # the one namespace list_fn lists, if it lists one
+        on_object: Callable[[str, dict], None] | None = None,
     ) -> None:
         self.kind, self.list_fn, self.selector, self.store = kind, list_fn, selector, store
         self.namespace = namespace
         self.on_change, self.namespace_ok = on_change, namespace_ok
         self.fields = {"field_selector": field_selector} if field_selector else {}
         self.transform = transform or (lambda o: o)
+        # (event type, object) of every event, "LISTED" for a LIST's (from the thread)
+        self.on_object = on_object or (lambda kind, obj: None)
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._resp: Any = None
@@ -228,6 +232,8 @@ class Informer:
         )
         body = json.loads(resp.data)
         items = [self.transform(o) for o in body.get("items") or [] if self.namespace_ok(_key(o)[0])]
+        for o in items:
+            self.on_object("LISTED", o)
         for changed in self.store.replace(items, self.namespace):
             self.on_change(*changed)
         if self.store.index_label is None:
@@ -271,6 +277,7 @@ class Informer:
                     continue
                 obj = self.transform(obj)
                 changed = self.store.remove(obj) if ev["type"] == "DELETED" else self.store.put(obj)
+                self.on_object(ev["type"], obj)
                 label = self.store.label(obj)
                 if changed and label is not None:
                     self.on_change(_key(obj)[0], label)

@@ -52,6 +52,8 @@ class Caches:
 
     def __init__(self) -> None:
         self.jobs = Store(index_label=None)
+        # every node, slimmed to what planning reads (watches.slim_node)
+        self.nodes = Store(index_label=None)
         self.pods = Store(index_label=child_names.LABEL_JOB)
         self.configmaps = Store(index_label=child_names.LABEL_JOB)
         self.services = Store(index_label=child_names.LABEL_JOB)
