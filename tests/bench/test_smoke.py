@@ -24,6 +24,7 @@ OWN_TESTS = {  # script -> the test that runs its small mode
     "gpu": "tests/bench/test_gpu_bench.py",
     "operator_load": "tests/bench/test_operator_load.py",
     "pipeline_schedules": "tests/bench/test_pipeline_schedules_bench.py",
+    "operator_scale": "tests/bench/test_operator_scale.py",
 }
 
 # script -> (small-mode arguments, a line its output must contain)

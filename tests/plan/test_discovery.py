@@ -1,7 +1,9 @@
+import copy
+
 import pytest
 
-from holmes.plan import NicMapping, classify_node, nccl_env
-from holmes.plan.discovery import NodeNic
+from holmes.plan import NicMapping, classify_node, discovery, nccl_env
+from holmes.plan.discovery import NodeNic, classify_nodes
 from tests.plan.plan_helpers import node
 
 
@@ -116,3 +118,20 @@ def test_nic_problem_from_the_labeller_makes_a_node_unusable_unless_the_kind_is_
     fixed = classify_node(node("m", "roce", labels=nfd, annotations={"holmes.dev/nic-problem": msg}))
     assert fixed.usable and fixed.nic == "roce"
     assert classify_node(node("m", labels={"holmes.dev/nic-problem": "x"})).problems  # label form too
+
+
+def test_a_node_seen_before_is_not_classified_again(monkeypatch):
+    # seen at scale (bench/operator_scale.py, 500 nodes): every search of every waiting job
+    # classified every node anew, a quarter of each placement
+    calls = []
+    real = discovery.classify_node
+    monkeypatch.setattr(discovery, "classify_node", lambda n, m=None: calls.append(1) or real(n, m))
+    many = [node(f"scale-{i}", "infiniband", "east") for i in range(200)]
+    first = classify_nodes(many)
+    again = classify_nodes(copy.deepcopy(many))  # equal nodes (the caches hand out copies)
+    assert again == first and len(calls) == 200
+    # what classification reads changed: classified anew
+    many[0]["metadata"]["labels"]["holmes.dev/nic"] = "roce"
+    many[1]["status"]["allocatable"]["nvidia.com/gpu"] = "4"
+    changed = classify_nodes(many[:2])
+    assert (changed[0].nic, changed[1].gpus) == ("roce", 4) and len(calls) == 202

@@ -19,7 +19,7 @@ from kubernetes import client, config
 from holmes.contract.names import GROUP, PLURAL, RDMA_KINDS, VERSION
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
-from . import metrics
+from . import api_count, metrics
 from .core.reconcile import RestartBackoff
 from .core.render import RenderSettings
 from .core.template import BASELINE, LEVELS, POLICY_OPTIONS, PSS_VERSION, TemplatePolicy
@@ -340,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger().setLevel(args.log_level.upper())
     if args.log_level != "debug":  # kopf logs every watch-event handler call at INFO: keep its warnings
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    api_count.install()
     registry, rt = build(args, model)
     if args.metrics_port:
         from prometheus_client import start_http_server

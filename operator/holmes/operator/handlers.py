@@ -1,7 +1,7 @@
 """kopf wiring: one asyncio task per HolmesJob runs its reconcile loop; watch events on the job,
 its children and the nodes only wake that loop up (many events coalesce into one reconcile).
 
-- ``holmes_nodes`` (kopf index): every node, slimmed to what planning needs.
+- Nodes: Holmes' own informer (watches.py), every node slimmed to what planning needs.
 - ``job_changed`` (kopf event handler on HolmesJobs): keeps the job's latest body, starts the
   job's loop on first sight (also for every existing job when the operator starts), wakes it on
   changes, ends it on deletion.
@@ -41,7 +41,7 @@ from kubernetes import client
 from holmes.contract.names import GROUP, PLURAL, VERSION
 from holmes.plan.costmodel_file import CostModelFile
 
-from . import metrics, watches
+from . import api_count, metrics
 from .core import members
 from .core.reconcile import ChildRefusal, Decision, RestartBackoff
 from .core.render import RenderSettings
@@ -82,7 +82,6 @@ class Runtime:
     member_secrets: tuple[str, ...] = ()  # only these Secrets there (RBAC resourceNames); () = all
     wakers: dict = field(default_factory=dict)  # (ns, name) -> Waker
     loops: dict = field(default_factory=dict)  # (ns, name) -> asyncio.Task
-    node_facts: dict = field(default_factory=dict)  # node name -> fingerprint
     phases: metrics.PhaseTracker = field(default_factory=metrics.PhaseTracker)
 
     def __post_init__(self) -> None:
@@ -181,6 +180,7 @@ class Runtime:
         self._account(job, old, d, created)
         for ev in d.events:
             kopf.event(job, type=ev.type, reason=ev.reason, message=ev.message[:1000])
+            api_count.API_REQUESTS.labels("POST", "events").inc()  # sent by kopf's client
             level = logging.WARNING if ev.type == "Warning" else logging.INFO
             log.log(
                 level,
@@ -244,25 +244,9 @@ def replans(status: Mapping) -> int:
 def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
     """Register the handlers on ``registry`` (one registry per operator instance)."""
 
-    @kopf.index("", "v1", "nodes", registry=registry, id="holmes_nodes")
-    async def holmes_nodes(name: str, body: kopf.Body, **_: Any) -> dict:
-        return {name: watches.slim_node(body)}
-
-    @kopf.on.event("", "v1", "nodes", registry=registry, id="node_changed")
-    async def node_changed(name: str, body: kopf.Body, type: str | None, **_: Any) -> None:
-        fp = None if type == "DELETED" else watches.node_fingerprint(body)
-        if rt.node_facts.get(name) != fp:
-            if fp is None:
-                rt.node_facts.pop(name, None)
-            else:
-                rt.node_facts[name] = fp
-            rt.wake_all()  # waiting jobs may fit now; a planned node may be gone
-
     # type is None for the objects of the initial listing (kopf's WatchingFn says str)
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="job_changed")  # type: ignore[arg-type]
-    async def job_changed(
-        namespace: str, name: str, type: str | None, body: kopf.Body, holmes_nodes: kopf.Index, **_: Any
-    ) -> None:
+    async def job_changed(namespace: str, name: str, type: str | None, body: kopf.Body, **_: Any) -> None:
         key = (namespace, name)
         if type == "DELETED":
             rt.caches.jobs.remove(body)
@@ -279,12 +263,12 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         if task is None or task.done():
             # Created here, the task inherits kopf's per-object context (Event posting).
             rt.loops[key] = asyncio.create_task(
-                job_loop(namespace, name, holmes_nodes), name=f"holmesjob {namespace}/{name}"
+                job_loop(namespace, name), name=f"holmesjob {namespace}/{name}"
             )
         else:
             rt.wake(key)
 
-    async def job_loop(namespace: str, name: str, holmes_nodes: kopf.Index) -> None:
+    async def job_loop(namespace: str, name: str) -> None:
         key = (namespace, name)
         # A fresh waker: a cancelled loop of a deleted job of the same name may not have ended yet.
         waker = rt.wakers[key] = Waker()
@@ -292,7 +276,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         try:
             await rt.ready.wait()
             while True:
-                nodes = [v for store in holmes_nodes.values() for v in store]
+                nodes = rt.caches.nodes.values()
                 try:
                     d = await asyncio.to_thread(rt.reconcile, namespace, name, nodes)
                     if d is None:  # deleted (or being deleted): nothing left to do

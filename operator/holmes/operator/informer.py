@@ -54,6 +54,7 @@ class Store:
         # uids whose deletion the watch reported: a write's response that arrives after it (an
         # object deleted at once) must not bring the object back
         self._gone: OrderedDict[str, None] = OrderedDict()
+        self.version = 0  # moves on every change: views derived from the store can be kept
 
     def label(self, obj: Mapping) -> str | None:
         if self.index_label is None:
@@ -61,6 +62,7 @@ class Store:
         return ((obj.get("metadata") or {}).get("labels") or {}).get(self.index_label)
 
     def _set(self, obj: dict) -> None:  # under the lock
+        self.version += 1
         key = _key(obj)
         self._unset(key)
         self._objs[key] = obj
@@ -69,6 +71,7 @@ class Store:
             self._index.setdefault((key[0], label), set()).add(key[1])
 
     def _unset(self, key: tuple[str, str]) -> None:  # under the lock
+        self.version += 1
         old = self._objs.pop(key, None)
         label = self.label(old) if old is not None else None
         if label is not None:
@@ -161,11 +164,12 @@ def next_backoff(backoff: float) -> float:
 
 class Informer:
     """Keeps ``store`` equal to what ``list_fn`` (a kubernetes client LIST function, namespaced
-    by partial application or cluster-wide) returns for ``selector``, in a daemon thread. Calls
-    ``on_change(namespace, label_value)`` for every object that changed (from that thread), or
-    ``on_change(namespace, "")`` when the store has no index label. ``field_selector`` narrows the
-    watch further (e.g. pods that have not ended); ``transform`` slims each object before it is
-    stored (the cluster-wide pod cache keeps only what capacity planning reads)."""
+        by partial application or cluster-wide) returns for ``selector``, in a daemon thread. Calls
+        ``on_change(namespace, label_value)`` for every object that changed (from that thread), or
+        ``on_change(namespace, "")`` when the store has no index label. ``field_selector`` narrows the
+        watch further (e.g. pods that have not ended); ``transform`` slims each object before it is
+        stored (the cluster-wide pod cache keeps only what capacity planning reads); ``on_object``
+    sees each (event type, object) too."""
 
     def __init__(
         self,
@@ -178,12 +182,15 @@ class Informer:
         field_selector: str | None = None,
         transform: Callable[[dict], dict] | None = None,
         namespace: str | None = None,  # the one namespace list_fn lists, if it lists one
+        on_object: Callable[[str, dict], None] | None = None,
     ) -> None:
         self.kind, self.list_fn, self.selector, self.store = kind, list_fn, selector, store
         self.namespace = namespace
         self.on_change, self.namespace_ok = on_change, namespace_ok
         self.fields = {"field_selector": field_selector} if field_selector else {}
         self.transform = transform or (lambda o: o)
+        # (event type, object) of every event, "LISTED" for a LIST's (from the thread)
+        self.on_object = on_object or (lambda kind, obj: None)
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._resp: Any = None
@@ -237,6 +244,8 @@ class Informer:
         )
         body = json.loads(resp.data)
         items = [self.transform(o) for o in body.get("items") or [] if self.namespace_ok(_key(o)[0])]
+        for o in items:
+            self.on_object("LISTED", o)
         for changed in self.store.replace(items, self.namespace):
             self.on_change(*changed)
         if self.store.index_label is None:
@@ -280,6 +289,7 @@ class Informer:
                     continue
                 obj = self.transform(obj)
                 changed = self.store.remove(obj) if ev["type"] == "DELETED" else self.store.put(obj)
+                self.on_object(ev["type"], obj)
                 label = self.store.label(obj)
                 if changed and label is not None:
                     self.on_change(_key(obj)[0], label)

@@ -52,6 +52,8 @@ class Caches:
 
     def __init__(self) -> None:
         self.jobs = Store(index_label=None)
+        # every node, slimmed to what planning reads (watches.slim_node)
+        self.nodes = Store(index_label=None)
         self.pods = Store(index_label=child_names.LABEL_JOB)
         self.configmaps = Store(index_label=child_names.LABEL_JOB)
         self.services = Store(index_label=child_names.LABEL_JOB)
@@ -65,6 +67,8 @@ class Caches:
         self.resource_slices = Store(index_label=None)
         # Volcano: the PodGroups of Holmes jobs, while the API server serves them (watches.py)
         self.podgroups = Store(index_label=child_names.LABEL_JOB)
+        # the capacity view (pipeline.HubChildren) as of (cluster_pods, pods) versions
+        self.capacity_view: tuple[tuple[int, int], list[dict]] | None = None
 
 
 class KubeIO:

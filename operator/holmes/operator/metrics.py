@@ -24,7 +24,7 @@ LEADER = Gauge(
 RECONCILE_SECONDS = Histogram(
     "holmes_reconcile_duration_seconds",
     "Time of one reconcile of a HolmesJob",
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 2.5, 5, 10, 30),
 )
 PLANNING_SECONDS = Histogram(
     "holmes_planning_duration_seconds",

@@ -75,12 +75,27 @@ class HubChildren:
         return self.caches.services.get(ns, child_names.service_name(name))
 
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]:
+        def layout(ns: str, job: str) -> Mapping | None:
+            return self.caches.configmaps.get(ns, child_names.layout_configmap_name(job))
+
+        # every reconcile asks (running jobs' too); the pods change far less often: kept per
+        # version of the two stores it is made of
+        versions = (self.caches.cluster_pods.version, self.caches.pods.version)
+        kept = self.caches.capacity_view
+        if kept is not None and kept[0] == versions:
+            return kept[1], layout
         pods = {_key(p): p for p in self.caches.cluster_pods.values()}
         for p in self.caches.pods.values():  # Holmes' own pods, including those just created
+            seen = pods.get(_key(p))
+            if seen is not None and _rv(seen) == _rv(p):
+                continue  # the same version, slim already: no work per pod per reconcile
+            if (p.get("status") or {}).get("phase") in capacity.ENDED:
+                pods.pop(_key(p), None)  # holds nothing (the shared cache keeps no ended pods)
+                continue
             pods[_key(p)] = capacity.slim_pod(p)
-        return list(pods.values()), lambda ns, job: self.caches.configmaps.get(
-            ns, child_names.layout_configmap_name(job)
-        )
+        view = list(pods.values())
+        self.caches.capacity_view = (versions, view)
+        return view, layout
 
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]:
         return self.io.log_tail
@@ -248,3 +263,7 @@ class Pipeline:
 
 def _key(obj: Mapping) -> tuple[str, str]:
     return obj["metadata"].get("namespace"), obj["metadata"].get("name")
+
+
+def _rv(obj: Mapping) -> str | None:
+    return obj["metadata"].get("resourceVersion")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from holmes.plan import CostModelConfig, NicMapping, classify_node, nccl_env
+from holmes.plan import CostModelConfig, NicMapping, classify_nodes, nccl_env
 from holmes.plan.costmodel_file import CostModelFile
 from holmes.plan.discovery import why_unusable
 from holmes.plan.nccl import socket_threads
@@ -53,7 +53,7 @@ class NodeFacts:
 
     def network(self, node: Mapping) -> NodeNetwork:
         config = self.cost_model.config
-        nic = classify_node(node, config.nic_mapping)
+        nic = classify_nodes([node], config.nic_mapping)[0]  # remembered per node version
         m = config.nic_mapping
         route = None
         dra = None
@@ -78,7 +78,7 @@ class NodeFacts:
     def unusable(self, node: Mapping) -> str:
         """The planner's own verdict (not Ready, cordoned, classification problems), so a node
         the planner would skip is also one a Pending pod is given up on."""
-        nic = classify_node(node, self.cost_model.config.nic_mapping)
+        nic = classify_nodes([node], self.cost_model.config.nic_mapping)[0]
         return "" if nic.usable else why_unusable(nic)
 
 

@@ -73,6 +73,8 @@ class Watches:
         self.members: MemberRegistry | None = None  # member clusters, with --members-namespace
         self.volcano = False  # the API server serves Volcano's PodGroups (discover(), at start-up)
         self.dra = False  # ... and DRA's ResourceSlices
+        self.node_facts: dict[str, tuple] = {}  # node name -> node_fingerprint (node_event)
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by start()
 
     def discover(self, sleep: Callable[[float], None] = time.sleep) -> None:
         """Which optional APIs the server serves (Volcano's PodGroups, DRA's ResourceSlices),
@@ -87,7 +89,7 @@ class Watches:
     def start(self) -> None:
         """Start every informer (from the event loop: their threads wake jobs through it);
         ``discover`` first."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         # Watches hold their connection for minutes: a pool of their own, apart from the writes'.
         core = client.CoreV1Api(client.ApiClient(self.api.configuration))
         selector = f"{child_names.LABEL_MANAGED_BY}={child_names.MANAGED_BY},{child_names.LABEL_JOB}"
@@ -123,9 +125,38 @@ class Watches:
                 self.caches.podgroups,
                 changed,
             )
+        self.informers.append(
+            Informer(
+                "nodes",
+                core.list_node,
+                "",
+                self.caches.nodes,
+                lambda ns, label: None,
+                transform=slim_node,
+                on_object=self.node_event,
+            ).start()
+        )
         self._start_shared(core, changed)
         if self.members_namespace:
             self._start_members(core)
+
+    def node_event(self, kind: str, node: dict) -> None:
+        """From the node informer's thread: wake every job when what planning reads of a node
+        changed (waiting jobs may fit now; a planned node may be gone); heartbeats change none
+        of it. Holmes' own informer, not kopf's per-event handlers: at 2,000 nodes kopf's
+        listing alone held the event loop for about 30 s before any job was reconciled."""
+        name = (node.get("metadata") or {}).get("name") or ""
+        fp = None if kind == "DELETED" else node_fingerprint(node)
+        old = self.node_facts.get(name)
+        if old == fp:
+            return
+        if fp is None:
+            self.node_facts.pop(name, None)
+        else:
+            self.node_facts[name] = fp
+        # the first LIST wakes nobody (no job loop acts before it); a later one's changes do
+        if (kind != "LISTED" or old is not None) and self.loop is not None:
+            self.loop.call_soon_threadsafe(self.wake_all)
 
     def watch(self, kind: str, namespaced, everywhere, selector: str, store, changed) -> None:
         """One informer per namespace when they are exact names, else one filtered cluster-wide."""

@@ -31,6 +31,7 @@ member's pace; its memory cap is its smallest GPU's.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,8 +80,13 @@ class NodeGpu:
         return (self.name, self.peak_tflops, self.memory_gib)
 
 
+@functools.lru_cache(maxsize=4096)
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(w for w in re.split(r"[-_ ]+", text.strip().upper()) if w)
+
+
 def _words(text: str) -> list[str]:
-    return [w for w in re.split(r"[-_ ]+", text.strip().upper()) if w]
+    return list(_split(text))
 
 
 def _model_words(product: str) -> list[str]:
@@ -96,11 +102,15 @@ def short_name(product: str) -> str:
 
 def lookup(product: str, extra: Iterable[tuple[str, GpuProduct]] = ()) -> tuple[str, GpuProduct] | None:
     """The table entry for a GFD product label (``extra`` first: the cost model's gpuProducts),
-    or None."""
+    or None. Remembered: the planner asks for every node on each search."""
+    return _lookup(product, tuple(extra))
+
+
+@functools.lru_cache(maxsize=1024)
+def _lookup(product: str, extra: tuple[tuple[str, GpuProduct], ...]) -> tuple[str, GpuProduct] | None:
     words = _model_words(product)
     if not words:
         return None
-    extra = tuple(extra)
     whole = product.strip().upper()
     for name, spec in extra:
         if name.strip().upper() in (whole, short_name(product).upper()):

@@ -28,7 +28,6 @@ lock against this view.
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -375,9 +374,9 @@ def free_view(
             out[name] = ", ".join(short)
             continue
         gpus = int(max((quantity(alloc.get(gpu_resource)) or 0.0) - used.get(gpu_resource, 0.0), 0.0))
-        if (quantity(alloc.get(gpu_resource)) or 0) != gpus:
-            n = copy.deepcopy(dict(n))
-            n.setdefault("status", {}).setdefault("allocatable", {})[gpu_resource] = str(gpus)
+        if (quantity(alloc.get(gpu_resource)) or 0) != gpus:  # a copy of the path it changes only
+            status = {**(n.get("status") or {}), "allocatable": {**alloc, gpu_resource: str(gpus)}}
+            n = {**n, "status": status}
         view.append(n)
     return view, out
 
@@ -556,6 +555,14 @@ def shared_state(
 
 def gpus(node: Mapping, gpu_resource: str) -> int:
     return int(quantity(((node.get("status") or {}).get("allocatable") or {}).get(gpu_resource)) or 0)
+
+
+def selected(nodes: Sequence[Mapping], spec: JobSpec) -> list:
+    """The nodes ``spec.nodes.selector`` matches (all of them without one), as the planner picks."""
+    sel = spec.nodes.selector
+    if sel is None:
+        return list(nodes)
+    return [n for n in nodes if sel.matches((n.get("metadata") or {}).get("labels"))]
 
 
 def without(nodes: Sequence[Mapping], names_: Mapping[str, str]) -> list:

@@ -105,19 +105,26 @@ def on_free_capacity(
     led = capacity.Ledger.of(state.pods, state.launched, skip_job=where.key)
     blocked: dict[str, str] = {}
     for w in state.ahead:
-        view, _ = capacity.free_view(capacity.without(nodes, blocked), w.shape, led, gpu)
+        # only the nodes its selector matches: it keeps none that it could never use
+        mine = capacity.selected(nodes, w.spec)
+        view, _ = capacity.free_view(capacity.without(mine, blocked), w.shape, led, gpu)
         ahead = Budget(AHEAD_UNITS)  # its two searches share one budget, as in its own placement
-        try:
-            fit(capacity.free_view(nodes, w.shape, capacity.Ledger(), gpu)[0], w.spec, where, ahead)
+        try:  # it fits now: it takes what it would (one search, the common case)
+            capacity.take(led, fit(view, w.spec, where, ahead).nodes, w.shape, w.job)
+            continue
         except PlanTooLarge:  # too costly to weigh in another job's placement: as if it waits
             keep_for(w, view, blocked, gpu)
             continue
         except PlanError:
-            continue  # it cannot run here at all: it holds nothing
-        try:
-            capacity.take(led, fit(view, w.spec, where, ahead).nodes, w.shape, w.job)
-        except PlanError:  # it waits (or is too costly to weigh): what it could use stays free for it
+            pass
+        try:  # could it ever run here?
+            fit(capacity.free_view(mine, w.shape, capacity.Ledger(), gpu)[0], w.spec, where, ahead)
+        except PlanTooLarge:
             keep_for(w, view, blocked, gpu)
+            continue
+        except PlanError:
+            continue  # it cannot run here at all: it holds nothing
+        keep_for(w, view, blocked, gpu)  # it waits: what it could use now stays free for it
     view, _ = capacity.free_view(capacity.without(nodes, blocked), shape, led, gpu)
     try:
         return fit(view, spec, where, budget)
