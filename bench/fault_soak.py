@@ -79,7 +79,9 @@ def job_manifest(name: str, ns: str, ckpt: Path, iterations: int) -> dict:
                 "data": {"synthetic": {}},
                 "checkpoint": {"path": "/ckpt", "intervalIterations": CHECKPOINT_INTERVAL},
             },
-            "parallelism": {"pipeline": 2},
+            # no re-plan from measured speeds: a relaunch of its own would land among the faults
+            # (bench/replan_closed_loop.py measures re-planning)
+            "parallelism": {"pipeline": 2, "replan": {"enabled": False}},
             "nodes": {"count": 6, "gpusPerNode": 1, "minCount": 4},
             "runPolicy": {"backoffLimit": 20, "waitForNodesSeconds": 0},
             "template": {
@@ -301,6 +303,11 @@ class Faults:
 
     def strike(self, kind: str) -> str:
         pods = self.running_pods()
+        if not pods:
+            st = job_status(self.c, self.ns, self.job)
+            raise RuntimeError(
+                f"no running pod of attempt {st.get('attempt')} to strike (phase {st.get('phase')})"
+            )
         victim = self.rng.choice(pods)
         name, node = victim["metadata"]["name"], victim["spec"]["nodeName"]
         if kind == "kill-trainer":

@@ -17,6 +17,7 @@ from holmes.operator.core import replan
 from holmes.plan import plan
 from holmes.plan.calibrate import assess
 from holmes.plan.planner import as_job
+from holmes.trainer.engine import layout_signature
 
 
 def setup(layers=8, per_island=2):
@@ -47,15 +48,7 @@ def metrics_lines(layout, compute, iterations=8):
     stages are timed from the second on (stage_times.py)."""
     start = {
         "holmes": "start",
-        "layout": {
-            "pipeline": layout.pipeline,
-            "data": layout.data,
-            "tensor": layout.tensor,
-            "stageLayers": [list(s.layers) for s in layout.stages],
-            "microBatchSize": layout.micro_batch_size,
-            "microBatches": layout.micro_batches,
-            "nodes": list(layout.nodes),
-        },
+        "layout": {**layout_signature(layout), "nodes": list(layout.nodes)},
     }
     out = [start]
     for i in range(1, iterations + 1):

@@ -40,7 +40,7 @@ class RunLayout:
             try:
                 return cls(
                     tuple(layout["nodes"]),
-                    tuple(b - a for a, b in layout["stageLayers"]),
+                    _layer_counts(layout),
                     int(layout["tensor"]),
                     int(layout["data"]),
                     int(layout["microBatches"]),
@@ -140,3 +140,11 @@ def read_metrics(path: str) -> Measured:
     except OSError as e:
         raise CalibrationError(f"cannot read the metrics file {path}: {e.strerror or e}") from None
     return from_records(records)
+
+
+def _layer_counts(layout: Mapping) -> tuple[int, ...]:
+    """Layers per stage from a start line: the sum of a stage's chunks under virtual stages
+    (its ``stageLayers`` entry is then only the span its chunks cover), else its one range."""
+    if "chunks" in layout:
+        return tuple(sum(b - a for a, b in chunks) for chunks in layout["chunks"])
+    return tuple(b - a for a, b in layout["stageLayers"])
