@@ -142,7 +142,7 @@ def read_metrics(path: str) -> Measured:
     return from_records(records)
 
 
-def _layer_counts(layout: Mapping) -> tuple[int, ...]:
+def _layer_counts(layout: Mapping[str, Any]) -> tuple[int, ...]:
     """Layers per stage from a start line: the sum of a stage's chunks under virtual stages
     (its ``stageLayers`` entry is then only the span its chunks cover), else its one range."""
     if "chunks" in layout:
