@@ -469,7 +469,7 @@ class Bench:
 
     def kill_mid(self, kind: str, i: int) -> Fault:
         """SIGKILL the leader inside a 48-pod launch: frozen (SIGSTOP) the moment a watch shows
-        a quarter of the pods (mid-launch: some created, others not), or all but six
+        its first pod (mid-launch: some created, others not), or all but six
         (mid-status-write: the last creations in flight, the status patch that follows them,
         launched, not sent), then killed. ``hit``: the launch was cut before its status said
         launched; the note says how many pods it had created."""
@@ -479,8 +479,9 @@ class Bench:
         name = f"wide-{i}"
         self.judge.expected.add(name)
         # the watch lags the leader's own writes: freezing on the last pod's event came after
-        # the status patch in every run, so mid-status-write aims a few pods earlier
-        aim = WIDE // 4 if kind == "kill-mid-launch" else WIDE - 6
+        # the status patch in every run, so mid-status-write aims a few pods earlier; mid-launch
+        # freezes on the first pod seen (at a quarter, a quick launch had created all 48 by then)
+        aim = 1 if kind == "kill-mid-launch" else WIDE - 6
         self.freeze_at(name, aim, lambda: self.ops.freeze(leader))
         os.kill(self.ops.reps[leader].proc.pid, signal.SIGKILL)  # dead before the follower may lead
         created, launched = len(self.w.pods(name)), bool(self.w.status(name).get("launched"))
