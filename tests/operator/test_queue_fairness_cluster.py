@@ -1,6 +1,7 @@
 """Queue fairness between namespaces on the real local control plane: where capacity runs one job
-at a time, one namespace's five jobs do not go before another namespace's one (it runs second).
-Two nodes registered through the API only; the test plays their kubelet (pods Succeeded)."""
+at a time, one namespace's five jobs do not go before another namespace's one (it arrives while
+the first runs and runs second). Two nodes registered through the API only; the test plays their
+kubelet (pods Succeeded)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,18 @@ def job(name: str, ns: str) -> dict:
             "runPolicy": {"backoffLimit": 0},
         },
         ns,
+    )
+
+
+def live_jobs(core, ns: str) -> list[str]:
+    """The jobs of ``ns`` with a pod not ended yet."""
+    items = json.loads(core.list_namespaced_pod(ns, _preload_content=False).data)["items"]
+    return sorted(
+        {
+            p["metadata"]["labels"]["holmes.dev/job-name"]
+            for p in items
+            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        }
     )
 
 
@@ -93,9 +106,18 @@ def test_one_namespaces_five_jobs_do_not_starve_anothers_one(cluster, namespace,
             core.create_node(node, _preload_content=False)
         for i in range(5):  # the crowded namespace first: its jobs are all older
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job(f"a{i}", namespace))
-        time.sleep(1.1)  # creation times are in seconds
-        custom.create_namespaced_custom_object(GROUP, VERSION, other, PLURAL, job("b0", other))
         op = OperatorProcess(cluster.kubeconfig, [namespace, other], tmp_path / "operator.log").start()
+        # a0 (the oldest) runs; the other namespace's one job arrives meanwhile and is queued
+        wait_for("a0's pods", lambda: live_jobs(core, namespace) == ["a0"], timeout=90, op=op)
+        custom.create_namespaced_custom_object(GROUP, VERSION, other, PLURAL, job("b0", other))
+        wait_for(
+            "b0 queued",
+            lambda: (
+                custom.get_namespaced_custom_object(GROUP, VERSION, other, PLURAL, "b0").get("status") or {}
+            ).get("phase"),
+            timeout=60,
+            op=op,
+        )
         order: list[str] = []
         for _ in range(3):  # a0, then b0, then a1
             ran = wait_for(
