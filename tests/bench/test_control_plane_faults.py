@@ -26,7 +26,8 @@ def mid_launch(res: dict) -> dict:
 
 def test_the_small_fault_run_loses_doubles_and_leaves_nothing():
     proc, out, res = small_run()
-    if not mid_launch(res)["hit"]:  # the freeze came after the whole launch (timing): once more
+    testbed = any(p.startswith("ClusterError") for p in res["problems"])  # the testbed's own restart failed
+    if testbed or not res["detail"] or not mid_launch(res)["hit"]:  # or the freeze missed: once more
         proc, out, res = small_run()
     assert res["faults"] == 6, out
     assert [f["kind"] for f in res["detail"]] == [
