@@ -422,6 +422,15 @@ class ControlPlane:
             from .agent import kill_recorded_pods
 
             kill_recorded_pods(self.dir)
+        # A multi-threaded process's leader shows as a zombie before its last thread has closed the
+        # files they share: its listening port can stay bound a moment longer, and the new one
+        # would exit on "bind: address already in use" (seen in CI after a crashed API server).
+        ports = _listening_ports(st, name)
+        end = time.monotonic() + 15
+        while not all(port_free(p) for p in ports):
+            if time.monotonic() > end:
+                raise ClusterError(f"{name}'s port(s) {ports} still in use 15s after it stopped")
+            time.sleep(0.05)
         time.sleep(down_for)
         self._spawn(
             st,
@@ -513,6 +522,15 @@ class ControlPlane:
         if pids:
             st["pids"] = {}
             self._save(st)
+
+
+def _listening_ports(st: dict, name: str) -> list[int]:
+    """The ports ``name`` listens on (the others run with --port=0/--secure-port=0)."""
+    if name == "etcd":
+        return [st["etcdPort"], st["etcdPort"] + 1]
+    if name == "kube-apiserver":
+        return [st["apiserverPort"]]
+    return []
 
 
 def _names(st: dict) -> list[str]:

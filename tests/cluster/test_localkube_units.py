@@ -182,3 +182,50 @@ def test_a_test_not_marked_cluster_cannot_start_a_control_plane(tmp_path):
 
     with pytest.raises(RuntimeError, match="not marked cluster"):
         ControlPlane(tmp_path).up(TOPOLOGIES / "default.yaml")
+
+
+# Listens on the port it is given; when it stops, a forked child keeps the listening socket
+# a second longer: the leader of a multi-threaded process that is gone while a thread still
+# holds the files (what made a restarted API server exit with "address already in use").
+_LINGERING_LISTENER = """
+import os, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+parent = os.getpid()
+if os.fork() == 0:
+    while os.getppid() == parent:
+        time.sleep(0.02)
+    time.sleep(1.0)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_a_restarted_component_starts_only_once_its_old_port_is_free(tmp_path):
+    import json
+    import subprocess
+    import time
+
+    from localkube.controlplane import ControlPlane, pick_ports, pid_alive, port_free
+
+    port = pick_ports(None)
+    (tmp_path / "logs").mkdir()
+    argv = [sys.executable, "-c", _LINGERING_LISTENER, str(port), f"--state-dir={tmp_path}"]
+    first = subprocess.Popen(argv, start_new_session=True)
+    cp = ControlPlane(tmp_path)
+    (tmp_path / "cluster.json").write_text(json.dumps({"pids": {"etcd": first.pid}, "etcdPort": port}))
+    try:
+        for _ in range(100):  # listening
+            if not port_free(port):
+                break
+            time.sleep(0.02)
+        cp.restart("etcd", timeout=10)
+        first.wait(5)
+        time.sleep(1.5)  # a second start that lost the bind race has exited by now
+        again = cp.state()["pids"]["etcd"]
+        assert again != first.pid and pid_alive(again), (tmp_path / "logs" / "etcd.log").read_text()[-500:]
+    finally:
+        cp.down(log=lambda m: None, grace=2)
+        first.kill()
