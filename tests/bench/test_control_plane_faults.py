@@ -21,13 +21,13 @@ def small_run():
 
 
 def mid_launch(res: dict) -> dict:
-    return next(f for f in res["detail"] if f["kind"] == "kill-mid-launch")
+    """The mid-launch fault's record ({} when the run stopped before it)."""
+    return next((f for f in res["detail"] if f["kind"] == "kill-mid-launch"), {})
 
 
 def test_the_small_fault_run_loses_doubles_and_leaves_nothing():
     proc, out, res = small_run()
-    testbed = any(p.startswith("ClusterError") for p in res["problems"])  # the testbed's own restart failed
-    if testbed or not res["detail"] or not mid_launch(res)["hit"]:  # or the freeze missed: once more
+    if mid_launch(res).get("hit") is False:  # the freeze came after the whole launch (timing): once more
         proc, out, res = small_run()
     assert res["faults"] == 6, out
     assert [f["kind"] for f in res["detail"]] == [
