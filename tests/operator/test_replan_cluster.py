@@ -13,7 +13,6 @@ import pytest
 from holmes_dev.jobs import holmes_job
 
 from holmes.trainer.config import TrainConfig
-from localkube.operatorproc import OperatorProcess, install_crd
 from tests.operator.cluster_helpers import apply, condition, events_of, get_job, wait_for, wait_phase
 from tests.trainer.trainer_harness import reference
 
@@ -72,31 +71,20 @@ def manifest(ns: str, shared: Path) -> dict:
     return holmes_job("adapt", spec, ns)
 
 
-def test_a_slow_island_is_replanned_once_and_the_loss_follows_the_reference(cluster, namespace, tmp_path):
-    install_crd(cluster)
-    op = OperatorProcess(
-        cluster.kubeconfig,
-        [namespace],
-        tmp_path / "operator.log",
-        extra=["--allow-host-path", "--restart-backoff-seconds=1", "--progress-interval=1"],
-    ).start()
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o777)
+def test_a_slow_island_is_replanned_once_and_the_loss_follows_the_reference(
+    cluster, namespace, host_path_operator, shared_dir
+):
+    op, shared = host_path_operator, shared_dir
     job = manifest(namespace, shared)
-    try:
-        apply(cluster, job)
-        first = wait_for(
-            "the first layout",
-            lambda: (get_job(cluster, namespace, "adapt") or {}).get("status", {}).get("layout"),
-            op=op,
-        )
-        slow_before = next(s for s in first["stages"] if SLOW_NODE in s["nodes"])
-        before = slow_before["layers"][1] - slow_before["layers"][0]
-        done = wait_phase(cluster, namespace, "adapt", "Succeeded", timeout=360, op=op)
-    finally:
-        op.stop()
-        print(op.tail(60))
+    apply(cluster, job)
+    first = wait_for(
+        "the first layout",
+        lambda: (get_job(cluster, namespace, "adapt") or {}).get("status", {}).get("layout"),
+        op=op,
+    )
+    slow_before = next(s for s in first["stages"] if SLOW_NODE in s["nodes"])
+    before = slow_before["layers"][1] - slow_before["layers"][0]
+    done = wait_phase(cluster, namespace, "adapt", "Succeeded", timeout=360, op=op)
     st = done["status"]
     # exactly one re-plan, a restart of its own kind (backoffLimit 0 was never touched)
     assert st["restartsByReason"] == {"replan": 1}, st

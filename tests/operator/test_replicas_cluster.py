@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from holmes_dev.jobs import holmes_job
 
-from localkube.operatorproc import OperatorProcess, install_crd
 from tests.operator.cluster_helpers import apply, pods_of, wait_for, wait_phase
 
 pytestmark = pytest.mark.timeout(480)
@@ -76,45 +75,30 @@ def lines(shared: Path, replica: int) -> list[dict]:
 
 @pytest.mark.parametrize("force", [False, True], ids=["graceful", "forced"])
 def test_replicas_on_two_islands_survive_a_lost_pod_and_resume_from_their_checkpoints(
-    cluster, namespace, tmp_path, force
+    cluster, namespace, host_path_operator, shared_dir, force
 ):
     """graceful: the deleted pod and the gang's others stop on SIGTERM and save where they are, so
     no iteration is trained twice. forced (grace 0): the deleted replica resumes from its last
     interval checkpoint, the other from its SIGTERM save; at start the replicas take the weights
     of the one furthest on, so both go on from there and neither loses more than that."""
-    install_crd(cluster)
-    op = OperatorProcess(
-        cluster.kubeconfig,
-        [namespace],
-        tmp_path / "operator.log",
-        extra=["--allow-host-path", "--restart-backoff-seconds=1", "--progress-interval=1"],
-    ).start()
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o777)
-    try:
-        apply(cluster, manifest(namespace, shared))
+    op, shared = host_path_operator, shared_dir
+    apply(cluster, manifest(namespace, shared))
 
-        def both_checkpointed():  # each replica's rank 0 has saved at least once
-            saved = [[x for x in lines(shared, r) if x["holmes"] == "checkpoint"] for r in (0, 1)]
-            return saved if all(saved) else None
+    def both_checkpointed():  # each replica's rank 0 has saved at least once
+        saved = [[x for x in lines(shared, r) if x["holmes"] == "checkpoint"] for r in (0, 1)]
+        return saved if all(saved) else None
 
-        wait_for("a checkpoint of each replica", both_checkpointed, timeout=240, op=op)
-        pods = pods_of(cluster, namespace, "diloco")
-        assert {p["metadata"]["labels"]["holmes.dev/replica"] for p in pods} == {"0", "1"}
-        west = next(p for p in pods if p["metadata"]["labels"]["holmes.dev/replica"] == "1")
-        assert west["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-            "nodeSelectorTerms"
-        ][0]["matchExpressions"][0]["values"] == [ISLANDS["west"]]
-        before = {
-            r: max(x["iteration"] for x in lines(shared, r) if x["holmes"] == "iteration") for r in (0, 1)
-        }
-        how = ["--grace-period=0", "--force"] if force else []
-        cluster.kubectl("delete", "pod", "-n", namespace, west["metadata"]["name"], "--wait=false", *how)
-        done = wait_phase(cluster, namespace, "diloco", "Succeeded", timeout=300, op=op)
-    finally:
-        op.stop()
-        print(op.tail(60))
+    wait_for("a checkpoint of each replica", both_checkpointed, timeout=240, op=op)
+    pods = pods_of(cluster, namespace, "diloco")
+    assert {p["metadata"]["labels"]["holmes.dev/replica"] for p in pods} == {"0", "1"}
+    west = next(p for p in pods if p["metadata"]["labels"]["holmes.dev/replica"] == "1")
+    assert west["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"][0]["values"] == [ISLANDS["west"]]
+    before = {r: max(x["iteration"] for x in lines(shared, r) if x["holmes"] == "iteration") for r in (0, 1)}
+    how = ["--grace-period=0", "--force"] if force else []
+    cluster.kubectl("delete", "pod", "-n", namespace, west["metadata"]["name"], "--wait=false", *how)
+    done = wait_phase(cluster, namespace, "diloco", "Succeeded", timeout=300, op=op)
     st = done["status"]
     assert st["restartsByReason"] == {"disruption": 1}, st
     assert st["progress"]["iteration"] == ITERATIONS and st["progress"]["outerStep"] == ITERATIONS // INNER

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 from holmes_dev.jobs import holmes_job
 from holmes_dev.ports import free_port
 
-from tests.packaging.packaging_helpers import CHART, cache_bin, helm, run
+from tests.packaging.packaging_helpers import CHART, CRDS, cache_bin, helm, run
 from tests.polling import wait_for
 
 CRD_NAME = "holmesjobs.holmes.dev"
@@ -86,6 +87,28 @@ class Env:
             "--set",
             "replicas=1",
         ]
+
+    def provisioned(self) -> Iterator[Env]:
+        """For a module fixture to ``yield from``: this release's namespaces created, a CRD applied
+        by hand before (other tests apply crds/) adopted the way Helm documents (its ownership
+        metadata names this release); at the end the release uninstalled, the namespaces deleted
+        and the CRD left as crds/ defines it for whoever comes next."""
+        for ns in (self.release_ns, self.job_ns):
+            self.kubectl("create", "namespace", ns)
+        if self.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0:
+            self.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
+            self.kubectl(
+                "annotate",
+                "--overwrite",
+                "crd",
+                CRD_NAME,
+                f"meta.helm.sh/release-name={self.release}",
+                f"meta.helm.sh/release-namespace={self.release_ns}",
+            )
+        yield self
+        self.helm("uninstall", self.release, "-n", self.release_ns, "--wait", check=False)
+        self.kubectl("delete", "namespace", self.release_ns, self.job_ns, "--wait=false", check=False)
+        self.kubectl("apply", "--validate=false", "-f", str(CRDS / "holmesjob.yaml"), check=False)
 
     def wait_for(self, what: str, fn, timeout: float = 180, every: float = 1.0):
         return wait_for(what, fn, timeout, every)

@@ -30,26 +30,7 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def env(cluster):
-    e = Env(cluster.kubeconfig)
-    for ns in (e.release_ns, e.job_ns):
-        e.kubectl("create", "namespace", ns)
-    # A CRD applied by hand (e.g. by other tests from crds/) is adopted the way Helm documents:
-    # its ownership metadata names this release.
-    if e.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0:
-        e.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
-        e.kubectl(
-            "annotate",
-            "--overwrite",
-            "crd",
-            CRD_NAME,
-            f"meta.helm.sh/release-name={e.release}",
-            f"meta.helm.sh/release-namespace={e.release_ns}",
-        )
-    yield e
-    e.helm("uninstall", e.release, "-n", e.release_ns, "--wait", check=False)
-    e.kubectl("delete", "namespace", e.release_ns, e.job_ns, "--wait=false", check=False)
-    # Leave the CRD as crds/ defines it for whoever comes next.
-    e.kubectl("apply", "--validate=false", "-f", str(CRDS / "holmesjob.yaml"), check=False)
+    yield from Env(cluster.kubeconfig).provisioned()
 
 
 # ---- install -------------------------------------------------------------------------------
@@ -301,6 +282,11 @@ def test_stalled_job_reads_failed_and_degraded(env):
     assert state == "Degraded" and "not divisible" in message
 
 
+def set_suspend(env, name: str, suspend: bool) -> None:
+    patch = {"spec": {"runPolicy": {"suspend": suspend}}}
+    env.kubectl("patch", "holmesjob", name, "-n", env.job_ns, "--type=merge", "-p", json.dumps(patch))
+
+
 def test_running_job_reads_current_and_progressing_then_suspend_and_resume(env):
     apply_job(env, tiny_job("long", training__iterations=100000))
     obj = env.wait_for(
@@ -314,16 +300,7 @@ def test_running_job_reads_current_and_progressing_then_suspend_and_resume(env):
     assert argocd(obj)[0] == "Progressing"
     assert len(env.get("pods", "-n", env.job_ns, "-l", f"{child_names.LABEL_JOB}=long")["items"]) == 2
     # an edit the operator has not seen yet reads InProgress / Progressing (observedGeneration)
-    env.kubectl(
-        "patch",
-        "holmesjob",
-        "long",
-        "-n",
-        env.job_ns,
-        "--type=merge",
-        "-p",
-        '{"spec":{"runPolicy":{"suspend":true}}}',
-    )
+    set_suspend(env, "long", True)
     obj = job_obj(env, "long")
     if obj["status"].get("observedGeneration") != obj["metadata"]["generation"]:
         assert kstatus(obj)[0] == "InProgress" and argocd(obj)[0] == "Progressing"
@@ -344,16 +321,7 @@ def test_running_job_reads_current_and_progressing_then_suspend_and_resume(env):
     # ... resume plans again and replaces the layout ConfigMap (configmaps update)
     cm = child_names.layout_configmap_name("long")
     cm_before = env.get("configmap", cm, "-n", env.job_ns)["metadata"]["resourceVersion"]
-    env.kubectl(
-        "patch",
-        "holmesjob",
-        "long",
-        "-n",
-        env.job_ns,
-        "--type=merge",
-        "-p",
-        '{"spec":{"runPolicy":{"suspend":false}}}',
-    )
+    set_suspend(env, "long", False)
     env.wait_for(
         "HolmesJob long to run again",
         lambda: (lambda o: o if o.get("status", {}).get("phase") == "Running" else None)(

@@ -20,8 +20,7 @@ import pytest
 from holmes_dev import images
 
 from holmes.operator.core import child_names
-from tests.packaging.chart_release import CRD_NAME, Env, apply_job, job_obj, operator_pod, tiny_job
-from tests.packaging.packaging_helpers import CHART
+from tests.packaging.chart_release import Env, apply_job, job_obj, operator_pod, tiny_job
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
@@ -54,23 +53,7 @@ class ImageEnv(Env):
 
 @pytest.fixture(scope="module")
 def env(cluster):
-    e = ImageEnv(cluster.kubeconfig)
-    for ns in (e.release_ns, e.job_ns):
-        e.kubectl("create", "namespace", ns)
-    if e.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0:  # adopt it, as test_chart_cluster
-        e.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
-        e.kubectl(
-            "annotate",
-            "--overwrite",
-            "crd",
-            CRD_NAME,
-            f"meta.helm.sh/release-name={e.release}",
-            f"meta.helm.sh/release-namespace={e.release_ns}",
-        )
-    yield e
-    e.helm("uninstall", e.release, "-n", e.release_ns, "--wait", check=False)
-    e.kubectl("delete", "namespace", e.release_ns, e.job_ns, "--wait=false", check=False)
-    e.kubectl("apply", "--validate=false", "-f", str(CHART / "files" / "crds"), check=False)
+    yield from ImageEnv(cluster.kubeconfig).provisioned()
 
 
 def container_process(status: dict) -> tuple[dict, Path]:

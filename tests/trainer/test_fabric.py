@@ -206,13 +206,15 @@ def test_a_broken_hca_under_warn_pins_socket_and_shares_findings_off_every_commu
         ]
 
 
-def _probe_fails(rank: int, cfg, layout) -> dict:
+def _train_with_broken_groups(cfg, layout, rank: int, broken) -> None:
+    """Build the trainer with every all-reduce on a group other than WORLD going through
+    ``broken(group)`` first (it raises as NCCL does for a pinned network it cannot open, or
+    kills the rank)."""
     real = torch.distributed.all_reduce
 
     def all_reduce(t, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
-        size = torch.distributed.get_world_size(group)
-        if size == 2 and group is not None and group is not torch.distributed.group.WORLD:
-            raise RuntimeError("ncclInvalidUsage: network IB not found")
+        if group is not None and group is not torch.distributed.group.WORLD:
+            broken(group)
         return real(t, op=op, group=group, async_op=async_op)
 
     torch.distributed.all_reduce = all_reduce
@@ -220,6 +222,18 @@ def _probe_fails(rank: int, cfg, layout) -> dict:
         Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
     finally:
         torch.distributed.all_reduce = real
+
+
+def _ib_not_found(group) -> None:
+    raise RuntimeError("ncclInvalidUsage: network IB not found")
+
+
+def _probe_fails(rank: int, cfg, layout) -> dict:
+    def broken(group):
+        if torch.distributed.get_world_size(group) == 2:
+            _ib_not_found(group)
+
+    _train_with_broken_groups(cfg, layout, rank, broken)
     return {}
 
 
@@ -258,20 +272,14 @@ def _rank_1_breaks_its_dp_group(rank: int, cfg, layout, how: str) -> dict:
     import os
 
     os.environ[fabric.STEP_ENV] = str(STEP_S)
-    real = torch.distributed.all_reduce
 
-    def all_reduce(t, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
-        if rank == 1 and group is not None and group is not torch.distributed.group.WORLD:
+    def broken(group):
+        if rank == 1:
             if how == "dies":
                 os._exit(9)
-            raise RuntimeError("ncclInvalidUsage: network IB not found")
-        return real(t, op=op, group=group, async_op=async_op)
+            _ib_not_found(group)
 
-    torch.distributed.all_reduce = all_reduce
-    try:
-        Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
-    finally:
-        torch.distributed.all_reduce = real
+    _train_with_broken_groups(cfg, layout, rank, broken)
     return {}
 
 
