@@ -156,6 +156,17 @@ def test_holmes_plan_names_the_link_each_boundary_crosses(capsys):
     assert f"pipeline across clusters: {default}" in capsys.readouterr().out
 
 
+def test_holmes_plan_reads_the_links_from_its_config_file(tmp_path, capsys):
+    from holmes.cli import main
+
+    wan = tmp_path / "costmodel.yaml"
+    wan.write_text("fabric:\n  links:\n    - {between: [west, east], gbps: 10, latencyMs: 20}\n")
+    args = ["plan", "--nodes", "examples/nodes/paper.yaml", "--job", "examples/jobs/gpt-7b.yaml"]
+    assert main([*args, "--config", str(wan)]) == 0
+    line = "pipeline across clusters: boundary 0|1 over east-west at 10 Gbit/s, 20 ms\n"  # no default mark
+    assert line in capsys.readouterr().out
+
+
 # ---- across islands: pipeline or replicas -----------------------------------------------------
 
 
