@@ -93,6 +93,20 @@ def test_a_link_built_in_code_is_checked_too():
         replace(CostModelConfig().fabric, links=twice)
 
 
+def test_a_socket_group_spanning_clusters_runs_at_its_slowest_pair():
+    from holmes.plan.discovery import classify_nodes
+    from holmes.plan.topology import SOCKET_NET, group_bandwidth_gbps, link_latency_s, summarize
+
+    cfg = fabric(socketGbps=100, links=[link("b", "c", 2, 5), link("a", "c", 50, 30)])
+    spread = summarize(classify_nodes([node(f"{c}-1", "infiniband", c) for c in "abc"]), cfg.fabric)
+    # pairs: a-b (the 25 Gbit/s default), a-c (50), b-c (2): the slowest is b-c
+    eff = cfg.fabric.socket_efficiency
+    assert group_bandwidth_gbps(spread, cfg.fabric, SOCKET_NET) == pytest.approx(2 * eff)
+    assert link_latency_s(spread, cfg.fabric) == pytest.approx(0.030)  # a message fans out: the longest wait
+    one = summarize(classify_nodes([node(f"a-{i}", "infiniband", "a") for i in (1, 2)]), cfg.fabric)
+    assert link_latency_s(one, cfg.fabric) == 0.0
+
+
 # ---- the planner ------------------------------------------------------------------------------
 
 # three clusters of two InfiniBand nodes: three pipeline stages, one per cluster; which cluster
