@@ -280,6 +280,10 @@ def test_crd_rendering_switches():
             "costModel.fabric.crossClusterGbps: Must be greater than or equal to 0",
         ),
         (
+            ["--set-json", 'costModel={"fabric":{"links":[{"between":["e","w"],"gbps":1,"latency":2}]}}'],
+            "costModel.fabric.links.0: Additional property latency is not allowed",
+        ),
+        (
             ["--set-json", 'costModel={"fabric":{"netEfficiency":{"ib":0.9}}}'],
             "costModel.fabric.netEfficiency: Additional property ib is not allowed",
         ),
@@ -320,7 +324,11 @@ COST_MODEL = {
     "gpuPeakTflops": 989,
     "computeEfficiency": 0.45,
     "gradBytes": 2,
-    "fabric": {"crossClusterGbps": 100, "netEfficiency": {"roce": 0.00005}},
+    "fabric": {
+        "crossClusterGbps": 100,
+        "netEfficiency": {"roce": 0.00005},
+        "links": [{"between": ["east", "west"], "gbps": 10, "latencyMs": 20.5}],  # a list of records
+    },
     "nicMapping": {"clusterRdmaKinds": {"east": "infiniband"}, "defaultGbps": {"roce": 400}},
 }
 

@@ -1,7 +1,13 @@
 """``holmes plan`` for a job allowed to cross islands as replicas (acrossIslands.mode replicas or
 auto): the planner's pipeline over all the nodes against one replica per cluster, each planned
 on its own cluster's nodes with its share of the batch, plus the outer exchange over the link
-(holmes.plan.across prices both)."""
+(holmes.plan.across prices both).
+
+Which link: the pipeline's estimate prices each of its boundaries on the link of the two
+clusters it joins (the planner); the replicas' exchange is a ring over the clusters in replica
+order (cluster-name order), priced at its slowest hop (the least bandwidth, the most latency of
+its hops: every step of a ring waits for its slowest hop). With two clusters both are the one
+pair's link."""
 
 from __future__ import annotations
 
@@ -13,9 +19,10 @@ from holmes.contract import JobSpec, Layout, ModelCost
 
 from . import across
 from .costmodel import CostModelConfig
-from .discovery import classify_node
+from .discovery import classify_node, classify_nodes
 from .errors import PlanError
 from .planner import plan
+from .topology import ClusterLink, Fabric, boundary_crossings
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,24 @@ def replica_layouts(
     return out
 
 
+def replica_ring(clusters: Sequence[str], fabric: Fabric) -> list[ClusterLink]:
+    """The hops of the replicas' ring over ``clusters`` in replica order (one hop for two)."""
+    R = len(clusters)
+    hops = [(clusters[i], clusters[(i + 1) % R]) for i in range(R if R > 2 else 1)]
+    return [fabric.link(a, b) for a, b in hops]
+
+
+def ring_link(hops: Sequence[ClusterLink]) -> across.Link:
+    """The ring priced as one link: its slowest hop's bandwidth and its longest hop's latency."""
+    return across.Link(min(h.gbps for h in hops), max(h.latency_ms for h in hops) / 1e3)
+
+
+def pipeline_crossings(layout: Layout, nodes: Sequence[Any], fabric: Fabric) -> list[str]:
+    """The layout's stage boundaries between clusters, each with its link."""
+    cluster = {n.name: n.cluster for n in classify_nodes(nodes)}
+    return boundary_crossings([[cluster[name] for name in s.nodes] for s in layout.stages], fabric)
+
+
 def compare_across(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> AcrossPlan | None:
     """None when the nodes are in one cluster (nothing to cross); PlanError when a replica
     cannot be planned on a cluster, saying why."""
@@ -100,7 +125,8 @@ def compare_across(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> 
         tokens_per_iteration=t.global_batch_size * job.model.seq_length,
         replicas=R,
     )
-    link = across.Link(cfg.fabric.cross_cluster_gbps, cfg.fabric.cross_cluster_latency_ms / 1e3)
+    hops = replica_ring(sorted(groups), cfg.fabric)
+    link = ring_link(hops)
     exchange = across.exchange_s(work, link, spec.fragments)
     rep_s = across.replicas_iteration_s(work, link, spec.inner_steps, fragments=spec.fragments)
     pipe_s = pipeline.estimate["iterationSeconds"]
@@ -108,13 +134,25 @@ def compare_across(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> 
     pipe_tok, rep_tok = pipe_s, rep_s * ratio  # same tokens per iteration: compare per iteration
     pick = "replicas" if rep_tok < pipe_tok else "pipeline"
     faster = max(pipe_tok, rep_tok) / min(pipe_tok, rep_tok)
+    crossings = pipeline_crossings(pipeline, nodes, cfg.fabric)
+    if len(hops) == 1:
+        ring = f"over the link {cfg.fabric.describe(hops[0])}"
+    else:
+        order = " -> ".join([*sorted(groups), sorted(groups)[0]])
+        slow = min(hops, key=lambda h: (h.gbps, -h.latency_ms, h.name))
+        ring = f"over the replicas' ring {order}, priced at its slowest hop {cfg.fabric.describe(slow)}" + (
+            f" and its longest latency, {link.latency_s * 1e3:g} ms"
+            if link.latency_s * 1e3 > slow.latency_ms
+            else ""
+        )
     lines = (
         f"pipeline across the clusters: {pipe_s:.2f} s/iteration "
-        f"(P={pipeline.pipeline} D={pipeline.data} T={pipeline.tensor}, the link at {link.gbps:g} Gbit/s, "
-        f"{cfg.fabric.cross_cluster_latency_ms:g} ms)",
+        f"(P={pipeline.pipeline} D={pipeline.data} T={pipeline.tensor}; "
+        + ("; ".join(crossings) or "no stage boundary between clusters")
+        + ")",
         f"replicas, one per cluster ({R}): {slowest.estimate['iterationSeconds']:.2f} s/iteration "
         f"(P={slowest.pipeline} D={slowest.data} T={slowest.tensor} on {per_replica} nodes) + "
-        f"{exchange:.2f} s outer exchange every {spec.inner_steps} steps = {rep_s:.2f} s/iteration",
+        f"{exchange:.2f} s outer exchange every {spec.inner_steps} steps {ring} = {rep_s:.2f} s/iteration",
         f"convergence: {assumption}",
         f"faster per token: {pick}, {faster:.2f}x",
     )

@@ -37,8 +37,9 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
 - Bandwidth per node, Gbit/s (all NICs of a node together): from ``holmes.dev/nic-gbps`` or the
   NIC mapping's defaults (InfiniBand 200, RoCE 100, Ethernet 25). NCCL efficiency on RDMA:
   InfiniBand 0.9, RoCE 0.5 (congestion, PFC); sockets 0.6 of the TCP path, which is the host
-  network (``socket_gbps`` = 25) for RDMA nodes and capped by ``cross_cluster_gbps`` (25)
-  across clusters.
+  network (``socket_gbps`` = 25) for RDMA nodes and capped, across clusters, by the link of
+  each pair of clusters (``fabric.links``, else ``cross_cluster_gbps`` = 25); a pipeline
+  boundary between clusters also waits its link's one-way latency once per message.
 - Calibration: with these defaults a 3.6B GPT (30 layers, h=3072, global batch 1024) on 4 nodes
   x 8 A100 is estimated at 199 / 160 / 121 TFLOPS/GPU on InfiniBand / RoCE / Ethernet, the
   paper's measured 197 / 160 / 122.

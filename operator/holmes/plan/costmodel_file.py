@@ -96,7 +96,11 @@ def _describe(tp: Any) -> str:
     if vt is not None:
         return f"a mapping of names to {_describe(vt)}"
     if typing.get_origin(tp) is tuple:
-        return f"a list of {_describe(typing.get_args(tp)[0])}"
+        item = typing.get_args(tp)[0]
+        if dataclasses.is_dataclass(item):
+            keys = ", ".join(camel(f.name) for f in dataclasses.fields(item) if f.init)
+            return f"a list of mappings of {keys}"
+        return f"a list of {_describe(item)}"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
     return str(tp)
@@ -124,13 +128,8 @@ def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise wrong()
-        if default is None:  # a new entry of a name -> record mapping (gpuProducts): all keys
-            hints = _hints(tp)
-            known = {camel(f.name) for f in dataclasses.fields(tp) if f.init}
-            missing = sorted(known - set(value))
-            if missing and set(value) <= known:  # an unknown key gets _build's own message
-                raise CostModelError(f"{path}: missing {', '.join(missing)}")
-            default = tp(**{f.name: hints[f.name](1) for f in dataclasses.fields(tp) if f.init})
+        # default None: a new entry of a name -> record mapping (gpuProducts) or of a list of
+        # records (fabric.links), which names all its keys
         return _build(tp, value, default, path + ".")
     if _is_union(tp):
         for arg in typing.get_args(tp):
@@ -188,11 +187,11 @@ def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
     raise CostModelError(f"{path}: this field's type {tp} cannot be set from a file")
 
 
-def _build(cls: type[Any], doc: Mapping[str, Any], base: _Config, prefix: str) -> _Config:
+def _build(cls: type[Any], doc: Mapping[str, Any], base: _Config | None, prefix: str) -> _Config:
+    """``base`` with ``doc``'s keys changed; with no base, a new record: every key required."""
     hints = _hints(cls)
     fields = {camel(f.name): f.name for f in dataclasses.fields(cls) if f.init}
-    changes = {}
-    for key, value in doc.items():
+    for key in doc:
         if key not in fields:
             guess = camel(key) if isinstance(key, str) and camel(key) in fields else None
             guess = guess or next(iter(difflib.get_close_matches(str(key), list(fields), n=1)), None)
@@ -203,10 +202,18 @@ def _build(cls: type[Any], doc: Mapping[str, Any], base: _Config, prefix: str) -
                 + ": "
                 + ", ".join(fields)
             )
-        name = fields[key]
-        changes[name] = _convert(prefix + key, hints[name], value, getattr(base, name))
+    if base is None:
+        missing = sorted(set(fields) - set(doc))
+        if missing:
+            raise CostModelError(f"{prefix[:-1]}: missing {', '.join(missing)}")
+    changes = {
+        fields[key]: _convert(
+            prefix + key, hints[fields[key]], value, None if base is None else getattr(base, fields[key])
+        )
+        for key, value in doc.items()
+    }
     try:
-        return dataclasses.replace(base, **changes)
+        return cls(**changes) if base is None else dataclasses.replace(base, **changes)
     except (ValueError, TypeError) as e:  # the dataclass's own checks, in file terms
         msg = re.sub(r"\b[A-Z]\w*\.(\w+)", lambda m: prefix + camel(m.group(1)), str(e))
         raise CostModelError(msg) from None
@@ -280,8 +287,8 @@ def _plain(tp: Any, value: Any) -> Any:
         return to_mapping(value)
     if _pair_value_type(tp) is not None:
         return {k: to_mapping(v) if dataclasses.is_dataclass(v) else v for k, v in value}
-    if isinstance(value, tuple):
-        return list(value)
+    if isinstance(value, tuple):  # a list, of records (fabric.links) or of plain values
+        return [to_mapping(v) if dataclasses.is_dataclass(v) else _plain(Any, v) for v in value]
     return value
 
 

@@ -9,6 +9,7 @@ from holmes.contract.layout import Layout
 from holmes.contract.names import ETHERNET
 
 from .partition_why import partition_lines
+from .topology import boundary_crossings
 
 if TYPE_CHECKING:
     from holmes.contract.jobspec import JobSpec
@@ -136,6 +137,9 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
                 else "stages span islands, so only activations cross the slow link"
             )
         )
+        crossings = boundary_crossings([s.clusters for s in best.stage_sets], best.costs[0].cfg.fabric)
+        if crossings:
+            out.append("pipeline across clusters: " + "; ".join(crossings))
     out.extend(expert_lines(layout, best, alternatives))
     out.extend(gpu_lines(best))
     out.extend(

@@ -56,7 +56,7 @@ from .errors import InsufficientNodes, PlanError
 from .explain import explanation_lines
 from .gpus import StageGpu, node_gpu, stage_gpu
 from .nccl import fixed_socket_threads
-from .topology import NodeSet, group_bandwidth_gbps, islands_of, merge, summarize
+from .topology import NodeSet, group_bandwidth_gbps, islands_of, link_latency_s, merge, summarize
 
 
 def as_job(job: JobSpec | Mapping[str, Any]) -> JobSpec:
@@ -360,15 +360,16 @@ def cost_placement(
         else:
             pair = merge(sets[s], sets[s + 1])
             bw = group_bandwidth_gbps(pair, cfg.fabric, p2p_nets[s])
-            boundary.append(ranks_on_node / T * act / (bw * GBIT))
+            # a boundary between clusters also waits its link's latency, once per message
+            boundary.append(ranks_on_node / T * act / (bw * GBIT) + link_latency_s(pair, cfg.fabric))
     # the wrap-around link (last stage -> first) a looped schedule adds (schedule_choice.py)
     wrap_pair = merge(sets[-1], sets[0])
     if P < 2 or stage_nodes[0] == stage_nodes[-1]:
         wrap_p2p = act / T / nvlink
     else:
-        wrap_p2p = (
-            ranks_on_node / T * act / (group_bandwidth_gbps(wrap_pair, cfg.fabric, wrap_pair.net) * GBIT)
-        )
+        wrap_p2p = ranks_on_node / T * act / (
+            group_bandwidth_gbps(wrap_pair, cfg.fabric, wrap_pair.net) * GBIT
+        ) + link_latency_s(wrap_pair, cfg.fabric)
     emb_sync = 0.0
     if tied:
         nbytes = ranks_on_node * model.vocab * model.hidden / T * cfg.grad_bytes

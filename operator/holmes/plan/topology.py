@@ -3,7 +3,8 @@
 An *island* is (cluster label x NIC kind): its nodes reach each other over RDMA (InfiniBand or
 RoCE) or, for Ethernet, over sockets. Between islands only sockets work (IB and RoCE cannot do
 RDMA to each other; different clusters are different fabrics), at the host network's speed and,
-across clusters, at most the cross-cluster bandwidth.
+across clusters, at most the bandwidth of the link between them (:class:`ClusterLink`: one per
+pair of clusters that lists one, ``cross_cluster_gbps``/``cross_cluster_latency_ms`` for the rest).
 
 Bandwidths are Gbit/s per node (all of a node's NICs together); efficiencies turn line rate
 into what NCCL achieves (see :class:`holmes.plan.costmodel.CostModelConfig`). A Socket group
@@ -16,6 +17,7 @@ vendor net plugin (``spec.islands[].netPlugin``) runs its inside groups on that 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -41,21 +43,93 @@ class Island:
 
 
 @dataclass(frozen=True)
+class ClusterLink:
+    """The network between one pair of clusters (a WAN between sites, a fast Ethernet between
+    halls), per node and per direction."""
+
+    between: tuple[str, ...]  # the two clusters' names (holmes.dev/cluster), in either order
+    gbps: float  # per node, each direction
+    latency_ms: float  # one way: each pipeline message and each step of a ring waits for it
+
+    def __post_init__(self) -> None:
+        if len(self.between) != 2:
+            raise ValueError(
+                f"ClusterLink.between must name two clusters, got {list(self.between)}: write [east, west]"
+            )
+        if self.between[0] == self.between[1]:
+            raise ValueError(
+                f"ClusterLink.between pairs cluster {self.between[0]!r} with itself: a link joins two "
+                "different clusters (inside one the nodes' own NICs count)"
+            )
+        if not (math.isfinite(self.gbps) and self.gbps > 0):
+            raise ValueError(f"ClusterLink.gbps must be a finite number > 0, got {self.gbps}")
+        if not (math.isfinite(self.latency_ms) and self.latency_ms >= 0):
+            raise ValueError(f"ClusterLink.latency_ms must be a finite number >= 0, got {self.latency_ms}")
+
+    @property
+    def pair(self) -> frozenset[str]:
+        return frozenset(self.between)
+
+    @property
+    def name(self) -> str:
+        return "-".join(sorted(self.between))
+
+    def describe(self) -> str:
+        return f"{self.name} at {self.gbps:g} Gbit/s, {self.latency_ms:g} ms"
+
+
+@dataclass(frozen=True)
 class Fabric:
     """The network constants the topology needs (a slice of CostModelConfig)."""
 
     net_efficiency: tuple[tuple[str, float], ...] = ((INFINIBAND, 0.9), (ROCE, 0.5))
     socket_efficiency: float = 0.6
     socket_gbps: float = 25.0  # host TCP network of RDMA nodes (per node)
-    cross_cluster_gbps: float = 25.0  # per node, between clusters
+    # the link between two clusters that ``links`` does not list: per node, each direction
+    cross_cluster_gbps: float = 25.0
     cross_cluster_latency_ms: float = 0.0  # one way, between clusters (a WAN: tens of ms)
     # one TCP flow of NCCL's socket transport (one socket driven by one thread); NCCL's docs'
     # 4 threads x 4 sockets for a generic 100 Gbit/s network make it 100/16
     socket_flow_gbps: float = 6.25
     plugin_efficiency: float = 0.8  # a vendor net plugin (EFA, TCPX): share of the line rate
+    # the links of particular pairs of clusters (each pair at most once); clusters not yet
+    # present are allowed (they may join later)
+    links: tuple[ClusterLink, ...] = ()
+
+    def __post_init__(self) -> None:
+        seen: dict[frozenset[str], int] = {}
+        for i, link in enumerate(self.links):
+            if link.pair in seen:
+                raise ValueError(
+                    f"Fabric.links[{i}] lists the pair {link.name} again (Fabric.links[{seen[link.pair]}] "
+                    "already does): keep one entry per pair of clusters"
+                )
+            seen[link.pair] = i
 
     def rdma_efficiency(self, kind: str) -> float:
         return dict(self.net_efficiency)[kind]
+
+    def link(self, a: str, b: str) -> ClusterLink:
+        """The link between clusters ``a`` and ``b``: the one ``links`` lists, else the
+        cross-cluster default."""
+        pair = frozenset((a, b))
+        for link in self.links:
+            if link.pair == pair:
+                return link
+        return ClusterLink((a, b), self.cross_cluster_gbps, self.cross_cluster_latency_ms)
+
+    def describe(self, link: ClusterLink) -> str:
+        """The link in words, saying when it is the cross-cluster default (no entry in links)."""
+        return link.describe() + ("" if link in self.links else " (crossCluster default)")
+
+    def links_among(self, clusters: Iterable[str]) -> list[ClusterLink]:
+        """The link of every pair ``clusters`` form (none within one cluster)."""
+        return [self.link(a, b) for a, b in itertools.combinations(sorted(set(clusters)), 2)]
+
+    def slowest_link(self, clusters: Iterable[str]) -> ClusterLink | None:
+        """The slowest link among the pairs ``clusters`` form (least bandwidth, then most
+        latency): what a group spanning them is bounded by; None within one cluster."""
+        return min(self.links_among(clusters), key=lambda k: (k.gbps, -k.latency_ms, k.name), default=None)
 
 
 def islands_of(nodes: Iterable[NodeNic]) -> list[Island]:
@@ -157,7 +231,7 @@ def socket_flows(n: NodeNic, fabric: Fabric) -> int:
 def group_bandwidth_gbps(s: NodeSet, fabric: Fabric, net: str | None = None) -> float:
     """Achieved per-node bandwidth of a collective over these nodes on ``net`` (default: the net
     the set would use). RDMA needs one RDMA island; sockets go over the host network, capped by
-    the cross-cluster bandwidth when the set spans clusters."""
+    the slowest link between its clusters when the set spans clusters."""
     net = net or s.net
     if net == IB_NET:
         if not s.rdma_island:
@@ -168,6 +242,26 @@ def group_bandwidth_gbps(s: NodeSet, fabric: Fabric, net: str | None = None) -> 
             raise ValueError(f"a {net} group needs nodes on one island whose job names that plugin")
         return s.min_gbps * fabric.plugin_efficiency
     bw = s.min_socket_gbps
-    if len(s.clusters) > 1:
-        bw = min(bw, fabric.cross_cluster_gbps)
+    slowest = fabric.slowest_link(s.clusters)
+    if slowest is not None:
+        bw = min(bw, slowest.gbps)
     return min(bw * fabric.socket_efficiency, s.socket_flows_gbps)
+
+
+def link_latency_s(s: NodeSet, fabric: Fabric) -> float:
+    """Seconds one message between nodes of ``s`` waits for the links between its clusters (the
+    most one-way latency among their pairs; a message fans out over all of them); 0 within one
+    cluster, where the bytes dominate."""
+    return max((k.latency_ms for k in fabric.links_among(s.clusters)), default=0.0) / 1e3
+
+
+def boundary_crossings(stage_clusters: Sequence[Iterable[str]], fabric: Fabric) -> list[str]:
+    """``boundary 0|1 over east-west at 10 Gbit/s, 20 ms`` for each pipeline boundary whose stages
+    sit in different clusters (each stage given by its nodes' clusters)."""
+    stages = [sorted(set(c)) for c in stage_clusters]
+    out = []
+    for s in range(len(stages) - 1):
+        links = fabric.links_among(stages[s] + stages[s + 1])
+        if links and stages[s] != stages[s + 1]:
+            out.append(f"boundary {s}|{s + 1} over " + "; ".join(fabric.describe(k) for k in links))
+    return out
