@@ -71,11 +71,22 @@ def job(name: str, ns: str, nodes: int) -> dict:
     )
 
 
+POOL_SIZE = 32  # connections to the API server: more than the floor's 16 requests in flight
+
+
+def api_client(kubeconfig: str, pool_size: int = POOL_SIZE) -> client.ApiClient:
+    """A client for ``kubeconfig`` with ``pool_size`` connections. The pool is sized from the
+    configuration when the client is made (kubernetes.client.rest), so it is set before."""
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool_size
+    return client.ApiClient(cfg)
+
+
 class Bench:
     def __init__(self, kubeconfig: str):
         self.kubeconfig = kubeconfig
-        self.api = config.new_client_from_config(kubeconfig)
-        self.api.configuration.connection_pool_maxsize = 32
+        self.api = api_client(kubeconfig)
         self.core = client.CoreV1Api(self.api)
         from localkube.controlplane import binary
 

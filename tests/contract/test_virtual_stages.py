@@ -6,29 +6,9 @@ import pytest
 from holmes.contract import SpecError
 from holmes.contract import pipeline_schedules as sched
 from holmes.contract.jobspec import JobSpec
-from holmes.contract.layout import LAYOUT_VERSION, VIRTUAL_VERSION, GroupFamily, Layout, LayoutError, Stage
+from holmes.contract.layout import LAYOUT_VERSION, Layout, LayoutError
 
-
-def virtual_layout(schedule: str, chunks: list[list[tuple[int, int]]], *, version=VIRTUAL_VERSION, wrap=None):
-    P = len(chunks)
-    wrap = sched.needs_wrap_link(schedule, P, len(chunks[0])) if wrap is None else wrap
-    stages = tuple(
-        Stage(
-            i,
-            (min(a for a, _ in c), max(b for _, b in c)),
-            f"isl{i}/infiniband",
-            "infiniband",
-            "IB",
-            chunks=tuple(c) if len(c) > 1 else (),
-        )
-        for i, c in enumerate(chunks)
-    )
-    groups = (GroupFamily("pp", "Socket"),) + tuple(
-        GroupFamily("p2p", "Socket", b) for b in range(P if wrap else P - 1)
-    )
-    return Layout(
-        1, P, 1, 1, tuple(f"n{i}" for i in range(P)), stages, groups, 1, 8, schedule=schedule, version=version
-    )
+from .layout_helpers import virtual_layout
 
 
 def test_looped_chunks_go_round_the_ranks_and_v_shaped_ones_down_and_back():

@@ -15,7 +15,7 @@ from holmes.operator import placement_facts
 from holmes.operator.core import capacity, child_names, queueing
 from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads, free_view, pod_shape
 from holmes.operator.core.placement import Placement, on_free_capacity
-from holmes.plan import InsufficientNodes
+from holmes.plan import InsufficientNodes, classify_nodes
 
 from . import kueue_standin as kueue
 from .opfixtures import T0, FakeWorld, default_nodes, manifest, with_link_layers
@@ -163,7 +163,7 @@ def test_the_free_view_lowers_allocatable_gpus_and_leaves_out_full_nodes():
         Ledger.of([pod("a", "ib-0"), pod("b", "ib-1", cpu="16", gpus=0)]),
     )
     by = {n["metadata"]["name"]: n for n in view}
-    assert by["ib-0"]["status"]["allocatable"]["nvidia.com/gpu"] == "1"
+    assert classify_nodes([by["ib-0"]])[0].gpus == 1  # of 2: the planner sees what is free
     assert "ib-1" not in by and out["ib-1"] == "16 cpu free"
 
 
@@ -175,7 +175,7 @@ def test_the_free_view_copies_only_what_it_lowers():
     view, _ = free_view(given, shape_of(), Ledger.of([pod("a", "ib-0")]))
     by = {n["metadata"]["name"]: n for n in view}
     ib0 = next(n for n in given if n["metadata"]["name"] == "ib-0")
-    assert by["ib-0"]["status"]["allocatable"]["nvidia.com/gpu"] == "1"
+    assert classify_nodes([by["ib-0"]])[0].gpus == 1
     assert by["ib-0"]["metadata"] is ib0["metadata"] and given == before  # shared, untouched
 
 

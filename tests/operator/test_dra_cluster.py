@@ -15,7 +15,7 @@ import yaml
 from holmes_dev.jobs import tiny_job
 
 from localkube.operatorproc import OperatorProcess, api_node, install_crd
-from tests.operator.cluster_helpers import SLEEP, apply, pods_of, wait_for
+from tests.operator.cluster_helpers import SLEEP, apply, condition, get_job, pods_of, wait_for
 from tests.plan.dra_helpers import aligned_slices
 
 pytestmark = pytest.mark.timeout(300)
@@ -46,8 +46,8 @@ def dra_nodes(cluster):
         cluster.kubectl("delete", "node", n, "--wait=false", check=False)
 
 
-def job(namespace: str) -> dict:
-    j = tiny_job("dra", namespace, count=2, gpus=2, command=SLEEP)
+def job(namespace: str, name: str = "dra") -> dict:
+    j = tiny_job(name, namespace, count=2, gpus=2, command=SLEEP)
     j["spec"]["nodes"]["selector"] = {"matchLabels": {"dra-test": "1"}}
     j["spec"]["nodes"]["clusterLabel"] = "topology.kubernetes.io/zone"
     j["spec"]["template"]["spec"]["tolerations"] = [{"key": TAINT["key"], "operator": "Exists"}]
@@ -86,6 +86,17 @@ def test_nodes_described_only_by_slices_plan_and_their_pods_claim_gpus_and_nics(
         )
         made = cluster.get_json("resourceclaimtemplates.resource.k8s.io", "-n", namespace)["items"]
         hj = cluster.get_json("holmesjob", "dra", "-n", namespace)
+        # a second job of the same shape: the first one's claims hold every GPU of both nodes
+        apply(cluster, job(namespace, "dra-b"))
+        waits = wait_for(
+            "dra-b waiting for capacity",
+            lambda: (lambda c: c if c.get("reason") == "WaitingForCapacity" else None)(
+                condition(get_job(cluster, namespace, "dra-b") or {"status": {}}, "Reconciling")
+            ),
+            op=op,
+        )
+        assert "held by " + namespace + "/dra (2 nodes)" in waits["message"]
+        assert not pods_of(cluster, namespace, "dra-b")
     finally:
         op.stop()
         cluster.kubectl(
@@ -98,6 +109,7 @@ def test_nodes_described_only_by_slices_plan_and_their_pods_claim_gpus_and_nics(
     for p in pods:
         c = p["spec"]["containers"][0]
         assert "nvidia.com/gpu" not in (c["resources"].get("limits") or {})  # the GPUs are claimed
+        assert p["metadata"]["annotations"]["holmes.dev/claim-gpus"] == "2"  # and counted as held
         assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["HOLMES_NIC"] == "infiniband" and env["HOLMES_HOST_HCAS"] == "mlx5_0,mlx5_1"

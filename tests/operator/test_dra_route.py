@@ -4,6 +4,7 @@ the reconciler and `holmes plan --pods`, and checked against the Kubernetes 1.34
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -11,8 +12,12 @@ import pytest
 import yaml
 
 from holmes.cli import main
+from holmes.contract import load_job
 from holmes.contract.network import IslandNetwork, Sriov
 from holmes.operator import placement_facts
+from holmes.operator.core import capacity
+from holmes.operator.core.capacity import WaitingForCapacity, Workloads
+from holmes.operator.core.placement import Placement, on_free_capacity
 from holmes.operator.core.routes import PodRoute, claim_templates, pod_route
 from holmes.operator.preview import children
 from holmes.plan.dra import join
@@ -150,3 +155,57 @@ def test_rendered_templates_and_pod_claims_match_the_api_schema(aligned):
                 )
             res = o["spec"]["containers"][0]["resources"]
             assert check(res, {"$ref": "#/$defs/io.k8s.api.core.v1.ResourceRequirements"}) == []
+
+
+# ---- capacity: a DRA node's GPUs are booked once ------------------------------------------------
+
+
+def gpu_route_nodes(route: str) -> list[dict]:
+    """examples/nodes/dra.yaml with its GPUs from DRA, or from the device plugin (the GPU slices
+    dropped, nvidia.com/gpu allocatable instead); the NICs come from DRANET either way."""
+    from holmes.cli import load_nodes
+    from holmes.plan.dra import DEVICES_KEY
+
+    nodes = load_nodes("examples/nodes/dra.yaml")
+    if route == "dra":
+        return nodes
+    out = []
+    for n in nodes:
+        n = copy.deepcopy(n)
+        n[DEVICES_KEY] = [s for s in n[DEVICES_KEY] if s["driver"] != "gpu.nvidia.com"]
+        n["status"]["allocatable"]["nvidia.com/gpu"] = "8"
+        out.append(n)
+    return out
+
+
+def zones_job(name: str, gpus: int) -> dict:
+    job = yaml.safe_load(open("examples/jobs/gpt-7b-zones.yaml"))
+    job["metadata"].update(name=name, namespace="default", uid=f"uid-{name}")
+    job["spec"]["nodes"]["gpusPerNode"] = gpus
+    return job
+
+
+def place_beside(pods: list[dict], nodes: list[dict], job: dict):
+    where = Placement(
+        placement_facts.gather(placement_facts.builtin_cost_model(), Workloads(pods=pods)), nodes, job
+    )
+    return on_free_capacity(nodes, load_job(job), where)
+
+
+@pytest.mark.parametrize("route", ["dra", "device-plugin"])
+@pytest.mark.parametrize("slim", [False, True])
+def test_two_jobs_never_share_a_nodes_gpus_whichever_route_offers_them(route, slim):
+    nodes = gpu_route_nodes(route)
+    first = [o for o in children(zones_job("first", 4), nodes) if o["kind"] == "Pod"]
+    assert len(first) == 8
+    for p in first:  # the GPUs come with the claim, or as a limit: counted the same
+        assert capacity.held(p) == {"nvidia.com/gpu": 4.0}
+        limits = p["spec"]["containers"][0]["resources"].get("limits", {})
+        assert ("nvidia.com/gpu" in limits) == (route == "device-plugin")
+    pods = [capacity.slim_pod(p) for p in first] if slim else first
+    # half of every node's GPUs are the first job's: another 4-GPU job fits beside it...
+    assert len(place_beside(pods, nodes, zones_job("second", 4)).nodes) == 8
+    # ...an 8-GPU one waits for them, saying what is free
+    with pytest.raises(WaitingForCapacity) as e:
+        place_beside(pods, nodes, zones_job("third", 8))
+    assert "held by default/first (8 nodes)" in str(e.value)

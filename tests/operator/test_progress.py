@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
+import socket
 import threading
+import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from holmes.operator import progress
+from holmes.operator.core import child_names
 
 
 def exposition(**values):
@@ -40,6 +45,23 @@ def serving(body: bytes):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+class Reader:
+    """A ProgressReader and the reads it finished (its ``on_read`` calls), to wait on them."""
+
+    def __init__(self, interval: float, port: int = 1, workers: int = progress.READ_WORKERS):
+        self.finished = threading.Semaphore(0)
+        self.reader = progress.ProgressReader(
+            port, interval, on_read=lambda key: self.finished.release(), workers=workers
+        )
+
+    def settled(self, job, pods, log_tail=lambda *a, **k: ""):
+        """What a reconcile gets once the read it started has finished (None: none started)."""
+        first = self.reader.read(job, pods, log_tail)
+        if first is not None or not self.finished.acquire(timeout=10):
+            return first
+        return self.reader.read(job, pods, log_tail)
 
 
 def test_prometheus_text_to_status_progress():
@@ -180,7 +202,7 @@ def test_each_replicas_rank0_is_read_with_its_own_iteration_and_outer_step():
     second = exposition(holmes_trainer_iteration=11, holmes_trainer_outer_step=2).encode()
     with serving(first) as p0, serving(second) as p1:
         pods = [pod(0, 0, p0), pod(1, 0, 1), pod(2, 1, p1), pod(3, 1, 1)]
-        found = progress.ProgressReader(1, 0.0).read(job, pods, lambda *a, **k: "")
+        found = Reader(0.0).settled(job, pods)
     assert found["iteration"] == 12 and found["outerStep"] == 2
     assert found["replicas"] == {0: {"iteration": 12, "outerStep": 2}, 1: {"iteration": 11, "outerStep": 2}}
 
@@ -208,10 +230,75 @@ def test_a_replica_ending_after_replica_0_has_its_last_line_read_too():
         meta = {"name": f"j-1-{rank}", "uid": f"p{rank}", "labels": labels, "ownerReferences": [{"uid": "u"}]}
         return {"metadata": meta, "spec": {"containers": [{"name": "trainer"}]}, "status": status}
 
-    reader = progress.ProgressReader(1, 3600.0)  # no second read of a running pod within the test
+    reader = Reader(3600.0)  # no second read of a running pod within the test
     zero_done = pod(0, 0, {"iteration": 32, "outerStep": 8})
-    first = reader.read(job, [zero_done, pod(1, 1)], lambda *a, **k: "")
+    first = reader.settled(job, [zero_done, pod(1, 1)])
     assert first["replicas"][0] == {"iteration": 32, "outerStep": 8} and first["replicas"][1] == {}
     both = [zero_done, pod(1, 1, {"iteration": 32, "outerStep": 8})]
-    assert reader.read(job, both, lambda *a, **k: "")["replicas"][1] == {"iteration": 32, "outerStep": 8}
-    assert reader.read(job, both, lambda *a, **k: "") is None
+    assert reader.settled(job, both)["replicas"][1] == {"iteration": 32, "outerStep": 8}
+    assert reader.reader.read(job, both, lambda *a, **k: "") is None  # all ended and read:
+    assert not reader.finished.acquire(timeout=0.5)  # no read is started again
+
+
+@contextlib.contextmanager
+def hanging():
+    """A port on loopback that accepts connections (the kernel's backlog) and never answers, as
+    a trainer stuck in a long step or a pod behind a black-holed route; yields its port."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        srv.close()
+
+
+def running_job(i: int, port: int):
+    job = {
+        "metadata": {"namespace": "ns", "name": f"j{i}", "uid": f"u{i}"},
+        "status": {"launched": True, "attempt": 1},
+    }
+    labels = {child_names.LABEL_ATTEMPT: "1", child_names.LABEL_NODE_RANK: "0"}
+    pod = {
+        "metadata": {
+            "name": f"j{i}-1-0",
+            "uid": f"p{i}",
+            "labels": labels,
+            "ownerReferences": [{"uid": f"u{i}"}],
+        },
+        "spec": {"containers": [{"name": "trainer", "ports": [{"name": "metrics", "containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1"},
+    }
+    return job, [pod]
+
+
+def test_reconciles_go_on_while_every_trainer_hangs():
+    """Reconciles run on asyncio's default executor (handlers.job_loop), a few threads shared
+    by every job: trainers that never answer must not hold them, nor slow another job's
+    reconcile, however many there are; the reader's own threads stay bounded."""
+    jobs = min(32, (os.cpu_count() or 1) + 4) + 2  # more than the default executor's threads
+    reader = Reader(0.0, workers=2)
+
+    async def reconciles(port: int) -> tuple[float, float, list]:
+        started = time.perf_counter()
+        reads = asyncio.gather(
+            *(
+                asyncio.to_thread(reader.reader.read, *running_job(i, port), lambda *a, **k: "")
+                for i in range(jobs)
+            )
+        )
+        await asyncio.sleep(0.05)  # the hung jobs' reconciles are under way
+        other = time.perf_counter()
+        await asyncio.to_thread(lambda: None)  # another job's reconcile
+        other = time.perf_counter() - other
+        found = await reads
+        return time.perf_counter() - started, other, found
+
+    with hanging() as port:
+        took, other, found = asyncio.run(reconciles(port))
+        scrapers = [t for t in threading.enumerate() if t.name.startswith("holmes-progress")]
+        assert took < 0.5 and other < 0.25, (took, other)  # a hung scrape takes its 1 s timeout
+        assert found == [None] * jobs  # nothing read yet: the reads are under way
+        assert len(scrapers) <= 2
+        assert reader.finished.acquire(timeout=10)  # each hung scrape times out on its own thread
+    reader.reader.close()

@@ -448,3 +448,27 @@ def _validate_virtual(layout: Layout) -> None:
     for i, s in enumerate(layout.stages):
         if s.chunks and s.layers != (min(a for a, _ in s.chunks), max(b for _, b in s.chunks)):
             raise LayoutError(f"stage {i} layers {list(s.layers)} must be the span of its chunks")
+
+
+def layout_signature(layout: Layout) -> dict[str, Any]:
+    """What two worlds must share to pair their optimizer state rank by rank: the shape, each
+    stage's layers, the micro-batching and, with virtual stages, the schedule and each chunk's
+    layers (the spans alone may coincide). The trainer checks it on resume (a checkpoint's
+    meta) and when replicas meet (outer.join); the operator refuses replicas whose layouts
+    differ in it (operator.core.replicas)."""
+    return {
+        "pipeline": layout.pipeline,
+        "data": layout.data,
+        "tensor": layout.tensor,
+        "stageLayers": [list(s.layers) for s in layout.stages],
+        "microBatchSize": layout.micro_batch_size,
+        "microBatches": layout.micro_batches,
+        **(
+            {
+                "pipelineSchedule": layout.schedule,
+                "chunks": [[list(c) for c in s.chunks] for s in layout.stages],
+            }
+            if layout.virtual_stages > 1
+            else {}
+        ),
+    }

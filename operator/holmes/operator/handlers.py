@@ -98,7 +98,10 @@ class Runtime:
             self._kueue_in_use,
             self.member_secrets,
         )
-        self.progress = ProgressReader(self.settings.metrics_port, self.settings.progress_interval)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the operator's, once it runs
+        self.progress = ProgressReader(
+            self.settings.metrics_port, self.settings.progress_interval, on_read=self.wake_from_thread
+        )
         self.pipeline = Pipeline(
             self.caches,
             self.io,
@@ -121,6 +124,12 @@ class Runtime:
         w = self.wakers.get(key)
         if w is not None:
             w.event.set()
+
+    def wake_from_thread(self, key: tuple[str, str]) -> None:
+        """``wake`` from another thread (a progress read that finished)."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.wake, key)
 
     def wake_all(self) -> None:
         for w in self.wakers.values():
@@ -302,6 +311,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.startup(registry=registry, id="start_informers")
     async def start_informers(**_: Any) -> None:
+        rt.loop = asyncio.get_running_loop()
         await asyncio.to_thread(rt.watches.discover)
         rt.watches.start()
         rt.readying = asyncio.create_task(rt.become_ready(), name="holmes caches and lease")
@@ -312,6 +322,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
+        rt.progress.close()
         rt.watches.stop()
 
     @kopf.on.probe(id="jobs", registry=registry)

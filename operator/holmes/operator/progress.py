@@ -7,14 +7,22 @@ Sources, all reachable without cluster DNS:
   (``{"holmes": "done", "iteration": ..., ...}``), from the container's termination message or,
   failing that, the tail of its log (read by the caller through the API).
 Parsing is pure; ``scrape`` is the only I/O here, and ``ProgressReader`` decides when to read.
+Reads run on the reader's own few threads, never in the reconcile that asks for them: a
+reconcile starts a read when one is due and takes the numbers of the last finished one (the
+reader wakes the job when a read finishes). Trainers that answer slowly or not at all (a scrape
+waits up to its timeout per socket operation) then hold those threads only, never the
+reconciles' (asyncio's default executor, a handful of threads shared by every job).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +35,8 @@ from .core.child_names import LABEL_REPLICA
 from .core.reconcile import owned
 from .core.replicas import REPLICAS_READ as REPLICAS
 from .core.summary import pod_attempt, pod_node_rank
+
+log = logging.getLogger("holmes.operator")
 
 # The trainer's names (holmes.contract.trainer_metrics), turned round: a gauge -> the key it sets
 GAUGES = {gauge: key for key, gauge in wire.PROGRESS_GAUGES.items()}
@@ -163,40 +173,96 @@ def scrape(url: str, timeout: float = 1.0, limit: int = MAX_SCRAPE_BYTES) -> dic
 FRAMEWORK_TAIL_LINES = 200  # an external framework's iteration line among its other output
 
 
+READ_WORKERS = 4  # the reader's threads: at most this many trainers are read at once
+Key = tuple[str, str]  # (namespace, name) of a job
+
+
 class ProgressReader:
     """Each job's rank-0 trainer, read at most once per ``interval`` seconds while it runs, and
-    its last line once it has ended."""
+    its last line once it has ended; on ``workers`` threads of its own, one read per job at a
+    time. ``on_read(key)`` is called (from a reader thread) when a job's read has finished, so
+    its loop reconciles again to publish the numbers."""
 
-    def __init__(self, metrics_port: int, interval: float) -> None:
-        self.metrics_port, self.interval = metrics_port, interval
-        # job -> (when its trainer was last read, the uid of the ended rank-0 pod read last)
-        self._read: dict[tuple[str, str], tuple] = {}
+    def __init__(
+        self,
+        metrics_port: int,
+        interval: float,
+        on_read: Callable[[Key], None] = lambda key: None,
+        workers: int = READ_WORKERS,
+    ) -> None:
+        self.metrics_port, self.interval, self.on_read = metrics_port, interval, on_read
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="holmes-progress")
+        self._lock = threading.Lock()
+        # job -> (when its trainer was last read, the uids of the ended reporters read last)
+        self._read: dict[Key, tuple] = {}
+        self._running: dict[Key, Future] = {}  # the job's read under way
+        self._found: dict[Key, tuple[str, dict]] = {}  # a finished read: (rank-0 pod uid, numbers)
 
-    def forget(self, key: tuple[str, str]) -> None:
-        self._read.pop(key, None)
+    def forget(self, key: Key) -> None:
+        with self._lock:
+            self._read.pop(key, None)
+            self._found.pop(key, None)
+            self._running.pop(key, None)  # a read under way finishes into nothing
+
+    def close(self) -> None:
+        """Stop reading: queued reads are dropped, those under way end within their timeout."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def read(self, job: Mapping, pods: list[dict], log_tail: Callable[..., str]) -> dict | None:
-        """The numbers (None: nothing new to read now). ``log_tail``: the ended rank-0 pod's log
-        tail, from the API server of its cluster."""
+        """The numbers of the job's last finished read, once (None: nothing new); starts a read
+        when one is due. Never waits for a trainer. ``log_tail``: the ended rank-0 pod's log
+        tail, from the API server of its cluster (read on the reader's thread too)."""
         pod = rank0(job, pods)
         if pod is None:
             return None
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
-        ended = terminated(pod)
+        uid = pod["metadata"].get("uid")
         others = replica_reporters(job, pods)  # acrossIslands replicas: each replica's rank 0
         reporters = [pod, *others.values()]
         # an ended reporter's last line is read once; each replica's rank 0 may end after rank 0's
         done = frozenset(p["metadata"].get("uid") for p in reporters if terminated(p))
-        last, last_done = self._read.get(key, (None, None))
-        if done == last_done and (
-            len(done) == len(reporters) or (last is not None and time.monotonic() - last < self.interval)
-        ):
-            return None
-        self._read[key] = (time.monotonic(), done)
+        with self._lock:
+            of, found = self._found.pop(key, (None, None))
+            if of != uid:  # read from a pod of an earlier attempt: not this one's numbers
+                found = None
+            if key in self._running:
+                return found
+            last, last_done = self._read.get(key, (None, None))
+            if done == last_done and (
+                len(done) == len(reporters) or (last is not None and time.monotonic() - last < self.interval)
+            ):
+                return found
+            self._read[key] = (time.monotonic(), done)
+            try:
+                fut = self._pool.submit(self._numbers_of, job, pod, others, log_tail)
+            except RuntimeError:  # closed: the operator is stopping
+                return found
+            self._running[key] = fut
+        fut.add_done_callback(lambda f: self._finished(key, str(uid), f))
+        return found
+
+    def _finished(self, key: Key, uid: str, fut: Future) -> None:
+        with self._lock:
+            if self._running.get(key) is not fut:
+                return  # forgotten meanwhile (the job was deleted)
+            del self._running[key]
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            if exc is None:
+                self._found[key] = (uid, fut.result())
+        if exc is not None:  # a bug, not a slow trainer: the next due read tries again
+            log.warning("reading a trainer's progress failed: %s", exc, extra={"job": "/".join(key)})
+            return
+        self.on_read(key)
+
+    def _numbers_of(
+        self, job: Mapping, pod: Mapping[str, Any], others: Mapping[int, dict], log_tail: Callable[..., str]
+    ) -> dict:
         framework = framework_of(job)
         if framework != HOLMES:  # no metrics port: the framework's own iteration lines
             return framework_progress.from_log(framework, log_tail(pod, lines=FRAMEWORK_TAIL_LINES))
-        found = self.numbers(pod, ended, log_tail)
+        found = self.numbers(pod, terminated(pod), log_tail)
         if others:  # acrossIslands replicas: each replica's rank 0 reports its own world
             found = dict(found or {})
             found[REPLICAS] = {0: {k: v for k, v in found.items() if k != REPLICAS}}

@@ -36,6 +36,9 @@ the admin's answer to it.
 
 GPUs: ``gpus`` is the allocatable ``nvidia.com/gpu`` of the device plugin; a node without it
 counts the whole GPUs NVIDIA's DRA driver publishes in its slices (``gpu_source`` says which).
+Either way, less the GPUs other pods hold when the operator's capacity view says so
+(:data:`GPUS_TAKEN_KEY` on an in-memory copy of the Node, written by
+``holmes.operator.core.capacity.free_view``): one count whichever route offers the GPUs.
 The GPU product is GPU Feature Discovery's label when there is one, else the DRA driver's
 ``productName`` (``gpu_product``, priced by gpus.py).
 """
@@ -53,6 +56,9 @@ from holmes.contract.names import ETHERNET, INFINIBAND, RDMA_KINDS, ROCE
 
 from . import dra
 
+# GPUs other pods hold on the node, on an in-memory copy (never written to the API server): the
+# capacity view's way to lower a node's GPUs, whether the device plugin or DRA offers them.
+GPUS_TAKEN_KEY = "holmes.dev/gpusTaken"
 # Spellings an admin may write in holmes.dev/nic or a link-layer label.
 _KIND_ALIASES = {
     "infiniband": INFINIBAND,
@@ -113,7 +119,7 @@ class NodeNic:
     cluster: str  # island name from the cluster label
     nic: str  # infiniband | roce | ethernet
     gbps: float  # all NICs of the node together, Gbit/s
-    gpus: int  # allocatable nvidia.com/gpu
+    gpus: int  # allocatable nvidia.com/gpu, or DRA GPUs; less those taken (GPUS_TAKEN_KEY)
     rdma_resource: str | None = None  # e.g. "rdma/rdma_shared_device_a": pods request it
     hcas: tuple[str, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -274,6 +280,7 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
     dra_gpus = devices.gpus if devices else ()
     if not gpus and dra_gpus:
         gpus, gpu_source = len(dra_gpus), "dra"
+    gpus = max(gpus - _quantity_int(node.get(GPUS_TAKEN_KEY, 0)), 0)
     products = sorted({g.product for g in dra_gpus if g.product})
     if len(products) > 1 and names.LABEL_GPU_PRODUCT not in labels:
         problems.append(
@@ -360,6 +367,7 @@ class _Classified:
             tuple((status.get("allocatable") or {}).items()),
             tuple((c.get("type"), str(c.get("status"))) for c in status.get("conditions") or ()),
             bool(spec.get("unschedulable")),
+            node.get(GPUS_TAKEN_KEY),
         )
 
     def get(self, node: Mapping[str, Any], m: NicMapping) -> NodeNic:

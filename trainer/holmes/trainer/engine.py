@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from holmes.contract import ModelCost, flops
 from holmes.contract import trainer_metrics as wire
-from holmes.contract.layout import Layout
+from holmes.contract.layout import Layout, layout_signature
 
 from . import checkpoint, fabric, outer, preempt
 from .assemble import load_start_weights, stage_model
@@ -50,26 +50,6 @@ def learning_rate(cfg: OptimizerConfig, iteration: int, total: int) -> float:
     if cfg.decay == "linear":
         return lr + (lo - lr) * progress
     return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * progress))
-
-
-def layout_signature(layout: Layout) -> dict[str, Any]:
-    return {
-        "pipeline": layout.pipeline,
-        "data": layout.data,
-        "tensor": layout.tensor,
-        "stageLayers": [list(s.layers) for s in layout.stages],
-        "microBatchSize": layout.micro_batch_size,
-        "microBatches": layout.micro_batches,
-        # virtual stages: which layers each chunk holds (the spans alone may coincide)
-        **(
-            {
-                "pipelineSchedule": layout.schedule,
-                "chunks": [[list(c) for c in s.chunks] for s in layout.stages],
-            }
-            if layout.virtual_stages > 1
-            else {}
-        ),
-    }
 
 
 def replicas_of(cfg: TrainConfig, place: outer.ReplicaPlace | None) -> outer.ReplicaPlace | None:

@@ -5,11 +5,12 @@ lock against this view.
 
 - ``PodShape``: what one pod of a job asks for (GPUs, CPU, memory) and where it may go (the
   template's nodeSelector, required node affinity, tolerations).
-- ``Ledger``: per node, what pods hold: every pod that has not ended, counted on its node
-  (``spec.nodeName``, else ``status.nominatedNodeName``, else for Holmes' own pods the node its
-  layout pinned it to), plus the ranks of launched Holmes attempts whose pods are not created
-  yet (their ConfigMap's layout names the nodes). Rebuilt from the API's objects at every plan,
-  so an operator restart loses nothing.
+- ``Ledger``: per node, what pods hold (``held``: GPUs count the same whether a pod asked for
+  them as the device plugin's resource or through a DRA claim): every pod that has not ended,
+  counted on its node (``spec.nodeName``, else ``status.nominatedNodeName``, else for Holmes'
+  own pods the node its layout pinned it to), plus the ranks of launched Holmes attempts whose
+  pods are not created yet (their ConfigMap's layout names the nodes). Rebuilt from the API's
+  objects at every plan, so an operator restart loses nothing.
 - Placement on that view (placement.on_free_capacity): a job first plans on the nodes that
   could ever run its pods (taints, selectors, affinity, CPU/memory): when that fails it waits for
   nodes (``InsufficientNodes``). Then the jobs ahead of it in the queue take their share (a job
@@ -37,6 +38,7 @@ from typing import Any
 from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE, RESOURCE_GPU
 from holmes.plan import InsufficientNodes
+from holmes.plan.discovery import GPUS_TAKEN_KEY
 
 from . import child_names
 
@@ -269,6 +271,20 @@ def _is_holmes(meta: Mapping) -> bool:
     )
 
 
+def held(pod: Mapping, gpu_resource: str = RESOURCE_GPU) -> dict[str, float]:
+    """What a pod (full or slim) holds on its node: its requests, with the GPUs of its DRA claim
+    counted as ``gpu_resource`` too. A Holmes pod on DRA GPUs has no GPU limit (its claim holds
+    them); render.py notes their number on it (``ANN_CLAIM_GPUS``) so the ledger counts GPUs the
+    same way whichever route asked for them (as ``pod_shape`` does for ranks not created yet)."""
+    spec = pod.get("spec") or {}
+    out = dict(spec["requests"] if isinstance(spec.get("requests"), Mapping) else pod_requests(spec))
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    claimed = quantity(ann.get(child_names.ANN_CLAIM_GPUS))
+    if claimed:
+        out[gpu_resource] = out.get(gpu_resource, 0.0) + claimed
+    return out
+
+
 def slim_pod(pod: Mapping) -> dict:
     """What capacity needs of a pod (the cluster-wide pod cache keeps only this)."""
     meta, spec, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
@@ -284,16 +300,13 @@ def slim_pod(pod: Mapping) -> dict:
                 for k, v in (meta.get("labels") or {}).items()
                 if k in (child_names.LABEL_JOB, child_names.LABEL_MANAGED_BY, child_names.LABEL_ATTEMPT)
             },
-            "annotations": {k: v for k, v in ann.items() if k == child_names.ANN_NODE},
+            "annotations": {
+                k: v for k, v in ann.items() if k in (child_names.ANN_NODE, child_names.ANN_CLAIM_GPUS)
+            },
         },
         "spec": {"nodeName": spec.get("nodeName"), "requests": pod_requests(spec)},
         "status": {"phase": st.get("phase"), "nominatedNodeName": st.get("nominatedNodeName")},
     }
-
-
-def _requests_of(pod: Mapping) -> Mapping[str, float]:
-    spec = pod.get("spec") or {}
-    return spec["requests"] if isinstance(spec.get("requests"), Mapping) else pod_requests(spec)
 
 
 def owner_of(pod: Mapping) -> str:
@@ -325,9 +338,15 @@ class Ledger:
         self.holders.setdefault(node, set()).add(holder)
 
     @classmethod
-    def of(cls, pods: Iterable[Mapping], launched: Iterable[Launched] = (), skip_job: str = "") -> Ledger:
-        """What pods hold, plus the ranks of launched attempts not created yet; ``skip_job``
-        (namespace/name) is the job being planned: its own pods are its to replace."""
+    def of(
+        cls,
+        pods: Iterable[Mapping],
+        launched: Iterable[Launched] = (),
+        skip_job: str = "",
+        gpu_resource: str = RESOURCE_GPU,
+    ) -> Ledger:
+        """What pods hold (``held``), plus the ranks of launched attempts not created yet;
+        ``skip_job`` (namespace/name) is the job being planned: its own pods are its to replace."""
         led = cls()
         have: set[tuple[str, str]] = set()
         for p in pods:
@@ -340,7 +359,7 @@ class Ledger:
                 continue
             node = pod_node(p)
             if node:
-                led.add(node, _requests_of(p), holder)
+                led.add(node, held(p, gpu_resource), holder)
         for lj in launched:
             if lj.job == skip_job:
                 continue
@@ -354,8 +373,10 @@ class Ledger:
 def free_view(
     nodes: Sequence[Mapping], shape: PodShape, led: Ledger, gpu_resource: str = RESOURCE_GPU
 ) -> tuple[list[dict], dict[str, str]]:
-    """The nodes as the planner should see them for this job: allocatable GPUs reduced to what
-    is free; nodes the job's pods cannot use left out, with why (node name -> reason)."""
+    """The nodes as the planner should see them for this job: GPUs reduced to what is free (the
+    GPUs pods hold as :data:`GPUS_TAKEN_KEY`, which discovery subtracts from the device plugin's
+    or the DRA driver's count alike); nodes the job's pods cannot use left out, with why (node
+    name -> reason)."""
     view, out = [], {}
     for n in nodes:
         name = (n.get("metadata") or {}).get("name") or ""
@@ -373,11 +394,8 @@ def free_view(
         if short:
             out[name] = ", ".join(short)
             continue
-        gpus = int(max((quantity(alloc.get(gpu_resource)) or 0.0) - used.get(gpu_resource, 0.0), 0.0))
-        if (quantity(alloc.get(gpu_resource)) or 0) != gpus:  # a copy of the path it changes only
-            status = {**(n.get("status") or {}), "allocatable": {**alloc, gpu_resource: str(gpus)}}
-            n = {**n, "status": status}
-        view.append(n)
+        taken = math.ceil(used.get(gpu_resource, 0.0))
+        view.append({**n, GPUS_TAKEN_KEY: taken} if taken > 0 else n)  # a shallow copy: shared parts
     return view, out
 
 
@@ -551,10 +569,6 @@ def shared_state(
     # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
     ahead = [] if mine is None else [w for w in queue if w.key < mine]
     return SharedState(pods=list(seen.pods), launched=launched, ahead=ahead)
-
-
-def gpus(node: Mapping, gpu_resource: str) -> int:
-    return int(quantity(((node.get("status") or {}).get("allocatable") or {}).get(gpu_resource)) or 0)
 
 
 def selected(nodes: Sequence[Mapping], spec: JobSpec) -> list:

@@ -24,6 +24,8 @@ ANN_ATTEMPT = "holmes.dev/attempt"
 ANN_SPEC_HASH = "holmes.dev/spec-hash"  # model+training+parallelism+nodes+template
 ANN_MODEL_HASH = "holmes.dev/model-hash"  # model alone (immutable once started)
 ANN_NODE = "holmes.dev/node"
+# The GPUs a pod's DRA claim holds (it has no GPU limit): what the capacity ledger counts.
+ANN_CLAIM_GPUS = "holmes.dev/claim-gpus"
 
 TRAINER_CONTAINER = "trainer"
 LAYOUT_MOUNT = "/etc/holmes"

@@ -23,7 +23,15 @@ from datetime import datetime
 
 from holmes.contract import JobSpec, Layout
 from holmes.contract.names import RESOURCE_GPU
-from holmes.plan import Budget, CostModelConfig, InsufficientNodes, PlanError, PlanTooLarge, plan
+from holmes.plan import (
+    Budget,
+    CostModelConfig,
+    InsufficientNodes,
+    PlanError,
+    PlanTooLarge,
+    classify_nodes,
+    plan,
+)
 from holmes.plan.budget import DEFAULT_UNITS
 from holmes.plan.calibrate import Calibration, assess
 from holmes.plan.measured import Measured
@@ -102,7 +110,7 @@ def on_free_capacity(
     state = capacity.shared_state(
         where.job, where.facts.workloads, where.priority_classes or {}, gpu_resource=gpu
     )
-    led = capacity.Ledger.of(state.pods, state.launched, skip_job=where.key)
+    led = capacity.Ledger.of(state.pods, state.launched, skip_job=where.key, gpu_resource=gpu)
     blocked: dict[str, str] = {}
     for w in state.ahead:
         # only the nodes its selector matches: it keeps none that it could never use
@@ -113,33 +121,39 @@ def on_free_capacity(
             capacity.take(led, fit(view, w.spec, where, ahead).nodes, w.shape, w.job)
             continue
         except PlanTooLarge:  # too costly to weigh in another job's placement: as if it waits
-            keep_for(w, view, blocked, gpu)
+            keep_for(w, view, blocked, where)
             continue
         except PlanError:
             pass
         try:  # could it ever run here?
             fit(capacity.free_view(mine, w.shape, capacity.Ledger(), gpu)[0], w.spec, where, ahead)
         except PlanTooLarge:
-            keep_for(w, view, blocked, gpu)
+            keep_for(w, view, blocked, where)
             continue
         except PlanError:
             continue  # it cannot run here at all: it holds nothing
-        keep_for(w, view, blocked, gpu)  # it waits: what it could use now stays free for it
+        keep_for(w, view, blocked, where)  # it waits: what it could use now stays free for it
     view, _ = capacity.free_view(capacity.without(nodes, blocked), shape, led, gpu)
     try:
         return fit(view, spec, where, budget)
     except InsufficientNodes:
         pass
     fitting = [
-        x for x in view if capacity.gpus(x, gpu) >= spec.nodes.gpus_per_node and not where.facts.unusable(x)
+        x for x in view if free_gpus(x, where) >= spec.nodes.gpus_per_node and not where.facts.unusable(x)
     ]
     raise capacity.WaitingForCapacity(capacity.waiting_message(spec, shape, fitting, led, blocked)) from None
 
 
-def keep_for(w: capacity.Waiting, view: Sequence[Mapping], blocked: dict[str, str], gpu: str) -> None:
+def free_gpus(node: Mapping, where: Placement) -> int:
+    """The GPUs of a node of the free view, counted as the planner counts them (device plugin
+    or DRA, less those taken)."""
+    return classify_nodes([node], where.facts.cost_model.nic_mapping)[0].gpus
+
+
+def keep_for(w: capacity.Waiting, view: Sequence[Mapping], blocked: dict[str, str], where: Placement) -> None:
     """A job ahead that waits keeps the nodes of ``view`` it could use free for itself."""
     for n in view:
-        if capacity.gpus(n, gpu) >= w.spec.nodes.gpus_per_node:
+        if free_gpus(n, where) >= w.spec.nodes.gpus_per_node:
             blocked.setdefault(n["metadata"]["name"], w.job)
 
 

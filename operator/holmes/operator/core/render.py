@@ -313,6 +313,8 @@ def build_pod(
     annotations = dict(tmeta.get("annotations") or {})
     annotations.update(route.annotations)
     annotations.update({child_names.ANN_NODE: node, child_names.ANN_SPEC_HASH: job.spec_hash})
+    if route.claim is not None and route.claim.gpus:  # no GPU limit: capacity.held counts these
+        annotations[child_names.ANN_CLAIM_GPUS] = str(layout.gpus_per_node)
 
     containers = [dict(c) for c in pspec.get("containers") or []]
     idx = next((i for i, c in enumerate(containers) if c.get("name") == child_names.TRAINER_CONTAINER), 0)

@@ -5,7 +5,8 @@ inside it, meeting every innerSteps steps in the outer group (holmes.trainer.out
 - ``choose``: pipeline or replicas for this job on these nodes (auto: holmes.plan.across_plan's
   verdict; one cluster: nothing to cross, the pipeline).
 - ``plan_replicas``: each cluster's replica layout (across_plan.replica_layouts), refused when the
-  replicas would not pair their optimizer shards rank by rank (the trainer's layout signature).
+  replicas would not pair their optimizer shards rank by rank (``check_paired``: the contract's
+  layout signature, which the trainer checks when they meet).
 - ``slots``: where each replica's pods start in the job's pod numbering, its rendezvous and
   metrics ports and the outer group's address (replica 0's first pod, a port of its own).
 - ``build_configmap``: the job's ConfigMap with every replica's layout (``layout-<r>.json``),
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from holmes.contract import JobSpec, Layout
+from holmes.contract.layout import layout_signature
 from holmes.plan import PlanError
 from holmes.plan.across_plan import clusters_of, compare_across, replica_job, replica_layouts
 from holmes.plan.costmodel import CostModelConfig
@@ -73,7 +75,14 @@ def plan_replicas(spec: JobSpec, nodes: Sequence[Any], cfg: CostModelConfig) -> 
     """One replica per cluster of ``nodes``; PlanError saying why when a cluster cannot hold one
     or the replicas' layouts differ (their optimizer shards pair rank by rank)."""
     planned = replica_layouts(clusters_of(nodes), spec, cfg)
-    shapes = {name: signature(lay) for name, lay in planned}
+    check_paired(planned)
+    return ReplicaPlan(tuple(n for n, _ in planned), tuple(lay for _, lay in planned))
+
+
+def check_paired(planned: Sequence[tuple[str, Layout]]) -> None:
+    """PlanError unless every replica's layout has one signature (the trainer's, from the
+    contract: replicas whose signatures differ are refused when they meet)."""
+    shapes = {name: layout_signature(lay) for name, lay in planned}
     if len({json.dumps(s, sort_keys=True) for s in shapes.values()}) > 1:
         raise PlanError(
             "the replicas' best layouts differ ("
@@ -81,23 +90,11 @@ def plan_replicas(spec: JobSpec, nodes: Sequence[Any], cfg: CostModelConfig) -> 
             + "), and replicas pair their optimizer shards rank by rank: give every cluster the "
             "same nodes (count and GPUs), or set parallelism.pipeline and parallelism.data"
         )
-    return ReplicaPlan(tuple(n for n, _ in planned), tuple(lay for _, lay in planned))
-
-
-def signature(layout: Layout) -> dict[str, Any]:
-    """What replicas must share (holmes.trainer.engine.layout_signature's fields)."""
-    return {
-        "pipeline": layout.pipeline,
-        "data": layout.data,
-        "tensor": layout.tensor,
-        "stageLayers": [list(s.layers) for s in layout.stages],
-        "microBatchSize": layout.micro_batch_size,
-        "microBatches": layout.micro_batches,
-    }
 
 
 def describe(sig: Mapping[str, Any]) -> str:
-    return f"{sig['pipeline']}x{sig['data']}x{sig['tensor']} layers {sig['stageLayers']}"
+    chunks = f" chunks {sig['chunks']}" if "chunks" in sig else ""
+    return f"{sig['pipeline']}x{sig['data']}x{sig['tensor']} layers {sig['stageLayers']}{chunks}"
 
 
 def slots(job: JobRef, plan: ReplicaPlan, settings: RenderSettings) -> list[ReplicaSlot]:
