@@ -15,7 +15,7 @@ from holmes.operator import placement_facts
 from holmes.operator.core import capacity, child_names, queueing
 from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads, free_view, pod_shape
 from holmes.operator.core.placement import Placement, on_free_capacity
-from holmes.plan import InsufficientNodes, classify_nodes
+from holmes.plan import InsufficientNodes, NicMapping, classify_nodes
 
 from . import kueue_standin as kueue
 from .opfixtures import T0, FakeWorld, default_nodes, manifest, with_link_layers
@@ -585,6 +585,29 @@ def test_kueue_flavor_not_found_waits_and_a_changed_shape_recreates_the_workload
 
 
 # ---- Volcano ------------------------------------------------------------------------------------
+
+
+def test_the_gpu_resource_is_the_cost_models_in_limits_capacity_and_the_podgroup():
+    """nicMapping.gpuResource names the GPUs discovery counts; the pods' limits, the capacity
+    ledger and the PodGroup use the same name (they used a fixed nvidia.com/gpu before)."""
+    sw = SharedWorld(job("a", 3, template=template(schedulerName="volcano")), job("b", 3), job("c", 3))
+    amd = placement_facts.builtin_cost_model(NicMapping(gpu_resource="amd.com/gpu"))
+    for n in sw.nodes:
+        alloc = n["status"]["allocatable"]
+        alloc["amd.com/gpu"] = alloc.pop("nvidia.com/gpu")
+    for w in sw.worlds.values():
+        w.cost_model = amd
+    sw.step("a")
+    assert sw.worlds["a"].podgroup["spec"]["minResources"] == {"amd.com/gpu": "6"}
+    sw.worlds["a"].volcano_sets("Inqueue")
+    sw.step()
+    for name in ("a", "b"):
+        for p in sw.worlds[name].pods.values():
+            limits = p["spec"]["containers"][0]["resources"]["limits"]
+            assert limits["amd.com/gpu"] == 2 and "nvidia.com/gpu" not in limits
+    # the ledger counts them: the third job waits for the same GPUs
+    assert sw.reason("c") == "WaitingForCapacity" and not sw.worlds["c"].pods
+    assert "2 amd.com/gpu free per pod" in sw.worlds["c"].condition("Reconciling")["message"]
 
 
 def test_volcano_jobs_get_a_podgroup_of_the_gang_and_annotated_pods():

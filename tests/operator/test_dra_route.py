@@ -111,6 +111,17 @@ def test_the_operator_creates_one_template_and_every_pod_claims_it():
         assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
 
 
+def test_a_volcano_podgroup_asks_for_no_gpus_its_pods_claim_through_dra():
+    """Volcano's queue admits a group only when it can hold minResources; DRA nodes advertise no
+    nvidia.com/gpu, so a group asking for them would wait for ever."""
+    from holmes.cli import load_nodes
+
+    job = yaml.safe_load(open("examples/jobs/gpt-7b-zones.yaml"))
+    job["spec"].setdefault("template", {}).setdefault("spec", {})["schedulerName"] = "volcano"
+    (pg,) = [o for o in children(job, load_nodes("examples/nodes/dra.yaml")) if o["kind"] == "PodGroup"]
+    assert pg["spec"]["minMember"] == 8 and "nvidia.com/gpu" not in pg["spec"].get("minResources", {}), pg
+
+
 def test_holmes_plan_pods_shows_the_claims(capsys):
     main(["plan", "--nodes", "examples/nodes/dra.yaml", "--job", "examples/jobs/gpt-7b-zones.yaml", "--pods"])
     items = yaml.safe_load(capsys.readouterr().out)["items"]

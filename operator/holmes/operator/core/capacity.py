@@ -149,10 +149,13 @@ class PodShape:
     affinity_terms: tuple = ()  # required nodeSelectorTerms (any one must match)
     tolerations: tuple = ()
     node_labels: Mapping[str, str] = field(default_factory=dict)  # e.g. Kueue's admitted flavors
+    gpu_resource: str = RESOURCE_GPU  # the name its GPUs are requested by
 
     def describe(self) -> str:
         parts = [
-            f"{show(k, v)} {k}" for k, v in sorted(self.requests.items()) if k in (RESOURCE_GPU, CPU, MEMORY)
+            f"{show(k, v)} {k}"
+            for k, v in sorted(self.requests.items())
+            if k in (self.gpu_resource, CPU, MEMORY)
         ]
         return ", ".join(parts) or "nothing"
 
@@ -176,7 +179,7 @@ def pod_shape(spec: JobSpec, gpu_resource: str = RESOURCE_GPU) -> PodShape:
     terms = tuple((required or {}).get("nodeSelectorTerms") or ()) if isinstance(required, Mapping) else ()
     sel = tspec.get("nodeSelector") if isinstance(tspec.get("nodeSelector"), Mapping) else {}
     tol = tuple(t for t in tspec.get("tolerations") or () if isinstance(t, Mapping))
-    return PodShape(requests=req, node_selector=dict(sel), affinity_terms=terms, tolerations=tol)
+    return PodShape(req, dict(sel), terms, tol, gpu_resource=gpu_resource)
 
 
 def _tolerates(tolerations: Iterable[Mapping], taint: Mapping) -> bool:

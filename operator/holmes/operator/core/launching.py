@@ -4,6 +4,9 @@ launch. Part of the reconcile state machine (reconcile.py); pure."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from holmes.contract import JobSpec, Layout
 from holmes.plan import InsufficientNodes, PlanError
 
@@ -90,20 +93,15 @@ class Launching(JobState):
         mismatch = framework_launch.plan_conflicts(spec, layout)  # spec.framework: the user's arguments
         if mismatch:
             return self.stall("InvalidSpec", "; ".join(mismatch))
-        if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup, admitted first
-            shape = capacity.pod_shape(spec, self.settings.gpu_resource)
-            self.d.podgroup = queueing.build_podgroup(
-                self.name, self.ns, len(layout.nodes), shape, spec.template
-            )
-            started = any(pod_attempt(p) == self.attempt for p in self.pods)
-            why = queueing.podgroup_wait(self.obs.podgroup, self.d.podgroup, started)
-            if why is not None:
-                return self.wait_for_podgroup(why)
         nets = {n: self.facts.network(by_name[n]) for n in layout.nodes}
         try:  # every node's route first: a node the network settings cannot serve gets nothing
             pod_routes = job_routes(spec, layout, nets)
         except RouteError as e:
             return self.stall("InvalidSpec", f"{e}{validation.FIX}")
+        if queueing.volcano_group(spec.template):  # the gang as a Volcano PodGroup, admitted first
+            why = self.podgroup_first(spec, pod_routes)
+            if why is not None:
+                return self.wait_for_podgroup(why)
         ref = self.job_ref()
         claimed = [n for n, r in pod_routes.items() if r.claim is not None]
         if claimed and self.obs.members is not None:
@@ -213,15 +211,6 @@ class Launching(JobState):
         elif any(n not in by_name for n in plan.nodes):
             self.teardown()  # a planned node vanished: plan again
             return self.launch(spec)
-        if queueing.volcano_group(spec.template):  # every replica's pods: one gang, admitted first
-            shape = capacity.pod_shape(spec, self.settings.gpu_resource)
-            self.d.podgroup = queueing.build_podgroup(
-                self.name, self.ns, len(plan.nodes), shape, spec.template
-            )
-            started = any(pod_attempt(p) == self.attempt for p in self.pods)
-            why = queueing.podgroup_wait(self.obs.podgroup, self.d.podgroup, started)
-            if why is not None:
-                return self.wait_for_podgroup(why)
         nets = {n: self.facts.network(by_name[n]) for n in plan.nodes}
         pod_routes = {}
         try:  # each replica's routes inside its own island(s)
@@ -229,6 +218,10 @@ class Launching(JobState):
                 pod_routes.update(job_routes(spec, lay, {n: nets[n] for n in lay.nodes}))
         except RouteError as e:
             return self.stall("InvalidSpec", f"{e}{validation.FIX}")
+        if queueing.volcano_group(spec.template):  # every replica's pods: one gang, admitted first
+            why = self.podgroup_first(spec, pod_routes)
+            if why is not None:
+                return self.wait_for_podgroup(why)
         ref = self.job_ref()
         self.d.claim_templates = claim_templates(
             ref.name, ref.namespace, pod_routes.values(), render.child_labels(ref)
@@ -285,6 +278,17 @@ class Launching(JobState):
         )
         self.d.requeue_after = self.until_deadline(1.0)
         return self.d
+
+    def podgroup_first(self, spec: JobSpec, pod_routes: Mapping[str, Any]) -> str | None:
+        """The gang's Volcano PodGroup (``self.d.podgroup``), and why its pods wait for it (None:
+        create them)."""
+        shape = capacity.pod_shape(spec, self.settings.gpu_resource)
+        claimed = sum(1 for r in pod_routes.values() if r.claim is not None and r.claim.gpus)
+        self.d.podgroup = queueing.build_podgroup(
+            self.name, self.ns, len(pod_routes), shape, spec.template, claimed
+        )
+        started = any(pod_attempt(p) == self.attempt for p in self.pods)
+        return queueing.podgroup_wait(self.obs.podgroup, self.d.podgroup, started)
 
     def wait_for_podgroup(self, why: str) -> Decision:
         """Volcano's queue has not admitted the gang's PodGroup: its pods wait uncreated (as

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from holmes.contract.names import LABEL_KUEUE_QUEUE, RESOURCE_GPU
+from holmes.contract.names import LABEL_KUEUE_QUEUE
 
 from . import child_names
 from .capacity import CPU, MEMORY, PodShape, show
@@ -458,15 +458,24 @@ def podgroup_name(job: str) -> str:
 
 
 def build_podgroup(
-    job: str, namespace: str, min_member: int, shape: PodShape, template: Mapping | None
+    job: str,
+    namespace: str,
+    min_member: int,
+    shape: PodShape,
+    template: Mapping | None,
+    claimed: int = 0,
 ) -> dict:
+    """The gang's PodGroup. ``claimed``: its pods whose GPUs come with a DRA claim, not as the
+    shape's GPU resource; Volcano's queue would hold a group that asks it for GPUs their nodes
+    do not advertise as that resource, so minResources counts the others' GPUs only."""
     ann = ((template or {}).get("metadata") or {}).get("annotations") or {}
+    members = {shape.gpu_resource: min_member - claimed, CPU: min_member, MEMORY: min_member}
     spec: dict[str, Any] = {
         "minMember": min_member,
         "minResources": {
-            k: _quantity_text(k, v * min_member)
+            k: _quantity_text(k, v * members[k])
             for k, v in sorted(shape.requests.items())
-            if v and k in (RESOURCE_GPU, CPU, MEMORY)
+            if v and members.get(k)
         },
     }
     if isinstance(ann, Mapping) and ann.get(ANN_VOLCANO_QUEUE):

@@ -55,7 +55,7 @@ class RenderSettings:
     image: str = "holmes-trainer:latest"
     master_port: int = 29500
     metrics_port: int = 29510  # the rank-0 trainer's Prometheus endpoint (off dcgm-exporter's 9400)
-    gpu_resource: str = RESOURCE_GPU
+    gpu_resource: str = RESOURCE_GPU  # each reconcile sets the cost model's nicMapping.gpuResource (state.py)
     # Pods sharing a network namespace (hostNetwork: true, or the local node agent) cannot all
     # listen on one fixed port: with a range, each attempt gets its own pair of ports.
     port_range: tuple[int, int] | None = None

@@ -6,7 +6,7 @@ restarts by reason. Pure."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from holmes.contract import JobSpec, Layout, LayoutError
@@ -144,7 +144,10 @@ class JobState:
     def __init__(
         self, obs: Observed, facts: PlacementFacts, settings: RenderSettings, backoff: RestartBackoff
     ):
-        self.obs, self.facts, self.settings, self.backoff = obs, facts, settings, backoff
+        self.obs, self.facts, self.backoff = obs, facts, backoff
+        # GPUs are the resource discovery counts: the cost model's nicMapping.gpuResource (its
+        # file can change while the operator runs)
+        self.settings = replace(settings, gpu_resource=facts.cost_model.nic_mapping.gpu_resource)
         self.node_labels: dict[str, str] = {}  # Kueue's admitted flavors: placement stays on them
         self.job = obs.job
         meta = self.job.get("metadata") or {}
