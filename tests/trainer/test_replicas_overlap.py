@@ -163,3 +163,27 @@ def test_overlap_beyond_one_exchange_in_flight_is_refused_naming_the_field():
     spec = replace(overlapped(inner_steps=4, fragments=2), overlap_steps=3)
     with pytest.raises(outer.ReplicaError, match="overlapSteps 3 exceeds innerSteps / fragments = 2"):
         outer.OuterSync(type("Opt", (), {"masters": lambda self: []})(), spec, outer.LocalGroup())
+
+
+def rejoining(rank, place, cfg, layout):
+    """Replica 0 stands at iteration 5 with a settled exchange whose mix is due after step 6;
+    replica 1 starts fresh and joins."""
+    from holmes.trainer.engine import layout_signature
+
+    t = Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo", replica=place)
+    if place.replica == 0:
+        t.outer.resume({"outerInFlight": {"fragment": 1, "sentAt": 4, "applyAt": 6}})
+    iteration = t.outer.join(5 if place.replica == 0 else 0, layout_signature(layout))
+    f = t.outer.in_flight
+    return {
+        "iteration": iteration,
+        "due": None if f is None else (f.fragment, f.sent_at, f.apply_at, f.settled),
+    }
+
+
+def test_a_replica_behind_takes_the_mix_still_due_from_the_one_furthest_on():
+    cfg = tiny_config(global_batch_size=8).with_(
+        across_islands=overlapped(inner_steps=4, fragments=2, overlap_steps=2)
+    )
+    got = run_replica_ranks(2, 1, rejoining, cfg, make_layout(1, 1, [4], 2, 4))
+    assert got[(0, 0)] == got[(1, 0)] == {"iteration": 5, "due": (1, 4, 6, True)}
