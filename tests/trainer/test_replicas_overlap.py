@@ -138,7 +138,8 @@ def test_the_outer_all_reduce_is_issued_before_the_steps_it_overlaps_and_waited_
         assert issued == [("issue", 2, r, "torch.bfloat16")] * 2  # on the outer group of 2 replicas
 
 
-def test_a_checkpoint_taken_mid_exchange_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_checkpoint_taken_mid_exchange_resumes_exactly(tmp_path, asynchronous):
     """Sent after step 4, due after step 6, the checkpoint at 5 falls in between: it holds the
     outer step taken early and the mix still due, so stopping at 5 and resuming ends where a
     run that never saved (and waited at 6) does."""
@@ -146,7 +147,9 @@ def test_a_checkpoint_taken_mid_exchange_resumes_exactly(tmp_path):
     constant = OptimizerConfig(kind="adamw", learning_rate=1e-3, decay="constant", warmup_iterations=0)
     base = tiny_config(global_batch_size=8, iterations=8, optimizer=constant).with_(
         across_islands=overlapped(inner_steps=4, overlap_steps=2, outer_momentum=0.9),
-        checkpoint=CheckpointConfig(path=str(tmp_path / "a"), interval_iterations=5, asynchronous=False),
+        checkpoint=CheckpointConfig(
+            path=str(tmp_path / "a"), interval_iterations=5, asynchronous=asynchronous
+        ),
     )
     unsaved = base.with_(checkpoint=CheckpointConfig(path=None))
     whole = run_replica_ranks(2, 1, train_replica, unsaved, lay)
