@@ -19,7 +19,9 @@ CPU to the other. The same job runs once per --overlap value (innerSteps --inner
               beside the planner's estimate (holmes.plan.across_plan.hidden_fraction) from
               compute_s and exchange_s
 
-The last line is one JSON object. No sch_netem on this kernel: the link has bandwidth, no delay.
+--repeat runs every case that many rounds, each round against its own overlap 0 (the machine's
+load drifts between rounds); the last line is one JSON object with every round and the median
+hidden share per overlap. No sch_netem on this kernel: the link has bandwidth, no delay.
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ def summarize(runs: dict[int, list[dict]], fragments: int) -> dict[str, Any]:
 
 def run_case(a, ns, limits, names, workdir: str, overlap: int) -> list[dict]:
     d = os.path.join(workdir, f"overlap-{overlap}")
-    os.makedirs(d)
+    os.makedirs(d)  # and workdir, a round's own
     job_file = os.path.join(d, "job.yaml")
     with open(job_file, "w") as f:
         yaml.safe_dump(job(a, overlap), f)
@@ -215,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inner-steps", type=int, default=8)
     ap.add_argument("--fragments", type=int, default=2)
     ap.add_argument("--overlap", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of every case, each its own baseline")
     ap.add_argument("--timeout", type=float, default=600)
     a = ap.parse_args(argv)
     if a.smoke:
@@ -227,28 +230,42 @@ def main(argv: list[str] | None = None) -> int:
     names = (f"ov{os.getpid()}a", f"ov{os.getpid()}b")  # cgroups of this run's own: others may run
     workdir = tempfile.mkdtemp(prefix="holmes-overlap-")
     limits = None
-    runs: dict[int, list[dict]] = {}
+    rounds: list[dict[str, Any]] = []
     try:
         for cmd in link_commands(ns, a.mbit):
             fab.run(cmd)
         limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False)
-        for tau in [0, *a.overlap]:
-            print(f">> overlapSteps {tau}", file=sys.stderr, flush=True)
-            runs[tau] = run_case(a, ns, limits, names, workdir, tau)
+        for k in range(a.repeat):  # a round's cases minutes apart at most: the machine's load drifts
+            runs: dict[int, list[dict]] = {}
+            for tau in [0, *a.overlap]:
+                print(f">> round {k + 1}: overlapSteps {tau}", file=sys.stderr, flush=True)
+                runs[tau] = run_case(a, ns, limits, names, os.path.join(workdir, f"round-{k}"), tau)
+            rounds.append(summarize(runs, a.fragments))
     finally:
         fe.kill_tree(list(fe.LIVE))
         if limits is not None:
             limits.remove()
         for n in ns:
             fab.run(["ip", "netns", "del", n], check=False)
-    result = {"mbit": a.mbit, "cores": a.cores, **summarize(runs, a.fragments)}
-    print(f"{'overlap':>7} {'s/it':>7} {'exposed':>8} {'hidden':>7} {'planned':>8} {'wait':>7}")
-    for r in result["runs"]:
-        print(
-            f"{r['overlapSteps']:7d} {r['secondsPerIteration']:7.3f} {r['exposedSeconds']:8.3f} "
-            f"{r['hiddenMeasured']:7.2f} {r['hiddenPlanned']:8.2f} {r['waitSeconds']:7.3f}"
+    print(f"{'round':>5} {'overlap':>7} {'s/it':>7} {'exposed':>8} {'hidden':>7} {'planned':>8} {'wait':>7}")
+    for k, got in enumerate(rounds, start=1):
+        for r in got["runs"]:
+            print(
+                f"{k:5d} {r['overlapSteps']:7d} {r['secondsPerIteration']:7.3f} {r['exposedSeconds']:8.3f} "
+                f"{r['hiddenMeasured']:7.2f} {r['hiddenPlanned']:8.2f} {r['waitSeconds']:7.3f}"
+            )
+    median = {
+        str(tau): statistics.median(
+            r["hiddenMeasured"] for got in rounds for r in got["runs"] if r["overlapSteps"] == tau
         )
-    print(json.dumps(result, separators=(",", ":")))
+        for tau in a.overlap
+    }
+    print(
+        json.dumps(
+            {"mbit": a.mbit, "cores": a.cores, "medianHidden": median, "rounds": rounds},
+            separators=(",", ":"),
+        )
+    )
     return 0
 
 
