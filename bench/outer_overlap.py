@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -247,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             limits.remove()
         for n in ns:
             fab.run(["ip", "netns", "del", n], check=False)
+    shutil.rmtree(workdir, ignore_errors=True)  # kept, with the logs, when a case failed (raised above)
     print(f"{'round':>5} {'overlap':>7} {'s/it':>7} {'exposed':>8} {'hidden':>7} {'planned':>8} {'wait':>7}")
     for k, got in enumerate(rounds, start=1):
         for r in got["runs"]:
