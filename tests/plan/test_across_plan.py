@@ -40,6 +40,21 @@ def test_the_exchange_grows_as_the_link_slows_and_shrinks_with_bfloat16():
     assert half.exchange_s == pytest.approx(slow.exchange_s / 2, rel=1e-6)
 
 
+def test_overlapped_steps_hide_the_exchange_behind_compute():
+    """tau iterations of compute hide up to tau * compute of each fragment's exchange: a few
+    steps hide part of it on a slow link, enough steps all of it."""
+    plain = compare_across(NODES, job(innerSteps=50, fragments=5), link(0.1))
+    compute = plain.replica.estimate["iterationSeconds"]
+    exposed = plain.replicas_s - compute
+    part = compare_across(NODES, job(innerSteps=50, fragments=5, overlapSteps=1), link(0.1))
+    assert plain.hidden == 0 and 0 < part.hidden < 1
+    assert part.hidden == pytest.approx(compute / (plain.exchange_s / 5))
+    assert part.replicas_s == pytest.approx(compute + (1 - part.hidden) * exposed)
+    assert part.lines[2].startswith("overlap: 21% of the exchange hidden behind 1 inner steps' compute")
+    whole = compare_across(NODES, job(innerSteps=50, fragments=5, overlapSteps=10), link(0.1))
+    assert whole.hidden == 1 and whole.replicas_s == pytest.approx(compute)
+
+
 def test_one_cluster_has_no_link_to_cross():
     east = [n for n in NODES if n["metadata"]["labels"].get("holmes.dev/cluster") == "east"]
     small = load_job(

@@ -581,6 +581,17 @@ class AcrossIslandsSpec:
             enum=EXCHANGE_DTYPES,
         ),
     ] = "float32"
+    overlap_steps: Annotated[
+        int,
+        Field(
+            "With replicas: inner steps each exchange overlaps (Streaming DiLoCo's tau). The "
+            "all-reduce of a fragment's weight change starts when the fragment is due and is "
+            "applied this many steps later, while training goes on; the replica then mixes the "
+            "outer step's weights with its own progress since. 0 (default): synchronous, every "
+            "rank waits on the link. At most innerSteps / fragments, so one exchange is in flight.",
+            minimum=0,
+        ),
+    ] = 0
 
 
 @dataclass(frozen=True)
@@ -1403,6 +1414,12 @@ def cross_check(job: JobSpec) -> list[str]:
         out.append(
             f"spec.training.acrossIslands.fragments: {a.fragments} does not divide innerSteps "
             f"{a.inner_steps}; pick a divisor so every fragment is synchronized once per innerSteps"
+        )
+    elif a.overlap_steps > a.inner_steps // a.fragments:
+        out.append(
+            f"spec.training.acrossIslands.overlapSteps: {a.overlap_steps} exceeds innerSteps / fragments "
+            f"= {a.inner_steps // a.fragments}; one exchange is in flight at a time, so the next fragment "
+            f"due must find the last one applied: make it at most {a.inner_steps // a.fragments}"
         )
     out += _schedule_problems(job)
     world = job.world_size

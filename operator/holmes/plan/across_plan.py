@@ -35,6 +35,16 @@ class AcrossPlan:
     exchange_s: float  # one outer step
     pick: str
     lines: tuple[str, ...]
+    hidden: float = 0.0  # the share of the exchange overlapped with compute (overlapSteps)
+
+
+def hidden_fraction(exchange_s: float, fragments: int, overlap_steps: int, compute_s: float) -> float:
+    """The share of the outer exchange the trainer hides (outer.py, acrossIslands.overlapSteps
+    tau): each fragment's exchange travels while the replica computes tau iterations, so up to
+    tau * compute_s of its exchange_s / fragments is hidden; the rest is waited for when it lands."""
+    if overlap_steps == 0 or exchange_s <= 0:
+        return 0.0
+    return min(1.0, overlap_steps * compute_s / (exchange_s / fragments))
 
 
 def clusters_of(nodes: Sequence[Any]) -> dict[str, list[Any]]:
@@ -128,7 +138,8 @@ def compare_across(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> 
     hops = replica_ring(sorted(groups), cfg.fabric)
     link = ring_link(hops)
     exchange = across.exchange_s(work, link, spec.fragments)
-    rep_s = across.replicas_iteration_s(work, link, spec.inner_steps, fragments=spec.fragments)
+    hidden = hidden_fraction(exchange, spec.fragments, spec.overlap_steps, work.compute_s)
+    rep_s = across.replicas_iteration_s(work, link, spec.inner_steps, hidden, spec.fragments)
     pipe_s = pipeline.estimate["iterationSeconds"]
     ratio, assumption = across.assumed_tokens_ratio(spec.inner_steps)
     pipe_tok, rep_tok = pipe_s, rep_s * ratio  # same tokens per iteration: compare per iteration
@@ -156,4 +167,13 @@ def compare_across(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> 
         f"convergence: {assumption}",
         f"faster per token: {pick}, {faster:.2f}x",
     )
-    return AcrossPlan(pipeline, slowest, R, pipe_s, rep_s, exchange, pick, lines)
+    shown: tuple[str, ...] = lines
+    if spec.overlap_steps:  # after the replicas' line, whose s/iteration it explains
+        shown = (
+            *lines[:2],
+            f"overlap: {hidden:.0%} of the exchange hidden behind {spec.overlap_steps} inner steps' compute "
+            f"(acrossIslands.overlapSteps; each of the {spec.fragments} fragments' exchanges travels while "
+            "the replica trains on)",
+            *lines[2:],
+        )
+    return AcrossPlan(pipeline, slowest, R, pipe_s, rep_s, exchange, pick, shown, hidden)

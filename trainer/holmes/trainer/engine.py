@@ -265,6 +265,8 @@ class Trainer:
         training.checkpoint.asynchronous (and not ``synchronous``) it returns once the state is
         staged; the marker follows when every rank has written (async_checkpoint.py)."""
         root = self.cfg.checkpoint.path
+        # an overlapped outer exchange in flight is settled first: the anchor saved is after it
+        marker = {**marker, **({} if self.outer is None else self.outer.checkpoint_marker())}
         self.opt.wait_param_gathers()
         state = checkpoint.model_tensors(self.module, tied_copy=False)
         state.update(checkpoint.optimizer_tensors(self.opt, self.tp, saving=True))
@@ -345,6 +347,8 @@ class Trainer:
         self.opt.step_count = int(state[step_key])
         if same_layout:
             checkpoint.restore_rng(state, self.rank)
+        if self.outer is not None:  # an overlapped exchange's mix still due
+            self.outer.resume(meta)
         self.iteration = iteration
         self.resume_iteration = None
         self.sink.emit(
@@ -381,6 +385,11 @@ class Trainer:
             signalledRanks=signalled,
             **({"graceLeftSeconds": round(left, 3)} if left is not None and math.isfinite(left) else {}),
         )
+
+    def _settle_outer(self) -> None:
+        """Before leaving: the other replicas' all-reduce in flight needs this rank to finish it."""
+        if self.outer is not None:
+            self.outer.settle()
 
     def outer_progress(self) -> dict[str, Any]:
         """The outer steps taken, for a last line (read once the pod ended: trainer_metrics)."""
@@ -551,11 +560,13 @@ class Trainer:
             )
             if signalled and self.iteration < cfg.iterations:  # the last one finishes normally
                 self._stop_for_preemption(signalled, due)
+                self._settle_outer()
                 self.opt.wait_param_gathers()
                 return self.history
             if due:
                 self.save_checkpoint()
         self.wait_for_checkpoint()
+        self._settle_outer()
         self.opt.wait_param_gathers()
         last = self.history[-1] if self.history else {}
         self.sink.emit(

@@ -14,8 +14,9 @@ The operand is the distributed optimizer's fp32 master shard: DP rank d of a rep
 every bucket, and so does DP rank d of every other replica (the Layouts are the same), so the
 outer group of rank r is {rank r of every replica} and a replica sends its model once over the
 slow link however large D is. ``fragments`` splits every shard into that many slices and
-synchronizes one every innerSteps/fragments steps (Streaming DiLoCo, arXiv 2501.18512; not
-overlapped with compute here); ``exchangeDtype`` bfloat16 sends the deltas in half the bytes.
+synchronizes one every innerSteps/fragments steps (Streaming DiLoCo, arXiv 2501.18512);
+``exchangeDtype`` bfloat16 sends the deltas in half the bytes; ``overlapSteps`` (tau) overlaps
+each exchange with the next tau inner steps (OuterSync's docstring has the delayed rule).
 
 The anchor and the momentum live beside the inner optimizer's state (``outerAnchor``,
 ``outerMomentum`` in ``shard_states``), so checkpoints hold them under global names and reshard
@@ -46,6 +47,9 @@ from holmes.contract.jobspec import AcrossIslandsSpec
 from holmes.contract.names import ENV_OUTER_ADDR, ENV_REPLICA, ENV_REPLICAS
 
 OUTER_NET = "Socket"  # the slow link between islands: no RDMA fabric spans it
+# Streaming DiLoCo's mixing factor alpha: when an overlapped exchange lands, a fragment's weights
+# become alpha * (the replica's own, trained on meanwhile) + (1 - alpha) * (the outer step's)
+OVERLAP_MIX = 0.5
 
 
 class ReplicaError(ValueError):
@@ -126,6 +130,11 @@ class OuterGroup:
         opts.reduceOp = op
         self.pg.allreduce([t], opts).wait()
 
+    def all_reduce_async(self, t: torch.Tensor) -> Any:
+        """Start summing ``t`` over the replicas; the handle's wait() finishes it. ``t`` belongs to
+        the collective until then (gloo's thread, or NCCL's stream, reads and writes it)."""
+        return self.pg.allreduce([t], dist.AllreduceOptions())
+
     def broadcast(self, t: torch.Tensor, src: int) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = src, 0
@@ -141,8 +150,40 @@ class LocalGroup(OuterGroup):
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None:
         return None
 
+    def all_reduce_async(self, t: torch.Tensor) -> Any:
+        return _Done()
+
     def broadcast(self, t: torch.Tensor, src: int) -> None:
         return None
+
+
+class _Done:
+    """The handle of a collective over one replica: nothing to wait for."""
+
+    def wait(self) -> bool:
+        return True
+
+
+@dataclass
+class InFlight:
+    """The one exchange under way with overlapSteps: fragment ``fragment``'s change as of inner
+    step ``sent_at``, to be applied after step ``apply_at``. ``wire`` and ``work`` are the buffer
+    and handle of the all-reduce until it is settled (waited for and the outer step taken)."""
+
+    fragment: int
+    sent_at: int
+    apply_at: int
+    wire: torch.Tensor | None = None
+    work: Any = None
+    wait_s: float = 0.0
+
+    @property
+    def settled(self) -> bool:
+        return self.work is None
+
+    def marker(self) -> dict[str, int]:
+        """For a checkpoint's marker: a settled exchange whose mix into the weights is still due."""
+        return {"fragment": self.fragment, "sentAt": self.sent_at, "applyAt": self.apply_at}
 
 
 def fingerprint(signature: Mapping[str, Any]) -> int:
@@ -152,10 +193,38 @@ def fingerprint(signature: Mapping[str, Any]) -> int:
 
 
 class OuterSync:
-    """The outer optimizer of one rank: its anchor and momentum per bucket shard, its fragments."""
+    """The outer optimizer of one rank: its anchor and momentum per bucket shard, its fragments.
+
+    With ``overlapSteps`` tau > 0 (Streaming DiLoCo's overlapped exchange, arXiv 2501.18512) a
+    fragment p due after inner step t is exchanged while training goes on, and lands tau steps
+    later. With w the replica's weights (its fp32 masters), a the anchor, b the momentum:
+
+        after step t:      d_r = a[p] - w_r[p] (as of step t) starts its all-reduce; no wait
+        steps t+1..t+tau:  the replica trains on; its weights move on from w_r(t)
+        after step t+tau:  wait; d = mean_r(d_r)
+                           b[p] = mu * b[p] + d;  a[p] -= lr * (d + mu * b[p])     (the outer step
+                           on the delta as of when it was sent, as without overlap)
+                           w[p] = alpha * w[p] + (1 - alpha) * a[p]               (alpha = OVERLAP_MIX)
+
+    The mix keeps half of what the replica learnt during the tau steps instead of discarding it
+    (alpha 0 would be torchft's default, alpha 1 no outer step at all). Only the mix depends on
+    the weights at t+tau; the outer step depends on a, b and d alone, which no other exchange
+    touches meanwhile (tau <= innerSteps / fragments: one exchange in flight, whose buffer, one
+    fragment of the shard, is all the extra memory). So settle() may take the outer step early,
+    before a checkpoint, with the same result: the checkpoint then holds the anchor and momentum
+    after the outer step and its marker the mix still due (``outerInFlight``), and a resumed run
+    mixes at t+tau as the run that went on did. tau = 0 is the synchronous rule (``sync``): w = a.
+    """
 
     def __init__(self, opt: Any, spec: AcrossIslandsSpec, group: OuterGroup):
         self.opt, self.spec, self.group = opt, spec, group
+        every = spec.inner_steps // spec.fragments
+        if spec.overlap_steps > every:
+            raise ReplicaError(
+                f"spec.training.acrossIslands.overlapSteps {spec.overlap_steps} exceeds innerSteps / "
+                f"fragments = {every}: one exchange is in flight at a time; make it at most {every}"
+            )
+        self.in_flight: InFlight | None = None
         self.exchange_dtype = getattr(torch, spec.exchange_dtype)
         self.masters: list[torch.Tensor] = opt.masters()
         self.anchors = [m.detach().clone() for m in self.masters]
@@ -168,25 +237,34 @@ class OuterSync:
         self.slices = [[_slice(m.numel(), f, F) for m in self.masters] for f in range(F)]
         self.outer_steps = 0
         self.last: dict[str, Any] | None = None
+        self.last_bytes = 0
 
     def after_step(self, iteration: int) -> dict[str, Any] | None:
-        """After inner step ``iteration`` (1-based): synchronize the fragment due, if one is."""
+        """After inner step ``iteration`` (1-based): apply the exchange that lands now, then
+        synchronize (or, overlapped, send) the fragment due; the record of what was applied."""
+        applied = None
+        if self.in_flight is not None and self.in_flight.apply_at == iteration:
+            applied = self.apply()
         f = fragment_due(iteration, self.spec.inner_steps, self.spec.fragments)
         if f is None:
-            return None
-        return self.sync(f, iteration)
+            return applied
+        if self.spec.overlap_steps == 0:
+            return self.sync(f, iteration)
+        self.send(f, iteration)
+        return applied
 
-    def sync(self, fragment: int, iteration: int) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        self.opt.wait_param_gathers()  # the step's all-gathers read the masters we now change
+    def _delta(self, fragment: int) -> torch.Tensor:
+        """The fragment's change since the anchor, flat, on the link's dtype: the exchange's buffer."""
         sl = self.slices[fragment]
         flat = torch.cat([(a[s] - m[s]).flatten() for a, m, s in zip(self.anchors, self.masters, sl)])
-        wire = flat.to(self.exchange_dtype)
-        self.group.all_reduce(wire)
+        return flat.to(self.exchange_dtype)
+
+    def _outer_step(self, fragment: int, wire: torch.Tensor) -> None:
+        """The anchor and momentum of ``fragment`` from the summed deltas ``wire``."""
         delta = wire.to(torch.float32).div_(self.group.size)
         lr, mu = self.spec.outer_learning_rate, self.spec.outer_momentum
         at = 0
-        for k, (a, m, s) in enumerate(zip(self.anchors, self.masters, sl)):
+        for k, (a, s) in enumerate(zip(self.anchors, self.slices[fragment])):
             n = s.stop - s.start
             d = delta[at : at + n]
             at += n
@@ -195,9 +273,17 @@ class OuterSync:
                 buf.mul_(mu).add_(d)
                 d = d.add(buf, alpha=mu)  # Nesterov
             a[s].sub_(d, alpha=lr)
+        self.outer_steps += 1
+
+    def sync(self, fragment: int, iteration: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.opt.wait_param_gathers()  # the step's all-gathers read the masters we now change
+        wire = self._delta(fragment)
+        self.group.all_reduce(wire)
+        self._outer_step(fragment, wire)
+        for a, m, s in zip(self.anchors, self.masters, self.slices[fragment]):
             m[s].copy_(a[s])
         self.opt.republish()  # the replica's parameters from the new masters
-        self.outer_steps += 1
         self.last = {
             "outerStep": self.outer_steps,
             "fragment": fragment,
@@ -206,6 +292,64 @@ class OuterSync:
             "seconds": time.perf_counter() - t0,
         }
         return self.last
+
+    def send(self, fragment: int, iteration: int) -> None:
+        """Start the overlapped exchange of ``fragment`` as of inner step ``iteration``."""
+        if self.in_flight is not None:  # __init__ bounds tau; a second one would double the memory
+            raise RuntimeError(
+                f"fragment {fragment} due after step {iteration} while fragment {self.in_flight.fragment} "
+                f"(sent after step {self.in_flight.sent_at}) has not been applied"
+            )
+        wire = self._delta(fragment)  # reads the masters only: the step's all-gathers may go on
+        work = self.group.all_reduce_async(wire)
+        self.in_flight = InFlight(fragment, iteration, iteration + self.spec.overlap_steps, wire, work)
+
+    def settle(self) -> None:
+        """Wait for the exchange in flight, if any, and take its outer step (anchor, momentum);
+        its mix into the weights stays due at its apply_at. Before a checkpoint and at the end."""
+        f = self.in_flight
+        if f is None or f.settled:
+            return
+        t0 = time.perf_counter()
+        f.work.wait()
+        f.wait_s = time.perf_counter() - t0
+        assert f.wire is not None
+        self._outer_step(f.fragment, f.wire)
+        self.last_bytes = f.wire.numel() * f.wire.element_size()
+        f.wire = f.work = None
+
+    def apply(self) -> dict[str, Any]:
+        """The exchange in flight lands: its outer step, then the mix of the fragment's weights."""
+        f = self.in_flight
+        assert f is not None
+        t0 = time.perf_counter()
+        self.settle()
+        self.opt.wait_param_gathers()  # the step's all-gathers read the masters we now change
+        for a, m, s in zip(self.anchors, self.masters, self.slices[f.fragment]):
+            m[s].mul_(OVERLAP_MIX).add_(a[s], alpha=1 - OVERLAP_MIX)
+        self.opt.republish()
+        self.in_flight = None
+        self.last = {
+            "outerStep": self.outer_steps,
+            "fragment": f.fragment,
+            "iteration": f.sent_at,
+            "appliedAt": f.apply_at,
+            "bytes": self.last_bytes,
+            "waitSeconds": f.wait_s,  # what the link cost beyond the overlapped steps
+            "seconds": time.perf_counter() - t0,
+        }
+        return self.last
+
+    def checkpoint_marker(self) -> dict[str, Any]:
+        """Collective over the replicas when an exchange is in flight (settle): what a checkpoint's
+        marker needs besides the anchor and momentum, so that a resume is exact."""
+        self.settle()
+        return {} if self.in_flight is None else {"outerInFlight": self.in_flight.marker()}
+
+    def resume(self, marker: Mapping[str, Any]) -> None:
+        """From a checkpoint's marker: the settled exchange whose mix is still due, if any."""
+        f = marker.get("outerInFlight")
+        self.in_flight = None if f is None else InFlight(f["fragment"], f["sentAt"], f["applyAt"])
 
     def join(self, iteration: int, signature: Mapping[str, Any]) -> int:
         """Collective over the replicas at start (after any resume): the iteration to go on from.
@@ -231,6 +375,12 @@ class OuterSync:
         self.opt.wait_param_gathers()
         for t in self.anchors + self.momenta:
             self.group.broadcast(t, source)
+        # the source's overlapped exchange whose mix is still due (settled: nothing in flight at start)
+        f = self.in_flight
+        due = torch.tensor([-1] * 3 if f is None else [f.fragment, f.sent_at, f.apply_at], dtype=torch.int64)
+        self.group.broadcast(due, source)
+        fragment, sent_at, apply_at = (int(x) for x in due)
+        self.in_flight = None if fragment < 0 else InFlight(fragment, sent_at, apply_at)
         for a, m in zip(self.anchors, self.masters):
             m.copy_(a)
         self.opt.republish()
