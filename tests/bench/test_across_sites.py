@@ -42,10 +42,41 @@ def test_the_pipeline_layout_puts_one_stage_on_each_island():
 
 def test_replicas_get_the_outer_step_settings_and_half_the_batch_each():
     a = bench.build_parser().parse_args([])
-    job = bench.job_manifest(a, "/c.bin", "replicas", 5, a.batch // 2)
+    job = bench.job_manifest(a, "/c.bin", "replicas", 5, a.batch // 2, 3e-3)
     t = job["spec"]["training"]
     assert t["globalBatchSize"] == a.batch // 2 and t["acrossIslands"]["innerSteps"] == 5
-    assert "acrossIslands" not in bench.job_manifest(a, "/c.bin", "pipeline", 0, a.batch)["spec"]["training"]
+    assert t["learningRate"] == 3e-3 and t["minLearningRate"] == pytest.approx(3e-4)
+    assert (
+        "acrossIslands"
+        not in bench.job_manifest(a, "/c.bin", "pipeline", 0, a.batch, 1e-3)["spec"]["training"]
+    )
+
+
+def test_each_case_runs_at_the_learning_rate_that_reached_the_target_in_fewest_tokens():
+    reached = {
+        ("pipeline", 1e-3): (60, 9.0),
+        ("pipeline", 3e-3): (40, 6.0),
+        ("pipeline", 1e-2): (40, 5.0),  # a tie in tokens: the lower learning rate
+        ("replicas H=5", 1e-3): None,
+        ("replicas H=5", 1e-2): (50, 4.0),
+        ("replicas H=20", 1e-3): None,  # never reached it: left out, not guessed
+    }
+    assert bench.best_lrs(reached) == {"pipeline": 3e-3, "replicas H=5": 1e-2}
+
+
+def test_the_planner_is_calibrated_on_replica_iterations_without_an_outer_step():
+    its = [{"iterationSeconds": 9.0}] * 3  # warm-up, left out
+    its += [{"iterationSeconds": 0.2}, {"iterationSeconds": 0.2}, {"iterationSeconds": 1.5, "outer": {}}]
+    run = bench.Run("fast", "replicas", 5, 1e-3, curves=[its, its])
+    assert (
+        bench.replica_compute_s(
+            [run, bench.Run("fast", "pipeline", curves=[[{"iterationSeconds": 5.0}] * 9])]
+        )
+        == 0.2
+    )
+    assert bench.steady_s(run) == pytest.approx((0.2 + 0.2 + 1.5) / 3)  # the exchange is a cost
+    with pytest.raises(ValueError, match="--inner-steps"):
+        bench.replica_compute_s([bench.Run("fast", "replicas", 1, curves=[its[:3] + its[-1:]])])
 
 
 @pytest.mark.timeout(600)
