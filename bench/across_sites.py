@@ -345,7 +345,12 @@ def best_lrs(reached: dict[tuple[str, float], tuple[int, float] | None]) -> dict
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="a short run of every case (make test)")
-    ap.add_argument("--slow-mbit", type=float, default=5)
+    ap.add_argument(
+        "--slow-mbit",
+        type=float,
+        default=3,
+        help="a WAN, relative to this CPU compute: about a sixth of the crossover the planner predicts",
+    )
     ap.add_argument("--fast-mbit", type=float, default=5000)
     ap.add_argument(
         "--latency-ms", type=float, default=0.0, help="the link's one-way delay the planner assumes"
@@ -362,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--lrs",
         type=float,
         nargs="+",
-        default=[1e-3, 2e-3, 4e-3, 8e-3],
+        default=[5e-4, 1e-3, 2e-3, 4e-3, 8e-3],
         help="the inner AdamW learning rates swept per case on the fast link; each case then runs "
         "at its best (fewest tokens to the target) on the slow link",
     )
@@ -510,9 +515,10 @@ def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
         name = f"replicas H={h}"
         rep = reached.get(("fast", name, best.get(name, -1.0)))
         ratios[h] = rep[0] / pipe[0] if rep and pipe else math.inf
-    picks = {}
+    picks, best_h = {}, {}
     for link in ("slow", "fast"):
         h = min(a.inner_steps, key=lambda h: across.replicas_iteration_s(work, links[link], h) * ratios[h])
+        best_h[link] = h
         if math.isinf(ratios[h]):
             picks[link] = "pipeline"
             print(
@@ -522,7 +528,7 @@ def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
         choice = across.choose(work, links[link], h, ratios[h])
         picks[link] = choice.pick
         print(f"planner, {link} link (H={h}): {choice.why}")
-    h = min(a.inner_steps, key=lambda h: ratios[h])
+    h = best_h["slow"]  # the H replicas run at on a slow link: the crossover is where that stops paying
     cross = (
         across.crossover_gbps(work, a.latency_ms / 1000, h, ratios[h]) if not math.isinf(ratios[h]) else None
     )
@@ -544,6 +550,7 @@ def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
         bestLearningRate=best,
         learningRateSweep=sweep,
         predictedCrossoverMbit=round(cross * 1000, 1) if cross else None,
+        crossoverInnerSteps=h,
         replicaComputeMs=round(compute_s * 1e3, 1),
         secondsPerIteration=model_check,
     )
