@@ -13,18 +13,23 @@ waiting rank cannot lend its CPU to the other: the comparison GPUs would see. On
 per node, gloo, the real trainer (python -m holmes.trainer under torchrun).
 
 Model and data: a small GPT on a synthetic corpus with learnable structure (each token follows
-from the two before it by a fixed rule, with --noise of them random), written once as a token
-file. Same job either way, same total batch per iteration:
+from the one before by a fixed rule, with --noise of them random), written once as a token
+file. Same job either way, the global batch as the operator splits it:
   pipeline      one world, stage 0 on island A and stage 1 on B, --batch sequences per iteration
   replicas H=h  one world per island (the whole model), --batch / 2 sequences each, an outer
                 step every h inner steps (outer lr --outer-lr, Nesterov momentum --outer-momentum)
-"time to loss" is the sum of the iterations' seconds until the loss (mean over replicas, a
-running mean over --smooth iterations) first reaches --target-loss; start-ups are left out.
+Each case first runs at every inner learning rate of --lrs on the fast link (tokens to a loss do
+not depend on the link: the same math); the one that reached --target-loss in the fewest
+iterations is the case's, and only it runs on the slow link. "time to loss" is the sum of the
+iterations' seconds until the loss (mean over replicas, a running mean over --smooth
+iterations) first reaches --target-loss; start-ups are left out, and a run is stopped once it
+got there.
 
-The planner's pick (holmes.plan.across) prices both modes from the compute rate measured here
-(the trainer's block timed on one thread, times --cores), the link's bandwidth and latency and
-the model's bytes, with the replicas' convergence (tokens to the target relative to the
-pipeline) taken from these runs: tokens to a loss do not depend on the link, only time does.
+The planner's pick (holmes.plan.across) prices both modes from a replica's iteration measured
+here (the median over the fast link's replica iterations without an outer step), the link's
+bandwidth and latency and the model's bytes, with the replicas' convergence (tokens to the
+target relative to the pipeline, each at its best learning rate) taken from these runs; its
+predicted seconds per iteration are printed beside the measured ones.
 The last line is one JSON object.
 """
 
@@ -349,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--slow-mbit",
         type=float,
         default=3,
-        help="a WAN, relative to this CPU compute: about a sixth of the crossover the planner predicts",
+        help="a WAN, relative to this CPU compute: about a seventh of the crossover the planner predicts",
     )
     ap.add_argument("--fast-mbit", type=float, default=5000)
     ap.add_argument(
