@@ -96,3 +96,41 @@ def test_small_mode_prints_both_picks_and_both_measured_bests():
         assert last[key] in ("pipeline", "replicas", "none"), last
     assert "slowLinkTimeToLossRatio" in last and last["coresPerRank"] > 0
     assert "replicas H=" in p.stdout and "planner, slow link" in p.stdout
+
+
+def curve(reach: int, seconds: float, outer_every: int = 0, outer_s: float = 0.0) -> list[dict]:
+    """Loss 3.0 until iteration ``reach``, 1.7 from there; an outer step every ``outer_every``."""
+    out = []
+    for i in range(1, 61):
+        line: dict = {"loss": 1.7 if i >= reach else 3.0, "iterationSeconds": seconds}
+        if outer_every and i % outer_every == 0:
+            line.update(outer={}, iterationSeconds=seconds + outer_s)
+        out.append(line)
+    return out
+
+
+def test_the_summary_races_each_case_at_its_best_rate_and_finds_the_crossover_at_the_slow_links_h():
+    a = bench.build_parser().parse_args(
+        ["--smooth", "1", "--lrs", "1e-3", "2e-3", "--inner-steps", "5", "20"]
+    )
+    P, R = "pipeline", "replicas"
+    runs = [
+        bench.Run("fast", P, 0, 1e-3, curves=[curve(40, 0.14)]),
+        bench.Run("fast", P, 0, 2e-3, curves=[curve(32, 0.14)]),
+        bench.Run("fast", R, 5, 1e-3, curves=[curve(51, 0.11, 5, 0.01)] * 2),
+        bench.Run("fast", R, 5, 2e-3, curves=[curve(58, 0.11, 5, 0.01)] * 2),
+        bench.Run("fast", R, 20, 1e-3, curves=[curve(59, 0.11, 20, 0.01)] * 2),
+        bench.Run("fast", R, 20, 2e-3, curves=[curve(51, 0.11, 20, 0.01)] * 2),
+        bench.Run("slow", P, 0, 2e-3, curves=[curve(32, 1.47)]),
+        bench.Run("slow", R, 5, 1e-3, curves=[curve(51, 0.11, 5, 9.3)] * 2),
+        bench.Run("slow", R, 20, 2e-3, curves=[curve(51, 0.11, 20, 9.3)] * 2),
+    ]
+    out = bench.summarize(a, runs)
+    assert out["bestLearningRate"] == {"pipeline": 2e-3, "replicas H=5": 1e-3, "replicas H=20": 2e-3}
+    assert out["tokensRatio"] == {"5": 1.594, "20": 1.594}
+    assert out["measuredBestFast"] == "pipeline" and out["measuredBestSlow"] == "replicas"
+    assert out["plannerPickFast"] == "pipeline" and out["plannerPickSlow"] == "replicas"
+    assert out["replicaComputeMs"] == 110.0
+    # at H=20, the slow link's pick: at H=5 (as few tokens, its exchange 4x as often) the pipeline
+    # wins at both ends of the range and no crossover is found
+    assert out["crossoverInnerSteps"] == 20 and 3 < out["predictedCrossoverMbit"] < 5000
