@@ -13,18 +13,23 @@ waiting rank cannot lend its CPU to the other: the comparison GPUs would see. On
 per node, gloo, the real trainer (python -m holmes.trainer under torchrun).
 
 Model and data: a small GPT on a synthetic corpus with learnable structure (each token follows
-from the two before it by a fixed rule, with --noise of them random), written once as a token
-file. Same job either way, same total batch per iteration:
+from the one before by a fixed rule, with --noise of them random), written once as a token
+file. Same job either way, the global batch as the operator splits it:
   pipeline      one world, stage 0 on island A and stage 1 on B, --batch sequences per iteration
   replicas H=h  one world per island (the whole model), --batch / 2 sequences each, an outer
                 step every h inner steps (outer lr --outer-lr, Nesterov momentum --outer-momentum)
-"time to loss" is the sum of the iterations' seconds until the loss (mean over replicas, a
-running mean over --smooth iterations) first reaches --target-loss; start-ups are left out.
+Each case first runs at every inner learning rate of --lrs on the fast link (tokens to a loss do
+not depend on the link: the same math); the one that reached --target-loss in the fewest
+iterations is the case's, and only it runs on the slow link. "time to loss" is the sum of the
+iterations' seconds until the loss (mean over replicas, a running mean over --smooth
+iterations) first reaches --target-loss; start-ups are left out, and a run is stopped once it
+got there.
 
-The planner's pick (holmes.plan.across) prices both modes from the compute rate measured here
-(the trainer's block timed on one thread, times --cores), the link's bandwidth and latency and
-the model's bytes, with the replicas' convergence (tokens to the target relative to the
-pipeline) taken from these runs: tokens to a loss do not depend on the link, only time does.
+The planner's pick (holmes.plan.across) prices both modes from a replica's iteration measured
+here (the median over the fast link's replica iterations without an outer step), the link's
+bandwidth and latency and the model's bytes, with the replicas' convergence (tokens to the
+target relative to the pipeline, each at its best learning rate) taken from these runs; its
+predicted seconds per iteration are printed beside the measured ones.
 The last line is one JSON object.
 """
 
@@ -82,14 +87,16 @@ def corpus(n: int, vocab: int, noise: float, seed: int = 3) -> Any:
     return out
 
 
-def job_manifest(a: argparse.Namespace, data: str, mode: str, inner_steps: int, batch: int) -> dict:
+def job_manifest(
+    a: argparse.Namespace, data: str, mode: str, inner_steps: int, batch: int, lr: float
+) -> dict:
     training: dict[str, Any] = {
         "globalBatchSize": batch,
         "microBatchSize": a.micro_batch,
         "iterations": a.iterations,
-        "learningRate": a.lr,
+        "learningRate": lr,
         "warmupIterations": max(1, a.iterations // 20),
-        "minLearningRate": a.lr / 10,
+        "minLearningRate": lr / 10,
         "seed": 7,
         "gradClip": 1.0,
         "activationRecompute": False,
@@ -162,6 +169,8 @@ class Run:
     link: str  # "slow" | "fast"
     mode: str  # "pipeline" | "replicas"
     inner_steps: int = 0
+    lr: float = 1e-3  # the inner optimizer's peak learning rate (AdamW)
+    stopped_at_target: bool = False  # ended once the smoothed loss reached the target
     curves: list[list[dict]] = field(default_factory=list)
     error: str | None = None
 
@@ -170,24 +179,28 @@ class Run:
         return "pipeline" if self.mode == "pipeline" else f"replicas H={self.inner_steps}"
 
 
+def cpu_group(island: str) -> str:
+    return f"across{os.getpid()}-{island}"
+
+
 # ---- I/O: running a case ---------------------------------------------------------------------------
 
 
 def launch(a, spec, run: Run, workdir: str, data: str, limits) -> None:
     """Start the case's trainers in their namespaces and CPU groups; wait; read rank 0's lines."""
-    d = os.path.join(workdir, f"{run.link}-{run.name.replace(' ', '').replace('=', '')}")
+    d = os.path.join(workdir, f"{run.link}-{run.name.replace(' ', '').replace('=', '')}-lr{run.lr:g}")
     os.makedirs(d)
     a_node, b_node = (next(n for n in spec.nodes if n.island == i) for i in "ab")
     gangs: list[tuple[str, str, Layout, dict[str, str], str]] = []  # node, group, layout, env, metrics
     if run.mode == "pipeline":
         lay = layout((a_node.name, b_node.name), a.layers, a.micro_batch, a.batch // a.micro_batch)
-        job = job_manifest(a, data, "pipeline", 0, a.batch)
+        job = job_manifest(a, data, "pipeline", 0, a.batch, run.lr)
         for node in (a_node, b_node):
             gangs.append((node.name, node.island, lay, {}, os.path.join(d, "metrics.jsonl")))
         worlds = [(lay, job, [a_node, b_node])]
     else:
         half = a.batch // 2
-        job = job_manifest(a, data, "replicas", run.inner_steps, half)
+        job = job_manifest(a, data, "replicas", run.inner_steps, half, run.lr)
         worlds = []
         for r, node in enumerate((a_node, b_node)):
             lay = layout((node.name,), a.layers, a.micro_batch, half // a.micro_batch)
@@ -219,7 +232,7 @@ def launch(a, spec, run: Run, workdir: str, data: str, limits) -> None:
             logs.append(log)
             environ = fe.trainer_env(a.timeout, 40_000_000, d, env)
             p = subprocess.Popen(
-                limits.wrap(island, cmd),
+                limits.wrap(cpu_group(island), cmd),
                 env=environ,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -227,7 +240,7 @@ def launch(a, spec, run: Run, workdir: str, data: str, limits) -> None:
             )
             procs.append(p)
             fe.LIVE.append(p)
-        deadline = time.time() + a.timeout
+        deadline, metrics_files = time.time() + a.timeout, list(dict.fromkeys(g[4] for g in gangs))
         while any(p.poll() is None for p in procs):
             if time.time() > deadline:
                 run.error = f"timed out after {a.timeout} s (logs in {d})"
@@ -235,7 +248,10 @@ def launch(a, spec, run: Run, workdir: str, data: str, limits) -> None:
             if any(p.returncode for p in procs if p.poll() is not None):
                 time.sleep(2)
                 break
-            time.sleep(0.3)
+            if to_target(read_curves(metrics_files), a.target_loss, a.smooth):
+                run.stopped_at_target = True  # the rest of the run decides nothing: stop it
+                break
+            time.sleep(0.5)
     finally:
         fe.kill_tree(procs)
         for p in procs:
@@ -243,38 +259,89 @@ def launch(a, spec, run: Run, workdir: str, data: str, limits) -> None:
         for log in logs:
             log.close()
     bad = [(g[0], p.returncode) for g, p in zip(gangs, procs) if p.returncode]
-    if bad and not run.error:
+    if bad and not run.error and not run.stopped_at_target:
         tail = open(os.path.join(d, f"{bad[0][0]}.log")).read()[-1500:]
         run.error = f"exit codes {bad} (logs in {d}):\n{tail}"
     if run.error:
         return
-    for metrics in dict.fromkeys(g[4] for g in gangs):  # rank 0 of each world writes one
-        with open(metrics) as f:
-            run.curves.append(
-                [x for x in map(json.loads, filter(str.strip, f)) if x.get("holmes") == "iteration"]
-            )
+    run.curves = read_curves(metrics_files)
+
+
+def read_curves(metrics_files: list[str]) -> list[list[dict]]:
+    """Each world's iteration lines (rank 0 of each writes one file), as far as they are
+    written: a line being written is left for the next read."""
+    curves = []
+    for path in metrics_files:
+        lines = []
+        if os.path.exists(path):
+            with open(path) as f:
+                for text in f:
+                    try:
+                        line = json.loads(text)
+                    except ValueError:
+                        break
+                    if line.get("holmes") == "iteration":
+                        lines.append(line)
+        curves.append(lines)
+    return curves
 
 
 # ---- the planner's view ----------------------------------------------------------------------------
 
 
-def planner_inputs(a: argparse.Namespace, gflops: float) -> across.AcrossWork:
-    """The job in the planner's terms: a replica's iteration from the model's FLOPs at the
-    measured rate, the activations at the cut, the weights each replica exchanges."""
+def planner_inputs(a: argparse.Namespace, compute_s: float) -> across.AcrossWork:
+    """The job in the planner's terms: a replica's iteration (its half of the batch on one rank)
+    as measured, the activations at the cut, the weights each replica exchanges."""
     from holmes.contract import ModelSpec
 
     m = ModelSpec(
         layers=a.layers, hidden_size=a.hidden, attention_heads=a.heads, seq_length=a.seq, vocab_size=a.vocab
     )
-    cost = ModelCost.of(m)
-    flops = cost.flops_per_iteration(a.batch // 2, recompute=False)
     return across.AcrossWork(
-        compute_s=flops / (gflops * 1e9),
+        compute_s=compute_s,
         micro_batches=a.batch // a.micro_batch,
         activation_bytes=a.micro_batch * a.seq * a.hidden * 4,
-        model_bytes=cost.total_params * 4,
+        model_bytes=ModelCost.of(m).total_params * 4,
         tokens_per_iteration=a.batch * a.seq,
     )
+
+
+def replica_compute_s(runs: list[Run]) -> float:
+    """A replica's iteration without an outer step (the median over every replica run's
+    iterations that exchanged nothing): the compute rate the planner is calibrated with."""
+    xs = sorted(
+        r["iterationSeconds"]
+        for run in runs
+        if run.mode == "replicas"
+        for c in run.curves
+        for r in c[3:]  # the first iterations warm up
+        if "outer" not in r
+    )
+    if not xs:
+        raise ValueError("no replica iteration without an outer step: run longer than --inner-steps")
+    return xs[len(xs) // 2]
+
+
+def steady_s(run: Run) -> float:
+    """Mean seconds per iteration after the warm-up (outer steps included: they are the cost)."""
+    c = run.curves[0][3:] or run.curves[0]
+    return sum(r["iterationSeconds"] for r in c) / len(c)
+
+
+def predicted_s(work: across.AcrossWork, link: across.Link, run: Run) -> float:
+    if run.mode == "pipeline":
+        return across.pipeline_iteration_s(work, link)
+    return across.replicas_iteration_s(work, link, run.inner_steps)
+
+
+def best_lrs(reached: dict[tuple[str, float], tuple[int, float] | None]) -> dict[str, float]:
+    """Each case's learning rate that reached the target in the fewest iterations (tokens; the
+    lower learning rate on a tie); a case that reached it at no learning rate is left out."""
+    out: dict[str, tuple[int, float]] = {}
+    for (case, lr), got in sorted(reached.items()):
+        if got and (case not in out or got[0] < out[case][0]):
+            out[case] = (got[0], lr)
+    return {case: lr for case, (_, lr) in out.items()}
 
 
 # ---- main --------------------------------------------------------------------------------------------
@@ -283,7 +350,12 @@ def planner_inputs(a: argparse.Namespace, gflops: float) -> across.AcrossWork:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="a short run of every case (make test)")
-    ap.add_argument("--slow-mbit", type=float, default=20)
+    ap.add_argument(
+        "--slow-mbit",
+        type=float,
+        default=3,
+        help="a WAN, relative to this CPU compute: about a seventh of the crossover the planner predicts",
+    )
     ap.add_argument("--fast-mbit", type=float, default=5000)
     ap.add_argument(
         "--latency-ms", type=float, default=0.0, help="the link's one-way delay the planner assumes"
@@ -296,12 +368,31 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16, help="sequences per iteration, both modes")
     ap.add_argument("--micro-batch", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--iterations", type=int, default=200)
-    ap.add_argument("--target-loss", type=float, default=2.0)
+    ap.add_argument(
+        "--lrs",
+        type=float,
+        nargs="+",
+        default=[5e-4, 1e-3, 2e-3, 4e-3, 8e-3],
+        help="the inner AdamW learning rates swept per case on the fast link; each case then runs "
+        "at its best (fewest tokens to the target) on the slow link",
+    )
+    ap.add_argument("--iterations", type=int, default=150)
+    ap.add_argument(
+        "--target-loss",
+        type=float,
+        default=1.8,
+        help="the loss both modes race to: the synchronous run's loss once its fast early descent "
+        "is over (its floor is about 1.5), so the race is about training, not its first steps",
+    )
+    ap.add_argument(
+        "--early-loss",
+        type=float,
+        default=2.0,
+        help="a loss on the way, reported beside the target: replicas get there sooner than to the target",
+    )
     ap.add_argument("--smooth", type=int, default=5)
     ap.add_argument("--noise", type=float, default=0.1)
-    ap.add_argument("--inner-steps", type=int, nargs=2, default=[5, 20])
+    ap.add_argument("--inner-steps", type=int, nargs="+", default=[5, 20])
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.9)
     ap.add_argument("--timeout", type=float, default=1800)
@@ -311,8 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.smoke:
-        a.layers, a.hidden, a.seq, a.iterations, a.target_loss = 2, 64, 32, 32, 4.3
-        a.inner_steps, a.timeout = [4], 300  # one H: each run starts a torch world per rank
+        a.layers, a.hidden, a.seq, a.iterations, a.target_loss, a.early_loss = 2, 64, 32, 32, 4.3, 4.8
+        a.inner_steps, a.lrs, a.timeout = [4], [3e-3], 300  # each run starts a torch world per rank
     problems = fab.missing_prerequisites()
     if problems:
         print("cannot emulate the fabric here:\n  " + "\n  ".join(problems), file=sys.stderr)
@@ -326,107 +417,147 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
-    runs = [
-        Run(link, mode, h)
-        for link in ("slow", "fast")
-        for mode, h in [("pipeline", 0)] + [("replicas", h) for h in a.inner_steps]
-    ]
-    gflops = (
-        fe.block_gflops(
-            argparse.Namespace(
-                hidden=a.hidden, heads=a.heads, seq=a.seq, vocab=a.vocab, micro_batch=a.micro_batch
-            )
-        )
-        * a.cores
-    )
+    cases = [("pipeline", 0)] + [("replicas", h) for h in a.inner_steps]
+    # the sweep, on the fast link: tokens to a loss do not depend on the link (the same math)
+    runs = [Run("fast", mode, h, lr) for mode, h in cases for lr in a.lrs]
     limits = None
     with fab.exclusive():
         try:
             fab.destroy(spec)
             fab.build(spec)
-            limits = cpu_limit.CpuLimits.create({"a": a.cores, "b": a.cores})
-            for link in ("slow", "fast"):
+            # groups named for this process, none swept: other benches may be running theirs
+            limits = cpu_limit.CpuLimits.create({cpu_group(i): a.cores for i in "ab"}, sweep=False)
+            for link in ("fast", "slow"):
                 fab.set_trunk(a.slow_mbit if link == "slow" else a.fast_mbit)
+                if link == "slow":  # each case at its best learning rate only
+                    best = best_lrs(
+                        {(r.name, r.lr): to_target(r.curves, a.target_loss, a.smooth) for r in runs}
+                    )
+                    runs += [
+                        Run("slow", r.mode, r.inner_steps, r.lr) for r in runs if best.get(r.name) == r.lr
+                    ]
                 for run in (r for r in runs if r.link == link):
-                    print(f">> {link} link: {run.name}", file=sys.stderr, flush=True)
+                    print(f">> {link} link: {run.name} lr {run.lr:g}", file=sys.stderr, flush=True)
                     launch(a, spec, run, workdir, data, limits)
                     if run.error:
                         print(f"   failed: {run.error}", file=sys.stderr, flush=True)
+                        return fail(runs)
         finally:
             fe.kill_tree(list(fe.LIVE))
             if limits is not None:
                 limits.remove()
             fab.destroy(spec)
-    failed = [r for r in runs if r.error]
-    if failed:
-        for r in failed:
-            print(f"{r.link} {r.name}: {r.error}")
-        return 1
-    result = summarize(a, runs, gflops)
+    result = summarize(a, runs)
     shutil.rmtree(workdir, ignore_errors=True)  # kept above, with the logs, when a case failed
     print(json.dumps(result, separators=(",", ":")))
     return 0
 
 
-def summarize(a: argparse.Namespace, runs: list[Run], gflops: float) -> dict[str, Any]:
-    reached = {(r.link, r.name): to_target(r.curves, a.target_loss, a.smooth) for r in runs}
-    tokens_per_it = a.batch * a.seq
-    pipe_its = {link: reached[(link, "pipeline")] for link in ("slow", "fast")}
-    print(
-        f"\n{'link':5} {'case':15} {'ms/it':>7} {'its to loss':>11} {'tokens to loss':>14} "
-        f"{'s to loss':>9} {'final loss':>10}"
-    )
+def fail(runs: list[Run]) -> int:
     for r in runs:
-        got = reached[(r.link, r.name)]
-        ms = 1e3 * sum(x["iterationSeconds"] for x in r.curves[0]) / len(r.curves[0])
-        final = sum(c[-1]["loss"] for c in r.curves) / len(r.curves)
-        its, secs = got if got else (None, None)
-        print(
-            f"{r.link:5} {r.name:15} {ms:7.0f} {its if its else '-':>11} "
-            f"{its * tokens_per_it if its else '-':>14} {f'{secs:.1f}' if secs else '-':>9} {final:10.3f}"
-        )
-    out: dict[str, Any] = {"targetLoss": a.target_loss, "coresPerRank": a.cores}
-    best: dict[str, str] = {}
+        if r.error:
+            print(f"{r.link} {r.name} lr {r.lr:g}: {r.error}")
+    return 1
+
+
+def cell(target: tuple[int, float] | None, early: tuple[int, float] | None) -> str:
+    return f"{target[0] if target else '-'} ({early[0] if early else '-'})"
+
+
+def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
+    reached = {(r.link, r.name, r.lr): to_target(r.curves, a.target_loss, a.smooth) for r in runs}
+    best = best_lrs({(name, lr): got for (link, name, lr), got in reached.items() if link == "fast"})
+    tokens_per_it = a.batch * a.seq
+    early = {(r.name, r.lr): to_target(r.curves, a.early_loss, a.smooth) for r in runs if r.link == "fast"}
+    print(f"\nlearning-rate sweep (fast link), iterations to {a.target_loss} (to {a.early_loss}):")
+    names = list(dict.fromkeys(r.name for r in runs))
+    print(f"{'case':15} " + " ".join(f"{f'lr {lr:g}':>11}" for lr in a.lrs))
+    sweep: dict[str, dict[str, list[int | None]]] = {}
+    for name in names:
+        cells = [(reached.get(("fast", name, lr)), early.get((name, lr))) for lr in a.lrs]
+        sweep[name] = {
+            f"{lr:g}": [t[0] if t else None, e[0] if e else None] for lr, (t, e) in zip(a.lrs, cells)
+        }
+        print(f"{name:15} " + " ".join(f"{cell(t, e):>11}" for t, e in cells))
+
+    chosen = [r for r in runs if best.get(r.name) == r.lr]
+    # the planner's compute rate: a replica's iteration measured on the fast link (no exchange)
+    compute_s = replica_compute_s([r for r in chosen if r.link == "fast"])
+    work = planner_inputs(a, compute_s)
+    links = {
+        "slow": across.Link(a.slow_mbit / 1000, a.latency_ms / 1000),
+        "fast": across.Link(a.fast_mbit / 1000, a.latency_ms / 1000),
+    }
+    print(
+        f"\n{'link':5} {'case':15} {'lr':>6} {'ms/it':>7} {'predicted':>9} {'its to loss':>11} "
+        f"{'tokens to loss':>14} {'s to loss':>9}"
+    )
+    model_check: dict[str, dict[str, float]] = {}
     for link in ("slow", "fast"):
-        times = {name: v[1] for (lk, name), v in reached.items() if lk == link and v}
-        winner = min(times, key=times.get) if times else None
-        best[link] = "pipeline" if winner == "pipeline" else ("replicas" if winner else "none")
+        for r in (r for r in chosen if r.link == link):
+            got = reached[(r.link, r.name, r.lr)]
+            ms, pred = 1e3 * steady_s(r), 1e3 * predicted_s(work, links[link], r)
+            model_check[f"{link} {r.name}"] = {"measuredMs": round(ms, 1), "predictedMs": round(pred, 1)}
+            its, secs = got if got else (None, None)
+            print(
+                f"{r.link:5} {r.name:15} {r.lr:6g} {ms:7.0f} {pred:9.0f} {its if its else '-':>11} "
+                f"{its * tokens_per_it if its else '-':>14} {f'{secs:.1f}' if secs else '-':>9}"
+            )
+    out: dict[str, Any] = {"targetLoss": a.target_loss, "coresPerRank": a.cores}
+    measured: dict[str, str] = {}
+    for link in ("slow", "fast"):
+        times = {r.name: got[1] for r in chosen if r.link == link and (got := reached[(link, r.name, r.lr)])}
+        winner = min(times, key=times.__getitem__) if times else None
+        measured[link] = "pipeline" if winner == "pipeline" else ("replicas" if winner else "none")
         reps = [t for n, t in times.items() if n != "pipeline"]
         if link == "slow":
             p = times.get("pipeline")
             out["slowLinkTimeToLossRatio"] = round(p / min(reps), 3) if p and reps else None
-    # convergence: tokens to the loss relative to the pipeline's (synchronous), per H; the same on
-    # both links (same math), measured on the slow one
+    # convergence: tokens to the loss relative to the synchronous pipeline's, each at its best lr
+    pipe = reached.get(("fast", "pipeline", best.get("pipeline", -1.0)))
     ratios = {}
     for h in a.inner_steps:
-        rep, pipe = reached[("slow", f"replicas H={h}")], pipe_its["slow"]
+        name = f"replicas H={h}"
+        rep = reached.get(("fast", name, best.get(name, -1.0)))
         ratios[h] = rep[0] / pipe[0] if rep and pipe else math.inf
-    work = planner_inputs(a, gflops)
-    picks = {}
-    for link, mbit in (("slow", a.slow_mbit), ("fast", a.fast_mbit)):
-        lk = across.Link(mbit / 1000, a.latency_ms / 1000)
-        h = min(a.inner_steps, key=lambda h: across.replicas_iteration_s(work, lk, h) * ratios[h])
+    picks, best_h = {}, {}
+    for link in ("slow", "fast"):
+        h = min(a.inner_steps, key=lambda h: across.replicas_iteration_s(work, links[link], h) * ratios[h])
+        best_h[link] = h
         if math.isinf(ratios[h]):
             picks[link] = "pipeline"
             print(
                 f"planner, {link} link: pipeline (no replica run reached the loss: no convergence measured)"
             )
             continue
-        choice = across.choose(work, lk, h, ratios[h])
+        choice = across.choose(work, links[link], h, ratios[h])
         picks[link] = choice.pick
         print(f"planner, {link} link (H={h}): {choice.why}")
-    h = min(a.inner_steps, key=lambda h: ratios[h])
+    h = best_h["slow"]  # the H replicas run at on a slow link: the crossover is where that stops paying
     cross = (
         across.crossover_gbps(work, a.latency_ms / 1000, h, ratios[h]) if not math.isinf(ratios[h]) else None
     )
+    best_early = best_lrs(early)
+    early_ratio = {}
+    for h in a.inner_steps:
+        rep, pipe = (
+            early.get((f"replicas H={h}", best_early.get(f"replicas H={h}", -1.0))),
+            early.get(("pipeline", best_early.get("pipeline", -1.0))),
+        )
+        early_ratio[str(h)] = round(rep[0] / pipe[0], 3) if rep and pipe else None
     out.update(
+        tokensRatioAtEarlyLoss={"loss": a.early_loss, **early_ratio},
         plannerPickSlow=picks["slow"],
         plannerPickFast=picks["fast"],
-        measuredBestSlow=best["slow"],
-        measuredBestFast=best["fast"],
+        measuredBestSlow=measured["slow"],
+        measuredBestFast=measured["fast"],
         tokensRatio={str(k): (round(v, 3) if not math.isinf(v) else None) for k, v in ratios.items()},
+        bestLearningRate=best,
+        learningRateSweep=sweep,
         predictedCrossoverMbit=round(cross * 1000, 1) if cross else None,
-        computeGflopsPerRank=round(gflops, 2),
+        crossoverInnerSteps=h,
+        replicaComputeMs=round(compute_s * 1e3, 1),
+        secondsPerIteration=model_check,
     )
     return out
 

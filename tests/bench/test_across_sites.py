@@ -42,10 +42,41 @@ def test_the_pipeline_layout_puts_one_stage_on_each_island():
 
 def test_replicas_get_the_outer_step_settings_and_half_the_batch_each():
     a = bench.build_parser().parse_args([])
-    job = bench.job_manifest(a, "/c.bin", "replicas", 5, a.batch // 2)
+    job = bench.job_manifest(a, "/c.bin", "replicas", 5, a.batch // 2, 3e-3)
     t = job["spec"]["training"]
     assert t["globalBatchSize"] == a.batch // 2 and t["acrossIslands"]["innerSteps"] == 5
-    assert "acrossIslands" not in bench.job_manifest(a, "/c.bin", "pipeline", 0, a.batch)["spec"]["training"]
+    assert t["learningRate"] == 3e-3 and t["minLearningRate"] == pytest.approx(3e-4)
+    assert (
+        "acrossIslands"
+        not in bench.job_manifest(a, "/c.bin", "pipeline", 0, a.batch, 1e-3)["spec"]["training"]
+    )
+
+
+def test_each_case_runs_at_the_learning_rate_that_reached_the_target_in_fewest_tokens():
+    reached = {
+        ("pipeline", 1e-3): (60, 9.0),
+        ("pipeline", 3e-3): (40, 6.0),
+        ("pipeline", 1e-2): (40, 5.0),  # a tie in tokens: the lower learning rate
+        ("replicas H=5", 1e-3): None,
+        ("replicas H=5", 1e-2): (50, 4.0),
+        ("replicas H=20", 1e-3): None,  # never reached it: left out, not guessed
+    }
+    assert bench.best_lrs(reached) == {"pipeline": 3e-3, "replicas H=5": 1e-2}
+
+
+def test_the_planner_is_calibrated_on_replica_iterations_without_an_outer_step():
+    its = [{"iterationSeconds": 9.0}] * 3  # warm-up, left out
+    its += [{"iterationSeconds": 0.2}, {"iterationSeconds": 0.2}, {"iterationSeconds": 1.5, "outer": {}}]
+    run = bench.Run("fast", "replicas", 5, 1e-3, curves=[its, its])
+    assert (
+        bench.replica_compute_s(
+            [run, bench.Run("fast", "pipeline", curves=[[{"iterationSeconds": 5.0}] * 9])]
+        )
+        == 0.2
+    )
+    assert bench.steady_s(run) == pytest.approx((0.2 + 0.2 + 1.5) / 3)  # the exchange is a cost
+    with pytest.raises(ValueError, match="--inner-steps"):
+        bench.replica_compute_s([bench.Run("fast", "replicas", 1, curves=[its[:3] + its[-1:]])])
 
 
 @pytest.mark.timeout(600)
@@ -65,3 +96,41 @@ def test_small_mode_prints_both_picks_and_both_measured_bests():
         assert last[key] in ("pipeline", "replicas", "none"), last
     assert "slowLinkTimeToLossRatio" in last and last["coresPerRank"] > 0
     assert "replicas H=" in p.stdout and "planner, slow link" in p.stdout
+
+
+def curve(reach: int, seconds: float, outer_every: int = 0, outer_s: float = 0.0) -> list[dict]:
+    """Loss 3.0 until iteration ``reach``, 1.7 from there; an outer step every ``outer_every``."""
+    out = []
+    for i in range(1, 61):
+        line: dict = {"loss": 1.7 if i >= reach else 3.0, "iterationSeconds": seconds}
+        if outer_every and i % outer_every == 0:
+            line.update(outer={}, iterationSeconds=seconds + outer_s)
+        out.append(line)
+    return out
+
+
+def test_the_summary_races_each_case_at_its_best_rate_and_finds_the_crossover_at_the_slow_links_h():
+    a = bench.build_parser().parse_args(
+        ["--smooth", "1", "--lrs", "1e-3", "2e-3", "--inner-steps", "5", "20"]
+    )
+    P, R = "pipeline", "replicas"
+    runs = [
+        bench.Run("fast", P, 0, 1e-3, curves=[curve(40, 0.14)]),
+        bench.Run("fast", P, 0, 2e-3, curves=[curve(32, 0.14)]),
+        bench.Run("fast", R, 5, 1e-3, curves=[curve(51, 0.11, 5, 0.01)] * 2),
+        bench.Run("fast", R, 5, 2e-3, curves=[curve(58, 0.11, 5, 0.01)] * 2),
+        bench.Run("fast", R, 20, 1e-3, curves=[curve(59, 0.11, 20, 0.01)] * 2),
+        bench.Run("fast", R, 20, 2e-3, curves=[curve(51, 0.11, 20, 0.01)] * 2),
+        bench.Run("slow", P, 0, 2e-3, curves=[curve(32, 1.47)]),
+        bench.Run("slow", R, 5, 1e-3, curves=[curve(51, 0.11, 5, 9.3)] * 2),
+        bench.Run("slow", R, 20, 2e-3, curves=[curve(51, 0.11, 20, 9.3)] * 2),
+    ]
+    out = bench.summarize(a, runs)
+    assert out["bestLearningRate"] == {"pipeline": 2e-3, "replicas H=5": 1e-3, "replicas H=20": 2e-3}
+    assert out["tokensRatio"] == {"5": 1.594, "20": 1.594}
+    assert out["measuredBestFast"] == "pipeline" and out["measuredBestSlow"] == "replicas"
+    assert out["plannerPickFast"] == "pipeline" and out["plannerPickSlow"] == "replicas"
+    assert out["replicaComputeMs"] == 110.0
+    # at H=20, the slow link's pick: at H=5 (as few tokens, its exchange 4x as often) the pipeline
+    # wins at both ends of the range and no crossover is found
+    assert out["crossoverInnerSteps"] == 20 and 3 < out["predictedCrossoverMbit"] < 5000

@@ -2,6 +2,7 @@
 
 import pytest
 
+from holmes.plan import across
 from holmes.plan.across import AcrossWork, Link, choose, crossover_gbps, exchange_s, pipeline_iteration_s
 
 WORK = AcrossWork(
@@ -51,3 +52,18 @@ def test_the_crossover_lies_between_the_links_and_splits_the_picks():
 def test_impossible_assumptions_are_refused_by_name():
     with pytest.raises(ValueError, match="tokens_ratio 0"):
         choose(WORK, Link(1.0), 20, 0.0)
+
+
+def test_the_assumption_is_the_measured_ratio_with_no_floor(monkeypatch):
+    # whatever the bench measured is what the planner assumes, below 1 too (no silent floor)
+    monkeypatch.setattr(across, "MEASURED_TOKENS_RATIO", ((5, 0.8), (20, 1.3)))
+    assert across.assumed_tokens_ratio(5)[0] == 0.8
+    ratio, text = across.assumed_tokens_ratio(50)
+    assert ratio == 1.3 and "0.8" not in text and "H=20" in text and "beyond what was measured" in text
+
+
+def test_the_measured_assumption_keeps_the_pipeline_on_a_fast_link_and_not_on_a_slow_one():
+    ratio, text = across.assumed_tokens_ratio(20)
+    assert "best learning rate" in text
+    assert choose(WORK, Link(5.0), 20, ratio).pick == "pipeline"
+    assert choose(WORK, Link(0.003), 20, ratio).pick == "replicas"

@@ -76,3 +76,25 @@ def test_holmes_plan_prints_both_and_which_is_faster(capsys):
     assert "Across islands (spec.training.acrossIslands.mode: replicas)" in out
     assert "pipeline across the clusters:" in out and "replicas, one per cluster (2):" in out
     assert "faster per token:" in out and "convergence: replicas need" in out
+
+
+@pytest.mark.parametrize("example", ["gpt-7b", "llama3-8b", "megatron-mixtral-8x7b"])
+def test_auto_keeps_the_pipeline_on_a_fast_link_and_picks_replicas_over_a_wan(example):
+    d = yaml.safe_load(open(f"examples/jobs/{example}.yaml"))
+    d["spec"]["training"]["acrossIslands"] = {"mode": "auto", "innerSteps": 20}
+    spec = load_job(d)
+    assert compare_across(NODES, spec, link(400.0)).pick == "pipeline"
+    assert compare_across(NODES, spec, link(25.0)).pick == "pipeline"
+    assert compare_across(NODES, spec, link(1.0, latency_ms=20)).pick == "replicas"
+
+
+def test_a_small_model_bound_by_the_socket_between_clusters_goes_to_replicas_even_on_a_fast_link():
+    # 0.05B parameters: the pipeline's layout is data parallel across the clusters, its gradients
+    # crossing every step over the hosts' 25 Gbit/s sockets (the RDMA fabrics end at the cluster),
+    # which cost more than the replicas' extra tokens; a faster link does not widen the sockets
+    d = yaml.safe_load(open("examples/jobs/gpt-7b.yaml"))
+    d["spec"]["model"].update(layers=8, hiddenSize=512, attentionHeads=8)
+    d["spec"]["training"]["acrossIslands"] = {"mode": "auto", "innerSteps": 20}
+    fast = compare_across(NODES, load_job(d), link(400.0))
+    assert fast.pipeline.data > 1 and fast.pick == "replicas"
+    assert compare_across(NODES, load_job(d), link(25.0)).pipeline_s == pytest.approx(fast.pipeline_s)
