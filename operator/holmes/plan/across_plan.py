@@ -22,7 +22,7 @@ from .costmodel import CostModelConfig
 from .discovery import classify_node, classify_nodes
 from .errors import PlanError
 from .planner import plan
-from .topology import ClusterLink, Fabric, boundary_crossings
+from .topology import ClusterLink, Fabric, boundary_crossings, summarize
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,18 @@ def ring_link(hops: Sequence[ClusterLink]) -> across.Link:
     return across.Link(min(h.gbps for h in hops), max(h.latency_ms for h in hops) / 1e3)
 
 
+def exchange_link(nodes: Sequence[Any], hops: Sequence[ClusterLink], fabric: Fabric) -> across.Link:
+    """The link as the outer group sees it. The group is a Socket group over the host network
+    (rank r of every replica), like the pipeline's traffic between clusters: per node it gets
+    the slower of the ring's slowest hop and the hosts' sockets, at the socket efficiency and
+    within the TCP flows NCCL opens (topology.group_bandwidth_gbps, with the ring's hop as the
+    link)."""
+    ring = ring_link(hops)
+    hosts = summarize(classify_nodes(nodes), fabric)
+    gbps = min(min(hosts.min_socket_gbps, ring.gbps) * fabric.socket_efficiency, hosts.socket_flows_gbps)
+    return across.Link(gbps, ring.latency_s)
+
+
 def pipeline_crossings(layout: Layout, nodes: Sequence[Any], fabric: Fabric) -> list[str]:
     """The layout's stage boundaries between clusters, each with its link."""
     cluster = {n.name: n.cluster for n in classify_nodes(nodes)}
@@ -136,7 +148,7 @@ def compare_across(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> 
         replicas=R,
     )
     hops = replica_ring(sorted(groups), cfg.fabric)
-    link = ring_link(hops)
+    link = exchange_link(nodes, hops, cfg.fabric)
     exchange = across.exchange_s(work, link, spec.fragments)
     hidden = hidden_fraction(exchange, spec.fragments, spec.overlap_steps, work.compute_s)
     rep_s = across.replicas_iteration_s(work, link, spec.inner_steps, hidden, spec.fragments)
@@ -163,7 +175,8 @@ def compare_across(nodes: Sequence[Any], job: JobSpec, cfg: CostModelConfig) -> 
         + ")",
         f"replicas, one per cluster ({R}): {slowest.estimate['iterationSeconds']:.2f} s/iteration "
         f"(P={slowest.pipeline} D={slowest.data} T={slowest.tensor} on {per_replica} nodes) + "
-        f"{exchange:.2f} s outer exchange every {spec.inner_steps} steps {ring} = {rep_s:.2f} s/iteration",
+        f"{exchange:.2f} s outer exchange every {spec.inner_steps} steps {ring} ({link.gbps:.3g} Gbit/s "
+        f"per node on the hosts' sockets) = {rep_s:.2f} s/iteration",
         f"convergence: {assumption}",
         f"faster per token: {pick}, {faster:.2f}x",
     )
