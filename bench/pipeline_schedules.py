@@ -43,7 +43,7 @@ from trainer_common import SMOKE_HELP, median, run_ranks, smoke_model, table, tr
 
 from holmes.contract import Layout, ModelSpec  # noqa: E402
 from holmes.contract.flops import ModelCost  # noqa: E402
-from holmes.plan import plan  # noqa: E402
+from holmes.plan import PlanError, plan  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 from holmes.trainer.model import build_stage  # noqa: E402
 from tests.trainer.trainer_harness import reference  # noqa: E402
@@ -51,7 +51,7 @@ from tests.trainer.trainer_harness import reference  # noqa: E402
 # wide enough that a split backward costs what a full one does (at h=256, seq 64 torch's separate
 # input- and weight-gradient passes took up to 1.7x a full backward on one thread: CPU overhead)
 MODEL = ModelSpec(layers=12, hidden_size=512, attention_heads=4, seq_length=128, vocab_size=2048)
-P, MB, M = 3, 1, 6  # M = 2P: what DualPipeV needs at least; 1F1B's bubble is (P-1)/(M+P-1) = 25%
+P, MB, M = 3, 1, 3  # M = P: 1F1B's bubble is (P-1)/(M+P-1) = 40%; DualPipeV needs M >= 2P
 SCHEDULES = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 ISLANDS = (("east", "infiniband"), ("west", "roce"), ("south", "ethernet"))
 
@@ -76,7 +76,7 @@ def nodes() -> list[dict]:
     return out
 
 
-def job(model: ModelSpec, iterations: int, schedule: str) -> dict:
+def job(model: ModelSpec, iterations: int, schedule: str, micro_batches: int) -> dict:
     return {
         "model": {
             "layers": model.layers,
@@ -86,7 +86,7 @@ def job(model: ModelSpec, iterations: int, schedule: str) -> dict:
             "vocabSize": model.vocab_size,
         },
         "training": {
-            "globalBatchSize": MB * M,
+            "globalBatchSize": MB * micro_batches,
             "microBatchSize": MB,
             "iterations": iterations,
             "learningRate": 1.0e-3,
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", type=float, default=0.3, help="CPU budget of each rank (cgroup quota)")
     ap.add_argument("--link-gbps", type=float, default=8.0, help="what the planner assumes of the links")
     ap.add_argument("--no-cpu-limit", action="store_true", help="run unthrottled (then the bubble is free)")
+    ap.add_argument("--micro-batches", type=int, default=M, help="per iteration (DualPipeV needs >= 2P)")
     ap.add_argument("--hidden", type=int, default=MODEL.hidden_size)
     ap.add_argument("--seq", type=int, default=MODEL.seq_length)
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     model = replace(MODEL, hidden_size=a.hidden, seq_length=a.seq)
     model = smoke_model(model) if a.smoke else model
     rounds, iterations, warmup = (1, 3, 1) if a.smoke else (a.rounds, a.iterations, a.warmup)
-    cfg = train_config(model, MB * M, MB, iterations, bucket_elements=2_000_000)
+    m = a.micro_batches
+    cfg = train_config(model, MB * m, MB, iterations, bucket_elements=2_000_000)
     ref_losses, _, _ = reference(cfg)
     tflops = block_tflops(model, a.cores)
 
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [f"pp{os.getpid()}-rank{r}" for r in range(P)]  # this run's own: others may run
     if not a.no_cpu_limit:
         try:
-            limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False)
+            limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False, priority=True)
         except cpu_limit.CpuLimitError as e:
             sys.exit(f"pipeline_schedules: {e}; or pass --no-cpu-limit")
     dirs = [limits.dir(n) if limits else None for n in names]
@@ -190,8 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         # loses per p2p message it waits for (measured between two budgeted ranks)
         message = median(list(run_ranks(2, ping, dirs, 40).values()))
         config = replace(planner_config(tflops, a.link_gbps, a.link_gbps), p2p_message_seconds=message)
-        layouts = {s: plan(nodes(), job(model, iterations, s), config) for s in SCHEDULES}
-        pick = plan(nodes(), job(model, iterations, "auto"), config)
+        layouts, refused = {}, {}
+        for s in SCHEDULES:  # one the planner refuses here is shown with its reason, not run
+            try:
+                layouts[s] = plan(nodes(), job(model, iterations, s, m), config)
+            except PlanError as e:
+                refused[s] = str(e).split(": ", 2)[-1]
+        pick = plan(nodes(), job(model, iterations, "auto", m), config)
     except BaseException:
         if limits is not None:
             limits.remove()
@@ -200,13 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     for s, lay in layouts.items():  # one placement, one split per stage: only the schedule differs
         same_split = [x.num_layers for x in lay.stages] == [x.num_layers for x in base.stages]
         assert lay.nodes == base.nodes and same_split, s
-    seconds: dict[str, list[float]] = {s: [] for s in SCHEDULES}
-    bubble: dict[str, list[float]] = {s: [] for s in SCHEDULES}
-    compute: dict[str, list[float]] = {s: [] for s in SCHEDULES}
+    runs = [s for s in SCHEDULES if s in layouts]
+    seconds: dict[str, list[float]] = {s: [] for s in runs}
+    bubble: dict[str, list[float]] = {s: [] for s in runs}
+    compute: dict[str, list[float]] = {s: [] for s in runs}
     parity: dict[str, float] = {}
     try:
         for _ in range(rounds):
-            for s in SCHEDULES:
+            for s in runs:
                 out = run_ranks(P, worker, cfg, layouts[s], dirs, warmup)
                 seconds[s].append(max(o["seconds"] for o in out.values()))
                 bubble[s].append(median([o["bubble"] for o in out.values()]))
@@ -216,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if limits is not None:
             limits.remove()
-    tokens = MB * M * model.seq_length
-    tps = {s: tokens / median(seconds[s]) for s in SCHEDULES}
-    best_new = max(SCHEDULES[1:], key=lambda s: tps[s])
-    measured_best = max(SCHEDULES, key=lambda s: tps[s])
+    tokens = MB * m * model.seq_length
+    tps = {s: tokens / median(seconds[s]) for s in runs}
+    best_new = max(runs[1:], key=lambda s: tps[s])
+    measured_best = max(runs, key=lambda s: tps[s])
     rows = [
         [
             s,
@@ -232,12 +240,12 @@ def main(argv: list[str] | None = None) -> int:
             layouts[s].estimate["iterationSeconds"],
             parity[s],
         ]
-        for s in SCHEDULES
+        for s in runs
     ]
     budget = f"{a.cores:g} core per rank (cgroup quota: a rank idling in the bubble lends no CPU)"
     print(
         f"pipeline {P} over 3 islands (gloo on loopback, unshaped), {model.layers} layers x "
-        f"h={model.hidden_size}, M={M}, layers per stage {[x.num_layers for x in base.stages]}; "
+        f"h={model.hidden_size}, M={m}, layers per stage {[x.num_layers for x in base.stages]}; "
         f"{budget if limits else 'no CPU limit'}; median of {rounds} round(s)"
     )
     print(
@@ -256,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         )
     )
+    for s, why in refused.items():
+        print(f"{s}: not run, the planner refuses it here: {why}")
     print(f"planner ({message * 1e3:.2g} ms per p2p message, measured): {pick_line(pick)}")
     print(
         json.dumps(
@@ -265,9 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                 "plannerPick": pick.schedule,
                 "measuredBest": measured_best,
                 "worstParityRelDiff": float(f"{max(parity.values()):.3g}"),
-                "tokensPerSecond": {s: round(tps[s], 2) for s in SCHEDULES},
+                "tokensPerSecond": {s: round(tps[s], 2) for s in runs},
+                "notRunnable": refused,
                 "pipeline": P,
-                "microBatches": M,
+                "microBatches": m,
                 "islands": len(ISLANDS),
                 "coresPerRank": a.cores if limits else None,
                 "p2pMessageSeconds": float(f"{message:.3g}"),
