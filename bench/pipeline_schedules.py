@@ -50,7 +50,8 @@ from tests.trainer.trainer_harness import reference  # noqa: E402
 
 # wide enough that a split backward costs what a full one does (at h=256, seq 64 torch's separate
 # input- and weight-gradient passes took up to 1.7x a full backward on one thread: CPU overhead)
-MODEL = ModelSpec(layers=12, hidden_size=512, attention_heads=4, seq_length=128, vocab_size=2048)
+# and that each schedule action's fixed cost (a few ms on a budgeted rank) is small beside its FLOPs
+MODEL = ModelSpec(layers=12, hidden_size=768, attention_heads=4, seq_length=128, vocab_size=2048)
 P, MB, M = 3, 1, 3  # M = P: 1F1B's bubble is (P-1)/(M+P-1) = 40%; DualPipeV needs M >= 2P
 SCHEDULES = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 ISLANDS = (("east", "infiniband"), ("west", "roce"), ("south", "ethernet"))
@@ -112,6 +113,41 @@ def block_tflops(model: ModelSpec, cores: float) -> float:
     return flops * n / (time.perf_counter() - t0) / 1e12 * cores
 
 
+def split_backward_ratio(model: ModelSpec, n: int = 7) -> float:
+    """A split backward (torch's input-gradient pass, then its weight pass, as the zero-bubble
+    schedules run them) over one full backward, on one block, one thread: the fastest of ``n``
+    of each, taken alternately (on a shared machine the fastest is the least disturbed)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    torch.set_num_threads(1)
+    block = build_stage(model, 0, 1, False, False, seed=1)
+    x = torch.randn(MB, model.seq_length, model.hidden_size)
+
+    def full() -> float:
+        y = block(x.requires_grad_())
+        t0 = time.perf_counter()
+        y.sum().backward()
+        return time.perf_counter() - t0
+
+    def split() -> float:
+        y = block(x.requires_grad_())
+        t0 = time.perf_counter()
+        _, groups = stage_backward_input([y.sum()], None, [x], block.parameters())
+        stage_backward_weight(block.parameters(), groups)
+        return time.perf_counter() - t0
+
+    full(), split()  # warm-up
+    pairs = [(split(), full()) for _ in range(n)]
+    return min(p[0] for p in pairs) / min(p[1] for p in pairs)
+
+
+def action_seconds(iteration: float, message: float, micro_batches: int) -> float:
+    """The cost model's fixed cost per schedule action, from 1F1B's schedule time at toy width
+    (its FLOPs negligible): the planner prices that run at M steps of 2 actions and the messages
+    a middle stage waits for (2 per micro-batch), plus P-1 fill-and-drain steps of 2 actions."""
+    return max(0.0, (iteration - 2 * micro_batches * message) / (2 * (micro_batches + P - 1)))
+
+
 def _join(group_dir: str | None) -> None:
     """This process (and every thread it starts) under its group's budget from here on."""
     if group_dir:
@@ -147,6 +183,7 @@ def worker(rank: int, cfg, layout: Layout, dirs: list, warmup: int) -> dict:
         "seconds": median([h["iterationSeconds"] for h in steady]),
         "bubble": median([h["time"]["bubble"] for h in steady]),
         "compute": median([h["time"]["compute"] for h in steady]),
+        "schedule": median([h["time"]["compute"] + h["time"]["bubble"] for h in steady]),
     }
 
 
@@ -178,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = train_config(model, MB * m, MB, iterations, bucket_elements=2_000_000)
     ref_losses, _, _ = reference(cfg)
     tflops = block_tflops(model, a.cores)
+    split_ratio = split_backward_ratio(model)
 
     limits = None
     names = [f"pp{os.getpid()}-rank{r}" for r in range(P)]  # this run's own: others may run
@@ -191,7 +229,19 @@ def main(argv: list[str] | None = None) -> int:
         # the cost model priced on this machine: compute per budget, links, and what a step
         # loses per p2p message it waits for (measured between two budgeted ranks)
         message = median(list(run_ranks(2, ping, dirs, 40).values()))
-        config = replace(planner_config(tflops, a.link_gbps, a.link_gbps), p2p_message_seconds=message)
+        # and per schedule action: 1F1B at toy width on the same budgeted ranks (the engine's
+        # own steps, hooks and waits, next to no FLOPs)
+        toy = smoke_model(replace(model, hidden_size=16, seq_length=16))
+        toy_cfg = train_config(toy, MB * m, MB, 6, bucket_elements=2_000_000)
+        toy_layout = plan(nodes(), job(toy, 6, "1F1B", m), planner_config(tflops, a.link_gbps, a.link_gbps))
+        toy_run = run_ranks(P, worker, toy_cfg, toy_layout, dirs, 1)
+        action = action_seconds(max(o["schedule"] for o in toy_run.values()), message, m)
+        config = replace(
+            planner_config(tflops, a.link_gbps, a.link_gbps),
+            p2p_message_seconds=message,
+            pipeline_action_seconds=action,
+            split_backward_ratio=split_ratio,
+        )
         layouts, refused = {}, {}
         for s in SCHEDULES:  # one the planner refuses here is shown with its reason, not run
             try:
@@ -266,7 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for s, why in refused.items():
         print(f"{s}: not run, the planner refuses it here: {why}")
-    print(f"planner ({message * 1e3:.2g} ms per p2p message, measured): {pick_line(pick)}")
+    print(
+        f"planner (measured: {message * 1e3:.2g} ms per p2p message, {action * 1e3:.2g} ms per schedule "
+        f"action, split backward {split_ratio:.2f}x a full one): {pick_line(pick)}"
+    )
     print(
         json.dumps(
             {
@@ -282,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                 "islands": len(ISLANDS),
                 "coresPerRank": a.cores if limits else None,
                 "p2pMessageSeconds": float(f"{message:.3g}"),
+                "pipelineActionSeconds": float(f"{action:.3g}"),
+                "splitBackwardRatio": round(split_ratio, 3),
                 "rounds": rounds,
             }
         )

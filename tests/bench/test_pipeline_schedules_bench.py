@@ -35,3 +35,6 @@ def test_small_mode_runs_every_schedule_side_by_side_at_parity():
     assert result["bestNewSchedule"] in SCHEDULES - {"1F1B"} and result["speedupOver1F1B"] > 0
     assert result["worstParityRelDiff"] < 1e-4
     assert result["coresPerRank"] == 0.3 and "lends no CPU" in p.stdout
+    # the planner priced with what was measured here: per message, per action, a split backward
+    assert result["pipelineActionSeconds"] > 0 and result["splitBackwardRatio"] > 0
+    assert "ms per schedule action" in p.stdout
