@@ -8,7 +8,14 @@ south/Ethernet), pipeline 3, planned by Holmes' planner with the cost model pric
 machine (one "GPU" is one CPU process: a transformer block timed on one thread, times the
 budget; fabric_emulation.planner_config). Each schedule is planned with
 ``training.pipelineSchedule`` fixed: the same placement and layers per stage (checked), its
-chunks split by the planner. ``plannerPick`` is what ``auto`` chooses.
+chunks split by the planner. ``plannerPick`` is what ``auto`` chooses. M = P micro-batches: 1F1B
+idles 40% of its iteration in fill and drain, too few for DualPipeV (shown with the planner's
+reason, not run).
+
+The planner is priced with what is measured here, before the runs: a block's FLOP rate, what a
+p2p message costs between two budgeted ranks, a schedule action's fixed cost (1F1B at toy width
+on the budgeted ranks: its time through the planner's price at negligible FLOPs), and a split
+backward's cost over a full one (torch's input- and weight-gradient passes on one block).
 
 Each rank runs in a CPU cgroup of its own with a fixed budget (bench/cpu_limit.py, ``--cores``
 per rank), as a GPU is its own: a rank idling in the bubble hands no CPU to the others, so the

@@ -70,7 +70,8 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
   island) otherwise; not overlapped with compute. Expert weights are split E x T ways, their
   gradients reduced and their optimizer state sharded over the D/E expert-data-parallel ranks.
   Tokens are assumed evenly routed (the load-balancing loss's aim; no token dropping).
-- Optimizer step time, kernel launch overheads and stragglers are ignored.
+- Optimizer step time, kernel launch overheads and stragglers are ignored (a pipeline schedule's
+  per-action and per-message costs only where set: ``pipeline_action_seconds``, ``p2p_message_seconds``).
 """
 
 from __future__ import annotations
