@@ -1,7 +1,7 @@
 """Pipeline schedules side by side on one layout: 1F1B against the interleaved and zero-bubble
 schedules, tokens/s and parity with the single-process reference, and the planner's pick.
 
-    sudo .venv/bin/python bench/pipeline_schedules.py [--rounds 2] [--cores 0.3] [--smoke]
+    sudo .venv/bin/python bench/pipeline_schedules.py [--rounds 3] [--cores 0.3] [--smoke]
 
 The layout: three nodes of one GPU on three islands (east/InfiniBand, west/RoCE,
 south/Ethernet), pipeline 3, planned by Holmes' planner with the cost model priced on this
@@ -204,7 +204,7 @@ def rel_diff(got: list[float], want: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=4, help="per run, --warmup of them not measured")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--cores", type=float, default=0.3, help="CPU budget of each rank (cgroup quota)")
