@@ -5,6 +5,7 @@ as they are, the kernel throttles them, every timing is real.
     limits = CpuLimits.create({"a": 1.2, "b": 0.5})    # cores per group (root)
     cmd = limits.wrap("b", cmd)                        # the command (and its children) in group b
     limits.enforce(False) ... limits.enforce(True)     # lift the budgets for a while, restore them
+    CpuLimits.create({...}, priority=True)             # and first claim on the CPU up to them
     limits.remove()
 
 cgroup v2 (``cpu.max``) when the unified hierarchy has the cpu controller, else cgroup v1's cpu
@@ -74,6 +75,19 @@ def quota_files(version: int, cores: float | None) -> dict[str, str]:
     return {"cpu.cfs_period_us": str(PERIOD_US), "cpu.cfs_quota_us": str(quota)}
 
 
+# A quota caps a group; it guarantees nothing when the machine is shared: a group competes with
+# every other runnable thread at the default weight, so on a loaded machine its ranks get less than
+# their budget, unevenly, and a rank woken by a message waits its turn. The highest weight gives a
+# group first claim on the CPU up to its quota (the budgets together must fit the machine's cores).
+MAX_WEIGHT = {1: ("cpu.shares", "262144"), 2: ("cpu.weight", "10000")}
+
+
+def priority_files(version: int) -> dict[str, str]:
+    """What to write into a group's files so it takes the CPU before default-weight threads."""
+    file, value = MAX_WEIGHT[version]
+    return {file: value}
+
+
 def wrap(group_dir: str, cmd: list[str]) -> list[str]:
     """``cmd`` started inside the group: the shell moves itself in, then execs (children inherit
     the group at fork, so nothing the command starts escapes it, even for a moment)."""
@@ -111,10 +125,15 @@ class CpuLimits:
 
     @classmethod
     def create(
-        cls, cores: Mapping[str, float], hierarchy: Hierarchy | None = None, sweep: bool = True
+        cls,
+        cores: Mapping[str, float],
+        hierarchy: Hierarchy | None = None,
+        sweep: bool = True,
+        priority: bool = False,
     ) -> CpuLimits:
         """``sweep``: delete the groups a killed run left first (False where another bench may be
-        running: give ``cores`` names of this run's own, e.g. with the PID in them)."""
+        running: give ``cores`` names of this run's own, e.g. with the PID in them). ``priority``:
+        each group at the highest weight (priority_files), so its budget holds on a busy machine."""
         h = hierarchy or detect()
         if sweep:
             remove_leftovers(h)
@@ -130,6 +149,15 @@ class CpuLimits:
                     os.mkdir(d)
                 except OSError as e:
                     raise CpuLimitError(f"cannot create {d}: {e.strerror} (root needed)") from None
+                if priority:
+                    total = sum(cores.values())
+                    if total > (os.cpu_count() or 1):
+                        raise CpuLimitError(
+                            f"budgets of {total:g} cores with priority exceed this machine's "
+                            f"{os.cpu_count()} cores: lower them, or run without priority"
+                        )
+                    for file, text in priority_files(h.version).items():
+                        _write(os.path.join(d, file), text)
             limits.enforce(True)
         except BaseException:
             limits.remove()

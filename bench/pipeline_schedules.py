@@ -1,14 +1,21 @@
 """Pipeline schedules side by side on one layout: 1F1B against the interleaved and zero-bubble
 schedules, tokens/s and parity with the single-process reference, and the planner's pick.
 
-    sudo .venv/bin/python bench/pipeline_schedules.py [--rounds 2] [--cores 0.3] [--smoke]
+    sudo .venv/bin/python bench/pipeline_schedules.py [--rounds 3] [--cores 0.3] [--smoke]
 
 The layout: three nodes of one GPU on three islands (east/InfiniBand, west/RoCE,
 south/Ethernet), pipeline 3, planned by Holmes' planner with the cost model priced on this
 machine (one "GPU" is one CPU process: a transformer block timed on one thread, times the
 budget; fabric_emulation.planner_config). Each schedule is planned with
 ``training.pipelineSchedule`` fixed: the same placement and layers per stage (checked), its
-chunks split by the planner. ``plannerPick`` is what ``auto`` chooses.
+chunks split by the planner. ``plannerPick`` is what ``auto`` chooses. M = P micro-batches: 1F1B
+idles 40% of its iteration in fill and drain, too few for DualPipeV (shown with the planner's
+reason, not run).
+
+The planner is priced with what is measured here, before the runs: a block's FLOP rate, what a
+p2p message costs between two budgeted ranks, a schedule action's fixed cost (1F1B at toy width
+on the budgeted ranks: its time through the planner's price at negligible FLOPs), and a split
+backward's cost over a full one (torch's input- and weight-gradient passes on one block).
 
 Each rank runs in a CPU cgroup of its own with a fixed budget (bench/cpu_limit.py, ``--cores``
 per rank), as a GPU is its own: a rank idling in the bubble hands no CPU to the others, so the
@@ -43,15 +50,16 @@ from trainer_common import SMOKE_HELP, median, run_ranks, smoke_model, table, tr
 
 from holmes.contract import Layout, ModelSpec  # noqa: E402
 from holmes.contract.flops import ModelCost  # noqa: E402
-from holmes.plan import plan  # noqa: E402
+from holmes.plan import PlanError, plan  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 from holmes.trainer.model import build_stage  # noqa: E402
 from tests.trainer.trainer_harness import reference  # noqa: E402
 
 # wide enough that a split backward costs what a full one does (at h=256, seq 64 torch's separate
 # input- and weight-gradient passes took up to 1.7x a full backward on one thread: CPU overhead)
-MODEL = ModelSpec(layers=12, hidden_size=512, attention_heads=4, seq_length=128, vocab_size=2048)
-P, MB, M = 3, 1, 6  # M = 2P: what DualPipeV needs at least; 1F1B's bubble is (P-1)/(M+P-1) = 25%
+# and that each schedule action's fixed cost (a few ms on a budgeted rank) is small beside its FLOPs
+MODEL = ModelSpec(layers=12, hidden_size=768, attention_heads=4, seq_length=128, vocab_size=2048)
+P, MB, M = 3, 1, 3  # M = P: 1F1B's bubble is (P-1)/(M+P-1) = 40%; DualPipeV needs M >= 2P
 SCHEDULES = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 ISLANDS = (("east", "infiniband"), ("west", "roce"), ("south", "ethernet"))
 
@@ -76,7 +84,7 @@ def nodes() -> list[dict]:
     return out
 
 
-def job(model: ModelSpec, iterations: int, schedule: str) -> dict:
+def job(model: ModelSpec, iterations: int, schedule: str, micro_batches: int) -> dict:
     return {
         "model": {
             "layers": model.layers,
@@ -86,7 +94,7 @@ def job(model: ModelSpec, iterations: int, schedule: str) -> dict:
             "vocabSize": model.vocab_size,
         },
         "training": {
-            "globalBatchSize": MB * M,
+            "globalBatchSize": MB * micro_batches,
             "microBatchSize": MB,
             "iterations": iterations,
             "learningRate": 1.0e-3,
@@ -110,6 +118,41 @@ def block_tflops(model: ModelSpec, cores: float) -> float:
     for _ in range(n):
         block(x).sum().backward()
     return flops * n / (time.perf_counter() - t0) / 1e12 * cores
+
+
+def split_backward_ratio(model: ModelSpec, n: int = 7) -> float:
+    """A split backward (torch's input-gradient pass, then its weight pass, as the zero-bubble
+    schedules run them) over one full backward, on one block, one thread: the fastest of ``n``
+    of each, taken alternately (on a shared machine the fastest is the least disturbed)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    torch.set_num_threads(1)
+    block = build_stage(model, 0, 1, False, False, seed=1)
+    x = torch.randn(MB, model.seq_length, model.hidden_size)
+
+    def full() -> float:
+        y = block(x.requires_grad_())
+        t0 = time.perf_counter()
+        y.sum().backward()
+        return time.perf_counter() - t0
+
+    def split() -> float:
+        y = block(x.requires_grad_())
+        t0 = time.perf_counter()
+        _, groups = stage_backward_input([y.sum()], None, [x], block.parameters())
+        stage_backward_weight(block.parameters(), groups)
+        return time.perf_counter() - t0
+
+    full(), split()  # warm-up
+    pairs = [(split(), full()) for _ in range(n)]
+    return min(p[0] for p in pairs) / min(p[1] for p in pairs)
+
+
+def action_seconds(iteration: float, message: float, micro_batches: int) -> float:
+    """The cost model's fixed cost per schedule action, from 1F1B's schedule time at toy width
+    (its FLOPs negligible): the planner prices that run at M steps of 2 actions and the messages
+    a middle stage waits for (2 per micro-batch), plus P-1 fill-and-drain steps of 2 actions."""
+    return max(0.0, (iteration - 2 * micro_batches * message) / (2 * (micro_batches + P - 1)))
 
 
 def _join(group_dir: str | None) -> None:
@@ -147,6 +190,7 @@ def worker(rank: int, cfg, layout: Layout, dirs: list, warmup: int) -> dict:
         "seconds": median([h["iterationSeconds"] for h in steady]),
         "bubble": median([h["time"]["bubble"] for h in steady]),
         "compute": median([h["time"]["compute"] for h in steady]),
+        "schedule": median([h["time"]["compute"] + h["time"]["bubble"] for h in steady]),
     }
 
 
@@ -160,12 +204,13 @@ def rel_diff(got: list[float], want: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=4, help="per run, --warmup of them not measured")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--cores", type=float, default=0.3, help="CPU budget of each rank (cgroup quota)")
     ap.add_argument("--link-gbps", type=float, default=8.0, help="what the planner assumes of the links")
     ap.add_argument("--no-cpu-limit", action="store_true", help="run unthrottled (then the bubble is free)")
+    ap.add_argument("--micro-batches", type=int, default=M, help="per iteration (DualPipeV needs >= 2P)")
     ap.add_argument("--hidden", type=int, default=MODEL.hidden_size)
     ap.add_argument("--seq", type=int, default=MODEL.seq_length)
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
@@ -173,15 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     model = replace(MODEL, hidden_size=a.hidden, seq_length=a.seq)
     model = smoke_model(model) if a.smoke else model
     rounds, iterations, warmup = (1, 3, 1) if a.smoke else (a.rounds, a.iterations, a.warmup)
-    cfg = train_config(model, MB * M, MB, iterations, bucket_elements=2_000_000)
+    m = a.micro_batches
+    cfg = train_config(model, MB * m, MB, iterations, bucket_elements=2_000_000)
     ref_losses, _, _ = reference(cfg)
     tflops = block_tflops(model, a.cores)
+    split_ratio = split_backward_ratio(model)
 
     limits = None
     names = [f"pp{os.getpid()}-rank{r}" for r in range(P)]  # this run's own: others may run
     if not a.no_cpu_limit:
         try:
-            limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False)
+            limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False, priority=True)
         except cpu_limit.CpuLimitError as e:
             sys.exit(f"pipeline_schedules: {e}; or pass --no-cpu-limit")
     dirs = [limits.dir(n) if limits else None for n in names]
@@ -189,9 +236,26 @@ def main(argv: list[str] | None = None) -> int:
         # the cost model priced on this machine: compute per budget, links, and what a step
         # loses per p2p message it waits for (measured between two budgeted ranks)
         message = median(list(run_ranks(2, ping, dirs, 40).values()))
-        config = replace(planner_config(tflops, a.link_gbps, a.link_gbps), p2p_message_seconds=message)
-        layouts = {s: plan(nodes(), job(model, iterations, s), config) for s in SCHEDULES}
-        pick = plan(nodes(), job(model, iterations, "auto"), config)
+        # and per schedule action: 1F1B at toy width on the same budgeted ranks (the engine's
+        # own steps, hooks and waits, next to no FLOPs)
+        toy = smoke_model(replace(model, hidden_size=16, seq_length=16))
+        toy_cfg = train_config(toy, MB * m, MB, 6, bucket_elements=2_000_000)
+        toy_layout = plan(nodes(), job(toy, 6, "1F1B", m), planner_config(tflops, a.link_gbps, a.link_gbps))
+        toy_run = run_ranks(P, worker, toy_cfg, toy_layout, dirs, 1)
+        action = action_seconds(max(o["schedule"] for o in toy_run.values()), message, m)
+        config = replace(
+            planner_config(tflops, a.link_gbps, a.link_gbps),
+            p2p_message_seconds=message,
+            pipeline_action_seconds=action,
+            split_backward_ratio=split_ratio,
+        )
+        layouts, refused = {}, {}
+        for s in SCHEDULES:  # one the planner refuses here is shown with its reason, not run
+            try:
+                layouts[s] = plan(nodes(), job(model, iterations, s, m), config)
+            except PlanError as e:
+                refused[s] = str(e).split(": ", 2)[-1]
+        pick = plan(nodes(), job(model, iterations, "auto", m), config)
     except BaseException:
         if limits is not None:
             limits.remove()
@@ -200,13 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     for s, lay in layouts.items():  # one placement, one split per stage: only the schedule differs
         same_split = [x.num_layers for x in lay.stages] == [x.num_layers for x in base.stages]
         assert lay.nodes == base.nodes and same_split, s
-    seconds: dict[str, list[float]] = {s: [] for s in SCHEDULES}
-    bubble: dict[str, list[float]] = {s: [] for s in SCHEDULES}
-    compute: dict[str, list[float]] = {s: [] for s in SCHEDULES}
+    runs = [s for s in SCHEDULES if s in layouts]
+    seconds: dict[str, list[float]] = {s: [] for s in runs}
+    bubble: dict[str, list[float]] = {s: [] for s in runs}
+    compute: dict[str, list[float]] = {s: [] for s in runs}
     parity: dict[str, float] = {}
     try:
         for _ in range(rounds):
-            for s in SCHEDULES:
+            for s in runs:
                 out = run_ranks(P, worker, cfg, layouts[s], dirs, warmup)
                 seconds[s].append(max(o["seconds"] for o in out.values()))
                 bubble[s].append(median([o["bubble"] for o in out.values()]))
@@ -216,10 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if limits is not None:
             limits.remove()
-    tokens = MB * M * model.seq_length
-    tps = {s: tokens / median(seconds[s]) for s in SCHEDULES}
-    best_new = max(SCHEDULES[1:], key=lambda s: tps[s])
-    measured_best = max(SCHEDULES, key=lambda s: tps[s])
+    tokens = MB * m * model.seq_length
+    tps = {s: tokens / median(seconds[s]) for s in runs}
+    best_new = max(runs[1:], key=lambda s: tps[s])
+    measured_best = max(runs, key=lambda s: tps[s])
     rows = [
         [
             s,
@@ -232,12 +297,12 @@ def main(argv: list[str] | None = None) -> int:
             layouts[s].estimate["iterationSeconds"],
             parity[s],
         ]
-        for s in SCHEDULES
+        for s in runs
     ]
     budget = f"{a.cores:g} core per rank (cgroup quota: a rank idling in the bubble lends no CPU)"
     print(
         f"pipeline {P} over 3 islands (gloo on loopback, unshaped), {model.layers} layers x "
-        f"h={model.hidden_size}, M={M}, layers per stage {[x.num_layers for x in base.stages]}; "
+        f"h={model.hidden_size}, M={m}, layers per stage {[x.num_layers for x in base.stages]}; "
         f"{budget if limits else 'no CPU limit'}; median of {rounds} round(s)"
     )
     print(
@@ -256,7 +321,12 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         )
     )
-    print(f"planner ({message * 1e3:.2g} ms per p2p message, measured): {pick_line(pick)}")
+    for s, why in refused.items():
+        print(f"{s}: not run, the planner refuses it here: {why}")
+    print(
+        f"planner (measured: {message * 1e3:.2g} ms per p2p message, {action * 1e3:.2g} ms per schedule "
+        f"action, split backward {split_ratio:.2f}x a full one): {pick_line(pick)}"
+    )
     print(
         json.dumps(
             {
@@ -265,12 +335,15 @@ def main(argv: list[str] | None = None) -> int:
                 "plannerPick": pick.schedule,
                 "measuredBest": measured_best,
                 "worstParityRelDiff": float(f"{max(parity.values()):.3g}"),
-                "tokensPerSecond": {s: round(tps[s], 2) for s in SCHEDULES},
+                "tokensPerSecond": {s: round(tps[s], 2) for s in runs},
+                "notRunnable": refused,
                 "pipeline": P,
-                "microBatches": M,
+                "microBatches": m,
                 "islands": len(ISLANDS),
                 "coresPerRank": a.cores if limits else None,
                 "p2pMessageSeconds": float(f"{message:.3g}"),
+                "pipelineActionSeconds": float(f"{action:.3g}"),
+                "splitBackwardRatio": round(split_ratio, 3),
                 "rounds": rounds,
             }
         )

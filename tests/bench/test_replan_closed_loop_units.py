@@ -115,6 +115,24 @@ def test_cpu_budget_files_for_either_cgroup_version():
         cpu_limit.quota_files(2, 0)
 
 
+def test_priority_gives_each_group_the_highest_weight_and_refuses_more_than_the_machine(tmp_path):
+    """On a shared machine a quota alone guarantees nothing: the groups also get the highest
+    weight, and budgets that would then starve everything else are refused."""
+    assert cpu_limit.priority_files(1) == {"cpu.shares": "262144"}
+    assert cpu_limit.priority_files(2) == {"cpu.weight": "10000"}
+    (tmp_path / "cpu.cfs_quota_us").write_text("-1\n")
+    h = cpu_limit.Hierarchy(1, str(tmp_path))
+    limits = cpu_limit.CpuLimits.create({"a": 0.3}, h, priority=True)
+    assert (tmp_path / f"{cpu_limit.PREFIX}a" / "cpu.shares").read_text() == "262144"
+    for f in os.listdir(limits.dir("a")):
+        os.remove(os.path.join(limits.dir("a"), f))
+    limits.remove()
+    too_much = {str(i): 1.0 for i in range((os.cpu_count() or 1) + 1)}
+    with pytest.raises(cpu_limit.CpuLimitError, match="exceed this machine's"):
+        cpu_limit.CpuLimits.create(too_much, h, priority=True)
+    assert not any(p.name.startswith(cpu_limit.PREFIX) for p in tmp_path.iterdir())
+
+
 def test_detect_prefers_v2_with_cpu_and_says_what_is_missing(tmp_path):
     v2, v1 = tmp_path / "v2", tmp_path / "v1"
     v2.mkdir(), v1.mkdir()

@@ -118,3 +118,54 @@ def test_a_fixed_cost_per_p2p_message_charges_schedules_by_the_messages_they_wai
         assert 0 < after - before <= M * waits * 0.01 + 1e-9, (schedule, before, after)
     with pytest.raises(ValueError, match="p2p_message_seconds must be >= 0"):
         replace(FAT_LINKS, p2p_message_seconds=-1.0)
+
+
+def test_a_fixed_cost_per_action_charges_schedules_by_the_actions_they_run():
+    """pipeline_action_seconds: per micro-batch a GPU runs 2 actions under 1F1B, 2v with v looped
+    chunks, 3 per chunk under a split backward; the fill and drain run 1F1B's steps. Enough of it
+    turns the pick from four chunks per GPU to fewer."""
+    from holmes.contract.pipeline_schedules import actions
+
+    assert [actions("1F1B", 1), actions("Interleaved1F1B", 4), actions("ZBVZeroBubble", 2)] == [2, 8, 6]
+    assert actions("InterleavedZeroBubble", 4) == 12
+    M, P, a = 3, 3, 0.01
+    costly = replace(FAT_LINKS, pipeline_action_seconds=a)
+    for schedule, virtual, n in (("1F1B", 1, 2), ("ZBVZeroBubble", 2, 6), ("InterleavedZeroBubble", 4, 12)):
+        job = three_island_job(pipelineSchedule=schedule, virtualStages=virtual)
+        before = plan(THREE_ISLANDS, job, FAT_LINKS)
+        after = plan(THREE_ISLANDS, job, costly)
+        assert after.virtual_stages == virtual
+        grown = after.estimate["iterationSeconds"] - before.estimate["iterationSeconds"]
+        steady, fill = M * n * a, (P - 1) * 2 * a  # the fill's share shrinks with the bubble
+        assert steady < grown <= steady + fill + 1e-9, (schedule, grown)
+    # h=2048: a step of ~40 ms per micro-batch, where 4 more actions at 10 ms outweigh the bubble
+    free, dear = (plan(THREE_ISLANDS, three_island_job(2048), cfg) for cfg in (FAT_LINKS, costly))
+    assert (free.schedule, free.virtual_stages) == ("InterleavedZeroBubble", 2) and dear.schedule == "1F1B"
+    assert any("overhead" in line for line in dear.explanation if line.startswith("schedule:"))
+    assert not any("overhead" in line for line in free.explanation)  # not priced: not shown
+    with pytest.raises(ValueError, match="pipeline_action_seconds must be >= 0"):
+        replace(FAT_LINKS, pipeline_action_seconds=-0.1)
+
+
+def test_a_split_backward_dearer_than_a_full_one_hands_the_pick_to_a_schedule_without_it():
+    """split_backward_ratio: the zero-bubble schedules pay (ratio - 1) x the backward per
+    micro-batch; 1F1B and Interleaved1F1B do not split, so they do not."""
+    lay = plan(THREE_ISLANDS, three_island_job(), FAT_LINKS)
+    assert lay.schedule == "ZBVZeroBubble"
+    dear = replace(FAT_LINKS, split_backward_ratio=1.5)
+    for schedule in ("1F1B", "Interleaved1F1B"):
+        job = three_island_job(pipelineSchedule=schedule)
+        same = plan(THREE_ISLANDS, job, dear).estimate["iterationSeconds"]
+        assert same == plan(THREE_ISLANDS, job, FAT_LINKS).estimate["iterationSeconds"], schedule
+    zbv = three_island_job(pipelineSchedule="ZBVZeroBubble")
+    grown = plan(THREE_ISLANDS, zbv, dear).estimate["iterationSeconds"] - lay.estimate["iterationSeconds"]
+    assert grown > 0
+    assert not sched_is_split(plan(THREE_ISLANDS, three_island_job(), dear).schedule)
+    with pytest.raises(ValueError, match="split_backward_ratio must be > 0"):
+        replace(FAT_LINKS, split_backward_ratio=0.0)
+
+
+def sched_is_split(name: str) -> bool:
+    from holmes.contract.pipeline_schedules import kind
+
+    return kind(name).split_backward

@@ -136,6 +136,12 @@ def in_flight(name: str, pipeline: int, virtual: int, micro_batches: int, stage:
     return float(min(m, ((p - stage - 1) * 2 + (virtual - 1) * p + 1) / virtual))
 
 
+def actions(name: str, virtual: int) -> int:
+    """The schedule's actions one micro-batch costs a rank: per chunk a forward and a backward, or
+    under a split backward a forward, an input-gradient and a weight-gradient pass."""
+    return (3 if kind(name).split_backward else 2) * virtual
+
+
 def crossings(name: str, pipeline: int, virtual: int) -> dict[int, int]:
     """How many times one micro-batch's activation crosses each boundary forward (the same
     back): boundary -> count; ``pipeline - 1`` is the wrap-around link (looped)."""

@@ -71,7 +71,8 @@ Assumptions (defaults in :class:`CostModelConfig`, all configurable):
   island) otherwise; not overlapped with compute. Expert weights are split E x T ways, their
   gradients reduced and their optimizer state sharded over the D/E expert-data-parallel ranks.
   Tokens are assumed evenly routed (the load-balancing loss's aim; no token dropping).
-- Optimizer step time, kernel launch overheads and stragglers are ignored.
+- Optimizer step time, kernel launch overheads and stragglers are ignored (a pipeline schedule's
+  per-action and per-message costs only where set: ``pipeline_action_seconds``, ``p2p_message_seconds``).
 """
 
 from __future__ import annotations
@@ -133,15 +134,31 @@ class CostModelConfig:
     # host-side step, the wait); 0 ignores it. It ranks schedules with virtual stages, whose GPUs
     # wait on v times the messages (plan/schedule_choice.py); bench/pipeline_schedules.py measures it
     p2p_message_seconds: float = 0.0
+    # seconds each pipeline schedule action costs a GPU beyond its FLOPs: a chunk's forward, its
+    # backward, or under a split backward its input- and weight-gradient passes (the schedule
+    # runtime's host step, the hooks, a paused rank's wake-up); 0 ignores it. It ranks schedules
+    # by how many actions they run: v chunks per GPU run v times 1F1B's, a split backward 3 per
+    # chunk instead of 2 (plan/schedule_choice.py); bench/pipeline_schedules.py measures it
+    pipeline_action_seconds: float = 0.0
+    # a split backward's input- plus weight-gradient passes over one full backward (zero-bubble
+    # schedules). 1.0, the default, is the zero-bubble papers' premise on GPUs: the two passes
+    # are the full backward's matmuls, split. On CPU torch's two autograd passes can cost more;
+    # bench/pipeline_schedules.py measures it on one block
+    split_backward_ratio: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("gpu_peak_tflops", "compute_efficiency", "gpu_memory_gib", "nvlink_gbps"):
+        for name in (
+            "gpu_peak_tflops",
+            "compute_efficiency",
+            "gpu_memory_gib",
+            "nvlink_gbps",
+            "split_backward_ratio",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"CostModelConfig.{name} must be > 0, got {getattr(self, name)}")
-        if not self.p2p_message_seconds >= 0:
-            raise ValueError(
-                f"CostModelConfig.p2p_message_seconds must be >= 0, got {self.p2p_message_seconds}"
-            )
+        for name in ("p2p_message_seconds", "pipeline_action_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"CostModelConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.overlap_efficiency <= 1:
             raise ValueError(
                 f"CostModelConfig.overlap_efficiency must be in [0, 1], got {self.overlap_efficiency}"

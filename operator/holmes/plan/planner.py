@@ -608,7 +608,7 @@ def to_layout(
     layout = _one_chunk_layout(c, job, cfg)
     if option is None:
         return layout
-    if option.virtual == 1 and option.name == "1F1B":  # only p2p_message_seconds can change it
+    if option.virtual == 1 and option.name == "1F1B":  # only the per-message/action costs change it
         return replace(layout, estimate=_timed(layout.estimate, option.seconds))
     return with_schedule(layout, option, c)
 
@@ -671,17 +671,20 @@ def schedule_lines(
     head = f"schedule: {option.name}"
     if option.virtual > 1:
         head += f" with {option.virtual} virtual stages per GPU"
+    shown = any(o.overhead_seconds for o in priced)  # only where the cost model prices it
     head += (
         f", {option.seconds:.4g} s/iteration (bubble {option.bubble_seconds:.3g} s, p2p "
-        f"{option.p2p_seconds:.3g} s, memory {option.memory_gib:.1f} GiB), the fastest of "
-        f"{len(priced)} priced"
+        f"{option.p2p_seconds:.3g} s, {_overhead(option, shown)}memory {option.memory_gib:.1f} GiB), "
+        f"the fastest of {len(priced)} priced"
     )
     if base is not None and option is not base:
         head += (
             f"; {base.seconds / option.seconds:.2f}x 1F1B: bubble {base.bubble_seconds:.3g} s -> "
             f"{option.bubble_seconds:.3g} s, p2p {base.p2p_seconds:.3g} s -> {option.p2p_seconds:.3g} s, "
-            f"memory {base.memory_gib:.1f} -> {option.memory_gib:.1f} GiB"
         )
+        if shown:
+            head += f"overhead {base.overhead_seconds:.3g} s -> {option.overhead_seconds:.3g} s, "
+        head += f"memory {base.memory_gib:.1f} -> {option.memory_gib:.1f} GiB"
     lines = [head]
     for o in sorted(priced, key=lambda o: o.seconds):
         if o is option:
@@ -692,9 +695,14 @@ def schedule_lines(
         else:
             lines.append(
                 f"  {what}: {o.seconds:.4g} s/iteration (bubble {o.bubble_seconds:.3g} s, p2p "
-                f"{o.p2p_seconds:.3g} s, memory {o.memory_gib:.1f} GiB)"
+                f"{o.p2p_seconds:.3g} s, {_overhead(o, shown)}memory {o.memory_gib:.1f} GiB)"
             )
     return lines
+
+
+def _overhead(o: schedule_choice.ScheduleOption, shown: bool) -> str:
+    """The actions' fixed cost and a split backward's extra, when the cost model prices them."""
+    return f"overhead {o.overhead_seconds:.3g} s, " if shown else ""
 
 
 def _one_chunk_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layout:

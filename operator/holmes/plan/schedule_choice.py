@@ -9,6 +9,8 @@ holmes.contract.pipeline_schedules is priced on the cost model's clock:
 - p2p: every micro-batch crosses each boundary once per chunk; a looped schedule also crosses
   the link from the last stage back to the first (often the slowest: it joins the two outer
   islands) v-1 times, a V-shaped one only its neighbours' links, twice;
+- overhead: a fixed cost per schedule action (v chunks run v times 1F1B's actions, a split
+  backward three per chunk, not two) and a split backward's extra over a full one;
 - memory: the micro-batches each stage holds in flight under the schedule, and torch's receive
   buffers per chunk; a V-shaped schedule puts the head on the first stage;
 - chunks: each stage's layers split into v chunks, evenly, the remainder away from the chunk
@@ -41,6 +43,7 @@ class ScheduleOption:
     chunks: tuple[tuple[int, ...], ...]  # per stage: layers per chunk
     problem: str = ""  # why it cannot run here ("" when it can)
     stage_memory_gib: tuple[float, ...] = ()  # per stage (the dry run checks each)
+    overhead_seconds: float = 0.0  # per iteration on the busiest stage: actions, split backward
 
 
 def chunk_split(layers: Sequence[int], name: str, virtual: int) -> tuple[tuple[int, ...], ...] | None:
@@ -95,10 +98,19 @@ def price(c: Candidate, name: str, virtual: int) -> ScheduleOption:
         p2p.append(sum(cross.get(b, 0) * link[b] for b in adjacent))
     # and a fixed cost per message a step waits for: each chunk's input from a remote stage, and
     # its output's gradient back (cost model's p2p_message_seconds)
-    latency = c.costs[0].cfg.p2p_message_seconds
+    cfg = c.costs[0].cfg
+    latency = cfg.p2p_message_seconds
     waits = _waits(name, P, virtual)
     p2p = [x + latency * w for x, w in zip(p2p, waits)]
-    steps = [cost.fwd(n) + cost.bwd(n) + p for cost, n, p in zip(costs, c.layers, p2p)]
+    # beyond the FLOPs: a fixed cost per schedule action, and a split backward's extra over a
+    # full one (cost model's pipeline_action_seconds, split_backward_ratio)
+    extra = [
+        cfg.pipeline_action_seconds * sched.actions(name, virtual) + _split_extra(cost, n, name)
+        for cost, n in zip(costs, c.layers)
+    ]
+    steps = [cost.fwd(n) + cost.bwd(n) + p + x for cost, n, p, x in zip(costs, c.layers, p2p, extra)]
+    # the fill and drain run 1F1B's steps, each with its own two actions
+    fill += (P - 1) * 2 * cfg.pipeline_action_seconds
     units = sched.bubble_units(name, P, virtual)
     bubble = fill * units / (P - 1) if P > 1 else 0.0
     pipeline = m * max(steps) + bubble
@@ -127,7 +139,15 @@ def price(c: Candidate, name: str, virtual: int) -> ScheduleOption:
         chunks or (),
         "; ".join(problems),
         tuple(x / 2**30 for x in mems),
+        m * max(extra),
     )
+
+
+def _split_extra(cost: StageCost, layers: int, name: str) -> float:
+    """What a split backward costs a micro-batch beyond the full backward (none without a split)."""
+    if not sched.kind(name).split_backward:
+        return 0.0
+    return (cost.cfg.split_backward_ratio - 1.0) * cost.bwd(layers)
 
 
 def _waits(name: str, pipeline: int, virtual: int) -> list[int]:
