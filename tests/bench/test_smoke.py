@@ -17,6 +17,7 @@ from tests.conftest import REPO
 LIBRARIES = {"trainer_common", "cpu_limit"}  # imported by the scripts, run through them
 OWN_TESTS = {  # script -> the test that runs its small mode
     "across_sites": "tests/bench/test_across_sites.py",
+    "outer_overlap": "tests/bench/test_outer_overlap.py",
     "checkpoint_overhead": "tests/bench/test_checkpoint_overhead.py",
     "dryrun_scale": "tests/bench/test_dryrun_scale.py",
     "fault_soak": "tests/bench/test_fault_soak.py",

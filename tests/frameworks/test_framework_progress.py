@@ -1,5 +1,7 @@
 """Progress of external frameworks from their own iteration log lines."""
 
+import threading
+
 from holmes.operator.core.framework_progress import from_log, reporting_node_rank
 
 # Megatron-LM's training_log line (print_rank_last), as it formats it
@@ -69,6 +71,11 @@ def test_the_progress_reader_reads_the_framework_line_from_its_reporting_pod():
         asked.append((p["metadata"]["name"], lines))
         return "warming up\n" + MEGATRON
 
-    found = ProgressReader(9400, interval=0).read(job, [pod(0), pod(1), pod(2)], tail)
+    read = threading.Event()
+    reader = ProgressReader(9400, interval=3600, on_read=lambda key: read.set())
+    pods = [pod(0), pod(1), pod(2)]
+    assert reader.read(job, pods, tail) is None  # started on the reader's thread
+    assert read.wait(10)
+    found = reader.read(job, pods, tail)  # the next reconcile gets it
     assert found["iteration"] == 7 and found["loss"] == 7.123456
     assert asked == [("j-1-2", 200)]  # the last stage's pod, a longer tail than the trainer's last line

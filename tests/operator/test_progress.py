@@ -302,3 +302,24 @@ def test_reconciles_go_on_while_every_trainer_hangs():
         assert len(scrapers) <= 2
         assert reader.finished.acquire(timeout=10)  # each hung scrape times out on its own thread
     reader.reader.close()
+
+
+def test_the_reconcile_that_sees_every_reporter_ended_gets_their_last_lines():
+    """The reconcile that sees the pods ended writes the final status: it must carry their last
+    lines, not leave them to a read that lands after the job has finished (CI saw a replicas job
+    end Succeeded at iteration 31 of 32)."""
+    job = {
+        "metadata": {"namespace": "ns", "name": "j", "uid": "u"},
+        "status": {"launched": True, "attempt": 1},
+    }
+    labels = {child_names.LABEL_ATTEMPT: "1", child_names.LABEL_NODE_RANK: "0"}
+    term = {"exitCode": 0, "message": json.dumps({"holmes": "done", "iteration": 32})}
+    ended = {
+        "metadata": {"name": "j-1-0", "uid": "p0", "labels": labels, "ownerReferences": [{"uid": "u"}]},
+        "spec": {"containers": [{"name": "trainer"}]},
+        "status": {"phase": "Succeeded", "containerStatuses": [{"state": {"terminated": term}}]},
+    }
+    reader = Reader(3600.0)
+    assert reader.reader.read(job, [ended], lambda *a, **k: "")["iteration"] == 32
+    assert reader.reader.read(job, [ended], lambda *a, **k: "") is None  # read once
+    assert not reader.finished.acquire(timeout=0.3)  # and not again on the reader's threads

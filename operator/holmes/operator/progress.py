@@ -211,7 +211,12 @@ class ProgressReader:
     def read(self, job: Mapping, pods: list[dict], log_tail: Callable[..., str]) -> dict | None:
         """The numbers of the job's last finished read, once (None: nothing new); starts a read
         when one is due. Never waits for a trainer. ``log_tail``: the ended rank-0 pod's log
-        tail, from the API server of its cluster (read on the reader's thread too)."""
+        tail, from the API server of its cluster (read on the reader's thread too).
+
+        Once every reporter has ended, their last lines are read here, in the caller's thread:
+        they come from the pods' statuses and the API server, not from a trainer that may hang,
+        and the reconcile that sees the pods ended writes the job's final status, which must
+        carry them (a read still under way is dropped: these numbers are later)."""
         pod = rank0(job, pods)
         if pod is None:
             return None
@@ -221,23 +226,32 @@ class ProgressReader:
         reporters = [pod, *others.values()]
         # an ended reporter's last line is read once; each replica's rank 0 may end after rank 0's
         done = frozenset(p["metadata"].get("uid") for p in reporters if terminated(p))
+        final = len(done) == len(reporters)
         with self._lock:
             of, found = self._found.pop(key, (None, None))
             if of != uid:  # read from a pod of an earlier attempt: not this one's numbers
                 found = None
-            if key in self._running:
-                return found
             last, last_done = self._read.get(key, (None, None))
-            if done == last_done and (
-                len(done) == len(reporters) or (last is not None and time.monotonic() - last < self.interval)
-            ):
+            recent = last is not None and time.monotonic() - last < self.interval
+            if done == last_done and (final or recent):
+                return found
+            if key in self._running and not final:
                 return found
             self._read[key] = (time.monotonic(), done)
+            if final:
+                self._running.pop(key, None)  # a read under way finishes into nothing
+            else:
+                try:
+                    fut = self._pool.submit(self._numbers_of, job, pod, others, log_tail)
+                except RuntimeError:  # closed: the operator is stopping
+                    return found
+                self._running[key] = fut
+        if final:
             try:
-                fut = self._pool.submit(self._numbers_of, job, pod, others, log_tail)
-            except RuntimeError:  # closed: the operator is stopping
+                return self._numbers_of(job, pod, others, log_tail)
+            except Exception as e:  # noqa: BLE001 (a bug, not a slow trainer: logged, not fatal)
+                log.warning("reading a trainer's progress failed: %s", e, extra={"job": "/".join(key)})
                 return found
-            self._running[key] = fut
         fut.add_done_callback(lambda f: self._finished(key, str(uid), f))
         return found
 
