@@ -202,6 +202,14 @@ def rel_diff(got: list[float], want: list[float]) -> float:
     return max(abs(g - w) / abs(w) for g, w in zip(got, want))
 
 
+def planned_bubble(layout: Layout) -> float:
+    """The planner's bubble for this layout: the schedule's (virtual stages), else 1F1B's per
+    stage, the median over the stages as the measured column takes over the ranks."""
+    if "bubbleSeconds" in layout.estimate:
+        return layout.estimate["bubbleSeconds"]
+    return median([st["bubbleSeconds"] for st in layout.estimate["stages"]])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -295,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             median(bubble[s]),
             tps[s] / tps["1F1B"],
             layouts[s].estimate["iterationSeconds"],
+            planned_bubble(layouts[s]),
             parity[s],
         ]
         for s in runs
@@ -316,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 "bubble s",
                 "x 1F1B",
                 "planned s",
+                "planned bubble s",
                 "parity rel diff",
             ],
             rows,
@@ -336,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 "measuredBest": measured_best,
                 "worstParityRelDiff": float(f"{max(parity.values()):.3g}"),
                 "tokensPerSecond": {s: round(tps[s], 2) for s in runs},
+                "bubbleSeconds": {s: round(median(bubble[s]), 3) for s in runs},
                 "notRunnable": refused,
                 "pipeline": P,
                 "microBatches": m,

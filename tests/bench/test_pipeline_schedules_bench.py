@@ -27,6 +27,7 @@ def test_small_mode_runs_every_schedule_side_by_side_at_parity():
     result = json.loads(p.stdout.strip().splitlines()[-1])
     ran, refused = set(result["tokensPerSecond"]), result["notRunnable"]
     assert ran | set(refused) == SCHEDULES and not ran & set(refused)
+    assert set(result["bubbleSeconds"]) == ran  # measured, beside the planned column
     assert result["islands"] == 3 and result["pipeline"] >= 3
     # M = P: 1F1B's bubble is 40% of its iteration, too few micro-batches for DualPipeV (said why)
     assert set(refused) == {"DualPipeV"}

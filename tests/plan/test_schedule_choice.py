@@ -19,8 +19,9 @@ THREE_ISLANDS = (
 )
 
 
-def three_island_job(hidden=4096, **training):
-    spec = job_spec(layers=24, hidden=hidden, heads=16, B=48, mb=1, count=6, pipeline=3, data=16)
+def three_island_job(hidden=4096, B=48, **training):
+    """M = B / 16: 3 micro-batches by default (M = P)."""
+    spec = job_spec(layers=24, hidden=hidden, heads=16, B=B, mb=1, count=6, pipeline=3, data=16)
     spec["training"].update(training)
     return spec
 
@@ -31,9 +32,9 @@ FAT_LINKS = replace(_base, fabric=replace(_base.fabric, socket_gbps=400, cross_c
 
 
 def test_few_micro_batches_over_three_islands_pick_a_zero_bubble_schedule_and_say_why():
-    lay = plan(THREE_ISLANDS, three_island_job(), FAT_LINKS)
+    lay = plan(THREE_ISLANDS, three_island_job(B=96), FAT_LINKS)  # M = 6 >= 2P - 1
     assert lay.schedule == "ZBVZeroBubble" and lay.virtual_stages == 2 and lay.version == 3
-    one = plan(THREE_ISLANDS, three_island_job(pipelineSchedule="1F1B"), FAT_LINKS)
+    one = plan(THREE_ISLANDS, three_island_job(B=96, pipelineSchedule="1F1B"), FAT_LINKS)
     assert one.version == 2 and one.schedule == "1F1B" and one.virtual_stages == 1
     # the same placement and layers per GPU; the estimate follows the schedule
     assert lay.nodes == one.nodes and [s.num_layers for s in lay.stages] == [s.num_layers for s in one.stages]
@@ -45,6 +46,19 @@ def test_few_micro_batches_over_three_islands_pick_a_zero_bubble_schedule_and_sa
     # V-shaped: the head sits with the embedding on the first stage, chunks on their own GPUs
     assert lay.virtual_layers()[-1][1] == 24 and lay.stages[0].chunks[1][1] == 24
     assert Layout.from_json(lay.to_json()) == lay
+
+
+def test_at_m_equal_p_torchs_zbv_keeps_twice_the_bubble_and_interleaved_zero_bubble_wins():
+    """M = P = 3: torch's ZB-V order plans its warm-up for 2P-1 micro-batches and drops the ones
+    past M, keeping 1/3 of 1F1B's bubble (the papers' figure, 1/6, holds from M = 2P-1), as the
+    simulation of its order says; InterleavedZeroBubble's v=2 order keeps 1/6 even there."""
+    lay = plan(THREE_ISLANDS, three_island_job(), FAT_LINKS)
+    assert lay.schedule == "InterleavedZeroBubble" and lay.virtual_stages == 2
+    assert "  its bubble: 0.333 micro-batch steps idle (1F1B: 2) at M=3, simulated on torch's" in "\n".join(
+        lay.explanation
+    )
+    zbv = next(line for line in lay.explanation if line.strip().startswith("ZBVZeroBubble v=2:"))
+    assert f"bubble {2 * lay.estimate['bubbleSeconds']:.3g} s" in zbv, zbv
 
 
 @pytest.mark.parametrize(
@@ -150,14 +164,14 @@ def test_a_fixed_cost_per_action_charges_schedules_by_the_actions_they_run():
 def test_a_split_backward_dearer_than_a_full_one_hands_the_pick_to_a_schedule_without_it():
     """split_backward_ratio: the zero-bubble schedules pay (ratio - 1) x the backward per
     micro-batch; 1F1B and Interleaved1F1B do not split, so they do not."""
-    lay = plan(THREE_ISLANDS, three_island_job(), FAT_LINKS)
-    assert lay.schedule == "ZBVZeroBubble"
+    assert sched_is_split(plan(THREE_ISLANDS, three_island_job(), FAT_LINKS).schedule)
     dear = replace(FAT_LINKS, split_backward_ratio=1.5)
     for schedule in ("1F1B", "Interleaved1F1B"):
         job = three_island_job(pipelineSchedule=schedule)
         same = plan(THREE_ISLANDS, job, dear).estimate["iterationSeconds"]
         assert same == plan(THREE_ISLANDS, job, FAT_LINKS).estimate["iterationSeconds"], schedule
     zbv = three_island_job(pipelineSchedule="ZBVZeroBubble")
+    lay = plan(THREE_ISLANDS, zbv, FAT_LINKS)
     grown = plan(THREE_ISLANDS, zbv, dear).estimate["iterationSeconds"] - lay.estimate["iterationSeconds"]
     assert grown > 0
     assert not sched_is_split(plan(THREE_ISLANDS, three_island_job(), dear).schedule)

@@ -686,6 +686,11 @@ def schedule_lines(
             head += f"overhead {base.overhead_seconds:.3g} s -> {option.overhead_seconds:.3g} s, "
         head += f"memory {base.memory_gib:.1f} -> {option.memory_gib:.1f} GiB"
     lines = [head]
+    if option.bubble_basis:
+        lines.append(
+            f"  its bubble: {option.bubble_units:.3g} micro-batch steps idle (1F1B: "
+            f"{c.degrees.pipeline - 1}) at M={c.degrees.micro_batches}, {option.bubble_basis}"
+        )
     for o in sorted(priced, key=lambda o: o.seconds):
         if o is option:
             continue

@@ -4,8 +4,9 @@ Given the chosen placement (stages on islands, layers per stage), each schedule 
 holmes.contract.pipeline_schedules is priced on the cost model's clock:
 
 - bubble: 1F1B's fill and drain (the pipeline time beyond M steady steps) scaled by the
-  schedule's idle units over 1F1B's P-1 (interleaving divides it by v, zero bubble fills most
-  of it with deferred weight gradients);
+  schedule's idle units over 1F1B's P-1: simulated on torch's own action order for this P, v
+  and M where the contract's table has it (interleaving divides it by v, zero bubble fills
+  most of it with deferred weight gradients, ZB-V less so at M < 2P-1), else the papers' figure;
 - p2p: every micro-batch crosses each boundary once per chunk; a looped schedule also crosses
   the link from the last stage back to the first (often the slowest: it joins the two outer
   islands) v-1 times, a V-shaped one only its neighbours' links, twice;
@@ -44,6 +45,8 @@ class ScheduleOption:
     problem: str = ""  # why it cannot run here ("" when it can)
     stage_memory_gib: tuple[float, ...] = ()  # per stage (the dry run checks each)
     overhead_seconds: float = 0.0  # per iteration on the busiest stage: actions, split backward
+    bubble_units: float = 0.0  # idle units, in one micro-batch's forward+backward (1F1B: P-1)
+    bubble_basis: str = ""  # where bubble_units comes from (pipeline_schedules.bubble_basis)
 
 
 def chunk_split(layers: Sequence[int], name: str, virtual: int) -> tuple[tuple[int, ...], ...] | None:
@@ -111,7 +114,7 @@ def price(c: Candidate, name: str, virtual: int) -> ScheduleOption:
     steps = [cost.fwd(n) + cost.bwd(n) + p + x for cost, n, p, x in zip(costs, c.layers, p2p, extra)]
     # the fill and drain run 1F1B's steps, each with its own two actions
     fill += (P - 1) * 2 * cfg.pipeline_action_seconds
-    units = sched.bubble_units(name, P, virtual)
+    units = sched.bubble_units(name, P, virtual, m) if P > 1 else 0.0
     bubble = fill * units / (P - 1) if P > 1 else 0.0
     pipeline = m * max(steps) + bubble
     seconds = base.seconds - base.pipeline + pipeline
@@ -140,6 +143,8 @@ def price(c: Candidate, name: str, virtual: int) -> ScheduleOption:
         "; ".join(problems),
         tuple(x / 2**30 for x in mems),
         m * max(extra),
+        units,
+        sched.bubble_basis(name, P, virtual, m) if P > 1 else "",
     )
 
 
