@@ -449,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
                     a_node, b_node = (next(n for n in spec.nodes if n.island == i) for i in "ab")
                     link_use["rttMs"] = fab.measure_rtt_ms(a_node, b_node)
                     print(f">> slow link round trip {link_use['rttMs']:.1f} ms", file=sys.stderr, flush=True)
+                    error, warning = fab.rtt_check(link_use["rttMs"], a.slow_delay_ms)
+                    if error:
+                        print(f"   failed: {error}", file=sys.stderr, flush=True)
+                        return 1
+                    if warning:
+                        print(f"   warning: {warning}", file=sys.stderr, flush=True)
                     cpu0, wall0 = fab.delay_line_cpu_s(), time.monotonic()
                     # each case at its best learning rate only
                     best = best_lrs(

@@ -498,6 +498,25 @@ def measure_rtt_ms(src: EmuNode, dst: EmuNode, samples: int = 5, timeout: float 
     return float(p.stdout.split()[0])
 
 
+def rtt_check(rtt_ms: float, delay_ms: float) -> tuple[str | None, str | None]:
+    """(error, warning) for a round trip measured across a trunk of ``delay_ms`` each way: below
+    twice the delay the delay line is not in the path (an error); well above it, the machine's
+    load delays the delay line (a warning: the planner is told less latency than the runs see)."""
+    want = 2 * delay_ms
+    if rtt_ms < 0.95 * want:
+        return (
+            f"round trip across the trunk {rtt_ms:.1f} ms < 2 x {delay_ms:g} ms: "
+            "the delay line is not in the path (is the trunk a veth? set_trunk(..., delay_ms=))",
+            None,
+        )
+    if rtt_ms > want + max(5.0, 0.25 * want):
+        return None, (
+            f"round trip across the trunk {rtt_ms:.1f} ms, {rtt_ms - want:.1f} ms over 2 x {delay_ms:g} ms: "
+            "the machine's load delays the delay line"
+        )
+    return None, None
+
+
 def median(xs: list[float]) -> float:
     s = sorted(xs)
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2

@@ -214,3 +214,12 @@ def test_a_full_delay_queue_drops_and_counts_and_the_loop_waits_for_the_earliest
 def test_rtt_is_the_median_of_the_connects():
     assert fab.median([0.04, 0.09, 0.041]) == 0.041  # the first connect also waited on ARP
     assert fab.median([1.0, 3.0]) == 2.0
+
+
+def test_the_round_trip_check_fails_without_the_delay_and_warns_when_load_adds_to_it():
+    assert fab.rtt_check(40.5, 20) == (None, None)
+    assert fab.rtt_check(0.03, 0)[0] is None  # no delay asked: nothing to miss
+    error, _ = fab.rtt_check(0.05, 20)
+    assert error and "not in the path" in error
+    _, warning = fab.rtt_check(58.0, 20)
+    assert warning and "18.0 ms over" in warning
