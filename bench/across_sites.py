@@ -5,11 +5,13 @@ the emulated fabric, to a target loss.
     sudo .venv/bin/python bench/across_sites.py --smoke    # the code path (make test); numbers mean little
 
 Fabric: bench/fabric_netns.py with one node per island; the trunk between them is the link:
---slow-mbit (a WAN per node) and --fast-mbit (a fast link between halls). This kernel has no
-sch_netem, so the link adds no delay beyond its queueing: the planner is told the latency the
-fabric has (--latency-ms, default 0), and a WAN's tens of milliseconds stay unmeasured here.
-Compute: each rank runs in a CPU cgroup of its own at --cores cores (bench/cpu_limit.py), so a
-waiting rank cannot lend its CPU to the other: the comparison GPUs would see. One trainer process
+--slow-mbit with a one-way delay of --slow-delay-ms (a WAN per node: bench/delay_line.py holds
+each packet that long, as this kernel has no sch_netem) and --fast-mbit (a fast link between
+halls: a plain veth, no delay). The planner is told the same rates and delays; the slow link's
+round trip is measured (TCP connects) and printed. Compute: each rank runs in a CPU cgroup of
+its own at --cores cores (bench/cpu_limit.py), so a waiting rank cannot lend its CPU to the
+other: the comparison GPUs would see; the delay line has a group of its own (--link-cores), so
+it takes no rank's budget, and its CPU use is reported. One trainer process
 per node, gloo, the real trainer (python -m holmes.trainer under torchrun).
 
 Model and data: a small GPT on a synthetic corpus with learnable structure (each token follows
@@ -36,6 +38,7 @@ The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -180,6 +183,7 @@ class Run:
 
 
 def cpu_group(island: str) -> str:
+    """A CPU group named for this process: "a", "b" (the ranks) or "link" (the delay line)."""
     return f"across{os.getpid()}-{island}"
 
 
@@ -358,8 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--fast-mbit", type=float, default=5000)
     ap.add_argument(
-        "--latency-ms", type=float, default=0.0, help="the link's one-way delay the planner assumes"
+        "--slow-delay-ms",
+        type=float,
+        default=20.0,
+        help="the slow link's one-way delay (the delay line; the planner is told the same)",
     )
+    ap.add_argument("--link-cores", type=float, default=0.25, help="CPU budget of the slow link's delay line")
     ap.add_argument("--cores", type=float, default=0.5, help="CPU budget of each rank (cgroup quota)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=128)
@@ -404,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         a.layers, a.hidden, a.seq, a.iterations, a.target_loss, a.early_loss = 2, 64, 32, 32, 4.3, 4.8
         a.inner_steps, a.lrs, a.timeout = [4], [3e-3], 300  # each run starts a torch world per rank
+    if fab.delay_line_problem() and a.slow_delay_ms > 0:
+        print(f"cannot delay the slow link: {fab.delay_line_problem()}", file=sys.stderr)
+        return 2
     problems = fab.missing_prerequisites()
     if problems:
         print("cannot emulate the fabric here:\n  " + "\n  ".join(problems), file=sys.stderr)
@@ -421,15 +432,31 @@ def main(argv: list[str] | None = None) -> int:
     # the sweep, on the fast link: tokens to a loss do not depend on the link (the same math)
     runs = [Run("fast", mode, h, lr) for mode, h in cases for lr in a.lrs]
     limits = None
+    link_use: dict[str, float] = {}
     with fab.exclusive():
         try:
             fab.destroy(spec)
             fab.build(spec)
             # groups named for this process, none swept: other benches may be running theirs
-            limits = cpu_limit.CpuLimits.create({cpu_group(i): a.cores for i in "ab"}, sweep=False)
+            budgets = {cpu_group(i): a.cores for i in "ab"} | {cpu_group("link"): a.link_cores}
+            limits = cpu_limit.CpuLimits.create(budgets, sweep=False)
             for link in ("fast", "slow"):
-                fab.set_trunk(a.slow_mbit if link == "slow" else a.fast_mbit)
-                if link == "slow":  # each case at its best learning rate only
+                if link == "fast":  # a plain veth: a Python delay line cannot carry Gbit/s
+                    fab.set_trunk(a.fast_mbit, delay_ms=0)
+                else:
+                    in_link_group = functools.partial(limits.wrap, cpu_group("link"))
+                    fab.set_trunk(a.slow_mbit, a.slow_delay_ms, in_link_group)
+                    a_node, b_node = (next(n for n in spec.nodes if n.island == i) for i in "ab")
+                    link_use["rttMs"] = fab.measure_rtt_ms(a_node, b_node)
+                    print(f">> slow link round trip {link_use['rttMs']:.1f} ms", file=sys.stderr, flush=True)
+                    error, warning = fab.rtt_check(link_use["rttMs"], a.slow_delay_ms)
+                    if error:
+                        print(f"   failed: {error}", file=sys.stderr, flush=True)
+                        return 1
+                    if warning:
+                        print(f"   warning: {warning}", file=sys.stderr, flush=True)
+                    cpu0, wall0 = fab.delay_line_cpu_s(), time.monotonic()
+                    # each case at its best learning rate only
                     best = best_lrs(
                         {(r.name, r.lr): to_target(r.curves, a.target_loss, a.smooth) for r in runs}
                     )
@@ -442,12 +469,20 @@ def main(argv: list[str] | None = None) -> int:
                     if run.error:
                         print(f"   failed: {run.error}", file=sys.stderr, flush=True)
                         return fail(runs)
+            # the delay line's CPU (cores) over the slow link's runs
+            link_use["cpuShare"] = (fab.delay_line_cpu_s() - cpu0) / (time.monotonic() - wall0)
         finally:
             fe.kill_tree(list(fe.LIVE))
+            fab.destroy(spec)  # ends the delay line first: its CPU group is then empty
             if limits is not None:
                 limits.remove()
-            fab.destroy(spec)
     result = summarize(a, runs)
+    result["slowLink"] = {
+        "mbit": a.slow_mbit,
+        "delayMs": a.slow_delay_ms,
+        "rttMs": round(link_use.get("rttMs", 0.0), 2),
+        "delayLineCores": round(link_use.get("cpuShare", 0.0), 4),
+    }
     shutil.rmtree(workdir, ignore_errors=True)  # kept above, with the logs, when a case failed
     print(json.dumps(result, separators=(",", ":")))
     return 0
@@ -484,9 +519,9 @@ def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
     # the planner's compute rate: a replica's iteration measured on the fast link (no exchange)
     compute_s = replica_compute_s([r for r in chosen if r.link == "fast"])
     work = planner_inputs(a, compute_s)
-    links = {
-        "slow": across.Link(a.slow_mbit / 1000, a.latency_ms / 1000),
-        "fast": across.Link(a.fast_mbit / 1000, a.latency_ms / 1000),
+    links = {  # one-way latency, as the fabric has it: the slow link's delay line, the fast veth's none
+        "slow": across.Link(a.slow_mbit / 1000, a.slow_delay_ms / 1000),
+        "fast": across.Link(a.fast_mbit / 1000, 0.0),
     }
     print(
         f"\n{'link':5} {'case':15} {'lr':>6} {'ms/it':>7} {'predicted':>9} {'its to loss':>11} "
@@ -534,8 +569,12 @@ def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
         picks[link] = choice.pick
         print(f"planner, {link} link (H={h}): {choice.why}")
     h = best_h["slow"]  # the H replicas run at on a slow link: the crossover is where that stops paying
-    cross = (
-        across.crossover_gbps(work, a.latency_ms / 1000, h, ratios[h]) if not math.isinf(ratios[h]) else None
+    # the link speed where the pipeline starts to win: without delay (the fast veth's 0 ms; the slow
+    # link's rate is set relative to it) and at the slow link's delay, where the pipeline's
+    # per-micro-batch crossings may lose at any speed (None)
+    cross, cross_delayed = (
+        across.crossover_gbps(work, latency_s, h, ratios[h]) if not math.isinf(ratios[h]) else None
+        for latency_s in (0.0, a.slow_delay_ms / 1000)
     )
     best_early = best_lrs(early)
     early_ratio = {}
@@ -555,6 +594,7 @@ def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
         bestLearningRate=best,
         learningRateSweep=sweep,
         predictedCrossoverMbit=round(cross * 1000, 1) if cross else None,
+        predictedCrossoverMbitAtSlowDelay=round(cross_delayed * 1000, 1) if cross_delayed else None,
         crossoverInnerSteps=h,
         replicaComputeMs=round(compute_s * 1e3, 1),
         secondsPerIteration=model_check,

@@ -5,12 +5,19 @@
        \\    /                                  \\    /               shaped at --fast-mbit each way
         br-a ---- x-a ====== (trunk) ====== x-b ---- br-b           bridges + trunk in hfe-switch,
                                                                     trunk shaped at --cross-mbit
+                                                                    (and delayed: cross_delay_ms)
 
 Every node is a namespace ``hfe-<node>`` with one veth ``eth0`` (10.200.0.0/24); its peer
 ``p-<node>`` sits in the switch namespace on its island's bridge. The two bridges are joined by
 a veth pair (the trunk): traffic inside an island never touches it, traffic between islands all
 goes through it. ``tbf`` on both ends of the trunk is the slow cross-cluster link; ``tbf`` on
-each node's eth0 and switch port is the node's NIC (both directions). Node names are in
+each node's eth0 and switch port is the node's NIC (both directions).
+
+This kernel has no ``sch_netem``: a trunk with a one-way delay (``cross_delay_ms`` > 0) is two TAP
+devices named as the veth ends are, with bench/delay_line.py between them in the switch namespace
+(it holds each frame for the delay, order kept); tbf still shapes it on both TAPs. A Python
+process forwards a few 10k frames/s at most, so only the slow link gets it: a fast link stays a
+plain veth (``cross_delay_ms`` 0, unchanged). Node names are in
 "purchase order" (node-1 A, node-2 B, ...), so name order interleaves the islands like the
 paper's Megatron baseline.
 
@@ -26,13 +33,15 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 PREFIX = "hfe"
@@ -48,6 +57,9 @@ CMD_TIMEOUT = 15
 
 class FabricError(RuntimeError):
     """A command that builds or probes the fabric failed; the message names it and why."""
+
+
+Wrap = Callable[[list[str]], list[str]] | None  # a command -> the command to run instead
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,7 @@ class FabricSpec:
     nodes: tuple[EmuNode, ...]
     fast_mbit: float  # each node's NIC, both directions; 0 = unshaped veth
     cross_mbit: float  # the trunk between islands, both directions; 0 = unshaped
+    cross_delay_ms: float = 0.0  # the trunk's one-way delay; 0 = a plain veth (no delay line)
 
     def node(self, name: str) -> EmuNode:
         for n in self.nodes:
@@ -95,17 +108,21 @@ class FabricSpec:
         return (SWITCH_NS,) + tuple(n.netns for n in self.nodes)
 
 
-def two_islands(per_island: int = 2, fast_mbit: float = 2000, cross_mbit: float = 200) -> FabricSpec:
+def two_islands(
+    per_island: int = 2, fast_mbit: float = 2000, cross_mbit: float = 200, cross_delay_ms: float = 0.0
+) -> FabricSpec:
     """``2 * per_island`` nodes named node-1.. in purchase order: odd -> island a, even -> b."""
     if not 1 <= per_island <= 9:
         raise ValueError(f"per_island must be 1..9 (addresses .11-.19 / .21-.29), got {per_island}")
     if fast_mbit < 0 or cross_mbit < 0:
         raise ValueError("link rates must be >= 0 Mbit/s (0 = unshaped)")
+    if cross_delay_ms < 0:
+        raise ValueError(f"cross_delay_ms must be >= 0 (0 = no delay), got {cross_delay_ms}")
     nodes = []
     for i in range(2 * per_island):
         island = "ab"[i % 2]
         nodes.append(EmuNode(name=f"node-{i + 1}", island=island, index=i // 2 + 1))
-    return FabricSpec(tuple(nodes), fast_mbit, cross_mbit)
+    return FabricSpec(tuple(nodes), fast_mbit, cross_mbit, cross_delay_ms)
 
 
 # ---- commands (pure) ---------------------------------------------------------------------------
@@ -149,12 +166,7 @@ def setup_commands(spec: FabricSpec) -> list[list[str]]:
             ["ip", "-n", sw, "link", "add", f"br-{isl}", "type", "bridge"],
             ["ip", "-n", sw, "link", "set", f"br-{isl}", "up"],
         ]
-    cmds += [["ip", "-n", sw, "link", "add", "x-a", "type", "veth", "peer", "name", "x-b"]]
-    for isl in ("a", "b"):
-        cmds += [
-            ["ip", "-n", sw, "link", "set", f"x-{isl}", "master", f"br-{isl}"],
-            ["ip", "-n", sw, "link", "set", f"x-{isl}", "up"],
-        ]
+    cmds += trunk_link_commands(spec.cross_delay_ms)
     for n in spec.nodes:
         # created inside the node's namespace, peer moved straight into the switch: never in the host's
         cmds += [
@@ -174,6 +186,36 @@ def setup_commands(spec: FabricSpec) -> list[list[str]]:
 
 def trunk_commands(cross_mbit: float) -> list[list[str]]:
     return [shape_cmd(SWITCH_NS, "x-a", cross_mbit), shape_cmd(SWITCH_NS, "x-b", cross_mbit)]
+
+
+def trunk_link_commands(delay_ms: float) -> list[list[str]]:
+    """The trunk's two ends x-a/x-b on their bridges: a veth pair, or (delay) two TAPs that the
+    delay line joins (:func:`delay_line_cmd`)."""
+    sw = SWITCH_NS
+    if delay_ms > 0:
+        cmds = [["ip", "-n", sw, "tuntap", "add", "dev", f"x-{isl}", "mode", "tap"] for isl in "ab"]
+    else:
+        cmds = [["ip", "-n", sw, "link", "add", "x-a", "type", "veth", "peer", "name", "x-b"]]
+    for isl in ("a", "b"):
+        cmds += [
+            ["ip", "-n", sw, "link", "set", f"x-{isl}", "master", f"br-{isl}"],
+            ["ip", "-n", sw, "link", "set", f"x-{isl}", "up"],
+        ]
+    return cmds
+
+
+def trunk_removal_commands() -> list[list[str]]:
+    """Both ends (deleting a veth end takes its peer: the second may already be gone)."""
+    return [["ip", "-n", SWITCH_NS, "link", "del", f"x-{isl}"] for isl in "ab"]
+
+
+def delay_line_cmd(delay_ms: float) -> list[str]:
+    """The delay line between the trunk's TAPs, run in the switch namespace."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [
+        "ip", "netns", "exec", SWITCH_NS, sys.executable, os.path.join(here, "delay_line.py"),
+        "x-a", "x-b", f"{delay_ms:g}",
+    ]  # fmt: skip
 
 
 def hosts_file(spec: FabricSpec, me: EmuNode, host_names: tuple[str, ...] = ()) -> str:
@@ -212,7 +254,8 @@ def missing_prerequisites() -> list[str]:
             problems.append(f"`{tool}` not found: install {pkg} (apt-get install {pkg})")
     if problems:
         return problems
-    # probe in a throwaway namespace: netns, veth, bridge, sch_tbf
+    # probe in a throwaway namespace: netns, veth, bridge, sch_tbf (TUN only where a delay is asked:
+    # see delay_line_problem)
     run(["ip", "netns", "del", PROBE_NS], check=False)
     try:
         steps = [
@@ -257,6 +300,13 @@ def exclusive(log=lambda m: print(m, file=sys.stderr)) -> Iterator[None]:
         yield  # the lock goes with the file
 
 
+def delay_line_problem() -> str | None:
+    """Why this machine cannot delay the trunk (no TUN), or None."""
+    if not os.path.exists("/dev/net/tun"):
+        return "/dev/net/tun is missing: the trunk's delay line needs TUN/TAP (CONFIG_TUN / modprobe tun)"
+    return None
+
+
 def existing_namespaces() -> set[str]:
     out = run(["ip", "netns", "list"]).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}
@@ -267,6 +317,8 @@ def destroy(spec: FabricSpec) -> list[str]:
     Idempotent; returns what it removed."""
     removed = []
     have = existing_namespaces()
+    if SWITCH_NS in have:
+        removed += [f"delay line pid {pid}" for pid in stop_delay_lines()]
     for ns in spec.namespaces + (PROBE_NS,):
         if ns in have:
             run(["ip", "netns", "del", ns], check=False)
@@ -282,8 +334,9 @@ def destroy(spec: FabricSpec) -> list[str]:
     return removed
 
 
-def build(spec: FabricSpec) -> None:
-    """Create the fabric (call destroy first to clear leftovers). Raises FabricError."""
+def build(spec: FabricSpec, wrap: Wrap = None) -> None:
+    """Create the fabric (call destroy first to clear leftovers). Raises FabricError. ``wrap``
+    (a command -> the command to run) starts the delay line, e.g. in a CPU budget of its own."""
     taken = existing_namespaces() & set(spec.namespaces)
     if taken:
         raise FabricError(
@@ -298,15 +351,98 @@ def build(spec: FabricSpec) -> None:
             f.write(hosts_file(spec, n, names))
     for cmd in setup_commands(spec):
         run(cmd)
+    if spec.cross_delay_ms > 0:
+        start_delay_line(spec.cross_delay_ms, wrap)
 
 
-def set_trunk(cross_mbit: float) -> None:
-    """Shape the trunk at cross_mbit, or unshape it (0)."""
+def set_trunk(cross_mbit: float, delay_ms: float | None = None, wrap: Wrap = None) -> None:
+    """Shape the trunk at cross_mbit, or unshape it (0). ``delay_ms`` (not None): first make the
+    trunk anew with that one-way delay (0: a plain veth), e.g. a fast link after a delayed one."""
+    if delay_ms is not None:
+        stop_delay_lines()
+        for cmd in trunk_removal_commands():
+            run(cmd, check=False)
+        for cmd in trunk_link_commands(delay_ms):
+            run(cmd)
+        if delay_ms > 0:
+            start_delay_line(delay_ms, wrap)
     for cmd in trunk_commands(cross_mbit):
         p = run(cmd, check=False)
         already_unshaped = cross_mbit <= 0 and "Cannot delete qdisc with handle of zero" in p.stderr
         if p.returncode and not already_unshaped:
             raise FabricError(f"`{' '.join(cmd)}` failed: {p.stderr.strip()}")
+
+
+# ---- the delay line's process ----------------------------------------------------------------------
+
+READY_TIMEOUT = 10
+_delay_lines: list[subprocess.Popen] = []  # started here: reaped when stopped
+
+
+def start_delay_line(delay_ms: float, wrap: Wrap = None) -> subprocess.Popen:
+    """Start the delay line on the trunk's TAPs; returns once it has attached to both."""
+    problem = delay_line_problem()
+    if problem:
+        raise FabricError(problem)
+    cmd = delay_line_cmd(delay_ms)
+    p = subprocess.Popen(
+        wrap(cmd) if wrap else cmd, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    _delay_lines.append(p)
+    assert p.stdout is not None
+    ready, _, _ = select.select([p.stdout], [], [], READY_TIMEOUT)
+    line = p.stdout.readline().strip() if ready else ""
+    if line != "ready":
+        stop_delay_lines()
+        raise FabricError(
+            f"the delay line `{' '.join(cmd)}` did not attach to the trunk's TAPs in {READY_TIMEOUT} s "
+            f"(exit code {p.poll()}; its error is above)"
+        )
+    return p
+
+
+def delay_line_pids() -> list[int]:
+    """Processes in the switch namespace: only the delay line runs there."""
+    out = run(["ip", "netns", "pids", SWITCH_NS], check=False).stdout
+    return [int(x) for x in out.split()]
+
+
+def delay_line_cpu_s() -> float:
+    """CPU seconds (user + system) the running delay line has used."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in delay_line_pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
+    return total
+
+
+def stop_delay_lines(grace_s: float = 3.0) -> list[int]:
+    """End every process in the switch namespace (SIGTERM, then SIGKILL): a leftover would keep
+    the namespace and its devices alive after `ip netns del`. Returns their PIDs."""
+    pids = delay_line_pids()
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        for p in _delay_lines:
+            p.poll()  # reap ours, or they linger as zombies in /proc
+        time.sleep(0.05)
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for p in _delay_lines:
+        with suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=grace_s)
+        if p.stdout:
+            p.stdout.close()
+    _delay_lines.clear()
+    return pids
 
 
 # ---- link check: a TCP stream from one namespace to another ---------------------------------------
@@ -348,6 +484,56 @@ def measure_mbit(src: EmuNode, dst: EmuNode, megabytes: int, timeout: float = 60
         server.wait(timeout=5)
 
 
+RTT_PORT = PROBE_PORT + 1  # nothing listens there: the answer to a SYN is the kernel's RST
+
+
+def measure_rtt_ms(src: EmuNode, dst: EmuNode, samples: int = 5, timeout: float = 30) -> float:
+    """Round trip src -> dst -> src, ms: the median time of TCP connects (SYN out, RST or SYN-ACK
+    back: one round trip; there is no ping here). The first may also wait on ARP."""
+    me = os.path.abspath(__file__)
+    p = run(
+        ["ip", "netns", "exec", src.netns, sys.executable, me, "rtt", dst.addr, str(RTT_PORT), str(samples)],
+        timeout=timeout,
+    )
+    return float(p.stdout.split()[0])
+
+
+def rtt_check(rtt_ms: float, delay_ms: float) -> tuple[str | None, str | None]:
+    """(error, warning) for a round trip measured across a trunk of ``delay_ms`` each way: below
+    twice the delay the delay line is not in the path (an error); well above it, the machine's
+    load delays the delay line (a warning: the planner is told less latency than the runs see)."""
+    want = 2 * delay_ms
+    if rtt_ms < 0.95 * want:
+        return (
+            f"round trip across the trunk {rtt_ms:.1f} ms < 2 x {delay_ms:g} ms: "
+            "the delay line is not in the path (is the trunk a veth? set_trunk(..., delay_ms=))",
+            None,
+        )
+    if rtt_ms > want + max(5.0, 0.25 * want):
+        return None, (
+            f"round trip across the trunk {rtt_ms:.1f} ms, {rtt_ms - want:.1f} ms over 2 x {delay_ms:g} ms: "
+            "the machine's load delays the delay line"
+        )
+    return None, None
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
+def _rtt(host: str, port: int, samples: int) -> None:
+    times = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        try:
+            socket.create_connection((host, port), timeout=5).close()
+        except ConnectionRefusedError:
+            pass  # the RST came back: the round trip is done
+        times.append(time.perf_counter() - t)
+    print(f"{1e3 * median(times):.2f}")
+
+
 def _serve(port: int) -> None:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -385,5 +571,9 @@ if __name__ == "__main__":
         _serve(int(sys.argv[2]))
     elif sys.argv[1:2] == ["send"]:
         _send(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1:2] == ["rtt"]:
+        _rtt(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
-        raise SystemExit("usage: fabric_netns.py serve PORT | send HOST PORT MEGABYTES")
+        raise SystemExit(
+            "usage: fabric_netns.py serve PORT | send HOST PORT MEGABYTES | rtt HOST PORT SAMPLES"
+        )

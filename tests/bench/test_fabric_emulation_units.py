@@ -1,12 +1,14 @@
-"""Pure parts of bench/fabric_emulation.py and bench/fabric_netns.py: the emulated fabric's
-names, addresses and commands (which must never touch the host's network), the planner's
-layouts for the emulated islands, the launch commands, and the process-tree cleanup.
-The benchmark itself (root, namespaces, torchrun) is not run here."""
+"""Pure parts of bench/fabric_emulation.py, bench/fabric_netns.py and bench/delay_line.py: the
+emulated fabric's names, addresses and commands (which must never touch the host's network), the
+delay line's queue, the planner's layouts for the emulated islands, the launch commands, and the
+process-tree cleanup. The benchmark itself (root, namespaces, torchrun) is not run here."""
 
 import ipaddress
+import os
 import subprocess
 import time
 
+import delay_line  # noqa: E402
 import fabric_emulation as fe  # noqa: E402
 import fabric_netns as fab  # noqa: E402
 import pytest
@@ -150,3 +152,74 @@ def test_kill_tree_stops_a_launcher_and_what_it_started():
     fe.kill_tree([p])
     assert p.poll() is not None
     assert all(fe._zombie(k) for k in kids)  # gone (or a zombie about to be reaped by init)
+
+
+def test_a_delayed_trunk_is_two_taps_on_the_bridges_and_a_plain_one_stays_a_veth():
+    plain = fab.setup_commands(fab.two_islands(cross_mbit=3))
+    delayed = fab.setup_commands(fab.two_islands(cross_mbit=3, cross_delay_ms=20))
+    assert ["ip", "-n", fab.SWITCH_NS, "link", "add", "x-a", "type", "veth", "peer", "name", "x-b"] in plain
+    assert not any("tuntap" in c for c in plain)
+    taps = [c for c in delayed if "tuntap" in c]
+    assert [c[c.index("dev") + 1] for c in taps] == ["x-a", "x-b"]
+    assert all(c[:3] == ["ip", "-n", fab.SWITCH_NS] and c[-2:] == ["mode", "tap"] for c in taps)
+    assert not any("veth" in c and "x-a" in c for c in delayed)
+    # the same names either way: the trunk's tbf and masters apply unchanged
+    for isl in "ab":
+        assert ["ip", "-n", fab.SWITCH_NS, "link", "set", f"x-{isl}", "master", f"br-{isl}"] in delayed
+    assert [c for c in delayed if "tbf" in c and c[6].startswith("x-")] == fab.trunk_commands(3)
+    with pytest.raises(ValueError, match="cross_delay_ms"):
+        fab.two_islands(cross_delay_ms=-1)
+
+
+def test_the_delay_line_runs_in_the_switch_namespace_between_the_trunks_ends():
+    cmd = fab.delay_line_cmd(20)
+    assert cmd[:4] == ["ip", "netns", "exec", fab.SWITCH_NS]
+    assert cmd[5].endswith("bench/delay_line.py") and os.path.exists(cmd[5])
+    assert cmd[-3:] == ["x-a", "x-b", "20"]
+    assert fab.trunk_removal_commands() == [
+        ["ip", "-n", fab.SWITCH_NS, "link", "del", "x-a"],
+        ["ip", "-n", fab.SWITCH_NS, "link", "del", "x-b"],
+    ]
+
+
+def test_the_delay_queue_holds_each_frame_for_the_delay_in_arrival_order():
+    q = delay_line.DelayQueue(0.020)
+    assert q.wait_s(0.0) is None  # empty: wait for a frame, not a timer
+    q.push(1.000, b"one")
+    q.push(1.005, b"two")
+    q.push(1.005, b"three")
+    assert q.due(1.019) == [] and q.wait_s(1.019) == pytest.approx(0.001)
+    assert q.due(1.020) == [b"one"]
+    assert q.due(1.030) == [b"two", b"three"]  # same deadline: in the order they came
+    assert q.due(9.0) == [] and q.wait_s(9.0) is None
+    late = delay_line.DelayQueue(0.020)
+    late.push(1.0, b"x")
+    assert late.wait_s(5.0) == 0.0  # overdue: no negative timeout
+
+
+def test_a_full_delay_queue_drops_and_counts_and_the_loop_waits_for_the_earliest_head():
+    q = delay_line.DelayQueue(0.010, limit=2)
+    for i in range(3):
+        q.push(0.0, bytes([i]))
+    assert q.dropped == 1 and q.due(1.0) == [b"\x00", b"\x01"]
+    a, b = delay_line.DelayQueue(0.040), delay_line.DelayQueue(0.010)
+    assert delay_line.next_timeout([a, b], 0.0) is None
+    a.push(0.0, b"a")
+    b.push(0.015, b"b")
+    assert delay_line.next_timeout([a, b], 0.020) == pytest.approx(0.005)  # b's head, before a's
+    with pytest.raises(ValueError, match="delay"):
+        delay_line.DelayQueue(-0.001)
+
+
+def test_rtt_is_the_median_of_the_connects():
+    assert fab.median([0.04, 0.09, 0.041]) == 0.041  # the first connect also waited on ARP
+    assert fab.median([1.0, 3.0]) == 2.0
+
+
+def test_the_round_trip_check_fails_without_the_delay_and_warns_when_load_adds_to_it():
+    assert fab.rtt_check(40.5, 20) == (None, None)
+    assert fab.rtt_check(0.03, 0)[0] is None  # no delay asked: nothing to miss
+    error, _ = fab.rtt_check(0.05, 20)
+    assert error and "not in the path" in error
+    _, warning = fab.rtt_check(58.0, 20)
+    assert warning and "18.0 ms over" in warning

@@ -14,7 +14,8 @@ import pytest
 from tests.bench.bench_run import BENCH, run_bench
 from tests.conftest import REPO
 
-LIBRARIES = {"trainer_common", "cpu_limit"}  # imported by the scripts, run through them
+# imported or started by the scripts, run through them (delay_line: test_fabric_netns_delays_...)
+LIBRARIES = {"trainer_common", "cpu_limit", "delay_line"}
 OWN_TESTS = {  # script -> the test that runs its small mode
     "across_sites": "tests/bench/test_across_sites.py",
     "outer_overlap": "tests/bench/test_outer_overlap.py",
@@ -98,6 +99,36 @@ def test_fabric_netns_shapes_the_trunk_and_leaves_nothing_behind(fabric):
         assert not set(spec.namespaces) & fab.existing_namespaces()
     assert 0 < cross <= 200 * 1.1, cross  # the tbf on the trunk holds
     assert intra > 2 * cross, (intra, cross)  # traffic inside an island does not cross it
+
+
+def test_fabric_netns_delays_the_trunk_at_its_rate_and_leaves_no_delay_line_behind(fabric):
+    """20 ms each way through bench/delay_line.py: a TCP connect across takes ~40 ms, one inside
+    an island none, a stream still gets the trunk's tbf rate; destroy ends the delay line."""
+    fab = fabric
+    if fab.delay_line_problem():
+        pytest.skip(fab.delay_line_problem())
+    spec = fab.two_islands(per_island=2, fast_mbit=2000, cross_mbit=50, cross_delay_ms=20)
+    with fab.exclusive():
+        fab.destroy(spec)
+        try:
+            fab.build(spec)
+            pids = fab.delay_line_pids()
+            a1, b1 = (next(n for n in spec.nodes if n.island == i) for i in "ab")
+            a2 = next(n for n in spec.nodes if n.island == "a" and n is not a1)
+            rtt_cross, rtt_intra = fab.measure_rtt_ms(a1, b1), fab.measure_rtt_ms(a1, a2)
+            cross = fab.measure_mbit(a1, b1, megabytes=12)
+            fab.set_trunk(2000, delay_ms=0)  # back to a plain veth: no delay, no delay line
+            rtt_plain, plain_pids = fab.measure_rtt_ms(a1, b1), fab.delay_line_pids()
+            fab.set_trunk(50, delay_ms=20)
+            again = fab.delay_line_pids()
+        finally:
+            fab.destroy(spec)
+        assert not set(spec.namespaces) & fab.existing_namespaces()
+    assert len(pids) == 1 and plain_pids == [] and len(again) == 1, (pids, plain_pids, again)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids + again)
+    assert 39 <= rtt_cross <= 55, rtt_cross  # two crossings of 20 ms, and a little scheduling
+    assert rtt_intra < 5 and rtt_plain < 5, (rtt_intra, rtt_plain)
+    assert 50 * 0.7 <= cross <= 50 * 1.1, cross  # the tbf still shapes (TCP's ramp-up costs a bit)
 
 
 def test_fabric_emulation_small_mode_trains_the_holmes_layout_in_namespaces(fabric):
