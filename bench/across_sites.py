@@ -44,7 +44,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -232,18 +231,10 @@ def launch(a, spec, run: Run, workdir: str, data: str, limits) -> None:
                 "--max-restarts=0", "-m", "holmes.trainer", "--job", job_file, "--layout", lay_file,
                 *(["--metrics-file", metrics] if node_rank == 0 else []),
             ]  # fmt: skip
-            log = open(os.path.join(d, f"{name}.log"), "w")
-            logs.append(log)
             environ = fe.trainer_env(a.timeout, 40_000_000, d, env)
-            p = subprocess.Popen(
-                limits.wrap(cpu_group(island), cmd),
-                env=environ,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            p, log = fe.start(name, limits.wrap(cpu_group(island), cmd), environ, d)
+            logs.append(log)
             procs.append(p)
-            fe.LIVE.append(p)
         deadline, metrics_files = time.time() + a.timeout, list(dict.fromkeys(g[4] for g in gangs))
         while any(p.poll() is None for p in procs):
             if time.time() > deadline:

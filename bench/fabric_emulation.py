@@ -345,13 +345,18 @@ def start_gang(
     ``logdir/<node>.log``; each process is in LIVE until the caller stops it (kill_tree)."""
     gang = []
     for rank, (name, cmd) in enumerate(commands):
-        log = open(os.path.join(logdir, f"{name}.log"), "w")
-        p = subprocess.Popen(
-            wrap(rank, cmd), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
-        )
+        p, log = start(name, wrap(rank, cmd), env, logdir, cwd)
         gang.append((name, p, log))
-        LIVE.append(p)
     return gang
+
+
+def start(name: str, cmd: list[str], env: dict[str, str], logdir: str, cwd: str | None = None):
+    """One process in a session of its own, its output in ``logdir/<name>.log``; in LIVE until
+    the caller stops it (kill_tree). Returns the process and its open log."""
+    log = open(os.path.join(logdir, f"{name}.log"), "w")
+    p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+    LIVE.append(p)
+    return p, log
 
 
 def run_case(

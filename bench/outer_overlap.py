@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -176,17 +175,9 @@ def run_case(a, ns, limits, names, workdir: str, overlap: int) -> list[dict]:
                 "HOLMES_REPLICA": str(r), "HOLMES_REPLICAS": "2",
                 "HOLMES_OUTER_ADDR": f"{SUBNET}.1:{OUTER_PORT}",
             })  # fmt: skip
-            log = open(os.path.join(d, f"replica-{r}.log"), "w")
+            p, log = fe.start(f"replica-{r}", limits.wrap(names[r], cmd), env, d)
             logs.append(log)
-            p = subprocess.Popen(
-                limits.wrap(names[r], cmd),
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
             procs.append(p)
-            fe.LIVE.append(p)
         deadline = time.time() + a.timeout
         while any(p.poll() is None for p in procs) and time.time() < deadline:
             time.sleep(0.3)
