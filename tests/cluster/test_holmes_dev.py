@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from holmes_dev.follow import follow_job
 from holmes_dev.jobs import TINY_MODEL, holmes_job, tiny_job
 from holmes_dev.ports import free_port
@@ -26,10 +27,25 @@ def test_tiny_job_is_a_valid_spec_and_sections_replace_whole():
     assert TINY_MODEL["layers"] == 4
 
 
-def test_free_port_can_be_bound():
+def test_free_port_is_held_for_its_server_and_handed_to_no_one_else():
     for host in ("127.0.0.1", "0.0.0.0"):
-        with socket.socket() as s:
-            s.bind((host, free_port(host)))
+        port = free_port(host)
+        with socket.socket() as s:  # the kernel counts it as taken: its own picks skip it
+            with pytest.raises(OSError, match="in use"):
+                s.bind((host, port))
+        for _ in range(200):
+            with socket.socket() as picked:
+                picked.bind((host, 0))
+                assert picked.getsockname()[1] != port
+        with socket.socket() as s:  # nothing listens there yet: refused at once
+            with pytest.raises(ConnectionRefusedError):
+                s.connect(("127.0.0.1", port))
+        with socket.socket() as server:  # a server that sets SO_REUSEADDR serves it
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind((host, port))
+            server.listen(1)
+            with socket.create_connection(("127.0.0.1", port)):
+                server.accept()[0].close()
 
 
 def test_follow_job_says_each_phase_layout_and_iteration_once(capsys):
