@@ -122,6 +122,17 @@ REFUSED = [
     (training(globalBatchSize=15), "spec.training", "globalBatchSize"),
     (training(warmupIterations=11), "spec.training", "warmupIterations"),
     (training(minLearningRate=0.1), "spec.training", "minLearningRate"),
+    (training(acrossIslands={"innerSteps": 10, "fragments": 3}), "spec.training.acrossIslands", "fragments"),
+    (
+        training(acrossIslands={"innerSteps": 10, "fragments": 2, "overlapSteps": 6}),
+        "spec.training.acrossIslands",
+        "overlapSteps",
+    ),
+    (
+        training(acrossIslands={"fragments": 5, "overlapSteps": 11}),
+        "spec.training.acrossIslands",
+        "overlapSteps",
+    ),
     ({"nodes": {"count": 2, "gpusPerNode": 4, "minCount": 3}}, "spec.nodes", "minCount"),
     ({"parallelism": {"tensor": 3}}, "spec", "gpusPerNode"),
     ({"parallelism": {"tensor": 2}, **model(vocabSize=1001)}, "spec", "vocabSize"),

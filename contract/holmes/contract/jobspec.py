@@ -531,6 +531,18 @@ class AcrossIslandsSpec:
     """How training crosses the slow links between islands: the paper's pipeline cut (only
     activations cross), or DiLoCo replicas that meet every innerSteps steps (trainer outer.py)."""
 
+    # CEL rules the API server checks (Kubernetes 1.25+); cross_check makes the same checks
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            "self.fragments < 1 || self.innerSteps % self.fragments == 0",
+            "fragments must divide innerSteps (every fragment is synchronized once per innerSteps)",
+        ),
+        Rule(
+            "self.fragments < 1 || self.overlapSteps <= self.innerSteps / self.fragments",
+            "overlapSteps must be at most innerSteps / fragments (one exchange in flight at a time)",
+        ),
+    )
+
     mode: Annotated[
         str,
         Field(
