@@ -9,8 +9,10 @@ lock against this view.
   them as the device plugin's resource or through a DRA claim): every pod that has not ended,
   counted on its node (``spec.nodeName``, else ``status.nominatedNodeName``, else for Holmes'
   own pods the node its layout pinned it to), plus the ranks of launched Holmes attempts whose
-  pods are not created yet (their ConfigMap's layout names the nodes). Rebuilt from the API's
-  objects at every plan, so an operator restart loses nothing.
+  pods are not created yet (their ConfigMap's layout names the nodes), plus the GPUs allocated
+  DRA ResourceClaims hold, whoever's they are (core.device_claims; a pod a claim is reserved
+  for counts its GPUs through the claim, not twice). Rebuilt from the API's objects at every
+  plan, so an operator restart loses nothing.
 - Placement on that view (placement.on_free_capacity): a job first plans on the nodes that
   could ever run its pods (taints, selectors, affinity, CPU/memory): when that fails it waits for
   nodes (``InsufficientNodes``). Then the jobs ahead of it in the queue take their share (a job
@@ -41,6 +43,7 @@ from holmes.plan import InsufficientNodes
 from holmes.plan.discovery import GPUS_TAKEN_KEY
 
 from . import child_names
+from .device_claims import ClaimHold, reserved_pods
 
 CPU, MEMORY = "cpu", "memory"
 ENDED = ("Succeeded", "Failed")
@@ -274,15 +277,17 @@ def _is_holmes(meta: Mapping) -> bool:
     )
 
 
-def held(pod: Mapping, gpu_resource: str = RESOURCE_GPU) -> dict[str, float]:
+def held(pod: Mapping, gpu_resource: str = RESOURCE_GPU, claim_allocated: bool = False) -> dict[str, float]:
     """What a pod (full or slim) holds on its node: its requests, with the GPUs of its DRA claim
-    counted as ``gpu_resource`` too. A Holmes pod on DRA GPUs has no GPU limit (its claim holds
-    them); render.py notes their number on it (``ANN_CLAIM_GPUS``) so the ledger counts GPUs the
-    same way whichever route asked for them (as ``pod_shape`` does for ranks not created yet)."""
+    counted as ``gpu_resource`` too while that claim is not allocated (``claim_allocated``: the
+    claim's allocation counts them, Ledger.of). A Holmes pod on DRA GPUs has no GPU limit (its
+    claim holds them); render.py notes their number on it (``ANN_CLAIM_GPUS``) so the ledger
+    counts GPUs the same way whichever route asked for them (as ``pod_shape`` does for ranks
+    not created yet)."""
     spec = pod.get("spec") or {}
     out = dict(spec["requests"] if isinstance(spec.get("requests"), Mapping) else pod_requests(spec))
     ann = (pod.get("metadata") or {}).get("annotations") or {}
-    claimed = quantity(ann.get(child_names.ANN_CLAIM_GPUS))
+    claimed = None if claim_allocated else quantity(ann.get(child_names.ANN_CLAIM_GPUS))
     if claimed:
         out[gpu_resource] = out.get(gpu_resource, 0.0) + claimed
     return out
@@ -347,22 +352,37 @@ class Ledger:
         launched: Iterable[Launched] = (),
         skip_job: str = "",
         gpu_resource: str = RESOURCE_GPU,
+        claims: Sequence[ClaimHold] = (),
     ) -> Ledger:
-        """What pods hold (``held``), plus the ranks of launched attempts not created yet;
-        ``skip_job`` (namespace/name) is the job being planned: its own pods are its to replace."""
+        """What pods hold (``held``), plus the ranks of launched attempts not created yet, plus
+        what allocated DRA claims hold (``claims``: device_claims.holds), each claim's GPUs
+        held by the job of the Holmes pod it is reserved for (else by other pods); ``skip_job``
+        (namespace/name) is the job being planned: its own pods and their claims are its to
+        replace."""
         led = cls()
         have: set[tuple[str, str]] = set()
+        by_claim = reserved_pods(claims)
+        owners: dict[str, str] = {}  # pod uid -> its Holmes job ("" for other pods)
         for p in pods:
             meta = p.get("metadata") or {}
             have.add((meta.get("namespace"), meta.get("name")))
             if (p.get("status") or {}).get("phase") in ENDED:
                 continue
             holder = owner_of(p)
+            if meta.get("uid"):
+                owners[str(meta["uid"])] = holder
             if skip_job and holder == skip_job:
                 continue
             node = pod_node(p)
             if node:
-                led.add(node, held(p, gpu_resource), holder)
+                led.add(node, held(p, gpu_resource, str(meta.get("uid")) in by_claim), holder)
+        for c in claims:
+            if c.node is None or c.gpus <= 0:
+                continue
+            holder = next((h for uid in sorted(c.consumers) if (h := owners.get(uid))), "")
+            if skip_job and holder == skip_job:
+                continue
+            led.add(c.node, {gpu_resource: float(c.gpus)}, holder)
         for lj in launched:
             if lj.job == skip_job:
                 continue
@@ -471,6 +491,7 @@ class SharedState:
     pods: Sequence[Mapping] = ()  # every pod that may hold resources (slim or full)
     launched: Sequence[Launched] = ()  # launched Holmes attempts (for ranks not created yet)
     ahead: Sequence[Waiting] = ()  # waiting jobs before this one, in queue order
+    claims: Sequence[Mapping] = ()  # DRA ResourceClaims (slim or full), device_claims.holds reads them
 
 
 def waiting_message(
@@ -502,13 +523,14 @@ def waiting_message(
 class Workloads:
     """What the runtime observed of the other workloads, before deciding: every pod that may
     hold resources (slim or full), every HolmesJob (the queue), the layout ConfigMap of each
-    launched one by (namespace, name), and the jobs whose launch is being written (their pods
-    are among ``pods``; they are in no queue)."""
+    launched one by (namespace, name), the jobs whose launch is being written (their pods
+    are among ``pods``; they are in no queue), and the DRA ResourceClaims (slim or full)."""
 
     pods: Sequence[Mapping] = ()
     jobs: Sequence[Mapping] = ()
     layouts: Mapping[tuple[str, str], Mapping] = field(default_factory=dict)
     launching: frozenset[str] = frozenset()  # namespace/name
+    claims: Sequence[Mapping] = ()
 
 
 def shared_state(
@@ -516,7 +538,8 @@ def shared_state(
 ) -> SharedState:
     """The shared view for job ``me`` from the API's objects: the pods (every pod that has not
     ended), the HolmesJobs (launched ones with their layout ConfigMap, waiting ones in queue
-    order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view."""
+    order: those ahead of ``me``), the DRA claims. Nothing else: an operator restart rebuilds
+    the same view."""
     launched, waiting = [], []
     me_key: str | None = None
     running: dict[str, int] = {}  # turns taken, by namespace: launched jobs (and ended ones below)
@@ -571,7 +594,7 @@ def shared_state(
     mine = next((w.key for w in queue if w.job == me_key), None)
     # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
     ahead = [] if mine is None else [w for w in queue if w.key < mine]
-    return SharedState(pods=list(seen.pods), launched=launched, ahead=ahead)
+    return SharedState(pods=list(seen.pods), launched=launched, ahead=ahead, claims=list(seen.claims))
 
 
 def selected(nodes: Sequence[Mapping], spec: JobSpec) -> list:

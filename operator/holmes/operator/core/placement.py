@@ -36,7 +36,7 @@ from holmes.plan.budget import DEFAULT_UNITS
 from holmes.plan.calibrate import Calibration, assess
 from holmes.plan.measured import Measured
 
-from . import capacity, elastic, members, replan
+from . import capacity, device_claims, elastic, members, replan
 from .routes import NodeNetwork
 
 # The search a job ahead in the queue may cost each job behind it (a fiftieth of a job's own
@@ -110,7 +110,9 @@ def on_free_capacity(
     state = capacity.shared_state(
         where.job, where.facts.workloads, where.priority_classes or {}, gpu_resource=gpu
     )
-    led = capacity.Ledger.of(state.pods, state.launched, skip_job=where.key, gpu_resource=gpu)
+    gpus_of = device_claims.whole_gpus(where.nodes, where.facts.cost_model.nic_mapping.dra_gpu_driver)
+    claims = device_claims.holds(state.claims, gpus_of) if state.claims else []
+    led = capacity.Ledger.of(state.pods, state.launched, skip_job=where.key, gpu_resource=gpu, claims=claims)
     blocked: dict[str, str] = {}
     for w in state.ahead:
         # only the nodes its selector matches: it keeps none that it could never use
