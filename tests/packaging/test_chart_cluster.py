@@ -132,6 +132,8 @@ NEEDED = {
     ("resourceslices.resource.k8s.io", "list"): "informer.Informer (DRA devices, watches.py)",
     ("resourceslices.resource.k8s.io", "watch"): "informer.Informer (DRA devices, watches.py)",
     ("resourceclaimtemplates.resource.k8s.io", "create"): "kube.KubeIO._create_claim_template",
+    ("resourceclaims.resource.k8s.io", "list"): "informer.Informer (devices claims hold, watches.py)",
+    ("resourceclaims.resource.k8s.io", "watch"): "informer.Informer (devices claims hold, watches.py)",
 }
 # Cluster-wide reads (the ClusterRole in every mode): besides nodes and CRDs, PriorityClasses
 # and Kueue's ResourceFlavors. Not pods: a namespaced install reads pods in its namespaces only.

@@ -63,8 +63,10 @@ class Caches:
         self.workloads = Store(index_label=child_names.LABEL_JOB)
         self.flavors = Store(index_label=None)
         self.priority_classes = Store(index_label=None)
-        # DRA: every ResourceSlice, while the API server serves them (watches.py)
+        # DRA: every ResourceSlice, and every ResourceClaim slimmed to what capacity counts
+        # (device_claims.slim_claim), while the API server serves them (watches.py)
         self.resource_slices = Store(index_label=None)
+        self.resource_claims = Store(index_label=None)
         # Volcano: the PodGroups of Holmes jobs, while the API server serves them (watches.py)
         self.podgroups = Store(index_label=child_names.LABEL_JOB)
         # the capacity view (pipeline.HubChildren) as of (cluster_pods, pods) versions

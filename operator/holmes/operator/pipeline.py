@@ -50,6 +50,7 @@ class Children(Protocol):
     def configmap(self, ns: str, name: str, uid: str) -> dict | None: ...
     def service(self, ns: str, name: str, uid: str) -> dict | None: ...
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]: ...
+    def claims(self) -> list[dict]: ...
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]: ...
     def write(self, d: Decision, job: dict, pods: list[dict], nodes: list[dict]): ...
 
@@ -97,6 +98,10 @@ class HubChildren:
         self.caches.capacity_view = (versions, view)
         return view, layout
 
+    def claims(self) -> list[dict]:
+        """The DRA ResourceClaims (slim), whose allocations hold devices (core/device_claims.py)."""
+        return list(self.caches.resource_claims.values())
+
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]:
         return self.io.log_tail
 
@@ -137,6 +142,9 @@ class MemberChildren:
 
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]:
         return self.registry.capacity_view()
+
+    def claims(self) -> list[dict]:
+        return []  # members' DRA objects are not watched (nor their ResourceSlices)
 
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]:
         pod = rank0(job, pods)
@@ -245,7 +253,7 @@ class Pipeline:
     def workloads(self, where: Children) -> capacity.Workloads:
         """What the other workloads hold and want, from the caches: every pod that may hold
         resources (with those of claims being written: commit.py), every HolmesJob, the layout
-        ConfigMap of each launched one."""
+        ConfigMap of each launched one, the DRA ResourceClaims."""
         creating, launching = self.placement.in_flight()  # before the caches they land in
         pods, layout = where.capacity_view()
         have = {_key(p) for p in pods}
@@ -258,7 +266,9 @@ class Pipeline:
                 cm = layout(*key)
                 if cm is not None:
                     layouts[key] = cm
-        return capacity.Workloads(pods=pods, jobs=jobs, layouts=layouts, launching=launching)
+        return capacity.Workloads(
+            pods=pods, jobs=jobs, layouts=layouts, launching=launching, claims=where.claims()
+        )
 
 
 def _key(obj: Mapping) -> tuple[str, str]:

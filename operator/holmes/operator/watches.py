@@ -16,7 +16,9 @@ full LIST (a partly filled cache would look like deleted pods).
 - DRA (holmes.plan.dra): while the API server serves ``resource.k8s.io/v1`` ResourceSlices
   (looked for once at start-up: a cluster that gains the API needs an operator restart), every
   ResourceSlice; a change wakes every job (a node's devices changed). The pipeline joins them onto
-  the nodes before planning.
+  the nodes before planning. And ResourceClaims (core/device_claims.py: the devices their
+  allocations hold, whoever's), slimmed, read where the pods are (every namespace, or the served
+  ones); a change wakes the jobs that have not launched yet, as a pod's does.
 - Member clusters (``--members-namespace``): the registry and each member's own informers.
 """
 
@@ -37,7 +39,7 @@ from kubernetes.client.rest import ApiException
 from holmes.plan import dra
 
 from . import kueue_version
-from .core import capacity, child_names, queueing
+from .core import capacity, child_names, device_claims, queueing
 from .informer import Informer, next_backoff
 from .kube import Caches
 from .member_clusters import MemberRegistry
@@ -73,6 +75,7 @@ class Watches:
         self.members: MemberRegistry | None = None  # member clusters, with --members-namespace
         self.volcano = False  # the API server serves Volcano's PodGroups (discover(), at start-up)
         self.dra = False  # ... and DRA's ResourceSlices
+        self.dra_claims = False  # ... and DRA's ResourceClaims
         self.node_facts: dict[str, tuple] = {}  # node name -> node_fingerprint (node_event)
         self.loop: asyncio.AbstractEventLoop | None = None  # set by start()
 
@@ -82,8 +85,8 @@ class Watches:
         server answers, so an operator started while it restarts neither fails its start-up
         (kopf tried that again only 60 s later, with the informers started before the error
         started twice) nor takes an optional API for absent."""
-        self.volcano, self.dra = until_answered(
-            lambda: (serves_podgroups(self.api), serves_resource_slices(self.api)), sleep
+        self.volcano, (self.dra, self.dra_claims) = until_answered(
+            lambda: (serves_podgroups(self.api), serves_dra(self.api)), sleep
         )
 
     def start(self) -> None:
@@ -218,6 +221,8 @@ class Watches:
                     namespace=ns,
                 ).start()
             )
+        if self.dra_claims:  # the devices claims hold, where the pods are read
+            self._start_claims(api, capacity_changed)
         sched = client.SchedulingV1Api(api)
         self.informers.append(
             Informer(
@@ -259,6 +264,39 @@ class Watches:
                 ).start()
             )
 
+    def _start_claims(self, api: client.ApiClient, capacity_changed) -> None:
+        group, version = dra.API_VERSION.split("/")
+        custom = client.CustomObjectsApi(api)
+        claim_lists: list[tuple[str, Callable[..., Any], str | None]]
+        if self.literal:
+            claim_lists = [
+                (
+                    f"{device_claims.CLAIMS}/{ns}",
+                    functools.partial(
+                        custom.list_namespaced_custom_object, group, version, ns, device_claims.CLAIMS
+                    ),
+                    ns,
+                )
+                for ns in self.namespaces
+            ]
+        else:
+            everywhere = functools.partial(
+                custom.list_cluster_custom_object, group, version, device_claims.CLAIMS
+            )
+            claim_lists = [(device_claims.CLAIMS, everywhere, None)]
+        for name, list_claims, ns in claim_lists:
+            self.informers.append(
+                Informer(
+                    name,
+                    list_claims,
+                    "",
+                    self.caches.resource_claims,
+                    capacity_changed,
+                    transform=device_claims.slim_claim,
+                    namespace=ns,
+                ).start()
+            )
+
     async def synced(self) -> None:
         """Return once every informer has listed (members: at most MEMBER_SYNC_SECONDS; one that
         does not answer in time is unreachable, and jobs plan without it)."""
@@ -289,18 +327,21 @@ class Watches:
 SLICES = "resourceslices"
 
 
-def serves_resource_slices(api: client.ApiClient) -> bool:
-    """Whether the API server serves DRA's ResourceSlices in the version Holmes reads."""
+def serves_dra(api: client.ApiClient) -> tuple[bool, bool]:
+    """Whether the API server serves DRA's ResourceSlices, and its ResourceClaims, in the
+    version Holmes reads."""
     group, version = dra.API_VERSION.split("/")
     try:
         resources = client.CustomObjectsApi(api).get_api_resources(group, version).resources
     except ApiException as e:
         if e.status == 404:
-            return False
+            return False, False
         raise
-    found = any(r.name == SLICES for r in resources or [])
-    log.info("DRA ResourceSlices %s", "served: read for NIC and GPU discovery" if found else "not served")
-    return found
+    names = {r.name for r in resources or []}
+    slices, claims = SLICES in names, device_claims.CLAIMS in names
+    log.info("DRA ResourceSlices %s", "served: read for NIC and GPU discovery" if slices else "not served")
+    log.info("DRA ResourceClaims %s", "served: their allocations count as held" if claims else "not served")
+    return slices, claims
 
 
 T = TypeVar("T")
