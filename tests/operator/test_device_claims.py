@@ -136,3 +136,23 @@ def test_a_job_waits_while_another_workloads_claim_holds_a_node_it_needs():
     assert "held by other pods (1 node)" in str(e.value)
     free = placement_facts.gather(placement_facts.builtin_cost_model(), Workloads())
     assert sorted(on_free_capacity(nodes(), load_job(j), Placement(free, nodes(), j)).nodes) == list(NODES)
+
+
+def test_the_fields_read_are_the_resource_v1_apis():
+    """Every field the slim claim keeps is one the API's ResourceClaim status has (the client's
+    models are generated from the Kubernetes OpenAPI): a misspelt field would read as absent."""
+    from kubernetes import client
+
+    def fields(model) -> set[str]:
+        return set(model.attribute_map.values())
+
+    slim = device_claims.slim_claim(claim("c", "dra-0", ["gpu-0"], reserved_for=["p"], adminAccess=False))
+    st = slim["status"]
+    assert set(st) <= fields(client.V1ResourceClaimStatus)
+    assert set(st["allocation"]) <= fields(client.V1AllocationResult)
+    assert set(st["allocation"]["devices"]) <= fields(client.V1DeviceAllocationResult)
+    assert set(st["allocation"]["devices"]["results"][0]) <= fields(client.V1DeviceRequestAllocationResult)
+    assert set(st["reservedFor"][0]) <= fields(client.V1ResourceClaimConsumerReference)
+    term = st["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]
+    assert set(term) <= fields(client.V1NodeSelectorTerm)
+    assert set(term["matchFields"][0]) <= fields(client.V1NodeSelectorRequirement)

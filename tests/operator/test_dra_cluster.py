@@ -1,10 +1,12 @@
-"""The DRA route on the local control plane (Kubernetes 1.20, no resource.k8s.io): ResourceSlices
-served by stand-in CRDs of the same group and version (data/dra-standin-crds.yaml). Nodes
-described only by slices (no Holmes label, no device-plugin resource) are planned by the running
-operator, which creates the job's ResourceClaimTemplate; the pods it renders claim it. A 1.20
-API server drops the pod fields it does not know (spec.resourceClaims, resources.claims): the
-test records that, and checks the claims where they are rendered (`holmes plan --kubeconfig
---pods` against this control plane, the reconciler's own first decision)."""
+"""The DRA route on the local control plane (Kubernetes 1.20, no resource.k8s.io): ResourceSlices,
+ResourceClaimTemplates and ResourceClaims served by stand-in CRDs of the same group and version
+(data/dra-standin-crds.yaml). Nodes described only by slices (no Holmes label, no device-plugin
+resource) are planned by the running operator, which creates the job's ResourceClaimTemplate;
+the pods it renders claim it. A 1.20 API server drops the pod fields it does not know
+(spec.resourceClaims, resources.claims): the test records that, and checks the claims where they
+are rendered (`holmes plan --kubeconfig --pods` against this control plane, the reconciler's own
+first decision). Nothing allocates claims here: another workload's claim is allocated by writing
+its status.allocation and reservedFor through the status subresource, as the scheduler does."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def slice_node(name: str) -> dict:
 def dra_nodes(cluster):
     install_crd(cluster)
     cluster.kubectl("apply", "-f", str(STANDIN))
-    for crd in ("resourceslices", "resourceclaimtemplates"):
+    for crd in ("resourceslices", "resourceclaimtemplates", "resourceclaims"):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.resource.k8s.io", "--timeout=60s")
     names = ["dra-node-0", "dra-node-1"]
     for n in names:
@@ -42,6 +44,7 @@ def dra_nodes(cluster):
             apply(cluster, s)
     yield names
     cluster.kubectl("delete", "resourceslices", "--all", "--wait=false", check=False)
+    cluster.kubectl("delete", "resourceclaims", "--all", "--all-namespaces", "--wait=false", check=False)
     for n in names:
         cluster.kubectl("delete", "node", n, "--wait=false", check=False)
 
@@ -115,3 +118,90 @@ def test_nodes_described_only_by_slices_plan_and_their_pods_claim_gpus_and_nics(
         assert env["HOLMES_NIC"] == "infiniband" and env["HOLMES_HOST_HCAS"] == "mlx5_0,mlx5_1"
         # What 1.20 does with the fields it does not know: it drops them (recorded, not hoped for).
         assert "resourceClaims" not in p["spec"] and "claims" not in c["resources"]
+
+
+def their_claim(cluster, namespace: str, node: str) -> dict:
+    """Another workload's pod bound to ``node`` whose ResourceClaim the scheduler allocated both
+    of the node's GPUs to (the pod asks for no GPU itself: its claim holds them)."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "their-trainer", "namespace": namespace},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x", "command": SLEEP}]},
+    }
+    apply(cluster, pod)
+    uid = cluster.get_json("pod", "their-trainer", "-n", namespace)["metadata"]["uid"]
+    request = {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "their-gpus", "namespace": namespace},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    apply(cluster, claim)
+    on_node = {"key": "metadata.name", "operator": "In", "values": [node]}
+    status = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpus", "driver": "gpu.nvidia.com", "pool": node, "device": d}
+                    for d in ("gpu-0", "gpu-1")
+                ]
+            },
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [on_node]}]},
+        },
+        "reservedFor": [{"resource": "pods", "name": "their-trainer", "uid": uid}],
+    }
+    return write_claim_status(cluster, namespace, status)
+
+
+def write_claim_status(cluster, namespace: str, status: dict) -> dict:
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(cluster.api_client())
+    where = ("resource.k8s.io", "v1", namespace, "resourceclaims", "their-gpus")
+    body = custom.get_namespaced_custom_object(*where)
+    body["status"] = status
+    return custom.replace_namespaced_custom_object_status(*where, body)
+
+
+def test_a_job_avoids_gpus_another_workloads_claim_holds_and_takes_them_once_freed(
+    cluster, dra_nodes, namespace, tmp_path
+):
+    held = their_claim(cluster, namespace, dra_nodes[0])
+    assert held["status"]["allocation"]["nodeSelector"]  # the status subresource kept it
+    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "op.log").start()
+    try:
+        a, b = job(namespace, "a"), job(namespace, "b")
+        for j in (a, b):  # one node of 2 GPUs each
+            j["spec"]["nodes"]["count"] = 1
+        apply(cluster, a)
+        (pa,) = wait_for(
+            "a's pod",
+            lambda: (lambda ps: ps if len(ps) == 1 else None)(pods_of(cluster, namespace, "a")),
+            op=op,
+        )
+        assert pa["metadata"]["annotations"]["holmes.dev/node"] == dra_nodes[1]  # not the claimed node
+        apply(cluster, b)
+        waits = wait_for(
+            "b waiting for capacity",
+            lambda: (lambda c: c if c.get("reason") == "WaitingForCapacity" else None)(
+                condition({"status": {}, **(get_job(cluster, namespace, "b") or {})}, "Reconciling")
+            ),
+            op=op,
+        )
+        assert f"held by other pods (1 node), {namespace}/a (1 node)" in waits["message"]
+        assert not pods_of(cluster, namespace, "b")
+        # their pod ended: the claim controller takes it out of reservedFor and frees the devices
+        write_claim_status(cluster, namespace, {})
+        (pb,) = wait_for(
+            "b's pod once the claim is freed",
+            lambda: (lambda ps: ps if len(ps) == 1 else None)(pods_of(cluster, namespace, "b")),
+            op=op,
+        )
+        assert pb["metadata"]["annotations"]["holmes.dev/node"] == dra_nodes[0]
+    finally:
+        op.stop()
+        cluster.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False
+        )
