@@ -62,7 +62,7 @@ def holmes_pod(name, node, job="j", ns="ns", annotated=True) -> dict:
 
 
 def ledger(pods=(), claims=(), skip_job="") -> Ledger:
-    holds = device_claims.holds(claims, device_claims.whole_gpus(nodes(), "gpu.nvidia.com"))
+    holds = device_claims.holds(claims, nodes(), "gpu.nvidia.com")
     return Ledger.of(pods, skip_job=skip_job, claims=holds)
 
 
@@ -120,9 +120,9 @@ def test_the_job_being_planned_does_not_count_its_own_pods_claims():
 def test_the_slim_claim_the_cache_keeps_counts_as_the_full_one():
     full = claim("c", "dra-0", ["gpu-0", "gpu-1"], reserved_for=["p"])
     full["status"]["allocation"]["devices"]["config"] = [{"source": "FromClass", "opaque": {"driver": "x"}}]
-    gpus = device_claims.whole_gpus(nodes(), "gpu.nvidia.com")
     slim = device_claims.slim_claim(full)
-    assert device_claims.holds([slim], gpus) == device_claims.holds([full], gpus)
+    held = device_claims.holds([slim], nodes(), "gpu.nvidia.com")
+    assert held == device_claims.holds([full], nodes(), "gpu.nvidia.com") and held[0].gpus == 2
     assert "config" not in slim["status"]["allocation"]["devices"] and "spec" not in slim
 
 

@@ -76,7 +76,6 @@ class DraGpu:
     product: str | None = None
     memory_gib: float | None = None
     pcie_root: str | None = None
-    pool: str | None = None  # its slice's pool: with the driver and device, what an allocation names
 
 
 @dataclass(frozen=True)
@@ -169,16 +168,19 @@ def _nic(d: Mapping[str, Any], driver: str) -> DraNic:
     )
 
 
-def _gpu(d: Mapping[str, Any], driver: str, pool: str | None, types: bool) -> DraGpu | None:
+def _whole_gpu(d: Mapping[str, Any], driver: str) -> bool:
     kind = attribute(d, driver, "type")
-    if kind is not None and kind != "gpu":  # MIG slices, VFIO passthrough...
+    return kind is None or kind == "gpu"  # not MIG slices, VFIO passthrough...
+
+
+def _gpu(d: Mapping[str, Any], driver: str, types: bool) -> DraGpu | None:
+    if not _whole_gpu(d, driver):
         return None
     return DraGpu(
         device=str(d.get("name") or ""),
         product=(attribute(d, driver, "productName") or None) if types else None,
         memory_gib=_quantity_gib((d.get("capacity") or {}).get("memory")) if types else None,
         pcie_root=attribute(d, driver, PCIE_ROOT) or None,
-        pool=pool,
     )
 
 
@@ -198,7 +200,7 @@ def node_devices(node: Mapping[str, Any], nic_driver: str, gpu_driver: str) -> N
             if nic_driver and driver == nic_driver:
                 nics.append(_nic(d, driver))
             elif gpu_driver and driver == gpu_driver:
-                g = _gpu(d, driver, spec.get("pool"), types)
+                g = _gpu(d, driver, types)
                 if g is not None:
                     gpus.append(g)
     if not nics and not gpus:
@@ -216,10 +218,13 @@ def node_devices(node: Mapping[str, Any], nic_driver: str, gpu_driver: str) -> N
 def whole_gpus(node: Mapping[str, Any], gpu_driver: str) -> frozenset[tuple[str, str, str]]:
     """The node's whole GPUs (what discovery counts) as an allocation names a device: (driver,
     pool, device); empty without slices of ``gpu_driver``."""
-    devices = node_devices(node, "", gpu_driver) if gpu_driver else None
-    if devices is None:
-        return frozenset()
-    return frozenset((gpu_driver, g.pool or "", g.device) for g in devices.gpus)
+    return frozenset(
+        (gpu_driver, str(spec.get("pool") or ""), str(d.get("name") or ""))
+        for spec in node.get(DEVICES_KEY) or ()
+        if gpu_driver and spec.get("driver") == gpu_driver
+        for d in spec.get("devices") or ()
+        if isinstance(d, Mapping) and _whole_gpu(d, gpu_driver)
+    )
 
 
 def _current(slices: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

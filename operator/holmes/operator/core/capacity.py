@@ -491,7 +491,6 @@ class SharedState:
     pods: Sequence[Mapping] = ()  # every pod that may hold resources (slim or full)
     launched: Sequence[Launched] = ()  # launched Holmes attempts (for ranks not created yet)
     ahead: Sequence[Waiting] = ()  # waiting jobs before this one, in queue order
-    claims: Sequence[Mapping] = ()  # DRA ResourceClaims (slim or full), device_claims.holds reads them
 
 
 def waiting_message(
@@ -538,8 +537,7 @@ def shared_state(
 ) -> SharedState:
     """The shared view for job ``me`` from the API's objects: the pods (every pod that has not
     ended), the HolmesJobs (launched ones with their layout ConfigMap, waiting ones in queue
-    order: those ahead of ``me``), the DRA claims. Nothing else: an operator restart rebuilds
-    the same view."""
+    order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view."""
     launched, waiting = [], []
     me_key: str | None = None
     running: dict[str, int] = {}  # turns taken, by namespace: launched jobs (and ended ones below)
@@ -594,7 +592,7 @@ def shared_state(
     mine = next((w.key for w in queue if w.job == me_key), None)
     # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
     ahead = [] if mine is None else [w for w in queue if w.key < mine]
-    return SharedState(pods=list(seen.pods), launched=launched, ahead=ahead, claims=list(seen.claims))
+    return SharedState(pods=list(seen.pods), launched=launched, ahead=ahead)
 
 
 def selected(nodes: Sequence[Mapping], spec: JobSpec) -> list:

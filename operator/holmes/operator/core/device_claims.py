@@ -60,34 +60,36 @@ def allocated_node(allocation: Mapping) -> str | None:
     return None
 
 
+def _allocation(claim: Mapping) -> object:
+    return (claim.get("status") or {}).get("allocation")
+
+
 def _results(allocation: Mapping) -> list[Mapping]:
     devices = allocation.get("devices")
     results = devices.get("results") if isinstance(devices, Mapping) else None
     return [r for r in results or () if isinstance(r, Mapping)]
 
 
-def whole_gpus(nodes: Iterable[Mapping], gpu_driver: str) -> dict[str, frozenset[Device]]:
-    """Each node's whole GPUs from the ResourceSlices joined onto it (holmes.plan.dra.join)."""
-    out = {}
-    for n in nodes:
-        name = (n.get("metadata") or {}).get("name")
-        gpus = dra.whole_gpus(n, gpu_driver)
-        if name and gpus:
-            out[str(name)] = gpus
-    return out
+def holds(claims: Iterable[Mapping], nodes: Iterable[Mapping], gpu_driver: str) -> list[ClaimHold]:
+    """What each allocated claim holds on ``nodes`` (with their ResourceSlices joined on:
+    holmes.plan.dra.join), whose whole GPUs of ``gpu_driver`` are the devices counted. Claims
+    not allocated hold nothing and are left out."""
+    allocated = [(c, a) for c in claims if isinstance(a := _allocation(c), Mapping)]
+    if not allocated:
+        return []
+    by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
+    gpus: dict[str, frozenset[Device]] = {}  # only the nodes claims name: slices are read per node
 
+    def whole_gpus(node: str) -> frozenset[Device]:
+        if node not in gpus:
+            gpus[node] = dra.whole_gpus(by_name[node], gpu_driver) if node in by_name else frozenset()
+        return gpus[node]
 
-def holds(claims: Iterable[Mapping], gpus: Mapping[str, frozenset[Device]]) -> list[ClaimHold]:
-    """What each allocated claim holds (``gpus``: each node's whole GPUs, ``whole_gpus``).
-    Claims not allocated hold nothing and are left out."""
     out = []
     counted: set[tuple[str, Device]] = set()  # a shared device counts once
-    for c in sorted(claims, key=_key):
-        allocation = (c.get("status") or {}).get("allocation")
-        if not isinstance(allocation, Mapping):
-            continue
+    for c, allocation in sorted(allocated, key=lambda ca: _key(ca[0])):
         node = allocated_node(allocation)
-        on_node = gpus.get(node, frozenset()) if node else frozenset()
+        on_node = whole_gpus(node) if node else frozenset()
         n = 0
         for r in _results(allocation):
             device = (str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or ""))

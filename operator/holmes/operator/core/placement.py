@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import cached_property
 
 from holmes.contract import JobSpec, Layout
 from holmes.contract.names import RESOURCE_GPU
@@ -72,6 +73,12 @@ class Placement:
         meta = self.job.get("metadata") or {}
         return f"{meta.get('namespace')}/{meta.get('name')}"
 
+    @cached_property
+    def claim_holds(self) -> list[device_claims.ClaimHold]:
+        """What the DRA claims hold on these nodes: once per placement, whatever sizes it tries."""
+        driver = self.facts.cost_model.nic_mapping.dra_gpu_driver
+        return device_claims.holds(self.facts.workloads.claims, self.nodes, driver)
+
 
 def place(
     spec: JobSpec,
@@ -110,9 +117,9 @@ def on_free_capacity(
     state = capacity.shared_state(
         where.job, where.facts.workloads, where.priority_classes or {}, gpu_resource=gpu
     )
-    gpus_of = device_claims.whole_gpus(where.nodes, where.facts.cost_model.nic_mapping.dra_gpu_driver)
-    claims = device_claims.holds(state.claims, gpus_of) if state.claims else []
-    led = capacity.Ledger.of(state.pods, state.launched, skip_job=where.key, gpu_resource=gpu, claims=claims)
+    led = capacity.Ledger.of(
+        state.pods, state.launched, skip_job=where.key, gpu_resource=gpu, claims=where.claim_holds
+    )
     blocked: dict[str, str] = {}
     for w in state.ahead:
         # only the nodes its selector matches: it keeps none that it could never use
