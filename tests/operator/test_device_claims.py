@@ -115,6 +115,9 @@ def test_the_job_being_planned_does_not_count_its_own_pods_claims():
     pod = holmes_pod("j-1-0", "dra-0")
     c = claim("j-1-0-devices", "dra-0", ["gpu-0", "gpu-1"], reserved_for=["j-1-0"], ns="ns")
     assert "dra-0" not in ledger([pod], [c], skip_job="ns/j").used
+    pod["status"]["phase"] = "Failed"  # ended; the claim controller has not freed its claim yet
+    assert "dra-0" not in ledger([pod], [c], skip_job="ns/j").used
+    assert ledger([pod], [c], skip_job="ns/other").holders["dra-0"] == {"ns/j"}
 
 
 def test_the_slim_claim_the_cache_keeps_counts_as_the_full_one():

@@ -366,11 +366,11 @@ class Ledger:
         for p in pods:
             meta = p.get("metadata") or {}
             have.add((meta.get("namespace"), meta.get("name")))
+            holder = owner_of(p)
+            if meta.get("uid"):  # an ended pod's claim may not be freed yet: still its job's
+                owners[str(meta["uid"])] = holder
             if (p.get("status") or {}).get("phase") in ENDED:
                 continue
-            holder = owner_of(p)
-            if meta.get("uid"):
-                owners[str(meta["uid"])] = holder
             if skip_job and holder == skip_job:
                 continue
             node = pod_node(p)
