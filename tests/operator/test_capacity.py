@@ -352,6 +352,10 @@ def test_the_head_keeps_only_nodes_its_selector_matches():
     small = sw.add(job("small", 2, created=2))
     sw.step("head", "small")
     assert sw.reason("head") == "WaitingForCapacity" and not head.status["launched"]
+    east_nodes = {n["metadata"]["name"] for n in capacity.selected(sw.nodes, load_job(head.job))}
+    free_east = sorted(east_nodes - set(sw.nodes_of("run")))
+    # the nodes it could take now are named, not free ones its selector rules out
+    assert f"1 node(s) have that free now ({free_east[0]})" in head.condition("Reconciling")["message"]
     assert small.status["launched"], small.condition("Reconciling")["message"]
     assert all(n.startswith(("roce-", "eth-1")) for n in sw.nodes_of("small")), sw.nodes_of("small")
 

@@ -147,8 +147,10 @@ def on_free_capacity(
         return fit(view, spec, where, budget)
     except InsufficientNodes:
         pass
-    fitting = [
-        x for x in view if free_gpus(x, where) >= spec.nodes.gpus_per_node and not where.facts.unusable(x)
+    fitting = [  # named in the message: only nodes its selector lets it take
+        x
+        for x in capacity.selected(view, spec)
+        if free_gpus(x, where) >= spec.nodes.gpus_per_node and not where.facts.unusable(x)
     ]
     raise capacity.WaitingForCapacity(capacity.waiting_message(spec, shape, fitting, led, blocked)) from None
 
