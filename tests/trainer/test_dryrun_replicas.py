@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_dryrun import job
+from tests.trainer.dryrun_harness import job
 from tests.trainer.trainer_harness import make_layout
 
 REPO = Path(__file__).resolve().parents[2]
