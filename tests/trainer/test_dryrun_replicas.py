@@ -159,3 +159,23 @@ def test_replica_layouts_that_cannot_pair_and_a_pipeline_job_are_refused(tmp_pat
     pipeline = job(tmp_path, pipeline=2, data=2, tensor=1, globalBatchSize=32)
     code, _, err = dry_run(pipeline, [layouts[0], layouts[0]])
     assert code == 2 and "acrossIslands.mode is pipeline" in err
+
+
+def test_the_example_replicas_job_at_64_gpus_passes_and_the_planner_counts_the_outer_state():
+    """examples/jobs/gpt-7b-replicas.yaml on the paper's nodes: two islands of 4 nodes x 8 GPUs,
+    a 7.4B GPT per replica (P=1 x D=32), planned by holmes dryrun --nodes as the operator would."""
+    cli = [sys.executable, "-m", "holmes.cli", "dryrun", "--nodes", "examples/nodes/paper.yaml"]
+    done = subprocess.run(
+        [*cli, "--job", "examples/jobs/gpt-7b-replicas.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
+    )
+    out = json.loads(done.stdout)
+    assert done.returncode == 0 and out["problems"] == [], (out["problems"], done.stderr[-2000:])
+    assert out["replicas"] == 2 and out["worldSize"] == 32 and out["ranksRun"] == [0, 32]
+    assert out["outer"]["outerStepsRun"] == 1 and out["outer"]["exchangeDtype"] == "bfloat16"
+    for row in out["stages"]:
+        assert row["dryRunPeakGiBBy"]["outer"] > 1.5  # fp32 anchor + momentum of a 1/32 shard of 7.4B
+        assert abs(row["plannedOverDryRun"] - 1) < 0.02, row
