@@ -3,9 +3,10 @@
 Service and pods the operator would create, as a v1 List), without any cluster (or with
 --kubeconfig, reading the nodes of a live cluster); `holmes plan --print-config` prints the cost
 model's numbers as YAML to start a --config file from. `holmes dryrun --job JOB.yaml (--layout
-LAYOUT.json | --nodes NODES.yaml) [...]` runs the trainer's dry run (python -m
+LAYOUT.json... | --nodes NODES.yaml) [...]` runs the trainer's dry run (python -m
 holmes.trainer.dryrun, in a process of its own: the CLI itself never imports torch) on the
-given Layout or on the one planned for those nodes. `holmes plan --svg FILE` also draws the layout
+given Layout(s) or on what the operator would plan for those nodes (one Layout per replica for
+a job that trains as replicas across islands). `holmes plan --svg FILE` also draws the layout
 (holmes.view); with `--layout LAYOUT.json` or `--from-status JOB.yaml` it draws one without planning."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 class CliError(Exception):
@@ -386,19 +388,30 @@ def dryrun_command(args: argparse.Namespace, rest: list[str]) -> int:
             "give --layout LAYOUT.json (from holmes plan --json) or --nodes NODES.yaml to plan one"
         )
     with tempfile.TemporaryDirectory() as tmp:
-        layout = args.layout
-        if layout is None:
-            from holmes.plan import PlanError, plan
-
-            try:
-                planned = plan(load_nodes(args.nodes), load_job(args.job), load_config(args.config))
-            except PlanError as e:
-                raise CliError(f"no layout: {e}") from None
-            layout = f"{tmp}/layout.json"
-            with open(layout, "w") as f:
-                f.write(planned.to_json())
-        cmd = [sys.executable, "-m", "holmes.trainer.dryrun", "--job", args.job, "--layout", layout, *rest]
+        layouts = args.layout
+        if layouts is None:
+            layouts = []
+            for r, planned in enumerate(planned_layouts(args)):
+                layouts.append(f"{tmp}/layout-{r}.json")
+                with open(layouts[-1], "w") as f:
+                    f.write(planned.to_json())
+        cmd = [sys.executable, "-m", "holmes.trainer.dryrun", "--job", args.job, "--layout", *layouts, *rest]
         return subprocess.run(cmd).returncode
+
+
+def planned_layouts(args: argparse.Namespace) -> list[Any]:
+    """What the operator would run for the job on --nodes: one Layout, or one per replica when
+    the job trains as replicas across islands (acrossIslands.mode replicas, or auto picking them)."""
+    from holmes.operator.core.replicas import REPLICAS, choose, plan_replicas
+    from holmes.plan import PlanError, plan
+
+    nodes, job, config = load_nodes(args.nodes), load_job(args.job), load_config(args.config)
+    try:
+        if choose(job, nodes, config) == REPLICAS:
+            return list(plan_replicas(job, nodes, config).layouts)
+        return [plan(nodes, job, config)]
+    except PlanError as e:
+        raise CliError(f"no layout: {e}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -486,7 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Other options go to python -m holmes.trainer.dryrun (--ranks, --micro-batches, --jobs).",
     )
     dr.add_argument("--job", required=True, help="YAML or JSON: a HolmesJob manifest")
-    dr.add_argument("--layout", help="the Layout JSON to run (holmes plan --json)")
+    dr.add_argument(
+        "--layout", nargs="+", help="the Layout JSON to run (holmes plan --json); several: one per replica"
+    )
     dr.add_argument("--nodes", help="plan for these nodes first (as holmes plan --nodes)")
     dr.add_argument("--config", metavar="COSTMODEL.yaml", help="cost-model file for planning (with --nodes)")
     dr.set_defaults(func=dryrun_command)

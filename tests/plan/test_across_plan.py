@@ -120,3 +120,29 @@ def test_a_small_model_bound_by_the_socket_between_clusters_goes_to_replicas_eve
     fast = compare_across(NODES, load_job(d), link(400.0))
     assert fast.pipeline.data > 1 and fast.pick == "replicas"
     assert compare_across(NODES, load_job(d), link(25.0)).pipeline_s == pytest.approx(fast.pipeline_s)
+
+
+def test_a_replica_that_auto_plans_counts_its_outer_optimizer_and_the_pipeline_does_not():
+    """auto: the pipeline holds no outer optimizer, each replica does (trainer outer.py). Before,
+    replica_job kept mode auto and the replica was priced without it: 1.8 GiB of fp32 anchor and
+    momentum per GPU short (P=1 x D=32, as the dry run of examples/jobs/gpt-7b-replicas.yaml)."""
+    from holmes.contract import ModelCost
+    from holmes.contract.jobspec import AcrossIslandsSpec
+    from holmes.plan import plan
+    from holmes.plan.across_plan import clusters_of, replica_job
+    from holmes.plan.planner import outer_shape
+
+    def memory(layout):
+        return [s["memoryGiB"] for s in layout.estimate["stages"]]
+
+    cfg = CostModelConfig()
+    auto = compare_across(NODES, job(), cfg)
+    east = clusters_of(NODES)["east"]
+    share = replica_job(job(), 2, len(east))
+    assert share.training.across_islands.mode == "replicas"
+    bare = replace(share, training=replace(share.training, across_islands=AcrossIslandsSpec()))
+    assert memory(auto.replica) == memory(plan(east, share, cfg))
+    extra = [a - b for a, b in zip(memory(auto.replica), memory(plan(east, bare, cfg)))]
+    shard = ModelCost.of(share.model).total_params / auto.replica.data  # one DP shard's parameters
+    assert extra == [pytest.approx((shard * 8 + 100 * 2**20) / 2**30, rel=0.005)]
+    assert outer_shape(job()) == (0.0, 0)  # auto's pipeline: one world, no outer optimizer

@@ -1,6 +1,8 @@
 """The planner's memory per GPU counts what the trainer's dry run finds (holmes.trainer.dryrun):
 torch's per-micro-batch pipeline buffers, the optimizer shard's extra state, communicators."""
 
+from dataclasses import replace
+
 import pytest
 
 from holmes.contract import JobSpec, ModelCost
@@ -37,3 +39,27 @@ def test_communicators_and_shard_state_are_counted():
     shard = cost(8, D=2).memory(9) - c.memory(9)  # half as many data ranks: twice the shard
     assert shard == pytest.approx(p * (12 + 5 + 2) / 4)
     assert NCCL_COMMUNICATOR_BYTES > 0
+
+
+def test_a_replica_counts_its_outer_optimizer_and_group():
+    """acrossIslands.mode replicas (trainer outer.py): fp32 anchor and momentum per shard
+    parameter, the exchange in flight with overlapSteps (one fragment on the exchange dtype), the
+    outer group's communicator. Before, a replica's estimate was the synchronous job's: 2.1 GiB
+    under the dry run's peak on examples/jobs/gpt-7b-replicas.yaml (P=1 x D=32)."""
+    from holmes.contract.jobspec import AcrossIslandsSpec
+    from holmes.plan.costmodel import outer_bytes
+
+    assert outer_bytes(AcrossIslandsSpec()) == 0  # the pipeline: no outer optimizer
+    sync = AcrossIslandsSpec(mode="replicas", outer_momentum=0.9)
+    assert outer_bytes(sync) == 8
+    assert outer_bytes(AcrossIslandsSpec(mode="replicas", outer_momentum=0.0)) == 4
+    streaming = AcrossIslandsSpec(mode="replicas", fragments=2, overlap_steps=1, exchange_dtype="bfloat16")
+    assert outer_bytes(streaming) == 8 + 2 / 2
+    plain, D = cost(8), 4
+    shape = Shape(tensor=1, data=D, pipeline=4, micro_batch=1, micro_batches=8)
+    replica = StageCost(
+        MODEL, replace(shape, outer_shard_bytes=9, outer_communicators=1), plain.place, plain.cfg
+    )
+    assert replica.communicators() == plain.communicators() + 1
+    extra = replica.memory(9) - plain.memory(9)
+    assert extra == pytest.approx(plain.params(9) * 9 / D + NCCL_COMMUNICATOR_BYTES)

@@ -10,44 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from holmes_dev.jobs import holmes_job
 
+from tests.trainer.dryrun_harness import job
 from tests.trainer.trainer_harness import make_layout
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def job(tmp_path: Path, *, pipeline: int, data: int, tensor: int, **training) -> str:
-    spec = {
-        "model": {
-            "layers": 4,
-            "hiddenSize": 64,
-            "attentionHeads": 4,
-            "seqLength": 32,
-            "vocabSize": 128,
-            "tiedEmbeddings": True,
-        },
-        "training": {
-            "globalBatchSize": 2 * 4 * data,
-            "microBatchSize": 2,
-            "iterations": 100,
-            "learningRate": 1.0e-3,
-            "data": {"synthetic": {}},
-            **training,
-        },
-        "parallelism": {
-            "tensor": tensor,
-            "pipeline": pipeline,
-            "data": data,
-            "sequenceParallel": tensor > 1,
-        },
-        "nodes": {"count": pipeline, "gpusPerNode": data * tensor},
-        "template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}},
-    }
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(holmes_job("dry", spec)))
-    return str(path)
 
 
 def dry_run(job_path: str, layout, tmp_path: Path, *args: str) -> tuple[int, dict, str]:

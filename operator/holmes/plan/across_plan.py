@@ -64,9 +64,11 @@ def replica_job(job: JobSpec, replicas: int, per_replica: int) -> JobSpec:
             f"of whole micro-batches of {t.micro_batch_size}: make it a multiple of "
             f"{replicas * t.micro_batch_size}"
         )
+    # mode replicas also for auto: the replica's trainer runs the outer optimizer (its memory)
+    across = replace(t.across_islands, mode="replicas")
     return replace(
         job,
-        training=replace(t, global_batch_size=t.global_batch_size // replicas),
+        training=replace(t, global_batch_size=t.global_batch_size // replicas, across_islands=across),
         nodes=replace(job.nodes, count=per_replica, min_count=None),
         parallelism=replace(job.parallelism, pipeline="auto", data="auto"),
     )

@@ -82,6 +82,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from holmes.contract.flops import ModelCost
+from holmes.contract.jobspec import GRAD_REDUCE_BYTES, AcrossIslandsSpec
 
 from .discovery import NicMapping
 from .topology import Fabric
@@ -95,6 +96,7 @@ SHARD_EXTRA_BYTES = 4 + 1
 # the same number as holmes.trainer.recording.NCCL_COMMUNICATOR_BYTES (tests keep them equal)
 NCCL_COMMUNICATOR_BYTES = 100 * 2**20
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+OUTER_STATE_BYTES = 4  # the replicas' outer optimizer keeps fp32 anchors and momenta (trainer outer.py)
 BACKWARD_WORKING_SETS = 2  # a recomputed layer's working set and its gradients (see memory())
 
 
@@ -203,6 +205,22 @@ class Shape:
     sequence_parallel: bool = False  # the job's parallelism.sequenceParallel
     expert: int = 1  # expert-parallel degree (a mixture of experts; divides data)
     ranks_per_node: int = 1  # GPUs of this job on one node (they share its NICs)
+    outer_shard_bytes: float = 0.0  # replicas: the outer optimizer's per shard parameter (outer_bytes)
+    outer_communicators: int = 0  # replicas: the outer group's communicator
+
+
+def outer_bytes(spec: AcrossIslandsSpec) -> float:
+    """Per parameter of a DP shard, what a replica's outer optimizer holds on the GPU all along
+    (acrossIslands.mode replicas; trainer outer.py, measured by the dry run): the fp32 anchor,
+    the fp32 Nesterov momentum when outerMomentum > 0 and, with overlapSteps, the exchange in
+    flight (one fragment of the shard on the exchange dtype, held across the steps it overlaps,
+    activations' peak included). 0 for a job that is not replicas."""
+    if spec.mode != "replicas":
+        return 0.0
+    held: float = OUTER_STATE_BYTES * (1 + (spec.outer_momentum > 0))
+    if spec.overlap_steps:
+        held += GRAD_REDUCE_BYTES[spec.exchange_dtype] / spec.fragments
+    return held
 
 
 class StageCost:
@@ -313,16 +331,18 @@ class StageCost:
     def communicators(self) -> int:
         """NCCL communicators a GPU of this stage holds: world (the grad norm), dp, tp, the p2p
         group of each boundary it sits on, the tied embedding's group, the expert group and its
-        expert-data-parallel group."""
+        expert-data-parallel group, and a replica's outer group (one replica alone has none: it
+        is counted all the same, 0.1 GiB over)."""
         s, place = self.shape, self.place
         tied = self.model.tied and s.pipeline > 1 and (place.first or place.last)
         experts = (s.expert > 1) + (s.expert > 1 and s.data > s.expert)
-        return 1 + (s.data > 1) + (s.tensor > 1) + (not place.first) + (not place.last) + tied + experts
+        groups = 1 + (s.data > 1) + (s.tensor > 1) + (not place.first) + (not place.last)
+        return groups + tied + experts + s.outer_communicators
 
     def shard_bytes(self) -> float:
         """Per parameter of a distributed-optimizer shard: optimizer state and the extras."""
         cfg = self.cfg
-        shard = cfg.optimizer_bytes + SHARD_EXTRA_BYTES + cfg.param_bytes
+        shard = cfg.optimizer_bytes + SHARD_EXTRA_BYTES + cfg.param_bytes + self.shape.outer_shard_bytes
         # the trainer accumulates into an fp32 gradient buffer whatever dtype it reduces in
         if cfg.grad_bytes != MAIN_GRAD_BYTES and self.shape.data > 1:
             shard += cfg.grad_bytes  # the reduced shard, in the reduce dtype

@@ -49,6 +49,7 @@ from .costmodel import (
     estimate_pipeline,
     fits,
     iteration_seconds,
+    outer_bytes,
     refine_partition,
 )
 from .discovery import NodeNic, classify_nodes, why_unusable
@@ -72,6 +73,13 @@ def for_job(cfg: CostModelConfig, job: JobSpec) -> CostModelConfig:
     if (cfg.activation_recompute, cfg.grad_bytes) == (t.activation_recompute, t.grad_reduce_bytes):
         return cfg
     return replace(cfg, activation_recompute=t.activation_recompute, grad_bytes=t.grad_reduce_bytes)
+
+
+def outer_shape(job: JobSpec) -> tuple[float, int]:
+    """Shape's outer_shard_bytes and outer_communicators: a job that trains as replicas holds
+    the outer optimizer's state and the outer group's communicator on every GPU."""
+    spec = job.training.across_islands
+    return outer_bytes(spec), int(spec.mode == "replicas")
 
 
 # ---- 1. node selection ------------------------------------------------------------------------
@@ -346,7 +354,9 @@ def cost_placement(
     emb_net = ends.net if tied else None
     sp = job.parallelism.sequence_parallel
     E = deg.expert
-    shape = Shape(T, D, P, job.training.micro_batch_size, deg.micro_batches, sp, E, min(R, G))
+    shape = Shape(
+        T, D, P, job.training.micro_batch_size, deg.micro_batches, sp, E, min(R, G), *outer_shape(job)
+    )
     expert_fabric = expert_groups(stage_nodes, E * T, G, cfg)
     if isinstance(expert_fabric, str):
         return f"tensor {T} x pipeline {P} x data {D} x expert {E}: {expert_fabric}"
@@ -476,6 +486,8 @@ def memory_floor_problem(
         deg.micro_batches,
         job.parallelism.sequence_parallel,
         deg.expert,  # experts split over E: with E = 1 the floor would count every expert
+        1,
+        *outer_shape(job),
     )
     middle = StagePlace(index=1, first=False, last=False, dp_gbps=None, p2p_in=0.0, p2p_out=0.0, inflight=1)
     cost = StageCost(model, shape, middle, replace(cfg, gpu_memory_gib=memory_gib))

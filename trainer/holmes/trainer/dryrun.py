@@ -1,6 +1,7 @@
 """The dry run: the real engine, at the job's real scale, on fake CUDA and a fake process group.
 
     python -m holmes.trainer.dryrun --job JOB.yaml --layout LAYOUT.json [--ranks roles|all|0,9,17]
+    python -m holmes.trainer.dryrun --job JOB.yaml --layout layout-0.json layout-1.json   # replicas
     holmes dryrun --job JOB.yaml (--layout LAYOUT.json | --nodes NODES.yaml)
 
 One process plays one rank after another: ``init_process_group("fake")`` makes it rank r of the
@@ -22,15 +23,32 @@ keeps (tensor index), neither of which changes an operator's shape or a collecti
 representatives share the pp, world, p2p and embedding groups, so every group that spans
 stages is compared across its members. ``all`` runs every rank (small worlds, tests).
 
+Replicas (``acrossIslands.mode: replicas``, outer.py): one Layout per replica (the operator's
+``layout-<r>.json``; ``holmes dryrun --nodes`` plans them as the operator does). Each replica is
+a world of its own, run rank after rank as above with its 1/R of globalBatchSize; its ranks are
+numbered after the replicas before it (replica q's rank r is q * worldSize + r, the pods' order)
+and ``roles`` takes the same ranks in every replica. The outer group is a fake group too
+(``outer.OuterGroup.fake``: rank = replica, size = replicas), so the real OuterSync runs: join,
+the delta's all-reduce, fragments, the overlapped exchange settled overlapSteps later, the outer
+Nesterov step. What an outer step issues and holds does not depend on innerSteps, only how often
+it comes: the dry run makes a fragment due every overlapSteps + 2 steps (:func:`outer_config`)
+and runs until one exchange has been sent, landed and been followed by a plain iteration.
+
 Checks (``problems``; any makes the exit status 1):
 
 - every group's collectives are the same sequence (op, dtype, bytes) on every member that ran,
   and every send is met by its peer's receive, in order: no deadlock at the real world size;
-- at most :data:`ALLOWED_STEADY_SYNCS` host syncs in the last (steady-state) iteration: the
-  one documented read of the loss and the global grad norm (engine.py);
+- at most :data:`ALLOWED_STEADY_SYNCS` host syncs in every iteration after the first: the
+  one documented read of the loss and the global grad norm (engine.py); an iteration where the
+  outer optimizer acts may add :data:`ALLOWED_OUTER_SYNCS` (none);
+- no collective on host tensors over a group that is NCCL in a real run (NCCL refuses them);
+- replicas: the fragments tile every master shard and the D shards tile the flat parameters;
+  the outer group carries exactly join's key and one all-reduce of each due fragment (on the
+  exchange dtype), and, by the sequence check, the same on rank r of every replica;
 - every parameter, bucket and shard of the flat buffers starts 256-byte aligned;
 - each stage's peak GPU memory within ``--tolerance`` (10%) of the planner's estimate in the
-  Layout (``estimate.stages[].memoryGiB``), when the Layout carries one.
+  Layout (``estimate.stages[].memoryGiB``), when the Layout carries one; with replicas the outer
+  optimizer's anchor, momentum and exchange buffers count (category ``outer``).
 
 What it cannot run under fake tensors: checkpoint save/load (torch.distributed.checkpoint
 writes real bytes) and evaluation (it reads a token file): both are switched off, and said so
@@ -59,10 +77,11 @@ import torch.distributed as dist  # noqa: E402
 
 from holmes.contract import Layout, nvls  # noqa: E402
 from holmes.contract import pipeline_schedules as sched  # noqa: E402
+from holmes.contract.layout import layout_signature  # noqa: E402
 
 from . import engine as engine_mod  # noqa: E402
 from . import model as model_mod  # noqa: E402
-from . import preempt  # noqa: E402
+from . import outer, preempt  # noqa: E402
 from .config import CheckpointConfig, DataConfig, TrainConfig, schedule_problems  # noqa: E402
 from .dist_optimizer import DistributedOptimizer  # noqa: E402
 from .fakecuda import fake_cuda  # noqa: E402
@@ -72,6 +91,10 @@ from .startup import configure  # noqa: E402
 # One read of the device per iteration is by design: the loss and the global grad norm, which
 # the clipping coefficient and the NaN check need on the host (engine.Trainer.train_step).
 ALLOWED_STEADY_SYNCS = 1
+# An iteration where the outer optimizer acts (replicas, outer.py) reads the device no more: the
+# delta, its all-reduce, the outer step and the republished parameters are all queued on the
+# device, and waiting for the all-reduce (Work.wait) makes NCCL's stream wait, not the host.
+ALLOWED_OUTER_SYNCS = 0
 ALIGN_BYTES = 256
 GIB = 2**30
 
@@ -85,18 +108,21 @@ def role_ranks(layout: Layout) -> list[int]:
     return [s * layout.ranks_per_stage for s in range(layout.pipeline)]
 
 
-def parse_ranks(text: str, layout: Layout) -> list[int]:
+def parse_ranks(text: str, layout: Layout, replicas: int = 1) -> list[int]:
+    """Global ranks: replica q's rank r is q * worldSize + r (one replica: the Layout's ranks)."""
+    W = layout.world_size
     if text == "roles":
-        return role_ranks(layout)
+        return [q * W + r for q in range(replicas) for r in role_ranks(layout)]
     if text == "all":
-        return list(range(layout.world_size))
+        return list(range(replicas * W))
     try:
         ranks = sorted({int(r) for r in text.split(",") if r.strip()})
     except ValueError:
         raise DryRunError(f"--ranks {text!r}: use roles, all, or rank numbers like 0,9,17") from None
-    bad = [r for r in ranks if not 0 <= r < layout.world_size]
+    bad = [r for r in ranks if not 0 <= r < replicas * W]
     if bad or not ranks:
-        raise DryRunError(f"--ranks {text!r}: ranks must be in [0, {layout.world_size})")
+        within = f"{replicas} replicas x {W}" if replicas > 1 else f"{W}"
+        raise DryRunError(f"--ranks {text!r}: ranks must be in [0, {within})")
     return ranks
 
 
@@ -117,6 +143,20 @@ def dry_config(cfg: TrainConfig, iterations: int) -> tuple[TrainConfig, list[str
         data=DataConfig(),
     )
     return cfg, skipped
+
+
+def outer_config(cfg: TrainConfig, iterations: int) -> tuple[TrainConfig, dict[str, Any]]:
+    """Replicas: the outer optimizer's period shortened so that a few iterations reach it.
+    What an outer step issues and holds does not depend on innerSteps (only how often it comes),
+    so the dry run makes each fragment due every overlapSteps + 2 steps: iteration 1 is the
+    start (join), one exchange is sent, lands overlapSteps later (settled) and a plain iteration
+    follows it, the last one run. ``iterations`` grows to reach that when needed."""
+    spec = cfg.across_islands
+    every = spec.overlap_steps + 2
+    run = replace(spec, inner_steps=spec.fragments * every)
+    iterations = max(iterations, every + spec.overlap_steps + 1)
+    note = {"innerSteps": spec.inner_steps, "innerStepsRun": run.inner_steps, "iterationsRun": iterations}
+    return replace(cfg, across_islands=run, iterations=iterations), note
 
 
 # ---- labels: which category a new storage belongs to -----------------------------------------
@@ -195,6 +235,9 @@ def memory_labels(rec: Recorder) -> Iterator[None]:
         stack.enter_context(_patched(DistributedOptimizer, "_launch_reduce", _labelled(rec, "gradients")))
         stack.enter_context(_patched(DistributedOptimizer, "finish_grad_sync", _labelled(rec, "gradients")))
         stack.enter_context(_patched(DistributedOptimizer, "step", _labelled(rec, "optimizer")))
+        # the outer optimizer's anchor and momentum, and the exchange's buffers (replicas)
+        for name in ("__init__", "join", "sync", "send", "settle", "apply"):
+            stack.enter_context(_patched(outer.OuterSync, name, _labelled(rec, "outer")))
         for name in ("_prepare_forward_infra", "_prepare_backward_infra"):
             stack.enter_context(_patched(pp_stage.PipelineStage, name, _labelled(rec, "pipelineBuffers")))
         yield
@@ -247,11 +290,16 @@ def alignment_problems(opt: DistributedOptimizer, rank: int) -> list[str]:
     return out
 
 
-def communicators(trainer: engine_mod.Trainer, calls: list[Collective]) -> list[dict[str, Any]]:
+def communicators(
+    trainer: engine_mod.Trainer, calls: list[Collective], outside: dict[str, tuple[int, ...]] | None = None
+) -> list[dict[str, Any]]:
     """The device communicators this rank's run created: NCCL makes one lazily for each group
     the first time a collective uses it with device tensors, and one per peer for send/recv on
-    a group of more than two ranks. Host (gloo) groups hold no GPU memory and are left out."""
+    a group of more than two ranks. Host (gloo) groups hold no GPU memory and are left out.
+    ``outside``: the outer group over replicas (a communicator of its own, on OUTER_NET)."""
     kinds = {pg.group_name: created for created, pg in trainer.groups.members}
+    for name, ranks in (outside or {}).items():
+        kinds[name] = {"kind": "outer", "size": len(ranks), "net": outer.OUTER_NET}
     world = dist.group.WORLD.group_name
     out: dict[tuple[str, int | None], dict[str, Any]] = {}
     for c in calls:
@@ -270,34 +318,167 @@ def communicators(trainer: engine_mod.Trainer, calls: list[Collective]) -> list[
     return list(out.values())
 
 
-def run_rank(cfg: TrainConfig, layout: Layout, rank: int, buffer_scale: float = 1.0) -> dict[str, Any]:
+def per_phase(syncs: list[Any], iterations: int) -> dict[str, int]:
+    """Host syncs per iteration ("iteration 1" .. "iteration N"), zeros included."""
+    return {
+        f"iteration {i}": sum(1 for h in syncs if h.phase == f"iteration {i}")
+        for i in range(1, iterations + 1)
+    }
+
+
+def host_tensor_problems(rec: Recorder, rank: int) -> list[str]:
+    """Collectives on host tensors over groups that are NCCL in a real run: NCCL takes device
+    tensors only ("Tensors must be CUDA and dense"); the fake group takes anything."""
+    seen: dict[tuple[str, str, str], int] = {}
+    for c in rec.collectives:
+        if c.device == "cpu" and c.name not in rec.host_groups:
+            seen[(c.op, c.dtype, c.name)] = seen.get((c.op, c.dtype, c.name), 0) + 1
+    return [
+        f"rank {rank}: {n} {op} of {dtype} host tensors on group {name} ({_group_kind(name, rec)}), "
+        "which is NCCL on GPUs and takes device tensors only: create the tensor on the device"
+        for (op, dtype, name), n in seen.items()
+    ]
+
+
+def _group_kind(name: str, rec: Recorder) -> str:
+    return "the outer group over replicas" if name in rec.outside_groups else "a device group"
+
+
+def outer_schedule(spec: Any, iterations: int) -> list[int]:
+    """The fragment each outer exchange of iterations 1..N sends, in issue order (outer.py)."""
+    due = [outer.fragment_due(t, spec.inner_steps, spec.fragments) for t in range(1, iterations + 1)]
+    return [f for f in due if f is not None]
+
+
+def outer_events(spec: Any, iterations: int) -> set[int]:
+    """Iterations in which the outer optimizer acts: an exchange sent (or, overlapped, applied)."""
+    sent = [
+        t
+        for t in range(1, iterations + 1)
+        if outer.fragment_due(t, spec.inner_steps, spec.fragments) is not None
+    ]
+    return {t + d for t in sent for d in {0, spec.overlap_steps}} & set(range(1, iterations + 1))
+
+
+def fragment_problems(sync: outer.OuterSync, flat_elements: int, dp: int, rank: int) -> list[str]:
+    """The fragments tile every master shard, in order, without gap or overlap, and the shards
+    of the D data ranks tile the flat parameters: over one cycle of fragments the outer step
+    sees every weight exactly once."""
+    out = []
+    for k, m in enumerate(sync.masters):
+        at = 0
+        for f, per_bucket in enumerate(sync.slices):
+            sl = per_bucket[k]
+            if sl.start != at:
+                out.append(f"rank {rank}: fragment {f} of bucket {k} starts at {sl.start}, not {at}")
+            at = sl.stop
+        if at != m.numel():
+            out.append(f"rank {rank}: the fragments of bucket {k} end at {at} of its {m.numel()} elements")
+    covered = sum(sl.stop - sl.start for per_bucket in sync.slices for sl in per_bucket)
+    if covered * dp != flat_elements:
+        out.append(
+            f"rank {rank}: the fragments cover {covered} elements x {dp} data ranks = {covered * dp}, "
+            f"the flat parameters hold {flat_elements}"
+        )
+    return out
+
+
+def outer_record(
+    sync: outer.OuterSync,
+    opt: DistributedOptimizer,
+    rec: Recorder,
+    layout: Layout,
+    rank: int,
+    iterations: int,
+) -> dict[str, Any]:
+    """What the outer optimizer held and sent, and its checks: the fragments tile the shards,
+    and the outer group saw exactly the exchanges the schedule makes due (join's key, then one
+    all-reduce of each due fragment's delta on the exchange dtype)."""
+    spec, itemsize = sync.spec, sync.exchange_dtype.itemsize
+    fragment_elements = [sum(sl.stop - sl.start for sl in per_bucket) for per_bucket in sync.slices]
+    problems = fragment_problems(sync, opt.param_buffer.numel(), layout.data, rank)
+    name = None if sync.group.pg is None else sync.group.pg.group_name
+    seen = [c.key() for c in rec.collectives if name is not None and c.name == name]
+    expected = []
+    if name is not None:
+        dtype = str(sync.exchange_dtype).replace("torch.", "")
+        expected = [("allreduce_", "int64", 4 * 8)]  # join: iteration, fingerprint (outer.join)
+        expected += [
+            ("allreduce_", dtype, fragment_elements[f] * itemsize) for f in outer_schedule(spec, iterations)
+        ]
+    if seen != expected:
+        problems.append(
+            f"rank {rank}: the outer group saw {len(seen)} collectives ({_keys(seen)}), the outer steps "
+            f"due in {iterations} iterations need {len(expected)} ({_keys(expected)}): an exchange "
+            "went to another group, or a replica's fragments differ"
+        )
+    state = sum(t.numel() * t.element_size() for t in sync.anchors + sync.momenta)
+    return {
+        "replicas": sync.group.size,
+        "innerSteps": spec.inner_steps,
+        "fragments": spec.fragments,
+        "overlapSteps": spec.overlap_steps,
+        "exchangeDtype": spec.exchange_dtype,
+        "outerSteps": sync.outer_steps,
+        "fragmentBytes": [n * itemsize for n in fragment_elements],
+        "bytesPerCycle": sum(fragment_elements) * itemsize,
+        "stateBytes": state,
+        "collectives": len(seen),
+        "problems": problems,
+    }
+
+
+def _keys(keys: list) -> str:
+    shown = ", ".join("/".join(map(str, k)) for k in keys[:4])
+    return shown + (", ..." if len(keys) > 4 else "")
+
+
+def run_rank(
+    cfg: TrainConfig,
+    layout: Layout,
+    rank: int,
+    buffer_scale: float = 1.0,
+    replica: outer.ReplicaPlace | None = None,
+) -> dict[str, Any]:
     """Rank ``rank`` of ``layout`` through ``cfg.iterations`` iterations; JSON-ready.
-    ``buffer_scale``: the job's micro-batches over those run (see :func:`reduce_micro_batches`)."""
+    ``buffer_scale``: the job's micro-batches over those run (see :func:`reduce_micro_batches`).
+    ``replica``: the replica this world is (replicas, outer.py); its ranks are recorded by their
+    global number, replica * worldSize + rank (the pods' order), and its outer group's too."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    rec = Recorder()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
+    W = layout.world_size
+    offset = 0 if replica is None else replica.replica * W
+    rec = Recorder(rank_offset=offset)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=W)
     t0 = time.perf_counter()
     try:
         device = torch.device("cuda", rank % layout.gpus_per_node)
         with fake_cuda(rec.on_host_sync), rec, memory_labels(rec), object_collectives(rec):
             trainer = engine_mod.Trainer(
-                cfg, layout, rank=rank, device=device, backend="fake", host_backend="fake"
+                cfg, layout, rank=rank, device=device, backend="fake", host_backend="fake", replica=replica
             )
+            rec.host_groups.add(trainer.checkpoint_group.group_name)  # gloo in a real run
+            sync = trainer.outer
+            if sync is not None and sync.group.pg is not None:  # the same rank of every replica
+                rec.outside_groups[sync.group.pg.group_name] = tuple(
+                    q * W + rank for q in range(sync.group.size)
+                )
 
             def next_phase(t: engine_mod.Trainer, record: dict) -> None:
                 rec.phase = f"iteration {t.iteration + 1}"
 
             rec.phase = "iteration 1"
             trainer.train(on_iteration=next_phase)
-            aligned = alignment_problems(trainer.opt, rank)
-        comms = communicators(trainer, rec.collectives)
+            aligned = alignment_problems(trainer.opt, offset + rank)
+        comms = communicators(trainer, rec.collectives, rec.outside_groups)
         info = layout.rank_info(rank)
         nvls_choice = rank_nvls(cfg, layout, info.stage)
         peak_by, peak_phase = _peak(rec, len(comms), buffer_scale, nvls_choice.bytes)
         steady = f"iteration {cfg.iterations}"
+        where = {"replica": replica.replica, "localRank": rank} if replica is not None else {}
         return {
-            "rank": rank,
+            "rank": offset + rank,
+            **where,
             "stage": info.stage,
             "dpIndex": info.dp_index,
             "tpIndex": info.tp_index,
@@ -305,6 +486,7 @@ def run_rank(cfg: TrainConfig, layout: Layout, rank: int, buffer_scale: float = 
             "peakBytesBy": peak_by,
             "peakPhase": peak_phase,
             "hostSyncs": sum(1 for h in rec.host_syncs if h.phase == steady),
+            "hostSyncsBy": per_phase(rec.host_syncs, cfg.iterations),
             "hostSyncsWhere": [
                 {"what": h.what, "where": h.where, "phase": h.phase}
                 for h in rec.host_syncs
@@ -316,6 +498,15 @@ def run_rank(cfg: TrainConfig, layout: Layout, rank: int, buffer_scale: float = 
             "collectives": [c.to_json() for c in rec.collectives],
             "seconds": round(time.perf_counter() - t0, 2),
             "alignment": aligned,
+            "hostTensors": host_tensor_problems(rec, offset + rank),
+            "outerIterations": []
+            if sync is None
+            else sorted(outer_events(cfg.across_islands, cfg.iterations)),
+            **(
+                {}
+                if sync is None
+                else {"outer": outer_record(sync, trainer.opt, rec, layout, offset + rank, cfg.iterations)}
+            ),
         }
     finally:
         dist.destroy_process_group()
@@ -394,44 +585,65 @@ def _records(result: dict[str, Any]) -> list[Collective]:
     ]
 
 
-def check(results: list[dict[str, Any]], layout: Layout, iterations: int, tolerance: float) -> dict[str, Any]:
-    """The checks of the module docstring over every rank's record."""
+def check(
+    results: list[dict[str, Any]], layouts: list[Layout], iterations: int, tolerance: float
+) -> dict[str, Any]:
+    """The checks of the module docstring over every rank's record; ``layouts``: one per
+    replica (one for a job that is not replicas)."""
     problems = sequence_problems({r["rank"]: _records(r) for r in results})
     sequences_match = not problems
-    steady = f"iteration {iterations}"
     for r in sorted(results, key=lambda r: r["rank"]):
-        problems += r["alignment"]
-        if r["hostSyncs"] > ALLOWED_STEADY_SYNCS:
-            where = "; ".join(
-                f"{h['what']} at {h['where']}" for h in r["hostSyncsWhere"] if h["phase"] == steady
-            )
-            problems.append(
-                f"rank {r['rank']}: {r['hostSyncs']} host syncs in a steady-state iteration "
-                f"(allowed {ALLOWED_STEADY_SYNCS}): {where}"
-            )
-    planned = planned_stage_bytes(layout)
+        problems += r["alignment"] + r["hostTensors"] + r.get("outer", {}).get("problems", [])
+        problems += host_sync_problems(r, iterations)
     stages = []
-    for s in range(layout.pipeline):
-        mine = [r for r in results if r["stage"] == s]
-        if not mine:
-            continue
-        top = max(mine, key=lambda r: r["peakBytes"])
-        row: dict[str, Any] = {
-            "stage": s,
-            "dryRunPeakGiB": round(top["peakBytes"] / GIB, 3),
-            "dryRunPeakGiBBy": {k: round(v / GIB, 3) for k, v in top["peakBytesBy"].items()},
-            "communicators": top["communicators"],
-        }
-        if s in planned:
-            ratio = planned[s] / top["peakBytes"]
-            row.update(plannedGiB=round(planned[s] / GIB, 3), plannedOverDryRun=round(ratio, 3))
-            if abs(ratio - 1) > tolerance:
-                problems.append(
-                    f"stage {s}: the planner estimates {planned[s] / GIB:.2f} GiB per GPU, the dry run "
-                    f"peaks at {top['peakBytes'] / GIB:.2f} GiB ({ratio - 1:+.0%}, beyond ±{tolerance:.0%})"
-                )
-        stages.append(row)
+    for q, layout in enumerate(layouts):
+        planned = planned_stage_bytes(layout)
+        for s in range(layout.pipeline):
+            mine = [r for r in results if r["stage"] == s and r.get("replica", 0) == q]
+            if not mine:
+                continue
+            top = max(mine, key=lambda r: r["peakBytes"])
+            outer_bytes = top["peakBytesBy"].get("outer", 0)
+            row: dict[str, Any] = {
+                **({"replica": q} if len(layouts) > 1 else {}),
+                "stage": s,
+                "dryRunPeakGiB": round(top["peakBytes"] / GIB, 3),
+                "dryRunPeakGiBBy": {k: round(v / GIB, 3) for k, v in top["peakBytesBy"].items()},
+                "communicators": top["communicators"],
+            }
+            if outer_bytes:  # the same moment's peak without the outer optimizer's share
+                row["withoutOuterGiB"] = round((top["peakBytes"] - outer_bytes) / GIB, 3)
+            if s in planned:
+                ratio = planned[s] / top["peakBytes"]
+                row.update(plannedGiB=round(planned[s] / GIB, 3), plannedOverDryRun=round(ratio, 3))
+                if abs(ratio - 1) > tolerance:
+                    where = f"replica {q} " if len(layouts) > 1 else ""
+                    peak = top["peakBytes"] / GIB
+                    problems.append(
+                        f"{where}stage {s}: the planner estimates {planned[s] / GIB:.2f} GiB per GPU, "
+                        f"the dry run peaks at {peak:.2f} GiB ({ratio - 1:+.0%}, beyond ±{tolerance:.0%})"
+                    )
+            stages.append(row)
     return {"stages": stages, "sequencesMatch": sequences_match, "problems": problems}
+
+
+def host_sync_problems(r: dict[str, Any], iterations: int) -> list[str]:
+    """Iterations 2..N (1 starts up): ALLOWED_STEADY_SYNCS each, ALLOWED_OUTER_SYNCS more in
+    one where the outer optimizer acts."""
+    out = []
+    acting = set(r.get("outerIterations", []))
+    for i in range(2, iterations + 1):
+        phase = f"iteration {i}"
+        n = r["hostSyncsBy"].get(phase, 0)
+        allowed = ALLOWED_STEADY_SYNCS + (ALLOWED_OUTER_SYNCS if i in acting else 0)
+        if n > allowed:
+            where = "; ".join(
+                f"{h['what']} at {h['where']}" for h in r["hostSyncsWhere"] if h["phase"] == phase
+            )
+            kind = "an outer-step" if i in acting else "a steady-state"
+            problems = f"rank {r['rank']}: {n} host syncs in {kind} iteration ({phase}, allowed {allowed}): "
+            out.append(problems + where)
+    return out
 
 
 def _run_workers(argv: list[str], ranks: list[int], jobs: int) -> list[dict[str, Any]]:
@@ -486,7 +698,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--job", required=True, help="HolmesJob manifest (YAML) or its spec")
-    ap.add_argument("--layout", required=True, help="Layout JSON written by the planner (holmes plan --json)")
+    ap.add_argument(
+        "--layout",
+        required=True,
+        nargs="+",
+        help="Layout JSON written by the planner (holmes plan --json); several: one per replica, "
+        "in replica order (acrossIslands.mode replicas: the operator's layout-<r>.json)",
+    )
     ap.add_argument("--ranks", default="roles", help="roles (one per stage, default) | all | 0,9,17")
     ap.add_argument("--iterations", type=int, default=2, help="iterations to run (>= 2; default 2)")
     ap.add_argument(
@@ -503,6 +721,66 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def load_replicas(
+    job: str, layout_paths: list[str], overrides: dict[str, Any]
+) -> tuple[TrainConfig, list[Layout]]:
+    """The job's configuration and one Layout per replica (one path: no replicas). Replicas
+    share the job's globalBatchSize (each runs its 1/R, as the operator gives it) and pair
+    their optimizer shards rank by rank, so their Layouts must have one signature."""
+    R = len(layout_paths)
+    if R == 1:
+        cfg, layout = configure(job, layout_paths[0], training=True, **overrides)
+        return cfg, [layout]
+    whole, _ = configure(job, layout_paths[0], training=False, **overrides)
+    mode = whole.across_islands.mode
+    if mode == "pipeline":
+        raise DryRunError(
+            f"{R} layouts are {R} replicas, but spec.training.acrossIslands.mode is pipeline: set it "
+            "to replicas (or auto), or give one layout"
+        )
+    if whole.global_batch_size % R:
+        raise DryRunError(
+            f"spec.training.globalBatchSize {whole.global_batch_size} does not split into {R} replicas: "
+            f"make it a multiple of {R} x microBatchSize"
+        )
+    share = {**overrides, "global_batch_size": whole.global_batch_size // R}
+    found = [configure(job, p, training=True, **share) for p in layout_paths]
+    layouts = [lay for _, lay in found]
+    first = layout_signature(layouts[0])
+    for q, lay in enumerate(layouts[1:], 1):
+        if layout_signature(lay) != first:
+            raise DryRunError(
+                f"the layout of replica {q} ({layout_paths[q]}) differs from replica 0's in "
+                f"{', '.join(k for k in first if layout_signature(lay).get(k) != first[k])}: replicas "
+                "pair their optimizer shards rank by rank, so plan them alike (the operator refuses them too)"
+            )
+    return found[0][0], layouts
+
+
+def is_replicas(cfg: TrainConfig, replicas: int) -> bool:
+    """Whether the trainer runs the outer optimizer (engine.replicas_of): several replicas, or
+    mode replicas on one (its outer steps on itself)."""
+    return replicas > 1 or cfg.across_islands.mode == "replicas"
+
+
+def outer_summary(results: list[dict[str, Any]], note: dict[str, Any]) -> dict[str, Any]:
+    """The outer optimizer across the ranks run: the most any rank sends per outer step and per
+    cycle of fragments, and holds as state."""
+    mine = [r["outer"] for r in results if "outer" in r]
+    if not mine:
+        return {}
+    first = mine[0]
+    keys = ("replicas", "fragments", "overlapSteps", "exchangeDtype")
+    return {
+        **{k: first[k] for k in keys},
+        **note,
+        "bytesPerOuterStep": max(max(o["fragmentBytes"]) for o in mine),
+        "bytesPerCycle": max(o["bytesPerCycle"] for o in mine),
+        "stateBytes": max(o["stateBytes"] for o in mine),
+        "outerStepsRun": min(o["outerSteps"] for o in mine),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -513,20 +791,30 @@ def main(argv: list[str] | None = None) -> int:
         overrides: dict[str, Any] = {"dtype": "bfloat16", "pipeline_schedule": args.pipeline_schedule}
         if args.bucket_elements:
             overrides["bucket_elements"] = args.bucket_elements
-        job_cfg, layout = configure(args.job, args.layout, training=True, **overrides)
+        job_cfg, layouts = load_replicas(args.job, args.layout, overrides)
+        layout, R = layouts[0], len(layouts)
         cfg, skipped = dry_config(job_cfg, args.iterations)
-        ranks = parse_ranks(args.ranks, layout)
+        note: dict[str, Any] = {}
+        if is_replicas(cfg, R):
+            cfg, note = outer_config(cfg, cfg.iterations)
+        ranks = parse_ranks(args.ranks, layout, R)
         mb = args.micro_batches
         if mb not in ("auto", "all") and not (mb.isdigit() and int(mb) > 0):
             raise DryRunError(f"--micro-batches {mb!r}: use auto, all or a positive number")
         run = layout.micro_batches if mb == "all" else (None if mb == "auto" else int(mb))
         cfg, run_layout = reduce_micro_batches(cfg, layout, run)
+        run_layouts = [replace(lay, micro_batches=run_layout.micro_batches) for lay in layouts]
     except (OSError, ValueError) as e:
         print(f"holmes dryrun: {e}", file=sys.stderr)
         return 2
     scale = layout.micro_batches / run_layout.micro_batches
+    W = layout.world_size
     if args.worker or args.jobs <= 1:
-        results = [run_rank(cfg, run_layout, r, scale) for r in ranks]
+        results = []
+        for g in ranks:
+            q = g // W
+            place = outer.ReplicaPlace(q, R, "", 0) if R > 1 else None
+            results.append(run_rank(cfg, run_layouts[q], g % W, scale, place))
         if args.worker:
             print(json.dumps(results))
             return 0
@@ -535,14 +823,16 @@ def main(argv: list[str] | None = None) -> int:
             _without(_without(argv, "--ranks"), "--jobs"), ranks, min(args.jobs, len(ranks))
         )
     out: dict[str, Any] = {
-        "worldSize": layout.world_size,
+        "worldSize": W,
+        **({"replicas": R} if R > 1 else {}),
         "ranksRun": ranks,
         "iterations": cfg.iterations,
         "microBatches": layout.micro_batches,
         "microBatchesRun": run_layout.micro_batches,
         "dtype": cfg.dtype,
         "skipped": skipped + ["parameter initialisation (values: fake tensors hold none)"],
-        **check(results, layout, cfg.iterations, args.tolerance),
+        **({"outer": outer_summary(results, note)} if note else {}),
+        **check(results, layouts, cfg.iterations, args.tolerance),
         "ranks": results,
         "seconds": round(time.perf_counter() - t0, 2),
     }

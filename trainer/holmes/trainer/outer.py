@@ -108,6 +108,8 @@ class OuterGroup:
         cls, place: ReplicaPlace, local_rank: int, local_world: int, backend: str, timeout_s: float
     ) -> OuterGroup:
         """Collective over the replicas: rank ``local_rank`` of this replica joins its outer group."""
+        if backend == "fake":  # the dry run (dryrun.py): no store, no peers
+            return cls.fake(place, local_rank)
         timeout = timedelta(seconds=timeout_s)
         is_server = place.replica == 0 and local_rank == 0
         store = dist.TCPStore(
@@ -124,6 +126,22 @@ class OuterGroup:
         group = cls(pg, place.replica, place.replicas)
         group.store = store  # the server must outlive every client's use of it
         return group
+
+    @classmethod
+    def fake(cls, place: ReplicaPlace, local_rank: int) -> OuterGroup:
+        """The outer group of the dry run: torch's fake backend (every collective returns at
+        once, moving nothing) as replica ``place.replica`` of ``place.replicas``. It sits in a
+        ProcessGroup, so its collectives go through the c10d operators the dry run's recorder
+        sees; connect's real backends are called directly, with the same methods and options."""
+        from torch._C._distributed_c10d import FakeProcessGroup
+
+        backend = FakeProcessGroup._create_internal(place.replica, place.replicas)
+        pg = dist.ProcessGroup(dist.HashStore(), place.replica, place.replicas)
+        for device in ("cpu", "cuda"):  # the recorder, not the fake, judges where tensors are
+            pg._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, backend)
+        pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        pg._set_group_name(f"holmes-outer/{local_rank}")
+        return cls(pg, place.replica, place.replicas)
 
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None:
         opts = dist.AllreduceOptions()
@@ -358,28 +376,34 @@ class OuterSync:
         Replicas must run the same layout (``signature``): their shards pair rank by rank."""
         R, r = self.group.size, self.group.rank
         fp = fingerprint(signature)
-        key = torch.tensor([iteration * R + (R - 1 - r), -iteration, fp, -fp], dtype=torch.int64)
+        # on the masters' device: NCCL takes device tensors only (a host tensor fails there)
+        device = self.masters[0].device if self.masters else torch.device("cpu")
+        key = torch.tensor(
+            [iteration * R + (R - 1 - r), -iteration, fp, -fp], dtype=torch.int64, device=device
+        )
         self.group.all_reduce(key, dist.ReduceOp.MAX)
-        if int(key[2]) != -int(key[3]):
+        host = key.cpu()  # one read of the device; the questions below are asked on the host
+        if not bool(host[2] == -host[3]):
             raise ReplicaError(
                 f"replica {r} runs layout {dict(signature)} and another replica a different one: "
                 "replicas pair their optimizer shards rank by rank, so every replica needs the same "
                 "pipeline, data, tensor, stage split and micro-batches; plan them alike"
             )
-        best, lowest = int(key[0]), -int(key[1])
+        best = int(host[0])
         source, newest = R - 1 - best % R, best // R
         every = self.spec.inner_steps // self.spec.fragments
         self.outer_steps = newest // every
-        if newest == lowest:
+        if bool(host[0] // R == -host[1]):  # the newest iteration is the lowest: all stand alike
             return iteration
         self.opt.wait_param_gathers()
         for t in self.anchors + self.momenta:
             self.group.broadcast(t, source)
         # the source's overlapped exchange whose mix is still due (settled: nothing in flight at start)
         f = self.in_flight
-        due = torch.tensor([-1] * 3 if f is None else [f.fragment, f.sent_at, f.apply_at], dtype=torch.int64)
+        marker = [-1] * 3 if f is None else [f.fragment, f.sent_at, f.apply_at]
+        due = torch.tensor(marker, dtype=torch.int64, device=device)
         self.group.broadcast(due, source)
-        fragment, sent_at, apply_at = (int(x) for x in due)
+        fragment, sent_at, apply_at = (int(x) for x in due.cpu())
         self.in_flight = None if fragment < 0 else InFlight(fragment, sent_at, apply_at)
         for a, m in zip(self.anchors, self.masters):
             m.copy_(a)

@@ -5,7 +5,10 @@ torch.distributed.pipelining run reaches it, so nothing escapes by calling a dif
 function. From that stream it keeps
 
 - **collectives and p2p**: every ``c10d`` operator (all-reduce, reduce-scatter, all-gather,
-  send, recv, ...) with its group's global ranks, dtype and bytes, in issue order;
+  send, recv, ...) with its group's global ranks, dtype and bytes, in issue order. A replica's
+  ranks are numbered after the replicas before it (``rank_offset``, the pods' order), and a group
+  outside the replica's world (the outer group over replicas, outer.py) is named to the recorder
+  with its ranks (``outside_groups``);
 - **host syncs**: operators that make the host wait for the device: ``_local_scalar_dense``
   (``.item()``, ``float(t)``), ``nonzero``, and copies between host and device that block:
   device to host unless ``non_blocking``; host to device unless ``non_blocking`` *and* from
@@ -39,7 +42,16 @@ from .fakecuda import python_location
 # direction for its ring/tree channels, plus proxy and work FIFOs; about 100 MiB for 8-64 ranks.
 # A model, not a measurement: operator/holmes/plan/costmodel.py uses the same number.
 NCCL_COMMUNICATOR_BYTES = 100 * 2**20
-CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "pipelineBuffers", "communication")
+# outer: the replicas' outer optimizer (outer.py): anchor, momentum and the exchange's buffers
+CATEGORIES = (
+    "parameters",
+    "gradients",
+    "optimizer",
+    "outer",
+    "activations",
+    "pipelineBuffers",
+    "communication",
+)
 
 aten = torch.ops.aten
 _SCALAR = aten._local_scalar_dense.default
@@ -95,21 +107,11 @@ def _tensors(x: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
 
 
-def _group(arg: Any) -> tuple[tuple[int, ...], str] | None:
-    """(global ranks, name) of a c10d operator's process-group argument."""
-    if isinstance(arg, torch.ScriptObject):
-        try:
-            arg = dist.ProcessGroup.unbox(arg)
-        except Exception:
-            return None
-    if isinstance(arg, dist.ProcessGroup):
-        return tuple(dist.get_process_group_ranks(arg)), arg.group_name
-    return None
-
-
 class Recorder(TorchDispatchMode):
-    def __init__(self) -> None:
+    def __init__(self, rank_offset: int = 0) -> None:
         super().__init__()
+        self.rank_offset = rank_offset  # global rank of this world's rank 0 (a replica's first)
+        self.outside_groups: dict[str, tuple[int, ...]] = {}  # name -> global ranks
         self.collectives: list[Collective] = []
         self.host_syncs: list[HostSync] = []
         self.memory = Memory()
@@ -217,6 +219,20 @@ class Recorder(TorchDispatchMode):
         self._track(out)
         return out
 
+    def _group(self, arg: Any) -> tuple[tuple[int, ...], str] | None:
+        """(global ranks, name) of a c10d operator's process-group argument."""
+        if isinstance(arg, torch.ScriptObject):
+            try:
+                arg = dist.ProcessGroup.unbox(arg)
+            except Exception:
+                return None
+        if not isinstance(arg, dist.ProcessGroup):
+            return None
+        name = arg.group_name
+        if name in self.outside_groups:
+            return self.outside_groups[name], name
+        return tuple(self.rank_offset + r for r in dist.get_process_group_ranks(arg)), name
+
     def _copy(self, func: Any, args: tuple, kwargs: dict) -> None:
         if func is aten.copy_.default:
             dst, src = args[0], args[1]
@@ -239,7 +255,7 @@ class Recorder(TorchDispatchMode):
 
     def _collective(self, func: Any, args: tuple) -> None:
         op = func._schema.name.split("::")[-1]
-        group, name = next((g for g in map(_group, args) if g is not None), ((), ""))
+        group, name = next((g for g in map(self._group, args) if g is not None), ((), ""))
         tensors = _tensors(args[0]) if args else []
         if op in ("_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_"):
             tensors = _tensors(args[1])  # the input: what each rank puts on the wire
