@@ -24,10 +24,13 @@ def program(rule: str) -> Any:
 
 
 def with_defaults(schema: dict, value: Any) -> Any:
-    """``value`` with the schema's defaults filled in, as the API server defaults a request."""
+    """``value`` with the schema's defaults filled in, as the API server defaults a request: an
+    explicit null of a field that is not ``nullable`` is dropped first, then defaulted."""
     value = copy.deepcopy(value)
     if isinstance(value, dict):
         for key, sub in (schema.get("properties") or {}).items():
+            if key in value and value[key] is None and not sub.get("nullable"):
+                del value[key]
             if key not in value and "default" in sub:
                 value[key] = copy.deepcopy(sub["default"])
             if key in value:

@@ -211,3 +211,9 @@ def test_the_chart_leaves_the_rules_out_when_told():
         "templates/crds.yaml",
     ).stdout
     assert RULES not in out and "openAPIV3Schema" in out
+
+
+def test_an_explicit_null_is_dropped_and_defaulted_before_the_rules_run():
+    # the API server prunes a null of a field that is not nullable, then defaults it: the rule on
+    # parallelism.tensor sees 1, not null (found by the seeded mutations above)
+    assert admit(SCHEMA, job(minimal_spec(parallelism={"tensor": None}))) == []
