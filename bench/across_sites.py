@@ -29,9 +29,10 @@ got there.
 
 The planner's pick (holmes.plan.across) prices both modes from a replica's iteration measured
 here (the median over the fast link's replica iterations without an outer step), the link's
-bandwidth and latency and the model's bytes, with the replicas' convergence (tokens to the
-target relative to the pipeline, each at its best learning rate) taken from these runs; its
-predicted seconds per iteration are printed beside the measured ones.
+bandwidth, latency and tbf bucket and the model's bytes (the pipeline by simulating 1F1B's order
+over the link), with the replicas' convergence (tokens to the target relative to the pipeline,
+each at its best learning rate) taken from these runs; its predicted seconds per iteration are
+printed beside the measured ones. The crossovers are for a line (no bucket).
 The last line is one JSON object.
 """
 
@@ -323,6 +324,16 @@ def steady_s(run: Run) -> float:
     return sum(r["iterationSeconds"] for r in c) / len(c)
 
 
+def emulated_links(a: argparse.Namespace) -> dict[str, across.Link]:
+    """The links as the fabric makes them: the slow one's delay line and the fast veth's none
+    (one-way latency), and tbf's token bucket on both (fabric_netns.tbf_burst_bytes: 256 KiB at
+    3 Mbit/s, 0.7 s of line rate, which the pipeline's 1F1B loop refills while it idles)."""
+    return {
+        "slow": across.Link(a.slow_mbit / 1000, a.slow_delay_ms / 1000, fab.tbf_burst_bytes(a.slow_mbit)),
+        "fast": across.Link(a.fast_mbit / 1000, 0.0, fab.tbf_burst_bytes(a.fast_mbit)),
+    }
+
+
 def predicted_s(work: across.AcrossWork, link: across.Link, run: Run) -> float:
     if run.mode == "pipeline":
         return across.pipeline_iteration_s(work, link)
@@ -510,10 +521,7 @@ def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
     # the planner's compute rate: a replica's iteration measured on the fast link (no exchange)
     compute_s = replica_compute_s([r for r in chosen if r.link == "fast"])
     work = planner_inputs(a, compute_s)
-    links = {  # one-way latency, as the fabric has it: the slow link's delay line, the fast veth's none
-        "slow": across.Link(a.slow_mbit / 1000, a.slow_delay_ms / 1000),
-        "fast": across.Link(a.fast_mbit / 1000, 0.0),
-    }
+    links = emulated_links(a)
     print(
         f"\n{'link':5} {'case':15} {'lr':>6} {'ms/it':>7} {'predicted':>9} {'its to loss':>11} "
         f"{'tokens to loss':>14} {'s to loss':>9}"

@@ -1,5 +1,7 @@
 """holmes.plan.across: pipeline across a link against replicas that meet over it."""
 
+from dataclasses import replace
+
 import pytest
 
 from holmes.plan import across
@@ -20,10 +22,46 @@ def test_a_fast_link_leaves_the_pipeline_its_compute_and_its_fill():
     assert t == pytest.approx(0.2 * (8 + 1) / 8, rel=1e-3)
 
 
-def test_a_slow_link_makes_the_pipeline_wait_for_every_micro_batch():
-    link = Link(0.02, latency_s=0.02)
-    x = link.seconds(WORK.activation_bytes)
-    assert pipeline_iteration_s(WORK, link) == pytest.approx(8 * x + (0.2 / 8 + 2 * x))
+# The pipeline below: P = 2 stages, M = 8 micro-batches, c = 0.2 x 2 / 2 / 8 = 25 ms per stage and
+# micro-batch (F c/3, B 2c/3); a crossing of 64 KiB at 0.02 Gbit/s takes S = 26.2 ms on the line.
+C, S = 0.025, 2 * 64 * 128 * 4 * 8 / 0.02e9
+
+
+def test_on_a_line_1f1b_pays_the_latency_once_per_micro_batch():
+    # 1F1B holds P = 2 micro-batches in flight: forward m + 2 waits for gradient m, a round trip
+    # (2 latencies) per 2 micro-batches, so the link's latency is paid M times, not overlapped
+    for latency in (0.02, 0.1):
+        assert pipeline_iteration_s(WORK, Link(1e6, latency)) == pytest.approx(9 * C + 8 * latency)
+
+
+def test_gpipe_sends_every_activation_at_once_and_pays_the_latency_once_each_way():
+    # all forwards, then all backwards: the 8 activations queue on the line (8 S) and travel
+    # together (one latency), then the 8 gradients the same way back; the ends are compute
+    gp = replace(WORK, schedule="GPipe")
+    assert pipeline_iteration_s(gp, Link(0.02, 0.02)) == pytest.approx(2 * C + 16 * S + 2 * 0.02)
+
+
+def test_a_shaped_link_with_a_deep_bucket_runs_at_its_rate_and_hides_the_latency():
+    # at 3 Mbit/s (the bench's slow link) a crossing takes 175 ms, longer than 1F1B's loop
+    # without it (latency + c): a tbf-like bucket refills while the loop leaves the link idle, so
+    # iteration after iteration the link sends at its rate, M crossings each way in M S3
+    s3 = S * 0.02 / 0.003
+    shaped = Link(0.003, 0.02, burst_bytes=1e6)
+    assert pipeline_iteration_s(WORK, shaped) == pytest.approx(8 * s3, rel=1e-6)
+    # on a line the loop's idle is lost: each micro-batch waits S3 + latency + c (as the bench's
+    # slow link would without tbf's bucket)
+    assert pipeline_iteration_s(WORK, Link(0.003, 0.02)) > 8 * (s3 + 0.02 + C)
+    # the closed form this replaced, max(M c, M x) + (P - 1)(c + 2x) with x = latency + S3, is
+    # over 1.4x the shaped link's
+    x = 0.02 + s3
+    assert (8 * x + C + 2 * x) / pipeline_iteration_s(WORK, shaped) > 1.4
+
+
+def test_a_schedule_without_a_torch_free_order_is_refused_by_name():
+    with pytest.raises(ValueError, match="AcrossWork.schedule 'Interleaved1F1B'.*1F1B and GPipe"):
+        pipeline_iteration_s(replace(WORK, schedule="Interleaved1F1B"), Link(1.0))
+    with pytest.raises(ValueError, match="AcrossWork.stages 1 must be >= 2"):
+        pipeline_iteration_s(replace(WORK, stages=1), Link(1.0))
 
 
 def test_the_exchange_sends_the_model_once_per_replica_pair_and_pays_latency_per_fragment():
