@@ -32,7 +32,7 @@ here (the median over the fast link's replica iterations without an outer step),
 bandwidth, latency and tbf bucket and the model's bytes (the pipeline by simulating 1F1B's order
 over the link), with the replicas' convergence (tokens to the target relative to the pipeline,
 each at its best learning rate) taken from these runs; its predicted seconds per iteration are
-printed beside the measured ones. The crossovers are for a line (no bucket).
+printed beside the measured ones.
 The last line is one JSON object.
 """
 
@@ -568,11 +568,15 @@ def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
         picks[link] = choice.pick
         print(f"planner, {link} link (H={h}): {choice.why}")
     h = best_h["slow"]  # the H replicas run at on a slow link: the crossover is where that stops paying
-    # the link speed where the pipeline starts to win: without delay (the fast veth's 0 ms; the slow
-    # link's rate is set relative to it) and at the slow link's delay, where the pipeline's
-    # per-micro-batch crossings may lose at any speed (None)
+    # the link speed where the pipeline starts to win, on the slow link's shaper (its tbf bucket):
+    # without delay (the fast veth's 0 ms; the slow link's rate is set relative to it) and at the
+    # slow link's delay, where 1F1B's loop pays the latency per micro-batch once the bucket keeps
+    # up, and the pipeline may lose at any speed (None)
+    burst = fab.tbf_burst_bytes(a.slow_mbit)
     cross, cross_delayed = (
-        across.crossover_gbps(work, latency_s, h, ratios[h]) if not math.isinf(ratios[h]) else None
+        across.crossover_gbps(work, latency_s, h, ratios[h], burst_bytes=burst)
+        if not math.isinf(ratios[h])
+        else None
         for latency_s in (0.0, a.slow_delay_ms / 1000)
     )
     best_early = best_lrs(early)

@@ -137,8 +137,9 @@ def test_the_summary_races_each_case_at_its_best_rate_and_finds_the_crossover_at
     # at H=20, the slow link's pick: at H=5 (as few tokens, its exchange 4x as often) the pipeline
     # wins at both ends of the range and no crossover is found
     assert out["crossoverInnerSteps"] == 20 and 3 < out["predictedCrossoverMbit"] < 5000
-    # at the slow link's 20 ms the pipeline's 8 crossings per iteration (160 ms) outlast a replica's
-    # 110 ms of compute times 1.59 (175 ms) at any bandwidth: no crossover
+    # at the slow link's 20 ms 1F1B's loop (2 micro-batches in flight) pays the latency once per
+    # micro-batch, 160 ms per iteration, which outlasts a replica's 110 ms of compute times 1.59
+    # (175 ms) at any bandwidth: no crossover
     assert a.slow_delay_ms == 20 and out["predictedCrossoverMbitAtSlowDelay"] is None
     zero = bench.build_parser().parse_args(
         ["--smooth", "1", "--lrs", "1e-3", "2e-3", "--inner-steps", "5", "20", "--slow-delay-ms", "0"]

@@ -105,3 +105,13 @@ def test_the_measured_assumption_keeps_the_pipeline_on_a_fast_link_and_not_on_a_
     assert "best learning rate" in text
     assert choose(WORK, Link(5.0), 20, ratio).pick == "pipeline"
     assert choose(WORK, Link(0.003), 20, ratio).pick == "replicas"
+
+
+def test_a_shaped_links_bucket_moves_the_crossover_down():
+    # the bucket lets 1F1B's pipeline run at the link's rate where a line makes each micro-batch
+    # wait its crossing, a latency and a stage: the pipeline wins on a slower shaped link
+    line = crossover_gbps(WORK, 0.0, inner_steps=20, tokens_ratio=1.2)
+    shaped = crossover_gbps(WORK, 0.0, inner_steps=20, tokens_ratio=1.2, burst_bytes=256 * 1024)
+    assert line is not None and shaped is not None and shaped < line
+    assert choose(WORK, Link(shaped * 1.1, 0.0, 256 * 1024), 20, 1.2).pick == "pipeline"
+    assert choose(WORK, Link(shaped * 1.1), 20, 1.2).pick == "replicas"

@@ -158,13 +158,20 @@ def choose(
 
 
 def crossover_gbps(
-    w: AcrossWork, latency_s: float, inner_steps: int, tokens_ratio: float, lo: float = 1e-4, hi: float = 1e4
+    w: AcrossWork,
+    latency_s: float,
+    inner_steps: int,
+    tokens_ratio: float,
+    lo: float = 1e-4,
+    hi: float = 1e4,
+    burst_bytes: float = 0.0,
 ) -> float | None:
     """The link speed above which the pipeline is faster per token (bisection on a log scale);
-    None when one mode wins over the whole range. The link is a line (no shaper's bucket)."""
+    None when one mode wins over the whole range. ``burst_bytes``: the link's shaper bucket
+    (Link.burst_bytes; 0, a line)."""
 
     def pipeline_wins(gbps: float) -> bool:
-        return choose(w, Link(gbps, latency_s), inner_steps, tokens_ratio).pick == "pipeline"
+        return choose(w, Link(gbps, latency_s, burst_bytes), inner_steps, tokens_ratio).pick == "pipeline"
 
     if pipeline_wins(lo) == pipeline_wins(hi):
         return None
