@@ -406,6 +406,29 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.9)
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument(
+        "--link-check",
+        action="store_true",
+        help="only the pipeline on the slow link, without and with its delay, on tbf's bucket and on "
+        "a line (--line-burst-bytes, a queue of --line-queue-ms): measured ms/iteration against "
+        "the simulation's, at --lrs' first rate for --iterations",
+    )
+    ap.add_argument(
+        "--shapers",
+        nargs="+",
+        choices=LINK_SHAPERS,
+        default=list(LINK_SHAPERS),
+        help="--link-check: the slow link's shapers to run (link_check says what each is)",
+    )
+    ap.add_argument(
+        "--line-burst-bytes", type=int, default=3028, help="--link-check: the line's bucket (2 frames)"
+    )
+    ap.add_argument(
+        "--line-queue-ms",
+        type=float,
+        default=3000,
+        help="--link-check: the line's queue, long enough for an iteration's crossings (no drops)",
+    )
     return ap
 
 
@@ -442,6 +465,11 @@ def main(argv: list[str] | None = None) -> int:
             # groups named for this process, none swept: other benches may be running theirs
             budgets = {cpu_group(i): a.cores for i in "ab"} | {cpu_group("link"): a.link_cores}
             limits = cpu_limit.CpuLimits.create(budgets, sweep=False)
+            if a.link_check:
+                result = link_check(a, spec, workdir, data, limits)
+                shutil.rmtree(workdir, ignore_errors=True)
+                print(json.dumps(result, separators=(",", ":")))
+                return 0 if "error" not in result else 1
             for link in ("fast", "slow"):
                 if link == "fast":  # a plain veth: a Python delay line cannot carry Gbit/s
                     fab.set_trunk(a.fast_mbit, delay_ms=0)
@@ -488,6 +516,78 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(workdir, ignore_errors=True)  # kept above, with the logs, when a case failed
     print(json.dumps(result, separators=(",", ":")))
     return 0
+
+
+LINK_SHAPERS = ("bucket", "line", "line-warm")
+
+
+def link_check(a: argparse.Namespace, spec, workdir: str, data: str, limits) -> dict[str, Any]:
+    """--link-check: the pipeline alone on the slow link at 0 ms and at its delay, on each of
+    --shapers: "bucket", tbf as the full bench runs it; "line", a bucket of two frames and a queue
+    that holds an iteration's crossings; "line-warm", that line with TCP's slow start after idle
+    off in the nodes' namespaces (net.ipv4.tcp_slow_start_after_idle=0: a connection keeps its
+    window between messages). Each against holmes.plan.across's simulation told the same link
+    and the compute rank 0 measured (its stage's forward and backward per iteration: a replica's
+    iteration in the planner's terms, the same layers on the same batch)."""
+    in_link_group = functools.partial(limits.wrap, cpu_group("link"))
+    out: dict[str, Any] = {"slowMbit": a.slow_mbit, "iterations": a.iterations, "cases": []}
+    for shaper in a.shapers:  # "line-warm" changes the namespaces for good: keep it last
+        bucket = shaper == "bucket"
+        burst = fab.tbf_burst_bytes(a.slow_mbit) if bucket else a.line_burst_bytes
+        queue = 50.0 if bucket else a.line_queue_ms
+        if shaper == "line-warm":
+            for node in spec.nodes:
+                fab.run(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        node.netns,
+                        "sysctl",
+                        "-qw",
+                        "net.ipv4.tcp_slow_start_after_idle=0",
+                    ]
+                )
+        for delay in (0.0, a.slow_delay_ms):
+            fab.set_trunk(a.slow_mbit, delay, in_link_group, burst, queue)
+            run = Run("slow", "pipeline", 0, a.lrs[0])
+            print(
+                f">> link check: {delay:g} ms, {shaper} ({burst} B bucket, {queue:g} ms queue)",
+                file=sys.stderr,
+                flush=True,
+            )
+            launch(a, spec, run, os.path.join(workdir, f"{shaper}-{delay:g}"), data, limits)
+            if run.error:
+                out["error"] = run.error
+                return out
+            steady = run.curves[0][3:] or run.curves[0]  # the first iterations warm up
+            if not steady:
+                out["error"] = f"no iteration finished at {delay:g} ms on the {shaper}"
+                return out
+            measured = sum(r["iterationSeconds"] for r in steady) / len(steady)
+            compute = sorted(r["time"]["compute"] for r in steady)[len(steady) // 2]
+            rest = sorted(r["time"]["optimizer"] + r["time"]["data"] for r in steady)[len(steady) // 2]
+            work = planner_inputs(a, compute)
+            link = across.Link(a.slow_mbit / 1000, delay / 1000, burst)
+            predicted = across.pipeline_iteration_s(work, link)
+            out["cases"].append(
+                {
+                    "delayMs": delay,
+                    "shaper": shaper,
+                    "burstBytes": burst,
+                    "measuredMs": round(measured * 1e3, 1),
+                    "predictedMs": round(predicted * 1e3, 1),
+                    "computeMs": round(compute * 1e3, 1),
+                    "optimizerAndDataMs": round(rest * 1e3, 1),
+                }
+            )
+            print(
+                f"   measured {measured * 1e3:.0f} ms/iteration, simulated {predicted * 1e3:.0f} "
+                f"(compute {compute * 1e3:.0f} ms, optimizer and data {rest * 1e3:.0f} ms)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return out
 
 
 def fail(runs: list[Run]) -> int:

@@ -145,6 +145,26 @@ def test_steady_iterations_carry_the_buckets_tokens_over():
     assert steady_iteration_s(orders, d, shaped) == pytest.approx(20.0, abs=0.5)
 
 
+def test_a_rendezvous_send_waits_for_the_receivers_notice():
+    # rank 1 posts each receive when its forward is next: the notice crosses (10 s), the
+    # activation comes back (10 s), then 1 s of compute: 3 x 21 = 63, where eager sends made 14
+    assert makespan(FORWARDS, ONE_S, Messages(5.0, lambda _s, _d: Link(latency_s=10.0), True)) == 63.0
+
+
+def test_a_notice_queues_behind_the_data_on_its_direction():
+    # 1F1B, P=2, M=2, F = B = 1 s, 5-byte messages at 1 byte/s, no latency. Eager: activations
+    # 1-6 and 6-11, gradients 8-13 and 13-18, rank 0's last backward 18-19.
+    # Rendezvous: activation 0 leaves at 1 (rank 1 asked at 0) and lands at 6; rank 1's backward
+    # ends at 8, gradient 0 goes 8-13, and the notice asking for activation 1, posted at 8, leaves
+    # behind it at 13: activation 1 travels 13-18; gradient 1 leaves at 20 (rank 0's notice, posted
+    # at 14, waited behind activation 1 until 18) and lands at 25; rank 0 ends at 26
+    d = {"F": 1.0, "B": 1.0}
+    eager = Messages(5.0, lambda _s, _d: Link(bytes_per_s=1.0))
+    rendezvous = Messages(5.0, lambda _s, _d: Link(bytes_per_s=1.0), rendezvous=True)
+    assert makespan(one_f_one_b(2, 2), d, eager) == pytest.approx(19.0)
+    assert makespan(one_f_one_b(2, 2), d, rendezvous) == pytest.approx(26.0)
+
+
 def test_links_refuse_impossible_settings_by_name():
     with pytest.raises(ValueError, match="Link.bytes_per_s must be > 0"):
         Link(bytes_per_s=0.0)

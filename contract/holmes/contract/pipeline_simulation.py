@@ -14,8 +14,9 @@ An input made on the same rank is there when it is made. One made on another ran
 (an activation forward, a gradient backward): free by default (``idle_units``, the bubble table:
 what the schedule's order and dependencies leave), or priced by ``Messages``: each directed rank
 pair is a ``Link`` on which messages serialize first in, first out (a fixed overhead plus their
-bytes at its bandwidth), then travel its one-way latency, all in flight together. Pure: no torch,
-no I/O.
+bytes at its bandwidth), then travel its one-way latency, all in flight together; with
+``Messages.rendezvous`` a message leaves only once its receiver asked for it. Pure: no torch, no
+I/O.
 """
 
 from __future__ import annotations
@@ -68,10 +69,19 @@ FREE = Link()
 @dataclass(frozen=True)
 class Messages:
     """What a message between ranks costs: ``nbytes`` each (an activation or its gradient), on
-    ``link(src_rank, dst_rank)``."""
+    ``link(src_rank, dst_rank)``. ``rendezvous``: a message's bytes leave only once its receiver
+    has posted the receive and a notice of it has crossed back (gloo's unbound-buffer send waits
+    for the receiver's NOTIFY_RECV_READY; torch posts a receive when the action needing it is
+    next on its rank). The notice has no bytes but queues behind the data already on the
+    reverse direction: on a plain line an activation then waits for the gradient ahead of it."""
 
     nbytes: float
     link: Callable[[int, int], Link] = field(default=lambda _src, _dst: FREE)
+    rendezvous: bool = False
+
+
+Key = tuple[int, str, int]  # (virtual stage, op, micro-batch) of an action
+_DONE, _POST, _SEND = "done", "post", "send"
 
 
 class _LinkState:
@@ -140,21 +150,41 @@ def _run(
     rank_of = {(a.stage, a.op, a.micro_batch): r for r, acts in orders.items() for a in acts}
     needs = {a: _needs(a, last_stage, backward_op) for a in all_actions}
     # who waits for what another rank makes: (producer) -> the ranks it goes to
-    remote: dict[tuple[int, str, int], set[int]] = {}
+    remote: dict[Key, set[int]] = {}
     for r, acts in orders.items():
         for a in acts:
             for n in needs[a]:
                 if rank_of.get(n, r) != r:
                     remote.setdefault(n, set()).add(r)
-    ready: dict[tuple[tuple[int, str, int], int], float] = {}  # (input, rank) -> when it is there
+    rendezvous = messages is not None and messages.rendezvous
+    ready: dict[tuple[Key, int], float] = {}  # (input, rank) -> when it is there
+    made: dict[tuple[Key, int], float] = {}  # (input, rank) -> when its maker finished it
+    asked: dict[tuple[Key, int], float] = {}  # (input, rank) -> when the receive's notice landed
     pointer = {r: 0 for r in orders}
     free = {r: start for r in orders}
-    # completions in time order, so each link takes its messages in the order they are sent
-    events: list[tuple[float, int, tuple[int, str, int]]] = []
+    # events in time order, so each link takes its messages in the order they are sent
+    events: list[tuple[float, int, str, Key, int]] = []
     seq = 0
 
-    def run_ready(r: int) -> None:
+    def push(at: float, kind: str, key: Key, rank: int) -> None:
         nonlocal seq
+        heapq.heappush(events, (at, seq, kind, key, rank))
+        seq += 1
+
+    def link(src: int, dst: int) -> _LinkState:
+        assert messages is not None
+        if (src, dst) not in links:
+            links[(src, dst)] = _LinkState(messages.link(src, dst))
+        return links[(src, dst)]
+
+    def post(r: int) -> None:
+        """The receives of rank r's next action, posted once it is the rank's next (rendezvous)."""
+        if rendezvous and pointer[r] < len(orders[r]):
+            for n in needs[orders[r][pointer[r]]]:
+                if rank_of.get(n, r) != r:
+                    push(free[r], _POST, n, r)
+
+    def run_ready(r: int) -> None:
         acts = orders[r]
         while pointer[r] < len(acts):
             a = acts[pointer[r]]
@@ -166,23 +196,35 @@ def _run(
             free[r] = ready[(key, r)] = end
             pointer[r] += 1
             if key in remote:
-                heapq.heappush(events, (end, seq, key))
-                seq += 1
+                push(end, _DONE, key, r)
+            post(r)
 
     for r in orders:
+        post(r)
         run_ready(r)
     while events:
-        at, _, key = heapq.heappop(events)
+        at, _, kind, key, rank = heapq.heappop(events)
         src = rank_of[key]
-        for dst in sorted(remote[key]):
-            if messages is None:
-                ready[(key, dst)] = at
-            else:
-                state = links.get((src, dst))
-                if state is None:
-                    state = links[(src, dst)] = _LinkState(messages.link(src, dst))
-                ready[(key, dst)] = state.send(at, messages.nbytes)
-            run_ready(dst)
+        if kind == _DONE:  # key's maker finished: each receiver's copy may leave
+            for dst in sorted(remote[key]):
+                made[(key, dst)] = at
+                if messages is None:
+                    ready[(key, dst)] = at
+                elif not rendezvous or asked.get((key, dst), math.inf) <= at:
+                    # now, ahead of any notice the rank posts at this instant (torch sends first)
+                    ready[(key, dst)] = link(src, dst).send(at, messages.nbytes)
+                elif (key, dst) in asked:
+                    push(asked[(key, dst)], _SEND, key, dst)
+                else:
+                    continue
+                run_ready(dst)
+        elif kind == _POST:  # rank posted its receive: the notice crosses back, behind that link's queue
+            asked[(key, rank)] = landed = link(rank, src).send(at, 0.0)
+            if (key, rank) in made:
+                push(max(landed, made[(key, rank)]), _SEND, key, rank)
+        else:  # _SEND: the data leaves on its link
+            ready[(key, rank)] = link(src, rank).send(at, messages.nbytes if messages else 0.0)
+            run_ready(rank)
     if any(pointer[r] < len(acts) for r, acts in orders.items()):
         stuck = {r: acts[pointer[r]] for r, acts in orders.items() if pointer[r] < len(acts)}
         raise ValueError(f"the schedule deadlocks: each rank waits on an action never run ({stuck})")

@@ -7,10 +7,12 @@ of islands), the same total batch either way:
   micro-batch's activations cross forward and its gradients backward. Priced by simulating the
   schedule's per-rank order (holmes.contract.pipeline_simulation: torch's 1F1B or GPipe) with
   each stage's forward and backward of one micro-batch, the messages across the link serialized
-  at its bandwidth in each direction and its latency overlapping (crossings in flight together
-  pay it once, not once each), those inside an island free. A closed form,
-  ``max(M c, M x) + (P - 1)(c + 2x)`` with ``x`` = latency + bytes / bandwidth per crossing,
-  charged the latency per micro-batch and over-predicted the measured pipeline by 30%.
+  at its bandwidth in each direction, their latencies overlapping, each sent once its receiver
+  asked (torch posts a receive when its action is next; gloo sends the bytes after the
+  receiver's notice, which queues behind the data on its way back), those inside an island
+  free. A closed form, ``max(M c, M x) + (P - 1)(c + 2x)`` with ``x`` = latency + bytes /
+  bandwidth per crossing, over-predicted the emulated link's pipeline by 30% (its shaper's
+  bucket hid the latency) and under-predicts a plain line's by 40% (the directions take turns).
 - **replicas**: every island trains the whole model on its share of the batch; every
   ``inner_steps`` steps the replicas all-reduce the change of their weights over the link
   (a ring: each sends ``2 (R - 1) / R`` of the bytes, ``2 (R - 1)`` latencies), of which
@@ -96,7 +98,9 @@ PIPELINE_ORDERS = {"1F1B": sim.one_f_one_b, "GPipe": sim.gpipe}
 def pipeline_iteration_s(w: AcrossWork, link: Link) -> float:
     """Seconds per iteration with the model cut at the link into ``w.stages`` stages (the batch's
     compute spread over the stages, the link between stage P/2 - 1 and P/2), in steady state:
-    the simulated schedule, iteration after iteration, the link's bucket carried over."""
+    the simulated schedule, iteration after iteration, the link's bucket carried over. Sends
+    rendezvous with their receives, as torch's p2p over gloo does (measured on an emulated line:
+    bench/across_sites.py --link-check); NCCL's own handshake is not measured here."""
     if w.schedule not in PIPELINE_ORDERS:
         raise ValueError(
             f"AcrossWork.schedule {w.schedule!r}: the pipeline across a link is simulated for "
@@ -113,7 +117,7 @@ def pipeline_iteration_s(w: AcrossWork, link: Link) -> float:
     def on(src: int, dst: int) -> sim.Link:
         return across if {src, dst} == {cut - 1, cut} else sim.FREE  # inside an island: free here
 
-    messages = sim.Messages(w.activation_bytes, on)
+    messages = sim.Messages(w.activation_bytes, on, rendezvous=True)
     return sim.steady_iteration_s(PIPELINE_ORDERS[w.schedule](P, M), durations, messages)
 
 
