@@ -189,7 +189,8 @@ def ping(rank: int, dirs: list, n: int) -> float:
 # measures what a message costs between two budgeted ranks, small and at one activation, and
 # replays torch's orders with it (holmes.contract.pipeline_simulation): each message holds its
 # direction for the small message's time plus its bytes at the measured bandwidth, as if the
-# whole half round trip were a per-message overhead (the upper bound: latency would overlap).
+# whole half round trip were a per-message overhead (the upper bound: latency would overlap),
+# and is sent once its receiver asked (gloo's rendezvous; the notice costs a message too).
 SIMULATED = (("1F1B", 1), ("Interleaved1F1B", 4), ("InterleavedZeroBubble", 4), ("ZBVZeroBubble", 2))
 
 
@@ -240,7 +241,8 @@ def simulated_idle(
         sim.one_f_one_b(P, micro_batches) if name == "1F1B" else torch_orders(name, P, virtual, micro_batches)
     )
     durations = {op: share * t / virtual + action_s for op, share in sim.UNIT_SHARES.items()}
-    return sim.makespan(orders, durations, sim.Messages(nbytes, lambda _s, _d: link)) - compute_s
+    messages = sim.Messages(nbytes, lambda _s, _d: link, rendezvous=True)  # torch's p2p over gloo
+    return sim.makespan(orders, durations, messages) - compute_s
 
 
 def message_costs(a: argparse.Namespace, model: ModelSpec) -> int:
