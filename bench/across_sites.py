@@ -3,6 +3,8 @@ the emulated fabric, to a target loss.
 
     sudo .venv/bin/python bench/across_sites.py            # the table in docs/benchmarks.md
     sudo .venv/bin/python bench/across_sites.py --smoke    # the code path (make test); numbers mean little
+    sudo .venv/bin/python bench/across_sites.py --link-check --iterations 14 --lrs 4e-3
+                    # the pipeline alone on tbf's bucket and on a line, against the simulation
 
 Fabric: bench/fabric_netns.py with one node per island; the trunk between them is the link:
 --slow-mbit with a one-way delay of --slow-delay-ms (a WAN per node: bench/delay_line.py holds
