@@ -112,10 +112,10 @@ def pipeline_iteration_s(w: AcrossWork, link: Link) -> float:
     c = w.compute_s * w.replicas / P / M  # a stage of 1/P of the model on the whole batch, per micro-batch
     durations = {op: share * c for op, share in sim.UNIT_SHARES.items()}
     cut = P // 2  # stages 0 .. cut-1 on one island, the rest on the other
-    across = sim.Link(link.gbps * 1e9 / 8, link.latency_s, burst_bytes=link.burst_bytes)
+    boundary = sim.Link(link.gbps * 1e9 / 8, link.latency_s, burst_bytes=link.burst_bytes)
 
     def on(src: int, dst: int) -> sim.Link:
-        return across if {src, dst} == {cut - 1, cut} else sim.FREE  # inside an island: free here
+        return boundary if {src, dst} == {cut - 1, cut} else sim.FREE  # inside an island: free here
 
     messages = sim.Messages(w.activation_bytes, on, rendezvous=True)
     return sim.steady_iteration_s(PIPELINE_ORDERS[w.schedule](P, M), durations, messages)
