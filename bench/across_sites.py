@@ -3,6 +3,8 @@ the emulated fabric, to a target loss.
 
     sudo .venv/bin/python bench/across_sites.py            # the table in docs/benchmarks.md
     sudo .venv/bin/python bench/across_sites.py --smoke    # the code path (make test); numbers mean little
+    sudo .venv/bin/python bench/across_sites.py --link-check --iterations 14 --lrs 4e-3
+                    # the pipeline alone on tbf's bucket and on a line, against the simulation
 
 Fabric: bench/fabric_netns.py with one node per island; the trunk between them is the link:
 --slow-mbit with a one-way delay of --slow-delay-ms (a WAN per node: bench/delay_line.py holds
@@ -29,9 +31,10 @@ got there.
 
 The planner's pick (holmes.plan.across) prices both modes from a replica's iteration measured
 here (the median over the fast link's replica iterations without an outer step), the link's
-bandwidth and latency and the model's bytes, with the replicas' convergence (tokens to the
-target relative to the pipeline, each at its best learning rate) taken from these runs; its
-predicted seconds per iteration are printed beside the measured ones.
+bandwidth, latency and tbf bucket and the model's bytes (the pipeline by simulating 1F1B's order
+over the link), with the replicas' convergence (tokens to the target relative to the pipeline,
+each at its best learning rate) taken from these runs; its predicted seconds per iteration are
+printed beside the measured ones.
 The last line is one JSON object.
 """
 
@@ -323,6 +326,16 @@ def steady_s(run: Run) -> float:
     return sum(r["iterationSeconds"] for r in c) / len(c)
 
 
+def emulated_links(a: argparse.Namespace) -> dict[str, across.Link]:
+    """The links as the fabric makes them: the slow one's delay line and the fast veth's none
+    (one-way latency), and tbf's token bucket on both (fabric_netns.tbf_burst_bytes: 256 KiB at
+    3 Mbit/s, 0.7 s of line rate, which the pipeline's 1F1B loop refills while it idles)."""
+    return {
+        "slow": across.Link(a.slow_mbit / 1000, a.slow_delay_ms / 1000, fab.tbf_burst_bytes(a.slow_mbit)),
+        "fast": across.Link(a.fast_mbit / 1000, 0.0, fab.tbf_burst_bytes(a.fast_mbit)),
+    }
+
+
 def predicted_s(work: across.AcrossWork, link: across.Link, run: Run) -> float:
     if run.mode == "pipeline":
         return across.pipeline_iteration_s(work, link)
@@ -395,6 +408,29 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.9)
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument(
+        "--link-check",
+        action="store_true",
+        help="only the pipeline on the slow link, without and with its delay, on tbf's bucket and on "
+        "a line (--line-burst-bytes, a queue of --line-queue-ms): measured ms/iteration against "
+        "the simulation's, at --lrs' first rate for --iterations",
+    )
+    ap.add_argument(
+        "--shapers",
+        nargs="+",
+        choices=LINK_SHAPERS,
+        default=list(LINK_SHAPERS),
+        help="--link-check: the slow link's shapers to run (link_check says what each is)",
+    )
+    ap.add_argument(
+        "--line-burst-bytes", type=int, default=3028, help="--link-check: the line's bucket (2 frames)"
+    )
+    ap.add_argument(
+        "--line-queue-ms",
+        type=float,
+        default=3000,
+        help="--link-check: the line's queue, long enough for an iteration's crossings (no drops)",
+    )
     return ap
 
 
@@ -431,6 +467,11 @@ def main(argv: list[str] | None = None) -> int:
             # groups named for this process, none swept: other benches may be running theirs
             budgets = {cpu_group(i): a.cores for i in "ab"} | {cpu_group("link"): a.link_cores}
             limits = cpu_limit.CpuLimits.create(budgets, sweep=False)
+            if a.link_check:
+                result = link_check(a, spec, workdir, data, limits)
+                shutil.rmtree(workdir, ignore_errors=True)
+                print(json.dumps(result, separators=(",", ":")))
+                return 0 if "error" not in result else 1
             for link in ("fast", "slow"):
                 if link == "fast":  # a plain veth: a Python delay line cannot carry Gbit/s
                     fab.set_trunk(a.fast_mbit, delay_ms=0)
@@ -479,6 +520,78 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+LINK_SHAPERS = ("bucket", "line", "line-warm")
+
+
+def link_check(a: argparse.Namespace, spec, workdir: str, data: str, limits) -> dict[str, Any]:
+    """--link-check: the pipeline alone on the slow link at 0 ms and at its delay, on each of
+    --shapers: "bucket", tbf as the full bench runs it; "line", a bucket of two frames and a queue
+    that holds an iteration's crossings; "line-warm", that line with TCP's slow start after idle
+    off in the nodes' namespaces (net.ipv4.tcp_slow_start_after_idle=0: a connection keeps its
+    window between messages). Each against holmes.plan.across's simulation told the same link
+    and the compute rank 0 measured (its stage's forward and backward per iteration: a replica's
+    iteration in the planner's terms, the same layers on the same batch)."""
+    in_link_group = functools.partial(limits.wrap, cpu_group("link"))
+    out: dict[str, Any] = {"slowMbit": a.slow_mbit, "iterations": a.iterations, "cases": []}
+    for shaper in a.shapers:  # "line-warm" changes the namespaces for good: keep it last
+        bucket = shaper == "bucket"
+        burst = fab.tbf_burst_bytes(a.slow_mbit) if bucket else a.line_burst_bytes
+        queue = 50.0 if bucket else a.line_queue_ms
+        if shaper == "line-warm":
+            for node in spec.nodes:
+                fab.run(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        node.netns,
+                        "sysctl",
+                        "-qw",
+                        "net.ipv4.tcp_slow_start_after_idle=0",
+                    ]
+                )
+        for delay in (0.0, a.slow_delay_ms):
+            fab.set_trunk(a.slow_mbit, delay, in_link_group, burst, queue)
+            run = Run("slow", "pipeline", 0, a.lrs[0])
+            print(
+                f">> link check: {delay:g} ms, {shaper} ({burst} B bucket, {queue:g} ms queue)",
+                file=sys.stderr,
+                flush=True,
+            )
+            launch(a, spec, run, os.path.join(workdir, f"{shaper}-{delay:g}"), data, limits)
+            if run.error:
+                out["error"] = run.error
+                return out
+            steady = run.curves[0][3:] or run.curves[0]  # the first iterations warm up
+            if not steady:
+                out["error"] = f"no iteration finished at {delay:g} ms on the {shaper}"
+                return out
+            measured = sum(r["iterationSeconds"] for r in steady) / len(steady)
+            compute = sorted(r["time"]["compute"] for r in steady)[len(steady) // 2]
+            rest = sorted(r["time"]["optimizer"] + r["time"]["data"] for r in steady)[len(steady) // 2]
+            work = planner_inputs(a, compute)
+            link = across.Link(a.slow_mbit / 1000, delay / 1000, burst)
+            predicted = across.pipeline_iteration_s(work, link)
+            out["cases"].append(
+                {
+                    "delayMs": delay,
+                    "shaper": shaper,
+                    "burstBytes": burst,
+                    "measuredMs": round(measured * 1e3, 1),
+                    "predictedMs": round(predicted * 1e3, 1),
+                    "computeMs": round(compute * 1e3, 1),
+                    "optimizerAndDataMs": round(rest * 1e3, 1),
+                }
+            )
+            print(
+                f"   measured {measured * 1e3:.0f} ms/iteration, simulated {predicted * 1e3:.0f} "
+                f"(compute {compute * 1e3:.0f} ms, optimizer and data {rest * 1e3:.0f} ms)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return out
+
+
 def fail(runs: list[Run]) -> int:
     for r in runs:
         if r.error:
@@ -510,10 +623,7 @@ def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
     # the planner's compute rate: a replica's iteration measured on the fast link (no exchange)
     compute_s = replica_compute_s([r for r in chosen if r.link == "fast"])
     work = planner_inputs(a, compute_s)
-    links = {  # one-way latency, as the fabric has it: the slow link's delay line, the fast veth's none
-        "slow": across.Link(a.slow_mbit / 1000, a.slow_delay_ms / 1000),
-        "fast": across.Link(a.fast_mbit / 1000, 0.0),
-    }
+    links = emulated_links(a)
     print(
         f"\n{'link':5} {'case':15} {'lr':>6} {'ms/it':>7} {'predicted':>9} {'its to loss':>11} "
         f"{'tokens to loss':>14} {'s to loss':>9}"
@@ -560,11 +670,15 @@ def summarize(a: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
         picks[link] = choice.pick
         print(f"planner, {link} link (H={h}): {choice.why}")
     h = best_h["slow"]  # the H replicas run at on a slow link: the crossover is where that stops paying
-    # the link speed where the pipeline starts to win: without delay (the fast veth's 0 ms; the slow
-    # link's rate is set relative to it) and at the slow link's delay, where the pipeline's
-    # per-micro-batch crossings may lose at any speed (None)
+    # the link speed where the pipeline starts to win, on the slow link's shaper (its tbf bucket):
+    # without delay (the fast veth's 0 ms; the slow link's rate is set relative to it) and at the
+    # slow link's delay, where 1F1B's loop pays the latency per micro-batch once the bucket keeps
+    # up, and the pipeline may lose at any speed (None)
+    burst = fab.tbf_burst_bytes(a.slow_mbit)
     cross, cross_delayed = (
-        across.crossover_gbps(work, latency_s, h, ratios[h]) if not math.isinf(ratios[h]) else None
+        across.crossover_gbps(work, latency_s, h, ratios[h], burst_bytes=burst)
+        if not math.isinf(ratios[h])
+        else None
         for latency_s in (0.0, a.slow_delay_ms / 1000)
     )
     best_early = best_lrs(early)

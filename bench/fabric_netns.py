@@ -134,8 +134,11 @@ def tbf_burst_bytes(mbit: float) -> int:
     return max(256 * 1024, int(mbit * 1e6 / 8 * 0.008))
 
 
-def shape_cmd(ns: str, dev: str, mbit: float) -> list[str]:
-    """Replace dev's root qdisc by a tbf at mbit (mbit 0: back to the default qdisc)."""
+def shape_cmd(
+    ns: str, dev: str, mbit: float, burst_bytes: int | None = None, queue_ms: float = 50
+) -> list[str]:
+    """Replace dev's root qdisc by a tbf at mbit (mbit 0: back to the default qdisc), its bucket
+    ``burst_bytes`` deep (None: tbf_burst_bytes) and its queue ``queue_ms`` long."""
     if mbit <= 0:
         return ["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"]
     return [
@@ -151,9 +154,9 @@ def shape_cmd(ns: str, dev: str, mbit: float) -> list[str]:
         "rate",
         f"{mbit:g}mbit",
         "burst",
-        str(tbf_burst_bytes(mbit)),
+        str(tbf_burst_bytes(mbit) if burst_bytes is None else burst_bytes),
         "latency",
-        "50ms",
+        f"{queue_ms:g}ms",
     ]
 
 
@@ -184,8 +187,10 @@ def setup_commands(spec: FabricSpec) -> list[list[str]]:
     return cmds
 
 
-def trunk_commands(cross_mbit: float) -> list[list[str]]:
-    return [shape_cmd(SWITCH_NS, "x-a", cross_mbit), shape_cmd(SWITCH_NS, "x-b", cross_mbit)]
+def trunk_commands(
+    cross_mbit: float, burst_bytes: int | None = None, queue_ms: float = 50
+) -> list[list[str]]:
+    return [shape_cmd(SWITCH_NS, dev, cross_mbit, burst_bytes, queue_ms) for dev in ("x-a", "x-b")]
 
 
 def trunk_link_commands(delay_ms: float) -> list[list[str]]:
@@ -355,9 +360,16 @@ def build(spec: FabricSpec, wrap: Wrap = None) -> None:
         start_delay_line(spec.cross_delay_ms, wrap)
 
 
-def set_trunk(cross_mbit: float, delay_ms: float | None = None, wrap: Wrap = None) -> None:
+def set_trunk(
+    cross_mbit: float,
+    delay_ms: float | None = None,
+    wrap: Wrap = None,
+    burst_bytes: int | None = None,
+    queue_ms: float = 50,
+) -> None:
     """Shape the trunk at cross_mbit, or unshape it (0). ``delay_ms`` (not None): first make the
-    trunk anew with that one-way delay (0: a plain veth), e.g. a fast link after a delayed one."""
+    trunk anew with that one-way delay (0: a plain veth), e.g. a fast link after a delayed one.
+    ``burst_bytes``, ``queue_ms``: tbf's bucket and queue (shape_cmd)."""
     if delay_ms is not None:
         stop_delay_lines()
         for cmd in trunk_removal_commands():
@@ -366,7 +378,7 @@ def set_trunk(cross_mbit: float, delay_ms: float | None = None, wrap: Wrap = Non
             run(cmd)
         if delay_ms > 0:
             start_delay_line(delay_ms, wrap)
-    for cmd in trunk_commands(cross_mbit):
+    for cmd in trunk_commands(cross_mbit, burst_bytes, queue_ms):
         p = run(cmd, check=False)
         already_unshaped = cross_mbit <= 0 and "Cannot delete qdisc with handle of zero" in p.stderr
         if p.returncode and not already_unshaped:

@@ -2,6 +2,7 @@
 schedules, tokens/s and parity with the single-process reference, and the planner's pick.
 
     sudo .venv/bin/python bench/pipeline_schedules.py [--rounds 3] [--cores 0.3] [--smoke]
+    sudo .venv/bin/python bench/pipeline_schedules.py --message-costs   # seconds: messages only
 
 The layout: three nodes of one GPU on three islands (east/InfiniBand, west/RoCE,
 south/Ethernet), pipeline 3, planned by Holmes' planner with the cost model priced on this
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -43,12 +45,13 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path[:0] = [HERE, REPO]
+sys.path[:0] = [HERE, REPO, os.path.join(REPO, "hack")]
 import cpu_limit  # noqa: E402
 from fabric_emulation import planner_config  # noqa: E402
 from trainer_common import SMOKE_HELP, median, run_ranks, smoke_model, table, train_config  # noqa: E402
 
 from holmes.contract import Layout, ModelSpec  # noqa: E402
+from holmes.contract import pipeline_simulation as sim  # noqa: E402
 from holmes.contract.flops import ModelCost  # noqa: E402
 from holmes.plan import PlanError, plan  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
@@ -180,6 +183,115 @@ def ping(rank: int, dirs: list, n: int) -> float:
     return (time.perf_counter() - t0) / n / 2
 
 
+# ---- --message-costs: does a per-message cost explain the interleaved schedules' idle? -----------
+# The full run measured 0.59-0.68 s of idle per rank under the three new schedules where torch's
+# order with free messages leaves 0.14-0.55 s (docs/benchmarks.md#pipeline-schedules). This mode
+# measures what a message costs between two budgeted ranks, small and at one activation, and
+# replays torch's orders with it (holmes.contract.pipeline_simulation): each message holds its
+# direction for the small message's time plus its bytes at the measured bandwidth, as if the
+# whole half round trip were a per-message overhead (the upper bound: latency would overlap),
+# and is sent once its receiver asked (gloo's rendezvous; the notice costs a message too).
+SIMULATED = (("1F1B", 1), ("Interleaved1F1B", 4), ("InterleavedZeroBubble", 4), ("ZBVZeroBubble", 2))
+
+
+def pings(rank: int, dirs: list, n: int, elements: int) -> list[float]:
+    """Each of ``n`` round trips of a message of ``elements`` floats between two budgeted ranks,
+    halved (after 2 not timed): a CPU quota's pauses land on some, so callers take the median."""
+    import torch.distributed as dist
+
+    _join(dirs[rank])
+    t, out = torch.zeros(elements), []
+    for i in range(n + 2):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        else:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+        if i >= 2:
+            out.append((time.perf_counter() - t0) / 2)
+    return out
+
+
+def message_link(small_s: float, large_s: float, large_bytes: float) -> sim.Link:
+    """A direction between two ranks from two measured messages: the small one's time as a
+    per-message overhead, the difference as bandwidth (unbounded when the large one cost no more)."""
+    extra = large_s - small_s
+    return sim.Link(bytes_per_s=large_bytes / extra if extra > 0 else math.inf, overhead_s=small_s)
+
+
+def simulated_idle(
+    name: str,
+    virtual: int,
+    micro_batches: int,
+    compute_s: float,
+    action_s: float,
+    link: sim.Link,
+    nbytes: float,
+) -> float:
+    """Seconds per iteration a rank spends outside its compute under torch's order for this
+    schedule at P, v, M: each micro-batch's forward+backward on a rank is compute_s / M, split
+    over its v chunks by UNIT_SHARES, each action costing ``action_s`` more (the engine's step,
+    which the trainer counts outside compute, as it does the waits) and each message on ``link``."""
+    from gen_bubble_table import torch_orders
+
+    t = compute_s / micro_batches
+    orders = (
+        sim.one_f_one_b(P, micro_batches) if name == "1F1B" else torch_orders(name, P, virtual, micro_batches)
+    )
+    durations = {op: share * t / virtual + action_s for op, share in sim.UNIT_SHARES.items()}
+    messages = sim.Messages(nbytes, lambda _s, _d: link, rendezvous=True)  # torch's p2p over gloo
+    return sim.makespan(orders, durations, messages) - compute_s
+
+
+def message_costs(a: argparse.Namespace, model: ModelSpec) -> int:
+    """--message-costs: measure, simulate, print (no training run)."""
+    activation = MB * model.seq_length * model.hidden_size  # floats: one micro-batch at a boundary
+    names = [f"pp{os.getpid()}-msg{r}" for r in range(2)]
+    limits = None
+    if not a.no_cpu_limit:
+        try:
+            limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False, priority=True)
+        except cpu_limit.CpuLimitError as e:
+            sys.exit(f"pipeline_schedules: {e}; or pass --no-cpu-limit")
+    dirs = [limits.dir(n) if limits else None for n in names]
+    try:
+        small = median(run_ranks(2, pings, dirs, 200, 16)[0])
+        large = median(run_ranks(2, pings, dirs, 60, activation)[0])
+    finally:
+        if limits is not None:
+            limits.remove()
+    nbytes = activation * 4
+    link = message_link(small, large, nbytes)
+    m = a.micro_batches
+    rows, idle = [], {}
+    for name, v in SIMULATED:
+        free = simulated_idle(name, v, m, a.compute_s, 0.0, sim.FREE, nbytes)
+        priced = simulated_idle(name, v, m, a.compute_s, a.action_s, link, nbytes)
+        idle[name] = round(priced, 3)
+        rows.append([name, v, free, priced])
+    print(
+        f"per message between two ranks at {a.cores:g} core{'' if limits else ' (no CPU limit)'}: "
+        f"{small * 1e3:.3g} ms (64 B), {large * 1e3:.3g} ms ({nbytes / 1e3:.0f} kB: "
+        f"{link.bytes_per_s * 8 / 1e9:.3g} Gbit/s beyond the small one); compute {a.compute_s:g} s per "
+        f"rank per iteration, {a.action_s * 1e3:g} ms per action; P={P}, M={m}"
+    )
+    print(table(["schedule", "v", "idle s, free messages", "idle s, measured messages + actions"], rows))
+    print(
+        json.dumps(
+            {
+                "messageSeconds": float(f"{small:.3g}"),
+                "activationMessageSeconds": float(f"{large:.3g}"),
+                "activationBytes": nbytes,
+                "simulatedIdleSeconds": idle,
+                "coresPerRank": a.cores if limits else None,
+            }
+        )
+    )
+    return 0
+
+
 def worker(rank: int, cfg, layout: Layout, dirs: list, warmup: int) -> dict:
     _join(dirs[rank])
     trainer = Trainer(cfg, layout, rank=rank, device=torch.device("cpu"), backend="gloo")
@@ -222,9 +334,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=MODEL.hidden_size)
     ap.add_argument("--seq", type=int, default=MODEL.seq_length)
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    ap.add_argument(
+        "--message-costs",
+        action="store_true",
+        help="only measure a p2p message between two budgeted ranks (small and one activation) and "
+        "simulate each schedule's idle with it (no training run)",
+    )
+    ap.add_argument(
+        "--compute-s",
+        type=float,
+        default=2.55,
+        help="--message-costs: a rank's compute per iteration (1F1B's, as the full run measured it)",
+    )
+    ap.add_argument(
+        "--action-s",
+        type=float,
+        default=0.0034,
+        help="--message-costs: a schedule action's fixed cost (pipelineActionSeconds of the full run)",
+    )
     a = ap.parse_args(argv)
     model = replace(MODEL, hidden_size=a.hidden, seq_length=a.seq)
     model = smoke_model(model) if a.smoke else model
+    if a.message_costs:
+        return message_costs(a, model)
     rounds, iterations, warmup = (1, 3, 1) if a.smoke else (a.rounds, a.iterations, a.warmup)
     m = a.micro_batches
     cfg = train_config(model, MB * m, MB, iterations, bucket_elements=2_000_000)

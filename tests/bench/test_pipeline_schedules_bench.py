@@ -39,3 +39,17 @@ def test_small_mode_runs_every_schedule_side_by_side_at_parity():
     # the planner priced with what was measured here: per message, per action, a split backward
     assert result["pipelineActionSeconds"] > 0 and result["splitBackwardRatio"] > 0
     assert "ms per schedule action" in p.stdout
+
+
+def test_the_message_costs_mode_measures_two_messages_and_simulates_every_schedule():
+    p = run_bench("pipeline_schedules", "--message-costs", "--no-cpu-limit", timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result["messageSeconds"] > 0 and result["activationMessageSeconds"] > 0
+    assert set(result["simulatedIdleSeconds"]) == {
+        "1F1B",
+        "Interleaved1F1B",
+        "InterleavedZeroBubble",
+        "ZBVZeroBubble",
+    }
+    assert result["coresPerRank"] is None and "per message between two ranks" in p.stdout

@@ -31,3 +31,22 @@ def test_the_planned_bubble_is_the_schedules_own_or_1f1bs_per_stage():
     assert ps.planned_bubble(zbv) == zbv.estimate["bubbleSeconds"] > 0
     stages = sorted(st["bubbleSeconds"] for st in one.estimate["stages"])
     assert ps.planned_bubble(one) == stages[len(stages) // 2] > ps.planned_bubble(zbv)
+
+
+def test_a_message_link_is_the_small_messages_overhead_and_the_large_ones_extra_as_bandwidth():
+    link = ps.message_link(0.001, 0.003, 4e6)
+    assert link.overhead_s == 0.001 and link.bytes_per_s == pytest.approx(2e9)
+    # a large message no slower than a small one (a quota's noise): no bandwidth term, not negative
+    assert ps.message_link(0.002, 0.001, 4e6).bytes_per_s == float("inf")
+
+
+def test_the_simulated_idle_with_free_messages_is_the_bubble_tables_and_costs_only_add():
+    from holmes.contract import pipeline_schedules as sched
+    from holmes.contract import pipeline_simulation as sim
+
+    compute, m = 2.4, ps.M  # t = 0.8 s per micro-batch on a rank
+    for name, v in ps.SIMULATED:
+        free = ps.simulated_idle(name, v, m, compute, 0.0, sim.FREE, 1.0)
+        assert free == pytest.approx(sched.bubble_units(name, ps.P, v, m) * compute / m, abs=1e-6), name
+        priced = ps.simulated_idle(name, v, m, compute, 0.003, sim.Link(overhead_s=0.001), 1.0)
+        assert priced > free, name
