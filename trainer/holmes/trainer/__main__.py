@@ -176,18 +176,16 @@ def main(argv: list[str] | None = None) -> int:
         sink.close()
     if code == EXIT_PREEMPTED:  # every rank stopped at the same boundary: leave together
         note_exit(rank, code)
+    if code in (0, EXIT_PREEMPTED):
         dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # now, not after interpreter shutdown: the grace period is running
-    if code:
-        # Peers may still hold this process's sockets in a collective; leave now instead of
-        # letting interpreter shutdown wait on communicator threads.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    dist.destroy_process_group()
-    return 0
+    # A failed rank's peers may still hold its sockets in a collective: it leaves without
+    # destroying. Every rank leaves now, not through interpreter shutdown: the grace period of a
+    # preemption is running, and finalization can abort (SIGABRT, "terminate called without an
+    # active exception") while gloo's threads still hold tensors of Python objects being torn
+    # down, which once turned a finished job's rank into exit code 134 in CI.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
