@@ -232,17 +232,21 @@ def simulated_idle(
     return sim.makespan(orders, durations, messages) - compute_s
 
 
+def rank_budgets(a: argparse.Namespace, names: list[str]) -> tuple[cpu_limit.CpuLimits | None, list]:
+    """A CPU cgroup of a.cores per rank name (none with --no-cpu-limit), and each rank's directory."""
+    if a.no_cpu_limit:
+        return None, [None] * len(names)
+    try:
+        limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False, priority=True)
+    except cpu_limit.CpuLimitError as e:
+        sys.exit(f"pipeline_schedules: {e}; or pass --no-cpu-limit")
+    return limits, [limits.dir(n) for n in names]
+
+
 def message_costs(a: argparse.Namespace, model: ModelSpec) -> int:
     """--message-costs: measure, simulate, print (no training run)."""
     activation = MB * model.seq_length * model.hidden_size  # floats: one micro-batch at a boundary
-    names = [f"pp{os.getpid()}-msg{r}" for r in range(2)]
-    limits = None
-    if not a.no_cpu_limit:
-        try:
-            limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False, priority=True)
-        except cpu_limit.CpuLimitError as e:
-            sys.exit(f"pipeline_schedules: {e}; or pass --no-cpu-limit")
-    dirs = [limits.dir(n) if limits else None for n in names]
+    limits, dirs = rank_budgets(a, [f"pp{os.getpid()}-msg{r}" for r in range(2)])
     try:
         small = median(run_ranks(2, pings, dirs, 200, 16)[0])
         large = median(run_ranks(2, pings, dirs, 60, activation)[0])
@@ -351,14 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     tflops = block_tflops(model, a.cores)
     split_ratio = split_backward_ratio(model)
 
-    limits = None
-    names = [f"pp{os.getpid()}-rank{r}" for r in range(P)]  # this run's own: others may run
-    if not a.no_cpu_limit:
-        try:
-            limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False, priority=True)
-        except cpu_limit.CpuLimitError as e:
-            sys.exit(f"pipeline_schedules: {e}; or pass --no-cpu-limit")
-    dirs = [limits.dir(n) if limits else None for n in names]
+    limits, dirs = rank_budgets(a, [f"pp{os.getpid()}-rank{r}" for r in range(P)])  # this run's own
     try:
         # the cost model priced on this machine: compute per budget, links, and what a step
         # loses per p2p message it waits for (measured between two budgeted ranks)

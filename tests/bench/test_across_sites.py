@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
@@ -80,15 +79,7 @@ def test_the_planner_is_calibrated_on_replica_iterations_without_an_outer_step()
 
 
 @pytest.mark.timeout(600)
-def test_small_mode_prints_both_picks_and_both_measured_bests():
-    if os.geteuid() != 0:
-        pytest.skip("root: network namespaces, tc and cgroups need root")
-    import fabric_netns
-
-    with fabric_netns.exclusive():
-        problems = fabric_netns.missing_prerequisites()
-    if problems:
-        pytest.skip("; ".join(problems))
+def test_small_mode_prints_both_picks_and_both_measured_bests(fabric):
     p = run_bench("across_sites", "--smoke", timeout=580)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     last = json.loads(p.stdout.strip().splitlines()[-1])
@@ -162,15 +153,7 @@ def test_the_slow_pipeline_is_predicted_at_the_shaped_links_rate_whatever_its_de
 
 
 @pytest.mark.timeout(600)
-def test_the_link_check_measures_the_pipeline_on_a_line_and_prints_the_simulation_beside_it():
-    if os.geteuid() != 0:
-        pytest.skip("root: network namespaces, tc and cgroups need root")
-    import fabric_netns
-
-    with fabric_netns.exclusive():
-        problems = fabric_netns.missing_prerequisites()
-    if problems:
-        pytest.skip("; ".join(problems))
+def test_the_link_check_measures_the_pipeline_on_a_line_and_prints_the_simulation_beside_it(fabric):
     p = run_bench("across_sites", "--smoke", "--link-check", "--shapers", "line", timeout=580)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     last = json.loads(p.stdout.strip().splitlines()[-1])

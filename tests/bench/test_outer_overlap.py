@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
@@ -51,14 +50,7 @@ def test_the_link_is_two_namespaces_of_this_run_shaped_both_ways():
 
 
 @pytest.mark.timeout(300)
-def test_small_mode_measures_each_overlap_beside_the_plan():
-    if os.geteuid() != 0:
-        pytest.skip("root: network namespaces, tc and cgroups need root")
-    import fabric_netns
-
-    problems = fabric_netns.missing_prerequisites()
-    if problems:
-        pytest.skip("; ".join(problems))
+def test_small_mode_measures_each_overlap_beside_the_plan(fabric):
     p = run_bench("outer_overlap", "--smoke", timeout=280)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     last = json.loads(p.stdout.strip().splitlines()[-1])

@@ -68,21 +68,6 @@ def test_small_mode_runs_to_its_table(script):
     assert expect in p.stdout, p.stdout
 
 
-@pytest.fixture
-def fabric():
-    """bench/fabric_netns, where this machine can build the emulated fabric (root, iproute2, veth,
-    bridge, tbf); the probe waits for a fabric already running (a measurement) to finish."""
-    import fabric_netns
-
-    if os.geteuid() != 0:
-        pytest.skip("root: network namespaces and tc need root")
-    with fabric_netns.exclusive():
-        problems = fabric_netns.missing_prerequisites()
-    if problems:
-        pytest.skip("; ".join(problems))
-    return fabric_netns
-
-
 def test_fabric_netns_shapes_the_trunk_and_leaves_nothing_behind(fabric):
     fab = fabric
     spec = fab.two_islands(per_island=2, fast_mbit=2000, cross_mbit=200)
