@@ -61,7 +61,8 @@ def wait_phase(cluster, ns, name, phase, timeout=90, op=None):
 
 
 def condition(job, type_):
-    return next((c for c in job["status"].get("conditions", []) if c["type"] == type_), {})
+    # a job just applied has no status until the operator's first write
+    return next((c for c in (job.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
 def events_of(cluster, ns, name):

@@ -94,7 +94,7 @@ def test_nodes_described_only_by_slices_plan_and_their_pods_claim_gpus_and_nics(
         waits = wait_for(
             "dra-b waiting for capacity",
             lambda: (lambda c: c if c.get("reason") == "WaitingForCapacity" else None)(
-                condition(get_job(cluster, namespace, "dra-b") or {"status": {}}, "Reconciling")
+                condition(get_job(cluster, namespace, "dra-b") or {}, "Reconciling")
             ),
             op=op,
         )
