@@ -437,7 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.smoke:
-        a.layers, a.hidden, a.seq, a.iterations, a.target_loss, a.early_loss = 2, 64, 32, 32, 4.3, 4.8
+        # a race stops at the target (near iteration 17); the link check keeps 5 steady iterations
+        a.layers, a.hidden, a.seq, a.target_loss, a.early_loss = 2, 64, 32, 4.3, 4.8
+        a.iterations = 8 if a.link_check else 32
         a.inner_steps, a.lrs, a.timeout = [4], [3e-3], 300  # each run starts a torch world per rank
     if fab.delay_line_problem() and a.slow_delay_ms > 0:
         print(f"cannot delay the slow link: {fab.delay_line_problem()}", file=sys.stderr)

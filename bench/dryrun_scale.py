@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", default="llama3-70b,gpt-7b", help="examples/jobs/<name>.yaml, comma-separated")
     ap.add_argument("--nodes", default=str(REPO / "examples/nodes/paper.yaml"))
     ap.add_argument("--small", action="store_true", help="a 4-layer model on 4 GPUs (seconds)")
-    ap.add_argument("--processes", type=int, default=1, help="dry-run processes per job (--jobs of the tool)")
+    ap.add_argument(
+        "--processes", type=int, help="dry-run processes per job (the tool's --jobs; default: its own)"
+    )
     ap.add_argument("--out", help="write every record here as JSON")
     args = ap.parse_args(argv)
     records = {}
@@ -110,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             jobs = [(REPO / "examples/jobs" / f"{n}.yaml", Path(args.nodes)) for n in args.jobs.split(",")]
         for job, nodes in jobs:
             layout = plan(job, nodes)
-            out, wall, cpu, code = dry_run(job, layout, tmp, ["--jobs", str(args.processes)])
+            out, wall, cpu, code = dry_run(
+                job, layout, tmp, ["--jobs", str(args.processes)] if args.processes else []
+            )
             report(job.stem, layout, out, wall, cpu)
             failed |= code != 0
             records[job.stem] = {"layout": layout, "dryRun": out, "wallSeconds": wall, "cpuSeconds": cpu}

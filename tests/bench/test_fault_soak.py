@@ -19,6 +19,7 @@ def test_three_faults_cost_at_most_a_checkpoint_interval_each_and_the_loss_is_un
     proc = run_bench(
         "fault_soak",
         "--faults=3",
+        "--iterations=90",  # the default 140 runs twice (reference, soak); 90 leaves 23 per fault
         "--kinds=delete-pod,delete-node,kill-trainer",
         f"--state-dir={cluster.state_dir}",
         f"--json={out_json}",

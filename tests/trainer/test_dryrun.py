@@ -102,8 +102,11 @@ def test_a_mismatched_collective_sequence_is_reported():
 
 def test_bad_arguments_get_a_clear_error(tmp_path):
     layout = make_layout(2, 1, [2, 2], 2, 4, embedding=True)
-    code, _, err = dry_run(job(tmp_path, pipeline=2, data=1, tensor=1), layout, tmp_path, "--ranks", "99")
+    path = job(tmp_path, pipeline=2, data=1, tensor=1)
+    code, _, err = dry_run(path, layout, tmp_path, "--ranks", "99")
     assert code == 2 and "--ranks" in err
+    code, _, err = dry_run(path, layout, tmp_path, "--jobs", "0")
+    assert code == 2 and "--jobs 0: give 1 or more" in err
 
 
 def test_the_planner_and_the_dry_run_count_a_communicator_alike():

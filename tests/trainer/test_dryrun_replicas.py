@@ -51,7 +51,8 @@ def replicas_job(tmp: Path, **across) -> tuple[str, list[str]]:
 
 
 def dry_run(job_path: str, layouts: list[str], *args: str, change: str = "") -> tuple[int, dict, str]:
-    argv = ["--job", job_path, "--layout", *layouts, *args]
+    # a change lives in this process only: its ranks must not go to the tool's worker processes
+    argv = ["--job", job_path, "--layout", *layouts, *args, *(["--jobs", "1"] if change else [])]
     cmd = (
         [sys.executable, "-c", DRIVER.format(change=change)]
         if change

@@ -4,7 +4,8 @@
     python -m holmes.trainer.dryrun --job JOB.yaml --layout layout-0.json layout-1.json   # replicas
     holmes dryrun --job JOB.yaml (--layout LAYOUT.json | --nodes NODES.yaml)
 
-One process plays one rank after another: ``init_process_group("fake")`` makes it rank r of the
+Each process plays one rank after another (the ranks are spread over one process per CPU this
+one may use, ``--jobs``): ``init_process_group("fake")`` makes it rank r of the
 Layout's world (every collective and send/recv returns at once, moving no data), and
 ``FakeTensorMode`` with a ``cuda`` device (fakecuda.py) makes every tensor a shape without
 memory, in bf16 as on GPUs. For each rank the real :class:`~holmes.trainer.engine.Trainer` is
@@ -63,6 +64,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -648,31 +650,44 @@ def host_sync_problems(r: dict[str, Any], iterations: int) -> list[str]:
 
 def _run_workers(argv: list[str], ranks: list[int], jobs: int) -> list[dict[str, Any]]:
     """Split the ranks over ``jobs`` processes of this tool (each rank is independent)."""
-    chunks = [ranks[i::jobs] for i in range(jobs)]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "holmes.trainer.dryrun",
-                *argv,
-                "--worker",
-                "--ranks",
-                ",".join(map(str, c)),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for c in chunks
-        if c
-    ]
+    chunks = [c for c in (ranks[i::jobs] for i in range(jobs)) if c]
     out: list[dict[str, Any]] = []
-    for p in procs:
-        stdout, stderr = p.communicate()
-        if p.returncode:
-            raise RuntimeError(f"a dry-run worker failed:\n{stderr[-4000:]}")
-        out += json.loads(stdout)
+    with contextlib.ExitStack() as files:
+        # output to files, not pipes: a worker that filled a pipe no one reads yet would wait
+        # for the workers before it instead of running beside them
+        logs = [
+            (
+                files.enter_context(tempfile.TemporaryFile("w+")),
+                files.enter_context(tempfile.TemporaryFile("w+")),
+            )
+            for _ in chunks
+        ]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "holmes.trainer.dryrun",
+                    *argv,
+                    "--worker",
+                    "--ranks",
+                    ",".join(map(str, c)),
+                ],
+                stdout=stdout,
+                stderr=stderr,
+                text=True,
+            )
+            for c, (stdout, stderr) in zip(chunks, logs)
+        ]
+        for p, (stdout, stderr) in zip(procs, logs):
+            p.wait()
+            if p.returncode:
+                for other in procs:
+                    other.kill()
+                stderr.seek(0)
+                raise RuntimeError(f"a dry-run worker failed:\n{stderr.read()[-4000:]}")
+            stdout.seek(0)
+            out += json.loads(stdout.read())
     return sorted(out, key=lambda r: r["rank"])
 
 
@@ -715,7 +730,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tolerance", type=float, default=0.10, help="planner vs dry-run memory (default 0.10)")
     ap.add_argument("--bucket-elements", type=int, help="gradient bucket size (the trainer's default else)")
     ap.add_argument("--pipeline-schedule", default="auto", help="default: the layout's")
-    ap.add_argument("--jobs", type=int, default=1, help="processes to spread the ranks over (default 1)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        help="processes to spread the ranks over (default: one per CPU this process may use, "
+        "at most one per rank)",
+    )
     ap.add_argument("--collectives", action="store_true", help="list every rank's collectives in full")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -788,6 +808,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.iterations < 2:
             raise DryRunError("--iterations must be >= 2: the last one is the steady state checked")
+        if args.jobs is not None and args.jobs < 1:
+            raise DryRunError(f"--jobs {args.jobs}: give 1 or more processes, or leave it out (one per CPU)")
         overrides: dict[str, Any] = {"dtype": "bfloat16", "pipeline_schedule": args.pipeline_schedule}
         if args.bucket_elements:
             overrides["bucket_elements"] = args.bucket_elements
@@ -809,7 +831,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     scale = layout.micro_batches / run_layout.micro_batches
     W = layout.world_size
-    if args.worker or args.jobs <= 1:
+    jobs = min(args.jobs or len(os.sched_getaffinity(0)), len(ranks))
+    if args.worker or jobs <= 1:
         results = []
         for g in ranks:
             q = g // W
@@ -819,9 +842,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(results))
             return 0
     else:
-        results = _run_workers(
-            _without(_without(argv, "--ranks"), "--jobs"), ranks, min(args.jobs, len(ranks))
-        )
+        results = _run_workers(_without(_without(argv, "--ranks"), "--jobs"), ranks, jobs)
     out: dict[str, Any] = {
         "worldSize": W,
         **({"replicas": R} if R > 1 else {}),
