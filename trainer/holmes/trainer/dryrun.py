@@ -648,6 +648,13 @@ def host_sync_problems(r: dict[str, Any], iterations: int) -> list[str]:
     return out
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS has one, e.g. not macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _run_workers(argv: list[str], ranks: list[int], jobs: int) -> list[dict[str, Any]]:
     """Split the ranks over ``jobs`` processes of this tool (each rank is independent)."""
     chunks = [c for c in (ranks[i::jobs] for i in range(jobs)) if c]
@@ -831,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     scale = layout.micro_batches / run_layout.micro_batches
     W = layout.world_size
-    jobs = min(args.jobs or len(os.sched_getaffinity(0)), len(ranks))
+    jobs = min(args.jobs or usable_cpus(), len(ranks))
     if args.worker or jobs <= 1:
         results = []
         for g in ranks:
