@@ -689,8 +689,9 @@ def _run_workers(argv: list[str], ranks: list[int], jobs: int) -> list[dict[str,
         for p, (stdout, stderr) in zip(procs, logs):
             p.wait()
             if p.returncode:
-                for other in procs:
+                for other in procs:  # the rest would run on for nothing; reaped, not left behind
                     other.kill()
+                    other.wait()
                 stderr.seek(0)
                 raise RuntimeError(f"a dry-run worker failed:\n{stderr.read()[-4000:]}")
             stdout.seek(0)
