@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -85,9 +86,10 @@ class OperatorProcess:
         log_path: Path,
         extra: list[str] = (),
         port_range: str | None = PORT_RANGE,  # None: every attempt on the fixed ports
+        env: dict[str, str] | None = None,  # added to this process's environment
     ):
         self.kubeconfig, self.namespaces, self.log_path = kubeconfig, namespaces, log_path
-        self.extra, self.port_range = list(extra), port_range
+        self.extra, self.port_range, self.env = list(extra), port_range, dict(env or {})
         self.metrics_port, self.liveness_port = free_port(), free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -111,7 +113,7 @@ class OperatorProcess:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -129,6 +131,16 @@ class OperatorProcess:
     def healthz(self) -> dict:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as r:
             return json.loads(r.read() or b"{}")
+
+    def health_code(self) -> int:
+        """The health endpoint's HTTP status (500 once a probe handler fails, 0 unreachable)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return 0
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:

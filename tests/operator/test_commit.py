@@ -6,22 +6,15 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 
 from holmes.contract import load_job
 from holmes.operator import placement_facts
 from holmes.operator.commit import OPTIMISTIC_TRIES, PlacementLock
-from holmes.operator.core import capacity, child_names, placement
+from holmes.operator.core import capacity, placement
 from holmes.operator.core.capacity import WaitingForCapacity, Workloads
 from holmes.operator.core.state import Decision
-from localkube.operatorproc import fake_gpu_node
 
-from .opfixtures import T0, manifest
-
-
-def claiming(name: str) -> Decision:
-    pod = {"metadata": {"name": f"{name}-1-0", "namespace": "ns"}, "spec": {}}
-    return Decision(status={"launched": True}, create_pods=[pod])
+from .pipeline_world import claiming, fake_nodes, pool_job, waiting_job
 
 
 def test_a_slow_decision_does_not_hold_another_jobs_claim_and_is_decided_again_after_it():
@@ -59,7 +52,7 @@ def test_a_decision_that_claims_nothing_is_written_as_decided():
 
     def decide():
         calls.append(1)
-        lock.version += 1  # someone claims meanwhile: a status-only decision does not care
+        lock.bump()  # someone claims meanwhile: a status-only decision does not care
         return Decision(status={"phase": "Running"}), None
 
     lock.decide_and_write("ns/a", decide, lambda d, on: None)
@@ -71,9 +64,9 @@ def test_after_losing_every_race_a_job_decides_under_the_lock():
     held = []
 
     def decide():
-        held.append(lock._lock.locked())
+        held.append(lock._turn.locked())
         if len(held) <= OPTIMISTIC_TRIES:
-            lock.version += 1  # another claim lands during every optimistic try
+            lock.bump()  # another claim lands during every optimistic try
         return claiming("a"), None
 
     lock.decide_and_write("ns/a", decide, lambda d, on: None)
@@ -93,17 +86,10 @@ def test_a_claim_being_written_is_seen_by_every_other_decision_until_its_pods_ar
     assert writing.wait(5)
     pods, jobs = lock.in_flight()
     assert [p["metadata"]["name"] for p in pods] == ["a-1-0"] and jobs == {"ns/a"}
-    assert not lock._lock.locked()  # the writes happen outside the lock
+    assert not lock._turn.locked() and not lock._state.locked()  # the writes happen outside the locks
     done.set()
     t.join(10)
     assert lock.in_flight() == ([], frozenset())
-
-
-def waiting_job(name: str, created: int, **spec) -> dict:
-    m = manifest(name, **spec)
-    m["metadata"]["uid"] = f"uid-{name}"
-    m["metadata"]["creationTimestamp"] = (T0 + timedelta(seconds=created)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return m
 
 
 def test_a_launching_job_is_in_no_queue_and_its_namespace_has_taken_a_turn():
@@ -114,42 +100,6 @@ def test_a_launching_job_is_in_no_queue_and_its_namespace_has_taken_a_turn():
     seen = Workloads(jobs=[a, b, me], launching=frozenset({"ns/a"}))
     state = capacity.shared_state(me, seen, {})
     assert [w.job for w in state.ahead] == ["other/b"]  # ns took its turn with a: other's b goes first
-
-
-POOL = "holmes.dev/pool"
-
-
-def fake_nodes(n: int, pool: str, first: int) -> list[dict]:
-    out = []
-    for i in range(first, first + n):
-        node = fake_gpu_node(i)
-        node["metadata"]["labels"][POOL] = pool
-        out.append(node)
-    return out
-
-
-def pool_job(name: str, count: int, created: int, pool: str, layers: int) -> dict:
-    return waiting_job(
-        name,
-        created,
-        count=count,
-        gpus=8,
-        model={
-            "layers": layers,
-            "hiddenSize": 1024,
-            "attentionHeads": 16,
-            "seqLength": 2048,
-            "vocabSize": 50257,
-        },
-        training={"globalBatchSize": 16 * count, "microBatchSize": 1, "iterations": 5, "learningRate": 1e-4},
-        template={
-            "spec": {
-                "nodeSelector": {POOL: pool},
-                "tolerations": [{"key": "holmes.dev/fake", "operator": "Exists"}],
-                "containers": [{"name": child_names.TRAINER_CONTAINER}],
-            }
-        },
-    )
 
 
 def test_a_huge_job_ahead_costs_the_job_behind_a_bounded_search_and_keeps_its_own_nodes():

@@ -5,7 +5,9 @@ the node agent as local processes."""
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 from holmes_dev.jobs import tiny_job
@@ -600,3 +602,57 @@ def test_leader_killed_the_follower_takes_over_within_the_lease_without_duplicat
     launched = [e for e in events_of(crd, namespace, "ha") if e["reason"] == "Launched"]
     assert len(launched) == 1, launched
     assert "waiting to lead" in follower.tail(400)
+
+
+WEDGE = Path(__file__).resolve().parent / "wedge"  # its sitecustomize hangs the named jobs' reconciles
+
+
+def test_a_stuck_reconcile_fails_the_probe_and_the_standby_takes_over(crd, namespace, tmp_path):
+    """Issue 46: a reconcile that never returns (forced by tests/operator/wedge in the leader
+    only) fails the leader's health endpoint within --reconcile-bound, the leader stops renewing
+    its Lease and exits, and the standby leads and sees the job through."""
+    bound = 10
+
+    def replica(ident: str, env: dict) -> OperatorProcess:
+        return OperatorProcess(
+            crd.kubeconfig,
+            [namespace],
+            tmp_path / f"{ident}.log",
+            extra=[
+                "--leader-elect",
+                f"--leader-elect-namespace={namespace}",
+                f"--leader-elect-identity={ident}",
+                f"--reconcile-bound={bound}",
+                # renewals stop once the bound is passed: the probe (bound + kopf's 10 s cache of
+                # a good result) answers 500 before the renew deadline ends the process
+                "--leader-elect-lease-duration=30",
+                "--leader-elect-renew-deadline=25",
+            ],
+            env=env,
+        )
+
+    path = os.pathsep.join(p for p in (str(WEDGE), os.environ.get("PYTHONPATH", "")) if p)
+    leader = replica("op-a", {"PYTHONPATH": path, "HOLMES_TEST_WEDGE_JOBS": f"{namespace}/stuck"}).start()
+    standby = None
+    try:
+        wait_for("op-a to lead", lambda: lease_holder(crd, namespace) == "op-a", timeout=30)
+        standby = replica("op-b", {}).start()
+        apply(crd, tiny_job("stuck", namespace, count=2, command=["sh", "-c", "sleep 3"]))
+        applied = time.monotonic()
+        # kopf keeps a good probe result 10 s: unhealthy within the bound and that
+        wait_for("op-a unhealthy", lambda: leader.health_code() == 500, timeout=bound + 15, every=0.5)
+        unhealthy = time.monotonic() - applied
+        wait_for("op-b to lead", lambda: lease_holder(crd, namespace) == "op-b", timeout=60, every=0.2)
+        took_over = time.monotonic() - applied
+        code = leader.proc.wait(30)  # it exited, handing the Lease over
+        job = wait_phase(crd, namespace, "stuck", "Succeeded", timeout=120, op=standby)
+        assert standby.health_code() == 200
+    finally:
+        for op in (leader, standby):
+            if op is not None:
+                op.stop()
+                print(op.tail(30))
+    print(f"unhealthy {unhealthy:.1f}s, op-b leading {took_over:.1f}s after the job's apply (bound {bound}s)")
+    assert unhealthy <= bound + 10 + 5  # + kopf's cache + this shared machine's scheduling
+    assert code != 0 and "not renewing the leader lease" in leader.tail(400)
+    assert job["status"]["restarts"] == 0

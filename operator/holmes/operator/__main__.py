@@ -19,7 +19,7 @@ from kubernetes import client, config
 from holmes.contract.names import GROUP, PLURAL, RDMA_KINDS, VERSION
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
-from . import api_count, metrics
+from . import api_count, liveness, metrics
 from .core.reconcile import RestartBackoff
 from .core.render import RenderSettings
 from .core.template import BASELINE, LEVELS, POLICY_OPTIONS, PSS_VERSION, TemplatePolicy
@@ -58,6 +58,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="http://127.0.0.1:8080/healthz",
         metavar="URL",
         help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz ('' disables)",
+    )
+    p.add_argument(
+        "--reconcile-bound",
+        type=float,
+        default=liveness.DEFAULT_BOUND,
+        metavar="S",
+        help="the liveness probe fails (and a leader stops renewing its Lease) once a reconcile has "
+        "run S seconds, or reconciles have waited S seconds for a worker while none finished",
     )
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0 disables)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="address the metrics server binds")
@@ -202,6 +210,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             for o in POLICY_OPTIONS
         }
     )
+    if not args.reconcile_bound >= 10:
+        p.error(f"--reconcile-bound {args.reconcile_bound:g}: expected at least 10 seconds")
     if args.progress_interval < 1:
         p.error(f"--progress-interval {args.progress_interval:g}: expected at least 1 second")
     args.lease = None
@@ -300,6 +310,7 @@ def build(
         namespaces=tuple(args.namespace),
         members_namespace=args.members_namespace,
         member_secrets=tuple(args.member_secret),
+        reconciles=liveness.Progress(args.reconcile_bound),
     )
     register(rt, registry)
 
@@ -356,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             "cost_model": args.cost_model or "built-in",
         },
     )
-    elector = LeaderElector(rt.api, args.lease) if args.lease else None
+    # a replica whose reconciles are stuck stops renewing: the standby leads within the lease
+    elector = LeaderElector(rt.api, args.lease, stuck=rt.reconciles.verdict) if args.lease else None
     asyncio.run(serve(registry, rt, elector, namespaces, args.liveness or None))
     return 0
 

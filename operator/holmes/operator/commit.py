@@ -1,19 +1,25 @@
 """Optimistic placement: jobs decide (and plan) concurrently, each on a snapshot of the caches,
-and take the placement lock only to check that snapshot is still current and claim.
+and take the placement locks only to check that snapshot is still current and claim.
 
 A decision claims capacity when it creates pods or a layout ConfigMap (``claims``). Every
 claim bumps ``PlacementLock.version``; a claiming decision made on an older version is thrown
 away and decided again on fresh caches, since another job may now hold the nodes it chose.
-After ``OPTIMISTIC_TRIES`` lost races the job decides under the lock (it cannot starve); one
-decision is still bounded by the planning budget (holmes.plan.budget). Decisions that claim
-nothing (tracking a running job, waiting, deleting pods) are written as decided: they only free
-capacity or say why a job waits.
+After ``OPTIMISTIC_TRIES`` lost races the job decides holding the claim turn, so no other job
+claims meanwhile (it cannot starve); one decision is still bounded by the planning budget
+(holmes.plan.budget). Decisions that claim nothing (tracking a running job, waiting, deleting
+pods) are written as decided: they only free capacity or say why a job waits.
 
-The writes themselves (hundreds of pods for a large job) happen outside the lock: until they
+The writes themselves (hundreds of pods for a large job) happen outside the locks: until they
 are done, the claim's pods are ``in_flight`` and every other decision counts them as held
 (pipeline.Pipeline.workloads), and the claiming job is not in anyone's queue. So neither a
-slow plan nor a large launch holds the other jobs' launches: the lock is held for a version
-check.
+slow plan nor a large launch holds the other jobs' launches.
+
+Two locks, always taken in this order (docs/concurrency.md):
+- ``_turn``: whose claim it is. Held for a version check and a claim, or for a whole decision
+  by a job that lost every race. Nothing a decision calls takes it.
+- ``_state``: the version and the claims in flight. Held for a few statements, never around a
+  call out; ``decide`` reads it (``in_flight``), which is why the last try, deciding under
+  ``_turn``, must not hold ``_state`` (one lock for both deadlocked: issue 46).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import TypeVar
 from . import metrics
 from .core.state import Decision
 
-OPTIMISTIC_TRIES = 3  # decisions thrown away before one is made under the lock
+OPTIMISTIC_TRIES = 3  # decisions thrown away before one is made holding the claim turn
 
 S = TypeVar("S")  # what a decision was made on (written with it)
 T = TypeVar("T")  # what the write returns
@@ -40,13 +46,24 @@ class PlacementLock:
     """The version of what placements claimed, and the claims being written now."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.version = 0
+        self._turn = threading.Lock()  # taken before _state, never while holding it
+        self._state = threading.Lock()
+        self._version = 0
         self._in_flight: dict[str, list[dict]] = {}  # job (namespace/name) -> pods it is creating
+
+    @property
+    def version(self) -> int:
+        with self._state:
+            return self._version
+
+    def bump(self) -> None:
+        """Count a claim made elsewhere (tests force lost races with it)."""
+        with self._state:
+            self._version += 1
 
     def in_flight(self) -> tuple[list[dict], frozenset[str]]:
         """The pods of claims being written, and their jobs."""
-        with self._lock:
+        with self._state:
             return [p for ps in self._in_flight.values() for p in ps], frozenset(self._in_flight)
 
     def decide_and_write(
@@ -57,31 +74,35 @@ class PlacementLock:
         tries: int = OPTIMISTIC_TRIES,
     ) -> tuple[Decision, S, T]:
         """``decide`` (observe the caches and decide: the decision and what it was made on)
-        outside the lock; claim under it if nothing was claimed since, else decide again (the
-        last try under the lock); then ``write``, the claim in flight meanwhile."""
+        holding no lock; claim if nothing was claimed since, else decide again (the last try
+        holding the claim turn); then ``write``, the claim in flight meanwhile."""
         for _ in range(tries):
             seen = self.version
             d, on = decide()
-            with self._lock:
-                if claims(d) and self.version != seen:
-                    metrics.PLACEMENT_RETRIES.inc()
-                    continue
-                self._claim(job, d)
-            return d, on, self._write(job, d, on, write)
-        with self._lock:  # lost every race: decide where no one else can claim meanwhile
+            if not claims(d):
+                return d, on, write(d, on)
+            with self._turn, self._state:
+                won = self._version == seen
+                if won:
+                    self._claim(job, d)
+            if won:
+                return d, on, self._write(job, d, on, write)
+            metrics.PLACEMENT_RETRIES.inc()
+        with self._turn:  # lost every race: decide while no one else can claim
             d, on = decide()
-            self._claim(job, d)
+            if claims(d):
+                with self._state:
+                    self._claim(job, d)
         return d, on, self._write(job, d, on, write)
 
-    def _claim(self, job: str, d: Decision) -> None:  # under the lock
-        if claims(d):
-            self.version += 1
-            self._in_flight[job] = list(d.create_pods)
+    def _claim(self, job: str, d: Decision) -> None:  # holding _state
+        self._version += 1
+        self._in_flight[job] = list(d.create_pods)
 
     def _write(self, job: str, d: Decision, on: S, write: Callable[[Decision, S], T]) -> T:
         try:
             return write(d, on)
         finally:
             if claims(d):  # the pods created are in the caches now (read in_flight before them)
-                with self._lock:
+                with self._state:
                     self._in_flight.pop(job, None)

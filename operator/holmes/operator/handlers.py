@@ -22,16 +22,22 @@ not be deleted while the operator is down. Children go away through their ownerR
 a single-cluster job needs no finalizer at all (a job across members does: no ownerReference
 crosses clusters).
 
-Reconciles of one job never overlap (one loop per job); different jobs run concurrently.
+Reconciles of one job never overlap (one loop per job); different jobs run concurrently, in the
+reconcile worker pool. Each reports to the liveness record (liveness.py), which fails the
+probe when reconciles stop making progress. Every thread and lock: docs/concurrency.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
+import functools
 import logging
+import os
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +47,7 @@ from kubernetes import client
 from holmes.contract.names import GROUP, PLURAL, VERSION
 from holmes.plan.costmodel_file import CostModelFile
 
-from . import api_count, metrics
+from . import api_count, liveness, metrics
 from .core import members
 from .core.reconcile import ChildRefusal, Decision, RestartBackoff
 from .core.render import RenderSettings
@@ -52,6 +58,9 @@ from .watches import Watches
 
 log = logging.getLogger("holmes.operator")
 IDLE_RESYNC = 300.0  # a quiet job is still re-read this often
+# Reconciles run in a pool of their own (asyncio's default one serves the Lease renewals and
+# discovery, which reconciles must not starve); asyncio's default size.
+RECONCILE_WORKERS = min(32, (os.cpu_count() or 1) + 4)
 WAKE_WAITING_DELAY = 0.3  # pod changes wake the waiting jobs at most this often
 
 
@@ -83,6 +92,8 @@ class Runtime:
     wakers: dict = field(default_factory=dict)  # (ns, name) -> Waker
     loops: dict = field(default_factory=dict)  # (ns, name) -> asyncio.Task
     phases: metrics.PhaseTracker = field(default_factory=metrics.PhaseTracker)
+    # reconciles due and running: the liveness probe's verdict (liveness.py)
+    reconciles: liveness.Progress = field(default_factory=liveness.Progress)
 
     def __post_init__(self) -> None:
         self.caches = Caches()
@@ -119,6 +130,8 @@ class Runtime:
         self.unlaunched: set[tuple[str, str]] = set()  # woken when capacity may have freed
         self._wake_scheduled = False
         self._said: dict[tuple, str] = {}  # messages logged once per change (member problems)
+        self.workers = ThreadPoolExecutor(RECONCILE_WORKERS, thread_name_prefix="holmes-reconcile")
+        metrics.OLDEST_RECONCILE.set_function(self.reconciles.oldest_running)
 
     def wake(self, key: tuple[str, str]) -> None:
         w = self.wakers.get(key)
@@ -161,6 +174,21 @@ class Runtime:
         self.caches.jobs.put(copy.deepcopy(dict(body)))
 
     # ---- one reconcile (sync; runs in a worker thread) ------------------------------------
+    async def reconcile_in_worker(self, ns: str, name: str, nodes: list[dict]) -> Decision | None:
+        """``reconcile`` in a worker thread, in the caller's context (kopf's per-object one,
+        which ``kopf.event`` posts through), reported to the liveness record."""
+        token = self.reconciles.due(f"{ns}/{name}")
+
+        def run() -> Decision | None:
+            with self.reconciles.running(token):
+                return self.reconcile(ns, name, nodes)
+
+        call = functools.partial(contextvars.copy_context().run, run)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.workers, call)
+        finally:
+            self.reconciles.dropped(token)  # cancelled before a worker took it
+
     def reconcile(
         self, ns: str, name: str, nodes: list[dict], refused: list[ChildRefusal] | None = None
     ) -> Decision | None:
@@ -287,7 +315,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
             while True:
                 nodes = rt.caches.nodes.values()
                 try:
-                    d = await asyncio.to_thread(rt.reconcile, namespace, name, nodes)
+                    d = await rt.reconcile_in_worker(namespace, name, nodes)
                     if d is None:  # deleted (or being deleted): nothing left to do
                         return
                     backoff = 1.0
@@ -324,7 +352,17 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         await asyncio.gather(*loops, return_exceptions=True)
         rt.progress.close()
         rt.watches.stop()
+        rt.workers.shutdown(wait=False, cancel_futures=True)
 
     @kopf.on.probe(id="jobs", registry=registry)
     async def jobs_probe(**_: Any) -> dict:
         return rt.phases.counts()
+
+    # The liveness verdict: a reconcile that does not end (a deadlock, a write that never
+    # returns) fails the probe, so the kubelet restarts this replica and the standby leads.
+    @kopf.on.probe(id="reconciles", registry=registry)
+    async def reconciles_probe(**_: Any) -> dict:
+        why = rt.reconciles.verdict()
+        if why:  # permanent: kopf retries a plain error for a minute before answering
+            raise kopf.PermanentError(why)
+        return {"oldestSeconds": round(rt.reconciles.oldest_running(), 1)}

@@ -82,14 +82,22 @@ def next_spec(spec: Mapping, me: str, duration: float, now: float) -> dict:
 
 class LeaderElector:
     """Acquires and renews the Lease; ``leading`` is set while this replica leads. ``on_lost``
-    runs when a leader could not renew in time (the default exits the process at once)."""
+    runs when a leader could not renew in time (the default exits the process at once).
+    ``stuck`` says why this replica's reconciles make no progress ('' while they do,
+    liveness.Progress.verdict): a stuck leader does not renew, so it exits and the standby
+    leads, even where no liveness probe would restart it."""
 
     def __init__(
-        self, api: client.ApiClient, cfg: LeaseConfig, on_lost: Callable[[], None] | None = None
+        self,
+        api: client.ApiClient,
+        cfg: LeaseConfig,
+        on_lost: Callable[[], None] | None = None,
+        stuck: Callable[[], str] = lambda: "",
     ) -> None:
         self.coord = client.CoordinationV1Api(api)
         self.cfg = cfg
         self.on_lost = on_lost or _exit_lost
+        self.stuck = stuck
         self.leading = asyncio.Event()
         self._record: tuple | None = None  # (holder, renewTime) last seen
         self._record_seen = 0.0  # monotonic time it was first seen
@@ -197,14 +205,24 @@ class LeaderElector:
         renewed = time.monotonic()
         while True:
             await asyncio.sleep(cfg.retry)
-            if await self._try():
+            why = self.stuck()
+            if why:
+                log.error("not renewing the leader lease: %s", why, extra={"lease": self._where()})
+            elif await self._try():
                 renewed = time.monotonic()
-            elif time.monotonic() - renewed > cfg.renew_deadline:
+                continue
+            if time.monotonic() - renewed > cfg.renew_deadline:
                 log.critical(
-                    "lost the leader lease: not renewed for %.1fs; exiting so that only one replica acts",
+                    "lost the leader lease: not renewed for %.1fs; exiting so that only one replica acts%s",
                     time.monotonic() - renewed,
+                    f" (stepping down: {why})" if why else "",
                     extra={"lease": self._where(), "identity": cfg.identity},
                 )
+                if why:  # stepping down, not cut off: hand the Lease over at once
+                    try:
+                        await asyncio.wait_for(asyncio.to_thread(self.release), cfg.retry * 2)
+                    except (asyncio.TimeoutError, urllib3.exceptions.HTTPError, OSError) as e:
+                        log.warning("leader lease not released: %s", e, extra={"lease": self._where()})
                 self.leading.clear()
                 metrics.LEADER.set(0)
                 self.on_lost()

@@ -45,6 +45,11 @@ REPLANS = Counter(
 FAILURES = Counter(
     "holmes_job_failures_total", "HolmesJobs that ended Failed, by reason", ["namespace", "reason"]
 )
+OLDEST_RECONCILE = Gauge(
+    "holmes_oldest_reconcile_seconds",
+    "Seconds the oldest reconcile in progress has run (0 when none runs); over the reconcile "
+    "bound (--reconcile-bound) the liveness probe fails (liveness.py)",
+)
 RECONCILE_ERRORS = Counter("holmes_reconcile_errors_total", "Reconciles that raised (retried with backoff)")
 COST_MODEL_VALID = Gauge(
     "holmes_cost_model_valid",
