@@ -1,7 +1,7 @@
 """The reconcile's data and the job status it writes: what was observed (``Observed``), what to
-do (``Decision``), and ``JobState``, the primitives every rule of the state machine
-(reconcile.py) writes the status with: phase and conditions, stalls, attempts and teardowns,
-restarts by reason. Pure."""
+do (``Decision``), one pass's state (``JobState``), and the functions over that state every step
+of the state machine (reconcile.py) writes the status with: phase and conditions, stalls,
+attempts and teardowns, restarts by reason, the current attempt's launched plan. Pure."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from datetime import datetime, timedelta
 
 from holmes.contract import JobSpec, Layout, LayoutError
 
-from . import child_names, members
+from . import child_names, members, placement, replicas
 from . import conditions as cond
 from .placement import PlacementFacts
 from .render import JobRef, RenderSettings
-from .summary import iso, parse_time, pod_attempt, pod_counts
+from .summary import iso, parse_time, pod_attempt
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
@@ -137,186 +137,226 @@ class RestartBackoff:
         return min(self.base * 2.0 ** min(restarts - 1, 62), self.cap)
 
 
+@dataclass
 class JobState:
-    """One reconcile's view of the job and the status it writes (``self.status``, in
-    ``self.d``); the state machine (reconcile._Reconciler) is built on these primitives."""
+    """One reconcile pass: what it read (``obs``, ``old``: the status as read) and what it writes
+    (``status``, inside the Decision ``d``). Every step takes it and returns ``d`` when the pass
+    ends there. Built by ``begin``."""
 
-    def __init__(
-        self, obs: Observed, facts: PlacementFacts, settings: RenderSettings, backoff: RestartBackoff
-    ):
-        self.obs, self.facts, self.backoff = obs, facts, backoff
+    obs: Observed
+    facts: PlacementFacts
+    settings: RenderSettings
+    backoff: RestartBackoff
+    job: dict  # the HolmesJob as read
+    name: str
+    ns: str
+    generation: int | None
+    old: dict  # status as read
+    status: dict  # status being written (is d.status)
+    d: Decision
+    stamp: str  # obs.now as the status writes it
+    attempt: int  # the attempt this pass works on (teardown moves to the next)
+    pods: list[dict]  # the pods this job object owns, any attempt
+    nodes: dict[str, dict]  # the node index, by name
+    node_labels: dict[str, str] = field(default_factory=dict)  # Kueue's flavors: placement stays on them
+
+
+def begin(
+    obs: Observed, facts: PlacementFacts, settings: RenderSettings, backoff: RestartBackoff
+) -> JobState:
+    job = obs.job
+    meta = job.get("metadata") or {}
+    old = dict(job.get("status") or {})
+    status = dict(old)
+    return JobState(
+        obs=obs,
+        facts=facts,
         # GPUs are the resource discovery counts: the cost model's nicMapping.gpuResource (its
         # file can change while the operator runs)
-        self.settings = replace(settings, gpu_resource=facts.cost_model.nic_mapping.gpu_resource)
-        self.node_labels: dict[str, str] = {}  # Kueue's admitted flavors: placement stays on them
-        self.job = obs.job
-        meta = self.job.get("metadata") or {}
-        self.name, self.ns = meta.get("name", ""), meta.get("namespace", "default")
-        self.generation = meta.get("generation")
-        self.old = dict(self.job.get("status") or {})
-        self.status = dict(self.old)
-        self.now = iso(obs.now)
-        self.d = Decision(status=self.status)
-        self.attempt = int(self.old.get("attempt") or 0)
+        settings=replace(settings, gpu_resource=facts.cost_model.nic_mapping.gpu_resource),
+        backoff=backoff,
+        job=job,
+        name=meta.get("name", ""),
+        ns=meta.get("namespace", "default"),
+        generation=meta.get("generation"),
+        old=old,
+        status=status,
+        d=Decision(status=status),
+        stamp=iso(obs.now),
+        attempt=int(old.get("attempt") or 0),
         # Only pods this job object owns: a job deleted and recreated under the same name must
         # not adopt the old one's pods, which the garbage collector is removing.
-        uid = meta.get("uid")
-        self.pods = owned(obs.pods, uid)
-        self.nodes = {n["metadata"]["name"]: n for n in obs.nodes}  # the node index, by name
-        self.spec: JobSpec | None = None  # set once the spec parsed
+        pods=owned(obs.pods, meta.get("uid")),
+        nodes={n["metadata"]["name"]: n for n in obs.nodes},
+    )
 
-    # ---- helpers -------------------------------------------------------------------------
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.d.events.append(Event(type_, reason, message))
 
-    def set_phase(
-        self,
-        phase: str,
-        reason: str,
-        message: str,
-        stalled: tuple[str, str] | None = None,
-        announce: bool = True,
-    ) -> bool:
-        """Phase plus the matching kstatus conditions; an Event when the phase changes (True then)."""
-        previous = self.old.get("phase")
-        self.status["phase"] = phase
-        values = cond.for_phase(phase, reason, message, stalled)
-        self.status["conditions"] = cond.set_many(
-            self.old.get("conditions"), values, self.now, self.generation
-        )
-        if phase != previous and announce:
-            kind = "Warning" if phase in (FAILED, RESTARTING) else "Normal"
-            self.event(kind, reason, f"{previous or 'New'} -> {phase}: {message}")
-            return True
-        return False
+# ---- status: phase, conditions, events ------------------------------------------------------
+def event(st: JobState, type_: str, reason: str, message: str) -> None:
+    st.d.events.append(Event(type_, reason, message))
 
-    def stall(self, reason: str, message: str) -> Decision:
-        """Bad input: say what to fix (condition + one Warning Event per distinct message)."""
-        old = cond.get(self.old.get("conditions"), cond.STALLED)
-        phase = self.old.get("phase") or PENDING
-        keep_reason = (cond.get(self.old.get("conditions"), cond.READY) or {}).get("reason", reason)
-        self.set_phase(phase, keep_reason, message, stalled=(reason, message), announce=False)
-        if not (old and old.get("status") == "True" and old.get("message") == message):
-            self.event("Warning", reason, message)
-        self.status["observedGeneration"] = self.generation
-        return self.d
 
-    def live_pods(self) -> list[str]:
-        """Names of pods still running or starting (any attempt) and not already being deleted."""
-        return [
-            p["metadata"]["name"]
-            for p in self.pods
-            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-            and not p["metadata"].get("deletionTimestamp")
-        ]
-
-    def current_pods(self) -> list[dict]:
-        return [p for p in self.pods if pod_attempt(p) == self.attempt]
-
-    def delete_stale(self) -> None:
-        for p in self.pods:
-            if (
-                pod_attempt(p) != self.attempt
-                and not p["metadata"].get("deletionTimestamp")
-                and p["metadata"]["name"] not in self.d.delete_pods
-            ):
-                self.d.delete_pods.append(p["metadata"]["name"])
-
-    def teardown(self, *, restart: str | None = None) -> None:
-        """Delete the current attempt's pods by moving to a new attempt; ``restart`` counts it
-        as a gang restart of that kind (FAILURE, DISRUPTION, IGNORED, SCALE_UP)."""
-        self.attempt += 1
-        self.status["attempt"] = self.attempt
-        self.status["launched"] = False
-        self.status.pop("scaleUpAfter", None)
-        if restart:
-            self.status["restarts"] = int(self.old.get("restarts") or 0) + 1
-            by = self.restarts_by_reason()
-            by[restart] = by.get(restart, 0) + 1
-            self.status["restartsByReason"] = by
-        self.delete_stale()
-
-    def past_leftovers(self) -> None:
-        """Start counting attempts past those of a same-named job's leftover pods (deleted by
-        the garbage collector: a pod name must not be taken twice)."""
-        foreign = [p for p in self.obs.pods if not any(p is q for q in self.pods)]
-        self.attempt = max((pod_attempt(p) or 0 for p in foreign), default=0)
-
-    def hold(self, reason: str, message: str, warn: bool = False) -> Decision:
-        """Suspended by the queueing system: no pods (deleted gracefully), status kept."""
-        if self.old.get("phase") != SUSPENDED:
-            if self.attempt == 0:
-                self.past_leftovers()
-            self.teardown()
-        else:
-            self.delete_stale()
-        self.status.pop("nextAttemptTime", None)
-        self.status.pop("waitingSince", None)
-        self.status["pods"] = pod_counts([])
-        old = cond.get(self.old.get("conditions"), cond.SUSPENDED) or {}
-        self.set_phase(SUSPENDED, reason, message, announce=False)
-        if (old.get("reason"), old.get("status")) != (reason, "True"):
-            self.event("Warning" if warn else "Normal", reason, message)
-        self.d.requeue_after = WAIT_INTERVAL
-        return self.d
-
-    def fail(self, reason: str, message: str) -> Decision:
-        self.d.delete_pods = self.live_pods()
-        self.status.pop("nextAttemptTime", None)
-        self.status["completionTime"] = self.now
-        self.set_phase(FAILED, reason, message, stalled=(reason, message))
-        return self.d
-
-    def relaunch(self, restart: str, reason: str, message: str) -> bool:
-        """A planned gang restart of kind ``restart`` (scale up, re-plan): tear down, say why, and
-        plan again at once (True: the reconcile ends here)."""
-        self.teardown(restart=restart)
-        self.set_phase(RESTARTING, reason, message)
-        self.d.requeue_after = 0.5
+def set_phase(
+    st: JobState,
+    phase: str,
+    reason: str,
+    message: str,
+    stalled: tuple[str, str] | None = None,
+    announce: bool = True,
+) -> bool:
+    """Phase plus the matching kstatus conditions; an Event when the phase changes (True then)."""
+    previous = st.old.get("phase")
+    st.status["phase"] = phase
+    values = cond.for_phase(phase, reason, message, stalled)
+    st.status["conditions"] = cond.set_many(st.old.get("conditions"), values, st.stamp, st.generation)
+    if phase != previous and announce:
+        kind = "Warning" if phase in (FAILED, RESTARTING) else "Normal"
+        event(st, kind, reason, f"{previous or 'New'} -> {phase}: {message}")
         return True
+    return False
 
-    def launched_layout(self) -> Layout | None:
-        """The Layout of the current attempt, from its ConfigMap (None: not known)."""
-        if self.cm_annotation(child_names.ANN_ATTEMPT) != str(self.attempt):
-            return None
-        try:
-            return Layout.from_json((self.obs.configmap or {})["data"][child_names.LAYOUT_FILE])
-        except (KeyError, TypeError, LayoutError):
-            return None
 
-    def restarts_by_reason(self) -> dict[str, int]:
-        """status.restartsByReason (a status written before it existed: all were failures)."""
-        by = self.old.get("restartsByReason")
-        if isinstance(by, Mapping):
-            return {k: int(v) for k, v in by.items() if isinstance(v, int)}
-        return {FAILURE: int(self.old.get("restarts") or 0)} if self.old.get("restarts") else {}
+def stall(st: JobState, reason: str, message: str) -> Decision:
+    """Bad input: say what to fix (condition + one Warning Event per distinct message)."""
+    old = cond.get(st.old.get("conditions"), cond.STALLED)
+    phase = st.old.get("phase") or PENDING
+    keep_reason = (cond.get(st.old.get("conditions"), cond.READY) or {}).get("reason", reason)
+    set_phase(st, phase, keep_reason, message, stalled=(reason, message), announce=False)
+    if not (old and old.get("status") == "True" and old.get("message") == message):
+        event(st, "Warning", reason, message)
+    st.status["observedGeneration"] = st.generation
+    return st.d
 
-    def job_ref(self, attempt: int | None = None) -> JobRef:
-        spec = self.job.get("spec") or {}
-        return JobRef(
-            self.name,
-            self.ns,
-            self.attempt if attempt is None else attempt,
-            child_names.spec_hash(spec),
-            child_names.model_hash(spec),
-        )
 
-    def cm_annotation(self, key: str) -> str | None:
-        return ((self.obs.configmap or {}).get("metadata", {}).get("annotations") or {}).get(key)
+def fail(st: JobState, reason: str, message: str) -> Decision:
+    st.d.delete_pods = live_pods(st)
+    st.status.pop("nextAttemptTime", None)
+    st.status["completionTime"] = st.stamp
+    set_phase(st, FAILED, reason, message, stalled=(reason, message))
+    return st.d
 
-    def until_deadline(self, seconds: float) -> float:
-        """``seconds``, or less so the job wakes up in time to fail on runPolicy.activeDeadlineSeconds."""
-        assert self.spec is not None  # only after the spec parsed
-        deadline = self.spec.run_policy.active_deadline_seconds
-        started = parse_time(self.status.get("startTime"))
-        if deadline and started:
-            seconds = min(seconds, (started + timedelta(seconds=deadline) - self.obs.now).total_seconds())
-        return max(seconds, 0.0)
 
-    def size(self, current: int | None) -> dict[str, int]:
-        assert self.spec is not None  # only after the spec parsed
-        n = self.spec.nodes
-        out = {"desired": n.count, "minimum": n.minimum}
-        if current is not None:
-            out["current"] = current
-        return out
+def until_deadline(st: JobState, spec: JobSpec, seconds: float) -> float:
+    """``seconds``, or less so the job wakes up in time to fail on runPolicy.activeDeadlineSeconds."""
+    deadline = spec.run_policy.active_deadline_seconds
+    started = parse_time(st.status.get("startTime"))
+    if deadline and started:
+        seconds = min(seconds, (started + timedelta(seconds=deadline) - st.obs.now).total_seconds())
+    return max(seconds, 0.0)
+
+
+def size(spec: JobSpec, current: int | None) -> dict[str, int]:
+    """status.size: nodes.count, nodes.minCount and (when known) the current attempt's nodes."""
+    out = {"desired": spec.nodes.count, "minimum": spec.nodes.minimum}
+    if current is not None:
+        out["current"] = current
+    return out
+
+
+def restarts_by_reason(st: JobState) -> dict[str, int]:
+    """status.restartsByReason (a status written before it existed: all were failures)."""
+    by = st.old.get("restartsByReason")
+    if isinstance(by, Mapping):
+        return {k: int(v) for k, v in by.items() if isinstance(v, int)}
+    return {FAILURE: int(st.old.get("restarts") or 0)} if st.old.get("restarts") else {}
+
+
+# ---- pods and attempts ------------------------------------------------------------------------
+def live_pods(st: JobState) -> list[str]:
+    """Names of pods still running or starting (any attempt) and not already being deleted."""
+    return [
+        p["metadata"]["name"]
+        for p in st.pods
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def current_pods(st: JobState) -> list[dict]:
+    return [p for p in st.pods if pod_attempt(p) == st.attempt]
+
+
+def delete_stale(st: JobState) -> None:
+    """Delete the pods of every other attempt."""
+    for p in st.pods:
+        if (
+            pod_attempt(p) != st.attempt
+            and not p["metadata"].get("deletionTimestamp")
+            and p["metadata"]["name"] not in st.d.delete_pods
+        ):
+            st.d.delete_pods.append(p["metadata"]["name"])
+
+
+def teardown(st: JobState, *, restart: str | None = None) -> None:
+    """Delete the current attempt's pods by moving to a new attempt; ``restart`` counts it
+    as a gang restart of that kind (FAILURE, DISRUPTION, IGNORED, SCALE_UP)."""
+    st.attempt += 1
+    st.status["attempt"] = st.attempt
+    st.status["launched"] = False
+    st.status.pop("scaleUpAfter", None)
+    if restart:
+        st.status["restarts"] = int(st.old.get("restarts") or 0) + 1
+        by = restarts_by_reason(st)
+        by[restart] = by.get(restart, 0) + 1
+        st.status["restartsByReason"] = by
+    delete_stale(st)
+
+
+def past_leftovers(st: JobState) -> None:
+    """Start counting attempts past those of a same-named job's leftover pods (deleted by
+    the garbage collector: a pod name must not be taken twice)."""
+    foreign = [p for p in st.obs.pods if not any(p is q for q in st.pods)]
+    st.attempt = max((pod_attempt(p) or 0 for p in foreign), default=0)
+
+
+# ---- the current attempt's children -------------------------------------------------------------
+def job_ref(st: JobState) -> JobRef:
+    spec = st.job.get("spec") or {}
+    return JobRef(st.name, st.ns, st.attempt, child_names.spec_hash(spec), child_names.model_hash(spec))
+
+
+def cm_annotation(st: JobState, key: str) -> str | None:
+    return ((st.obs.configmap or {}).get("metadata", {}).get("annotations") or {}).get(key)
+
+
+def spec_changed(st: JobState) -> bool:
+    """The job's ConfigMap was written for another spec than the one read now (the user edited
+    it since; no ConfigMap: not changed)."""
+    launched = cm_annotation(st, child_names.ANN_SPEC_HASH)
+    return bool(launched) and launched != child_names.spec_hash(st.job.get("spec") or {})
+
+
+def launched_layout(st: JobState) -> Layout | None:
+    """The Layout of the current attempt, from its ConfigMap (None: not known)."""
+    if cm_annotation(st, child_names.ANN_ATTEMPT) != str(st.attempt):
+        return None
+    try:
+        return Layout.from_json((st.obs.configmap or {})["data"][child_names.LAYOUT_FILE])
+    except (KeyError, TypeError, LayoutError):
+        return None
+
+
+def launched_replicas(st: JobState) -> replicas.ReplicaPlan | None:
+    """The current attempt's acrossIslands replicas, from its ConfigMap (None: not known, or a
+    pipeline)."""
+    if cm_annotation(st, child_names.ANN_ATTEMPT) != str(st.attempt):
+        return None
+    try:
+        return replicas.read_plan((st.obs.configmap or {}).get("data") or {})
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def placement_of(st: JobState) -> placement.Placement:
+    """This job's placement question (core/placement.py); the decision then counts as one
+    that placed (its time is the operator's planning-duration metric)."""
+    st.d.placed = True
+    return placement.Placement(
+        st.facts,
+        st.obs.nodes,
+        st.job,
+        across_members=st.obs.members is not None,
+        node_labels=st.node_labels,
+        priority_classes=st.obs.priority_classes or {},
+        gpu_resource=st.settings.gpu_resource,
+    )

@@ -1,0 +1,117 @@
+"""Whether the job may run now (a step of the state machine, reconcile.py): runPolicy.suspend,
+its priority class, and Kueue's admission (queueing.gate); a suspended or held job keeps its
+status and runs no pods. Pure."""
+
+from __future__ import annotations
+
+from holmes.contract import JobSpec
+
+from . import capacity, queueing
+from . import conditions as cond
+from .state import (
+    SUSPENDED,
+    WAIT_INTERVAL,
+    Decision,
+    JobState,
+    delete_stale,
+    event,
+    live_pods,
+    owned_by,
+    past_leftovers,
+    set_phase,
+    stall,
+    teardown,
+)
+from .summary import pod_counts
+
+
+def admit(st: JobState, spec: JobSpec) -> Decision | None:
+    """The Decision when the job may not run now; None: go on (a resumed job plans again, on
+    the nodes of the flavors Kueue admitted it to)."""
+    if spec.run_policy.suspend:
+        return _suspend(st)
+    problem = _priority_problem(st, spec)
+    if problem:
+        return stall(st, "InvalidSpec", problem)
+    held = _kueue_gate(st, spec)
+    if held is not None:
+        return held
+    if st.old.get("phase") == SUSPENDED:  # suspend already moved to a fresh attempt
+        st.status["launched"] = False
+        st.status["startTime"] = st.stamp  # the deadline counts from the resume
+        why = "admitted by Kueue" if queueing.queue_name(st.job) else "runPolicy.suspend is false"
+        event(st, "Normal", "Resumed", f"{why}: planning again")
+    return None
+
+
+def _suspend(st: JobState) -> Decision:
+    st.status.pop("nextAttemptTime", None)  # resuming is the user's call: no back-off after it
+    if st.old.get("phase") != SUSPENDED:
+        teardown(st)
+    else:
+        delete_stale(st)
+    st.status["pods"] = pod_counts([])
+    set_phase(st, SUSPENDED, "Suspended", "runPolicy.suspend is true: pods deleted, status kept")
+    return st.d
+
+
+def _priority_problem(st: JobState, spec: JobSpec) -> str:
+    classes = st.obs.priority_classes
+    if classes is None or spec.run_policy.priority is not None:
+        return ""
+    return capacity.priority_of(spec, classes)[1]
+
+
+def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
+    """Kueue's word (queueing.gate); None: admitted, go on, planning on the flavors' nodes."""
+    queue = queueing.queue_name(st.job)
+    if not queue:
+        return None
+    wl, uid = st.obs.workload, st.job["metadata"].get("uid")
+    if wl is not None and uid and not owned_by(wl, uid):
+        wl = None  # a same-named job's leftover: garbage collected
+    was = (cond.get(st.old.get("conditions"), cond.SUSPENDED) or {}).get("reason")
+    priority, unknown = capacity.priority_of(spec, st.obs.priority_classes or {})
+    rp = spec.run_policy  # the class is named when the priority is its value
+    from_class = rp.priority_class_name if rp.priority is None and not unknown else None
+    g = queueing.gate(
+        st.job,
+        queue,
+        spec.nodes.count,
+        capacity.pod_shape(spec, st.settings.gpu_resource),
+        spec.template,
+        priority,
+        from_class,
+        wl,
+        st.obs.flavors,
+        requeued=was == "Requeued",
+        active=bool(live_pods(st)),
+        now=st.stamp,
+    )
+    st.d.workload, st.d.delete_workload = g.create, g.delete
+    st.d.workload_status = g.release
+    if g.stall is not None:
+        return stall(st, *g.stall)
+    if g.hold is not None:
+        return _hold(st, *g.hold)
+    st.node_labels = {**st.node_labels, **(g.node_labels or {})}
+    return None
+
+
+def _hold(st: JobState, reason: str, message: str, warn: bool = False) -> Decision:
+    """Suspended by the queueing system: no pods (deleted gracefully), status kept."""
+    if st.old.get("phase") != SUSPENDED:
+        if st.attempt == 0:
+            past_leftovers(st)
+        teardown(st)
+    else:
+        delete_stale(st)
+    st.status.pop("nextAttemptTime", None)
+    st.status.pop("waitingSince", None)
+    st.status["pods"] = pod_counts([])
+    old = cond.get(st.old.get("conditions"), cond.SUSPENDED) or {}
+    set_phase(st, SUSPENDED, reason, message, announce=False)
+    if (old.get("reason"), old.get("status")) != (reason, "True"):
+        event(st, "Warning" if warn else "Normal", reason, message)
+    st.d.requeue_after = WAIT_INTERVAL
+    return st.d
