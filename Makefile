@@ -81,8 +81,8 @@ demo: images cluster-up
 chart-sync:
 	hack/chart-sync.sh
 
-# Regenerate contract/holmes/contract/pipeline_bubble_table.py: each schedule's bubble, simulated on
-# torch's own action orders (tests/contract/test_pipeline_bubble_table.py checks a sample against torch).
+# Regenerate operator/holmes/plan/pipeline_bubble_table.json: each schedule's bubble, simulated on
+# torch's own action orders (tests/plan/test_pipeline_bubble_table.py checks it against torch).
 bubble-table: venv
 	$(PY) hack/gen_bubble_table.py
 
