@@ -86,8 +86,8 @@ chart-sync:
 bubble-table: venv
 	$(PY) hack/gen_bubble_table.py
 
-# Generate crds/holmesjob.yaml from the spec's declarations (contract/holmes/contract/jobspec.py,
-# status.py, podtemplate.py), then refresh its copies (tests/contract/test_crd.py checks it).
+# Generate crds/holmesjob.yaml from the spec's declarations (contract/holmes/contract/) and the
+# status' (hack/crdgen/status.py), then refresh its copies (tests/contract/test_crd.py checks it).
 crd: venv
 	$(PY) hack/gen_crd.py
 	hack/chart-sync.sh
