@@ -6,7 +6,8 @@ reads lives on that side. Imports only the standard library and PyYAML; nothing 
 imports the other way (tests/test_import_directions.py)."""
 
 from .flops import ModelCost
-from .jobspec import JobSpec, ModelSpec, SpecError, load_job
+from .jobspec import JobSpec, SpecError, load_job
 from .layout import Layout, LayoutError
+from .spec_sections import ModelSpec
 
 __all__ = ["JobSpec", "Layout", "LayoutError", "ModelCost", "ModelSpec", "SpecError", "load_job"]
