@@ -81,13 +81,13 @@ demo: images cluster-up
 chart-sync:
 	hack/chart-sync.sh
 
-# Regenerate contract/holmes/contract/pipeline_bubble_table.py: each schedule's bubble, simulated on
-# torch's own action orders (tests/contract/test_pipeline_bubble_table.py checks a sample against torch).
+# Regenerate operator/holmes/plan/pipeline_bubble_table.json: each schedule's bubble, simulated on
+# torch's own action orders (tests/plan/test_pipeline_bubble_table.py checks it against torch).
 bubble-table: venv
 	$(PY) hack/gen_bubble_table.py
 
-# Generate crds/holmesjob.yaml from the spec's declarations (contract/holmes/contract/jobspec.py,
-# status.py, podtemplate.py), then refresh its copies (tests/contract/test_crd.py checks it).
+# Generate crds/holmesjob.yaml from the spec's declarations (contract/holmes/contract/) and the
+# status' (hack/crdgen/status.py), then refresh its copies (tests/contract/test_crd.py checks it).
 crd: venv
 	$(PY) hack/gen_crd.py
 	hack/chart-sync.sh

@@ -51,9 +51,9 @@ from fabric_emulation import planner_config  # noqa: E402
 from trainer_common import SMOKE_HELP, median, run_ranks, smoke_model, table, train_config  # noqa: E402
 
 from holmes.contract import Layout, ModelSpec  # noqa: E402
-from holmes.contract import pipeline_simulation as sim  # noqa: E402
 from holmes.contract.flops import ModelCost  # noqa: E402
 from holmes.plan import PlanError, plan  # noqa: E402
+from holmes.plan import pipeline_simulation as sim  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 from holmes.trainer.model import build_stage  # noqa: E402
 from tests.trainer.trainer_harness import reference  # noqa: E402
@@ -174,7 +174,7 @@ def ping(rank: int, dirs: list, n: int) -> float:
 # The full run measured 0.59-0.68 s of idle per rank under the three new schedules where torch's
 # order with free messages leaves 0.14-0.55 s (docs/benchmarks.md#pipeline-schedules). This mode
 # measures what a message costs between two budgeted ranks, small and at one activation, and
-# replays torch's orders with it (holmes.contract.pipeline_simulation): each message holds its
+# replays torch's orders with it (holmes.plan.pipeline_simulation): each message holds its
 # direction for the small message's time plus its bytes at the measured bandwidth, as if the
 # whole half round trip were a per-message overhead (the upper bound: latency would overlap),
 # and is sent once its receiver asked (gloo's rendezvous; the notice costs a message too).

@@ -1,11 +1,12 @@
 """Write crds/holmesjob.yaml from the contract's field declarations (`make crd`, which then
-copies it into the chart and re-renders deploy/install.yaml with hack/chart-sync.sh)."""
+copies it into the chart and re-renders deploy/install.yaml with hack/chart-sync.sh). The
+rendering is hack/crdgen's: build tooling, in no image."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from holmes.contract.crd import render
+from crdgen.render import render
 
 CRD = Path(__file__).resolve().parents[1] / "crds" / "holmesjob.yaml"
 

@@ -41,12 +41,13 @@ def test_a_message_link_is_the_small_messages_overhead_and_the_large_ones_extra_
 
 
 def test_the_simulated_idle_with_free_messages_is_the_bubble_tables_and_costs_only_add():
-    from holmes.contract import pipeline_schedules as sched
-    from holmes.contract import pipeline_simulation as sim
+    from holmes.plan import pipeline_cost
+    from holmes.plan import pipeline_simulation as sim
 
     compute, m = 2.4, ps.M  # t = 0.8 s per micro-batch on a rank
     for name, v in ps.SIMULATED:
         free = ps.simulated_idle(name, v, m, compute, 0.0, sim.FREE, 1.0)
-        assert free == pytest.approx(sched.bubble_units(name, ps.P, v, m) * compute / m, abs=1e-6), name
+        bubble = pipeline_cost.bubble_units(name, ps.P, v, m)
+        assert free == pytest.approx(bubble * compute / m, abs=1e-6), name
         priced = ps.simulated_idle(name, v, m, compute, 0.003, sim.Link(overhead_s=0.001), 1.0)
         assert priced > free, name

@@ -172,9 +172,9 @@ def test_spec_fields_match_what_the_operator_parses():
 
 
 def test_committed_crd_is_generated_from_the_declarations():
-    """crds/holmesjob.yaml is made from the contract's field declarations (holmes.contract.crd),
+    """crds/holmesjob.yaml is made from the contract's field declarations (hack/crdgen),
     so the API server's defaults and bounds are the parser's; a hand edit, or a field declared
     without `make crd`, makes the two differ."""
-    from holmes.contract.crd import render
+    from crdgen.render import render
 
     assert CRD.read_text() == render(), "crds/holmesjob.yaml is stale: run `make crd` and commit the result"

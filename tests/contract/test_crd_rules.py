@@ -14,9 +14,9 @@ from pathlib import Path
 import celpy
 import pytest
 import yaml
+from crdgen.render import crd, openapi_schema
 
 from holmes.contract import SpecError, load_job
-from holmes.contract.crd import crd, openapi_schema
 from tests.contract.cel_admission import RULES, admit, program
 from tests.contract.spec_helpers import minimal_spec, problems_of
 from tests.contract.spec_mutations import SEEDS, mutate, seeds

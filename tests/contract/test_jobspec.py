@@ -5,7 +5,8 @@ import pytest
 import yaml
 from holmes_dev.jobs import holmes_job
 
-from holmes.contract.jobspec import AUTO, JobSpec, LabelSelector, SelectorRequirement, SpecError
+from holmes.contract.jobspec import JobSpec, SpecError
+from holmes.contract.spec_sections import AUTO, LabelSelector, SelectorRequirement
 from tests.contract.spec_helpers import minimal_spec, problems_of
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "gpt-7b.yaml"

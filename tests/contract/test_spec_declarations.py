@@ -8,8 +8,8 @@ from typing import Annotated
 
 import pytest
 import yaml
+from crdgen.render import crd, render
 
-from holmes.contract.crd import crd, render
 from holmes.contract.jobspec import JobSpec, SpecError
 from holmes.contract.schema import INVALID, Field, Reader, object_schema
 

@@ -21,22 +21,9 @@ def test_looped_chunks_go_round_the_ranks_and_v_shaped_ones_down_and_back():
     for name in ("Interleaved1F1B", "ZBVZeroBubble"):
         for k in range(6):
             assert sched.virtual_stage(name, 3, *sched.owner(name, 3, k)) == k
-    # a V never leaves its neighbours: each boundary twice, the turn on one rank, no wrap-around
-    assert sched.crossings("ZBVZeroBubble", 3, 2) == {0: 2, 1: 2}
+    # a V never leaves its neighbours: the turn stays on one rank (what each costs: tests/plan)
     assert sched.link("ZBVZeroBubble", 3, 2) is None
-    # a loop crosses each boundary v times and the link from the last rank to the first v-1 times
-    assert sched.crossings("Interleaved1F1B", 3, 3) == {0: 3, 1: 3, 2: 2}
-
-
-def test_bubble_and_in_flight_micro_batches_per_schedule():
-    P, M = 4, 8
-    one = sched.bubble_fraction("1F1B", P, 1, M)
-    assert one == pytest.approx(3 / 11)
-    assert sched.bubble_fraction("Interleaved1F1B", P, 2, M) == pytest.approx(1.5 / 9.5)
-    assert sched.bubble_fraction("ZBVZeroBubble", P, 2, M) < sched.bubble_fraction("Interleaved1F1B", P, 2, M)
-    assert sched.in_flight("GPipe", P, 1, M) == M
-    assert sched.in_flight("1F1B", P, 1, M) == P and sched.in_flight("1F1B", P, 1, M, stage=3) == 1
-    assert sched.in_flight("DualPipeV", P, 2, M) > sched.in_flight("ZBVZeroBubble", P, 2, M)
+    assert sched.link("ZBVZeroBubble", 3, 1) == 1 and sched.link("Interleaved1F1B", 3, 2) == 2
 
 
 def test_a_v_shaped_layout_round_trips_as_version_3_and_places_the_head_on_rank_0():

@@ -127,7 +127,7 @@ def test_a_replica_that_auto_plans_counts_its_outer_optimizer_and_the_pipeline_d
     replica_job kept mode auto and the replica was priced without it: 1.8 GiB of fp32 anchor and
     momentum per GPU short (P=1 x D=32, as the dry run of examples/jobs/gpt-7b-replicas.yaml)."""
     from holmes.contract import ModelCost
-    from holmes.contract.jobspec import AcrossIslandsSpec
+    from holmes.contract.spec_sections import AcrossIslandsSpec
     from holmes.plan import plan
     from holmes.plan.across_plan import clusters_of, replica_job
     from holmes.plan.planner import outer_shape

@@ -138,7 +138,7 @@ def test_a_fixed_cost_per_action_charges_schedules_by_the_actions_they_run():
     """pipeline_action_seconds: per micro-batch a GPU runs 2 actions under 1F1B, 2v with v looped
     chunks, 3 per chunk under a split backward; the fill and drain run 1F1B's steps. Enough of it
     turns the pick from four chunks per GPU to fewer."""
-    from holmes.contract.pipeline_schedules import actions
+    from holmes.plan.pipeline_cost import actions
 
     assert [actions("1F1B", 1), actions("Interleaved1F1B", 4), actions("ZBVZeroBubble", 2)] == [2, 8, 6]
     assert actions("InterleavedZeroBubble", 4) == 12

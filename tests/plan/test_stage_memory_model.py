@@ -46,7 +46,7 @@ def test_a_replica_counts_its_outer_optimizer_and_group():
     parameter, the exchange in flight with overlapSteps (one fragment on the exchange dtype), the
     outer group's communicator. Before, a replica's estimate was the synchronous job's: 2.1 GiB
     under the dry run's peak on examples/jobs/gpt-7b-replicas.yaml (P=1 x D=32)."""
-    from holmes.contract.jobspec import AcrossIslandsSpec
+    from holmes.contract.spec_sections import AcrossIslandsSpec
     from holmes.plan.costmodel import outer_bytes
 
     assert outer_bytes(AcrossIslandsSpec()) == 0  # the pipeline: no outer optimizer

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from holmes.contract.jobspec import EvalSpec
+from holmes.contract.spec_sections import EvalSpec
 from holmes.trainer.config import DataConfig, OptimizerConfig
 from holmes.trainer.data import BatchLoader, BlendSource, DataError, Sharding, TokenWindows, make_source
 from holmes.trainer.tokenize import write_token_file

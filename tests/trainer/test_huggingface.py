@@ -92,7 +92,7 @@ def evaluate_on_layout(rank, cfg, layout, tokens, ckpt):
 
 
 def with_init(model: ModelSpec, path: str) -> ModelSpec:
-    from holmes.contract.jobspec import HuggingFaceSource, ModelInit
+    from holmes.contract.spec_sections import HuggingFaceSource, ModelInit
 
     return replace(model, init=ModelInit(HuggingFaceSource(path)))
 

@@ -108,7 +108,7 @@ def test_each_bucket_reduce_scatter_starts_when_its_last_weight_gradient_lands(s
 
 
 def test_evaluation_with_virtual_stages_is_refused_with_the_fix():
-    from holmes.contract.jobspec import EvalSpec
+    from holmes.contract.spec_sections import EvalSpec
     from holmes.trainer.config import TrainerConfigError
 
     looped = make_layout(2, 1, [1, 1, 1, 1], 2, 8, schedule="Interleaved1F1B")

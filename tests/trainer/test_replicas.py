@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from holmes.contract.jobspec import AcrossIslandsSpec
+from holmes.contract.spec_sections import AcrossIslandsSpec
 from holmes.trainer import outer
 from holmes.trainer.config import OptimizerConfig
 from holmes.trainer.outer import ReplicaError, ReplicaPlace, fragment_due

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from holmes.contract.jobspec import AcrossIslandsSpec
+from holmes.contract.spec_sections import AcrossIslandsSpec
 from holmes.trainer import outer
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
 from holmes.trainer.engine import Trainer

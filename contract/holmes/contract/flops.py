@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .jobspec import ModelSpec
+from .spec_sections import ModelSpec
 
 
 def layer_fwd_flops_per_token(hidden: int, ffn: int, seq: int) -> float:

@@ -1,6 +1,6 @@
 """Declaring a field of the HolmesJob API once, and the two things made from that declaration:
 the reader that turns a manifest into the dataclasses (with one problem line per bad field) and
-the OpenAPI v3 schema of the CRD (``holmes.contract.crd``).
+the OpenAPI v3 schema of the CRD (hack/crdgen, ``make crd``).
 
 A field is a dataclass field whose type is ``Annotated[T, Field("its one-line doc", ...)]``; its
 default is the dataclass default, its manifest key the camelCase of its name. From ``T`` and the

@@ -5,7 +5,7 @@ of islands), the same total batch either way:
 
 - **pipeline**: one model cut at the link into ``stages`` stages (half on each island); every
   micro-batch's activations cross forward and its gradients backward. Priced by simulating the
-  schedule's per-rank order (holmes.contract.pipeline_simulation: torch's 1F1B or GPipe) with
+  schedule's per-rank order (holmes.plan.pipeline_simulation: torch's 1F1B or GPipe) with
   each stage's forward and backward of one micro-batch, the messages across the link serialized
   at its bandwidth in each direction, their latencies overlapping, each sent once its receiver
   asked (torch posts a receive when its action is next; gloo sends the bytes after the
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from holmes.contract import pipeline_simulation as sim
+from . import pipeline_simulation as sim
 
 # Tokens to the same loss relative to synchronous training, by inner steps H, as
 # bench/across_sites.py measured them: 2 replicas of a 0.87M-parameter GPT against the synchronous

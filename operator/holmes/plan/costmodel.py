@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from holmes.contract.flops import ModelCost
-from holmes.contract.jobspec import GRAD_REDUCE_BYTES, AcrossIslandsSpec
+from holmes.contract.spec_sections import GRAD_REDUCE_BYTES, AcrossIslandsSpec
 
 from .discovery import NicMapping
 from .topology import Fabric

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, Union
 
 from holmes.contract.documents import DocumentError, parse_documents, read_text
-from holmes.contract.jobspec import camel
+from holmes.contract.schema import camel
 
 from .costmodel import CostModelConfig
 

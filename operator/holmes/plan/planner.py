@@ -32,9 +32,10 @@ from typing import Any
 from holmes.contract import nvls
 from holmes.contract import pipeline_schedules as sched
 from holmes.contract.flops import ModelCost, tflops_per_gpu
-from holmes.contract.jobspec import AUTO, JobSpec, SpecError, load_job, tensor_parallel_problems
+from holmes.contract.jobspec import JobSpec, SpecError, load_job, tensor_parallel_problems
 from holmes.contract.layout import VIRTUAL_VERSION, GroupFamily, Layout, Stage
 from holmes.contract.network import island_settings
+from holmes.contract.spec_sections import AUTO
 
 from . import partition as parts_mod
 from . import schedule_choice

@@ -5,7 +5,7 @@ holmes.contract.pipeline_schedules is priced on the cost model's clock:
 
 - bubble: 1F1B's fill and drain (the pipeline time beyond M steady steps) scaled by the
   schedule's idle units over 1F1B's P-1: simulated on torch's own action order for this P, v
-  and M where the contract's table has it (interleaving divides it by v, zero bubble fills
+  and M where the planner's table has it (pipeline_cost) (interleaving divides it by v, zero bubble fills
   most of it with deferred weight gradients, ZB-V less so at M < 2P-1), else the papers' figure;
 - p2p: every micro-batch crosses each boundary once per chunk; a looped schedule also crosses
   the link from the last stage back to the first (often the slowest: it joins the two outer
@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from holmes.contract import pipeline_schedules as sched
 from holmes.contract.jobspec import JobSpec
 
+from . import pipeline_cost
 from .candidate import Candidate
 from .costmodel import StageCost, timeline
 
@@ -46,7 +47,7 @@ class ScheduleOption:
     stage_memory_gib: tuple[float, ...] = ()  # per stage (the dry run checks each)
     overhead_seconds: float = 0.0  # per iteration on the busiest stage: actions, split backward
     bubble_units: float = 0.0  # idle units, in one micro-batch's forward+backward (1F1B: P-1)
-    bubble_basis: str = ""  # where bubble_units comes from (pipeline_schedules.bubble_basis)
+    bubble_basis: str = ""  # where bubble_units comes from (pipeline_cost.bubble_basis)
 
 
 def chunk_split(layers: Sequence[int], name: str, virtual: int) -> tuple[tuple[int, ...], ...] | None:
@@ -74,7 +75,7 @@ def _placed_costs(c: Candidate, name: str, virtual: int) -> list[StageCost]:
     vshape = sched.kind(name).placement == sched.VSHAPE
     out = []
     for s, cost in enumerate(c.costs):
-        inflight = max(1, round(sched.in_flight(name, P, virtual, m, s)))
+        inflight = max(1, round(pipeline_cost.in_flight(name, P, virtual, m, s)))
         last = (s == 0) if vshape else cost.place.last
         place = replace(cost.place, inflight=inflight, last=last)
         out.append(StageCost(cost.model, cost.shape, place, cost.cfg))
@@ -91,7 +92,7 @@ def price(c: Candidate, name: str, virtual: int) -> ScheduleOption:
     base = timeline(c.costs, c.layers)
     fill = base.pipeline - m * max(base.steps)  # 1F1B's fill and drain beyond M steady steps
     # p2p per micro-batch: each boundary's time x its crossings (wrap: boundary P-1)
-    cross = sched.crossings(name, P, virtual) if P > 1 else {}
+    cross = pipeline_cost.crossings(name, P, virtual) if P > 1 else {}
     link = [c.costs[b].place.p2p_out for b in range(P - 1)] + [c.wrap_p2p]
     p2p = []
     for s in range(P):
@@ -108,13 +109,13 @@ def price(c: Candidate, name: str, virtual: int) -> ScheduleOption:
     # beyond the FLOPs: a fixed cost per schedule action, and a split backward's extra over a
     # full one (cost model's pipeline_action_seconds, split_backward_ratio)
     extra = [
-        cfg.pipeline_action_seconds * sched.actions(name, virtual) + _split_extra(cost, n, name)
+        cfg.pipeline_action_seconds * pipeline_cost.actions(name, virtual) + _split_extra(cost, n, name)
         for cost, n in zip(costs, c.layers)
     ]
     steps = [cost.fwd(n) + cost.bwd(n) + p + x for cost, n, p, x in zip(costs, c.layers, p2p, extra)]
     # the fill and drain run 1F1B's steps, each with its own two actions
     fill += (P - 1) * 2 * cfg.pipeline_action_seconds
-    units = sched.bubble_units(name, P, virtual, m) if P > 1 else 0.0
+    units = pipeline_cost.bubble_units(name, P, virtual, m) if P > 1 else 0.0
     bubble = fill * units / (P - 1) if P > 1 else 0.0
     pipeline = m * max(steps) + bubble
     seconds = base.seconds - base.pipeline + pipeline
@@ -144,7 +145,7 @@ def price(c: Candidate, name: str, virtual: int) -> ScheduleOption:
         tuple(x / 2**30 for x in mems),
         m * max(extra),
         units,
-        sched.bubble_basis(name, P, virtual, m) if P > 1 else "",
+        pipeline_cost.bubble_basis(name, P, virtual, m) if P > 1 else "",
     )
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from holmes.contract import JobSpec, Layout, ModelSpec, load_job
 from holmes.contract import pipeline_schedules as sched
-from holmes.contract.jobspec import (
+from holmes.contract.jobspec import tensor_parallel_problems
+from holmes.contract.spec_sections import (
     DECAYS,
     FABRIC_CHECKS,
     AcrossIslandsSpec,
@@ -26,7 +27,6 @@ from holmes.contract.jobspec import (
     EvalSpec,
     ParallelismSpec,
     TrainingSpec,
-    tensor_parallel_problems,
 )
 
 DTYPES = ("float32", "bfloat16")

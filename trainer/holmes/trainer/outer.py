@@ -43,8 +43,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from holmes.contract.jobspec import AcrossIslandsSpec
 from holmes.contract.names import ENV_OUTER_ADDR, ENV_REPLICA, ENV_REPLICAS
+from holmes.contract.spec_sections import AcrossIslandsSpec
 
 OUTER_NET = "Socket"  # the slow link between islands: no RDMA fabric spans it
 # Streaming DiLoCo's mixing factor alpha: when an overlapped exchange lands, a fragment's weights

@@ -1,10 +1,10 @@
 """The discrete-event simulation of a schedule's per-rank action lists
-(holmes.contract.pipeline_simulation): the textbook bubbles, orders it must refuse, and messages
+(holmes.plan.pipeline_simulation): the textbook bubbles, orders it must refuse, and messages
 between ranks priced on links (latency overlaps, bandwidth and per-message overhead serialize)."""
 
 import pytest
 
-from holmes.contract.pipeline_simulation import (
+from holmes.plan.pipeline_simulation import (
     Action,
     Link,
     Messages,

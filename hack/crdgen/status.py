@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from .schema import Field, documented
+from holmes.contract.schema import Field, documented
 
 
 @documented
