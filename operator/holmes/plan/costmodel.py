@@ -249,6 +249,7 @@ class StageCost:
             + (model.vocab * model.hidden if place.last and model.tied and not place.first else 0)
         )
         self.mem_cap = cfg.gpu_memory_gib * 2**30 * cfg.memory_headroom
+        self._layer_params, self._expert_layer_params = model.layer_params, model.expert_layer_params
         # what the partition search asks of each layer count again and again, remembered (the
         # inputs above do not change after construction)
         self._terms: dict[int, tuple[float, float, float, float]] = {}
@@ -294,11 +295,11 @@ class StageCost:
         return self.fwd(n) + self.bwd(n) + self.place.p2p_in + self.place.p2p_out
 
     def params(self, n: int) -> int:
-        return n * self.model.layer_params + self.extra_params
+        return n * self._layer_params + self.extra_params
 
     def expert_params(self, n: int) -> int:
         """The routed experts among params(n): split over the expert group, not replicated."""
-        return n * self.model.expert_layer_params
+        return n * self._expert_layer_params
 
     def dp_times(self, n: int) -> tuple[float, float]:
         """(reduce-scatter, all-gather) seconds per iteration for this stage's DP groups."""

@@ -197,6 +197,7 @@ def stage_gpu(nodes: Sequence[NodeNic], cfg: CostModelConfig) -> StageGpu:
 
 def stage_gpu_of(gpus: Sequence[NodeGpu]) -> StageGpu:
     """The stage of nodes with these GPUs (each node's :func:`node_gpu`, in the stage's order)."""
+    gpus = list({id(g): g for g in gpus}.values())  # node_gpus shares one per type: each once
     return StageGpu(
         names=tuple(sorted({g.name for g in gpus})),
         peak_tflops=min(g.peak_tflops for g in gpus),

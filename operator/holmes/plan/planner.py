@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -59,6 +60,8 @@ from .explain import explanation_lines
 from .gpus import NodeGpu, StageGpu, node_gpu, node_gpus, stage_gpu_of
 from .nccl import fixed_socket_threads
 from .topology import NodeSet, group_bandwidth_gbps, islands_of, link_latency_s, merge, summarize
+
+_NAME = operator.attrgetter("name")
 
 
 def as_job(job: JobSpec | Mapping[str, Any]) -> JobSpec:
@@ -354,9 +357,9 @@ def cost_placement(
     stage_nodes = [tuple(nodes[(s // per_node) * span : (s // per_node) * span + span]) for s in range(P)]
     sets, gpus_of = [], []
     for sn in stage_nodes:
-        key = tuple(n.name for n in sn)
+        key = tuple(map(_NAME, sn))
         if key not in stage_cache:
-            of = [gpus[n.name] if gpus is not None else node_gpu(n, cfg) for n in sn]
+            of = [gpus[n] for n in key] if gpus is not None else [node_gpu(n, cfg) for n in sn]
             stage_cache[key] = (summarize(sn, cfg.fabric), stage_gpu_of(of))
         sets.append(stage_cache[key][0])
         gpus_of.append(stage_cache[key][1])
@@ -575,7 +578,7 @@ def search(
                 parts = parts if parts is not None else island_parts(usable, cfg, gpus)
                 groups = arrange_groups(usable, N, span, cfg, parts)
                 arrangements[span] = [
-                    tuple(n for g in order for blk in groups[g] for n in blk)
+                    tuple(itertools.chain.from_iterable(blk for g in order for blk in groups[g]))
                     for order in island_orders(groups, cfg)
                 ]
             # Megatron's order too: the island-aware orders keep DP on one fabric, but when the

@@ -192,13 +192,13 @@ def summarize(nodes: Sequence[NodeNic], fabric: Fabric) -> NodeSet:
     links = {(n.nic, n.gbps, n.socket_fixed) for n in nodes}
     return NodeSet(
         count=len(nodes),
-        kinds=frozenset(n.nic for n in nodes),
-        clusters=frozenset(n.cluster for n in nodes),
-        min_gbps=min(n.gbps for n in nodes),
+        kinds=frozenset({nic for nic, _, _ in links}),
+        clusters=frozenset({n.cluster for n in nodes}),
+        min_gbps=min(gbps for _, gbps, _ in links),
         min_socket_gbps=min(_socket_gbps(nic, gbps, fabric) for nic, gbps, _ in links),
         socket_flows_gbps=min(_socket_flows(nic, gbps, fixed, fabric) for nic, gbps, fixed in links)
         * fabric.socket_flow_gbps,
-        plugins=frozenset(n.net_plugin for n in nodes),
+        plugins=frozenset({n.net_plugin for n in nodes}),
     )
 
 
