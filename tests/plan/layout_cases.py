@@ -9,9 +9,12 @@ commit 4c2f746 (before the search was sped up) planned; regenerate it only from 
 
 The cases cover what the search weighs: islands of three NIC kinds over three clusters with a
 node count that leaves mixed stages, GPU types (H100 stages where NVLS pays, mixed types inside
-an island), links between clusters with latency, a template that fixes socket flows, a vendor
-net plugin, a mixture of experts, Megatron's order, stages sharing a node, and a job no layout
-fits; ``large`` is the issue's 8,192-node job on 15,360 nodes (bench/plan_scaling.py's cluster).
+an island, slower NICs inside an island), links between clusters with latency, a template that
+fixes socket flows, a vendor net plugin, a mixture of experts, Megatron's order, stages that mix
+NIC kinds (their Socket groups bound by the slowest TCP link, or by the fewest flows), stages
+sharing a node, and a job no layout fits; ``large`` is the issue's 8,192-node job on 15,360
+nodes (bench/plan_scaling.py's cluster). Each summary the search keeps is exercised where it
+binds: making any of NodeSet's minima a maximum fails a case.
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ def gpt175b(count: int, vocab: int = 50257, **parallelism: Any) -> dict[str, Any
 
 def typed_cluster(n: int) -> list[NodeNic]:
     """Five islands (hollow_nodes' kinds and speeds), each of one GPU type but every seventh
-    node of the next type: H100 stages (NVLS), A100 and L40S, and mixed stages inside an island."""
+    node of the next type: H100 stages (NVLS), A100 and L40S, and mixed stages inside an island;
+    every eleventh node's NICs run at half the island's speed (a group runs at its slowest)."""
     kinds = (
         ("infiniband", 400.0),
         ("roce", 200.0),
@@ -87,7 +91,7 @@ def typed_cluster(n: int) -> list[NodeNic]:
                 name=f"h-{isl}-{i:05d}",
                 cluster=f"island-{isl}",
                 nic=kinds[isl][0],
-                gbps=kinds[isl][1],
+                gbps=kinds[isl][1] / (2 if i % 11 == 0 else 1),
                 gpus=8,
                 labels=labels,
             )
@@ -139,6 +143,31 @@ def linked() -> tuple[list[NodeNic], dict[str, Any], CostModelConfig]:
     return nodes, spec, CostModelConfig(fabric=Fabric(links=links, cross_cluster_latency_ms=5.0))
 
 
+def mixed_stages(one_socket: bool) -> tuple[list[NodeNic], dict[str, Any], CostModelConfig]:
+    """InfiniBand (200 Gbit/s, a 25 Gbit/s host network) and 100 Gbit/s Ethernet nodes whose names
+    alternate: in Megatron's name order each stage mixes the two, and its Socket DP group is bound
+    by its slowest TCP link; with ``one_socket`` the template fixes one socket per thread, so
+    Holmes' thread count sets the flows (4 on Ethernet, 1 on InfiniBand) and the fewest bind."""
+    nodes = [
+        NodeNic(
+            name=f"n{i:02d}",
+            cluster="east",
+            nic=("infiniband", "ethernet")[i % 2],
+            gbps=(200.0, 100.0)[i % 2],
+            gpus=8,
+        )
+        for i in range(24)
+    ]
+    env = [{"name": "NCCL_NSOCKS_PERTHREAD", "value": "1"}] if one_socket else []
+    spec = small_model(
+        16,
+        512,
+        template={"spec": {"containers": [{"name": "trainer", "image": "i", "env": env}]}},
+        parallelism={"pipeline": 2, "nicSelection": "off"},
+    )
+    return nodes, spec, CostModelConfig()
+
+
 def moe() -> tuple[list[NodeNic], dict[str, Any], CostModelConfig]:
     model = {"architecture": "llama", "layers": 32, "hiddenSize": 4096, "attentionHeads": 32, "kvHeads": 8}
     model |= {"ffnHiddenSize": 14336, "vocabSize": 32000, "seqLength": 4096}
@@ -173,6 +202,8 @@ CASES: dict[str, Case] = {
         CostModelConfig(),
     ),
     "links-sockets-plugin": linked,
+    "mixed-stages-socket-link": lambda: mixed_stages(one_socket=False),
+    "mixed-stages-socket-flows": lambda: mixed_stages(one_socket=True),
     "moe-expert-groups": moe,
     "megatron-order": lambda: (
         scaling_cluster(200),
