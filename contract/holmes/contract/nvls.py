@@ -171,9 +171,13 @@ def decide(
     own = [choose(gpus[s], T, D, P, G, s, tied) for s in range(P)]
     on_node = node_stages(T, D, P, G)
     nodes = tuple(all(own[s].enabled for s in stages) for stages in on_node)
+    holders: list[list[int]] = [[] for _ in range(P)]  # each stage's nodes (one pass, not P)
+    for n, stages in enumerate(on_node):
+        for s in stages:
+            holders[s].append(n)
     out = []
     for s, c in enumerate(own):
-        mine = [n for n, stages in enumerate(on_node) if s in stages]
+        mine = holders[s]
         if c.enabled and not any(nodes[n] for n in mine):
             n = mine[0]
             other = next(j for j in on_node[n] if not own[j].enabled)

@@ -249,6 +249,19 @@ class StageCost:
             + (model.vocab * model.hidden if place.last and model.tied and not place.first else 0)
         )
         self.mem_cap = cfg.gpu_memory_gib * 2**30 * cfg.memory_headroom
+        self._layer_params, self._expert_layer_params = model.layer_params, model.expert_layer_params
+        # what the partition search asks of each layer count again and again, remembered (the
+        # inputs above do not change after construction)
+        self._terms: dict[int, tuple[float, float, float, float]] = {}
+        self._memory: dict[int, float] = {}
+
+    def terms(self, n: int) -> tuple[float, float, float, float]:
+        """(step, forward + backward, exposed DP, backward) of n layers: what :func:`timeline`
+        adds up, worked out once per layer count."""
+        t = self._terms.get(n)
+        if t is None:
+            t = self._terms[n] = (self.step(n), self.fwd(n) + self.bwd(n), self.dp_exposed(n), self.bwd(n))
+        return t
 
     def all_to_all_seconds(self) -> float:
         """One all-to-all of one MoE layer for one micro-batch (0 without expert parallelism)."""
@@ -282,11 +295,11 @@ class StageCost:
         return self.fwd(n) + self.bwd(n) + self.place.p2p_in + self.place.p2p_out
 
     def params(self, n: int) -> int:
-        return n * self.model.layer_params + self.extra_params
+        return n * self._layer_params + self.extra_params
 
     def expert_params(self, n: int) -> int:
         """The routed experts among params(n): split over the expert group, not replicated."""
-        return n * self.model.expert_layer_params
+        return n * self._expert_layer_params
 
     def dp_times(self, n: int) -> tuple[float, float]:
         """(reduce-scatter, all-gather) seconds per iteration for this stage's DP groups."""
@@ -326,7 +339,8 @@ class StageCost:
         """Per-iteration time this stage is busy: what the adaptive partition balances."""
         if self.memory(n) > self.mem_cap:
             return float("inf")
-        return self.shape.micro_batches * self.step(n) + self.dp_exposed(n)
+        step, _, exposed, _ = self.terms(n)
+        return self.shape.micro_batches * step + exposed
 
     def communicators(self) -> int:
         """NCCL communicators a GPU of this stage holds: world (the grad norm), dp, tp, the p2p
@@ -373,6 +387,13 @@ class StageCost:
         return self.memory(n) - self.pipeline_buffers() - self.communicators() * NCCL_COMMUNICATOR_BYTES
 
     def memory(self, n: int) -> float:
+        """Bytes per GPU of a stage of n layers (module docstring), remembered per n."""
+        mem = self._memory.get(n)
+        if mem is None:
+            mem = self._memory[n] = self._memory_of(n)
+        return mem
+
+    def _memory_of(self, n: int) -> float:
         m, s = self.model, self.shape
         T, D = s.tensor, s.data
         cfg = self.cfg
@@ -425,17 +446,14 @@ class Timeline(NamedTuple):
 
 def timeline(costs: Sequence[StageCost], layers: Sequence[int]) -> Timeline:
     m = costs[0].shape.micro_batches
-    steps = [c.step(n) for c, n in zip(costs, layers)]
-    t_pp = (
-        (m - 1) * max(steps)
-        + sum(c.fwd(n) + c.bwd(n) for c, n in zip(costs, layers))
-        + 2 * sum(c.place.p2p_out for c in costs[:-1])
-    )
-    exposed = [c.dp_exposed(n) for c, n in zip(costs, layers)]
+    terms = [c.terms(n) for c, n in zip(costs, layers)]
+    steps = [t[0] for t in terms]
+    t_pp = (m - 1) * max(steps) + sum(t[1] for t in terms) + 2 * sum(c.place.p2p_out for c in costs[:-1])
+    exposed = [t[2] for t in terms]
     finishes, chain = [], 0.0  # chain: backward path from stage s back to stage 0
-    for c, n, e in zip(costs, layers, exposed):
+    for c, t, e in zip(costs, terms, exposed):
         finishes.append(t_pp - chain + e)
-        chain += c.bwd(n) + c.place.p2p_out
+        chain += t[3] + c.place.p2p_out
     return Timeline(max(finishes), finishes, steps, t_pp, exposed)
 
 

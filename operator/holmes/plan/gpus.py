@@ -192,10 +192,36 @@ class StageGpu:
 
 
 def stage_gpu(nodes: Sequence[NodeNic], cfg: CostModelConfig) -> StageGpu:
-    gpus = [node_gpu(n, cfg) for n in nodes]
+    return stage_gpu_of([node_gpu(n, cfg) for n in nodes])
+
+
+def stage_gpu_of(gpus: Sequence[NodeGpu]) -> StageGpu:
+    """The stage of nodes with these GPUs (each node's :func:`node_gpu`, in the stage's order)."""
+    gpus = list({id(g): g for g in gpus}.values())  # node_gpus shares one per type: each once
     return StageGpu(
         names=tuple(sorted({g.name for g in gpus})),
         peak_tflops=min(g.peak_tflops for g in gpus),
         memory_gib=min(g.memory_gib for g in gpus),
         notes=tuple(dict.fromkeys(g.note for g in gpus if g.note)),
     )
+
+
+def node_gpus(nodes: Iterable[NodeNic], cfg: CostModelConfig) -> dict[str, NodeGpu]:
+    """:func:`node_gpu` of each node by name, worked out once per distinct set of the facts it
+    reads (a search over thousands of nodes of a few types asks for each node many times)."""
+    seen: dict[tuple[str | None, str | None, str | None, str | None, float | None], NodeGpu] = {}
+    out = {}
+    for n in nodes:
+        labels = n.labels or {}
+        key = (
+            labels.get(names.LABEL_GPU_PRODUCT),
+            labels.get(names.LABEL_GPU_MEMORY),
+            labels.get(names.LABEL_MEASURED_TFLOPS),
+            n.gpu_product,
+            n.gpu_memory_gib,
+        )
+        g = seen.get(key)
+        if g is None:
+            g = seen[key] = node_gpu(n, cfg)
+        out[n.name] = g
+    return out

@@ -23,8 +23,10 @@ Steps (all deterministic):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -56,9 +58,11 @@ from .costmodel import (
 from .discovery import NodeNic, classify_nodes, why_unusable
 from .errors import InsufficientNodes, PlanError
 from .explain import explanation_lines
-from .gpus import StageGpu, node_gpu, stage_gpu
+from .gpus import NodeGpu, StageGpu, node_gpu, node_gpus, stage_gpu_of
 from .nccl import fixed_socket_threads
 from .topology import NodeSet, group_bandwidth_gbps, islands_of, link_latency_s, merge, summarize
+
+_NAME = operator.attrgetter("name")
 
 
 def as_job(job: JobSpec | Mapping[str, Any]) -> JobSpec:
@@ -266,20 +270,34 @@ def _island_speed(nodes: Sequence[NodeNic], cfg: CostModelConfig) -> float:
     return group_bandwidth_gbps(summarize(nodes, cfg.fabric), cfg.fabric)
 
 
+IslandParts = list[list[tuple[NodeNic, ...]]]  # per island, fastest first: its nodes by GPU type
+
+
+def island_parts(
+    usable: Sequence[NodeNic], cfg: CostModelConfig, gpus: Mapping[str, NodeGpu] | None = None
+) -> IslandParts:
+    """The islands, fastest first, each split by GPU type (fastest type first): what
+    :func:`arrange_groups` cuts into blocks, the same for every block size (the search works it
+    out once). ``gpus``: each node's GPU by name (:func:`holmes.plan.gpus.node_gpus`)."""
+    gpus = gpus if gpus is not None else node_gpus(usable, cfg)
+    islands = sorted(islands_of(usable), key=lambda i: (-_island_speed(i.nodes, cfg), i.name))
+    return [_by_gpu_type(isl.nodes, gpus) for isl in islands]
+
+
 def arrange_groups(
-    usable: Sequence[NodeNic], count: int, block: int, cfg: CostModelConfig
+    usable: Sequence[NodeNic], count: int, block: int, cfg: CostModelConfig, parts: IslandParts | None = None
 ) -> list[list[tuple[NodeNic, ...]]]:
     """Choose ``count`` nodes and cut them into blocks of ``block`` nodes, grouped by island:
-    whole blocks inside one island first (fastest islands first), leftovers as mixed blocks."""
-    islands = sorted(islands_of(usable), key=lambda i: (-_island_speed(i.nodes, cfg), i.name))
+    whole blocks inside one island first (fastest islands first), leftovers as mixed blocks.
+    ``parts``: :func:`island_parts` of ``usable`` when the caller has it."""
     blocks_needed = count // block
     groups: list[list[tuple[NodeNic, ...]]] = []
     leftovers: list[NodeNic] = []
-    for isl in islands:
+    for by_type in parts if parts is not None else island_parts(usable, cfg):
         # GPU types apart inside an island (a DP group runs at its slowest GPU), fastest first;
         # what is left of each type may still share a block with another type of this island
         rest: list[NodeNic] = []
-        for part in _by_gpu_type(isl.nodes, cfg):
+        for part in by_type:
             take = min(len(part) // block, blocks_needed - sum(len(g) for g in groups))
             if take > 0:
                 groups.append([part[i * block : (i + 1) * block] for i in range(take)])
@@ -295,11 +313,11 @@ def arrange_groups(
     return groups
 
 
-def _by_gpu_type(nodes: Sequence[NodeNic], cfg: CostModelConfig) -> list[tuple[NodeNic, ...]]:
+def _by_gpu_type(nodes: Sequence[NodeNic], gpus: Mapping[str, NodeGpu]) -> list[tuple[NodeNic, ...]]:
     """An island's nodes split by GPU type, fastest type first (one part without GFD labels)."""
     parts: dict[tuple[float, float, str], list[NodeNic]] = {}
     for n in nodes:
-        g = node_gpu(n, cfg)
+        g = gpus[n.name]
         parts.setdefault((-g.peak_tflops, -g.memory_gib, g.name), []).append(n)
     return [tuple(parts[k]) for k in sorted(parts)]
 
@@ -326,10 +344,12 @@ def cost_placement(
     cfg: CostModelConfig,
     stage_cache: dict[tuple[str, ...], tuple[NodeSet, StageGpu]],
     refine: bool = False,
+    gpus: Mapping[str, NodeGpu] | None = None,
 ) -> Candidate | str:
     """Cost one placement (nodes in rank order); a string says why it is impossible.
     ``stage_cache``: each stage's node set and GPUs by its nodes' names (stages recur across
-    candidates; summarising them is what the search's cost grows with on many nodes)."""
+    candidates; summarising them is what the search's cost grows with on many nodes).
+    ``gpus``: each node's GPU by name where the caller worked them out (:func:`node_gpus`)."""
     G = job.nodes.gpus_per_node
     T, P, D = deg.tensor, deg.pipeline, deg.data
     R = D * T
@@ -338,9 +358,10 @@ def cost_placement(
     stage_nodes = [tuple(nodes[(s // per_node) * span : (s // per_node) * span + span]) for s in range(P)]
     sets, gpus_of = [], []
     for sn in stage_nodes:
-        key = tuple(n.name for n in sn)
+        key = tuple(map(_NAME, sn))
         if key not in stage_cache:
-            stage_cache[key] = (summarize(sn, cfg.fabric), stage_gpu(sn, cfg))
+            of = [gpus[n] for n in key] if gpus is not None else [node_gpu(n, cfg) for n in sn]
+            stage_cache[key] = (summarize(sn, cfg.fabric), stage_gpu_of(of))
         sets.append(stage_cache[key][0])
         gpus_of.append(stage_cache[key][1])
     everything = sets[0]
@@ -390,9 +411,9 @@ def cost_placement(
             else nbytes / ranks_on_node / nvlink
         )
     costs = []
-    gpus = tuple(gpus_of)
+    stage_gpus = tuple(gpus_of)
     # the same decision renders each pod's NCCL_NVLS_ENABLE (operator routes.job_routes)
-    nvls_of = nvls.decide([g.name for g in gpus], T, D, P, G, tied).stages
+    nvls_of = _nvls_bytes(tuple(g.name for g in stage_gpus), T, D, P, G, tied)
     for s in range(P):
         place = StagePlace(
             index=s,
@@ -405,9 +426,9 @@ def cost_placement(
             embedding_sync=emb_sync if tied and s in (0, P - 1) else 0.0,
             ep_gbps=expert_fabric[s],
             ep_ranks_per_node=min(E, max(1, G // T)),
-            nvls_bytes=nvls_of[s].bytes,
+            nvls_bytes=nvls_of[s],
         )
-        costs.append(StageCost(model, shape, place, _priced(cfg, gpus[s])))
+        costs.append(StageCost(model, shape, place, _priced(cfg, stage_gpus[s])))
     mode = job.parallelism.partition
     L = model.layers
     if isinstance(mode, tuple):
@@ -425,7 +446,7 @@ def cost_placement(
         s, mem = max(((s, c.memory(n)) for s, (c, n) in enumerate(zip(costs, layers))), key=lambda x: x[1])
         return (
             f"tensor {T} x pipeline {P} x data {D}: stage {s} needs {mem / 2**30:.1f} GiB per GPU, "
-            f"more than {cfg.memory_headroom:.0%} of {gpus[s].memory_gib:g} GiB"
+            f"more than {cfg.memory_headroom:.0%} of {stage_gpus[s].memory_gib:g} GiB"
         )
     seconds, stages = estimate_pipeline(costs, layers)
     return Candidate(
@@ -441,7 +462,7 @@ def cost_placement(
         costs,
         world_net,
         p2p_nets,
-        gpus,
+        stage_gpus,
         wrap_p2p,
         wrap_pair.net,
     )
@@ -502,6 +523,17 @@ def memory_floor_problem(
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _nvls_bytes(
+    stage_gpus: tuple[str, ...], tensor: int, data: int, pipeline: int, gpus_per_node: int, tied: bool
+) -> tuple[int, ...]:
+    """Per stage, the bytes NVLS's buffers take (``nvls.decide``, the decision the operator
+    renders): the same for every island order whose stages hold the same GPU types, so the
+    search decides once per degrees and types."""
+    decision = nvls.decide(list(stage_gpus), tensor, data, pipeline, gpus_per_node, tied)
+    return tuple(c.bytes for c in decision.stages)
+
+
 def _priced(cfg: CostModelConfig, gpu: StageGpu) -> CostModelConfig:
     """The config a stage's costs use: its own GPUs' peak and memory (plan/gpus.py)."""
     if (gpu.peak_tflops, gpu.memory_gib) == (cfg.gpu_peak_tflops, cfg.gpu_memory_gib):
@@ -529,7 +561,10 @@ def search(
 
     name_order = [tuple(sorted(usable, key=lambda n: n.name)[:N])]  # nicSelection off: Megatron's
     arrangements: dict[int, list[tuple[NodeNic, ...]]] = {}
-    roomiest = max((node_gpu(n, cfg).memory_gib for n in usable), default=cfg.gpu_memory_gib)
+    # what does not depend on the candidate, worked out once: each node's GPU, the islands
+    gpus = node_gpus(usable, cfg)
+    parts: IslandParts | None = None
+    roomiest = max((gpus[n.name].memory_gib for n in usable), default=cfg.gpu_memory_gib)
     for deg in degree_candidates(job):
         too_big = memory_floor_problem(job, deg, model, cfg, roomiest)
         if too_big:
@@ -541,9 +576,10 @@ def search(
         else:
             if span not in arrangements:
                 budget.spend(len(usable), f"arranging {len(usable)} nodes")
-                groups = arrange_groups(usable, N, span, cfg)
+                parts = parts if parts is not None else island_parts(usable, cfg, gpus)
+                groups = arrange_groups(usable, N, span, cfg, parts)
                 arrangements[span] = [
-                    tuple(n for g in order for blk in groups[g] for n in blk)
+                    tuple(itertools.chain.from_iterable(blk for g in order for blk in groups[g]))
                     for order in island_orders(groups, cfg)
                 ]
             # Megatron's order too: the island-aware orders keep DP on one fabric, but when the
@@ -553,7 +589,7 @@ def search(
         best: tuple[tuple[float, int, int, int, int], Candidate] | None = None
         for i, order in enumerate(orders):
             pay(deg, len(order))
-            c = cost_placement(job, deg, order, model, cfg, stage_cache)
+            c = cost_placement(job, deg, order, model, cfg, stage_cache, gpus=gpus)
             if isinstance(c, str):
                 why_not.append(c)
                 break  # memory does not depend on the island order
@@ -563,7 +599,7 @@ def search(
             c = best[1]
             if job.parallelism.partition == "adaptive":
                 pay(deg, len(c.nodes))
-                refined = cost_placement(job, deg, c.nodes, model, cfg, stage_cache, refine=True)
+                refined = cost_placement(job, deg, c.nodes, model, cfg, stage_cache, refine=True, gpus=gpus)
                 c = refined if isinstance(refined, Candidate) else c  # refining keeps to what fits
             best_per_degree.append(c)
     if not best_per_degree:

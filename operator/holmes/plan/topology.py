@@ -188,14 +188,17 @@ class NodeSet:
 
 
 def summarize(nodes: Sequence[NodeNic], fabric: Fabric) -> NodeSet:
+    # a stage holds hundreds of nodes of a few kinds of link: price each kind once
+    links = {(n.nic, n.gbps, n.socket_fixed) for n in nodes}
     return NodeSet(
         count=len(nodes),
-        kinds=frozenset(n.nic for n in nodes),
-        clusters=frozenset(n.cluster for n in nodes),
-        min_gbps=min(n.gbps for n in nodes),
-        min_socket_gbps=min(socket_gbps(n, fabric) for n in nodes),
-        socket_flows_gbps=min(socket_flows(n, fabric) for n in nodes) * fabric.socket_flow_gbps,
-        plugins=frozenset(n.net_plugin for n in nodes),
+        kinds=frozenset({nic for nic, _, _ in links}),
+        clusters=frozenset({n.cluster for n in nodes}),
+        min_gbps=min(gbps for _, gbps, _ in links),
+        min_socket_gbps=min(_socket_gbps(nic, gbps, fabric) for nic, gbps, _ in links),
+        socket_flows_gbps=min(_socket_flows(nic, gbps, fixed, fabric) for nic, gbps, fixed in links)
+        * fabric.socket_flow_gbps,
+        plugins=frozenset({n.net_plugin for n in nodes}),
     )
 
 
@@ -213,14 +216,22 @@ def merge(a: NodeSet, b: NodeSet) -> NodeSet:
 
 def socket_gbps(n: NodeNic, fabric: Fabric) -> float:
     """A node's TCP bandwidth: its own NICs if Ethernet, else the host network."""
-    return n.gbps if n.nic == ETHERNET else min(fabric.socket_gbps, n.gbps)
+    return _socket_gbps(n.nic, n.gbps, fabric)
+
+
+def _socket_gbps(nic: str, gbps: float, fabric: Fabric) -> float:
+    return gbps if nic == ETHERNET else min(fabric.socket_gbps, gbps)
 
 
 def socket_flows(n: NodeNic, fabric: Fabric) -> int:
     """TCP flows per connection of the node's Socket groups: what Holmes renders for the
     node's TCP link, or what the job's template fixes, as NCCL clamps it."""
-    threads, socks = socket_threads(socket_gbps(n, fabric), fabric.socket_flow_gbps)
-    fixed_threads, fixed_socks = n.socket_fixed
+    return _socket_flows(n.nic, n.gbps, n.socket_fixed, fabric)
+
+
+def _socket_flows(nic: str, gbps: float, fixed: tuple[int | None, int | None], fabric: Fabric) -> int:
+    threads, socks = socket_threads(_socket_gbps(nic, gbps, fabric), fabric.socket_flow_gbps)
+    fixed_threads, fixed_socks = fixed
     threads = min(SOCKET_MAX_THREADS, threads if fixed_threads is None else fixed_threads)
     socks = socks if fixed_socks is None else fixed_socks
     if threads < 1 or socks < 1:  # NCCL then runs the data on its one control connection
