@@ -311,3 +311,37 @@ def test_the_test_import_check_can_fail(tmp_path):
     (tmp_path / "tests" / "plan" / "test_a.py").write_text("from tests.plan.test_b import helper\n")
     (tmp_path / "tests" / "plan" / "test_b.py").write_text("from .plan_helpers import node\n")
     assert imports_between_test_files(tmp_path) == {("tests/plan/test_a.py", "tests.plan.test_b")}
+
+
+# ---- tests import through pytest's pythonpath, never by editing sys.path --------------------------
+
+
+def sys_path_edits(root: Path = REPO) -> list[str]:
+    """Every ``sys.path`` changed in a test module (a call on it, an assignment to it or its
+    slice): pyproject's pythonpath (hack, bench) and the editable installs are how tests import."""
+    found = []
+    for f in sorted((root / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            targets = []
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                targets = [node.func.value]
+            elif isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                targets = [t.value if isinstance(t, ast.Subscript) else t for t in targets]
+            if any(ast.unparse(t) == "sys.path" for t in targets):
+                found.append((str(f.relative_to(root)), node.lineno))
+    return [f"{f}:{line}" for f, line in sorted(found)]
+
+
+def test_no_test_edits_sys_path():
+    found = sys_path_edits()
+    assert not found, "import from hack/ or bench/ directly (pytest's pythonpath):\n" + "\n".join(found)
+
+
+def test_the_sys_path_check_can_fail(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text(
+        "import sys\nsys.path.insert(0, 'bench')\nsys.path[:0] = ['hack']\nsys.path += ['x']\n"
+        "print(sys.path[0])\n"
+    )
+    assert sys_path_edits(tmp_path) == ["tests/test_a.py:2", "tests/test_a.py:3", "tests/test_a.py:4"]
