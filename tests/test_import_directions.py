@@ -146,6 +146,9 @@ PROBE = {
     "plan/a.py": "from . import b\n",
     "plan/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n",  # circle
     "trainer/__init__.py": "def f():\n    import kubernetes\n",
+    "trainer/engine.py": "from .dryrun import recording\n",
+    "trainer/dryrun/__init__.py": "",
+    "trainer/dryrun/recording.py": "from .. import engine\n",
     "launch/__init__.py": "import holmesprobe.contract\n",
     "operator/__init__.py": "",
     "operator/kube.py": "",
@@ -160,6 +163,7 @@ PROBE_BREAKS = {
     "The product reads one way": "holmesprobe.contract -> holmesprobe.plan.a",
     "No import circle": "No cycles are allowed in holmesprobe.plan.",  # plan.a <-> plan.b
     "The trainer reads the contract only": "holmesprobe.trainer -> kubernetes",
+    "The engine does not import its dry run": "holmesprobe.trainer.engine -> holmesprobe.trainer.dryrun",
     "The launcher": "holmesprobe.launch -> holmesprobe.contract",
     "The operator side has no torch": "holmesprobe.view -> torch",
     "The contract and the planner are pure": None,  # kept: the probe's planner imports nothing
