@@ -20,26 +20,28 @@ ARG CUDA_IMAGE=nvidia/cuda:13.0.2-base-ubuntu24.04
 # (no-index + find-links); a plain `docker build` leaves it unset and pip uses PyPI.
 
 # ---------------------------------------------------------------------------------------------
-# wheel: the holmes package (pure Python), built once for both images.
+# wheel: the three distributions (pure Python), each from its own folder: holmes-train-contract
+# (what both sides read), holmes-train-operator and holmes-train-trainer. Each image installs the
+# contract and its own side only.
 FROM ${PYTHON_IMAGE} AS wheel
 ARG PIP_CONFIG_FILE
 WORKDIR /src
-COPY pyproject.toml README.md ./
 COPY contract/ contract/
 COPY operator/ operator/
 COPY trainer/ trainer/
 RUN pip install --no-cache-dir --disable-pip-version-check setuptools==84.2.1 \
- && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
+ && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels ./contract ./operator ./trainer
 
 # ---------------------------------------------------------------------------------------------
-# operator-venv: the operator's dependencies only (no torch), at the versions the tests ran.
+# operator-venv: the contract and the operator with their dependencies (no torch), at the versions
+# the tests ran.
 FROM ${PYTHON_IMAGE} AS operator-venv
 ARG PIP_CONFIG_FILE
 COPY docker/constraints.txt /tmp/constraints.txt
-COPY --from=wheel /wheels/ /wheels/
+COPY --from=wheel /wheels/holmes_train_contract-*.whl /wheels/holmes_train_operator-*.whl /wheels/
 RUN python -m venv /opt/holmes \
  && /opt/holmes/bin/pip install --no-cache-dir --disable-pip-version-check \
-      -c /tmp/constraints.txt /wheels/holmes-*.whl \
+      -c /tmp/constraints.txt /wheels/*.whl \
  && /opt/holmes/bin/python -m compileall -q /opt/holmes/lib
 
 # ---------------------------------------------------------------------------------------------
@@ -65,7 +67,8 @@ ENTRYPOINT ["python", "-m", "holmes.operator"]
 CMD ["--all-namespaces"]
 
 # ---------------------------------------------------------------------------------------------
-# trainer-venv: torch (CUDA 13 build from PyPI, NCCL included) + the holmes trainer.
+# trainer-venv: the contract and the trainer with torch (CUDA 13 build from PyPI, NCCL included);
+# no kopf, no Kubernetes client.
 FROM ${CUDA_IMAGE} AS trainer-venv
 ARG PIP_CONFIG_FILE
 # hadolint ignore=DL3008
@@ -73,11 +76,10 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/*
 COPY docker/constraints.txt /tmp/constraints.txt
-COPY --from=wheel /wheels/ /wheels/
-RUN set -- /wheels/holmes-*.whl \
- && python3 -m venv /opt/holmes \
+COPY --from=wheel /wheels/holmes_train_contract-*.whl /wheels/holmes_train_trainer-*.whl /wheels/
+RUN python3 -m venv /opt/holmes \
  && /opt/holmes/bin/pip install --no-cache-dir --disable-pip-version-check \
-      -c /tmp/constraints.txt "$1[trainer]"
+      -c /tmp/constraints.txt /wheels/*.whl
 
 # ---------------------------------------------------------------------------------------------
 # trainer: the image HolmesJob pods run by default. rdma-core's user-space libraries let

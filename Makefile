@@ -7,13 +7,19 @@ PY := $(VENV)/bin/python
 .PHONY: venv test
 venv: $(VENV)/.installed
 
-# Re-install whenever the package metadata changes.
-$(VENV)/.installed: pyproject.toml
+# The product's distributions: every folder with a pyproject.toml of its own (contract/,
+# operator/, trainer/), each installed editable; the root (pyproject.toml) ties them together
+# and brings the test tools. Re-installed whenever any package metadata changes.
+DISTRIBUTIONS := $(patsubst %/pyproject.toml,%,$(wildcard */pyproject.toml))
+$(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(DISTRIBUTIONS))
 	@echo ">> creating virtual environment in $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	@# a checkout made before the split had one distribution, `holmes`: its editable finder
+	@# would shadow the three folders
+	$(VENV)/bin/python -m pip uninstall --quiet --yes holmes 2>/dev/null || true
 	@# DS_BUILD_OPS=0: DeepSpeed (a test dependency) installs without compiling CUDA/C++ ops
-	DS_BUILD_OPS=0 $(VENV)/bin/pip install --quiet -e '.[trainer,test]'
+	DS_BUILD_OPS=0 $(VENV)/bin/python -m pip install --quiet $(addprefix -e ./,$(DISTRIBUTIONS)) -e '.[test]'
 	touch $@
 
 # The local control plane (hack/build-k8s.sh): built once, cached outside the repo.
@@ -41,13 +47,14 @@ test: venv k8s images lint
 unit: venv k8s
 	$(PY) -m pytest -m "not cluster and not slow" -q
 
-# ruff: lint and format check; mypy: types (strict on contract/ and plan/). Config in
-# pyproject.toml; `make fmt` applies ruff's fixes.
+# ruff: lint and format check; mypy: types (strict on contract/ and plan/); lint-imports: the
+# layers' import contracts. Config in pyproject.toml; `make fmt` applies ruff's fixes.
 .PHONY: lint fmt
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 fmt: venv
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .

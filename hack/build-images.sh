@@ -9,7 +9,7 @@
 # configuration) fills, mounted into the build; apt-get finds the Dockerfile's packages already in
 # the base. Each piece is rebuilt only when its inputs change (cache keys in image labels):
 #   base:       the package list (python + the Dockerfile's `apt-get install`s) and the recipe
-#   wheelhouse: docker/constraints.txt and pyproject's requirements
+#   wheelhouse: docker/constraints.txt and the requirements of the distributions (*/pyproject.toml)
 #   images:     Dockerfile, .dockerignore, the build context's files, base, wheelhouse, this script
 # The wheelhouse and the base's tarball live in ${HOLMES_CACHE:-$HOME/.cache/holmes}/images.
 set -euo pipefail

@@ -36,7 +36,7 @@ ensure_tools() {  # host tools the steps below (and the node agent) need
   command -v openssl >/dev/null || missing+=(openssl)    # service-account key
   command -v make    >/dev/null || missing+=(make)
   command -v dpkg-source >/dev/null || missing+=(dpkg-dev)
-  command -v g++     >/dev/null || missing+=(g++)        # the dry run's fake CUDA device (trainer fakecuda.py)
+  command -v g++     >/dev/null || missing+=(g++)        # the dry run's fake CUDA device (holmes.trainer.dryrun.fakecuda)
   if ((${#missing[@]})); then
     say "installing host tools: ${missing[*]}"
     apt_get install -y -qq "${missing[@]}" >/dev/null || die "could not apt-get install ${missing[*]}"

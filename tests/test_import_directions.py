@@ -1,70 +1,47 @@
-"""The dependency table of README.md, enforced: every import in each product package (module
-level or inside a function) stays within what its row allows; the imports between the product's
-modules read one way (no circle, ``TYPE_CHECKING`` imports included); no module imports another
-one's private (``_``) name. Parsed, not imported, so a lazy import inside a function counts too."""
+"""The import rules import-linter cannot state, and import-linter's contracts themselves.
+
+The layers (which part of ``holmes`` may import which, no circles, the pure core's and views'
+lack of I/O, no torch on the operator side, no Kubernetes client in the trainer) are contracts in
+pyproject.toml's ``[tool.importlinter]``, run by ``lint-imports`` (``make lint``) and by
+:func:`test_the_import_contracts_hold`; :func:`test_the_import_contracts_can_fail` breaks each
+one in a probe package. What stays here: the third-party packages each folder may use (an
+allow-list; import-linter forbids, it does not allow), no module importing another one's private
+name, one file name per module, and tests sharing helpers through helper modules. Parsed, not
+imported, so a lazy import inside a function counts too."""
 
 from __future__ import annotations
 
 import ast
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 STDLIB = set(sys.stdlib_module_names)
-# standard-library modules that talk to the world: a pure module imports none of them
-IO_STDLIB = {
-    "socket",
-    "ssl",
-    "http",
-    "urllib",
-    "subprocess",
-    "asyncio",
-    "threading",
-    "select",
-    "selectors",
-    "concurrent",
-    "multiprocessing",
-    "shutil",
-    "tempfile",
-    "time",
-    "logging",
-}
-PURE = {"operator/holmes/operator/core", "operator/holmes/view"}
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
-# package folder -> (allowed top-level third-party modules, allowed holmes subpackages)
-RULES = {
-    "contract/holmes/contract": ({"yaml"}, {"contract"}),
-    "operator/holmes/plan": ({"yaml"}, {"contract", "plan"}),
-    "operator/holmes/labeller": ({"kubernetes"}, {"contract", "plan", "labeller"}),
-    "operator/holmes/operator": (
-        {"kopf", "kubernetes", "urllib3", "prometheus_client", "yaml"},
-        {"contract", "plan", "operator"},
-    ),
-    # pictures and text of layouts and jobs, for people: pure, from the contract's data
-    "operator/holmes/view": (set(), {"contract", "view"}),
-    # the operator's pure core: decisions from data, no client, no sockets, no clock of its own
-    "operator/holmes/operator/core": ({"yaml"}, {"contract", "plan", "operator.core"}),
-    "trainer/holmes/trainer": (
-        {"torch", "numpy", "prometheus_client", "tokenizers", "safetensors"},
-        {"contract", "trainer", "launch"},  # launch: the pod's network resolver, standard library only
-    ),
+# package folder -> the top-level third-party modules it may import (README.md's table); which
+# Holmes packages it may import is import-linter's
+THIRD_PARTY = {
+    "contract/holmes/contract": {"yaml"},
+    "operator/holmes/plan": {"yaml"},
+    "operator/holmes/labeller": {"kubernetes"},
+    "operator/holmes/operator": {"kopf", "kubernetes", "urllib3", "prometheus_client", "yaml"},
+    "operator/holmes/view": set(),  # pictures and text of layouts and jobs, for people
+    "operator/holmes/operator/core": {"yaml"},  # the operator's pure core: no client
+    "trainer/holmes/trainer": {"torch", "numpy", "prometheus_client", "tokenizers", "safetensors"},
     # copied into pods of the user's own image: nothing but the standard library and its torch
-    "trainer/holmes/launch": ({"torch"}, {"launch"}),
+    "trainer/holmes/launch": {"torch"},
+    "operator/holmes/cli.py": {"kubernetes", "yaml"},  # `holmes plan`; the client for --kubeconfig
+    "operator/holmes/kubectl_holmes.py": {"kubernetes"},
 }
-CLI = REPO / "operator/holmes/cli.py"  # `holmes plan`: the planner, plus the client for --kubeconfig
-CLI_RULE = (
-    {"kubernetes", "yaml"},
-    {"contract", "plan", "operator", "view"},
-)  # operator: --pods (pure preview)
 
-
-PRODUCT = ("contract", "operator", "trainer")  # the folders holding the holmes namespace package
-
-
-def package_of(path: Path) -> str:
-    return ".".join(path.relative_to(REPO).parts[1:-1])  # e.g. holmes.plan
+PRODUCT = ("contract", "operator", "trainer")  # the distributions holding the holmes namespace
 
 
 def imports(path: Path, package: str) -> list[tuple[int, str]]:
@@ -82,78 +59,142 @@ def imports(path: Path, package: str) -> list[tuple[int, str]]:
     return out
 
 
-def violations(
-    path: Path, rule: tuple[set[str], set[str]], package: str | None = None, pure: bool = False
-) -> list[str]:
-    third_party, holmes = rule
+def package_of(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).parts[1:-1])  # e.g. holmes.plan
+
+
+def third_party_violations(path: Path, allowed: set[str], package: str | None = None) -> list[str]:
     bad = []
     for line, name in imports(path, package or package_of(path)):
         top = name.split(".")[0]
-        if pure and top in IO_STDLIB:
-            bad.append(f"{path.name}:{line}: imports {name} (I/O in a pure module)")
-            continue
-        if top == "holmes":
-            parts = name.split(".")
-            # "operator.core" allows holmes.operator.core only; "operator" any holmes.operator
-            if not any(parts[1 : 1 + len(a.split("."))] == a.split(".") for a in holmes):
-                bad.append(f"{path.name}:{line}: imports {name}")
-        elif top not in STDLIB and top != "__future__" and top not in third_party:
+        if top not in STDLIB and top not in ("__future__", "holmes") and top not in allowed:
             bad.append(f"{path.name}:{line}: imports {name}")
     return bad
 
 
-@pytest.mark.parametrize("folder", sorted(RULES))
-def test_package_imports_only_what_its_row_allows(folder):
-    nested = [f for f in RULES if f != folder and f.startswith(folder + "/")]
-    files = [
+def files_of(folder: str) -> list[Path]:
+    """The modules of one row: a file, or a folder's files less those of nested rows."""
+    if folder.endswith(".py"):
+        return [REPO / folder]
+    nested = [f for f in THIRD_PARTY if f != folder and f.startswith(folder + "/")]
+    return [
         f
         for f in sorted((REPO / folder).rglob("*.py"))
         if not any(f.is_relative_to(REPO / n) for n in nested)
     ]
+
+
+@pytest.mark.parametrize("folder", sorted(THIRD_PARTY))
+def test_package_imports_only_the_third_party_packages_its_row_allows(folder):
+    files = files_of(folder)
     assert files, f"{folder} holds no Python files"
-    bad = [v for f in files for v in violations(f, RULES[folder], pure=folder in PURE)]
+    bad = [v for f in files for v in third_party_violations(f, THIRD_PARTY[folder])]
     assert not bad, "imports against the dependency table (README.md):\n" + "\n".join(bad)
 
 
-def test_cli_imports_only_the_planner_and_the_contract():
-    assert not violations(CLI, CLI_RULE)
-
-
-PLUGIN = REPO / "operator/holmes/kubectl_holmes.py"  # `kubectl holmes`: the CLI's plan, the client, views
-PLUGIN_RULE = ({"kubernetes"}, {"cli", "contract", "operator.core", "view"})
-
-
-def test_kubectl_plugin_imports_only_the_cli_the_client_and_the_views():
-    assert not violations(PLUGIN, PLUGIN_RULE)
+def test_every_module_has_a_row():
+    """A new folder of the namespace gets its own allow-list, not silently none."""
+    rows = [REPO / f for f in THIRD_PARTY]
+    orphans = [
+        str(f.relative_to(REPO))
+        for top in PRODUCT
+        for f in sorted((REPO / top / "holmes").rglob("*.py"))
+        if not any(f == r or f.is_relative_to(r) for r in rows)
+    ]
+    assert not orphans, "add a THIRD_PARTY row for:\n" + "\n".join(orphans)
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
-    """A checker that misses a function-level import or a relative one could never fail."""
+    """A checker that misses a function-level import could never fail."""
     probe = tmp_path / "probe.py"
-    probe.write_text(
-        "def f():\n    import torch\n    from ..operator import kube\n    from . import costmodel\n"
+    probe.write_text("def f():\n    import torch\n    from ..operator import kube\n    import yaml.nodes\n")
+    found = third_party_violations(probe, THIRD_PARTY["operator/holmes/plan"], package="holmes.plan")
+    assert found == ["probe.py:2: imports torch"]
+
+
+# ---- import-linter's contracts -------------------------------------------------------------------
+
+
+def lint_imports(config: Path, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    assert LINT_IMPORTS.exists(), "lint-imports not installed: make venv (the test extra pins import-linter)"
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(config), "--no-cache", "--no-logo"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "1000", **(env or {})},
     )
-    found = violations(probe, RULES["operator/holmes/plan"], package="holmes.plan")
-    assert found == ["probe.py:2: imports torch", "probe.py:3: imports holmes.operator"]
 
 
-def test_the_pure_core_refuses_the_client_and_io(tmp_path):
-    """The purity rule can fail: a core module importing the client, or urllib, is caught."""
-    probe = tmp_path / "probe.py"
-    probe.write_text(
-        "import urllib.request\nfrom kubernetes import client\nfrom .. import kube\nfrom . import render\n"
-    )
-    found = violations(
-        probe, RULES["operator/holmes/operator/core"], package="holmes.operator.core", pure=True
-    )
-    assert found == [
-        "probe.py:1: imports urllib.request (I/O in a pure module)",
-        "probe.py:2: imports kubernetes",
-        "probe.py:3: imports holmes.operator",
-    ]
+def contract_names(config: Path) -> list[str]:
+    return [c["name"] for c in tomllib.loads(config.read_text())["tool"]["importlinter"]["contracts"]]
 
 
-# ---- one direction: no circles, no private names ----------------------------------------------
+def test_the_import_contracts_hold():
+    done = lint_imports(REPO / "pyproject.toml", REPO)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert f"Contracts: {len(contract_names(REPO / 'pyproject.toml'))} kept, 0 broken." in done.stdout
+
+
+# One import that breaks each contract (by its name's start), in a copy of the namespace called
+# holmesprobe: the contracts must see function-level and TYPE_CHECKING imports and the standard
+# library, or they could never fail.
+PROBE = {
+    "contract/__init__.py": "def f():\n    from holmesprobe.plan import a\n",  # upward
+    "plan/__init__.py": "",
+    "plan/a.py": "from . import b\n",
+    "plan/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n",  # circle
+    "trainer/__init__.py": "def f():\n    import kubernetes\n",
+    "trainer/engine.py": "from .dryrun import recording\n",
+    "trainer/dryrun/__init__.py": "",
+    "trainer/dryrun/recording.py": "from .. import engine\n",
+    "launch/__init__.py": "import holmesprobe.contract\n",
+    "operator/__init__.py": "",
+    "operator/kube.py": "",
+    "operator/core/__init__.py": "import time\n",
+    "labeller/__init__.py": "",
+    "view/__init__.py": "import torch\nfrom holmesprobe.plan import a\n",
+    "cli.py": "from holmesprobe import labeller\n",
+    "kubectl_holmes.py": "from holmesprobe.operator.core import x\nfrom holmesprobe.operator import kube\n",
+    "operator/core/x.py": "",
+}
+PROBE_BREAKS = {
+    "The product reads one way": "holmesprobe.contract -> holmesprobe.plan.a",
+    "No import circle": "No cycles are allowed in holmesprobe.plan.",  # plan.a <-> plan.b
+    "The trainer reads the contract only": "holmesprobe.trainer -> kubernetes",
+    "The engine does not import its dry run": "holmesprobe.trainer.engine -> holmesprobe.trainer.dryrun",
+    "The launcher": "holmesprobe.launch -> holmesprobe.contract",
+    "The operator side has no torch": "holmesprobe.view -> torch",
+    "The contract and the planner are pure": None,  # kept: the probe's planner imports nothing
+    "The views draw": "holmesprobe.view -> holmesprobe.plan.a",
+    "The operator's core and the views are pure": "holmesprobe.operator.core -> time",
+    "`holmes plan`": "holmesprobe.cli -> holmesprobe.labeller",
+    "`kubectl holmes`": "holmesprobe.kubectl_holmes -> holmesprobe.operator.kube",
+}
+
+
+def test_the_import_contracts_can_fail(tmp_path):
+    text = (REPO / "pyproject.toml").read_text()
+    section = text[text.index("\n[tool.importlinter]\n") : text.index("\n[tool.mypy]\n")]
+    probe_config = tmp_path / "importlinter.toml"
+    probe_config.write_text(re.sub(r"\bholmes(?=[.\"])", "holmesprobe", section))
+    names = contract_names(probe_config)
+    for rel, body in PROBE.items():
+        (tmp_path / "holmesprobe" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "holmesprobe" / rel).write_text(body)
+    done = lint_imports(probe_config, tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    out = done.stdout
+    assert done.returncode == 1, out[-4000:] + done.stderr[-2000:]
+    for name in names:
+        (start,) = [s for s in PROBE_BREAKS if name.startswith(s)]
+        verdict = "KEPT" if PROBE_BREAKS[start] is None else "BROKEN"
+        assert f"{name} {verdict}" in out, f"{name}: not {verdict}\n{out[-4000:]}"
+        if PROBE_BREAKS[start]:
+            assert PROBE_BREAKS[start] in out, f"{name}: {PROBE_BREAKS[start]} not reported\n{out}"
+
+
+# ---- no private names ----------------------------------------------------------------------------
 
 
 def module_of(path: Path, root: Path = REPO) -> str:
@@ -184,61 +225,6 @@ def imported_names(path: Path, module: str) -> list[tuple[int, str, str]]:
     return out
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the product modules it imports (``from pkg import mod`` counts as importing mod)."""
-    graph: dict[str, set[str]] = {m: set() for m in modules}
-    for m, path in modules.items():
-        for _, source, name in imported_names(path, m):
-            target = f"{source}.{name}" if f"{source}.{name}" in modules else source
-            while target not in modules and "." in target:
-                target = target.rpartition(".")[0]
-            if target in modules and target != m:
-                graph[m].add(target)
-    return graph
-
-
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found = []
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on.add(start)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph[w]))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1:
-                    found.append(sorted(comp))
-    return found
-
-
 def private_imports(modules: dict[str, Path], root: Path = REPO) -> list[str]:
     """``from other_module import _name``: a module reaching into another's private name."""
     bad = []
@@ -250,31 +236,21 @@ def private_imports(modules: dict[str, Path], root: Path = REPO) -> list[str]:
     return bad
 
 
-def test_the_product_imports_read_one_way():
-    found = circles(import_graph(product_modules()))
-    assert not found, "import circles (move what both need into a module both import):\n" + "\n".join(
-        " <-> ".join(c) for c in found
-    )
-
-
 def test_no_module_imports_a_private_name_of_another():
     bad = private_imports(product_modules())
     assert not bad, "private names imported (make the name public or move it):\n" + "\n".join(bad)
 
 
-def test_the_circle_and_private_checks_can_fail(tmp_path):
-    """A two-module circle (one side a TYPE_CHECKING import, one a lazy import, as the planner's
-    and its explanation's were) and a private import are both caught."""
+def test_the_private_name_check_can_fail(tmp_path):
     pkg = tmp_path / "operator" / "holmes" / "plan"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "planner.py").write_text("def plan():\n    from .explain import lines\n")
-    (pkg / "explain.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .planner import Candidate\n"
+    (pkg / "planner.py").write_text("def _evaluate():\n    pass\n")
+    # a private name is caught; a dunder is not private
+    (pkg / "estimate.py").write_text(
+        "from holmes.plan.planner import _evaluate, plan\nfrom . import __doc__\n"
     )
-    (pkg / "estimate.py").write_text("from holmes.plan.planner import _evaluate, plan\n")
     modules = {module_of(f, tmp_path): f for f in sorted(pkg.glob("*.py"))}
-    assert circles(import_graph(modules)) == [["holmes.plan.explain", "holmes.plan.planner"]]
     assert private_imports(modules, tmp_path) == [
         "operator/holmes/plan/estimate.py:1: imports holmes.plan.planner._evaluate"
     ]
@@ -288,7 +264,7 @@ def shared_file_names(root: Path = REPO) -> dict[str, list[str]]:
     reader (or a grep, or a traceback) cannot tell ``names.py`` from ``names.py``."""
     where: dict[str, list[str]] = {}
     for folder in PRODUCT:
-        for f in sorted((root / folder).rglob("*.py")):
+        for f in sorted((root / folder / "holmes").rglob("*.py")):
             if f.name not in ("__init__.py", "__main__.py"):
                 where.setdefault(f.name, []).append(str(f.relative_to(root)))
     return {name: paths for name, paths in where.items() if len(paths) > 1}
@@ -339,3 +315,37 @@ def test_the_test_import_check_can_fail(tmp_path):
     (tmp_path / "tests" / "plan" / "test_a.py").write_text("from tests.plan.test_b import helper\n")
     (tmp_path / "tests" / "plan" / "test_b.py").write_text("from .plan_helpers import node\n")
     assert imports_between_test_files(tmp_path) == {("tests/plan/test_a.py", "tests.plan.test_b")}
+
+
+# ---- tests import through pytest's pythonpath, never by editing sys.path --------------------------
+
+
+def sys_path_edits(root: Path = REPO) -> list[str]:
+    """Every ``sys.path`` changed in a test module (a call on it, an assignment to it or its
+    slice): pyproject's pythonpath (hack, bench) and the editable installs are how tests import."""
+    found = []
+    for f in sorted((root / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            targets = []
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                targets = [node.func.value]
+            elif isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                targets = [t.value if isinstance(t, ast.Subscript) else t for t in targets]
+            if any(ast.unparse(t) == "sys.path" for t in targets):
+                found.append((str(f.relative_to(root)), node.lineno))
+    return [f"{f}:{line}" for f, line in sorted(found)]
+
+
+def test_no_test_edits_sys_path():
+    found = sys_path_edits()
+    assert not found, "import from hack/ or bench/ directly (pytest's pythonpath):\n" + "\n".join(found)
+
+
+def test_the_sys_path_check_can_fail(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text(
+        "import sys\nsys.path.insert(0, 'bench')\nsys.path[:0] = ['hack']\nsys.path += ['x']\n"
+        "print(sys.path[0])\n"
+    )
+    assert sys_path_edits(tmp_path) == ["tests/test_a.py:2", "tests/test_a.py:3", "tests/test_a.py:4"]

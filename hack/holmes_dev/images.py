@@ -6,7 +6,7 @@ Standard library only: build-images.sh runs it with the host's python3, before a
 
     python -m holmes_dev.images digest          # sha256 of Dockerfile, .dockerignore, context
     python -m holmes_dev.images apt-packages    # what the Dockerfile's `apt-get install`s name
-    python -m holmes_dev.images requirements    # pyproject's dependencies + the trainer extra
+    python -m holmes_dev.images requirements    # the distributions' dependencies
     python -m holmes_dev.images ref operator    # localhost/holmes-operator:<version>
     python -m holmes_dev.images names           # BASE_REF=... and the label keys, for the shell
 """
@@ -143,10 +143,26 @@ def apt_packages(dockerfile: str) -> list[str]:
     return out
 
 
+def distributions(repo: Path = REPO) -> dict[str, dict]:
+    """The product's distributions: folder -> its pyproject's [project] table, for every folder
+    with a pyproject.toml of its own (as `make venv` finds them)."""
+    return {
+        p.parent.name: tomllib.loads(p.read_text())["project"] for p in sorted(repo.glob("*/pyproject.toml"))
+    }
+
+
 def requirements(repo: Path = REPO) -> list[str]:
-    """What the images' venvs install: pyproject's dependencies and its trainer extra."""
-    project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
-    return [*project["dependencies"], *project["optional-dependencies"]["trainer"]]
+    """What the images' venvs install from the wheelhouse: every distribution's dependencies,
+    once each, less the distributions themselves (the Dockerfile builds their wheels)."""
+    dists = distributions(repo)
+    ours = {d["name"].lower() for d in dists.values()}
+    out: list[str] = []
+    for project in dists.values():
+        for req in project.get("dependencies", []):
+            name = re.split(r"[\s<>=!~;\[(@]", req, maxsplit=1)[0].lower().replace("_", "-")
+            if name not in ours and req not in out:
+                out.append(req)
+    return out
 
 
 def main(argv: list[str]) -> int:

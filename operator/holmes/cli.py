@@ -382,7 +382,7 @@ def dryrun_command(args: argparse.Namespace, rest: list[str]) -> int:
     import tempfile
 
     if importlib.util.find_spec("holmes.trainer") is None or importlib.util.find_spec("torch") is None:
-        raise CliError("the dry run needs the trainer: pip install 'holmes[trainer]'")
+        raise CliError("the dry run needs the trainer: pip install holmes-train-trainer (or ./trainer)")
     if (args.layout is None) == (args.nodes is None):
         raise CliError(
             "give --layout LAYOUT.json (from holmes plan --json) or --nodes NODES.yaml to plan one"

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 
+import across_sites as bench  # bench/ is on pytest's pythonpath
 import pytest
 
-from tests.bench.bench_run import BENCH, run_bench
-
-sys.path.insert(0, str(BENCH))
-import across_sites as bench  # noqa: E402
+from tests.bench.bench_run import run_bench
 
 
 def test_the_corpus_has_structure_a_model_can_learn():

@@ -3,12 +3,7 @@ phases their pods contradict, and orphans, from snapshots of jobs and pods."""
 
 from __future__ import annotations
 
-import sys
-
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-import control_plane_faults as cpf  # noqa: E402
+import control_plane_faults as cpf  # bench/ is on pytest's pythonpath
 
 
 def pod(job, attempt, rank, phase="Running", deleting=False):

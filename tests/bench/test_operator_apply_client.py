@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
+import operator_apply  # bench/ is on pytest's pythonpath
 import yaml
-
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-import operator_apply  # noqa: E402
 
 
 def test_the_bench_client_has_the_pool_it_asks_for(tmp_path):

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 
+import outer_overlap as bench  # bench/ is on pytest's pythonpath
 import pytest
 
-from tests.bench.bench_run import BENCH, run_bench
-
-sys.path.insert(0, str(BENCH))
-import outer_overlap as bench  # noqa: E402
+from tests.bench.bench_run import run_bench
 
 
 def lines(outer_at: dict[int, dict], n: int, compute: float) -> list[dict]:

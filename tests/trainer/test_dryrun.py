@@ -90,7 +90,7 @@ def test_p2p_communicators_are_the_layout_groups_only(three_stages):
 
 def test_a_mismatched_collective_sequence_is_reported():
     """The check itself: one rank of a group issuing a different all-reduce is found."""
-    from holmes.trainer.recording import Collective, sequence_problems
+    from holmes.trainer.dryrun.recording import Collective, sequence_problems
 
     a = [Collective((0, 1), "allreduce_", "float32", 64), Collective((0, 1), "allreduce_", "float32", 8)]
     b = [Collective((0, 1), "allreduce_", "float32", 64), Collective((0, 1), "allreduce_", "float32", 16)]
@@ -111,7 +111,7 @@ def test_bad_arguments_get_a_clear_error(tmp_path):
 
 def test_the_planner_and_the_dry_run_count_a_communicator_alike():
     from holmes.plan import costmodel
-    from holmes.trainer import recording
+    from holmes.trainer.dryrun import recording
 
     assert costmodel.NCCL_COMMUNICATOR_BYTES == recording.NCCL_COMMUNICATOR_BYTES
 

@@ -93,7 +93,7 @@ MAIN_GRAD_BYTES = 4  # the trainer's gradient buffer is fp32
 # (trainer/holmes/trainer/dist_optimizer.py; the dry run measures them)
 SHARD_EXTRA_BYTES = 4 + 1
 # GPU memory of one NCCL communicator beyond tensors (its channels' buffers, FIFOs): a model,
-# the same number as holmes.trainer.recording.NCCL_COMMUNICATOR_BYTES (tests keep them equal)
+# the same number as holmes.trainer.dryrun.recording.NCCL_COMMUNICATOR_BYTES (tests keep them equal)
 NCCL_COMMUNICATOR_BYTES = 100 * 2**20
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 OUTER_STATE_BYTES = 4  # the replicas' outer optimizer keeps fp32 anchors and momenta (trainer outer.py)

@@ -55,6 +55,7 @@ from holmes.contract import names
 from holmes.contract.names import ETHERNET, INFINIBAND, RDMA_KINDS, ROCE
 
 from . import dra
+from .quantity import QuantityError, parse_quantity
 
 # GPUs other pods hold on the node, on an in-memory copy (never written to the API server): the
 # capacity view's way to lower a node's GPUs, whether the device plugin or DRA offers them.
@@ -153,21 +154,13 @@ class NodeNic:
 
 
 def _quantity_int(v: Any) -> int:
-    """Integer resource quantities ("8", 8, "1k"); anything else counts as 0."""
-    if isinstance(v, bool):
+    """A device count, an integer Kubernetes quantity ("8", 8, "1k"); anything else (a fraction,
+    no quantity at all) counts as 0."""
+    try:
+        q = parse_quantity(v)
+    except QuantityError:
         return 0
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str):
-        s = v.strip()
-        mult = {"k": 10**3, "M": 10**6, "G": 10**9}.get(s[-1:], 1)
-        if mult != 1:
-            s = s[:-1]
-        try:
-            return int(s) * mult
-        except ValueError:
-            return 0
-    return 0
+    return int(q) if q == q.to_integral_value() else 0
 
 
 def _truthy(v: str | None) -> bool:

@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .quantity import quantity_or_none
+
 API_VERSION = "resource.k8s.io/v1"
 SLICE_KIND = "ResourceSlice"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
@@ -122,32 +124,12 @@ def attribute(device: Mapping[str, Any], driver: str, name: str) -> Any:
 
 
 def _quantity_gib(q: Any) -> float | None:
-    """A Kubernetes quantity ("80Gi", "40960Mi", "85899345920") in GiB; None if unreadable."""
+    """A Kubernetes quantity ("80Gi", "40960Mi", "85899345920") in GiB; None if unreadable or not
+    positive."""
     if isinstance(q, Mapping):
         q = q.get("value")
-    if isinstance(q, bool) or q is None:
-        return None
-    s = str(q).strip()
-    units = {
-        "Ki": 2**10,
-        "Mi": 2**20,
-        "Gi": 2**30,
-        "Ti": 2**40,
-        "k": 10**3,
-        "M": 10**6,
-        "G": 10**9,
-        "T": 10**12,
-    }
-    mult = 1
-    for suffix, m in units.items():
-        if s.endswith(suffix):
-            s, mult = s[: -len(suffix)], m
-            break
-    try:
-        x = float(s) * mult / 2**30
-    except ValueError:
-        return None
-    return x if x > 0 else None
+    x = quantity_or_none(q)
+    return x / 2**30 if x is not None and x > 0 else None
 
 
 def _nic(d: Mapping[str, Any], driver: str) -> DraNic:

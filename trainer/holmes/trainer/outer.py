@@ -108,7 +108,7 @@ class OuterGroup:
         cls, place: ReplicaPlace, local_rank: int, local_world: int, backend: str, timeout_s: float
     ) -> OuterGroup:
         """Collective over the replicas: rank ``local_rank`` of this replica joins its outer group."""
-        if backend == "fake":  # the dry run (dryrun.py): no store, no peers
+        if backend == "fake":  # the dry run (holmes.trainer.dryrun): no store, no peers
             return cls.fake(place, local_rank)
         timeout = timedelta(seconds=timeout_s)
         is_server = place.replica == 0 and local_rank == 0

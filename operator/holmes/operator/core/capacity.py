@@ -32,15 +32,14 @@ lock against this view.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE, RESOURCE_GPU
 from holmes.plan import InsufficientNodes
 from holmes.plan.discovery import GPUS_TAKEN_KEY
+from holmes.plan.quantity import quantity_or_none as quantity  # None where a value is no quantity
 
 from . import child_names
 from .device_claims import ClaimHold, reserved_pods
@@ -63,45 +62,7 @@ class WaitingForCapacity(InsufficientNodes):
     reason = "WaitingForCapacity"
 
 
-# ---- quantities -------------------------------------------------------------------------------
-
-_SUFFIX = {
-    "n": 1e-9,
-    "u": 1e-6,
-    "m": 1e-3,
-    "": 1.0,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    "E": 1e18,
-    "Ki": 2.0**10,
-    "Mi": 2.0**20,
-    "Gi": 2.0**30,
-    "Ti": 2.0**40,
-    "Pi": 2.0**50,
-    "Ei": 2.0**60,
-}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
-
-
-def quantity(v: Any) -> float | None:
-    """A Kubernetes resource quantity ("500m", "8Gi", 2) as a number; None if it is not one."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v) if math.isfinite(v) else None
-    if not isinstance(v, str):
-        return None
-    m = _QUANTITY.match(v.strip())
-    if not m:
-        return None
-    try:
-        q = float(m.group(1)) * _SUFFIX[m.group(2)]
-    except ValueError:
-        return None
-    return q if math.isfinite(q) else None  # "1e999" reads as infinity: not an amount
+# ---- quantities (read by holmes.plan.quantity, the operator side's one parser) ------------------
 
 
 def show(resource: str, amount: float) -> str:

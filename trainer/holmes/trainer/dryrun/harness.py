@@ -7,11 +7,11 @@
 Each process plays one rank after another (the ranks are spread over one process per CPU this
 one may use, ``--jobs``): ``init_process_group("fake")`` makes it rank r of the
 Layout's world (every collective and send/recv returns at once, moving no data), and
-``FakeTensorMode`` with a ``cuda`` device (fakecuda.py) makes every tensor a shape without
+``FakeTensorMode`` with a ``cuda`` device (dryrun/fakecuda.py) makes every tensor a shape without
 memory, in bf16 as on GPUs. For each rank the real :class:`~holmes.trainer.engine.Trainer` is
 built from the job and the Layout and trains ``--iterations`` (default 2) iterations: the
 pipeline schedule, the overlapped optimizer with its step, the stop vote. A
-:class:`~holmes.trainer.recording.Recorder` sees every operator below every Python wrapper
+:class:`~holmes.trainer.dryrun.recording.Recorder` sees every operator below every Python wrapper
 and keeps the rank's collectives, host syncs and GPU memory.
 
 Which ranks: ``roles`` (the default) runs one rank per pipeline stage: the one at data index 0
@@ -81,14 +81,14 @@ from holmes.contract import Layout, nvls  # noqa: E402
 from holmes.contract import pipeline_schedules as sched  # noqa: E402
 from holmes.contract.layout import layout_signature  # noqa: E402
 
-from . import engine as engine_mod  # noqa: E402
-from . import model as model_mod  # noqa: E402
-from . import outer, preempt  # noqa: E402
-from .config import CheckpointConfig, DataConfig, TrainConfig, schedule_problems  # noqa: E402
-from .dist_optimizer import DistributedOptimizer  # noqa: E402
+from .. import engine as engine_mod  # noqa: E402
+from .. import model as model_mod  # noqa: E402
+from .. import outer, preempt  # noqa: E402
+from ..config import CheckpointConfig, DataConfig, TrainConfig, schedule_problems  # noqa: E402
+from ..dist_optimizer import DistributedOptimizer  # noqa: E402
+from ..startup import configure  # noqa: E402
 from .fakecuda import fake_cuda  # noqa: E402
 from .recording import CATEGORIES, NCCL_COMMUNICATOR_BYTES, Collective, Recorder, sequence_problems  # noqa: E402
-from .startup import configure  # noqa: E402
 
 # One read of the device per iteration is by design: the loss and the global grad norm, which
 # the clipping coefficient and the NaN check need on the host (engine.Trainer.train_step).
@@ -871,10 +871,3 @@ def main(argv: list[str] | None = None) -> int:
             r["collectives"] = r["collectives"][:64]  # the start of it; --collectives for all
     print(json.dumps(out, indent=1))
     return 1 if out["problems"] else 0
-
-
-if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # now: the autograd engine's threads for the fake devices never join at exit

@@ -77,7 +77,7 @@ def cache_dir() -> Path:
 def _torch_root() -> Path:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
-        raise FakeCudaError("torch is not installed: pip install '.[trainer]'")
+        raise FakeCudaError("torch is not installed: make venv, or pip install holmes-train-trainer")
     return Path(list(spec.submodule_search_locations)[0])
 
 
