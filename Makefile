@@ -28,9 +28,12 @@ export HOLMES_CACHE
 TOPOLOGY ?= hack/topologies/default.yaml
 LOCALKUBE := PYTHONPATH=hack $(PY) -m localkube
 
-.PHONY: k8s cluster-up cluster-down demo
+.PHONY: k8s clients cluster-up cluster-down demo
 k8s:
 	@bash hack/build-k8s.sh
+# kubectl and helm only (the unit tier's chart and kustomize checks): no Kubernetes compile.
+clients:
+	@bash hack/build-k8s.sh clients
 
 # The two images of the Dockerfile (hack/build-images.sh), built into the local containers storage
 # (`podman images`) on a Debian base; rebuilt only when what goes into them changes.

@@ -11,6 +11,7 @@ API server refuses ("1K", "1mi", "Infinity", "1_000").
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import Decimal
@@ -42,6 +43,13 @@ def parse_quantity(value: str | int | float | Decimal) -> Decimal:
         if isinstance(value, (float, Decimal)) and not math.isfinite(value):
             raise QuantityError(f"{value!r} is not a Kubernetes quantity: not a finite number")
         return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    return _parse_text(value)
+
+
+# Every decision reads every node's allocatable and every pod's requests: a few distinct strings,
+# parsed once each (a Decimal is immutable, so the cached value is safe to share).
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Decimal:
     m = _QUANTITY.fullmatch(value)
     if not m:
         raise QuantityError(f"{value!r} is not a Kubernetes quantity ({_FORM}, e.g. 500m, 8Gi)")

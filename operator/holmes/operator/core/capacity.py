@@ -493,6 +493,31 @@ class Workloads:
     claims: Sequence[Mapping] = ()
 
 
+# Every decision reads every other job's spec (the queue ahead, what launched jobs hold): parsed
+# once per version of the job, not once per decision. A JobSpec is frozen, so sharing it is safe;
+# a plain dict (its reads and writes are atomic) bounded by clearing it, shared by the workers.
+_SPECS: dict[tuple[str, str], JobSpec | None] = {}
+_SPECS_KEPT = 4096
+
+
+def _spec_of(job: Mapping) -> JobSpec | None:
+    """``load_job(job)``, None for a bad spec; kept by (uid, resourceVersion) when it has both."""
+    meta = job.get("metadata") or {}
+    uid, rv = meta.get("uid"), meta.get("resourceVersion")
+    key = (uid, rv) if isinstance(uid, str) and isinstance(rv, str) else None
+    if key is not None and key in _SPECS:
+        return _SPECS[key]
+    try:
+        spec: JobSpec | None = load_job(job)
+    except SpecError:
+        spec = None
+    if key is not None:
+        if len(_SPECS) >= _SPECS_KEPT:
+            _SPECS.clear()
+        _SPECS[key] = spec
+    return spec
+
+
 def shared_state(
     me: Mapping, seen: Workloads, classes: Mapping[str, int], gpu_resource: str = RESOURCE_GPU
 ) -> SharedState:
@@ -510,9 +535,8 @@ def shared_state(
             ended.append((ns, st["completionTime"]))
         if meta.get("deletionTimestamp") or st.get("phase") in ENDED:
             continue
-        try:
-            spec = load_job(job)
-        except SpecError:
+        spec = _spec_of(job)
+        if spec is None:
             continue
         shape = pod_shape(spec, gpu_resource)
         if st.get("launched"):
