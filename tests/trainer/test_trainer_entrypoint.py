@@ -70,6 +70,25 @@ def test_a_world_that_does_not_match_the_layout_is_refused_clearly(tmp_path):
     assert json.loads(out.splitlines()[0])["holmes"] == "error"
 
 
+def test_numbers_from_the_environment_are_parsed_and_a_bad_one_is_a_usage_error(monkeypatch, capsys):
+    from holmes.trainer.__main__ import parse_args
+
+    base = ["--job", "job.yaml", "--layout", "layout.json"]
+    monkeypatch.setenv("HOLMES_METRICS_PORT", "9400")
+    monkeypatch.setenv("HOLMES_TIMEOUT_SECONDS", "")  # empty: unset
+    monkeypatch.setenv("HOLMES_BUCKET_ELEMENTS", "1024")
+    a = parse_args(base)
+    assert (a.metrics_port, a.timeout_seconds, a.bucket_elements) == (9400, None, 1024)
+    assert parse_args([*base, "--metrics-port", "81"]).metrics_port == 81  # the flag wins
+    monkeypatch.setenv("HOLMES_TIMEOUT_SECONDS", "2.5")
+    assert parse_args(base).timeout_seconds == 2.5
+    # exit 2 (cannot start: configuration), naming the option, instead of a ValueError traceback
+    monkeypatch.setenv("HOLMES_METRICS_PORT", "ninety")
+    with pytest.raises(SystemExit) as e:
+        parse_args(base)
+    assert e.value.code == 2 and "--metrics-port: invalid int value: 'ninety'" in capsys.readouterr().err
+
+
 def test_config_checks_against_layout():
     cfg = TrainConfig.from_job(TINY_JOB)
     assert cfg.model.ffn_hidden_size == 128 and cfg.optimizer.kind == "adamw" and cfg.checkpoint.path is None

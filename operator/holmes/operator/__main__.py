@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 import kopf
 from kubernetes import client, config
@@ -204,12 +205,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     def names_in(v: str) -> tuple[str, ...]:
         return tuple(x.strip() for x in v.split(",") if x.strip())
 
-    args.policy = TemplatePolicy(
-        **{
-            o.field: names_in(getattr(args, o.field)) if o.is_list else getattr(args, o.field)
-            for o in POLICY_OPTIONS
-        }
-    )
+    policy: dict[str, Any] = {  # each option's parsed value (argparse's namespace is untyped)
+        o.field: names_in(getattr(args, o.field)) if o.is_list else getattr(args, o.field)
+        for o in POLICY_OPTIONS
+    }
+    args.policy = TemplatePolicy(**policy)
     if not args.reconcile_bound >= 10:
         p.error(f"--reconcile-bound {args.reconcile_bound:g}: expected at least 10 seconds")
     if args.progress_interval < 1:
@@ -399,7 +399,7 @@ async def serve(
             liveness_endpoint=liveness,
         )
     finally:
-        if electing is not None:
+        if electing is not None and elector is not None:
             electing.cancel()
             await asyncio.gather(electing, return_exceptions=True)
             await asyncio.to_thread(elector.release)

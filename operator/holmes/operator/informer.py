@@ -123,8 +123,9 @@ class Store:
             changed = set()
             for key in set(before) | {_key(o) for o in objs}:
                 a, b = before.get(key), self._objs.get(key)
-                if a is None or b is None or _rv(a) != _rv(b):
-                    label = self.label(a or b)
+                either = a or b  # never None: each key comes from one of them
+                if either is not None and (a is None or b is None or _rv(a) != _rv(b)):
+                    label = self.label(either)
                     if label is not None:
                         changed.add((key[0], label))
             return changed

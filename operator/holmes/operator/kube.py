@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes import client
@@ -27,6 +27,12 @@ from .core.reconcile import ChildRefusal, Decision
 from .informer import Store
 
 log = logging.getLogger("holmes.operator.kube")
+
+
+def _adopt(obj: dict, owner: dict) -> None:
+    """Owner reference, namespace and labels of ``owner`` (the HolmesJob) on ``obj``."""
+    # kopf annotates the owner as its Body view, yet reads it only with .get(): a raw object works
+    kopf.adopt(obj, owner=cast(kopf.Body, owner))
 
 
 def _json(resp: Any) -> dict:
@@ -112,7 +118,7 @@ class KubeIO:
 
         def own(obj: dict) -> None:
             if adopt:
-                kopf.adopt(obj, owner=owner)
+                _adopt(obj, owner)
 
         self._parallel(lambda n: self._delete_pod(ns, n), d.delete_pods)
         refused: list[ChildRefusal] = []
@@ -301,7 +307,7 @@ class KubeIO:
                     raise
             self.caches.workloads.remove_name(ns, d.delete_workload)
         if d.workload is not None:
-            kopf.adopt(d.workload, owner=owner)
+            _adopt(d.workload, owner)
             body = queueing.workload_as(self.kueue_version, d.workload)
             self._create_custom(*kueue, queueing.WORKLOADS, ns, body)
         if d.workload_status is not None and d.workload is None:  # Finished, or a quota released
@@ -320,7 +326,7 @@ class KubeIO:
                 if e.status != 404:
                     raise
         if d.podgroup is not None:
-            kopf.adopt(d.podgroup, owner=owner)
+            _adopt(d.podgroup, owner)
             group = (queueing.VOLCANO_GROUP, queueing.VOLCANO_VERSION, ns, queueing.PODGROUPS)
             try:
                 self.custom.create_namespaced_custom_object(*group, d.podgroup, _preload_content=False)

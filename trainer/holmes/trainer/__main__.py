@@ -43,6 +43,7 @@ from typing import Any
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    # argparse converts a string default with the option's type (a bad value: a usage error)
     env = os.environ.get
     ap = argparse.ArgumentParser(
         prog="python -m holmes.trainer",
@@ -55,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--metrics-port",
         type=int,
-        default=int(env("HOLMES_METRICS_PORT")) if env("HOLMES_METRICS_PORT") else None,
+        default=env("HOLMES_METRICS_PORT") or None,
     )
     ap.add_argument("--metrics-addr", default=env("HOLMES_METRICS_ADDR", "0.0.0.0"))
     ap.add_argument("--checkpoint-dir", default=env("HOLMES_CHECKPOINT_DIR"))
@@ -63,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--timeout-seconds",
         type=float,
-        default=float(env("HOLMES_TIMEOUT_SECONDS")) if env("HOLMES_TIMEOUT_SECONDS") else None,
+        default=env("HOLMES_TIMEOUT_SECONDS") or None,
     )
     ap.add_argument("--iterations", type=int, help="override training.iterations")
     ap.add_argument("--dtype", default=env("HOLMES_DTYPE"), help="float32 | bfloat16")
@@ -71,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--bucket-elements",
         type=int,
-        default=int(env("HOLMES_BUCKET_ELEMENTS")) if env("HOLMES_BUCKET_ELEMENTS") else None,
+        default=env("HOLMES_BUCKET_ELEMENTS") or None,
     )
     ap.add_argument("--pipeline-schedule", default=env("HOLMES_PIPELINE_SCHEDULE"))
     ap.add_argument(

@@ -89,14 +89,17 @@ class TokenFileSource:
                 f"token file {path!r} holds {len(self.tokens)} tokens, fewer than one "
                 f"sample of seqLength+1 = {seq_length + 1}"
             )
-        self._epoch, self._perm = -1, None
+        self._epoch = -1
+        self._perm: torch.Tensor | None = None  # the windows' order in epoch _epoch
 
     def sample(self, k: int) -> torch.Tensor:
         epoch, pos = divmod(k, self.windows)
-        if epoch != self._epoch:
+        perm = self._perm
+        if perm is None or epoch != self._epoch:
             g = torch.Generator().manual_seed(self.seed * 104_729 + epoch)
-            self._perm, self._epoch = torch.randperm(self.windows, generator=g), epoch
-        start = int(self._perm[pos]) * self.seq
+            perm = self._perm = torch.randperm(self.windows, generator=g)
+            self._epoch = epoch
+        start = int(perm[pos]) * self.seq
         return _checked(self.tokens[start : start + self.seq + 1], self.vocab, self.path)
 
 

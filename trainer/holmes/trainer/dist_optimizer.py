@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,7 +60,11 @@ class _Bucket:
     start: int  # offset in the flat buffers
     size: int  # padded, a multiple of dp size
     params: list[int]  # indices into DistributedOptimizer.params
-    shard: slice = None  # type: ignore[assignment]  # this rank's part, as offsets in the flat buffers
+    # set once the flat buffers exist (DistributedOptimizer.__init__), for every bucket:
+    shard: slice = field(init=False)  # this rank's part, as offsets in the flat buffers
+    master: torch.Tensor = field(init=False)  # fp32 master weights of the shard
+    grad_shard: torch.Tensor = field(init=False)  # its reduced gradient, fp32
+    decay: torch.Tensor = field(init=False)  # bool mask over the shard: which elements get weight decay
     # summed over this group before the DP reduce-scatter (after backward, not overlapped): the
     # tied embedding over the embedding group, sequence-parallel partial sums over the tp group
     pre_reduce: Any = None
@@ -75,14 +79,11 @@ class _Bucket:
     launched: bool = False
     reduce_in: torch.Tensor | None = None  # the bucket cast to the reduce dtype, alive while in flight
     reduce_out: torch.Tensor | None = None  # this rank's reduced shard in the reduce dtype
-    grad_shard: torch.Tensor | None = None
-    master: torch.Tensor | None = None
     # more fp32 state shaped as the shard, kept by others (outer.py's anchor and momentum), saved
     # and resharded with the moments
     extra: dict[str, torch.Tensor] | None = None
-    exp_avg: torch.Tensor | None = None
+    exp_avg: torch.Tensor | None = None  # Adam's moments (adamw only)
     exp_avg_sq: torch.Tensor | None = None
-    decay: torch.Tensor | None = None  # bool mask over the shard: which elements get weight decay
     gather_src: torch.Tensor | None = None
 
 
@@ -378,13 +379,15 @@ class DistributedOptimizer:
             if c.weight_decay and c.kind == "adamw":
                 b.master.sub_(torch.where(b.decay, b.master, 0.0), alpha=lr * c.weight_decay)
             if c.kind == "adamw":
+                m, v = b.exp_avg, b.exp_avg_sq
+                assert m is not None and v is not None, "every bucket of an adamw optimizer has moments"
                 beta1, beta2 = c.betas
-                b.exp_avg.lerp_(g, 1 - beta1)
-                b.exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
                 bc1 = 1 - beta1**self.step_count
                 bc2 = 1 - beta2**self.step_count
-                denom = (b.exp_avg_sq.sqrt() / math.sqrt(bc2)).add_(c.eps)
-                b.master.addcdiv_(b.exp_avg, denom, value=-lr / bc1)
+                denom = (v.sqrt() / math.sqrt(bc2)).add_(c.eps)
+                b.master.addcdiv_(m, denom, value=-lr / bc1)
             else:  # plain SGD (tests compare parameters with it)
                 if c.weight_decay:
                     g = g + torch.where(b.decay, b.master, 0.0) * c.weight_decay

@@ -23,7 +23,7 @@ from holmes.contract.layout import Layout, layout_signature
 from . import checkpoint, fabric, outer, preempt
 from .assemble import load_start_weights, stage_model
 from .async_checkpoint import AsyncCheckpointer, Saved
-from .config import OptimizerConfig, TrainConfig
+from .config import OptimizerConfig, TrainConfig, TrainerConfigError
 from .data import BatchLoader, Sharding, TokenWindows, make_source
 from .dist_optimizer import DistributedOptimizer
 from .evaluate import Evaluator
@@ -265,6 +265,8 @@ class Trainer:
         training.checkpoint.asynchronous (and not ``synchronous``) it returns once the state is
         staged; the marker follows when every rank has written (async_checkpoint.py)."""
         root = self.cfg.checkpoint.path
+        if root is None:
+            raise TrainerConfigError("no checkpoint to save: set training.checkpoint.path")
         # an overlapped outer exchange in flight is settled first: the anchor saved is after it
         marker = {**marker, **({} if self.outer is None else self.outer.checkpoint_marker())}
         self.opt.wait_param_gathers()
@@ -325,6 +327,7 @@ class Trainer:
         root, iteration = self.cfg.checkpoint.path, self.resume_iteration
         if iteration is None:
             return
+        assert root is not None, "_newest_checkpoint found it under training.checkpoint.path"
         path = checkpoint.iteration_dir(root, iteration)
         signature = layout_signature(self.layout)
         meta = checkpoint.check_resume(path, self.cfg.model.shape(), self._training_meta(), signature)
@@ -371,6 +374,7 @@ class Trainer:
             fits, left = self.vote.save_fits(self.preemption.seconds_left(preempt.grace_seconds()), needed)
             if fits:
                 path = self.save_checkpoint(synchronous=True, preempted=True)
+                assert self.last_save_seconds is not None, "a synchronous save measures itself"
                 seconds = self.last_save_seconds
         last = self.history[-1] if self.history else {}
         self.preempted = {"iteration": self.iteration, "saved": path is not None}
@@ -397,6 +401,8 @@ class Trainer:
 
     def evaluate(self) -> dict[str, Any]:
         """training.eval's loss on its windows with the current weights (collective)."""
+        if self.evaluator is None:
+            raise TrainerConfigError("nothing to evaluate on: set training.eval")
         self.opt.wait_param_gathers()
         t0 = time.perf_counter()
         result = self.evaluator.run()

@@ -87,10 +87,10 @@ class Evaluator:
         self.module.eval()
         pending: list[Any] = []
         for step in range(steps):
-            rows = real = None
-            if self.first or self.last:
-                rows, real = self._rows(step)
+            # only the ends read data: the first stage its inputs, the last its labels
+            rows, real = self._rows(step) if self.first or self.last else (None, 0)
             if self.first:
+                assert rows is not None
                 x = rows[:, :-1]
             else:
                 x = torch.empty(mb, s // self.tp.seq_split, h, dtype=self.dtype, device=self.device)
@@ -102,6 +102,7 @@ class Evaluator:
                 pending = [dist.isend(out.contiguous(), dst=self.next, group=self._boundary(self.stage))]
                 continue
             if real:  # every tp rank takes part in the vocabulary-parallel loss; rank 0 counts it
+                assert rows is not None
                 part = ce_sum(out[:real], rows[:real, 1:], tp=self.tp).double()
                 if self.tp.rank == 0:
                     loss += part

@@ -211,6 +211,7 @@ def build_groups(
                 created[-1]["boundary"] = g.stage
             members.append((created[-1], handle))
         if g.kind == "p2p":
+            assert g.stage is not None, "Layout.process_groups gives each p2p group its boundary"
             p2p[g.stage] = handle
             continue
         if g.kind in mine:

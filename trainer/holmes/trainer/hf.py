@@ -111,6 +111,7 @@ def check_config(cfg: ModelSpec, conf: dict[str, Any], where: str) -> None:
             f"spec.model.architecture: {cfg.architecture}, but {where} has model_type "
             f"{conf.get('model_type')!r}; init.huggingface loads llama models"
         )
+    assert cfg.rope_theta is not None, "ModelSpec sets rope_theta for every llama model"
     heads = conf.get("num_attention_heads")
     theta, rope_type = _rope(conf)
     pairs = [

@@ -93,8 +93,10 @@ class StageModule(nn.Module):
         self.embedding = arch.Embedding(cfg, tp) if first else None
         held = sorted(i for a, b in self.ranges for i in range(a, b))
         self.layers = nn.ModuleDict({str(i): arch.Block(cfg, tp) for i in held})
+        self.head: Head | None
         if last:
-            tied = self.embedding.tok.weight if (cfg.tied_embeddings and first) else None
+            emb = self.embedding  # not None where first
+            tied = emb.tok.weight if (cfg.tied_embeddings and emb is not None) else None
             self.head = Head(cfg, tied, own_tied_copy=cfg.tied_embeddings and not first, tp=tp)
         else:
             self.head = None

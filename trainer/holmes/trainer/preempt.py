@@ -121,6 +121,8 @@ class StopVote:
 
     def result(self) -> int:
         """How many ranks had been signalled when the vote started (0: go on)."""
+        if self._count is None:
+            raise RuntimeError("StopVote.result() before launch()")
         self._work.wait()
         self._work = None
         return int(self._count[0])

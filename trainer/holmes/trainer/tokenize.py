@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eos-token", help="the token that ends each document (with --tokenizer)")
     ap.add_argument("inputs", nargs="+", help="text files, one document each ('-' reads stdin)")
     a = ap.parse_args(argv)
-    encode, vocab, name, eos = byte_encode, BYTE_VOCAB, "bytes", END_OF_DOCUMENT
+    encode: Callable[[str], list[int]] = byte_encode
+    vocab, name, eos = BYTE_VOCAB, "bytes", END_OF_DOCUMENT
     if a.eos_token and not a.tokenizer:
         ap.error("--eos-token needs --tokenizer (bytes end each document with 256)")
     if a.tokenizer:

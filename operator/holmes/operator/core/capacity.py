@@ -76,12 +76,17 @@ def show(resource: str, amount: float) -> str:
     return f"{amount:g}"
 
 
+def _map(v: object) -> Mapping:
+    """A field of an unvalidated object read as a mapping: empty where it is anything else."""
+    return v if isinstance(v, Mapping) else {}
+
+
 def _container_requests(c: Mapping) -> dict[str, float]:
     """A container's requests; a limit alone is its request too (as the API server defaults it)."""
-    res = c.get("resources") if isinstance(c.get("resources"), Mapping) else {}
+    res = _map(c.get("resources"))
     out: dict[str, float] = {}
     for part in ("limits", "requests"):  # requests win
-        for k, v in (res.get(part) or {}).items() if isinstance(res.get(part), Mapping) else ():
+        for k, v in _map(res.get(part)).items():
             q = quantity(v)
             if q is not None:
                 out[k] = q
@@ -126,8 +131,7 @@ class PodShape:
 
 def pod_shape(spec: JobSpec, gpu_resource: str = RESOURCE_GPU) -> PodShape:
     """One pod of the job: the template's requests plus gpusPerNode GPUs, and its placement rules."""
-    tspec = (spec.template or {}).get("spec")
-    tspec = tspec if isinstance(tspec, Mapping) else {}
+    tspec = _map((spec.template or {}).get("spec"))
     containers = [c for c in tspec.get("containers") or [] if isinstance(c, Mapping)]
     if not containers:
         containers = [{"name": child_names.TRAINER_CONTAINER}]
@@ -137,11 +141,10 @@ def pod_shape(spec: JobSpec, gpu_resource: str = RESOURCE_GPU) -> PodShape:
     # the trainer container gets gpusPerNode GPUs unless its template says otherwise (render.py)
     if gpu_resource not in own:
         req[gpu_resource] = req.get(gpu_resource, 0.0) + spec.nodes.gpus_per_node
-    affinity = tspec.get("affinity") if isinstance(tspec.get("affinity"), Mapping) else {}
-    na = affinity.get("nodeAffinity") if isinstance(affinity.get("nodeAffinity"), Mapping) else {}
+    na = _map(_map(tspec.get("affinity")).get("nodeAffinity"))
     required = na.get("requiredDuringSchedulingIgnoredDuringExecution")
     terms = tuple((required or {}).get("nodeSelectorTerms") or ()) if isinstance(required, Mapping) else ()
-    sel = tspec.get("nodeSelector") if isinstance(tspec.get("nodeSelector"), Mapping) else {}
+    sel = _map(tspec.get("nodeSelector"))
     tol = tuple(t for t in tspec.get("tolerations") or () if isinstance(t, Mapping))
     return PodShape(req, dict(sel), terms, tol, gpu_resource=gpu_resource)
 
@@ -160,7 +163,7 @@ def _tolerates(tolerations: Iterable[Mapping], taint: Mapping) -> bool:
 
 def _expression_matches(expr: Mapping, labels: Mapping[str, str]) -> bool:
     key, op, values = expr.get("key"), expr.get("operator"), list(expr.get("values") or [])
-    have = labels.get(key)
+    have = labels.get(key) if isinstance(key, str) else None  # labels' keys are strings
     if op == "In":
         return have is not None and have in values
     if op == "NotIn":
@@ -180,7 +183,8 @@ def _expression_matches(expr: Mapping, labels: Mapping[str, str]) -> bool:
 
 def _term_matches(term: Mapping, node: Mapping) -> bool:
     labels = (node.get("metadata") or {}).get("labels") or {}
-    fields = {"metadata.name": (node.get("metadata") or {}).get("name")}
+    name = (node.get("metadata") or {}).get("name")
+    fields = {"metadata.name": name} if isinstance(name, str) else {}
     exprs = list(term.get("matchExpressions") or [])
     fexprs = list(term.get("matchFields") or [])
     if not exprs and not fexprs:
@@ -321,7 +325,7 @@ class Ledger:
         (namespace/name) is the job being planned: its own pods and their claims are its to
         replace."""
         led = cls()
-        have: set[tuple[str, str]] = set()
+        have: set[tuple[str | None, str | None]] = set()  # (namespace, name)
         by_claim = reserved_pods(claims)
         owners: dict[str, str] = {}  # pod uid -> its Holmes job ("" for other pods)
         for p in pods:
@@ -356,12 +360,13 @@ class Ledger:
 
 def free_view(
     nodes: Sequence[Mapping], shape: PodShape, led: Ledger, gpu_resource: str = RESOURCE_GPU
-) -> tuple[list[dict], dict[str, str]]:
+) -> tuple[list[Mapping], dict[str, str]]:
     """The nodes as the planner should see them for this job: GPUs reduced to what is free (the
     GPUs pods hold as :data:`GPUS_TAKEN_KEY`, which discovery subtracts from the device plugin's
     or the DRA driver's count alike); nodes the job's pods cannot use left out, with why (node
     name -> reason)."""
-    view, out = [], {}
+    view: list[Mapping] = []
+    out: dict[str, str] = {}
     for n in nodes:
         name = (n.get("metadata") or {}).get("name") or ""
         why = placement_problem(n, shape)

@@ -191,7 +191,7 @@ def _runs_as_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> bool:
     return replicas.choose(spec, _replica_nodes(st, spec), st.facts.cost_model) == replicas.REPLICAS
 
 
-def _replica_nodes(st: JobState, spec: JobSpec) -> list[dict]:
+def _replica_nodes(st: JobState, spec: JobSpec) -> list[Mapping]:
     """The nodes the job's pods could use (GPUs, taints, Ready). Replicas are planned on
     them as they are, not behind the jobs ahead in a queue (capacity.py plans pipelines)."""
     shape = capacity.pod_shape(spec, st.settings.gpu_resource)

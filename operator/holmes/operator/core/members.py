@@ -106,7 +106,7 @@ def union_nodes(
     return out, problems
 
 
-def island_labels(nodes: Iterable[Mapping], cluster_label: str) -> list[dict]:
+def island_labels(nodes: Iterable[Mapping], cluster_label: str) -> list[Mapping]:
     """The nodes with ``cluster_label`` (the job's island label) made member-local: missing, it
     is the member's name; a value found in more than one member becomes ``<member>-<value>``."""
     nodes = list(nodes)
@@ -115,7 +115,7 @@ def island_labels(nodes: Iterable[Mapping], cluster_label: str) -> list[dict]:
         v = ((n.get("metadata") or {}).get("labels") or {}).get(cluster_label)
         if v is not None:
             members_of.setdefault(v, set()).add(member_of(n) or "")
-    out = []
+    out: list[Mapping] = []
     for n in nodes:
         m = member_of(n)
         labels = (n.get("metadata") or {}).get("labels") or {}
@@ -144,7 +144,9 @@ def spanning_stages(layout: Layout, node_member: Mapping[str, str]) -> list[str]
 def within_members(layout: Layout, nodes: Iterable[Mapping]) -> Layout:
     """``layout`` if each of its stages (so its data-parallel groups) stays in one member of
     ``nodes`` (the union view); else PlanError saying how to fix the spec."""
-    where = {(n.get("metadata") or {}).get("name"): member_of(n) or "" for n in nodes}
+    where = {
+        name: member_of(n) or "" for n in nodes if (name := (n.get("metadata") or {}).get("name")) is not None
+    }
     bad = spanning_stages(layout, where)
     if bad:
         raise PlanError(
@@ -220,6 +222,8 @@ class MemberWrites:
 
 def layout_members(configmap: Mapping | None, node_member: Mapping[str, str]) -> list[str]:
     """Members hosting a node of the ConfigMap's layout."""
+    if configmap is None:
+        return []
     try:
         nodes = Layout.from_json(configmap["data"][child_names.LAYOUT_FILE]).nodes
     except (KeyError, TypeError, LayoutError, json.JSONDecodeError):

@@ -74,7 +74,9 @@ def _quantity_text(resource: str, amount: float) -> str:
 
 def pod_sets(spec_count: int, shape: PodShape, template: Mapping | None) -> list[dict]:
     """The Workload's pod sets: one shape, ``count`` pods."""
-    tspec = (template or {}).get("spec") if isinstance((template or {}).get("spec"), Mapping) else {}
+    tspec = (template or {}).get("spec")
+    if not isinstance(tspec, Mapping):
+        tspec = {}
     requests = {k: _quantity_text(k, v) for k, v in sorted(shape.requests.items()) if v}
     pod_spec: dict[str, Any] = {
         "containers": [{"name": child_names.TRAINER_CONTAINER, "resources": {"requests": requests}}],

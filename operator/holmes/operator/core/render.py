@@ -420,7 +420,7 @@ def _trainer_container(
         c["command"] = list(command) + list(c.pop("args", None) or [])  # user args extend the trainer's
     user_env = list(c.get("env") or [])
     user_names = {e.get("name") for e in user_env}
-    ours = [{"name": k, "value": v} for k, v in env.items() if k not in user_names]
+    ours: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items() if k not in user_names]
     if "HOLMES_METRICS_ADDR" not in user_names:
         # Bind the trainer's metrics to the pod IP (where the operator reads them); on a shared
         # host network (the local node agent) 0.0.0.0 would clash between pods.

@@ -63,6 +63,7 @@ class Attention(nn.Module):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.tp, self.heads, self.kv_heads = tp, tp.split(cfg.attention_heads), tp.split(cfg.kv_heads)
+        assert cfg.rope_theta is not None, "ModelSpec sets rope_theta for every llama model"
         self.head_dim, self.theta = d, cfg.rope_theta
         self.q = nn.Linear(h, self.heads * d, bias=False)
         self.k = nn.Linear(h, self.kv_heads * d, bias=False)
