@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+from holmes.contract.names import KIND
 from holmes.operator import placement_facts
 from holmes.operator.core import child_names, queueing
 from holmes.operator.core.reconcile import ChildRefusal, Decision, RestartBackoff
@@ -47,17 +48,24 @@ class WorldIO:
     def apply(self, d: Decision, owner: dict, adopt: bool = True) -> tuple[int, list[ChildRefusal]]:
         time.sleep(self.delay())
         ns = owner["metadata"]["namespace"]
+        ref = {"kind": KIND, "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}
+
+        def stamp(obj: dict) -> dict:  # adopted, as kopf.adopt makes it
+            obj = self.stamp(obj)
+            obj["metadata"]["ownerReferences"] = [dict(ref, controller=True)]
+            return obj
+
         for name in d.delete_pods:
             self.caches.pods.remove_name(ns, name)
         if d.configmap is not None:
-            self.caches.configmaps.put(self.stamp(d.configmap))
+            self.caches.configmaps.put(stamp(d.configmap))
         if d.service is not None:
-            self.caches.services.put(self.stamp(d.service))
+            self.caches.services.put(stamp(d.service))
         made = 0
         for pod in d.create_pods:
             if self.caches.pods.get(ns, pod["metadata"]["name"]) is not None:
                 continue  # 409: already there
-            self.caches.pods.put(self.stamp(pod))
+            self.caches.pods.put(stamp(pod))
             with self._lock:
                 self.created.append(f"{ns}/{pod['metadata']['name']}")
             made += 1

@@ -16,6 +16,7 @@ import pytest
 
 from holmes.operator import liveness
 from holmes.operator.commit import OPTIMISTIC_TRIES, PlacementLock
+from holmes.operator.core.child_names import ANN_NODE
 from holmes.operator.kube import Caches
 from holmes.operator.leader import LeaderElector, LeaseConfig
 
@@ -96,9 +97,12 @@ def test_the_real_decision_path_losing_every_race_launches_the_job():
 
 def test_many_jobs_decided_at_once_with_lost_races_and_slow_writes_claim_nothing_twice():
     """16 jobs asking 40 of 24 8-GPU nodes, reconciled by 6 worker threads as the operator's job
-    loops do (one reconcile of a job at a time), each claim raced by another half the time and
-    every write slow: no deadlock, no GPU claimed twice at any moment, no pod created twice, and
-    every job either launched with all its pods or waiting, saying why."""
+    loops do (one reconcile of a job at a time), every plan and write slow (so decisions overlap
+    and claims land during them) and half the decisions raced by a claim from outside: no
+    deadlock, no GPU claimed twice at any moment, no pod created twice, and every job either
+    launched with all its pods or waiting, saying why. (The queue keeps most concurrent decisions
+    apart already: each leaves the nodes its model of the jobs ahead takes; the claim check is the
+    backstop where a job's real decision differs from that model. The two tests below pin it.)"""
     rng = random.Random(46)
     nodes = fake_nodes(24, "a", 0)
     sizes = [1, 2, 3, 4] * 4
@@ -112,12 +116,17 @@ def test_many_jobs_decided_at_once_with_lost_races_and_slow_writes_claim_nothing
     caches, io, pl = world(nodes, jobs, slow)
     real = pl.workloads
 
+    names = [n["metadata"]["name"] for n in nodes]
+
     def racing(where):
-        with lock:
+        with lock:  # half the decisions see a claim land: on any node, or on two named ones
             lose = rng.random() < 0.5
+            on = None if rng.random() < 0.5 else frozenset(rng.sample(names, 2))
         if lose:
-            pl.placement.bump()
-        return real(where)
+            pl.placement.bump(on)
+        seen = real(where)
+        time.sleep(slow())  # a slow plan: the other workers' claims land meanwhile
+        return seen
 
     pl.workloads = racing  # type: ignore[method-assign]
     over: list[dict] = []
@@ -256,3 +265,50 @@ def test_a_stuck_leader_stops_renewing_and_hands_over():
 
     asyncio.run(scenario())
     assert lost == ["lost"] and not elector.leading.is_set()
+
+
+# ---- which lost races throw a decision away ----------------------------------------------------
+def pinned(name: str, *nodes: str):
+    d = claiming(name)
+    d.create_pods[:] = [
+        {"metadata": {"name": f"{name}-1-{i}", "namespace": "ns", "annotations": {ANN_NODE: n}}, "spec": {}}
+        for i, n in enumerate(nodes)
+    ]
+    return d
+
+
+def test_a_claim_on_other_nodes_leaves_a_decision_valid_and_one_on_its_nodes_does_not():
+    lock = PlacementLock()
+    tries: list[int] = []
+
+    def decide(others: frozenset[str]):
+        def run():
+            tries.append(1)
+            if len(tries) == 1:
+                lock.bump(others)  # another job claims while this one decides
+            return pinned("a", "n1", "n2"), None
+
+        return run
+
+    lock.decide_and_write("ns/a", decide(frozenset({"n3"})), lambda d, on: None)
+    assert len(tries) == 1  # disjoint: written as decided
+    tries.clear()
+    lock.decide_and_write("ns/b", decide(frozenset({"n2", "n9"})), lambda d, on: None)
+    assert len(tries) == 2  # it took n2: decided again
+    tries.clear()
+    lock.decide_and_write("ns/c", decide(None), lambda d, on: None)  # type: ignore[arg-type]
+    assert len(tries) == 2  # a claim that names no nodes conflicts with any
+
+
+def test_a_decision_that_names_no_node_is_redone_after_any_claim():
+    lock = PlacementLock()
+    tries: list[int] = []
+
+    def decide():
+        tries.append(1)
+        if len(tries) == 1:
+            lock.bump(frozenset({"elsewhere"}))
+        return claiming("a"), None  # its pod carries no node annotation
+
+    lock.decide_and_write("ns/a", decide, lambda d, on: None)
+    assert len(tries) == 2
