@@ -1,0 +1,102 @@
+"""Asynchronous checkpoints (async_checkpoint.py): training goes on while a save is written, a
+save that fails anywhere never gets its marker, and what was saved resumes exactly."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from holmes.trainer import checkpoint
+from holmes.trainer.config import CheckpointConfig, OptimizerConfig
+from tests.helpers.trainer.trainer_harness import make_layout, run_ranks, tiny_config, train_on_layout
+
+ADAMW = OptimizerConfig(kind="adamw", learning_rate=3e-3, warmup_iterations=2)
+LAYOUT = make_layout(1, 2, [4], 2, 4)  # two data-parallel ranks: each writes its own file
+
+
+def _train_with_slow_storage(rank: int, cfg, layout, root: str) -> dict:
+    """Rank 1's storage holds every write of checkpoint 2 until iteration 3 has finished here
+    (slow storage, deterministically: the real writer, started late)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    gate = threading.Event()
+    real = FileSystemWriter.write_data
+
+    def write_data(self, plan, planner):
+        if rank == 1 and str(self.path).endswith("iter_00000002"):
+            assert gate.wait(60), "iteration 3 never finished while checkpoint 2 was being written"
+        return real(self, plan, planner)
+
+    FileSystemWriter.write_data = write_data
+    seen: list = []
+
+    def on_iteration(trainer, record) -> None:
+        marker = os.path.join(checkpoint.iteration_dir(root, 2), checkpoint.MARKER)
+        seen.append((trainer.iteration, trainer.checkpointer.in_flight_iteration, os.path.exists(marker)))
+        if trainer.iteration == 3:
+            gate.set()
+
+    out = train_on_layout(rank, cfg, layout, on_iteration)
+    return {"seen": seen, "losses": out["losses"]}
+
+
+def test_training_goes_on_while_a_save_is_written_and_the_marker_follows(tmp_path):
+    """Before: dcp.save inside the loop, so a rank whose write is slow stopped every rank (here
+    until the 60 s gate gives up: checkpoint 2 fails)."""
+    root = str(tmp_path / "ckpt")
+    cfg = tiny_config(optimizer=ADAMW, iterations=4, checkpoint=CheckpointConfig(root, 2))
+    out = run_ranks(2, _train_with_slow_storage, cfg, LAYOUT, root, timeout=90)
+    for rank in (0, 1):
+        seen = out[rank][1]["seen"]
+        # iteration 3 ran while checkpoint 2 was still being written, and it had no marker
+        assert (3, 2, False) in seen, seen
+    assert checkpoint.newest_complete(root) == 4
+    assert checkpoint._read_marker(checkpoint.iteration_dir(root, 2))["iteration"] == 2
+
+    # what the asynchronous saves wrote resumes exactly as what synchronous saves wrote
+    sync_root = str(tmp_path / "sync")
+    sync = CheckpointConfig(sync_root, 2, asynchronous=False)
+    run_ranks(2, train_on_layout, tiny_config(optimizer=ADAMW, iterations=4, checkpoint=sync), LAYOUT)
+    losses = {}
+    for name, ckpt in (("async", CheckpointConfig(root, 2)), ("sync", sync)):
+        cfg6 = tiny_config(optimizer=ADAMW, iterations=6, checkpoint=ckpt)
+        got = run_ranks(2, train_on_layout, cfg6, LAYOUT)[0][1]["records"]
+        assert [r["iteration"] for r in got] == [5, 6]
+        losses[name] = [r["loss"] for r in got]
+    assert losses["async"] == losses["sync"]
+
+
+def test_a_save_that_fails_on_one_rank_never_looks_complete(tmp_path):
+    """Rank 1 cannot write its file of checkpoint 2: every rank stops at the next save naming
+    rank 1, checkpoint 2 has no marker, and the newest complete one stays what it was."""
+    root = str(tmp_path / "ckpt")
+    os.makedirs(os.path.join(checkpoint.iteration_dir(root, 2), "__1_0.distcp"))  # not a file
+    cfg = tiny_config(optimizer=ADAMW, iterations=6, checkpoint=CheckpointConfig(root, 1))
+    out = run_ranks(2, train_on_layout, cfg, LAYOUT, allow_exit=True, timeout=90)
+    for rank in (0, 1):
+        status, text = out[rank]
+        assert status == "error" and "CheckpointError" in text, out[rank]
+        assert "iter_00000002 was not completed" in text and "rank 1: " in text, text
+    assert checkpoint._read_marker(checkpoint.iteration_dir(root, 2)) is None
+    assert checkpoint.newest_complete(root) == 1
+
+
+def test_staging_is_bounded_to_one_copy_of_the_state(tmp_path):
+    """Every save reuses the same host buffers: after three saves they hold one copy."""
+    root = str(tmp_path / "ckpt")
+    cfg = tiny_config(optimizer=ADAMW, iterations=3, checkpoint=CheckpointConfig(root, 1))
+
+    def body(rank, cfg, layout):
+        sizes = []
+
+        def on_iteration(trainer, record):
+            sizes.append(trainer.checkpointer.stager.staged_bytes)
+
+        train_on_layout(rank, cfg, layout, on_iteration)
+        return sizes
+
+    out = run_ranks(2, body, cfg, LAYOUT)
+    for rank in (0, 1):
+        sizes = out[rank][1]
+        # on_iteration runs before that iteration's save: no buffers yet, then one set of them
+        assert sizes[0] == 0 and sizes[1] > 0 and sizes[1] == sizes[2], sizes

@@ -1,0 +1,582 @@
+"""The Helm chart without a cluster: lint, what it renders for each setting, and that
+values.schema.json turns wrong values into clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.helpers.packaging.packaging_helpers import CHART, by_kind, helm, one, render
+
+
+def test_helm_lint_strict():
+    out = helm("lint", "--strict", str(CHART)).stdout
+    assert "0 chart(s) failed" in out
+
+
+def test_lint_with_every_optional_part_on():
+    helm(
+        "lint",
+        "--strict",
+        str(CHART),
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "watch.allNamespaces=false",
+        "--set",
+        "watch.namespaces={team-a,team-b}",
+    )
+
+
+def operator_pod(docs):
+    return one(docs, "Deployment")["spec"]["template"]["spec"]
+
+
+def test_defaults_two_replicas_with_a_leader_lease_and_the_pieces():
+    docs = render()
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(
+        [
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "ClusterRole",  # holmes-edit, aggregated into edit and admin
+            "ClusterRole",  # holmes-view, aggregated into view
+            "Service",
+            "Deployment",
+            "PodDisruptionBudget",
+        ]
+    )
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate"}
+    args = operator_pod(docs)["containers"][0]["args"]
+    assert "--leader-elect" in args and "--leader-elect-namespace=holmes-system" in args
+    assert "--progress-interval=10" in args
+    anti = operator_pod(docs)["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    lease_rules = one(docs, "Role")["rules"]
+    assert {v for r in lease_rules for v in r["verbs"]} == {"create", "get", "update"}
+    assert [r.get("resourceNames") for r in lease_rules if "get" in r["verbs"]] == [[dep["metadata"]["name"]]]
+    for d in docs:
+        if d["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
+            assert d["metadata"]["namespace"] == "holmes-system", d["kind"]
+    # selector labels of the Service select the operator pod
+    svc = one(docs, "Service")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    port_names = {p["name"] for p in operator_pod(docs)["containers"][0]["ports"]}
+    assert svc["spec"]["ports"][0]["targetPort"] in port_names
+
+
+def test_without_leader_election_one_replica_recreate_and_no_lease():
+    docs = render({"leaderElection.enabled": "false", "replicas": "3"})
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [d for d in docs if d["kind"] == "Role"]
+    assert not any(a.startswith("--leader-elect") for a in operator_pod(docs)["containers"][0]["args"])
+
+
+def test_pod_security_standard_restricted():
+    """The checks of the PSS "restricted" profile (kubernetes.io/docs/concepts/security/
+    pod-security-standards), applied to the rendered operator pod."""
+    pod = operator_pod(render())
+    psc = pod.get("securityContext", {})
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    for vol in pod.get("volumes", []):
+        assert set(vol) - {"name"} <= {
+            "emptyDir",
+            "configMap",
+            "secret",
+            "projected",
+            "downwardAPI",
+            "persistentVolumeClaim",
+            "ephemeral",
+            "csi",
+        }, vol
+    for c in pod["containers"]:
+        sc = c.get("securityContext", {})
+        assert sc.get("allowPrivilegeEscalation") is False
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"]
+        assert not sc.get("capabilities", {}).get("add")
+        assert not sc.get("privileged")
+        assert sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True
+        assert sc.get("runAsUser", psc.get("runAsUser", 1)) != 0
+        seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {}))
+        assert seccomp.get("type") in ("RuntimeDefault", "Localhost")
+        assert sc.get("readOnlyRootFilesystem") is True  # beyond the profile: asked by the design
+        assert not any(p.get("hostPort") for p in c.get("ports", []))
+
+
+def served(objs: list[dict]) -> list[dict]:
+    """The (Role|RoleBinding)s of the served namespaces, without the leader-election ones."""
+    return [o for o in objs if not o["metadata"]["name"].endswith("-leader")]
+
+
+def operator_cluster_role(docs: list[dict], name: str = "holmes") -> dict:
+    return next(d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == name)
+
+
+def test_watch_namespaces_gives_roles_per_namespace_and_flags():
+    docs = render({"watch.allNamespaces": "false", "watch.namespaces": "{team-a,team-b}"})
+    roles = served(by_kind(docs, "Role"))
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in served(by_kind(docs, "RoleBinding"))) == [
+        "team-a",
+        "team-b",
+    ]
+    # the ClusterRole keeps only cluster-scoped reads
+    cr = operator_cluster_role(docs)
+    assert {r for rule in cr["rules"] for r in rule["resources"]} == {
+        "nodes",
+        "customresourcedefinitions",
+        "namespaces",  # no pods: those are read in the served namespaces only
+        "priorityclasses",
+        "resourceflavors",
+        "resourceslices",  # list/watch: DRA devices
+    }
+    args = operator_pod(docs)["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    assert "--all-namespaces" not in args
+    # empty list: the release namespace
+    docs = render({"watch.allNamespaces": "false"}, namespace="ml")
+    assert [r["metadata"]["namespace"] for r in served(by_kind(docs, "Role"))] == ["ml"]
+    assert "--namespace=ml" in operator_pod(docs)["containers"][0]["args"]
+
+
+def test_rbac_has_no_wildcards_and_no_secret_access():
+    docs = render()
+    for role in by_kind(docs, "ClusterRole") + by_kind(render({"watch.allNamespaces": "false"}), "Role"):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], f"wildcard in {role['kind']} {field}: {rule}"
+            assert "secrets" not in rule["resources"]
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+def test_member_clusters_read_only_the_named_secrets_in_the_release_namespace():
+    docs = render({"members.enabled": "true", "members.secretNames": "{member-b,member-c}"}, namespace="ml")
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--members-namespace=ml" in args
+    assert [a for a in args if a.startswith("--member-secret")] == [
+        "--member-secret=member-b",
+        "--member-secret=member-c",
+    ]
+    roles = [r for r in by_kind(docs, "Role") if any("secrets" in x["resources"] for x in r["rules"])]
+    assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
+        (
+            "ml",
+            [
+                {
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "resourceNames": ["member-b", "member-c"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        )
+    ]
+    # no names: refused with the value to set (never every Secret of the namespace)
+    out = helm("template", "h", str(CHART), "--set", "members.enabled=true", check=False)
+    assert out.returncode != 0 and "members.secretNames" in out.stderr
+    for role in by_kind(docs, "ClusterRole"):
+        assert all("secrets" not in x["resources"] for x in role["rules"])
+    assert not any(
+        "--members-namespace" in a
+        for a in one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+
+
+def test_values_flow_into_the_pod():
+    docs = render(
+        {
+            "image.repository": "reg.example/holmes-operator",
+            "image.tag": "1.2.3",
+            "trainer.image.repository": "reg.example/holmes-trainer",
+            "trainer.image.digest": "sha256:" + "a" * 64,
+            "logLevel": "debug",
+            "extraEnv[0].name": "FOO",
+            "extraEnv[0].value": "bar",
+            "nodeSelector.pool": "system",
+            "tolerations[0].key": "dedicated",
+            "tolerations[0].operator": "Exists",
+            "resources.limits.memory": "1Gi",
+            "priorityClassName": "system-cluster-critical",
+            "extraArgs[0]": "--verbose",
+        }
+    )
+    pod = operator_pod(docs)
+    c = pod["containers"][0]
+    assert c["image"] == "reg.example/holmes-operator:1.2.3"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["HOLMES_TRAINER_IMAGE"] == "reg.example/holmes-trainer@sha256:" + "a" * 64
+    assert env["FOO"] == "bar"
+    assert "--log-level=debug" in c["args"] and c["args"][-1] == "--verbose"
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert c["resources"]["limits"]["memory"] == "1Gi"
+
+
+def test_metrics_off_and_service_monitor_on():
+    docs = render({"metrics.enabled": "false"})
+    assert not by_kind(docs, "Service")
+    assert "--metrics-port=0" in operator_pod(docs)["containers"][0]["args"]
+    docs = render({"metrics.serviceMonitor.enabled": "true", "metrics.serviceMonitor.labels.release": "prom"})
+    sm = one(docs, "ServiceMonitor")
+    svc = one(docs, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == ["holmes-system"]
+
+
+def test_crd_rendering_switches():
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "holmesjobs.holmes.dev"
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    crd = one(render({"crds.keep": "false"}), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
+    assert not by_kind(render({"crds.install": "false"}), "CustomResourceDefinition")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--set", "logLevel=verbose"],
+            'logLevel must be one of the following: "debug", "info", "warning", "error"',
+        ),
+        (["--set", "imagee.tag=1"], "Additional property imagee is not allowed"),
+        (["--set", "metrics.port=http"], "metrics.port: Invalid type. Expected: integer, given: string"),
+        (["--set", "liveness.port=70000"], "liveness.port: Must be less than or equal to 65535"),
+        (["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy must be one of the following"),
+        (["--set", "image.digest=latest"], "image.digest: Does not match pattern"),
+        (["--set", "watch.namespaces={Bad_NS}"], "watch.namespaces.0: Does not match pattern"),
+        (["--set", "crds.install=yes"], "crds.install: Invalid type. Expected: boolean, given: string"),
+        (
+            ["--set", "extraEnv[0].name=X", "--set", "extraEnv[0].value=1"],
+            "extraEnv.0.value: Invalid type. Expected: string, given: integer",
+        ),
+        (
+            ["--set", "nics.clusterRdmaKinds.east=ib"],
+            "nics.clusterRdmaKinds.east must be one of the following",
+        ),
+        (
+            ["--set", "metrics.serviceMonitor.interval=often"],
+            "metrics.serviceMonitor.interval: Does not match pattern",
+        ),
+        (
+            ["--set", "costModel.gpuPeakTflop=989"],
+            "costModel: Additional property gpuPeakTflop is not allowed",
+        ),
+        (
+            ["--set-json", 'costModel={"fabric":{"crossClusterGbps":-1}}'],
+            "costModel.fabric.crossClusterGbps: Must be greater than or equal to 0",
+        ),
+        (
+            ["--set-json", 'costModel={"fabric":{"links":[{"between":["e","w"],"gbps":1,"latency":2}]}}'],
+            "costModel.fabric.links.0: Additional property latency is not allowed",
+        ),
+        (
+            ["--set-json", 'costModel={"fabric":{"netEfficiency":{"ib":0.9}}}'],
+            "costModel.fabric.netEfficiency: Additional property ib is not allowed",
+        ),
+        (
+            [
+                "--set",
+                "costModel.computeEfficiency=0.7",
+            ],  # --set keeps decimals as strings: use -f or --set-json
+            "costModel.computeEfficiency: Invalid type. Expected: number, given: string",
+        ),
+    ],
+)
+def test_schema_rejects_wrong_values_clearly(args, message):
+    proc = helm("template", "r", str(CHART), *args, check=False)
+    assert proc.returncode != 0, "a wrong value was accepted"
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+def test_service_account_name_required_when_not_created():
+    proc = helm("template", "r", str(CHART), "--set", "serviceAccount.create=false", check=False)
+    assert proc.returncode != 0 and "serviceAccount.name is required" in proc.stderr
+    docs = render({"serviceAccount.create": "false", "serviceAccount.name": "mine"})
+    assert not by_kind(docs, "ServiceAccount")
+    assert operator_pod(docs)["serviceAccountName"] == "mine"
+    assert one(docs, "ClusterRoleBinding")["subjects"][0]["name"] == "mine"
+
+
+def test_values_yaml_documents_every_top_level_key_of_the_schema():
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) == set(schema["properties"]) - {"global"}
+
+
+COST_MODEL = {
+    "gpuPeakTflops": 989,
+    "computeEfficiency": 0.45,
+    "gradBytes": 2,
+    "fabric": {
+        "crossClusterGbps": 100,
+        "netEfficiency": {"roce": 0.00005},
+        "links": [{"between": ["east", "west"], "gbps": 10, "latencyMs": 20.5}],  # a list of records
+    },
+    "nicMapping": {"clusterRdmaKinds": {"east": "infiniband"}, "defaultGbps": {"roce": 400}},
+}
+
+
+def test_cost_model_value_becomes_a_configmap_mounted_and_passed_to_the_operator(tmp_path):
+    from holmes.plan.costmodel_file import from_mapping, load_yaml_text
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"costModel": COST_MODEL}))
+    docs = render(extra=["-f", str(values)])
+    cm = one(docs, "ConfigMap")
+    assert cm["metadata"]["name"] == "holmes-cost-model" and cm["metadata"]["namespace"] == "holmes-system"
+    # The rendered file reads (with the reader `holmes plan --config` uses) to exactly these numbers,
+    # including one Helm's toYaml would have written as 5e-05 (a string to YAML 1.1).
+    assert load_yaml_text(cm["data"]["costmodel.yaml"]) == from_mapping(COST_MODEL)
+    pod = operator_pod(docs)
+    c = pod["containers"][0]
+    assert "--cost-model=/etc/holmes-operator/costmodel.yaml" in c["args"]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "cost-model")
+    assert mount == {
+        "name": "cost-model",
+        "mountPath": "/etc/holmes-operator",
+        "readOnly": True,
+    }  # no subPath:
+    # the kubelet then updates the file when the ConfigMap changes, and the operator re-reads it.
+    vol = next(v for v in pod["volumes"] if v["name"] == "cost-model")
+    assert vol == {"name": "cost-model", "configMap": {"name": "holmes-cost-model"}}
+    # Mounting a ConfigMap needs no API permission: RBAC is what it is without a cost model.
+    rbac = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
+    default = render()
+    assert [d for d in docs if d["kind"] in rbac] == [d for d in default if d["kind"] in rbac]
+
+
+def test_no_cost_model_renders_nothing_for_it():
+    docs = render()
+    assert not by_kind(docs, "ConfigMap")
+    pod = operator_pod(docs)
+    assert not any(a.startswith("--cost-model") for a in pod["containers"][0]["args"])
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+
+
+def test_cost_model_schema_is_the_cost_model_files_schema():
+    """values.schema.json's costModel is holmes.plan.costmodel_file.json_schema(): a CostModelConfig field
+    added later must be added there too (regenerate it with that function)."""
+    import json
+
+    from holmes.plan.costmodel_file import json_schema
+
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["costModel"]
+    assert {k: v for k, v in schema.items() if k != "description"} == json_schema()
+
+
+def test_the_whole_print_config_output_is_a_valid_cost_model_value(tmp_path):
+    """`holmes plan --print-config` (every key, the defaults) pasted under costModel passes the
+    schema and reaches the operator unchanged."""
+    from holmes.plan import CostModelConfig
+    from holmes.plan.costmodel_file import dump_yaml, load_yaml_text
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"costModel": yaml.safe_load(dump_yaml())}))
+    cm = one(render(extra=["-f", str(values)]), "ConfigMap")
+    assert load_yaml_text(cm["data"]["costmodel.yaml"]) == CostModelConfig()
+
+
+def test_job_policy_values_become_operator_flags():
+    assert not [a for a in operator_pod(render())["containers"][0]["args"] if a.startswith("--allow")]
+    docs = render(
+        {
+            "jobPolicy.allowHostPath": "true",
+            "jobPolicy.serviceAccounts": "{trainer,reader}",
+            "jobPolicy.allowedCapabilities": "{SYS_PTRACE}",
+        }
+    )
+    args = operator_pod(docs)["containers"][0]["args"]
+    assert "--allow-host-path" in args and "--allow-service-accounts=trainer,reader" in args
+    assert "--allow-capabilities=SYS_PTRACE" in args and "--allow-privileged" not in args
+
+
+# ---- issue 35: tenant RBAC, the operator pod's availability, network policy, GitOps ----------
+
+
+def rules_granting(docs: list[dict], resource: str) -> list[tuple[str, str, dict]]:
+    """(kind, namespace, rule) of every (Cluster)Role rule that names ``resource``."""
+    return [
+        (d["kind"], d["metadata"].get("namespace", ""), rule)
+        for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+        for rule in d["rules"]
+        if resource in rule["resources"]
+    ]
+
+
+def test_namespaced_install_reads_pods_only_in_its_namespaces():
+    docs = render({"watch.allNamespaces": "false", "watch.namespaces": "{team-a,team-b}"})
+    grants = rules_granting(docs, "pods")
+    assert sorted(ns for kind, ns, _ in grants) == ["team-a", "team-b"]
+    assert {kind for kind, _, _ in grants} == {"Role"}
+    # nodes stay a cluster-scoped read
+    nodes = [(k, r["verbs"]) for k, _, r in rules_granting(docs, "nodes")]
+    assert nodes == [("ClusterRole", ["list", "watch"])]
+    # every namespace: one ClusterRole rule covers every pod, the operator's children included
+    assert [(k, r["verbs"]) for k, _, r in rules_granting(render(), "pods")] == [
+        ("ClusterRole", ["list", "watch", "create", "delete"])
+    ]
+
+
+def test_tenant_cluster_roles_aggregate_into_edit_and_view():
+    docs = render()
+    edit = operator_cluster_role(docs, "holmes-edit")
+    view = operator_cluster_role(docs, "holmes-view")
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-edit" not in view["metadata"]["labels"]
+    grants = {
+        name: {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+        for name, role in (("edit", edit), ("view", view))
+    }
+    reads = {(r, v) for r in ("holmesjobs", "holmesjobs/status") for v in ("get", "list", "watch")}
+    assert grants["view"] == reads
+    writes = {("holmesjobs", v) for v in ("create", "update", "patch", "delete", "deletecollection")}
+    assert grants["edit"] == reads | writes  # status stays the operator's
+    for role in (edit, view):
+        assert all(rule["apiGroups"] == ["holmes.dev"] for rule in role["rules"])
+    # a second release names its own
+    assert operator_cluster_role(render(release="other"), "other-holmes-edit")
+
+
+def probe_of(docs: list[dict], kind: str) -> dict:
+    return operator_pod(docs)["containers"][0][kind]
+
+
+def test_readiness_and_startup_probes_ask_the_health_endpoint():
+    docs = render({"startup.failureThreshold": "7"})
+    for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert probe_of(docs, kind)["httpGet"] == {"path": "/healthz", "port": "health"}, kind
+    assert probe_of(docs, "startupProbe")["failureThreshold"] == 7
+
+
+def test_pod_disruption_budget_only_with_several_replicas():
+    pdb = one(render(), "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= (
+        one(render(), "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    )
+    for values in (
+        {"replicas": "1"},
+        {"leaderElection.enabled": "false"},
+        {"podDisruptionBudget.enabled": "false"},
+    ):
+        assert not by_kind(render(values), "PodDisruptionBudget"), values
+
+
+def test_pod_disruption_budget_api_follows_the_server():
+    """policy/v1 where served (1.21+; v1beta1 is gone from 1.25), policy/v1beta1 on older servers
+    (the 1.20 test bed); deploy/install.yaml, one render for every server, carries none."""
+    assert one(render(), "PodDisruptionBudget")["apiVersion"] == "policy/v1"
+    from tests.helpers.packaging.packaging_helpers import REPO
+
+    sync = (REPO / "hack" / "chart-sync.sh").read_text()
+    assert "podDisruptionBudget.enabled=false" in sync
+    installed = [d for d in yaml.safe_load_all((REPO / "deploy" / "install.yaml").read_text()) if d]
+    assert not by_kind(installed, "PodDisruptionBudget")
+
+
+def test_lease_timings_default_to_kubernetes_own():
+    args = operator_pod(render())["containers"][0]["args"]
+    assert {
+        "--leader-elect-lease-duration=15",
+        "--leader-elect-renew-deadline=10",
+        "--leader-elect-retry-period=2",
+    } <= set(args)
+
+
+def test_bind_address_reaches_health_and_metrics_with_ipv6_in_brackets():
+    args = operator_pod(render())["containers"][0]["args"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in args and "--metrics-addr=0.0.0.0" in args
+    args = operator_pod(render({"bindAddress": "::"}))["containers"][0]["args"]
+    assert "--liveness=http://[::]:8080/healthz" in args and "--metrics-addr=::" in args
+
+
+def test_port_range_value_becomes_the_flag_and_the_schema_checks_it():
+    args = operator_pod(render({"trainer.portRange": "30000-30999"}))["containers"][0]["args"]
+    assert "--port-range=30000-30999" in args
+    assert not any(a.startswith("--port-range") for a in operator_pod(render())["containers"][0]["args"])
+    out = helm("template", "h", str(CHART), "--set", "trainer.portRange=30000", check=False)
+    assert out.returncode != 0 and "portRange" in out.stderr
+
+
+def test_trainer_metrics_port_is_off_dcgm_exporters_9400():
+    from holmes.operator.core.render import RenderSettings
+
+    args = operator_pod(render())["containers"][0]["args"]
+    assert f"--trainer-metrics-port={RenderSettings.metrics_port}" in args
+    assert RenderSettings.metrics_port != 9400
+
+
+def test_network_policy_off_by_default_and_covers_operator_and_trainers():
+    assert not by_kind(render(), "NetworkPolicy")
+    docs = render(
+        {
+            "networkPolicy.enabled": "true",
+            "watch.allNamespaces": "false",
+            "watch.namespaces": "{team-a}",
+            "trainer.portRange": "30000-30999",
+        },
+        extra=["--set-json", 'networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"x":"y"}}}]'],
+    )
+    pols = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in by_kind(docs, "NetworkPolicy")}
+    assert set(pols) == {("holmes-system", "holmes"), ("team-a", "holmes-trainers")}
+    op = pols[("holmes-system", "holmes")]["spec"]
+    assert [r["ports"][0]["port"] for r in op["ingress"]] == [8080, 9090]
+    assert op["ingress"][1]["from"] == [{"namespaceSelector": {"matchLabels": {"x": "y"}}}]
+    tr = pols[("team-a", "holmes-trainers")]["spec"]
+    assert tr["podSelector"] == {"matchLabels": {"app.kubernetes.io/managed-by": "holmes-operator"}}
+    peers, from_operator, scrapers = tr["ingress"]
+    assert "ports" not in peers  # NCCL's sockets: ephemeral ports
+    assert from_operator["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "holmes-system"
+    }
+    assert from_operator["ports"] == [{"port": 30000, "endPort": 30999, "protocol": "TCP"}]
+    assert scrapers["ports"] == from_operator["ports"]
+    # without a range: the one metrics port
+    docs = render({"networkPolicy.enabled": "true", "watch.allNamespaces": "false"})
+    tr = next(p for p in by_kind(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-trainers"))
+    assert tr["spec"]["ingress"][1]["ports"] == [{"port": 29510, "protocol": "TCP"}]
+
+
+def test_crd_keeps_argo_cd_from_pruning_or_deleting_it():
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"]["argocd.argoproj.io/sync-options"] == "Prune=false,Delete=false"
+
+
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+
+
+def test_labeller_admission_policy_only_where_the_server_serves_it():
+    assert not by_kind(render({"labeller.enabled": "true"}), "ValidatingAdmissionPolicy")  # 1.20-like
+    docs = render({"labeller.enabled": "true"}, extra=["--api-versions", VAP_API])
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    sa = one(docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert policy["spec"]["matchConditions"][0]["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:holmes-system:{sa}"'
+    )
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
+    rules = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert "variables.nodeName" in rules and "holmes.dev/" in rules and "object.spec" in rules
+    assert "authentication.kubernetes.io/node-name" in policy["spec"]["variables"][0]["expression"]
+    off = {"labeller.enabled": "true", "labeller.admissionPolicy": "false"}
+    assert not by_kind(render(off, extra=["--api-versions", VAP_API]), "ValidatingAdmissionPolicy")
+    assert not by_kind(render(extra=["--api-versions", VAP_API]), "ValidatingAdmissionPolicy")
