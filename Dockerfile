@@ -6,7 +6,7 @@
 #
 # The chart (charts/holmes) runs the operator image with the same command as its ENTRYPOINT;
 # the operator gives trainer pods the trainer image and a command on its PATH (python,
-# torchrun). tests/packaging/test_dockerfile.py checks both, and that every COPY source exists.
+# torchrun). tests/unit/packaging/test_dockerfile.py checks both, and that every COPY source exists.
 
 # Base images, pinned by tag (add @sha256 digests in a release pipeline that can resolve them).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm

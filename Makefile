@@ -41,14 +41,23 @@ clients:
 images:
 	@bash hack/build-images.sh
 
+# Every tier (tests/conftest.py): lint, then tests/unit, tests/integration and tests/e2e in one run.
 test: venv k8s images lint
 	$(PY) -m pytest
 
-# The edit-test loop: the tests that need no cluster and run no whole program (markers `cluster`
-# and `slow`, tests/conftest.py): about 90 s of CPU. `make test` runs them all.
-.PHONY: unit
-unit: venv k8s
-	$(PY) -m pytest -m "not cluster and not slow" -q
+# The tiers one at a time (tests/conftest.py says what goes where).
+#   unit: in-process tests, plus the chart's helm and kustomize renders (`make clients`): no
+#     Kubernetes build, no images, no forked torch ranks; the edit-test loop, UNIT_TIME on 2 cores.
+#   integration: whole programs (torchrun, pip, buildah, the benchmarks' small modes), forked torch
+#     ranks, network namespaces; the image tests need `make images`.
+#   e2e: against the local control plane (`make k8s`), the images' tests on it too.
+.PHONY: unit integration e2e
+unit: venv clients
+	$(PY) -m pytest tests/unit -q
+integration: venv images
+	$(PY) -m pytest tests/integration -q
+e2e: venv k8s images
+	$(PY) -m pytest tests/e2e -q
 
 # ruff: lint and format check; mypy: types (strict on contract/ and plan/); lint-imports: the
 # layers' import contracts. Config in pyproject.toml; `make fmt` applies ruff's fixes.
@@ -86,18 +95,18 @@ demo: images cluster-up
 	@# CRD + operator + a small HolmesJob trained to Succeeded: prints the layout and the metrics.
 	@$(PY) hack/demo.py --kubeconfig .holmes/kubeconfig --job examples/holmesjob-demo.yaml
 
-# Copy crds/ into the chart and re-render deploy/install.yaml (tests/packaging checks both).
+# Copy crds/ into the chart and re-render deploy/install.yaml (tests/unit/packaging checks both).
 .PHONY: chart-sync crd
 chart-sync:
 	hack/chart-sync.sh
 
 # Regenerate operator/holmes/plan/pipeline_bubble_table.json: each schedule's bubble, simulated on
-# torch's own action orders (tests/plan/test_pipeline_bubble_table.py checks it against torch).
+# torch's own action orders (tests/unit/plan/test_pipeline_bubble_table.py checks it against torch).
 bubble-table: venv
 	$(PY) hack/gen_bubble_table.py
 
 # Generate crds/holmesjob.yaml from the spec's declarations (contract/holmes/contract/) and the
-# status' (hack/crdgen/status.py), then refresh its copies (tests/contract/test_crd.py checks it).
+# status' (hack/crdgen/status.py), then refresh its copies (tests/unit/contract/test_crd.py checks it).
 crd: venv
 	$(PY) hack/gen_crd.py
 	hack/chart-sync.sh

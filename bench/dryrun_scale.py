@@ -2,7 +2,7 @@
 real engine for every stage on fake CUDA and the fake process group (holmes.trainer.dryrun).
 
     .venv/bin/python bench/dryrun_scale.py [--jobs llama3-70b,gpt-7b] [--nodes examples/nodes/paper.yaml]
-    .venv/bin/python bench/dryrun_scale.py --small        # what tests/bench runs: a 4-layer model
+    .venv/bin/python bench/dryrun_scale.py --small        # what `make test` runs: a 4-layer model
 
 Prints, per job: the layout, the dry run's wall and CPU time, and per stage the planner's
 memory estimate next to the dry run's peak (and its breakdown), the communicators per GPU and

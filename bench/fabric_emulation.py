@@ -531,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--smoke",
         action="store_true",
-        help="the small mode tests/bench runs: a toy model, the holmes case only, one measured "
+        help="the small mode `make test` runs: a toy model, the holmes case only, one measured "
         "iteration (its numbers mean nothing)",
     )
     return ap

@@ -56,7 +56,7 @@ from holmes.plan import PlanError, plan  # noqa: E402
 from holmes.plan import pipeline_simulation as sim  # noqa: E402
 from holmes.trainer.engine import Trainer  # noqa: E402
 from holmes.trainer.model import build_stage  # noqa: E402
-from tests.trainer.trainer_harness import reference  # noqa: E402
+from tests.helpers.trainer.trainer_harness import reference  # noqa: E402
 
 # wide enough that a split backward costs what a full one does (at h=256, seq 64 torch's separate
 # input- and weight-gradient passes took up to 1.7x a full backward on one thread: CPU overhead)

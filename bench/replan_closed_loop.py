@@ -465,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--smoke",
         action="store_true",
-        help="the small mode tests/bench runs: a toy model on one node per island, no brute force",
+        help="the small mode `make test` runs: a toy model on one node per island, no brute force",
     )
     return ap
 

@@ -77,7 +77,7 @@ def main() -> int:
         "--scale",
         type=float,
         default=1.0,
-        help="multiply every job's seconds (0.1: the small mode tests/bench runs, where start-up "
+        help="multiply every job's seconds (0.1: the small mode `make test` runs, where start-up "
         "dominates and the makespan target is not expected to hold)",
     )
     a = ap.parse_args()

@@ -16,7 +16,7 @@ from holmes.contract import ModelSpec  # noqa: E402
 from holmes.contract.layout import GroupFamily, Layout, Stage  # noqa: E402
 from holmes.trainer.config import OptimizerConfig, TrainConfig  # noqa: E402
 
-SMOKE_HELP = "the small mode tests/bench runs: a toy-width model, the fewest steps (its numbers mean nothing)"
+SMOKE_HELP = "the small mode `make test` runs: a toy-width model, the fewest steps (its numbers mean nothing)"
 
 
 def train_config(

@@ -105,7 +105,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child")
     ap.add_argument(
-        "--smoke", action="store_true", help="the small mode tests/bench runs: a toy model, PP=2 only"
+        "--smoke",
+        action="store_true",
+        help="the small mode `make test` runs: a toy model, PP=2 only",
     )
     a = ap.parse_args()
     if a.child:

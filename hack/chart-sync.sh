@@ -2,7 +2,7 @@
 # Regenerate the packaging files derived from crds/ and charts/holmes:
 #   charts/holmes/files/crds/  <- crds/*.yaml (Helm cannot read files outside the chart)
 #   deploy/install.yaml        <- `helm template` of the chart (for kubectl apply -k, Argo CD, Flux)
-# tests/packaging/test_sync.py fails when either is stale; run `make chart-sync` then.
+# tests/unit/packaging/test_sync.py fails when either is stale; run `make chart-sync` then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HELM="${HELM:-${HOLMES_CACHE:-$HOME/.cache/holmes}/bin/helm}"

@@ -9,7 +9,7 @@ the M torch accepts), torch 2.13's torch.distributed.pipelining computes each ra
 same order its loop runs), and holmes.plan.pipeline_simulation replays it with the cost
 model's per-action shares (F : I : W = 1 : 1 : 1, B = I + W) to give the idle units. The
 planner runs without torch, so it reads the table (holmes.plan.pipeline_cost), written as runs
-of equal idle units over M (975 entries, 72 runs); tests/plan/test_pipeline_bubble_table.py
+of equal idle units over M (975 entries, 72 runs); tests/unit/plan/test_pipeline_bubble_table.py
 regenerates it from torch and compares, so the table cannot drift from the torch installed.
 
 torch builds these orders in its schedules' constructors, which want real pipeline stages and a

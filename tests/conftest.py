@@ -1,237 +1,65 @@
-"""Shared pytest fixtures: a real local Kubernetes cluster, started only for tests that ask for it.
+"""The test tiers: the first folder under tests/ is the tier, and each is a marker of that name.
 
-Fixtures
---------
-``cluster`` (session scope)
-    A running local control plane (kube-apiserver/controller-manager/scheduler v1.20.2 + etcd)
-    with the node agent simulating the nodes of ``hack/topologies/default.yaml``. Started on
-    first use in a private state dir (``.holmes/pytest-<pid>``, own ports) and stopped at the end
-    of the session. Set ``HOLMES_KUBECONFIG=path`` to reuse a running cluster instead (e.g. after
-    ``make cluster-up``: ``HOLMES_KUBECONFIG=.holmes/kubeconfig``); it is then left running.
-    Attributes and methods:
+``tests/unit``
+    In-process tests: no Kubernetes build, no whole program, no forked torch ranks. ``make unit``,
+    the edit-test loop.
+``tests/integration``
+    Whole programs (torchrun, pip, buildah, a benchmark's small mode), forked torch ranks, network
+    namespaces: no control plane. ``make integration``.
+``tests/e2e``
+    Against the local control plane (its fixtures, ``cluster``, ``member_clusters`` and
+    ``namespace``, are tests/e2e/conftest.py's). ``make e2e``.
 
-    - ``kubeconfig``: path (str) of an admin kubeconfig.
-    - ``kubectl(*args, check=True, input=None, timeout=60)`` -> ``subprocess.CompletedProcess``
-      (text mode, stdout/stderr captured; raises ``AssertionError`` with stderr when ``check`` and
-      the command fails).
-    - ``api_client()`` -> a new ``kubernetes.client.ApiClient`` for the cluster.
-    - ``topology``: the ``localkube.topology.Topology`` of the simulated nodes (``.nodes``, each a
-      ``SimNode`` with ``name, cluster, nic, gbps, gpus, labels, allocatable``; ``.by_nic(kind)``).
-    - ``state_dir``: the cluster's state dir (``Path``), or None for a reused cluster.
-    - ``pod_log(namespace, pod, container)`` -> str: the container's output so far, every start
-      appended after a ``==== localkube:`` header line; the file is
-      ``<state_dir>/pods/<namespace>/<pod>/<container>.log``. ``kubectl logs [--previous]`` works
-      too (the node agent serves the kubelet's log endpoint) and shows the current start only.
-    - ``wait_pod(namespace, name, phases=("Succeeded","Failed"), timeout=60)`` -> the pod as a dict
-      once its ``status.phase`` is in ``phases`` (``AssertionError`` with the pod's status on time-out).
-
-``member_clusters`` (session scope)
-    Two local control planes, each with its node agent: the default topology split by cluster
-    (``east``: ib-0, ib-1, eth-0; ``west``: roce-0, roce-1, eth-1), pod IPs distinct per cluster
-    (``hack/localkube/multicluster.py``). ``east`` doubles as the hub. Started on first use in
-    ``.holmes/pytest-multi-<pid>`` and stopped at the end of the session. Yields the
-    ``MultiCluster`` (``members``, ``hub``, ``kubeconfig(member)``, ``kubectl(member, *args)``,
-    ``register(namespace)``, ``ensure_namespace(ns)``, ``plane(member)``: its ``ControlPlane``).
-
-``namespace`` (function scope)
-    A fresh namespace name (``t-<random>``) whose ``default`` service account and its token exist
-    (so pods can be created at once); deleted after the test, without waiting.
-
-Tests that use ``cluster`` or ``member_clusters`` are marked ``cluster`` automatically; any other
-test that starts a control plane fails, so none can slip unmarked into ``make unit``
-(``pytest -m "not cluster and not slow"``). ``slow`` marks tests that run whole programs
-(torchrun, pip, a benchmark's smoke run: every test under tests/bench/).
+``make test`` runs all three. ``-m unit|integration|e2e`` selects a tier wherever the paths given
+reach (tests/unit/repo/test_import_directions.py keeps every test file in a tier folder, and the
+helpers they share in tests/helpers). A test outside tests/e2e that starts a control plane fails.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
-from holmes_dev.kubectl import run_kubectl
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+TIERS = {
+    "unit": "runs in-process: no Kubernetes build, no whole program (make unit)",
+    "integration": "runs whole programs, forked torch ranks or network namespaces (make integration)",
+    "e2e": "needs the local Kubernetes control plane (make e2e)",
+}
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "cluster: needs the local Kubernetes control plane")
-    config.addinivalue_line(
-        "markers", "slow: runs whole programs (torchrun, pip, a benchmark): make test runs it, make unit not"
-    )
+    for tier, what in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {what}")
 
 
-BENCH = REPO / "tests" / "bench"
+def tier_of(path: Path) -> str | None:
+    """The tier of a test file: the first folder under tests/, or None outside a tier folder."""
+    parts = Path(path).resolve().relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if {"cluster", "member_clusters"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.cluster)
-        if Path(item.fspath).is_relative_to(BENCH):  # the benchmarks' smoke runs are whole programs
-            item.add_marker(pytest.mark.slow)
+        tier = tier_of(item.path)
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(autouse=True)
-def _control_planes_only_in_cluster_tests(request, monkeypatch):
-    """`make unit` runs ``-m "not cluster"``: a test that started a control plane of its own,
-    without the fixtures above, would land there unmarked. It fails instead, naming the fix."""
-    if request.node.get_closest_marker("cluster") is not None:
+def _control_planes_only_in_e2e(request, monkeypatch):
+    """A test outside tests/e2e that started a control plane of its own would make `make unit` or
+    `make integration` need the Kubernetes build. It fails instead, naming the fix."""
+    if tier_of(request.node.path) == "e2e":
         return
     from localkube.controlplane import ControlPlane
 
     def refuse(*args, **kwargs):
         raise RuntimeError(
-            f"{request.node.nodeid} starts a control plane but is not marked cluster: use the cluster "
-            "or member_clusters fixture, or mark it @pytest.mark.cluster"
+            f"{request.node.nodeid} starts a control plane outside tests/e2e: move it there and use "
+            "the cluster or member_clusters fixture"
         )
 
     monkeypatch.setattr(ControlPlane, "up", refuse)
-
-
-class LocalCluster:
-    """What the ``cluster`` fixture yields; see the module docstring."""
-
-    def __init__(self, kubeconfig: str, topology, state_dir: Path | None):
-        from localkube.controlplane import binary
-
-        self.kubeconfig = kubeconfig
-        self.topology = topology
-        self.state_dir = state_dir
-        self._kubectl = binary("kubectl")
-
-    def kubectl(
-        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
-    ) -> subprocess.CompletedProcess:
-        r = run_kubectl(self._kubectl, self.kubeconfig, *args, input=input, timeout=timeout)
-        if check and r.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
-        return r
-
-    def api_client(self):
-        from kubernetes import config
-
-        return config.new_client_from_config(self.kubeconfig)
-
-    def pod_log(self, namespace: str, pod: str, container: str) -> str:
-        if self.state_dir is None:
-            raise RuntimeError("pod logs are only reachable for a cluster this session started")
-        p = self.state_dir / "pods" / namespace / pod / f"{container}.log"
-        return p.read_text(errors="replace") if p.exists() else ""
-
-    def power(self, node: str, on: bool) -> None:
-        """Switch a simulated node's machine off (its pods' processes die, no heartbeats, a
-        deleted Node stays away) or on again (the node agent registers it anew)."""
-        from localkube.__main__ import set_power
-        from localkube.controlplane import ControlPlane
-
-        if self.state_dir is None:
-            raise RuntimeError("nodes can only be switched off in a cluster this session started")
-        set_power(ControlPlane(self.state_dir), node, on)
-
-    def get_json(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
-
-    def wait_pod(
-        self, namespace: str, name: str, phases=("Succeeded", "Failed"), timeout: float = 60
-    ) -> dict:
-        end = time.monotonic() + timeout
-        pod: dict = {}
-        while time.monotonic() < end:
-            r = self.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
-            if r.returncode == 0:
-                pod = json.loads(r.stdout)
-                if pod.get("status", {}).get("phase") in phases:
-                    return pod
-            time.sleep(0.3)
-        raise AssertionError(
-            f"pod {namespace}/{name} not in {phases} after {timeout}s; "
-            f"status: {json.dumps(pod.get('status'), indent=1)}"
-        )
-
-
-def _reap_abandoned_clusters() -> None:
-    """Stop clusters of earlier pytest sessions that were killed before they could clean up."""
-    import shutil
-
-    from localkube.controlplane import ControlPlane, pid_alive
-
-    for d in (REPO / ".holmes").glob("pytest-*"):
-        pid = d.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            for sub in [d, *(x for x in d.iterdir() if (x / "cluster.json").exists())]:
-                ControlPlane(sub).down(log=lambda m: None)
-            shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def cluster():
-    from localkube.controlplane import ControlPlane
-    from localkube.topology import load_topology
-
-    reuse = os.environ.get("HOLMES_KUBECONFIG")
-    if reuse:
-        state_dir = Path(reuse).resolve().parent / "cluster"
-        st = (
-            json.loads((state_dir / "cluster.json").read_text())
-            if (state_dir / "cluster.json").exists()
-            else {}
-        )
-        topo = load_topology(st.get("topology") or REPO / "hack/topologies/default.yaml")
-        yield LocalCluster(reuse, topo, state_dir if st else None)
-        return
-    _reap_abandoned_clusters()
-    cp = ControlPlane(REPO / ".holmes" / f"pytest-{os.getpid()}")
-    cp.dir.mkdir(parents=True, exist_ok=True)
-    topo_path = REPO / "hack" / "topologies" / "default.yaml"
-    try:
-        cp.up(topo_path, log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
-        yield LocalCluster(str(cp.kubeconfig), load_topology(topo_path), cp.dir)
-    finally:
-        cp.down(log=lambda m: None)
-        import shutil
-
-        shutil.rmtree(cp.dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def member_clusters():
-    from localkube.multicluster import MultiCluster
-
-    _reap_abandoned_clusters()
-    mc = MultiCluster(REPO / ".holmes" / f"pytest-multi-{os.getpid()}")
-    try:
-        mc.up(
-            REPO / "hack" / "topologies" / "default.yaml",
-            log=lambda m: print(f"[multicluster] {m}", file=sys.stderr),
-        )
-        yield mc
-    finally:
-        mc.down(log=lambda m: None)
-        import shutil
-
-        shutil.rmtree(mc.root, ignore_errors=True)
-
-
-@pytest.fixture
-def namespace(cluster):
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    # Pods are refused until the namespace's default service account and its token secret exist.
-    end = time.monotonic() + 30
-    while time.monotonic() < end:
-        r = cluster.kubectl(
-            "get", "serviceaccount", "default", "-n", name, "-o", "jsonpath={.secrets[0].name}", check=False
-        )
-        if r.returncode == 0 and r.stdout.strip():
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"namespace {name}: default service account token never appeared")
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -3,7 +3,7 @@
 plus what belongs to the resource rather than to a field (names, printer columns, the two top
 descriptions). ``make crd`` writes it to
 crds/holmesjob.yaml (hack/gen_crd.py) and refreshes the chart's copy and deploy/install.yaml;
-tests/contract/test_crd.py fails when the committed file is not :func:`render`'s output.
+tests/unit/contract/test_crd.py fails when the committed file is not :func:`render`'s output.
 Pure: builds a mapping and its YAML text."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ collector's memory and CPU series come along). Per-job series carry the job's ``
 tenant's view; bounded by the namespaces the operator serves), never a job name or free text.
 Only the leader acts: a standby reports ``holmes_leader`` 0 and no jobs, so aggregate with
 ``max``/``sum by (namespace, phase)`` over the replicas, or keep ``holmes_leader == 1``.
-charts/holmes's PrometheusRule and dashboard use these names (tests/packaging check them)."""
+charts/holmes's PrometheusRule and dashboard use these names (tests/unit/packaging check them)."""
 
 from __future__ import annotations
 

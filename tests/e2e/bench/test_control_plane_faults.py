@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.bench.bench_run import run_bench
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(400)]
+pytestmark = pytest.mark.timeout(400)
 
 
 def small_run():

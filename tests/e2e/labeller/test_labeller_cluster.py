@@ -26,11 +26,11 @@ import yaml
 
 from holmes.labeller.labels import RECORD_ANNOTATION
 from holmes.plan import classify_node
-from tests import polling
+from tests.helpers import polling
 from tests.helpers.labeller.fakesysfs import FakeSysfs, gpu_server, node_tree, roce_node, route_table
 from tests.helpers.packaging.packaging_helpers import CHART, helm  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TRUE_NIC = "localkube.holmes.dev/true-nic"
 NFD = {"feature.node.kubernetes.io/rdma.capable": "true", "feature.node.kubernetes.io/rdma.available": "true"}
 

@@ -1,4 +1,4 @@
-"""Fixtures the operator's cluster tests share (the cluster itself: tests/conftest.py)."""
+"""Fixtures the operator's cluster tests share (the cluster itself: tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from holmes_dev.jobs import tiny_job, tiny_training
 
 from localkube.multicluster import MEMBERS_NAMESPACE
 from localkube.operatorproc import CRD, OperatorProcess
-from tests import polling
+from tests.helpers import polling
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -608,7 +608,7 @@ WEDGE = Path(__file__).resolve().parent / "wedge"  # its sitecustomize hangs the
 
 
 def test_a_stuck_reconcile_fails_the_probe_and_the_standby_takes_over(crd, namespace, tmp_path):
-    """Issue 46: a reconcile that never returns (forced by tests/operator/wedge in the leader
+    """Issue 46: a reconcile that never returns (forced by tests/e2e/operator/wedge in the leader
     only) fails the leader's health endpoint within --reconcile-bound, the leader stops renewing
     its Lease and exits, and the standby leads and sees the job through."""
     bound = 10

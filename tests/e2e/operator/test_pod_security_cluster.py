@@ -1,5 +1,5 @@
 """The job policy on the real local control plane: one HolmesJob per Pod Security control's failing
-case (tests/operator/pss_cases.py), all applied at once in one cluster session: baseline cases to
+case (tests/helpers/operator/pss_cases.py), all applied at once in one cluster session: baseline cases to
 an operator with the default policy, restricted ones to an operator at --policy-level restricted.
 Each job must end Stalled, reason PolicyViolation, naming its field and flag, with no pod; a job
 whose template the policy accepts gets its pod from the same operator."""

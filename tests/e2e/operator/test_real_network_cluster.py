@@ -29,7 +29,7 @@ from holmes.contract import Layout
 from holmes.labeller.labels import RECORD_ANNOTATION, desired_labels, plan_patch
 from holmes.labeller.sysfs import read_sysfs
 from localkube.operatorproc import OperatorProcess, install_crd
-from tests import polling
+from tests.helpers import polling
 from tests.helpers.frameworks.cluster_jobs import framework_job, island_net, json_lines
 from tests.helpers.labeller.fakesysfs import FakeSysfs
 

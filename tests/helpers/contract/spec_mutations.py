@@ -1,7 +1,7 @@
 """Seeded mutations of the example HolmesJobs, as a hand-edited manifest gets them wrong: a value
 of another type or out of range, a field removed, an unknown field, a value moved from elsewhere
-in the manifest (the fuzz test's cases, tests/contract/test_spec_fuzz.py, and the CRD rules'
-tests/contract/test_crd_rules.py)."""
+in the manifest (the fuzz test's cases, tests/unit/contract/test_spec_fuzz.py, and the CRD rules'
+tests/unit/contract/test_crd_rules.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from holmes.contract.documents import load_documents
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SEEDS = sorted([*ROOT.glob("examples/holmesjob-*.yaml"), *ROOT.glob("examples/jobs/*.yaml")])
 
 ODD: list[Any] = [

@@ -13,7 +13,7 @@ from holmes_dev.jobs import holmes_job
 
 from holmes.contract import Layout
 from localkube.operatorproc import OperatorProcess, install_crd
-from tests import polling
+from tests.helpers import polling
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 LINK_LAYER = {"infiniband": "InfiniBand", "roce": "Ethernet"}

@@ -7,7 +7,7 @@ from holmes.cli import main
 from tests.helpers.frameworks.megatron_config import transformer_config
 from tests.helpers.operator.opfixtures import FakeWorld, default_nodes, manifest, with_link_layers
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PAPER = str(REPO / "examples" / "nodes" / "paper.yaml")
 
 MEGATRON = ["python3", "pretrain_gpt.py", "--seq-length", "32", "--tokenizer-type", "NullTokenizer"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from localkube.operatorproc import OperatorProcess
-from tests import polling
+from tests.helpers import polling
 
 SLEEP = ["sh", "-c", "sleep 600"]
 

@@ -15,7 +15,7 @@ from holmes.operator.core.capacity import Workloads
 from holmes.operator.core.reconcile import ChildRefusal, Observed, RestartBackoff, decide
 from holmes.operator.core.render import RenderSettings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
@@ -194,3 +194,13 @@ class FakeWorld:
 
     def reasons(self) -> list[str]:
         return [e.reason for e in self.events]
+
+
+def refusing_api():
+    """A kubernetes client for an API server that refuses connections (nothing listens there)."""
+    from holmes_dev.ports import free_port
+    from kubernetes import client
+
+    conf = client.Configuration(host=f"https://127.0.0.1:{free_port()}")
+    conf.verify_ssl = False
+    return client.ApiClient(conf)

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from holmes_dev import images
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "holmes"
 DEPLOY = REPO / "deploy"
 CRDS = REPO / "crds"

@@ -4,7 +4,7 @@ estimate, explanation) or of the PlanError it raises. ``data/layouts_4c2f746.jso
 commit 4c2f746 (before the search was sped up) planned; regenerate it only from that commit:
 
     git worktree add /tmp/old 4c2f746 --detach   # and a venv whose editable holmes is /tmp/old
-    /tmp/old/.venv/bin/python -m tests.plan.layout_cases > tests/plan/data/layouts_4c2f746.json
+    /tmp/old/.venv/bin/python -m tests.helpers.plan.layout_cases > tests/unit/plan/data/layouts_4c2f746.json
                                                   # run from this checkout's root
 
 The cases cover what the search weighs: islands of three NIC kinds over three clusters with a

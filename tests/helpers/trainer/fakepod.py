@@ -1,4 +1,4 @@
-"""What a pod sees of RDMA, as real files: the HCAs ``tests/labeller/fakesysfs.py`` lays out, plus
+"""What a pod sees of RDMA, as real files: the HCAs ``tests/helpers/labeller/fakesysfs.py`` lays out, plus
 what the kernel shows beside them: each GID's type (``ports/<p>/gid_attrs/types/<i>``), each
 HCA's verbs device (``class/infiniband_verbs/uverbsN/ibdev``), and the ``/dev/infiniband`` a
 device plugin mounts into the pod."""

@@ -17,16 +17,16 @@ from tests.helpers.bench.bench_run import BENCH, run_bench
 # imported or started by the scripts, run through them (delay_line: test_fabric_netns_delays_...)
 LIBRARIES = {"trainer_common", "cpu_limit", "delay_line"}
 OWN_TESTS = {  # script -> the test that runs its small mode
-    "across_sites": "tests/bench/test_across_sites.py",
-    "outer_overlap": "tests/bench/test_outer_overlap.py",
-    "checkpoint_overhead": "tests/bench/test_checkpoint_overhead.py",
-    "dryrun_scale": "tests/bench/test_dryrun_scale.py",
-    "fault_soak": "tests/bench/test_fault_soak.py",
-    "control_plane_faults": "tests/bench/test_control_plane_faults.py",
-    "gpu": "tests/bench/test_gpu_bench.py",
-    "operator_load": "tests/bench/test_operator_load.py",
-    "pipeline_schedules": "tests/bench/test_pipeline_schedules_bench.py",
-    "operator_scale": "tests/bench/test_operator_scale.py",
+    "across_sites": "tests/integration/bench/test_across_sites.py",
+    "outer_overlap": "tests/integration/bench/test_outer_overlap.py",
+    "checkpoint_overhead": "tests/integration/bench/test_checkpoint_overhead.py",
+    "dryrun_scale": "tests/integration/bench/test_dryrun_scale.py",
+    "fault_soak": "tests/e2e/bench/test_fault_soak.py",
+    "control_plane_faults": "tests/e2e/bench/test_control_plane_faults.py",
+    "gpu": "tests/integration/bench/test_gpu_bench.py",
+    "operator_load": "tests/e2e/bench/test_operator_load.py",
+    "pipeline_schedules": "tests/integration/bench/test_pipeline_schedules_bench.py",
+    "operator_scale": "tests/e2e/bench/test_operator_scale.py",
 }
 
 # script -> (small-mode arguments, a line its output must contain)
@@ -57,7 +57,7 @@ PURE = {
     "trainer_tensor_parallel": (["--smoke"], "TP=2 + sequence parallel"),
 }
 ROOT = {"fabric_emulation", "fabric_netns", "replan_closed_loop"}  # test_fabric_*, test_replan_* below
-CLUSTER = {"operator_apply", "shared_queue"}  # test_operator_apply, test_shared_queue below
+CLUSTER = {"operator_apply", "shared_queue"}  # tests/e2e/bench/test_smoke.py
 
 
 @pytest.mark.parametrize("script", sorted(PURE))
@@ -137,35 +137,6 @@ def test_replan_closed_loop_small_mode_replans_a_slowed_island_once(fabric):
     assert re.search(r"relaunched from the checkpoint of iteration \d+", p.stdout), out
 
 
-@pytest.mark.timeout(600)
-def test_operator_apply_small_mode(cluster):
-    p = run_bench(
-        "operator_apply", "--sizes", "8", "--repeats", "1", env={"HOLMES_KUBECONFIG": cluster.kubeconfig}
-    )
-    out = p.stdout + p.stderr[-3000:]
-    assert p.returncode == 0, out
-    assert re.search(r"^\s+8\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+", p.stdout, re.M), out
-
-
-@pytest.mark.timeout(600)
-def test_shared_queue_small_mode_never_holds_a_gpu_twice(cluster):
-    p = run_bench(
-        "shared_queue",
-        "--jobs",
-        "3",
-        "--scale",
-        "0.1",
-        env={"HOLMES_KUBECONFIG": cluster.kubeconfig},
-        timeout=500,
-    )
-    out = p.stdout + p.stderr[-3000:]
-    assert p.returncode in (0, 1), out  # 1: the makespan target, which 2-4 s jobs cannot meet
-    row = re.search(r"^\s+3\s+6\s+\d+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+(\d+)\s+(\d+)\s", p.stdout, re.M)
-    assert row, out
-    assert int(row.group(1)) <= 2 and int(row.group(2)) == 0, out  # max GPUs per node, oversubscribed
-    assert p.stdout.rstrip().endswith("met") or "failed [], unfinished []" in out, out
-
-
 def test_every_bench_script_has_a_small_mode_test():
     scripts = {p.stem for p in BENCH.glob("*.py")} - LIBRARIES
     covered = set(PURE) | ROOT | CLUSTER | set(OWN_TESTS)
@@ -173,3 +144,9 @@ def test_every_bench_script_has_a_small_mode_test():
     assert covered <= scripts, f"listed here but gone from bench/: {sorted(covered - scripts)}"
     for script, test in OWN_TESTS.items():
         assert re.search(rf'run_bench\(\s*"{script}"', (REPO / test).read_text()), (script, test)
+    on_the_cluster = (REPO / "tests/e2e/bench/test_smoke.py").read_text()
+    for script in CLUSTER:
+        assert re.search(rf'run_bench\(\s*"{script}"', on_the_cluster), (
+            script,
+            "tests/e2e/bench/test_smoke.py",
+        )

@@ -20,7 +20,7 @@ from localkube import container as ct
 from localkube.ociconfig import Mount
 from localkube.podspec import Unsupported
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 RO_ROOT = {"readOnlyRootFilesystem": True}
 
 

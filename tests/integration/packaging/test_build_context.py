@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
 from holmes_dev import images
 
 from tests.helpers.packaging.packaging_helpers import REPO
-
-pytestmark = pytest.mark.slow  # a buildah build (seconds, on the base `make images` built)
 
 LIST_CONTEXT = f"FROM {images.BASE_REF}\nCOPY . /ctx\nRUN cd /ctx && find . -type f | sort\n"
 

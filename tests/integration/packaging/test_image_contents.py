@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from holmes_dev import images
 
-pytestmark = pytest.mark.slow
-
 # What each image's venv must hold (distributions, `holmes` subpackages) and must not.
 EXPECT = {
     "operator": (

@@ -28,7 +28,7 @@ from tests.helpers.packaging.packaging_helpers import REPO, dockerignore_exclude
 CONSTRAINTS = REPO / "docker" / "constraints.txt"
 WHEEL_STAGE_SOURCES = ("contract", "operator", "trainer")  # the wheel stage's COPY sources
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # pip installs into fresh environments
+pytestmark = pytest.mark.timeout(600)  # pip installs into fresh environments
 
 
 def build_context(dest: Path) -> None:

@@ -51,7 +51,6 @@ def _rel(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
-@pytest.mark.slow  # trains, saves and resumes under several layouts
 def test_resume_under_other_pipeline_and_data_degrees_continues_exactly(tmp_path):
     saver = _layout(2, 2, [4, 2])
     cfg = tiny_config(model=SIX, optimizer=ADAMW, iterations=6)
@@ -87,7 +86,6 @@ def test_resume_under_other_pipeline_and_data_degrees_continues_exactly(tmp_path
     assert _rel(res[0][1]["losses"], want[3:]) > 1e-3
 
 
-@pytest.mark.slow  # trains, saves and resumes under several layouts
 @pytest.mark.parametrize("architecture", ["gpt", "llama"])
 def test_resume_across_tensor_degrees_and_tied_embeddings(tmp_path, architecture):
     """TP=2 x PP=2 (GPT's fused QKV and the row-parallel projections split; the embedding tied
@@ -149,7 +147,6 @@ def test_flat_ranges_become_chunks_of_the_global_tensor():
     assert checkpoint.flat_chunks("layers.0.ln1.weight", (8,), tp, 1, 5) == [(0, (1,), (4,))]
 
 
-@pytest.mark.slow  # trains, saves and resumes under two schedules
 def test_resume_under_a_v_shaped_schedule_continues_exactly_and_saves_again(tmp_path):
     """A checkpoint holds tensors under global names: chunks of two virtual stages per GPU load
     them as any stage does, and their own checkpoint resumes a one-chunk layout again."""

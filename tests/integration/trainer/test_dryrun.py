@@ -14,7 +14,7 @@ import pytest
 from tests.helpers.trainer.dryrun_harness import job
 from tests.helpers.trainer.trainer_harness import make_layout
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def dry_run(job_path: str, layout, tmp_path: Path, *args: str) -> tuple[int, dict, str]:
@@ -117,7 +117,7 @@ def test_the_planner_and_the_dry_run_count_a_communicator_alike():
 
 
 def test_holmes_dryrun_runs_the_tool_in_a_process_of_its_own(tmp_path):
-    """The CLI imports no torch itself (tests/test_import_directions.py): it starts the tool."""
+    """The CLI imports no torch itself (tests/unit/repo/test_import_directions.py): it starts the tool."""
     layout = make_layout(2, 1, [2, 2], 2, 4, embedding=True)
     lp = tmp_path / "layout.json"
     lp.write_text(layout.to_json())

@@ -15,7 +15,7 @@ import pytest
 from tests.helpers.trainer.dryrun_harness import job
 from tests.helpers.trainer.trainer_harness import make_layout
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 W = 4  # each replica's world: P=2 x D=2
 ACROSS = {
     "mode": "replicas",

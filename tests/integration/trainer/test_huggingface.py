@@ -227,7 +227,6 @@ def test_gpt_exports_to_gpt2(tmp_path, tensor):
     assert res[0][1]["loss"] == pytest.approx(hf_loss(exported, tokens), rel=1e-4)
 
 
-@pytest.mark.slow  # torchrun as processes
 def test_evaluate_cli_under_torchrun(tmp_path):
     path = llama_dir(tmp_path)
     tokens = token_file(tmp_path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HOST_NAME = "eno12399np0"
 MASTER = "job-0-0.job.ns.svc"
 
@@ -123,7 +123,6 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.slow  # two torch processes
 def test_gloo_runs_on_the_resolved_interfaces_across_two_namespaces(netns):
     """Rank 0 in the peer namespace (MASTER_ADDR is its own address), rank 1 in the pod one (a
     DNS name): each resolves its interface, and gloo's all-reduce crosses the veth."""

@@ -1,10 +1,7 @@
 """Building a stage costs about its own parameters in host memory (meta-device construction,
 per-parameter init), measured in a fresh process like bench/stage_memory.py."""
 
-import pytest
 from stage_memory import measure
-
-pytestmark = pytest.mark.slow  # builds models of ~80M parameters in fresh processes
 
 
 def test_building_a_stage_adds_at_most_1_3x_its_fp32_parameter_bytes():

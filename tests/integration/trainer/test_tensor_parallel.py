@@ -110,7 +110,6 @@ def test_training_under_tensor_parallel_layouts_matches_one_process(arch, pipeli
     assert_matches_reference(cfg, layout, param_atol=1e-5 if cfg.optimizer.kind == "adamw" else 2e-6)
 
 
-@pytest.mark.slow  # trains, saves and resumes on several ranks
 def test_resume_under_tensor_parallelism_continues_exactly(tmp_path):
     """Checkpoint under TP=2 x DP=2 with sequence parallelism (model slices as DTensor shards of
     whole tensors, optimizer state as chunks of whole tensors), kill, resume: the same losses."""

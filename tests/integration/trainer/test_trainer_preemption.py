@@ -156,7 +156,6 @@ def _job(iterations: int, ckpt: str, on_preemption: bool) -> dict:
     return job
 
 
-@pytest.mark.slow  # torchrun and the launcher as processes
 def test_sigterm_to_one_pods_launcher_saves_exits_83_and_a_new_run_resumes(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     procs = _start(tmp_path, _job(1000, ckpt, True))
@@ -186,7 +185,6 @@ def test_sigterm_to_one_pods_launcher_saves_exits_83_and_a_new_run_resumes(tmp_p
     assert lines[-1]["holmes"] == "done"
 
 
-@pytest.mark.slow  # torchrun and the launcher as processes
 def test_sigterm_to_one_worker_without_on_preemption_exits_83_without_saving(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     procs = _start(tmp_path, _job(1000, ckpt, False))
@@ -203,7 +201,6 @@ def test_sigterm_to_one_worker_without_on_preemption_exits_83_without_saving(tmp
     assert last["holmes"] == "preempted" and last["saved"] is False and last["signalledRanks"] == 1
 
 
-@pytest.mark.slow  # torchrun and the launcher as processes
 def test_the_launcher_exits_with_the_workers_code_where_torchrun_says_1(tmp_path):
     from holmes.trainer.run import exit_status
 

@@ -11,7 +11,7 @@ import yaml
 from localkube import podspec as ps
 from localkube.topology import TopologyError, load_topology, parse_topology
 
-TOPOLOGIES = Path(__file__).resolve().parents[2] / "hack" / "topologies"
+TOPOLOGIES = Path(__file__).resolve().parents[3] / "hack" / "topologies"
 
 
 def test_shipped_topologies():
@@ -176,11 +176,12 @@ def test_down_signals_only_processes_of_its_own_state_dir(tmp_path):
             p.wait()
 
 
-def test_a_test_not_marked_cluster_cannot_start_a_control_plane(tmp_path):
-    """What keeps `make unit` (-m "not cluster") free of cluster tests: conftest.py refuses."""
+def test_a_test_outside_e2e_cannot_start_a_control_plane(tmp_path):
+    """What keeps `make unit` and `make integration` free of the Kubernetes build: tests/conftest.py
+    refuses a control plane outside tests/e2e."""
     from localkube.controlplane import ControlPlane
 
-    with pytest.raises(RuntimeError, match="not marked cluster"):
+    with pytest.raises(RuntimeError, match="outside tests/e2e"):
         ControlPlane(tmp_path).up(TOPOLOGIES / "default.yaml")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-CRD = Path(__file__).resolve().parents[2] / "crds" / "holmesjob.yaml"
+CRD = Path(__file__).resolve().parents[3] / "crds" / "holmesjob.yaml"
 
 
 def schema():

@@ -9,7 +9,7 @@ from holmes.contract.jobspec import JobSpec, SpecError
 from holmes.contract.spec_sections import AUTO, LabelSelector, SelectorRequirement
 from tests.helpers.contract.spec_helpers import minimal_spec, problems_of
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "gpt-7b.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "jobs" / "gpt-7b.yaml"
 
 
 def manifest(spec):

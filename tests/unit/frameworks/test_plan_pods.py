@@ -10,7 +10,7 @@ import yaml
 from holmes.cli import main
 from holmes.contract import Layout
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PAPER = str(REPO / "examples" / "nodes" / "paper.yaml")
 EXAMPLES = ["megatron-gpt-7b", "torchtitan-llama3-8b", "deepspeed-gpt-pipeline"]
 

@@ -1,4 +1,4 @@
-"""Preemption by Kueue as Kueue v0.19.2 does it (tests/operator/kueue_standin.py): eviction
+"""Preemption by Kueue as Kueue v0.19.2 does it (tests/helpers/operator/kueue_standin.py): eviction
 only sets Evicted=True, the quota stays reserved until the job's integration has stopped the
 job and released it. Holmes must do the integration's part, or the preempting workload never
 fits and the HolmesJob stays suspended for ever."""

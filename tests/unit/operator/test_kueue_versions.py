@@ -1,6 +1,6 @@
 """Kueue's two API versions, pure: which one is chosen, v1beta1 <-> v1beta2 of the fields Holmes
 uses, and the link that re-negotiates the version while the operator runs (fed a scripted
-discovery; tests/operator/test_shared_cluster.py runs it against the local API server)."""
+discovery; tests/e2e/operator/test_shared_cluster.py runs it against the local API server)."""
 
 from __future__ import annotations
 

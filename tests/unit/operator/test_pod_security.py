@@ -1,5 +1,6 @@
-"""The job policy against the Pod Security Standards, control by control (tests/operator/pss_cases.py),
-and every kind of pod Holmes renders against the level it enforces."""
+"""The job policy against the Pod Security Standards, control by control
+(tests/helpers/operator/pss_cases.py), and every kind of pod Holmes renders against the level it
+enforces."""
 
 from __future__ import annotations
 

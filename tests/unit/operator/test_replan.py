@@ -14,7 +14,7 @@ from holmes.plan.calibrate import assess, with_rates
 from holmes.plan.estimate import evaluate_run
 from holmes.plan.measured import MIN_SAMPLES, RunLayout
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NODES = load_nodes(str(ROOT / "examples" / "nodes" / "mixed-gpus.yaml"))
 JOB = load_job(str(ROOT / "examples" / "jobs" / "gpt-7b.yaml"))
 

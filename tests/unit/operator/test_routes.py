@@ -17,7 +17,7 @@ from holmes.operator.core.template import TemplatePolicy
 from holmes.operator.preview import PreviewError, children
 from holmes.plan import NicMapping, plan
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NODES = str(REPO / "examples" / "nodes" / "network-operator.yaml")
 JOB = str(REPO / "examples" / "jobs" / "gpt-network-operator.yaml")
 COST_MODEL = placement_facts.builtin_cost_model()

@@ -91,7 +91,7 @@ def test_final_stages_run_as_numeric_non_root_user():
 def test_dockerignore_matcher_sanity():
     # The matcher must be able to say no, or the COPY check below proves nothing.
     assert dockerignore_excludes(".venv/bin/python")
-    assert dockerignore_excludes("tests/packaging/test_dockerfile.py")
+    assert dockerignore_excludes("tests/unit/packaging/test_dockerfile.py")
     assert dockerignore_excludes("operator/holmes/__pycache__/x.pyc")
     assert not dockerignore_excludes("operator/holmes/plan/layout.py")
 

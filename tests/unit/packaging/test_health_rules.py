@@ -1,6 +1,6 @@
 """A HolmesJob reads correctly under kstatus (Flux) and the Argo CD health script, on statuses
 shaped exactly as the operator writes them. The same rules are applied to statuses written by
-the real operator in test_chart_cluster.py."""
+the real operator in tests/e2e/packaging/test_chart_cluster.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The chart's monitoring (values metrics.*, all off by default): the operator's ServiceMonitor,
 the trainers' PodMonitor, the PrometheusRule and the Grafana dashboard. Checked against
-prometheus-operator's schemas (tests/packaging/data, made from its CRDs), every PromQL
+prometheus-operator's schemas (tests/unit/packaging/data, made from its CRDs), every PromQL
 expression parsed by promql-parser (PyPI: the Rust parser GreptimeDB uses, a port of
 Prometheus' own), and every metric they name exported by the operator
 (holmes.operator.metrics) or the trainer (holmes.contract.trainer_metrics)."""

@@ -12,7 +12,7 @@ from holmes.plan.calibrate import assess, calibrate, with_rates
 from holmes.plan.estimate import evaluate_run
 from holmes.plan.measured import MIN_SAMPLES, WARMUP, CalibrationError, RunLayout, from_records, read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MIXED = str(ROOT / "examples" / "nodes" / "mixed-gpus.yaml")
 JOB = str(ROOT / "examples" / "jobs" / "gpt-7b.yaml")
 

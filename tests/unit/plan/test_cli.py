@@ -7,7 +7,7 @@ import yaml
 
 from holmes.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NODES = str(ROOT / "examples" / "nodes" / "paper.yaml")
 JOB = str(ROOT / "examples" / "jobs" / "gpt-7b.yaml")
 

@@ -11,7 +11,7 @@ from holmes.plan import CostModelConfig, plan
 from holmes.plan.costmodel_file import CostModelError, dump_yaml, from_mapping, load_yaml_text, to_mapping
 from tests.helpers.plan.plan_helpers import job_spec, paper_nodes
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NODES = str(ROOT / "examples" / "nodes" / "paper.yaml")
 JOB = str(ROOT / "examples" / "jobs" / "gpt-7b.yaml")
 

@@ -14,7 +14,7 @@ from holmes.plan.estimate import reestimate, without_gpu_types
 from holmes.plan.gpus import lookup, node_gpu
 from tests.helpers.plan.plan_helpers import job_spec, node
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MIXED = str(ROOT / "examples" / "nodes" / "mixed-gpus.yaml")
 JOB = str(ROOT / "examples" / "jobs" / "gpt-7b.yaml")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 OPERATOR = REPO / "operator/holmes/operator"
 CORE = OPERATOR / "core"
 HANDLERS_MAX_LINES = 400

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 DOC = REPO / "docs" / "concurrency.md"
 LOCKS = {"Lock", "RLock", "Condition", "Semaphore", "BoundedSemaphore"}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 CONTRACT = "holmes.contract"
 SIDES = {"operator": "operator/holmes", "trainer": "trainer/holmes"}
 

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import TIERS  # the first folder under tests/
+
+REPO = Path(__file__).resolve().parents[3]
 STDLIB = set(sys.stdlib_module_names)
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
@@ -287,10 +289,11 @@ def test_the_shared_file_name_check_can_fail(tmp_path):
     }
 
 
-# ---- tests take shared helpers from helper modules, never from another test file --------------
+# ---- tests sit in a tier folder and take shared helpers from tests/helpers ------------------------
 
-# main has rewritten test_fabric.pod_root since this branch (it builds on tests/trainer/fakepod.py):
-# after the merge it moves into fakepod.py and this set is deleted.
+# what a tier folder holds besides tests: fixtures, package markers, and the sitecustomize.py a
+# test puts on a program's path (tests/e2e/operator/wedge, slowdown)
+TIER_FILES = {"conftest.py", "__init__.py", "sitecustomize.py"}
 
 
 def imports_between_test_files(root: Path = REPO) -> set[tuple[str, str]]:
@@ -304,17 +307,64 @@ def imports_between_test_files(root: Path = REPO) -> set[tuple[str, str]]:
     return found
 
 
+def misplaced_test_modules(root: Path = REPO) -> list[str]:
+    """Test files outside a tier folder (``make unit``/``integration``/``e2e`` would miss them), and
+    helper modules inside one (a tier cannot import another's: shared helpers go to tests/helpers)."""
+    found = []
+    for f in sorted((root / "tests").rglob("*.py")):
+        parts = f.relative_to(root / "tests").parts
+        top = parts[0] if len(parts) > 1 else None  # None: directly in tests/
+        if f.name.startswith("test_"):
+            wrong = top not in TIERS
+        elif top in TIERS:
+            wrong = f.name not in TIER_FILES
+        else:
+            wrong = top != "helpers" and not (top is None and f.name in {"conftest.py", "__init__.py"})
+        if wrong:
+            found.append(str(f.relative_to(root)))
+    return found
+
+
 def test_tests_take_shared_helpers_from_helper_modules():
     found = sorted(imports_between_test_files())
     where = "\n".join(f"{f} imports {m}" for f, m in found)
-    assert not found, f"move what these take into a helper module (opfixtures.py, ...):\n{where}"
+    assert not found, f"move what these take into a helper module in tests/helpers:\n{where}"
+
+
+def test_every_test_is_in_a_tier_and_every_helper_in_tests_helpers():
+    found = misplaced_test_modules()
+    assert not found, (
+        "test files go under tests/unit, tests/integration or tests/e2e (by what they need, "
+        "tests/conftest.py), shared helpers under tests/helpers/<area>:\n" + "\n".join(found)
+    )
 
 
 def test_the_test_import_check_can_fail(tmp_path):
-    (tmp_path / "tests" / "plan").mkdir(parents=True)
-    (tmp_path / "tests" / "plan" / "test_a.py").write_text("from tests.plan.test_b import helper\n")
-    (tmp_path / "tests" / "plan" / "test_b.py").write_text("from .plan_helpers import node\n")
-    assert imports_between_test_files(tmp_path) == {("tests/plan/test_a.py", "tests.plan.test_b")}
+    (tmp_path / "tests" / "unit" / "plan").mkdir(parents=True)
+    (tmp_path / "tests" / "unit" / "plan" / "test_a.py").write_text(
+        "from tests.unit.plan.test_b import helper\n"
+    )
+    (tmp_path / "tests" / "unit" / "plan" / "test_b.py").write_text("from tests.helpers.plan import node\n")
+    assert imports_between_test_files(tmp_path) == {("tests/unit/plan/test_a.py", "tests.unit.plan.test_b")}
+
+
+def test_the_tier_check_can_fail(tmp_path):
+    files = [
+        "conftest.py", "__init__.py", "test_loose.py", "loose_helpers.py",
+        "unit/conftest.py", "unit/plan/__init__.py", "unit/plan/test_a.py", "unit/plan/plan_helpers.py",
+        "e2e/operator/wedge/sitecustomize.py", "helpers/__init__.py", "helpers/plan/plan_helpers.py",
+        "helpers/plan/test_b.py", "slow/test_c.py",
+    ]  # fmt: skip
+    for name in files:
+        (tmp_path / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / name).write_text("")
+    assert misplaced_test_modules(tmp_path) == [
+        "tests/helpers/plan/test_b.py",
+        "tests/loose_helpers.py",
+        "tests/slow/test_c.py",
+        "tests/test_loose.py",
+        "tests/unit/plan/plan_helpers.py",
+    ]
 
 
 # ---- tests import through pytest's pythonpath, never by editing sys.path --------------------------

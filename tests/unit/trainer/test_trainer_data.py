@@ -14,7 +14,7 @@ from holmes.trainer.data import BatchLoader, DataError, Sharding, SyntheticSourc
 from holmes.trainer.tokenize import BYTE_VOCAB, byte_decode, byte_encode, write_token_file
 from tests.helpers.trainer.trainer_harness import TINY, make_layout, run_ranks, tiny_config, train_on_layout
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 def test_byte_tokenizer_round_trips_and_cli_writes_file_and_sidecar(tmp_path):

@@ -17,7 +17,7 @@ from holmes.operator.core.summary import layout_status
 from holmes.plan import CostModelConfig, plan
 from holmes.view import picture, svg, timeline
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PAPER_NODES = str(ROOT / "examples" / "nodes" / "paper.yaml")
 MIXED_NODES = str(ROOT / "examples" / "nodes" / "mixed-gpus.yaml")
 GPT = str(ROOT / "examples" / "jobs" / "gpt-7b.yaml")

@@ -3,7 +3,7 @@
 Every rank creates every group of ``layout.process_groups()`` in the Layout's order (torch
 requires all ranks to take part in each ``new_group``), keeping the ones it belongs to. Every
 collective the trainer runs names one of these groups or the world group, whose network is
-the Layout's ``worldNet`` (tests/trainer/test_trainer_groups.py records them). On NCCL a
+the Layout's ``worldNet`` (tests/integration/trainer/test_trainer_groups.py records them). On NCCL a
 group that spans nodes gets ``ProcessGroupNCCL.Options().config.net_name`` = the group's
 ``net`` ("IB" or "Socket"), so a DP group inside an InfiniBand island uses IB while a pipeline
 group crossing islands uses sockets. NCCL never falls back from a pinned network (fabric.py

@@ -1,0 +1,200 @@
+"""The end-to-end tier's fixtures: a real local Kubernetes cluster, started only for tests that ask for it.
+
+Fixtures
+--------
+``cluster`` (session scope)
+    A running local control plane (kube-apiserver/controller-manager/scheduler v1.20.2 + etcd)
+    with the node agent simulating the nodes of ``hack/topologies/default.yaml``. Started on
+    first use in a private state dir (``.holmes/pytest-<pid>``, own ports) and stopped at the end
+    of the session. Set ``HOLMES_KUBECONFIG=path`` to reuse a running cluster instead (e.g. after
+    ``make cluster-up``: ``HOLMES_KUBECONFIG=.holmes/kubeconfig``); it is then left running.
+    Attributes and methods:
+
+    - ``kubeconfig``: path (str) of an admin kubeconfig.
+    - ``kubectl(*args, check=True, input=None, timeout=60)`` -> ``subprocess.CompletedProcess``
+      (text mode, stdout/stderr captured; raises ``AssertionError`` with stderr when ``check`` and
+      the command fails).
+    - ``api_client()`` -> a new ``kubernetes.client.ApiClient`` for the cluster.
+    - ``topology``: the ``localkube.topology.Topology`` of the simulated nodes (``.nodes``, each a
+      ``SimNode`` with ``name, cluster, nic, gbps, gpus, labels, allocatable``; ``.by_nic(kind)``).
+    - ``state_dir``: the cluster's state dir (``Path``), or None for a reused cluster.
+    - ``pod_log(namespace, pod, container)`` -> str: the container's output so far, every start
+      appended after a ``==== localkube:`` header line; the file is
+      ``<state_dir>/pods/<namespace>/<pod>/<container>.log``. ``kubectl logs [--previous]`` works
+      too (the node agent serves the kubelet's log endpoint) and shows the current start only.
+    - ``wait_pod(namespace, name, phases=("Succeeded","Failed"), timeout=60)`` -> the pod as a dict
+      once its ``status.phase`` is in ``phases`` (``AssertionError`` with the pod's status on time-out).
+
+``member_clusters`` (session scope)
+    Two local control planes, each with its node agent: the default topology split by cluster
+    (``east``: ib-0, ib-1, eth-0; ``west``: roce-0, roce-1, eth-1), pod IPs distinct per cluster
+    (``hack/localkube/multicluster.py``). ``east`` doubles as the hub. Started on first use in
+    ``.holmes/pytest-multi-<pid>`` and stopped at the end of the session. Yields the
+    ``MultiCluster`` (``members``, ``hub``, ``kubeconfig(member)``, ``kubectl(member, *args)``,
+    ``register(namespace)``, ``ensure_namespace(ns)``, ``plane(member)``: its ``ControlPlane``).
+
+``namespace`` (function scope)
+    A fresh namespace name (``t-<random>``) whose ``default`` service account and its token exist
+    (so pods can be created at once); deleted after the test, without waiting.
+
+Only tests under tests/e2e see these fixtures; a test elsewhere that starts a control plane
+fails (tests/conftest.py), so none can slip into ``make unit`` or ``make integration``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from holmes_dev.kubectl import run_kubectl
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class LocalCluster:
+    """What the ``cluster`` fixture yields; see the module docstring."""
+
+    def __init__(self, kubeconfig: str, topology, state_dir: Path | None):
+        from localkube.controlplane import binary
+
+        self.kubeconfig = kubeconfig
+        self.topology = topology
+        self.state_dir = state_dir
+        self._kubectl = binary("kubectl")
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        r = run_kubectl(self._kubectl, self.kubeconfig, *args, input=input, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
+        return r
+
+    def api_client(self):
+        from kubernetes import config
+
+        return config.new_client_from_config(self.kubeconfig)
+
+    def pod_log(self, namespace: str, pod: str, container: str) -> str:
+        if self.state_dir is None:
+            raise RuntimeError("pod logs are only reachable for a cluster this session started")
+        p = self.state_dir / "pods" / namespace / pod / f"{container}.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def power(self, node: str, on: bool) -> None:
+        """Switch a simulated node's machine off (its pods' processes die, no heartbeats, a
+        deleted Node stays away) or on again (the node agent registers it anew)."""
+        from localkube.__main__ import set_power
+        from localkube.controlplane import ControlPlane
+
+        if self.state_dir is None:
+            raise RuntimeError("nodes can only be switched off in a cluster this session started")
+        set_power(ControlPlane(self.state_dir), node, on)
+
+    def get_json(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def wait_pod(
+        self, namespace: str, name: str, phases=("Succeeded", "Failed"), timeout: float = 60
+    ) -> dict:
+        end = time.monotonic() + timeout
+        pod: dict = {}
+        while time.monotonic() < end:
+            r = self.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+            if r.returncode == 0:
+                pod = json.loads(r.stdout)
+                if pod.get("status", {}).get("phase") in phases:
+                    return pod
+            time.sleep(0.3)
+        raise AssertionError(
+            f"pod {namespace}/{name} not in {phases} after {timeout}s; "
+            f"status: {json.dumps(pod.get('status'), indent=1)}"
+        )
+
+
+def _reap_abandoned_clusters() -> None:
+    """Stop clusters of earlier pytest sessions that were killed before they could clean up."""
+    import shutil
+
+    from localkube.controlplane import ControlPlane, pid_alive
+
+    for d in (REPO / ".holmes").glob("pytest-*"):
+        pid = d.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            for sub in [d, *(x for x in d.iterdir() if (x / "cluster.json").exists())]:
+                ControlPlane(sub).down(log=lambda m: None)
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    from localkube.controlplane import ControlPlane
+    from localkube.topology import load_topology
+
+    reuse = os.environ.get("HOLMES_KUBECONFIG")
+    if reuse:
+        state_dir = Path(reuse).resolve().parent / "cluster"
+        st = (
+            json.loads((state_dir / "cluster.json").read_text())
+            if (state_dir / "cluster.json").exists()
+            else {}
+        )
+        topo = load_topology(st.get("topology") or REPO / "hack/topologies/default.yaml")
+        yield LocalCluster(reuse, topo, state_dir if st else None)
+        return
+    _reap_abandoned_clusters()
+    cp = ControlPlane(REPO / ".holmes" / f"pytest-{os.getpid()}")
+    cp.dir.mkdir(parents=True, exist_ok=True)
+    topo_path = REPO / "hack" / "topologies" / "default.yaml"
+    try:
+        cp.up(topo_path, log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
+        yield LocalCluster(str(cp.kubeconfig), load_topology(topo_path), cp.dir)
+    finally:
+        cp.down(log=lambda m: None)
+        import shutil
+
+        shutil.rmtree(cp.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def member_clusters():
+    from localkube.multicluster import MultiCluster
+
+    _reap_abandoned_clusters()
+    mc = MultiCluster(REPO / ".holmes" / f"pytest-multi-{os.getpid()}")
+    try:
+        mc.up(
+            REPO / "hack" / "topologies" / "default.yaml",
+            log=lambda m: print(f"[multicluster] {m}", file=sys.stderr),
+        )
+        yield mc
+    finally:
+        mc.down(log=lambda m: None)
+        import shutil
+
+        shutil.rmtree(mc.root, ignore_errors=True)
+
+
+@pytest.fixture
+def namespace(cluster):
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    # Pods are refused until the namespace's default service account and its token secret exist.
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        r = cluster.kubectl(
+            "get", "serviceaccount", "default", "-n", name, "-o", "jsonpath={.secrets[0].name}", check=False
+        )
+        if r.returncode == 0 and r.stdout.strip():
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"namespace {name}: default service account token never appeared")
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
