@@ -1,11 +1,12 @@
 """The test tiers: the first folder under tests/ is the tier, and each is a marker of that name.
 
 ``tests/unit``
-    In-process tests: no Kubernetes build, no whole program, no forked torch ranks. ``make unit``,
-    the edit-test loop.
+    In-process tests, and commands that answer at once (``helm template``, ``kubectl kustomize``,
+    a CLI's output or refusal): no Kubernetes build (kubectl and helm only: ``make clients``), no
+    images, no forked torch ranks. ``make unit``, the edit-test loop.
 ``tests/integration``
-    Whole programs (torchrun, pip, buildah, a benchmark's small mode), forked torch ranks, network
-    namespaces: no control plane. ``make integration``.
+    Whole programs at work (torchrun, pip, buildah, a benchmark's small mode), forked torch ranks,
+    network namespaces: no control plane. ``make integration``.
 ``tests/e2e``
     Against the local control plane (its fixtures, ``cluster``, ``member_clusters`` and
     ``namespace``, are tests/e2e/conftest.py's). ``make e2e``.
@@ -24,7 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 TIERS = {
-    "unit": "runs in-process: no Kubernetes build, no whole program (make unit)",
+    "unit": "in-process: no Kubernetes build, no images, no forked torch ranks (make unit)",
     "integration": "runs whole programs, forked torch ranks or network namespaces (make integration)",
     "e2e": "needs the local Kubernetes control plane (make e2e)",
 }

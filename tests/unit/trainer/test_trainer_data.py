@@ -1,7 +1,7 @@
-"""Data: the tokenizer tool, deterministic sharding, and a token file that trains."""
+"""Data: the tokenizer tool, deterministic sharding, the token file's checks (a token file that trains:
+tests/integration/trainer/test_trainer_data.py)."""
 
 import json
-import pathlib
 import subprocess
 import sys
 
@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from holmes.trainer.config import DataConfig, OptimizerConfig
 from holmes.trainer.data import BatchLoader, DataError, Sharding, SyntheticSource, TokenFileSource
 from holmes.trainer.tokenize import BYTE_VOCAB, byte_decode, byte_encode, write_token_file
-from tests.helpers.trainer.trainer_harness import TINY, make_layout, run_ranks, tiny_config, train_on_layout
-
-REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 def test_byte_tokenizer_round_trips_and_cli_writes_file_and_sidecar(tmp_path):
@@ -52,24 +48,6 @@ def test_token_file_errors_say_what_to_fix(tmp_path):
         TokenFileSource(str(p), 257, 16, 0)
     with pytest.raises(DataError, match="vocabSize"):
         TokenFileSource(str(p), 64, 2, 0)
-
-
-def test_a_token_file_from_the_tool_trains_and_its_loss_falls(tmp_path):
-    docs = [f.read_text() for f in sorted((REPO / "trainer/holmes/trainer").glob("*.py"))]
-    path = tmp_path / "code.bin"
-    n = write_token_file(str(path), docs)
-    assert n > 20_000
-    model = TINY.__class__(**{**TINY.__dict__, "vocab_size": BYTE_VOCAB, "seq_length": 32})
-    cfg = tiny_config(
-        model=model,
-        iterations=30,
-        data=DataConfig(path=str(path)),
-        optimizer=OptimizerConfig(kind="adamw", learning_rate=1e-2, warmup_iterations=3),
-    )
-    res = run_ranks(2, train_on_layout, cfg, make_layout(1, 2, [4], 2, 4))
-    losses = res[0][1]["losses"]
-    assert losses[0] == pytest.approx(np.log(BYTE_VOCAB), abs=0.3)  # starts near uniform
-    assert sum(losses[-5:]) / 5 < losses[0] - 1.5, losses
 
 
 def test_uint32_token_file_with_ids_above_uint16_and_the_epoch_wrap_around(tmp_path):
