@@ -18,6 +18,7 @@ helpers they share in tests/helpers). A test outside tests/e2e that starts a con
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,18 @@ TIERS = {
 def pytest_configure(config):
     for tier, what in TIERS.items():
         config.addinivalue_line("markers", f"{tier}: {what}")
+    config.addinivalue_line(
+        "markers",
+        "cpu_torch: runs the dry run, whose fake CUDA device needs torch's CPU wheel; skipped, saying "
+        "so, where the torch installed is a CUDA build (pip found no CPU wheel in its find-links)",
+    )
+
+
+def torch_is_a_cuda_build() -> bool:
+    """Whether the installed torch carries CUDA libraries (found without importing torch)."""
+    spec = importlib.util.find_spec("torch")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    return any(next(Path(r, "lib").glob("libtorch_cuda*"), None) for r in roots)
 
 
 def tier_of(path: Path) -> str | None:
@@ -43,10 +56,20 @@ def tier_of(path: Path) -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    cuda_build = None
     for item in items:
         tier = tier_of(item.path)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
+        if item.get_closest_marker("cpu_torch"):
+            cuda_build = torch_is_a_cuda_build() if cuda_build is None else cuda_build
+            if cuda_build:
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason="the dry run needs torch's CPU wheel and this torch is a CUDA build: "
+                        "put the CPU wheel of torch==2.13.0 in pip's find-links and run make venv"
+                    )
+                )
 
 
 @pytest.fixture(autouse=True)

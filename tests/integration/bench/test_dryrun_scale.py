@@ -3,7 +3,11 @@ the planner-vs-dry-run table; every check passes."""
 
 import json
 
+import pytest
+
 from tests.helpers.bench.bench_run import run_bench
+
+pytestmark = pytest.mark.cpu_torch  # the dry run's fake CUDA device (tests/conftest.py)
 
 
 def test_small_mode_plans_dry_runs_and_reports(tmp_path):

@@ -15,6 +15,8 @@ import pytest
 from tests.helpers.trainer.dryrun_harness import job
 from tests.helpers.trainer.trainer_harness import make_layout
 
+pytestmark = pytest.mark.cpu_torch  # the dry run's fake CUDA device (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[3]
 W = 4  # each replica's world: P=2 x D=2
 ACROSS = {
