@@ -36,7 +36,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from holmes.plan import dra
+from holmes.plan import discovery, dra
 
 from . import kueue_version
 from .core import capacity, child_names, device_claims, queueing
@@ -408,7 +408,7 @@ def slim_node(body: Mapping) -> dict:
     """A node with only what planning reads (labels, Holmes' and NVIDIA's annotations, taints,
     allocatable, capacity, Ready)."""
     meta, spec, st = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
-    return {
+    node = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
@@ -427,3 +427,5 @@ def slim_node(body: Mapping) -> dict:
             "conditions": [dict(c) for c in st.get("conditions") or [] if c.get("type") == "Ready"],
         },
     }
+    node[discovery.CLASSIFY_KEY] = discovery.node_key(node)  # once per event, not per decision
+    return node

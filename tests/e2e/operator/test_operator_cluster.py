@@ -557,24 +557,28 @@ def test_sigterm_stops_the_operator_at_once_and_hands_its_lease_over(crd, namesp
     assert not lease_holder(crd, namespace), op.tail(40)  # released: free for the next replica
 
 
+def replica(cluster, ns: str, tmp_path, ident: str, *extra: str, env: dict | None = None) -> OperatorProcess:
+    """One replica of a leader-elected operator (not started), logging to ``<ident>.log``."""
+    return OperatorProcess(
+        cluster.kubeconfig,
+        [ns],
+        tmp_path / f"{ident}.log",
+        extra=[
+            "--leader-elect",
+            f"--leader-elect-namespace={ns}",
+            f"--leader-elect-identity={ident}",
+            *extra,
+        ],
+        env=env,
+    )
+
+
 def test_leader_killed_the_follower_takes_over_within_the_lease_without_duplicates(crd, namespace, tmp_path):
     """Two replicas with --leader-elect: only the leader acts; SIGKILL it while a job runs and
     the follower leads once the lease runs out, adopts the running pods (same pods, no restart)
     and sees the job to Succeeded. With the default 15/10/2 s the follower may have seen the last
     renewal up to one retry late and looks once per retry, so it leads within duration + 2 retries."""
-    ops = {
-        ident: OperatorProcess(
-            crd.kubeconfig,
-            [namespace],
-            tmp_path / f"{ident}.log",
-            extra=[
-                "--leader-elect",
-                f"--leader-elect-namespace={namespace}",
-                f"--leader-elect-identity={ident}",
-            ],
-        ).start()
-        for ident in ("op-a", "op-b")
-    }
+    ops = {ident: replica(crd, namespace, tmp_path, ident).start() for ident in ("op-a", "op-b")}
     try:
         first = wait_for("a leader", lambda: lease_holder(crd, namespace), timeout=30)
         leader, follower = ops[first], next(op for i, op in ops.items() if i != first)
@@ -613,30 +617,20 @@ def test_a_stuck_reconcile_fails_the_probe_and_the_standby_takes_over(crd, names
     its Lease and exits, and the standby leads and sees the job through."""
     bound = 10
 
-    def replica(ident: str, env: dict) -> OperatorProcess:
-        return OperatorProcess(
-            crd.kubeconfig,
-            [namespace],
-            tmp_path / f"{ident}.log",
-            extra=[
-                "--leader-elect",
-                f"--leader-elect-namespace={namespace}",
-                f"--leader-elect-identity={ident}",
-                f"--reconcile-bound={bound}",
-                # renewals stop once the bound is passed: the probe (bound + kopf's 10 s cache of
-                # a good result) answers 500 before the renew deadline ends the process
-                "--leader-elect-lease-duration=30",
-                "--leader-elect-renew-deadline=25",
-            ],
-            env=env,
-        )
-
+    # renewals stop once the bound is passed: the probe (bound + kopf's 10 s cache of a good
+    # result) answers 500 before the renew deadline ends the process
+    flags = (
+        f"--reconcile-bound={bound}",
+        "--leader-elect-lease-duration=30",
+        "--leader-elect-renew-deadline=25",
+    )
     path = os.pathsep.join(p for p in (str(WEDGE), os.environ.get("PYTHONPATH", "")) if p)
-    leader = replica("op-a", {"PYTHONPATH": path, "HOLMES_TEST_WEDGE_JOBS": f"{namespace}/stuck"}).start()
+    wedged = {"PYTHONPATH": path, "HOLMES_TEST_WEDGE_JOBS": f"{namespace}/stuck"}
+    leader = replica(crd, namespace, tmp_path, "op-a", *flags, env=wedged).start()
     standby = None
     try:
         wait_for("op-a to lead", lambda: lease_holder(crd, namespace) == "op-a", timeout=30)
-        standby = replica("op-b", {}).start()
+        standby = replica(crd, namespace, tmp_path, "op-b", *flags).start()
         apply(crd, tiny_job("stuck", namespace, count=2, command=["sh", "-c", "sleep 3"]))
         applied = time.monotonic()
         # kopf keeps a good probe result 10 s: unhealthy within the bound and that

@@ -505,6 +505,27 @@ _SPECS: dict[tuple[str, str], JobSpec | None] = {}
 _SPECS_KEPT = 4096
 
 
+_PLANNED: dict[tuple[str, str], tuple[str, ...] | None] = {}
+
+
+def _planned_nodes(cm: Mapping) -> tuple[str, ...] | None:
+    """The nodes of a layout ConfigMap's Layout, None if it has none readable; kept like specs."""
+    meta = cm.get("metadata") or {}
+    uid, rv = meta.get("uid"), meta.get("resourceVersion")
+    key = (uid, rv) if isinstance(uid, str) and isinstance(rv, str) else None
+    if key is not None and key in _PLANNED:
+        return _PLANNED[key]
+    try:
+        planned: tuple[str, ...] | None = tuple(Layout.from_json(cm["data"][child_names.LAYOUT_FILE]).nodes)
+    except (KeyError, TypeError, LayoutError):
+        planned = None
+    if key is not None:
+        if len(_PLANNED) >= _SPECS_KEPT:
+            _PLANNED.clear()
+        _PLANNED[key] = planned
+    return planned
+
+
 def _spec_of(job: Mapping) -> JobSpec | None:
     """``load_job(job)``, None for a bad spec; kept by (uid, resourceVersion) when it has both."""
     meta = job.get("metadata") or {}
@@ -549,11 +570,10 @@ def shared_state(
             ann = (cm.get("metadata") or {}).get("annotations") or {}
             if ann.get(child_names.ANN_ATTEMPT) != str(st.get("attempt")):
                 continue
-            try:
-                planned = Layout.from_json(cm["data"][child_names.LAYOUT_FILE]).nodes
-            except (KeyError, TypeError, LayoutError):
+            planned = _planned_nodes(cm)
+            if planned is None:
                 continue
-            launched.append(Launched(f"{ns}/{name}", int(st.get("attempt") or 0), tuple(planned), shape))
+            launched.append(Launched(f"{ns}/{name}", int(st.get("attempt") or 0), planned, shape))
             running[ns] = running.get(ns, 0) + 1
             continue
         stalled = any(
