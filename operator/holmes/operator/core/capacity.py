@@ -32,8 +32,9 @@ lock against this view.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE, RESOURCE_GPU
@@ -498,50 +499,53 @@ class Workloads:
     claims: Sequence[Mapping] = ()
 
 
-# Every decision reads every other job's spec (the queue ahead, what launched jobs hold): parsed
-# once per version of the job, not once per decision. A JobSpec is frozen, so sharing it is safe;
-# a plain dict (its reads and writes are atomic) bounded by clearing it, shared by the workers.
+# Every decision reads every other job's spec (the queue ahead) and every launched job's layout:
+# each read once per version of its object (uid, resourceVersion), not once per decision. The
+# values are frozen, so sharing them is safe; plain dicts (their reads and writes are atomic),
+# bounded by clearing them, shared by the workers. An object without both is read each time.
+_KEPT = 4096
 _SPECS: dict[tuple[str, str], JobSpec | None] = {}
-_SPECS_KEPT = 4096
-
-
 _PLANNED: dict[tuple[str, str], tuple[str, ...] | None] = {}
+T = TypeVar("T")
 
 
-def _planned_nodes(cm: Mapping) -> tuple[str, ...] | None:
-    """The nodes of a layout ConfigMap's Layout, None if it has none readable; kept like specs."""
-    meta = cm.get("metadata") or {}
+def _per_version(
+    kept: dict[tuple[str, str], T | None], obj: Mapping, read: Callable[[], T | None]
+) -> T | None:
+    meta = obj.get("metadata") or {}
     uid, rv = meta.get("uid"), meta.get("resourceVersion")
-    key = (uid, rv) if isinstance(uid, str) and isinstance(rv, str) else None
-    if key is not None and key in _PLANNED:
-        return _PLANNED[key]
-    try:
-        planned: tuple[str, ...] | None = tuple(Layout.from_json(cm["data"][child_names.LAYOUT_FILE]).nodes)
-    except (KeyError, TypeError, LayoutError):
-        planned = None
-    if key is not None:
-        if len(_PLANNED) >= _SPECS_KEPT:
-            _PLANNED.clear()
-        _PLANNED[key] = planned
-    return planned
+    if not (isinstance(uid, str) and isinstance(rv, str)):
+        return read()
+    key = (uid, rv)
+    if key not in kept:
+        if len(kept) >= _KEPT:
+            kept.clear()
+        kept[key] = read()
+    return kept[key]
 
 
 def _spec_of(job: Mapping) -> JobSpec | None:
-    """``load_job(job)``, None for a bad spec; kept by (uid, resourceVersion) when it has both."""
-    meta = job.get("metadata") or {}
-    uid, rv = meta.get("uid"), meta.get("resourceVersion")
-    key = (uid, rv) if isinstance(uid, str) and isinstance(rv, str) else None
-    if key is not None and key in _SPECS:
-        return _SPECS[key]
-    try:
-        spec: JobSpec | None = load_job(job)
-    except SpecError:
-        spec = None
-    if key is not None:
-        if len(_SPECS) >= _SPECS_KEPT:
-            _SPECS.clear()
-        _SPECS[key] = spec
-    return spec
+    """``load_job(job)``, None for a bad spec."""
+
+    def read() -> JobSpec | None:
+        try:
+            return load_job(job)
+        except SpecError:
+            return None
+
+    return _per_version(_SPECS, job, read)
+
+
+def _planned_nodes(cm: Mapping) -> tuple[str, ...] | None:
+    """The nodes of a layout ConfigMap's Layout, None if it has none readable."""
+
+    def read() -> tuple[str, ...] | None:
+        try:
+            return tuple(Layout.from_json(cm["data"][child_names.LAYOUT_FILE]).nodes)
+        except (KeyError, TypeError, LayoutError):
+            return None
+
+    return _per_version(_PLANNED, cm, read)
 
 
 def shared_state(
