@@ -154,6 +154,8 @@ def test_the_engine_drops_nccl_net_from_its_env_and_refuses_it_in_nccl_conf(tmp_
     # on past the guard: the CPU wheel has no NCCL options; a CUDA build has them and goes on to
     # the rendezvous, which this process (no RANK) cannot join
     past = ImportError if not nccl_built() else ValueError
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # as a process outside torchrun
+        monkeypatch.delenv(var, raising=False)
     with pytest.raises(past, match="ProcessGroupNCCL|RANK expected"):
         groups.init_world(layout, "nccl", 30)
     assert "NCCL_NET" not in os.environ
