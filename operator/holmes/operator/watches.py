@@ -427,5 +427,5 @@ def slim_node(body: Mapping) -> dict:
             "conditions": [dict(c) for c in st.get("conditions") or [] if c.get("type") == "Ready"],
         },
     }
-    node[discovery.CLASSIFY_KEY] = discovery.node_key(node)  # once per event, not per decision
+    node[discovery.CLASSIFY_KEY] = discovery.fixed_key(node)  # once per event, not per decision
     return node

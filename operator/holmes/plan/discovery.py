@@ -329,7 +329,27 @@ def _link_layer_kind(value: str | None, m: NicMapping) -> tuple[str | None, str 
 # The node's part of the classification key (node_key), kept on the node dicts the operator's
 # node cache holds (watches.slim_node): those are replaced, never changed, when a node changes, so
 # each decision's classification of thousands of nodes need not rebuild it. Never sent to the API.
+# It holds the metadata, status and spec it was computed from and counts only while the node still
+# holds those same objects: a copy with other labels (calibrate.with_rates' measured rate) is keyed
+# anew, never classified as the node it was copied from.
 CLASSIFY_KEY = "holmes.dev/classifyKey"
+
+
+def fixed_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The value to keep under CLASSIFY_KEY: node_key and the parts it was read from."""
+    return (node.get("metadata"), node.get("status"), node.get("spec"), node_key(node))
+
+
+def _kept_key(node: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    fixed = node.get(CLASSIFY_KEY)
+    if (
+        fixed is None
+        or fixed[0] is not node.get("metadata")
+        or fixed[1] is not node.get("status")
+        or fixed[2] is not node.get("spec")
+    ):
+        return None
+    return fixed[3]
 
 
 def node_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -370,7 +390,7 @@ class _Classified:
     def key(node: Mapping[str, Any], m: NicMapping) -> tuple[Any, ...] | None:
         if dra.DEVICES_KEY in node:
             return None
-        fixed = node.get(CLASSIFY_KEY)  # what the operator's node cache computed once
+        fixed = _kept_key(node)  # what the operator's node cache computed once
         return (m, fixed if fixed is not None else node_key(node), node.get(GPUS_TAKEN_KEY))
 
     def get(self, node: Mapping[str, Any], m: NicMapping) -> NodeNic:

@@ -139,3 +139,21 @@ def test_holmes_plan_measured_refuses_a_file_without_stage_times(tmp_path, capsy
     path = write(tmp_path, [{"holmes": "iteration", "iteration": 1}])
     assert main(["plan", "--nodes", MIXED, "--job", JOB, "--measured", path]) == 2
     assert "no start line" in capsys.readouterr().err
+
+
+def test_the_operators_cached_nodes_take_the_measured_rates(mixed):
+    """The operator's node cache keeps each node's classification key on it (watches.slim_node);
+    a copy with the measured rate must be classified by its own labels, not the cached ones (the
+    re-plan once judged every slow stage as planned: its calibrated estimate was the table's)."""
+    from holmes.operator.watches import slim_node
+
+    nodes, job, run = mixed
+    cached = [slim_node(n) for n in nodes]
+    plan(cached, job)  # classified once with the table's rates
+    planned = planned_compute(nodes, job, run)
+    measured = from_records(records(run, [planned[0], 3 * planned[1]]))
+    cal, _ = assess(cached, job, run, measured, CostModelConfig())
+    again = planned_compute(with_rates(cached, cal.node_tflops), job, run)
+    assert again == pytest.approx([planned[0], 3 * planned[1]], rel=1e-6)
+    best = plan(with_rates(cached, cal.node_tflops), job)
+    assert best.stages[1].num_layers < run.layers[1]
