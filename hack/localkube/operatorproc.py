@@ -70,9 +70,7 @@ def fake_gpu_node(i: int) -> dict:
 
 
 def install_crd(cluster) -> None:
-    # The CRD's CEL rules are a field 1.20 does not know: kubectl's OpenAPI check refuses it,
-    # so it is not run (--validate=false) and the server drops the rules (docs/install.md#upgrades).
-    cluster.kubectl("apply", "--validate=false", "-f", str(CRD))
+    cluster.kubectl("apply", "-f", str(CRD))  # with its CEL rules: the server runs them
     cluster.kubectl("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
 
 

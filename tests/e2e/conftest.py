@@ -185,16 +185,17 @@ def member_clusters():
 def namespace(cluster):
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
-    # Pods are refused until the namespace's default service account and its token secret exist.
+    # Pods are refused until the namespace's default service account exists (its token is
+    # requested per pod: TokenRequest, as 1.24 and later do).
     end = time.monotonic() + 30
     while time.monotonic() < end:
         r = cluster.kubectl(
-            "get", "serviceaccount", "default", "-n", name, "-o", "jsonpath={.secrets[0].name}", check=False
+            "get", "serviceaccount", "default", "-n", name, "-o", "jsonpath={.metadata.name}", check=False
         )
         if r.returncode == 0 and r.stdout.strip():
             break
         time.sleep(0.2)
     else:
-        raise AssertionError(f"namespace {name}: default service account token never appeared")
+        raise AssertionError(f"namespace {name}: its default service account never appeared")
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

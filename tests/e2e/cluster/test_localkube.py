@@ -195,11 +195,11 @@ def test_service_account_gets_only_what_rbac_allows(cluster, namespace):
         },
     ]
     apply(cluster, namespace, *rbac)
-    # The admission controller mounts the SA token only once its token secret exists.
+    # The admission controller refuses the pod until its service account exists.
     end = time.monotonic() + 30
     while (
         not cluster.kubectl(
-            "get", "sa", "reader", "-n", namespace, "-o", "jsonpath={.secrets[0].name}"
+            "get", "sa", "reader", "-n", namespace, "-o", "jsonpath={.metadata.name}"
         ).stdout
         and time.monotonic() < end
     ):

@@ -1,16 +1,12 @@
-"""The DRA route on the local control plane (Kubernetes 1.20, no resource.k8s.io): ResourceSlices,
-ResourceClaimTemplates and ResourceClaims served by stand-in CRDs of the same group and version
-(data/dra-standin-crds.yaml). Nodes described only by slices (no Holmes label, no device-plugin
-resource) are planned by the running operator, which creates the job's ResourceClaimTemplate;
-the pods it renders claim it. A 1.20 API server drops the pod fields it does not know
-(spec.resourceClaims, resources.claims): the test records that, and checks the claims where they
-are rendered (`holmes plan --kubeconfig --pods` against this control plane, the reconciler's own
-first decision). Nothing allocates claims here: another workload's claim is allocated by writing
-its status.allocation and reservedFor through the status subresource, as the scheduler does."""
+"""The DRA route on the local control plane's real ``resource.k8s.io/v1`` API: nodes described
+only by ResourceSlices (no Holmes label, no device-plugin resource) are planned by the running
+operator, which creates the job's ResourceClaimTemplate; the pods it renders claim it, the claim
+controller makes their ResourceClaims and the real scheduler allocates them, each GPU paired with
+the NIC on its PCIe root. What stays a stand-in: the nodes are API objects no kubelet runs, so
+nothing prepares the allocated devices (issue 48's real kubelets and a DRA kubelet plugin do), and
+another workload's allocation is written through the status subresource, as the scheduler does."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import yaml
@@ -21,7 +17,6 @@ from tests.helpers.operator.cluster_helpers import SLEEP, apply, condition, get_
 from tests.helpers.plan.dra_helpers import aligned_slices
 
 pytestmark = pytest.mark.timeout(300)
-STANDIN = Path(__file__).parent / "data" / "dra-standin-crds.yaml"
 TAINT = {"key": "holmes.dev/dra-test", "value": "1", "effect": "NoSchedule"}
 
 
@@ -34,9 +29,8 @@ def slice_node(name: str) -> dict:
 @pytest.fixture
 def dra_nodes(cluster):
     install_crd(cluster)
-    cluster.kubectl("apply", "-f", str(STANDIN))
-    for crd in ("resourceslices", "resourceclaimtemplates", "resourceclaims"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.resource.k8s.io", "--timeout=60s")
+    for c in device_classes():
+        apply(cluster, c)
     names = ["dra-node-0", "dra-node-1"]
     for n in names:
         apply(cluster, slice_node(n))
@@ -47,6 +41,20 @@ def dra_nodes(cluster):
     cluster.kubectl("delete", "resourceclaims", "--all", "--all-namespaces", "--wait=false", check=False)
     for n in names:
         cluster.kubectl("delete", "node", n, "--wait=false", check=False)
+
+
+def device_classes() -> list[dict]:
+    """The classes the operator's claims name by default (discovery.NicMapping), selecting their
+    drivers' devices as NVIDIA's and DRANET's charts install them."""
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+        }
+        for name, driver in (("gpu.nvidia.com", "gpu.nvidia.com"), ("dranet", "dra.net"))
+    ]
 
 
 def job(namespace: str, name: str = "dra") -> dict:
@@ -100,6 +108,22 @@ def test_nodes_described_only_by_slices_plan_and_their_pods_claim_gpus_and_nics(
         )
         assert "held by " + namespace + "/dra (2 nodes)" in waits["message"]
         assert not pods_of(cluster, namespace, "dra-b")
+        # the real scheduler allocated each pod's claim on the node Holmes chose, GPU i with NIC i
+        for p in pods:
+            node = p["metadata"]["annotations"]["holmes.dev/node"]
+            got = wait_for(
+                f"{p['metadata']['name']}'s claim allocated",
+                lambda p=p: allocated_claim(cluster, namespace, p["metadata"]["name"]),
+            )
+            by_request = {r["request"]: r for r in got["status"]["allocation"]["devices"]["results"]}
+            assert sorted(by_request) == ["gpu-0", "gpu-1", "nic-0", "nic-1"]
+            assert {r["pool"] for r in by_request.values()} == {node}
+            roots = pcie_roots(node)
+            for i in range(2):  # the template's matchAttribute: each pair on one PCIe root
+                g, n = by_request[f"gpu-{i}"], by_request[f"nic-{i}"]
+                assert (g["driver"], n["driver"]) == ("gpu.nvidia.com", "dra.net")
+                assert roots[g["driver"], g["device"]] == roots[n["driver"], n["device"]], (g, n)
+            assert cluster.get_json("pod", p["metadata"]["name"], "-n", namespace)["spec"]["nodeName"] == node
     finally:
         op.stop()
         cluster.kubectl(
@@ -116,8 +140,28 @@ def test_nodes_described_only_by_slices_plan_and_their_pods_claim_gpus_and_nics(
         assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["HOLMES_NIC"] == "infiniband" and env["HOLMES_HOST_HCAS"] == "mlx5_0,mlx5_1"
-        # What 1.20 does with the fields it does not know: it drops them (recorded, not hoped for).
-        assert "resourceClaims" not in p["spec"] and "claims" not in c["resources"]
+        assert p["spec"]["resourceClaims"] == [
+            {"name": "devices", "resourceClaimTemplateName": tpl["metadata"]["name"]}
+        ]
+
+
+def pcie_roots(node: str) -> dict[tuple[str, str], str]:
+    """(driver, device) -> its PCIe root, as the node's slices publish them."""
+    return {
+        (sl["spec"]["driver"], d["name"]): d["attributes"]["resource.kubernetes.io/pcieRoot"]["string"]
+        for sl in aligned_slices(node, gpus=2)
+        for d in sl["spec"]["devices"]
+        if "resource.kubernetes.io/pcieRoot" in d["attributes"]
+    }
+
+
+def allocated_claim(cluster, namespace: str, pod: str) -> dict | None:
+    """The ResourceClaim the claim controller made for ``pod``, once allocated."""
+    for c in cluster.get_json("resourceclaims.resource.k8s.io", "-n", namespace)["items"]:
+        owners = c["metadata"].get("ownerReferences") or []
+        if any(o.get("kind") == "Pod" and o.get("name") == pod for o in owners):
+            return c if (c.get("status") or {}).get("allocation") else None
+    return None
 
 
 def their_claim(cluster, namespace: str, node: str) -> dict:
@@ -127,7 +171,13 @@ def their_claim(cluster, namespace: str, node: str) -> dict:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "their-trainer", "namespace": namespace},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x", "command": SLEEP}]},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": "c", "image": "x", "command": SLEEP, "resources": {"claims": [{"name": "gpus"}]}}
+            ],
+            "resourceClaims": [{"name": "gpus", "resourceClaimName": "their-gpus"}],
+        },
     }
     apply(cluster, pod)
     uid = cluster.get_json("pod", "their-trainer", "-n", namespace)["metadata"]["uid"]

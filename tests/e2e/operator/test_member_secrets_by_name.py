@@ -5,7 +5,6 @@ namespace's other Secrets."""
 
 from __future__ import annotations
 
-import base64
 import time
 
 import yaml
@@ -15,20 +14,18 @@ from holmes.operator.member_clusters import LABEL_MEMBER_CLUSTER, MemberRegistry
 
 
 def sa_api(cluster, ns: str, name: str) -> client.ApiClient:
-    """An API client authenticated as ``ns``'s service account ``name`` (its token Secret)."""
+    """An API client authenticated as ``ns``'s service account ``name`` (a token from the
+    TokenRequest API: since 1.24 no token Secret is made for a service account)."""
     end = time.monotonic() + 30
-    while True:
-        secrets = cluster.kubectl("get", "sa", name, "-n", ns, "-o", "jsonpath={.secrets[0].name}").stdout
-        if secrets.strip():
-            break
-        assert time.monotonic() < end, f"service account {ns}/{name}: no token Secret appeared"
+    while cluster.kubectl("get", "sa", name, "-n", ns, check=False).returncode != 0:
+        assert time.monotonic() < end, f"service account {ns}/{name} never appeared"
         time.sleep(0.2)
-    token = cluster.kubectl("get", "secret", secrets.strip(), "-n", ns, "-o", "jsonpath={.data.token}").stdout
+    token = cluster.kubectl("create", "token", name, "-n", ns).stdout.strip()
     admin = client.Configuration()
     config.load_kube_config(config_file=cluster.kubeconfig, client_configuration=admin)
     cfg = client.Configuration()  # the server and its CA only: no admin credential carried over
     cfg.host, cfg.ssl_ca_cert, cfg.verify_ssl = admin.host, admin.ssl_ca_cert, admin.verify_ssl
-    cfg.api_key = {"authorization": "Bearer " + base64.b64decode(token).decode()}
+    cfg.api_key = {"authorization": "Bearer " + token}
     return client.ApiClient(cfg)
 
 

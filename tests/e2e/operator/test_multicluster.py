@@ -25,7 +25,7 @@ SLEEP = ["sh", "-c", "sleep 600"]
 @pytest.fixture(scope="module")
 def hub(member_clusters):
     mc = member_clusters
-    mc.kubectl(mc.hub, "apply", "--validate=false", "-f", str(CRD))  # 1.20: its CEL rules are dropped
+    mc.kubectl(mc.hub, "apply", "-f", str(CRD))
     mc.kubectl(mc.hub, "wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
     mc.register(MEMBERS_NAMESPACE)
     return mc

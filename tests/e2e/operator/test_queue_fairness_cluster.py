@@ -90,9 +90,9 @@ def test_one_namespaces_five_jobs_do_not_starve_anothers_one(cluster, namespace,
     other = f"{namespace}-b"
     cluster.kubectl("create", "namespace", other)
     wait_for(
-        f"{other}'s service account token",
+        f"{other}'s default service account",
         lambda: cluster.kubectl(
-            "get", "sa", "default", "-n", other, "-o", "jsonpath={.secrets[0].name}", check=False
+            "get", "sa", "default", "-n", other, "-o", "jsonpath={.metadata.name}", check=False
         ).stdout.strip(),
         timeout=30,
     )

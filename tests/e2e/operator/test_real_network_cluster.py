@@ -115,13 +115,13 @@ def labelled(cluster, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def netns(cluster):
-    """A namespace for this module's jobs, with its service account's token."""
+    """A namespace for this module's jobs, with its default service account."""
     name = f"t-net-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
     polling.wait_for(
-        "the default service account's token",
+        "the default service account",
         lambda: cluster.kubectl(
-            "get", "sa", "default", "-n", name, "-o", "jsonpath={.secrets[0].name}", check=False
+            "get", "sa", "default", "-n", name, "-o", "jsonpath={.metadata.name}", check=False
         ).stdout.strip(),
         30,
         0.2,

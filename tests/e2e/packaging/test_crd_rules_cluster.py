@@ -1,33 +1,172 @@
-"""What the 1.20 test bed does with the CRD's CEL rules (x-kubernetes-validations, Kubernetes
-1.25+): kubectl's OpenAPI check refuses the unknown field, the server itself drops it, and the
-chart rendered for this server leaves the rules out (so `helm install` works here). The rules
-themselves are checked with cel-python in tests/contract/test_crd_rules.py."""
+"""The CRD's CEL rules (x-kubernetes-validations) run by the real API server: the CRD applies as
+it is (the server compiles every rule, refusing one that does not), each example is admitted,
+every spec the contract's reader refuses for a rule's reason is refused at apply time with the
+rule's path, the model is immutable on update, and no spec the reader accepts is refused (seeded
+mutations of the examples, each sent as a server-side dry run). The chart rendered for this server
+carries the rules. The schema itself is checked in tests/unit/contract/test_crd_rules.py."""
 
 from __future__ import annotations
 
+import copy
 import json
+import random
 
+import pytest
 import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
-from tests.helpers.packaging.packaging_helpers import CHART, CRDS, helm, without_rules
+from holmes.contract import SpecError, load_job
+from localkube.operatorproc import install_crd
+from tests.helpers.contract.spec_helpers import minimal_spec, problems_of
+from tests.helpers.contract.spec_mutations import SEEDS, mutate, seeds
+from tests.helpers.packaging.packaging_helpers import CHART, CRDS, helm
 
 RULES = "x-kubernetes-validations"
+WHERE = ("holmes.dev", "v1alpha1")
 
 
-def test_kubectl_1_20_refuses_the_rules_and_the_server_drops_them(cluster):
-    crd = str(CRDS / "holmesjob.yaml")
-    assert RULES in (CRDS / "holmesjob.yaml").read_text()
-    refused = cluster.kubectl("apply", "--dry-run=server", "-f", crd, check=False)
-    assert refused.returncode != 0 and f'unknown field "{RULES}"' in refused.stderr, refused.stderr
-    out = cluster.kubectl("apply", "--dry-run=server", "--validate=false", "-f", crd, "-o", "json").stdout
-    stored = json.loads(out)["spec"]["versions"][0]["schema"]
+@pytest.fixture(scope="module")
+def jobs(cluster):
+    install_crd(cluster)
+    return client.CustomObjectsApi(cluster.api_client())
+
+
+def job(spec: dict, name: str = "j") -> dict:
+    return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": name}, "spec": spec}
+
+
+def refusal(jobs, namespace: str, obj: dict) -> list[str]:
+    """The server's causes for refusing to create ``obj`` (a dry run): empty when admitted."""
+    try:
+        jobs.create_namespaced_custom_object(*WHERE, namespace, "holmesjobs", obj, dry_run="All")
+    except ApiException as e:
+        if e.status != 422:
+            raise
+        details = json.loads(e.body).get("details") or {}
+        return [f"{c.get('field')}: {c.get('message')}" for c in details.get("causes") or []] or [e.body]
+    return []
+
+
+def test_the_crd_applies_with_its_rules_and_the_server_keeps_them(cluster, jobs):
+    stored = cluster.get_json("crd", "holmesjobs.holmes.dev")["spec"]["versions"][0]["schema"]
     src = yaml.safe_load((CRDS / "holmesjob.yaml").read_text())["spec"]["versions"][0]["schema"]
-    assert RULES not in json.dumps(stored)
-    assert stored == without_rules(src)  # all else kept
+    assert json.dumps(src).count(RULES) >= 15
+    assert stored == src
 
 
-def test_the_chart_rendered_for_this_server_is_accepted_as_it_is(cluster):
+def test_a_rule_that_does_not_compile_is_refused_with_the_crd(cluster):
+    doc = yaml.safe_load((CRDS / "holmesjob.yaml").read_text())
+    doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][RULES].append(
+        {"rule": "self.a %% 2 == 0", "message": "broken"}
+    )
+    r = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    assert r.returncode != 0 and "compilation failed" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("seed", SEEDS, ids=lambda p: p.name)
+def test_every_example_is_admitted(jobs, namespace, seed):
+    doc = yaml.safe_load(seed.read_text())
+    doc["metadata"] = {"name": "example"}
+    assert refusal(jobs, namespace, doc) == []
+
+
+def moe(**fields):
+    return {"model": {**minimal_spec()["model"], "moe": {"experts": 8, **fields}}, "framework": "megatron"}
+
+
+def model(**fields):
+    return {"model": {**minimal_spec()["model"], **fields}}
+
+
+def training(**fields):
+    return {"training": {**minimal_spec()["training"], **fields}}
+
+
+# (sections replaced in minimal_spec, the path the API server names, the field the reader names)
+REFUSED = [
+    (model(hiddenSize=250), "spec.model", "hiddenSize"),
+    (model(architecture="llama", kvHeads=3), "spec.model", "kvHeads"),
+    (model(kvHeads=4), "spec.model", "kvHeads"),  # gpt has no grouped-query attention
+    (model(ropeTheta=500000.0), "spec.model", "ropeTheta"),
+    (model(init={"huggingface": {"path": "/w"}}), "spec.model", "init"),
+    (model(architecture="llama", hiddenSize=24), "spec.model", "head size"),
+    (moe(expertsPerToken=9), "spec.model.moe", "expertsPerToken"),
+    (training(globalBatchSize=15), "spec.training", "globalBatchSize"),
+    (training(warmupIterations=11), "spec.training", "warmupIterations"),
+    (training(minLearningRate=0.1), "spec.training", "minLearningRate"),
+    (training(acrossIslands={"innerSteps": 10, "fragments": 3}), "spec.training.acrossIslands", "fragments"),
+    (
+        training(acrossIslands={"innerSteps": 10, "fragments": 2, "overlapSteps": 6}),
+        "spec.training.acrossIslands",
+        "overlapSteps",
+    ),
+    (
+        training(acrossIslands={"fragments": 5, "overlapSteps": 11}),
+        "spec.training.acrossIslands",
+        "overlapSteps",
+    ),
+    ({"nodes": {"count": 2, "gpusPerNode": 4, "minCount": 3}}, "spec.nodes", "minCount"),
+    ({"parallelism": {"tensor": 3}}, "spec", "gpusPerNode"),
+    ({"parallelism": {"tensor": 2}, **model(vocabSize=1001)}, "spec", "vocabSize"),
+    ({"parallelism": {"pipeline": 9}}, "spec", "pipeline"),
+    ({"parallelism": {"data": 3}}, "spec", "globalBatchSize"),
+    ({"parallelism": {"expert": 3}, **moe()}, "spec", "expert"),
+    ({"parallelism": {"tensor": 0}}, "spec.parallelism.tensor", "tensor"),
+    ({"parallelism": {"pipeline": "most"}}, "spec.parallelism.pipeline", "pipeline"),
+]
+
+
+@pytest.mark.parametrize("sections,where,field", REFUSED, ids=lambda x: x if isinstance(x, str) else None)
+def test_the_rules_refuse_what_the_reader_refuses(jobs, namespace, sections, where, field):
+    spec = minimal_spec(**sections)
+    causes = refusal(jobs, namespace, job(spec))
+    assert causes and all(c.startswith(f"{where}: ") for c in causes), causes
+    assert any(field in p for p in problems_of(spec)), problems_of(spec)
+
+
+def test_the_model_is_immutable_and_the_rest_may_change(jobs, namespace):
+    made = jobs.create_namespaced_custom_object(*WHERE, namespace, "holmesjobs", job(minimal_spec(), "imm"))
+    edited = copy.deepcopy(made)
+    edited["spec"]["model"]["layers"] = 4
+    with pytest.raises(ApiException) as e:
+        jobs.replace_namespaced_custom_object(*WHERE, namespace, "holmesjobs", "imm", edited)
+    assert e.value.status == 422
+    assert "model is immutable (a job's checkpoints hold this model): create a new HolmesJob" in e.value.body
+    edited["spec"]["model"]["layers"] = made["spec"]["model"]["layers"]
+    edited["spec"]["training"]["iterations"] = 20
+    edited["spec"]["nodes"]["count"] = 4
+    # the server's default for architecture is what the stored object holds: writing it is no edit
+    edited["spec"]["model"]["architecture"] = "gpt"
+    jobs.replace_namespaced_custom_object(*WHERE, namespace, "holmesjobs", "imm", edited)
+
+
+def test_an_explicit_null_is_dropped_and_defaulted_before_the_rules_run(jobs, namespace):
+    # the API server prunes a null of a field that is not nullable, then defaults it: the rule on
+    # parallelism.tensor sees 1, not null
+    assert refusal(jobs, namespace, job(minimal_spec(parallelism={"tensor": None}))) == []
+
+
+def test_the_rules_never_refuse_a_spec_the_reader_accepts(jobs, namespace):
+    """Seeded mutations of the examples (tests/unit/contract/test_spec_fuzz): each one the contract
+    accepts (the operator would run it) is admitted by the server."""
+    rng = random.Random(35)
+    examples = seeds()
+    accepted = 0
+    for _ in range(600):
+        doc = mutate(rng.choice(examples), rng)
+        try:
+            load_job(doc)
+        except SpecError:
+            continue
+        accepted += 1
+        doc["metadata"] = {"name": "fuzz"}
+        assert refusal(jobs, namespace, doc) == [], yaml.safe_dump(doc["spec"])
+    assert accepted > 30
+
+
+def test_the_chart_rendered_for_this_server_carries_the_rules_and_is_accepted(cluster):
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
     out = helm("template", "h", str(CHART), "--kube-version", version, "--show-only", "templates/crds.yaml")
-    assert RULES not in out.stdout
+    assert RULES in out.stdout
     cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=out.stdout)  # kubectl's check included
