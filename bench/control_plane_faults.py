@@ -664,8 +664,8 @@ def main() -> int:
         wait_until("the HolmesJob CRD established", lambda: install_crd(_Kubectl()) or True, 120, every=2)
         w.core.create_namespace({"metadata": {"name": ns}})
         wait_until(
-            "the namespace's service account token",
-            lambda: w.core.read_namespaced_service_account("default", ns).secrets,
+            "the namespace's default service account",
+            lambda: w.core.read_namespaced_service_account("default", ns),
             30,
         )
         register_fake_nodes(w, FAKE_NODES)

@@ -166,12 +166,18 @@ class Agent:
     def secret(self, ns: str, name: str) -> dict | None:
         return self._get("secret", ns, name)
 
-    def token(self, ns: str, sa: str, audience: str | None, seconds: int) -> str:
-        spec = {"expirationSeconds": max(600, seconds)}
+    def token(self, pod: dict, sa: str, audience: str | None, seconds: int) -> str:
+        meta = pod["metadata"]
+        spec: dict = {
+            "expirationSeconds": max(600, seconds),
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]},
+        }
         if audience:
             spec["audiences"] = [audience]
         r = self.core.create_namespaced_service_account_token(
-            sa, ns, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+            sa,
+            meta["namespace"],
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
         )
         return r.status.token
 
@@ -836,7 +842,6 @@ class Agent:
             "startTime": pod.get("status", {}).get("startTime") or ps.now_iso(),
             "conditions": ps.pod_conditions(initialized, running, ps.now_iso()),
             "containerStatuses": statuses(app, True),
-            "qosClass": "BestEffort",
             "reason": run.reason or None,
             "message": run.message or None,
         }

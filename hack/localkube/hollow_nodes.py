@@ -192,7 +192,6 @@ def running_status(pod: dict, started: str, pod_ip: str = "") -> dict:
             ps.container_status(c, {"running": {"startedAt": started}}, 0, None, True, "hollow://app")
             for c in apps
         ],
-        "qosClass": "BestEffort",
     }
     if pod_ip:
         st.update(podIP=pod_ip, podIPs=[{"ip": pod_ip}])

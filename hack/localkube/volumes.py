@@ -14,8 +14,9 @@ from pathlib import Path
 from .podspec import ConfigError, Lookup, Unsupported, field_value
 
 SHM_ROOT = Path("/dev/shm/localkube")
-# (namespace, serviceaccount, audience|None, expirationSeconds) -> token
-TokenFn = Callable[[str, str, "str | None", int], str]
+# (pod, serviceaccount, audience|None, expirationSeconds) -> a token bound to the pod, as the
+# kubelet requests it (the API server then names the pod's node in the token's user extra)
+TokenFn = Callable[[dict, str, "str | None", int], str]
 
 
 def _write_items(
@@ -96,7 +97,7 @@ def materialize(
                 if "serviceAccountToken" in src:
                     t = src["serviceAccountToken"]
                     sa = pod["spec"].get("serviceAccountName") or "default"
-                    tok = token(ns, sa, t.get("audience"), int(t.get("expirationSeconds", 3600)))
+                    tok = token(pod, sa, t.get("audience"), int(t.get("expirationSeconds", 3600)))
                     (dest / t["path"]).parent.mkdir(parents=True, exist_ok=True)
                     (dest / t["path"]).write_text(tok)
                 elif "downwardAPI" in src:

@@ -349,7 +349,8 @@ def _kept_key(node: Mapping[str, Any]) -> tuple[Any, ...] | None:
         or fixed[2] is not node.get("spec")
     ):
         return None
-    return fixed[3]
+    key: tuple[Any, ...] = fixed[3]
+    return key
 
 
 def node_key(node: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -120,9 +120,12 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
         namespace,
         "--show-only",
         "templates/labeller.yaml",
+        "--show-only",
+        "templates/labeller-admission.yaml",  # the API server enforces it (1.30+)
         "-f",
         str(values),
     ).stdout
+    assert "kind: ValidatingAdmissionPolicy" in manifest
     selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=nic-labeller"
     try:
         cluster.kubectl("apply", "-f", "-", input=manifest)
@@ -147,6 +150,7 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
             assert r.stdout.strip() == allowed, (verb, args, r.stdout, r.stderr)
         pods = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
         assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(names), "one labeller pod per node"
+        refused_outside_its_node(cluster, namespace, f"{release}-holmes-labeller", pods[0], names)
         for n in cluster.topology.nodes:
             got = classify_node(nodes[n.name])  # default NicMapping: no kind flags
             assert got.usable and got.nic == nodes[n.name]["metadata"]["annotations"][TRUE_NIC], (n.name, got)
@@ -197,7 +201,13 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
             lambda: not cluster.get_json("pods", "-n", namespace, "-l", selector)["items"],
             timeout=30,
         )
-        cluster.kubectl("delete", "clusterrole,clusterrolebinding", "-l", selector, check=False)
+        cluster.kubectl(
+            "delete",
+            "clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding",
+            "-l",
+            selector,
+            check=False,
+        )
         cluster.kubectl("delete", "role,rolebinding", "-n", "default", "-l", selector, check=False)
         for n in names:
             restore(cluster, n, snaps[n])
@@ -327,3 +337,33 @@ def test_once_rails_that_disagree_then_the_admin_selector_and_clear_failures(
     assert (
         r.returncode == 1 and "forbidden (403): the service account needs nodes get and patch" in r.stderr
     ), r.stderr
+
+
+def refused_outside_its_node(cluster, namespace: str, sa: str, pod: dict, names: list[str]) -> None:
+    """The chart's ValidatingAdmissionPolicy, run by the API server: a token bound to a labeller
+    pod (as the kubelet requests it; the server adds the pod's node to its user extra) may change
+    holmes.dev/ keys of that pod's node only."""
+    token = cluster.kubectl(
+        "create",
+        "token",
+        sa,
+        "-n",
+        namespace,
+        "--bound-object-kind=Pod",
+        f"--bound-object-name={pod['metadata']['name']}",
+        f"--bound-object-uid={pod['metadata']['uid']}",
+    ).stdout.strip()
+    own = pod["spec"]["nodeName"]
+    other = next(n for n in names if n != own)
+
+    def label(node: str, key: str) -> subprocess.CompletedProcess:
+        return cluster.kubectl(
+            f"--token={token}", "label", "node", node, f"{key}=vap-test", "--overwrite", check=False
+        )
+
+    r = label(other, "holmes.dev/vap-test")
+    assert r.returncode != 0 and "may write only the Node its pod runs on" in r.stderr, r.stderr
+    r = label(own, "example.com/vap-test")
+    assert r.returncode != 0 and "may change only holmes.dev/ labels" in r.stderr, r.stderr
+    label(own, "holmes.dev/vap-test").check_returncode()
+    cluster.kubectl("label", "node", own, "holmes.dev/vap-test-")
