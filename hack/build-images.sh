@@ -123,6 +123,16 @@ build_wheelhouse() {
 }
 
 # ---- the Dockerfile's targets -------------------------------------------------------------------
+# One Dockerfile target, built without network from the local wheelhouse.
+buildah_build() {  # buildah_build TARGET KEY REF
+  # --format docker keeps HEALTHCHECK (OCI image configs have no such field), as Docker would.
+  cd "$REPO" && buildah build --runtime "$RUNTIME" --network none --format docker --target "$1" \
+    --build-arg "PYTHON_IMAGE=$BASE_REF" --build-arg "CUDA_IMAGE=$BASE_REF" \
+    --build-arg PIP_CONFIG_FILE=/wheelhouse/pip.conf --volume "$WHEELHOUSE:/wheelhouse:ro" \
+    --label "$INPUTS_LABEL=$2" --tag "$3" .
+}
+buildah_step() { echo "at $(grep -oE '^\[[0-9]+/[0-9]+\] (STEP [0-9]+/[0-9]+: .{0,60}|COMMIT.*)' "$1" | tail -1)"; }
+
 build_target() {  # build_target TARGET KEY
   local target=$1 key=$2 ref; ref=$(images_py ref "$target")
   if [[ $(label "$ref" "$INPUTS_LABEL") == "$key" ]]; then
@@ -132,18 +142,8 @@ build_target() {  # build_target TARGET KEY
   local old; old=$(image_id "$ref")
   local log="$DIR/build-$target.log" start=$SECONDS
   say "$target: buildah build --target $target (no network; log $log)"
-  # --format docker keeps HEALTHCHECK (OCI image configs have no such field), as Docker would.
-  ( cd "$REPO" && buildah build --runtime "$RUNTIME" --network none --format docker --target "$target" \
-      --build-arg "PYTHON_IMAGE=$BASE_REF" --build-arg "CUDA_IMAGE=$BASE_REF" \
-      --build-arg PIP_CONFIG_FILE=/wheelhouse/pip.conf --volume "$WHEELHOUSE:/wheelhouse:ro" \
-      --label "$INPUTS_LABEL=$key" --tag "$ref" . ) > "$log" 2>&1 &
-  local pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 20
-    kill -0 "$pid" 2>/dev/null \
-      && say "  $target: $((SECONDS - start))s, at $(grep -oE '^\[[0-9]+/[0-9]+\] (STEP [0-9]+/[0-9]+: .{0,60}|COMMIT.*)' "$log" | tail -1)"
-  done
-  wait "$pid" || { tail -30 "$log" >&2; die "building $target failed; full log: $log"; }
+  run_with_progress "building $target" "$log" 20 buildah_step \
+    buildah_build "$target" "$key" "$ref"
   [[ -n "$old" && "$old" != "$(image_id "$ref")" ]] && REPLACED=("$old" "${REPLACED[@]}")
   say "$target: $ref built in $((SECONDS - start))s"
 }

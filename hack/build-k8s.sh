@@ -26,7 +26,7 @@ K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 GO_MIN_MINOR=26   # k8s.io/kubernetes v1.37's go.mod says `go 1.26.0`
 
 LIB_TAG=build-k8s
-# say, die, apt_get
+# say, die, apt_get, run_with_progress
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 mkdir -p "$BIN" "$WORK"
@@ -67,18 +67,11 @@ go_env() {  # the environment every go command below runs with
          CGO_ENABLED=0 GOTOOLCHAIN=local
 }
 
-# Run a build in the background and say every 30 s how far it is (a cold build is minutes long).
+go_build_cache_mb() { echo "build cache $(du -sm "$GOCACHE" 2>/dev/null | cut -f1) MB"; }
+
 build_with_progress() {  # build_with_progress WHAT LOG CMD...
-  local what=$1 log=$2; shift 2
-  local start=$SECONDS
-  "$@" > "$log" 2>&1 &
-  local pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 30
-    kill -0 "$pid" 2>/dev/null \
-      && say "  $what: $((SECONDS - start))s, build cache $(du -sm "$GOCACHE" 2>/dev/null | cut -f1) MB"
-  done
-  wait "$pid" || { tail -30 "$log" >&2; die "$what failed; full log: $log"; }
+  local what=$1 log=$2 start=$SECONDS; shift 2
+  run_with_progress "$what" "$log" 30 go_build_cache_mb "$@"
   say "  $what: done in $((SECONDS - start))s"
 }
 

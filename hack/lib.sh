@@ -17,3 +17,18 @@ apt_get() {
   fi
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get "$@"
 }
+
+# Run CMD... in the background, its output to LOG; every EVERY seconds say WHAT's elapsed time
+# and what the function PROGRESS prints (given LOG): a cold build is minutes long. Dies with the
+# log's tail when CMD fails. CMD may be a shell function.
+run_with_progress() {  # run_with_progress WHAT LOG EVERY PROGRESS CMD...
+  local what=$1 log=$2 every=$3 progress=$4; shift 4
+  local start=$SECONDS
+  "$@" > "$log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep "$every"
+    kill -0 "$pid" 2>/dev/null && say "  $what: $((SECONDS - start))s, $("$progress" "$log")"
+  done
+  wait "$pid" || { tail -30 "$log" >&2; die "$what failed; full log: $log"; }
+}
