@@ -161,7 +161,9 @@ def crd() -> dict[str, Any]:
                 "plural": PLURAL,
                 "singular": KIND.lower(),
                 "shortNames": ["hj"],
-                "categories": ["all", "holmes"],
+                # not "all": `kubectl delete all --all` (a namespace's workloads) must leave
+                # training jobs, and their checkpoints' writers, alone
+                "categories": ["holmes"],
             },
             "versions": [
                 {

@@ -46,6 +46,7 @@ def test_defaults_two_replicas_with_a_leader_lease_and_the_pieces():
             "ClusterRole",  # holmes-edit, aggregated into edit and admin
             "ClusterRole",  # holmes-view, aggregated into view
             "ClusterRole",  # holmes-metrics-reader, for the scrapers of the secure metrics
+            "ClusterRole",  # holmes-pod-logs, bound per namespace by its owner (not cluster-wide)
             "Service",
             "Deployment",
             "PodDisruptionBudget",
@@ -456,6 +457,32 @@ def test_tenant_cluster_roles_aggregate_into_edit_and_view():
         assert all(rule["apiGroups"] == ["holmes.dev"] for rule in role["rules"])
     # a second release names its own
     assert operator_cluster_role(render(release="other"), "other-holmes-edit")
+
+
+def test_pod_logs_never_cluster_wide():
+    """watch.allNamespaces: no cluster-wide pods/log (it would reach kube-system's pods): a
+    ClusterRole to bind per namespace instead; a namespaced install keeps it in its Roles."""
+    docs = render()
+    grants = rules_granting(docs, "pods/log")
+    assert [(k, ns) for k, ns, _ in grants] == [("ClusterRole", "")]
+    bound = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")}
+    (logs,) = [
+        r
+        for r in by_kind(docs, "ClusterRole")
+        if any("pods/log" in x.get("resources", []) for x in r["rules"])
+    ]
+    assert logs["metadata"]["name"] == "holmes-pod-logs" and "holmes-pod-logs" not in bound
+    assert operator_cluster_role(docs)["metadata"]["name"] in bound
+    assert not [x for x in operator_cluster_role(docs)["rules"] if "pods/log" in x.get("resources", [])]
+    namespaced = render({"watch.allNamespaces": "false", "watch.namespaces": "{team-a}"})
+    assert [(k, ns) for k, ns, _ in rules_granting(namespaced, "pods/log")] == [("Role", "team-a")]
+
+
+def test_tenant_role_aggregation_can_be_turned_off():
+    docs = render({"rbac.aggregateToDefaultRoles": "false"})
+    for name in ("holmes-edit", "holmes-view"):
+        labels = operator_cluster_role(docs, name)["metadata"]["labels"]
+        assert not [k for k in labels if k.startswith("rbac.authorization.k8s.io/aggregate-to-")], name
 
 
 def probe_of(docs: list[dict], kind: str) -> dict:
