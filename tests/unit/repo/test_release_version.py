@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import tomllib
 import yaml
 
@@ -100,3 +101,11 @@ def test_licence_is_apache_2_everywhere():
     labels = image_labels((REPO / "Dockerfile").read_text())
     for image in IMAGES:
         assert labels[image]["org.opencontainers.image.licenses"] == "Apache-2.0", image
+
+
+def test_the_trainer_says_its_release(capsys):
+    from holmes.trainer.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--version"])
+    assert capsys.readouterr().out.strip() == f"holmes-train-trainer {RELEASE}"
