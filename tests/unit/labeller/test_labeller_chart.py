@@ -160,14 +160,17 @@ def test_values_flow_into_the_daemonset(tmp_path):
     [
         (
             ["--set", "labeller.intervalSeconds=0"],
-            "labeller.intervalSeconds: Must be greater than or equal to 1",
+            "at '/labeller/intervalSeconds': minimum: got 0, want 1",
         ),
-        (["--set", "labeller.sysfs.hostPath=sys"], "labeller.sysfs.hostPath: Does not match pattern"),
+        (
+            ["--set", "labeller.sysfs.hostPath=sys"],
+            "at '/labeller/sysfs/hostPath': 'sys' does not match pattern",
+        ),
         (
             ["--set", "labeller.defaultRoute.hostPath=proc/1/net/route"],
-            "labeller.defaultRoute.hostPath: Does not match pattern",
+            "at '/labeller/defaultRoute/hostPath': 'proc/1/net/route' does not match pattern",
         ),
-        (["--set", "labeller.enable=true"], "labeller: Additional property enable is not allowed"),
+        (["--set", "labeller.enable=true"], "at '/labeller': additional properties 'enable' not allowed"),
         (
             ["--set", "labeller.enabled=true", "--set", "labeller.serviceAccount.create=false"],
             "labeller.serviceAccount.name is required",
