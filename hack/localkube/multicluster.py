@@ -176,7 +176,5 @@ class MultiCluster:
                 check=False,
             ).strip():
                 if time.monotonic() > end:
-                    raise ClusterError(
-                        f"{member}: namespace {namespace} has no default service account"
-                    )
+                    raise ClusterError(f"{member}: namespace {namespace} has no default service account")
                 time.sleep(0.2)

@@ -198,9 +198,7 @@ def test_service_account_gets_only_what_rbac_allows(cluster, namespace):
     # The admission controller refuses the pod until its service account exists.
     end = time.monotonic() + 30
     while (
-        not cluster.kubectl(
-            "get", "sa", "reader", "-n", namespace, "-o", "jsonpath={.metadata.name}"
-        ).stdout
+        not cluster.kubectl("get", "sa", "reader", "-n", namespace, "-o", "jsonpath={.metadata.name}").stdout
         and time.monotonic() < end
     ):
         time.sleep(0.2)

@@ -33,7 +33,12 @@ def jobs(cluster):
 
 
 def job(spec: dict, name: str = "j") -> dict:
-    return {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "holmes.dev/v1alpha1",
+        "kind": "HolmesJob",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
 def refusal(jobs, namespace: str, obj: dict) -> list[str]:
