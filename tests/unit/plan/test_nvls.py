@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from holmes.contract import nvls
 
-
 MiB = 2**20
 
 
