@@ -109,8 +109,8 @@ def check_torchcomms(islands: Islands, enabled: bool) -> str | None:
 
 
 def check_nccl_net(env: MutableMapping[str, str], home: Path | None, etc: Path | None) -> list[str]:
-    """Refuse an NCCL_NET in NCCL's configuration files (``home``: the user's, default from the
-    ``env``'s ``HOME``, as NCCL reads it; ``etc``: default /etc/nccl.conf); remove it from ``env``. The notes."""
+    """Refuse an NCCL_NET in NCCL's configuration files (``home``: the user's, default ``env``'s
+    ``HOME``, as NCCL reads it; ``etc``: default /etc/nccl.conf); remove it from ``env``. The notes."""
     nccl = shared.load("ncclenv.py")  # the trainer's: see shared.py
     home = nccl["user_home"](env) if home is None else home
     found = nccl["file_override"](env, home, nccl["ETC_CONF"] if etc is None else etc)
