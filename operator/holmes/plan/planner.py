@@ -751,6 +751,8 @@ def schedule_lines(
                 f"  {what}: {o.seconds:.4g} s/iteration (bubble {o.bubble_seconds:.3g} s, p2p "
                 f"{o.p2p_seconds:.3g} s, {_overhead(o, shown)}memory {o.memory_gib:.1f} GiB)"
             )
+    if option.name == "DualPipeV":  # what it does and does not do here (the docs' words too)
+        lines.append(f"  {sched.DUALPIPEV_OVERLAP}")
     return lines
 
 
