@@ -95,6 +95,7 @@ SHARD_EXTRA_BYTES = 4 + 1
 # GPU memory of one NCCL communicator beyond tensors (its channels' buffers, FIFOs): a model,
 # the same number as holmes.trainer.dryrun.recording.NCCL_COMMUNICATOR_BYTES (tests keep them equal)
 NCCL_COMMUNICATOR_BYTES = 100 * 2**20
+P2P_COMMUNICATORS = 2  # per p2p group: its own and its pair's (StageCost.communicators)
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 OUTER_STATE_BYTES = 4  # the replicas' outer optimizer keeps fp32 anchors and momenta (trainer outer.py)
 BACKWARD_WORKING_SETS = 2  # a recomputed layer's working set and its gradients (see memory())
@@ -343,14 +344,18 @@ class StageCost:
         return self.shape.micro_batches * step + exposed
 
     def communicators(self) -> int:
-        """NCCL communicators a GPU of this stage holds: world (the grad norm), dp, tp, the p2p
-        group of each boundary it sits on, the tied embedding's group, the expert group and its
-        expert-data-parallel group, and a replica's outer group (one replica alone has none: it
-        is counted all the same, 0.1 GiB over)."""
+        """NCCL communicators a GPU of this stage holds: world (the grad norm), dp, tp, two for
+        the p2p group of each boundary it sits on, the tied embedding's group, the expert group
+        and its expert-data-parallel group, and a replica's outer group (one replica alone has
+        none: it is counted all the same, 0.1 GiB over). Two per boundary: the group's own (the
+        fabric preflight's probe, 1F1B's mixed send-and-receive batches) and the pair's that
+        torch 2.13's ``_batch_p2p`` sends all-send or all-recv batches on, one op at a time
+        (ProcessGroupNCCL keys a lone send or recv by the pair)."""
         s, place = self.shape, self.place
         tied = self.model.tied and s.pipeline > 1 and (place.first or place.last)
         experts = (s.expert > 1) + (s.expert > 1 and s.data > s.expert)
-        groups = 1 + (s.data > 1) + (s.tensor > 1) + (not place.first) + (not place.last)
+        boundaries = (not place.first) + (not place.last)
+        groups = 1 + (s.data > 1) + (s.tensor > 1) + P2P_COMMUNICATORS * boundaries
         return groups + tied + experts + s.outer_communicators
 
     def shard_bytes(self) -> float:

@@ -88,7 +88,14 @@ from ..config import CheckpointConfig, DataConfig, TrainConfig, schedule_problem
 from ..dist_optimizer import DistributedOptimizer  # noqa: E402
 from ..startup import configure  # noqa: E402
 from .fakecuda import fake_cuda  # noqa: E402
-from .recording import CATEGORIES, NCCL_COMMUNICATOR_BYTES, Collective, Recorder, sequence_problems  # noqa: E402
+from .recording import (  # noqa: E402
+    CATEGORIES,
+    NCCL_COMMUNICATOR_BYTES,
+    Collective,
+    Recorder,
+    device_communicators,
+    sequence_problems,
+)
 
 # One read of the device per iteration is by design: the loss and the global grad norm, which
 # the clipping coefficient and the NaN check need on the host (engine.Trainer.train_step).
@@ -295,29 +302,12 @@ def alignment_problems(opt: DistributedOptimizer, rank: int) -> list[str]:
 def communicators(
     trainer: engine_mod.Trainer, calls: list[Collective], outside: dict[str, tuple[int, ...]] | None = None
 ) -> list[dict[str, Any]]:
-    """The device communicators this rank's run created: NCCL makes one lazily for each group
-    the first time a collective uses it with device tensors, and one per peer for send/recv on
-    a group of more than two ranks. Host (gloo) groups hold no GPU memory and are left out.
+    """The device communicators this rank's run created (:func:`device_communicators`).
     ``outside``: the outer group over replicas (a communicator of its own, on OUTER_NET)."""
     kinds = {pg.group_name: created for created, pg in trainer.groups.members}
     for name, ranks in (outside or {}).items():
         kinds[name] = {"kind": "outer", "size": len(ranks), "net": outer.OUTER_NET}
-    world = dist.group.WORLD.group_name
-    out: dict[tuple[str, int | None], dict[str, Any]] = {}
-    for c in calls:
-        if c.device == "cpu":
-            continue
-        made = kinds.get(c.name) or {
-            "kind": "world" if c.name == world else "other",
-            "size": len(c.group),
-            "net": trainer.layout.world_net if c.name == world else "?",
-        }
-        if c.peer is not None and len(c.group) > 2:
-            entry = {"kind": f"{made['kind']} pair", "size": 2, "net": made.get("net"), "peer": c.peer}
-            out.setdefault((c.name, c.peer), entry)
-        else:
-            out.setdefault((c.name, None), {k: made[k] for k in ("kind", "size", "net") if k in made})
-    return list(out.values())
+    return device_communicators(kinds, dist.group.WORLD.group_name, trainer.layout.world_net, calls)
 
 
 def per_phase(syncs: list[Any], iterations: int) -> dict[str, int]:
@@ -455,7 +445,7 @@ def run_rank(
     t0 = time.perf_counter()
     try:
         device = torch.device("cuda", rank % layout.gpus_per_node)
-        with fake_cuda(rec.on_host_sync), rec, memory_labels(rec), object_collectives(rec):
+        with fake_cuda(rec.on_host_sync), rec, memory_labels(rec), object_collectives(rec), rec.batched_p2p():
             trainer = engine_mod.Trainer(
                 cfg, layout, rank=rank, device=device, backend="fake", host_backend="fake", replica=replica
             )
