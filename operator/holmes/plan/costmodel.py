@@ -81,6 +81,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from holmes.contract import host_memory
 from holmes.contract.flops import ModelCost
 from holmes.contract.spec_sections import GRAD_REDUCE_BYTES, AcrossIslandsSpec
 
@@ -366,6 +367,21 @@ class StageCost:
         if cfg.grad_bytes != MAIN_GRAD_BYTES and self.shape.data > 1:
             shard += cfg.grad_bytes  # the reduced shard, in the reduce dtype
         return shard
+
+    def checkpoint_staging(self, n: int) -> float:
+        """Host bytes per GPU an asynchronous checkpoint stages for a stage of n layers
+        (holmes.contract.host_memory): 1/D of the stage's weights on this tensor-parallel rank
+        and the optimizer shard's state (a replica's outer state too); experts: 1/(D/E) of
+        this rank's and their shard."""
+        s, cfg = self.shape, self.cfg
+        p = (self.params(n) - self.expert_params(n)) / s.tensor
+        shard = host_memory.SHARD_STATE_BYTES + self.shape.outer_shard_bytes
+        out = host_memory.staging_bytes(p, s.data, cfg.param_bytes, p / s.data, shard)
+        e = self.expert_params(n) / (s.tensor * s.expert)
+        if e:
+            d = s.data // s.expert
+            out += host_memory.staging_bytes(e, d, cfg.param_bytes, e / d, shard)
+        return out
 
     def expert_memory(self, n: int) -> float:
         """Bytes per GPU of n layers' routed experts: this GPU's slice (E x T ways) in weights and

@@ -383,6 +383,24 @@ def optimizer_tensors(opt: Any, tp: TensorParallel, *, saving: bool) -> dict[str
     return out
 
 
+def staging_size(module: nn.Module, opt: Any, tp: TensorParallel, share: tuple[int, int]) -> int:
+    """Bytes of what this rank writes (model_tensors with ``share``, optimizer_tensors saving),
+    from the local tensors' sizes alone (no DTensor or Chunks is built: the dry run counts it
+    under fake tensors): the asynchronous checkpoint's staging buffer without its alignment
+    and RNG state (holmes.contract.host_memory)."""
+    from .model import TIED_COPY, global_name
+
+    named = [(n, p) for n, p in module.named_parameters() if n != TIED_COPY]
+    owners = dp_owners([(n, p.numel() * p.element_size()) for n, p in named], share[1])
+    total = sum(p.numel() * p.element_size() for n, p in named if owners[n] == share[0])
+    for i, b, lo, hi, _ in opt.shard_pieces():
+        name = opt.names[i]
+        if name == TIED_COPY or (tp.rank > 0 and sharding.split_of(global_name(name)) is None):
+            continue
+        total += sum((hi - lo) * t.element_size() for t in opt.shard_states(b).values())
+    return total + 8  # optim.step
+
+
 def load_model(path: str, module: nn.Module, group: Any = None) -> None:
     """Collective over ``group`` (or one process without torch.distributed): fill ``module``'s
     parameters (one stage, this rank's tensor-parallel slice, under any layout) in place from

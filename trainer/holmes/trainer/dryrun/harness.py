@@ -77,13 +77,13 @@ fakecuda.load_before_torch()  # torch reads its CUDA hooks once, when imported (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from holmes.contract import Layout, nvls  # noqa: E402
+from holmes.contract import Layout, host_memory, nvls  # noqa: E402
 from holmes.contract import pipeline_schedules as sched  # noqa: E402
 from holmes.contract.layout import layout_signature  # noqa: E402
 
+from .. import checkpoint, outer, preempt  # noqa: E402
 from .. import engine as engine_mod  # noqa: E402
 from .. import model as model_mod  # noqa: E402
-from .. import outer, preempt  # noqa: E402
 from ..config import CheckpointConfig, DataConfig, TrainConfig, schedule_problems  # noqa: E402
 from ..dist_optimizer import DistributedOptimizer  # noqa: E402
 from ..startup import configure  # noqa: E402
@@ -147,7 +147,8 @@ def dry_config(cfg: TrainConfig, iterations: int) -> tuple[TrainConfig, list[str
     cfg = replace(
         cfg,
         iterations=iterations,
-        checkpoint=CheckpointConfig(),
+        # no saves; whether the job's would be staged (the host memory each rank counts)
+        checkpoint=CheckpointConfig(asynchronous=bool(cfg.checkpoint.path) and cfg.checkpoint.asynchronous),
         eval=None,
         data=DataConfig(),
     )
@@ -485,6 +486,7 @@ def run_rank(
                 if h.phase != "build"
             ],
             "communicators": len(comms),
+            "hostBytes": rank_host_bytes(cfg, trainer),
             "nvls": {"enabled": nvls_choice.enabled, "bytes": nvls_choice.bytes, "why": nvls_choice.why},
             "communicatorList": comms,
             "collectives": [c.to_json() for c in rec.collectives],
@@ -502,6 +504,16 @@ def run_rank(
         }
     finally:
         dist.destroy_process_group()
+
+
+def rank_host_bytes(cfg: TrainConfig, trainer: engine_mod.Trainer) -> dict[str, int]:
+    """Host memory of this rank (holmes.contract.host_memory): the process (a model) and, where
+    the job's checkpoints are asynchronous, the staging buffer of what the rank writes."""
+    staging = 0
+    if cfg.checkpoint.asynchronous:
+        share = (trainer.info.dp_index, trainer.layout.data)
+        staging = checkpoint.staging_size(trainer.module, trainer.opt, trainer.tp, share)
+    return {"process": host_memory.PROCESS_BYTES, "checkpointStaging": staging}
 
 
 def rank_nvls(cfg: TrainConfig, layout: Layout, stage: int) -> nvls.NvlsChoice:
@@ -616,7 +628,23 @@ def check(
                         f"the dry run peaks at {peak:.2f} GiB ({ratio - 1:+.0%}, beyond ±{tolerance:.0%})"
                     )
             stages.append(row)
-    return {"stages": stages, "sequencesMatch": sequences_match, "problems": problems}
+    return {
+        "stages": stages,
+        "hostPerNodeGiB": host_per_node(results, layouts[0]),
+        "sequencesMatch": sequences_match,
+        "problems": problems,
+    }
+
+
+def host_per_node(results: list[dict[str, Any]], layout: Layout) -> list[float]:
+    """Each node's host memory (the first replica's), every rank of a stage counted as the
+    most any of its ranks run here holds (a run of some ranks only stands for the others)."""
+    per_stage = [0.0] * layout.pipeline
+    for r in results:
+        if r.get("replica", 0) == 0 and "hostBytes" in r:
+            per_stage[r["stage"]] = max(per_stage[r["stage"]], float(sum(r["hostBytes"].values())))
+    nodes = host_memory.per_node(per_stage, layout.data * layout.tensor, layout.gpus_per_node)
+    return [round(b / GIB, 3) for b in nodes]
 
 
 def host_sync_problems(r: dict[str, Any], iterations: int) -> list[str]:
