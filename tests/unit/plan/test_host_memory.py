@@ -53,8 +53,13 @@ def test_the_estimate_counts_the_staging_of_asynchronous_checkpoints_per_node():
 
 
 def test_a_rank_stages_its_share_of_the_weights_and_its_shard():
-    from tests.unit.plan.test_stage_memory_model import cost
+    from holmes.contract import JobSpec, ModelCost
+    from holmes.plan import CostModelConfig
+    from holmes.plan.costmodel import Shape, StageCost, StagePlace
 
-    c = cost(8, D=4)
+    spec = job_spec(layers=36, hidden=4096, heads=32, seq=2048, vocab=50257, B=64, mb=1)
+    model = ModelCost.of(JobSpec.from_spec(spec).model)
+    shape = Shape(tensor=1, data=4, pipeline=4, micro_batch=1, micro_batches=8)
+    c = StageCost(model, shape, StagePlace(1, False, False, None, 0.0, 0.0, inflight=3), CostModelConfig())
     p = c.params(9)
     assert c.checkpoint_staging(9) == pytest.approx(p * 2 / 4 + p / 4 * 12)  # not p * 2 + p / 4 * 12
