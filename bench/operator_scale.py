@@ -106,14 +106,17 @@ def scale_job(name: str, ns: str, nodes: int, islands: list[str]) -> dict:
     )
 
 
-def bad_jobs(ns: str) -> list[dict]:
-    """Specs the API server's schema accepts and the operator must refuse with a condition."""
+def bad_jobs(ns: str) -> list[tuple[dict, bool]]:
+    """Bad specs, each with whether the CRD's CEL rules refuse it at admission; the operator must
+    refuse the others with a condition."""
     long_name = scale_job("x" * 60, ns, 1, [])  # children's names would not fit
+    pinned = scale_job("bad-pinned", ns, 1, [])
+    pinned["spec"]["template"] = {"spec": {"nodeName": "node-0000"}}  # the planner places pods
     heads = scale_job("bad-heads", ns, 1, [])
     heads["spec"]["model"]["attentionHeads"] = 7  # 1024 hidden is not divisible by 7 heads
     pipeline = scale_job("bad-pipeline", ns, 2, [])
     pipeline["spec"]["parallelism"] = {"pipeline": 64}  # more stages than the model's 16 layers
-    return [long_name, heads, pipeline]
+    return [(long_name, False), (pinned, False), (heads, True), (pipeline, True)]
 
 
 def plan_sizes(
@@ -464,12 +467,21 @@ def main() -> int:
                 GROUP, VERSION, ns, PLURAL, scale_job(key[1], ns, n, island), _preload_content=False
             )
             keys.append(key)
-        bad = []
-        for j in bad_jobs(namespaces[0]):
-            custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespaces[0], PLURAL, j, _preload_content=False
-            )
+        bad, refused = [], 0
+        for j, at_admission in bad_jobs(namespaces[0]):
+            try:
+                custom.create_namespaced_custom_object(
+                    GROUP, VERSION, namespaces[0], PLURAL, j, _preload_content=False
+                )
+            except ApiException as e:
+                if e.status == 422 and at_admission:
+                    refused += 1
+                    continue
+                raise
+            if at_admission:
+                raise RuntimeError(f"{j['metadata']['name']}: the CRD's CEL rules admitted it")
             bad.append((namespaces[0], j["metadata"]["name"]))
+        result["refusedAtAdmission"] = refused
         observer.excluded.update(bad)
         log(f"{a.jobs} jobs created over {time.monotonic() - t_ramp:.0f}s")
         wait_for("every job launched", lambda: len(observer.launched) >= len(keys), 300 + 3 * a.jobs)

@@ -8,6 +8,8 @@ another workload's allocation is written through the status subresource, as the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from holmes_dev.jobs import tiny_job
@@ -34,6 +36,13 @@ def dra_nodes(cluster):
     names = ["dra-node-0", "dra-node-1"]
     for n in names:
         apply(cluster, slice_node(n))
+        # the API server taints a new node not-ready (TaintNodesByCondition); a kubelet's first
+        # Ready status has the node lifecycle controller lift it, which this test bed does not run
+        wait_for(
+            f"{n}'s not-ready taint",
+            lambda n=n: "node.kubernetes.io/not-ready" in json.dumps(cluster.get_json("node", n)["spec"]),
+        )
+        cluster.kubectl("taint", "node", n, "node.kubernetes.io/not-ready:NoSchedule-")
         for s in aligned_slices(n, gpus=2):
             apply(cluster, s)
     yield names

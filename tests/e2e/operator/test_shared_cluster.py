@@ -157,7 +157,15 @@ def patch_workload_status(cluster, version, ns, name, status):
 
 def get_workload(cluster, version, ns, name):
     r = cluster.kubectl(
-        "get", f"workloads.{version}.kueue.x-k8s.io", name, "-n", ns, "-o", "json", check=False
+        "get",
+        f"workloads.{version}.kueue.x-k8s.io",
+        name,
+        "-n",
+        ns,
+        "-o",
+        "json",
+        "--show-managed-fields",  # kubectl leaves them out of -o json otherwise (1.21+)
+        check=False,
     )
     return json.loads(r.stdout) if r.returncode == 0 else None
 

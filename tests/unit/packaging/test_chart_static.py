@@ -590,12 +590,10 @@ def test_crd_keeps_argo_cd_from_pruning_or_deleting_it():
     assert crd["metadata"]["annotations"]["argocd.argoproj.io/sync-options"] == "Prune=false,Delete=false"
 
 
-VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
-
-
-def test_labeller_admission_policy_only_where_the_server_serves_it():
-    assert not by_kind(render({"labeller.enabled": "true"}), "ValidatingAdmissionPolicy")  # 1.20-like
-    docs = render({"labeller.enabled": "true"}, extra=["--api-versions", VAP_API])
+def test_labeller_admission_policy_with_the_labeller_unless_turned_off():
+    off = render({"labeller.enabled": "true", "labeller.admissionPolicy": "false"})
+    assert not by_kind(off, "ValidatingAdmissionPolicy")
+    docs = render({"labeller.enabled": "true"})
     policy = one(docs, "ValidatingAdmissionPolicy")
     binding = one(docs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
@@ -607,6 +605,4 @@ def test_labeller_admission_policy_only_where_the_server_serves_it():
     rules = " ".join(v["expression"] for v in policy["spec"]["validations"])
     assert "variables.nodeName" in rules and "holmes.dev/" in rules and "object.spec" in rules
     assert "authentication.kubernetes.io/node-name" in policy["spec"]["variables"][0]["expression"]
-    off = {"labeller.enabled": "true", "labeller.admissionPolicy": "false"}
-    assert not by_kind(render(off, extra=["--api-versions", VAP_API]), "ValidatingAdmissionPolicy")
-    assert not by_kind(render(extra=["--api-versions", VAP_API]), "ValidatingAdmissionPolicy")
+    assert not by_kind(render(), "ValidatingAdmissionPolicy")  # no labeller, no policy
