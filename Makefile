@@ -31,7 +31,7 @@ LOCALKUBE := PYTHONPATH=hack $(PY) -m localkube
 .PHONY: k8s clients cluster-up cluster-down demo
 k8s:
 	@bash hack/build-k8s.sh
-# kubectl and helm only (the unit tier's chart and kustomize checks): no Kubernetes compile.
+# kubectl and helm only (the unit tier's chart and kustomize checks): no control plane.
 clients:
 	@bash hack/build-k8s.sh clients
 
@@ -47,7 +47,7 @@ test: venv k8s images lint
 
 # The tiers one at a time (tests/conftest.py says what goes where).
 #   unit: in-process tests, plus the chart's helm and kustomize renders (`make clients`): no
-#     Kubernetes build, no images, no forked torch ranks. The edit-test loop: ~1,440 tests in
+#     control plane, no images, no forked torch ranks. The edit-test loop: ~1,440 tests in
 #     173 s of CPU (5 min wall on 2 cores shared with other work).
 #   integration: whole programs (torchrun, pip, buildah, the benchmarks' small modes), forked torch
 #     ranks, network namespaces; the image tests need `make images`.
