@@ -513,8 +513,7 @@ def rank_host_bytes(cfg: TrainConfig, trainer: engine_mod.Trainer) -> dict[str, 
     if cfg.checkpoint.asynchronous:
         share = (trainer.info.dp_index, trainer.layout.data)
         staging = checkpoint.staging_size(trainer.module, trainer.opt, trainer.tp, share)
-    writer = host_memory.WRITER_PROCESS_BYTES if staging else 0
-    return {"process": host_memory.PROCESS_BYTES, "checkpointStaging": staging, "checkpointProcess": writer}
+    return {"process": host_memory.PROCESS_BYTES, "checkpointStaging": staging}
 
 
 def rank_nvls(cfg: TrainConfig, layout: Layout, stage: int) -> nvls.NvlsChoice:
