@@ -50,7 +50,8 @@ RUN python -m venv /opt/holmes \
 FROM ${PYTHON_IMAGE} AS operator
 LABEL org.opencontainers.image.title="holmes-operator" \
       org.opencontainers.image.description="Holmes Kubernetes operator: plans and runs HolmesJobs across heterogeneous NICs" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="0.1.0"
 RUN groupadd --gid 65532 holmes \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin holmes
 COPY --from=operator-venv /opt/holmes /opt/holmes
@@ -88,7 +89,8 @@ RUN python3 -m venv /opt/holmes \
 FROM ${CUDA_IMAGE} AS trainer
 LABEL org.opencontainers.image.title="holmes-trainer" \
       org.opencontainers.image.description="Holmes trainer: pipeline x data-parallel GPT training with an overlapped distributed optimizer (PyTorch, NCCL, RDMA)" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="0.1.0"
 # The distribution is pinned by the base image tag; its packages take security updates.
 # hadolint ignore=DL3008
 RUN apt-get update \

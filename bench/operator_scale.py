@@ -60,7 +60,9 @@ LABEL_JOB, LABEL_ATTEMPT, LABEL_RANK = "holmes.dev/job-name", "holmes.dev/attemp
 SIZES = (1, 1, 2, 2, 2, 4, 4, 8, 8, 16, 32)  # nodes per job, drawn evenly
 ENDED = ("Succeeded", "Failed")
 TARGETS = {"launchP99S": 10.0, "reconcileP99S": 2.0, "apiRequestsPerSecondPerJob": 0.1, "operatorRssMiB": 400}
-_SAMPLE = re.compile(r'^holmes_api_requests_total\{resource="([^"]*)",verb="([^"]*)"\} ([0-9.e+]+)$')
+_SAMPLE = re.compile(
+    r'^holmes_api_requests_total\{code="[^"]*",resource="([^"]*)",verb="([^"]*)"\} ([0-9.e+]+)$'
+)
 _BUCKET = re.compile(r'^holmes_reconcile_duration_seconds_bucket\{le="([^"]+)"\} ([0-9.e+]+)$')
 
 
@@ -288,8 +290,9 @@ def operator_requests(text: str) -> dict[tuple[str, str], float]:
     out = {}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
-        if m:
-            out[(m.group(2), m.group(1))] = float(m.group(3))
+        if m:  # every answer's code together
+            key = (m.group(2), m.group(1))
+            out[key] = out.get(key, 0.0) + float(m.group(3))
     return out
 
 

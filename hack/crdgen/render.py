@@ -15,6 +15,7 @@ import yaml
 
 from holmes.contract.jobspec import JobSpec
 from holmes.contract.names import GROUP, KIND, PLURAL, VERSION
+from holmes.contract.release import RELEASE
 from holmes.contract.schema import object_schema, with_description
 
 from .status import JobStatus
@@ -142,7 +143,11 @@ def crd() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{PLURAL}.{GROUP}",
-            "labels": {"app.kubernetes.io/name": "holmes", "app.kubernetes.io/component": "crd"},
+            "labels": {
+                "app.kubernetes.io/name": "holmes",
+                "app.kubernetes.io/component": "crd",
+                "app.kubernetes.io/version": RELEASE,
+            },
             # Argo CD prunes (or deletes with the Application) whatever leaves the rendered set,
             # whatever Helm's keep policy says: deleting the CRD deletes every HolmesJob.
             "annotations": {"argocd.argoproj.io/sync-options": "Prune=false,Delete=false"},
@@ -156,7 +161,9 @@ def crd() -> dict[str, Any]:
                 "plural": PLURAL,
                 "singular": KIND.lower(),
                 "shortNames": ["hj"],
-                "categories": ["all", "holmes"],
+                # not "all": `kubectl delete all --all` (a namespace's workloads) must leave
+                # training jobs, and their checkpoints' writers, alone
+                "categories": ["holmes"],
             },
             "versions": [
                 {

@@ -6,7 +6,7 @@ PATH, installed with the package). Against the current kubeconfig context, as ku
 - ``kubectl holmes status JOB [--svg FILE]``: phase, layout, progress with percentage and ETA,
   each stage's measured speed; ``--svg`` draws the layout from the job's layout ConfigMap;
 - ``kubectl holmes why JOB``: what keeps it waiting or stalled, with the fix;
-- ``kubectl holmes member-kubeconfig --member NAME [--duration 720h]``: run against a member
+- ``kubectl holmes member-kubeconfig --member NAME [--duration 24h]``: run against a member
   cluster, prints a kubeconfig for the hub's operator with an expiring token of the
   ``holmes-member`` service account (holmes.operator.core.member_token), to store in the hub's Secret.
 
@@ -221,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--member", required=True, help="the member's name (the kubeconfig's context and cluster)"
     )
     mk.add_argument(
-        "--duration", default="720h", help="how long the token is valid (default 720h; at least 10m)"
+        "--duration",
+        default=member_token.DEFAULT_DURATION,
+        help=f"how long the token is valid (default {member_token.DEFAULT_DURATION}; 10m to 7d)",
     )
     mk.add_argument("--service-account", default="holmes-member", help="default holmes-member")
     mk.set_defaults(func=member_kubeconfig_command)

@@ -49,6 +49,17 @@ SCHEDULES = {
 AUTO = "auto"
 SCHEDULE_NAMES = tuple(SCHEDULES)
 
+# torch 2.13 (torch/distributed/pipelining/schedules.py, _PipelineScheduleRuntime._step_microbatches)
+# runs DualPipeV's OVERLAP_F_B actions through the function registered for that type with
+# register_custom_function, else their sub-actions one after the other. Holmes registers none.
+DUALPIPEV_OVERLAP = (
+    "DualPipeV: torch 2.13 overlaps one chunk's forward with the other chunk's backward only "
+    "when an OVERLAP_F_B function is registered on the schedule (register_custom_function, "
+    "signature (action, ctx)); Holmes registers none, so each overlapped pair runs forward then "
+    "backward, and it is priced as ZB-V's bubble with up to 2P-s micro-batches in flight, no "
+    "overlap counted"
+)
+
 
 def kind(name: str) -> ScheduleKind:
     if name not in SCHEDULES:

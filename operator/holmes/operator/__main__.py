@@ -18,6 +18,7 @@ import kopf
 from kubernetes import client, config
 
 from holmes.contract.names import GROUP, PLURAL, RDMA_KINDS, VERSION
+from holmes.contract.release import RELEASE
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
 from . import api_count, liveness, metrics
@@ -70,6 +71,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0 disables)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="address the metrics server binds")
+    p.add_argument(
+        "--metrics-secure",
+        action="store_true",
+        help="serve metrics over HTTPS to bearer tokens the API server authenticates (TokenReview) "
+        "and authorizes for get on /metrics (SubjectAccessReview), as controller-runtime does",
+    )
+    p.add_argument(
+        "--metrics-cert-dir",
+        default="",
+        help="with --metrics-secure: a folder holding tls.crt and tls.key (default: a self-signed "
+        "certificate made at start)",
+    )
     p.add_argument(
         "--trainer-image",
         default=os.environ.get("HOLMES_TRAINER_IMAGE", RenderSettings.image),
@@ -235,6 +248,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.port_range_tuple = (int(lo), int(hi))
     if args.member_secret and not args.members_namespace:
         p.error("--member-secret names a Secret in --members-namespace: set --members-namespace too")
+    if args.metrics_cert_dir and not args.metrics_secure:
+        p.error("--metrics-cert-dir is the HTTPS certificate of --metrics-secure: add --metrics-secure")
+    if args.metrics_cert_dir:
+        missing = [
+            f for f in ("tls.crt", "tls.key") if not os.path.isfile(os.path.join(args.metrics_cert_dir, f))
+        ]
+        if missing:
+            p.error(f"--metrics-cert-dir {args.metrics_cert_dir}: no {' or '.join(missing)} there")
     return args
 
 
@@ -352,8 +373,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.log_level != "debug":  # kopf logs every watch-event handler call at INFO: keep its warnings
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     api_count.install()
+    metrics.BUILD_INFO.labels(RELEASE).set(1)
     registry, rt = build(args, model)
-    if args.metrics_port:
+    if args.metrics_port and args.metrics_secure:
+        from .metrics_auth import MetricsAuthorizer
+        from .metrics_server import api_reviews, serve_secure
+
+        serve_secure(
+            args.metrics_addr,
+            args.metrics_port,
+            MetricsAuthorizer(*api_reviews(rt.api)),
+            args.metrics_cert_dir or None,
+        )
+    elif args.metrics_port:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, addr=args.metrics_addr)
@@ -363,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         extra={
             "namespaces": namespaces or "*",
             "metrics_port": args.metrics_port,
+            "metrics_secure": args.metrics_secure,
             "liveness": args.liveness,
             "cost_model": args.cost_model or "built-in",
         },

@@ -1,6 +1,7 @@
-"""The operator's own Kubernetes API requests, counted by verb and resource
+"""The operator's own Kubernetes API requests, counted by verb, resource and answer
 (``holmes_api_requests_total``): what it costs the API server, without reading the server's
-counters, which mix every client's requests.
+counters, which mix every client's requests, and which answers it gets (403: RBAC refused a
+call; 429: API Priority and Fairness throttles the operator; ``<error>``: no answer at all).
 
 Every request of the kubernetes client in this process goes through
 ``RESTClientObject.request`` (the writes, the informers' LISTs and WATCHes, the log reads,
@@ -21,9 +22,11 @@ from prometheus_client import Counter
 API_REQUESTS = Counter(
     "holmes_api_requests_total",
     "Kubernetes API requests this operator sent, by verb (GET, LIST, WATCH, POST, PUT, PATCH, "
-    "DELETE) and resource (plural, /subresource)",
-    ["verb", "resource"],
+    "DELETE), resource (plural, /subresource) and code (the HTTP status of the answer, "
+    "<error> when none came)",
+    ["verb", "resource", "code"],
 )
+NO_ANSWER = "<error>"  # as client-go's rest_client_requests_total names a request without a status
 # /api/v1/... or /apis/GROUP/VERSION/..., then [namespaces/NS/]RESOURCE[/NAME[/SUBRESOURCE]]
 _PATH = re.compile(
     r"^/(?:api/[^/]+|apis/[^/]+/[^/]+)(?:/namespaces/[^/]+(?=/))?/([^/]+)(?:/([^/]+)(?:/([^/]+))?)?$"
@@ -46,6 +49,11 @@ def classify(method: str, url: str, query: list | None = None) -> tuple[str, str
     return verb, resource + (f"/{sub}" if sub else "")
 
 
+def answer_code(status: object) -> str:
+    """The code label of an answer's HTTP status (``<error>`` when there was none)."""
+    return str(status) if isinstance(status, int) and status > 0 else NO_ANSWER
+
+
 def install() -> None:
     """Count every request of the kubernetes client in this process (once)."""
     request = rest.RESTClientObject.request
@@ -54,8 +62,17 @@ def install() -> None:
 
     @functools.wraps(request)
     def counted(self, method, url, query_params=None, *args, **kwargs):
-        API_REQUESTS.labels(*classify(method, url, query_params)).inc()
-        return request(self, method, url, query_params, *args, **kwargs)
+        verb, resource = classify(method, url, query_params)
+        try:
+            resp = request(self, method, url, query_params, *args, **kwargs)
+        except rest.ApiException as e:  # a non-2xx answer: the client raises it with the status
+            API_REQUESTS.labels(verb, resource, answer_code(e.status)).inc()
+            raise
+        except BaseException:
+            API_REQUESTS.labels(verb, resource, NO_ANSWER).inc()
+            raise
+        API_REQUESTS.labels(verb, resource, answer_code(getattr(resp, "status", None))).inc()
+        return resp
 
     setattr(counted, "_holmes_counted", True)  # noqa: B010 (a mark on a function)
     rest.RESTClientObject.request = counted

@@ -217,7 +217,8 @@ class Runtime:
         self._account(job, old, d, created)
         for ev in d.events:
             kopf.event(job, type=ev.type, reason=ev.reason, message=ev.message[:1000])
-            api_count.API_REQUESTS.labels("POST", "events").inc()  # sent by kopf's client
+            # sent by kopf's client, which logs a refusal and tells nobody: the answer is unknown
+            api_count.API_REQUESTS.labels("POST", "events", "unknown").inc()
             level = logging.WARNING if ev.type == "Warning" else logging.INFO
             log.log(
                 level,

@@ -4,8 +4,8 @@ At start-up, then every ``DISCOVERY_SECONDS`` (Kueue installed, upgraded or remo
 operator runs), API discovery says in which ``kueue.x-k8s.io`` versions the server serves both
 Workloads and ResourceFlavors; the newest Holmes knows wins (``queueing.choose_version``:
 v1beta2, else v1beta1). The Workload and ResourceFlavor informers follow that version; the
-version in use is logged and exported as ``holmes_kueue_api_version{version}`` (1 for the one
-in use). Discovery needs no RBAC beyond what every authenticated client has.
+version in use is logged and exported as ``holmes_kueue_api_info{version}`` (``none`` while
+Kueue's API is not served). Discovery needs no RBAC beyond what every authenticated client has.
 """
 
 from __future__ import annotations
@@ -122,8 +122,7 @@ class KueueLink:
         self._stop = threading.Event()
         self._said = ""
         self._thread = threading.Thread(target=self._run, name="kueue-version", daemon=True)
-        for v in queueing.KUEUE_VERSIONS:
-            metrics.KUEUE_API_VERSION.labels(v).set(0)
+        metrics.set_kueue_api(None)
 
     def start(self) -> KueueLink:
         self._thread.start()
@@ -163,8 +162,7 @@ class KueueLink:
             self.caches.workloads.replace([])
             self.caches.flavors.replace([])
         self.version = version
-        for v in queueing.KUEUE_VERSIONS:
-            metrics.KUEUE_API_VERSION.labels(v).set(1 if v == version else 0)
+        metrics.set_kueue_api(version)
         if version is None:
             self._say(
                 f"Kueue's API ({queueing.KUEUE_GROUP} Workloads in {' or '.join(queueing.KUEUE_VERSIONS)}) "

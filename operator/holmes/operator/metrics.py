@@ -1,8 +1,11 @@
 """Prometheus metrics of the operator (prometheus-client's default registry, so the process
-collector's memory and CPU series come along). Per-job series carry the job's ``namespace`` (a
-tenant's view; bounded by the namespaces the operator serves), never a job name or free text.
+collector's memory and CPU series come along). Per-job series carry the job's namespace as
+``job_namespace`` (a tenant's view; bounded by the namespaces the operator serves), never a job
+name or free text. Not ``namespace``: that is the scrape target's own label (the operator's
+namespace), which the chart's ServiceMonitor keeps (honorLabels: false) so that no series can
+claim a tenant's namespace; a label of that name here would arrive as exported_namespace.
 Only the leader acts: a standby reports ``holmes_leader`` 0 and no jobs, so aggregate with
-``max``/``sum by (namespace, phase)`` over the replicas, or keep ``holmes_leader == 1``.
+``max``/``sum by (job_namespace, phase)`` over the replicas, or keep ``holmes_leader == 1``.
 charts/holmes's PrometheusRule and dashboard use these names (tests/unit/packaging check them)."""
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"
 JOBS = Gauge(
     "holmes_jobs",
     "HolmesJobs this operator acts on, by namespace and phase (0 on a standby)",
-    ["namespace", "phase"],
+    ["job_namespace", "phase"],
 )
 LEADER = Gauge(
     "holmes_leader",
@@ -37,13 +40,13 @@ PLACEMENT_RETRIES = Counter(
     "Decisions that claimed capacity decided again because another job claimed some first "
     "(optimistic placement: plans run outside the placement lock)",
 )
-PODS_CREATED = Counter("holmes_pods_created_total", "Pods created for HolmesJobs", ["namespace"])
-RESTARTS = Counter("holmes_restarts_total", "Gang restarts (all reasons)", ["namespace"])
+PODS_CREATED = Counter("holmes_pods_created_total", "Pods created for HolmesJobs", ["job_namespace"])
+RESTARTS = Counter("holmes_restarts_total", "Gang restarts (all reasons)", ["job_namespace"])
 REPLANS = Counter(
-    "holmes_replans_total", "Re-plans from measured stage speeds (parallelism.replan)", ["namespace"]
+    "holmes_replans_total", "Re-plans from measured stage speeds (parallelism.replan)", ["job_namespace"]
 )
 FAILURES = Counter(
-    "holmes_job_failures_total", "HolmesJobs that ended Failed, by reason", ["namespace", "reason"]
+    "holmes_job_failures_total", "HolmesJobs that ended Failed, by reason", ["job_namespace", "reason"]
 )
 OLDEST_RECONCILE = Gauge(
     "holmes_oldest_reconcile_seconds",
@@ -56,13 +59,23 @@ COST_MODEL_VALID = Gauge(
     "1 while the --cost-model file in use is valid; 0 while it is "
     "unreadable or invalid (planning keeps the last good model)",
 )
-KUEUE_API_VERSION = Gauge(
-    "holmes_kueue_api_version",
-    "1 for the kueue.x-k8s.io version the operator uses for Workloads and ResourceFlavors "
-    "(all 0: Kueue's API is not served)",
+# An _info series (value 1, the fact in its label), so that a query joins on it or reads it
+# without comparing values: one series, version="none" while Kueue's API is not served.
+KUEUE_API_INFO = Gauge(
+    "holmes_kueue_api_info",
+    "The kueue.x-k8s.io version the operator uses for Workloads and ResourceFlavors, in the "
+    "label version (none: Kueue's API is not served); always 1",
     ["version"],
 )
+NO_KUEUE = "none"
 COST_MODEL_RELOADS = Counter("holmes_cost_model_reloads_total", "Changed --cost-model files taken into use")
+BUILD_INFO = Gauge("holmes_build_info", "The operator's release, in the label version; always 1", ["version"])
+
+
+def set_kueue_api(version: str | None) -> None:
+    """holmes_kueue_api_info: the one series of the version in use."""
+    KUEUE_API_INFO.clear()
+    KUEUE_API_INFO.labels(version or NO_KUEUE).set(1)
 
 
 class PhaseTracker:

@@ -81,6 +81,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from holmes.contract import host_memory
 from holmes.contract.flops import ModelCost
 from holmes.contract.spec_sections import GRAD_REDUCE_BYTES, AcrossIslandsSpec
 
@@ -95,6 +96,7 @@ SHARD_EXTRA_BYTES = 4 + 1
 # GPU memory of one NCCL communicator beyond tensors (its channels' buffers, FIFOs): a model,
 # the same number as holmes.trainer.dryrun.recording.NCCL_COMMUNICATOR_BYTES (tests keep them equal)
 NCCL_COMMUNICATOR_BYTES = 100 * 2**20
+P2P_COMMUNICATORS = 2  # per p2p group: its own and its pair's (StageCost.communicators)
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 OUTER_STATE_BYTES = 4  # the replicas' outer optimizer keeps fp32 anchors and momenta (trainer outer.py)
 BACKWARD_WORKING_SETS = 2  # a recomputed layer's working set and its gradients (see memory())
@@ -343,14 +345,18 @@ class StageCost:
         return self.shape.micro_batches * step + exposed
 
     def communicators(self) -> int:
-        """NCCL communicators a GPU of this stage holds: world (the grad norm), dp, tp, the p2p
-        group of each boundary it sits on, the tied embedding's group, the expert group and its
-        expert-data-parallel group, and a replica's outer group (one replica alone has none: it
-        is counted all the same, 0.1 GiB over)."""
+        """NCCL communicators a GPU of this stage holds: world (the grad norm), dp, tp, two for
+        the p2p group of each boundary it sits on, the tied embedding's group, the expert group
+        and its expert-data-parallel group, and a replica's outer group (one replica alone has
+        none: it is counted all the same, 0.1 GiB over). Two per boundary: the group's own (the
+        fabric preflight's probe, 1F1B's mixed send-and-receive batches) and the pair's that
+        torch 2.13's ``_batch_p2p`` sends all-send or all-recv batches on, one op at a time
+        (ProcessGroupNCCL keys a lone send or recv by the pair)."""
         s, place = self.shape, self.place
         tied = self.model.tied and s.pipeline > 1 and (place.first or place.last)
         experts = (s.expert > 1) + (s.expert > 1 and s.data > s.expert)
-        groups = 1 + (s.data > 1) + (s.tensor > 1) + (not place.first) + (not place.last)
+        boundaries = (not place.first) + (not place.last)
+        groups = 1 + (s.data > 1) + (s.tensor > 1) + P2P_COMMUNICATORS * boundaries
         return groups + tied + experts + s.outer_communicators
 
     def shard_bytes(self) -> float:
@@ -361,6 +367,21 @@ class StageCost:
         if cfg.grad_bytes != MAIN_GRAD_BYTES and self.shape.data > 1:
             shard += cfg.grad_bytes  # the reduced shard, in the reduce dtype
         return shard
+
+    def checkpoint_staging(self, n: int) -> float:
+        """Host bytes per GPU an asynchronous checkpoint stages for a stage of n layers
+        (holmes.contract.host_memory): 1/D of the stage's weights on this tensor-parallel rank
+        and the optimizer shard's state (a replica's outer state too); experts: 1/(D/E) of
+        this rank's and their shard."""
+        s, cfg = self.shape, self.cfg
+        p = (self.params(n) - self.expert_params(n)) / s.tensor
+        shard = host_memory.SHARD_STATE_BYTES + self.shape.outer_shard_bytes
+        out = host_memory.staging_bytes(p, s.data, cfg.param_bytes, p / s.data, shard)
+        e = self.expert_params(n) / (s.tensor * s.expert)
+        if e:
+            d = s.data // s.expert
+            out += host_memory.staging_bytes(e, d, cfg.param_bytes, e / d, shard)
+        return out
 
     def expert_memory(self, n: int) -> float:
         """Bytes per GPU of n layers' routed experts: this GPU's slice (E x T ways) in weights and

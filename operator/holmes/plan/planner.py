@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from holmes.contract import nvls
+from holmes.contract import host_memory, nvls
 from holmes.contract import pipeline_schedules as sched
 from holmes.contract.flops import ModelCost, tflops_per_gpu
 from holmes.contract.jobspec import JobSpec, SpecError, load_job, tensor_parallel_problems
@@ -710,6 +710,17 @@ def with_schedule(layout: Layout, option: schedule_choice.ScheduleOption, c: Can
     )
 
 
+def host_per_rank(c: Candidate, job: JobSpec) -> list[float]:
+    """Host bytes per rank of each stage (holmes.contract.host_memory): the process, and with
+    asynchronous checkpoints the staging buffer of what the rank writes."""
+    ckpt = job.training.checkpoint
+    staged = ckpt is not None and ckpt.asynchronous
+    return [
+        host_memory.rank_bytes(cost.checkpoint_staging(n) if staged else 0.0)
+        for cost, n in zip(c.costs, c.layers)
+    ]
+
+
 def schedule_lines(
     option: schedule_choice.ScheduleOption, priced: list[schedule_choice.ScheduleOption], c: Candidate
 ) -> list[str]:
@@ -751,6 +762,8 @@ def schedule_lines(
                 f"  {what}: {o.seconds:.4g} s/iteration (bubble {o.bubble_seconds:.3g} s, p2p "
                 f"{o.p2p_seconds:.3g} s, {_overhead(o, shown)}memory {o.memory_gib:.1f} GiB)"
             )
+    if option.name == "DualPipeV":  # what it does and does not do here (the docs' words too)
+        lines.append(f"  {sched.DUALPIPEV_OVERLAP}")
     return lines
 
 
@@ -791,6 +804,7 @@ def _one_chunk_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layou
     world = d.tensor * d.pipeline * d.data
     tokens = job.tokens_per_iteration
     r = _round
+    host = host_per_rank(c, job)
     estimate = {
         "iterationSeconds": r(c.seconds),
         "tokensPerSecond": r(tokens / c.seconds),
@@ -820,11 +834,13 @@ def _one_chunk_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layou
                 "dpExposedSeconds": r(s.dp_exposed),
                 "finishSeconds": r(s.finish),
                 "memoryGiB": r(s.memory_gib),
+                "hostMemoryGiB": r(host[s.index] / 2**30),
                 **({"allToAllSeconds": r(s.all_to_all)} if model.moe else {}),
                 **_gpu_fields(c, s.index),
             }
             for s in c.stages
         ],
+        "hostMemoryPerNodeGiB": r(max(host_memory.per_node(host, d.data * d.tensor, G)) / 2**30),
         "partition": job.parallelism.partition if isinstance(job.parallelism.partition, str) else "explicit",
         "nicSelection": job.parallelism.nic_selection,
     }

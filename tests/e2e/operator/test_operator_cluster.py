@@ -133,8 +133,8 @@ def test_pods_land_on_the_planned_nodes_with_the_nccl_env_of_their_nic(crd, name
     printed = crd.kubectl("get", "hj", "place", "-n", namespace).stdout
     assert "Running" in printed and st["layout"]["shape"] in printed
     # The operator's own endpoints and structured (JSON) logs.
-    assert f'holmes_jobs{{namespace="{namespace}",phase="Running"}} 1.0' in operator.metrics()
-    assert f'holmes_pods_created_total{{namespace="{namespace}"}} 6.0' in operator.metrics()
+    assert f'holmes_jobs{{job_namespace="{namespace}",phase="Running"}} 1.0' in operator.metrics()
+    assert f'holmes_pods_created_total{{job_namespace="{namespace}"}} 6.0' in operator.metrics()
     assert "holmes_leader 1.0" in operator.metrics()
     assert "Running" in operator.healthz()["jobs"]  # kopf caches probe results a while
     records = [
@@ -194,7 +194,7 @@ def test_a_pod_failure_restarts_the_gang_and_counts_it(crd, namespace, operator)
     assert len(live) == 4
     warnings = [e for e in events_of(crd, namespace, "gang") if e["type"] == "Warning"]
     assert any(e["reason"] == "PodFailed" and "exit code 3" in e["message"] for e in warnings), warnings
-    assert f'holmes_restarts_total{{namespace="{namespace}"}} 1.0' in operator.metrics()
+    assert f'holmes_restarts_total{{job_namespace="{namespace}"}} 1.0' in operator.metrics()
 
 
 def test_a_quota_that_forbids_the_gang_is_reported_and_leaves_no_partial_gang(crd, namespace, operator):
@@ -240,7 +240,7 @@ def test_backoff_limit_exhausted_fails_the_job_with_the_reason(crd, namespace, o
     assert failed["reason"] == "BackoffLimitExceeded" and "exit code 7" in failed["message"]
     assert job["status"]["restarts"] == 1 and job["status"]["completionTime"]
     assert (
-        f'holmes_job_failures_total{{namespace="{namespace}",reason="BackoffLimitExceeded"}} 1.0'
+        f'holmes_job_failures_total{{job_namespace="{namespace}",reason="BackoffLimitExceeded"}} 1.0'
         in operator.metrics()
     )
     wait_for(

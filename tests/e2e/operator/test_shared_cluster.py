@@ -176,10 +176,11 @@ def written_in(workload):
 
 
 def version_in_use(op):
-    """The holmes_kueue_api_version sample that is 1 (None: none is)."""
+    """The version holmes_kueue_api_info names (None: Kueue's API is not served)."""
     for line in op.metrics().splitlines():
-        if line.startswith("holmes_kueue_api_version{") and line.rstrip().endswith(" 1.0"):
-            return line.split('version="')[1].split('"')[0]
+        if line.startswith("holmes_kueue_api_info{"):
+            version = line.split('version="')[1].split('"')[0]
+            return None if version == "none" else version
     return None
 
 

@@ -65,8 +65,13 @@ def test_helm_install_wait_runs_the_operator_pod(env):
     env.wait_for(
         "the liveness endpoint", lambda: http_ok(f"http://{ip}:{env.liveness_port}/healthz"), timeout=60
     )
-    metrics = env.wait_for("the metrics endpoint", lambda: http_ok(f"http://{ip}:{env.metrics_port}/metrics"))
-    assert "holmes_jobs" in metrics
+    # secure metrics (the chart's default): HTTPS, and refused without a token the API server
+    # accepts (tests/unit/operator/test_metrics_auth.py serves them to an authorized one)
+    refused = env.wait_for(
+        "the metrics endpoint", lambda: https_status(f"https://{ip}:{env.metrics_port}/metrics")
+    )
+    assert refused == 401
+    assert https_status(f"https://{ip}:{env.metrics_port}/metrics", token="not-a-token") == 401
     lease = env.wait_for(
         "the operator to take the leader Lease",
         lambda: (
@@ -84,6 +89,24 @@ def http_ok(url: str) -> str | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             return r.read().decode() or "ok" if r.status == 200 else None
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def https_status(url: str, token: str | None = None) -> int | None:
+    """The HTTP status of a GET over TLS without verifying the (self-signed) certificate."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return None
 
@@ -134,6 +157,8 @@ NEEDED = {
     ("resourceclaimtemplates.resource.k8s.io", "create"): "kube.KubeIO._create_claim_template",
     ("resourceclaims.resource.k8s.io", "list"): "informer.Informer (devices claims hold, watches.py)",
     ("resourceclaims.resource.k8s.io", "watch"): "informer.Informer (devices claims hold, watches.py)",
+    ("tokenreviews.authentication.k8s.io", "create"): "metrics_server.api_reviews (a scraper's token)",
+    ("subjectaccessreviews.authorization.k8s.io", "create"): "metrics_server.api_reviews (its /metrics get)",
 }
 # Cluster-wide reads (the ClusterRole in every mode): besides nodes and CRDs, PriorityClasses
 # and Kueue's ResourceFlavors. Not pods: a namespaced install reads pods in its namespaces only.
@@ -145,6 +170,8 @@ CLUSTER_READS = (
     "resourceflavors",
     "resourceslices",
 )
+# Cluster-scoped creates (listed by `can-i --list` in every namespace): the secure metrics' reviews.
+CLUSTER_CREATES = ("tokenreviews", "subjectaccessreviews")
 # In the release namespace only: the leader-election Lease (leader.LeaderElector).
 LEADER = {
     ("leases.coordination.k8s.io", "create"): "leader.LeaderElector._create",
@@ -185,7 +212,10 @@ def test_operator_may_do_exactly_what_it_needs(env):
     assert granted(env, env.job_ns) == set(NEEDED)
     # outside the served namespace: only the cluster-scoped reads
     assert granted(env, env.release_ns) == {
-        k for k in NEEDED if k[0].split(".")[0] in CLUSTER_READS and k[1] in ("list", "watch")
+        k
+        for k in NEEDED
+        if (k[0].split(".")[0] in CLUSTER_READS and k[1] in ("list", "watch"))
+        or (k[0].split(".")[0] in CLUSTER_CREATES and k[1] == "create")
     } | set(LEADER)
 
 
@@ -446,7 +476,8 @@ def test_cluster_wide_rbac_grants_the_same_calls_in_every_namespace(env):
     env.kubectl("apply", "-f", "-", input=out)
     try:
         sa = f"--as=system:serviceaccount:{env.release_ns}:{rel}-holmes"
-        expected = {k for k in NEEDED if k[0] != "namespaces"}
+        # and without pod logs, which a cluster-wide install grants per namespace only (issue 55)
+        expected = {k for k in NEEDED if k[0] != "namespaces" and k != ("pods/log", "get")}
         for ns in (env.job_ns, "default"):
             out = env.kubectl("auth", "can-i", "--list", "-n", ns, sa).stdout
             assert parse_can_i(out) == expected

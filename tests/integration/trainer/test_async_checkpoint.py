@@ -100,3 +100,63 @@ def test_staging_is_bounded_to_one_copy_of_the_state(tmp_path):
         sizes = out[rank][1]
         # on_iteration runs before that iteration's save: no buffers yet, then one set of them
         assert sizes[0] == 0 and sizes[1] > 0 and sizes[1] == sizes[2], sizes
+
+
+def test_each_data_parallel_rank_stages_only_the_weights_it_writes(tmp_path):
+    """Before: every data-parallel rank staged the stage's whole replicated weights (DCP drops
+    the duplicates only when it plans the write, after staging). Now the two ranks' shares are
+    disjoint and cover the stage, and each rank's one staging buffer is exactly its share, its
+    optimizer shard and its RNG state."""
+    from holmes.trainer.async_checkpoint import staging_offsets
+
+    root = str(tmp_path / "ckpt")
+    cfg = tiny_config(optimizer=ADAMW, iterations=2, checkpoint=CheckpointConfig(root, 1))
+
+    def body(rank, cfg, layout):
+        seen = {}
+
+        def on_iteration(trainer, record):
+            if trainer.iteration != 2:  # after the first save, before the second
+                return
+            share = (trainer.info.dp_index, layout.data)
+            mine = checkpoint.model_tensors(trainer.module, tied_copy=False, share=share)
+            whole = checkpoint.model_tensors(trainer.module, tied_copy=False)
+            rest = {**checkpoint.optimizer_tensors(trainer.opt, trainer.tp, saving=True)}
+            rest.update(checkpoint.rng_state(rank))
+
+            def total(state):
+                return staging_offsets([t.numel() * t.element_size() for t in _sources(state)])[1]
+
+            seen.update(
+                # what the dry run and the planner count, from sizes alone
+                counted=checkpoint.staging_size(trainer.module, trainer.opt, trainer.tp, share),
+                slack=len(_sources({**mine, **rest})) * 512 + total(checkpoint.rng_state(rank)),
+                mine=sorted(mine),
+                whole=sorted(whole),
+                staged=trainer.checkpointer.stager.staged_bytes,
+                expected=total({**mine, **rest}),
+                before=total({**whole, **rest}),
+            )
+
+        train_on_layout(rank, cfg, layout, on_iteration)
+        return seen
+
+    out = run_ranks(2, body, cfg, LAYOUT)
+    a, b = out[0][1], out[1][1]
+    assert a["whole"] == b["whole"] and not set(a["mine"]) & set(b["mine"])
+    assert sorted(a["mine"] + b["mine"]) == a["whole"] and a["mine"] and b["mine"]
+    for r in (a, b):
+        assert r["staged"] == r["expected"] < r["before"], r
+        assert r["counted"] <= r["staged"] <= r["counted"] + r["slack"], r
+
+
+def _sources(state):
+    out = []
+    for v in state.values():
+        if isinstance(v, checkpoint.Chunks):
+            out += [t for _, t in v._pieces]
+        elif hasattr(v, "to_local"):
+            out.append(v.to_local())
+        else:
+            out.append(v)
+    return out

@@ -83,11 +83,14 @@ def test_the_pipeline_warm_up_neither_talks_on_the_pp_group_nor_reads_the_device
         assert p2p and all(len(c["group"]) == 2 for c in p2p)
 
 
-def test_p2p_communicators_are_the_layout_groups_only(three_stages):
+def test_p2p_communicators_are_the_layout_groups_and_their_pairs(three_stages):
+    """Each p2p group: its own communicator (the preflight's probe, mixed batches) and the pair's
+    that torch 2.13's _batch_p2p sends lone ops on; no pair on any other group."""
     _, out, layout = three_stages
     for r in out["ranks"]:
         kinds = [c["kind"] for c in r["communicatorList"]]
-        assert not [k for k in kinds if k.endswith("pair")], kinds
+        assert kinds.count("p2p pair") == kinds.count("p2p") > 0, kinds
+        assert not [k for k in kinds if k.endswith("pair") and k != "p2p pair"], kinds
 
 
 def test_a_mismatched_collective_sequence_is_reported():

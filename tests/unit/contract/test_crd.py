@@ -35,6 +35,13 @@ def test_names_scope_and_subresources():
     assert "Age" in cols
 
 
+def test_not_in_the_all_category():
+    """`kubectl delete all --all` deletes every resource in the category "all": a namespace's
+    workloads, which a training job and its checkpoints are not to be swept away with."""
+    doc, _ = schema()
+    assert doc["spec"]["names"]["categories"] == ["holmes"]  # `kubectl get holmes` lists them
+
+
 def test_every_spec_and_status_field_has_a_description():
     _, v = schema()
     root = v["schema"]["openAPIV3Schema"]

@@ -167,8 +167,14 @@ class Informer:
         self.stopped = True
 
 
-def gauge(version):
-    return REGISTRY.get_sample_value("holmes_kueue_api_version", {"version": version})
+def kueue_info() -> dict[str, float]:
+    """holmes_kueue_api_info's series: version label -> value."""
+    return {
+        s.labels["version"]: s.value
+        for family in REGISTRY.collect()
+        if family.name == "holmes_kueue_api_info"
+        for s in family.samples
+    }
 
 
 def test_the_link_follows_kueue_installed_upgraded_failing_and_removed():
@@ -190,7 +196,13 @@ def test_the_link_follows_kueue_installed_upgraded_failing_and_removed():
 
     caches = Caches()
     caches.workloads.put({"metadata": {"name": "w", "namespace": "ns", "uid": "u"}})
-    link = kueue_version.KueueLink(discover, start, caches, chosen.append, interval=0.01).start()
+    exported = []  # holmes_kueue_api_info when each version was taken into use
+
+    def on_version(version):
+        exported.append(kueue_info())
+        chosen.append(version)
+
+    link = kueue_version.KueueLink(discover, start, caches, on_version, interval=0.01).start()
     try:
         assert link.synced.wait(5) and done.wait(5)
         deadline = time.monotonic() + 5
@@ -204,4 +216,5 @@ def test_the_link_follows_kueue_installed_upgraded_failing_and_removed():
     assert [i.version for i in started] == ["v1beta1", "v1beta2"]
     assert all(i.stopped for i in started)  # the old version's informers end on each switch
     assert link.version is None and len(caches.workloads) == 0  # removed: nothing cached
-    assert gauge("v1beta1") == gauge("v1beta2") == 0
+    # one series at a time: the fact is its label
+    assert exported == [{"none": 1.0}, {"v1beta1": 1.0}, {"v1beta2": 1.0}, {"none": 1.0}]

@@ -20,14 +20,21 @@ def jwt(payload: dict) -> str:
 
 
 @pytest.mark.parametrize(
-    "text,want", [("720h", 720 * 3600), ("30d", 30 * 86400), ("1h30m", 5400), ("900s", 900), ("3600", 3600)]
+    "text,want", [("168h", 168 * 3600), ("7d", 7 * 86400), ("1h30m", 5400), ("900s", 900), ("3600", 3600)]
 )
 def test_durations(text, want):
     assert seconds(text) == want
 
 
 @pytest.mark.parametrize(
-    "text,why", [("5m", "minimum of 10m"), ("1w", "not a duration"), ("", "not a duration")]
+    "text,why",
+    [
+        ("5m", "minimum of 10m"),
+        ("1w", "not a duration"),
+        ("", "not a duration"),
+        ("720h", "over the limit of 7d"),  # a leaked token that creates pods must die soon
+        ("7d1s", "over the limit of 7d"),
+    ],
 )
 def test_durations_refused_with_the_reason(text, why):
     with pytest.raises(TokenError, match=why):

@@ -8,7 +8,7 @@ from holmes.operator import metrics
 
 def jobs() -> dict[tuple[str, str], float]:
     (family,) = metrics.JOBS.collect()
-    return {(s.labels["namespace"], s.labels["phase"]): s.value for s in family.samples}
+    return {(s.labels["job_namespace"], s.labels["phase"]): s.value for s in family.samples}
 
 
 def test_jobs_are_counted_per_namespace_and_phase_and_a_gone_namespace_leaves():

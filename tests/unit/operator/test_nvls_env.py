@@ -43,7 +43,7 @@ def test_h100_sxm_tensor_8_pods_get_nvls_on_and_the_estimate_counts_it():
     estimate had counted."""
     layout, envs = rendered(job({"tensor": 8, "pipeline": 2}), [H100_SXM, H100_SXM])
     assert (layout.tensor, layout.pipeline) == (8, 2)
-    assert [envs[r]["NCCL_NVLS_ENABLE"] for r in (0, 1)] == ["1", "1"]
+    assert [envs[r]["NCCL_NVLS_ENABLE"] for r in (0, 1)] == ["2", "2"]  # never 1 (nvls.ON)
     # one decision: the pods' switch and the memory the estimate counted (against the same job
     # on PCIe cards of the same 80 GB, which have no NVSwitch)
     decision = nvls.from_layout(layout, tied=False)

@@ -45,6 +45,8 @@ def test_defaults_two_replicas_with_a_leader_lease_and_the_pieces():
             "RoleBinding",
             "ClusterRole",  # holmes-edit, aggregated into edit and admin
             "ClusterRole",  # holmes-view, aggregated into view
+            "ClusterRole",  # holmes-metrics-reader, for the scrapers of the secure metrics
+            "ClusterRole",  # holmes-pod-logs, bound per namespace by its owner (not cluster-wide)
             "Service",
             "Deployment",
             "PodDisruptionBudget",
@@ -139,6 +141,8 @@ def test_watch_namespaces_gives_roles_per_namespace_and_flags():
         "priorityclasses",
         "resourceflavors",
         "resourceslices",  # list/watch: DRA devices
+        "tokenreviews",  # create: secure metrics (a scraper's token) ...
+        "subjectaccessreviews",  # ... and whether its user may get /metrics
     }
     args = operator_pod(docs)["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
@@ -153,9 +157,9 @@ def test_rbac_has_no_wildcards_and_no_secret_access():
     docs = render()
     for role in by_kind(docs, "ClusterRole") + by_kind(render({"watch.allNamespaces": "false"}), "Role"):
         for rule in role["rules"]:
-            for field in ("apiGroups", "resources", "verbs"):
-                assert "*" not in rule[field], f"wildcard in {role['kind']} {field}: {rule}"
-            assert "secrets" not in rule["resources"]
+            for field in ("apiGroups", "resources", "verbs", "nonResourceURLs"):
+                assert "*" not in rule.get(field, []), f"wildcard in {role['kind']} {field}: {rule}"
+            assert "secrets" not in rule.get("resources", [])
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
 
 
@@ -185,7 +189,7 @@ def test_member_clusters_read_only_the_named_secrets_in_the_release_namespace():
     out = helm("template", "h", str(CHART), "--set", "members.enabled=true", check=False)
     assert out.returncode != 0 and "members.secretNames" in out.stderr
     for role in by_kind(docs, "ClusterRole"):
-        assert all("secrets" not in x["resources"] for x in role["rules"])
+        assert all("secrets" not in x.get("resources", []) for x in role["rules"])
     assert not any(
         "--members-namespace" in a
         for a in one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -416,7 +420,7 @@ def rules_granting(docs: list[dict], resource: str) -> list[tuple[str, str, dict
         (d["kind"], d["metadata"].get("namespace", ""), rule)
         for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
         for rule in d["rules"]
-        if resource in rule["resources"]
+        if resource in rule.get("resources", [])
     ]
 
 
@@ -453,6 +457,32 @@ def test_tenant_cluster_roles_aggregate_into_edit_and_view():
         assert all(rule["apiGroups"] == ["holmes.dev"] for rule in role["rules"])
     # a second release names its own
     assert operator_cluster_role(render(release="other"), "other-holmes-edit")
+
+
+def test_pod_logs_never_cluster_wide():
+    """watch.allNamespaces: no cluster-wide pods/log (it would reach kube-system's pods): a
+    ClusterRole to bind per namespace instead; a namespaced install keeps it in its Roles."""
+    docs = render()
+    grants = rules_granting(docs, "pods/log")
+    assert [(k, ns) for k, ns, _ in grants] == [("ClusterRole", "")]
+    bound = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")}
+    (logs,) = [
+        r
+        for r in by_kind(docs, "ClusterRole")
+        if any("pods/log" in x.get("resources", []) for x in r["rules"])
+    ]
+    assert logs["metadata"]["name"] == "holmes-pod-logs" and "holmes-pod-logs" not in bound
+    assert operator_cluster_role(docs)["metadata"]["name"] in bound
+    assert not [x for x in operator_cluster_role(docs)["rules"] if "pods/log" in x.get("resources", [])]
+    namespaced = render({"watch.allNamespaces": "false", "watch.namespaces": "{team-a}"})
+    assert [(k, ns) for k, ns, _ in rules_granting(namespaced, "pods/log")] == [("Role", "team-a")]
+
+
+def test_tenant_role_aggregation_can_be_turned_off():
+    docs = render({"rbac.aggregateToDefaultRoles": "false"})
+    for name in ("holmes-edit", "holmes-view"):
+        labels = operator_cluster_role(docs, name)["metadata"]["labels"]
+        assert not [k for k in labels if k.startswith("rbac.authorization.k8s.io/aggregate-to-")], name
 
 
 def probe_of(docs: list[dict], kind: str) -> dict:

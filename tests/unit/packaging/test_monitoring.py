@@ -164,6 +164,84 @@ def test_the_pod_monitor_selects_the_rank_0_trainer_and_its_metrics_port():
     assert ns["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
 
 
-def test_the_operator_keeps_its_namespace_label():
+# The labels Prometheus gives every series of a ServiceMonitor's target (prometheus-operator's
+# relabelling): a scraped label of one of these names arrives renamed exported_<name>.
+TARGET_LABELS = {"namespace", "service", "pod", "container", "endpoint", "job", "instance"}
+OPERATOR_JOB_METRICS = ("holmes_jobs", "holmes_restarts_total", "holmes_replans_total",
+                        "holmes_job_failures_total", "holmes_pods_created_total")  # fmt: skip
+
+
+def test_the_target_keeps_its_labels_and_the_operator_uses_none_of_them():
+    """honorLabels: false (no series can claim a tenant's namespace); then the shipped alerts and
+    dashboard only work when no operator label is one Prometheus renames, as a multi-tenant
+    Prometheus with overrideHonorLabels renamed the job's `namespace` before."""
     sm = one(monitoring(), "ServiceMonitor")
-    assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # holmes_jobs{namespace}: the job's
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is False
+    for value in vars(metrics).values():
+        if isinstance(value, prometheus_client.metrics.MetricWrapperBase):
+            assert not set(value._labelnames) & TARGET_LABELS, value._name
+    docs = monitoring()
+    exprs = rule_exprs(docs) + [t["expr"] for p in dashboard(docs)["panels"] for t in p["targets"]]
+    for e in exprs:
+        if any(m in e for m in OPERATOR_JOB_METRICS):
+            assert "job_namespace" in e and "(namespace" not in e and "{namespace" not in e, e
+
+
+def test_secure_metrics_are_scraped_over_https_with_the_scrapers_token():
+    ep = one(monitoring(), "ServiceMonitor")["spec"]["endpoints"][0]
+    assert ep["scheme"] == "https" and ep["bearerTokenFile"].endswith("serviceaccount/token")
+    assert ep["tlsConfig"] == {"insecureSkipVerify": True}  # the operator's self-signed certificate
+    ca = {"ca": {"secret": {"name": "holmes-ca", "key": "ca.crt"}}, "serverName": "holmes-metrics"}
+    given = one(monitoring({"metrics.serviceMonitor.tlsConfig.ca.secret.name": "holmes-ca",
+                            "metrics.serviceMonitor.tlsConfig.ca.secret.key": "ca.crt",
+                            "metrics.serviceMonitor.tlsConfig.serverName": "holmes-metrics"}),
+                "ServiceMonitor")  # fmt: skip
+    assert given["spec"]["endpoints"][0]["tlsConfig"] == ca
+    assert check(given, SCHEMAS["ServiceMonitor"], SCHEMAS["$defs"]) == []
+    plain = one(monitoring({"metrics.secure": "false"}), "ServiceMonitor")["spec"]["endpoints"][0]
+    assert "scheme" not in plain and "bearerTokenFile" not in plain
+
+
+def test_every_alert_has_a_runbook_url_from_the_values():
+    docs = monitoring({"metrics.prometheusRule.runbookBaseURL": "https://wiki.example/holmes.md"})
+    for g in one(docs, "PrometheusRule")["spec"]["groups"]:
+        for r in g["rules"]:
+            assert r["annotations"]["runbook_url"] == f"https://wiki.example/holmes.md#{r['alert'].lower()}"
+
+
+def operator_args(docs) -> list[str]:
+    return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def review_rules(docs) -> list[dict]:
+    return [
+        r
+        for role in by_kind(docs, "ClusterRole")
+        for r in role["rules"]
+        if {"tokenreviews", "subjectaccessreviews"} & set(r.get("resources", []))
+    ]
+
+
+def test_secure_metrics_by_default_with_the_reviews_they_need():
+    docs = render()
+    assert "--metrics-secure" in operator_args(docs)
+    assert not any(a.startswith("--metrics-cert-dir") for a in operator_args(docs))  # self-signed
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in review_rules(docs)] == [
+        (["authentication.k8s.io"], ["tokenreviews"], ["create"]),
+        (["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
+    ]
+    (reader,) = [r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"] == "holmes-metrics-reader"]
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    # plain: neither the flag nor the reviews nor the reader role
+    plain = render({"metrics.secure": "false"})
+    assert "--metrics-secure" not in operator_args(plain) and not review_rules(plain)
+    assert not [r for r in by_kind(plain, "ClusterRole") if r["metadata"]["name"].endswith("-metrics-reader")]
+
+
+def test_a_certificate_secret_is_mounted_and_served():
+    docs = render({"metrics.tls.secretName": "holmes-metrics-cert"})
+    assert "--metrics-cert-dir=/etc/holmes-metrics-tls" in operator_args(docs)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "metrics-tls", "secret": {"secretName": "holmes-metrics-cert"}} in pod["volumes"]
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {"name": "metrics-tls", "mountPath": "/etc/holmes-metrics-tls", "readOnly": True} in mounts

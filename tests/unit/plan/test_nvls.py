@@ -6,19 +6,47 @@ from __future__ import annotations
 
 from holmes.contract import nvls
 
+MiB = 2**20
+
 
 def test_it_pays_for_tensor_parallel_groups_inside_an_h100_node():
     c = nvls.choose("H100", 8, 2, 2, 8, 0, tied=True)  # T=8 fills the node
     assert c.enabled and "tp" in c.why
-    # world (8 local), tp (8), dp (1 per node: not eligible), p2p out (1), embedding (1)
-    assert c.communicators == 2 and c.bytes == 2 * nvls.COMMUNICATOR_BYTES
-    assert c.env() == {"NCCL_NVLS_ENABLE": "1"}
+    # world (8 local, never reduces large messages), tp (8: 8 heads x 32 MiB), dp (1 per
+    # node), p2p out (1), embedding (1): NCCL 2.30 allocates NVLS buffers for tp only
+    assert c.communicators == 1 and c.bytes == 256 * MiB
+    assert c.env() == {"NCCL_NVLS_ENABLE": "2"}
+
+
+def test_on_is_written_2_never_1():
+    """Before: on was NCCL_NVLS_ENABLE=1, with which NCCL 2.21-2.30 skips the multicast-support
+    check (ncclNvlsInit) and every communicator of 2+ GPUs on the node fails at init where
+    multicast does not work; 2 checks and falls back quietly."""
+    assert nvls.ON == "2"
+    d = nvls.decide(["H100"] * 2, 8, 1, 2, 8, tied=False)
+    assert all(d.nodes) and {d.node_env(n)["NCCL_NVLS_ENABLE"] for n in range(2)} == {"2"}
+
+
+def test_buffers_are_what_nccl_2_30_allocates():
+    """Before: 1 GiB per communicator (older NCCLs' 4 MiB steps), about four times NCCL 2.30's
+    ncclNvlsBufferSetup: channels x 2 x 128 KiB x 8 steps per GPU of the communicator on the
+    node; and communicators that never reduce large messages (world, p2p) allocate none, since
+    NCCL sets the buffers up lazily, when a collective first picks NVLS."""
+    span = nvls.GroupSpan
+    assert nvls.communicator_bytes(span("tp", 8, 1), blackwell=False) == 256 * MiB
+    assert nvls.communicator_bytes(span("dp", 4, 1), blackwell=False) == 128 * MiB
+    assert nvls.communicator_bytes(span("tp", 8, 1), blackwell=True) == 384 * MiB  # 24 channels
+    assert nvls.communicator_bytes(span("dp", 8, 2), blackwell=True) == 512 * MiB  # 32 across nodes
+    assert not span("world", 8, 1).eligible and not span("p2p", 2, 1).eligible
+    assert span("embedding", 2, 1).eligible and not span("tp", 1, 2).eligible
+    b = nvls.choose("B200", 8, 1, 2, 8, 0, tied=False)
+    assert b.enabled and b.bytes == 384 * MiB and "tp 384 MiB" in b.why
 
 
 def test_it_stays_off_where_it_would_cost_memory_only():
-    # P=8 on one 8-GPU node: every p2p pair and the world group are eligible, nothing pays
+    # P=8 on one 8-GPU node: p2p pairs and the world group only, nothing pays
     c = nvls.choose("NVIDIA H100 80GB HBM3", 1, 1, 8, 8, 3, tied=False)
-    assert not c.enabled and c.communicators == 3 and c.bytes == 0
+    assert not c.enabled and c.communicators == 0 and c.bytes == 0
     assert c.env() == {"NCCL_NVLS_ENABLE": "0"}
 
 
@@ -42,11 +70,10 @@ def _stage_memory_gib(product: str) -> float:
 
 
 def test_the_planner_memory_model_counts_it():
-    """Before: 100 MiB per communicator on any GPU; NVLS's gigabyte per communicator, which
-    NCCL takes on H100 SXM nodes, was not counted, so a stage the estimate fitted could run
-    out of memory there. Same job, H100 SXM against H100 PCIe (same 80 GB, no NVSwitch)."""
+    """NVLS's buffers, which NCCL takes on H100 SXM nodes, are counted per stage. Same job, H100
+    SXM against H100 PCIe (same 80 GB, no NVSwitch)."""
     c = nvls.choose("H100", 8, 1, 2, 8, 0, tied=False)
-    assert c.enabled and c.communicators == 2  # world and tp: 8 ranks on the node each
+    assert c.enabled and c.communicators == 1 and c.bytes == 256 * MiB  # tp: 8 ranks on the node
     sxm, pcie = _stage_memory_gib("NVIDIA-H100-80GB-HBM3"), _stage_memory_gib("NVIDIA-H100-PCIe")
     assert round(sxm - pcie, 2) == round(c.bytes / 2**30, 2), (sxm, pcie)
 
@@ -77,7 +104,7 @@ def test_a_stage_counts_nvls_when_one_of_its_nodes_runs_with_it():
     assert d.nodes == (True, False, False)
     assert d.stages[0].enabled and d.stages[0].bytes > 0
     assert not d.stages[1].enabled and d.stages[1].bytes == 0
-    assert [d.node_env(n)["NCCL_NVLS_ENABLE"] for n in range(3)] == ["1", "0", "0"]
+    assert [d.node_env(n)["NCCL_NVLS_ENABLE"] for n in range(3)] == ["2", "0", "0"]
 
 
 def test_every_stage_on_a_node_on_nvlink_sharp_agrees():

@@ -183,3 +183,18 @@ def sched_is_split(name: str) -> bool:
     from holmes.contract.pipeline_schedules import kind
 
     return kind(name).split_backward
+
+
+def test_dualpipev_says_torch_overlaps_only_with_a_registered_function_and_holmes_has_none():
+    """Before: nothing said that torch 2.13 runs DualPipeV's OVERLAP_F_B actions as forward then
+    backward unless a function is registered for them, which Holmes does not do."""
+    from pathlib import Path
+
+    lay = plan(THREE_ISLANDS, three_island_job(B=96, pipelineSchedule="DualPipeV"), FAT_LINKS)
+    assert lay.schedule == "DualPipeV"
+    note = next(line for line in lay.explanation if line.strip().startswith("DualPipeV: torch 2.13"))
+    assert "OVERLAP_F_B" in note and "register_custom_function" in note and "Holmes registers none" in note
+    auto = plan(THREE_ISLANDS, three_island_job(B=96), FAT_LINKS)
+    assert auto.schedule != "DualPipeV" and not any("OVERLAP_F_B" in line for line in auto.explanation)
+    docs = (Path(__file__).parents[3] / "docs" / "trainer.md").read_text()
+    assert "register_custom_function(OVERLAP_F_B" in docs and "Holmes registers none" in docs

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.markdown import anchors, prose
+
 REPO = Path(__file__).resolve().parents[3]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 README_MAX_BYTES = 15_000
@@ -17,33 +19,6 @@ RULES_HEADER = "| situation | what happens (status, Event) |"
 
 # [text](target) or [text](target "title"), images included; target may be <wrapped>.
 LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
-HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
-
-
-def prose(page: Path) -> str:
-    """The page without fenced code blocks (a link-like string in code is not a link)."""
-    return FENCE.sub("", page.read_text(encoding="utf-8"))
-
-
-def slug(heading: str) -> str:
-    """GitHub's anchor for a heading: markup dropped, lower case, punctuation other than '-' and
-    '_' removed, each space -> '-'."""
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading: its text
-    text = re.sub(r"[`*]", "", text.strip().lower())
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
-
-
-def anchors(page: Path) -> set[str]:
-    """Every heading anchor of a page, with GitHub's -1, -2 ... for repeated headings."""
-    seen: dict[str, int] = {}
-    out = set()
-    for m in HEADING.finditer(prose(page)):
-        base = slug(m.group(1))
-        n = seen.get(base, 0)
-        seen[base] = n + 1
-        out.add(base if n == 0 else f"{base}-{n}")
-    return out
 
 
 def links(page: Path) -> list[str]:

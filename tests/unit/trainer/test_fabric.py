@@ -183,3 +183,22 @@ def test_the_engine_refuses_torchcomms_when_its_groups_need_several_nets():
     with pytest.raises(groups.NetOverrideError, match="TorchComms is on.*pins IB and Socket"):
         groups.torchcomms_note(four, True)
     assert groups.torchcomms_note(four, False) is None
+
+
+def test_the_nccl_net_guard_reads_the_nccl_conf_under_home_as_nccl_does(tmp_path):
+    """Before: the guard looked in the password database's home; NCCL 2.30 (misc/param.cc,
+    userHomeDir) reads $HOME, so with a random UID or an image-set HOME it checked another file."""
+    from holmes.launch import hook
+    from holmes.trainer import groups
+
+    home = tmp_path / "image-home"
+    home.mkdir()
+    (home / ".nccl.conf").write_text("NCCL_NET=IB\n")
+    nowhere = tmp_path / "no-etc" / "nccl.conf"
+    env = {"HOME": str(home)}
+    with pytest.raises(groups.NetOverrideError, match=rf"NCCL_NET=IB in {home}/.nccl.conf"):
+        groups.guard_nccl_net(env, etc=nowhere)
+    with pytest.raises(hook.HookError, match=rf"NCCL_NET=IB in {home}/.nccl.conf"):
+        hook.check_nccl_net(dict(env), None, nowhere)
+    assert groups.guard_nccl_net({"HOME": str(tmp_path)}, etc=nowhere) is None  # no file there
+    assert groups.guard_nccl_net({}, etc=nowhere) is None  # HOME unset: NCCL reads no user file

@@ -22,7 +22,7 @@ from holmes.launch import netenv, podnet
 from holmes.launch.podnet import Iface, NetError, PodView, Reach, resolve
 from holmes.trainer.fabric import rdma_problems
 from tests.helpers.labeller.fakesysfs import FakeSysfs
-from tests.helpers.trainer.fakepod import V1, V2, ib_hca, ipv4_gid, roce_hca, set_gid, verbs
+from tests.helpers.trainer.fakepod import V1, V2, ib_hca, ipv4_gid, roce_hca, roce_table, set_gid, verbs
 
 HOST_NAME = "eno12399np0"  # what the labeller annotates on a real host: absent in a pod's namespace
 
@@ -281,3 +281,73 @@ def test_the_engines_start_up_resolves_before_torchrun():
     assert run.rendezvous(torchrun.parse_args(argv))[0] == "127.0.0.1"
     assert run.rendezvous(torchrun.parse_args(["--rdzv-endpoint=[::1]:7", "x.py"])) == ("::1", 7)
     assert run.rendezvous(torchrun.parse_args(["--standalone", "x.py"])) == ("localhost", 0)
+
+
+# ---- the Socket transport's interfaces ---------------------------------------------------------
+
+
+def _roce_pod(tmp_path: Path, netdevs: dict[str, str]) -> None:
+    """RoCE HCAs (hca -> its netdev in the pod, with the netdev's address as the GID)."""
+    fs = FakeSysfs(tmp_path / "sys")
+    for i, (hca, nd) in enumerate(netdevs.items()):
+        fs.hca(hca, [("Ethernet", "200 Gb/sec (4X HDR)", "4: ACTIVE")], netdevs=[(nd, 200000, 1)])
+        roce_table(fs.root, hca, f"192.168.{10 + i}.4")
+    verbs(tmp_path, {hca: i for i, hca in enumerate(netdevs)})
+
+
+def test_socket_groups_get_the_rdma_ports_netdevs_after_the_rendezvous_interface(tmp_path):
+    """Before: NCCL_SOCKET_IFNAME named only the rendezvous interface; NCCL reads it once per
+    process for its bootstrap and its Socket transport, so every Socket group ran over eth0."""
+    _roce_pod(tmp_path, {"mlx5_12": "net1", "mlx5_13": "net2"})
+    pod = ifaces(eth0="10.244.1.5/24", net1="192.168.10.4/24", net2="192.168.11.4/24")
+    env = {"HOLMES_NIC": "roce", "HOLMES_POD_NETWORK": "podNetwork"}
+    # by default the rails are named, not listed: nothing in the pod tells whether they are
+    # routed between the islands the Socket groups cross
+    plain = resolve(pod_view(tmp_path, pod), env, TO_MASTER)
+    assert plain.env["NCCL_SOCKET_IFNAME"] == "=eth0"
+    assert "set HOLMES_SOCKET_RAILS=routed" in plain.report["socket"]["rails"]
+    env["HOLMES_SOCKET_RAILS"] = "routed"  # the admin's word
+    out = resolve(pod_view(tmp_path, pod), env, TO_MASTER)
+    assert out.env["NCCL_SOCKET_IFNAME"] == "=eth0,net1,net2"
+    assert out.env["GLOO_SOCKET_IFNAME"] == "eth0"  # gloo's host groups: the rendezvous interface
+    assert podnet.select_ifaces(["lo", "eth0", "net1", "net2"], out.env["NCCL_SOCKET_IFNAME"]) == [
+        "eth0",
+        "net1",
+        "net2",
+    ]
+    assert "net1, net2: the RDMA ports' netdevs" in out.report["socket"]["why"]
+
+
+def test_a_netdev_before_the_rendezvous_interface_is_left_out_for_nccls_bootstrap(tmp_path):
+    """NCCL's bootstrap takes the first listed interface in getifaddrs' order (IPv4 first): a
+    rail netdev with a lower index would move it off the interface that reaches the rendezvous."""
+    _roce_pod(tmp_path, {"mlx5_0": "ens1", "mlx5_1": "ens9"})
+    host = (
+        Iface("lo", (ipaddress.ip_interface("127.0.0.1/8"),)),
+        Iface("ens1", (ipaddress.ip_interface("192.168.10.4/24"),)),
+        Iface("eth0", (ipaddress.ip_interface("10.244.1.5/24"),)),
+        Iface("ens9", (ipaddress.ip_interface("192.168.11.4/24"),)),
+    )
+    out = resolve(
+        pod_view(tmp_path, host), {"HOLMES_NIC": "roce", "HOLMES_SOCKET_RAILS": "routed"}, TO_MASTER
+    )
+    assert out.env["NCCL_SOCKET_IFNAME"] == "=eth0,ens9"
+    assert "ens1: NCCL's bootstrap would take it" in out.report["socket"]["leftOut"]
+    assert podnet.bootstrap_interface(PodView(host), ["eth0", "ens9"]) == "eth0"
+    v6 = Iface("ens1", (ipaddress.ip_interface("fd00::4/64"),))  # IPv6 only: after every IPv4 address
+    assert podnet.bootstrap_interface(PodView((v6, host[2])), ["ens1", "eth0"]) == "eth0"
+
+
+def test_ipoib_and_template_values_are_not_extended(tmp_path):
+    fs = FakeSysfs(tmp_path / "sys")
+    fs.hca("mlx5_0", [("InfiniBand", "200 Gb/sec (4X HDR)", "4: ACTIVE")], netdevs=[("ib0", 200000, 32)])
+    verbs(tmp_path, {"mlx5_0": 0})
+    pod = ifaces(eth0="10.244.1.5/24", ib0="192.168.10.4/24")
+    ib = {"HOLMES_NIC": "infiniband", "HOLMES_SOCKET_RAILS": "routed"}
+    assert (
+        resolve(pod_view(tmp_path, pod), ib, TO_MASTER).env["NCCL_SOCKET_IFNAME"] == "=eth0"
+    )  # IB: its fabric's
+    _roce_pod(tmp_path / "r", {"mlx5_12": "net1"})
+    roce = ifaces(eth0="10.244.1.5/24", net1="192.168.10.4/24")
+    mine = {"HOLMES_NIC": "roce", "NCCL_SOCKET_IFNAME": "=eth0", "HOLMES_SOCKET_RAILS": "routed"}
+    assert "NCCL_SOCKET_IFNAME" not in resolve(pod_view(tmp_path / "r", roce), mine, TO_MASTER).env

@@ -109,10 +109,10 @@ def check_torchcomms(islands: Islands, enabled: bool) -> str | None:
 
 
 def check_nccl_net(env: MutableMapping[str, str], home: Path | None, etc: Path | None) -> list[str]:
-    """Refuse an NCCL_NET in NCCL's configuration files (``home``: the user's, default from the
-    password database; ``etc``: default /etc/nccl.conf); remove it from ``env``. The notes."""
+    """Refuse an NCCL_NET in NCCL's configuration files (``home``: the user's, default ``env``'s
+    ``HOME``, as NCCL reads it; ``etc``: default /etc/nccl.conf); remove it from ``env``. The notes."""
     nccl = shared.load("ncclenv.py")  # the trainer's: see shared.py
-    home = nccl["user_home"]() if home is None else home
+    home = nccl["user_home"](env) if home is None else home
     found = nccl["file_override"](env, home, nccl["ETC_CONF"] if etc is None else etc)
     if found is not None:
         raise HookError(nccl["file_fix"](found, ESCAPE))
@@ -326,7 +326,7 @@ def install(
     **options: Any,
 ) -> NetHook:
     """Check torch, NCCL_NET (in ``env``, default this process's, and NCCL's configuration
-    files: ``home`` is the user's, default from the password database) and TorchComms, then wrap
+    files: ``home`` is the user's, default ``$HOME`` as NCCL reads it) and TorchComms, then wrap
     the group-creation functions wherever torch keeps a reference to them (distributed_c10d,
     the torch.distributed namespace, DeviceMesh). A second install replaces the first."""
     import torch

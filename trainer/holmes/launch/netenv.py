@@ -17,6 +17,10 @@ INFINIBAND, ROCE, ETHERNET = "infiniband", "roce", "ethernet"
 # the node's compute-rail HCAs as the host names them, comma-separated: exact under
 # hostNetwork; in a pod's namespace only where the pod sees the host's names (shared RDMA mode)
 ENV_HOST_HCAS = "HOLMES_HOST_HCAS"
+# Set by the admin in the pod template: "routed" when the RoCE rails' addresses are routed between
+# every pod of the job (across its islands too), so NCCL's Socket transport may use the rails
+ENV_SOCKET_RAILS = "HOLMES_SOCKET_RAILS"
+RAILS_ROUTED = "routed"
 
 # Resolved in the pod. Present in the pod env = set by the user's template: it wins, and a value
 # that names what the pod does not have stops the pod with a message naming it.

@@ -6,9 +6,22 @@ otherwise. Copied into a pod they stop gloo at start-up (``Unable to find addres
 eno12399np0``) and NCCL's bootstrap. So both launchers (``holmes.trainer.run`` for the Holmes
 engine, ``holmes.launch`` for other frameworks) call :func:`setup`, which sets:
 
-- ``NCCL_SOCKET_IFNAME`` and ``GLOO_SOCKET_IFNAME``: the interface holding the local address
-  that reaches ``MASTER_ADDR:MASTER_PORT`` (the route the kernel picks for the rendezvous, which
-  the peers reach this pod through);
+- ``GLOO_SOCKET_IFNAME``: the interface holding the local address that reaches
+  ``MASTER_ADDR:MASTER_PORT`` (the route the kernel picks for the rendezvous, which the peers
+  reach this pod through);
+- ``NCCL_SOCKET_IFNAME``: that interface, and with ``HOLMES_SOCKET_RAILS=routed`` on RoCE
+  nodes the netdevs of the RDMA ports ``NCCL_IB_HCA`` selects (:func:`socket_ifnames`). NCCL
+  reads the variable once per process for both its bootstrap and its Socket transport
+  (``misc/socket.cc``: ``ncclFindInterfaces``): the transport makes one device of every interface
+  listed and a GPU sends through the one nearest it, so with the rendezvous interface alone every
+  Socket group (the cross-island pipeline, the world group, the outer group) runs over the pod's
+  primary interface. Listing the rails is right only where their addresses are routed between
+  the Socket groups' peers, which cross islands, and nothing in the pod can tell (a backend rail
+  is often not routed between clusters: a peer would fail to connect), so the admin says so; by
+  default they are named in the report, not listed. The bootstrap takes the first listed
+  interface in the kernel's order (``bootstrap.cc``: ``bootstrapNetInit`` asks for one), so a
+  netdev that would come before the rendezvous interface is left out. IPoIB netdevs are never
+  listed (an IB subnet ends at its fabric);
 - on RDMA nodes, ``NCCL_IB_HCA``: the ports of the node's link layer that are ACTIVE on HCAs the
   pod can open (its ``/dev/infiniband``), restricted to the rails ``HOLMES_HOST_HCAS`` names
   where the pod sees the host's names (hostNetwork, or the shared RDMA device plugin); on RoCE
@@ -41,12 +54,14 @@ from .netenv import (
     ENV_HOST_HCAS,
     ENV_NIC,
     ENV_POD_NETWORK,
+    ENV_SOCKET_RAILS,
     GLOO_IFNAME,
     HOST_NETWORK,
     IB_GID_INDEX,
     IB_HCA,
     INFINIBAND,
     POD_NETWORK,
+    RAILS_ROUTED,
     ROCE,
     SOCKET_IFNAME,
 )
@@ -126,11 +141,12 @@ class Hca:
     name: str
     ports: tuple[Port, ...]
     uverbs: str | None = None  # its verbs device (uverbs3) when sysfs says
+    netdevs: tuple[str, ...] = ()  # its network interfaces (device/net), as the pod names them
 
 
 @dataclass(frozen=True)
 class PodView:
-    interfaces: tuple[Iface, ...]
+    interfaces: tuple[Iface, ...]  # in the kernel's order (interface index), as getifaddrs walks them
     hcas: tuple[Hca, ...] = ()
     devices: frozenset[str] | None = None  # names under /dev/infiniband; None: not mounted
 
@@ -280,9 +296,39 @@ def interface_of(view: PodView, local_ip: str) -> Iface | None:
     return max(inside, key=lambda x: x[0])[1] if inside else None
 
 
-def resolve_socket(view: PodView, env: Mapping[str, str], reach: Reach, out: Resolution) -> None:
+def bootstrap_interface(view: PodView, names: list[str]) -> str | None:
+    """The interface NCCL's bootstrap takes among ``names`` (NCCL_SOCKET_IFNAME): the first
+    address getifaddrs returns that belongs to one, IPv4 addresses of every interface before
+    IPv6 ones (the kernel's address dump), interfaces in index order; IPv6 loopback skipped."""
+    for version in (4, 6):
+        for i in view.interfaces:
+            if i.name in names and any(a.version == version and not a.ip.is_loopback for a in i.addrs):
+                return i.name
+    return None
+
+
+def socket_ifnames(view: PodView, route: Iface, fast: list[str]) -> tuple[list[str], list[str]]:
+    """NCCL_SOCKET_IFNAME's interfaces: ``route`` (the rendezvous's) and each of ``fast`` with a
+    usable address that leaves NCCL's bootstrap on ``route``; and the fast ones left out."""
+    by_name = {i.name: i for i in view.interfaces}
+    listed, left = [route.name], []
+    for name in fast:
+        iface = by_name.get(name)
+        if name in listed or iface is None or not iface.usable():
+            continue
+        if bootstrap_interface(view, [*listed, name]) == route.name:
+            listed.append(name)
+        else:
+            left.append(name)
+    return listed, left
+
+
+def resolve_socket(
+    view: PodView, env: Mapping[str, str], reach: Reach, out: Resolution, fast: list[str] | None = None
+) -> None:
     """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME: the template's when set (checked against the
-    pod's interfaces), else the interface the rendezvous is reached through."""
+    pod's interfaces), else the interface the rendezvous is reached through (gloo) and with it
+    the ``fast`` netdevs (NCCL: :func:`socket_ifnames`)."""
     route = interface_of(view, reach.local_ip)
     target = f"MASTER_ADDR={reach.master} ({reach.master_ip}) port {reach.port}"
     if route is None:
@@ -310,11 +356,22 @@ def resolve_socket(view: PodView, env: Mapping[str, str], reach: Reach, out: Res
                 f"the rendezvous is reached through {route.name}, not through these"
             )
     else:
-        out.env[SOCKET_IFNAME] = f"={route.name}"
+        listed, left = socket_ifnames(view, route, fast or [])
+        out.env[SOCKET_IFNAME] = "=" + ",".join(listed)
         out.report["socket"] = {
-            "ifname": route.name,
-            "why": f"holds {reach.local_ip}, the local address of the route to {target}",
+            "ifname": ",".join(listed),
+            "why": f"{route.name} holds {reach.local_ip}, the local address of the route to {target}"
+            + (
+                f"; {', '.join(listed[1:])}: the RDMA ports' netdevs, for the Socket transport"
+                if listed[1:]
+                else ""
+            ),
         }
+        if left:
+            out.report["socket"]["leftOut"] = (
+                f"{', '.join(left)}: NCCL's bootstrap would take it instead of {route.name} (the first "
+                "listed interface in the kernel's order)"
+            )
     if gloo:
         missing = [n for n in (s.strip() for s in gloo.split(",")) if n and n not in usable]
         if missing:
@@ -427,6 +484,13 @@ def resolve_gid(
     out.report["gid"] = {"index": None, "why": "left to NCCL (RoCE v2, NCCL >= 2.21)", "roceV2": chosen}
 
 
+def rail_netdevs(view: PodView, ports: list[Port]) -> list[str]:
+    """The netdevs of the HCAs whose ``ports`` NCCL uses, in the kernel's interface order."""
+    hcas = {p.hca for p in ports}
+    names = {n for h in view.hcas if h.name in hcas for n in h.netdevs}
+    return [i.name for i in view.interfaces if i.name in names]
+
+
 def resolve(
     view: PodView, env: Mapping[str, str], reach: Reach, nccl: tuple[int, ...] | None = None
 ) -> Resolution:
@@ -441,11 +505,20 @@ def resolve(
             "rendezvous": f"{reach.master}:{reach.port} -> {reach.master_ip} from {reach.local_ip}",
         }
     )
-    resolve_socket(view, env, reach, out)
+    fast: list[str] = []
     if kind in LINK_LAYER and env.get("NCCL_IB_DISABLE", "0").strip() in ("", "0"):
         ports = resolve_hcas(view, env, out)
         if kind == ROCE:
             resolve_gid(ports, env, nccl, out)
+            fast = rail_netdevs(view, ports)
+    routed = env.get(ENV_SOCKET_RAILS, "").strip() == RAILS_ROUTED
+    resolve_socket(view, env, reach, out, fast if routed else [])
+    if fast and not routed and SOCKET_IFNAME in out.env:
+        out.report["socket"]["rails"] = (
+            f"{', '.join(fast)} (the RDMA ports' netdevs) not listed for NCCL's Socket transport: set "
+            f"{ENV_SOCKET_RAILS}={RAILS_ROUTED} in the pod template where their addresses are routed "
+            "between all the job's pods"
+        )
     out.report["set"] = dict(out.env)
     out.report["problems"] = list(out.problems)
     return out
@@ -569,7 +642,8 @@ def read_hcas(sys_root: Path) -> tuple[Hca, ...]:
             ports.append(
                 Port(hca.name, int(p.name), _read(p / "state"), _read(p / "link_layer"), tuple(gids))
             )
-        out.append(Hca(hca.name, tuple(ports), verbs.get(hca.name)))
+        netdevs = tuple(sorted(p.name for p in (hca / "device" / "net").glob("*")))
+        out.append(Hca(hca.name, tuple(ports), verbs.get(hca.name), netdevs))
     return tuple(out)
 
 

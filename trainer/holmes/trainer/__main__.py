@@ -41,6 +41,8 @@ import sys
 import traceback
 from typing import Any
 
+from holmes.contract.release import RELEASE
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # argparse converts a string default with the option's type (a bad value: a usage error)
@@ -50,6 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    ap.add_argument("--version", action="version", version=f"holmes-train-trainer {RELEASE}")
     ap.add_argument("--job", required=True, help="HolmesJob manifest (YAML) or its spec")
     ap.add_argument("--layout", required=True, help="Layout JSON written by the planner")
     ap.add_argument("--metrics-file", help="append one JSON line per event here (rank 0)")

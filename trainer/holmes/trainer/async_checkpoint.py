@@ -2,11 +2,13 @@
 
 A save (:meth:`AsyncCheckpointer.save`, collective over the checkpoint group) has two parts:
 
-1. **Staging**, on the training thread: every tensor of the rank's state is copied into host
-   memory this rank keeps from one save to the next (:class:`HostStager`; pinned on a GPU, so
-   the device-to-host copies are DMA transfers). This is what the iteration pays: one copy of
-   the rank's state at memory bandwidth. The buffers exist once, so staging is bounded to one
-   copy of the state: a save waits for the previous one to finish before it overwrites them.
+1. **Staging**, on the training thread: every tensor of the rank's state (what it writes: its
+   share of the stage's weights and its optimizer shard) is copied into one host buffer this
+   rank keeps from one save to the next (:class:`HostStager`; pinned on a GPU, so the
+   device-to-host copies are DMA transfers). This is what the iteration pays: one copy of the
+   rank's state at memory bandwidth. The buffer exists once, of exactly that size, so staging
+   is bounded to one copy of the state: a save waits for the previous one to finish before it
+   overwrites it.
 2. **Writing**, on torch's checkpoint thread (``torch.distributed.checkpoint.async_save``):
    DCP's plan exchange over the checkpoint group and the file writes, while the next
    iterations run. Then, on a thread of this module, the **commit**: every rank reports
@@ -36,18 +38,38 @@ import torch.distributed.checkpoint as dcp
 
 from . import checkpoint
 
+ALIGN = 512  # bytes between tensors in the staging buffer (every dtype's alignment, and more)
+
+
+def staging_offsets(nbytes: list[int]) -> tuple[list[int], int]:
+    """Where each tensor of ``nbytes`` starts in one staging buffer, and its size."""
+    offsets, at = [], 0
+    for n in nbytes:
+        offsets.append(at)
+        at += -(-n // ALIGN) * ALIGN
+    return offsets, at
+
 
 class HostStager:
     """``torch.distributed.checkpoint``'s AsyncStager protocol for Holmes' state: a copy of each
-    tensor (plain, :class:`checkpoint.Chunks` pieces, a DTensor's local shard) into host buffers
+    tensor (plain, :class:`checkpoint.Chunks` pieces, a DTensor's local shard) into host memory
     kept between saves. A DTensor is staged as the one chunk it is (its offsets in the global
-    tensor), so the checkpoint's metadata is the same as a synchronous save's."""
+    tensor), so the checkpoint's metadata is the same as a synchronous save's.
+
+    The host memory is bounded to what the rank writes, exactly: one buffer of
+    :func:`staging_offsets`' size (the rank's state is its share of the stage's weights,
+    checkpoint.model_tensors, and its optimizer shard), allocated once and pinned on a GPU by
+    registering it with CUDA (``cudaHostRegister``), not through torch's caching host allocator,
+    which rounds every pinned block up to a power of two and keeps it. ``staged_bytes`` is that
+    size; a state of another shape replaces the buffer."""
 
     _synchronize_after_execute = False  # stage() returns only once the copies have landed
 
     def __init__(self, pin: bool | None = None):
         self.pin = torch.cuda.is_available() if pin is None else pin
-        self._buffers: dict[tuple[str, int], torch.Tensor] = {}
+        self._flat: torch.Tensor | None = None
+        self._specs: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self._registered = False
 
     @property
     def should_synchronize_after_execute(self) -> bool:
@@ -55,33 +77,57 @@ class HostStager:
 
     @property
     def staged_bytes(self) -> int:
-        """Host memory the staging buffers hold."""
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+        """Host memory the staging buffer holds."""
+        return 0 if self._flat is None else self._flat.numel()
 
-    def _copy(self, key: str, i: int, t: torch.Tensor) -> torch.Tensor:
-        buf = self._buffers.get((key, i))
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin)
-            self._buffers[(key, i)] = buf
-        buf.copy_(t.detach(), non_blocking=self.pin)
-        return buf
+    def _buffers(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One host view per tensor, in one buffer kept while the shapes stay the same."""
+        specs = [(tuple(t.shape), t.dtype) for t in tensors]
+        offsets, total = staging_offsets([t.numel() * t.element_size() for t in tensors])
+        if self._flat is None or specs != self._specs:
+            self.close()
+            self._flat = torch.empty(total, dtype=torch.uint8, device="cpu")
+            if self.pin:
+                # exact size, page-locked for DMA; the caching host allocator would round it up
+                torch.cuda.cudart().cudaHostRegister(self._flat.data_ptr(), total, 0)
+                self._registered = True
+            self._specs = specs
+        flat = self._flat
+        return [
+            flat[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            for o, t in zip(offsets, tensors)
+        ]
 
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:
         from torch.distributed.tensor import DTensor
 
+        sources: list[torch.Tensor] = []
+        for key, value in state.items():
+            if isinstance(value, checkpoint.Chunks):
+                sources += [t for _, t in value._pieces]
+            elif isinstance(value, DTensor):
+                sources.append(value.to_local())
+            elif isinstance(value, torch.Tensor):
+                sources.append(value)
+            else:
+                raise TypeError(f"checkpoint state {key}: cannot stage a {type(value).__name__}")
+        bufs = iter(self._buffers(sources))
+
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            buf = next(bufs)
+            buf.copy_(t.detach(), non_blocking=self.pin)
+            return buf
+
         out: dict[str, Any] = {}
         for key, value in state.items():
             if isinstance(value, checkpoint.Chunks):
-                pieces = [(o, self._copy(key, i, t)) for i, (o, t) in enumerate(value._pieces)]
-                out[key] = checkpoint.Chunks(tuple(value.shape), pieces)
+                out[key] = checkpoint.Chunks(tuple(value.shape), [(o, copy(t)) for o, t in value._pieces])
             elif isinstance(value, DTensor):
                 (chunk,) = value.__create_chunk_list__()
-                local = self._copy(key, 0, value.to_local())
+                local = copy(value.to_local())
                 out[key] = checkpoint.Chunks(tuple(value.shape), [(tuple(chunk.offsets), local)])
-            elif isinstance(value, torch.Tensor):
-                out[key] = self._copy(key, 0, value)
             else:
-                raise TypeError(f"checkpoint state {key}: cannot stage a {type(value).__name__}")
+                out[key] = copy(value)
         if self.pin and torch.cuda.is_initialized():
             torch.cuda.current_stream().synchronize()  # the writer thread reads the buffers next
         return out
@@ -90,7 +136,9 @@ class HostStager:
         """Nothing to wait for: :meth:`stage` returns staged state."""
 
     def close(self) -> None:
-        self._buffers.clear()
+        if self._flat is not None and self._registered:
+            torch.cuda.cudart().cudaHostUnregister(self._flat.data_ptr())
+        self._flat, self._specs, self._registered = None, [], False
 
 
 @dataclass

@@ -201,23 +201,42 @@ def global_tensor(name: str, local: torch.Tensor, tp: TensorParallel, saved: tor
     )
 
 
+def dp_owners(sizes: list[tuple[str, int]], data: int) -> dict[str, int]:
+    """Which data-parallel rank of a stage writes each of its parameters (``sizes``: name and
+    bytes, the same list on every data-parallel rank): the largest first, each to the rank with
+    the fewest bytes so far (ties: the lowest). Every rank holds the stage's weights whole;
+    DCP would write each once anyway, but only after every rank staged all of them."""
+    load = [0] * data
+    out: dict[str, int] = {}
+    for name, n in sorted(sizes, key=lambda x: (-x[1], x[0])):
+        d = min(range(data), key=lambda r: (load[r], r))
+        out[name] = d
+        load[d] += n
+    return out
+
+
 def model_tensors(
     module: nn.Module,
     *,
     global_names: bool = True,
     saved: dict[str, torch.Size] | None = None,
     tied_copy: bool = True,
+    share: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """A stage's parameters for DCP, keyed ``model.<name>``: under their global names (a tied
     copy as the embedding) or, for a checkpoint of format 1, their own. ``tied_copy=False``
-    leaves the last stage's copy of a tied embedding out (saving: the first stage writes it)."""
+    leaves the last stage's copy of a tied embedding out (saving: the first stage writes it).
+    ``share`` (saving): (this rank's data-parallel index, data) keeps only the parameters that
+    rank writes (:func:`dp_owners`), so a rank stages 1/D of the stage's weights, not all."""
     from .model import TIED_COPY, global_name
 
     tp = getattr(module, "tp", None) or TensorParallel()
+    named = [(n, p) for n, p in module.named_parameters() if not (n == TIED_COPY and not tied_copy)]
+    if share is not None:
+        owners = dp_owners([(n, p.numel() * p.element_size()) for n, p in named], share[1])
+        named = [(n, p) for n, p in named if owners[n] == share[0]]
     out: dict[str, Any] = {}
-    for name, p in module.named_parameters():
-        if name == TIED_COPY and not tied_copy:
-            continue
+    for name, p in named:
         g = global_name(name)
         key = f"model.{g if global_names else name}"
         out[key] = global_tensor(g, p.data, tp, (saved or {}).get(key))
@@ -362,6 +381,24 @@ def optimizer_tensors(opt: Any, tp: TensorParallel, *, saving: bool) -> dict[str
     out: dict[str, Any] = {k: Chunks(sizes[k], v) for k, v in pieces.items()}
     out["optim.step"] = torch.tensor(opt.step_count, dtype=torch.long)
     return out
+
+
+def staging_size(module: nn.Module, opt: Any, tp: TensorParallel, share: tuple[int, int]) -> int:
+    """Bytes of what this rank writes (model_tensors with ``share``, optimizer_tensors saving),
+    from the local tensors' sizes alone (no DTensor or Chunks is built: the dry run counts it
+    under fake tensors): the asynchronous checkpoint's staging buffer without its alignment
+    and RNG state (holmes.contract.host_memory)."""
+    from .model import TIED_COPY, global_name
+
+    named = [(n, p) for n, p in module.named_parameters() if n != TIED_COPY]
+    owners = dp_owners([(n, p.numel() * p.element_size()) for n, p in named], share[1])
+    total = sum(p.numel() * p.element_size() for n, p in named if owners[n] == share[0])
+    for i, b, lo, hi, _ in opt.shard_pieces():
+        name = opt.names[i]
+        if name == TIED_COPY or (tp.rank > 0 and sharding.split_of(global_name(name)) is None):
+            continue
+        total += sum((hi - lo) * t.element_size() for t in opt.shard_states(b).values())
+    return total + 8  # optim.step
 
 
 def load_model(path: str, module: nn.Module, group: Any = None) -> None:

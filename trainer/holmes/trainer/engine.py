@@ -270,7 +270,9 @@ class Trainer:
         # an overlapped outer exchange in flight is settled first: the anchor saved is after it
         marker = {**marker, **({} if self.outer is None else self.outer.checkpoint_marker())}
         self.opt.wait_param_gathers()
-        state = checkpoint.model_tensors(self.module, tied_copy=False)
+        # each data-parallel rank writes (and so stages) its share of the stage's weights
+        share = (self.info.dp_index, self.layout.data)
+        state = checkpoint.model_tensors(self.module, tied_copy=False, share=share)
         state.update(checkpoint.optimizer_tensors(self.opt, self.tp, saving=True))
         state.update(checkpoint.rng_state(self.rank))
         meta = {

@@ -15,7 +15,11 @@ that might be the broken one. Per ``training.fabricCheck`` (fail | warn | off):
    message; ``warn`` runs every IB group that has a member without usable IB on Socket instead
    (what "train anyway, slower" can mean once nets are pinned), and says which;
 2. groups: each rank then creates its communicators with one small all-reduce per group (in
-   the Layout's order, the same on every rank) and catches what fails; the failures are shared
+   the Layout's order, the same on every rank), and on each p2p group one lone send from its
+   lower rank to the other: torch 2.13's ``_batch_p2p`` issues all-send and all-recv batches
+   op by op, which ProcessGroupNCCL runs on a second communicator keyed by the pair, so the
+   pipeline's traffic would otherwise create it blocking in step 1. Each creation is timed
+   (``groupSeconds`` in the summary). It catches what fails; the failures are shared
    and stop every rank with one report naming the group, its network and NCCL's error (and
    NCCL's log file, NCCL_DEBUG_FILE, when the user set one).
 
@@ -166,6 +170,7 @@ class FabricReport:
     groups: str  # checked | skipped (why)
     findings: list[Finding]
     nets: dict[tuple[int, ...], str] = field(default_factory=dict)  # groups moved off IB (warn)
+    seconds: dict[str, float] = field(default_factory=dict)  # this rank: each probe, as created
 
     def messages(self) -> list[str]:
         out = [f.message() for f in self.findings]
@@ -182,12 +187,15 @@ class FabricReport:
         return {"devices": len(self.findings), "socketFallback": len(self.nets)}
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "check": self.mode,
             "devices": self.devices,
             "groups": self.groups,
             "problems": self.messages(),
         }
+        if self.seconds:
+            out["groupSeconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
+        return out
 
 
 # ---- every rank's answer, bounded (the c10d store: TCP, no communicator) -------------------
@@ -348,19 +356,37 @@ def check_devices(
 
 
 def probe_groups(
-    pairs: list[tuple[dict[str, Any], Any]], device: Any, deadline_s: float, bounded: bool = True
+    pairs: list[tuple[dict[str, Any], Any]],
+    device: Any,
+    deadline_s: float,
+    bounded: bool = True,
+    seconds: dict[str, float] | None = None,
 ) -> tuple[list[tuple[dict[str, Any], str]], dict[str, Any] | None]:
-    """One 1-element all-reduce per group (creating its communicator), each waited for on the
-    device. Run in a thread the caller waits for at most ``deadline_s``: a rank whose peer
-    failed to create a communicator blocks in ``ncclCommInitRank`` (no timeout of its own
-    reaches it sooner than NCCL's). The failures, as (group, error); the group still being
-    created when the deadline passed, if any. ``bounded=False`` runs inline (the dry run: its
-    recorders are thread-local)."""
+    """One 1-element all-reduce per group (creating its communicator), and on a p2p group one
+    lone send from its group rank 0 to 1 (creating the pair's communicator, which torch's
+    _batch_p2p uses: the module docstring), each waited for on the device and timed into
+    ``seconds`` (by group label; the pair's as ``<label> send/recv``). Run in a thread the
+    caller waits for at most ``deadline_s``: a rank whose peer failed to create a communicator
+    blocks in ``ncclCommInitRank`` (no timeout of its own reaches it sooner than NCCL's). The
+    failures, as (group, error); the group still being created when the deadline passed, if
+    any. ``bounded=False`` runs inline (the dry run: its recorders are thread-local)."""
     import torch
     import torch.distributed as dist
 
     failed: list[tuple[dict[str, Any], str]] = []
     current: list[dict[str, Any] | None] = [None]
+    timed = seconds if seconds is not None else {}
+
+    def settle() -> None:
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()  # asynchronous errors surface here
+
+    def pair(probe: Any, pg: Any) -> None:
+        # alone, not in batch_isend_irecv: the communicator ProcessGroupNCCL keys by the pair
+        if dist.get_rank(pg) == 0:
+            dist.isend(probe, group=pg, group_dst=1).wait()
+        else:
+            dist.irecv(probe, group=pg, group_src=0).wait()
 
     def run() -> None:
         if device.type == "cuda":
@@ -368,10 +394,17 @@ def probe_groups(
         probe = torch.zeros(1, device=device)
         for created, pg in pairs:
             current[0] = created
+            label = group_label(created)
             try:
+                t0 = time.perf_counter()
                 dist.all_reduce(probe, group=pg)
-                if device.type == "cuda":
-                    torch.cuda.current_stream(device).synchronize()  # asynchronous errors surface here
+                settle()
+                timed[label] = time.perf_counter() - t0
+                if created["kind"] == "p2p" and created["size"] == 2:
+                    t0 = time.perf_counter()
+                    pair(probe, pg)
+                    settle()
+                    timed[f"{label} send/recv"] = time.perf_counter() - t0
             except Exception as e:  # NCCL: "network IB not found", ncclInvalidUsage, a timeout
                 failed.append((created, f"{type(e).__name__}: {e}"))
         current[0] = None
@@ -409,7 +442,8 @@ def check_groups(
         (c, pg) for c, pg in [(groups.created[0], groups.world)] + list(groups.members) if c["kind"] != "pp"
     ]
     exchange = exchange_for(host_group, rank)
-    failed, stuck = probe_groups(pairs, device, deadline, bounded=dist.get_backend(host_group) != "fake")
+    bounded = dist.get_backend(host_group) != "fake"
+    failed, stuck = probe_groups(pairs, device, deadline, bounded=bounded, seconds=report.seconds)
     mine = [vars(Finding(rank, node, group_label(c), c["net"], error)) for c, error in failed]
     if stuck is not None:
         mine.append(

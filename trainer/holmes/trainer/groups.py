@@ -116,9 +116,9 @@ def guard_nccl_net(
     env: MutableMapping[str, str], home: Path | None = None, etc: Path = ncclenv.ETC_CONF
 ) -> str | None:
     """Before the first NCCL communicator: refuse an NCCL_NET in NCCL's configuration files
-    (``home``: the user's, default from the password database), remove one from ``env``
+    (``home``: the user's, default ``env``'s ``HOME`` as NCCL reads it), remove one from ``env``
     (this process's: NCCL reads it at its first communicator). A note on what was removed."""
-    found = ncclenv.file_override(env, ncclenv.user_home() if home is None else home, etc)
+    found = ncclenv.file_override(env, ncclenv.user_home(env) if home is None else home, etc)
     if found is not None:
         raise NetOverrideError(
             ncclenv.file_fix(found, "the Holmes engine pins every group itself, so nothing else turns it off")

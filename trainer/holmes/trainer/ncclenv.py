@@ -4,7 +4,8 @@ NCCL (2.2x, ``init.cc``: ``parseCommConfig``) replaces a communicator's ``config
 ``NCCL_NET`` when that is set, so one value silently moves every group Holmes pins (IB inside an
 island, Socket across) onto one network. NCCL takes it from the process environment, else from
 its configuration files (``misc/param.cc``: ``initEnv``): ``$NCCL_CONF_FILE`` when set, else
-``~/.nccl.conf`` (the home of the process's user, from the password database), then
+``$HOME/.nccl.conf`` (``misc/param.cc``: ``userHomeDir`` reads the ``HOME`` variable in NCCL
+2.30, not the password database: a random UID or an image-set ``HOME`` changes the file), then
 ``/etc/nccl.conf``; lines ``NAME=value``, ``#`` comments, the first file to set a variable wins
 and the environment wins over both. So removing the variable from the environment is enough for
 the environment, and not for a file: only editing the image fixes that.
@@ -15,8 +16,6 @@ beside the launcher (holmes.launch.install, holmes.launch.shared).
 
 from __future__ import annotations
 
-import os
-import pwd
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +45,14 @@ def conf_value(text: str, name: str) -> str | None:
     return None
 
 
-def user_home() -> Path | None:
-    """Where NCCL looks for ``.nccl.conf``: the home directory of the process's user in the
-    password database (not ``$HOME``); none for a user without an entry (a random UID)."""
-    try:
-        return Path(pwd.getpwuid(os.getuid()).pw_dir)
-    except KeyError:
+def user_home(env: Mapping[str, str]) -> Path | None:
+    """Where NCCL looks for ``.nccl.conf``: ``$HOME`` of the environment NCCL will read (the
+    process's, or the one its workers inherit); none when unset, as NCCL then reads no user
+    file. An empty ``HOME`` makes NCCL read ``/.nccl.conf``."""
+    home = env.get("HOME")
+    if home is None:
         return None
+    return Path(home or "/")
 
 
 def conf_files(env: Mapping[str, str], home: Path | None, etc: Path = ETC_CONF) -> list[Path]:

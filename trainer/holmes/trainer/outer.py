@@ -27,7 +27,10 @@ to the others: a replica that rejoins takes the others' weights.
 The outer group is a process group outside the replica's world (each replica has its own
 rendezvous): a TCPStore that replica 0's rank 0 serves at ``HOLMES_OUTER_ADDR``, one prefix per
 rank index. On NCCL it is pinned to the Socket network (the slow link), as Holmes pins its
-cross-island groups.
+cross-island groups, with the job's ``timeoutSeconds`` (built directly, it would otherwise get
+torch's 10 minutes, which a slow exchange can outlast) and its kernel capped at
+:data:`OUTER_MAX_CTAS` CTAs: an overlapped exchange's kernel holds its SMs, spinning on the link,
+through every inner step it overlaps.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -50,6 +53,51 @@ OUTER_NET = "Socket"  # the slow link between islands: no RDMA fabric spans it
 # Streaming DiLoCo's mixing factor alpha: when an overlapped exchange lands, a fragment's weights
 # become alpha * (the replica's own, trained on meanwhile) + (1 - alpha) * (the outer step's)
 OVERLAP_MIX = 0.5
+# NCCL's maxCTAs (ncclConfig_t, torch's ProcessGroupNCCL.Options.config.max_ctas) for the outer
+# group: one CTA per channel, each spinning on an SM while the Socket transport moves bytes; two
+# channels keep a TCP link of a few Gb/s busy (NCCL's socket proxy threads, not SMs, carry the
+# bytes). Unmeasured on a GPU: the SMs it frees and the bandwidth it keeps are unproven on CPU.
+OUTER_MAX_CTAS = 2
+
+
+def outer_options(timeout_s: float) -> Any:
+    """The outer group's ProcessGroupNCCL options: the Socket network, the job's timeout (the
+    options' own, which ProcessGroupNCCL's watchdog uses; init_process_group and new_group set
+    it from their ``timeout``, a group built directly keeps torch's 10-minute default) and the
+    CTA cap (:data:`OUTER_MAX_CTAS`)."""
+    from .groups import group_options
+
+    options = group_options("nccl", OUTER_NET)
+    options._timeout = timedelta(seconds=timeout_s)
+    options.config.max_ctas = OUTER_MAX_CTAS
+    return options
+
+
+def host_wait(work: Any) -> Callable[[], float]:
+    """Wait for ``work`` where wait() blocks the host (gloo): the seconds it took."""
+    t0 = time.perf_counter()
+    work.wait()
+    seconds = time.perf_counter() - t0
+    return lambda: seconds
+
+
+def stream_wait(work: Any, event: Any = None) -> Callable[[], float]:
+    """Wait for ``work`` on CUDA, where wait() only makes the current stream wait for NCCL's
+    (the host returns at once, so timing the call measures about 0): an event on the current
+    stream before and after the wait, whose distance is how long the training stream stood still
+    for the link. The returned reader synchronizes the second event, so call it only when the
+    figure is wanted (once per applied exchange)."""
+    event = event if event is not None else torch.cuda.Event
+    start, end = event(enable_timing=True), event(enable_timing=True)
+    start.record()
+    work.wait()
+    end.record()
+
+    def seconds() -> float:
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1000.0
+
+    return seconds
 
 
 class ReplicaError(ValueError):
@@ -99,9 +147,11 @@ def fragment_due(iteration: int, inner_steps: int, fragments: int) -> int | None
 class OuterGroup:
     """A process group over the same rank of every replica: what the outer step needs of it."""
 
-    def __init__(self, pg: Any, rank: int, size: int):
+    def __init__(self, pg: Any, rank: int, size: int, stream_ordered: bool = False):
         self.pg, self.rank, self.size = pg, rank, size
         self.store: Any = None
+        # NCCL: a work's wait() orders the current stream after it and returns at once
+        self.stream_ordered = stream_ordered
 
     @classmethod
     def connect(
@@ -117,13 +167,10 @@ class OuterGroup:
         )
         prefixed = dist.PrefixStore(f"holmes-outer/{local_rank}", store)
         if backend == "nccl":
-            from .groups import group_options
-
-            options = group_options("nccl", OUTER_NET)
-            pg = dist.ProcessGroupNCCL(prefixed, place.replica, place.replicas, options)
+            pg = dist.ProcessGroupNCCL(prefixed, place.replica, place.replicas, outer_options(timeout_s))
         else:
             pg = dist.ProcessGroupGloo(prefixed, place.replica, place.replicas, timeout)
-        group = cls(pg, place.replica, place.replicas)
+        group = cls(pg, place.replica, place.replicas, stream_ordered=backend == "nccl")
         group.store = store  # the server must outlive every client's use of it
         return group
 
@@ -193,7 +240,7 @@ class InFlight:
     apply_at: int
     wire: torch.Tensor | None = None
     work: Any = None
-    wait_s: float = 0.0
+    waited: Callable[[], float] | None = None  # the exposed wait's seconds, read when reported
 
     @property
     def settled(self) -> bool:
@@ -256,6 +303,7 @@ class OuterSync:
         self.outer_steps = 0
         self.last: dict[str, Any] | None = None
         self.last_bytes = 0
+        self.waiter: Callable[[Any], Callable[[], float]] = stream_wait if group.stream_ordered else host_wait
 
     def after_step(self, iteration: int) -> dict[str, Any] | None:
         """After inner step ``iteration`` (1-based): apply the exchange that lands now, then
@@ -328,9 +376,7 @@ class OuterSync:
         f = self.in_flight
         if f is None or f.settled:
             return
-        t0 = time.perf_counter()
-        f.work.wait()
-        f.wait_s = time.perf_counter() - t0
+        f.waited = self.waiter(f.work)
         assert f.wire is not None
         self._outer_step(f.fragment, f.wire)
         self.last_bytes = f.wire.numel() * f.wire.element_size()
@@ -353,7 +399,8 @@ class OuterSync:
             "iteration": f.sent_at,
             "appliedAt": f.apply_at,
             "bytes": self.last_bytes,
-            "waitSeconds": f.wait_s,  # what the link cost beyond the overlapped steps
+            # what the link cost beyond the overlapped steps: the training stream's stall on CUDA
+            "waitSeconds": f.waited() if f.waited is not None else 0.0,
             "seconds": time.perf_counter() - t0,
         }
         return self.last

@@ -18,6 +18,10 @@ from typing import Any
 import yaml
 
 MIN_SECONDS = 600  # the API server refuses a shorter expirationSeconds
+# The longest a member token may live: the token creates pods in the member cluster, so a leaked
+# one must die soon; rotation (docs/multicluster.md#rotating-the-token) renews it well before.
+MAX_SECONDS = 7 * 86400
+DEFAULT_DURATION = "24h"
 DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
 
@@ -26,19 +30,24 @@ class TokenError(ValueError):
 
 
 def seconds(duration: str) -> int:
-    """``720h``, ``30d``, ``1h30m``, ``900s`` or a plain number of seconds -> seconds, at least
-    the API server's minimum of 10 minutes."""
+    """``24h``, ``7d``, ``1h30m``, ``900s`` or a plain number of seconds -> seconds, at least
+    the API server's minimum of 10 minutes and at most MAX_SECONDS (a week)."""
     text = duration.strip()
     if text.isdigit():
         total = int(text)
     else:
         m = DURATION.match(text)
         if not text or m is None or not any(m.groups()):
-            raise TokenError(f"--duration: {duration!r} is not a duration such as 720h, 30d or 1h30m")
+            raise TokenError(f"--duration: {duration!r} is not a duration such as 24h, 7d or 1h30m")
         d, h, mi, s = (int(g or 0) for g in m.groups())
         total = ((d * 24 + h) * 60 + mi) * 60 + s
     if total < MIN_SECONDS:
         raise TokenError(f"--duration: {duration} is below the API server's minimum of 10m")
+    if total > MAX_SECONDS:
+        raise TokenError(
+            f"--duration: {duration} is over the limit of 7d (168h) for a token that creates pods: "
+            "issue a shorter one and rotate it (docs/multicluster.md#rotating-the-token)"
+        )
     return total
 
 

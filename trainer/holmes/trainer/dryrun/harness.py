@@ -77,18 +77,25 @@ fakecuda.load_before_torch()  # torch reads its CUDA hooks once, when imported (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from holmes.contract import Layout, nvls  # noqa: E402
+from holmes.contract import Layout, host_memory, nvls  # noqa: E402
 from holmes.contract import pipeline_schedules as sched  # noqa: E402
 from holmes.contract.layout import layout_signature  # noqa: E402
 
+from .. import checkpoint, outer, preempt  # noqa: E402
 from .. import engine as engine_mod  # noqa: E402
 from .. import model as model_mod  # noqa: E402
-from .. import outer, preempt  # noqa: E402
 from ..config import CheckpointConfig, DataConfig, TrainConfig, schedule_problems  # noqa: E402
 from ..dist_optimizer import DistributedOptimizer  # noqa: E402
 from ..startup import configure  # noqa: E402
 from .fakecuda import fake_cuda  # noqa: E402
-from .recording import CATEGORIES, NCCL_COMMUNICATOR_BYTES, Collective, Recorder, sequence_problems  # noqa: E402
+from .recording import (  # noqa: E402
+    CATEGORIES,
+    NCCL_COMMUNICATOR_BYTES,
+    Collective,
+    Recorder,
+    device_communicators,
+    sequence_problems,
+)
 
 # One read of the device per iteration is by design: the loss and the global grad norm, which
 # the clipping coefficient and the NaN check need on the host (engine.Trainer.train_step).
@@ -140,7 +147,8 @@ def dry_config(cfg: TrainConfig, iterations: int) -> tuple[TrainConfig, list[str
     cfg = replace(
         cfg,
         iterations=iterations,
-        checkpoint=CheckpointConfig(),
+        # no saves; whether the job's would be staged (the host memory each rank counts)
+        checkpoint=CheckpointConfig(asynchronous=bool(cfg.checkpoint.path) and cfg.checkpoint.asynchronous),
         eval=None,
         data=DataConfig(),
     )
@@ -295,29 +303,12 @@ def alignment_problems(opt: DistributedOptimizer, rank: int) -> list[str]:
 def communicators(
     trainer: engine_mod.Trainer, calls: list[Collective], outside: dict[str, tuple[int, ...]] | None = None
 ) -> list[dict[str, Any]]:
-    """The device communicators this rank's run created: NCCL makes one lazily for each group
-    the first time a collective uses it with device tensors, and one per peer for send/recv on
-    a group of more than two ranks. Host (gloo) groups hold no GPU memory and are left out.
+    """The device communicators this rank's run created (:func:`device_communicators`).
     ``outside``: the outer group over replicas (a communicator of its own, on OUTER_NET)."""
     kinds = {pg.group_name: created for created, pg in trainer.groups.members}
     for name, ranks in (outside or {}).items():
         kinds[name] = {"kind": "outer", "size": len(ranks), "net": outer.OUTER_NET}
-    world = dist.group.WORLD.group_name
-    out: dict[tuple[str, int | None], dict[str, Any]] = {}
-    for c in calls:
-        if c.device == "cpu":
-            continue
-        made = kinds.get(c.name) or {
-            "kind": "world" if c.name == world else "other",
-            "size": len(c.group),
-            "net": trainer.layout.world_net if c.name == world else "?",
-        }
-        if c.peer is not None and len(c.group) > 2:
-            entry = {"kind": f"{made['kind']} pair", "size": 2, "net": made.get("net"), "peer": c.peer}
-            out.setdefault((c.name, c.peer), entry)
-        else:
-            out.setdefault((c.name, None), {k: made[k] for k in ("kind", "size", "net") if k in made})
-    return list(out.values())
+    return device_communicators(kinds, dist.group.WORLD.group_name, trainer.layout.world_net, calls)
 
 
 def per_phase(syncs: list[Any], iterations: int) -> dict[str, int]:
@@ -455,7 +446,7 @@ def run_rank(
     t0 = time.perf_counter()
     try:
         device = torch.device("cuda", rank % layout.gpus_per_node)
-        with fake_cuda(rec.on_host_sync), rec, memory_labels(rec), object_collectives(rec):
+        with fake_cuda(rec.on_host_sync), rec, memory_labels(rec), object_collectives(rec), rec.batched_p2p():
             trainer = engine_mod.Trainer(
                 cfg, layout, rank=rank, device=device, backend="fake", host_backend="fake", replica=replica
             )
@@ -495,6 +486,7 @@ def run_rank(
                 if h.phase != "build"
             ],
             "communicators": len(comms),
+            "hostBytes": rank_host_bytes(cfg, trainer),
             "nvls": {"enabled": nvls_choice.enabled, "bytes": nvls_choice.bytes, "why": nvls_choice.why},
             "communicatorList": comms,
             "collectives": [c.to_json() for c in rec.collectives],
@@ -512,6 +504,16 @@ def run_rank(
         }
     finally:
         dist.destroy_process_group()
+
+
+def rank_host_bytes(cfg: TrainConfig, trainer: engine_mod.Trainer) -> dict[str, int]:
+    """Host memory of this rank (holmes.contract.host_memory): the process (a model) and, where
+    the job's checkpoints are asynchronous, the staging buffer of what the rank writes."""
+    staging = 0
+    if cfg.checkpoint.asynchronous:
+        share = (trainer.info.dp_index, trainer.layout.data)
+        staging = checkpoint.staging_size(trainer.module, trainer.opt, trainer.tp, share)
+    return {"process": host_memory.PROCESS_BYTES, "checkpointStaging": staging}
 
 
 def rank_nvls(cfg: TrainConfig, layout: Layout, stage: int) -> nvls.NvlsChoice:
@@ -626,7 +628,23 @@ def check(
                         f"the dry run peaks at {peak:.2f} GiB ({ratio - 1:+.0%}, beyond ±{tolerance:.0%})"
                     )
             stages.append(row)
-    return {"stages": stages, "sequencesMatch": sequences_match, "problems": problems}
+    return {
+        "stages": stages,
+        "hostPerNodeGiB": host_per_node(results, layouts[0]),
+        "sequencesMatch": sequences_match,
+        "problems": problems,
+    }
+
+
+def host_per_node(results: list[dict[str, Any]], layout: Layout) -> list[float]:
+    """Each node's host memory (the first replica's), every rank of a stage counted as the
+    most any of its ranks run here holds (a run of some ranks only stands for the others)."""
+    per_stage = [0.0] * layout.pipeline
+    for r in results:
+        if r.get("replica", 0) == 0 and "hostBytes" in r:
+            per_stage[r["stage"]] = max(per_stage[r["stage"]], float(sum(r["hostBytes"].values())))
+    nodes = host_memory.per_node(per_stage, layout.data * layout.tensor, layout.gpus_per_node)
+    return [round(b / GIB, 3) for b in nodes]
 
 
 def host_sync_problems(r: dict[str, Any], iterations: int) -> list[str]:

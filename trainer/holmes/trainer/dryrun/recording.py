@@ -71,6 +71,10 @@ class Collective:
     phase: str = ""
     device: str = "cuda"  # where the tensors are: cuda (a device communicator) or cpu (gloo)
     name: str = ""  # the group's name: two groups of the same ranks are two communicators
+    # p2p issued inside dist.batch_isend_irecv (NCCL: the group's communicator); a send or recv
+    # issued alone (torch 2.13's _batch_p2p for all-send or all-recv batches) runs on a 2-rank
+    # communicator of its own (ProcessGroupNCCL::pointToPoint keys it by the pair)
+    batched: bool = False
 
     def key(self) -> tuple[Any, ...]:
         return (self.op, self.dtype, self.bytes)
@@ -80,6 +84,7 @@ class Collective:
         out.update(device=self.device, name=self.name)
         if self.peer is not None:
             out["peer"] = self.peer
+            out["batched"] = self.batched
         return out
 
 
@@ -120,6 +125,7 @@ class Recorder(TorchDispatchMode):
         self._live: dict[int, tuple[str, int]] = {}  # storage key -> (category, bytes)
         self._pinned: set[int] = set()
         self.host_groups: set[str] = set()  # names of groups that are gloo in a real run
+        self._batching = 0  # inside dist.batch_isend_irecv (see batched_p2p)
 
     # ---- labels and bookkeeping -------------------------------------------------------------
     @contextlib.contextmanager
@@ -130,6 +136,28 @@ class Recorder(TorchDispatchMode):
             yield
         finally:
             self._labels.pop()
+
+    @contextlib.contextmanager
+    def batched_p2p(self) -> Iterator[None]:
+        """Mark the sends and receives issued inside ``dist.batch_isend_irecv`` as batched
+        (``Collective.batched``): the c10d operators look alike either way, the communicator
+        NCCL runs them on does not. Wraps it where torch's callers look it up."""
+        import torch.distributed.distributed_c10d as c10d
+
+        real = c10d.batch_isend_irecv
+
+        def batched(p2p_op_list: Any) -> Any:
+            self._batching += 1
+            try:
+                return real(p2p_op_list)
+            finally:
+                self._batching -= 1
+
+        c10d.batch_isend_irecv = dist.batch_isend_irecv = batched
+        try:
+            yield
+        finally:
+            c10d.batch_isend_irecv = dist.batch_isend_irecv = real
 
     def relabel(self, tensor: torch.Tensor | None, category: str) -> None:
         """Count ``tensor``'s storage as ``category`` from now on."""
@@ -265,7 +293,35 @@ class Recorder(TorchDispatchMode):
         if op in _P2P and group and len(args) > 2 and isinstance(args[2], int):
             peer = group[args[2]]  # c10d's send/recv take the peer's rank in the group
         device = tensors[0].device.type if tensors else "cpu"
-        self.collectives.append(Collective(group, op, dtype, nbytes, peer, self.phase, device, name))
+        batched = op in _P2P and self._batching > 0
+        self.collectives.append(Collective(group, op, dtype, nbytes, peer, self.phase, device, name, batched))
+
+
+def device_communicators(
+    kinds: dict[str, dict[str, Any]], world: str, world_net: str, calls: list[Collective]
+) -> list[dict[str, Any]]:
+    """NCCL makes a communicator lazily for each group the first time a collective (or a
+    batch_isend_irecv) uses it with device tensors, and one more per peer the first time a send
+    or recv is issued alone (torch's ProcessGroupNCCL::pointToPoint keys those by the pair,
+    whatever the group's size): torch 2.13's _batch_p2p issues every all-send or all-recv batch
+    so, which is all the traffic of the looped and V-shaped schedules and 1F1B's warm-up and
+    cool-down. Host (gloo) groups hold no GPU memory and are left out. ``kinds``: group name ->
+    its entry as the trainer created it."""
+    out: dict[tuple[str, int | None], dict[str, Any]] = {}
+    for c in calls:
+        if c.device == "cpu":
+            continue
+        made = kinds.get(c.name) or {
+            "kind": "world" if c.name == world else "other",
+            "size": len(c.group),
+            "net": world_net if c.name == world else "?",
+        }
+        if c.peer is not None and not c.batched:
+            entry = {"kind": f"{made['kind']} pair", "size": 2, "net": made.get("net"), "peer": c.peer}
+            out.setdefault((c.name, c.peer), entry)
+        else:
+            out.setdefault((c.name, None), {k: made[k] for k in ("kind", "size", "net") if k in made})
+    return list(out.values())
 
 
 def sequences_by_group(records: dict[int, list[Collective]]) -> dict[tuple[int, ...], dict[int, list]]:
