@@ -111,3 +111,10 @@ bubble-table: venv
 crd: venv
 	$(PY) hack/gen_crd.py
 	hack/chart-sync.sh
+
+# The kubectl plugin's krew archive (dist/) and manifest (deploy/krew/holmes.yaml, pinned to the
+# archive's sha256; tests/unit/packaging/test_krew.py checks it). RELEASE_URL=... writes
+# dist/krew-holmes.yaml pointing at the published archive instead.
+.PHONY: krew
+krew: venv
+	$(PY) hack/krew.py
