@@ -510,16 +510,27 @@ def test_pod_disruption_budget_only_with_several_replicas():
         assert not by_kind(render(values), "PodDisruptionBudget"), values
 
 
-def test_pod_disruption_budget_api_follows_the_server():
-    """policy/v1 where served (1.21+; v1beta1 is gone from 1.25), policy/v1beta1 on older servers
-    (the 1.20 test bed); deploy/install.yaml, one render for every server, carries none."""
-    assert one(render(), "PodDisruptionBudget")["apiVersion"] == "policy/v1"
+def test_pod_disruption_budget_is_policy_v1_with_no_branch_for_older_servers():
+    """Every release the chart supports (kubeVersion >= 1.34) serves policy/v1: no dead
+    policy/v1beta1 branch (gone in 1.25), no server-version test, so deploy/install.yaml (one
+    render for every server) carries the same PodDisruptionBudget helm installs."""
     from tests.helpers.packaging.packaging_helpers import REPO
 
-    sync = (REPO / "hack" / "chart-sync.sh").read_text()
-    assert "podDisruptionBudget.enabled=false" in sync
+    assert one(render(), "PodDisruptionBudget")["apiVersion"] == "policy/v1"
+    template = (CHART / "templates" / "pdb.yaml").read_text()
+    assert "v1beta1" not in template and ".Capabilities" not in template
+    assert "podDisruptionBudget.enabled=false" not in (REPO / "hack" / "chart-sync.sh").read_text()
     installed = [d for d in yaml.safe_load_all((REPO / "deploy" / "install.yaml").read_text()) if d]
-    assert not by_kind(installed, "PodDisruptionBudget")
+    assert one(installed, "PodDisruptionBudget")["apiVersion"] == "policy/v1"
+
+
+def test_no_template_branches_on_a_server_older_than_kube_version():
+    """kubeVersion >= 1.34: a template asking for an API every supported server serves, or for a
+    version below 1.34, is dead code."""
+    for path in sorted((CHART / "templates").glob("*")):
+        text = path.read_text()
+        assert "policy/v1beta1" not in text and "semverCompare" not in text, path.name
+        assert 'Capabilities.APIVersions.Has "policy/v1"' not in text, path.name
 
 
 def test_lease_timings_default_to_kubernetes_own():
