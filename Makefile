@@ -118,3 +118,11 @@ crd: venv
 .PHONY: krew
 krew: venv
 	$(PY) hack/krew.py
+
+# A release in dist/ (hack/release.py): the chart packaged, the krew archive, one CycloneDX SBOM
+# per image, the images' ids and digests (built first by `make images`), the bases and whether
+# each is pinned by digest, release-VERSION.json and SHA256SUMS. A release build passes the bases
+# by digest (PYTHON_IMAGE=...@sha256:... CUDA_IMAGE=...): hack/release.py says how.
+.PHONY: release
+release: venv clients images
+	$(PY) hack/release.py --require-images
