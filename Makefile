@@ -111,3 +111,18 @@ bubble-table: venv
 crd: venv
 	$(PY) hack/gen_crd.py
 	hack/chart-sync.sh
+
+# The kubectl plugin's krew archive (dist/) and manifest (deploy/krew/holmes.yaml, pinned to the
+# archive's sha256; tests/unit/packaging/test_krew.py checks it). RELEASE_URL=... writes
+# dist/krew-holmes.yaml pointing at the published archive instead.
+.PHONY: krew
+krew: venv
+	$(PY) hack/krew.py
+
+# A release in dist/ (hack/release.py): the chart packaged, the krew archive, one CycloneDX SBOM
+# per image, the images' ids and digests (built first by `make images`), the bases and whether
+# each is pinned by digest, release-VERSION.json and SHA256SUMS. A release build passes the bases
+# by digest (PYTHON_IMAGE=...@sha256:... CUDA_IMAGE=...): hack/release.py says how.
+.PHONY: release
+release: venv clients images
+	$(PY) hack/release.py --require-images

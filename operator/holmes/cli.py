@@ -67,7 +67,28 @@ def load_job(path: str):
         raise CliError(str(e)) from None
 
 
-def nodes_from_cluster(kubeconfig: str | None, context: str | None) -> list[dict]:
+def impersonate(api, user: str | None, groups: Sequence[str] | None) -> None:
+    """kubectl's --as/--as-group on a kubernetes ApiClient: the Impersonate-* headers on every
+    call (the API server then authorizes as that user; the caller needs the impersonate verb)."""
+    if groups and not user:
+        raise CliError("--as-group needs --as USER (the API server impersonates groups of a user only)")
+    if groups and len(groups) > 1:
+        raise CliError(
+            "one --as-group at a time: the Python client sends one Impersonate-Group header "
+            "(impersonate a user that is a member of the others, or use kubectl itself)"
+        )
+    if user:
+        api.set_default_header("Impersonate-User", user)
+    for group in groups or ():
+        api.set_default_header("Impersonate-Group", group)
+
+
+def nodes_from_cluster(
+    kubeconfig: str | None,
+    context: str | None,
+    as_user: str | None = None,
+    as_group: Sequence[str] | None = None,
+) -> list[dict]:
     try:
         from kubernetes import client, config  # only this path needs the Kubernetes client
     except ImportError:
@@ -77,7 +98,10 @@ def nodes_from_cluster(kubeconfig: str | None, context: str | None) -> list[dict
     try:
         config.load_kube_config(config_file=kubeconfig, context=context)
         api = client.ApiClient()
+        impersonate(api, as_user, as_group)
         items = client.CoreV1Api(api).list_node().items
+    except CliError:
+        raise
     except Exception as e:  # config errors, connection refused, 403...
         raise CliError(f"cannot list nodes from the cluster: {e}") from None
     nodes = [api.sanitize_for_serialization(n) for n in items]
@@ -121,7 +145,9 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.kubeconfig is None and args.nodes is None:
         raise CliError("give --nodes NODES.yaml or --kubeconfig PATH")
     nodes = (
-        load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig or None, args.context)
+        load_nodes(args.nodes)
+        if args.nodes
+        else nodes_from_cluster(args.kubeconfig or None, args.context, args.as_user, args.as_group)
     )
     if args.pods:
         return pods_command(args, nodes, config)
@@ -162,6 +188,13 @@ def plan_command(args: argparse.Namespace) -> int:
         print_estimates(holmes.estimate, base.estimate, "Holmes", "Megatron")
         print(f"Holmes is {ratio:.3f}x the Megatron-default speed (estimated)")
     return 0
+
+
+def yaml_text(obj: Any) -> str:
+    """An API object as YAML (`kubectl holmes -o yaml`), keys sorted as kubectl prints them."""
+    import yaml
+
+    return str(yaml.safe_dump(obj, sort_keys=True))
 
 
 def write_svg(path: str, pic) -> None:
@@ -433,6 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
         "~/.kube/config, as kubectl)",
     )
     pl.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
+    pl.add_argument("--as", dest="as_user", metavar="USER", help="with --kubeconfig: impersonate USER")
+    pl.add_argument(
+        "--as-group", action="append", metavar="GROUP", help="with --as: impersonate this group too"
+    )
     pl.add_argument("--job", help="YAML or JSON: a HolmesJob manifest (required unless --print-config)")
     pl.add_argument(
         "--config",

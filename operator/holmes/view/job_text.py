@@ -33,7 +33,10 @@ FIXES = {
     ),
     "VolcanoNotInstalled": "install Volcano, then restart the operator (or remove schedulerName)",
     "InvalidSpec": "edit the spec as the message says: kubectl edit holmesjob NAME -n NAMESPACE",
-    "InvalidName": "recreate the job under a shorter name (pod names carry it)",
+    "InvalidName": (
+        "recreate the job under a shorter name (pod names carry it; the CRD's rules refuse such a "
+        "name at apply time unless it was installed without them)"
+    ),
     "WaitingForPodsToStop": "nothing: the previous attempt's pods are stopping",
     "WaitingForRendezvous": "nothing: rank 0's pod gets its IP, then the others start",
     "BackoffLimitExceeded": (
@@ -161,6 +164,29 @@ def status_lines(job: Mapping[str, Any], now: datetime) -> list[str]:
     if ready and ready.get("message"):
         out.append(f"  {ready.get('reason', '')}: {ready['message']}")
     return out + layout_lines(st) + progress_lines(st, now)
+
+
+def list_lines(jobs: Sequence[Mapping[str, Any]], now: datetime, all_namespaces: bool) -> list[str]:
+    """One row per job, as `kubectl get hj` prints them (with NAMESPACE under -A)."""
+    if not jobs:
+        return ["no HolmesJobs"]
+    rows = [["NAMESPACE"] * all_namespaces + ["NAME", "PHASE", "DONE%", "ETA", "AGE"]]
+    for job in jobs:
+        meta, st = job.get("metadata") or {}, job.get("status") or {}
+        p = st.get("progress") or {}
+        done = p.get("percentComplete")
+        age = ago(meta.get("creationTimestamp"), now).removesuffix(" ago")
+        rows.append(
+            [meta.get("namespace", "")] * all_namespaces
+            + [
+                meta.get("name", "?"),
+                st.get("phase") or "-",
+                _num(done, ".0f"),
+                p.get("estimatedRemaining") or "-",
+                age,
+            ]
+        )
+    return _table(rows, indent="")
 
 
 def _stalled_trainer(st: Mapping[str, Any], now: datetime) -> str:

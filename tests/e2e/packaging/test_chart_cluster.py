@@ -292,9 +292,10 @@ def test_finished_job_succeeds_and_reads_healthy(env, cluster):
 
 
 def test_stalled_job_reads_failed_and_degraded(env):
-    # a name too long for the pods' hostnames: no schema rule says so (yet), the operator does
-    bad = "bad-" + "x" * 50
-    apply_job(env, tiny_job(bad))
+    # a template the chart's job policy refuses (hostNetwork without jobPolicy.allowHostNamespaces):
+    # no schema rule can say so, the operator does (a name too long is refused at admission now)
+    bad = "bad-host-network"
+    apply_job(env, tiny_job(bad, template={"spec": {"hostNetwork": True}}))
     obj = env.wait_for(
         "HolmesJob bad to stall",
         lambda: (
@@ -311,9 +312,9 @@ def test_stalled_job_reads_failed_and_degraded(env):
     )
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     state, message = kstatus(obj)
-    assert state == "Failed" and "54 characters" in message
+    assert state == "Failed" and "hostNetwork" in message, message
     state, message = argocd(obj)
-    assert state == "Degraded" and "54 characters" in message
+    assert state == "Degraded" and "hostNetwork" in message, message
 
 
 def set_suspend(env, name: str, suspend: bool) -> None:

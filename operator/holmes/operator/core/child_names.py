@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any
 
+from holmes.contract.names import JOB_NAME_PATTERN, MAX_JOB_NAME
+
 # Labels on every child (selectors and kubectl -l use these).
 LABEL_JOB = "holmes.dev/job-name"
 LABEL_ATTEMPT = "holmes.dev/attempt"
@@ -35,8 +37,7 @@ LAYOUT_VOLUME = "holmes-layout"
 SHM_VOLUME = "dshm"
 
 # A pod is <job>-<attempt>-<node rank> and doubles as its DNS hostname (a 63-char label).
-MAX_JOB_NAME = 50
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035 = re.compile(JOB_NAME_PATTERN)
 
 
 def pod_name(job: str, attempt: int, node_rank: int) -> str:
