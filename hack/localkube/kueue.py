@@ -29,13 +29,13 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import yaml
 from holmes_dev.kubectl import run_kubectl
-from holmes_dev.ports import free_port
 
 from .controlplane import CACHE_BIN, ClusterError, ControlPlane, binary, mentions, pid_alive
 
@@ -54,6 +54,14 @@ HOLMESJOB = "HolmesJob.v1alpha1.holmes.dev"
 # Kinds left out of the install: the manager runs as a host process, the visibility server is off.
 DROPPED_KINDS = {"Deployment", "APIService"}
 PODS_READY_TIMEOUT = os.environ.get("HOLMES_KUEUE_PODS_READY_TIMEOUT", "5m")
+
+
+def pick_port(host: str) -> int:
+    """A port free on ``host`` now (let go at once: the manager binds it moments later; a
+    start that loses it to someone else is retried with other ports)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def built_version(name: str) -> str | None:
@@ -89,7 +97,19 @@ def host_address() -> str:
     )
 
 
-def configuration(cert_dir: Path, webhook_host: str, webhook_port: int, health_port: int) -> dict:
+# Holmes' integration settings (see the module's docstring); a test may run Kueue with others,
+# e.g. Kueue's own defaults, to show what goes wrong with them.
+INTEGRATIONS = {
+    # batch/job as Kueue's own example; never "pod" (each of a HolmesJob's pods would get a
+    # Workload of its own beside the job's: its quota counted twice)
+    "frameworks": ["batch/job"],
+    "externalFrameworks": [HOLMESJOB],
+}
+
+
+def configuration(
+    cert_dir: Path, webhook_host: str, webhook_port: int, health_port: int, integrations: dict | None = None
+) -> dict:
     """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for the host process."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -111,12 +131,7 @@ def configuration(cert_dir: Path, webhook_host: str, webhook_port: int, health_p
             "blockAdmission": False,
             "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 10, "backoffMaxSeconds": 60},
         },
-        "integrations": {
-            # batch/job as Kueue's own example; never "pod" (each of a HolmesJob's pods would get
-            # a Workload of its own beside the job's: its quota counted twice)
-            "frameworks": ["batch/job"],
-            "externalFrameworks": [HOLMESJOB],
-        },
+        "integrations": INTEGRATIONS if integrations is None else integrations,
         "featureGates": {"TopologyAwareScheduling": True, "VisibilityOnDemand": False},
     }
 
@@ -129,6 +144,15 @@ def install_objects(text: str) -> tuple[list[dict], list[dict]]:
             continue
         (crds if doc.get("kind") == "CustomResourceDefinition" else rest).append(doc)
     return crds, rest
+
+
+def default_integrations() -> dict:
+    """The integrations of Kueue's own default configuration (its config map as built): the
+    pod integration on, no external framework."""
+    for doc in install_objects(manifests_path().read_text())[1]:
+        if doc["kind"] == "ConfigMap" and "controller_manager_config.yaml" in (doc.get("data") or {}):
+            return yaml.safe_load(doc["data"]["controller_manager_config.yaml"])["integrations"]
+    raise ClusterError("Kueue's manifests have no config map with controller_manager_config.yaml")
 
 
 def kueue_crds() -> list[str]:
@@ -180,12 +204,15 @@ class Kueue:
             return ""
 
     # ---- start ---------------------------------------------------------------------------
-    def up(self, log=print, timeout: float = 180) -> dict:
+    def up(self, log=print, timeout: float = 180, integrations: dict | None = None) -> dict:
+        """Install and start Kueue (kept when it runs with the same ``integrations``: None
+        for INTEGRATIONS)."""
+        integrations = INTEGRATIONS if integrations is None else integrations
         if not self.cp.running():
             raise ClusterError(f"the cluster of {self.cp.dir} is not running: `make cluster-up` first")
         kueue_bin = binary("kueue")
         manifests = manifests_path()
-        if self.running():
+        if self.running() and self._state().get("integrations") == integrations:
             log(f"kueue {built_version('kueue')} already running (pid {self.pid()})")
             return self._state()
         self.down(log=lambda *_: None, keep_webhooks=True)
@@ -209,8 +236,25 @@ class Kueue:
         for f in self.cert_dir.iterdir():
             f.unlink()
         host = host_address()
-        webhook_port, health_port = free_port(host), free_port()
-        cfg = configuration(self.cert_dir, host, webhook_port, health_port)
+        for tries in range(3, 0, -1):
+            try:
+                self._start(kueue_bin, host, integrations, log, timeout)
+                break
+            except ClusterError as e:
+                self.down(log=lambda *_: None, keep_webhooks=True)
+                if "address already in use" not in str(e) or tries == 1:
+                    self.down(log=lambda *_: None)
+                    raise
+                log("a port was taken before kueue bound it: starting it again on others")
+            except BaseException:
+                self.down(log=lambda *_: None)
+                raise
+        log(f"kueue up in {time.monotonic() - t0:.1f}s (log {self.log_path})")
+        return self._state()
+
+    def _start(self, kueue_bin: str, host: str, integrations: dict, log, timeout: float) -> None:
+        webhook_port, health_port = pick_port(host), pick_port("127.0.0.1")
+        cfg = configuration(self.cert_dir, host, webhook_port, health_port, integrations)
         self.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
         self._endpoint_slice(host, webhook_port)
 
@@ -220,6 +264,7 @@ class Kueue:
             "webhook": f"{host}:{webhook_port}",
             "healthPort": health_port,
             "config": str(self.config),
+            "integrations": integrations,
         }
         self.cp._save(st)
         log(f"starting kueue (webhook on {host}:{webhook_port}, health on 127.0.0.1:{health_port})")
@@ -228,14 +273,8 @@ class Kueue:
             "kueue",
             [kueue_bin, f"--config={self.config}", f"--kubeconfig={self.cp.kubeconfig}", "--zap-log-level=2"],
         )
-        try:
-            self._wait_certificate(timeout)
-            self._wait("the API server to reach Kueue's webhooks", self._webhook_answers, timeout)
-        except BaseException:
-            self.down(log=lambda *_: None)
-            raise
-        log(f"kueue up in {time.monotonic() - t0:.1f}s (log {self.log_path})")
-        return self._state()
+        self._wait_certificate(timeout)
+        self._wait("the API server to reach Kueue's webhooks", self._webhook_answers, timeout)
 
     def _apply(self, objs: list[dict]) -> None:
         body = json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
