@@ -68,6 +68,7 @@ class Caches:
         self.cluster_pods = Store(index_label=None)
         self.workloads = Store(index_label=child_names.LABEL_JOB)
         self.flavors = Store(index_label=None)
+        self.workload_priority_classes = Store(index_label=None)  # Kueue's, while served
         self.priority_classes = Store(index_label=None)
         # DRA: every ResourceSlice, and every ResourceClaim slimmed to what capacity counts
         # (device_claims.slim_claim), while the API server serves them (watches.py)

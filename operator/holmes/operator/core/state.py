@@ -75,6 +75,8 @@ class Observed:
     workload: dict | None = None
     flavors: Mapping[str, dict] | None = None
     priority_classes: Mapping[str, int] | None = None
+    # Kueue's WorkloadPriorityClass values by name (None: not known)
+    workload_priority_classes: Mapping[str, int] | None = None
     # Volcano (queueing.py): the job's PodGroup as Volcano last wrote its status; whether the
     # API server serves PodGroups at all
     podgroup: dict | None = None
