@@ -196,7 +196,7 @@ KUEUE_STANDIN_CRDS = ("workloads.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.i
 @pytest.fixture(scope="module")
 def real_kueue(cluster):
     from localkube.controlplane import ControlPlane
-    from localkube.kueue import Kueue, kueue_crds
+    from localkube.kueue import Kueue
 
     if cluster.state_dir is None:
         pytest.skip("the real Kueue needs a cluster this session started, or one `make cluster-up` started")
@@ -215,10 +215,7 @@ def real_kueue(cluster):
     try:
         yield kq
     finally:
-        kq.down(log=lambda m: None)
-        cluster.kubectl(
-            "delete", "crd", *kueue_crds(), "--ignore-not-found", "--wait=true", "--timeout=120s", check=False
-        )
+        kq.uninstall()
 
 
 @pytest.fixture
