@@ -205,6 +205,21 @@ def test_a_queued_job_is_admitted_within_quota_counted_once_and_the_next_waits(
     job = wait_for("the second job waiting for quota", waiting, timeout=60, op=operator)
     assert condition(job, "Suspended")["reason"] == "WaitingForAdmission"
     assert f"for {GPU} in flavor gpu-{namespace}" in condition(job, "Suspended")["message"]
+    # Kueue 0.17 serves v1beta2 and v1beta1: the operator speaks v1beta2 (no conversion webhook
+    # call on its writes)
+    assert "serves Workloads in v1beta2, v1beta1: using v1beta2" in operator.tail(200)
+    r = cluster.kubectl(
+        "get",
+        "workloads.kueue.x-k8s.io",
+        "holmesjob-first",
+        "-n",
+        namespace,
+        "-o",
+        "json",
+        "--show-managed-fields",
+    )
+    managers = {(f["manager"], f["apiVersion"]) for f in json.loads(r.stdout)["metadata"]["managedFields"]}
+    assert {v for _, v in managers} == {"kueue.x-k8s.io/v1beta2"}, managers
     # admitted by Kueue itself, counted once: the job's Workload is the namespace's only one
     wl = workload(cluster, namespace, "first")
     assert wl_condition(wl, "Admitted")["status"] == "True"
