@@ -39,8 +39,9 @@ clients:
 # own config/default rendered), cached beside the control plane. `make kueue-up` (after
 # cluster-up; idempotent) installs it on the local cluster and runs its manager as a host process
 # (hack/localkube/kueue.py); `make kueue-down` stops it and removes its webhooks.
+# (kubectl, which renders Kueue's manifests, comes from `make k8s` or `make clients`.)
 .PHONY: kueue kueue-up kueue-down
-kueue: k8s
+kueue:
 	@bash hack/build-kueue.sh
 kueue-up: venv kueue
 	@$(LOCALKUBE) kueue-up
