@@ -227,6 +227,16 @@ def test_a_queued_job_is_admitted_within_quota_counted_once_and_the_next_waits(
     names = sorted(w["metadata"]["name"] for w in workloads(cluster, namespace))
     assert names == ["holmesjob-first", "holmesjob-second"], names
     assert reserved_gpus(cluster, queues) == 4
+    # its pods ready: PodsReady for Kueue's waitForPodsReady (without it Kueue evicts the job
+    # once the timeout passes)
+    ready = wait_for(
+        "PodsReady",
+        lambda: (lambda c: c if c.get("status") == "True" else None)(
+            wl_condition(workload(cluster, namespace, "first"), "PodsReady")
+        ),
+        op=operator,
+    )
+    assert ready["reason"] == "Started", ready
     assert not pods_of(cluster, namespace, "second")
     for p in pods_of(cluster, namespace, "first"):
         assert not p["spec"].get("schedulingGates"), p["spec"]["schedulingGates"]  # not gated by Kueue

@@ -95,6 +95,8 @@ def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
     )
     st.d.workload, st.d.delete_workload = g.create, g.delete
     st.d.workload_status = g.release
+    if g.release is not None and wl is not None:
+        st.d.workload_version = (wl.get("metadata") or {}).get("resourceVersion")
     if g.stall is not None:
         return stall(st, *g.stall)
     if g.hold is not None:

@@ -103,6 +103,9 @@ class Decision:
     workload: dict | None = None  # Kueue Workload to create
     delete_workload: str | None = None  # name of a Workload to delete (its pod sets changed)
     workload_status: dict | None = None  # a merge patch of the Workload's status (null removes)
+    # the resourceVersion that patch was computed from: it replaces the conditions list whole, so
+    # it must not land on a Workload Kueue changed meanwhile (None: no precondition)
+    workload_version: str | None = None
     podgroup: dict | None = None  # Volcano PodGroup to create or update
     placed: bool = False  # a layout was searched for (placement.py): timed as planning
 
