@@ -35,6 +35,19 @@ k8s:
 clients:
 	@bash hack/build-k8s.sh clients
 
+# The real Kueue (hack/build-kueue.sh: sigs.k8s.io/kueue's manager built from its module, its
+# own config/default rendered), cached beside the control plane. `make kueue-up` (after
+# cluster-up; idempotent) installs it on the local cluster and runs its manager as a host process
+# (hack/localkube/kueue.py); `make kueue-down` stops it and removes its webhooks.
+# (kubectl, which renders Kueue's manifests, comes from `make k8s` or `make clients`.)
+.PHONY: kueue kueue-up kueue-down
+kueue:
+	@bash hack/build-kueue.sh
+kueue-up: venv kueue
+	@$(LOCALKUBE) kueue-up
+kueue-down:
+	@if [ -x $(PY) ]; then $(LOCALKUBE) kueue-down; fi
+
 # The two images of the Dockerfile (hack/build-images.sh), built into the local containers storage
 # (`podman images`) on a Debian base; rebuilt only when what goes into them changes.
 .PHONY: images
@@ -42,7 +55,7 @@ images:
 	@bash hack/build-images.sh
 
 # Every tier (tests/conftest.py): lint, then tests/unit, tests/integration and tests/e2e in one run.
-test: venv k8s images lint
+test: venv k8s kueue images lint
 	$(PY) -m pytest
 
 # The tiers one at a time (tests/conftest.py says what goes where).
@@ -57,7 +70,7 @@ unit: venv clients
 	$(PY) -m pytest tests/unit -q
 integration: venv images
 	$(PY) -m pytest tests/integration -q
-e2e: venv k8s images
+e2e: venv k8s kueue images
 	$(PY) -m pytest tests/e2e -q
 
 # ruff: lint and format check; mypy: types (strict on contract/ and plan/); lint-imports: the

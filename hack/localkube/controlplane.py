@@ -327,6 +327,9 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--enable-priority-and-fairness=false",
                 "--kubelet-preferred-address-types=InternalIP",
+                # No kube-proxy here: the API server resolves a webhook's Service to its endpoints
+                # itself (Kueue's webhooks, hack/localkube/kueue.py).
+                "--enable-aggregator-routing=true",
                 "--profiling=false",
                 "--v=1",
             ],
@@ -489,10 +492,11 @@ class ControlPlane:
 
     # ---- stop ----------------------------------------------------------------------------
     def down(self, log=print, grace: float = 10.0) -> None:
-        """Stop the recorded processes, node agent first (it stops its pods), etcd last."""
+        """Stop the recorded processes: add-ons (Kueue: kueue.py) first, then the node agent
+        (it stops its pods), etcd last."""
         st = self.state()
         pids = st.get("pids", {})
-        for name in reversed(COMPONENTS):
+        for name in [n for n in pids if n not in COMPONENTS] + list(reversed(COMPONENTS)):
             pid = pids.get(name)
             if not self._alive(pid):
                 continue
@@ -520,6 +524,7 @@ class ControlPlane:
         )
         if pids:
             st["pids"] = {}
+            st.pop("kueue", None)
             self._save(st)
 
 

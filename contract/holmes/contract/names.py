@@ -48,6 +48,8 @@ NFD_RDMA_LABELS = (
 RESOURCE_GPU = "nvidia.com/gpu"
 # A HolmesJob label: the Kueue LocalQueue that admits it (see docs/api.md).
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+# Kueue's WorkloadPriorityClass of a job (it wins over the pods' PriorityClass, as in Kueue)
+LABEL_KUEUE_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
 
 # How a job's pods reach each other (spec.network): their own network namespace or the node's.
 POD_NETWORK, HOST_NETWORK = "podNetwork", "hostNetwork"

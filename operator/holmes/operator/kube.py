@@ -68,6 +68,7 @@ class Caches:
         self.cluster_pods = Store(index_label=None)
         self.workloads = Store(index_label=child_names.LABEL_JOB)
         self.flavors = Store(index_label=None)
+        self.workload_priority_classes = Store(index_label=None)  # Kueue's, while served
         self.priority_classes = Store(index_label=None)
         # DRA: every ResourceSlice, and every ResourceClaim slimmed to what capacity counts
         # (device_claims.slim_claim), while the API server serves them (watches.py)
@@ -310,20 +311,20 @@ class KubeIO:
             _adopt(d.workload, owner)
             body = queueing.workload_as(self.kueue_version, d.workload)
             self._create_custom(*kueue, queueing.WORKLOADS, ns, body)
-        if d.workload_status is not None and d.workload is None:  # Finished, or a quota released
+        if d.workload_status is not None and d.workload is None:  # Finished, quota released, PodsReady
             name = queueing.workload_name(owner["metadata"]["name"])
+            patch: dict = {"status": d.workload_status}
+            if d.workload_version:  # the conditions list is replaced whole: not over Kueue's newer write
+                patch["metadata"] = {"resourceVersion": d.workload_version}
             try:
                 resp = self.custom.patch_namespaced_custom_object_status(
-                    *kueue,
-                    ns,
-                    queueing.WORKLOADS,
-                    name,
-                    {"status": d.workload_status},
-                    _preload_content=False,
+                    *kueue, ns, queueing.WORKLOADS, name, patch, _preload_content=False
                 )
                 self.caches.workloads.put(queueing.workload_from(_json(resp)))
             except ApiException as e:
-                if e.status != 404:
+                # 409: Kueue wrote the Workload since it was read; its watch event brings the
+                # job back with the newer one
+                if e.status not in (404, 409):
                     raise
         if d.podgroup is not None:
             _adopt(d.podgroup, owner)

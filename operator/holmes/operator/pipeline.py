@@ -228,6 +228,7 @@ class Pipeline:
                 workload=self.caches.workloads.get(ns, queueing.workload_name(name)),
                 flavors=self.watches.flavors(),
                 priority_classes=self.watches.priority_classes(),
+                workload_priority_classes=self.watches.workload_priority_classes(),
                 podgroup=self.caches.podgroups.get(ns, queueing.podgroup_name(name)),
                 volcano=self.watches.volcano,
                 members=where.states,

@@ -316,6 +316,16 @@ class Watches:
         """Kueue's ResourceFlavors by name (None: the Kueue API is not served)."""
         return {f["metadata"]["name"]: f for f in self.caches.flavors.values()} if self.kueue else None
 
+    def workload_priority_classes(self) -> dict[str, int] | None:
+        """Kueue's WorkloadPriorityClass values by name (None: the Kueue API is not served)."""
+        if not self.kueue:
+            return None
+        return {
+            p["metadata"]["name"]: int(p.get("value") or 0)
+            for p in self.caches.workload_priority_classes.values()
+            if isinstance(p.get("value"), int)
+        }
+
     def priority_classes(self) -> dict[str, int]:
         return {
             p["metadata"]["name"]: int(p.get("value") or 0)

@@ -143,6 +143,8 @@ NEEDED = {
     ("priorityclasses.scheduling.k8s.io", "watch"): "informer.Informer (runPolicy.priorityClassName)",
     ("resourceflavors.kueue.x-k8s.io", "list"): "informer.Informer (Kueue flavors' node labels)",
     ("resourceflavors.kueue.x-k8s.io", "watch"): "informer.Informer (Kueue flavors' node labels)",
+    ("workloadpriorityclasses.kueue.x-k8s.io", "list"): "informer.Informer (kueue.x-k8s.io/priority-class)",
+    ("workloadpriorityclasses.kueue.x-k8s.io", "watch"): "informer.Informer (kueue.x-k8s.io/priority-class)",
     ("workloads.kueue.x-k8s.io", "list"): "informer.Informer (the Workloads cache)",
     ("workloads.kueue.x-k8s.io", "watch"): "informer.Informer (the Workloads cache)",
     ("workloads.kueue.x-k8s.io", "create"): "kube.KubeIO.apply_queueing",
@@ -161,13 +163,15 @@ NEEDED = {
     ("subjectaccessreviews.authorization.k8s.io", "create"): "metrics_server.api_reviews (its /metrics get)",
 }
 # Cluster-wide reads (the ClusterRole in every mode): besides nodes and CRDs, PriorityClasses
-# and Kueue's ResourceFlavors. Not pods: a namespaced install reads pods in its namespaces only.
+# and Kueue's ResourceFlavors and WorkloadPriorityClasses. Not pods: a namespaced install reads
+# pods in its namespaces only.
 CLUSTER_READS = (
     "nodes",
     "customresourcedefinitions",
     "namespaces",
     "priorityclasses",
     "resourceflavors",
+    "workloadpriorityclasses",
     "resourceslices",
 )
 # Cluster-scoped creates (listed by `can-i --list` in every namespace): the secure metrics' reviews.

@@ -93,6 +93,7 @@ class FakeWorld:
         self.workload: dict | None = None
         self.flavors: dict | None = None
         self.priority_classes: dict | None = None
+        self.workload_priority_classes: dict | None = None
         self.podgroup: dict | None = None
         self.volcano = True  # the API server serves PodGroups
         # member clusters (members.py): name -> MemberState; None: a single-cluster job
@@ -112,6 +113,7 @@ class FakeWorld:
             workload=copy.deepcopy(self.workload),
             flavors=self.flavors,
             priority_classes=self.priority_classes,
+            workload_priority_classes=self.workload_priority_classes,
             podgroup=copy.deepcopy(self.podgroup),
             volcano=self.volcano,
             members=self.members,

@@ -564,6 +564,32 @@ def test_kueue_workload_names_the_priority_class_its_priority_comes_from():
     assert w2.workload["spec"]["priority"] == 7 and "priorityClassRef" not in w2.workload["spec"]
 
 
+def test_kueue_workload_priority_class_label_wins_as_in_kueue():
+    """Kueue's own integrations take a job's kueue.x-k8s.io/priority-class first
+    (jobframework.ExtractPriority): the Workload carries that WorkloadPriorityClass's value and
+    reference, over the pods' PriorityClass; a class not there yet holds the job, saying so."""
+    m = kueue_job(runPolicy={"priorityClassName": "high"})
+    m["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "urgent"
+    w = FakeWorld(m, nodes=nodes())
+    w.flavors, w.priority_classes, w.workload_priority_classes = FLAVORS, {"high": 1000}, {}
+    w.step()
+    assert w.workload is None and not w.pods
+    c = w.condition("Suspended")
+    assert c["reason"] == "WaitingForAdmission"
+    assert "kueue.x-k8s.io/priority-class=urgent names a WorkloadPriorityClass" in c["message"]
+    w.workload_priority_classes = {"urgent": 10000}
+    w.step()
+    spec = w.workload["spec"]
+    assert spec["priority"] == 10000
+    ref = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "urgent"}
+    assert spec["priorityClassRef"] == ref
+    v1 = queueing.workload_as("v1beta1", w.workload)["spec"]
+    assert (v1["priorityClassSource"], v1["priorityClassName"]) == (
+        "kueue.x-k8s.io/workloadpriorityclass",
+        "urgent",
+    )
+
+
 def test_kueue_not_installed_stalls_with_what_to_do():
     w = FakeWorld(kueue_job(), nodes=nodes())
     w.step()  # flavors None: the API is not served

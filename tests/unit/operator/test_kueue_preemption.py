@@ -125,3 +125,35 @@ def test_the_release_patch_follows_kueues_condition_rules():
     wl["status"] = {**wl["status"], "conditions": patch["conditions"]}
     wl["status"].pop("admission")
     assert queueing.release_after_eviction(wl, "t3") is None  # released: never twice
+
+
+def test_pods_ready_follows_kueues_job_framework():
+    """PodsReady as jobframework's generatePodsReadyCondition (v0.17.1) writes it for Kueue's
+    waitForPodsReady: WaitForStart until every pod is ready, Started, then WaitForRecovery when
+    one is lost and Recovered once all are ready again; no write when it already says so."""
+    wl = {"metadata": {"name": "holmesjob-k"}, "spec": {"podSets": [{"count": 2}]}}
+    wl["status"] = kueue.reserve_quota(wl, "west-gpu", "t0")
+    steps = [(False, "False", "WaitForStart"), (True, "True", "Started"), (False, "False", "WaitForRecovery")]
+    steps.append((True, "True", "Recovered"))
+    for ready, status, reason in steps:
+        patch = queueing.pods_ready_patch(wl, ready, "t1")
+        wl["status"]["conditions"] = patch["conditions"]
+        c = kueue.condition(wl, "PodsReady")
+        assert (c["status"], c["reason"]) == (status, reason)
+        assert queueing.pods_ready_patch(wl, ready, "t2") is None
+    # an eviction's release says the pods are to start again, as Kueue does for a Workload not admitted
+    wl["status"] = kueue.evict(wl, "Preempted", "preempted", "t3")
+    released = queueing.release_after_eviction(wl, "t4")
+    ready = next(c for c in released["conditions"] if c["type"] == "PodsReady")
+    assert (ready["status"], ready["reason"]) == ("False", "WaitForStart")
+
+
+def test_pods_kueues_pod_integration_took_are_named_with_the_fix():
+    pods = [
+        {"metadata": {"name": "k-1-1", "labels": {"kueue.x-k8s.io/managed": "true"}}},
+        {"metadata": {"name": "k-1-0", "labels": {"kueue.x-k8s.io/managed": "true"}}},
+        {"metadata": {"name": "other", "labels": {}}},
+    ]
+    assert queueing.taken_by_kueue(pods) == ["k-1-0", "k-1-1"]
+    msg = queueing.taken_message(["k-1-0", "k-1-1"])
+    assert "integrations.externalFrameworks" in msg and "HolmesJob.v1alpha1.holmes.dev" in msg

@@ -140,6 +140,7 @@ def test_watch_namespaces_gives_roles_per_namespace_and_flags():
         "namespaces",  # no pods: those are read in the served namespaces only
         "priorityclasses",
         "resourceflavors",
+        "workloadpriorityclasses",  # list/watch: a job's kueue.x-k8s.io/priority-class value
         "resourceslices",  # list/watch: DRA devices
         "tokenreviews",  # create: secure metrics (a scraper's token) ...
         "subjectaccessreviews",  # ... and whether its user may get /metrics

@@ -13,9 +13,9 @@ from .state import (
     WAIT_INTERVAL,
     Decision,
     JobState,
+    current_pods,
     delete_stale,
     event,
-    live_pods,
     owned_by,
     past_leftovers,
     set_phase,
@@ -85,17 +85,39 @@ def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
         wl,
         st.obs.flavors,
         requeued=was == "Requeued",
-        active=bool(live_pods(st)),
+        # terminating pods too: they hold their GPUs (and save the checkpoint) until they are
+        # gone, and a preemptor admitted into the quota meanwhile would run beside them
+        active=any((p.get("status") or {}).get("phase") not in ("Succeeded", "Failed") for p in st.pods),
         now=st.stamp,
+        workload_priority_classes=st.obs.workload_priority_classes,
+        pods_ready=_pods_ready(st, spec) if st.status.get("launched") else None,
+        taken=queueing.taken_by_kueue(current_pods(st)),
     )
     st.d.workload, st.d.delete_workload = g.create, g.delete
     st.d.workload_status = g.release
+    if g.release is not None and wl is not None:
+        st.d.workload_version = (wl.get("metadata") or {}).get("resourceVersion")
     if g.stall is not None:
         return stall(st, *g.stall)
     if g.hold is not None:
         return _hold(st, *g.hold)
     st.node_labels = {**st.node_labels, **(g.node_labels or {})}
     return None
+
+
+def _pods_ready(st: JobState, spec: JobSpec) -> bool:
+    """Every pod of this attempt ready (its Ready condition True) or succeeded, as Kueue counts
+    a Job's (status.ready + status.succeeded >= its pods)."""
+
+    def ok(p: dict) -> bool:
+        status = p.get("status") or {}
+        if status.get("phase") == "Succeeded":
+            return True
+        ready: dict = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        return status.get("phase") == "Running" and ready.get("status") == "True"
+
+    pods = [p for p in current_pods(st) if not p["metadata"].get("deletionTimestamp")]
+    return sum(ok(p) for p in pods) >= spec.nodes.count
 
 
 def _hold(st: JobState, reason: str, message: str, warn: bool = False) -> Decision:

@@ -11,7 +11,8 @@
   ``Evicted=True`` (``pkg/workload/evict``, v0.19.2); the quota stays reserved until the job's
   integration has stopped the job. Holmes does what Kueue's job framework does for the kinds it
   integrates (``pkg/controller/jobframework/reconciler.go``, step "handle eviction"): delete the
-  pods (the job is Suspended, reason Requeued), and once none is active, in one status patch:
+  pods (the job is Suspended, reason Requeued), and once none is left (terminating pods still
+  hold their GPUs while they save the checkpoint), in one status patch:
   ``Requeued`` (True when evicted by preemption or node failures, else False), ``QuotaReserved``
   False (reason Pending) with ``status.admission`` cleared, and ``Admitted`` False (reason
   NoReservation) (``workload.SetRequeuedCondition``, ``UnsetQuotaReservationWithCondition``,
@@ -34,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from holmes.contract.names import LABEL_KUEUE_QUEUE
+from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS, LABEL_KUEUE_QUEUE
 
 from . import child_names
 from .capacity import CPU, MEMORY, PodShape, show
@@ -43,6 +44,7 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 V1BETA2, V1BETA1 = "v1beta2", "v1beta1"
 KUEUE_VERSIONS = (V1BETA2, V1BETA1)  # newest first: the first one the API server serves is used
 WORKLOADS, FLAVORS = "workloads", "resourceflavors"
+PRIORITY_CLASSES = "workloadpriorityclasses"
 POD_SET = "workers"
 
 VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
@@ -60,6 +62,11 @@ ADMITTED, EVICTED, PENDING = "admitted", "evicted", "pending"
 
 def queue_name(job: Mapping) -> str | None:
     return ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_QUEUE) or None
+
+
+def workload_priority_class(job: Mapping) -> str | None:
+    """The WorkloadPriorityClass the job's label kueue.x-k8s.io/priority-class names."""
+    return ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_PRIORITY_CLASS) or None
 
 
 def workload_name(job: str) -> str:
@@ -103,11 +110,21 @@ def build_workload(
     template: Mapping | None,
     priority: int,
     priority_class: str | None = None,
+    workload_priority_class: str | None = None,
 ) -> dict:
     """The job's Workload (v1beta2). ``priority_class``: the job's PriorityClass, named in
-    ``spec.priorityClassRef`` as Kueue's own integrations do (``priority`` is its value)."""
+    ``spec.priorityClassRef`` as Kueue's own integrations do (``priority`` is its value);
+    ``workload_priority_class``: Kueue's WorkloadPriorityClass of the job's label
+    kueue.x-k8s.io/priority-class, which wins over the PriorityClass as in Kueue's
+    ``jobframework.ExtractPriority`` (``priority`` is then its value)."""
     spec: dict[str, Any] = {"queueName": queue, "priority": priority}
-    if priority_class:
+    if workload_priority_class:
+        spec["priorityClassRef"] = {
+            "group": KUEUE_GROUP,
+            "kind": "WorkloadPriorityClass",
+            "name": workload_priority_class,
+        }
+    elif priority_class:
         spec["priorityClassRef"] = {
             "group": "scheduling.k8s.io",
             "kind": "PriorityClass",
@@ -196,6 +213,33 @@ def flavor_node_labels(workload: Mapping, flavors: Mapping[str, Mapping]) -> tup
     return labels, missing
 
 
+# Kueue's pod webhook marks the pods it manages as workloads of their own (its pod integration):
+# pods of a HolmesJob it does not know as an external framework, whose queue name they inherit
+# or that a LocalQueue named "default" in their namespace defaults.
+LABEL_KUEUE_MANAGED = "kueue.x-k8s.io/managed"
+HOLMESJOB_FRAMEWORK = "HolmesJob.v1alpha1.holmes.dev"  # for integrations.externalFrameworks
+
+
+def taken_by_kueue(pods: Iterable[Mapping]) -> list[str]:
+    """The job's pods Kueue's pod integration manages as workloads of their own."""
+    return sorted(
+        p["metadata"]["name"]
+        for p in pods
+        if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_MANAGED) == "true"
+    )
+
+
+def taken_message(names: list[str]) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (
+        f"Kueue's pod integration took pod(s) {shown} for workloads of their own (label "
+        f"{LABEL_KUEUE_MANAGED}=true, gated until Kueue admits each): the job's quota would be "
+        f"counted twice and its pods wait for it. Add {HOLMESJOB_FRAMEWORK} to Kueue's "
+        "configuration, integrations.externalFrameworks (Kueue then leaves a queued HolmesJob's "
+        "pods to it), restart Kueue's manager, then delete this job's pods"
+    )
+
+
 # Evictions after which Kueue's job framework sets Requeued=True (the Workload queues again at
 # once); after the others (a stopped queue, a deactivated Workload...) Requeued is False.
 REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
@@ -235,7 +279,39 @@ def release_after_eviction(workload: Mapping, now: str) -> dict | None:
     if _condition(workload, "Admitted").get("status") == "True":  # SyncAdmittedCondition
         no = {"type": "Admitted", "status": "False", "reason": "NoReservation"}
         conds = set_condition(conds, {**no, "message": "The workload has no reservation"}, now)
+    if _condition(workload, "PodsReady"):  # not admitted: generatePodsReadyCondition's WaitForStart
+        ready = {"type": "PodsReady", "status": "False", "reason": "WaitForStart"}
+        conds = set_condition(conds, {**ready, "message": PODS_READY_MESSAGES["WaitForStart"]}, now)
     return {"conditions": conds, "admission": None}
+
+
+# Kueue's waitForPodsReady: the integration says on the Workload whether its pods are ready
+# (jobframework's generatePodsReadyCondition, v0.17.1); Kueue evicts a Workload admitted for
+# longer than waitForPodsReady.timeout without PodsReady=True (and, with a recoveryTimeout, one
+# that has stayed WaitForRecovery that long).
+PODS_READY_MESSAGES = {
+    "WaitForStart": "Not all pods are ready or succeeded",
+    "WaitForRecovery": "At least one pod has failed, waiting for recovery",
+    "Started": "All pods reached readiness and the workload is running",
+    "Recovered": "All pods reached readiness and the workload is running",
+}
+
+
+def pods_ready_patch(workload: Mapping, ready: bool, now: str) -> dict | None:
+    """The admitted Workload's status patch setting PodsReady as Kueue's job framework does
+    (None: it already says so). ``ready``: every pod of the job is ready or succeeded."""
+    cur = _condition(workload, "PodsReady")
+    if ready:
+        recovering = cur.get("reason") in ("WaitForRecovery", "Recovered")
+        status, reason = "True", "Recovered" if recovering else "Started"
+    elif cur.get("status") == "True" or cur.get("reason") == "WaitForRecovery":
+        status, reason = "False", "WaitForRecovery"
+    else:
+        status, reason = "False", "WaitForStart"
+    if (cur.get("status"), cur.get("reason")) == (status, reason):
+        return None
+    new = {"type": "PodsReady", "status": status, "reason": reason, "message": PODS_READY_MESSAGES[reason]}
+    return {"conditions": set_condition((workload.get("status") or {}).get("conditions") or [], new, now)}
 
 
 def finished_conditions(workload: Mapping, ok: bool, message: str, now: str) -> list[dict] | None:
@@ -339,7 +415,8 @@ class Gate:
     stall: tuple[str, str] | None = None
     create: dict | None = None
     delete: str | None = None
-    release: dict | None = None  # the Workload's status patch giving back an evicted one's quota
+    # the Workload's status patch: giving back an evicted one's quota, or its PodsReady condition
+    release: dict | None = None
 
 
 def gate(
@@ -355,13 +432,21 @@ def gate(
     requeued: bool,
     active: bool = False,
     now: str = "",
+    workload_priority_classes: Mapping[str, int] | None = None,
+    pods_ready: bool | None = None,
+    taken: list[str] | None = None,
 ) -> Gate:
     """A job labelled kueue.x-k8s.io/queue-name runs only while Kueue admits its Workload.
     ``workload``: the job's own (a same-named job's leftover is None); ``flavors``: None when
     the Kueue API is not served; ``requeued``: the job is held after an eviction;
     ``priority_class``: the PriorityClass the priority is the value of, named in the Workload;
-    ``active``: the job has pods running or starting that are not being deleted (an evicted
-    Workload's quota is released only once it has none); ``now``: the time conditions carry."""
+    ``active``: the job has pods that have not ended, terminating ones included (an evicted
+    Workload's quota is released only once it has none); ``now``: the time conditions carry;
+    ``workload_priority_classes``: Kueue's WorkloadPriorityClass values by name (the job's
+    label kueue.x-k8s.io/priority-class names one: the Workload's priority is its value);
+    ``pods_ready``: whether every pod of the admitted job is ready or succeeded, for the
+    Workload's PodsReady condition (None: leave it); ``taken``: the job's pods Kueue's pod
+    integration manages as its own (taken_by_kueue)."""
     if flavors is None:
         return Gate(
             stall=(
@@ -372,6 +457,17 @@ def gate(
             )
         )
     meta = job.get("metadata") or {}
+    wpc = workload_priority_class(job)
+    if wpc:
+        value = (workload_priority_classes or {}).get(wpc)
+        if value is None and workload is None:
+            msg = (
+                f"label {LABEL_KUEUE_PRIORITY_CLASS}={wpc} names a WorkloadPriorityClass "
+                f"({KUEUE_GROUP}) that does not exist: create it, or remove the label (Kueue "
+                "does not admit a job whose priority class is missing either)"
+            )
+            return Gate(hold=("WaitingForAdmission", msg, True))
+        priority = priority if value is None else value
     want = build_workload(
         meta.get("name", ""),
         meta.get("namespace", "default"),
@@ -381,6 +477,7 @@ def gate(
         template,
         priority,
         priority_class,
+        wpc,
     )
     name = want["metadata"]["name"]
     if workload is None:
@@ -404,7 +501,10 @@ def gate(
             "exist (yet): their node labels say where the job may run"
         )
         return Gate(hold=("WaitingForAdmission", msg, False))
-    return Gate(node_labels=labels)
+    if taken:
+        return Gate(stall=("KueueManagesPods", taken_message(taken)))
+    ready = None if pods_ready is None else pods_ready_patch(workload, pods_ready, now)
+    return Gate(node_labels=labels, release=ready)
 
 
 # PodGroup phases (scheduling.volcano.sh/v1beta1), as Volcano's scheduler sets them at the end

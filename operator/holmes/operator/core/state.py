@@ -75,6 +75,8 @@ class Observed:
     workload: dict | None = None
     flavors: Mapping[str, dict] | None = None
     priority_classes: Mapping[str, int] | None = None
+    # Kueue's WorkloadPriorityClass values by name (None: not known)
+    workload_priority_classes: Mapping[str, int] | None = None
     # Volcano (queueing.py): the job's PodGroup as Volcano last wrote its status; whether the
     # API server serves PodGroups at all
     podgroup: dict | None = None
@@ -101,6 +103,9 @@ class Decision:
     workload: dict | None = None  # Kueue Workload to create
     delete_workload: str | None = None  # name of a Workload to delete (its pod sets changed)
     workload_status: dict | None = None  # a merge patch of the Workload's status (null removes)
+    # the resourceVersion that patch was computed from: it replaces the conditions list whole, so
+    # it must not land on a Workload Kueue changed meanwhile (None: no precondition)
+    workload_version: str | None = None
     podgroup: dict | None = None  # Volcano PodGroup to create or update
     placed: bool = False  # a layout was searched for (placement.py): timed as planning
 
