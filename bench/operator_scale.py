@@ -11,7 +11,8 @@ nodes going NotReady and back, running pods failing, jobs deleted, specs edited 
 and a few bad specs (refused with a condition, never a crash). Then a steady window measures
 the operator's own requests per running job; then every job ends.
 
-Measured: launch (create -> all pods of its first attempt created; bad specs and jobs edited or
+Measured: the hollow nodes' readiness (hollow.py started -> every node Ready, ``nodesReadyS``),
+launch (create -> all pods of its first attempt created; bad specs and jobs edited or
 deleted before their launch excluded), the operator's reconcile time (its histogram), its own API
 requests (holmes_api_requests_total: the kubernetes client's, and the Events it posts), its RSS
 (peak, sampled each second) and CPU. Judged from one watch of the jobs and one of their pods:
@@ -449,9 +450,18 @@ def main() -> int:
             time.sleep(5)
             b.install_crd()
         hollow_log = open(tmp / "hollow.log", "ab")
+        t_nodes = time.monotonic()
         hollow = subprocess.Popen(hollow_cmd, stdout=hollow_log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        wait_for(f"{a.nodes} hollow nodes Ready", lambda: ready_hollow_nodes(core) >= a.nodes, 600, 2.0, True)
-        log(f"{a.nodes} hollow nodes Ready after {time.monotonic() - t_start:.0f}s")
+
+        def nodes_ready() -> bool:
+            if hollow.poll() is not None:  # kwok refused its Stages, no kwok binary, ...
+                tail = (tmp / "hollow.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"hollow.py exited with {hollow.returncode}:\n{tail}")
+            return ready_hollow_nodes(core) >= a.nodes
+
+        wait_for(f"{a.nodes} hollow nodes Ready", nodes_ready, 600, 1.0, True)
+        result["nodesReadyS"] = round(time.monotonic() - t_nodes, 1)
+        log(f"{a.nodes} hollow nodes Ready {result['nodesReadyS']}s after hollow.py started")
         kinds = [f"--cluster-rdma-kind={c}={k}" for c, k in hn.rdma_kinds(a.islands).items()]
         op = OperatorProcess(
             kubeconfig,

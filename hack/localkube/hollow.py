@@ -161,17 +161,22 @@ def main(argv: list[str] | None = None) -> int:
         cfg_text = hn.kwok_config(a.start_seconds, a.status_seconds, a.workers)
     except hn.HollowError as e:
         ap.error(str(e))
+    kwok_bin = ""
+    if not a.unregister:
+        try:
+            kwok_bin = binary("kwok")
+        except ClusterError as e:
+            ap.error(str(e))
     cfg = client.Configuration()
-    config.load_kube_config(config_file=a.kubeconfig, client_configuration=cfg)
+    try:
+        config.load_kube_config(config_file=a.kubeconfig, client_configuration=cfg)
+    except (OSError, config.ConfigException) as e:
+        ap.error(f"--kubeconfig {a.kubeconfig}: {e}")
     cfg.connection_pool_maxsize = 20
     api = client.ApiClient(cfg)
     if a.unregister:
         unregister(api, [n.name for n in nodes])
         return 0
-    try:
-        kwok_bin = binary("kwok")
-    except ClusterError as e:
-        ap.error(str(e))
     register(client.CoreV1Api(api), nodes)
     log.info("registered %d hollow nodes; starting %s", len(nodes), kwok_bin)
     with tempfile.TemporaryDirectory(prefix="holmes-kwok-") as tmp:
