@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -177,11 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.unregister:
         unregister(api, [n.name for n in nodes])
         return 0
-    register(client.CoreV1Api(api), nodes)
-    log.info("registered %d hollow nodes; starting %s", len(nodes), kwok_bin)
     with tempfile.TemporaryDirectory(prefix="holmes-kwok-") as tmp:
         cfg_file = Path(tmp) / "kwok.yaml"
         cfg_file.write_text(cfg_text)
+        # kwok first: it takes each node up as it is registered (registering first, then starting
+        # kwok, left 500 nodes waiting for the last one's registration)
         proc = subprocess.Popen(
             kwok_command(a.kubeconfig, str(cfg_file), a.lease_seconds), stdin=subprocess.DEVNULL
         )
@@ -193,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         try:
+            t0 = time.monotonic()
+            register(client.CoreV1Api(api), nodes)
+            log.info(
+                "registered %d hollow nodes in %.1fs for %s", len(nodes), time.monotonic() - t0, kwok_bin
+            )
             rc = proc.wait()
         finally:
             if proc.poll() is None:

@@ -158,7 +158,10 @@ def kwok_config(
             "options": {
                 "podPlayStageParallelism": parallelism,
                 "nodePlayStageParallelism": parallelism,
-                "nodeLeaseParallelism": max(4, parallelism // 2),
+                "nodeLeaseParallelism": parallelism,
+                # kwok's own pod IP pool (unused: the Stages give a pod the IP its annotation
+                # names, or none); without one kwok logs an error for every deleted pod
+                "cidr": "10.0.0.0/16",
             },
         }
     ]
