@@ -3,14 +3,16 @@ over a ramp, with churn, against the real local control plane (API server, etcd,
 controller manager) and the operator as a process.
 
 Hollow nodes (hack/localkube/hollow.py) register heterogeneous Nodes (islands of InfiniBand,
-RoCE and Ethernet, labelled the labeller's way or NFD's, three GPU types) and report their pods
-Running, then Succeeded at each job's end time, without running anything. Jobs spread over a
+RoCE and Ethernet, labelled the labeller's way or NFD's, three GPU types); kwok, with Holmes'
+Stages, renews their Leases and reports their pods Running, then Succeeded when the bench
+finishes them, without running anything. Jobs spread over a
 few namespaces (teams); half select any hollow node, half one island. Churn, after the ramp:
 nodes going NotReady and back, running pods failing, jobs deleted, specs edited (a relaunch),
 and a few bad specs (refused with a condition, never a crash). Then a steady window measures
 the operator's own requests per running job; then every job ends.
 
-Measured: launch (create -> all pods of its first attempt created; bad specs and jobs edited or
+Measured: the hollow nodes' readiness (hollow.py started -> every node Ready, ``nodesReadyS``),
+launch (create -> all pods of its first attempt created; bad specs and jobs edited or
 deleted before their launch excluded), the operator's reconcile time (its histogram), its own API
 requests (holmes_api_requests_total: the kubernetes client's, and the Events it posts), its RSS
 (peak, sampled each second) and CPU. Judged from one watch of the jobs and one of their pods:
@@ -41,6 +43,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,7 +56,7 @@ from operator_apply import Bench, OperatorProcess, cluster_kubeconfig, stop_clus
 from operator_load import TrainerStandIn  # noqa: E402
 
 from localkube import hollow_nodes as hn  # noqa: E402
-from localkube.hollow import FAIL_PODS_FILE, FINISH_FILE, NOT_READY_FILE  # noqa: E402
+from localkube.hollow import fail_pod, finish_pod, set_not_ready  # noqa: E402
 
 GROUP, VERSION, PLURAL = "holmes.dev", "v1alpha1", "holmesjobs"
 LABEL_JOB, LABEL_ATTEMPT, LABEL_RANK = "holmes.dev/job-name", "holmes.dev/attempt", "holmes.dev/node-rank"
@@ -73,7 +76,8 @@ def log(msg: str) -> None:
 # ---- the jobs ------------------------------------------------------------------------------------
 def scale_job(name: str, ns: str, nodes: int, islands: list[str]) -> dict:
     """A small model on ``nodes`` hollow nodes of these islands, 3 failures allowed; its pods run
-    until the bench finishes its namespace (hollow.FINISH_FILE)."""
+    until the bench finishes them (hollow.finish_pod) and report the loopback IP the trainer
+    stand-in listens on."""
     selector: dict = {"matchLabels": {hn.HOLLOW: "true"}}
     if islands:
         selector["matchExpressions"] = [{"key": "holmes.dev/cluster", "operator": "In", "values": islands}]
@@ -95,6 +99,7 @@ def scale_job(name: str, ns: str, nodes: int, islands: list[str]) -> dict:
             },
             "nodes": {"count": nodes, "gpusPerNode": 8, "selector": selector},
             "template": {
+                "metadata": {"annotations": {hn.POD_IP: "127.0.0.1"}},
                 "spec": {
                     "tolerations": [{"key": hn.HOLLOW, "operator": "Exists"}],
                     "containers": [{"name": "trainer", "command": ["sleep", "infinity"]}],
@@ -159,6 +164,24 @@ class Observer:
         self.lost: dict[tuple[str, str], str] = {}
         self.stop = threading.Event()
         self.synced = threading.Event()
+        self.finishing: set[str] = set()  # namespaces whose pods end (now, or as they start)
+        self.finish_sent: set[tuple[str, str]] = set()
+        self.finisher = ThreadPoolExecutor(8, thread_name_prefix="finish")
+
+    def finish(self, namespaces: list[str]) -> None:
+        """Every live pod of these namespaces ends (exit 0), and any created later as it starts
+        (a bench ends its jobs when it has measured them)."""
+        with self.lock:
+            self.finishing.update(namespaces)
+            for pod in list(self.pods.values()):
+                self._finish_pod(pod)
+
+    def _finish_pod(self, pod: dict) -> None:  # under self.lock
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if meta["namespace"] in self.finishing and live(pod) and key not in self.finish_sent:
+            self.finish_sent.add(key)
+            self.finisher.submit(finish_pod, client.CoreV1Api(self.api), *key)
 
     def ours(self, obj: dict) -> bool:
         return (obj.get("metadata") or {}).get("namespace", "").startswith(self.prefix)
@@ -252,6 +275,7 @@ class Observer:
                 if len(self.first_pods[job]) >= self.expected[job] and job in self.created:
                     self.launched[job] = now - self.created[job]
             self.by_job[job].add(key)
+            self._finish_pod(pod)
             if live(pod):
                 rank = labels.get(LABEL_RANK)
                 twins = [
@@ -412,8 +436,7 @@ def main() -> int:
     namespaces = [f"{prefix}{i}" for i in range(a.namespaces)]
     hollow_cmd = [
         sys.executable, "-m", "localkube.hollow", f"--kubeconfig={kubeconfig}", f"--nodes={a.nodes}",
-        f"--islands={a.islands}", f"--control-dir={tmp}", f"--lease-seconds={a.lease_seconds}",
-        "--pod-ip=127.0.0.1",
+        f"--islands={a.islands}", f"--lease-seconds={a.lease_seconds}",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO / "hack"), "PYTHONUNBUFFERED": "1"}
     hollow = op = sampler = observer = None
@@ -427,9 +450,18 @@ def main() -> int:
             time.sleep(5)
             b.install_crd()
         hollow_log = open(tmp / "hollow.log", "ab")
+        t_nodes = time.monotonic()
         hollow = subprocess.Popen(hollow_cmd, stdout=hollow_log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        wait_for(f"{a.nodes} hollow nodes Ready", lambda: ready_hollow_nodes(core) >= a.nodes, 600, 2.0, True)
-        log(f"{a.nodes} hollow nodes Ready after {time.monotonic() - t_start:.0f}s")
+
+        def nodes_ready() -> bool:
+            if hollow.poll() is not None:  # kwok refused its Stages, no kwok binary, ...
+                tail = (tmp / "hollow.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"hollow.py exited with {hollow.returncode}:\n{tail}")
+            return ready_hollow_nodes(core) >= a.nodes
+
+        wait_for(f"{a.nodes} hollow nodes Ready", nodes_ready, 600, 1.0, True)
+        result["nodesReadyS"] = round(time.monotonic() - t_nodes, 1)
+        log(f"{a.nodes} hollow nodes Ready {result['nodesReadyS']}s after hollow.py started")
         kinds = [f"--cluster-rdma-kind={c}={k}" for c, k in hn.rdma_kinds(a.islands).items()]
         op = OperatorProcess(
             kubeconfig,
@@ -512,13 +544,13 @@ def main() -> int:
                 _preload_content=False,
             )
         fail = [p for p in pods_of(observer, failed) if live(p)][: len(failed)]
-        (tmp / FAIL_PODS_FILE).write_text(
-            "".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}\n" for p in fail)
-        )
+        for p in fail:
+            fail_pod(core, p["metadata"]["namespace"], p["metadata"]["name"])
         dark_nodes = sorted({p["spec"].get("nodeName") for p in pods_of(observer, dark) if live(p)} - {None})[
             : len(dark)
         ]
-        (tmp / NOT_READY_FILE).write_text("".join(f"{n}\n" for n in dark_nodes))
+        for n in dark_nodes:
+            set_not_ready(core, n, True)
         churn = {
             "deleted": len(deleted),
             "edited": len(edited),
@@ -528,7 +560,8 @@ def main() -> int:
         }
         log(f"churn: {churn}")
         time.sleep(churn_s)
-        (tmp / NOT_READY_FILE).write_text("")
+        for n in dark_nodes:
+            set_not_ready(core, n, False)
         log("nodes Ready again")
         good = [k for k in keys if k not in set(deleted)]
         wait_for(
@@ -549,7 +582,7 @@ def main() -> int:
         log(f"steady: {running} running jobs, {sum(delta.values()) / window:.2f} operator requests/s")
 
         # the end: every pod finishes, every good job Succeeds
-        (tmp / FINISH_FILE).write_text("".join(f"{ns}\n" for ns in namespaces))
+        observer.finish(namespaces)
         wait_for(
             "every job ended",
             lambda: all((observer.jobs.get(k) or {}).get("phase") in ENDED for k in good),
@@ -605,6 +638,7 @@ def main() -> int:
         stand_in.stop()
         if observer:
             observer.stop.set()
+            observer.finisher.shutdown(wait=False, cancel_futures=True)
         if sampler:
             sampler.stop.set()
         if op:
@@ -625,7 +659,7 @@ def main() -> int:
     if clean and all(met.values()):
         shutil.rmtree(tmp, ignore_errors=True)
     else:
-        log(f"the operator's and the hollow kubelets' logs are kept in {tmp}")
+        log(f"the operator's and kwok's logs are kept in {tmp}")
     log("targets: " + ", ".join(f"{k} <= {v}: {'met' if met[k] else 'MISSED'}" for k, v in TARGETS.items()))
     print(json.dumps(result))
     return 0 if clean and (all(met.values()) or a.small) else 1

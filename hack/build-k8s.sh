@@ -3,6 +3,7 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl  (k8s.io/kubernetes)
 #   etcd                                                                       (go.etcd.io/etcd/server/v3)
 #   helm                                                                       (helm.sh/helm/v3)
+#   kwok       (the hollow nodes: Node and Pod lifecycles from Stages)         (sigs.k8s.io/kwok)
 # `hack/build-k8s.sh clients` builds kubectl and helm only (make unit).
 # The cache lives outside the repository so a fresh clone reuses it:
 #   ${HOLMES_CACHE:-$HOME/.cache/holmes}/bin     the binaries (bin/.versions says which)
@@ -18,10 +19,13 @@ set -euo pipefail
 
 CACHE="${HOLMES_CACHE:-$HOME/.cache/holmes}"
 BIN="$CACHE/bin"
-WORK="$CACHE/work"
+# this run's scratch (module dirs, Go's build cache, outputs): its own, so that two builds sharing
+# the cache (two checkouts) never remove each other's; removed when the script exits
+WORK="$CACHE/work.$$"
 K8S_VERSION="${HOLMES_K8S_VERSION:-v1.37.2}"   # the release the tests run on (docs/install.md)
 ETCD_VERSION="v3.6.16"
 HELM_VERSION="v3.22.0"
+KWOK_VERSION="v0.8.0"   # hack/localkube/hollow.py runs it with the Stages of hack/localkube/kwok-stages.yaml
 K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 GO_MIN_MINOR=26   # k8s.io/kubernetes v1.37's go.mod says `go 1.26.0`
 
@@ -30,6 +34,7 @@ LIB_TAG=build-k8s
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 mkdir -p "$BIN" "$WORK"
+trap 'rm -rf "$WORK"' EXIT
 VERSIONS="$BIN/.versions"   # lines "<binary> <version>"
 built_version() { [[ -f "$VERSIONS" ]] && awk -v b="$1" '$1 == b { print $2 }' "$VERSIONS" || true; }
 have() { [[ -x "$BIN/$1" && "$(built_version "$1")" == "$2" ]]; }
@@ -147,6 +152,21 @@ build_helm() {  # helm from its module; its offline default Kubernetes version i
   install -m 0755 "$WORK/out/helm" "$BIN/helm" && record helm "$HELM_VERSION"
 }
 
+build_kwok() {  # kwok's controller (cmd/kwok, not kwokctl): the hollow nodes' kubelet stand-in
+  have kwok "$KWOK_VERSION" && return
+  local go; go=$(go_tool); go_env
+  local mod="$WORK/kwok-mod"
+  rm -rf "$mod" && mkdir -p "$mod"
+  say "kwok $KWOK_VERSION: sigs.k8s.io/kwok/cmd/kwok"
+  printf 'module holmes.local/kwok-build\n\ngo 1.26\n\nrequire sigs.k8s.io/kwok %s\n' "$KWOK_VERSION" > "$mod/go.mod"
+  (cd "$mod" && "$go" get "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >"$WORK/go-get.log" 2>&1) \
+    || { tail -20 "$WORK/go-get.log" >&2; die "resolving sigs.k8s.io/kwok@$KWOK_VERSION failed"; }
+  build_with_progress "kwok" "$CACHE/build-kwok.log" \
+    bash -c 'cd "$1" && go build -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$2" -o "$3/kwok" sigs.k8s.io/kwok/cmd/kwok' \
+    _ "$mod" "$KWOK_VERSION" "$WORK/out"
+  install -m 0755 "$WORK/out/kwok" "$BIN/kwok" && record kwok "$KWOK_VERSION"
+}
+
 missing_kube() {  # the Kubernetes commands (of those named) not built at K8S_VERSION
   local c
   for c in "$@"; do have "$c" "$K8S_VERSION" || echo "$c"; done
@@ -175,6 +195,7 @@ main() {
   [[ -z "$need" ]] || build_kube $need
   build_etcd
   build_helm
+  build_kwok
   finish
 }
 
