@@ -99,6 +99,9 @@ class NoWatches:
     def priority_classes(self) -> dict[str, int]:
         return {}
 
+    def workload_priority_classes(self) -> None:  # Kueue's, not served here
+        return None
+
 
 def pipeline(caches: Caches, io: WorldIO) -> Pipeline:
     return Pipeline(
