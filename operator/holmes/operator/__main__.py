@@ -21,7 +21,7 @@ from holmes.contract.names import GROUP, PLURAL, RDMA_KINDS, VERSION
 from holmes.contract.release import RELEASE
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
-from . import api_count, liveness, metrics
+from . import api_count, kopf_namespaces, liveness, metrics
 from .core.reconcile import RestartBackoff
 from .core.render import RenderSettings
 from .core.template import BASELINE, LEVELS, POLICY_OPTIONS, PSS_VERSION, TemplatePolicy
@@ -423,6 +423,7 @@ async def serve(
         electing.add_done_callback(functools.partial(_election_ended, elector))
     rt.leading = elector.leading if elector else None
     metrics.LEADER.set(0 if elector else 1)  # without --leader-elect this one replica acts
+    kopf_namespaces.apply()  # namespaces created while kopf starts are served too
     try:
         await kopf.operator(
             registry=registry,
