@@ -114,14 +114,14 @@ def scale_job(name: str, ns: str, nodes: int, islands: list[str]) -> dict:
 def bad_jobs(ns: str) -> list[tuple[dict, bool]]:
     """Bad specs, each with whether the CRD's CEL rules refuse it at admission; the operator must
     refuse the others with a condition."""
-    long_name = scale_job("x" * 60, ns, 1, [])  # children's names would not fit
+    long_name = scale_job("x" * 60, ns, 1, [])  # over the CRD's 50 characters (pod hostnames)
     pinned = scale_job("bad-pinned", ns, 1, [])
     pinned["spec"]["template"] = {"spec": {"nodeName": "node-0000"}}  # the planner places pods
     heads = scale_job("bad-heads", ns, 1, [])
     heads["spec"]["model"]["attentionHeads"] = 7  # 1024 hidden is not divisible by 7 heads
     pipeline = scale_job("bad-pipeline", ns, 2, [])
     pipeline["spec"]["parallelism"] = {"pipeline": 64}  # more stages than the model's 16 layers
-    return [(long_name, False), (pinned, False), (heads, True), (pipeline, True)]
+    return [(long_name, True), (pinned, False), (heads, True), (pipeline, True)]
 
 
 def plan_sizes(
