@@ -84,6 +84,23 @@ def pick_ports(requested: int | None) -> int:
     raise ClusterError(f"no free block of 4 ports found in {PORT_RANGE}; set HOLMES_PORT_BASE")
 
 
+def stop_pid(pid: int, grace: float, sig: int = signal.SIGTERM) -> None:
+    """``sig``, then SIGKILL after ``grace`` seconds; reaped when it is our child."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + grace
+    while pid_alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
 def pid_alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -410,16 +427,7 @@ class ControlPlane:
             kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv
         )
         t0 = time.monotonic()
-        os.kill(pid, sig)
-        end = time.monotonic() + 15
-        while pid_alive(pid) and time.monotonic() < end:
-            time.sleep(0.05)
-        if pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+        stop_pid(pid, 15, sig)
         if name == "node-agent":
             from .agent import kill_recorded_pods
 
@@ -501,19 +509,7 @@ class ControlPlane:
             if not self._alive(pid):
                 continue
             log(f"stopping {name} (pid {pid})")
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            end = time.monotonic() + grace
-            while pid_alive(pid) and time.monotonic() < end:
-                time.sleep(0.1)
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-            try:
-                os.waitpid(pid, os.WNOHANG)  # reap when it is our child
-            except ChildProcessError:
-                pass
+            stop_pid(pid, grace)
         # Pod process groups the agent recorded, in case the agent itself died uncleanly.
         from .agent import container_prefix, kill_recorded_pods
 

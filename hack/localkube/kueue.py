@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 import yaml
 from holmes_dev.kubectl import run_kubectl
 
-from .controlplane import CACHE_BIN, ClusterError, ControlPlane, binary, mentions, pid_alive
+from .controlplane import CACHE_BIN, ClusterError, ControlPlane, binary, mentions, pid_alive, stop_pid
 
 CACHE = CACHE_BIN.parent
 NAMESPACE = "kueue-system"
@@ -378,16 +377,7 @@ class Kueue:
         pid = self.pid()
         if pid is not None:
             log(f"stopping kueue (pid {pid})")
-            os.kill(pid, signal.SIGTERM)
-            end = time.monotonic() + grace
-            while pid_alive(pid) and time.monotonic() < end:
-                time.sleep(0.1)
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
+            stop_pid(pid, grace)
         st = self.cp.state()
         if st.get("pids", {}).pop("kueue", None) is not None or "kueue" in st:
             st.pop("kueue", None)
