@@ -314,7 +314,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         try:
             await rt.ready.wait()
             while True:
-                nodes = rt.caches.nodes.values()
+                nodes = rt.caches.nodes.snapshot()
                 try:
                     d = await rt.reconcile_in_worker(namespace, name, nodes)
                     if d is None:  # deleted (or being deleted): nothing left to do

@@ -192,6 +192,7 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         self.placement = commit.PlacementLock()
+        self._layouts: tuple[tuple[int, int], dict] | None = None  # the hub's, by store versions
 
     def children(self, job: dict) -> tuple[Children, dict]:
         """Where the job's children live (and the job, with the members' finalizer set first)."""
@@ -257,16 +258,26 @@ class Pipeline:
         ConfigMap of each launched one, the DRA ResourceClaims."""
         creating, launching = self.placement.in_flight()  # before the caches they land in
         pods, layout = where.capacity_view()
-        have = {_key(p) for p in pods}
-        pods = pods + [capacity.slim_pod(p) for p in creating if _key(p) not in have]
-        jobs = list(self.caches.jobs.values())
-        layouts = {}
-        for j in jobs:
-            if (j.get("status") or {}).get("launched"):
-                key = (j["metadata"].get("namespace"), j["metadata"].get("name"))
-                cm = layout(*key)
-                if cm is not None:
-                    layouts[key] = cm
+        if creating:
+            have = {_key(p) for p in pods}
+            pods = pods + [capacity.slim_pod(p) for p in creating if _key(p) not in have]
+        jobs = self.caches.jobs.snapshot()
+        # every reconcile asks, running jobs' too: the hub's kept per version of the stores read
+        # (a member's ConfigMaps are in its own caches)
+        hub = isinstance(where, HubChildren)
+        versions = (self.caches.jobs.version, self.caches.configmaps.version)
+        kept = self._layouts
+        if hub and kept is not None and kept[0] == versions:
+            layouts = kept[1]
+        else:
+            layouts = {}
+            for j in jobs:
+                if (j.get("status") or {}).get("launched"):
+                    key = (j["metadata"].get("namespace"), j["metadata"].get("name"))
+                    cm = layout(*key)
+                    if cm is not None:
+                        layouts[key] = cm
+            self._layouts = (versions, layouts) if hub else None
         return capacity.Workloads(
             pods=pods, jobs=jobs, layouts=layouts, launching=launching, claims=where.claims()
         )

@@ -740,3 +740,55 @@ def test_the_capacity_step_alone_places_a_job():
     facts = placement_facts.gather(placement_facts.builtin_cost_model(), held)
     with pytest.raises(WaitingForCapacity):
         on_free_capacity(full, spec, Placement(facts, full, a))
+
+
+def test_a_nodes_placement_problem_is_judged_once_per_version_and_a_new_taint_is_seen(monkeypatch):
+    # seen at scale (bench/operator_scale.py, 2,000 nodes): every placement parsed every node's
+    # allocatable and taints anew, for the job and each job ahead, a fifth of a placement
+    from holmes.operator.watches import slim_node
+
+    calls = []
+    real = capacity.placement_problem
+    monkeypatch.setattr(capacity, "placement_problem", lambda n, s: calls.append(1) or real(n, s))
+    cached = [slim_node(n) for n in nodes()]  # as the node informer keeps them
+    for _ in range(3):
+        view, out = free_view(cached, shape_of(), Ledger())
+    assert len(calls) == len(cached) and not out
+    tainted = copy.deepcopy(nodes()[0])  # a new version of the node: a taint, nothing else
+    tainted["spec"]["taints"] = [{"key": "maintenance", "effect": "NoSchedule"}]
+    name = tainted["metadata"]["name"]
+    view, out = free_view([slim_node(tainted)] + cached[1:], shape_of(), Ledger())
+    assert out == {name: "taint maintenance:NoSchedule is not tolerated by the template"}
+    other = shape_of(containers=[{"name": "trainer", "resources": {"requests": {"cpu": "10000"}}}])
+    assert len(free_view(cached, other, Ledger())[1]) == len(cached)  # another shape: judged anew
+
+
+def test_running_jobs_reconciles_reuse_the_node_index_and_the_launched_layouts(monkeypatch):
+    # seen at 2,000 nodes x 150 jobs: every reconcile of a running job indexed every node and
+    # looked every launched job's layout up, most of its CPU
+    from holmes.operator.core import state
+    from holmes.operator.kube import Caches
+    from holmes.operator.pipeline import HubChildren
+
+    caches = Caches()
+    for n in nodes():
+        caches.nodes.put(n)
+    listed = caches.nodes.snapshot()
+    assert caches.nodes.snapshot() is listed and state.node_index(listed) is state.node_index(listed)
+    changed = copy.deepcopy(nodes()[0])
+    changed["metadata"]["labels"]["x"] = "1"
+    caches.nodes.put(changed)
+    again = caches.nodes.snapshot()
+    assert again is not listed and state.node_index(again)[changed["metadata"]["name"]] is changed
+
+    from tests.helpers.operator.pipeline_world import WorldIO, pipeline
+
+    pl = pipeline(caches, WorldIO(caches))
+    launched = job("a", 1)
+    launched["status"] = {"launched": True}
+    caches.jobs.put(launched)
+    first = pl.workloads(HubChildren(caches, None)).layouts  # type: ignore[arg-type]
+    assert first == {}
+    cm = {"metadata": {"name": child_names.layout_configmap_name("a"), "namespace": "ns"}, "data": {}}
+    caches.configmaps.put(cm)  # its layout lands: a new version of the store, read anew
+    assert pl.workloads(HubChildren(caches, None)).layouts == {("ns", "a"): cm}  # type: ignore[arg-type]
