@@ -792,3 +792,38 @@ def test_running_jobs_reconciles_reuse_the_node_index_and_the_launched_layouts(m
     cm = {"metadata": {"name": child_names.layout_configmap_name("a"), "namespace": "ns"}, "data": {}}
     caches.configmaps.put(cm)  # its layout lands: a new version of the store, read anew
     assert pl.workloads(HubChildren(caches, None)).layouts == {("ns", "a"): cm}  # type: ignore[arg-type]
+
+
+def island(count, *clusters):
+    sel = {"matchExpressions": [{"key": "holmes.dev/cluster", "operator": "In", "values": list(clusters)}]}
+    return {"count": count, "gpusPerNode": 2, "selector": sel}
+
+
+def test_a_placement_weighs_only_the_jobs_ahead_whose_nodes_reach_its_own(monkeypatch):
+    # seen at scale (bench/operator_scale.py, 2,000 nodes in 8 islands): each placement weighed
+    # every job ahead in the queue on every node, though most could never touch its island
+    from holmes.operator.core import placement
+
+    sw = SharedWorld(job("east-only", 3, created=0, nodes=island(3, "east")))
+    calls = []
+    real = placement.plan
+    monkeypatch.setattr(
+        placement, "plan", lambda nodes, spec, *a: calls.append(spec.nodes.count) or real(nodes, spec, *a)
+    )
+    sw.add(job("west", 2, created=1, nodes=island(2, "west")))
+    sw.step("west")  # east-only, ahead, cannot take a west node: not weighed
+    assert sw.worlds["west"].status["launched"] and calls == [2, 2], calls
+
+
+def test_a_job_ahead_that_reaches_its_nodes_only_through_another_is_still_weighed():
+    # east-only takes all of east; so either-island, behind it, can only go west, where it takes
+    # two of the three nodes the last job needs: the last job waits. Weighing either-island
+    # without east-only ahead of it would send it east and launch the last job on west wrongly.
+    sw = SharedWorld(
+        job("east-only", 3, created=0, nodes=island(3, "east")),
+        job("either", 2, created=1, nodes=island(2, "east", "west")),
+        job("west", 3, created=2, nodes=island(3, "west")),
+    )
+    sw.step("west")
+    assert not sw.worlds["west"].status["launched"]
+    assert sw.reason("west") == "WaitingForCapacity", sw.worlds["west"].condition("Reconciling")

@@ -109,11 +109,16 @@ def on_free_capacity(
     budget = budget if budget is not None else Budget()
     gpu = where.gpu_resource
     shape = replace(capacity.pod_shape(spec, gpu), node_labels=dict(where.node_labels))
-    possible, excluded = capacity.free_view(nodes, shape, capacity.Ledger(), gpu)
+    own = capacity.selected(nodes, spec)  # the planner takes no other: nor need the views
+    possible, excluded = capacity.free_view(own, shape, capacity.Ledger(), gpu)
     try:
         fit(possible, spec, where, budget)
-    except InsufficientNodes as e:
-        raise InsufficientNodes(capacity.with_exclusions(str(e), excluded)) from None
+    except InsufficientNodes:  # said on every node: the planner names what its selector left out
+        possible, excluded = capacity.free_view(nodes, shape, capacity.Ledger(), gpu)
+        try:
+            fit(possible, spec, where, budget)
+        except InsufficientNodes as e:
+            raise InsufficientNodes(capacity.with_exclusions(str(e), excluded)) from None
     state = capacity.shared_state(
         where.job, where.facts.workloads, where.priority_classes or {}, gpu_resource=gpu
     )
@@ -121,7 +126,7 @@ def on_free_capacity(
         state.pods, state.launched, skip_job=where.key, gpu_resource=gpu, claims=where.claim_holds
     )
     blocked: dict[str, str] = {}
-    for w in state.ahead:
+    for w in capacity.bearing_on(state.ahead, capacity.selected_names(nodes, spec), nodes):
         # only the nodes its selector matches: it keeps none that it could never use
         mine = capacity.selected(nodes, w.spec)
         view, _ = capacity.free_view(capacity.without(mine, blocked), w.shape, led, gpu)
@@ -142,14 +147,14 @@ def on_free_capacity(
         except PlanError:
             continue  # it cannot run here at all: it holds nothing
         keep_for(w, view, blocked, where)  # it waits: what it could use now stays free for it
-    view, _ = capacity.free_view(capacity.without(nodes, blocked), shape, led, gpu)
+    view, _ = capacity.free_view(capacity.without(own, blocked), shape, led, gpu)
     try:
         return fit(view, spec, where, budget)
     except InsufficientNodes:
         pass
     fitting = [  # named in the message: only nodes its selector lets it take
         x
-        for x in capacity.selected(view, spec)
+        for x in view  # of its own nodes already
         if free_gpus(x, where) >= spec.nodes.gpus_per_node and not where.facts.unusable(x)
     ]
     raise capacity.WaitingForCapacity(capacity.waiting_message(spec, shape, fitting, led, blocked)) from None
