@@ -6,11 +6,12 @@ Run: .venv/bin/python bench/placement_cpu.py [--nodes 2000] [--running 150] [--l
 The real reconcile pipeline (observe, decide, write: operator/holmes/operator/pipeline.py) on the
 fake world the placement tests use (tests/helpers/operator/pipeline_world.py: the real caches and
 placement lock, the API server's part played in memory), with nodes slimmed as the node informer
-keeps them: N 8-GPU nodes in 8 islands, ``--running`` jobs of bench/operator_scale.py's size mix
-(each on the island with the most room, as many nodes as are left there at most) launched first, then ``--launch`` more, each reconciled until it launches (the CPU seconds of
-those reconciles, per job), then one reconcile of every launched job (per reconcile). One
-thread: this is the CPU a decision costs, which the operator's threads share under one GIL
-(bench/operator_scale.py measures the launches on a real control plane).
+keeps them: N 8-GPU nodes in 8 islands; ``--running`` jobs of bench/operator_scale.py's size mix
+(each on the island with the most room, at most as many nodes as are left there) launched first,
+then ``--launch`` more, each reconciled until it launches (the CPU seconds of those reconciles,
+per job), then one reconcile of every launched job (per reconcile). One thread: this is the CPU
+a decision costs, which the operator's threads share under one GIL (bench/operator_scale.py
+measures the launches on a real control plane).
 
 ``--against DIR``: the same runs with ``holmes`` imported from the checkout DIR (e.g. made with
 ``git worktree add DIR HEAD~3``), in fresh processes alternating with this checkout's so both
@@ -45,7 +46,6 @@ def measure(nodes: int, running: int, launch: int, seed: int) -> dict:
 
     rng = random.Random(seed)
     caches = Caches()
-    listed = []
     for i in range(nodes):
         island, nic = i % ISLANDS, KINDS[i % ISLANDS % 3]
         alloc = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}
@@ -56,7 +56,6 @@ def measure(nodes: int, running: int, launch: int, seed: int) -> dict:
             api_node(f"n-{i:05d}", labels, alloc, {"key": "hollow", "value": "1", "effect": "NoSchedule"})
         )
         caches.nodes.put(node)
-        listed.append(node)
 
     class IO(WorldIO):  # the pod informer's slim copy too, as the operator's shared cache holds
         def stamp(self, obj: dict) -> dict:
@@ -66,6 +65,8 @@ def measure(nodes: int, running: int, launch: int, seed: int) -> dict:
             return obj
 
     pl = pipeline(caches, IO(caches))
+    # the node list a job loop hands its reconcile (a checkout before Store.snapshot: a fresh list)
+    listing = getattr(caches.nodes, "snapshot", caches.nodes.values)
 
     free = [len(range(i, nodes, ISLANDS)) for i in range(ISLANDS)]  # nodes per island not asked for
 
@@ -116,7 +117,7 @@ def measure(nodes: int, running: int, launch: int, seed: int) -> dict:
         caches.jobs.put(m)
         name = m["metadata"]["name"]
         for _ in range(4):  # the first reconciles may only write the status
-            pl.run(caches.jobs.get("ns", name), caches.nodes.snapshot(), [])
+            pl.run(caches.jobs.get("ns", name), listing(), [])
             if launched(name):
                 return True
         return False
@@ -129,7 +130,7 @@ def measure(nodes: int, running: int, launch: int, seed: int) -> dict:
     names = [j["metadata"]["name"] for j in caches.jobs.values() if launched(j["metadata"]["name"])]
     start = time.process_time()
     for name in names:
-        pl.run(caches.jobs.get("ns", name), caches.nodes.snapshot(), [])
+        pl.run(caches.jobs.get("ns", name), listing(), [])
     per_reconcile = (time.process_time() - start) / max(len(names), 1)
     return {
         "nodes": nodes,
