@@ -12,7 +12,7 @@ import pytest
 from holmes.contract import load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE
 from holmes.operator import placement_facts
-from holmes.operator.core import capacity, child_names, queueing
+from holmes.operator.core import capacity, child_names, node_selection, queueing
 from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads, free_view, pod_shape
 from holmes.operator.core.placement import Placement, on_free_capacity
 from holmes.plan import InsufficientNodes, NicMapping, classify_nodes
@@ -351,7 +351,7 @@ def test_the_head_keeps_only_nodes_its_selector_matches():
     small = sw.add(job("small", 2, created=2))
     sw.step("head", "small")
     assert sw.reason("head") == "WaitingForCapacity" and not head.status["launched"]
-    east_nodes = {n["metadata"]["name"] for n in capacity.selected(sw.nodes, load_job(head.job))}
+    east_nodes = {n["metadata"]["name"] for n in node_selection.selected(sw.nodes, load_job(head.job))}
     free_east = sorted(east_nodes - set(sw.nodes_of("run")))
     # the nodes it could take now are named, not free ones its selector rules out
     assert f"1 node(s) have that free now ({free_east[0]})" in head.condition("Reconciling")["message"]

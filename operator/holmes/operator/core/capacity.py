@@ -39,10 +39,10 @@ from typing import TypeVar
 from holmes.contract import JobSpec, Layout, LayoutError, SpecError, load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE, RESOURCE_GPU
 from holmes.plan import InsufficientNodes
-from holmes.plan.discovery import GPUS_TAKEN_KEY, kept_key
+from holmes.plan.discovery import GPUS_TAKEN_KEY
 from holmes.plan.quantity import quantity_or_none as quantity  # None where a value is no quantity
 
-from . import child_names
+from . import child_names, node_selection
 from .device_claims import ClaimHold, reserved_pods
 
 CPU, MEMORY = "cpu", "memory"
@@ -193,56 +193,6 @@ def _term_matches(term: Mapping, node: Mapping) -> bool:
     return all(_expression_matches(e, labels) for e in exprs) and all(
         _expression_matches(e, fields) for e in fexprs
     )
-
-
-class _Problems:
-    """placement_problem's answers by pod shape and node version (the key the node cache kept:
-    discovery.kept_key). Every placement asks it of every node for the job and each job ahead of
-    it: at 2,000 nodes, parsing the same allocatable and taints anew was a fifth of a placement.
-    Bounded: emptied when it holds ``KEPT`` answers."""
-
-    KEPT = 100_000
-
-    def __init__(self) -> None:
-        self._answers: dict[tuple, dict[tuple, str]] = {}
-        self._size = 0
-
-    def of(self, shape: PodShape) -> Callable[[Mapping], str]:
-        """placement_problem for this shape, answered once per node version."""
-        try:
-            answers = self._answers.setdefault(_shape_key(shape), {})
-        except TypeError:  # a value that is no string (an odd template): asked each time
-            return lambda node: placement_problem(node, shape)
-
-        def problem(node: Mapping) -> str:
-            key = kept_key(node)
-            if key is None:  # a node not from the cache (a copy with other labels, a test's)
-                return placement_problem(node, shape)
-            why = answers.get(key)
-            if why is None:
-                why = answers[key] = placement_problem(node, shape)
-                self._size += 1  # a lost count between threads only moves when it empties
-                if self._size > self.KEPT:
-                    self._answers, self._size = {}, 0
-            return why
-
-        return problem
-
-
-def _shape_key(shape: PodShape) -> tuple:
-    def frozen(v: object) -> object:
-        if isinstance(v, Mapping):
-            return tuple(sorted((k, frozen(x)) for k, x in v.items()))
-        if isinstance(v, (list, tuple)):
-            return tuple(frozen(x) for x in v)
-        return v
-
-    key = tuple(frozen(getattr(shape, f)) for f in PodShape.__dataclass_fields__)
-    hash(key)
-    return key
-
-
-_PROBLEMS = _Problems()
 
 
 def placement_problem(node: Mapping, shape: PodShape) -> str:
@@ -419,7 +369,7 @@ def free_view(
     name -> reason)."""
     view: list[Mapping] = []
     out: dict[str, str] = {}
-    problem = _PROBLEMS.of(shape)
+    problem = node_selection.PROBLEMS.of(shape, placement_problem)
     for n in nodes:
         name = (n.get("metadata") or {}).get("name") or ""
         why = problem(n)
@@ -661,73 +611,6 @@ def shared_state(
     # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
     ahead = [] if mine is None else [w for w in queue if w.key < mine]
     return SharedState(pods=list(seen.pods), launched=launched, ahead=ahead)
-
-
-def selected(nodes: Sequence[Mapping], spec: JobSpec) -> list:
-    """The nodes ``spec.nodes.selector`` matches (all of them without one), as the planner picks."""
-    return list(_SELECTIONS.of(nodes, spec.nodes.selector)[0])
-
-
-def selected_names(nodes: Sequence[Mapping], spec: JobSpec) -> frozenset[str]:
-    """The names of ``selected(nodes, spec)``."""
-    return _SELECTIONS.of(nodes, spec.nodes.selector)[1]
-
-
-class _Selections:
-    """The nodes each selector matches, for the last node list asked about. A placement selects
-    for its job and for every job ahead of it, on the same nodes (the same list, or an equal one:
-    compared element by element, identical elements first), with a few selectors (an island or
-    two each, in practice): at 2,000 nodes matching anew was a tenth of a placement."""
-
-    KEPT = 256  # selectors kept for one node list
-
-    def __init__(self) -> None:
-        self._kept: tuple[list, dict] = ([], {})
-
-    def of(self, nodes: Sequence[Mapping], sel: object) -> tuple[tuple[Mapping, ...], frozenset[str]]:
-        listed, answers = self._kept
-        if listed is not nodes and (len(listed) != len(nodes) or listed != list(nodes)):
-            listed, answers = list(nodes), {}
-            self._kept = (listed, answers)  # one assignment: threads see the old pair or the new
-        try:
-            hit = answers.get(sel)
-        except TypeError:  # an unhashable selector (none is): matched each time
-            return _select(nodes, sel)
-        if hit is None:
-            hit = _select(nodes, sel)
-            if len(answers) >= self.KEPT:
-                answers.clear()
-            answers[sel] = hit
-        return hit
-
-
-def _select(nodes: Sequence[Mapping], sel: object) -> tuple[tuple[Mapping, ...], frozenset[str]]:
-    matches = getattr(sel, "matches", None)
-    chosen = tuple(n for n in nodes if matches is None or matches((n.get("metadata") or {}).get("labels")))
-    return chosen, frozenset((n.get("metadata") or {}).get("name") or "" for n in chosen)
-
-
-_SELECTIONS = _Selections()
-
-
-def bearing_on(ahead: Sequence[Waiting], own: frozenset[str], nodes: Sequence[Mapping]) -> list[Waiting]:
-    """The jobs ``ahead`` (in queue order) whose placement can change what is free on the nodes
-    ``own``: a job ahead takes and keeps only nodes its selector matches, so it bears on them
-    when its nodes meet them or meet those of a later job ahead that bears on them. The others
-    need not be weighed (at 2,000 nodes in 8 islands, most of the queue ahead)."""
-    reach = set(own)
-    bearing = []
-    for w in reversed(ahead):
-        theirs = selected_names(nodes, w.spec)
-        if not reach.isdisjoint(theirs):
-            bearing.append(w)
-            reach |= theirs
-    bearing.reverse()
-    return bearing
-
-
-def without(nodes: Sequence[Mapping], names_: Mapping[str, str]) -> list:
-    return [n for n in nodes if (n.get("metadata") or {}).get("name") not in names_]
 
 
 def with_exclusions(msg: str, excluded: Mapping[str, str]) -> str:

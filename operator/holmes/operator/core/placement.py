@@ -37,7 +37,7 @@ from holmes.plan.budget import DEFAULT_UNITS
 from holmes.plan.calibrate import Calibration, assess
 from holmes.plan.measured import Measured
 
-from . import capacity, device_claims, elastic, members, replan
+from . import capacity, device_claims, elastic, members, node_selection, replan
 from .routes import NodeNetwork
 
 # The search a job ahead in the queue may cost each job behind it (a fiftieth of a job's own
@@ -109,7 +109,7 @@ def on_free_capacity(
     budget = budget if budget is not None else Budget()
     gpu = where.gpu_resource
     shape = replace(capacity.pod_shape(spec, gpu), node_labels=dict(where.node_labels))
-    own = capacity.selected(nodes, spec)  # the planner takes no other: nor need the views
+    own = node_selection.selected(nodes, spec)  # the planner takes no other: nor need the views
     possible, excluded = capacity.free_view(own, shape, capacity.Ledger(), gpu)
     try:
         fit(possible, spec, where, budget)
@@ -126,10 +126,10 @@ def on_free_capacity(
         state.pods, state.launched, skip_job=where.key, gpu_resource=gpu, claims=where.claim_holds
     )
     blocked: dict[str, str] = {}
-    for w in capacity.bearing_on(state.ahead, capacity.selected_names(nodes, spec), nodes):
+    for w in node_selection.bearing_on(state.ahead, node_selection.selected_names(nodes, spec), nodes):
         # only the nodes its selector matches: it keeps none that it could never use
-        mine = capacity.selected(nodes, w.spec)
-        view, _ = capacity.free_view(capacity.without(mine, blocked), w.shape, led, gpu)
+        mine = node_selection.selected(nodes, w.spec)
+        view, _ = capacity.free_view(node_selection.without(mine, blocked), w.shape, led, gpu)
         ahead = Budget(AHEAD_UNITS)  # its two searches share one budget, as in its own placement
         try:  # it fits now: it takes what it would (one search, the common case)
             capacity.take(led, fit(view, w.spec, where, ahead).nodes, w.shape, w.job)
@@ -147,7 +147,7 @@ def on_free_capacity(
         except PlanError:
             continue  # it cannot run here at all: it holds nothing
         keep_for(w, view, blocked, where)  # it waits: what it could use now stays free for it
-    view, _ = capacity.free_view(capacity.without(own, blocked), shape, led, gpu)
+    view, _ = capacity.free_view(node_selection.without(own, blocked), shape, led, gpu)
     try:
         return fit(view, spec, where, budget)
     except InsufficientNodes:
