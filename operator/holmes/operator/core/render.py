@@ -102,6 +102,7 @@ class JobRef:
     attempt: int
     spec_hash: str = ""
     model_hash: str = ""
+    launch_spec: str = ""  # spec_change.launch_record of the job's own spec (not a replica's share)
 
 
 # ---- ConfigMap and Service -------------------------------------------------------------------
@@ -138,6 +139,7 @@ def build_configmap(
         "data": {
             child_names.LAYOUT_FILE: layout.to_json(indent=1),
             child_names.JOB_FILE: yaml.safe_dump(manifest, sort_keys=False),
+            **({child_names.LAUNCH_SPEC_FILE: job.launch_spec} if job.launch_spec else {}),
             **(files or {}),
         },
     }
