@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from holmes.contract.names import JOB_NAME_PATTERN, MAX_JOB_NAME
@@ -91,7 +92,7 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def spec_hash(spec: dict) -> str:
+def spec_hash(spec: Mapping) -> str:
     """The stored spec but runPolicy, hashed: ANN_SPEC_HASH (its meaning kept across releases,
     so that a job launched by an earlier operator compares equal)."""
     return digest({k: v for k, v in (spec or {}).items() if k != "runPolicy"})

@@ -60,6 +60,9 @@ class RenderSettings:
     # listen on one fixed port: with a range, each attempt gets its own pair of ports.
     port_range: tuple[int, int] | None = None
     policy: TemplatePolicy = TemplatePolicy()  # what job templates may set (template.py)
+    # Namespaces whose jobs may set runPolicy.priority, a raw number (--raw-priority-namespaces):
+    # elsewhere priority comes from objects admins own (PriorityClass, WorkloadPriorityClass).
+    raw_priority_namespaces: tuple[str, ...] = ()
     # Seconds between reads of a running trainer's metrics (and so between progress patches):
     # the one periodic API write per running job; pod changes are watched, not polled.
     progress_interval: float = 10.0

@@ -379,4 +379,5 @@ def placement_of(st: JobState) -> placement.Placement:
         node_labels=st.node_labels,
         priority_classes=st.obs.priority_classes or {},
         gpu_resource=st.settings.gpu_resource,
+        raw_priority_namespaces=st.settings.raw_priority_namespaces,
     )
