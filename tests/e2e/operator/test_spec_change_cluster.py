@@ -100,7 +100,13 @@ def test_a_chart_upgrade_and_a_policy_label_leave_a_running_job_alone(crd, names
 
         # the chart upgrade: the new CRD, then the new operator
         install_crd(cluster)
-        assert get_job(cluster, namespace, "steady")["spec"]["parallelism"]["expert"] == "auto"
+        wait_for(  # the API server reads the stored job through the new schema
+            "the new default in the stored job",
+            lambda: (
+                get_job(cluster, namespace, "steady")["spec"]["parallelism"].get("expert") == "auto" or None
+            ),
+            timeout=30,
+        )
         new = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
         # a policy engine or a GitOps tool labels the pod template (a new generation)
         patch(cluster, namespace, "steady", '{"spec":{"template":{"metadata":{"labels":{"team":"a"}}}}}')
