@@ -71,7 +71,18 @@ def fake_gpu_node(i: int) -> dict:
 
 def install_crd(cluster) -> None:
     cluster.kubectl("apply", "-f", str(CRD))  # with its CEL rules: the server runs them
-    cluster.kubectl("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+    # a CRD just created has no status yet, and kubectl wait then fails at once ("accessor
+    # error") instead of waiting: ask again until the status is there
+    end = time.monotonic() + 60
+    while True:
+        r = cluster.kubectl(
+            "wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s", check=False
+        )
+        if r.returncode == 0:
+            return
+        if "accessor error" not in r.stderr or time.monotonic() > end:
+            raise AssertionError(f"the HolmesJob CRD is not Established: {r.stderr}")
+        time.sleep(0.2)
 
 
 class OperatorProcess:

@@ -152,6 +152,7 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.pods:
         return pods_command(args, nodes, config)
     job = load_job(args.job)
+    warn_raw_priority(args, job)
     if args.measured:
         return measured_command(nodes, job, config, args.measured, args.json)
     try:
@@ -188,6 +189,33 @@ def plan_command(args: argparse.Namespace) -> int:
         print_estimates(holmes.estimate, base.estimate, "Holmes", "Megatron")
         print(f"Holmes is {ratio:.3f}x the Megatron-default speed (estimated)")
     return 0
+
+
+def raw_priority_namespaces(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (args.raw_priority_namespaces or "").split(",") if n.strip())
+
+
+def job_namespace(args: argparse.Namespace) -> str:
+    """The namespace the job would run in: --namespace, else its manifest's, else default."""
+    if args.namespace:
+        return str(args.namespace)
+    from holmes.contract.documents import DocumentError, load_documents
+
+    try:
+        docs = [d for d in load_documents(args.job, "job file") if isinstance(d, dict)]
+    except (DocumentError, ValueError):
+        return "default"
+    return str(((docs[0] if docs else {}).get("metadata") or {}).get("namespace") or "default")
+
+
+def warn_raw_priority(args: argparse.Namespace, job) -> None:
+    """A raw runPolicy.priority does not change the plan, but the operator refuses it where its
+    policy does not allow one: say so rather than accept it silently."""
+    from holmes.operator.core.admitting import raw_priority_problem
+
+    problem = raw_priority_problem(job, job_namespace(args), raw_priority_namespaces(args))
+    if problem:
+        print(f"warning: the operator would stall this job (PolicyViolation): {problem}", file=sys.stderr)
 
 
 def yaml_text(obj: Any) -> str:
@@ -253,7 +281,9 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
     from holmes.operator.core.template import TemplatePolicy
 
     policy = TemplatePolicy(allow_host_namespaces=args.allow_host_namespaces)
-    settings = RenderSettings(image=args.trainer_image, policy=policy)
+    settings = RenderSettings(
+        image=args.trainer_image, policy=policy, raw_priority_namespaces=raw_priority_namespaces(args)
+    )
     if args.namespace:
         job.setdefault("metadata", {})["namespace"] = args.namespace
     try:
@@ -505,6 +535,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-host-namespaces",
         action="store_true",
         help="with --pods: the operator's --allow-host-namespaces (spec.network: hostNetwork)",
+    )
+    pl.add_argument(
+        "--raw-priority-namespaces",
+        default="",
+        metavar="NS,NS",
+        help="the operator's --raw-priority-namespaces: where spec.runPolicy.priority may be set "
+        "(elsewhere plan warns and --pods refuses, as the operator does)",
     )
     pl.add_argument(
         "--measured",

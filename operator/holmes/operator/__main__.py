@@ -153,6 +153,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         else:
             pol.add_argument(f"--{o.flag}", dest=o.field, action="store_true", help=o.help)
     p.add_argument(
+        "--raw-priority-namespaces",
+        default="",
+        metavar="NS,NS",
+        help="namespaces whose HolmesJobs may set spec.runPolicy.priority, a raw number that wins "
+        "over PriorityClasses in Holmes' queue and is Kueue's Workload priority; a job elsewhere "
+        "that sets it is Stalled (PolicyViolation). Default: none, priority comes from "
+        "PriorityClasses and Kueue's WorkloadPriorityClasses, which admins own",
+    )
+    p.add_argument(
         "--members-namespace",
         default="",
         metavar="NS",
@@ -223,6 +232,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for o in POLICY_OPTIONS
     }
     args.policy = TemplatePolicy(**policy)
+    args.raw_priority_namespaces = names_in(args.raw_priority_namespaces)
     if not args.reconcile_bound >= 10:
         p.error(f"--reconcile-bound {args.reconcile_bound:g}: expected at least 10 seconds")
     if args.progress_interval < 1:
@@ -321,6 +331,7 @@ def build(
         metrics_port=args.trainer_metrics_port,
         port_range=args.port_range_tuple,
         policy=args.policy,
+        raw_priority_namespaces=args.raw_priority_namespaces,
         progress_interval=args.progress_interval,
     )
     rt = Runtime(

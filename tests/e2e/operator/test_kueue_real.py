@@ -5,6 +5,8 @@ Kueue's job framework leaves to an integration (stop the job, release the quota,
 
 - a job in a LocalQueue is admitted within its ClusterQueue's quota, counted once (no Workload of
   Kueue's own per pod), and the next one waits for the quota with Kueue's own message;
+- a job's own runPolicy.priority, outside the namespaces the operator allows one, gets no
+  Workload (Stalled, PolicyViolation): it preempts nothing;
 - the Workload's priority comes from the job's ``kueue.x-k8s.io/priority-class`` (a
   WorkloadPriorityClass), so a ``high`` job preempts a ``low`` one: the preempted job's pods stop
   (its trainer checkpoints), its quota is released, its Workload requeued; the preemptor runs;
@@ -23,6 +25,7 @@ import pytest
 from holmes_dev.jobs import holmes_job, tiny_job
 
 from tests.helpers.operator.cluster_helpers import (
+    SLEEP,
     apply,
     condition,
     get_job,
@@ -265,6 +268,47 @@ def test_the_priority_class_label_names_the_workloads_priority(cluster, queues, 
         "name": "high",
     }
     wait_phase(cluster, namespace, "urgent", "Succeeded", timeout=120, op=operator)
+
+
+def test_a_raw_priority_gets_no_workload_and_preempts_nothing(cluster, queues, operator, namespace):
+    """A tenant's runPolicy.priority (the highest int32; its namespace not in the operator's
+    --raw-priority-namespaces) would be the Workload's spec.priority, above every
+    WorkloadPriorityClass, and Kueue would preempt the running ``low`` job for it. The job is
+    Stalled instead (PolicyViolation) and gets no Workload; ``low`` runs on. With the fix the
+    message names (a WorkloadPriorityClass) it queues at that class's value, behind ``low``."""
+    apply(cluster, queued(tiny_job("low", namespace, count=2, gpus=2, command=SLEEP), "low"))
+    wait_phase(cluster, namespace, "low", "Running", timeout=120, op=operator)
+    before = {p["metadata"]["uid"] for p in pods_of(cluster, namespace, "low")}
+    greedy = tiny_job(
+        "greedy",
+        namespace,
+        count=2,
+        gpus=2,
+        command=SLEEP,
+        run_policy={"backoffLimit": 0, "priority": 2**31 - 1},
+    )
+    apply(cluster, queued(greedy))
+
+    def stalled():
+        c = condition(get_job(cluster, namespace, "greedy") or {}, "Stalled")
+        return c if c.get("status") == "True" else None
+
+    c = wait_for("greedy stalled", stalled, op=operator)
+    assert c["reason"] == "PolicyViolation" and "kueue.x-k8s.io/priority-class" in c["message"], c
+    time.sleep(3)  # what Kueue would have preempted by now, had it a Workload
+    assert workload(cluster, namespace, "greedy") is None
+    assert wl_condition(workload(cluster, namespace, "low"), "Evicted").get("status") != "True"
+    assert {p["metadata"]["uid"] for p in pods_of(cluster, namespace, "low")} == before
+    assert get_job(cluster, namespace, "low")["status"]["phase"] == "Running"
+
+    # the fix: the class admins made for the team
+    del greedy["spec"]["runPolicy"]["priority"]
+    apply(cluster, queued(greedy, "low"))  # kubectl apply: the field removed, the label added
+    wl = wait_for("greedy's Workload", lambda: workload(cluster, namespace, "greedy"), op=operator)
+    assert wl["spec"]["priority"] == 100
+    waiting = wait_phase(cluster, namespace, "greedy", "Suspended", op=operator)
+    assert condition(waiting, "Suspended")["reason"] == "WaitingForAdmission"
+    assert {p["metadata"]["uid"] for p in pods_of(cluster, namespace, "low")} == before
 
 
 def training_job(namespace: str, name: str, shared: Path, iterations: int) -> dict:

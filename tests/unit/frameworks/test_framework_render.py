@@ -91,7 +91,7 @@ def test_deepspeed_and_torchrun_get_no_arguments_but_the_launcher():
             "--deepspeed_config",
             "ds.json",
         ]
-        assert set(d.configmap["data"]) == {"layout.json", "job.yaml"}
+        assert set(d.configmap["data"]) == {"layout.json", "job.yaml", "launch-spec.json"}
 
 
 def test_holmes_framework_pods_are_unchanged():

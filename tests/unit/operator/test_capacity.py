@@ -15,6 +15,7 @@ from holmes.operator import placement_facts
 from holmes.operator.core import capacity, child_names, node_selection, queueing
 from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads, free_view, pod_shape
 from holmes.operator.core.placement import Placement, on_free_capacity
+from holmes.operator.core.render import RenderSettings
 from holmes.plan import InsufficientNodes, NicMapping, classify_nodes
 from tests.helpers.operator import kueue_standin as kueue
 from tests.helpers.operator.opfixtures import T0, FakeWorld, default_nodes, manifest, with_link_layers
@@ -389,6 +390,8 @@ def test_priority_then_creation_time_orders_the_queue():
     urgent = sw.add(job("urgent", 3, created=2, runPolicy=rp))
     later = sw.add(job("later", 3, created=3, runPolicy={"priorityClassName": "high"}))
     sw.classes = {"high": 1000}
+    for w in sw.worlds.values():  # the operator lets namespace ns set a raw runPolicy.priority
+        w.settings = RenderSettings(raw_priority_namespaces=("ns",))
     sw.step("early", "urgent", "later")  # early reconciles first, yet later (priority 1000) goes
     assert later.status["launched"] and not urgent.status["launched"] and not early.status["launched"]
     sw.worlds["run"].set_phase("Succeeded")
@@ -560,6 +563,7 @@ def test_kueue_workload_names_the_priority_class_its_priority_comes_from():
     # an explicit priority is no class's value
     w2 = FakeWorld(kueue_job("n", runPolicy={"priority": 7, "priorityClassName": "high"}), nodes=nodes())
     w2.flavors, w2.priority_classes = FLAVORS, {"high": 1000}
+    w2.settings = RenderSettings(raw_priority_namespaces=("ns",))  # where a raw priority is allowed
     w2.step()
     assert w2.workload["spec"]["priority"] == 7 and "priorityClassRef" not in w2.workload["spec"]
 

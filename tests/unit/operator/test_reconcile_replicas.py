@@ -153,7 +153,7 @@ def refused(mode, members=False, framework=None):
         container = {"name": "trainer", "image": "me/train:1", "command": ["python", "train.py"]}
         spec["template"] = {"spec": {"containers": [container]}}
     m = {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": "j"}, "spec": spec}
-    return refusal(m, load_job(m), TemplatePolicy(), members, None)
+    return refusal(m, load_job(m), TemplatePolicy(), members, False)
 
 
 def test_replicas_are_refused_only_across_member_clusters_and_for_other_frameworks():

@@ -4,7 +4,10 @@ status and runs no pods. Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from holmes.contract import JobSpec
+from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS
 
 from . import capacity, queueing
 from . import conditions as cond
@@ -30,9 +33,9 @@ def admit(st: JobState, spec: JobSpec) -> Decision | None:
     the nodes of the flavors Kueue admitted it to)."""
     if spec.run_policy.suspend:
         return _suspend(st)
-    problem = _priority_problem(st, spec)
-    if problem:
-        return stall(st, "InvalidSpec", problem)
+    refused = _priority_problem(st, spec)
+    if refused is not None:
+        return stall(st, *refused)
     held = _kueue_gate(st, spec)
     if held is not None:
         return held
@@ -55,11 +58,39 @@ def _suspend(st: JobState) -> Decision:
     return st.d
 
 
-def _priority_problem(st: JobState, spec: JobSpec) -> str:
+def raw_priority_problem(spec: JobSpec, namespace: str, allowed: Collection[str]) -> str | None:
+    """Why the job may not set runPolicy.priority, a raw number, in ``namespace`` (None: it does
+    not set one, or the operator's --raw-priority-namespaces, ``allowed``, lists the namespace).
+    Anyone who may edit a HolmesJob would otherwise jump Holmes' queue and Kueue's and preempt
+    other teams: priority comes from objects admins own."""
+    if spec.run_policy.priority is None or namespace in allowed:
+        return None
+    return (
+        f"spec.runPolicy.priority: namespace {namespace} may not set a raw priority (the operator "
+        "flag --raw-priority-namespaces, chart value rawPriorityNamespaces, lists those that "
+        "may): remove it and name a PriorityClass in spec.runPolicy.priorityClassName, or, "
+        f"for a job queued in Kueue, a WorkloadPriorityClass in the label {LABEL_KUEUE_PRIORITY_CLASS}"
+    )
+
+
+def _raw_priority(st: JobState) -> bool:
+    """The operator's policy lets this job's namespace set runPolicy.priority."""
+    return st.ns in st.settings.raw_priority_namespaces
+
+
+def _priority_problem(st: JobState, spec: JobSpec) -> tuple[str, str] | None:
+    """(reason, message) when the job's priority cannot be had: a raw runPolicy.priority its
+    namespace may not set, or a PriorityClass that does not exist."""
+    refused = raw_priority_problem(spec, st.ns, st.settings.raw_priority_namespaces)
+    if refused is not None:
+        return "PolicyViolation", refused
+    if spec.run_policy.priority is not None:
+        return None  # allowed: it wins over the class
     classes = st.obs.priority_classes
-    if classes is None or spec.run_policy.priority is not None:
-        return ""
-    return capacity.priority_of(spec, classes)[1]
+    if classes is None:
+        return None
+    problem = capacity.priority_of(spec, classes)[1]
+    return ("InvalidSpec", problem) if problem else None
 
 
 def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
@@ -71,7 +102,7 @@ def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
     if wl is not None and uid and not owned_by(wl, uid):
         wl = None  # a same-named job's leftover: garbage collected
     was = (cond.get(st.old.get("conditions"), cond.SUSPENDED) or {}).get("reason")
-    priority, unknown = capacity.priority_of(spec, st.obs.priority_classes or {})
+    priority, unknown = capacity.priority_of(spec, st.obs.priority_classes or {}, _raw_priority(st))
     rp = spec.run_policy  # the class is named when the priority is its value
     from_class = rp.priority_class_name if rp.priority is None and not unknown else None
     g = queueing.gate(

@@ -32,7 +32,7 @@ lock against this view.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -439,10 +439,12 @@ def queue_order(jobs: Iterable[Waiting], running: Mapping[str, int] | None = Non
     return sorted(with_turns(jobs, running or {}), key=lambda w: w.key)
 
 
-def priority_of(spec: JobSpec, classes: Mapping[str, int]) -> tuple[int, str]:
-    """(priority, problem): runPolicy.priority, else its PriorityClass's value, else 0."""
+def priority_of(spec: JobSpec, classes: Mapping[str, int], raw_allowed: bool = False) -> tuple[int, str]:
+    """(priority, problem): runPolicy.priority where the operator's policy lets the job's
+    namespace set a raw number (``raw_allowed``; admitting.py refuses it elsewhere), else its
+    PriorityClass's value, else 0."""
     rp = spec.run_policy
-    if rp.priority is not None:
+    if rp.priority is not None and raw_allowed:
         return rp.priority, ""
     if rp.priority_class_name:
         if rp.priority_class_name not in classes:
@@ -553,11 +555,16 @@ def _planned_nodes(cm: Mapping) -> tuple[str, ...] | None:
 
 
 def shared_state(
-    me: Mapping, seen: Workloads, classes: Mapping[str, int], gpu_resource: str = RESOURCE_GPU
+    me: Mapping,
+    seen: Workloads,
+    classes: Mapping[str, int],
+    gpu_resource: str = RESOURCE_GPU,
+    raw_priority: Collection[str] = (),
 ) -> SharedState:
     """The shared view for job ``me`` from the API's objects: the pods (every pod that has not
     ended), the HolmesJobs (launched ones with their layout ConfigMap, waiting ones in queue
-    order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view."""
+    order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view.
+    ``raw_priority``: the namespaces whose jobs' runPolicy.priority counts (priority_of)."""
     launched, waiting = [], []
     me_key: str | None = None
     running: dict[str, int] = {}  # turns taken, by namespace: launched jobs (and ended ones below)
@@ -595,7 +602,11 @@ def shared_state(
             running[ns] = running.get(ns, 0) + 1
             continue
         w = Waiting(
-            f"{ns}/{name}", spec, shape, priority_of(spec, classes)[0], meta.get("creationTimestamp") or ""
+            f"{ns}/{name}",
+            spec,
+            shape,
+            priority_of(spec, classes, ns in raw_priority)[0],
+            meta.get("creationTimestamp") or "",
         )
         if meta.get("uid") == (me.get("metadata") or {}).get("uid"):
             me_key = w.job

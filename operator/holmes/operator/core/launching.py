@@ -40,6 +40,7 @@ from .state import (
     placement_of,
     set_phase,
     size,
+    spec_changes,
     stall,
     teardown,
     until_deadline,
@@ -71,9 +72,7 @@ def launch(st: JobState, spec: JobSpec) -> Decision:
             "Volcano (then restart the operator), or remove schedulerName",
         )
     # a launch cut short is resumed with its plan, if the spec is the same
-    same_spec = cm_annotation(st, child_names.ANN_SPEC_HASH) == child_names.spec_hash(
-        st.job.get("spec") or {}
-    )
+    same_spec = cm_annotation(st, child_names.ANN_SPEC_HASH) is not None and not spec_changes(st, spec)
     if _runs_as_replicas(st, spec, same_spec):
         return _launch_replicas(st, spec, same_spec)
     layout = launched_layout(st) if same_spec else None
@@ -128,7 +127,7 @@ def _launch_pipeline(st: JobState, spec: JobSpec, layout: Layout) -> Decision:
         why = _podgroup_first(st, spec, pod_routes)
         if why is not None:
             return _wait_for_podgroup(st, spec, why)
-    ref = job_ref(st)
+    ref = job_ref(st, spec)
     claimed = [n for n, r in pod_routes.items() if r.claim is not None]
     if claimed and st.obs.members is not None:
         return stall(
@@ -226,7 +225,7 @@ def _launch_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> Decision:
         why = _podgroup_first(st, spec, pod_routes)
         if why is not None:
             return _wait_for_podgroup(st, spec, why)
-    ref = job_ref(st)
+    ref = job_ref(st, spec)
     existing = {pod_node_rank(p) for p in current_pods(st)}
     pods = replicas.build_pods(
         ref,

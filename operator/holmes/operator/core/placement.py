@@ -67,6 +67,7 @@ class Placement:
     node_labels: Mapping[str, str] = field(default_factory=dict)  # Kueue's admitted flavors
     priority_classes: Mapping[str, int] = field(default_factory=dict)
     gpu_resource: str = RESOURCE_GPU
+    raw_priority_namespaces: tuple[str, ...] = ()  # capacity.priority_of
 
     @property
     def key(self) -> str:
@@ -120,7 +121,11 @@ def on_free_capacity(
         except InsufficientNodes as e:
             raise InsufficientNodes(capacity.with_exclusions(str(e), excluded)) from None
     state = capacity.shared_state(
-        where.job, where.facts.workloads, where.priority_classes or {}, gpu_resource=gpu
+        where.job,
+        where.facts.workloads,
+        where.priority_classes or {},
+        gpu_resource=gpu,
+        raw_priority=where.raw_priority_namespaces,
     )
     led = capacity.Ledger.of(
         state.pods, state.launched, skip_job=where.key, gpu_resource=gpu, claims=where.claim_holds

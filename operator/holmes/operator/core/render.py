@@ -60,6 +60,9 @@ class RenderSettings:
     # listen on one fixed port: with a range, each attempt gets its own pair of ports.
     port_range: tuple[int, int] | None = None
     policy: TemplatePolicy = TemplatePolicy()  # what job templates may set (template.py)
+    # Namespaces whose jobs may set runPolicy.priority, a raw number (--raw-priority-namespaces):
+    # elsewhere priority comes from objects admins own (PriorityClass, WorkloadPriorityClass).
+    raw_priority_namespaces: tuple[str, ...] = ()
     # Seconds between reads of a running trainer's metrics (and so between progress patches):
     # the one periodic API write per running job; pod changes are watched, not polled.
     progress_interval: float = 10.0
@@ -102,6 +105,7 @@ class JobRef:
     attempt: int
     spec_hash: str = ""
     model_hash: str = ""
+    launch_spec: str = ""  # spec_change.launch_record of the job's own spec (not a replica's share)
 
 
 # ---- ConfigMap and Service -------------------------------------------------------------------
@@ -138,6 +142,7 @@ def build_configmap(
         "data": {
             child_names.LAYOUT_FILE: layout.to_json(indent=1),
             child_names.JOB_FILE: yaml.safe_dump(manifest, sort_keys=False),
+            **({child_names.LAUNCH_SPEC_FILE: job.launch_spec} if job.launch_spec else {}),
             **(files or {}),
         },
     }

@@ -25,6 +25,7 @@ from .state import (
     restarts_by_reason,
     set_phase,
     spec_changed,
+    spec_changes,
     stall,
     teardown,
     until_deadline,
@@ -125,14 +126,10 @@ def wait_out_backoff(st: JobState, spec: JobSpec) -> Decision | None:
     if due is None:
         return None
     st.status["nextAttemptTime"] = iso(due)
-    if spec_changed(st):
+    changed = spec_changes(st, spec, metadata=True)  # no pods to keep: any edit may be the fix
+    if changed:
         st.status.pop("nextAttemptTime", None)  # the user changed the job: try it at once
-        event(
-            st,
-            "Normal",
-            "SpecChanged",
-            "the spec changed during the restart back-off: launching now (not counted as a restart)",
-        )
+        spec_changed(st, changed, "launching now, during the restart back-off")
         return None
     if st.obs.now >= due:
         st.status.pop("nextAttemptTime", None)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from holmes.contract import JobSpec, Layout, LayoutError
 
-from . import child_names, members, placement, replicas
+from . import child_names, members, placement, replicas, spec_change
 from . import conditions as cond
 from .placement import PlacementFacts
 from .render import JobRef, RenderSettings
@@ -164,6 +164,9 @@ class JobState:
     pods: list[dict]  # the pods this job object owns, any attempt
     nodes: dict[str, dict]  # the node index, by name
     node_labels: dict[str, str] = field(default_factory=dict)  # Kueue's flavors: placement stays on them
+    # condition Relaunched (True, SpecChanged, this message), set by reconcile.decide at the end of
+    # the pass (set_phase rewrites the conditions from those read): see spec_changed
+    relaunched: str = ""
 
 
 def begin(
@@ -331,20 +334,32 @@ def past_leftovers(st: JobState) -> None:
 
 
 # ---- the current attempt's children -------------------------------------------------------------
-def job_ref(st: JobState) -> JobRef:
+def job_ref(st: JobState, parsed: JobSpec | None = None) -> JobRef:
+    """The job as rendering sees it; ``parsed`` (its spec): a launch, which records that spec."""
     spec = st.job.get("spec") or {}
-    return JobRef(st.name, st.ns, st.attempt, child_names.spec_hash(spec), child_names.model_hash(spec))
+    record = spec_change.launch_record(parsed) if parsed is not None else ""
+    return JobRef(
+        st.name, st.ns, st.attempt, child_names.spec_hash(spec), child_names.model_hash(spec), record
+    )
 
 
 def cm_annotation(st: JobState, key: str) -> str | None:
     return ((st.obs.configmap or {}).get("metadata", {}).get("annotations") or {}).get(key)
 
 
-def spec_changed(st: JobState) -> bool:
-    """The job's ConfigMap was written for another spec than the one read now (the user edited
-    it since; no ConfigMap: not changed)."""
-    launched = cm_annotation(st, child_names.ANN_SPEC_HASH)
-    return bool(launched) and launched != child_names.spec_hash(st.job.get("spec") or {})
+def spec_changed(st: JobState, fields: list[str], doing: str) -> None:
+    """The spec was edited since the launch (``fields``, spec_change.changes): the Event
+    SpecChanged and the condition Relaunched name them; ``doing``: what the operator does now."""
+    what = f"{spec_change.describe(fields)} changed"
+    event(st, "Normal", "SpecChanged", f"{what}: {doing} (not counted as a restart)")
+    st.relaunched = f"attempt {st.attempt}: {what}"
+
+
+def spec_changes(st: JobState, spec: JobSpec, metadata: bool = False) -> list[str]:
+    """The fields the plan or the pods depend on that differ from those the job's ConfigMap was
+    launched with (the user edited them since; [] also without a ConfigMap): spec_change.py.
+    ``metadata``: template.metadata too (an attempt with no pods to keep)."""
+    return spec_change.changes(st.obs.configmap, st.job.get("spec") or {}, spec, metadata)
 
 
 def launched_layout(st: JobState) -> Layout | None:
@@ -380,4 +395,5 @@ def placement_of(st: JobState) -> placement.Placement:
         node_labels=st.node_labels,
         priority_classes=st.obs.priority_classes or {},
         gpu_resource=st.settings.gpu_resource,
+        raw_priority_namespaces=st.settings.raw_priority_namespaces,
     )

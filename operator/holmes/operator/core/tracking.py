@@ -31,6 +31,7 @@ from .state import (
     placement_of,
     set_phase,
     spec_changed,
+    spec_changes,
     teardown,
 )
 from .summary import failure_of, merged_progress, pod_counts, waiting_reason
@@ -39,14 +40,10 @@ from .summary import failure_of, merged_progress, pod_counts, waiting_reason
 def track(st: JobState, spec: JobSpec) -> Decision:
     st.status.pop("createFailures", None)  # this attempt's children were all accepted
     delete_stale(st)
-    if cm_annotation(st, child_names.ANN_ATTEMPT) == str(st.attempt) and spec_changed(st):
+    changed = spec_changes(st, spec) if cm_annotation(st, child_names.ANN_ATTEMPT) == str(st.attempt) else []
+    if changed:
         teardown(st)
-        event(
-            st,
-            "Normal",
-            "SpecChanged",
-            "the spec changed: relaunching all pods with a new plan (not counted as a restart)",
-        )
+        spec_changed(st, changed, "relaunching all pods with a new plan")
         return launching.launch(st, spec)
 
     if st.obs.service is None:  # rendezvous needs it: put it back

@@ -8,17 +8,17 @@ from collections.abc import Mapping
 
 from holmes.contract import JobSpec
 
-from . import child_names, queueing
+from . import queueing
 from .template import TemplatePolicy, policy_violations
 
 FIX = " -- fix the spec with kubectl edit or apply"
 
 
 def refusal(
-    job: Mapping, spec: JobSpec, policy: TemplatePolicy, across_members: bool, started_model: str | None
+    job: Mapping, spec: JobSpec, policy: TemplatePolicy, across_members: bool, model_changed: bool
 ) -> tuple[str, str] | None:
-    """The first reason the job cannot go on (None: it may). ``started_model``: the model hash
-    the job's checkpoints were written with (the launched ConfigMap's), if any."""
+    """The first reason the job cannot go on (None: it may). ``model_changed``: spec.model differs
+    from the one the job's checkpoints were written with (the launched ConfigMap's)."""
     denied = policy_violations(spec.template, policy)
     if spec.network == "hostNetwork" and not policy.allow_host_namespaces:
         denied.append(
@@ -47,7 +47,7 @@ def refusal(
             "schedulerName: volcano (a Volcano PodGroup) is not supported for a job across member "
             "clusters yet: remove spec.template.spec.schedulerName",
         )
-    if started_model and started_model != child_names.model_hash(job.get("spec") or {}):
+    if model_changed:
         return (
             "ImmutableField",
             "spec.model cannot change once the job has started (its checkpoints hold this model); "
