@@ -45,7 +45,7 @@ from holmes.plan.quantity import quantity_or_none as quantity  # None where a va
 from . import child_names
 from .device_claims import ClaimHold, reserved_pods
 
-CPU, MEMORY = "cpu", "memory"
+CPU, MEMORY, PODS = "cpu", "memory", "pods"
 ENDED = ("Succeeded", "Failed")
 # Taints the node lifecycle controller keeps in step with what the planner reads itself (the
 # Ready condition, cordon): judged there, so a cluster without that controller (the local one)
@@ -67,7 +67,7 @@ class WaitingForCapacity(InsufficientNodes):
 
 
 def show(resource: str, amount: float) -> str:
-    if resource == MEMORY:
+    if resource in (MEMORY, "ephemeral-storage") or resource.startswith("hugepages-"):  # bytes
         for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
             if amount >= size:
                 return f"{amount / size:.4g}{unit}"
@@ -122,12 +122,16 @@ class PodShape:
     gpu_resource: str = RESOURCE_GPU  # the name its GPUs are requested by
 
     def describe(self) -> str:
-        parts = [
-            f"{show(k, v)} {k}"
-            for k, v in sorted(self.requests.items())
-            if k in (self.gpu_resource, CPU, MEMORY)
-        ]
+        parts = [f"{show(k, v)} {k}" for k, v in sorted(self.requests.items()) if v]
         return ", ".join(parts) or "nothing"
+
+    def needs(self, extra: Mapping[str, float] | None = None) -> dict[str, float]:
+        """What one pod takes from its node's allocatable: every resource it requests, those
+        of its network route (``extra``: RDMA devices, SR-IOV VFs; the template's win), and one
+        of the node's pod slots. GPUs are left to discovery (device plugin or DRA alike)."""
+        out = {k: v for k, v in {**(extra or {}), **self.requests}.items() if v and k != self.gpu_resource}
+        out[PODS] = 1.0
+        return out
 
 
 def pod_shape(spec: JobSpec, gpu_resource: str = RESOURCE_GPU) -> PodShape:
@@ -195,8 +199,10 @@ def _term_matches(term: Mapping, node: Mapping) -> bool:
     )
 
 
-def placement_problem(node: Mapping, shape: PodShape) -> str:
-    """Why the job's pods can never go to this node, whatever runs there ('' if they can)."""
+def placement_problem(node: Mapping, shape: PodShape, extra: Mapping[str, float] | None = None) -> str:
+    """Why the job's pods can never go to this node, whatever runs there ('' if they can):
+    the template's rules, or a resource a pod asks for (``PodShape.needs``) that the node's
+    allocatable does not hold, as the scheduler's NodeResourcesFit would refuse it."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     for k, v in shape.node_selector.items():
         if labels.get(k) != v:
@@ -213,10 +219,13 @@ def placement_problem(node: Mapping, shape: PodShape) -> str:
             value = f"={taint['value']}" if taint.get("value") else ""
             return f"taint {taint.get('key')}{value}:{taint.get('effect')} is not tolerated by the template"
     alloc = (node.get("status") or {}).get("allocatable") or {}
-    for res in (CPU, MEMORY):
-        want = shape.requests.get(res, 0.0)
+    for res, want in sorted(shape.needs(extra).items()):
         have = quantity(alloc.get(res))
-        if want and have is not None and have < want:
+        if have is None:
+            if res in (CPU, MEMORY, PODS):
+                continue  # a node object that does not say: not judged
+            return f"the node has no {res} (allocatable), which a pod requests ({show(res, want)})"
+        if have < want:
             return f"allocatable {res} {show(res, have)} is less than the {show(res, want)} a pod requests"
     return ""
 
@@ -305,10 +314,13 @@ class Ledger:
     used: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> resource -> amount
     holders: dict[str, set[str]] = field(default_factory=dict)  # node -> jobs ("" for other pods)
 
-    def add(self, node: str, requests: Mapping[str, float], holder: str) -> None:
+    def add(self, node: str, requests: Mapping[str, float], holder: str, pods: int = 1) -> None:
+        """``pods``: the pod slots taken (a DRA claim takes none)."""
         u = self.used.setdefault(node, {})
         for k, v in requests.items():
             u[k] = u.get(k, 0.0) + v
+        if pods:
+            u[PODS] = u.get(PODS, 0.0) + pods
         self.holders.setdefault(node, set()).add(holder)
 
     @classmethod
@@ -348,7 +360,7 @@ class Ledger:
             holder = next((h for uid in sorted(c.consumers) if (h := owners.get(uid))), "")
             if skip_job and holder == skip_job:
                 continue
-            led.add(c.node, {gpu_resource: float(c.gpus)}, holder)
+            led.add(c.node, {gpu_resource: float(c.gpus)}, holder, pods=0)
         for lj in launched:
             if lj.job == skip_job:
                 continue
@@ -360,27 +372,36 @@ class Ledger:
 
 
 def free_view(
-    nodes: Sequence[Mapping], shape: PodShape, led: Ledger, gpu_resource: str = RESOURCE_GPU
+    nodes: Sequence[Mapping],
+    shape: PodShape,
+    led: Ledger,
+    gpu_resource: str = RESOURCE_GPU,
+    extra: Callable[[Mapping], Mapping[str, float]] | None = None,
 ) -> tuple[list[Mapping], dict[str, str]]:
     """The nodes as the planner should see them for this job: GPUs reduced to what is free (the
     GPUs pods hold as :data:`GPUS_TAKEN_KEY`, which discovery subtracts from the device plugin's
-    or the DRA driver's count alike); nodes the job's pods cannot use left out, with why (node
-    name -> reason)."""
+    or the DRA driver's count alike); nodes the job's pods cannot use, or where another of its
+    pods would not fit in what is free of any resource it asks for (``PodShape.needs``; ``extra``:
+    a node's route resources), left out, with why (node name -> reason)."""
     view: list[Mapping] = []
     out: dict[str, str] = {}
     for n in nodes:
         name = (n.get("metadata") or {}).get("name") or ""
-        why = placement_problem(n, shape)
+        more = extra(n) if extra is not None else {}
+        why = placement_problem(n, shape, more)
         if why:
             out[name] = why
             continue
         alloc = (n.get("status") or {}).get("allocatable") or {}
         used = led.used.get(name, {})
         short = []
-        for res in (CPU, MEMORY):
-            want, have = shape.requests.get(res, 0.0), quantity(alloc.get(res))
-            if want and have is not None and have - used.get(res, 0.0) < want:
-                short.append(f"{show(res, max(have - used.get(res, 0.0), 0))} {res} free")
+        for res, want in sorted(shape.needs(more).items()):
+            have = quantity(alloc.get(res))
+            if have is None:
+                continue  # not advertised: placement_problem judged it
+            free = have - used.get(res, 0.0)
+            if free + 1e-9 * max(have, 1.0) < want:
+                short.append(f"{show(res, max(free, 0))} {res} free")
         if short:
             out[name] = ", ".join(short)
             continue
