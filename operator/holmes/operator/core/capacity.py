@@ -3,8 +3,8 @@ jobs waiting for capacity. Pure (no I/O): the runtime (pipeline.py) gathers pods
 layouts and jobs from its caches before deciding (``Workloads``), and places each job under one
 lock against this view.
 
-- ``PodShape``: what one pod of a job asks for (GPUs, CPU, memory) and where it may go (the
-  template's nodeSelector, required node affinity, tolerations).
+- ``PodShape``: what one pod of a job asks for (every resource, its route's RDMA devices and a
+  pod slot: ``needs``) and where it may go (nodeSelector, required node affinity, tolerations).
 - ``Ledger``: per node, what pods hold (``held``: GPUs count the same whether a pod asked for
   them as the device plugin's resource or through a DRA claim): every pod that has not ended,
   counted on its node (``spec.nodeName``, else ``status.nominatedNodeName``, else for Holmes'
@@ -14,7 +14,7 @@ lock against this view.
   for counts its GPUs through the claim, not twice). Rebuilt from the API's objects at every
   plan, so an operator restart loses nothing.
 - Placement on that view (placement.on_free_capacity): a job first plans on the nodes that
-  could ever run its pods (taints, selectors, affinity, CPU/memory): when that fails it waits for
+  could ever run its pods (taints, selectors, affinity, resources): when that fails it waits for
   nodes (``InsufficientNodes``). Then the jobs ahead of it in the queue take their share (a job
   ahead that fits takes its plan's GPUs; one that does not fit holds every free node it could
   use, so nothing behind it takes what it waits for) and it plans on what is left; when that
@@ -200,9 +200,8 @@ def _term_matches(term: Mapping, node: Mapping) -> bool:
 
 
 def placement_problem(node: Mapping, shape: PodShape, extra: Mapping[str, float] | None = None) -> str:
-    """Why the job's pods can never go to this node, whatever runs there ('' if they can):
-    the template's rules, or a resource a pod asks for (``PodShape.needs``) that the node's
-    allocatable does not hold, as the scheduler's NodeResourcesFit would refuse it."""
+    """Why the job's pods can never go to this node, whatever runs there ('' if they can): the
+    template's rules, or what a pod needs (``PodShape.needs``) beyond the node's allocatable."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     for k, v in shape.node_selector.items():
         if labels.get(k) != v:
@@ -315,7 +314,7 @@ class Ledger:
     holders: dict[str, set[str]] = field(default_factory=dict)  # node -> jobs ("" for other pods)
 
     def add(self, node: str, requests: Mapping[str, float], holder: str, pods: int = 1) -> None:
-        """``pods``: the pod slots taken (a DRA claim takes none)."""
+        # pods: the node's pod slots it takes (a DRA claim takes none)
         u = self.used.setdefault(node, {})
         for k, v in requests.items():
             u[k] = u.get(k, 0.0) + v
@@ -380,9 +379,8 @@ def free_view(
 ) -> tuple[list[Mapping], dict[str, str]]:
     """The nodes as the planner should see them for this job: GPUs reduced to what is free (the
     GPUs pods hold as :data:`GPUS_TAKEN_KEY`, which discovery subtracts from the device plugin's
-    or the DRA driver's count alike); nodes the job's pods cannot use, or where another of its
-    pods would not fit in what is free of any resource it asks for (``PodShape.needs``; ``extra``:
-    a node's route resources), left out, with why (node name -> reason)."""
+    or the DRA driver's count alike); nodes the pods cannot use, or where what a pod needs is
+    not free (``PodShape.needs``; ``extra``: a node's route resources), left out, with why."""
     view: list[Mapping] = []
     out: dict[str, str] = {}
     for n in nodes:

@@ -38,6 +38,8 @@ from .state import (
     launched_layout,
     launched_replicas,
     placement_of,
+    planning_nodes,
+    refused_nodes,
     set_phase,
     size,
     stall,
@@ -195,7 +197,7 @@ def _replica_nodes(st: JobState, spec: JobSpec) -> list[Mapping]:
     """The nodes the job's pods could use (GPUs, taints, Ready). Replicas are planned on
     them as they are, not behind the jobs ahead in a queue (capacity.py plans pipelines)."""
     shape = capacity.pod_shape(spec, st.settings.gpu_resource)
-    view, _ = capacity.free_view(st.obs.nodes, shape, capacity.Ledger(), st.settings.gpu_resource)
+    view, _ = capacity.free_view(planning_nodes(st), shape, capacity.Ledger(), st.settings.gpu_resource)
     return [n for n in view if not st.facts.unusable(n)]
 
 
@@ -325,6 +327,12 @@ def _terminating_pods(st: JobState) -> list[str]:
 
 
 def _wait_for_nodes(st: JobState, spec: JobSpec, why: str, reason: str = "WaitingForNodes") -> Decision:
+    refused = refused_nodes(st)
+    if refused:  # say so: the job could use them but for the scheduler's word
+        listed = "; ".join(
+            f"{n} until {v.get('until')} ({v.get('message')})" for n, v in sorted(refused.items())
+        )
+        why += f"; left out after the scheduler refused pods there: {listed}"
     st.status["pods"] = pod_counts([])
     st.status["size"] = size(spec, None)
     old = cond.get(st.old.get("conditions"), cond.RECONCILING)

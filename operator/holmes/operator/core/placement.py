@@ -163,9 +163,10 @@ def route_resources(spec: JobSpec, where: Placement) -> Callable[[Mapping], Mapp
 
     def of(node: Mapping) -> Mapping[str, float]:
         name = (node.get("metadata") or {}).get("name") or ""
+        nic = classify_nodes([node], where.facts.cost_model.nic_mapping)[0]  # remembered per node
+        if nic.rdma_resource is None or not nic.usable:
+            return {}  # nothing to count, or a node the planner leaves out anyway
         net = where.facts.network(node)
-        if net.rdma_resource is None:
-            return {}
         got = routes.rdma_requests(
             net, name, network=spec.network, islands=spec.islands, template_annotations=notes
         )
