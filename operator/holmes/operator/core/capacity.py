@@ -126,9 +126,8 @@ class PodShape:
         return ", ".join(parts) or "nothing"
 
     def needs(self, extra: Mapping[str, float] | None = None) -> dict[str, float]:
-        """What one pod takes from its node's allocatable: every resource it requests, those
-        of its network route (``extra``: RDMA devices, SR-IOV VFs; the template's win), and one
-        of the node's pod slots. GPUs are left to discovery (device plugin or DRA alike)."""
+        """What one pod takes from its node: every resource it requests, its route's (``extra``:
+        RDMA devices, VFs; the template's win), a pod slot. GPUs are discovery's (plugin or DRA)."""
         out = {k: v for k, v in {**(extra or {}), **self.requests}.items() if v and k != self.gpu_resource}
         out[PODS] = 1.0
         return out
@@ -599,8 +598,9 @@ def shared_state(
             launched.append(Launched(f"{ns}/{name}", int(st.get("attempt") or 0), planned, shape))
             running[ns] = running.get(ns, 0) + 1
             continue
-        stalled = any(
-            c.get("type") == "Stalled" and c.get("status") == "True" for c in st.get("conditions") or []
+        stalled = any(  # or waiting for its namespace's quota (quota.py): no share of the queue
+            (c.get("type"), c.get("status")) == ("Stalled", "True") or c.get("reason") == "WaitingForQuota"
+            for c in st.get("conditions") or []
         )
         queued = ((meta.get("labels") or {}).get(LABEL_KUEUE_QUEUE)) is not None
         unadmitted = queued and st.get("phase") in (None, "Suspended")  # Kueue's to order

@@ -81,6 +81,9 @@ class Observed:
     # API server serves PodGroups at all
     podgroup: dict | None = None
     volcano: bool = True
+    # the ResourceQuotas of the job's namespace, to create no pod they would refuse (quota.py);
+    # None: not read (a job across member clusters: the members' quotas judge its pods)
+    quotas: list[dict] | None = None
     # Member clusters (members.py): every registered member's state by name, for a job across
     # members (pods, ConfigMap and Service are then the members' and nodes their union, each
     # tagged with its member); None for a single-cluster job.
