@@ -75,7 +75,7 @@ def unschedulable(
         meta, st = p.get("metadata") or {}, p.get("status") or {}
         if st.get("phase", "Pending") != "Pending" or meta.get("deletionTimestamp"):
             continue
-        c = next((c for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+        c: Mapping = next((c for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
         if c.get("status") != "False" or c.get("reason") != "Unschedulable":
             continue
         rank = pod_node_rank(p)
