@@ -116,6 +116,15 @@ def test_a_pod_the_scheduler_refuses_replans_without_its_node_and_succeeds(crd, 
         first, cond = wait_for("a pod the scheduler refuses", refused_pod, timeout=90, op=operator)
         assert pinned(first) == "ib-1" and f"Insufficient {WIDGET}" in cond["message"]
         seen = time.monotonic()
+        refused = wait_for(
+            "the refused node in the status",
+            lambda: (get_job(crd, namespace, "refused").get("status") or {}).get("unschedulableNodes"),
+            timeout=60,
+            op=operator,
+        )
+        assert list(refused) == ["ib-1"]
+        assert refused["ib-1"]["message"].startswith(f"pod {first['metadata']['name']}: ")
+        replanned = time.monotonic() - seen
         done = wait_phase(crd, namespace, "refused", "Succeeded", timeout=150, op=operator)
         took = time.monotonic() - seen
         st = done["status"]
@@ -123,8 +132,11 @@ def test_a_pod_the_scheduler_refuses_replans_without_its_node_and_succeeds(crd, 
         assert "ib-1" not in [n for s in st["layout"]["stages"] for n in s["nodes"]]
         ev = next(e for e in events_of(crd, namespace, "refused") if e["reason"] == "PodUnschedulable")
         assert "node ib-1" in ev["message"] and f"Insufficient {WIDGET}" in ev["message"]
-        assert st["unschedulableNodes"]["ib-1"]["message"].startswith(f"pod {first['metadata']['name']}")
-        print(f"refused on ib-1 -> Succeeded elsewhere in {took:.1f}s (timeout {timeout}s)")
+        assert "planning again without ib-1" in ev["message"]
+        print(
+            f"refused on ib-1: re-planned after {replanned:.1f}s, Succeeded after {took:.1f}s "
+            f"(timeout {timeout}s)"
+        )
     finally:
         crd.kubectl("delete", "pod", blocker, "-n", "default", "--wait=false", check=False)
 
