@@ -71,7 +71,18 @@ def fake_gpu_node(i: int) -> dict:
 
 def install_crd(cluster) -> None:
     cluster.kubectl("apply", "-f", str(CRD))  # with its CEL rules: the server runs them
-    cluster.kubectl("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+    # kubectl wait fails at once ("status.conditions accessor error") on a CRD whose status the
+    # API server has not written yet: asked again until it has, within the same minute
+    end = time.monotonic() + 60
+    while True:
+        r = cluster.kubectl(
+            "wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s", check=False
+        )
+        if r.returncode == 0:
+            return
+        if "accessor error" not in r.stderr or time.monotonic() > end:
+            raise AssertionError(f"the HolmesJob CRD is not Established:\n{r.stderr}")
+        time.sleep(0.5)
 
 
 class OperatorProcess:
