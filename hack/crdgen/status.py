@@ -166,6 +166,19 @@ class MemberStatus(PodCounts):
 
 @documented
 @dataclass(frozen=True)
+class UnschedulableNode:
+    """A planned node the scheduler refused a pod of the job (runPolicy.schedulingTimeoutSeconds)."""
+
+    message: Annotated[
+        str | None, Field("The pod and the scheduler's reason (its PodScheduled condition).")
+    ] = None
+    until: Annotated[
+        str | None, Field("Planning leaves the node out until this time.", format="date-time")
+    ] = None
+
+
+@documented
+@dataclass(frozen=True)
 class ReplicaStatus:
     replica: Annotated[int | None, Field("Replica number (HOLMES_REPLICA of its pods).")] = None
     cluster: Annotated[str | None, Field("The cluster (island) the replica trains on.")] = None
@@ -366,6 +379,14 @@ class JobStatus:
             "Multi-cluster jobs (member clusters registered with the operator): per member "
             "cluster, whether its API server is reachable and the current attempt's pods there by"
             " phase."
+        ),
+    ] = None
+    unschedulable_nodes: Annotated[
+        dict[str, UnschedulableNode] | None,
+        Field(
+            "Planned nodes on which the scheduler left a pod of an attempt unschedulable for "
+            "runPolicy.schedulingTimeoutSeconds: the attempt was given back and the job plans "
+            "without them until the time given."
         ),
     ] = None
     replicas: Annotated[

@@ -71,8 +71,8 @@ def fake_gpu_node(i: int) -> dict:
 
 def install_crd(cluster) -> None:
     cluster.kubectl("apply", "-f", str(CRD))  # with its CEL rules: the server runs them
-    # a CRD just created has no status yet, and kubectl wait then fails at once ("accessor
-    # error") instead of waiting: ask again until the status is there
+    # kubectl wait fails at once ("status.conditions accessor error") on a CRD whose status the
+    # API server has not written yet: asked again until it has, within the same minute
     end = time.monotonic() + 60
     while True:
         r = cluster.kubectl(
@@ -81,8 +81,8 @@ def install_crd(cluster) -> None:
         if r.returncode == 0:
             return
         if "accessor error" not in r.stderr or time.monotonic() > end:
-            raise AssertionError(f"the HolmesJob CRD is not Established: {r.stderr}")
-        time.sleep(0.2)
+            raise AssertionError(f"the HolmesJob CRD is not Established:\n{r.stderr}")
+        time.sleep(0.5)
 
 
 class OperatorProcess:

@@ -1083,6 +1083,18 @@ class RunPolicy:
             minimum=0,
         ),
     ] = 60
+    scheduling_timeout_seconds: Annotated[
+        int,
+        Field(
+            "How long a pod of a launched attempt may stay unschedulable on its planned node (its "
+            "PodScheduled condition False, reason Unschedulable: a resource, affinity or spread "
+            "rule the scheduler refuses there) before the attempt gives its nodes back and plans "
+            "again without that node, for this long; a disruption, not counted against "
+            "backoffLimit. Not used for a job Kueue admits: Kueue's waitForPodsReady is its "
+            "deadline.",
+            minimum=1,
+        ),
+    ] = 120
     disruption_limit: Annotated[  # None: disruptions never fail the job
         int | None,
         Field(

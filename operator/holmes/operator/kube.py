@@ -74,6 +74,8 @@ class Caches:
         # (device_claims.slim_claim), while the API server serves them (watches.py)
         self.resource_slices = Store(index_label=None)
         self.resource_claims = Store(index_label=None)
+        # the ResourceQuotas of the served namespaces (core/quota.py: no pod a quota would refuse)
+        self.resource_quotas = Store(index_label=None)
         # Volcano: the PodGroups of Holmes jobs, while the API server serves them (watches.py)
         self.podgroups = Store(index_label=child_names.LABEL_JOB)
         # the capacity view (pipeline.HubChildren) as of (cluster_pods, pods) versions

@@ -51,6 +51,7 @@ class Children(Protocol):
     def service(self, ns: str, name: str, uid: str) -> dict | None: ...
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]: ...
     def claims(self) -> list[dict]: ...
+    def quotas(self, ns: str) -> list[dict] | None: ...
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]: ...
     def write(self, d: Decision, job: dict, pods: list[dict], nodes: list[dict]): ...
 
@@ -102,6 +103,10 @@ class HubChildren:
         """The DRA ResourceClaims (slim), whose allocations hold devices (core/device_claims.py)."""
         return list(self.caches.resource_claims.values())
 
+    def quotas(self, ns: str) -> list[dict] | None:
+        """The namespace's ResourceQuotas (core/quota.py)."""
+        return [q for q in self.caches.resource_quotas.values() if q["metadata"].get("namespace") == ns]
+
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]:
         return self.io.log_tail
 
@@ -145,6 +150,9 @@ class MemberChildren:
 
     def claims(self) -> list[dict]:
         return []  # members' DRA objects are not watched (nor their ResourceSlices)
+
+    def quotas(self, ns: str) -> list[dict] | None:
+        return None  # members' ResourceQuotas are not watched: their API servers judge the pods
 
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]:
         pod = rank0(job, pods)
@@ -231,6 +239,7 @@ class Pipeline:
                 priority_classes=self.watches.priority_classes(),
                 workload_priority_classes=self.watches.workload_priority_classes(),
                 podgroup=self.caches.podgroups.get(ns, queueing.podgroup_name(name)),
+                quotas=where.quotas(ns),
                 volcano=self.watches.volcano,
                 members=where.states,
             )

@@ -6,7 +6,8 @@ full LIST (a partly filled cache would look like deleted pods).
   loop of the job it belongs to. Exact namespaces get one watch each; patterns ("team-*",
   "!kube-*") one cluster-wide watch, filtered here.
 - Shared clusters (core/capacity.py): every pod that has not ended (slimmed, field selector on
-  the phase) and PriorityClasses; a change wakes the jobs that have not launched yet.
+  the phase), PriorityClasses, and the served namespaces' ResourceQuotas (core/quota.py); a
+  change wakes the jobs that have not launched yet.
 - Kueue (core/queueing.py, kueue_version.py): while the API server serves kueue.x-k8s.io
   (v1beta2, else v1beta1; looked for again every 30 s), Workloads of Holmes jobs and
   ResourceFlavors are cached too.
@@ -223,6 +224,16 @@ class Watches:
             )
         if self.dra_claims:  # the devices claims hold, where the pods are read
             self._start_claims(api, capacity_changed)
+        # ResourceQuotas (core/quota.py): their status.used moves as pods come and go, which may
+        # let a job waiting for its namespace's quota start
+        self.watch(
+            "resourcequotas",
+            core.list_namespaced_resource_quota,
+            core.list_resource_quota_for_all_namespaces,
+            "",
+            self.caches.resource_quotas,
+            capacity_changed,
+        )
         sched = client.SchedulingV1Api(api)
         self.informers.append(
             Informer(

@@ -27,6 +27,10 @@ FIXES = {
         "Kueue has not admitted its Workload: kubectl describe workload -n NAMESPACE, and check "
         "the ClusterQueue's quota"
     ),
+    "WaitingForQuota": (
+        "a ResourceQuota of the namespace has no room for the whole gang: kubectl describe "
+        "resourcequota QUOTA -n NAMESPACE; wait for it to free, free it, or shrink the job"
+    ),
     "WaitingForPodGroup": (
         "Volcano has not admitted its PodGroup to the queue: kubectl describe podgroup NAME -n "
         "NAMESPACE, and check the Volcano queue's capacity"

@@ -197,7 +197,7 @@ def test_a_pod_failure_restarts_the_gang_and_counts_it(crd, namespace, operator)
     assert f'holmes_restarts_total{{job_namespace="{namespace}"}} 1.0' in operator.metrics()
 
 
-def test_a_quota_that_forbids_the_gang_is_reported_and_leaves_no_partial_gang(crd, namespace, operator):
+def test_a_quota_that_forbids_the_gang_is_reported_and_creates_no_pod(crd, namespace, operator):
     quota = {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
@@ -211,22 +211,16 @@ def test_a_quota_that_forbids_the_gang_is_reported_and_leaves_no_partial_gang(cr
     )
     apply(crd, tiny_job("quota", namespace, command=SLEEP))
 
-    job = wait_reconciling(crd, namespace, "quota", "ChildCreateFailed", operator)
+    # the quota is read before creating (issue 50): no pod is created for the API server to refuse
+    job = wait_reconciling(crd, namespace, "quota", "WaitingForQuota", operator)
     msg = condition(job, "Reconciling")["message"]
-    assert "403 Forbidden" in msg and "exceeded quota" in msg, msg
-    assert job["status"]["createFailures"] >= 1 and job["status"]["restarts"] == 0
-    assert any(e["reason"] == "ChildCreateFailed" for e in events_of(crd, namespace, "quota"))
-    # the pods the quota let through are deleted again: no partial gang holds GPUs
-    wait_for(
-        "no live pod of the partial gang",
-        lambda: (
-            not [p for p in pods_of(crd, namespace, "quota") if not p["metadata"].get("deletionTimestamp")]
-            or None
-        ),
-        every=0.1,
-        timeout=10,
-        op=operator,
+    assert msg.startswith(
+        "ResourceQuota gpus: the gang's 4 pod(s) need requests.nvidia.com/gpu 4, 0 of 2 used"
     )
+    assert "more than the quota allows at all" in msg, msg
+    assert "createFailures" not in job["status"] and job["status"]["restarts"] == 0
+    assert not pods_of(crd, namespace, "quota")
+    assert "ChildCreateFailed" not in {e["reason"] for e in events_of(crd, namespace, "quota")}
     crd.kubectl("delete", "resourcequota", "gpus", "-n", namespace)
     job = wait_phase(crd, namespace, "quota", "Running", op=operator)
     assert "createFailures" not in job["status"] and condition(job, "Stalled")["status"] == "False"

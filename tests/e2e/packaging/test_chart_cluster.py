@@ -132,6 +132,8 @@ NEEDED = {
     ("services", "list"): "informer.Informer (the Services cache)",
     ("services", "watch"): "informer.Informer (the Services cache)",
     ("services", "create"): "kube.KubeIO.apply",
+    ("resourcequotas", "list"): "informer.Informer (a gang waits for its namespace's quota, core/quota.py)",
+    ("resourcequotas", "watch"): "informer.Informer (a gang waits for its namespace's quota, core/quota.py)",
     ("events", "create"): "kopf.event",
     ("nodes", "list"): "the node informer",
     ("nodes", "watch"): "the node informer",

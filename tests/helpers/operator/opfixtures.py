@@ -98,6 +98,7 @@ class FakeWorld:
         self.volcano = True  # the API server serves PodGroups
         # member clusters (members.py): name -> MemberState; None: a single-cluster job
         self.members: dict | None = None
+        self.quotas: list | None = None  # the namespace's ResourceQuotas (quota.py)
 
     def step(self, seconds: float = 1.0, progress: dict | None = None, refused: list | None = None):
         self.now += timedelta(seconds=seconds)
@@ -117,6 +118,7 @@ class FakeWorld:
             podgroup=copy.deepcopy(self.podgroup),
             volcano=self.volcano,
             members=self.members,
+            quotas=copy.deepcopy(self.quotas),
         )
         facts = placement_facts.gather(self.cost_model, self.workloads())
         d = decide(obs, facts, self.settings, self.backoff)

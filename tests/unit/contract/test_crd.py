@@ -139,6 +139,7 @@ def test_spec_fields_match_what_the_operator_parses():
             "ttlSecondsAfterFinished": 5,
             "activeDeadlineSeconds": 9,
             "waitForNodesSeconds": 0,
+            "schedulingTimeoutSeconds": 30,
             "disruptionLimit": 2,
             "priority": 10,
             "priorityClassName": "high",

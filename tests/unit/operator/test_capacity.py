@@ -109,6 +109,58 @@ def test_cpu_and_memory_requests_beyond_a_nodes_allocatable_rule_it_out():
     assert "allocatable memory 256Gi" in capacity.placement_problem(node, huge)
 
 
+def test_every_resource_a_pod_requests_must_be_in_the_nodes_allocatable():
+    # issue 50: only CPU, memory and GPUs were counted, so a pod pinned to a node without the
+    # resource stayed Pending for ever (the scheduler's NodeResourcesFit refuses it)
+    node = nodes()[0]
+    widget = shape_of(containers=[{"name": "trainer", "resources": {"limits": {"example.com/widget": 1}}}])
+    assert capacity.placement_problem(node, widget) == (
+        "the node has no example.com/widget (allocatable), which a pod requests (1)"
+    )
+    node["status"]["allocatable"]["example.com/widget"] = "1"
+    assert capacity.placement_problem(node, widget) == ""
+    pages = shape_of(containers=[{"name": "trainer", "resources": {"requests": {"hugepages-2Mi": "1Gi"}}}])
+    assert "no hugepages-2Mi" in capacity.placement_problem(node, pages)
+    node["status"]["allocatable"]["hugepages-2Mi"] = "512Mi"
+    assert capacity.placement_problem(node, pages) == (
+        "allocatable hugepages-2Mi 512Mi is less than the 1Gi a pod requests"
+    )
+    disk = shape_of(containers=[{"name": "trainer", "resources": {"requests": {"ephemeral-storage": "2Ti"}}}])
+    assert "allocatable ephemeral-storage 1Ti is less than the 2Ti" in capacity.placement_problem(node, disk)
+    node["status"]["allocatable"]["pods"] = "0"
+    assert "allocatable pods 0 is less than the 1" in capacity.placement_problem(node, shape_of())
+
+
+def test_the_free_view_counts_extended_resources_and_pod_slots_pods_hold():
+    given = nodes()
+    for n in given:
+        n["status"]["allocatable"]["example.com/widget"] = "2"
+    given[0]["status"]["allocatable"]["pods"] = "1"  # ib-0 admits one pod
+    widget = shape_of(containers=[{"name": "trainer", "resources": {"limits": {"example.com/widget": 1}}}])
+    holder = pod("w", "ib-1", gpus=0)
+    holder["spec"]["containers"][0]["resources"]["requests"]["example.com/widget"] = "2"
+    led = Ledger.of([pod("a", "ib-0", gpus=0), holder, pod("c", "roce-0", gpus=0)])
+    view, out = free_view(given, widget, led)
+    assert out == {"ib-0": "0 pods free", "ib-1": "0 example.com/widget free"}
+    assert {n["metadata"]["name"] for n in view} == {"eth-0", "roce-0", "roce-1", "eth-1"}
+
+
+def test_the_rdma_devices_a_route_requests_are_counted_on_their_node():
+    # a node's RDMA devices or SR-IOV VFs are a pool like any other: a pod of the job takes
+    # one there (its route, routes.py), so a node whose pool other pods hold is left out
+    given = [n for n in nodes() if n["metadata"]["name"] in ("ib-0", "ib-1")]
+    ib0 = given[0]
+    ib0["status"]["allocatable"]["rdma/rdma_shared_device_a"] = "1"
+    other = pod("x", "ib-0", gpus=0)
+    other["spec"]["containers"][0]["resources"]["requests"]["rdma/rdma_shared_device_a"] = "1"
+    a = job("a", 2)
+    facts = placement_facts.gather(placement_facts.builtin_cost_model(), Workloads(pods=[other]))
+    with pytest.raises(WaitingForCapacity):  # both nodes, and ib-0 has no RDMA device free
+        on_free_capacity(given, load_job(a), Placement(facts, given, a))
+    ib0["status"]["allocatable"]["rdma/rdma_shared_device_a"] = "2"
+    assert "ib-0" in on_free_capacity(given, load_job(a), Placement(facts, given, a)).nodes
+
+
 def pod(name, node=None, gpus=1, phase="Running", nominated=None, holmes_job=None, cpu=None, ns="other"):
     requests = {"nvidia.com/gpu": str(gpus)}
     if cpu:

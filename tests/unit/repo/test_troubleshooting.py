@@ -26,6 +26,7 @@ NOT_REASONS = {
     "PodScheduled", "PriorityClass", "QuotaReserved", "ResourceClaimTemplate", "RuntimeDefault",
     "SubjectAccessReview", "TokenRequest", "TokenReview", "WorkloadPriorityClass",
     "PodsReady", "WaitForStart", "WaitForRecovery",  # Kueue's PodsReady condition, written for it
+    "BestEffort", "NotBestEffort", "NotTerminating",  # ResourceQuota scopes (core/quota.py)
 }  # fmt: skip
 
 

@@ -3,8 +3,8 @@ jobs waiting for capacity. Pure (no I/O): the runtime (pipeline.py) gathers pods
 layouts and jobs from its caches before deciding (``Workloads``), and places each job under one
 lock against this view.
 
-- ``PodShape``: what one pod of a job asks for (GPUs, CPU, memory) and where it may go (the
-  template's nodeSelector, required node affinity, tolerations).
+- ``PodShape``: what one pod of a job asks for (every resource, its route's RDMA devices and a
+  pod slot: ``needs``) and where it may go (nodeSelector, required node affinity, tolerations).
 - ``Ledger``: per node, what pods hold (``held``: GPUs count the same whether a pod asked for
   them as the device plugin's resource or through a DRA claim): every pod that has not ended,
   counted on its node (``spec.nodeName``, else ``status.nominatedNodeName``, else for Holmes'
@@ -14,7 +14,7 @@ lock against this view.
   for counts its GPUs through the claim, not twice). Rebuilt from the API's objects at every
   plan, so an operator restart loses nothing.
 - Placement on that view (placement.on_free_capacity): a job first plans on the nodes that
-  could ever run its pods (taints, selectors, affinity, CPU/memory): when that fails it waits for
+  could ever run its pods (taints, selectors, affinity, resources): when that fails it waits for
   nodes (``InsufficientNodes``). Then the jobs ahead of it in the queue take their share (a job
   ahead that fits takes its plan's GPUs; one that does not fit holds every free node it could
   use, so nothing behind it takes what it waits for) and it plans on what is left; when that
@@ -45,7 +45,7 @@ from holmes.plan.quantity import quantity_or_none as quantity  # None where a va
 from . import child_names, node_selection
 from .device_claims import ClaimHold, reserved_pods
 
-CPU, MEMORY = "cpu", "memory"
+CPU, MEMORY, PODS = "cpu", "memory", "pods"
 ENDED = ("Succeeded", "Failed")
 # Taints the node lifecycle controller keeps in step with what the planner reads itself (the
 # Ready condition, cordon): judged there, so a cluster without that controller (the local one)
@@ -67,7 +67,7 @@ class WaitingForCapacity(InsufficientNodes):
 
 
 def show(resource: str, amount: float) -> str:
-    if resource == MEMORY:
+    if resource in (MEMORY, "ephemeral-storage") or resource.startswith("hugepages-"):  # bytes
         for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
             if amount >= size:
                 return f"{amount / size:.4g}{unit}"
@@ -122,12 +122,15 @@ class PodShape:
     gpu_resource: str = RESOURCE_GPU  # the name its GPUs are requested by
 
     def describe(self) -> str:
-        parts = [
-            f"{show(k, v)} {k}"
-            for k, v in sorted(self.requests.items())
-            if k in (self.gpu_resource, CPU, MEMORY)
-        ]
+        parts = [f"{show(k, v)} {k}" for k, v in sorted(self.requests.items()) if v]
         return ", ".join(parts) or "nothing"
+
+    def needs(self, extra: Mapping[str, float] | None = None) -> dict[str, float]:
+        """What one pod takes from its node: every resource it requests, its route's (``extra``:
+        RDMA devices, VFs; the template's win), a pod slot. GPUs are discovery's (plugin or DRA)."""
+        out = {k: v for k, v in {**(extra or {}), **self.requests}.items() if v and k != self.gpu_resource}
+        out[PODS] = 1.0
+        return out
 
 
 def pod_shape(spec: JobSpec, gpu_resource: str = RESOURCE_GPU) -> PodShape:
@@ -195,9 +198,10 @@ def _term_matches(term: Mapping, node: Mapping) -> bool:
     )
 
 
-def placement_problem(node: Mapping, shape: PodShape) -> str:
-    """Why the job's pods can never go to this node, whatever runs there ('' if they can).
-    Reads only the node's labels, name, taints and allocatable (what ``kept_key`` covers)."""
+def placement_problem(node: Mapping, shape: PodShape, extra: Mapping[str, float] | None = None) -> str:
+    """Why the job's pods can never go to this node, whatever runs there ('' if they can): the
+    template's rules, or what a pod needs (``PodShape.needs``; ``extra``: its route's there)
+    beyond the allocatable. Reads only what discovery.kept_key covers (node_selection.PROBLEMS)."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     for k, v in shape.node_selector.items():
         if labels.get(k) != v:
@@ -214,10 +218,13 @@ def placement_problem(node: Mapping, shape: PodShape) -> str:
             value = f"={taint['value']}" if taint.get("value") else ""
             return f"taint {taint.get('key')}{value}:{taint.get('effect')} is not tolerated by the template"
     alloc = (node.get("status") or {}).get("allocatable") or {}
-    for res in (CPU, MEMORY):
-        want = shape.requests.get(res, 0.0)
+    for res, want in sorted(shape.needs(extra).items()):
         have = quantity(alloc.get(res))
-        if want and have is not None and have < want:
+        if have is None:
+            if res in (CPU, MEMORY, PODS):
+                continue  # a node object that does not say: not judged
+            return f"the node has no {res} (allocatable), which a pod requests ({show(res, want)})"
+        if have < want:
             return f"allocatable {res} {show(res, have)} is less than the {show(res, want)} a pod requests"
     return ""
 
@@ -306,10 +313,13 @@ class Ledger:
     used: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> resource -> amount
     holders: dict[str, set[str]] = field(default_factory=dict)  # node -> jobs ("" for other pods)
 
-    def add(self, node: str, requests: Mapping[str, float], holder: str) -> None:
+    def add(self, node: str, requests: Mapping[str, float], holder: str, pods: int = 1) -> None:
+        # pods: the node's pod slots it takes (a DRA claim takes none)
         u = self.used.setdefault(node, {})
         for k, v in requests.items():
             u[k] = u.get(k, 0.0) + v
+        if pods:
+            u[PODS] = u.get(PODS, 0.0) + pods
         self.holders.setdefault(node, set()).add(holder)
 
     @classmethod
@@ -349,7 +359,7 @@ class Ledger:
             holder = next((h for uid in sorted(c.consumers) if (h := owners.get(uid))), "")
             if skip_job and holder == skip_job:
                 continue
-            led.add(c.node, {gpu_resource: float(c.gpus)}, holder)
+            led.add(c.node, {gpu_resource: float(c.gpus)}, holder, pods=0)
         for lj in launched:
             if lj.job == skip_job:
                 continue
@@ -361,30 +371,37 @@ class Ledger:
 
 
 def free_view(
-    nodes: Sequence[Mapping], shape: PodShape, led: Ledger, gpu_resource: str = RESOURCE_GPU
+    nodes: Sequence[Mapping],
+    shape: PodShape,
+    led: Ledger,
+    gpu_resource: str = RESOURCE_GPU,
+    extra: Callable[[Mapping], Mapping[str, float]] | None = None,
 ) -> tuple[list[Mapping], dict[str, str]]:
     """The nodes as the planner should see them for this job: GPUs reduced to what is free (the
     GPUs pods hold as :data:`GPUS_TAKEN_KEY`, which discovery subtracts from the device plugin's
-    or the DRA driver's count alike); nodes the job's pods cannot use left out, with why (node
-    name -> reason)."""
+    or the DRA driver's count alike); nodes the pods cannot use, or where what a pod needs is
+    not free (``PodShape.needs``; ``extra``: a node's route resources), left out, with why."""
     view: list[Mapping] = []
     out: dict[str, str] = {}
     problem = node_selection.PROBLEMS.of(shape, placement_problem)
     for n in nodes:
         name = (n.get("metadata") or {}).get("name") or ""
-        why = problem(n)
+        more = extra(n) if extra is not None else {}
+        why = problem(n) if not more else placement_problem(n, shape, more)
         if why:
             out[name] = why
             continue
-        used = led.used.get(name)
-        if used:  # nothing used: placement_problem compared the allocatable already
+        used = led.used.get(name)  # none: placement_problem compared the allocatable already
+        if used:
             alloc = (n.get("status") or {}).get("allocatable") or {}
             short = []
-            for res in (CPU, MEMORY):
-                want = shape.requests.get(res, 0.0)
-                have = quantity(alloc.get(res)) if want else None
-                if have is not None and have - used.get(res, 0.0) < want:
-                    short.append(f"{show(res, max(have - used.get(res, 0.0), 0))} {res} free")
+            for res, want in sorted(shape.needs(more).items()):
+                have = quantity(alloc.get(res))
+                if have is None:
+                    continue  # not advertised: placement_problem judged it
+                free = have - used.get(res, 0.0)
+                if free + 1e-9 * max(have, 1.0) < want:
+                    short.append(f"{show(res, max(free, 0))} {res} free")
             if short:
                 out[name] = ", ".join(short)
                 continue
@@ -591,8 +608,9 @@ def shared_state(
             launched.append(Launched(f"{ns}/{name}", int(st.get("attempt") or 0), planned, shape))
             running[ns] = running.get(ns, 0) + 1
             continue
-        stalled = any(
-            c.get("type") == "Stalled" and c.get("status") == "True" for c in st.get("conditions") or []
+        stalled = any(  # or waiting for its namespace's quota (quota.py): no share of the queue
+            (c.get("type"), c.get("status")) == ("Stalled", "True") or c.get("reason") == "WaitingForQuota"
+            for c in st.get("conditions") or []
         )
         queued = ((meta.get("labels") or {}).get(LABEL_KUEUE_QUEUE)) is not None
         unadmitted = queued and st.get("phase") in (None, "Suspended")  # Kueue's to order
@@ -622,12 +640,3 @@ def shared_state(
     # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
     ahead = [] if mine is None else [w for w in queue if w.key < mine]
     return SharedState(pods=list(seen.pods), launched=launched, ahead=ahead)
-
-
-def with_exclusions(msg: str, excluded: Mapping[str, str]) -> str:
-    if not excluded:
-        return msg
-    items = sorted(excluded.items())
-    listed = "; ".join(f"node {k}: {v}" for k, v in items[:5])
-    more = f" (and {len(items) - 5} more)" if len(items) > 5 else ""
-    return f"{msg}; the template rules out {len(items)} node(s): {listed}{more}"

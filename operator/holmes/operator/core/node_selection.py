@@ -87,6 +87,16 @@ def without(nodes: Sequence[Mapping], names_: Mapping[str, str]) -> list:
     return [n for n in nodes if (n.get("metadata") or {}).get("name") not in names_]
 
 
+def with_exclusions(msg: str, excluded: Mapping[str, str]) -> str:
+    """``msg``, naming the nodes the template rules out (free_view's ``excluded``)."""
+    if not excluded:
+        return msg
+    items = sorted(excluded.items())
+    listed = "; ".join(f"node {k}: {v}" for k, v in items[:5])
+    more = f" (and {len(items) - 5} more)" if len(items) > 5 else ""
+    return f"{msg}; the template rules out {len(items)} node(s): {listed}{more}"
+
+
 class _Problems:
     """A node's placement problem for a pod shape, answered once per node version (the key the
     node cache kept: discovery.kept_key) and shape. Every placement asks it of every node for

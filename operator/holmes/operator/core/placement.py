@@ -37,7 +37,7 @@ from holmes.plan.budget import DEFAULT_UNITS
 from holmes.plan.calibrate import Calibration, assess
 from holmes.plan.measured import Measured
 
-from . import capacity, device_claims, elastic, members, node_selection, replan
+from . import capacity, device_claims, elastic, members, node_selection, replan, routes
 from .routes import NodeNetwork
 
 # The search a job ahead in the queue may cost each job behind it (a fiftieth of a job's own
@@ -110,16 +110,17 @@ def on_free_capacity(
     budget = budget if budget is not None else Budget()
     gpu = where.gpu_resource
     shape = replace(capacity.pod_shape(spec, gpu), node_labels=dict(where.node_labels))
+    rdma = route_resources(spec, where)
     own = node_selection.selected(nodes, spec)  # the planner takes no other: nor need the views
-    possible, excluded = capacity.free_view(own, shape, capacity.Ledger(), gpu)
+    possible, excluded = capacity.free_view(own, shape, capacity.Ledger(), gpu, rdma)
     try:
         fit(possible, spec, where, budget)
     except InsufficientNodes:  # said on every node: the planner names what its selector left out
-        possible, excluded = capacity.free_view(nodes, shape, capacity.Ledger(), gpu)
+        possible, excluded = capacity.free_view(nodes, shape, capacity.Ledger(), gpu, rdma)
         try:
             fit(possible, spec, where, budget)
         except InsufficientNodes as e:
-            raise InsufficientNodes(capacity.with_exclusions(str(e), excluded)) from None
+            raise InsufficientNodes(node_selection.with_exclusions(str(e), excluded)) from None
     state = capacity.shared_state(
         where.job,
         where.facts.workloads,
@@ -152,7 +153,7 @@ def on_free_capacity(
         except PlanError:
             continue  # it cannot run here at all: it holds nothing
         keep_for(w, view, blocked, where)  # it waits: what it could use now stays free for it
-    view, _ = capacity.free_view(node_selection.without(own, blocked), shape, led, gpu)
+    view, _ = capacity.free_view(node_selection.without(own, blocked), shape, led, gpu, rdma)
     try:
         return fit(view, spec, where, budget)
     except InsufficientNodes:
@@ -163,6 +164,25 @@ def on_free_capacity(
         if free_gpus(x, where) >= spec.nodes.gpus_per_node and not where.facts.unusable(x)
     ]
     raise capacity.WaitingForCapacity(capacity.waiting_message(spec, shape, fitting, led, blocked)) from None
+
+
+def route_resources(spec: JobSpec, where: Placement) -> Callable[[Mapping], Mapping[str, float]]:
+    """A node's RDMA devices or SR-IOV VFs one pod of the job requests there (its route,
+    routes.py), for capacity to count against what the node has free."""
+    notes = (spec.template.get("metadata") or {}).get("annotations") or {}
+
+    def of(node: Mapping) -> Mapping[str, float]:
+        name = (node.get("metadata") or {}).get("name") or ""
+        nic = classify_nodes([node], where.facts.cost_model.nic_mapping)[0]  # remembered per node
+        if nic.rdma_resource is None or not nic.usable:
+            return {}  # nothing to count, or a node the planner leaves out anyway
+        net = where.facts.network(node)
+        got = routes.rdma_requests(
+            net, name, network=spec.network, islands=spec.islands, template_annotations=notes
+        )
+        return {k: float(v) for k, v in got.items()}
+
+    return of
 
 
 def free_gpus(node: Mapping, where: Placement) -> int:

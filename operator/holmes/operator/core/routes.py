@@ -162,6 +162,43 @@ def pod_route(
     Raises RouteError for a node the settings cannot serve."""
     idx, entry = island_settings(islands, net.cluster, net.nic)
     entry = entry or IslandNetwork()
+    host = network == HOST_NETWORK
+    annotations, resources = _devices(net, node, network, idx, entry, template_annotations)
+    offer = net.dra
+    if offer is not None and entry.sriov is not None:  # the VFs are the pod's NICs
+        offer = DraOffer(offer.devices, False, offer.gpus, offer.nic_driver, offer.nic_class, offer.gpu_class)
+    claim = device_claim(offer, gpus) if offer is not None else None
+    nic_claim = claim is not None and offer is not None and offer.nics
+    rdma = net.nic in RDMA_KINDS and (bool(resources) or nic_claim)
+    env = {ENV_POD_NETWORK: HOST_NETWORK if host else POD_NETWORK, ENV_NIC: net.nic}
+    if net.hcas:
+        env[ENV_HOST_HCAS] = ",".join(net.hcas)
+    # a vendor plugin owns the island's transport: no socket tuning of NCCL's own there
+    socket = net.socket_threads if sockets and entry.net_plugin is None else None
+    env.update(
+        nccl_env(net.nic, traffic_class=entry.traffic_class, service_level=entry.service_level, socket=socket)
+    )
+    return PodRoute(
+        nic=net.nic,
+        host_network=host,
+        annotations=annotations,
+        resources=resources,
+        env=env,
+        ipc_lock=rdma,
+        claim=claim,
+    )
+
+
+def _devices(
+    net: NodeNetwork,
+    node: str,
+    network: str,
+    idx: int | None,
+    entry: IslandNetwork,
+    template_annotations: Mapping[str, str] | None,
+) -> tuple[dict[str, str], dict[str, int]]:
+    """The pod's network attachments (annotations) and device-plugin RDMA resources (SR-IOV
+    VFs or shared RDMA devices) on ``node``; RouteError for a node the settings cannot serve."""
     where = f"spec.islands[{idx}]" if idx is not None else "spec.islands"
     island = f"cluster={net.cluster} nic={net.nic}"
     host = network == HOST_NETWORK
@@ -192,29 +229,25 @@ def pod_route(
         pass  # the NICs come with the DRA claim below
     elif net.rdma_resource is not None:
         resources[net.rdma_resource] = _shared_devices(net, entry, where, node, island)
-    offer = net.dra
-    if offer is not None and entry.sriov is not None:  # the VFs are the pod's NICs
-        offer = DraOffer(offer.devices, False, offer.gpus, offer.nic_driver, offer.nic_class, offer.gpu_class)
-    claim = device_claim(offer, gpus) if offer is not None else None
-    nic_claim = claim is not None and offer is not None and offer.nics
-    rdma = net.nic in RDMA_KINDS and (bool(resources) or nic_claim)
-    env = {ENV_POD_NETWORK: HOST_NETWORK if host else POD_NETWORK, ENV_NIC: net.nic}
-    if net.hcas:
-        env[ENV_HOST_HCAS] = ",".join(net.hcas)
-    # a vendor plugin owns the island's transport: no socket tuning of NCCL's own there
-    socket = net.socket_threads if sockets and entry.net_plugin is None else None
-    env.update(
-        nccl_env(net.nic, traffic_class=entry.traffic_class, service_level=entry.service_level, socket=socket)
-    )
-    return PodRoute(
-        nic=net.nic,
-        host_network=host,
-        annotations=annotations,
-        resources=resources,
-        env=env,
-        ipc_lock=rdma,
-        claim=claim,
-    )
+    return annotations, resources
+
+
+def rdma_requests(
+    net: NodeNetwork,
+    node: str,
+    *,
+    network: str = POD_NETWORK,
+    islands: tuple[IslandNetwork, ...] = (),
+    template_annotations: Mapping[str, str] | None = None,
+) -> dict[str, int]:
+    """The device-plugin RDMA resources a pod of the job requests on ``node`` (capacity.py
+    counts them against the node's free VFs or devices); none where the route cannot be made
+    (the launch names the problem)."""
+    idx, entry = island_settings(islands, net.cluster, net.nic)
+    try:
+        return _devices(net, node, network, idx, entry or IslandNetwork(), template_annotations)[1]
+    except RouteError:
+        return {}
 
 
 def device_claim(offer: DraOffer, gpus: int) -> DeviceClaim | None:

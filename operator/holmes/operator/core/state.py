@@ -81,6 +81,9 @@ class Observed:
     # API server serves PodGroups at all
     podgroup: dict | None = None
     volcano: bool = True
+    # the ResourceQuotas of the job's namespace, to create no pod they would refuse (quota.py);
+    # None: not read (a job across member clusters: the members' quotas judge its pods)
+    quotas: list[dict] | None = None
     # Member clusters (members.py): every registered member's state by name, for a job across
     # members (pods, ConfigMap and Service are then the members' and nodes their union, each
     # tagged with its member); None for a single-cluster job.
@@ -383,13 +386,40 @@ def launched_replicas(st: JobState) -> replicas.ReplicaPlan | None:
         return None
 
 
+UNSCHEDULABLE_NODES = "unschedulableNodes"  # status: planned nodes the scheduler refused
+
+
+def refused_nodes(st: JobState) -> dict[str, dict]:
+    """The planned nodes the scheduler refused a pod of this job on (tracking.py), while
+    planning still leaves them out (until their ``until``); the expired ones leave the status."""
+    kept = {}
+    for node, v in (st.status.get(UNSCHEDULABLE_NODES) or {}).items():
+        try:
+            until = parse_time((v or {}).get("until"))
+        except ValueError:
+            until = None
+        if until is not None and until > st.obs.now:
+            kept[node] = dict(v)
+    if kept:
+        st.status[UNSCHEDULABLE_NODES] = kept
+    else:
+        st.status.pop(UNSCHEDULABLE_NODES, None)
+    return kept
+
+
+def planning_nodes(st: JobState) -> list[dict]:
+    """The nodes this job plans on: all it observes but those the scheduler refused it."""
+    out = refused_nodes(st)
+    return [n for n in st.obs.nodes if n["metadata"]["name"] not in out] if out else st.obs.nodes
+
+
 def placement_of(st: JobState) -> placement.Placement:
     """This job's placement question (core/placement.py); the decision then counts as one
     that placed (its time is the operator's planning-duration metric)."""
     st.d.placed = True
     return placement.Placement(
         st.facts,
-        st.obs.nodes,
+        planning_nodes(st),
         st.job,
         across_members=st.obs.members is not None,
         node_labels=st.node_labels,
