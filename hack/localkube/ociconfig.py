@@ -29,6 +29,11 @@ DEFAULT_CAPS = (
     "CAP_KILL",
     "CAP_AUDIT_WRITE",
 )
+# The memlock limit RDMA's memory registration needs (ibv_reg_mr pins pages), set by the runtime
+# as docs/install.md#rdma-and-the-memlock-limit says: CRI-O's default_ulimits = ["memlock=-1:-1"]
+# writes this into every container's spec (containerd passes on its own LimitMEMLOCK=infinity).
+RLIM_INFINITY = 2**64 - 1
+RLIMITS = ({"type": "RLIMIT_MEMLOCK", "hard": RLIM_INFINITY, "soft": RLIM_INFINITY},)
 MASKED_PATHS = (
     "/proc/acpi",
     "/proc/asound",
@@ -276,6 +281,7 @@ def runtime_config(
             "env": env,
             "cwd": cwd or "/",
             "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
+            "rlimits": [dict(r) for r in RLIMITS],
             # Kubernetes' allowPrivilegeEscalation (default true) is the opposite of no_new_privs.
             "noNewPrivileges": sc.get("allowPrivilegeEscalation") is False,
         },

@@ -1,6 +1,7 @@
 """Runs inside the pod's fresh mount + UTS namespaces (started by `unshare --mount --uts`):
-set the hostname, bind-mount the volumes, the hosts file and nothing else, then exec the
-container command. The pid stays the same through every exec, so the agent signals it directly.
+set the hostname, bind-mount the volumes, the hosts file and nothing else, raise the memlock
+limit as the runtime would (ociconfig.RLIMITS), then exec the container command. The pid stays
+the same through every exec, so the agent signals it directly.
 
 Usage: python -m localkube.podexec SPEC.json
 SPEC: {"hostname", "hosts", "mounts": [{"src","dst","ro"}], "cwd", "argv", "env", "mountpoints",
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import socket
 import sys
 
@@ -77,6 +79,10 @@ def main(spec_path: str) -> None:
         if created:
             with open(spec["mountpoints"], "a") as f:
                 f.writelines(p + "\n" for p in created)
+    try:  # the runtime's memlock limit, as for a container (ociconfig.RLIMITS)
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (OSError, ValueError) as e:  # not root (a user namespace): the agent's own limit stays
+        print(f"localkube: memlock limit left as it is: {e}", file=sys.stderr, flush=True)
     cwd = spec.get("cwd")
     try:
         os.chdir(cwd if cwd and os.path.isdir(cwd) else "/")

@@ -250,10 +250,15 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
         raise CliError(str(e)) from None
     kinds = dict(k.split("=", 1) for k in args.cluster_rdma_kind or [])
     cost_model = CostModelFile(base=with_nic_flags(config, kinds))
-    from holmes.operator.core.template import TemplatePolicy
-
-    policy = TemplatePolicy(allow_host_namespaces=args.allow_host_namespaces)
-    settings = RenderSettings(image=args.trainer_image, policy=policy)
+    settings = RenderSettings(image=args.trainer_image, pod_security=args.pod_security)
+    # The API server checks the pod template (its schema, Pod Security) on a dry run when the
+    # operator launches the job; offline, nothing here can: say so, and how to ask it now.
+    print(
+        "holmes plan --pods: spec.template is checked by the API server when the operator "
+        "launches the job, not here; to check these pods now: holmes plan --pods ... | "
+        "kubectl create --dry-run=server -f -",
+        file=sys.stderr,
+    )
     if args.namespace:
         job.setdefault("metadata", {})["namespace"] = args.namespace
     try:
@@ -502,9 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --pods: the operator's --cluster-rdma-kind (repeatable)",
     )
     pl.add_argument(
-        "--allow-host-namespaces",
-        action="store_true",
-        help="with --pods: the operator's --allow-host-namespaces (spec.network: hostNetwork)",
+        "--pod-security",
+        choices=("privileged", "baseline", "restricted"),
+        default="privileged",
+        help="with --pods: the Pod Security level the job's namespace enforces "
+        "(pod-security.kubernetes.io/enforce), which picks the defaults Holmes fills in",
     )
     pl.add_argument(
         "--measured",

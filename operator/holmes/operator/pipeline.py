@@ -232,6 +232,7 @@ class Pipeline:
                 podgroup=self.caches.podgroups.get(ns, queueing.podgroup_name(name)),
                 volcano=self.watches.volcano,
                 members=where.states,
+                namespace_labels=self.watches.namespace_labels(ns),
             )
             facts = placement_facts.gather(self.cost_model, self.workloads(where))
             started = time.perf_counter()

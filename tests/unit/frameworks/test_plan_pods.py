@@ -23,7 +23,7 @@ def plan_pods(capsys, job, *extra):
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_examples_render_the_launcher_pods(capsys, name):
-    code, out = plan_pods(capsys, REPO / "examples" / "jobs" / f"{name}.yaml", "--allow-host-namespaces")
+    code, out = plan_pods(capsys, REPO / "examples" / "jobs" / f"{name}.yaml")
     assert code == 0, out.err
     doc = json.loads(out.out)
     assert doc["apiVersion"] == "v1" and doc["kind"] == "List"
@@ -51,9 +51,20 @@ def test_holmes_jobs_render_too_and_the_images_flag_is_used(capsys):
     assert pods[0]["spec"]["containers"][0]["command"][:3] == ["python", "-m", "holmes.trainer.run"]
 
 
-def test_a_job_the_operator_would_not_launch_says_why(capsys):
-    code, out = plan_pods(capsys, REPO / "examples" / "jobs" / "megatron-gpt-7b.yaml")  # hostNetwork
-    assert code == 2 and "would create no pods" in out.err and "--allow-host-namespaces" in out.err
+def test_a_job_the_operator_would_not_launch_says_why(capsys, tmp_path):
+    doc = yaml.safe_load((REPO / "examples" / "jobs" / "gpt-7b.yaml").read_text())
+    doc["spec"]["template"] = {"spec": {"nodeName": "n1"}}  # the planner places pods
+    job = tmp_path / "pinned.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    code, out = plan_pods(capsys, job)
+    assert code == 2 and "would create no pods" in out.err and "--allow-node-name" in out.err
+
+
+def test_offline_it_says_the_template_is_checked_by_the_api_server(capsys):
+    """Issue 50, item 6: holmes plan --pods has no cluster to dry-run the pods on; it says so and
+    how to ask the API server now, instead of letting a misspelt field pass as checked."""
+    code, out = plan_pods(capsys, REPO / "examples" / "jobs" / "gpt-7b.yaml")
+    assert code == 0 and "checked by the API server" in out.err and "--dry-run=server" in out.err
 
 
 ROUTES_NODES = str(REPO / "examples" / "nodes" / "network-operator.yaml")
@@ -97,7 +108,7 @@ def test_plan_pods_shows_the_host_network_route(capsys, tmp_path):
     doc["spec"]["islands"] = [doc["spec"]["islands"][0]]  # Multus attaches nothing to hostNetwork pods
     job = tmp_path / "host.yaml"
     job.write_text(yaml.safe_dump(doc))
-    pods = route_pods(capsys, job, "--allow-host-namespaces")
+    pods = route_pods(capsys, job)
     for pod in pods.values():
         _, _, env = shown(pod)
         assert pod["spec"]["hostNetwork"] is True and pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"

@@ -16,6 +16,7 @@ from . import conditions as cond
 from .placement import PlacementFacts
 from .render import JobRef, RenderSettings
 from .summary import iso, parse_time, pod_attempt
+from .template import enforced_level
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
@@ -43,6 +44,7 @@ class ChildRefusal:
     code: int
     reason: str
     message: str
+    dry_run: bool = False  # refused on the dry run before the gang was created (dry_run.py)
 
     @property
     def retryable(self) -> bool:
@@ -85,6 +87,9 @@ class Observed:
     # members (pods, ConfigMap and Service are then the members' and nodes their union, each
     # tagged with its member); None for a single-cluster job.
     members: Mapping[str, members.MemberState] | None = None
+    # the job's namespace's labels (its Pod Security level picks Holmes' defaults: render.py);
+    # None: not known (defaults as for an unlabelled namespace)
+    namespace_labels: Mapping[str, str] | None = None
 
 
 @dataclass
@@ -178,7 +183,11 @@ def begin(
         facts=facts,
         # GPUs are the resource discovery counts: the cost model's nicMapping.gpuResource (its
         # file can change while the operator runs)
-        settings=replace(settings, gpu_resource=facts.cost_model.nic_mapping.gpu_resource),
+        settings=replace(
+            settings,
+            gpu_resource=facts.cost_model.nic_mapping.gpu_resource,
+            pod_security=enforced_level(obs.namespace_labels),
+        ),
         backoff=backoff,
         job=job,
         name=meta.get("name", ""),
