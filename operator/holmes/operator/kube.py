@@ -42,16 +42,7 @@ def _json(resp: Any) -> dict:
 
 def refusal(kind: str, name: str, e: ApiException) -> ChildRefusal:
     """An ApiException as a ChildRefusal, with the reason and message of the API's Status body."""
-    try:
-        body = json.loads(e.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    message = str(body.get("message") or e.reason or "no message")[:600]
-    return ChildRefusal(
-        kind, name, int(e.status or 0), str(body.get("reason") or e.reason or "Unknown"), message
-    )
+    return ChildRefusal.from_status(kind, name, e.status, e.reason, e.body)
 
 
 class Caches:

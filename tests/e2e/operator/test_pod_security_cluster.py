@@ -233,7 +233,7 @@ def dry_run(cluster, ns: str, pods: list[dict]) -> list[str]:
 
 def rendered(cluster, level: str, template: dict | None, **spec) -> list[dict]:
     nodes = cluster.get_json("nodes")["items"]
-    job = tiny_job("render", count=6, template=template, **spec)
+    job = tiny_job("render", count=6, **({"template": template} if template else {}), **spec)
     objs = children(job, nodes, RenderSettings(pod_security=level))
     return [o for o in objs if o["kind"] == "Pod"]
 
@@ -290,3 +290,22 @@ def test_the_charts_own_pods_on_the_real_api_server(cluster, levels):
     labeller = one(render({"labeller.enabled": "true"}), "DaemonSet")["spec"]["template"]
     (refused,) = dry_run(cluster, nss[BASELINE], [as_pod(labeller, "labeller")])
     assert "violates PodSecurity" in refused and "hostPath" in refused, refused
+
+
+def test_holmes_plan_pods_asks_the_api_server_with_a_kubeconfig(cluster, levels, tmp_path, capsys):
+    """Item 6, offline vs live: with --kubeconfig, holmes plan --pods dry-runs the pods it renders
+    in the job's namespace and exits 2 naming the misspelt field; a good job exits 0."""
+    from holmes.cli import main
+
+    nss, _ = levels
+    for name, template, code in (("bad", {"spec": {"nodeSelectr": {"a": "b"}}}, 2), ("good", None, 0)):
+        job = tmp_path / f"{name}.json"
+        extra = {"template": template} if template else {}
+        job.write_text(json.dumps(tiny_job(name, nss[BASELINE], count=2, **extra)))
+        got = main(["plan", "--kubeconfig", cluster.kubeconfig, "--job", str(job), "--pods", "--json"])
+        err = capsys.readouterr().err
+        assert got == code, err
+        if code:
+            assert 'unknown field "spec.template.spec.nodeSelectr"' in err, err
+        else:
+            assert "the API server accepted a dry run" in err, err

@@ -61,10 +61,11 @@ def test_a_job_the_operator_would_not_launch_says_why(capsys, tmp_path):
 
 
 def test_offline_it_says_the_template_is_checked_by_the_api_server(capsys):
-    """Issue 50, item 6: holmes plan --pods has no cluster to dry-run the pods on; it says so and
-    how to ask the API server now, instead of letting a misspelt field pass as checked."""
+    """Issue 50, item 6: offline, holmes plan --pods has no API server to dry-run the pods on; it
+    says so and how to ask one, instead of letting a misspelt field pass as checked (with
+    --kubeconfig it asks: tests/e2e/operator/test_pod_security_cluster.py)."""
     code, out = plan_pods(capsys, REPO / "examples" / "jobs" / "gpt-7b.yaml")
-    assert code == 0 and "checked by the API server" in out.err and "--dry-run=server" in out.err
+    assert code == 0 and "not checked offline" in out.err and "--dry-run=server" in out.err
 
 
 ROUTES_NODES = str(REPO / "examples" / "nodes" / "network-operator.yaml")

@@ -5,9 +5,11 @@ attempts and teardowns, restarts by reason, the current attempt's launched plan.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from holmes.contract import JobSpec, Layout, LayoutError
 
@@ -45,6 +47,18 @@ class ChildRefusal:
     reason: str
     message: str
     dry_run: bool = False  # refused on the dry run before the gang was created (dry_run.py)
+
+    @classmethod
+    def from_status(cls, kind: str, name: str, code: Any, reason: Any, body: Any) -> ChildRefusal:
+        """From an API error: its HTTP code and reason, and the API's Status ``body`` (JSON text)."""
+        try:
+            status = json.loads(body or "{}")
+        except (TypeError, ValueError):
+            status = {}
+        if not isinstance(status, dict):
+            status = {}
+        message = str(status.get("message") or reason or "no message")[:600]
+        return cls(kind, name, int(code or 0), str(status.get("reason") or reason or "Unknown"), message)
 
     @property
     def retryable(self) -> bool:
