@@ -11,7 +11,6 @@ for the pod's (``spec...``).
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from collections.abc import Iterable
@@ -24,19 +23,18 @@ _RANK_ENV = ("NODE_RANK", "PET_NODE_RANK", "MASTER_ADDR", "PET_MASTER_ADDR", "MA
 
 
 def _shape(pod: dict) -> str:
-    p = copy.deepcopy(pod)
-    meta = p.get("metadata") or {}
-    meta.pop("name", None)
-    meta.pop("labels", None)
-    (meta.get("annotations") or {}).pop(child_names.ANN_NODE, None)
-    spec = p.get("spec") or {}
-    for key in ("hostname", "affinity"):
-        spec.pop(key, None)
-    for c in spec.get("containers") or []:
-        c.pop("command", None)
-        c.pop("ports", None)
-        c["env"] = [e for e in c.get("env") or [] if e.get("name") not in _RANK_ENV]
-    return json.dumps(p, sort_keys=True)
+    """The pod less what differs between the ranks of one shape (no copy: a gang may be large)."""
+    meta = pod.get("metadata") or {}
+    spec = {k: v for k, v in (pod.get("spec") or {}).items() if k not in ("hostname", "affinity")}
+    spec["containers"] = [
+        {
+            **{k: v for k, v in c.items() if k not in ("command", "ports")},
+            "env": [e for e in c.get("env") or [] if e.get("name") not in _RANK_ENV],
+        }
+        for c in spec.get("containers") or []
+    ]
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != child_names.ANN_NODE}
+    return json.dumps({"annotations": annotations, "spec": spec}, sort_keys=True, default=str)
 
 
 def samples(pods: Iterable[dict]) -> list[dict]:
