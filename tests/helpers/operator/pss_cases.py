@@ -49,17 +49,24 @@ SECCOMP_POD = "seccomp.security.alpha.kubernetes.io/pod"
 B = BASELINE
 CASES = [
     # ---- baseline (Pod Security Standards, Kubernetes v1.36) ------------------------------------
-    Case(
+    Case(  # a HostProcess pod must be on the host network (Pod validation)
         "windowsHostProcess",
         B,
-        psc(windowsOptions={"hostProcess": True}),
+        spec(hostNetwork=True, securityContext={"windowsOptions": {"hostProcess": True}}),
         "spec.securityContext.windowsOptions.hostProcess",
         psc(windowsOptions={"hostProcess": False}),
     ),
     Case(
         "windowsHostProcess",
         B,
-        sc(windowsOptions={"hostProcess": True}),
+        {
+            "spec": {
+                "hostNetwork": True,
+                "containers": [
+                    {"name": "trainer", "securityContext": {"windowsOptions": {"hostProcess": True}}}
+                ],
+            }
+        },
         "spec.containers[0].securityContext.windowsOptions.hostProcess",
         sc(windowsOptions={"runAsUserName": "x"}),
     ),
@@ -83,9 +90,15 @@ CASES = [
     Case(
         "privileged",
         B,
-        {"spec": {"initContainers": [{"name": "init", "securityContext": {"privileged": True}}]}},
+        {
+            "spec": {
+                "initContainers": [
+                    {"name": "init", "image": "busybox", "securityContext": {"privileged": True}}
+                ]
+            }
+        },
         "spec.initContainers[0].securityContext.privileged",
-        {"spec": {"initContainers": [{"name": "init"}]}},
+        {"spec": {"initContainers": [{"name": "init", "image": "busybox"}]}},
     ),
     Case(
         "capabilities_baseline",
@@ -222,9 +235,15 @@ CASES = [
     Case(
         "allowPrivilegeEscalation",
         RESTRICTED,
-        {"spec": {"initContainers": [{"name": "i", "securityContext": {"allowPrivilegeEscalation": True}}]}},
+        {
+            "spec": {
+                "initContainers": [
+                    {"name": "i", "image": "busybox", "securityContext": {"allowPrivilegeEscalation": True}}
+                ]
+            }
+        },
         "spec.initContainers[0].securityContext.allowPrivilegeEscalation",
-        {"spec": {"initContainers": [{"name": "i"}]}},  # Holmes sets false where unset
+        {"spec": {"initContainers": [{"name": "i", "image": "busybox"}]}},  # Holmes sets false where unset
     ),
     Case(
         "capabilities_restricted",
@@ -265,12 +284,16 @@ CASES = [
         {
             "spec": {
                 "initContainers": [
-                    {"name": "i", "securityContext": {"seccompProfile": {"type": "Unconfined"}}}
+                    {
+                        "name": "i",
+                        "image": "busybox",
+                        "securityContext": {"seccompProfile": {"type": "Unconfined"}},
+                    }
                 ]
             }
         },
         "spec.initContainers[0].securityContext.seccompProfile.type",
-        {"spec": {"initContainers": [{"name": "i"}]}},
+        {"spec": {"initContainers": [{"name": "i", "image": "busybox"}]}},
     ),
     Case(
         "runAsUser",

@@ -130,3 +130,11 @@ def test_plan_pods_names_the_missing_network_attachment(capsys, tmp_path):
     code = main(["plan", "--nodes", ROUTES_NODES, "--job", str(job), "--pods", "--config", str(cfg)])
     err = capsys.readouterr().err
     assert code == 2 and "spec.islands: node west-0" in err and "sriov: {networks:" in err
+
+
+@pytest.mark.parametrize("level, non_root", [("restricted", True), ("baseline", None)])
+def test_the_pods_are_rendered_for_the_namespaces_pod_security_level(capsys, level, non_root):
+    code, out = plan_pods(capsys, REPO / "examples" / "jobs" / "gpt-7b.yaml", "--pod-security", level)
+    assert code == 0, out.err
+    pods = [o for o in json.loads(out.out)["items"] if o["kind"] == "Pod"]
+    assert pods and {p["spec"]["securityContext"].get("runAsNonRoot") for p in pods} == {non_root}

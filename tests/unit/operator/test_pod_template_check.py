@@ -130,3 +130,22 @@ def test_pods_in_a_restricted_namespace_get_the_restricted_defaults(level, non_r
         assert pod["spec"]["securityContext"].get("runAsNonRoot") is non_root
         side = pod["spec"]["containers"][1].get("securityContext") or {}
         assert (side.get("allowPrivilegeEscalation") is False) == (level == "restricted")
+
+
+@pytest.mark.parametrize(
+    "security, escalation",
+    [
+        ({}, False),
+        ({"privileged": True}, None),
+        ({"capabilities": {"add": ["SYS_ADMIN"]}}, None),
+        ({"capabilities": {"add": ["CAP_SYS_ADMIN"]}}, None),
+        ({"capabilities": {"add": ["NET_ADMIN"]}}, False),
+    ],
+)
+def test_holmes_never_sets_no_escalation_where_the_api_server_refuses_it(security, escalation):
+    """Found on the real API server: a privileged container (or one adding SYS_ADMIN) with
+    Holmes' allowPrivilegeEscalation: false is an invalid Pod, whatever the namespace's level."""
+    from holmes.operator.core.template import harden_container
+
+    sc = harden_container({"name": "trainer", "securityContext": security})["securityContext"]
+    assert sc.get("allowPrivilegeEscalation") is escalation

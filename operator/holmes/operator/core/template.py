@@ -92,11 +92,14 @@ def _maps(v: Any) -> Iterator[tuple[int, Mapping]]:
 
 
 def harden_container(c: Mapping[str, Any]) -> dict:
-    """The container with Holmes' defaults where it leaves them unset: no privilege escalation,
-    every capability dropped."""
+    """The container with Holmes' defaults where it leaves them unset: no privilege escalation
+    (unless it is privileged or adds SYS_ADMIN, which the API server refuses with it), every
+    capability dropped."""
     c = dict(c)
     sc = copy.deepcopy(dict(_map(c.get("securityContext"))))
-    sc.setdefault("allowPrivilegeEscalation", False)
+    added = {str(a).upper().removeprefix("CAP_") for a in _map(sc.get("capabilities")).get("add") or []}
+    if not sc.get("privileged") and "SYS_ADMIN" not in added:
+        sc.setdefault("allowPrivilegeEscalation", False)
     caps = sc.setdefault("capabilities", {})
     if isinstance(caps, dict):
         caps.setdefault("drop", ["ALL"])
