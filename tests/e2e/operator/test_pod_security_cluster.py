@@ -264,16 +264,24 @@ VOLCANO = {
     "metadata": {"annotations": {"scheduling.volcano.sh/queue-name": "q"}},
     "spec": {"schedulerName": "volcano"},
 }
+# an external framework's pods: the user's image under Holmes' launcher (its init container)
+LAUNCHER = {"spec": {"containers": [{"name": "trainer", "image": "reg/x:1", "command": ["python", "t.py"]}]}}
 
 
 def test_what_holmes_renders_passes_the_namespaces_level_on_the_real_api_server(cluster, levels):
     """Every kind of pod Holmes renders (RDMA and Ethernet nodes, user init and sidecar
-    containers, each control's passing template), rendered for a namespace's level, is admitted
+    containers, a framework's launcher, each control's passing template), rendered for a
+    namespace's level, is admitted
     there by the API server's dry run; host-network pods need privileged."""
     nss, _ = levels
     for level in (BASELINE, RESTRICTED):
-        for template in (None, SIDECARS, VOLCANO):
-            pods = rendered(cluster, level, template)
+        for template, spec in (
+            (None, {}),
+            (SIDECARS, {}),
+            (VOLCANO, {}),
+            (LAUNCHER, {"framework": "torchrun"}),
+        ):
+            pods = rendered(cluster, level, template, **spec)
             assert {p["metadata"]["labels"]["holmes.dev/nic"] for p in pods} >= {"infiniband", "ethernet"}
             assert dry_run(cluster, nss[level], pods) == [], (level, template)
     passing = {
