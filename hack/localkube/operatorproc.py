@@ -71,7 +71,13 @@ def fake_gpu_node(i: int) -> dict:
 
 def install_crd(cluster) -> None:
     cluster.kubectl("apply", "-f", str(CRD))  # with its CEL rules: the server runs them
-    cluster.kubectl("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+    wait = ("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+    for _ in range(10):  # kubectl wait errs (not waits) while a new CRD has no status.conditions yet
+        r = cluster.kubectl(*wait, check=False)
+        if r.returncode == 0 or "accessor error" not in r.stderr:
+            break
+        time.sleep(0.5)
+    cluster.kubectl(*wait)
 
 
 class OperatorProcess:
