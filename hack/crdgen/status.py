@@ -422,8 +422,9 @@ class JobStatus:
         Field(
             "Consecutive launches in which the API server refused a pod, ConfigMap or Service (a "
             "full ResourceQuota, an admission denial); reset once an attempt's children are all "
-            "created. The Reconciling (ChildCreateFailed) or Stalled (ChildRejected) condition "
-            "carries the API server's reason and message."
+            "created. The Reconciling (ChildCreateFailed) or Stalled (ChildRejected; "
+            "TemplateRejected when its dry run of the pods refused them) condition carries the "
+            "API server's reason and message."
         ),
     ] = None
     progress: Annotated[Progress | None, Field("Training progress reported by the rank-0 trainer.")] = None

@@ -278,11 +278,10 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
         raise CliError(str(e)) from None
     kinds = dict(k.split("=", 1) for k in args.cluster_rdma_kind or [])
     cost_model = CostModelFile(base=with_nic_flags(config, kinds))
-    from holmes.operator.core.template import TemplatePolicy
-
-    policy = TemplatePolicy(allow_host_namespaces=args.allow_host_namespaces)
     settings = RenderSettings(
-        image=args.trainer_image, policy=policy, raw_priority_namespaces=raw_priority_namespaces(args)
+        image=args.trainer_image,
+        pod_security=args.pod_security,
+        raw_priority_namespaces=raw_priority_namespaces(args),
     )
     if args.namespace:
         job.setdefault("metadata", {})["namespace"] = args.namespace
@@ -296,7 +295,54 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
         import yaml
 
         print(yaml.safe_dump(doc, sort_keys=False), end="")
-    return 0
+    # The pod template (its schema, Pod Security) is the API server's to check, as the operator
+    # has it checked before a launch: on the cluster of --kubeconfig, by a dry run; offline, not.
+    if args.kubeconfig is None:
+        print(
+            "holmes plan --pods: spec.template is not checked offline (the API server checks it on "
+            "a dry run when the operator launches the job); with --kubeconfig this command asks it, "
+            "or pipe these pods to: kubectl create --dry-run=server -f -",
+            file=sys.stderr,
+        )
+        return 0
+    refused = dry_run_pods(args, job["metadata"].get("namespace") or "default", doc["items"])
+    for line in refused:
+        print(line, file=sys.stderr)
+    return 2 if refused else 0
+
+
+def dry_run_pods(args: argparse.Namespace, ns: str, objects: list[dict]) -> list[str]:
+    """A server-side dry run (strict field validation) of one pod of each shape on the cluster of
+    --kubeconfig, as the operator makes before a launch: the API server's refusals, the fields
+    named as the job's."""
+    from kubernetes import client, config
+
+    from holmes.operator.core import dry_run
+    from holmes.operator.core.state import ChildRefusal
+
+    config.load_kube_config(config_file=args.kubeconfig or None, context=args.context)
+    api = client.ApiClient()
+    impersonate(api, args.as_user, args.as_group)
+    core = client.CoreV1Api(api)
+    out = []
+    samples = dry_run.samples(o for o in objects if o.get("kind") == "Pod")
+    for pod in samples:
+        try:
+            core.create_namespaced_pod(
+                ns, pod, dry_run="All", field_validation="Strict", _preload_content=False
+            )
+        except client.ApiException as e:
+            no = ChildRefusal.from_status("Pod", pod["metadata"]["name"], e.status, e.reason, e.body)
+            if dry_run.about_template(no):
+                out.append(dry_run.message(no))
+            else:  # a full quota, a busy server: not the template's
+                print(f"dry run not conclusive: {no.describe()}", file=sys.stderr)
+    if not out:
+        print(
+            f"the API server accepted a dry run of the pods ({len(samples)} shape(s)) in namespace {ns}",
+            file=sys.stderr,
+        )
+    return out
 
 
 def single_type(nodes, job, config, holmes):
@@ -532,9 +578,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --pods: the operator's --cluster-rdma-kind (repeatable)",
     )
     pl.add_argument(
-        "--allow-host-namespaces",
-        action="store_true",
-        help="with --pods: the operator's --allow-host-namespaces (spec.network: hostNetwork)",
+        "--pod-security",
+        choices=("privileged", "baseline", "restricted"),
+        default="privileged",
+        help="with --pods: the Pod Security level the job's namespace enforces "
+        "(pod-security.kubernetes.io/enforce), which picks the defaults Holmes fills in",
     )
     pl.add_argument(
         "--raw-priority-namespaces",

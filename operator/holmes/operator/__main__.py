@@ -24,7 +24,7 @@ from holmes.plan.costmodel_file import CostModelError, CostModelFile
 from . import api_count, kopf_namespaces, liveness, metrics
 from .core.reconcile import RestartBackoff
 from .core.render import RenderSettings
-from .core.template import BASELINE, LEVELS, POLICY_OPTIONS, PSS_VERSION, TemplatePolicy
+from .core.template import POLICY_OPTIONS, TemplatePolicy
 from .handlers import Runtime, register
 from .leader import LeaderElector, LeaseConfig, default_identity
 from .placement_facts import export_state, with_nic_flags
@@ -142,13 +142,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     pol = p.add_argument_group(
         "job policy",
-        f"what a HolmesJob's spec.template may set: the Pod Security Standards ({PSS_VERSION}) at "
-        "--policy-level, each control relaxed only by its --allow-* exception (docs/api.md#job-policy)",
+        "what a HolmesJob's spec.template may set beyond what Pod Security Admission checks in the "
+        "job's namespace (docs/api.md#job-policy)",
     )
     for o in POLICY_OPTIONS:
-        if o.field == "level":
-            pol.add_argument(f"--{o.flag}", dest=o.field, choices=LEVELS, default=BASELINE, help=o.help)
-        elif o.is_list:
+        if o.is_list:
             pol.add_argument(f"--{o.flag}", dest=o.field, default="", metavar="A,B", help=o.help)
         else:
             pol.add_argument(f"--{o.flag}", dest=o.field, action="store_true", help=o.help)

@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, cast
 
 import kopf
@@ -22,7 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from holmes.contract.names import GROUP, PLURAL, VERSION
 
-from .core import child_names, queueing
+from .core import child_names, dry_run, queueing
 from .core.reconcile import ChildRefusal, Decision
 from .informer import Store
 
@@ -41,16 +42,7 @@ def _json(resp: Any) -> dict:
 
 def refusal(kind: str, name: str, e: ApiException) -> ChildRefusal:
     """An ApiException as a ChildRefusal, with the reason and message of the API's Status body."""
-    try:
-        body = json.loads(e.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    message = str(body.get("message") or e.reason or "no message")[:600]
-    return ChildRefusal(
-        kind, name, int(e.status or 0), str(body.get("reason") or e.reason or "Unknown"), message
-    )
+    return ChildRefusal.from_status(kind, name, e.status, e.reason, e.body)
 
 
 class Caches:
@@ -60,6 +52,8 @@ class Caches:
         self.jobs = Store(index_label=None)
         # every node, slimmed to what planning reads (watches.slim_node)
         self.nodes = Store(index_label=None)
+        # every namespace's labels (their Pod Security level: template.enforced_level)
+        self.namespaces = Store(index_label=None)
         self.pods = Store(index_label=child_names.LABEL_JOB)
         self.configmaps = Store(index_label=child_names.LABEL_JOB)
         self.services = Store(index_label=child_names.LABEL_JOB)
@@ -124,7 +118,11 @@ class KubeIO:
                 _adopt(obj, owner)
 
         self._parallel(lambda n: self._delete_pod(ns, n), d.delete_pods)
-        refused: list[ChildRefusal] = []
+        for pod in d.create_pods:
+            own(pod)
+        refused = self.dry_run(ns, d.create_pods)  # the API server's check, before any child
+        if refused:
+            return 0, refused
         if d.configmap is not None:
             own(d.configmap)
             refused += self._attempt("ConfigMap", d.configmap, self._create_or_replace_configmap, ns)[1]
@@ -136,11 +134,27 @@ class KubeIO:
             refused += self._attempt("ResourceClaimTemplate", tpl, self._create_claim_template, ns)[1]
         if refused:  # pods need them all: create none of them
             return 0, refused
-        for pod in d.create_pods:
-            own(pod)
         outcomes = self._parallel(lambda p: self._attempt("Pod", p, self._create_pod, ns), d.create_pods)
         created = sum(1 for made, _ in outcomes if made is True)
         return created, [no for _, no in outcomes for no in no]
+
+    def dry_run(self, ns: str, pods: list[dict]) -> list[ChildRefusal]:
+        """A server-side dry run (strict field validation) of one pod of each shape of the gang
+        (dry_run.samples): the refusals the template can fix (the Pod schema, Pod Security,
+        admission), none when the API server would take them (or cannot say on a dry run)."""
+        out = []
+        for pod in dry_run.samples(pods):
+            try:
+                self.core.create_namespaced_pod(
+                    ns, pod, dry_run="All", field_validation="Strict", _preload_content=False
+                )
+            except ApiException as e:
+                no = refusal("Pod", pod["metadata"]["name"], e)
+                if dry_run.about_template(no):
+                    out.append(replace(no, dry_run=True))
+                else:
+                    log.info("dry run of pod %s/%s not conclusive: %s", ns, no.name, no.describe())
+        return out
 
     @staticmethod
     def _attempt(kind: str, body: dict, create: Callable[[str, dict], Any], ns: str) -> tuple[Any, list]:

@@ -242,6 +242,7 @@ class Pipeline:
                 quotas=where.quotas(ns),
                 volcano=self.watches.volcano,
                 members=where.states,
+                namespace_labels=self.watches.namespace_labels(ns),
             )
             facts = placement_facts.gather(self.cost_model, self.workloads(where))
             started = time.perf_counter()

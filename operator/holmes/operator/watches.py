@@ -140,6 +140,16 @@ class Watches:
                 on_object=self.node_event,
             ).start()
         )
+        self.informers.append(  # their Pod Security labels: the defaults a job's pods get
+            Informer(
+                "namespaces",
+                core.list_namespace,
+                "",
+                self.caches.namespaces,
+                lambda ns, label: None,
+                transform=slim_namespace,
+            ).start()
+        )
         self._start_shared(core, changed)
         if self.members_namespace:
             self._start_members(core)
@@ -337,6 +347,11 @@ class Watches:
             if isinstance(p.get("value"), int)
         }
 
+    def namespace_labels(self, ns: str) -> dict[str, str] | None:
+        """A namespace's labels (None: not seen)."""
+        found = self.caches.namespaces.get("", ns)
+        return None if found is None else dict(found["metadata"].get("labels") or {})
+
     def priority_classes(self) -> dict[str, int]:
         return {
             p["metadata"]["name"]: int(p.get("value") or 0)
@@ -423,6 +438,21 @@ def node_fingerprint(body: Mapping) -> tuple:
         ready,
         tuple(str(t) for t in spec.get("taints") or []),
     )
+
+
+def slim_namespace(body: Mapping) -> dict:
+    """A namespace with only its name and labels."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": dict(meta.get("labels") or {}),
+        },
+    }
 
 
 def slim_node(body: Mapping) -> dict:

@@ -47,6 +47,10 @@ FIXES = {
         "read the failed pod's log (kubectl logs POD --previous), fix the cause, then raise "
         "spec.runPolicy.backoffLimit or recreate the job"
     ),
+    "TemplateRejected": (
+        "the API server refused a dry run of the job's pod (an unknown or invalid field, the "
+        "namespace's Pod Security level): fix spec.template as the message says"
+    ),
     "ChildRejected": (
         "the API server refused a pod, ConfigMap or Service (quota, admission): fix what the message "
         "names; the operator retries"

@@ -116,7 +116,7 @@ def operator(cluster, real_kueue, namespace, tmp_path):
     from localkube.operatorproc import install_crd
 
     install_crd(cluster)
-    extra = ["--allow-host-path", "--restart-backoff-seconds=1", "--progress-interval=1"]
+    extra = ["--restart-backoff-seconds=1", "--progress-interval=1"]
     yield from running_operator(cluster, namespace, tmp_path, extra=extra, tail=80)
 
 

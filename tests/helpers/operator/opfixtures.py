@@ -88,6 +88,7 @@ class FakeWorld:
         self.settings = RenderSettings()
         self.backoff = backoff  # none unless a test is about it: restarts relaunch at once
         self.refuse = None  # pod -> ChildRefusal | None: what an admission step would refuse
+        self.namespace_labels: dict | None = None  # the job's namespace's labels
         # shared clusters: the Kueue Workload, ResourceFlavors (None: Kueue not installed),
         # PriorityClasses, the Volcano PodGroup
         self.workload: dict | None = None
@@ -119,6 +120,7 @@ class FakeWorld:
             volcano=self.volcano,
             members=self.members,
             quotas=copy.deepcopy(self.quotas),
+            namespace_labels=self.namespace_labels,
         )
         facts = placement_facts.gather(self.cost_model, self.workloads())
         d = decide(obs, facts, self.settings, self.backoff)

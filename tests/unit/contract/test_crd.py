@@ -160,6 +160,7 @@ def test_spec_fields_match_what_the_operator_parses():
                 "rdmaDevices": "perRail",
                 "trafficClass": 106,
                 "serviceLevel": 3,
+                "ipcLock": True,
             },
             {
                 "cluster": "west",

@@ -400,16 +400,10 @@ def test_the_whole_print_config_output_is_a_valid_cost_model_value(tmp_path):
 
 def test_job_policy_values_become_operator_flags():
     assert not [a for a in operator_pod(render())["containers"][0]["args"] if a.startswith("--allow")]
-    docs = render(
-        {
-            "jobPolicy.allowHostPath": "true",
-            "jobPolicy.serviceAccounts": "{trainer,reader}",
-            "jobPolicy.allowedCapabilities": "{SYS_PTRACE}",
-        }
-    )
+    docs = render({"jobPolicy.allowNodeName": "true", "jobPolicy.serviceAccounts": "{trainer,reader}"})
     args = operator_pod(docs)["containers"][0]["args"]
-    assert "--allow-host-path" in args and "--allow-service-accounts=trainer,reader" in args
-    assert "--allow-capabilities=SYS_PTRACE" in args and "--allow-privileged" not in args
+    assert "--allow-node-name" in args and "--allow-service-accounts=trainer,reader" in args
+    assert "--allow-runtime-classes" not in " ".join(args)
 
 
 # ---- issue 35: tenant RBAC, the operator pod's availability, network policy, GitOps ----------

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from holmes.contract import JobSpec
 
 from . import conditions as cond
+from . import dry_run
 from .state import (
     CHILD_REJECTED_RETRY,
     DISRUPTION,
@@ -110,6 +111,16 @@ def children_refused(st: JobState, spec: JobSpec, refused: list[ChildRefusal]) -
     due = st.obs.now + timedelta(seconds=CHILD_REJECTED_RETRY)
     st.status["nextAttemptTime"] = iso(due)
     st.status["pods"] = pod_counts([])
+    if first.dry_run:  # the API server's own check of the rendered pod: nothing was created
+        stall(
+            st,
+            "TemplateRejected",
+            f"{dry_run.message(first)} -- fix spec.template (a Pod Security level is the "
+            f"namespace's: pod-security.kubernetes.io/enforce, set by the cluster admin); no pod "
+            f"was created; tried again when the spec changes or at {iso(due)}",
+        )
+        st.d.requeue_after = until_deadline(st, spec, CHILD_REJECTED_RETRY)
+        return st.d
     stall(
         st,
         "ChildRejected",

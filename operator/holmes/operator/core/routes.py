@@ -33,13 +33,17 @@ NIC requests select RDMA devices by CEL (``dra.net/rdma``, and the rails' HCA na
 have one). A SR-IOV island setting (``spec.islands[].sriov``) is the admin's explicit choice and
 keeps its VFs; the pod's NICs then do not come from DRA.
 
-Every route: ``IPC_LOCK`` when the pod gets an RDMA device (pinned memory for ``ibv_reg_mr``),
-the NCCL settings that are facts of the fabric (``holmes.plan.nccl``), and the hints the in-pod
+Every route: the NCCL settings that are facts of the fabric (``holmes.plan.nccl``), and the hints the in-pod
 resolver needs (``HOLMES_POD_NETWORK``, ``HOLMES_NIC``, ``HOLMES_HOST_HCAS``) instead of host
 names that a pod's namespace does not have. :func:`job_routes` adds ``NCCL_NVLS_ENABLE``, the
 node's NVLink SHARP switch (``holmes.contract.nvls.from_layout``: the decision whose memory the
 planner counted; NCCL reads it once per process, so it is in the pod's environment from the
 start, for Holmes' trainer and a framework's launcher alike; a template's value wins).
+
+``IPC_LOCK`` (pinned memory for ``ibv_reg_mr`` beyond the memlock limit) only when the pod gets an
+RDMA device on an island that opts in (``spec.islands[].ipcLock``): the limit comes from the
+container runtime (docs/install.md), and Pod Security baseline refuses the capability, so such
+an island's namespace must be privileged.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from . import child_names
 
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 SHARED, SRIOV = "shared", "sriov"  # how a node offers RDMA devices (NodeNetwork.rdma_route)
+IPC_LOCK = "IPC_LOCK"  # the capability an island may opt in to (IslandNetwork.ipc_lock)
 CLAIM = "devices"  # the name of a pod's one ResourceClaim (its spec.resourceClaims entry)
 
 
@@ -184,7 +189,7 @@ def pod_route(
         annotations=annotations,
         resources=resources,
         env=env,
-        ipc_lock=rdma,
+        ipc_lock=rdma and entry.ipc_lock,
         claim=claim,
     )
 

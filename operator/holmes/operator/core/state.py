@@ -5,9 +5,11 @@ attempts and teardowns, restarts by reason, the current attempt's launched plan.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from holmes.contract import JobSpec, Layout, LayoutError
 
@@ -16,6 +18,7 @@ from . import conditions as cond
 from .placement import PlacementFacts
 from .render import JobRef, RenderSettings
 from .summary import iso, parse_time, pod_attempt
+from .template import enforced_level
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
@@ -43,6 +46,19 @@ class ChildRefusal:
     code: int
     reason: str
     message: str
+    dry_run: bool = False  # refused on the dry run before the gang was created (dry_run.py)
+
+    @classmethod
+    def from_status(cls, kind: str, name: str, code: Any, reason: Any, body: Any) -> ChildRefusal:
+        """From an API error: its HTTP code and reason, and the API's Status ``body`` (JSON text)."""
+        try:
+            status = json.loads(body or "{}")
+        except (TypeError, ValueError):
+            status = {}
+        if not isinstance(status, dict):
+            status = {}
+        message = str(status.get("message") or reason or "no message")[:600]
+        return cls(kind, name, int(code or 0), str(status.get("reason") or reason or "Unknown"), message)
 
     @property
     def retryable(self) -> bool:
@@ -88,6 +104,9 @@ class Observed:
     # members (pods, ConfigMap and Service are then the members' and nodes their union, each
     # tagged with its member); None for a single-cluster job.
     members: Mapping[str, members.MemberState] | None = None
+    # the job's namespace's labels (its Pod Security level picks Holmes' defaults: render.py);
+    # None: not known (defaults as for an unlabelled namespace)
+    namespace_labels: Mapping[str, str] | None = None
 
 
 @dataclass
@@ -184,7 +203,11 @@ def begin(
         facts=facts,
         # GPUs are the resource discovery counts: the cost model's nicMapping.gpuResource (its
         # file can change while the operator runs)
-        settings=replace(settings, gpu_resource=facts.cost_model.nic_mapping.gpu_resource),
+        settings=replace(
+            settings,
+            gpu_resource=facts.cost_model.nic_mapping.gpu_resource,
+            pod_security=enforced_level(obs.namespace_labels),
+        ),
         backoff=backoff,
         job=job,
         name=meta.get("name", ""),

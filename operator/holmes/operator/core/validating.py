@@ -33,6 +33,7 @@ def validate(st: JobState, spec: JobSpec | None, invalid: SpecError | None) -> D
         st.settings.policy,
         st.obs.members is not None,
         _model_changed(st, spec),
+        st.settings.gpu_resource,
     )
     if refused is not None:
         return stall(st, *refused)
