@@ -453,12 +453,14 @@ def test_with_kueues_default_integrations_the_job_says_how_to_configure_kueue(
         c = wait_for("the job stalled", stalled, timeout=90, op=operator)
         assert c["reason"] == "KueueManagesPods"
         assert f"Add {HOLMESJOB} to Kueue's configuration, integrations.externalFrameworks" in c["message"]
-        pod_wls = [
-            w["metadata"]["name"]
-            for w in workloads(cluster, namespace)
-            if w["metadata"]["name"].startswith("pod-")
-        ]
-        assert len(pod_wls) == 2, pod_wls  # what the job's quota would be counted twice by
+
+        def pod_workloads():  # Kueue makes one per pod as it sees each: the job may stall first
+            names = [w["metadata"]["name"] for w in workloads(cluster, namespace)]
+            pods = [n for n in names if n.startswith("pod-")]
+            return pods if len(pods) == 2 else None
+
+        # what the job's quota would be counted twice by
+        wait_for("Kueue's Workload for each of the 2 pods", pod_workloads, timeout=60, op=operator)
         cluster.kubectl("delete", "holmesjob", "taken", "-n", namespace, "--wait=true", "--timeout=60s")
 
         real_kueue.up(integrations={**defaults, "externalFrameworks": [HOLMESJOB]}, log=lambda m: None)
