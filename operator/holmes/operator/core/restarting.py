@@ -112,21 +112,18 @@ def children_refused(st: JobState, spec: JobSpec, refused: list[ChildRefusal]) -
     st.status["nextAttemptTime"] = iso(due)
     st.status["pods"] = pod_counts([])
     if first.dry_run:  # the API server's own check of the rendered pod: nothing was created
-        stall(
-            st,
+        reason, what = (
             "TemplateRejected",
-            f"{dry_run.message(first)} -- fix spec.template (a Pod Security level is the "
-            f"namespace's: pod-security.kubernetes.io/enforce, set by the cluster admin); no pod "
-            f"was created; tried again when the spec changes or at {iso(due)}",
+            (
+                f"{dry_run.message(first)} -- fix spec.template (a Pod Security level is the "
+                "namespace's: pod-security.kubernetes.io/enforce, set by the cluster admin); no pod "
+                "was created"
+            ),
         )
-        st.d.requeue_after = until_deadline(st, spec, CHILD_REJECTED_RETRY)
-        return st.d
-    stall(
-        st,
-        "ChildRejected",
-        f"{why} -- fix spec.template (or ask the cluster admin); the partial gang was deleted; "
-        f"tried again when the spec changes or at {iso(due)}",
-    )
+    else:
+        reason = "ChildRejected"
+        what = f"{why} -- fix spec.template (or ask the cluster admin); the partial gang was deleted"
+    stall(st, reason, f"{what}; tried again when the spec changes or at {iso(due)}")
     st.d.requeue_after = until_deadline(st, spec, CHILD_REJECTED_RETRY)
     return st.d
 
