@@ -123,15 +123,19 @@ class KubeIO:
         refused = self.dry_run(ns, d.create_pods)  # the API server's check, before any child
         if refused:
             return 0, refused
+        # The pods' prerequisites together, not one after another: each is a round trip of a few
+        # hundred ms on a busy API server, and the launch waits for them all.
+        prereqs: list[tuple[str, dict, Callable[[str, dict], Any]]] = []
         if d.configmap is not None:
-            own(d.configmap)
-            refused += self._attempt("ConfigMap", d.configmap, self._create_or_replace_configmap, ns)[1]
+            prereqs.append(("ConfigMap", d.configmap, self._create_or_replace_configmap))
         if d.service is not None:
-            own(d.service)
-            refused += self._attempt("Service", d.service, self._create_service, ns)[1]
-        for tpl in d.claim_templates:  # named by content: one already there is the same
-            own(tpl)
-            refused += self._attempt("ResourceClaimTemplate", tpl, self._create_claim_template, ns)[1]
+            prereqs.append(("Service", d.service, self._create_service))
+        # claim templates are named by content: one already there is the same
+        prereqs += [("ResourceClaimTemplate", tpl, self._create_claim_template) for tpl in d.claim_templates]
+        for _, body, _ in prereqs:
+            own(body)
+        outcomes = self._parallel(lambda p: self._attempt(p[0], p[1], p[2], ns), prereqs)
+        refused = [no for _, nos in outcomes for no in nos]
         if refused:  # pods need them all: create none of them
             return 0, refused
         outcomes = self._parallel(lambda p: self._attempt("Pod", p, self._create_pod, ns), d.create_pods)
