@@ -6,6 +6,7 @@ no torch (the trainer's dependency), or says how to install that distribution.""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import tarfile
@@ -14,7 +15,7 @@ import krew
 import yaml
 
 from holmes.contract.release import RELEASE
-from tests.helpers.packaging.packaging_helpers import REPO
+from tests.helpers.packaging.packaging_helpers import REPO, cache_bin
 
 
 def test_the_committed_manifest_is_the_generated_one_pinning_the_archive():
@@ -77,3 +78,37 @@ def test_the_plugins_modules_come_from_the_operator_and_contract_distributions_o
     assert files
     outside = [f for f in files if not f.startswith((str(REPO / "operator"), str(REPO / "contract")))]
     assert outside == [], outside
+
+
+def test_krew_installs_the_manifest_and_the_real_kubectl_runs_the_plugin(tmp_path):
+    """krew itself (sigs.k8s.io/krew, built by hack/build-k8s.sh clients) takes the committed
+    manifest with the archive it pins (checking its sha256, downloading nothing), and kubectl
+    finds the installed plugin on PATH and passes its flags through."""
+    krew_bin, kubectl = cache_bin() / "krew", cache_bin() / "kubectl"
+    assert krew_bin.exists() and kubectl.exists(), "krew or kubectl missing: run hack/build-k8s.sh clients"
+    archive = tmp_path / krew.ARCHIVE
+    archive.write_bytes(krew.archive_bytes())
+    env = {**os.environ, "KREW_ROOT": str(tmp_path / "krew"), "HOME": str(tmp_path)}
+    r = subprocess.run(
+        [str(krew_bin), "install", f"--manifest={krew.MANIFEST}", f"--archive={archive}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "krew" / "bin" / "kubectl-holmes").exists()
+    # the launcher runs the first python on PATH: this test's, which has the operator distribution
+    path = [str(tmp_path / "krew" / "bin"), os.path.dirname(sys.executable), env["PATH"]]
+    env["PATH"] = os.pathsep.join(path)
+    r = subprocess.run(
+        [str(kubectl), "holmes", "-A", "--as", "someone", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "--all-namespaces" in r.stdout and "--as USER" in r.stdout
+    r = subprocess.run([str(kubectl), "plugin", "list"], capture_output=True, text=True, timeout=60, env=env)
+    assert str(tmp_path / "krew" / "bin" / "kubectl-holmes") in r.stdout, r.stdout + r.stderr
