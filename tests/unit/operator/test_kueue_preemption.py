@@ -31,7 +31,8 @@ def kueue_job() -> dict:
 
 def urgent_workload() -> dict:
     """Another team's job (any Kueue integration) asking for the whole quota at a higher priority."""
-    wl = queueing.build_workload("urgent", "ns", "team-b", 2, PodShape({"nvidia.com/gpu": 2.0}), None, 1000)
+    sets = queueing.one_pod_set(2, PodShape({"nvidia.com/gpu": 2.0}), None)
+    wl = queueing.build_workload("urgent", "ns", "team-b", sets, 1000)
     wl["metadata"]["name"] = "urgent"
     return wl
 
