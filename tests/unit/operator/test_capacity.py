@@ -12,7 +12,7 @@ import pytest
 from holmes.contract import load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE
 from holmes.operator import placement_facts
-from holmes.operator.core import capacity, child_names, node_selection, queueing
+from holmes.operator.core import capacity, child_names, kueue_pod_sets, node_selection, queueing
 from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads, free_view, pod_shape
 from holmes.operator.core.placement import Placement, on_free_capacity
 from holmes.operator.core.render import RenderSettings
@@ -673,7 +673,8 @@ def test_kueue_flavor_not_found_waits_and_a_changed_shape_recreates_the_workload
 
 def island_flavors():
     return {
-        f: {"metadata": {"name": f}, "spec": {"nodeLabels": {"holmes.dev/cluster": f}}} for f in ("east", "west")
+        f: {"metadata": {"name": f}, "spec": {"nodeLabels": {"holmes.dev/cluster": f}}}
+        for f in ("east", "west")
     }
 
 
@@ -683,7 +684,11 @@ def admit_each(w, flavor_of_pod_set):
         "admission": {
             "clusterQueue": "cq",
             "podSetAssignments": [
-                {"name": ps["name"], "flavors": {"nvidia.com/gpu": flavor_of_pod_set(ps)}, "count": ps["count"]}
+                {
+                    "name": ps["name"],
+                    "flavors": {"nvidia.com/gpu": flavor_of_pod_set(ps)},
+                    "count": ps["count"],
+                }
                 for ps in w.workload["spec"]["podSets"]
             ],
         },
@@ -723,7 +728,7 @@ def test_a_job_across_islands_asks_kueue_for_a_pod_set_per_island_and_pod_shape(
         "west": (1, {"holmes.dev/cluster": "west"}, base),
         "west-2": (2, {"holmes.dev/cluster": "west"}, {**base, "rdma/rdma_shared_device_b": "1"}),
     }, got
-    assert w.workload["metadata"]["annotations"][queueing.ANN_POD_SETS]
+    assert w.workload["metadata"]["annotations"][kueue_pod_sets.ANN_POD_SETS]
     before = copy.deepcopy(w.workload)
     d = w.step()  # waiting for Kueue: the same Workload, and no plan made for it
     assert w.workload == before and d.delete_workload is None and not d.placed
@@ -733,7 +738,10 @@ def test_a_job_across_islands_asks_kueue_for_a_pod_set_per_island_and_pod_shape(
     for p in w.pods.values():
         node = p["metadata"]["annotations"][child_names.ANN_NODE]
         island = "east" if node in ("ib-0", "ib-1", "eth-0") else "west"
-        assert p["spec"]["nodeSelector"] == {"holmes.dev/cluster": island}, (node, p["spec"].get("nodeSelector"))
+        assert p["spec"]["nodeSelector"] == {"holmes.dev/cluster": island}, (
+            node,
+            p["spec"].get("nodeSelector"),
+        )
 
 
 def test_an_admitted_flavor_confines_the_pods_of_its_pod_set():
@@ -752,18 +760,21 @@ def test_an_admitted_flavor_confines_the_pods_of_its_pod_set():
 
 
 def test_pod_groups_merge_into_kueues_eight_pod_sets_never_asking_for_less():
-    g = queueing.PodGroup
+    g = kueue_pod_sets.PodGroup
     same = [g("east", {"gpu": 1.0}), g("east", {"gpu": 1.0}), g("west", {"gpu": 1.0, "rdma/b": 1.0})]
-    assert queueing.group_pods(same) == [g("east", {"gpu": 1.0}, 2), g("west", {"gpu": 1.0, "rdma/b": 1.0})]
+    assert kueue_pod_sets.group_pods(same) == [
+        g("east", {"gpu": 1.0}, 2),
+        g("west", {"gpu": 1.0, "rdma/b": 1.0}),
+    ]
     # 9 shapes on 3 islands: each island's pods merged, each resource at the most one asks
     many = [g(f"i{i % 3}", {"gpu": 1.0, f"r{i}": 1.0, "cpu": float(i)}) for i in range(9)]
-    merged = queueing.group_pods(many)
+    merged = kueue_pod_sets.group_pods(many)
     assert [(m.island, m.count) for m in merged] == [("i0", 3), ("i1", 3), ("i2", 3)]
     assert merged[0].requests == {"gpu": 1.0, "r0": 1.0, "r3": 1.0, "r6": 1.0, "cpu": 6.0}
     # 9 islands: one group, no island
-    (one,) = queueing.group_pods([g(f"i{i}", {"gpu": 1.0}) for i in range(9)])
+    (one,) = kueue_pod_sets.group_pods([g(f"i{i}", {"gpu": 1.0}) for i in range(9)])
     assert (one.island, one.count) == ("", 9)
-    names = queueing.pod_set_names([g("East_1.a", {}), g("East_1.a", {"x": 1.0}), g("", {"y": 1.0})])
+    names = kueue_pod_sets.pod_set_names([g("East_1.a", {}), g("East_1.a", {"x": 1.0}), g("", {"y": 1.0})])
     assert names == ["east-1-a", "east-1-a-2", "workers"]
 
 
@@ -981,3 +992,21 @@ def test_a_job_ahead_that_reaches_its_nodes_only_through_another_is_still_weighe
     sw.step("west")
     assert not sw.worlds["west"].status["launched"]
     assert sw.reason("west") == "WaitingForCapacity", sw.worlds["west"].condition("Reconciling")
+
+
+def test_a_workload_from_before_the_pod_sets_per_group_is_kept_until_the_pods_change():
+    """A Workload an earlier operator wrote (one shape, no digest of its inputs) is kept as it
+    is, not planned for; a change of the job's pods re-creates it with pod sets per group."""
+    w = FakeWorld(kueue_job(), nodes=nodes())
+    w.flavors = FLAVORS
+    w.step()
+    spec = load_job(w.job["spec"])
+    w.workload["metadata"].pop("annotations")
+    w.workload["spec"]["podSets"] = kueue_pod_sets.one_pod_set(2, pod_shape(spec), spec.template)
+    d = w.step()
+    assert d.delete_workload is None and not d.placed and w.workload is not None
+    w.edit_spec(nodes={"count": 2, "gpusPerNode": 1})
+    d = w.step()
+    assert d.delete_workload == "holmesjob-k"
+    w.step()
+    assert w.workload["metadata"]["annotations"][kueue_pod_sets.ANN_POD_SETS]

@@ -9,7 +9,7 @@ from collections.abc import Collection
 from holmes.contract import JobSpec
 from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS
 
-from . import capacity, child_names, placement, queueing
+from . import capacity, child_names, kueue_pod_sets, placement, queueing
 from . import conditions as cond
 from .state import (
     SUSPENDED,
@@ -157,8 +157,8 @@ def _planned_pod_sets(st: JobState, spec: JobSpec, shape: capacity.PodShape) -> 
     planned there (it then waits for nodes anyway)."""
     pods = placement.queued_pods(spec, placement_of(st))
     if not pods:
-        return queueing.one_pod_set(spec.nodes.count, shape, spec.template)
-    return queueing.pod_sets(queueing.group_pods(pods), spec.template, spec.nodes.cluster_label)
+        return kueue_pod_sets.one_pod_set(spec.nodes.count, shape, spec.template)
+    return kueue_pod_sets.pod_sets(kueue_pod_sets.group_pods(pods), spec.template, spec.nodes.cluster_label)
 
 
 def _pods_ready(st: JobState, spec: JobSpec) -> bool:

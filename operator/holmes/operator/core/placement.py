@@ -37,7 +37,17 @@ from holmes.plan.budget import DEFAULT_UNITS
 from holmes.plan.calibrate import Calibration, assess
 from holmes.plan.measured import Measured
 
-from . import capacity, device_claims, elastic, members, node_selection, queueing, replan, replicas, routes
+from . import (
+    capacity,
+    device_claims,
+    elastic,
+    kueue_pod_sets,
+    members,
+    node_selection,
+    replan,
+    replicas,
+    routes,
+)
 from .routes import NodeNetwork
 
 # The search a job ahead in the queue may cost each job behind it (a fiftieth of a job's own
@@ -171,7 +181,7 @@ def job_shape(spec: JobSpec, where: Placement) -> capacity.PodShape:
     return replace(capacity.pod_shape(spec, where.gpu_resource), flavor_labels=tuple(where.flavor_labels))
 
 
-def queued_pods(spec: JobSpec, where: Placement) -> list[queueing.PodGroup] | None:
+def queued_pods(spec: JobSpec, where: Placement) -> list[kueue_pod_sets.PodGroup] | None:
     """The pods the job would run, one PodGroup each (its island, every resource it requests
     there), as planned on the nodes its pods could ever use whatever holds them now: what it
     asks Kueue's quota for before it may plan on free capacity. None: it cannot be planned
@@ -194,7 +204,7 @@ def queued_pods(spec: JobSpec, where: Placement) -> list[queueing.PodGroup] | No
     for name in names:
         node = by_name[name]
         island = ((node.get("metadata") or {}).get("labels") or {}).get(label) or ""
-        out.append(queueing.PodGroup(island, {**rdma(node), **shape.requests}))
+        out.append(kueue_pod_sets.PodGroup(island, {**rdma(node), **shape.requests}))
     return out
 
 

@@ -1,12 +1,11 @@
 """Queueing systems a cluster may run, as pure functions (objects in, objects out):
 
 - Kueue (``kueue.x-k8s.io``): a HolmesJob labelled ``kueue.x-k8s.io/queue-name`` gets a
-  ``Workload`` with one pod set per pod shape (Holmes pods all have one shape: ``count`` pods
-  requesting the template's CPU/memory plus gpusPerNode GPUs and the RDMA resource the template
-  asks for). The job stays suspended until the Workload's ``Admitted`` condition is True; it
-  plans only on nodes carrying the node labels of the ResourceFlavors in
-  ``status.admission.podSetAssignments[].flavors``. When the job finishes, the Workload gets
-  ``Finished`` so Kueue releases the quota.
+  ``Workload`` with a PodSet per island and pod shape of the pods its plan would create
+  (kueue_pod_sets.py). The job stays suspended until the Workload's ``Admitted`` condition is
+  True; it plans only on nodes carrying, for one PodSet, the node labels of the ResourceFlavors
+  Kueue assigned it (``status.admission.podSetAssignments[].flavors``) and its nodeSelector.
+  When the job finishes, the Workload gets ``Finished`` so Kueue releases the quota.
 - Eviction (preemption, a stopped queue, node failures): Kueue's eviction only sets
   ``Evicted=True`` (``pkg/workload/evict``, v0.19.2); the quota stays reserved until the job's
   integration has stopped the job. Holmes does what Kueue's job framework does for the kinds it
@@ -38,14 +37,14 @@ from typing import Any
 from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS, LABEL_KUEUE_QUEUE
 
 from . import child_names
-from .capacity import CPU, MEMORY, PodShape, show
+from .capacity import CPU, MEMORY, PodShape
+from .kueue_pod_sets import ANN_POD_SETS, one_pod_set, quantity_text
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 V1BETA2, V1BETA1 = "v1beta2", "v1beta1"
 KUEUE_VERSIONS = (V1BETA2, V1BETA1)  # newest first: the first one the API server serves is used
 WORKLOADS, FLAVORS = "workloads", "resourceflavors"
 PRIORITY_CLASSES = "workloadpriorityclasses"
-POD_SET = "workers"
 
 VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
 VOLCANO_API = f"{VOLCANO_GROUP}/{VOLCANO_VERSION}"
@@ -71,114 +70,6 @@ def workload_priority_class(job: Mapping) -> str | None:
 
 def workload_name(job: str) -> str:
     return f"holmesjob-{job}"
-
-
-def _quantity_text(resource: str, amount: float) -> str:
-    if resource in (CPU, MEMORY):
-        return show(resource, amount) if resource == CPU else str(int(amount))
-    return str(int(amount)) if amount == int(amount) else str(amount)
-
-
-# Kueue's limit on a Workload's spec.podSets (apis/kueue/v1beta2 workload_types.go, MaxItems=8)
-MAX_POD_SETS = 8
-ANN_POD_SETS = "holmes.dev/pod-sets-of"  # the digest of what the Workload's pod sets were built from
-
-
-@dataclass(frozen=True)
-class PodGroup:
-    """Pods of the job alike for Kueue: on nodes of one cluster (``island``, the value of the
-    job's island label: "" unknown) asking for the same ``requests`` (one pod's, every resource:
-    the template's, the GPUs, its route's RDMA devices or VFs)."""
-
-    island: str
-    requests: Mapping[str, float]
-    count: int = 1
-
-    @property
-    def key(self) -> tuple:
-        return (self.island, tuple(sorted((k, v) for k, v in self.requests.items() if v)))
-
-
-def _merged(groups: Iterable[PodGroup], key: Callable[[PodGroup], Any]) -> list[PodGroup]:
-    """Groups of one ``key`` as one, each resource at the most any of its pods asks (the quota
-    is never under-asked)."""
-    out: dict[Any, PodGroup] = {}
-    for g in groups:
-        have = out.get(key(g))
-        if have is None:
-            out[key(g)] = g
-            continue
-        reqs = {
-            r: max(have.requests.get(r, 0.0), g.requests.get(r, 0.0)) for r in {*have.requests, *g.requests}
-        }
-        out[key(g)] = PodGroup(have.island if have.island == g.island else "", reqs, have.count + g.count)
-    return sorted(out.values(), key=lambda g: g.key)
-
-
-def group_pods(pods: Iterable[PodGroup]) -> list[PodGroup]:
-    """The job's pods (a PodGroup each) as at most MAX_POD_SETS groups: pods of one island and
-    the same requests together; more groups than Kueue takes: each island's merged (each
-    resource at the most one of them asks); still more (more islands than that): one group of
-    every pod, with no island."""
-    pods = list(pods)
-    groups: list[PodGroup] = []
-    for key in (lambda g: g.key, lambda g: g.island, lambda g: ""):
-        groups = _merged(pods, key)
-        if len(groups) <= MAX_POD_SETS:
-            break
-    return groups
-
-
-def _dns_label(text: str) -> str:
-    out = "".join(c if c.isalnum() and c.isascii() else "-" for c in text.lower()).strip("-")
-    while "--" in out:
-        out = out.replace("--", "-")
-    return out[:50].strip("-")
-
-
-def pod_set_names(groups: list[PodGroup]) -> list[str]:
-    """Each group's PodSet name (a DNS label, as Kueue's PodSetReference): ``workers`` for a job
-    of one group, else its island's name, numbered when the island has several groups."""
-    if len(groups) == 1:
-        return [POD_SET]
-    names: list[str] = []
-    for g in groups:
-        base = _dns_label(g.island) or POD_SET
-        name, n = base, 1
-        while name in names:
-            n += 1
-            name = f"{base}-{n}"
-        names.append(name)
-    return names
-
-
-def pod_sets(groups: list[PodGroup], template: Mapping | None, island_label: str) -> list[dict]:
-    """The Workload's pod sets, one per group (group_pods): ``count`` pods asking for its
-    requests, with the template's placement rules. With several groups each PodSet selects its
-    island's nodes (``island_label``), so the flavor Kueue assigns it is one its pods can use."""
-    tspec = (template or {}).get("spec")
-    if not isinstance(tspec, Mapping):
-        tspec = {}
-    out = []
-    for g, name in zip(groups, pod_set_names(groups)):
-        requests = {k: _quantity_text(k, v) for k, v in sorted(g.requests.items()) if v}
-        pod_spec: dict[str, Any] = {
-            "containers": [{"name": child_names.TRAINER_CONTAINER, "resources": {"requests": requests}}],
-            "restartPolicy": "Never",
-        }
-        for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
-            if tspec.get(key):
-                pod_spec[key] = tspec[key]
-        if len(groups) > 1 and g.island:
-            pod_spec["nodeSelector"] = {**(tspec.get("nodeSelector") or {}), island_label: g.island}
-        out.append({"name": name, "count": g.count, "template": {"spec": pod_spec}})
-    return out
-
-
-def one_pod_set(count: int, shape: PodShape, template: Mapping | None) -> list[dict]:
-    """The pod sets of a job whose pods are not planned yet (nor can be): one shape, ``count``
-    pods (and what Workloads written before the pod sets per group ask for)."""
-    return pod_sets([PodGroup("", dict(shape.requests), count)], template, "")
 
 
 def choose_version(served: Iterable[str]) -> str | None:
@@ -689,7 +580,7 @@ def build_podgroup(
     spec: dict[str, Any] = {
         "minMember": min_member,
         "minResources": {
-            k: _quantity_text(k, v * members[k])
+            k: quantity_text(k, v * members[k])
             for k, v in sorted(shape.requests.items())
             if v and members.get(k)
         },
