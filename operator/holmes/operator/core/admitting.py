@@ -163,7 +163,8 @@ def _planned_pod_sets(st: JobState, spec: JobSpec, shape: capacity.PodShape) -> 
 
 def _pods_ready(st: JobState, spec: JobSpec) -> bool:
     """Every pod of this attempt ready (its Ready condition True) or succeeded, as Kueue counts
-    a Job's (status.ready + status.succeeded >= its pods)."""
+    a Job's (status.ready + status.succeeded >= its pods): the pods it launched (an elastic
+    job may run on fewer nodes than nodes.count)."""
 
     def ok(p: dict) -> bool:
         status = p.get("status") or {}
@@ -173,7 +174,8 @@ def _pods_ready(st: JobState, spec: JobSpec) -> bool:
         return status.get("phase") == "Running" and ready.get("status") == "True"
 
     pods = [p for p in current_pods(st) if not p["metadata"].get("deletionTimestamp")]
-    return sum(ok(p) for p in pods) >= spec.nodes.count
+    launched = (st.old.get("size") or {}).get("current") or spec.nodes.count
+    return sum(ok(p) for p in pods) >= launched
 
 
 def _hold(st: JobState, reason: str, message: str, warn: bool = False) -> Decision:
