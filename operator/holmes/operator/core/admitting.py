@@ -153,7 +153,7 @@ def pod_sets_inputs(job: dict) -> str:
 
 def _planned_pod_sets(st: JobState, spec: JobSpec, shape: capacity.PodShape) -> list[dict]:
     """The Workload's pod sets: the pods the job's plan on the nodes it could ever use would
-    create, grouped (queueing.group_pods); one shape of nodes.count pods when it cannot be
+    create, grouped (kueue_pod_sets.group_pods); one shape of nodes.count pods when it cannot be
     planned there (it then waits for nodes anyway)."""
     pods = placement.queued_pods(spec, placement_of(st))
     if not pods:
