@@ -231,24 +231,17 @@ class Kueue:
         kueue_bin = binary("kueue")
         manifests = manifests_path()
         wanted = {"integrations": integrations, "podsReadyTimeout": pods_ready_timeout}
-        if self.running() and all(self._state().get(k) == v for k, v in wanted.items()):
+        running = self.running()
+        if running and all(self._state().get(k) == v for k, v in wanted.items()):
             log(f"kueue {built_version('kueue')} already running (pid {self.pid()})")
             return self._state()
+        # the same Kueue running (its manifests applied, its webhooks answering) restarts with
+        # another configuration only: its objects are not applied again
+        installed = running and self._state().get("version") == built_version("kueue")
         self.down(log=lambda *_: None, keep_webhooks=True)
         t0 = time.monotonic()
-        crds, rest = install_objects(manifests.read_text())
-        log(
-            f"installing Kueue {built_version('kueue-manifests')}: {len(crds)} CRDs, "
-            f"{len(rest)} other objects"
-        )
-        self._apply(crds)
-        self.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            *(f"crd/{c['metadata']['name']}" for c in crds),
-        )
-        self._apply(rest)
+        if not installed:
+            self._install(manifests, log)
 
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cert_dir.mkdir(parents=True, exist_ok=True)
@@ -270,6 +263,21 @@ class Kueue:
                 raise
         log(f"kueue up in {time.monotonic() - t0:.1f}s (log {self.log_path})")
         return self._state()
+
+    def _install(self, manifests: Path, log) -> None:
+        crds, rest = install_objects(manifests.read_text())
+        log(
+            f"installing Kueue {built_version('kueue-manifests')}: {len(crds)} CRDs, "
+            f"{len(rest)} other objects"
+        )
+        self._apply(crds)
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            *(f"crd/{c['metadata']['name']}" for c in crds),
+        )
+        self._apply(rest)
 
     def _start(
         self, kueue_bin: str, host: str, integrations: dict, pods_ready_timeout: str, log, timeout: float
