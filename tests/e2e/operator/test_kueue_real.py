@@ -694,7 +694,11 @@ def test_kueue_evicts_a_job_whose_pods_are_not_ready_in_time_and_it_runs_later(
         # False until Kueue's back-off ends (then True, BackoffFinished)
         assert requeued["reason"] in ("PodsReadyTimeout", "BackoffFinished"), requeued
         assert wl["status"]["requeueState"]["count"] == 1
-        assert reserved_gpus(cluster, queues) == 0
+        # the ClusterQueue's status follows (Kueue writes it after the Workload's; before its
+        # back-off of 10 s ends and it admits the job again)
+        wait_for(
+            "the ClusterQueue's GPUs released", lambda: reserved_gpus(cluster, queues) == 0 or None, timeout=8
+        )
         job_now = get_job(cluster, namespace, "slow")
         assert job_now["status"]["phase"] == "Suspended", job_now["status"]
         assert condition(job_now, "Suspended")["reason"] == "Requeued"
