@@ -107,7 +107,12 @@ INTEGRATIONS = {
 
 
 def configuration(
-    cert_dir: Path, webhook_host: str, webhook_port: int, health_port: int, integrations: dict | None = None
+    cert_dir: Path,
+    webhook_host: str,
+    webhook_port: int,
+    health_port: int,
+    integrations: dict | None = None,
+    pods_ready_timeout: str = PODS_READY_TIMEOUT,
 ) -> dict:
     """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for the host process."""
     return {
@@ -126,7 +131,7 @@ def configuration(
         "clientConnection": {"qps": 50, "burst": 100},
         # Evicts a Workload whose PodsReady condition is not True this long after admission.
         "waitForPodsReady": {
-            "timeout": PODS_READY_TIMEOUT,
+            "timeout": pods_ready_timeout,
             "blockAdmission": False,
             "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 10, "backoffMaxSeconds": 60},
         },
@@ -210,37 +215,34 @@ class Kueue:
             return ""
 
     # ---- start ---------------------------------------------------------------------------
-    def up(self, log=print, timeout: float = 180, integrations: dict | None = None) -> dict:
-        """Install and start Kueue (kept when it runs with the same ``integrations``: None
-        for INTEGRATIONS)."""
+    def up(
+        self,
+        log=print,
+        timeout: float = 180,
+        integrations: dict | None = None,
+        pods_ready_timeout: str | None = None,
+    ) -> dict:
+        """Install and start Kueue (kept when it runs with the same ``integrations``, None for
+        INTEGRATIONS, and waitForPodsReady timeout, None for PODS_READY_TIMEOUT: a test may
+        start it with a short one to provoke the eviction)."""
         integrations = INTEGRATIONS if integrations is None else integrations
+        pods_ready_timeout = pods_ready_timeout or PODS_READY_TIMEOUT
         if not self.cp.running():
             raise ClusterError(f"the cluster of {self.cp.dir} is not running: `make cluster-up` first")
         kueue_bin = binary("kueue")
         manifests = manifests_path()
+        wanted = {"integrations": integrations, "podsReadyTimeout": pods_ready_timeout}
         running = self.running()
-        if running and self._state().get("integrations") == integrations:
+        if running and all(self._state().get(k) == v for k, v in wanted.items()):
             log(f"kueue {built_version('kueue')} already running (pid {self.pid()})")
             return self._state()
-        # a manager that runs on these manifests has its objects in place: only it is restarted
-        # (applying them again took some 20 s of a loaded API server per restart)
-        installed = running and self._state().get("manifests") == built_version("kueue-manifests")
+        # the same Kueue running (its manifests applied, its webhooks answering) restarts with
+        # another configuration only: its objects are not applied again
+        installed = running and self._state().get("version") == built_version("kueue")
         self.down(log=lambda *_: None, keep_webhooks=True)
         t0 = time.monotonic()
         if not installed:
-            crds, rest = install_objects(manifests.read_text())
-            log(
-                f"installing Kueue {built_version('kueue-manifests')}: {len(crds)} CRDs, "
-                f"{len(rest)} other objects"
-            )
-            self._apply(crds)
-            self.kubectl(
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                *(f"crd/{c['metadata']['name']}" for c in crds),
-            )
-            self._apply(rest)
+            self._install(manifests, log)
 
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cert_dir.mkdir(parents=True, exist_ok=True)
@@ -249,7 +251,7 @@ class Kueue:
         host = host_address()
         for tries in range(3, 0, -1):
             try:
-                self._start(kueue_bin, host, integrations, log, timeout)
+                self._start(kueue_bin, host, integrations, pods_ready_timeout, log, timeout)
                 break
             except ClusterError as e:
                 self.down(log=lambda *_: None, keep_webhooks=True)
@@ -263,20 +265,37 @@ class Kueue:
         log(f"kueue up in {time.monotonic() - t0:.1f}s (log {self.log_path})")
         return self._state()
 
-    def _start(self, kueue_bin: str, host: str, integrations: dict, log, timeout: float) -> None:
+    def _install(self, manifests: Path, log) -> None:
+        crds, rest = install_objects(manifests.read_text())
+        log(
+            f"installing Kueue {built_version('kueue-manifests')}: {len(crds)} CRDs, "
+            f"{len(rest)} other objects"
+        )
+        self._apply(crds)
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            *(f"crd/{c['metadata']['name']}" for c in crds),
+        )
+        self._apply(rest)
+
+    def _start(
+        self, kueue_bin: str, host: str, integrations: dict, pods_ready_timeout: str, log, timeout: float
+    ) -> None:
         webhook_port, health_port = pick_port(host), pick_port("127.0.0.1")
-        cfg = configuration(self.cert_dir, host, webhook_port, health_port, integrations)
+        cfg = configuration(self.cert_dir, host, webhook_port, health_port, integrations, pods_ready_timeout)
         self.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
         self._endpoint_slice(host, webhook_port)
 
         st = self.cp.state()
         st["kueue"] = {
             "version": built_version("kueue"),
-            "manifests": built_version("kueue-manifests"),
             "webhook": f"{host}:{webhook_port}",
             "healthPort": health_port,
             "config": str(self.config),
             "integrations": integrations,
+            "podsReadyTimeout": pods_ready_timeout,
         }
         self.cp._save(st)
         log(f"starting kueue (webhook on {host}:{webhook_port}, health on 127.0.0.1:{health_port})")

@@ -17,6 +17,7 @@ Kueue's job framework leaves to an integration (stop the job, release the quota,
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -38,6 +39,9 @@ from tests.helpers.operator.cluster_helpers import (
 pytestmark = pytest.mark.timeout(420)
 
 GPU = "nvidia.com/gpu"
+# the RDMA device each island's RDMA nodes offer (hack/topologies/default.yaml): east's, west's
+RDMA = ("rdma/rdma_shared_device_a", "rdma/rdma_shared_device_b")
+EAST = ("ib-0", "ib-1", "eth-0")
 SLOWDOWN = Path(__file__).resolve().parent / "slowdown"
 
 
@@ -60,7 +64,8 @@ def kueue_objects(namespace: str, gpus: int) -> list[dict]:
                 "preemption": {"withinClusterQueue": "LowerPriority"},
                 "resourceGroups": [
                     {
-                        "coveredResources": ["cpu", "memory", GPU],
+                        # every resource the pods request: their RDMA devices too
+                        "coveredResources": ["cpu", "memory", GPU, *RDMA],
                         "flavors": [
                             {
                                 "name": f"gpu-{namespace}",
@@ -68,6 +73,7 @@ def kueue_objects(namespace: str, gpus: int) -> list[dict]:
                                     {"name": "cpu", "nominalQuota": "64"},
                                     {"name": "memory", "nominalQuota": "512Gi"},
                                     {"name": GPU, "nominalQuota": str(gpus)},
+                                    *({"name": r, "nominalQuota": "64"} for r in RDMA),
                                 ],
                             }
                         ],
@@ -470,3 +476,237 @@ def test_with_kueues_default_integrations_the_job_says_how_to_configure_kueue(
         assert names == ["holmesjob-kept"], names
     finally:
         real_kueue.up(log=lambda m: None)  # Holmes' configuration again, for the tests after
+
+
+# ---- pod sets per island, flavors per island, waitForPodsReady's timeout -------------------------
+
+
+def island_objects(namespace: str, order=("east", "west"), east_cpu: str = "16") -> list[dict]:
+    """A flavor per island (its nodes' holmes.dev/cluster label) and a ClusterQueue over both, in
+    ``order`` (Kueue tries them so): 4 GPUs and 16 CPUs each (east ``east_cpu``), each island's
+    RDMA device only in its own flavor; the namespace's LocalQueue ``islands``."""
+    flavor = {
+        i: {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": f"{i}-{namespace}"},
+            "spec": {"nodeLabels": {"holmes.dev/cluster": i}},
+        }
+        for i in ("east", "west")
+    }
+
+    def quota(i: str) -> dict:
+        rdma = dict(zip(RDMA, ("8", "0") if i == "east" else ("0", "8")))
+        cpu = east_cpu if i == "east" else "16"
+        amounts = {"cpu": cpu, "memory": "64Gi", GPU: "4", **rdma}
+        return {
+            "name": f"{i}-{namespace}",
+            "resources": [{"name": k, "nominalQuota": v} for k, v in amounts.items()],
+        }
+
+    cq = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": f"islands-{namespace}"},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "resourceGroups": [
+                {"coveredResources": ["cpu", "memory", GPU, *RDMA], "flavors": [quota(i) for i in order]}
+            ],
+        },
+    }
+    return [*flavor.values(), cq, local_queue(namespace, "islands", f"islands-{namespace}")]
+
+
+@pytest.fixture
+def islands(cluster, real_kueue, namespace):
+    """Applies island_objects(namespace, ...) for the test; all taken away after it."""
+    made: list[dict] = []
+
+    def make(**kw) -> str:
+        objs = island_objects(namespace, **kw)
+        cluster.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
+        )
+        made[:] = objs
+        return objs[2]["metadata"]["name"]
+
+    yield make
+    cluster.kubectl(
+        "delete", "holmesjob", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False
+    )
+    for o in reversed(made):
+        kind = o["kind"].lower() + "s.kueue.x-k8s.io"
+        args = ["-n", namespace] if o["kind"] == "LocalQueue" else []
+        cluster.kubectl("delete", kind, o["metadata"]["name"], *args, "--wait=false", check=False)
+
+
+def in_queue(job: dict, queue: str) -> dict:
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue}
+    return job
+
+
+def test_a_job_across_islands_gets_a_pod_set_per_island_counted_and_placed_by_its_flavor(
+    cluster, islands, operator, namespace
+):
+    """4 pods x 2 GPUs (8 GPUs: more than an island's 6) asking 2 CPUs and 1Gi each, in a
+    ClusterQueue with a flavor per island. The Workload has one PodSet per island (it had one
+    for all, which no flavor of 4 GPUs could hold), each selecting its island and asking for
+    what its pods request: CPU, memory, GPUs, the island's RDMA device. East's 3 CPUs cannot
+    hold its PodSet's 4: the job waits with Kueue's message though the GPUs fit; with 8 CPUs
+    Kueue admits each PodSet on its island's flavor and each pod runs there, the flavor's node
+    labels in its node selector."""
+    islands(east_cpu="3")
+    job = tiny_job("wide", namespace, count=4, gpus=2, command=["sleep", "1"])
+    job["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "2", "memory": "1Gi"}
+    }
+    apply(cluster, in_queue(job, "islands"))
+
+    def waiting_for_cpu():
+        c = condition(get_job(cluster, namespace, "wide") or {}, "Suspended")
+        return (
+            c
+            if re.search(
+                rf"insufficient (unused )?quota for cpu in flavor east-{namespace}", c.get("message", "")
+            )
+            else None
+        )
+
+    c = wait_for("the job waiting for east's CPU quota", waiting_for_cpu, timeout=60, op=operator)
+    assert c["reason"] == "WaitingForAdmission", c
+    wl = workload(cluster, namespace, "wide")
+    sets = {
+        ps["name"]: (
+            ps["count"],
+            ps["template"]["spec"].get("nodeSelector"),
+            ps["template"]["spec"]["containers"][0]["resources"]["requests"],
+        )
+        for ps in wl["spec"]["podSets"]
+    }
+    asks = {"cpu": "2", "memory": str(2**30), GPU: "2"}
+    assert sets == {
+        "east": (2, {"holmes.dev/cluster": "east"}, {**asks, RDMA[0]: "1"}),
+        "west": (2, {"holmes.dev/cluster": "west"}, {**asks, RDMA[1]: "1"}),
+    }, sets
+
+    cluster.kubectl(
+        "patch",
+        "clusterqueue",
+        f"islands-{namespace}",
+        "--type=json",
+        "-p",
+        json.dumps(
+            [
+                {
+                    "op": "replace",
+                    "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota",
+                    "value": "8",
+                }
+            ]
+        ),
+    )
+    wait_phase(cluster, namespace, "wide", "Succeeded", timeout=120, op=operator)
+    wl = workload(cluster, namespace, "wide")
+    assert wl_condition(wl, "Finished")["status"] == "True"
+    pods = pods_of(cluster, namespace, "wide")
+    assert len(pods) == 4
+    for p in pods:
+        island = "east" if p["spec"]["nodeName"] in EAST else "west"
+        assert p["spec"].get("nodeSelector") == {"holmes.dev/cluster": island}, (
+            p["spec"]["nodeName"],
+            p["spec"],
+        )
+        asked = p["spec"]["containers"][0]["resources"]
+        assert asked["limits"][RDMA[island == "west"]] in (1, "1"), asked
+    assert sorted(p["spec"]["nodeName"] in EAST for p in pods) == [False, False, True, True]
+
+
+def test_a_job_runs_only_on_the_nodes_of_the_flavor_kueue_admitted_it_to(
+    cluster, islands, operator, namespace
+):
+    """One pod that could run on either island's Ethernet node (east's, which the planner
+    would take first, or west's): one PodSet, no island of its own, so Kueue picks the flavor,
+    west here (first in the ClusterQueue). The pod runs on west's node, the flavor's node labels
+    in its node selector, as Kueue's job framework puts them into its jobs' pods."""
+    islands(order=("west", "east"))
+    job = tiny_job("either", namespace, count=1, gpus=1, command=["sleep", "1"])
+    job["spec"]["template"]["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["eth-0", "eth-1"]}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    apply(cluster, in_queue(job, "islands"))
+    wait_phase(cluster, namespace, "either", "Succeeded", timeout=120, op=operator)
+    wl = workload(cluster, namespace, "either")
+    (ps,) = wl["spec"]["podSets"]
+    assert ps["name"] == "workers" and not ps["template"]["spec"].get("nodeSelector"), ps
+    (pod,) = pods_of(cluster, namespace, "either")
+    assert pod["spec"]["nodeName"] == "eth-1", pod["spec"]["nodeName"]
+    assert pod["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"}, pod["spec"].get("nodeSelector")
+
+
+def test_kueue_evicts_a_job_whose_pods_are_not_ready_in_time_and_it_runs_later(
+    cluster, real_kueue, queues, operator, namespace, tmp_path
+):
+    """Kueue's waitForPodsReady, its timeout made short (15 s) for this test: a job whose pod
+    waits in its init container past it is evicted by Kueue (PodsReadyTimeout); the operator
+    stops its pod and releases the quota, the Workload requeued as Kueue's job framework writes
+    it (Requeued False, PodsReadyTimeout, until Kueue's back-off ends); Kueue admits it again
+    and, its pods now able to start, it runs to Succeeded."""
+    go = tmp_path / "go"
+    real_kueue.up(pods_ready_timeout="15s", log=lambda m: None)
+    try:
+        job = tiny_job("slow", namespace, count=1, gpus=1, command=["sleep", "1"])
+        hold = ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.2; done"]
+        job["spec"]["template"]["spec"]["initContainers"] = [
+            {"name": "hold", "image": "busybox", "command": hold}
+        ]
+        apply(cluster, queued(job))
+
+        def evicted():
+            ev = wl_condition(workload(cluster, namespace, "slow"), "Evicted")
+            return ev if ev.get("status") == "True" else None
+
+        ev = wait_for("the Workload evicted", evicted, timeout=90, op=operator)
+        assert ev["reason"] == "PodsReadyTimeout", ev
+
+        def released():
+            wl = workload(cluster, namespace, "slow")
+            if wl_condition(wl, "QuotaReserved").get("status") != "False":
+                return None
+            live = [
+                p for p in pods_of(cluster, namespace, "slow") if not p["metadata"].get("deletionTimestamp")
+            ]
+            return None if live else wl
+
+        wl = wait_for("the pod stopped and the quota released", released, timeout=60, op=operator)
+        assert "admission" not in wl["status"]
+        requeued = wl_condition(wl, "Requeued")
+        # False until Kueue's back-off ends (then True, BackoffFinished)
+        assert requeued["reason"] in ("PodsReadyTimeout", "BackoffFinished"), requeued
+        assert wl["status"]["requeueState"]["count"] == 1
+        # the ClusterQueue's status follows (Kueue writes it after the Workload's; before its
+        # back-off of 10 s ends and it admits the job again)
+        wait_for(
+            "the ClusterQueue's GPUs released", lambda: reserved_gpus(cluster, queues) == 0 or None, timeout=8
+        )
+        job_now = get_job(cluster, namespace, "slow")
+        assert job_now["status"]["phase"] == "Suspended", job_now["status"]
+        assert condition(job_now, "Suspended")["reason"] == "Requeued"
+
+        go.touch()  # the next attempt's pods can start
+        done = wait_phase(cluster, namespace, "slow", "Succeeded", timeout=120, op=operator)
+        assert done["status"]["restarts"] == 0  # a requeue is not a failure
+        wl = workload(cluster, namespace, "slow")
+        assert wl_condition(wl, "Finished")["status"] == "True"
+    finally:
+        real_kueue.up(log=lambda m: None)  # the default timeout again, for the tests after

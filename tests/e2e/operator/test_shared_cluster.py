@@ -275,8 +275,10 @@ def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, names
             assert wl["spec"]["priorityClassSource"] == "scheduling.k8s.io/priorityclass"
             assert wl["spec"]["priorityClassName"] == priority_class
         (ps,) = wl["spec"]["podSets"]
+        # every resource its pods request: planned on the InfiniBand nodes, their RDMA device too
         assert ps["count"] == 2 and ps["template"]["spec"]["containers"][0]["resources"]["requests"] == {
-            "nvidia.com/gpu": "2"
+            "nvidia.com/gpu": "2",
+            "rdma/rdma_shared_device_a": "1",
         }
         assert wl["metadata"]["ownerReferences"][0]["kind"] == "HolmesJob"
         job = wait_phase(crds, namespace, "queued", "Suspended", op=operator)
@@ -288,6 +290,7 @@ def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, names
         wait_phase(crds, namespace, "queued", "Running", op=operator)
         pods = pods_of(crds, namespace, "queued")
         assert {p["spec"]["nodeName"] for p in pods} <= {"roce-0", "roce-1", "eth-1"}  # the flavor's nodes
+        assert all(p["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"} for p in pods)  # its labels
 
         # Kueue evicts it as v0.19's code does (kueue_standin.evict): Evicted=True, the quota still
         # reserved; Holmes stops the pods (Suspended, reason Requeued), then releases the quota

@@ -12,7 +12,7 @@ import pytest
 from holmes.contract import load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE
 from holmes.operator import placement_facts
-from holmes.operator.core import capacity, child_names, node_selection, queueing
+from holmes.operator.core import capacity, child_names, kueue_pod_sets, node_selection, queueing
 from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads, free_view, pod_shape
 from holmes.operator.core.placement import Placement, on_free_capacity
 from holmes.operator.core.render import RenderSettings
@@ -570,7 +570,9 @@ def test_kueue_admit_run_evict_readmit():
     assert wl["spec"]["queueName"] == "team-a"
     (ps,) = wl["spec"]["podSets"]
     assert ps["count"] == 2
-    assert ps["template"]["spec"]["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "2"}
+    # every resource its pods will request: the GPUs and, planned on the InfiniBand nodes, their RDMA device
+    requests = {"nvidia.com/gpu": "2", "rdma/rdma_shared_device_a": "1"}
+    assert ps["template"]["spec"]["containers"][0]["resources"]["requests"] == requests
     w.step()
     assert not w.pods  # still not admitted
     admit(w)
@@ -666,7 +668,114 @@ def test_kueue_flavor_not_found_waits_and_a_changed_shape_recreates_the_workload
     d = w.step()
     assert d.delete_workload == "holmesjob-k" and w.workload is None
     w.step()
-    assert w.workload["spec"]["podSets"][0]["count"] == 3
+    assert sum(ps["count"] for ps in w.workload["spec"]["podSets"]) == 3
+
+
+def island_flavors():
+    return {
+        f: {"metadata": {"name": f}, "spec": {"nodeLabels": {"holmes.dev/cluster": f}}}
+        for f in ("east", "west")
+    }
+
+
+def admit_each(w, flavor_of_pod_set):
+    """Kueue's admission: each PodSet its flavor (by PodSet name)."""
+    w.workload["status"] = {
+        "admission": {
+            "clusterQueue": "cq",
+            "podSetAssignments": [
+                {
+                    "name": ps["name"],
+                    "flavors": {"nvidia.com/gpu": flavor_of_pod_set(ps)},
+                    "count": ps["count"],
+                }
+                for ps in w.workload["spec"]["podSets"]
+            ],
+        },
+        "conditions": [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "ok"},
+            {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "ok"},
+        ],
+    }
+
+
+def test_a_job_across_islands_asks_kueue_for_a_pod_set_per_island_and_pod_shape():
+    """Six nodes of 2 GPUs: every node, both islands. One PodSet per (island, requests): the
+    InfiniBand nodes' pods ask for their RDMA device, the RoCE nodes' for theirs, the Ethernet
+    nodes' for none, each PodSet selecting its island; the job's CPU and memory in each. Kept
+    as it is across reconciles without planning again; admitted per PodSet on the flavor of its
+    island, each pod goes where its PodSet's flavor says, with the flavor's labels in its node
+    selector (as Kueue's job framework puts them)."""
+    m = kueue_job(count=6, template=template())
+    m["spec"]["training"]["globalBatchSize"] = 12  # 6 data-parallel ranks
+    m["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2", "memory": "1Gi"}}
+    w = FakeWorld(m, nodes=nodes())
+    w.flavors = island_flavors()
+    w.step()
+    sets = w.workload["spec"]["podSets"]
+    got = {
+        ps["name"]: (
+            ps["count"],
+            ps["template"]["spec"]["nodeSelector"],
+            ps["template"]["spec"]["containers"][0]["resources"]["requests"],
+        )
+        for ps in sets
+    }
+    base = {"cpu": "2", "memory": str(2**30), "nvidia.com/gpu": "2"}
+    assert got == {
+        "east": (1, {"holmes.dev/cluster": "east"}, base),
+        "east-2": (2, {"holmes.dev/cluster": "east"}, {**base, "rdma/rdma_shared_device_a": "1"}),
+        "west": (1, {"holmes.dev/cluster": "west"}, base),
+        "west-2": (2, {"holmes.dev/cluster": "west"}, {**base, "rdma/rdma_shared_device_b": "1"}),
+    }, got
+    assert w.workload["metadata"]["annotations"][kueue_pod_sets.ANN_POD_SETS]
+    before = copy.deepcopy(w.workload)
+    d = w.step()  # waiting for Kueue: the same Workload, and no plan made for it
+    assert w.workload == before and d.delete_workload is None and not d.placed
+    admit_each(w, lambda ps: ps["template"]["spec"]["nodeSelector"]["holmes.dev/cluster"])
+    w.step()
+    assert w.status["launched"] and len(w.pods) == 6
+    for p in w.pods.values():
+        node = p["metadata"]["annotations"][child_names.ANN_NODE]
+        island = "east" if node in ("ib-0", "ib-1", "eth-0") else "west"
+        assert p["spec"]["nodeSelector"] == {"holmes.dev/cluster": island}, (
+            node,
+            p["spec"].get("nodeSelector"),
+        )
+
+
+def test_an_admitted_flavor_confines_the_pods_of_its_pod_set():
+    """A job on one island's worth of nodes (one PodSet, no island of its own: Kueue picks the
+    flavor); admitted on the west flavor, it plans on west's nodes only, and says so."""
+    w = FakeWorld(kueue_job(count=2), nodes=nodes())
+    w.flavors = island_flavors()
+    w.step()
+    (ps,) = w.workload["spec"]["podSets"]
+    assert ps["name"] == "workers" and "nodeSelector" not in ps["template"]["spec"]
+    admit_each(w, lambda ps: "west")
+    w.step()
+    placed = {p["metadata"]["annotations"][child_names.ANN_NODE] for p in w.pods.values()}
+    assert placed <= {"roce-0", "roce-1", "eth-1"} and len(placed) == 2
+    assert all(p["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"} for p in w.pods.values())
+
+
+def test_pod_groups_merge_into_kueues_eight_pod_sets_never_asking_for_less():
+    g = kueue_pod_sets.PodGroup
+    same = [g("east", {"gpu": 1.0}), g("east", {"gpu": 1.0}), g("west", {"gpu": 1.0, "rdma/b": 1.0})]
+    assert kueue_pod_sets.group_pods(same) == [
+        g("east", {"gpu": 1.0}, 2),
+        g("west", {"gpu": 1.0, "rdma/b": 1.0}),
+    ]
+    # 9 shapes on 3 islands: each island's pods merged, each resource at the most one asks
+    many = [g(f"i{i % 3}", {"gpu": 1.0, f"r{i}": 1.0, "cpu": float(i)}) for i in range(9)]
+    merged = kueue_pod_sets.group_pods(many)
+    assert [(m.island, m.count) for m in merged] == [("i0", 3), ("i1", 3), ("i2", 3)]
+    assert merged[0].requests == {"gpu": 1.0, "r0": 1.0, "r3": 1.0, "r6": 1.0, "cpu": 6.0}
+    # 9 islands: one group, no island
+    (one,) = kueue_pod_sets.group_pods([g(f"i{i}", {"gpu": 1.0}) for i in range(9)])
+    assert (one.island, one.count) == ("", 9)
+    names = kueue_pod_sets.pod_set_names([g("East_1.a", {}), g("East_1.a", {"x": 1.0}), g("", {"y": 1.0})])
+    assert names == ["east-1-a", "east-1-a-2", "workers"]
 
 
 # ---- Volcano ------------------------------------------------------------------------------------
@@ -883,3 +992,21 @@ def test_a_job_ahead_that_reaches_its_nodes_only_through_another_is_still_weighe
     sw.step("west")
     assert not sw.worlds["west"].status["launched"]
     assert sw.reason("west") == "WaitingForCapacity", sw.worlds["west"].condition("Reconciling")
+
+
+def test_a_workload_from_before_the_pod_sets_per_group_is_kept_until_the_pods_change():
+    """A Workload an earlier operator wrote (one shape, no digest of its inputs) is kept as it
+    is, not planned for; a change of the job's pods re-creates it with pod sets per group."""
+    w = FakeWorld(kueue_job(), nodes=nodes())
+    w.flavors = FLAVORS
+    w.step()
+    spec = load_job(w.job["spec"])
+    w.workload["metadata"].pop("annotations")
+    w.workload["spec"]["podSets"] = kueue_pod_sets.one_pod_set(2, pod_shape(spec), spec.template)
+    d = w.step()
+    assert d.delete_workload is None and not d.placed and w.workload is not None
+    w.edit_spec(nodes={"count": 2, "gpusPerNode": 1})
+    d = w.step()
+    assert d.delete_workload == "holmesjob-k"
+    w.step()
+    assert w.workload["metadata"]["annotations"][kueue_pod_sets.ANN_POD_SETS]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 
 from holmes.contract.names import LABEL_KUEUE_QUEUE
-from holmes.operator.core import queueing
+from holmes.operator.core import kueue_pod_sets, queueing
 from holmes.operator.core.capacity import PodShape
 from tests.helpers.operator import kueue_standin as kueue
 from tests.helpers.operator.opfixtures import FakeWorld, default_nodes, manifest, with_link_layers
@@ -31,7 +31,8 @@ def kueue_job() -> dict:
 
 def urgent_workload() -> dict:
     """Another team's job (any Kueue integration) asking for the whole quota at a higher priority."""
-    wl = queueing.build_workload("urgent", "ns", "team-b", 2, PodShape({"nvidia.com/gpu": 2.0}), None, 1000)
+    sets = kueue_pod_sets.one_pod_set(2, PodShape({"nvidia.com/gpu": 2.0}), None)
+    wl = queueing.build_workload("urgent", "ns", "team-b", sets, 1000)
     wl["metadata"]["name"] = "urgent"
     return wl
 

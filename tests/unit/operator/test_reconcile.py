@@ -910,3 +910,28 @@ def test_a_pod_failing_while_its_node_is_not_ready_is_a_disruption():
     d = w.step()
     assert w.status["phase"] == "Restarting" and w.status["restartsByReason"] == {"disruption": 1}
     assert any(e.reason == "PodDisrupted" and f"{node} is not Ready" in e.message for e in d.events)
+
+
+def test_an_elastic_job_kueue_admits_is_ready_once_the_pods_it_launched_are():
+    """Kueue's waitForPodsReady: an elastic job launched on fewer nodes than nodes.count (one is
+    gone) says PodsReady once the pods of its attempt are ready; counting nodes.count it never
+    did, and Kueue evicted it at every timeout."""
+    nodes = with_link_layers(default_nodes())
+    nodes.pop()
+    job = _elastic(waitForNodesSeconds=60)
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
+    w = FakeWorld(job, nodes)
+    w.flavors = {}
+    w.step()
+    w.workload["status"] = {
+        "admission": {"clusterQueue": "cq", "podSetAssignments": []},
+        "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}],
+    }
+    w.step()
+    w.step(seconds=61)
+    assert len(w.pods) == 5 and w.status["size"]["current"] == 5
+    for p in w.pods.values():
+        p["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    w.step()
+    ready = next(c for c in w.workload["status"]["conditions"] if c["type"] == "PodsReady")
+    assert (ready["status"], ready["reason"]) == ("True", "Started"), ready

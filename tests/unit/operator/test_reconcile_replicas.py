@@ -176,3 +176,20 @@ def test_replicas_under_volcano_wait_uncreated_until_their_one_podgroup_is_admit
     assert len(w.pods) == 6 and w.status["launched"]
     group = w.podgroup["metadata"]["name"]
     assert all(p["metadata"]["annotations"][queueing.ANN_GROUP] == group for p in w.pods.values())
+
+
+def test_a_queued_job_of_replicas_asks_kueue_for_each_replicas_pods_on_its_island():
+    w = world()
+    w.job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
+    w.flavors = {}
+    w.step()
+    sets = {
+        ps["name"]: (ps["count"], ps["template"]["spec"]["nodeSelector"])
+        for ps in w.workload["spec"]["podSets"]
+    }
+    assert sets == {
+        "east": (1, {"holmes.dev/cluster": "east"}),  # the Ethernet node
+        "east-2": (2, {"holmes.dev/cluster": "east"}),  # the RDMA nodes, with their device
+        "west": (1, {"holmes.dev/cluster": "west"}),
+        "west-2": (2, {"holmes.dev/cluster": "west"}),
+    }

@@ -9,7 +9,7 @@ from collections.abc import Collection
 from holmes.contract import JobSpec
 from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS
 
-from . import capacity, queueing
+from . import capacity, child_names, kueue_pod_sets, placement, queueing
 from . import conditions as cond
 from .state import (
     SUSPENDED,
@@ -21,6 +21,7 @@ from .state import (
     event,
     owned_by,
     past_leftovers,
+    placement_of,
     set_phase,
     stall,
     teardown,
@@ -105,12 +106,15 @@ def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
     priority, unknown = capacity.priority_of(spec, st.obs.priority_classes or {}, _raw_priority(st))
     rp = spec.run_policy  # the class is named when the priority is its value
     from_class = rp.priority_class_name if rp.priority is None and not unknown else None
+    shape = capacity.pod_shape(spec, st.settings.gpu_resource)
     g = queueing.gate(
         st.job,
         queue,
         spec.nodes.count,
-        capacity.pod_shape(spec, st.settings.gpu_resource),
+        shape,
         spec.template,
+        lambda: _planned_pod_sets(st, spec, shape),
+        pod_sets_inputs(st.job),
         priority,
         from_class,
         wl,
@@ -132,13 +136,35 @@ def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
         return stall(st, *g.stall)
     if g.hold is not None:
         return _hold(st, *g.hold)
-    st.node_labels = {**st.node_labels, **(g.node_labels or {})}
+    st.flavor_labels = g.flavor_labels
     return None
+
+
+def pod_sets_inputs(job: dict) -> str:
+    """The digest of what the job's Workload pod sets are built from (the spec but its run
+    policy and training loop, whose changes leave its pods as they are): while it holds, the
+    Workload is kept without planning again."""
+    spec = dict(job.get("spec") or {})
+    spec.pop("runPolicy", None)
+    training = spec.pop("training", None) or {}
+    spec["acrossIslands"] = training.get("acrossIslands") if isinstance(training, dict) else None
+    return child_names.digest(spec)
+
+
+def _planned_pod_sets(st: JobState, spec: JobSpec, shape: capacity.PodShape) -> list[dict]:
+    """The Workload's pod sets: the pods the job's plan on the nodes it could ever use would
+    create, grouped (kueue_pod_sets.group_pods); one shape of nodes.count pods when it cannot be
+    planned there (it then waits for nodes anyway)."""
+    pods = placement.queued_pods(spec, placement_of(st))
+    if not pods:
+        return kueue_pod_sets.one_pod_set(spec.nodes.count, shape, spec.template)
+    return kueue_pod_sets.pod_sets(kueue_pod_sets.group_pods(pods), spec.template, spec.nodes.cluster_label)
 
 
 def _pods_ready(st: JobState, spec: JobSpec) -> bool:
     """Every pod of this attempt ready (its Ready condition True) or succeeded, as Kueue counts
-    a Job's (status.ready + status.succeeded >= its pods)."""
+    a Job's (status.ready + status.succeeded >= its pods): the pods it launched (an elastic
+    job may run on fewer nodes than nodes.count)."""
 
     def ok(p: dict) -> bool:
         status = p.get("status") or {}
@@ -148,7 +174,8 @@ def _pods_ready(st: JobState, spec: JobSpec) -> bool:
         return status.get("phase") == "Running" and ready.get("status") == "True"
 
     pods = [p for p in current_pods(st) if not p["metadata"].get("deletionTimestamp")]
-    return sum(ok(p) for p in pods) >= spec.nodes.count
+    launched = (st.old.get("size") or {}).get("current") or spec.nodes.count
+    return sum(ok(p) for p in pods) >= launched
 
 
 def _hold(st: JobState, reason: str, message: str, warn: bool = False) -> Decision:

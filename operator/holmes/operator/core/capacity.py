@@ -118,7 +118,8 @@ class PodShape:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     affinity_terms: tuple = ()  # required nodeSelectorTerms (any one must match)
     tolerations: tuple = ()
-    node_labels: Mapping[str, str] = field(default_factory=dict)  # e.g. Kueue's admitted flavors
+    # Kueue's admitted flavors: a node must carry every label of one of them (queueing.flavor_node_labels)
+    flavor_labels: tuple[Mapping[str, str], ...] = ()
     gpu_resource: str = RESOURCE_GPU  # the name its GPUs are requested by
 
     def describe(self) -> str:
@@ -206,9 +207,10 @@ def placement_problem(node: Mapping, shape: PodShape, extra: Mapping[str, float]
     for k, v in shape.node_selector.items():
         if labels.get(k) != v:
             return f"template nodeSelector {k}={v} does not match"
-    for k, v in shape.node_labels.items():
-        if labels.get(k) != v:
-            return f"not in the admitted flavor ({k}={v})"
+    flavors = shape.flavor_labels
+    if flavors and not any(all(labels.get(k) == v for k, v in c.items()) for c in flavors):
+        shown = " or ".join(",".join(f"{k}={v}" for k, v in sorted(c.items())) for c in shape.flavor_labels)
+        return f"not in the flavors Kueue admitted the job to ({shown})"
     if shape.affinity_terms and not any(_term_matches(t, node) for t in shape.affinity_terms):
         return "the template's required node affinity does not match"
     for taint in (node.get("spec") or {}).get("taints") or []:

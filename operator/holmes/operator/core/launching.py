@@ -6,6 +6,7 @@ launch. Pure."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from holmes.contract import JobSpec, Layout
 from holmes.plan import InsufficientNodes, PlanError
@@ -198,7 +199,7 @@ def _runs_as_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> bool:
 def _replica_nodes(st: JobState, spec: JobSpec) -> list[Mapping]:
     """The nodes the job's pods could use (GPUs, taints, Ready). Replicas are planned on
     them as they are, not behind the jobs ahead in a queue (capacity.py plans pipelines)."""
-    shape = capacity.pod_shape(spec, st.settings.gpu_resource)
+    shape = replace(capacity.pod_shape(spec, st.settings.gpu_resource), flavor_labels=st.flavor_labels)
     view, _ = capacity.free_view(planning_nodes(st), shape, capacity.Ledger(), st.settings.gpu_resource)
     return [n for n in view if not st.facts.unusable(n)]
 
@@ -283,6 +284,12 @@ def _create_children(
     st.d.configmap = configmap
     if st.obs.service is None:
         st.d.service = build_service(ref, st.settings)
+    for pod in pods:  # Kueue's admitted flavor: its node labels in the pod's node selector, as
+        # Kueue's job framework merges them into its jobs' pods (the pod is pinned there anyway)
+        node = st.nodes.get(pod["metadata"]["annotations"].get(child_names.ANN_NODE) or "") or {}
+        flavor = queueing.flavor_of((node.get("metadata") or {}).get("labels") or {}, st.flavor_labels)
+        if flavor:
+            pod["spec"]["nodeSelector"] = {**flavor, **(pod["spec"].get("nodeSelector") or {})}
     st.d.create_pods.extend(pods)
     if st.d.podgroup is not None:
         for pod in st.d.create_pods:

@@ -37,7 +37,17 @@ from holmes.plan.budget import DEFAULT_UNITS
 from holmes.plan.calibrate import Calibration, assess
 from holmes.plan.measured import Measured
 
-from . import capacity, device_claims, elastic, members, node_selection, replan, routes
+from . import (
+    capacity,
+    device_claims,
+    elastic,
+    kueue_pod_sets,
+    members,
+    node_selection,
+    replan,
+    replicas,
+    routes,
+)
 from .routes import NodeNetwork
 
 # The search a job ahead in the queue may cost each job behind it (a fiftieth of a job's own
@@ -64,7 +74,7 @@ class Placement:
     nodes: Sequence[Mapping]  # the hub's nodes, or the members' union (members.union_nodes)
     job: Mapping  # the HolmesJob (its place in the queue)
     across_members: bool = False
-    node_labels: Mapping[str, str] = field(default_factory=dict)  # Kueue's admitted flavors
+    flavor_labels: Sequence[Mapping[str, str]] = ()  # Kueue's admitted flavors (one must hold)
     priority_classes: Mapping[str, int] = field(default_factory=dict)
     gpu_resource: str = RESOURCE_GPU
     raw_priority_namespaces: tuple[str, ...] = ()  # capacity.priority_of
@@ -109,7 +119,7 @@ def on_free_capacity(
     costs others a small fixed search at most."""
     budget = budget if budget is not None else Budget()
     gpu = where.gpu_resource
-    shape = replace(capacity.pod_shape(spec, gpu), node_labels=dict(where.node_labels))
+    shape = job_shape(spec, where)
     rdma = route_resources(spec, where)
     own = node_selection.selected(nodes, spec)  # the planner takes no other: nor need the views
     possible, excluded = capacity.free_view(own, shape, capacity.Ledger(), gpu, rdma)
@@ -164,6 +174,38 @@ def on_free_capacity(
         if free_gpus(x, where) >= spec.nodes.gpus_per_node and not where.facts.unusable(x)
     ]
     raise capacity.WaitingForCapacity(capacity.waiting_message(spec, shape, fitting, led, blocked)) from None
+
+
+def job_shape(spec: JobSpec, where: Placement) -> capacity.PodShape:
+    """One pod of the job, on the nodes of Kueue's admitted flavors only."""
+    return replace(capacity.pod_shape(spec, where.gpu_resource), flavor_labels=tuple(where.flavor_labels))
+
+
+def queued_pods(spec: JobSpec, where: Placement) -> list[kueue_pod_sets.PodGroup] | None:
+    """The pods the job would run, one PodGroup each (its island, every resource it requests
+    there), as planned on the nodes its pods could ever use whatever holds them now: what it
+    asks Kueue's quota for before it may plan on free capacity. None: it cannot be planned
+    there (it then asks for one shape, ``nodes.count`` pods)."""
+    shape = job_shape(spec, where)
+    rdma = route_resources(spec, where)
+    own = node_selection.selected(where.nodes, spec)
+    possible, _ = capacity.free_view(own, shape, capacity.Ledger(), where.gpu_resource, rdma)
+    try:
+        if spec.training.across_islands.mode == replicas.REPLICAS:
+            usable = [n for n in possible if not where.facts.unusable(n)]
+            names = replicas.plan_replicas(spec, usable, where.facts.cost_model).nodes
+        else:
+            names = fit(possible, spec, where, Budget()).nodes
+    except PlanError:
+        return None
+    by_name = {(n.get("metadata") or {}).get("name"): n for n in possible}
+    label = spec.nodes.cluster_label
+    out = []
+    for name in names:
+        node = by_name[name]
+        island = ((node.get("metadata") or {}).get("labels") or {}).get(label) or ""
+        out.append(kueue_pod_sets.PodGroup(island, {**rdma(node), **shape.requests}))
+    return out
 
 
 def route_resources(spec: JobSpec, where: Placement) -> Callable[[Mapping], Mapping[str, float]]:

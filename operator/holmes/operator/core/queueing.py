@@ -1,12 +1,11 @@
 """Queueing systems a cluster may run, as pure functions (objects in, objects out):
 
 - Kueue (``kueue.x-k8s.io``): a HolmesJob labelled ``kueue.x-k8s.io/queue-name`` gets a
-  ``Workload`` with one pod set per pod shape (Holmes pods all have one shape: ``count`` pods
-  requesting the template's CPU/memory plus gpusPerNode GPUs and the RDMA resource the template
-  asks for). The job stays suspended until the Workload's ``Admitted`` condition is True; it
-  plans only on nodes carrying the node labels of the ResourceFlavors in
-  ``status.admission.podSetAssignments[].flavors``. When the job finishes, the Workload gets
-  ``Finished`` so Kueue releases the quota.
+  ``Workload`` with a PodSet per island and pod shape of the pods its plan would create
+  (kueue_pod_sets.py). The job stays suspended until the Workload's ``Admitted`` condition is
+  True; it plans only on nodes carrying, for one PodSet, the node labels of the ResourceFlavors
+  Kueue assigned it (``status.admission.podSetAssignments[].flavors``) and its nodeSelector.
+  When the job finishes, the Workload gets ``Finished`` so Kueue releases the quota.
 - Eviction (preemption, a stopped queue, node failures): Kueue's eviction only sets
   ``Evicted=True`` (``pkg/workload/evict``, v0.19.2); the quota stays reserved until the job's
   integration has stopped the job. Holmes does what Kueue's job framework does for the kinds it
@@ -31,21 +30,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS, LABEL_KUEUE_QUEUE
 
 from . import child_names
-from .capacity import CPU, MEMORY, PodShape, show
+from .capacity import CPU, MEMORY, PodShape
+from .kueue_pod_sets import ANN_POD_SETS, one_pod_set, quantity_text
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 V1BETA2, V1BETA1 = "v1beta2", "v1beta1"
 KUEUE_VERSIONS = (V1BETA2, V1BETA1)  # newest first: the first one the API server serves is used
 WORKLOADS, FLAVORS = "workloads", "resourceflavors"
 PRIORITY_CLASSES = "workloadpriorityclasses"
-POD_SET = "workers"
 
 VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
 VOLCANO_API = f"{VOLCANO_GROUP}/{VOLCANO_VERSION}"
@@ -73,28 +72,6 @@ def workload_name(job: str) -> str:
     return f"holmesjob-{job}"
 
 
-def _quantity_text(resource: str, amount: float) -> str:
-    if resource in (CPU, MEMORY):
-        return show(resource, amount) if resource == CPU else str(int(amount))
-    return str(int(amount)) if amount == int(amount) else str(amount)
-
-
-def pod_sets(spec_count: int, shape: PodShape, template: Mapping | None) -> list[dict]:
-    """The Workload's pod sets: one shape, ``count`` pods."""
-    tspec = (template or {}).get("spec")
-    if not isinstance(tspec, Mapping):
-        tspec = {}
-    requests = {k: _quantity_text(k, v) for k, v in sorted(shape.requests.items()) if v}
-    pod_spec: dict[str, Any] = {
-        "containers": [{"name": child_names.TRAINER_CONTAINER, "resources": {"requests": requests}}],
-        "restartPolicy": "Never",
-    }
-    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
-        if tspec.get(key):
-            pod_spec[key] = tspec[key]
-    return [{"name": POD_SET, "count": spec_count, "template": {"spec": pod_spec}}]
-
-
 def choose_version(served: Iterable[str]) -> str | None:
     """The Kueue version to speak: the newest Holmes knows among those served (None: none)."""
     served = set(served)
@@ -105,14 +82,14 @@ def build_workload(
     job: str,
     namespace: str,
     queue: str,
-    count: int,
-    shape: PodShape,
-    template: Mapping | None,
+    pod_sets: list[dict],
     priority: int,
     priority_class: str | None = None,
     workload_priority_class: str | None = None,
+    built_from: str | None = None,
 ) -> dict:
-    """The job's Workload (v1beta2). ``priority_class``: the job's PriorityClass, named in
+    """The job's Workload (v1beta2) asking for ``pod_sets`` (``built_from``: their inputs'
+    digest, ANN_POD_SETS). ``priority_class``: the job's PriorityClass, named in
     ``spec.priorityClassRef`` as Kueue's own integrations do (``priority`` is its value);
     ``workload_priority_class``: Kueue's WorkloadPriorityClass of the job's label
     kueue.x-k8s.io/priority-class, which wins over the PriorityClass as in Kueue's
@@ -130,21 +107,19 @@ def build_workload(
             "kind": "PriorityClass",
             "name": priority_class,
         }
-    spec["podSets"] = pod_sets(count, shape, template)
-    return {
-        "apiVersion": f"{KUEUE_GROUP}/{V1BETA2}",
-        "kind": "Workload",
-        "metadata": {
-            "name": workload_name(job),
-            "namespace": namespace,
-            "labels": {
-                child_names.LABEL_JOB: job,
-                child_names.LABEL_MANAGED_BY: child_names.MANAGED_BY,
-                LABEL_KUEUE_QUEUE: queue,
-            },
+    spec["podSets"] = pod_sets
+    meta: dict[str, Any] = {
+        "name": workload_name(job),
+        "namespace": namespace,
+        "labels": {
+            child_names.LABEL_JOB: job,
+            child_names.LABEL_MANAGED_BY: child_names.MANAGED_BY,
+            LABEL_KUEUE_QUEUE: queue,
         },
-        "spec": spec,
     }
+    if built_from:
+        meta["annotations"] = {ANN_POD_SETS: built_from}
+    return {"apiVersion": f"{KUEUE_GROUP}/{V1BETA2}", "kind": "Workload", "metadata": meta, "spec": spec}
 
 
 def same_pod_sets(a: Any, b: Any) -> bool:
@@ -199,18 +174,37 @@ def admission(workload: Mapping) -> tuple[str, str]:
     return PENDING, msg
 
 
-def flavor_node_labels(workload: Mapping, flavors: Mapping[str, Mapping]) -> tuple[dict, list[str]]:
-    """The node labels of the flavors Kueue assigned (all must hold), and flavors not found."""
-    labels: dict[str, str] = {}
+def flavor_node_labels(
+    workload: Mapping, flavors: Mapping[str, Mapping]
+) -> tuple[tuple[dict, ...], list[str]]:
+    """Where Kueue's admission lets the job's pods go: per PodSet, the node labels of the
+    flavors Kueue assigned it (all must hold) with the PodSet's own nodeSelector (its island),
+    as Kueue's job framework merges them into its pods' node selectors (PodSetInfo); a pod may
+    go where one of these holds. And the flavors not found."""
+    choices: list[dict] = []
     missing: list[str] = []
     adm = (workload.get("status") or {}).get("admission") or {}
+    selectors = {
+        p.get("name"): (((p.get("template") or {}).get("spec") or {}).get("nodeSelector") or {})
+        for p in (workload.get("spec") or {}).get("podSets") or []
+    }
     for psa in adm.get("podSetAssignments") or []:
+        labels = dict(selectors.get(psa.get("name")) or {})
         for flavor in sorted(set((psa.get("flavors") or {}).values())):
             if flavor not in flavors:
                 missing.append(flavor)
                 continue
             labels.update(((flavors[flavor].get("spec") or {}).get("nodeLabels")) or {})
-    return labels, missing
+        if labels not in choices:
+            choices.append(labels)
+    if {} in choices:  # a pod set that may go anywhere: so may the job
+        choices = [{}]
+    return tuple(choices), missing
+
+
+def flavor_of(node_labels: Mapping[str, str], choices: Iterable[Mapping[str, str]]) -> dict:
+    """The first of ``choices`` (flavor_node_labels) a node of ``node_labels`` carries ({}: none)."""
+    return dict(next((c for c in choices if all(node_labels.get(k) == v for k, v in c.items())), {}))
 
 
 # Kueue's pod webhook marks the pods it manages as workloads of their own (its pod integration):
@@ -406,11 +400,11 @@ def _topology_v1beta2(ta: Mapping) -> dict:
 
 @dataclass(frozen=True)
 class Gate:
-    """Kueue's word on a job this reconcile: go on (planning only on ``node_labels``, the
-    admitted flavors' nodes), or hold it suspended (``hold``: reason, message, a Warning?), or
-    stall it (``stall``: reason, message); with the Workload to create or delete."""
+    """Kueue's word on a job this reconcile: go on (planning only on the nodes of one of
+    ``flavor_labels``, flavor_node_labels), or hold it suspended (``hold``: reason, message, a
+    Warning?), or stall it (``stall``: reason, message); with the Workload to create or delete."""
 
-    node_labels: Mapping[str, str] | None = None
+    flavor_labels: tuple[dict, ...] = ()
     hold: tuple[str, str, bool] | None = None
     stall: tuple[str, str] | None = None
     create: dict | None = None
@@ -425,6 +419,8 @@ def gate(
     count: int,
     shape: PodShape,
     template: Mapping | None,
+    planned: Callable[[], list[dict]],
+    built_from: str,
     priority: int,
     priority_class: str | None,
     workload: Mapping | None,
@@ -437,8 +433,12 @@ def gate(
     taken: list[str] | None = None,
 ) -> Gate:
     """A job labelled kueue.x-k8s.io/queue-name runs only while Kueue admits its Workload.
-    ``workload``: the job's own (a same-named job's leftover is None); ``flavors``: None when
-    the Kueue API is not served; ``requeued``: the job is held after an eviction;
+    ``planned``: its pod sets (pod_sets of the pods its plan would create), asked for only when
+    a Workload is made or the inputs they are built from changed (``built_from``, their digest:
+    planning is not done on every reconcile); ``count``, ``shape``, ``template``: what a
+    Workload written before the pod sets per group asked for (one_pod_set). ``workload``: the
+    job's own (a same-named job's leftover is None); ``flavors``: None when the Kueue API is not
+    served; ``requeued``: the job is held after an eviction;
     ``priority_class``: the PriorityClass the priority is the value of, named in the Workload;
     ``active``: the job has pods that have not ended, terminating ones included (an evicted
     Workload's quota is released only once it has none); ``now``: the time conditions carry;
@@ -468,24 +468,29 @@ def gate(
             )
             return Gate(hold=("WaitingForAdmission", msg, True))
         priority = priority if value is None else value
-    want = build_workload(
-        meta.get("name", ""),
-        meta.get("namespace", "default"),
-        queue,
-        count,
-        shape,
-        template,
-        priority,
-        priority_class,
-        wpc,
-    )
-    name = want["metadata"]["name"]
+
+    def want(pod_sets: list[dict]) -> dict:
+        return build_workload(
+            meta.get("name", ""),
+            meta.get("namespace", "default"),
+            queue,
+            pod_sets,
+            priority,
+            priority_class,
+            wpc,
+            built_from,
+        )
+
+    name = workload_name(meta.get("name", ""))
     if workload is None:
         why = f"Workload {name} created in LocalQueue {queue}: waiting for Kueue to admit it"
-        return Gate(hold=("WaitingForAdmission", why, False), create=want)
-    if not same_pod_sets(workload.get("spec", {}).get("podSets"), want["spec"]["podSets"]):
-        why = f"the job's pods changed (count or requests): re-creating Workload {name} for Kueue"
-        return Gate(hold=("WaitingForAdmission", why, False), delete=name)
+        return Gate(hold=("WaitingForAdmission", why, False), create=want(planned()))
+    have = (workload.get("spec") or {}).get("podSets")
+    was = ((workload.get("metadata") or {}).get("annotations") or {}).get(ANN_POD_SETS)
+    if was != built_from and not (was is None and same_pod_sets(have, one_pod_set(count, shape, template))):
+        if not same_pod_sets(have, planned()):  # podSets are immutable: a new Workload
+            why = f"the job's pods changed (count, requests, islands): re-creating Workload {name} for Kueue"
+            return Gate(hold=("WaitingForAdmission", why, False), delete=name)
     state, why = admission(workload)
     if state == EVICTED:
         msg = f"Workload {name} was evicted by Kueue ({why}): pods deleted; waiting to be admitted again"
@@ -494,7 +499,7 @@ def gate(
     if state == PENDING:
         reason = "Requeued" if requeued else "WaitingForAdmission"
         return Gate(hold=(reason, f"Workload {name} in LocalQueue {queue} is not admitted: {why}", False))
-    labels, missing = flavor_node_labels(workload, flavors)
+    choices, missing = flavor_node_labels(workload, flavors)
     if missing:
         msg = (
             f"Workload {name} is admitted with ResourceFlavor(s) {', '.join(missing)}, which do not "
@@ -504,7 +509,7 @@ def gate(
     if taken:
         return Gate(stall=("KueueManagesPods", taken_message(taken)))
     ready = None if pods_ready is None else pods_ready_patch(workload, pods_ready, now)
-    return Gate(node_labels=labels, release=ready)
+    return Gate(flavor_labels=choices, release=ready)
 
 
 # PodGroup phases (scheduling.volcano.sh/v1beta1), as Volcano's scheduler sets them at the end
@@ -575,7 +580,7 @@ def build_podgroup(
     spec: dict[str, Any] = {
         "minMember": min_member,
         "minResources": {
-            k: _quantity_text(k, v * members[k])
+            k: quantity_text(k, v * members[k])
             for k, v in sorted(shape.requests.items())
             if v and members.get(k)
         },

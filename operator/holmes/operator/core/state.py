@@ -185,7 +185,8 @@ class JobState:
     attempt: int  # the attempt this pass works on (teardown moves to the next)
     pods: list[dict]  # the pods this job object owns, any attempt
     nodes: dict[str, dict]  # the node index, by name
-    node_labels: dict[str, str] = field(default_factory=dict)  # Kueue's flavors: placement stays on them
+    # Kueue's admitted flavors (queueing.flavor_node_labels): placement stays on their nodes
+    flavor_labels: tuple[dict[str, str], ...] = ()
     # condition Relaunched (True, SpecChanged, this message), set by reconcile.decide at the end of
     # the pass (set_phase rewrites the conditions from those read): see spec_changed
     relaunched: str = ""
@@ -445,7 +446,7 @@ def placement_of(st: JobState) -> placement.Placement:
         planning_nodes(st),
         st.job,
         across_members=st.obs.members is not None,
-        node_labels=st.node_labels,
+        flavor_labels=st.flavor_labels,
         priority_classes=st.obs.priority_classes or {},
         gpu_resource=st.settings.gpu_resource,
         raw_priority_namespaces=st.settings.raw_priority_namespaces,
