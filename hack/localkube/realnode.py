@@ -570,16 +570,12 @@ class RealNodes:
                 if ref in have.split() and done.get(ref) == archive.name:
                     continue
                 t0 = time.monotonic()
-                # --local: read here, unpacked at once; the layers' blobs then go (the snapshots hold them)
-                self._ctr(
-                    plan,
-                    "images",
-                    "import",
-                    "--local",
-                    "--discard-unpacked-layers",
-                    str(archive),
-                    timeout=1800,
-                )
+                # --local: read here, unpacked at once; the layers' blobs then go (the snapshots
+                # hold them). --base-name: the archive's name whether it gives the full
+                # reference or only the tag (podman's oci-archive)
+                base = ref.rsplit(":", 1)[0]
+                args = ["images", "import", "--local", "--discard-unpacked-layers", "--base-name", base]
+                self._ctr(plan, *args, str(archive), timeout=1800)
                 done[ref] = archive.name
                 marker.write_text(json.dumps(done))
                 self.log(f"imported {ref} into {plan.name}'s containerd in {time.monotonic() - t0:.0f}s")
@@ -636,9 +632,7 @@ class RealNodes:
         and RDMA resource as extended resources, and (Ready) the not-ready taint lifted, which
         the node lifecycle controller would do (it is off: the agent's nodes beat by hand)."""
         name = f"kubelet-{plan.name}"
-        self.cp._wait(
-            f"{name} to register", self.st, name, lambda: self._node(plan.name) is not None, timeout
-        )
+        self._poll(f"{name} to register", name, lambda: self._node(plan.name) is not None, timeout)
         meta = {"metadata": {"labels": node.labels, "annotations": node.annotations}}
         self._kubectl("patch", "node", plan.name, "--type=merge", "-p", json.dumps(meta))
         extended = {k: v for k, v in node.allocatable.items() if "/" in k}
@@ -653,7 +647,7 @@ class RealNodes:
             alloc = n.get("status", {}).get("allocatable", {})
             return conds.get("Ready") == "True" and all(k in alloc for k in extended)
 
-        self.cp._wait(f"{plan.name} to be Ready", self.st, name, ready, timeout)
+        self._poll(f"{plan.name} to be Ready", name, ready, timeout)
         taints = (self._node(plan.name) or {}).get("spec", {}).get("taints") or []
         kept = [t for t in taints if not t["key"].startswith("node.kubernetes.io/not-ready")]
         if kept != taints:
@@ -665,6 +659,18 @@ class RealNodes:
                 "-p",
                 json.dumps({"spec": {"taints": kept or None}}),
             )
+
+    def _poll(self, what: str, name: str, ok: Callable[[], bool], timeout: float) -> None:
+        """cp._wait (fails at once when process ``name`` exits), asking once a second: each ask
+        is a kubectl run, on a machine shared with other work."""
+
+        def slow() -> bool:
+            if ok():
+                return True
+            time.sleep(0.8)
+            return False
+
+        self.cp._wait(what, self.st, name, slow, timeout)
 
     def _node(self, name: str) -> dict | None:
         out = self._kubectl("get", "node", name, "-o", "json", "--ignore-not-found", check=False)
