@@ -79,7 +79,8 @@ go_module_build() {
   rm -rf "$mod" && mkdir -p "$mod" "$WORK/out"
   say "$name $version: $module (${*##*/})"
   printf 'module holmes.local/%s-build\n\ngo 1.%s\n\nrequire %s %s\n' "$name" "$GO_MIN_MINOR" "$module" "$version" > "$mod/go.mod"
-  (cd "$mod" && "$go" get "$@" >"$WORK/go-get.log" 2>&1) \
+  # each package at the version: a bare path asks the proxy for the module's version list
+  (cd "$mod" && "$go" get "${@/%/@$version}" >"$WORK/go-get.log" 2>&1) \
     || { tail -20 "$WORK/go-get.log" >&2; die "resolving $module@$version failed (is the Go module proxy reachable?)"; }
   run_with_progress "$name" "$CACHE/build-$name.log" 30 go_build_cache_mb \
     bash -c 'cd "$1" && go build -tags "$2" -ldflags "$3" -o "$4/" "${@:5}"' _ "$mod" "$tags" "$ldflags" "$WORK/out" "$@"
