@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[3]
 TRAINER = images.image_ref("trainer")
 TOPOLOGY = REPO / "hack" / "topologies" / "real-nodes.yaml"
 FABRICS = {"rk-east": "east-infiniband", "rk-west": "west-roce"}
+KUBERNETES = "kubernetes.default.svc.cluster.local"  # the API server's Service
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 
 
@@ -106,7 +107,10 @@ def test_real_kubelet_nodes_run_a_holmesjob_from_the_trainer_image_on_their_fabr
     # CoreDNS answers cluster names on each node's address (the kubelets' clusterDNS)
     for n in nodes.values():
         ip = next(a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP")
-        assert dns_a(ip, "kubernetes.default.svc.cluster.local") == ["10.96.0.1"]
+        # (answered once its kubernetes plugin has synced with the API server)
+        wait_for(
+            f"CoreDNS on {ip} to answer", lambda ip=ip: dns_a(ip, KUBERNETES) == ["10.96.0.1"], timeout=30
+        )
     nads = c.get("network-attachment-definitions", "-n", NAD_NAMESPACE)["items"]
     assert sorted(d["metadata"]["name"] for d in nads) == sorted(FABRICS.values())
 
