@@ -84,11 +84,14 @@ def dns_a(server: str, name: str) -> list[str]:
         reply = s.recv(4096)
     answers = struct.unpack(">H", reply[6:8])[0]
     at, out = len(query), []
-    for _ in range(answers):  # each answer's name is a 2-byte pointer to the question's
-        rtype, _, _, length = struct.unpack(">HHIH", reply[at + 2 : at + 12])
+    for _ in range(answers):
+        while reply[at] and reply[at] < 0xC0:  # the answer's name: labels, then 0 or a pointer
+            at += 1 + reply[at]
+        at += 2 if reply[at] >= 0xC0 else 1
+        rtype, _, _, length = struct.unpack(">HHIH", reply[at : at + 10])
         if rtype == 1:
-            out.append(socket.inet_ntoa(reply[at + 12 : at + 12 + length]))
-        at += 12 + length
+            out.append(socket.inet_ntoa(reply[at + 10 : at + 10 + length]))
+        at += 10 + length
     return out
 
 
