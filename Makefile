@@ -28,9 +28,16 @@ export HOLMES_CACHE
 TOPOLOGY ?= hack/topologies/default.yaml
 LOCALKUBE := PYTHONPATH=hack $(PY) -m localkube
 
-.PHONY: k8s clients cluster-up cluster-down demo
+.PHONY: k8s clients node cluster-up cluster-down demo
 k8s:
 	@bash hack/build-k8s.sh
+# What a real node runs beside the kubelet (hack/build-node.sh): containerd, the CNI plugins,
+# Multus, CoreDNS and the pause image, cached beside the control plane. Needed by topologies with
+# `playedBy: kubelet` nodes (hack/localkube/realnode.py).
+node:
+	@bash hack/build-node.sh
+# `node` too when the topology has real nodes
+REAL_NODES = $(if $(shell grep -lE 'playedBy: *kubelet' $(TOPOLOGY) 2>/dev/null),node)
 # kubectl and helm only (the unit tier's chart and kustomize checks): no control plane.
 clients:
 	@bash hack/build-k8s.sh clients
@@ -55,7 +62,7 @@ images:
 	@bash hack/build-images.sh
 
 # Every tier (tests/conftest.py): lint, then tests/unit, tests/integration and tests/e2e in one run.
-test: venv k8s kueue images lint
+test: venv k8s kueue node images lint
 	$(PY) -m pytest
 
 # The tiers one at a time (tests/conftest.py says what goes where).
@@ -70,7 +77,7 @@ unit: venv clients
 	$(PY) -m pytest tests/unit -q
 integration: venv images
 	$(PY) -m pytest tests/integration -q
-e2e: venv k8s kueue images
+e2e: venv k8s kueue node images
 	$(PY) -m pytest tests/e2e -q
 
 # ruff: lint and format check; mypy: types (strict on contract/ and plan/); lint-imports: the
@@ -86,7 +93,7 @@ fmt: venv
 	$(VENV)/bin/ruff format .
 
 # Start (idempotent) the local cluster; writes .holmes/kubeconfig. TOPOLOGY=path picks the nodes.
-cluster-up: venv k8s
+cluster-up: venv k8s $(REAL_NODES)
 	@$(LOCALKUBE) up --topology $(TOPOLOGY)
 
 # Stop what cluster-up and multicluster-up started (by the PIDs they recorded in .holmes/).
@@ -96,7 +103,7 @@ cluster-down:
 # Two member clusters (the default topology split by cluster: east = InfiniBand, west = RoCE),
 # each its own control plane + node agent; east doubles as the hub. Writes .holmes/multicluster/.
 .PHONY: multicluster-up demo-multicluster
-multicluster-up: venv k8s
+multicluster-up: venv k8s $(REAL_NODES)
 	@$(LOCALKUBE) multicluster-up --topology $(TOPOLOGY)
 
 # One HolmesJob trained across both member clusters to Succeeded.

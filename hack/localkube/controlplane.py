@@ -40,6 +40,7 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler
 # Port blocks: base+0 etcd client, base+1 etcd peer, base+2 apiserver, base+3 node agent's log server.
 PORT_RANGE = (26400, 29990)
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
+NODE_PROCESSES = ("kubelet-", "containerd-", "coredns")  # name prefixes of real nodes' processes
 
 
 class ClusterError(RuntimeError):
@@ -153,7 +154,8 @@ class ControlPlane:
         """True when every recorded component is alive and the apiserver answers /readyz."""
         st = self.state()
         pids = st.get("pids", {})
-        if not pids or not all(self._alive(pids.get(c)) for c in COMPONENTS):
+        nodes = [n for n in pids if n.startswith(NODE_PROCESSES)]  # real nodes' (realnode.py)
+        if not pids or not all(self._alive(pids.get(c)) for c in (*COMPONENTS, *nodes)):
             return False
         return self._ready(st)
 
@@ -178,9 +180,9 @@ class ControlPlane:
     def up(self, topology: str | Path, port_base: int | None = None, log=print) -> dict:
         """Start everything (idempotent: a healthy cluster with the same topology is kept)."""
         topology = str(Path(topology).resolve())
-        from .topology import load_topology
+        from .topology import KUBELET, load_topology
 
-        load_topology(topology)  # fail early on a bad file
+        real = bool(load_topology(topology).played_by(KUBELET).nodes)  # fail early on a bad file
         if self.running():
             st = self.state()
             if st.get("topology") == topology:
@@ -189,6 +191,14 @@ class ControlPlane:
             log(f"cluster running with another topology ({st.get('topology')}); restarting it")
         self.down(log=lambda *_: None)
         bins = {b: binary(b) for b in BINARIES}
+        if real:
+            from . import realnode
+
+            try:
+                realnode.preflight(CACHE_BIN)
+            except realnode.RealNodeError as e:
+                raise ClusterError(str(e)) from e
+            bins.update({b: binary(b) for b in realnode.NODE_BINARIES})
         for tool in ("openssl", "unshare"):
             if not shutil.which(tool):
                 raise ClusterError(
@@ -220,6 +230,7 @@ class ControlPlane:
             # (imagepolicy.py): LOCALKUBE_HOST_IMAGES, comma-separated patterns; "" for none.
             "hostImages": list(imagepolicy.parse_patterns(os.environ.get("LOCALKUBE_HOST_IMAGES"))),
             "stateDir": str(self.dir),
+            "realNodes": None,
             "pids": {},
         }
         self._save(st)
@@ -255,6 +266,8 @@ class ControlPlane:
                 check=True,
                 capture_output=True,
             )
+        if real:
+            self._kubelet_pki(pki)
         try:
             self._start_all(st, bins, log)
         except BaseException:
@@ -349,6 +362,15 @@ class ControlPlane:
                 "--enable-aggregator-routing=true",
                 "--profiling=false",
                 "--v=1",
+                # real nodes' kubelets trust this client certificate (logs, exec; realnode.py)
+                *(
+                    [
+                        f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                        f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                    ]
+                    if (pki / "kubelet-client.crt").exists()
+                    else []
+                ),
             ],
         )
         self._wait("kube-apiserver /readyz", st, "kube-apiserver", lambda: self._ready(st), 90)
@@ -381,9 +403,17 @@ class ControlPlane:
         self._spawn(
             st, "node-agent", [sys.executable, "-m", "localkube", "--state-dir", str(d), "agent"], env=env
         )
-        from .topology import load_topology
+        from .topology import KUBELET, load_topology
 
-        names = set(load_topology(st["topology"]).names)
+        topo = load_topology(st["topology"])
+        if topo.played_by(KUBELET).nodes:
+            from .realnode import RealNodeError, RealNodes
+
+            try:
+                RealNodes(self, st, bins, log).start(topo)
+            except RealNodeError as e:
+                raise ClusterError(str(e)) from e
+        names = set(topo.names)
         self._wait(
             "the node agent to register Ready nodes",
             st,
@@ -475,6 +505,61 @@ class ControlPlane:
         )
         return {ln.split("=")[0] for ln in r.stdout.split() if ln.endswith("=True")}
 
+    @staticmethod
+    def _kubelet_pki(pki: Path) -> None:
+        """A CA the real nodes' kubelets trust for client certificates, and the API server's
+        certificate from it (system:masters: the kubelets' webhook authorization allows it)."""
+        if (pki / "kubelet-client.crt").exists():
+            return
+
+        def ssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+        ca, key = str(pki / "kubelet-ca.crt"), str(pki / "kubelet-ca.key")
+        ssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=localkube-kubelet-ca",
+            "-keyout",
+            key,
+            "-out",
+            ca,
+        )
+        ssl(
+            "req",
+            "-new",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            "-keyout",
+            str(pki / "kubelet-client.key"),
+            "-out",
+            str(pki / "kubelet-client.csr"),
+        )
+        ssl(
+            "x509",
+            "-req",
+            "-in",
+            str(pki / "kubelet-client.csr"),
+            "-CA",
+            ca,
+            "-CAkey",
+            key,
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-out",
+            str(pki / "kubelet-client.crt"),
+        )
+
     def _write_kubeconfig(self, st: dict) -> None:
         import base64
 
@@ -503,6 +588,10 @@ class ControlPlane:
         """Stop the recorded processes: add-ons (Kueue: kueue.py) first, then the node agent
         (it stops its pods), etcd last."""
         st = self.state()
+        if st.get("realNodes"):  # kubelets, containerds, CoreDNS, and what they leave
+            from .realnode import stop as stop_real_nodes
+
+            stop_real_nodes(self, st, log, grace)
         pids = st.get("pids", {})
         for name in [n for n in pids if n not in COMPONENTS] + list(reversed(COMPONENTS)):
             pid = pids.get(name)
