@@ -32,7 +32,7 @@ from localkube.operatorproc import OperatorProcess, install_crd
 from localkube.realnode import NAD_NAMESPACE
 from tests.helpers.polling import wait_for
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.real_nodes]
 REPO = Path(__file__).resolve().parents[3]
 TRAINER = images.image_ref("trainer")
 TOPOLOGY = REPO / "hack" / "topologies" / "real-nodes.yaml"
