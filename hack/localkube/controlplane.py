@@ -132,6 +132,11 @@ def mentions(pid: int, state_dir: Path) -> bool:
     return any(v == d or v.startswith(d + "/") for v in values)
 
 
+def openssl(*args: str) -> None:
+    """The openssl command (the test bed's certificates), its output kept unless it fails."""
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
 class ControlPlane:
     def __init__(self, state_dir: str | Path):
         self.dir = Path(state_dir).resolve()
@@ -246,25 +251,20 @@ class ControlPlane:
                 capture_output=True,
             )
         if not (pki / "kubelet.key").exists():  # the node agent's log server (kubectl logs)
-            subprocess.run(
-                [
-                    "openssl",
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "rsa:2048",
-                    "-nodes",
-                    "-days",
-                    "3650",
-                    "-subj",
-                    "/CN=localkube-kubelet",
-                    "-keyout",
-                    str(pki / "kubelet.key"),
-                    "-out",
-                    str(pki / "kubelet.crt"),
-                ],
-                check=True,
-                capture_output=True,
+            openssl(
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "3650",
+                "-subj",
+                "/CN=localkube-kubelet",
+                "-keyout",
+                str(pki / "kubelet.key"),
+                "-out",
+                str(pki / "kubelet.crt"),
             )
         if real:
             self._kubelet_pki(pki)
@@ -512,11 +512,8 @@ class ControlPlane:
         if (pki / "kubelet-client.crt").exists():
             return
 
-        def ssl(*args: str) -> None:
-            subprocess.run(["openssl", *args], check=True, capture_output=True)
-
         ca, key = str(pki / "kubelet-ca.crt"), str(pki / "kubelet-ca.key")
-        ssl(
+        openssl(
             "req",
             "-x509",
             "-newkey",
@@ -531,7 +528,7 @@ class ControlPlane:
             "-out",
             ca,
         )
-        ssl(
+        openssl(
             "req",
             "-new",
             "-newkey",
@@ -544,7 +541,7 @@ class ControlPlane:
             "-out",
             str(pki / "kubelet-client.csr"),
         )
-        ssl(
+        openssl(
             "x509",
             "-req",
             "-in",
