@@ -12,15 +12,19 @@ and a few bad specs (refused with a condition, never a crash). Then a steady win
 the operator's own requests per running job; then every job ends.
 
 Measured: the hollow nodes' readiness (hollow.py started -> every node Ready, ``nodesReadyS``),
-launch (create -> all pods of its first attempt created; bad specs and jobs edited or
-deleted before their launch excluded), the operator's reconcile time (its histogram), its own API
-requests (holmes_api_requests_total: the kubernetes client's, and the Events it posts), its RSS
-(peak, sampled each second) and CPU. Judged from one watch of the jobs and one of their pods:
-``duplicatePods`` (two live pods, not terminating nor ended, for one rank of a job, at any
-moment), ``orphanPods`` (at the end: a live pod whose job is gone or whose attempt is not the
-job's), ``lostJobs`` (a job whose phase went from ended back, whose attempt, restarts or
-observedGeneration went down, or that vanished without the bench deleting it), ``wrongPhase``
-(at the end: a good job not Succeeded, a bad spec not Pending with Stalled=True).
+launch (the bench's create call -> the API server's creationTimestamp of the last pod of its
+first attempt, + 1 s as that stamp is in whole seconds: an upper bound; ``launchSeen*``: ->
+the bench's pod watch delivering it, which adds that watch's lag on a loaded machine; bad
+specs and jobs edited or deleted before their launch excluded; ``atLaunch``: the operator's
+worker waits, reconciles, planning and lost races when the last job launched), the
+operator's reconcile time (its histogram), its own API requests (holmes_api_requests_total:
+the kubernetes client's, and the Events it posts), its RSS (peak, sampled each second) and CPU.
+Judged from one watch of the jobs and one of their pods: ``duplicatePods`` (two live pods, not
+terminating nor ended, for one rank of a job, at any moment), ``orphanPods`` (at the end: a live pod
+whose job is gone or whose attempt is not the job's), ``lostJobs`` (a job whose phase went from
+ended back, whose attempt, restarts or observedGeneration went down, or that vanished without the
+bench deleting it), ``wrongPhase`` (at the end: a good job not Succeeded, a bad spec not Pending
+with Stalled=True).
 
     .venv/bin/python bench/operator_scale.py --nodes 2000 --jobs 200     # ~15 minutes
     .venv/bin/python bench/operator_scale.py --small     # the small mode make test runs
@@ -44,6 +48,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +71,7 @@ TARGETS = {"launchP99S": 10.0, "reconcileP99S": 2.0, "apiRequestsPerSecondPerJob
 _SAMPLE = re.compile(
     r'^holmes_api_requests_total\{code="[^"]*",resource="([^"]*)",verb="([^"]*)"\} ([0-9.e+]+)$'
 )
-_BUCKET = re.compile(r'^holmes_reconcile_duration_seconds_bucket\{le="([^"]+)"\} ([0-9.e+]+)$')
+_LINE = re.compile(r"^([a-z_:]+)(?:\{([^}]*)\})? ([0-9.e+-]+|[+-]Inf|NaN)$")
 
 
 def log(msg: str) -> None:
@@ -156,7 +161,13 @@ class Observer:
         self.by_job: dict[tuple[str, str], set] = defaultdict(set)  # job -> its pods' keys
         self.created: dict[tuple[str, str], float] = {}  # key -> when the bench created it
         self.expected: dict[tuple[str, str], int] = {}  # key -> pods of its first attempt
-        self.launched: dict[tuple[str, str], float] = {}  # key -> seconds create -> all pods
+        # key -> seconds from the create call to its last first-attempt pod's creationTimestamp
+        # (the API server's: whole seconds, so + 1 s, an upper bound), whatever the watch's lag
+        self.launched: dict[tuple[str, str], float] = {}
+        self.seen: dict[tuple[str, str], float] = {}  # ... to this watch delivering that pod
+        self.created_wall: dict[tuple[str, str], float] = {}  # key -> time.time() of its create
+        self.last_pod: dict[tuple[str, str], float] = {}  # key -> its newest creationTimestamp
+        self.trace: dict[str, list[float]] = {}  # "ns/name" -> [created, seen, launched] (wall)
         self.first_pods: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.deleted_by_bench: set[tuple[str, str]] = set()
         self.excluded: set[tuple[str, str]] = set()  # no launch time: edited/deleted/bad
@@ -272,8 +283,12 @@ class Observer:
             self.pods[key] = pod
             if labels.get(LABEL_ATTEMPT) == "1" and job in self.expected and job not in self.launched:
                 self.first_pods[job].add(meta["name"])
+                at = server_time(meta["creationTimestamp"]) + 1.0
+                self.last_pod[job] = max(self.last_pod.get(job, at), at)
                 if len(self.first_pods[job]) >= self.expected[job] and job in self.created:
-                    self.launched[job] = now - self.created[job]
+                    self.seen[job] = now - self.created[job]
+                    self.launched[job] = self.last_pod[job] - self.created_wall[job]
+                    self.trace["/".join(job)] += [time.time(), self.last_pod[job]]
             self.by_job[job].add(key)
             self._finish_pod(pod)
             if live(pod):
@@ -288,6 +303,11 @@ class Observer:
                 ]
                 for t in twins:
                     self.duplicates.add((job[0], *sorted((meta["name"], t))))
+
+
+def server_time(stamp: str) -> float:
+    """An API server timestamp ("2026-11-29T20:13:01Z") as seconds since the epoch."""
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
 def live(pod: dict) -> bool:
@@ -320,14 +340,26 @@ def operator_requests(text: str) -> dict[tuple[str, str], float]:
     return out
 
 
-def histogram_quantile(text: str, q: float) -> float:
-    """Prometheus' histogram_quantile on the reconcile histogram (linear within a bucket)."""
+def samples(text: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of metric ``name`` whose labels include ``labels`` (Prometheus' text format)."""
+    out = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'([a-zA-Z_]+)="([^"]*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            out.append((got, float(m.group(3))))
+    return out
+
+
+def histogram_quantile(
+    text: str, q: float, name: str = "holmes_reconcile_duration_seconds", **labels: str
+) -> float:
+    """Prometheus' histogram_quantile on one histogram (linear within a bucket)."""
     buckets = sorted(
-        (
-            (math.inf if m.group(1) == "+Inf" else float(m.group(1)), float(m.group(2)))
-            for m in map(_BUCKET.match, text.splitlines())
-            if m
-        ),
+        (math.inf if got["le"] == "+Inf" else float(got["le"]), count)
+        for got, count in samples(text, f"{name}_bucket", **labels)
     )
     if not buckets or buckets[-1][1] == 0:
         return 0.0
@@ -340,6 +372,27 @@ def histogram_quantile(text: str, q: float) -> float:
             return lo_bound + (bound - lo_bound) * (rank - lo_count) / max(count - lo_count, 1e-9)
         lo_bound, lo_count = bound, count
     return buckets[-1][0]
+
+
+def histogram_mean(text: str, name: str, **labels: str) -> float:
+    total = sum(v for _, v in samples(text, f"{name}_sum", **labels))
+    count = sum(v for _, v in samples(text, f"{name}_count", **labels))
+    return total / count if count else 0.0
+
+
+def launch_breakdown(text: str) -> dict:
+    """Where the launches' time went, from the operator's metrics when the last job launched:
+    the wait for a launching worker, the reconciles, the planning, the lost races."""
+    wait = "holmes_reconcile_wait_seconds"
+    return {
+        "launchingWaitP50S": round(histogram_quantile(text, 0.5, wait, pool="launching"), 3),
+        "launchingWaitP99S": round(histogram_quantile(text, 0.99, wait, pool="launching"), 3),
+        "trackingWaitP99S": round(histogram_quantile(text, 0.99, wait, pool="tracking"), 3),
+        "reconcileP50S": round(histogram_quantile(text, 0.5), 3),
+        "reconcileP99S": round(histogram_quantile(text, 0.99), 3),
+        "planningMeanS": round(histogram_mean(text, "holmes_planning_duration_seconds"), 3),
+        "placementRetries": int(sum(v for _, v in samples(text, "holmes_placement_retries_total"))),
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -495,6 +548,8 @@ def main() -> int:
             with observer.lock:
                 observer.expected[key] = n
                 observer.created[key] = time.monotonic()
+                observer.created_wall[key] = time.time()
+                observer.trace["/".join(key)] = [observer.created_wall[key]]
             custom.create_namespaced_custom_object(
                 GROUP, VERSION, ns, PLURAL, scale_job(key[1], ns, n, island), _preload_content=False
             )
@@ -520,8 +575,10 @@ def main() -> int:
         with observer.lock:  # one not launched counts as launched now (a lower bound of its time)
             unlaunched = [k for k in keys if k not in observer.launched]
             for k in unlaunched:
-                observer.launched[k] = time.monotonic() - observer.created[k]
+                observer.launched[k] = observer.seen[k] = time.monotonic() - observer.created[k]
         result["unlaunchedJobs"] = len(unlaunched)
+        result["atLaunch"] = launch_breakdown(op.metrics())
+        log(f"at launch: {result['atLaunch']}")
         log(f"launched; launch p99 {percentile(list(observer.launched.values()), 0.99):.2f}s")
 
         # churn
@@ -594,9 +651,9 @@ def main() -> int:
         with observer.lock:
             jobs = dict(observer.jobs)
             pods = list(observer.pods.values())
-            launches = [
-                v for k, v in observer.launched.items() if k not in observer.excluded and k not in set(edited)
-            ]
+            measured = [k for k in observer.launched if k not in observer.excluded and k not in set(edited)]
+            launches = [observer.launched[k] for k in measured]
+            seen = [observer.seen[k] for k in measured]
         orphans = [
             p["metadata"]["name"]
             for p in pods
@@ -613,6 +670,8 @@ def main() -> int:
         result.update(
             launchP50S=round(percentile(launches, 0.5), 3),
             launchP99S=round(percentile(launches, 0.99), 3),
+            launchSeenP50S=round(percentile(seen, 0.5), 3),
+            launchSeenP99S=round(percentile(seen, 0.99), 3),
             reconcileP99S=round(histogram_quantile(metrics_text, 0.99), 3),
             apiRequestsPerSecondPerJob=round(steady, 4),
             operatorRssMiB=round(sampler.peak / 2**20, 1),
@@ -654,6 +713,8 @@ def main() -> int:
             hollow.wait(30)
             subprocess.run([*hollow_cmd, "--unregister"], env=env, cwd=REPO, check=False, capture_output=True)
         stop_cluster(cp)
+        if observer:  # each launch as the bench saw it, to join with the operator's log
+            (tmp / "launches.json").write_text(json.dumps(observer.trace))
     met = {k: result[k] <= v for k, v in TARGETS.items()}
     clean = all(result[k] == 0 for k in ("orphanPods", "duplicatePods", "lostJobs", "wrongPhase"))
     if clean and all(met.values()):

@@ -34,7 +34,6 @@ import contextvars
 import copy
 import functools
 import logging
-import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -59,8 +58,11 @@ from .watches import Watches
 log = logging.getLogger("holmes.operator")
 IDLE_RESYNC = 300.0  # a quiet job is still re-read this often
 # Reconciles run in a pool of their own (asyncio's default one serves the Lease renewals and
-# discovery, which reconciles must not starve); asyncio's default size.
-RECONCILE_WORKERS = min(32, (os.cpu_count() or 1) + 4)
+# discovery, which reconciles must not starve). Sized for waiting, not for cores: a launch holds
+# its worker through a dry run, its children's creates and a status patch (~1.5 s of round trips
+# on a busy API server), so at 2 launches/s asyncio's default (cores + 4: 6 here) queued them
+# for up to 10 s (issue 46's bench at 2,000 nodes; 16 kept the wait under 0.1 s).
+RECONCILE_WORKERS = 16
 # ... two of them: jobs not launched yet reconcile in one, the others in the other, so a new
 # job's placement never queues behind the running jobs' reconciles (which the pod events of a
 # busy cluster keep due, and whose writes hold a worker while the API server answers).

@@ -74,6 +74,7 @@ class Caches:
         self.podgroups = Store(index_label=child_names.LABEL_JOB)
         # the capacity view (pipeline.HubChildren) as of (cluster_pods, pods) versions
         self.capacity_view: tuple[tuple[int, int], list[dict]] | None = None
+        self.slim_pods: dict[tuple[str, str], dict] = {}  # Holmes' own pods in it, slimmed
 
 
 class KubeIO:

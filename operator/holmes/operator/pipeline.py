@@ -87,14 +87,21 @@ class HubChildren:
         if kept is not None and kept[0] == versions:
             return kept[1], layout
         pods = {_key(p): p for p in self.caches.cluster_pods.values()}
+        # Holmes' own pods slimmed once per version (their two watches deliver a change at
+        # different moments, and a launch's pods reach the shared cache last)
+        slims, self.caches.slim_pods = self.caches.slim_pods, {}
         for p in self.caches.pods.values():  # Holmes' own pods, including those just created
-            seen = pods.get(_key(p))
-            if seen is not None and _rv(seen) == _rv(p):
+            key, rv = _key(p), _rv(p)
+            seen = pods.get(key)
+            if seen is not None and _rv(seen) == rv:
                 continue  # the same version, slim already: no work per pod per reconcile
             if (p.get("status") or {}).get("phase") in capacity.ENDED:
-                pods.pop(_key(p), None)  # holds nothing (the shared cache keeps no ended pods)
+                pods.pop(key, None)  # holds nothing (the shared cache keeps no ended pods)
                 continue
-            pods[_key(p)] = capacity.slim_pod(p)
+            slim = slims.get(key)
+            if slim is None or _rv(slim) != rv:
+                slim = capacity.slim_pod(p)
+            pods[key] = self.caches.slim_pods[key] = slim
         view = list(pods.values())
         self.caches.capacity_view = (versions, view)
         return view, layout
@@ -201,6 +208,7 @@ class Pipeline:
     def __post_init__(self) -> None:
         self.placement = commit.PlacementLock()
         self._layouts: tuple[tuple[int, int], dict] | None = None  # the hub's, by store versions
+        self._view_keys: tuple[list[dict], frozenset] | None = None  # a capacity view's pod keys
 
     def children(self, job: dict) -> tuple[Children, dict]:
         """Where the job's children live (and the job, with the members' finalizer set first)."""
@@ -244,7 +252,7 @@ class Pipeline:
                 members=where.states,
                 namespace_labels=self.watches.namespace_labels(ns),
             )
-            facts = placement_facts.gather(self.cost_model, self.workloads(where))
+            facts = placement_facts.gather(self.cost_model, lambda: self.workloads(where))
             started = time.perf_counter()
             d = decide(obs, facts, self.settings, self.backoff)
             if d.placed:
@@ -269,8 +277,10 @@ class Pipeline:
         creating, launching = self.placement.in_flight()  # before the caches they land in
         pods, layout = where.capacity_view()
         if creating:
-            have = {_key(p) for p in pods}
-            pods = pods + [capacity.slim_pod(p) for p in creating if _key(p) not in have]
+            kept = self._view_keys  # the same view (no pod changed since) is common in a burst
+            if kept is None or kept[0] is not pods:
+                kept = self._view_keys = (pods, frozenset(map(_key, pods)))
+            pods = pods + [capacity.slim_pod(p) for p in creating if _key(p) not in kept[1]]
         jobs = self.caches.jobs.snapshot()
         # every reconcile asks, running jobs' too: the hub's kept per version of the stores read
         # (a member's ConfigMaps are in its own caches)

@@ -63,7 +63,14 @@ class PlacementFacts:
     cost_model: CostModelConfig  # as of this reconcile (its file re-read when changed)
     network: Callable[[Mapping], NodeNetwork]  # a node's NIC kind, RDMA resource, NCCL env
     unusable: Callable[[Mapping], str]  # why a node cannot run pods ("" if it can)
-    workloads: capacity.Workloads = field(default_factory=capacity.Workloads)
+    # what the other workloads hold and want: read by the first decision step that places
+    read_workloads: Callable[[], capacity.Workloads] = capacity.Workloads
+
+    @cached_property
+    def workloads(self) -> capacity.Workloads:
+        """Read once, and only when this decision places: a running job's reconciles (most of
+        them on a busy cluster) never do, and the read is a pass over every pod of the cluster."""
+        return self.read_workloads()
 
 
 @dataclass(frozen=True)
