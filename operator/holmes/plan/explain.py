@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from holmes.contract.layout import Layout
 from holmes.contract.names import ETHERNET
 
+from . import nvlink
 from .partition_why import partition_lines
 from .topology import boundary_crossings
 
@@ -142,6 +143,7 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
             out.append("pipeline across clusters: " + "; ".join(crossings))
     out.extend(expert_lines(layout, best, alternatives))
     out.extend(gpu_lines(best))
+    out.extend(nvlink.why_lines(layout, best, alternatives))
     out.extend(
         partition_lines(
             best.costs,
