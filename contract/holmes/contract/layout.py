@@ -290,7 +290,11 @@ class Layout:
                 {"kind": g.kind, "net": g.net, **({"stage": g.stage} if g.stage is not None else {})}
                 for g in self.groups
             ],
-            **({"nvlinkDomains": {d: list(ns) for d, ns in self.nvlink_domains}} if self.nvlink_domains else {}),
+            **(
+                {"nvlinkDomains": {d: list(ns) for d, ns in self.nvlink_domains}}
+                if self.nvlink_domains
+                else {}
+            ),
             "estimate": self.estimate,
             "explanation": list(self.explanation),
         }
@@ -506,7 +510,11 @@ def _validate_nvlink(layout: Layout) -> None:
         if len(domains) != 1 or None in domains:
             raise LayoutError(
                 f"the tensor group on nodes {', '.join(group)} spans "
-                + ("nodes in no NVLink domain" if None in domains else f"NVLink domains {sorted(map(str, domains))}")
+                + (
+                    "nodes in no NVLink domain"
+                    if None in domains
+                    else f"NVLink domains {sorted(map(str, domains))}"
+                )
                 + ": a tensor group wider than a node must lie on nodes of one domain (nvlinkDomains)"
             )
 

@@ -213,7 +213,9 @@ def stage_gpu_of(gpus: Sequence[NodeGpu]) -> StageGpu:
         peak_tflops=min(g.peak_tflops for g in gpus),
         memory_gib=min(g.memory_gib for g in gpus),
         notes=tuple(dict.fromkeys(g.note for g in gpus if g.note)),
-        nvlink_gbps=None if any(g.nvlink_gbps is None for g in gpus) else min(g.nvlink_gbps or 0 for g in gpus),
+        nvlink_gbps=None
+        if any(g.nvlink_gbps is None for g in gpus)
+        else min(g.nvlink_gbps or 0 for g in gpus),
     )
 
 

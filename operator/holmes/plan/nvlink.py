@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .discovery import NodeNic
 from .costmodel import GBIT
+from .discovery import NodeNic
 
 if TYPE_CHECKING:
     from holmes.contract.layout import Layout

@@ -37,13 +37,12 @@ from holmes.contract import host_memory, nvls
 from holmes.contract import pipeline_schedules as sched
 from holmes.contract.flops import ModelCost, tflops_per_gpu
 from holmes.contract.jobspec import JobSpec, SpecError, load_job, tensor_parallel_problems
-from holmes.contract.layout import NVLINK_VERSION, VIRTUAL_VERSION, GroupFamily, Layout, Stage
+from holmes.contract.layout import LAYOUT_VERSION, NVLINK_VERSION, VIRTUAL_VERSION, GroupFamily, Layout, Stage
 from holmes.contract.network import island_settings
 from holmes.contract.spec_sections import AUTO
 
-from . import nvlink
+from . import nvlink, schedule_choice
 from . import partition as parts_mod
-from . import schedule_choice
 from .budget import Budget
 from .candidate import Candidate, Degrees
 from .costmodel import (
@@ -659,9 +658,10 @@ def search(
         domain = [w for w in why_not if "NVLink domain" in w]
         if domain and len(domain) == len(why_not):
             T = job.parallelism.tensor
+            per = T // G if isinstance(T, int) else "several"
             raise PlanError(
-                f"spec.parallelism.tensor: {T} puts each tensor group on {T // G if isinstance(T, int) else '?'} "
-                f"nodes, and no order of the nodes keeps every group inside one NVLink domain: "
+                f"spec.parallelism.tensor: {T} puts each tensor group on {per} nodes, and no order of "
+                "the nodes keeps every group inside one NVLink domain: "
                 + "; ".join(domain[:2])
                 + f"; fix: set tensor to a divisor of gpusPerNode {G} (or auto), or run on nodes of "
                 "NVLink domains (GPU Feature Discovery's nvidia.com/gpu.clique) holding whole groups"
@@ -764,7 +764,9 @@ def with_schedule(layout: Layout, option: schedule_choice.ScheduleOption, c: Can
         bubbleSeconds=_round(option.bubble_seconds),
     )
     version = NVLINK_VERSION if layout.tensor_spans_nodes else VIRTUAL_VERSION  # v4 holds chunks too
-    return replace(layout, stages=stages, schedule=name, version=version, groups=tuple(groups), estimate=estimate)
+    return replace(
+        layout, stages=stages, schedule=name, version=version, groups=tuple(groups), estimate=estimate
+    )
 
 
 def host_per_rank(c: Candidate, job: JobSpec) -> list[float]:
@@ -914,11 +916,8 @@ def _one_chunk_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layou
         estimate=estimate,
         world_net=c.world_net,
         expert=d.expert,
-        **(
-            {"version": NVLINK_VERSION, "nvlink_domains": nvlink.layout_domains(c.nodes)}
-            if d.tensor > G
-            else {}
-        ),
+        version=NVLINK_VERSION if d.tensor > G else LAYOUT_VERSION,
+        nvlink_domains=nvlink.layout_domains(c.nodes) if d.tensor > G else (),
     )
 
 

@@ -100,7 +100,12 @@ def test_tensor_groups_over_two_nodes_of_an_nvlink_domain_pass_every_check(tmp_p
     layout = make_layout(2, 1, [2, 2], 2, 4, gpus_per_node=2, embedding=True, tensor=4)
     assert layout.tensor_spans_nodes and layout.version == 4
     code, out, err = dry_run(
-        job(tmp_path, pipeline=2, data=1, tensor=4, gpus_per_node=2), layout, tmp_path, "--ranks", "all", "--collectives"
+        job(tmp_path, pipeline=2, data=1, tensor=4, gpus_per_node=2),
+        layout,
+        tmp_path,
+        "--ranks",
+        "all",
+        "--collectives",
     )
     assert out, err
     assert out["problems"] == [] and code == 0, out["problems"]

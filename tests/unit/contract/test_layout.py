@@ -162,7 +162,10 @@ def test_tensor_groups_span_the_nodes_of_one_nvlink_domain():
     assert [g.ranks for g in lay.process_groups("tp")] == [tuple(range(8)), tuple(range(8, 16))]
     assert lay.tensor_spans_nodes and lay.nvlink_domain("b1") == "uuid.2"
     again = Layout.from_json(lay.to_json())
-    assert again.to_dict() == lay.to_dict() and again.to_dict()["nvlinkDomains"] == {"uuid.1": ["a0", "a1"], "uuid.2": ["b0", "b1"]}
+    assert again.to_dict() == lay.to_dict() and again.to_dict()["nvlinkDomains"] == {
+        "uuid.1": ["a0", "a1"],
+        "uuid.2": ["b0", "b1"],
+    }
 
 
 @pytest.mark.parametrize(

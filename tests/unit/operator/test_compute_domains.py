@@ -31,7 +31,9 @@ def env_of(pod: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
 
 
-def test_plan_pods_renders_a_compute_domain_per_nvlink_domain_and_each_pod_claims_its_channel(tmp_path, capsys):
+def test_plan_pods_renders_a_compute_domain_per_nvlink_domain_and_each_pod_claims_its_channel(
+    tmp_path, capsys
+):
     assert main(["plan", "--nodes", str(NODES_FILE), "--job", str(JOB_FILE), "--pods"]) == 0
     items = yaml.safe_load(capsys.readouterr().out)["items"]
     domains = [o for o in items if o["kind"] == "ComputeDomain"]
@@ -47,7 +49,9 @@ def test_plan_pods_renders_a_compute_domain_per_nvlink_domain_and_each_pod_claim
         claims = {c["name"]: c["resourceClaimTemplateName"] for c in pod["spec"]["resourceClaims"]}
         assert claims[cd.CLAIM] in channel
         assert {"name": cd.CLAIM} in pod["spec"]["containers"][0]["resources"]["claims"]
-        by_domain.setdefault(claims[cd.CLAIM], set()).add(clique[pod["metadata"]["annotations"]["holmes.dev/node"]])
+        by_domain.setdefault(claims[cd.CLAIM], set()).add(
+            clique[pod["metadata"]["annotations"]["holmes.dev/node"]]
+        )
         env = env_of(pod)
         assert env["NCCL_MNNVL_ENABLE"] == "2" and env["NCCL_CUMEM_ENABLE"] == "1"
     assert all(len(v) == 1 for v in by_domain.values())  # one ComputeDomain never spans two domains

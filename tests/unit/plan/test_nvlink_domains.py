@@ -62,7 +62,9 @@ def test_the_clique_label_is_the_nodes_nvlink_domain_and_a_malformed_one_a_probl
     bad["metadata"]["labels"][names.LABEL_GPU_CLIQUE] = "rack-one"
     n = classify_node(bad)
     assert n.nvlink_domain is None
-    assert any("nvidia.com/gpu.clique='rack-one'" in p and "<cluster UUID>.<clique id>" in p for p in n.problems)
+    assert any(
+        "nvidia.com/gpu.clique='rack-one'" in p and "<cluster UUID>.<clique id>" in p for p in n.problems
+    )
 
 
 def test_gb200_is_priced_with_its_nvlink_and_gpu_products_may_give_any_product_one():
@@ -70,7 +72,9 @@ def test_gb200_is_priced_with_its_nvlink_and_gpu_products_may_give_any_product_o
     assert node_gpu(classify_node(NODES[0]), cfg).nvlink_gbps == 7200.0
     other = copy.deepcopy(NODES[0])
     other["metadata"]["labels"][names.LABEL_GPU_PRODUCT] = "NVIDIA-Future-X9"
-    cfg = from_mapping({"gpuProducts": {"Future-X9": {"peakTflops": 3000, "memoryGib": 200, "nvlinkGbps": 14400}}})
+    cfg = from_mapping(
+        {"gpuProducts": {"Future-X9": {"peakTflops": 3000, "memoryGib": 200, "nvlinkGbps": 14400}}}
+    )
     assert node_gpu(classify_node(other), cfg).nvlink_gbps == 14400.0
     cfg = from_mapping({"gpuProducts": {"Future-X9": {"peakTflops": 3000, "memoryGib": 200}}})
     assert node_gpu(classify_node(other), cfg).nvlink_gbps is None  # the config's nvlinkGbps

@@ -88,7 +88,10 @@ def objects(domains: Sequence[JobDomain], namespace: str, labels: Mapping[str, s
                 "namespace": namespace,
                 "labels": dict(labels),
             },
-            "spec": {"numNodes": len(d.nodes), "channel": {"resourceClaimTemplate": {"name": d.channel_template}}},
+            "spec": {
+                "numNodes": len(d.nodes),
+                "channel": {"resourceClaimTemplate": {"name": d.channel_template}},
+            },
         }
         for d in domains
     ]
