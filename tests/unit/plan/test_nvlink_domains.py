@@ -6,11 +6,13 @@ between; the job examples/jobs/llama3-70b-gb200.yaml (a Llama-70B shape, tensor 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from holmes.cli import main
 from holmes.contract import names
 from holmes.contract.layout import NVLINK_VERSION
 from holmes.plan.costmodel import CostModelConfig
@@ -166,3 +168,17 @@ def test_without_domains_tensor_auto_stays_inside_a_node():
     layout = plan(relabel(NODES, lambda i: None), job(tensor="auto"))
     assert layout.tensor <= 4 and layout.version != NVLINK_VERSION
     assert "NVLink domain" not in "\n".join(layout.explanation)
+
+
+def test_holmes_plan_on_the_example_says_where_the_tensor_groups_sit(capsys):
+    nodes, job_file = (
+        str(ROOT / "examples/nodes/gb200-nvl72.yaml"),
+        str(ROOT / "examples/jobs/llama3-70b-gb200.yaml"),
+    )
+    assert main(["plan", "--nodes", nodes, "--job", job_file]) == 0
+    out = capsys.readouterr().out
+    assert "36 nodes x 4 GPUs = 144 ranks: tensor 8 x pipeline" in out
+    assert "tensor groups of 8 span 2 nodes of one NVLink domain each (never two)" in out
+    assert main(["plan", "--nodes", nodes, "--job", job_file, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["version"] == NVLINK_VERSION and sorted(map(len, doc["nvlinkDomains"].values())) == [18, 18]

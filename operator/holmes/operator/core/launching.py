@@ -235,6 +235,8 @@ def _launch_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> Decision:
             pod_routes.update(job_routes(spec, lay, {n: nets[n] for n in lay.nodes}))
     except RouteError as e:
         return stall(st, "InvalidSpec", f"{e}{validation.FIX}")
+    # replicas claim no IMEX channel: NCCL's multi-node NVLink off on NVLink-domain nodes
+    pod_routes = with_compute_domains(pod_routes, [], nets)
     if queueing.volcano_group(spec.template):  # every replica's pods: one gang, admitted first
         why = _podgroup_first(st, spec, pod_routes)
         if why is not None:
