@@ -5,11 +5,12 @@ Rack-scale NVLink (GB200/GB300 NVL72) joins the GPUs of up to 18 nodes in one NV
 every other at its NVLink speed, a multiple of what the nodes' NICs carry. So:
 
 - a tensor group (or an expert group) may span the nodes of one domain, never two: its
-  all-reduces run every layer, and across domains they would cross the NICs. A tensor degree
-  ``T`` above ``gpusPerNode`` ``G`` puts each group on ``T / G`` consecutive nodes (the
-  Layout's rank order), so :func:`domain_parts` orders each island's nodes domain by domain and
-  keeps of each domain whole groups' worth of nodes, and :func:`tensor_group_problem` refuses
-  an order that would still straddle;
+  all-reduces (all-to-alls) run every layer, and across domains they would cross the NICs. A
+  tensor degree ``T`` above ``gpusPerNode`` ``G`` puts each group on ``T / G`` consecutive
+  nodes (the Layout's rank order), an expert group of ``E x T`` ranks on ``E x T / G``, so
+  :func:`domain_parts` orders each island's nodes domain by domain and keeps of each domain
+  whole groups' worth of nodes, and :func:`group_problem` refuses an order that would still
+  straddle. On nodes without domains an expert group keeps to its island as before (planner);
 - data-parallel, pipeline and embedding traffic among nodes of one domain is priced on NVLink
   (:func:`node_gbps`: the node's GPUs' NVLink together), across domains on the island's NICs;
 - the search weighs wider tensor groups inside a domain (less pipeline, less bubble, more
@@ -72,23 +73,22 @@ def domain_parts(parts: Parts, per_group: int) -> Parts:
     return out
 
 
-def tensor_group_problem(nodes: Sequence[NodeNic], per_group: int) -> str:
-    """Why the tensor groups of ``per_group`` consecutive nodes (node rank order) do not each
+def group_problem(nodes: Sequence[NodeNic], per_group: int, kind: str = "tensor") -> str:
+    """Why the ``kind`` groups of ``per_group`` consecutive nodes (node rank order) do not each
     lie inside one NVLink domain; '' when they do."""
     for first in range(0, len(nodes), per_group):
         group = nodes[first : first + per_group]
         domains = {n.nvlink_domain for n in group}
+        on = ", ".join(n.name for n in group[:4]) + (", ..." if len(group) > 4 else "")
         if None in domains:
             lone = next(n.name for n in group if n.nvlink_domain is None)
             return (
-                f"the tensor group on {', '.join(n.name for n in group)} reaches over node {lone}, which "
-                "is in no NVLink domain (no nvidia.com/gpu.clique label)"
+                f"the {kind} group on {on} reaches over node {lone}, which is in no NVLink domain "
+                "(no nvidia.com/gpu.clique label)"
             )
         if len(domains) > 1:
-            return (
-                f"the tensor group on {', '.join(n.name for n in group)} would span NVLink domains "
-                f"{', '.join(sorted(str(d) for d in domains))}"
-            )
+            spans = ", ".join(sorted(map(str, domains)))
+            return f"the {kind} group on {on} would span NVLink domains {spans}"
     return ""
 
 

@@ -360,7 +360,7 @@ def cost_placement(
     ``gpus``: each node's GPU by name where the caller worked them out (:func:`node_gpus`)."""
     G = job.nodes.gpus_per_node
     T, P, D = deg.tensor, deg.pipeline, deg.data
-    if T > G and (why := nvlink.tensor_group_problem(nodes, T // G)):
+    if T > G and (why := nvlink.group_problem(nodes, T // G)):
         return f"tensor {T} x pipeline {P} x data {D}: {why}"
     R = D * T
     per_node = max(1, G // R)  # stages per node
@@ -520,6 +520,8 @@ def expert_groups(
             if members.nvlink_domain and nvlink_node_gbps:
                 speeds.append(nvlink_node_gbps[s])
                 continue
+            if members.domains != {None}:  # on NVLink-domain nodes, never across two
+                return nvlink.group_problem(sn[i : i + per_group], per_group, "expert")
             if not members.single_island:
                 names = ", ".join(n.name for n in sn[i : i + per_group][:4])
                 return f"stage {s}'s expert group on {names} would span islands"
@@ -603,13 +605,17 @@ def search(
     gpus = node_gpus(usable, cfg)
     parts: IslandParts | None = None
     roomiest = max((gpus[n.name].memory_gib for n in usable), default=cfg.gpu_memory_gib)
-    for deg in degree_candidates(job, nvlink.largest_domain(usable)):
+    domain_nodes = nvlink.largest_domain(usable)
+    for deg in degree_candidates(job, domain_nodes):
         too_big = memory_floor_problem(job, deg, model, cfg, roomiest)
         if too_big:
             why_not.append(too_big)
             continue
         span = max(1, deg.data * deg.tensor // G)
-        per_group = max(1, deg.tensor // G)  # nodes per tensor group: > 1 inside an NVLink domain
+        # nodes per group that must lie in one NVLink domain: a tensor group wider than a node, or
+        # on nodes of domains an expert group wider than one (elsewhere it keeps to its island)
+        per_group = max(1, deg.tensor // G, deg.expert * deg.tensor // G if domain_nodes > 1 else 1)
+        kind = "tensor" if deg.tensor > G else "expert"
         if job.parallelism.nic_selection == "off":
             orders = name_order
         else:
@@ -632,7 +638,7 @@ def search(
             orders = arrangements[key] + [o for o in name_order if o not in arrangements[key]]
         best: tuple[tuple[float, int, int, int, int], Candidate] | None = None
         for i, order in enumerate(orders):
-            if per_group > 1 and (why := nvlink.tensor_group_problem(order, per_group)):
+            if per_group > 1 and (why := nvlink.group_problem(order, per_group, kind)):
                 why_not.append(f"tensor {deg.tensor} x pipeline {deg.pipeline} x data {deg.data}: {why}")
                 continue  # another order may keep every group inside a domain
             pay(deg, len(order))
@@ -657,14 +663,14 @@ def search(
         )
         domain = [w for w in why_not if "NVLink domain" in w]
         if domain and len(domain) == len(why_not):
-            T = job.parallelism.tensor
-            per = T // G if isinstance(T, int) else "several"
+            field = "expert" if all("expert group" in w for w in domain) else "tensor"
+            fits = "expert x tensor at most" if field == "expert" else "tensor a divisor of"
             raise PlanError(
-                f"spec.parallelism.tensor: {T} puts each tensor group on {per} nodes, and no order of "
-                "the nodes keeps every group inside one NVLink domain: "
+                f"spec.parallelism.{field}: {getattr(job.parallelism, field)} puts each {field} group on "
+                "several nodes, and no order of the nodes keeps every group inside one NVLink domain: "
                 + "; ".join(domain[:2])
-                + f"; fix: set tensor to a divisor of gpusPerNode {G} (or auto), or run on nodes of "
-                "NVLink domains (GPU Feature Discovery's nvidia.com/gpu.clique) holding whole groups"
+                + f"; fix: make the group fit a node ({fits} gpusPerNode {G}, or auto), or run on "
+                "nodes of NVLink domains (GPU Feature Discovery's nvidia.com/gpu.clique) holding whole groups"
             )
         spans = any("would span islands" in w for w in why_not)
         raise PlanError(

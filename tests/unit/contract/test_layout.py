@@ -185,3 +185,25 @@ def test_tensor_groups_across_domains_or_without_one_are_refused(change, message
 def test_version_4_is_only_for_tensor_groups_across_nodes():
     with pytest.raises(LayoutError, match="version 4 is only for them"):
         two_stage_layout(version=4)
+
+
+def test_a_version_4_layout_may_hold_virtual_stages_too():
+    """Tensor groups across nodes and an interleaved schedule: version 4 carries the chunks and
+    the schedule, and reads back the same."""
+    lay = nvl_layout(
+        stages=(
+            Stage(0, (0, 6), "east/infiniband", "infiniband", "IB", chunks=((0, 2), (4, 6))),
+            Stage(1, (2, 8), "east/infiniband", "infiniband", "IB", chunks=((2, 4), (6, 8))),
+        ),
+        groups=(
+            GroupFamily("tp", "IB", 0),
+            GroupFamily("tp", "IB", 1),
+            GroupFamily("pp", "IB"),
+            GroupFamily("p2p", "IB", 0),
+            GroupFamily("p2p", "IB", 1),
+        ),
+        schedule="Interleaved1F1B",
+    )
+    d = lay.to_dict()
+    assert d["version"] == 4 and d["pipelineSchedule"] == "Interleaved1F1B" and d["stages"][0]["chunks"]
+    assert Layout.from_dict(d).to_dict() == d and Layout.from_dict(nvl_layout().to_dict()).virtual_stages == 1

@@ -118,8 +118,11 @@ def test_tensor_groups_across_nodes_without_a_domain_are_refused_naming_the_fiel
     with pytest.raises(PlanError) as e:
         plan(relabel(NODES, lambda i: None), job(tensor=8))
     msg = str(e.value)
-    assert msg.startswith("spec.parallelism.tensor: 8 puts each tensor group on 2 nodes")
-    assert "in no NVLink domain" in msg and "fix: set tensor to a divisor of gpusPerNode 4" in msg
+    assert msg.startswith("spec.parallelism.tensor: 8 puts each tensor group on several nodes")
+    assert (
+        "in no NVLink domain" in msg
+        and "fix: make the group fit a node (tensor a divisor of gpusPerNode 4" in msg
+    )
 
 
 def test_tensor_groups_that_only_fit_across_domains_are_refused():
@@ -182,3 +185,31 @@ def test_holmes_plan_on_the_example_says_where_the_tensor_groups_sit(capsys):
     assert main(["plan", "--nodes", nodes, "--job", job_file, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["version"] == NVLINK_VERSION and sorted(map(len, doc["nvlinkDomains"].values())) == [18, 18]
+
+
+def moe_doc(count: int, **parallelism) -> dict:
+    """A DeepSeek-V2-Lite shape (64 experts) on the example's GB200 nodes."""
+    from tests.helpers.plan.moe_helpers import SHAPES, TRAINER
+
+    model, moe = SHAPES["deepseek-v2-lite"]
+    doc = copy.deepcopy(JOB)
+    doc["spec"].update(framework="megatron", template={"spec": {"containers": [TRAINER]}})
+    doc["spec"]["model"] = {**model, "moe": moe}
+    doc["spec"]["training"].update(globalBatchSize=256, microBatchSize=1, activationRecompute=True)
+    doc["spec"]["nodes"]["count"] = count
+    doc["spec"]["parallelism"] = {"tensor": 1, "sequenceParallel": False, **parallelism}
+    return doc
+
+
+def test_expert_groups_over_nodes_stay_in_one_domain_and_their_all_to_all_runs_on_nvlink():
+    """Expert 8 on 4-GPU nodes: each expert group spans two nodes, of one domain (even where name
+    order interleaves the domains), its all-to-all priced on the nodes' NVLink, not InfiniBand."""
+    nodes = relabel(NODES, lambda i: f"{'ab'[i % 2] * 8}-0000-0000-0000-000000000000.{i % 2}")
+    domain = {n["metadata"]["name"]: clique(n) for n in nodes}
+    best, _ = _best(nodes, moe_doc(8, pipeline=2, expert=8))
+    assert best.degrees.expert == 8
+    assert all(c.place.ep_gbps == 4 * 7200.0 for c in best.costs)
+    names_ = [n.name for n in best.nodes]
+    assert all(domain[names_[i]] == domain[names_[i + 1]] for i in range(0, len(names_), 2))
+    without, _ = _best(relabel(NODES, lambda i: None), moe_doc(8, pipeline=2, expert=8))
+    assert all(c.place.ep_gbps is not None and c.place.ep_gbps < 1600 for c in without.costs)
