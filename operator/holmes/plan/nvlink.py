@@ -118,11 +118,14 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
     per_gpu = min(c.nvlink for c in best.costs) / GBIT
     out = []
     if T > G:
-        used = sorted({n.nvlink_domain or "" for n in best.nodes})
+        sizes: dict[str, int] = {}
+        for n in best.nodes:
+            sizes[n.nvlink_domain or ""] = sizes.get(n.nvlink_domain or "", 0) + 1
+        shown = ", ".join(f"{d}: {k} nodes" for d, k in list(sizes.items())[:3])
         out.append(
             f"tensor groups of {T} span {T // G} nodes of one NVLink domain each (never two): "
             f"all-reduces on NVLink at {per_gpu:g} Gbit/s per GPU; the job's nodes are in "
-            f"{len(used)} domain(s) ({', '.join(used[:3])}{', ...' if len(used) > 3 else ''})"
+            f"{len(sizes)} domain(s) ({shown}{', ...' if len(sizes) > 3 else ''})"
         )
     inside = [s for s, st in enumerate(best.stage_sets) if st.nvlink_domain and st.count > 1]
     if inside:
