@@ -52,20 +52,22 @@ def tensor_widths(gpus_per_node: int, domain_nodes: int) -> list[int]:
     return [gpus_per_node * k for k in range(2, domain_nodes + 1)]
 
 
-def domain_parts(parts: Parts, per_group: int) -> Parts:
+def domain_parts(parts: Parts, per_group: int, unlabelled: bool = False) -> Parts:
     """``parts`` with each part's nodes in domain order (a domain's nodes together, by name),
-    each domain cut to whole tensor groups of ``per_group`` nodes and nodes without a domain
-    left out: blocks of whole groups cut from them never straddle two domains."""
+    each domain cut to whole groups of ``per_group`` nodes: blocks of whole groups cut from them
+    never straddle two domains. Nodes without a domain are left out, or with ``unlabelled``
+    (expert groups, which may keep to an island there) kept last, cut to whole groups too."""
     out: Parts = []
     for by_type in parts:
         mine = []
         for part in by_type:
-            domains: dict[str, list[NodeNic]] = {}
+            domains: dict[str | None, list[NodeNic]] = {}
             for n in part:
-                if n.nvlink_domain:
+                if n.nvlink_domain or unlabelled:
                     domains.setdefault(n.nvlink_domain, []).append(n)
             kept: list[NodeNic] = []
-            for d in sorted(domains, key=lambda d: (-len(domains[d]), d)):  # the largest first
+            # the largest domain first, the nodes without one last
+            for d in sorted(domains, key=lambda d: (d is None, -len(domains[d]), d or "")):
                 ns = domains[d]
                 kept += ns[: len(ns) // per_group * per_group]
             mine.append(tuple(kept))
@@ -75,10 +77,13 @@ def domain_parts(parts: Parts, per_group: int) -> Parts:
 
 def group_problem(nodes: Sequence[NodeNic], per_group: int, kind: str = "tensor") -> str:
     """Why the ``kind`` groups of ``per_group`` consecutive nodes (node rank order) do not each
-    lie inside one NVLink domain; '' when they do."""
+    lie inside one NVLink domain; '' when they do. An expert group on nodes of no domain at all
+    is no problem here (it keeps to its island: planner.expert_groups)."""
     for first in range(0, len(nodes), per_group):
         group = nodes[first : first + per_group]
         domains = {n.nvlink_domain for n in group}
+        if kind == "expert" and domains == {None}:
+            continue
         on = ", ".join(n.name for n in group[:4]) + (", ..." if len(group) > 4 else "")
         if None in domains:
             lone = next(n.name for n in group if n.nvlink_domain is None)

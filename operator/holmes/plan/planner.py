@@ -623,7 +623,7 @@ def search(
             if key not in arrangements:
                 budget.spend(len(usable), f"arranging {len(usable)} nodes")
                 parts = parts if parts is not None else island_parts(usable, cfg, gpus)
-                mine = parts if per_group == 1 else nvlink.domain_parts(parts, per_group)
+                mine = parts if per_group == 1 else nvlink.domain_parts(parts, per_group, kind == "expert")
                 if sum(len(p) for by_type in mine for p in by_type) < N:
                     arrangements[key] = []  # too few nodes in whole groups of a domain
                 else:

@@ -213,3 +213,14 @@ def test_expert_groups_over_nodes_stay_in_one_domain_and_their_all_to_all_runs_o
     assert all(domain[names_[i]] == domain[names_[i + 1]] for i in range(0, len(names_), 2))
     without, _ = _best(relabel(NODES, lambda i: None), moe_doc(8, pipeline=2, expert=8))
     assert all(c.place.ep_gbps is not None and c.place.ep_gbps < 1600 for c in without.costs)
+
+
+def test_expert_groups_on_nodes_without_a_domain_keep_to_their_island_beside_a_domain():
+    """Every other node in a domain, the rest unlabelled: expert groups of two nodes lie in the
+    domain (NVLink) or on unlabelled nodes of the island (InfiniBand), never across the two."""
+    nodes = relabel(NODES, lambda i: "aaaa-1.1" if i % 2 == 0 else None)  # interleaved by name
+    domain = {n["metadata"]["name"]: clique(n) for n in nodes}
+    best, _ = _best(nodes, moe_doc(32, pipeline=2, expert=8))
+    names_ = [n.name for n in best.nodes]
+    pairs = [(domain[names_[i]], domain[names_[i + 1]]) for i in range(0, len(names_), 2)]
+    assert all(a == b for a, b in pairs) and {a for a, _ in pairs} == {"aaaa-1.1", None}
