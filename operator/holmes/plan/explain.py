@@ -155,17 +155,10 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
     if len(alternatives) > 1:
         nxt = alternatives[1]
         out.append(
-            f"chose {_degrees(best)} over {len(alternatives) - 1} other degree choice(s); next best "
-            f"{_degrees(nxt)} is {nxt.seconds / best.seconds:.3g}x slower"
+            f"chose {best.degrees.describe()} over {len(alternatives) - 1} other degree choice(s); next best "
+            f"{nxt.degrees.describe()} is {nxt.seconds / best.seconds:.3g}x slower"
         )
     return ["why:"] + [x if x.startswith(" ") else f"- {x}" for x in out]
-
-
-def _degrees(c: Candidate) -> str:
-    d = c.degrees
-    return f"tensor {d.tensor} x pipeline {d.pipeline} x data {d.data}" + (
-        f" x expert {d.expert}" if d.expert > 1 else ""
-    )
 
 
 def expert_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]) -> list[str]:

@@ -150,8 +150,8 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
         alt = min(other, key=lambda c: c.seconds)
         kind = "node-bound" if T > G else "domain-wide"
         out.append(
-            f"{kind} plan beside it: {_degrees(alt)} estimates {alt.seconds:.4g} s/iteration under 1F1B, "
-            f"this plan {best.seconds:.4g} s ({alt.seconds / best.seconds:.3g}x the time)"
+            f"{kind} plan beside it: {alt.degrees.describe()} estimates {alt.seconds:.4g} s/iteration "
+            f"under 1F1B, this plan {best.seconds:.4g} s ({alt.seconds / best.seconds:.3g}x the time)"
         )
     return out
 
@@ -160,9 +160,3 @@ def _one_domain(best: Candidate, boundary: int) -> bool:
     a, b = best.stage_sets[boundary], best.stage_sets[boundary + 1]
     return a.nvlink_domain is not None and a.nvlink_domain == b.nvlink_domain
 
-
-def _degrees(c: Candidate) -> str:
-    d = c.degrees
-    return f"tensor {d.tensor} x pipeline {d.pipeline} x data {d.data}" + (
-        f" x expert {d.expert}" if d.expert > 1 else ""
-    )
