@@ -159,4 +159,3 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
 def _one_domain(best: Candidate, boundary: int) -> bool:
     a, b = best.stage_sets[boundary], best.stage_sets[boundary + 1]
     return a.nvlink_domain is not None and a.nvlink_domain == b.nvlink_domain
-
