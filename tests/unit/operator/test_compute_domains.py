@@ -117,3 +117,25 @@ def test_without_compute_domains_served_pods_on_a_domain_get_mnnvl_off():
     routes = with_compute_domains({n: PodRoute("infiniband") for n in nets}, [], nets)
     assert routes["a"].env == {"NCCL_MNNVL_ENABLE": "0"} and routes["a"].nvlink_channel is None
     assert routes["b"].env == {}
+
+
+def test_megatron_forms_its_tensor_groups_over_the_nodes_of_one_domain():
+    """An external engine builds its tensor groups from consecutive ranks, and each pod's node
+    rank is its node's place in the Layout: so Megatron's groups of 8 are the Layout's, two nodes
+    of one NVLink domain each."""
+    job = copy.deepcopy(JOB)
+    job["spec"]["framework"] = "megatron"
+    job["spec"]["template"]["spec"]["containers"][0].update(
+        image="nemo:x", command=["python", "pretrain_gpt.py"]
+    )
+    pods = [o for o in _render(NODES, job) if o["kind"] == "Pod"]
+    argv = pods[0]["spec"]["containers"][0]["command"]
+    assert argv[argv.index("--tensor-model-parallel-size") + 1] == "8"
+    clique = clique_of(NODES)
+    by_rank = {
+        int(p["metadata"]["labels"]["holmes.dev/node-rank"]): clique[
+            p["metadata"]["annotations"]["holmes.dev/node"]
+        ]
+        for p in pods
+    }
+    assert all(by_rank[r] == by_rank[r + 1] for r in range(0, len(by_rank), 2))
