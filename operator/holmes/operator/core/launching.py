@@ -14,6 +14,7 @@ from holmes.plan import InsufficientNodes, PlanError
 from . import (
     capacity,
     child_names,
+    compute_domains,
     framework_launch,
     members,
     placement,
@@ -25,7 +26,7 @@ from . import (
 )
 from . import conditions as cond
 from .render import HOSTNAME_LABEL, JobRef, build_configmap, build_pod, build_service
-from .routes import PodRoute, RouteError, claim_templates, job_routes
+from .routes import PodRoute, RouteError, claim_templates, job_routes, with_compute_domains
 from .state import (
     PENDING,
     RESTARTING,
@@ -141,6 +142,12 @@ def _launch_pipeline(st: JobState, spec: JobSpec, layout: Layout) -> Decision:
             "which Holmes requests only for jobs on the hub's own nodes, not across member clusters"
             f"{validation.FIX}",
         )
+    domains = (  # the IMEX channels of the job's NVLink domains (not across member clusters)
+        compute_domains.job_domains(ref.name, layout, {n: nets[n].nvlink_domain for n in layout.nodes})
+        if st.obs.compute_domains and st.obs.members is None
+        else []
+    )
+    pod_routes = with_compute_domains(pod_routes, domains, nets)
     existing = {pod_node_rank(p) for p in current_pods(st)}
     configmap = build_configmap(ref, layout, spec, framework_launch.config_files(spec, layout))
     over = _create_children(
@@ -148,6 +155,7 @@ def _launch_pipeline(st: JobState, spec: JobSpec, layout: Layout) -> Decision:
     )
     if over:
         return _wait_for_quota(st, spec, over)
+    st.d.compute_domains = compute_domains.objects(domains, ref.namespace, render.child_labels(ref))
     nic_of = {n: net.nic for n, net in nets.items()}
     st.status["layout"] = layout_status(layout, nic_of, child_names.layout_configmap_name(st.name))
     st.status.pop("waitingSince", None)
@@ -227,6 +235,8 @@ def _launch_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> Decision:
             pod_routes.update(job_routes(spec, lay, {n: nets[n] for n in lay.nodes}))
     except RouteError as e:
         return stall(st, "InvalidSpec", f"{e}{validation.FIX}")
+    # replicas claim no IMEX channel: NCCL's multi-node NVLink off on NVLink-domain nodes
+    pod_routes = with_compute_domains(pod_routes, [], nets)
     if queueing.volcano_group(spec.template):  # every replica's pods: one gang, admitted first
         why = _podgroup_first(st, spec, pod_routes)
         if why is not None:

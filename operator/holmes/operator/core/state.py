@@ -97,6 +97,12 @@ class Observed:
     # API server serves PodGroups at all
     podgroup: dict | None = None
     volcano: bool = True
+    # NVIDIA's DRA driver's ComputeDomains (compute_domains.py): made for the job's NVLink domains,
+    # their IMEX channels claimed by its pods. False: not made (the operator's apply does not
+    # create them yet: kube.py's owner adds Decision.compute_domains to its prerequisites, with
+    # the check that the API server serves computedomains.resource.nvidia.com); holmes plan
+    # --pods renders them
+    compute_domains: bool = False
     # the ResourceQuotas of the job's namespace, to create no pod they would refuse (quota.py);
     # None: not read (a job across member clusters: the members' quotas judge its pods)
     quotas: list[dict] | None = None
@@ -118,6 +124,7 @@ class Decision:
     claim_templates: list[dict] = field(
         default_factory=list
     )  # DRA ResourceClaimTemplates: create when missing
+    compute_domains: list[dict] = field(default_factory=list)  # ComputeDomains: create when missing
     create_pods: list[dict] = field(default_factory=list)
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
