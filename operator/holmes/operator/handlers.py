@@ -54,6 +54,7 @@ from .core.render import RenderSettings
 from .kube import Caches, KubeIO
 from .pipeline import Pipeline
 from .progress import ProgressReader
+from .topology_labels import TopologyLabels
 from .watches import Watches
 
 log = logging.getLogger("holmes.operator")
@@ -113,6 +114,9 @@ class Runtime:
             self._kueue_in_use,
             self.member_secrets,
         )
+        # Holmes' islands published as node labels (Kueue's TAS, Volcano's HyperNodes read them)
+        mapping = lambda: self.cost_model.config.nic_mapping  # noqa: E731
+        self.watches.on_node = TopologyLabels(self.api, mapping).start().offer
         self.loop: asyncio.AbstractEventLoop | None = None  # the operator's, once it runs
         self.progress = ProgressReader(
             self.settings.metrics_port, self.settings.progress_interval, on_read=self.wake_from_thread

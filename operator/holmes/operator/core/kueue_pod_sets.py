@@ -94,10 +94,16 @@ def pod_set_names(groups: list[PodGroup]) -> list[str]:
     return names
 
 
-def pod_sets(groups: list[PodGroup], template: Mapping | None, island_label: str) -> list[dict]:
+def pod_sets(
+    groups: list[PodGroup], template: Mapping | None, island_label: str, topology: bool = False
+) -> list[dict]:
     """The Workload's pod sets, one per group (group_pods): ``count`` pods asking for its
     requests, with the template's placement rules. With several groups each PodSet selects its
-    island's nodes (``island_label``), so the flavor Kueue assigns it is one its pods can use."""
+    island's nodes (``island_label``), so the flavor Kueue assigns it is one its pods can use.
+    ``topology``: the job's flavor has a Topology (Kueue's TAS) and each group's island is the
+    value of Holmes' island level (topology.LABEL_ISLAND = ``island_label``): every PodSet with
+    an island selects it and requires one domain of that level, so Kueue admits it on nodes it
+    picks inside the island Holmes sized the stage for."""
     tspec = (template or {}).get("spec")
     if not isinstance(tspec, Mapping):
         tspec = {}
@@ -111,9 +117,12 @@ def pod_sets(groups: list[PodGroup], template: Mapping | None, island_label: str
         for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
             if tspec.get(key):
                 pod_spec[key] = tspec[key]
-        if len(groups) > 1 and g.island:
+        if (len(groups) > 1 or topology) and g.island:
             pod_spec["nodeSelector"] = {**(tspec.get("nodeSelector") or {}), island_label: g.island}
-        out.append({"name": name, "count": g.count, "template": {"spec": pod_spec}})
+        ps: dict[str, Any] = {"name": name, "count": g.count, "template": {"spec": pod_spec}}
+        if topology and g.island:
+            ps["topologyRequest"] = {"required": island_label}
+        out.append(ps)
     return out
 
 
