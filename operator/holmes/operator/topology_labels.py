@@ -7,12 +7,14 @@ node with everything that says its NIC kind (Holmes' labels, NFD, DRA slices, de
 its --cluster-rdma-kind flags), and it sees a node change as it happens (its node informer).
 Patches run in one thread of their own, off the informer's; a node whose labels already say it
 is not written. Without the RBAC to patch nodes (the chart grants it) the first refusal is
-logged once, naming the rule, and nothing more is tried.
+logged once, naming the rule, and nothing more is tried. ``HOLMES_TOPOLOGY_LABELS=off`` (the
+environment) turns it off: an admin who labels the nodes another way, or none.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable, Mapping
@@ -25,6 +27,15 @@ from holmes.plan import NicMapping, classify_nodes
 from .core import island_topology as topology
 
 log = logging.getLogger("holmes.operator.topology")
+ENV = "HOLMES_TOPOLOGY_LABELS"  # "off": publish none
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether to publish (ENV): on unless "off"; any other value is refused by name."""
+    raw = (os.environ if environ is None else environ).get(ENV, "on").strip().lower()
+    if raw not in ("on", "off"):
+        raise ValueError(f"{ENV}={raw!r}: give on (the default) or off")
+    return raw == "on"
 
 
 def wanted(node: Mapping, mapping: NicMapping) -> dict[str, str] | None:

@@ -4,6 +4,10 @@ TAS (each requiring its island) and how Holmes reads Kueue's topology assignment
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from holmes.operator import topology_labels
 from holmes.operator.core import island_topology as topology
 from holmes.operator.core import kueue_pod_sets, queueing
@@ -247,3 +251,37 @@ def test_a_job_kueue_admits_by_topology_runs_on_the_nodes_kueue_picked_in_its_is
     assert sorted(p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in d.create_pods) == sorted(
         picked
     )
+
+
+def test_publishing_is_on_unless_turned_off_and_a_wrong_value_is_named():
+    assert topology_labels.enabled({}) and topology_labels.enabled({"HOLMES_TOPOLOGY_LABELS": "on"})
+    assert not topology_labels.enabled({"HOLMES_TOPOLOGY_LABELS": "Off"})
+    with pytest.raises(ValueError, match="HOLMES_TOPOLOGY_LABELS='no': give on"):
+        topology_labels.enabled({"HOLMES_TOPOLOGY_LABELS": "no"})
+
+
+def test_holmes_topology_prints_each_schedulers_objects_for_the_nodes(capsys):
+    """`holmes topology`: the Kueue and KAI Topology and the Volcano HyperNodes of the nodes as
+    the operator classifies them (its --cluster-rdma-kind too); a node it cannot classify is
+    named with why, and left out."""
+    import yaml
+
+    from holmes.cli import main
+
+    nodes = str(Path(__file__).resolve().parents[3] / "examples" / "nodes" / "default.yaml")
+    assert main(["topology", "--nodes", nodes, "--cluster-rdma-kind", "east=infiniband"]) == 0
+    out = capsys.readouterr().out
+    assert "# node roce-1: no island" in out and "# node ib-1" not in out
+    items = yaml.safe_load(out)["items"]
+    assert [(i["apiVersion"], i["kind"]) for i in items[:2]] == [
+        ("kueue.x-k8s.io/v1beta2", "Topology"),
+        ("kai.scheduler/v1alpha1", "Topology"),
+    ]
+    assert items[0]["spec"] == items[1]["spec"] == topology.kueue_topology()["spec"]
+    tier1 = [i["metadata"]["name"] for i in items if i["kind"] == "HyperNode" and i["spec"]["tier"] == 1]
+    assert tier1 == [
+        "island-east.ethernet",
+        "island-east.infiniband",
+        "island-west.ethernet",
+        "island-west.roce",
+    ]

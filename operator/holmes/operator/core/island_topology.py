@@ -93,6 +93,26 @@ def kueue_topology(name: str = TOPOLOGY, version: str = "v1beta2") -> dict:
     }
 
 
+def kai_topology(name: str = TOPOLOGY) -> dict:
+    """NVIDIA KAI Scheduler's Topology (kai.scheduler/v1alpha1) of the same levels: a workload
+    names it (annotation kai.scheduler/topology) and asks for a level
+    (kai.scheduler/topology-required-placement: topology.holmes.dev/island)."""
+    return {
+        "apiVersion": "kai.scheduler/v1alpha1",
+        "kind": "Topology",
+        "metadata": {"name": name},
+        "spec": {"levels": [{"nodeLabel": level} for level in LEVELS]},
+    }
+
+
+def with_labels(node: Mapping, nic: NodeNic) -> dict:
+    """``node`` carrying the topology labels Holmes would publish on it (for renders of nodes
+    read before the operator labelled them)."""
+    meta = dict(node.get("metadata") or {})
+    meta["labels"] = {**(meta.get("labels") or {}), **node_labels(nic)}
+    return {**node, "metadata": meta}
+
+
 def topology_request(level: str = LABEL_ISLAND) -> dict:
     """A Workload PodSet's ``topologyRequest``: all its pods inside one domain of ``level``."""
     return {"required": level}
