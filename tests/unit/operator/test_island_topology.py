@@ -85,9 +85,9 @@ def test_the_kueue_topology_lists_cluster_island_then_hostname():
 def test_under_tas_each_pod_set_selects_and_requires_its_island():
     groups = kueue_pod_sets.group_pods(
         [
-            PodGroup("east.infiniband", {"nvidia.com/gpu": 2.0}),
-            PodGroup("east.infiniband", {"nvidia.com/gpu": 2.0}),
-            PodGroup("west.roce", {"nvidia.com/gpu": 2.0}),
+            PodGroup("east.infiniband", {"nvidia.com/gpu": 2.0}, cluster="east"),
+            PodGroup("east.infiniband", {"nvidia.com/gpu": 2.0}, cluster="east"),
+            PodGroup("west.roce", {"nvidia.com/gpu": 2.0}, cluster="west"),
         ]
     )
     sets = kueue_pod_sets.pod_sets(groups, {"spec": {}}, topology.LABEL_ISLAND, topology=True)
@@ -95,14 +95,26 @@ def test_under_tas_each_pod_set_selects_and_requires_its_island():
         ("east-infiniband", 2, {"required": topology.LABEL_ISLAND}),
         ("west-roce", 1, {"required": topology.LABEL_ISLAND}),
     ]
+    # the island, and the cluster: the flavors' node label, by whose key alone Kueue picks a
+    # PodSet's flavor before it looks at the topology (a west PodSet given east's flavor first
+    # would find no west node there)
     assert [p["template"]["spec"]["nodeSelector"] for p in sets] == [
-        {topology.LABEL_ISLAND: "east.infiniband"},
-        {topology.LABEL_ISLAND: "west.roce"},
+        {topology.LABEL_ISLAND: "east.infiniband", topology.LABEL_CLUSTER: "east"},
+        {topology.LABEL_ISLAND: "west.roce", topology.LABEL_CLUSTER: "west"},
     ]
     # one island: still selected and required (Kueue must not move it to another island)
     (one,) = kueue_pod_sets.pod_sets(groups[:1], {}, topology.LABEL_ISLAND, topology=True)
     assert one["name"] == "workers" and one["topologyRequest"] == {"required": topology.LABEL_ISLAND}
-    assert one["template"]["spec"]["nodeSelector"] == {topology.LABEL_ISLAND: "east.infiniband"}
+    assert one["template"]["spec"]["nodeSelector"] == {
+        topology.LABEL_ISLAND: "east.infiniband",
+        topology.LABEL_CLUSTER: "east",
+    }
+    # more groups than Kueue takes, merged across islands of one cluster: the cluster is kept,
+    # no island to require
+    merged = kueue_pod_sets._merged(groups[:1] + [PodGroup("east.roce", {}, cluster="east")], lambda g: "")
+    (m,) = kueue_pod_sets.pod_sets(merged, {}, topology.LABEL_ISLAND, topology=True)
+    assert "topologyRequest" not in m
+    assert m["template"]["spec"]["nodeSelector"] == {topology.LABEL_CLUSTER: "east"}
     # without TAS: as before, no topology request (a flavor without a Topology refuses one)
     plain = kueue_pod_sets.pod_sets(groups, {}, "holmes.dev/cluster")
     assert all("topologyRequest" not in p for p in plain)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import child_names
+from . import child_names, island_topology
 from .capacity import CPU, MEMORY, PodShape, show
 
 POD_SET = "workers"  # the PodSet of a job whose pods are one group
@@ -30,11 +30,13 @@ ANN_POD_SETS = "holmes.dev/pod-sets-of"  # the digest of what the Workload's pod
 class PodGroup:
     """Pods of the job alike for Kueue: on nodes of one cluster (``island``, the value of the
     job's island label: "" unknown) asking for the same ``requests`` (one pod's, every resource:
-    the template's, the GPUs, its route's RDMA devices or VFs)."""
+    the template's, the GPUs, its route's RDMA devices or VFs). Under Kueue's TAS ``island`` is
+    the value of Holmes' island level and ``cluster`` of its cluster level (island_topology)."""
 
     island: str
     requests: Mapping[str, float]
     count: int = 1
+    cluster: str = ""
 
     @property
     def key(self) -> tuple:
@@ -53,7 +55,9 @@ def _merged(groups: Iterable[PodGroup], key: Callable[[PodGroup], Any]) -> list[
         reqs = {
             r: max(have.requests.get(r, 0.0), g.requests.get(r, 0.0)) for r in {*have.requests, *g.requests}
         }
-        out[key(g)] = PodGroup(have.island if have.island == g.island else "", reqs, have.count + g.count)
+        island = have.island if have.island == g.island else ""
+        cluster = have.cluster if have.cluster == g.cluster else ""
+        out[key(g)] = PodGroup(island, reqs, have.count + g.count, cluster)
     return sorted(out.values(), key=lambda g: g.key)
 
 
@@ -101,9 +105,11 @@ def pod_sets(
     requests, with the template's placement rules. With several groups each PodSet selects its
     island's nodes (``island_label``), so the flavor Kueue assigns it is one its pods can use.
     ``topology``: the job's flavor has a Topology (Kueue's TAS) and each group's island is the
-    value of Holmes' island level (topology.LABEL_ISLAND = ``island_label``): every PodSet with
-    an island selects it and requires one domain of that level, so Kueue admits it on nodes it
-    picks inside the island Holmes sized the stage for."""
+    value of Holmes' island level (island_topology.LABEL_ISLAND = ``island_label``): every
+    PodSet with an island selects it and requires one domain of that level, so Kueue admits it
+    on nodes it picks inside the island Holmes sized the stage for; and selects its cluster
+    (island_topology.LABEL_CLUSTER), the flavors' node label: Kueue matches a PodSet to a
+    flavor by the flavors' label keys only, and checks the topology after it chose one."""
     tspec = (template or {}).get("spec")
     if not isinstance(tspec, Mapping):
         tspec = {}
@@ -119,6 +125,11 @@ def pod_sets(
                 pod_spec[key] = tspec[key]
         if (len(groups) > 1 or topology) and g.island:
             pod_spec["nodeSelector"] = {**(tspec.get("nodeSelector") or {}), island_label: g.island}
+        if topology and g.cluster:
+            pod_spec["nodeSelector"] = {
+                **(pod_spec.get("nodeSelector") or {}),
+                island_topology.LABEL_CLUSTER: g.cluster,
+            }
         ps: dict[str, Any] = {"name": name, "count": g.count, "template": {"spec": pod_spec}}
         if topology and g.island:
             ps["topologyRequest"] = {"required": island_label}

@@ -48,7 +48,7 @@ from . import (
     replicas,
     routes,
 )
-from .island_topology import island_of
+from .island_topology import island_of, label_value
 from .routes import NodeNetwork
 
 # The search a job ahead in the queue may cost each job behind it (a fiftieth of a job's own
@@ -207,11 +207,13 @@ def queued_pods(
     out = []
     for name in names:
         node = by_name[name]
+        cluster = ""
         if topology:
-            island = island_of(classify_nodes([node], where.facts.cost_model.nic_mapping)[0])
+            nic = classify_nodes([node], where.facts.cost_model.nic_mapping)[0]
+            island, cluster = island_of(nic), label_value(nic.cluster)
         else:
             island = ((node.get("metadata") or {}).get("labels") or {}).get(label) or ""
-        out.append(kueue_pod_sets.PodGroup(island, {**rdma(node), **shape.requests}))
+        out.append(kueue_pod_sets.PodGroup(island, {**rdma(node), **shape.requests}, cluster=cluster))
     return out
 
 
