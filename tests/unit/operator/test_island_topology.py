@@ -297,3 +297,56 @@ def test_holmes_topology_prints_each_schedulers_objects_for_the_nodes(capsys):
         "island-west.ethernet",
         "island-west.roce",
     ]
+
+
+class _Core:
+    """CoreV1Api's patch_node, recorded; ``status`` refuses every patch so."""
+
+    def __init__(self, status: int | None = None):
+        self.patches: list[tuple[str, dict]] = []
+        self.status = status
+
+    def patch_node(self, name, body):
+        from kubernetes.client.rest import ApiException
+
+        if self.status:
+            raise ApiException(status=self.status, reason="Forbidden")
+        self.patches.append((name, body))
+
+
+def _drain(pub: topology_labels.TopologyLabels) -> None:
+    pub.stop()
+    pub._run()  # in this thread: what the writer's thread does, to its end
+
+
+def test_the_writer_patches_only_nodes_that_need_it_and_stops_at_a_refusal(caplog):
+    from kubernetes import client
+
+    pub = topology_labels.TopologyLabels(client.ApiClient(), NicMapping)
+    pub.core = _Core()
+    done = node("ib-9", **IB["metadata"]["labels"], **topology_labels.wanted(IB, NicMapping()))
+    for kind, n in (("LISTED", IB), ("MODIFIED", done), ("DELETED", H100)):
+        pub.offer(kind, n)
+    _drain(pub)
+    assert pub.core.patches == [
+        (
+            "ib-0",
+            {
+                "metadata": {
+                    "labels": {topology.LABEL_CLUSTER: "east", topology.LABEL_ISLAND: "east.infiniband"}
+                }
+            },
+        )
+    ]
+    pub = topology_labels.TopologyLabels(client.ApiClient(), NicMapping)
+    pub.core = _Core(status=403)
+    pub.offer("LISTED", IB)
+    pub.offer("LISTED", H100)
+    _drain(pub)
+    assert pub.forbidden
+    assert [r.getMessage() for r in caplog.records].count(
+        "cannot publish Holmes' topology labels (Forbidden): the operator needs RBAC nodes patch "
+        "(the chart's ClusterRole grants it); not trying again"
+    ) == 1
+    pub.offer("MODIFIED", IB)  # nothing more is queued
+    assert pub._queue.empty()
