@@ -95,13 +95,15 @@ def start_informers(
         out.append(Informer("workloads", fn, selector, store, changed, namespace_ok, transform=as_v1beta2))
     fn = functools.partial(custom.list_cluster_custom_object, g, v, queueing.FLAVORS)
     out.append(Informer("resourceflavors", fn, "", caches.flavors, lambda ns, label: wake_all()))
-    # the queues, where served (is a job's ClusterQueue's flavor one with a Topology: TAS)
+    # the queues, where served (is a job's ClusterQueue's flavor one with a Topology: TAS). A
+    # change wakes no job: Kueue rewrites their status at every admission, and a job reads them
+    # when it makes its Workload (a held job is looked at again every WAIT_INTERVAL anyway)
     served = {r.name for r in custom.get_api_resources(g, v).resources}
     queues = ((queueing.LOCAL_QUEUES, caches.local_queues), (queueing.CLUSTER_QUEUES, caches.cluster_queues))
     for plural, store in queues:
         if plural in served:
             fn = functools.partial(custom.list_cluster_custom_object, g, v, plural)
-            out.append(Informer(plural, fn, "", store, lambda ns, label: wake_all()))
+            out.append(Informer(plural, fn, "", store, lambda ns, label: None))
         else:
             store.replace([])
     # WorkloadPriorityClasses (the value of a job's kueue.x-k8s.io/priority-class), where served
