@@ -442,11 +442,13 @@ def namespace_matches(patterns: tuple[str, ...], ns: str) -> bool:
 
 
 def node_fingerprint(body: Mapping) -> tuple:
-    """What of a node matters to planning (heartbeats change none of it)."""
+    """What of a node matters to planning (heartbeats change none of it; nor do Holmes' own
+    topology labels, written from what is here: their patch wakes no job)."""
     meta, spec, st = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     ready = next((c.get("status") for c in st.get("conditions") or [] if c.get("type") == "Ready"), None)
+    labels = meta.get("labels") or {}
     return (
-        tuple(sorted((meta.get("labels") or {}).items())),
+        tuple(sorted((k, v) for k, v in labels.items() if k not in island_topology.LABELS)),
         tuple(sorted((st.get("allocatable") or {}).items())),
         bool(spec.get("unschedulable")),
         ready,

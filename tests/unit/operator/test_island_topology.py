@@ -350,3 +350,13 @@ def test_the_writer_patches_only_nodes_that_need_it_and_stops_at_a_refusal(caplo
     ) == 1
     pub.offer("MODIFIED", IB)  # nothing more is queued
     assert pub._queue.empty()
+
+
+def test_publishing_the_labels_wakes_no_job():
+    """The node event of Holmes' own label patch leaves the node's fingerprint (what wakes every
+    job) as it was; any other label still changes it."""
+    from holmes.operator.watches import node_fingerprint
+
+    published = node("ib-0", **IB["metadata"]["labels"], **topology_labels.wanted(IB, NicMapping()))
+    assert node_fingerprint(published) == node_fingerprint(IB)
+    assert node_fingerprint(node("ib-0", **IB["metadata"]["labels"], team="a")) != node_fingerprint(IB)
