@@ -244,6 +244,7 @@ class Pipeline:
                 refused=refused,
                 workload=self.caches.workloads.get(ns, queueing.workload_name(name)),
                 flavors=self.watches.flavors(),
+                queue_topology=self.watches.queue_topology(fresh),
                 priority_classes=self.watches.priority_classes(),
                 workload_priority_classes=self.watches.workload_priority_classes(),
                 podgroup=self.caches.podgroups.get(ns, queueing.podgroup_name(name)),

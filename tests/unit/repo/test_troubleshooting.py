@@ -28,6 +28,7 @@ NOT_REASONS = {
     "SubjectAccessReview", "TokenRequest", "TokenReview", "WorkloadPriorityClass",
     "PodsReady", "WaitForStart", "WaitForRecovery",  # Kueue's PodsReady condition, written for it
     "BestEffort", "NotBestEffort", "NotTerminating",  # ResourceQuota scopes (core/quota.py)
+    "HyperNode",  # Volcano's kind (core/island_topology.py)
 }  # fmt: skip
 
 

@@ -5,6 +5,7 @@ launch. Pure."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -16,6 +17,7 @@ from . import (
     child_names,
     compute_domains,
     framework_launch,
+    island_topology,
     members,
     placement,
     queueing,
@@ -300,11 +302,29 @@ def _create_children(
         flavor = queueing.flavor_of((node.get("metadata") or {}).get("labels") or {}, st.flavor_labels)
         if flavor:
             pod["spec"]["nodeSelector"] = {**flavor, **(pod["spec"].get("nodeSelector") or {})}
+        if HOSTNAME_LABEL in flavor:  # admitted by topology: the node is Kueue's pick
+            template = (st.job.get("spec") or {}).get("template") or {}
+            _as_tas_pod(pod, template, queueing.workload_name(st.name))
     st.d.create_pods.extend(pods)
     if st.d.podgroup is not None:
         for pod in st.d.create_pods:
             queueing.in_group(pod, st.d.podgroup["metadata"]["name"])
     return ""
+
+
+def _as_tas_pod(pod: dict, template: Mapping, workload: str) -> None:
+    """A pod of a Workload Kueue admitted by topology, as Kueue's TAS expects its pods: the
+    node selector of its domain (set by the caller) and not Holmes' own pin to the node (the
+    template's node affinity as written), the PodSet's required level and its Workload named
+    (so Kueue counts the pod as the Workload's usage, not as usage beside it)."""
+    affinity = copy.deepcopy(((template.get("spec") or {}).get("affinity")) or {})
+    if affinity:
+        pod["spec"]["affinity"] = affinity
+    else:
+        pod["spec"].pop("affinity", None)
+    ann = pod["metadata"].setdefault("annotations", {})
+    ann[island_topology.ANN_REQUIRED_TOPOLOGY] = island_topology.LABEL_ISLAND
+    ann[island_topology.ANN_WORKLOAD] = workload
 
 
 def _launched(st: JobState, spec: JobSpec, total: int, what: str) -> Decision:

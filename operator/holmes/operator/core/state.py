@@ -93,6 +93,9 @@ class Observed:
     priority_classes: Mapping[str, int] | None = None
     # Kueue's WorkloadPriorityClass values by name (None: not known)
     workload_priority_classes: Mapping[str, int] | None = None
+    # the Topology a flavor of the job's ClusterQueue names (its LocalQueue's, by the label
+    # kueue.x-k8s.io/queue-name): Kueue's TAS admits the job (None: no topology, or not known)
+    queue_topology: str | None = None
     # Volcano (queueing.py): the job's PodGroup as Volcano last wrote its status; whether the
     # API server serves PodGroups at all
     podgroup: dict | None = None
