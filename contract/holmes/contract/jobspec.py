@@ -232,6 +232,7 @@ class JobSpec:
             "it and writes no status (docs/topology.md#multikueue). Any other domain-prefixed "
             f"path (at most {MAX_MANAGED_BY} characters) names another controller, and is left to it.",
             read=_managed_by,
+            server_default=False,  # absent stays absent, as batch/v1 Job's (no "" to refuse)
             schema={"type": "string", "maxLength": MAX_MANAGED_BY},
             rules=(Rule(f"self.matches('{MANAGED_BY_PATTERN}')", f"managedBy must be {MANAGED_BY_FIX}"),),
         ),
