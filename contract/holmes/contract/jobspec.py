@@ -21,12 +21,22 @@ GPUs, NIC kinds) belong to the planner.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, ClassVar
 
 from .frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, framework_problems
-from .names import API_VERSION, KIND, NETWORKS, POD_NETWORK
+from .names import (
+    API_VERSION,
+    KIND,
+    MANAGED_BY_HOLMES,
+    MANAGED_BY_MULTIKUEUE,
+    MANAGED_BY_PATTERN,
+    MAX_MANAGED_BY,
+    NETWORKS,
+    POD_NETWORK,
+)
 from .network import IslandNetwork, read_islands
 from .pipeline_schedules import AUTO as AUTO_SCHEDULE
 from .pipeline_schedules import virtual_choices
@@ -55,6 +65,26 @@ def _template(r: Reader, v: Any, path: str, _: Mapping[str, Any]) -> Any:
     problems = shape_problems(v)
     r.problems += problems
     return INVALID if problems else dict(v)
+
+
+MANAGED_BY_FIX = (
+    f"a domain-prefixed path of at most {MAX_MANAGED_BY} characters: {MANAGED_BY_MULTIKUEUE} for "
+    "Kueue's MultiKueue, or leave it out for this cluster's Holmes operator"
+)
+
+
+def valid_managed_by(v: Any) -> bool:
+    """A value spec.managedBy takes (the CRD's rule says the same)."""
+    return isinstance(v, str) and len(v) <= MAX_MANAGED_BY and re.match(MANAGED_BY_PATTERN, v) is not None
+
+
+def _managed_by(r: Reader, v: Any, path: str, _: Mapping[str, Any]) -> Any:
+    if v is None:
+        return ABSENT
+    if valid_managed_by(v):
+        return v
+    r.add(path, f"must be {MANAGED_BY_FIX}, got {show(v)}")
+    return INVALID
 
 
 @dataclass(frozen=True, eq=True)
@@ -95,6 +125,14 @@ class JobSpec:
             "self.parallelism.expert < 1 || "
             "self.model.moe.experts % self.parallelism.expert == 0",
             "parallelism.expert must divide model.moe.experts",
+        ),
+        # as batch/v1 Job's: neither set, changed nor removed after creation (the field-level
+        # `self == oldSelf` would miss the two last)
+        Rule(
+            "(has(self.managedBy) ? self.managedBy : '') == "
+            "(has(oldSelf.managedBy) ? oldSelf.managedBy : '')",
+            "managedBy is immutable: it says which controller runs the job from its creation on; "
+            "create a new HolmesJob to hand it to another",
         ),
     )
 
@@ -184,6 +222,21 @@ class JobSpec:
             server_default=False,
         ),
     ] = DEFAULT_FRAMEWORK
+    managed_by: Annotated[  # read by the operator before anything else (core/managed_by.py)
+        str,
+        Field(
+            "The controller that runs this job (as batch/v1 Job's managedBy), immutable. Leave it "
+            f"out (or {MANAGED_BY_HOLMES}) for this cluster's Holmes operator. "
+            f"{MANAGED_BY_MULTIKUEUE} hands it to Kueue's MultiKueue, which runs it on a worker "
+            "cluster and copies its status back: this cluster's operator then creates nothing for "
+            "it and writes no status (docs/topology.md#multikueue). Any other domain-prefixed "
+            f"path (at most {MAX_MANAGED_BY} characters) names another controller, and is left to it.",
+            read=_managed_by,
+            server_default=False,  # absent stays absent, as batch/v1 Job's (no "" to refuse)
+            schema={"type": "string", "maxLength": MAX_MANAGED_BY},
+            rules=(Rule(f"self.matches('{MANAGED_BY_PATTERN}')", f"managedBy must be {MANAGED_BY_FIX}"),),
+        ),
+    ] = ""
 
     # unhashable (template is a dict); typeshed spells an unhashable class the same way
     __hash__: ClassVar[None] = None  # type: ignore[assignment]
@@ -246,6 +299,7 @@ class JobSpec:
             **({"network": self.network} if self.network != JobSpec.network else {}),
             **({"islands": to_camel(self.islands)} if self.islands else {}),
             **({"framework": self.framework} if self.framework != JobSpec.framework else {}),
+            **({"managedBy": self.managed_by} if self.managed_by else {}),
         }
 
     def replace(self, **sections: Any) -> JobSpec:

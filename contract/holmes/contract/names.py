@@ -46,6 +46,16 @@ NFD_RDMA_LABELS = (
 )
 # The extended resource a node offers GPUs as, and a pod asks for them by.
 RESOURCE_GPU = "nvidia.com/gpu"
+# spec.managedBy: the controller that runs a HolmesJob. Absent or Holmes' own name: this cluster's
+# Holmes operator; any other domain-prefixed path (at most 63 characters, as batch/v1 Job's
+# managedBy): another controller, and the operator leaves the job alone. MultiKueue's name is the
+# one Kueue gives its own (apis/kueue/v1beta2 MultiKueueControllerName; its adapter for outside
+# kinds reads .spec.managedBy): it dispatches the job to a worker cluster and copies its status back.
+MANAGED_BY_HOLMES = "holmes.dev/operator"
+MANAGED_BY_MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+MAX_MANAGED_BY = 63
+# a domain (DNS-1123 subdomain characters), "/", a path; the same text is the CRD's CEL rule
+MANAGED_BY_PATTERN = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-A-Za-z0-9_.~/]+$"
 # A HolmesJob label: the Kueue LocalQueue that admits it (see docs/api.md).
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 # Kueue's WorkloadPriorityClass of a job (it wins over the pods' PriorityClass, as in Kueue)

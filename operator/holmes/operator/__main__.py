@@ -120,6 +120,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="NIC kind of such nodes in any other cluster (default: report them as unusable)",
     )
     p.add_argument(
+        "--topology-labels",
+        choices=("on", "off"),
+        default="on",
+        help="publish Holmes' topology levels as node labels (docs/topology.md), from the leading "
+        "replica only; off in all Holmes installations of a cluster but one",
+    )
+    p.add_argument(
         "--cost-model",
         metavar="COSTMODEL.yaml",
         help="plan with this cost model (the YAML `holmes plan --config` reads; re-read before "
@@ -341,6 +348,7 @@ def build(
         members_namespace=args.members_namespace,
         member_secrets=tuple(args.member_secret),
         reconciles=liveness.Progress(args.reconcile_bound),
+        topology_labels=args.topology_labels == "on",
     )
     register(rt, registry)
 

@@ -47,7 +47,7 @@ from holmes.contract.names import GROUP, PLURAL, VERSION
 from holmes.plan.costmodel_file import CostModelFile
 
 from . import api_count, liveness, metrics, topology_labels
-from .core import members
+from .core import managed_by, members
 from .core.reconcile import ChildRefusal, Decision, RestartBackoff
 from .core.render import RenderSettings
 from .kube import Caches, KubeIO
@@ -100,6 +100,7 @@ class Runtime:
     phases: metrics.PhaseTracker = field(default_factory=metrics.PhaseTracker)
     # reconciles due and running: the liveness probe's verdict (liveness.py)
     reconciles: liveness.Progress = field(default_factory=liveness.Progress)
+    topology_labels: bool = True  # --topology-labels
 
     def __post_init__(self) -> None:
         self.caches = Caches()
@@ -115,10 +116,12 @@ class Runtime:
             self._kueue_in_use,
             self.member_secrets,
         )
-        # Holmes' islands published as node labels (Kueue's TAS, Volcano's HyperNodes read them)
-        if topology_labels.enabled():
+        # Holmes' islands as node labels for the schedulers, written while this replica leads
+        self.labels: topology_labels.TopologyLabels | None = None
+        if self.topology_labels:
             mapping = lambda: self.cost_model.config.nic_mapping  # noqa: E731
-            self.watches.on_node = topology_labels.TopologyLabels(self.api, mapping).start().offer
+            self.labels = topology_labels.TopologyLabels(self.api, mapping, lambda: self.ready.is_set())
+            self.watches.on_node = self.labels.start().offer
         self.loop: asyncio.AbstractEventLoop | None = None  # the operator's, once it runs
         self.progress = ProgressReader(
             self.settings.metrics_port, self.settings.progress_interval, on_read=self.wake_from_thread
@@ -182,6 +185,8 @@ class Runtime:
         if self.leading is not None:
             await self.leading.wait()
         self.ready.set()
+        if self.labels is not None:  # what the nodes' events offered before went unwritten
+            self.labels.resync(self.caches.nodes.snapshot())
 
     def remember_job(self, body: Mapping) -> None:
         self.caches.jobs.put(copy.deepcopy(dict(body)))
@@ -222,6 +227,13 @@ class Runtime:
             if members.FINALIZER in (job["metadata"].get("finalizers") or []):
                 return self.clean_members(job)
             return None  # ownerReferences clean up
+        other = managed_by.elsewhere(job)
+        if other:  # another controller runs it (MultiKueue): nothing of ours, said once
+            if ("managedBy", ns, name) not in self._said:
+                self._said[("managedBy", ns, name)] = other
+                kind, reason, message = managed_by.left_alone(other)
+                kopf.event(job, type=kind, reason=reason, message=message)
+            return None
         d, job, old, created, refusals = self.pipeline.run(job, nodes, refused or [])
         self._after(job, old, d, created, started)
         if refusals:  # decide again at once, knowing what the API server refused
@@ -242,16 +254,8 @@ class Runtime:
             # sent by kopf's client, which logs a refusal and tells nobody: the answer is unknown
             api_count.API_REQUESTS.labels("POST", "events", "unknown").inc()
             level = logging.WARNING if ev.type == "Warning" else logging.INFO
-            log.log(
-                level,
-                ev.message,
-                extra={
-                    "job": f"{ns}/{name}",
-                    "reason": ev.reason,
-                    "phase": d.status.get("phase"),
-                    "attempt": d.status.get("attempt"),
-                },
-            )
+            extra = {"job": f"{ns}/{name}", "reason": ev.reason, "phase": d.status.get("phase")}
+            log.log(level, ev.message, extra={**extra, "attempt": d.status.get("attempt")})
         if d.delete_job:
             self.io.delete_job(ns, name)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
@@ -311,6 +315,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         if type == "DELETED":
             rt.caches.jobs.remove(body)
             rt.progress.forget(key)
+            rt._said.pop(("managedBy", *key), None)
             rt.unlaunched.discard(key)
             rt.wake_waiting()
             task = rt.loops.pop(key, None)
@@ -339,7 +344,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
                 nodes = rt.caches.nodes.snapshot()
                 try:
                     d = await rt.reconcile_in_worker(namespace, name, nodes)
-                    if d is None:  # deleted (or being deleted): nothing left to do
+                    if d is None:  # deleted, or another controller's: nothing left to do
                         return
                     backoff = 1.0
                     delay = IDLE_RESYNC if d.requeue_after is None else d.requeue_after

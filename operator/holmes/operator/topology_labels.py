@@ -7,17 +7,24 @@ node with everything that says its NIC kind (Holmes' labels, NFD, DRA slices, de
 its --cluster-rdma-kind flags), and it sees a node change as it happens (its node informer).
 Patches run in one thread of their own, off the informer's; a node whose labels already say it
 is not written. Without the RBAC to patch nodes (the chart grants it) the first refusal is
-logged once, naming the rule, and nothing more is tried. ``HOLMES_TOPOLOGY_LABELS=off`` (the
-environment) turns it off: an admin who labels the nodes another way, or none.
+logged once, naming the rule, and nothing more is tried.
+
+One writer per installation: only the replica that acts (holds the leader Lease, or runs without
+leader election) writes; the others drop what their node informer offers, and a replica that
+becomes leader goes over every node once (``resync``). One writer per cluster is the admin's
+choice: an installation started with ``--topology-labels=off`` (chart value
+``topologyLabels.enabled: false``) writes none. A cluster with several Holmes installations (each
+serving its own namespaces, each with its own Lease) turns it on in one only: the labels are
+cluster-wide, and two installations whose NIC settings differ would relabel each other's nodes
+back and forth (docs/topology.md#who-writes-them).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -27,15 +34,6 @@ from holmes.plan import NicMapping, classify_nodes
 from .core import island_topology as topology
 
 log = logging.getLogger("holmes.operator.topology")
-ENV = "HOLMES_TOPOLOGY_LABELS"  # "off": publish none
-
-
-def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether to publish (ENV): on unless "off"; any other value is refused by name."""
-    raw = (os.environ if environ is None else environ).get(ENV, "on").strip().lower()
-    if raw not in ("on", "off"):
-        raise ValueError(f"{ENV}={raw!r}: give on (the default) or off")
-    return raw == "on"
 
 
 def wanted(node: Mapping, mapping: NicMapping) -> dict[str, str] | None:
@@ -48,11 +46,13 @@ def wanted(node: Mapping, mapping: NicMapping) -> dict[str, str] | None:
 
 
 class TopologyLabels:
-    """``offer(kind, node)`` from the node informer; patches from a thread of its own."""
+    """``offer(kind, node)`` from the node informer; patches from a thread of its own, while
+    ``acting()`` (this replica leads); ``resync(nodes)`` when it starts to."""
 
-    def __init__(self, api: client.ApiClient, mapping: Callable[[], NicMapping]):
+    def __init__(self, api: client.ApiClient, mapping: Callable[[], NicMapping], acting: Callable[[], bool]):
         self.core = client.CoreV1Api(api)
         self.mapping = mapping
+        self.acting = acting
         self.forbidden = False
         self._queue: queue.Queue[Mapping | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="topology-labels", daemon=True)
@@ -65,15 +65,20 @@ class TopologyLabels:
         self._queue.put(None)
 
     def offer(self, kind: str, node: Mapping) -> None:
-        if kind != "DELETED" and not self.forbidden:
+        if kind != "DELETED" and not self.forbidden and self.acting():
             self._queue.put(node)
+
+    def resync(self, nodes: Iterable[Mapping]) -> None:
+        """Every node once: what was offered while this replica did not act went unwritten."""
+        for node in nodes:
+            self.offer("SYNC", node)
 
     def _run(self) -> None:
         while True:
             node = self._queue.get()
             if node is None:
                 return
-            if self.forbidden:
+            if self.forbidden or not self.acting():
                 continue
             try:
                 patch = wanted(node, self.mapping())

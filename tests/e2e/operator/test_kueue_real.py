@@ -35,71 +35,12 @@ from tests.helpers.operator.cluster_helpers import (
     wait_for,
     wait_phase,
 )
+from tests.helpers.operator.kueue_real import GPU, RDMA, kueue_objects, queued, workload
 
 pytestmark = pytest.mark.timeout(420)
 
-GPU = "nvidia.com/gpu"
-# the RDMA device each island's RDMA nodes offer (hack/topologies/default.yaml): east's, west's
-RDMA = ("rdma/rdma_shared_device_a", "rdma/rdma_shared_device_b")
 EAST = ("ib-0", "ib-1", "eth-0")
 SLOWDOWN = Path(__file__).resolve().parent / "slowdown"
-
-
-def kueue_objects(namespace: str, gpus: int) -> list[dict]:
-    """A flavor, a ClusterQueue of ``gpus`` GPUs (lower priorities preempted within it), the
-    test namespace's LocalQueue, and WorkloadPriorityClasses low (100) and high (10000)."""
-    cq = f"cq-{namespace}"
-    return [
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ResourceFlavor",
-            "metadata": {"name": f"gpu-{namespace}"},
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ClusterQueue",
-            "metadata": {"name": cq},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [
-                    {
-                        # every resource the pods request: their RDMA devices too
-                        "coveredResources": ["cpu", "memory", GPU, *RDMA],
-                        "flavors": [
-                            {
-                                "name": f"gpu-{namespace}",
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": "64"},
-                                    {"name": "memory", "nominalQuota": "512Gi"},
-                                    {"name": GPU, "nominalQuota": str(gpus)},
-                                    *({"name": r, "nominalQuota": "64"} for r in RDMA),
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "LocalQueue",
-            "metadata": {"name": "user-queue", "namespace": namespace},
-            "spec": {"clusterQueue": cq},
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "WorkloadPriorityClass",
-            "metadata": {"name": "low"},
-            "value": 100,
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "WorkloadPriorityClass",
-            "metadata": {"name": "high"},
-            "value": 10000,
-        },
-    ]
 
 
 @pytest.fixture
@@ -130,13 +71,6 @@ def workloads(cluster, ns) -> list[dict]:
     return cluster.get_json("workloads.kueue.x-k8s.io", "-n", ns)["items"]
 
 
-def workload(cluster, ns, job) -> dict | None:
-    r = cluster.kubectl(
-        "get", "workloads.kueue.x-k8s.io", f"holmesjob-{job}", "-n", ns, "-o", "json", check=False
-    )
-    return json.loads(r.stdout) if r.returncode == 0 else None
-
-
 def wl_condition(wl, type_) -> dict:
     return next((c for c in (wl or {}).get("status", {}).get("conditions") or [] if c["type"] == type_), {})
 
@@ -149,14 +83,6 @@ def reserved_gpus(cluster, cq) -> int:
         for r in f.get("resources") or []
         if r["name"] == GPU
     )
-
-
-def queued(job: dict, priority_class: str | None = None) -> dict:
-    labels = {"kueue.x-k8s.io/queue-name": "user-queue"}
-    if priority_class:
-        labels["kueue.x-k8s.io/priority-class"] = priority_class
-    job["metadata"]["labels"] = labels
-    return job
 
 
 class GpuWatch:

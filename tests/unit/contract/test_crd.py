@@ -169,6 +169,7 @@ def test_spec_fields_match_what_the_operator_parses():
             {"nic": "ethernet", "netPlugin": "AWS Libfabric"},
         ],
         "framework": "megatron",  # a mixture of experts runs on an external engine
+        "managedBy": "kueue.x-k8s.io/multikueue",
     }
     for section, fields in full.items():
         if isinstance(fields, dict) and section != "template":

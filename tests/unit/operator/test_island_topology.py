@@ -265,11 +265,13 @@ def test_a_job_kueue_admits_by_topology_runs_on_the_nodes_kueue_picked_in_its_is
     )
 
 
-def test_publishing_is_on_unless_turned_off_and_a_wrong_value_is_named():
-    assert topology_labels.enabled({}) and topology_labels.enabled({"HOLMES_TOPOLOGY_LABELS": "on"})
-    assert not topology_labels.enabled({"HOLMES_TOPOLOGY_LABELS": "Off"})
-    with pytest.raises(ValueError, match="HOLMES_TOPOLOGY_LABELS='no': give on"):
-        topology_labels.enabled({"HOLMES_TOPOLOGY_LABELS": "no"})
+def test_publishing_is_on_unless_the_flag_turns_it_off():
+    from holmes.operator.__main__ import parse_args
+
+    assert parse_args([]).topology_labels == "on"
+    assert parse_args(["--topology-labels=off"]).topology_labels == "off"
+    with pytest.raises(SystemExit):
+        parse_args(["--topology-labels=no"])
 
 
 def test_holmes_topology_prints_each_schedulers_objects_for_the_nodes(capsys):
@@ -322,7 +324,7 @@ def _drain(pub: topology_labels.TopologyLabels) -> None:
 def test_the_writer_patches_only_nodes_that_need_it_and_stops_at_a_refusal(caplog):
     from kubernetes import client
 
-    pub = topology_labels.TopologyLabels(client.ApiClient(), NicMapping)
+    pub = topology_labels.TopologyLabels(client.ApiClient(), NicMapping, lambda: True)
     pub.core = _Core()
     done = node("ib-9", **IB["metadata"]["labels"], **topology_labels.wanted(IB, NicMapping()))
     for kind, n in (("LISTED", IB), ("MODIFIED", done), ("DELETED", H100)):
@@ -338,7 +340,7 @@ def test_the_writer_patches_only_nodes_that_need_it_and_stops_at_a_refusal(caplo
             },
         )
     ]
-    pub = topology_labels.TopologyLabels(client.ApiClient(), NicMapping)
+    pub = topology_labels.TopologyLabels(client.ApiClient(), NicMapping, lambda: True)
     pub.core = _Core(status=403)
     pub.offer("LISTED", IB)
     pub.offer("LISTED", H100)
@@ -360,3 +362,43 @@ def test_publishing_the_labels_wakes_no_job():
     published = node("ib-0", **IB["metadata"]["labels"], **topology_labels.wanted(IB, NicMapping()))
     assert node_fingerprint(published) == node_fingerprint(IB)
     assert node_fingerprint(node("ib-0", **IB["metadata"]["labels"], team="a")) != node_fingerprint(IB)
+
+
+def test_a_replica_that_does_not_lead_writes_no_labels_and_the_new_leader_writes_them_all():
+    """One writer per installation: the operator's replicas share the node informer's events,
+    but only the one that acts (holds the Lease: Runtime.ready) patches; when it starts to act it
+    goes over every node once, as what it was offered before went unwritten."""
+    import asyncio
+    import queue
+
+    from kubernetes import client
+
+    from holmes.operator import handlers, placement_facts
+
+    rt = handlers.Runtime(client.ApiClient(), placement_facts.builtin_cost_model())
+    pub = rt.labels
+    assert pub is not None and rt.watches.on_node == pub.offer
+    pub.stop()  # its thread ends; _drain runs the writer here
+    pub._thread.join(5)
+    pub._queue = queue.Queue()
+    pub.core = _Core()
+    rt.watches.on_node("ADDED", IB)  # a follower: dropped
+    _drain(pub)
+    assert pub.core.patches == []
+
+    async def synced() -> None:
+        pass
+
+    rt.watches.synced = synced  # the caches are filled
+    rt.caches.nodes.snapshot = lambda: [IB, H100]  # what the node informer holds by now
+    rt.leading = asyncio.Event()
+    rt.leading.set()  # the elector won the Lease
+
+    asyncio.run(rt.become_ready())
+    _drain(pub)
+    assert [name for name, _ in pub.core.patches] == ["ib-0", "h-0"]
+    off = handlers.Runtime(client.ApiClient(), placement_facts.builtin_cost_model(), topology_labels=False)
+    assert off.labels is None and off.watches.on_node is None
+    for r in (rt, off):
+        for pool in r.workers.values():
+            pool.shutdown(wait=False)

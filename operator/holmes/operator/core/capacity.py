@@ -42,7 +42,7 @@ from holmes.plan import InsufficientNodes
 from holmes.plan.discovery import GPUS_TAKEN_KEY
 from holmes.plan.quantity import quantity_or_none as quantity  # None where a value is no quantity
 
-from . import child_names, node_selection
+from . import child_names, managed_by, node_selection
 from .device_claims import ClaimHold, reserved_pods
 
 CPU, MEMORY, PODS = "cpu", "memory", "pods"
@@ -596,7 +596,7 @@ def shared_state(
         if meta.get("deletionTimestamp") or st.get("phase") in ENDED:
             continue
         spec = _spec_of(job)
-        if spec is None:
+        if spec is None or managed_by.elsewhere(job):  # another controller's: no pods here
             continue
         shape = pod_shape(spec, gpu_resource)
         if st.get("launched"):
