@@ -205,9 +205,13 @@ def test_served_a_compute_domain_per_nvlink_domain_owned_by_the_job_and_the_pods
     # deleting the job: the garbage collector takes its ComputeDomains with it
     cluster.kubectl("delete", "holmesjob", "nvl", "-n", namespace, "--wait=false")
     try:
-        wait_for("the job's ComputeDomains garbage-collected", lambda: not compute_domains(cluster, namespace))
+        wait_for(
+            "the job's ComputeDomains garbage-collected", lambda: not compute_domains(cluster, namespace)
+        )
     finally:
-        cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False)
+        cluster.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False
+        )
         remove_stand_in(cluster)
 
 
@@ -243,4 +247,6 @@ def test_not_served_a_tensor_group_over_two_nodes_is_refused_naming_the_driver(
             assert env["NCCL_MNNVL_ENABLE"] == "0"
     finally:
         op.stop()
-        cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False)
+        cluster.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False
+        )
