@@ -23,7 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from holmes.contract.names import GROUP, PLURAL, VERSION
 
-from .core import child_names, dry_run, queueing
+from .core import child_names, compute_domains, dry_run, queueing
 from .core.reconcile import ChildRefusal, Decision
 from .informer import Store
 
@@ -136,6 +136,9 @@ class KubeIO:
             prereqs.append(("Service", d.service, self._create_service))
         # claim templates are named by content: one already there is the same
         prereqs += [("ResourceClaimTemplate", tpl, self._create_claim_template) for tpl in d.claim_templates]
+        # ComputeDomains too (named by content: one there is the same; the driver refuses spec
+        # changes): NVIDIA's DRA driver makes each one's channel template, which pods claim
+        prereqs += [(compute_domains.KIND, cd, self._create_compute_domain) for cd in d.compute_domains]
         for _, body, _ in prereqs:
             own(body)
         outcomes = self._parallel(lambda p: self._attempt(p[0], p[1], p[2], ns), prereqs)
@@ -180,6 +183,18 @@ class KubeIO:
         try:
             self.custom.create_namespaced_custom_object(
                 group, version, ns, "resourceclaimtemplates", body, _preload_content=False
+            )
+            return True
+        except ApiException as e:
+            if e.status == 409:  # created by an earlier attempt or before a restart
+                return False
+            raise
+
+    def _create_compute_domain(self, ns: str, body: dict) -> bool:
+        group, version = body["apiVersion"].split("/")
+        try:
+            self.custom.create_namespaced_custom_object(
+                group, version, ns, compute_domains.PLURAL, body, _preload_content=False
             )
             return True
         except ApiException as e:

@@ -250,6 +250,7 @@ class Pipeline:
                 podgroup=self.caches.podgroups.get(ns, queueing.podgroup_name(name)),
                 quotas=where.quotas(ns),
                 volcano=self.watches.volcano,
+                compute_domains=self.watches.compute_domains,
                 members=where.states,
                 namespace_labels=self.watches.namespace_labels(ns),
             )

@@ -20,6 +20,9 @@ full LIST (a partly filled cache would look like deleted pods).
   the nodes before planning. And ResourceClaims (core/device_claims.py: the devices their
   allocations hold, whoever's), slimmed, read where the pods are (every namespace, or the served
   ones); a change wakes the jobs that have not launched yet, as a pod's does.
+- NVIDIA's DRA driver's ComputeDomains (core/compute_domains.py): whether the API server serves
+  ``computedomains.resource.nvidia.com`` (looked for once at start-up, as DRA above); not
+  watched: the operator only creates them, before a job's pods, owned by the job.
 - Member clusters (``--members-namespace``): the registry and each member's own informers.
 """
 
@@ -40,7 +43,7 @@ from kubernetes.client.rest import ApiException
 from holmes.plan import discovery, dra
 
 from . import kueue_version
-from .core import capacity, child_names, device_claims, island_topology, queueing
+from .core import capacity, child_names, compute_domains, device_claims, island_topology, queueing
 from .informer import Informer, next_backoff
 from .kube import Caches
 from .member_clusters import MemberRegistry
@@ -77,19 +80,22 @@ class Watches:
         self.volcano = False  # the API server serves Volcano's PodGroups (discover(), at start-up)
         self.dra = False  # ... and DRA's ResourceSlices
         self.dra_claims = False  # ... and DRA's ResourceClaims
+        self.compute_domains = False  # ... and NVIDIA's DRA driver's ComputeDomains
         self.node_facts: dict[str, tuple] = {}  # node name -> node_fingerprint (node_event)
         # told of each node that changed (topology_labels.TopologyLabels.offer), from node_event
         self.on_node: Callable[[str, dict], None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # set by start()
 
     def discover(self, sleep: Callable[[float], None] = time.sleep) -> None:
-        """Which optional APIs the server serves (Volcano's PodGroups, DRA's ResourceSlices),
+        """Which optional APIs the server serves (Volcano's PodGroups, DRA's ResourceSlices,
+        NVIDIA's ComputeDomains),
         asked before any informer starts (in a worker thread): tried again until the API
         server answers, so an operator started while it restarts neither fails its start-up
         (kopf tried that again only 60 s later, with the informers started before the error
         started twice) nor takes an optional API for absent."""
-        self.volcano, (self.dra, self.dra_claims) = until_answered(
-            lambda: (serves_podgroups(self.api), serves_dra(self.api)), sleep
+        self.volcano, (self.dra, self.dra_claims), self.compute_domains = until_answered(
+            lambda: (serves_podgroups(self.api), serves_dra(self.api), serves_compute_domains(self.api)),
+            sleep,
         )
 
     def start(self) -> None:
@@ -429,6 +435,29 @@ def serves_podgroups(api: client.ApiClient) -> bool:
         raise
     found = any(r.name == queueing.PODGROUPS for r in resources or [])
     log.info("Volcano PodGroups %s", "served: watched for their phase" if found else "not served")
+    return found
+
+
+def serves_compute_domains(api: client.ApiClient) -> bool:
+    """Whether the API server serves NVIDIA's DRA driver's ComputeDomains in the version Holmes
+    writes (core/compute_domains.py): the IMEX channels of jobs on rack-scale NVLink."""
+    group, version = compute_domains.API_VERSION.split("/")
+    try:
+        resources = client.CustomObjectsApi(api).get_api_resources(group, version).resources
+    except ApiException as e:
+        if e.status == 404:
+            found = False
+        else:
+            raise
+    else:
+        found = any(r.name == compute_domains.PLURAL for r in resources or [])
+    log.info(
+        "ComputeDomains (%s) %s",
+        compute_domains.API_VERSION,
+        "served: made for jobs' NVLink domains"
+        if found
+        else "not served: jobs are planned without NVLink domains (no IMEX channels)",
+    )
     return found
 
 

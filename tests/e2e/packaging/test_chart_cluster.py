@@ -165,6 +165,7 @@ NEEDED = {
     ("resourceslices.resource.k8s.io", "list"): "informer.Informer (DRA devices, watches.py)",
     ("resourceslices.resource.k8s.io", "watch"): "informer.Informer (DRA devices, watches.py)",
     ("resourceclaimtemplates.resource.k8s.io", "create"): "kube.KubeIO._create_claim_template",
+    ("computedomains.resource.nvidia.com", "create"): "kube.KubeIO._create_compute_domain",
     ("resourceclaims.resource.k8s.io", "list"): "informer.Informer (devices claims hold, watches.py)",
     ("resourceclaims.resource.k8s.io", "watch"): "informer.Informer (devices claims hold, watches.py)",
     ("tokenreviews.authentication.k8s.io", "create"): "metrics_server.api_reviews (a scraper's token)",

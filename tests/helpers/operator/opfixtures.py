@@ -98,6 +98,8 @@ class FakeWorld:
         self.workload_priority_classes: dict | None = None
         self.podgroup: dict | None = None
         self.volcano = True  # the API server serves PodGroups
+        self.compute_domains = False  # ... and NVIDIA's ComputeDomains
+        self.made_compute_domains: dict[str, dict] = {}  # the ComputeDomains created, by name
         # member clusters (members.py): name -> MemberState; None: a single-cluster job
         self.members: dict | None = None
         self.quotas: list | None = None  # the namespace's ResourceQuotas (quota.py)
@@ -120,6 +122,7 @@ class FakeWorld:
             workload_priority_classes=self.workload_priority_classes,
             podgroup=copy.deepcopy(self.podgroup),
             volcano=self.volcano,
+            compute_domains=self.compute_domains,
             members=self.members,
             quotas=copy.deepcopy(self.quotas),
             namespace_labels=self.namespace_labels,
@@ -149,6 +152,8 @@ class FakeWorld:
             self.configmap = d.configmap
         if d.service is not None and self.service is None:
             self.service = d.service
+        for cd in d.compute_domains:
+            self.made_compute_domains.setdefault(cd["metadata"]["name"], cd)
         refusals: list[ChildRefusal] = []
         for p in d.create_pods:
             no = self.refuse(p) if self.refuse else None

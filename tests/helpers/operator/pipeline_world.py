@@ -88,10 +88,11 @@ class WorldIO:
 
 
 class NoWatches:
-    """A cluster without Kueue, Volcano or member clusters."""
+    """A cluster without Kueue, Volcano, NVIDIA's ComputeDomains or member clusters."""
 
     members = None
     volcano = False
+    compute_domains = False
 
     def flavors(self) -> None:
         return None

@@ -14,8 +14,6 @@ import pytest
 from tests.helpers.trainer.dryrun_harness import job
 from tests.helpers.trainer.trainer_harness import make_layout
 
-pytestmark = pytest.mark.cpu_torch  # the dry run's fake CUDA device (tests/conftest.py)
-
 REPO = Path(__file__).resolve().parents[3]
 
 

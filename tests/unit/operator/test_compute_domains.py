@@ -139,3 +139,72 @@ def test_megatron_forms_its_tensor_groups_over_the_nodes_of_one_domain():
         for p in pods
     }
     assert all(by_rank[r] == by_rank[r + 1] for r in range(0, len(by_rank), 2))
+
+
+# ---- the operator's decision: ComputeDomains served or not --------------------------------------
+def _world(tensor, served: bool):
+    from tests.helpers.operator.opfixtures import FakeWorld
+
+    job = copy.deepcopy(JOB)
+    job["metadata"].update(namespace="ns", uid="uid-1", generation=1)
+    job["spec"]["parallelism"]["tensor"] = tensor
+    world = FakeWorld(job, NODES)
+    world.compute_domains = served
+    return world
+
+
+def test_served_the_decision_creates_a_compute_domain_per_domain_and_the_pods_claim_it():
+    world = _world(8, served=True)
+    world.step()
+    made = world.made_compute_domains
+    assert sorted(o["spec"]["numNodes"] for o in made.values()) == [18, 18]
+    channels = {o["spec"]["channel"]["resourceClaimTemplate"]["name"] for o in made.values()}
+    assert len(world.pods) == 36
+    for pod in world.pods.values():
+        (claim,) = [c for c in pod["spec"]["resourceClaims"] if c["name"] == cd.CLAIM]
+        assert claim["resourceClaimTemplateName"] in channels
+
+
+def test_not_served_a_tensor_group_wider_than_a_node_is_refused_naming_the_driver():
+    """Without ComputeDomains no pod gets an IMEX channel: a tensor group over two nodes would run
+    its every-layer all-reduce on the NICs (NCCL's MNNVL is off there), so the job is not
+    launched; the condition says what to install."""
+    world = _world(8, served=False)
+    world.step()
+    assert not world.pods and not world.made_compute_domains
+    stalled = world.condition("Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == cd.NOT_INSTALLED
+    msg = stalled["message"]
+    assert "spec.parallelism.tensor: 8" in msg and "computedomains.resource.nvidia.com" in msg
+    assert "install NVIDIA's DRA driver" in msg and "divisor of 4" in msg
+    assert cd.NOT_INSTALLED in world.reasons()
+
+
+def test_not_served_tensor_auto_is_planned_node_bound_and_the_plan_says_why():
+    """tensor: auto runs, on a plan priced on what the pods get: groups inside a node, traffic
+    between nodes on the NICs (with the channel the planner takes tensor 8 here)."""
+    world = _world("auto", served=False)
+    world.step()
+    assert len(world.pods) == 36 and not world.made_compute_domains
+    layout = yaml.safe_load(world.configmap["data"]["layout.json"])
+    assert layout["tensor"] <= 4 and not layout.get("nvlinkDomains")
+    (planned,) = [e for e in world.events if e.reason == "Planned"]
+    assert "NVLink domains left out" in planned.message
+    for pod in world.pods.values():
+        assert "resourceClaims" not in pod["spec"] and env_of(pod)["NCCL_MNNVL_ENABLE"] == "0"
+    served = _world("auto", served=True)
+    served.step()
+    assert yaml.safe_load(served.configmap["data"]["layout.json"])["tensor"] == 8
+
+
+def test_across_member_clusters_the_refusal_names_member_clusters_and_a_node_bound_tensor_passes():
+    assert "across member clusters" in cd.refusal(_spec(8), across_members=True)
+    assert cd.refusal(_spec(4), across_members=False) == "" and cd.refusal(_spec("auto"), False) == ""
+
+
+def _spec(tensor):
+    from holmes.contract import JobSpec
+
+    doc = copy.deepcopy(JOB["spec"])
+    doc["parallelism"]["tensor"] = tensor
+    return JobSpec.from_spec(doc)

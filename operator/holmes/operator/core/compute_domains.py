@@ -33,9 +33,10 @@ A template's own value of either wins (render.py), as for every variable Holmes 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from holmes.contract import Layout
+from holmes.contract import JobSpec, Layout
+from holmes.plan import CostModelConfig
 
 from . import child_names
 
@@ -45,6 +46,8 @@ PLURAL = "computedomains"  # what the operator asks the API server whether it se
 CLAIM = "nvlink-channel"  # the pod's spec.resourceClaims entry for the IMEX channel
 ENV_MNNVL = "NCCL_MNNVL_ENABLE"
 ENV_CUMEM = "NCCL_CUMEM_ENABLE"
+# a job's stall reason when its tensor groups need IMEX channels that no ComputeDomain can give
+NOT_INSTALLED = "ComputeDomainsNotInstalled"
 
 
 @dataclass(frozen=True)
@@ -103,3 +106,54 @@ def pod_env(channel: bool, on_clique: bool) -> dict[str, str]:
     if channel:
         return {ENV_MNNVL: "2", ENV_CUMEM: "1"}
     return {ENV_MNNVL: "0"} if on_clique else {}
+
+
+# ---- without IMEX channels ------------------------------------------------------------------
+# Where the API server does not serve ComputeDomains (NVIDIA's DRA driver is not installed, or
+# installed without them), or for a job across member clusters, a pod gets no IMEX channel and
+# NCCL's multi-node NVLink cannot run: its traffic between nodes takes the NICs. The planner then
+# sees no NVLink domain at all (``without_domains``), so it prices that traffic on the NICs it
+# will cross and keeps tensor groups inside a node, as on any other cluster: a job with
+# ``tensor: auto`` runs, on a plan that is true for the pods it gets. A job that asks for tensor
+# groups wider than a node is refused with the fix (``refusal``) rather than launched with its
+# every-layer all-reduce on the NICs (or planned as if NVLink joined the nodes).
+
+
+def without_domains(config: CostModelConfig) -> CostModelConfig:
+    """``config`` with GFD's clique label read from no node: the planner sees no NVLink domain
+    (discovery.classify_node reads the label named ``clique_label``; '' names none)."""
+    return replace(config, nic_mapping=replace(config.nic_mapping, clique_label=""))
+
+
+def refusal(spec: JobSpec, across_members: bool) -> str:
+    """Why a job whose tensor groups are wider than a node cannot run without IMEX channels
+    ('' when its tensor degree is auto or fits a node). ``across_members``: the channels are
+    missing because the job runs across member clusters, not because the API is not served."""
+    tensor, per_node = spec.parallelism.tensor, spec.nodes.gpus_per_node
+    if not isinstance(tensor, int) or tensor <= per_node:
+        return ""
+    why = (
+        "Holmes makes no ComputeDomain for a job across member clusters (a ComputeDomain and its "
+        "pods live in one cluster): run the job in one cluster"
+        if across_members
+        else f"the API server does not serve {PLURAL}.{API_VERSION.split('/')[0]} ({KIND}, "
+        f"{API_VERSION}): install NVIDIA's DRA driver for GPUs with ComputeDomains enabled, then "
+        "restart the operator"
+    )
+    return (
+        f"spec.parallelism.tensor: {tensor} is wider than a node (gpusPerNode {per_node}): each "
+        "tensor group would span nodes of an NVLink domain, which needs an IMEX channel from a "
+        f"{KIND} of NVIDIA's DRA driver, and {why}; or set tensor to a divisor of {per_node} "
+        "(or auto: tensor groups inside a node)"
+    )
+
+
+def domains_left_out(layout: Layout, domain_of: Mapping[str, str | None]) -> str:
+    """The note for a plan made without NVLink domains on nodes that have them ('' where none
+    of the layout's nodes is in one)."""
+    if not any(domain_of.get(n) for n in layout.nodes):
+        return ""
+    return (
+        f"; NVLink domains left out (no IMEX channel without {KIND}s of NVIDIA's DRA driver): "
+        "tensor groups inside a node, traffic between nodes priced on the NICs"
+    )

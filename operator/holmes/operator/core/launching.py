@@ -42,6 +42,7 @@ from .state import (
     job_ref,
     launched_layout,
     launched_replicas,
+    nvlink_channels,
     placement_of,
     planning_nodes,
     refused_nodes,
@@ -78,6 +79,10 @@ def launch(st: JobState, spec: JobSpec) -> Decision:
             f"this job, but the API {queueing.VOLCANO_API} (PodGroup) is not served: install "
             "Volcano (then restart the operator), or remove schedulerName",
         )
+    if not nvlink_channels(st):  # tensor groups over nodes need IMEX channels (compute_domains.py)
+        why = compute_domains.refusal(spec, st.obs.members is not None)
+        if why and _on_nvlink_domains(st):
+            return stall(st, compute_domains.NOT_INSTALLED, why)
     # a launch cut short is resumed with its plan, if the spec is the same
     same_spec = cm_annotation(st, child_names.ANN_SPEC_HASH) is not None and not spec_changes(st, spec)
     if _runs_as_replicas(st, spec, same_spec):
@@ -93,11 +98,22 @@ def launch(st: JobState, spec: JobSpec) -> Decision:
         missing = [n for n in layout.nodes if n not in st.nodes]
         if missing:
             return stall(st, "PlanFailed", f"the planner chose unknown nodes {missing}")
-        event(st, "Normal", "Planned", plan_message(layout))
+        note = "" if nvlink_channels(st) else compute_domains.domains_left_out(layout, _domain_of(st, layout))
+        event(st, "Normal", "Planned", plan_message(layout) + note)
     elif any(n not in st.nodes for n in layout.nodes):
         teardown(st)  # a planned node vanished: plan again
         return launch(st, spec)
     return _launch_pipeline(st, spec, layout)
+
+
+def _on_nvlink_domains(st: JobState) -> bool:
+    """Whether any node the job plans on is in an NVLink domain (GFD's clique label): elsewhere
+    the planner's own refusal of a tensor group over nodes says what to fix."""
+    return any(st.facts.network(n).nvlink_domain for n in planning_nodes(st))
+
+
+def _domain_of(st: JobState, layout: Layout) -> dict[str, str | None]:
+    return {n: st.facts.network(st.nodes[n]).nvlink_domain for n in layout.nodes if n in st.nodes}
 
 
 # ---- one pipeline world -------------------------------------------------------------------------
@@ -146,7 +162,7 @@ def _launch_pipeline(st: JobState, spec: JobSpec, layout: Layout) -> Decision:
         )
     domains = (  # the IMEX channels of the job's NVLink domains (not across member clusters)
         compute_domains.job_domains(ref.name, layout, {n: nets[n].nvlink_domain for n in layout.nodes})
-        if st.obs.compute_domains and st.obs.members is None
+        if nvlink_channels(st)
         else []
     )
     pod_routes = with_compute_domains(pod_routes, domains, nets)
@@ -203,7 +219,12 @@ def _runs_as_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> bool:
         return False  # auto: replicas only where validation.py would let mode replicas run
     if same_spec and launched_replicas(st) is not None:
         return True
-    return replicas.choose(spec, _replica_nodes(st, spec), st.facts.cost_model) == replicas.REPLICAS
+    return replicas.choose(spec, _replica_nodes(st, spec), _replica_model(st)) == replicas.REPLICAS
+
+
+def _replica_model(st: JobState):
+    """Replicas claim no IMEX channel: they are planned without NVLink domains (compute_domains.py)."""
+    return compute_domains.without_domains(st.facts.cost_model)
 
 
 def _replica_nodes(st: JobState, spec: JobSpec) -> list[Mapping]:
@@ -220,7 +241,7 @@ def _launch_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> Decision:
     plan = launched_replicas(st) if same_spec else None
     if plan is None:
         try:
-            plan = replicas.plan_replicas(spec, _replica_nodes(st, spec), st.facts.cost_model)
+            plan = replicas.plan_replicas(spec, _replica_nodes(st, spec), _replica_model(st))
         except InsufficientNodes as e:
             return _wait_for_nodes(st, spec, str(e), getattr(e, "reason", "WaitingForNodes"))
         except PlanError as e:

@@ -39,6 +39,7 @@ from holmes.plan.measured import Measured
 
 from . import (
     capacity,
+    compute_domains,
     device_claims,
     elastic,
     kueue_pod_sets,
@@ -86,6 +87,9 @@ class Placement:
     priority_classes: Mapping[str, int] = field(default_factory=dict)
     gpu_resource: str = RESOURCE_GPU
     raw_priority_namespaces: tuple[str, ...] = ()  # capacity.priority_of
+    # the job's pods can get IMEX channels (compute_domains.py): else the planner sees no
+    # NVLink domain, so no group spans nodes on NVLink the pods could not use
+    nvlink_channels: bool = True
 
     @property
     def key(self) -> str:
@@ -97,6 +101,13 @@ class Placement:
         """What the DRA claims hold on these nodes: once per placement, whatever sizes it tries."""
         driver = self.facts.cost_model.nic_mapping.dra_gpu_driver
         return device_claims.holds(self.facts.workloads.claims, self.nodes, driver)
+
+    @cached_property
+    def cost_model(self) -> CostModelConfig:
+        """The cost model the layout search plans with (without NVLink domains where the pods
+        can get no IMEX channel)."""
+        model = self.facts.cost_model
+        return model if self.nvlink_channels else compute_domains.without_domains(model)
 
 
 def place(
@@ -204,7 +215,9 @@ def queued_pods(
     try:
         if spec.training.across_islands.mode == replicas.REPLICAS:
             usable = [n for n in possible if not where.facts.unusable(n)]
-            names = replicas.plan_replicas(spec, usable, where.facts.cost_model).nodes
+            # replicas claim no IMEX channel (launching.py): planned without NVLink domains
+            model = compute_domains.without_domains(where.facts.cost_model)
+            names = replicas.plan_replicas(spec, usable, model).nodes
         else:
             names = fit(possible, spec, where, Budget()).nodes
     except PlanError:
@@ -260,9 +273,9 @@ def fit(nodes: Sequence[Mapping], spec: JobSpec, where: Placement, budget: Budge
     """Steps 4-5: the layout search on these nodes, within ``budget``; across members, islands
     stay inside members and a layout with a stage across members is refused."""
     if not where.across_members:
-        return plan(list(nodes), spec, where.facts.cost_model, budget)
+        return plan(list(nodes), spec, where.cost_model, budget)
     local = members.island_labels(nodes, spec.nodes.cluster_label)
-    return members.within_members(plan(local, spec, where.facts.cost_model, budget), local)
+    return members.within_members(plan(local, spec, where.cost_model, budget), local)
 
 
 def at_least(spec: JobSpec, where: Placement, least: int) -> int:

@@ -100,11 +100,10 @@ class Observed:
     # API server serves PodGroups at all
     podgroup: dict | None = None
     volcano: bool = True
-    # NVIDIA's DRA driver's ComputeDomains (compute_domains.py): made for the job's NVLink domains,
-    # their IMEX channels claimed by its pods. False: not made (the operator's apply does not
-    # create them yet: kube.py's owner adds Decision.compute_domains to its prerequisites, with
-    # the check that the API server serves computedomains.resource.nvidia.com); holmes plan
-    # --pods renders them
+    # whether the API server serves NVIDIA's DRA driver's ComputeDomains
+    # (computedomains.resource.nvidia.com, watches.py): then one is made for each of the job's
+    # NVLink domains (compute_domains.py; kube.py creates them before the pods) and its pods claim
+    # the IMEX channel; else the job is planned without NVLink domains. holmes plan --pods: True
     compute_domains: bool = False
     # the ResourceQuotas of the job's namespace, to create no pod they would refuse (quota.py);
     # None: not read (a job across member clusters: the members' quotas judge its pods)
@@ -460,4 +459,11 @@ def placement_of(st: JobState) -> placement.Placement:
         priority_classes=st.obs.priority_classes or {},
         gpu_resource=st.settings.gpu_resource,
         raw_priority_namespaces=st.settings.raw_priority_namespaces,
+        nvlink_channels=nvlink_channels(st),
     )
+
+
+def nvlink_channels(st: JobState) -> bool:
+    """Whether the job's pods can get IMEX channels: the API server serves ComputeDomains and the
+    job runs in this cluster (compute_domains.py)."""
+    return st.obs.compute_domains and st.obs.members is None

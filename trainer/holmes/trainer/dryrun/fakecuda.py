@@ -1,8 +1,8 @@
-"""Fake CUDA on a CPU-only torch: ``cuda`` tensors with shapes, dtypes and storages but no data
-and no memory (``FakeTensorMode``), so the real engine runs as one rank of a large job on a
-laptop (holmes.trainer.dryrun).
+"""Fake CUDA on a machine without a GPU: ``cuda`` tensors with shapes, dtypes and storages but no
+data and no memory (``FakeTensorMode``), so the real engine runs as one rank of a large job on a
+laptop (holmes.trainer.dryrun), with torch's CPU wheel or its CUDA build alike.
 
-Three gaps of the CPU wheel are filled here, and only here, in the dry run's own process:
+Three gaps are filled here, and only here, in the dry run's own process:
 
 - torch's Python bindings of some tensor methods (indexing, ``copy_``, ``to``, ``float()``)
   take a device guard for the tensor's device before dispatching, and a CPU build has no
@@ -17,6 +17,13 @@ Three gaps of the CPU wheel are filled here, and only here, in the dry run's own
   :func:`fake_cuda` they are replaced by stand-ins; every call that would make the host wait
   for the device (``Event.synchronize``, ``Stream.synchronize``, ``torch.cuda.synchronize``)
   is reported to ``on_host_sync``.
+
+A CUDA build of torch registers its own guard (``libc10_cuda``) and hooks (``libtorch_cuda``),
+which ask the CUDA driver. So there the real guard library is loaded first and the fake one after
+it (a registration's last store wins), and the fake hooks are registered at a higher priority
+than torch's (whose registration at import is then skipped: c10 prints "Higher priority item
+already registered, skipping registration of CUDAHooks"); they report no cuDNN, which a CUDA
+build's attention kernel choice asks for.
 
 Nothing here changes what the engine computes or which collectives it issues.
 """
@@ -55,10 +62,13 @@ struct CUDAHooks : at::CUDAHooksInterface {
   void setCurrentDevice(c10::DeviceIndex) const override {}
   c10::DeviceIndex current_device() const override { return 0; }
   int getNumGPUs() const override { return 8; }
+  long versionCuDNN() const override { return 0; }
+  long versionRuntimeCuDNN() const override { return 0; }
 };
 }  // namespace holmes_fake
 namespace at {
-C10_REGISTER_CLASS(CUDAHooksRegistry, CUDAHooks, holmes_fake::CUDAHooks);
+C10_REGISTER_CLASS_WITH_PRIORITY(
+    CUDAHooksRegistry, CUDAHooks, c10::REGISTRY_PREFERRED, holmes_fake::CUDAHooks);
 }
 """
 
@@ -135,9 +145,11 @@ def load_before_torch() -> None:
             "process of its own (python -m holmes.trainer.dryrun, or holmes dryrun)"
         )
     root = _torch_root()
-    if list(root.glob("lib/libtorch_cuda*")):
-        raise FakeCudaError("this torch is a CUDA build: the dry run needs the CPU wheel")
-    ctypes.CDLL(str(_build(root)), mode=ctypes.RTLD_GLOBAL)
+    lib = _build(root)
+    real_guard = root / "lib" / "libc10_cuda.so"
+    if real_guard.exists():  # a CUDA build: its own guard loaded first, so the fake one (later) wins
+        ctypes.CDLL(str(real_guard), mode=ctypes.RTLD_GLOBAL)
+    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
     _loaded = True
 
 
