@@ -34,6 +34,10 @@ SECRET = "jobset-webhook-server-cert"
 SERVICE = "jobset-webhook-service"
 SLICE = "jobset-webhook-service-localkube"
 CRD = "jobsets.jobset.x-k8s.io"
+# JobSet v0.12's cert rotator waits for tls.crt in this fixed directory (pkg/util/cert: a
+# constant, not the configured webhook.certDir, where its webhook server reads the certificate):
+# it only checks that the file exists, so the clusters of one host may share it.
+ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 WEBHOOK_CONFIGS = (
     "mutatingwebhookconfiguration/jobset-mutating-webhook-configuration",
     "validatingwebhookconfiguration/jobset-validating-webhook-configuration",
@@ -147,7 +151,8 @@ class JobSet:
             f"{len(crds)} CRD, {len(rest)} other objects"
         )
         self._apply(crds)
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
+        # polled: `kubectl wait` fails outright on a CRD created so recently it has no status yet
+        self._wait("JobSet's CRD to be established", self._crd_established, 60, started=False)
         self._apply(rest)
         self.cert_dir.mkdir(parents=True, exist_ok=True)
         for f in self.cert_dir.iterdir():
@@ -223,28 +228,39 @@ class JobSet:
         }
         self._apply([eps])
 
-    def _wait(self, what: str, ok, timeout: float) -> None:
+    def _crd_established(self) -> bool:
+        r = self.kubectl("get", "crd", CRD, "-o", "json", check=False)
+        conds = (
+            (json.loads(r.stdout).get("status") or {}).get("conditions") or [] if r.returncode == 0 else []
+        )
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    def _wait(self, what: str, ok, timeout: float, started: bool = True) -> None:
+        """Poll ``ok`` for ``timeout`` seconds; ``started``: the manager runs (its exit ends the wait)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if ok():
                 return
-            if self.pid() is None:
+            if started and self.pid() is None:
                 raise ClusterError(f"jobset exited while starting; log tail:\n{self._tail()}")
             time.sleep(0.5)
         raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; log tail:\n{self._tail()}")
 
     def _wait_certificate(self, timeout: float) -> None:
-        """Copy the cert rotator's Secret into certDir (what mounting it in a pod would do)."""
+        """Copy the cert rotator's Secret into certDir and ROTATOR_CERT_DIR (what mounting it in
+        a pod would do)."""
 
         def copied() -> bool:
             r = self.kubectl("get", "secret", SECRET, "-n", NAMESPACE, "-o", "json", check=False)
             data = (json.loads(r.stdout).get("data") or {}) if r.returncode == 0 else {}
             if not data.get("tls.crt") or not data.get("tls.key"):
                 return False
-            for key, value in data.items():
-                path = self.cert_dir / key
-                path.write_bytes(base64.b64decode(value))
-                path.chmod(0o600)
+            for d in (self.cert_dir, ROTATOR_CERT_DIR):
+                d.mkdir(parents=True, exist_ok=True)
+                for key, value in data.items():
+                    path = d / key
+                    path.write_bytes(base64.b64decode(value))
+                    path.chmod(0o600)
             return True
 
         self._wait(f"JobSet's cert rotator to write Secret {NAMESPACE}/{SECRET}", copied, timeout)
