@@ -55,6 +55,18 @@ kueue-up: venv kueue
 kueue-down:
 	@if [ -x $(PY) ]; then $(LOCALKUBE) kueue-down; fi
 
+# The real JobSet controller (hack/build-jobset.sh: sigs.k8s.io/jobset's manager built from its
+# module, its own config/default rendered), installed and run as Kueue is (hack/localkube/jobset.py).
+# Run `make jobset-up` before `make kueue-up`: Kueue sets up its JobSet integration at start when
+# JobSet's CRD is there (a Kueue started earlier finds it within its 2-minute backoff).
+.PHONY: jobset jobset-up jobset-down
+jobset:
+	@bash hack/build-jobset.sh
+jobset-up: venv jobset
+	@$(LOCALKUBE) jobset-up
+jobset-down:
+	@if [ -x $(PY) ]; then $(LOCALKUBE) jobset-down; fi
+
 # The two images of the Dockerfile (hack/build-images.sh), built into the local containers storage
 # (`podman images`) on a Debian base; rebuilt only when what goes into them changes.
 .PHONY: images
@@ -62,7 +74,7 @@ images:
 	@bash hack/build-images.sh
 
 # Every tier (tests/conftest.py): lint, then tests/unit, tests/integration and tests/e2e in one run.
-test: venv k8s kueue images lint
+test: venv k8s kueue jobset images lint
 	$(PY) -m pytest
 
 # The tiers one at a time (tests/conftest.py says what goes where).
@@ -77,7 +89,7 @@ unit: venv clients
 	$(PY) -m pytest tests/unit -q
 integration: venv images
 	$(PY) -m pytest tests/integration -q
-e2e: venv k8s kueue images
+e2e: venv k8s kueue jobset images
 	$(PY) -m pytest tests/e2e -q
 # The tests on real kubelet nodes (marker real_nodes): not in `make test` until their cold build
 # fits its budget (docs/local-cluster.md, Real nodes).

@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     mdown.add_argument("--root", default=str(DEFAULT_MULTI))
     sub.add_parser("kueue-up", help="start (or keep) the real Kueue on the running cluster")
     sub.add_parser("kueue-down", help="stop Kueue and remove its webhook configurations")
+    sub.add_parser("jobset-up", help="start (or keep) the real JobSet controller on the running cluster")
+    sub.add_parser("jobset-down", help="stop JobSet and remove its webhook configurations")
     power = sub.add_parser("power", help="switch a simulated node's machine off (its pods die) or on")
     power.add_argument("state", choices=("on", "off"))
     power.add_argument("node")
@@ -123,6 +125,15 @@ def main(argv: list[str] | None = None) -> int:
             from .kueue import Kueue
 
             Kueue(cp).down(log=lambda m: print(f">> {m}", flush=True))
+        elif a.cmd == "jobset-up":
+            from .jobset import JobSet
+
+            st = JobSet(cp).up(log=lambda m: print(f">> {m}", flush=True))
+            print(f">> jobset {st['version']}: webhook {st['webhook']}; log {cp.dir / 'logs' / 'jobset.log'}")
+        elif a.cmd == "jobset-down":
+            from .jobset import JobSet
+
+            JobSet(cp).down(log=lambda m: print(f">> {m}", flush=True))
         elif a.cmd == "down":
             cp.down(log=lambda m: print(f">> {m}", flush=True))
         elif a.cmd == "multicluster-up":

@@ -560,8 +560,8 @@ class ControlPlane:
 
     # ---- stop ----------------------------------------------------------------------------
     def down(self, log=print, grace: float = 10.0) -> None:
-        """Stop the recorded processes: add-ons (Kueue: kueue.py) first, then the node agent
-        (it stops its pods), etcd last."""
+        """Stop the recorded processes: add-ons (Kueue, JobSet: kueue.py, jobset.py) first, then
+        the node agent (it stops its pods), etcd last."""
         st = self.state()
         if st.get("realNodes"):  # kubelets, containerds, CoreDNS, and what they leave
             from .realnode import stop as stop_real_nodes
@@ -585,6 +585,7 @@ class ControlPlane:
         if pids:
             st["pids"] = {}
             st.pop("kueue", None)
+            st.pop("jobset", None)
             self._save(st)
 
 

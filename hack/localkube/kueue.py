@@ -99,9 +99,10 @@ def host_address() -> str:
 # Holmes' integration settings (see the module's docstring); a test may run Kueue with others,
 # e.g. Kueue's own defaults, to show what goes wrong with them.
 INTEGRATIONS = {
-    # batch/job as Kueue's own example; never "pod" (each of a HolmesJob's pods would get a
-    # Workload of its own beside the job's: its quota counted twice)
-    "frameworks": ["batch/job"],
+    # batch/job as Kueue's own example, JobSet (make jobset-up) for the JobSets that ask for
+    # Holmes' island level; never "pod" (each of a HolmesJob's pods would get a Workload of its
+    # own beside the job's: its quota counted twice)
+    "frameworks": ["batch/job", "jobset.x-k8s.io/jobset"],
     "externalFrameworks": [HOLMESJOB],
 }
 

@@ -42,6 +42,14 @@ Fixtures
     the stand-in CRDs (hack/thirdparty-crds) can follow on the same cluster. On a reused cluster
     (``HOLMES_KUBECONFIG``) whose Kueue ``make kueue-up`` started, that one is used and kept.
 
+``real_jobset`` (module scope)
+    The real JobSet controller (``sigs.k8s.io/jobset``, built by hack/build-jobset.sh) on the
+    ``cluster``, installed and run as ``hack/localkube/jobset.py`` says. Ask for it before
+    ``real_kueue`` (Kueue sets up its JobSet integration at start when JobSet's CRD is served).
+    Yields the ``localkube.jobset.JobSet``; at the end of the module the manager is stopped and
+    JobSet's CRD deleted. On a reused cluster whose JobSet ``make jobset-up`` started, that one is
+    used and kept.
+
 ``namespace`` (function scope)
     A fresh namespace name (``t-<random>``) whose ``default`` service account and its token exist
     (so pods can be created at once); deleted after the test, without waiting.
@@ -216,6 +224,24 @@ def real_kueue(cluster):
         yield kq
     finally:
         kq.uninstall()
+
+
+@pytest.fixture(scope="module")
+def real_jobset(cluster):
+    from localkube.controlplane import ControlPlane
+    from localkube.jobset import JobSet
+
+    if cluster.state_dir is None:
+        pytest.skip("the real JobSet needs a cluster this session started, or one `make cluster-up` started")
+    js = JobSet(ControlPlane(cluster.state_dir))
+    if js.running():
+        yield js  # `make jobset-up`'s: left as it is
+        return
+    js.up(log=lambda m: print(f"[jobset] {m}", file=sys.stderr))
+    try:
+        yield js
+    finally:
+        js.uninstall()
 
 
 @pytest.fixture

@@ -20,66 +20,17 @@ from holmes_dev.jobs import tiny_job
 
 from holmes.operator.core import island_topology as topo
 from tests.helpers.operator.cluster_helpers import apply, pods_of, running_operator, wait_for, wait_phase
+from tests.helpers.operator.tas_helpers import (
+    GPU,
+    ISLAND,
+    ISLANDS,
+    assigned_hosts,
+    delete_kueue_objects,
+    kueue_objects,
+    published,
+)
 
 pytestmark = pytest.mark.timeout(420)
-
-GPU = "nvidia.com/gpu"
-RDMA = ("rdma/rdma_shared_device_a", "rdma/rdma_shared_device_b")
-# hack/topologies/default.yaml as the operator classifies it: each node's island (the NIC kinds
-# advertised by Holmes' labels, by NFD, or not at all)
-ISLANDS = {
-    "ib-0": "east.infiniband",
-    "ib-1": "east.infiniband",
-    "eth-0": "east.ethernet",
-    "roce-0": "west.roce",
-    "roce-1": "west.roce",
-    "eth-1": "west.ethernet",
-}
-ISLAND = topo.LABEL_ISLAND
-
-
-def kueue_objects(namespace: str) -> list[dict]:
-    """Holmes' Topology, a TAS flavor per cluster (its nodes by Holmes' cluster level), a
-    ClusterQueue over both with room for 12 GPUs (more than any island holds), the namespace's
-    LocalQueue ``tas``."""
-    flavors = [
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ResourceFlavor",
-            "metadata": {"name": f"{c}-{namespace}"},
-            "spec": {"nodeLabels": {topo.LABEL_CLUSTER: c}, "topologyName": f"holmes-{namespace}"},
-        }
-        for c in ("east", "west")
-    ]
-    quota = [
-        {
-            "name": f["metadata"]["name"],
-            "resources": [
-                {"name": r, "nominalQuota": q}
-                for r, q in (("cpu", "64"), ("memory", "512Gi"), (GPU, "6"), (RDMA[0], "64"), (RDMA[1], "64"))
-            ],
-        }
-        for f in flavors
-    ]
-    return [
-        topo.kueue_topology(f"holmes-{namespace}"),
-        *flavors,
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ClusterQueue",
-            "metadata": {"name": f"tas-{namespace}"},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU, *RDMA], "flavors": quota}],
-            },
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "LocalQueue",
-            "metadata": {"name": "tas", "namespace": namespace},
-            "spec": {"clusterQueue": f"tas-{namespace}"},
-        },
-    ]
 
 
 @pytest.fixture
@@ -101,33 +52,12 @@ def tas(cluster, real_kueue, namespace):
     cluster.kubectl(
         "delete", "jobs.batch", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False
     )
-    for o in reversed(objs):
-        plural = "topologies" if o["kind"] == "Topology" else o["kind"].lower() + "s"
-        kind = f"{plural}.kueue.x-k8s.io"
-        args = ["-n", namespace] if o["kind"] == "LocalQueue" else []
-        cluster.kubectl("delete", kind, o["metadata"]["name"], *args, "--wait=false", check=False)
-
-
-def node_islands(cluster) -> dict[str, str]:
-    return {
-        n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(ISLAND, "")
-        for n in cluster.get_json("nodes")["items"]
-    }
-
-
-def published(cluster) -> dict[str, str] | None:
-    got = node_islands(cluster)
-    return got if all(got.get(n) == i for n, i in ISLANDS.items()) else None
+    delete_kueue_objects(cluster, namespace, objs)
 
 
 def workload(cluster, ns, name) -> dict | None:
     r = cluster.kubectl("get", "workloads.kueue.x-k8s.io", name, "-n", ns, "-o", "json", check=False)
     return json.loads(r.stdout) if r.returncode == 0 else None
-
-
-def assigned_hosts(psa: dict) -> list[str]:
-    """The hostnames of a PodSet's topology assignment (Holmes' reader: island_topology.domains)."""
-    return sorted(d["kubernetes.io/hostname"] for d, _ in topo.domains(psa["topologyAssignment"]))
 
 
 def test_a_holmesjob_is_admitted_by_topology_each_pod_set_inside_one_island(
