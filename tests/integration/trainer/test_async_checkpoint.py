@@ -160,3 +160,34 @@ def _sources(state):
         else:
             out.append(v)
     return out
+
+
+def test_the_save_is_written_by_a_checkpoint_process_of_each_rank(tmp_path):
+    """Before: DCP planned and wrote on a thread of the training process (its GIL). Now one
+    checkpoint process per rank, started at the first save and kept for the next, reading the
+    staging buffer from shared memory; the plans are cached from the second save on."""
+    root = str(tmp_path / "ckpt")
+    cfg = tiny_config(optimizer=ADAMW, iterations=3, checkpoint=CheckpointConfig(root, 1))
+
+    def body(rank, cfg, layout):
+        import os
+
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        seen = []
+
+        def on_iteration(trainer, record):
+            proc = executor._CHECKPOINT_PROCESS
+            if proc is not None:
+                seen.append((proc._save_process.pid, proc._save_process.is_alive()))
+            assert trainer.checkpointer.stager._flat is None or trainer.checkpointer.stager._flat.is_shared()
+
+        train_on_layout(rank, cfg, layout, on_iteration)
+        return {"pid": os.getpid(), "seen": seen}
+
+    out = run_ranks(2, body, cfg, LAYOUT)
+    for rank in (0, 1):
+        got = out[rank][1]
+        pids = {pid for pid, alive in got["seen"] if alive}
+        assert len(pids) == 1 and got["pid"] not in pids, got  # one process, not the rank's own
+    assert checkpoint.newest_complete(root) == 3

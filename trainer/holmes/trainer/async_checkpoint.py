@@ -9,9 +9,15 @@ A save (:meth:`AsyncCheckpointer.save`, collective over the checkpoint group) ha
    rank's state at memory bandwidth. The buffer exists once, of exactly that size, so staging
    is bounded to one copy of the state: a save waits for the previous one to finish before it
    overwrites it.
-2. **Writing**, on torch's checkpoint thread (``torch.distributed.checkpoint.async_save``):
-   DCP's plan exchange over the checkpoint group and the file writes, while the next
-   iterations run. Then, on a thread of this module, the **commit**: every rank reports
+2. **Writing**, in a checkpoint process of this rank's own (``torch.distributed.checkpoint
+   .async_save`` with torch 2.13's process-based executor: a spawned daemon with a gloo group
+   of its own over all ranks, started at the first save and kept): DCP's plan exchange and the
+   file writes, while the next iterations run, without holding the training process's GIL
+   (on a thread, DCP's planning and writing took it from a Python-dispatched training loop).
+   The staged state reaches it as shared-memory handles (the staging buffer is allocated in
+   shared memory), not a copy; the planner caches its plans (``enable_plan_caching``), so
+   saves after the first send no plan when nothing changed. Then, on a thread of this module,
+   the **commit**: every rank reports
    whether its write finished (gathered over the checkpoint group), and only when all did
    does rank 0 write ``holmes.json`` (checkpoint.write_marker). A save that failed anywhere
    leaves a directory without the marker, which nothing resumes from (checkpoint.py).
@@ -35,6 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from . import checkpoint
 
@@ -65,8 +73,9 @@ class HostStager:
 
     _synchronize_after_execute = False  # stage() returns only once the copies have landed
 
-    def __init__(self, pin: bool | None = None):
+    def __init__(self, pin: bool | None = None, shared: bool = False):
         self.pin = torch.cuda.is_available() if pin is None else pin
+        self.shared = shared  # in shared memory: a checkpoint process reads it without a copy
         self._flat: torch.Tensor | None = None
         self._specs: list[tuple[tuple[int, ...], torch.dtype]] = []
         self._registered = False
@@ -87,6 +96,8 @@ class HostStager:
         if self._flat is None or specs != self._specs:
             self.close()
             self._flat = torch.empty(total, dtype=torch.uint8, device="cpu")
+            if self.shared:  # before registering: share_memory_ moves the storage
+                self._flat.share_memory_()
             if self.pin:
                 # exact size, page-locked for DMA; the caching host allocator would round it up
                 torch.cuda.cudart().cudaHostRegister(self._flat.data_ptr(), total, 0)
@@ -156,20 +167,61 @@ class AsyncCheckpointer:
     (it needs a CPU backend: gloo). ``on_commit`` runs on the training thread for each save
     that committed, from :meth:`poll` or :meth:`wait`."""
 
-    def __init__(self, group: Any, rank: int, on_commit: Callable[[Saved], None] | None = None):
+    def __init__(
+        self,
+        group: Any,
+        rank: int,
+        on_commit: Callable[[Saved], None] | None = None,
+        writer: str = "process",
+    ):
+        """``writer``: "process" (the default: a checkpoint process of its own) or "thread"
+        (DCP's thread in this process, as before issue 54; the bench compares them)."""
         self.group, self.rank, self.on_commit = group, rank, on_commit
-        self.stager = HostStager()
+        if writer not in ("process", "thread"):
+            raise ValueError(f"writer {writer!r}: process or thread")
+        self.writer = AsyncCheckpointerType.PROCESS if writer == "process" else AsyncCheckpointerType.THREAD
+        self.stager = HostStager(shared=writer == "process")
         self._commit = ThreadPoolExecutor(max_workers=1, thread_name_prefix="holmes-checkpoint")
         self._pending: Future[Saved] | None = None
         self.in_flight_iteration: int | None = None
+        self.start_seconds: float | None = None  # the checkpoint process's start, once it is up
+        self._started: Future[None] | None = None
+        if writer == "process":
+            self._started = self._commit.submit(self._start_process, start_process_info(group))
+
+    def _start_process(self, info: Any) -> None:
+        """Spawn the checkpoint process while training goes on (its start, a fresh interpreter
+        importing torch and a gloo group over every rank, would otherwise fall on the first
+        save): torch 2.13 keeps one per process, which async_save then finds."""
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        t0 = time.perf_counter()
+        if executor._CHECKPOINT_PROCESS is None:
+            executor._CHECKPOINT_PROCESS = executor._AsyncCheckpointProcess(pg_init_info=info)
+        self.start_seconds = time.perf_counter() - t0
+
+    def ready(self) -> None:
+        """Block until the checkpoint process is up (the first save does; the bench, to time
+        the steady state apart from the one-time start)."""
+        if self._started is not None:
+            self._started.result()
 
     def save(self, root: str, iteration: int, state: dict[str, Any], meta: dict[str, Any]) -> str:
         """Stage ``state`` and start writing it as ``iter_<iteration>``; returns the directory.
-        Waits first for the previous save (and raises its failure)."""
+        Waits first for the previous save (and raises its failure) and the checkpoint process's
+        start."""
         self.wait()
+        self.ready()
         path = checkpoint.iteration_dir(root, iteration)
         t0 = time.perf_counter()
-        upload = dcp.async_save(state, checkpoint_id=path, process_group=self.group, async_stager=self.stager)
+        upload = dcp.async_save(
+            state,
+            checkpoint_id=path,
+            process_group=self.group,
+            async_stager=self.stager,
+            async_checkpointer_type=self.writer,
+            planner=DefaultSavePlanner(enable_plan_caching=True),
+        )
         staged = time.perf_counter() - t0
         if not isinstance(upload, Future):  # an AsyncSaveResponse: staging of its own (not ours)
             upload = upload.upload_completion
@@ -231,6 +283,17 @@ class AsyncCheckpointer:
         finally:
             self._commit.shutdown(wait=True)
             self.stager.close()
+
+
+def start_process_info(group: Any) -> Any:
+    """Collective over ``group``: where the checkpoint processes' own gloo group meets (torch's
+    _ProcessGroupInitInfo: a free port on rank 0, broadcast), or None when this process has its
+    checkpoint process already (a second Trainer in one process)."""
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    if executor._CHECKPOINT_PROCESS is not None:
+        return None
+    return executor._ProcessGroupInitInfo(group)
 
 
 def _causes(error: BaseException, rank: int) -> dict[int, str]:
