@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from holmes.trainer import checkpoint
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
@@ -191,3 +192,44 @@ def test_the_save_is_written_by_a_checkpoint_process_of_each_rank(tmp_path):
         pids = {pid for pid, alive in got["seen"] if alive}
         assert len(pids) == 1 and got["pid"] not in pids, got  # one process, not the rank's own
     assert checkpoint.newest_complete(root) == 3
+
+
+def test_the_checkpoint_process_outlives_the_pods_stop_signal_and_ends_with_its_rank(tmp_path):
+    """A pod's SIGTERM reaches every process of the group (torchrun signals its workers'
+    groups): before, it killed the checkpoint process, so the save on preemption was lost (the
+    fault soak's deleted pod lost 13 iterations). The checkpoint process blocks it; it is
+    stopped by its rank at exit, never left behind."""
+    root = str(tmp_path / "ckpt")
+    cfg = tiny_config(optimizer=ADAMW, iterations=3, checkpoint=CheckpointConfig(root, 1))
+
+    def body(rank, cfg, layout):
+        import signal
+
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        pids = []
+
+        def on_iteration(trainer, record):
+            proc = executor._CHECKPOINT_PROCESS
+            if proc is not None and not pids:
+                pids.append(proc._save_process.pid)
+                os.kill(pids[0], signal.SIGTERM)  # what killpg does to it
+
+        train_on_layout(rank, cfg, layout, on_iteration)
+        return {"pid": pids[0]}
+
+    out = run_ranks(2, body, cfg, LAYOUT)
+    assert checkpoint.newest_complete(root) == 3  # every save after the signal committed
+    for rank in (0, 1):  # these ranks end with os._exit (no atexit): the pipe's EOF ends it
+        pid = out[rank][1]["pid"]
+        deadline = time.monotonic() + 60
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _running(pid), f"rank {rank}'s checkpoint process {pid} outlived its rank"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][0] not in "ZX"
+    except (FileNotFoundError, IndexError):
+        return False

@@ -32,6 +32,8 @@ waiting in their next collective.
 
 from __future__ import annotations
 
+import atexit
+import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,6 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._async_process_executor import _ProcessGroupInitInfo
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
@@ -198,6 +201,7 @@ class AsyncCheckpointer:
         t0 = time.perf_counter()
         if executor._CHECKPOINT_PROCESS is None:
             executor._CHECKPOINT_PROCESS = executor._AsyncCheckpointProcess(pg_init_info=info)
+            atexit.register(stop_checkpoint_process)
         self.start_seconds = time.perf_counter() - t0
 
     def ready(self) -> None:
@@ -285,6 +289,44 @@ class AsyncCheckpointer:
             self.stager.close()
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class _IgnoringStopSignals(_ProcessGroupInitInfo):
+    """torch's start information for the checkpoint process, which ignores the pod's stop
+    signals from the moment it unpickles this (its first step after the interpreter's start).
+    A pod's SIGTERM reaches the whole process group (torchrun signals its workers' groups; a
+    runtime may signal every process) and would kill it, losing the save on preemption
+    (preempt.py) that goes through it. Python's spawn resets a blocked signal mask, and only
+    the main thread may set dispositions, hence here. It ends on request
+    (:func:`stop_checkpoint_process`), on its pipe's EOF when its rank dies, or by SIGKILL at
+    the end of the pod's grace period."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        self.__dict__.update(state)
+
+
+def stop_checkpoint_process(timeout: float = 30.0) -> None:
+    """End this process's checkpoint process (at exit; before multiprocessing's own exit hook,
+    which would SIGTERM it, which it blocks, and join it for ever): ask it to stop, which it
+    does between saves, then SIGKILL it if it has not within ``timeout`` seconds."""
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    proc, executor._CHECKPOINT_PROCESS = executor._CHECKPOINT_PROCESS, None
+    if proc is None or not proc._save_process.is_alive():
+        return
+    try:
+        proc._send(executor._CheckpointSaveProcessControlOpts.TERMINATE)
+    except OSError:
+        pass  # its pipe is gone: it is exiting already
+    proc._save_process.join(timeout)
+    if proc._save_process.is_alive():
+        proc._save_process.kill()
+        proc._save_process.join(5)
+
+
 def start_process_info(group: Any) -> Any:
     """Collective over ``group``: where the checkpoint processes' own gloo group meets (torch's
     _ProcessGroupInitInfo: a free port on rank 0, broadcast), or None when this process has its
@@ -293,7 +335,7 @@ def start_process_info(group: Any) -> Any:
 
     if executor._CHECKPOINT_PROCESS is not None:
         return None
-    return executor._ProcessGroupInitInfo(group)
+    return _IgnoringStopSignals(group)
 
 
 def _causes(error: BaseException, rank: int) -> dict[int, str]:
