@@ -45,17 +45,27 @@ RUN python -m venv /opt/holmes \
  && /opt/holmes/bin/python -m compileall -q /opt/holmes/lib
 
 # ---------------------------------------------------------------------------------------------
+# operator-root: the operator image's whole file system (docker/rootfs.py): Python, its standard
+# library, the venv, the openssl command (the metrics' self-signed certificate) and the shared
+# libraries they load; no shell, no package manager. The operator's --help and openssl run
+# inside it (chroot) fail the build when it misses a file.
+FROM ${PYTHON_IMAGE} AS operator-root
+COPY docker/rootfs.py /tmp/rootfs.py
+COPY --from=operator-venv /opt/holmes /opt/holmes
+RUN python /tmp/rootfs.py /opt/holmes /rootfs \
+ && chroot --userspec=65532:65532 /rootfs /opt/holmes/bin/python -m holmes.operator --help >/dev/null \
+ && chroot --userspec=65532:65532 /rootfs openssl version
+
+# ---------------------------------------------------------------------------------------------
 # operator: python -m holmes.operator (kopf). Runs as UID 65532 with a read-only root
 # filesystem in the chart; it writes nothing but /tmp (an emptyDir there).
-FROM ${PYTHON_IMAGE} AS operator
+FROM scratch AS operator
 LABEL org.opencontainers.image.title="holmes-operator" \
       org.opencontainers.image.description="Holmes Kubernetes operator: plans and runs HolmesJobs across heterogeneous NICs" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="0.1.0"
-RUN groupadd --gid 65532 holmes \
- && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin holmes
-COPY --from=operator-venv /opt/holmes /opt/holmes
-ENV PATH=/opt/holmes/bin:$PATH \
+COPY --from=operator-root /rootfs/ /
+ENV PATH=/opt/holmes/bin:/usr/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 USER 65532:65532

@@ -28,12 +28,32 @@ export HOLMES_CACHE
 TOPOLOGY ?= hack/topologies/default.yaml
 LOCALKUBE := PYTHONPATH=hack $(PY) -m localkube
 
-.PHONY: k8s clients cluster-up cluster-down demo
+.PHONY: k8s clients node cluster-up cluster-down demo
 k8s:
 	@bash hack/build-k8s.sh
+# What a real node runs beside the kubelet (hack/build-node.sh): containerd, the CNI plugins,
+# Multus, CoreDNS and the pause image, cached beside the control plane. Needed by topologies with
+# `playedBy: kubelet` nodes (hack/localkube/realnode.py).
+node:
+	@bash hack/build-node.sh
+# `node` too when the topology has real nodes
+REAL_NODES = $(if $(shell grep -lE 'playedBy: *kubelet' $(TOPOLOGY) 2>/dev/null),node)
 # kubectl and helm only (the unit tier's chart and kustomize checks): no control plane.
 clients:
 	@bash hack/build-k8s.sh clients
+
+# The real Kueue (hack/build-kueue.sh: sigs.k8s.io/kueue's manager built from its module, its
+# own config/default rendered), cached beside the control plane. `make kueue-up` (after
+# cluster-up; idempotent) installs it on the local cluster and runs its manager as a host process
+# (hack/localkube/kueue.py); `make kueue-down` stops it and removes its webhooks.
+# (kubectl, which renders Kueue's manifests, comes from `make k8s` or `make clients`.)
+.PHONY: kueue kueue-up kueue-down
+kueue:
+	@bash hack/build-kueue.sh
+kueue-up: venv kueue
+	@$(LOCALKUBE) kueue-up
+kueue-down:
+	@if [ -x $(PY) ]; then $(LOCALKUBE) kueue-down; fi
 
 # The two images of the Dockerfile (hack/build-images.sh), built into the local containers storage
 # (`podman images`) on a Debian base; rebuilt only when what goes into them changes.
@@ -42,7 +62,7 @@ images:
 	@bash hack/build-images.sh
 
 # Every tier (tests/conftest.py): lint, then tests/unit, tests/integration and tests/e2e in one run.
-test: venv k8s images lint
+test: venv k8s kueue images lint
 	$(PY) -m pytest
 
 # The tiers one at a time (tests/conftest.py says what goes where).
@@ -57,8 +77,13 @@ unit: venv clients
 	$(PY) -m pytest tests/unit -q
 integration: venv images
 	$(PY) -m pytest tests/integration -q
-e2e: venv k8s images
+e2e: venv k8s kueue images
 	$(PY) -m pytest tests/e2e -q
+# The tests on real kubelet nodes (marker real_nodes): not in `make test` until their cold build
+# fits its budget (docs/local-cluster.md, Real nodes).
+.PHONY: e2e-real-nodes
+e2e-real-nodes: venv k8s node images
+	HOLMES_REAL_NODES=1 $(PY) -m pytest -m real_nodes tests/e2e -q
 
 # ruff: lint and format check; mypy: types (strict on contract/ and plan/); lint-imports: the
 # layers' import contracts. Config in pyproject.toml; `make fmt` applies ruff's fixes.
@@ -73,7 +98,7 @@ fmt: venv
 	$(VENV)/bin/ruff format .
 
 # Start (idempotent) the local cluster; writes .holmes/kubeconfig. TOPOLOGY=path picks the nodes.
-cluster-up: venv k8s
+cluster-up: venv k8s $(REAL_NODES)
 	@$(LOCALKUBE) up --topology $(TOPOLOGY)
 
 # Stop what cluster-up and multicluster-up started (by the PIDs they recorded in .holmes/).
@@ -83,7 +108,7 @@ cluster-down:
 # Two member clusters (the default topology split by cluster: east = InfiniBand, west = RoCE),
 # each its own control plane + node agent; east doubles as the hub. Writes .holmes/multicluster/.
 .PHONY: multicluster-up demo-multicluster
-multicluster-up: venv k8s
+multicluster-up: venv k8s $(REAL_NODES)
 	@$(LOCALKUBE) multicluster-up --topology $(TOPOLOGY)
 
 # One HolmesJob trained across both member clusters to Succeeded.
@@ -111,3 +136,18 @@ bubble-table: venv
 crd: venv
 	$(PY) hack/gen_crd.py
 	hack/chart-sync.sh
+
+# The kubectl plugin's krew archive (dist/) and manifest (deploy/krew/holmes.yaml, pinned to the
+# archive's sha256; tests/unit/packaging/test_krew.py checks it). RELEASE_URL=... writes
+# dist/krew-holmes.yaml pointing at the published archive instead.
+.PHONY: krew
+krew: venv
+	$(PY) hack/krew.py
+
+# A release in dist/ (hack/release.py): the chart packaged, the krew archive, one CycloneDX SBOM
+# per image, the images' ids and digests (built first by `make images`), the bases and whether
+# each is pinned by digest, release-VERSION.json and SHA256SUMS. A release build passes the bases
+# by digest (PYTHON_IMAGE=...@sha256:... CUDA_IMAGE=...): hack/release.py says how.
+.PHONY: release
+release: venv clients images
+	$(PY) hack/release.py --require-images

@@ -567,9 +567,7 @@ def main() -> int:
         install_crd(c)
         c.kubectl("create", "namespace", ns)
         wait_until("the default service account", lambda: c.get("serviceaccount", "default", "-n", ns), 30)
-        op = OperatorProcess(
-            kubeconfig, [ns], tmp / "operator.log", extra=["--restart-backoff-seconds=1", "--allow-host-path"]
-        )
+        op = OperatorProcess(kubeconfig, [ns], tmp / "operator.log", extra=["--restart-backoff-seconds=1"])
         op.start()
         print(f">> undisturbed reference run: {iterations} iterations", flush=True)
         (tmp / "ref").mkdir()

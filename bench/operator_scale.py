@@ -3,22 +3,28 @@ over a ramp, with churn, against the real local control plane (API server, etcd,
 controller manager) and the operator as a process.
 
 Hollow nodes (hack/localkube/hollow.py) register heterogeneous Nodes (islands of InfiniBand,
-RoCE and Ethernet, labelled the labeller's way or NFD's, three GPU types) and report their pods
-Running, then Succeeded at each job's end time, without running anything. Jobs spread over a
+RoCE and Ethernet, labelled the labeller's way or NFD's, three GPU types); kwok, with Holmes'
+Stages, renews their Leases and reports their pods Running, then Succeeded when the bench
+finishes them, without running anything. Jobs spread over a
 few namespaces (teams); half select any hollow node, half one island. Churn, after the ramp:
 nodes going NotReady and back, running pods failing, jobs deleted, specs edited (a relaunch),
 and a few bad specs (refused with a condition, never a crash). Then a steady window measures
 the operator's own requests per running job; then every job ends.
 
-Measured: launch (create -> all pods of its first attempt created; bad specs and jobs edited or
-deleted before their launch excluded), the operator's reconcile time (its histogram), its own API
-requests (holmes_api_requests_total: the kubernetes client's, and the Events it posts), its RSS
-(peak, sampled each second) and CPU. Judged from one watch of the jobs and one of their pods:
-``duplicatePods`` (two live pods, not terminating nor ended, for one rank of a job, at any
-moment), ``orphanPods`` (at the end: a live pod whose job is gone or whose attempt is not the
-job's), ``lostJobs`` (a job whose phase went from ended back, whose attempt, restarts or
-observedGeneration went down, or that vanished without the bench deleting it), ``wrongPhase``
-(at the end: a good job not Succeeded, a bad spec not Pending with Stalled=True).
+Measured: the hollow nodes' readiness (hollow.py started -> every node Ready, ``nodesReadyS``),
+launch (the bench's create call -> the API server's creationTimestamp of the last pod of its
+first attempt, + 1 s as that stamp is in whole seconds: an upper bound; ``launchSeen*``: ->
+the bench's pod watch delivering it, which adds that watch's lag on a loaded machine; bad
+specs and jobs edited or deleted before their launch excluded; ``atLaunch``: the operator's
+worker waits, reconciles, planning and lost races when the last job launched), the
+operator's reconcile time (its histogram), its own API requests (holmes_api_requests_total:
+the kubernetes client's, and the Events it posts), its RSS (peak, sampled each second) and CPU.
+Judged from one watch of the jobs and one of their pods: ``duplicatePods`` (two live pods, not
+terminating nor ended, for one rank of a job, at any moment), ``orphanPods`` (at the end: a live pod
+whose job is gone or whose attempt is not the job's), ``lostJobs`` (a job whose phase went from
+ended back, whose attempt, restarts or observedGeneration went down, or that vanished without the
+bench deleting it), ``wrongPhase`` (at the end: a good job not Succeeded, a bad spec not Pending
+with Stalled=True).
 
     .venv/bin/python bench/operator_scale.py --nodes 2000 --jobs 200     # ~15 minutes
     .venv/bin/python bench/operator_scale.py --small     # the small mode make test runs
@@ -41,6 +47,8 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,7 +61,7 @@ from operator_apply import Bench, OperatorProcess, cluster_kubeconfig, stop_clus
 from operator_load import TrainerStandIn  # noqa: E402
 
 from localkube import hollow_nodes as hn  # noqa: E402
-from localkube.hollow import FAIL_PODS_FILE, FINISH_FILE, NOT_READY_FILE  # noqa: E402
+from localkube.hollow import fail_pod, finish_pod, set_not_ready  # noqa: E402
 
 GROUP, VERSION, PLURAL = "holmes.dev", "v1alpha1", "holmesjobs"
 LABEL_JOB, LABEL_ATTEMPT, LABEL_RANK = "holmes.dev/job-name", "holmes.dev/attempt", "holmes.dev/node-rank"
@@ -63,7 +71,7 @@ TARGETS = {"launchP99S": 10.0, "reconcileP99S": 2.0, "apiRequestsPerSecondPerJob
 _SAMPLE = re.compile(
     r'^holmes_api_requests_total\{code="[^"]*",resource="([^"]*)",verb="([^"]*)"\} ([0-9.e+]+)$'
 )
-_BUCKET = re.compile(r'^holmes_reconcile_duration_seconds_bucket\{le="([^"]+)"\} ([0-9.e+]+)$')
+_LINE = re.compile(r"^([a-z_:]+)(?:\{([^}]*)\})? ([0-9.e+-]+|[+-]Inf|NaN)$")
 
 
 def log(msg: str) -> None:
@@ -73,7 +81,8 @@ def log(msg: str) -> None:
 # ---- the jobs ------------------------------------------------------------------------------------
 def scale_job(name: str, ns: str, nodes: int, islands: list[str]) -> dict:
     """A small model on ``nodes`` hollow nodes of these islands, 3 failures allowed; its pods run
-    until the bench finishes its namespace (hollow.FINISH_FILE)."""
+    until the bench finishes them (hollow.finish_pod) and report the loopback IP the trainer
+    stand-in listens on."""
     selector: dict = {"matchLabels": {hn.HOLLOW: "true"}}
     if islands:
         selector["matchExpressions"] = [{"key": "holmes.dev/cluster", "operator": "In", "values": islands}]
@@ -95,6 +104,7 @@ def scale_job(name: str, ns: str, nodes: int, islands: list[str]) -> dict:
             },
             "nodes": {"count": nodes, "gpusPerNode": 8, "selector": selector},
             "template": {
+                "metadata": {"annotations": {hn.POD_IP: "127.0.0.1"}},
                 "spec": {
                     "tolerations": [{"key": hn.HOLLOW, "operator": "Exists"}],
                     "containers": [{"name": "trainer", "command": ["sleep", "infinity"]}],
@@ -109,14 +119,14 @@ def scale_job(name: str, ns: str, nodes: int, islands: list[str]) -> dict:
 def bad_jobs(ns: str) -> list[tuple[dict, bool]]:
     """Bad specs, each with whether the CRD's CEL rules refuse it at admission; the operator must
     refuse the others with a condition."""
-    long_name = scale_job("x" * 60, ns, 1, [])  # children's names would not fit
+    long_name = scale_job("x" * 60, ns, 1, [])  # over the CRD's 50 characters (pod hostnames)
     pinned = scale_job("bad-pinned", ns, 1, [])
     pinned["spec"]["template"] = {"spec": {"nodeName": "node-0000"}}  # the planner places pods
     heads = scale_job("bad-heads", ns, 1, [])
     heads["spec"]["model"]["attentionHeads"] = 7  # 1024 hidden is not divisible by 7 heads
     pipeline = scale_job("bad-pipeline", ns, 2, [])
     pipeline["spec"]["parallelism"] = {"pipeline": 64}  # more stages than the model's 16 layers
-    return [(long_name, False), (pinned, False), (heads, True), (pipeline, True)]
+    return [(long_name, True), (pinned, False), (heads, True), (pipeline, True)]
 
 
 def plan_sizes(
@@ -151,7 +161,13 @@ class Observer:
         self.by_job: dict[tuple[str, str], set] = defaultdict(set)  # job -> its pods' keys
         self.created: dict[tuple[str, str], float] = {}  # key -> when the bench created it
         self.expected: dict[tuple[str, str], int] = {}  # key -> pods of its first attempt
-        self.launched: dict[tuple[str, str], float] = {}  # key -> seconds create -> all pods
+        # key -> seconds from the create call to its last first-attempt pod's creationTimestamp
+        # (the API server's: whole seconds, so + 1 s, an upper bound), whatever the watch's lag
+        self.launched: dict[tuple[str, str], float] = {}
+        self.seen: dict[tuple[str, str], float] = {}  # ... to this watch delivering that pod
+        self.created_wall: dict[tuple[str, str], float] = {}  # key -> time.time() of its create
+        self.last_pod: dict[tuple[str, str], float] = {}  # key -> its newest creationTimestamp
+        self.trace: dict[str, list[float]] = {}  # "ns/name" -> [created, seen, launched] (wall)
         self.first_pods: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.deleted_by_bench: set[tuple[str, str]] = set()
         self.excluded: set[tuple[str, str]] = set()  # no launch time: edited/deleted/bad
@@ -159,6 +175,24 @@ class Observer:
         self.lost: dict[tuple[str, str], str] = {}
         self.stop = threading.Event()
         self.synced = threading.Event()
+        self.finishing: set[str] = set()  # namespaces whose pods end (now, or as they start)
+        self.finish_sent: set[tuple[str, str]] = set()
+        self.finisher = ThreadPoolExecutor(8, thread_name_prefix="finish")
+
+    def finish(self, namespaces: list[str]) -> None:
+        """Every live pod of these namespaces ends (exit 0), and any created later as it starts
+        (a bench ends its jobs when it has measured them)."""
+        with self.lock:
+            self.finishing.update(namespaces)
+            for pod in list(self.pods.values()):
+                self._finish_pod(pod)
+
+    def _finish_pod(self, pod: dict) -> None:  # under self.lock
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if meta["namespace"] in self.finishing and live(pod) and key not in self.finish_sent:
+            self.finish_sent.add(key)
+            self.finisher.submit(finish_pod, client.CoreV1Api(self.api), *key)
 
     def ours(self, obj: dict) -> bool:
         return (obj.get("metadata") or {}).get("namespace", "").startswith(self.prefix)
@@ -249,9 +283,14 @@ class Observer:
             self.pods[key] = pod
             if labels.get(LABEL_ATTEMPT) == "1" and job in self.expected and job not in self.launched:
                 self.first_pods[job].add(meta["name"])
+                at = server_time(meta["creationTimestamp"]) + 1.0
+                self.last_pod[job] = max(self.last_pod.get(job, at), at)
                 if len(self.first_pods[job]) >= self.expected[job] and job in self.created:
-                    self.launched[job] = now - self.created[job]
+                    self.seen[job] = now - self.created[job]
+                    self.launched[job] = self.last_pod[job] - self.created_wall[job]
+                    self.trace["/".join(job)] += [time.time(), self.last_pod[job]]
             self.by_job[job].add(key)
+            self._finish_pod(pod)
             if live(pod):
                 rank = labels.get(LABEL_RANK)
                 twins = [
@@ -264,6 +303,11 @@ class Observer:
                 ]
                 for t in twins:
                     self.duplicates.add((job[0], *sorted((meta["name"], t))))
+
+
+def server_time(stamp: str) -> float:
+    """An API server timestamp ("2026-11-29T20:13:01Z") as seconds since the epoch."""
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
 def live(pod: dict) -> bool:
@@ -296,14 +340,26 @@ def operator_requests(text: str) -> dict[tuple[str, str], float]:
     return out
 
 
-def histogram_quantile(text: str, q: float) -> float:
-    """Prometheus' histogram_quantile on the reconcile histogram (linear within a bucket)."""
+def samples(text: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of metric ``name`` whose labels include ``labels`` (Prometheus' text format)."""
+    out = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'([a-zA-Z_]+)="([^"]*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            out.append((got, float(m.group(3))))
+    return out
+
+
+def histogram_quantile(
+    text: str, q: float, name: str = "holmes_reconcile_duration_seconds", **labels: str
+) -> float:
+    """Prometheus' histogram_quantile on one histogram (linear within a bucket)."""
     buckets = sorted(
-        (
-            (math.inf if m.group(1) == "+Inf" else float(m.group(1)), float(m.group(2)))
-            for m in map(_BUCKET.match, text.splitlines())
-            if m
-        ),
+        (math.inf if got["le"] == "+Inf" else float(got["le"]), count)
+        for got, count in samples(text, f"{name}_bucket", **labels)
     )
     if not buckets or buckets[-1][1] == 0:
         return 0.0
@@ -316,6 +372,27 @@ def histogram_quantile(text: str, q: float) -> float:
             return lo_bound + (bound - lo_bound) * (rank - lo_count) / max(count - lo_count, 1e-9)
         lo_bound, lo_count = bound, count
     return buckets[-1][0]
+
+
+def histogram_mean(text: str, name: str, **labels: str) -> float:
+    total = sum(v for _, v in samples(text, f"{name}_sum", **labels))
+    count = sum(v for _, v in samples(text, f"{name}_count", **labels))
+    return total / count if count else 0.0
+
+
+def launch_breakdown(text: str) -> dict:
+    """Where the launches' time went, from the operator's metrics when the last job launched:
+    the wait for a launching worker, the reconciles, the planning, the lost races."""
+    wait = "holmes_reconcile_wait_seconds"
+    return {
+        "launchingWaitP50S": round(histogram_quantile(text, 0.5, wait, pool="launching"), 3),
+        "launchingWaitP99S": round(histogram_quantile(text, 0.99, wait, pool="launching"), 3),
+        "trackingWaitP99S": round(histogram_quantile(text, 0.99, wait, pool="tracking"), 3),
+        "reconcileP50S": round(histogram_quantile(text, 0.5), 3),
+        "reconcileP99S": round(histogram_quantile(text, 0.99), 3),
+        "planningMeanS": round(histogram_mean(text, "holmes_planning_duration_seconds"), 3),
+        "placementRetries": int(sum(v for _, v in samples(text, "holmes_placement_retries_total"))),
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -412,8 +489,7 @@ def main() -> int:
     namespaces = [f"{prefix}{i}" for i in range(a.namespaces)]
     hollow_cmd = [
         sys.executable, "-m", "localkube.hollow", f"--kubeconfig={kubeconfig}", f"--nodes={a.nodes}",
-        f"--islands={a.islands}", f"--control-dir={tmp}", f"--lease-seconds={a.lease_seconds}",
-        "--pod-ip=127.0.0.1",
+        f"--islands={a.islands}", f"--lease-seconds={a.lease_seconds}",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO / "hack"), "PYTHONUNBUFFERED": "1"}
     hollow = op = sampler = observer = None
@@ -427,9 +503,18 @@ def main() -> int:
             time.sleep(5)
             b.install_crd()
         hollow_log = open(tmp / "hollow.log", "ab")
+        t_nodes = time.monotonic()
         hollow = subprocess.Popen(hollow_cmd, stdout=hollow_log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        wait_for(f"{a.nodes} hollow nodes Ready", lambda: ready_hollow_nodes(core) >= a.nodes, 600, 2.0, True)
-        log(f"{a.nodes} hollow nodes Ready after {time.monotonic() - t_start:.0f}s")
+
+        def nodes_ready() -> bool:
+            if hollow.poll() is not None:  # kwok refused its Stages, no kwok binary, ...
+                tail = (tmp / "hollow.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"hollow.py exited with {hollow.returncode}:\n{tail}")
+            return ready_hollow_nodes(core) >= a.nodes
+
+        wait_for(f"{a.nodes} hollow nodes Ready", nodes_ready, 600, 1.0, True)
+        result["nodesReadyS"] = round(time.monotonic() - t_nodes, 1)
+        log(f"{a.nodes} hollow nodes Ready {result['nodesReadyS']}s after hollow.py started")
         kinds = [f"--cluster-rdma-kind={c}={k}" for c, k in hn.rdma_kinds(a.islands).items()]
         op = OperatorProcess(
             kubeconfig,
@@ -463,6 +548,8 @@ def main() -> int:
             with observer.lock:
                 observer.expected[key] = n
                 observer.created[key] = time.monotonic()
+                observer.created_wall[key] = time.time()
+                observer.trace["/".join(key)] = [observer.created_wall[key]]
             custom.create_namespaced_custom_object(
                 GROUP, VERSION, ns, PLURAL, scale_job(key[1], ns, n, island), _preload_content=False
             )
@@ -488,8 +575,10 @@ def main() -> int:
         with observer.lock:  # one not launched counts as launched now (a lower bound of its time)
             unlaunched = [k for k in keys if k not in observer.launched]
             for k in unlaunched:
-                observer.launched[k] = time.monotonic() - observer.created[k]
+                observer.launched[k] = observer.seen[k] = time.monotonic() - observer.created[k]
         result["unlaunchedJobs"] = len(unlaunched)
+        result["atLaunch"] = launch_breakdown(op.metrics())
+        log(f"at launch: {result['atLaunch']}")
         log(f"launched; launch p99 {percentile(list(observer.launched.values()), 0.99):.2f}s")
 
         # churn
@@ -512,13 +601,13 @@ def main() -> int:
                 _preload_content=False,
             )
         fail = [p for p in pods_of(observer, failed) if live(p)][: len(failed)]
-        (tmp / FAIL_PODS_FILE).write_text(
-            "".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}\n" for p in fail)
-        )
+        for p in fail:
+            fail_pod(core, p["metadata"]["namespace"], p["metadata"]["name"])
         dark_nodes = sorted({p["spec"].get("nodeName") for p in pods_of(observer, dark) if live(p)} - {None})[
             : len(dark)
         ]
-        (tmp / NOT_READY_FILE).write_text("".join(f"{n}\n" for n in dark_nodes))
+        for n in dark_nodes:
+            set_not_ready(core, n, True)
         churn = {
             "deleted": len(deleted),
             "edited": len(edited),
@@ -528,7 +617,8 @@ def main() -> int:
         }
         log(f"churn: {churn}")
         time.sleep(churn_s)
-        (tmp / NOT_READY_FILE).write_text("")
+        for n in dark_nodes:
+            set_not_ready(core, n, False)
         log("nodes Ready again")
         good = [k for k in keys if k not in set(deleted)]
         wait_for(
@@ -549,7 +639,7 @@ def main() -> int:
         log(f"steady: {running} running jobs, {sum(delta.values()) / window:.2f} operator requests/s")
 
         # the end: every pod finishes, every good job Succeeds
-        (tmp / FINISH_FILE).write_text("".join(f"{ns}\n" for ns in namespaces))
+        observer.finish(namespaces)
         wait_for(
             "every job ended",
             lambda: all((observer.jobs.get(k) or {}).get("phase") in ENDED for k in good),
@@ -561,9 +651,9 @@ def main() -> int:
         with observer.lock:
             jobs = dict(observer.jobs)
             pods = list(observer.pods.values())
-            launches = [
-                v for k, v in observer.launched.items() if k not in observer.excluded and k not in set(edited)
-            ]
+            measured = [k for k in observer.launched if k not in observer.excluded and k not in set(edited)]
+            launches = [observer.launched[k] for k in measured]
+            seen = [observer.seen[k] for k in measured]
         orphans = [
             p["metadata"]["name"]
             for p in pods
@@ -580,6 +670,8 @@ def main() -> int:
         result.update(
             launchP50S=round(percentile(launches, 0.5), 3),
             launchP99S=round(percentile(launches, 0.99), 3),
+            launchSeenP50S=round(percentile(seen, 0.5), 3),
+            launchSeenP99S=round(percentile(seen, 0.99), 3),
             reconcileP99S=round(histogram_quantile(metrics_text, 0.99), 3),
             apiRequestsPerSecondPerJob=round(steady, 4),
             operatorRssMiB=round(sampler.peak / 2**20, 1),
@@ -605,6 +697,7 @@ def main() -> int:
         stand_in.stop()
         if observer:
             observer.stop.set()
+            observer.finisher.shutdown(wait=False, cancel_futures=True)
         if sampler:
             sampler.stop.set()
         if op:
@@ -620,12 +713,14 @@ def main() -> int:
             hollow.wait(30)
             subprocess.run([*hollow_cmd, "--unregister"], env=env, cwd=REPO, check=False, capture_output=True)
         stop_cluster(cp)
+        if observer:  # each launch as the bench saw it, to join with the operator's log
+            (tmp / "launches.json").write_text(json.dumps(observer.trace))
     met = {k: result[k] <= v for k, v in TARGETS.items()}
     clean = all(result[k] == 0 for k in ("orphanPods", "duplicatePods", "lostJobs", "wrongPhase"))
     if clean and all(met.values()):
         shutil.rmtree(tmp, ignore_errors=True)
     else:
-        log(f"the operator's and the hollow kubelets' logs are kept in {tmp}")
+        log(f"the operator's and kwok's logs are kept in {tmp}")
     log("targets: " + ", ".join(f"{k} <= {v}: {'met' if met[k] else 'MISSED'}" for k, v in TARGETS.items()))
     print(json.dumps(result))
     return 0 if clean and (all(met.values()) or a.small) else 1

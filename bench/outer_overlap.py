@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.smoke:
         a.layers, a.hidden, a.iterations, a.overlap = 2, 64, 12, [2]
+        a.cores = 1.0  # a core per replica: at 0.5 its start-ups (two torch imports) took twice as long
     problems = fab.missing_prerequisites()
     if problems:
         print("cannot shape a link here:\n  " + "\n  ".join(problems), file=sys.stderr)

@@ -3,7 +3,9 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl  (k8s.io/kubernetes)
 #   etcd                                                                       (go.etcd.io/etcd/server/v3)
 #   helm                                                                       (helm.sh/helm/v3)
-# `hack/build-k8s.sh clients` builds kubectl and helm only (make unit).
+#   kwok       (the hollow nodes: Node and Pod lifecycles from Stages)         (sigs.k8s.io/kwok)
+#   krew       (installs the kubectl plugin from deploy/krew/holmes.yaml)      (sigs.k8s.io/krew)
+# `hack/build-k8s.sh clients` builds kubectl, helm and krew only (make unit).
 # The cache lives outside the repository so a fresh clone reuses it:
 #   ${HOLMES_CACHE:-$HOME/.cache/holmes}/bin     the binaries (bin/.versions says which)
 #   ${HOLMES_CACHE:-$HOME/.cache/holmes}/go/mod  the Go module cache (kept: a rebuild is offline)
@@ -18,10 +20,14 @@ set -euo pipefail
 
 CACHE="${HOLMES_CACHE:-$HOME/.cache/holmes}"
 BIN="$CACHE/bin"
-WORK="$CACHE/work"
+# this run's scratch (module dirs, Go's build cache, outputs): its own, so that two builds sharing
+# the cache (two checkouts) never remove each other's; removed when the script exits
+WORK="$CACHE/work.$$"
 K8S_VERSION="${HOLMES_K8S_VERSION:-v1.37.2}"   # the release the tests run on (docs/install.md)
 ETCD_VERSION="v3.6.16"
 HELM_VERSION="v3.22.0"
+KREW_VERSION="v0.4.3"   # tests/unit/packaging/test_krew.py installs the plugin with it
+KWOK_VERSION="v0.8.0"   # hack/localkube/hollow.py runs it with the Stages of hack/localkube/kwok-stages.yaml
 K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 GO_MIN_MINOR=26   # k8s.io/kubernetes v1.37's go.mod says `go 1.26.0`
 
@@ -30,6 +36,7 @@ LIB_TAG=build-k8s
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 mkdir -p "$BIN" "$WORK"
+trap 'rm -rf "$WORK"' EXIT
 VERSIONS="$BIN/.versions"   # lines "<binary> <version>"
 built_version() { [[ -f "$VERSIONS" ]] && awk -v b="$1" '$1 == b { print $2 }' "$VERSIONS" || true; }
 have() { [[ -x "$BIN/$1" && "$(built_version "$1")" == "$2" ]]; }
@@ -147,6 +154,30 @@ build_helm() {  # helm from its module; its offline default Kubernetes version i
   install -m 0755 "$WORK/out/helm" "$BIN/helm" && record helm "$HELM_VERSION"
 }
 
+build_kwok() {  # kwok's controller (cmd/kwok, not kwokctl): the hollow nodes' kubelet stand-in
+  have kwok "$KWOK_VERSION" && return
+  local go; go=$(go_tool); go_env
+  local mod="$WORK/kwok-mod"
+  rm -rf "$mod" && mkdir -p "$mod"
+  say "kwok $KWOK_VERSION: sigs.k8s.io/kwok/cmd/kwok"
+  printf 'module holmes.local/kwok-build\n\ngo 1.26\n\nrequire sigs.k8s.io/kwok %s\n' "$KWOK_VERSION" > "$mod/go.mod"
+  (cd "$mod" && "$go" get "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >"$WORK/go-get.log" 2>&1) \
+    || { tail -20 "$WORK/go-get.log" >&2; die "resolving sigs.k8s.io/kwok@$KWOK_VERSION failed"; }
+  build_with_progress "kwok" "$CACHE/build-kwok.log" \
+    bash -c 'cd "$1" && go build -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$2" -o "$3/kwok" sigs.k8s.io/kwok/cmd/kwok' \
+    _ "$mod" "$KWOK_VERSION" "$WORK/out"
+  install -m 0755 "$WORK/out/kwok" "$BIN/kwok" && record kwok "$KWOK_VERSION"
+}
+
+build_krew() {  # krew's go.mod has no replace directives: `go install` builds it as it is
+  have krew "$KREW_VERSION" && return
+  local go; go=$(go_tool); go_env
+  say "krew $KREW_VERSION: sigs.k8s.io/krew/cmd/krew"
+  build_with_progress "krew" "$CACHE/build-krew.log" \
+    env GOBIN="$WORK/out" "$go" install -trimpath -ldflags "-s -w" "sigs.k8s.io/krew/cmd/krew@$KREW_VERSION"
+  install -m 0755 "$WORK/out/krew" "$BIN/krew" && record krew "$KREW_VERSION"
+}
+
 missing_kube() {  # the Kubernetes commands (of those named) not built at K8S_VERSION
   local c
   for c in "$@"; do have "$c" "$K8S_VERSION" || echo "$c"; done
@@ -157,24 +188,27 @@ finish() {  # the build cache and the module dirs are only needed while building
   say "binaries ready in $BIN: $(tr '\n' ' ' < "$VERSIONS")"
 }
 
-# `build-k8s.sh clients` (make unit): kubectl and helm only, which the unit tier's chart and
-# kustomize checks run; no control plane.
+# `build-k8s.sh clients` (make unit): kubectl, helm and krew, which the unit tier's chart,
+# kustomize and plugin checks run; no control plane.
 clients() {
   local need; need=$(missing_kube kubectl)
   [[ -z "$need" ]] || build_kube kubectl
   build_helm
+  build_krew
   finish
 }
 
 main() {
   if [[ "${1:-}" == clients ]]; then clients; return; fi
-  [[ -z "${1:-}" ]] || die "unknown argument $1: none builds everything, \`clients\` kubectl and helm only"
+  [[ -z "${1:-}" ]] || die "unknown argument $1: none builds everything, \`clients\` kubectl, helm and krew only"
   ensure_tools
   local need; need=$(missing_kube "${K8S_CMDS[@]}")
   # shellcheck disable=SC2086
   [[ -z "$need" ]] || build_kube $need
   build_etcd
   build_helm
+  build_krew
+  build_kwok
   finish
 }
 

@@ -32,3 +32,57 @@ run_with_progress() {  # run_with_progress WHAT LOG EVERY PROGRESS CMD...
   done
   wait "$pid" || { tail -30 "$log" >&2; die "$what failed; full log: $log"; }
 }
+
+# ---- for the scripts that build Go programs from their modules (hack/build-node.sh) -------------
+# They set CACHE, BIN, WORK (this run's scratch) and GO_MIN_MINOR first.
+# $BIN/.versions: lines "<piece> <version>"; a piece is rebuilt when it names another version.
+built_version() { [[ -f "$BIN/.versions" ]] && awk -v b="$1" '$1 == b { print $2 }' "$BIN/.versions" || true; }
+have() { [[ "$(built_version "$1")" == "$2" ]]; }            # have PIECE VERSION
+have_bin() { [[ -x "$BIN/$1" ]] && have "$1" "$2"; }         # have_bin BINARY VERSION
+record() {  # record PIECE VERSION
+  local tmp="$BIN/.versions.tmp.$$"
+  { [[ -f "$BIN/.versions" ]] && awk -v b="$1" '$1 != b' "$BIN/.versions"; echo "$1 $2"; } > "$tmp"
+  mv "$tmp" "$BIN/.versions"
+}
+
+go_tool() {  # the machine's Go, checked against GO_MIN_MINOR; prints its path
+  local go; go=$(command -v go || true)
+  [[ -n "$go" ]] || die "Go is not on PATH: these programs build from their Go modules with Go 1.$GO_MIN_MINOR or newer"
+  local minor; minor=$("$go" env GOVERSION | sed -nE 's/^go1\.([0-9]+).*/\1/p')
+  [[ -n "$minor" && "$minor" -ge $GO_MIN_MINOR ]] || die "$("$go" version) is too old: need Go 1.$GO_MIN_MINOR or newer"
+  echo "$go"
+}
+
+go_env() {  # the environment every go command runs with: static binaries, the module cache kept
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$WORK/go-build" GOFLAGS="-mod=mod -trimpath -buildvcs=false" \
+         CGO_ENABLED=0 GOTOOLCHAIN=local
+}
+
+go_build_cache_mb() { echo "build cache $(du -sm "$GOCACHE" 2>/dev/null | cut -f1) MB"; }
+
+module_dir() {  # module_dir MODULE VERSION: its (read-only) directory in the module cache
+  local go; go=$(go_tool); go_env
+  local dir
+  dir=$(cd "$WORK" && "$go" mod download -json "$1@$2" | sed -nE 's/^\s*"Dir": "(.*)",?$/\1/p') \
+    || die "go mod download $1@$2 failed (is the Go module proxy reachable?)"
+  [[ -d "$dir" ]] || die "no directory for $1@$2 in the module cache"
+  echo "$dir"
+}
+
+# go_module_build NAME MODULE VERSION LDFLAGS TAGS PACKAGE...: build the packages of MODULE@VERSION
+# into $WORK/out from a module of our own that requires it (Go ignores a dependency's replace
+# directives, so `go install` and this build the same thing), printing progress.
+go_module_build() {
+  local name=$1 module=$2 version=$3 ldflags=$4 tags=$5; shift 5
+  local go; go=$(go_tool); go_env
+  local mod="$WORK/$name-mod" start=$SECONDS
+  rm -rf "$mod" && mkdir -p "$mod" "$WORK/out"
+  say "$name $version: $module (${*##*/})"
+  printf 'module holmes.local/%s-build\n\ngo 1.%s\n\nrequire %s %s\n' "$name" "$GO_MIN_MINOR" "$module" "$version" > "$mod/go.mod"
+  # each package at the version: a bare path asks the proxy for the module's version list
+  (cd "$mod" && "$go" get "${@/%/@$version}" >"$WORK/go-get.log" 2>&1) \
+    || { tail -20 "$WORK/go-get.log" >&2; die "resolving $module@$version failed (is the Go module proxy reachable?)"; }
+  run_with_progress "$name" "$CACHE/build-$name.log" 30 go_build_cache_mb \
+    bash -c 'cd "$1" && go build -tags "$2" -ldflags "$3" -o "$4/" "${@:5}"' _ "$mod" "$tags" "$ldflags" "$WORK/out" "$@"
+  say "  $name: built in $((SECONDS - start))s"
+}

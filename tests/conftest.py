@@ -19,6 +19,7 @@ helpers they share in tests/helpers). A test outside tests/e2e that starts a con
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,13 @@ def pytest_configure(config):
         "cpu_torch: runs the dry run, whose fake CUDA device needs torch's CPU wheel; skipped, saying "
         "so, where the torch installed is a CUDA build (pip found no CPU wheel in its find-links)",
     )
+    config.addinivalue_line(
+        "markers",
+        "real_nodes: runs on nodes of the real kubelet on containerd (hack/localkube/realnode.py); "
+        "`make e2e-real-nodes` builds what they need (`make node`) and runs them. Left out of "
+        "`make test` (skipped, saying so) while their cold build (~30 min on 2 cores: containerd, "
+        "Multus, CoreDNS) and the trainer image's import per node do not fit its budget",
+    )
 
 
 def torch_is_a_cuda_build() -> bool:
@@ -57,10 +65,13 @@ def tier_of(path: Path) -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     cuda_build = None
+    real_nodes = os.environ.get("HOLMES_REAL_NODES") == "1"  # make e2e-real-nodes
     for item in items:
         tier = tier_of(item.path)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
+        if item.get_closest_marker("real_nodes") and not real_nodes:
+            item.add_marker(pytest.mark.skip(reason="on real kubelet nodes: run by `make e2e-real-nodes`"))
         if item.get_closest_marker("cpu_torch"):
             cuda_build = torch_is_a_cuda_build() if cuda_build is None else cuda_build
             if cuda_build:

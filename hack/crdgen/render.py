@@ -14,7 +14,15 @@ from typing import Any
 import yaml
 
 from holmes.contract.jobspec import JobSpec
-from holmes.contract.names import GROUP, KIND, PLURAL, VERSION
+from holmes.contract.names import (
+    GROUP,
+    JOB_NAME_PATTERN,
+    KIND,
+    MAX_JOB_NAME,
+    PLURAL,
+    SERVED_VERSIONS,
+    VERSION,
+)
 from holmes.contract.release import RELEASE
 from holmes.contract.schema import object_schema, with_description
 
@@ -111,6 +119,35 @@ PRINTER_COLUMNS = [
 ]
 
 
+# The name names the job's Service and its pods' hostnames <name>-<attempt>-<rank> (63-character
+# DNS-1035 labels): refused at admission, not stalled after (holmes.contract.names). A CEL rule
+# may read metadata.name at the object's root only. Checked on create only (optionalOldSelf:
+# oldSelf has a value on update): the name cannot change, and a root rule runs on every update
+# of a job (its status too), so a job stored before the rule keeps working.
+NAME_RULES = [
+    {
+        "rule": f"oldSelf.hasValue() || self.metadata.name.size() <= {MAX_JOB_NAME}",
+        "optionalOldSelf": True,
+        # a static message: a messageExpression building text from the (unbounded) name exceeds
+        # the API server's cost budget
+        "message": (
+            f"metadata.name: at most {MAX_JOB_NAME} characters, to leave room for the pod hostnames "
+            "<name>-<attempt>-<rank> (63 characters at most): create the job under a shorter name"
+        ),
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": f"oldSelf.hasValue() || self.metadata.name.matches('{JOB_NAME_PATTERN}')",
+        "optionalOldSelf": True,
+        "message": (
+            "metadata.name must be a DNS-1035 label (lower-case letters, digits and '-', starting "
+            "with a letter): it names the job's Service and pod hostnames"
+        ),
+        "reason": "FieldValueInvalid",
+    },
+]
+
+
 def openapi_schema() -> dict[str, Any]:
     """The version's openAPIV3Schema."""
     spec = object_schema(JobSpec)
@@ -118,6 +155,7 @@ def openapi_schema() -> dict[str, Any]:
     return {
         "type": "object",
         "description": DESCRIPTION,
+        "x-kubernetes-validations": NAME_RULES,
         "required": ["spec"],
         "properties": {
             "apiVersion": {
@@ -165,15 +203,20 @@ def crd() -> dict[str, Any]:
                 # training jobs, and their checkpoints' writers, alone
                 "categories": ["holmes"],
             },
+            # One schema, served as every version: strategy None rewrites apiVersion only. The
+            # storage version stays v1alpha1 until the next release: a downgrade to one serving
+            # only v1alpha1 stays possible while status.storedVersions holds nothing else.
+            "conversion": {"strategy": "None"},
             "versions": [
                 {
-                    "name": VERSION,
+                    "name": version,
                     "served": True,
-                    "storage": True,
+                    "storage": version == VERSION,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": openapi_schema()},
                 }
+                for version in SERVED_VERSIONS
             ],
         },
     }

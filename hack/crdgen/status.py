@@ -166,6 +166,19 @@ class MemberStatus(PodCounts):
 
 @documented
 @dataclass(frozen=True)
+class UnschedulableNode:
+    """A planned node the scheduler refused a pod of the job (runPolicy.schedulingTimeoutSeconds)."""
+
+    message: Annotated[
+        str | None, Field("The pod and the scheduler's reason (its PodScheduled condition).")
+    ] = None
+    until: Annotated[
+        str | None, Field("Planning leaves the node out until this time.", format="date-time")
+    ] = None
+
+
+@documented
+@dataclass(frozen=True)
 class ReplicaStatus:
     replica: Annotated[int | None, Field("Replica number (HOLMES_REPLICA of its pods).")] = None
     cluster: Annotated[str | None, Field("The cluster (island) the replica trains on.")] = None
@@ -368,6 +381,14 @@ class JobStatus:
             " phase."
         ),
     ] = None
+    unschedulable_nodes: Annotated[
+        dict[str, UnschedulableNode] | None,
+        Field(
+            "Planned nodes on which the scheduler left a pod of an attempt unschedulable for "
+            "runPolicy.schedulingTimeoutSeconds: the attempt was given back and the job plans "
+            "without them until the time given."
+        ),
+    ] = None
     replicas: Annotated[
         tuple[ReplicaStatus, ...] | None,
         Field(
@@ -401,8 +422,9 @@ class JobStatus:
         Field(
             "Consecutive launches in which the API server refused a pod, ConfigMap or Service (a "
             "full ResourceQuota, an admission denial); reset once an attempt's children are all "
-            "created. The Reconciling (ChildCreateFailed) or Stalled (ChildRejected) condition "
-            "carries the API server's reason and message."
+            "created. The Reconciling (ChildCreateFailed) or Stalled (ChildRejected; "
+            "TemplateRejected when its dry run of the pods refused them) condition carries the "
+            "API server's reason and message."
         ),
     ] = None
     progress: Annotated[Progress | None, Field("Training progress reported by the rank-0 trainer.")] = None

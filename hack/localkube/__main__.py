@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     mup.add_argument("--members-namespace", default="holmes-system")
     mdown = sub.add_parser("multicluster-down", help="stop what multicluster-up started")
     mdown.add_argument("--root", default=str(DEFAULT_MULTI))
+    sub.add_parser("kueue-up", help="start (or keep) the real Kueue on the running cluster")
+    sub.add_parser("kueue-down", help="stop Kueue and remove its webhook configurations")
     power = sub.add_parser("power", help="switch a simulated node's machine off (its pods die) or on")
     power.add_argument("state", choices=("on", "off"))
     power.add_argument("node")
@@ -112,6 +114,15 @@ def main(argv: list[str] | None = None) -> int:
             link_kubeconfig(cp, Path(a.kubeconfig_link))
             print(f">> export KUBECONFIG={a.kubeconfig_link}  # kubectl: {binary('kubectl')}")
             print(f">> pod logs: {cp.dir / 'pods'}/<namespace>/<pod>/<container>.log")
+        elif a.cmd == "kueue-up":
+            from .kueue import Kueue
+
+            st = Kueue(cp).up(log=lambda m: print(f">> {m}", flush=True))
+            print(f">> kueue {st['version']}: webhook {st['webhook']}; log {cp.dir / 'logs' / 'kueue.log'}")
+        elif a.cmd == "kueue-down":
+            from .kueue import Kueue
+
+            Kueue(cp).down(log=lambda m: print(f">> {m}", flush=True))
         elif a.cmd == "down":
             cp.down(log=lambda m: print(f">> {m}", flush=True))
         elif a.cmd == "multicluster-up":

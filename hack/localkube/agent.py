@@ -52,7 +52,7 @@ from . import imagepolicy, logserver, podnet, volumes
 from . import podspec as ps
 from .apiproxy import ApiForwarder
 from .ociconfig import Mount
-from .topology import Topology, load_topology
+from .topology import AGENT, Topology, load_topology
 
 log = logging.getLogger("localkube.agent")
 REPO = Path(__file__).resolve().parents[2]
@@ -1002,7 +1002,7 @@ def main(state_dir: str) -> None:
     (d / "pods").mkdir(exist_ok=True)
     agent = Agent(
         d,
-        load_topology(st["topology"]),
+        load_topology(st["topology"]).played_by(AGENT),  # kubelets play the others (realnode.py)
         d / "kubeconfig",
         st["apiserverPort"],
         st["podIPOctet"],

@@ -21,6 +21,7 @@ runc, not crun: crun refuses cgroup v1 hierarchies next to a cgroup v2 one with 
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import signal
 import subprocess
@@ -162,6 +163,7 @@ def start(req: ContainerRequest, stdout: IO | int | None = None) -> Container:
         mounts=req.mounts,
         netns=req.netns,
         security_context=req.security_context,
+        memlock_hard=resource.getrlimit(resource.RLIMIT_MEMLOCK)[1],  # the runtime's own
     )
     for d in ("rootfs", "upper", "work"):
         (req.bundle / d).mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler
 # Port blocks: base+0 etcd client, base+1 etcd peer, base+2 apiserver, base+3 node agent's log server.
 PORT_RANGE = (26400, 29990)
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
+NODE_PROCESSES = ("kubelet-", "containerd-", "coredns")  # name prefixes of real nodes' processes
 
 
 class ClusterError(RuntimeError):
@@ -84,6 +85,23 @@ def pick_ports(requested: int | None) -> int:
     raise ClusterError(f"no free block of 4 ports found in {PORT_RANGE}; set HOLMES_PORT_BASE")
 
 
+def stop_pid(pid: int, grace: float, sig: int = signal.SIGTERM) -> None:
+    """``sig``, then SIGKILL after ``grace`` seconds; reaped when it is our child."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + grace
+    while pid_alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
 def pid_alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -114,6 +132,11 @@ def mentions(pid: int, state_dir: Path) -> bool:
     return any(v == d or v.startswith(d + "/") for v in values)
 
 
+def openssl(*args: str) -> None:
+    """The openssl command (the test bed's certificates), its output kept unless it fails."""
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
 class ControlPlane:
     def __init__(self, state_dir: str | Path):
         self.dir = Path(state_dir).resolve()
@@ -136,7 +159,8 @@ class ControlPlane:
         """True when every recorded component is alive and the apiserver answers /readyz."""
         st = self.state()
         pids = st.get("pids", {})
-        if not pids or not all(self._alive(pids.get(c)) for c in COMPONENTS):
+        nodes = [n for n in pids if n.startswith(NODE_PROCESSES)]  # real nodes' (realnode.py)
+        if not pids or not all(self._alive(pids.get(c)) for c in (*COMPONENTS, *nodes)):
             return False
         return self._ready(st)
 
@@ -161,9 +185,9 @@ class ControlPlane:
     def up(self, topology: str | Path, port_base: int | None = None, log=print) -> dict:
         """Start everything (idempotent: a healthy cluster with the same topology is kept)."""
         topology = str(Path(topology).resolve())
-        from .topology import load_topology
+        from .topology import KUBELET, load_topology
 
-        load_topology(topology)  # fail early on a bad file
+        real = bool(load_topology(topology).played_by(KUBELET).nodes)  # fail early on a bad file
         if self.running():
             st = self.state()
             if st.get("topology") == topology:
@@ -172,6 +196,14 @@ class ControlPlane:
             log(f"cluster running with another topology ({st.get('topology')}); restarting it")
         self.down(log=lambda *_: None)
         bins = {b: binary(b) for b in BINARIES}
+        if real:
+            from . import realnode
+
+            try:
+                realnode.preflight(CACHE_BIN)
+            except realnode.RealNodeError as e:
+                raise ClusterError(str(e)) from e
+            bins.update({b: binary(b) for b in realnode.NODE_BINARIES})
         for tool in ("openssl", "unshare"):
             if not shutil.which(tool):
                 raise ClusterError(
@@ -203,6 +235,7 @@ class ControlPlane:
             # (imagepolicy.py): LOCALKUBE_HOST_IMAGES, comma-separated patterns; "" for none.
             "hostImages": list(imagepolicy.parse_patterns(os.environ.get("LOCALKUBE_HOST_IMAGES"))),
             "stateDir": str(self.dir),
+            "realNodes": None,
             "pids": {},
         }
         self._save(st)
@@ -218,26 +251,23 @@ class ControlPlane:
                 capture_output=True,
             )
         if not (pki / "kubelet.key").exists():  # the node agent's log server (kubectl logs)
-            subprocess.run(
-                [
-                    "openssl",
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "rsa:2048",
-                    "-nodes",
-                    "-days",
-                    "3650",
-                    "-subj",
-                    "/CN=localkube-kubelet",
-                    "-keyout",
-                    str(pki / "kubelet.key"),
-                    "-out",
-                    str(pki / "kubelet.crt"),
-                ],
-                check=True,
-                capture_output=True,
+            openssl(
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "3650",
+                "-subj",
+                "/CN=localkube-kubelet",
+                "-keyout",
+                str(pki / "kubelet.key"),
+                "-out",
+                str(pki / "kubelet.crt"),
             )
+        if real:
+            self._kubelet_pki(pki)
         try:
             self._start_all(st, bins, log)
         except BaseException:
@@ -327,8 +357,20 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--enable-priority-and-fairness=false",
                 "--kubelet-preferred-address-types=InternalIP",
+                # No kube-proxy here: the API server resolves a webhook's Service to its endpoints
+                # itself (Kueue's webhooks, hack/localkube/kueue.py).
+                "--enable-aggregator-routing=true",
                 "--profiling=false",
                 "--v=1",
+                # real nodes' kubelets trust this client certificate (logs, exec; realnode.py)
+                *(
+                    [
+                        f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                        f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                    ]
+                    if (pki / "kubelet-client.crt").exists()
+                    else []
+                ),
             ],
         )
         self._wait("kube-apiserver /readyz", st, "kube-apiserver", lambda: self._ready(st), 90)
@@ -361,9 +403,17 @@ class ControlPlane:
         self._spawn(
             st, "node-agent", [sys.executable, "-m", "localkube", "--state-dir", str(d), "agent"], env=env
         )
-        from .topology import load_topology
+        from .topology import KUBELET, load_topology
 
-        names = set(load_topology(st["topology"]).names)
+        topo = load_topology(st["topology"])
+        if topo.played_by(KUBELET).nodes:
+            from .realnode import RealNodeError, RealNodes
+
+            try:
+                RealNodes(self, st, bins, log).start(topo)
+            except RealNodeError as e:
+                raise ClusterError(str(e)) from e
+        names = set(topo.names)
         self._wait(
             "the node agent to register Ready nodes",
             st,
@@ -407,16 +457,7 @@ class ControlPlane:
             kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv
         )
         t0 = time.monotonic()
-        os.kill(pid, sig)
-        end = time.monotonic() + 15
-        while pid_alive(pid) and time.monotonic() < end:
-            time.sleep(0.05)
-        if pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+        stop_pid(pid, 15, sig)
         if name == "node-agent":
             from .agent import kill_recorded_pods
 
@@ -464,6 +505,58 @@ class ControlPlane:
         )
         return {ln.split("=")[0] for ln in r.stdout.split() if ln.endswith("=True")}
 
+    @staticmethod
+    def _kubelet_pki(pki: Path) -> None:
+        """A CA the real nodes' kubelets trust for client certificates, and the API server's
+        certificate from it (system:masters: the kubelets' webhook authorization allows it)."""
+        if (pki / "kubelet-client.crt").exists():
+            return
+
+        ca, key = str(pki / "kubelet-ca.crt"), str(pki / "kubelet-ca.key")
+        openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=localkube-kubelet-ca",
+            "-keyout",
+            key,
+            "-out",
+            ca,
+        )
+        openssl(
+            "req",
+            "-new",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            "-keyout",
+            str(pki / "kubelet-client.key"),
+            "-out",
+            str(pki / "kubelet-client.csr"),
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(pki / "kubelet-client.csr"),
+            "-CA",
+            ca,
+            "-CAkey",
+            key,
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-out",
+            str(pki / "kubelet-client.crt"),
+        )
+
     def _write_kubeconfig(self, st: dict) -> None:
         import base64
 
@@ -489,27 +582,20 @@ class ControlPlane:
 
     # ---- stop ----------------------------------------------------------------------------
     def down(self, log=print, grace: float = 10.0) -> None:
-        """Stop the recorded processes, node agent first (it stops its pods), etcd last."""
+        """Stop the recorded processes: add-ons (Kueue: kueue.py) first, then the node agent
+        (it stops its pods), etcd last."""
         st = self.state()
+        if st.get("realNodes"):  # kubelets, containerds, CoreDNS, and what they leave
+            from .realnode import stop as stop_real_nodes
+
+            stop_real_nodes(self, st, log, grace)
         pids = st.get("pids", {})
-        for name in reversed(COMPONENTS):
+        for name in [n for n in pids if n not in COMPONENTS] + list(reversed(COMPONENTS)):
             pid = pids.get(name)
             if not self._alive(pid):
                 continue
             log(f"stopping {name} (pid {pid})")
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            end = time.monotonic() + grace
-            while pid_alive(pid) and time.monotonic() < end:
-                time.sleep(0.1)
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-            try:
-                os.waitpid(pid, os.WNOHANG)  # reap when it is our child
-            except ChildProcessError:
-                pass
+            stop_pid(pid, grace)
         # Pod process groups the agent recorded, in case the agent itself died uncleanly.
         from .agent import container_prefix, kill_recorded_pods
 
@@ -520,6 +606,7 @@ class ControlPlane:
         )
         if pids:
             st["pids"] = {}
+            st.pop("kueue", None)
             self._save(st)
 
 

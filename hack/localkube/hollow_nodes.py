@@ -1,5 +1,5 @@
-"""Hollow nodes, the pure part: which Nodes a hollow cluster registers and what its hollow
-kubelets report for a pod (no Kubernetes I/O here; hollow.py does that).
+"""Hollow nodes, the pure part: which Nodes a hollow cluster registers and the kwok
+configuration that plays their kubelets (no Kubernetes I/O here; hollow.py does that).
 
 N nodes are spread over K islands (``island-0`` ... ``island-K-1``: the cluster label, one NIC
 kind per island), with the vocabulary of topology.py (SimNode): the NIC kind and speed
@@ -9,25 +9,38 @@ RDMA device-plugin resource on RDMA nodes, and GPU Feature Discovery's GPU label
 (``nvidia.com/gpu.product``/``.count``/``.memory``). Every hollow node carries the label and
 NoSchedule taint ``HOLLOW`` so that only pods tolerating it (the bench's jobs) land there.
 
-A pod's schedule comes from its annotations (a HolmesJob's ``spec.template.metadata``):
+Node heartbeats (Leases) and pod lifecycles are kwok's (``sigs.k8s.io/kwok``, built by
+hack/build-k8s.sh), driven by Holmes' own Stages (``kwok-stages.yaml``, next to this file). A
+pod's schedule comes from its annotations (a HolmesJob's ``spec.template.metadata``):
 ``RUN_SECONDS`` (how long it "runs"; absent: until deleted) or ``END_AT`` (a Unix time: a job's
-pods end then whichever attempt they belong to, so restarts do not stretch a bench), and
-``EXIT_CODE`` (how it ends).
+pods end then whichever attempt they belong to, so restarts do not stretch a bench),
+``EXIT_CODE`` (how it ends; a value that is no number fails the pod with exit 2) and ``POD_IP``
+(the address it reports; default none). Churn from outside is an annotation too: ``FAIL`` and
+``FINISH`` on a pod (it fails, or ends with exit 0, as soon as it runs), ``NOT_READY`` on a node
+(Ready=False) and on its pods (nothing happens to them, as under a kubelet that is down).
 """
 
 from __future__ import annotations
 
-import json
-import math
+import copy
 from dataclasses import dataclass
+from pathlib import Path
 
-from . import podspec as ps
+import yaml
+
 from .topology import SimNode
 
 HOLLOW = "localkube.holmes.dev/hollow"  # label and taint key of every hollow node
 RUN_SECONDS = "hollow.holmes.dev/run-seconds"
 END_AT = "hollow.holmes.dev/end-at"  # Unix time: every attempt's pods end then (at least 1 s on)
 EXIT_CODE = "hollow.holmes.dev/exit-code"
+POD_IP = "hollow.holmes.dev/pod-ip"  # the pod's IP (default none: hollow pods have no network)
+FAIL = "hollow.holmes.dev/fail"  # set on a pod: it fails (exit 1) once running
+FINISH = "hollow.holmes.dev/finish"  # set on a pod: it ends (exit 0) once running
+NOT_READY = "hollow.holmes.dev/not-ready"  # set on a node (Ready=False) and its pods (left alone)
+KWOK_NODE = "kwok.x-k8s.io/node"  # the annotation (value KWOK_MANAGED) kwok manages nodes by
+KWOK_MANAGED = "fake"
+STAGES = Path(__file__).with_name("kwok-stages.yaml")
 NODE_PREFIX = "hollow-"
 # (NIC kind, Gbit/s, how it is advertised, RDMA device-plugin resource), one per island in turn
 ISLAND_KINDS = (
@@ -106,110 +119,58 @@ def hollow_nodes(nodes: int, island_count: int, gpus: int = 8) -> list[SimNode]:
     return out
 
 
-def node_body(n: SimNode, now: str) -> dict:
-    """The Node a hollow kubelet registers: Ready, tainted HOLLOW, no kubelet endpoint (logs
-    of hollow pods are not served), not the local agent's loopback address."""
+def node_body(n: SimNode) -> dict:
+    """The Node registered for kwok: annotated for it, tainted HOLLOW, no conditions (kwok's
+    Stages report them), no kubelet endpoint (logs of hollow pods are not served), not the
+    local agent's loopback address."""
     body = n.node_object()
+    body["metadata"]["annotations"] = {**(body["metadata"].get("annotations") or {}), KWOK_NODE: KWOK_MANAGED}
     body["spec"] = {"taints": [{"key": HOLLOW, "value": "true", "effect": "NoSchedule"}]}
     st = body["status"]
     st["addresses"] = [{"type": "Hostname", "address": n.name}]
-    st["nodeInfo"].update(containerRuntimeVersion="hollow://none", osImage="localkube hollow node")
-    st["conditions"] = node_conditions(True, now)
+    st["nodeInfo"].update(
+        kubeletVersion="kwok", containerRuntimeVersion="kwok://none", osImage="localkube hollow node (kwok)"
+    )
     return body
 
 
-def node_conditions(ready: bool, now: str) -> list[dict]:
-    """What a kubelet reports: pressure conditions False, Ready True (or False: runtime down)."""
-    rows = [
-        ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-        ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-        ("PIDPressure", "False", "KubeletHasSufficientPID"),
-        ("Ready", "True", "KubeletReady") if ready else ("Ready", "False", "KubeletNotReady"),
-    ]
-    return [
+def kwok_config(
+    start_seconds: float = 1.0, status_seconds: float = 300.0, parallelism: int = 8, stages: Path = STAGES
+) -> str:
+    """kwok's ``--config``: its options and Holmes' Stages, with the delays these flags set (a
+    pod runs ``start_seconds`` after it is bound; a node's status is rewritten every
+    ``status_seconds``, its Lease being the heartbeat)."""
+    if start_seconds < 0 or status_seconds <= 0:
+        raise HollowError(
+            f"start seconds {start_seconds} must be >= 0 and status seconds {status_seconds} > 0"
+        )
+    if parallelism < 1:
+        raise HollowError(f"parallelism: {parallelism}; expected at least 1")
+    docs = [d for d in yaml.safe_load_all(stages.read_text()) if d]
+    names = {d["metadata"]["name"] for d in docs}
+    for want in ("holmes-pod-running", "holmes-node-heartbeat"):
+        if want not in names:
+            raise HollowError(f"{stages}: no Stage {want}")
+    out = [
         {
-            "type": t,
-            "status": s,
-            "reason": r,
-            "message": "hollow kubelet" if ready or t != "Ready" else "container runtime is down",
-            "lastHeartbeatTime": now,
-            "lastTransitionTime": now,
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokConfiguration",
+            "options": {
+                "podPlayStageParallelism": parallelism,
+                "nodePlayStageParallelism": parallelism,
+                "nodeLeaseParallelism": parallelism,
+                # kwok's own pod IP pool (unused: the Stages give a pod the IP its annotation
+                # names, or none); without one kwok logs an error for every deleted pod
+                "cidr": "10.0.0.0/16",
+            },
         }
-        for t, s, r in rows
     ]
-
-
-def lease_body(node: str, now_micro: str, duration: int) -> dict:
-    """The node's Lease in kube-node-lease, as the kubelet keeps it."""
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {"name": node, "namespace": "kube-node-lease"},
-        "spec": {"holderIdentity": node, "leaseDurationSeconds": duration, "renewTime": now_micro},
-    }
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """When a pod's containers end after it starts running (None: not before it is deleted)."""
-
-    run_seconds: float | None
-    exit_code: int
-
-
-def schedule(pod: dict, default_run: float | None, now: float) -> Schedule:
-    """The pod's schedule from its annotations, for a pod starting at Unix time ``now``; a bad
-    value is the pod's failure (exit 2), as a container that cannot start."""
-    ann = (pod.get("metadata") or {}).get("annotations") or {}
-    run, end_at = ann.get(RUN_SECONDS), ann.get(END_AT)
-    try:
-        seconds = default_run if run is None else float(run)
-        if end_at is not None:
-            seconds = max(1.0, float(end_at) - now)
-        code = int(ann.get(EXIT_CODE, 0))
-    except ValueError:
-        return Schedule(0.0, 2)
-    if seconds is not None and (not math.isfinite(seconds) or seconds < 0):
-        return Schedule(0.0, 2)
-    return Schedule(seconds, code)
-
-
-def _containers(pod: dict) -> tuple[list[dict], list[dict]]:
-    spec = pod.get("spec") or {}
-    return list(spec.get("initContainers") or []), list((spec.get("containers") or [])[:1])
-
-
-def running_status(pod: dict, started: str, pod_ip: str = "") -> dict:
-    """Running: init containers completed, the app container running and ready; ``pod_ip``:
-    none by default (hollow pods have no network)."""
-    inits, apps = _containers(pod)
-    done = ps.terminated_state(0, started, started, "hollow://init")
-    st = {
-        "phase": "Running",
-        "startTime": started,
-        "conditions": ps.pod_conditions(True, True, started),
-        "containerStatuses": [
-            ps.container_status(c, {"running": {"startedAt": started}}, 0, None, True, "hollow://app")
-            for c in apps
-        ],
-    }
-    if pod_ip:
-        st.update(podIP=pod_ip, podIPs=[{"ip": pod_ip}])
-    if inits:
-        st["initContainerStatuses"] = [ps.container_status(c, done, 0, None, False) for c in inits]
-    return st
-
-
-def finished_status(pod: dict, started: str, ended: str, exit_code: int, pod_ip: str = "") -> dict:
-    """Succeeded (exit 0) or Failed; the termination message is the trainer's last metric line,
-    as a real trainer writes it (the operator's final progress comes from it, no log read)."""
-    inits, apps = _containers(pod)
-    line = json.dumps({"holmes": "done" if exit_code == 0 else "error", "iteration": 1})
-    term = ps.terminated_state(exit_code, started, ended, "hollow://app", line)
-    st = running_status(pod, started, pod_ip)
-    st.update(
-        phase="Succeeded" if exit_code == 0 else "Failed",
-        conditions=ps.pod_conditions(True, False, ended),
-        containerStatuses=[ps.container_status(c, term, 0, None, False, "hollow://app") for c in apps],
-    )
-    return st
+    for d in docs:
+        d = copy.deepcopy(d)
+        if d["metadata"]["name"] == "holmes-pod-running":
+            d["spec"]["delay"] = {"durationMilliseconds": round(start_seconds * 1000)}
+        elif d["metadata"]["name"] == "holmes-node-heartbeat":
+            ms = round(status_seconds * 1000)
+            d["spec"]["delay"] = {"durationMilliseconds": ms, "jitterDurationMilliseconds": round(ms * 1.1)}
+        out.append(d)
+    return yaml.safe_dump_all(out, sort_keys=False)

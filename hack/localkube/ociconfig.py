@@ -29,6 +29,20 @@ DEFAULT_CAPS = (
     "CAP_KILL",
     "CAP_AUDIT_WRITE",
 )
+# The memlock limit RDMA's memory registration needs (ibv_reg_mr pins pages), set by the runtime
+# as docs/install.md#rdma-and-the-memlock-limit says (CRI-O's default_ulimits = ["memlock=-1:-1"]
+# writes it into every container's spec; containerd passes on its own LimitMEMLOCK=infinity):
+# unlimited, or the most the runtime itself may give (its own hard limit: a runtime without
+# CAP_SYS_RESOURCE cannot raise it, and runc would then fail to start the container).
+RLIM_INFINITY = 2**64 - 1
+
+
+def memlock_rlimit(runtime_hard: int | None) -> dict:
+    """The container's RLIMIT_MEMLOCK: unlimited, within ``runtime_hard`` (None: unlimited)."""
+    limit = RLIM_INFINITY if runtime_hard is None or runtime_hard < 0 else min(runtime_hard, RLIM_INFINITY)
+    return {"type": "RLIMIT_MEMLOCK", "hard": limit, "soft": limit}
+
+
 MASKED_PATHS = (
     "/proc/acpi",
     "/proc/asound",
@@ -206,9 +220,11 @@ def runtime_config(
     netns: str | None,
     security_context: dict | None = None,
     shm_bytes: int = 64 << 20,
+    memlock_hard: int | None = None,
 ) -> dict:
     """The OCI runtime config for one container. netns: the path of a network namespace to join;
-    None shares the host's (hostNetwork). A fresh pid, ipc, uts and mount namespace always."""
+    None shares the host's (hostNetwork). A fresh pid, ipc, uts and mount namespace always.
+    memlock_hard: the runtime's own RLIMIT_MEMLOCK hard limit (memlock_rlimit)."""
     sc = security_context or {}
     if sc.get("privileged"):
         raise Unsupported("securityContext.privileged is not supported by the local container runner")
@@ -276,6 +292,7 @@ def runtime_config(
             "env": env,
             "cwd": cwd or "/",
             "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
+            "rlimits": [memlock_rlimit(memlock_hard)],
             # Kubernetes' allowPrivilegeEscalation (default true) is the opposite of no_new_privs.
             "noNewPrivileges": sc.get("allowPrivilegeEscalation") is False,
         },

@@ -69,9 +69,27 @@ def fake_gpu_node(i: int) -> dict:
     )
 
 
+CRD_NAME = "holmesjobs.holmes.dev"
+
+
 def install_crd(cluster) -> None:
     cluster.kubectl("apply", "-f", str(CRD))  # with its CEL rules: the server runs them
-    cluster.kubectl("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+    # kubectl wait fails at once ("status.conditions accessor error") on a CRD whose status the
+    # API server has not written yet: asked again until it has, within the same minute. The
+    # clusters' kubectl helpers differ: some raise on a failure, some return it (CompletedProcess)
+    end = time.monotonic() + 60
+    while True:
+        try:
+            r = cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        except Exception as e:  # each helper's own error: its message is read
+            err = f"{e} {getattr(e, 'stderr', '') or ''}"
+        else:
+            if getattr(r, "returncode", 0) == 0:
+                return
+            err = str(getattr(r, "stderr", ""))
+        if "accessor error" not in err or time.monotonic() > end:
+            raise AssertionError(f"the HolmesJob CRD is not Established:\n{err}")
+        time.sleep(0.5)
 
 
 class OperatorProcess:

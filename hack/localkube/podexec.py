@@ -1,6 +1,7 @@
 """Runs inside the pod's fresh mount + UTS namespaces (started by `unshare --mount --uts`):
-set the hostname, bind-mount the volumes, the hosts file and nothing else, then exec the
-container command. The pid stays the same through every exec, so the agent signals it directly.
+set the hostname, bind-mount the volumes, the hosts file and nothing else, raise the memlock
+limit as the runtime would (ociconfig.memlock_rlimit), then exec the container command. The pid stays
+the same through every exec, so the agent signals it directly.
 
 Usage: python -m localkube.podexec SPEC.json
 SPEC: {"hostname", "hosts", "mounts": [{"src","dst","ro"}], "cwd", "argv", "env", "mountpoints",
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import socket
 import sys
 
@@ -77,6 +79,15 @@ def main(spec_path: str) -> None:
         if created:
             with open(spec["mountpoints"], "a") as f:
                 f.writelines(p + "\n" for p in created)
+    # the runtime's memlock limit, as for a container (ociconfig.memlock_rlimit): unlimited, or
+    # the agent's own hard limit where it may not raise it (no CAP_SYS_RESOURCE)
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    for limit in (resource.RLIM_INFINITY, hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (limit, limit))
+            break
+        except (OSError, ValueError):
+            continue
     cwd = spec.get("cwd")
     try:
         os.chdir(cwd if cwd and os.path.isdir(cwd) else "/")

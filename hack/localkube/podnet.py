@@ -48,6 +48,10 @@ OCTETS = range(16, 240)  # per-agent /24 inside the subnet; also the 127.<octet>
 MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 CNI_VERSION = "0.4.0"
 OWNED = re.compile(r"lk\d+-")  # the namespaces of any agent (see netns_name)
+# Real nodes' bridges (realnode.py): lkn<octet> a node's pod network, lkf<octet> a NIC fabric's;
+# their octets are taken as an agent's are.
+NODE_BRIDGE, FABRIC_BRIDGE = "lkn", "lkf"
+REAL_BRIDGE = re.compile(rf"({NODE_BRIDGE}|{FABRIC_BRIDGE})\d+$")
 
 
 class NetworkError(RuntimeError):
@@ -188,8 +192,9 @@ def preflight(subnet: ipaddress.IPv4Network | None = None) -> None:
         )
     subnet = subnet or pod_subnet()
     routes = json.loads(_run(["ip", "-j", "-4", "route", "show", "table", "all"]) or "[]")
+    own = {BRIDGE, EXTRA_BRIDGE} | {r.get("dev", "") for r in routes if REAL_BRIDGE.match(r.get("dev", ""))}
     for net in (subnet, extra_subnet(subnet)):
-        bad = clashing_routes(routes, net, {BRIDGE, EXTRA_BRIDGE})
+        bad = clashing_routes(routes, net, own)
         if bad:
             raise NetworkError(
                 f"the pod subnet {net} is already routed on this host ({'; '.join(bad)}): "
@@ -226,15 +231,21 @@ def _octet_lock(octet: int) -> _Flock | None:
         return None
 
 
+def octet_bridged(octet: int) -> bool:
+    """Whether a real node or NIC fabric of some cluster uses the octet (its bridge exists)."""
+    return any(Path(f"/sys/class/net/{p}{octet}").exists() for p in (NODE_BRIDGE, FABRIC_BRIDGE))
+
+
 def pick_octet() -> int:
-    """A pod-IP octet no running node agent on this machine owns."""
+    """A pod-IP octet no running node agent nor real node on this machine owns."""
     free = list(OCTETS)
     random.shuffle(free)
     for o in free:
         lock = _octet_lock(o)
         if lock is not None:
             lock.close()
-            return o
+            if not octet_bridged(o):
+                return o
     raise NetworkError(f"every pod-IP octet is owned by a running node agent (see {LOCK_DIR})")
 
 

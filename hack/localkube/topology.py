@@ -11,6 +11,14 @@ A topology YAML looks like::
         advertise: holmes             # which label scheme the node carries (see below)
         rdmaResource: rdma/rdma_shared_device_a   # optional device-plugin resource
         labels: {pool: llm}           # optional extra labels
+        playedBy: agent               # who runs its pods: agent (default) | kubelet
+
+``playedBy`` says what plays the node:
+  - ``agent``: Holmes' node agent (hack/localkube/agent.py) registers it and runs its pods;
+  - ``kubelet``: a real kubelet on its own containerd, with CNI, Multus and CoreDNS
+    (hack/localkube/realnode.py; ``make node`` builds them). It reports the host's CPU and
+    memory, so ``cpu`` and ``memory`` do not apply; ``gpus`` and ``rdmaResource`` become
+    extended resources of its status.
 
 ``advertise`` selects what a real cluster would show for that node:
   - ``holmes``: Holmes' own labels holmes.dev/nic, holmes.dev/nic-gbps, holmes.dev/cluster
@@ -33,7 +41,16 @@ SCHEMES = ("holmes", "nfd", "none")
 TRUE_NIC_ANNOTATION = "localkube.holmes.dev/true-nic"
 CLUSTER_LABEL = "holmes.dev/cluster"
 NFD = "feature.node.kubernetes.io/"
-_DEFAULTS = {"gpus": 8, "cpu": "64", "memory": "512Gi", "pods": "110", "advertise": "holmes"}
+AGENT, KUBELET = "agent", "kubelet"
+PLAYERS = (AGENT, KUBELET)
+_DEFAULTS = {
+    "gpus": 8,
+    "cpu": "64",
+    "memory": "512Gi",
+    "pods": "110",
+    "advertise": "holmes",
+    "playedBy": AGENT,
+}
 _NODE_KEYS = {
     "name",
     "cluster",
@@ -47,6 +64,7 @@ _NODE_KEYS = {
     "rdmaResource",
     "labels",
     "annotations",
+    "playedBy",
 }
 
 
@@ -68,6 +86,7 @@ class SimNode:
     rdma_resource: str | None = None
     extra_labels: dict = field(default_factory=dict)
     extra_annotations: dict = field(default_factory=dict)
+    played_by: str = AGENT
 
     @property
     def labels(self) -> dict[str, str]:
@@ -157,6 +176,10 @@ class Topology:
     def by_nic(self, nic: str) -> list[SimNode]:
         return [n for n in self.nodes if n.nic == nic]
 
+    def played_by(self, player: str) -> Topology:
+        """The nodes ``player`` (agent or kubelet) plays."""
+        return Topology(path=self.path, nodes=tuple(n for n in self.nodes if n.played_by == player))
+
 
 def parse_topology(doc: object, path: str = "<topology>") -> Topology:
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list) or not doc["nodes"]:
@@ -182,6 +205,15 @@ def parse_topology(doc: object, path: str = "<topology>") -> Topology:
             raise TopologyError(f"{where}: nic must be one of {NIC_KINDS}, got {d['nic']!r}")
         if d["advertise"] not in SCHEMES:
             raise TopologyError(f"{where}: advertise must be one of {SCHEMES}, got {d['advertise']!r}")
+        if d["playedBy"] not in PLAYERS:
+            raise TopologyError(
+                f"{where}: playedBy must be one of {PLAYERS} (agent: the node agent; kubelet: a real "
+                f"kubelet on containerd), got {d['playedBy']!r}"
+            )
+        try:
+            int(d["pods"])
+        except (TypeError, ValueError):
+            raise TopologyError(f"{where}: pods must be a whole number, got {d['pods']!r}") from None
         gbps = d.get("gbps", {"infiniband": 200, "roce": 100, "ethernet": 25}[d["nic"]])
         try:
             gbps, gpus = float(gbps), int(d["gpus"])
@@ -206,6 +238,7 @@ def parse_topology(doc: object, path: str = "<topology>") -> Topology:
                 rdma_resource=rdma,
                 extra_labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
                 extra_annotations={str(k): str(v) for k, v in (d.get("annotations") or {}).items()},
+                played_by=d["playedBy"],
             )
         )
     return Topology(path=path, nodes=tuple(nodes))

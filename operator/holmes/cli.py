@@ -67,7 +67,28 @@ def load_job(path: str):
         raise CliError(str(e)) from None
 
 
-def nodes_from_cluster(kubeconfig: str | None, context: str | None) -> list[dict]:
+def impersonate(api, user: str | None, groups: Sequence[str] | None) -> None:
+    """kubectl's --as/--as-group on a kubernetes ApiClient: the Impersonate-* headers on every
+    call (the API server then authorizes as that user; the caller needs the impersonate verb)."""
+    if groups and not user:
+        raise CliError("--as-group needs --as USER (the API server impersonates groups of a user only)")
+    if groups and len(groups) > 1:
+        raise CliError(
+            "one --as-group at a time: the Python client sends one Impersonate-Group header "
+            "(impersonate a user that is a member of the others, or use kubectl itself)"
+        )
+    if user:
+        api.set_default_header("Impersonate-User", user)
+    for group in groups or ():
+        api.set_default_header("Impersonate-Group", group)
+
+
+def nodes_from_cluster(
+    kubeconfig: str | None,
+    context: str | None,
+    as_user: str | None = None,
+    as_group: Sequence[str] | None = None,
+) -> list[dict]:
     try:
         from kubernetes import client, config  # only this path needs the Kubernetes client
     except ImportError:
@@ -77,7 +98,10 @@ def nodes_from_cluster(kubeconfig: str | None, context: str | None) -> list[dict
     try:
         config.load_kube_config(config_file=kubeconfig, context=context)
         api = client.ApiClient()
+        impersonate(api, as_user, as_group)
         items = client.CoreV1Api(api).list_node().items
+    except CliError:
+        raise
     except Exception as e:  # config errors, connection refused, 403...
         raise CliError(f"cannot list nodes from the cluster: {e}") from None
     nodes = [api.sanitize_for_serialization(n) for n in items]
@@ -121,11 +145,14 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.kubeconfig is None and args.nodes is None:
         raise CliError("give --nodes NODES.yaml or --kubeconfig PATH")
     nodes = (
-        load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig or None, args.context)
+        load_nodes(args.nodes)
+        if args.nodes
+        else nodes_from_cluster(args.kubeconfig or None, args.context, args.as_user, args.as_group)
     )
     if args.pods:
         return pods_command(args, nodes, config)
     job = load_job(args.job)
+    warn_raw_priority(args, job)
     if args.measured:
         return measured_command(nodes, job, config, args.measured, args.json)
     try:
@@ -162,6 +189,40 @@ def plan_command(args: argparse.Namespace) -> int:
         print_estimates(holmes.estimate, base.estimate, "Holmes", "Megatron")
         print(f"Holmes is {ratio:.3f}x the Megatron-default speed (estimated)")
     return 0
+
+
+def raw_priority_namespaces(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (args.raw_priority_namespaces or "").split(",") if n.strip())
+
+
+def job_namespace(args: argparse.Namespace) -> str:
+    """The namespace the job would run in: --namespace, else its manifest's, else default."""
+    if args.namespace:
+        return str(args.namespace)
+    from holmes.contract.documents import DocumentError, load_documents
+
+    try:
+        docs = [d for d in load_documents(args.job, "job file") if isinstance(d, dict)]
+    except (DocumentError, ValueError):
+        return "default"
+    return str(((docs[0] if docs else {}).get("metadata") or {}).get("namespace") or "default")
+
+
+def warn_raw_priority(args: argparse.Namespace, job) -> None:
+    """A raw runPolicy.priority does not change the plan, but the operator refuses it where its
+    policy does not allow one: say so rather than accept it silently."""
+    from holmes.operator.core.admitting import raw_priority_problem
+
+    problem = raw_priority_problem(job, job_namespace(args), raw_priority_namespaces(args))
+    if problem:
+        print(f"warning: the operator would stall this job (PolicyViolation): {problem}", file=sys.stderr)
+
+
+def yaml_text(obj: Any) -> str:
+    """An API object as YAML (`kubectl holmes -o yaml`), keys sorted as kubectl prints them."""
+    import yaml
+
+    return str(yaml.safe_dump(obj, sort_keys=True))
 
 
 def write_svg(path: str, pic) -> None:
@@ -217,10 +278,11 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
         raise CliError(str(e)) from None
     kinds = dict(k.split("=", 1) for k in args.cluster_rdma_kind or [])
     cost_model = CostModelFile(base=with_nic_flags(config, kinds))
-    from holmes.operator.core.template import TemplatePolicy
-
-    policy = TemplatePolicy(allow_host_namespaces=args.allow_host_namespaces)
-    settings = RenderSettings(image=args.trainer_image, policy=policy)
+    settings = RenderSettings(
+        image=args.trainer_image,
+        pod_security=args.pod_security,
+        raw_priority_namespaces=raw_priority_namespaces(args),
+    )
     if args.namespace:
         job.setdefault("metadata", {})["namespace"] = args.namespace
     try:
@@ -233,7 +295,54 @@ def pods_command(args: argparse.Namespace, nodes: list[dict], config) -> int:
         import yaml
 
         print(yaml.safe_dump(doc, sort_keys=False), end="")
-    return 0
+    # The pod template (its schema, Pod Security) is the API server's to check, as the operator
+    # has it checked before a launch: on the cluster of --kubeconfig, by a dry run; offline, not.
+    if args.kubeconfig is None:
+        print(
+            "holmes plan --pods: spec.template is not checked offline (the API server checks it on "
+            "a dry run when the operator launches the job); with --kubeconfig this command asks it, "
+            "or pipe these pods to: kubectl create --dry-run=server -f -",
+            file=sys.stderr,
+        )
+        return 0
+    refused = dry_run_pods(args, job["metadata"].get("namespace") or "default", doc["items"])
+    for line in refused:
+        print(line, file=sys.stderr)
+    return 2 if refused else 0
+
+
+def dry_run_pods(args: argparse.Namespace, ns: str, objects: list[dict]) -> list[str]:
+    """A server-side dry run (strict field validation) of one pod of each shape on the cluster of
+    --kubeconfig, as the operator makes before a launch: the API server's refusals, the fields
+    named as the job's."""
+    from kubernetes import client, config
+
+    from holmes.operator.core import dry_run
+    from holmes.operator.core.state import ChildRefusal
+
+    config.load_kube_config(config_file=args.kubeconfig or None, context=args.context)
+    api = client.ApiClient()
+    impersonate(api, args.as_user, args.as_group)
+    core = client.CoreV1Api(api)
+    out = []
+    samples = dry_run.samples(o for o in objects if o.get("kind") == "Pod")
+    for pod in samples:
+        try:
+            core.create_namespaced_pod(
+                ns, pod, dry_run="All", field_validation="Strict", _preload_content=False
+            )
+        except client.ApiException as e:
+            no = ChildRefusal.from_status("Pod", pod["metadata"]["name"], e.status, e.reason, e.body)
+            if dry_run.about_template(no):
+                out.append(dry_run.message(no))
+            else:  # a full quota, a busy server: not the template's
+                print(f"dry run not conclusive: {no.describe()}", file=sys.stderr)
+    if not out:
+        print(
+            f"the API server accepted a dry run of the pods ({len(samples)} shape(s)) in namespace {ns}",
+            file=sys.stderr,
+        )
+    return out
 
 
 def single_type(nodes, job, config, holmes):
@@ -433,6 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
         "~/.kube/config, as kubectl)",
     )
     pl.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
+    pl.add_argument("--as", dest="as_user", metavar="USER", help="with --kubeconfig: impersonate USER")
+    pl.add_argument(
+        "--as-group", action="append", metavar="GROUP", help="with --as: impersonate this group too"
+    )
     pl.add_argument("--job", help="YAML or JSON: a HolmesJob manifest (required unless --print-config)")
     pl.add_argument(
         "--config",
@@ -465,9 +578,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --pods: the operator's --cluster-rdma-kind (repeatable)",
     )
     pl.add_argument(
-        "--allow-host-namespaces",
-        action="store_true",
-        help="with --pods: the operator's --allow-host-namespaces (spec.network: hostNetwork)",
+        "--pod-security",
+        choices=("privileged", "baseline", "restricted"),
+        default="privileged",
+        help="with --pods: the Pod Security level the job's namespace enforces "
+        "(pod-security.kubernetes.io/enforce), which picks the defaults Holmes fills in",
+    )
+    pl.add_argument(
+        "--raw-priority-namespaces",
+        default="",
+        metavar="NS,NS",
+        help="the operator's --raw-priority-namespaces: where spec.runPolicy.priority may be set "
+        "(elsewhere plan warns and --pods refuses, as the operator does)",
     )
     pl.add_argument(
         "--measured",

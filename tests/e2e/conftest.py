@@ -33,6 +33,15 @@ Fixtures
     ``MultiCluster`` (``members``, ``hub``, ``kubeconfig(member)``, ``kubectl(member, *args)``,
     ``register(namespace)``, ``ensure_namespace(ns)``, ``plane(member)``: its ``ControlPlane``).
 
+``real_kueue`` (module scope)
+    The real Kueue (``sigs.k8s.io/kueue``, built by hack/build-kueue.sh) on the ``cluster``: its
+    own CRDs, RBAC and webhooks installed, its manager running as a host process configured as
+    ``hack/localkube/kueue.py`` says (HolmesJob an external framework, no ``pod`` integration,
+    ``waitForPodsReady``, TAS). Yields the ``localkube.kueue.Kueue``. At the end of the module
+    the manager is stopped and Kueue's CRDs deleted (with every object of its kinds), so tests of
+    the stand-in CRDs (hack/thirdparty-crds) can follow on the same cluster. On a reused cluster
+    (``HOLMES_KUBECONFIG``) whose Kueue ``make kueue-up`` started, that one is used and kept.
+
 ``namespace`` (function scope)
     A fresh namespace name (``t-<random>``) whose ``default`` service account and its token exist
     (so pods can be created at once); deleted after the test, without waiting.
@@ -179,6 +188,34 @@ def member_clusters():
         import shutil
 
         shutil.rmtree(mc.root, ignore_errors=True)
+
+
+KUEUE_STANDIN_CRDS = ("workloads.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.io")
+
+
+@pytest.fixture(scope="module")
+def real_kueue(cluster):
+    from localkube.controlplane import ControlPlane
+    from localkube.kueue import Kueue
+
+    if cluster.state_dir is None:
+        pytest.skip("the real Kueue needs a cluster this session started, or one `make cluster-up` started")
+    kq = Kueue(ControlPlane(cluster.state_dir))
+    if kq.running():
+        yield kq  # `make kueue-up`'s: left as it is
+        return
+    # the stand-in CRDs (hack/thirdparty-crds) are not Kueue's: take them away first
+    for crd in KUEUE_STANDIN_CRDS:
+        r = cluster.kubectl(
+            "get", "crd", crd, "-o", "jsonpath={.metadata.labels.app\\.kubernetes\\.io/name}", check=False
+        )
+        if r.returncode == 0 and r.stdout.strip() != "kueue":
+            cluster.kubectl("delete", "crd", crd, "--wait=true", "--timeout=60s")
+    kq.up(log=lambda m: print(f"[kueue] {m}", file=sys.stderr))
+    try:
+        yield kq
+    finally:
+        kq.uninstall()
 
 
 @pytest.fixture

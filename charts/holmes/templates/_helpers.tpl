@@ -83,6 +83,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: holmes
 {{- end -}}
 
+{{/* The labeller's namespace: its own (labeller.namespace.name) unless that is "", then the
+release's. Its hostPath volumes need Pod Security "privileged" there. */}}
+{{- define "holmes.labellerNamespace" -}}
+{{- default .Release.Namespace .Values.labeller.namespace.name -}}
+{{- end }}
+
 {{- define "holmes.labellerServiceAccountName" -}}
 {{- if .Values.labeller.serviceAccount.create -}}
 {{- default (include "holmes.labellerName" .) .Values.labeller.serviceAccount.name -}}

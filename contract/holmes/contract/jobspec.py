@@ -131,7 +131,7 @@ class JobSpec:
         Field(
             'A PodTemplateSpec applied to every pod of the job. The container named "trainer" (or '
             "the first container) runs the trainer; Holmes adds to it the rank and rendezvous env, "
-            "NCCL settings for the node's NIC kind, GPU and RDMA resources, IPC_LOCK on RDMA nodes, "
+            "NCCL settings for the node's NIC kind, GPU and RDMA resources, "
             "/dev/shm in memory and the layout at /etc/holmes. Env, volumes, resources, "
             "tolerations, schedulerName, labels and annotations given here are kept; env set here "
             "wins over Holmes' defaults of the same name.",
@@ -149,9 +149,9 @@ class JobSpec:
             "How the job's pods reach each other, also across member clusters "
             "(docs/multicluster.md): podNetwork (the default) uses the pods' own IPs, which must be "
             "routable between the member clusters for a job that spans them; hostNetwork runs the "
-            "pods in their node's network namespace (the usual choice on RDMA nodes; needs the "
-            "operator's --allow-host-namespaces). Across members the rendezvous address is rank "
-            "0's IP.",
+            "pods in their node's network namespace (the usual choice on RDMA nodes; Pod Security "
+            "baseline refuses it: the namespace must be privileged). Across members the rendezvous "
+            "address is rank 0's IP.",
             enum=NETWORKS,
             server_default=False,
         ),

@@ -8,8 +8,20 @@ from __future__ import annotations
 GROUP = "holmes.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+# Every version the API serves, the storage version (VERSION, which the operator and the
+# plugin use) first. Their schemas are the same, so the CRD converts with strategy None (the API
+# server rewrites apiVersion only); a version whose schema differs needs a conversion webhook
+# first (docs/api.md#api-versions).
+SERVED_VERSIONS = (VERSION, "v1beta1")
 KIND = "HolmesJob"
 PLURAL = "holmesjobs"
+
+# A HolmesJob's name: a pod is <job>-<attempt>-<node rank> and doubles as its DNS hostname (a
+# 63-character DNS-1035 label), and the job's Service carries the name itself. The CRD's CEL rules
+# refuse other names at admission (hack/crdgen); the operator checks them again (a CRD without
+# its rules, objects stored before them).
+MAX_JOB_NAME = 50
+JOB_NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"  # DNS-1035
 
 # NIC kinds: what holmes.dev/nic says, what discovery classifies a node as, what a Layout's
 # stages carry. RDMA kinds are the ones NCCL's IB transport drives.
@@ -36,6 +48,8 @@ NFD_RDMA_LABELS = (
 RESOURCE_GPU = "nvidia.com/gpu"
 # A HolmesJob label: the Kueue LocalQueue that admits it (see docs/api.md).
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+# Kueue's WorkloadPriorityClass of a job (it wins over the pods' PriorityClass, as in Kueue)
+LABEL_KUEUE_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
 
 # How a job's pods reach each other (spec.network): their own network namespace or the node's.
 POD_NETWORK, HOST_NETWORK = "podNetwork", "hostNetwork"

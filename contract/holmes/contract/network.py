@@ -87,6 +87,17 @@ class IslandNetwork:
         ),
     ] = None
 
+    ipc_lock: Annotated[
+        bool,
+        Field(
+            "Add the IPC_LOCK capability to the trainer on this island's RDMA nodes, for a cluster "
+            "whose container runtime leaves the memlock limit too low for the verbs API "
+            "(docs/install.md#rdma-and-the-memlock-limit). Pod Security baseline refuses it: the "
+            "job's namespace must then be privileged.",
+            server_default=False,
+        ),
+    ] = False
+
     def matches(self, cluster: str, nic: str) -> bool:
         return self.cluster in (None, cluster) and self.nic in (None, nic)
 

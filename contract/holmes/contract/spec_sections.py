@@ -1083,6 +1083,18 @@ class RunPolicy:
             minimum=0,
         ),
     ] = 60
+    scheduling_timeout_seconds: Annotated[
+        int,
+        Field(
+            "How long a pod of a launched attempt may stay unschedulable on its planned node (its "
+            "PodScheduled condition False, reason Unschedulable: a resource, affinity or spread "
+            "rule the scheduler refuses there) before the attempt gives its nodes back and plans "
+            "again without that node, for this long; a disruption, not counted against "
+            "backoffLimit. Not used for a job Kueue admits: Kueue's waitForPodsReady is its "
+            "deadline.",
+            minimum=1,
+        ),
+    ] = 120
     disruption_limit: Annotated[  # None: disruptions never fail the job
         int | None,
         Field(
@@ -1105,9 +1117,11 @@ class RunPolicy:
     priority: Annotated[
         int | None,
         Field(
-            "Queue order on a shared cluster: among jobs waiting for capacity (reason "
-            "WaitingForCapacity) a higher number plans first; equal priorities go by creation "
-            "time. Wins over priorityClassName. Default 0.",
+            "A raw priority, only in namespaces the operator's --raw-priority-namespaces lists "
+            "(elsewhere the job is Stalled, reason PolicyViolation: use priorityClassName or "
+            "Kueue's WorkloadPriorityClass). Queue order on a shared cluster: among jobs waiting "
+            "for capacity (reason WaitingForCapacity) a higher number plans first; equal "
+            "priorities go by creation time. Wins over priorityClassName. Default 0.",
             minimum=-(2**31),
             nullable=True,
         ),
@@ -1115,9 +1129,9 @@ class RunPolicy:
     priority_class_name: Annotated[
         str | None,
         Field(
-            "Queue order from a PriorityClass (scheduling.k8s.io/v1): its value is the job's "
-            "priority when runPolicy.priority is not set. A class that does not exist stalls the "
-            "job (reason InvalidSpec) until it is created or the field is fixed.",
+            "Queue order from a PriorityClass (scheduling.k8s.io/v1), which admins own: its value "
+            "is the job's priority when runPolicy.priority is not set. A class that does not "
+            "exist stalls the job (reason InvalidSpec) until it is created or the field is fixed.",
             nullable=True,
         ),
     ] = None

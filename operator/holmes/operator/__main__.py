@@ -21,10 +21,10 @@ from holmes.contract.names import GROUP, PLURAL, RDMA_KINDS, VERSION
 from holmes.contract.release import RELEASE
 from holmes.plan.costmodel_file import CostModelError, CostModelFile
 
-from . import api_count, liveness, metrics
+from . import api_count, kopf_namespaces, liveness, metrics
 from .core.reconcile import RestartBackoff
 from .core.render import RenderSettings
-from .core.template import BASELINE, LEVELS, POLICY_OPTIONS, PSS_VERSION, TemplatePolicy
+from .core.template import POLICY_OPTIONS, TemplatePolicy
 from .handlers import Runtime, register
 from .leader import LeaderElector, LeaseConfig, default_identity
 from .placement_facts import export_state, with_nic_flags
@@ -142,16 +142,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     pol = p.add_argument_group(
         "job policy",
-        f"what a HolmesJob's spec.template may set: the Pod Security Standards ({PSS_VERSION}) at "
-        "--policy-level, each control relaxed only by its --allow-* exception (docs/api.md#job-policy)",
+        "what a HolmesJob's spec.template may set beyond what Pod Security Admission checks in the "
+        "job's namespace (docs/api.md#job-policy)",
     )
     for o in POLICY_OPTIONS:
-        if o.field == "level":
-            pol.add_argument(f"--{o.flag}", dest=o.field, choices=LEVELS, default=BASELINE, help=o.help)
-        elif o.is_list:
+        if o.is_list:
             pol.add_argument(f"--{o.flag}", dest=o.field, default="", metavar="A,B", help=o.help)
         else:
             pol.add_argument(f"--{o.flag}", dest=o.field, action="store_true", help=o.help)
+    p.add_argument(
+        "--raw-priority-namespaces",
+        default="",
+        metavar="NS,NS",
+        help="namespaces whose HolmesJobs may set spec.runPolicy.priority, a raw number that wins "
+        "over PriorityClasses in Holmes' queue and is Kueue's Workload priority; a job elsewhere "
+        "that sets it is Stalled (PolicyViolation). Default: none, priority comes from "
+        "PriorityClasses and Kueue's WorkloadPriorityClasses, which admins own",
+    )
     p.add_argument(
         "--members-namespace",
         default="",
@@ -223,6 +230,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for o in POLICY_OPTIONS
     }
     args.policy = TemplatePolicy(**policy)
+    args.raw_priority_namespaces = names_in(args.raw_priority_namespaces)
     if not args.reconcile_bound >= 10:
         p.error(f"--reconcile-bound {args.reconcile_bound:g}: expected at least 10 seconds")
     if args.progress_interval < 1:
@@ -321,6 +329,7 @@ def build(
         metrics_port=args.trainer_metrics_port,
         port_range=args.port_range_tuple,
         policy=args.policy,
+        raw_priority_namespaces=args.raw_priority_namespaces,
         progress_interval=args.progress_interval,
     )
     rt = Runtime(
@@ -423,6 +432,7 @@ async def serve(
         electing.add_done_callback(functools.partial(_election_ended, elector))
     rt.leading = elector.leading if elector else None
     metrics.LEADER.set(0 if elector else 1)  # without --leader-elect this one replica acts
+    kopf_namespaces.apply()  # namespaces created while kopf starts are served too
     try:
         await kopf.operator(
             registry=registry,

@@ -34,7 +34,6 @@ import contextvars
 import copy
 import functools
 import logging
-import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -59,8 +58,15 @@ from .watches import Watches
 log = logging.getLogger("holmes.operator")
 IDLE_RESYNC = 300.0  # a quiet job is still re-read this often
 # Reconciles run in a pool of their own (asyncio's default one serves the Lease renewals and
-# discovery, which reconciles must not starve); asyncio's default size.
-RECONCILE_WORKERS = min(32, (os.cpu_count() or 1) + 4)
+# discovery, which reconciles must not starve). Sized for waiting, not for cores: a launch holds
+# its worker through a dry run, its children's creates and a status patch (~1.5 s of round trips
+# on a busy API server), so at 2 launches/s asyncio's default (cores + 4: 6 here) queued them
+# for up to 10 s (issue 46's bench at 2,000 nodes; 16 kept the wait under 0.1 s).
+RECONCILE_WORKERS = 16
+# ... two of them: jobs not launched yet reconcile in one, the others in the other, so a new
+# job's placement never queues behind the running jobs' reconciles (which the pod events of a
+# busy cluster keep due, and whose writes hold a worker while the API server answers).
+POOLS = ("launching", "tracking")
 WAKE_WAITING_DELAY = 0.3  # pod changes wake the waiting jobs at most this often
 
 
@@ -130,7 +136,10 @@ class Runtime:
         self.unlaunched: set[tuple[str, str]] = set()  # woken when capacity may have freed
         self._wake_scheduled = False
         self._said: dict[tuple, str] = {}  # messages logged once per change (member problems)
-        self.workers = ThreadPoolExecutor(RECONCILE_WORKERS, thread_name_prefix="holmes-reconcile")
+        self.workers = {
+            pool: ThreadPoolExecutor(RECONCILE_WORKERS, thread_name_prefix=f"holmes-reconcile-{pool}")
+            for pool in POOLS
+        }
         metrics.OLDEST_RECONCILE.set_function(self.reconciles.oldest_running)
 
     def wake(self, key: tuple[str, str]) -> None:
@@ -178,16 +187,25 @@ class Runtime:
         """``reconcile`` in a worker thread, in the caller's context (kopf's per-object one,
         which ``kopf.event`` posts through), reported to the liveness record."""
         token = self.reconciles.due(f"{ns}/{name}")
+        pool = self.pool_of(ns, name)
+        due = time.monotonic()
 
         def run() -> Decision | None:
+            metrics.RECONCILE_WAIT_SECONDS.labels(pool).observe(time.monotonic() - due)
             with self.reconciles.running(token):
                 return self.reconcile(ns, name, nodes)
 
         call = functools.partial(contextvars.copy_context().run, run)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.workers, call)
+            return await asyncio.get_running_loop().run_in_executor(self.workers[pool], call)
         finally:
             self.reconciles.dropped(token)  # cancelled before a worker took it
+
+    def pool_of(self, ns: str, name: str) -> str:
+        """``launching`` for a job not launched yet (nor ended), else ``tracking``."""
+        status = (self.caches.jobs.get(ns, name) or {}).get("status") or {}
+        ended = status.get("phase") in ("Succeeded", "Failed")
+        return "tracking" if status.get("launched") or ended else "launching"
 
     def reconcile(
         self, ns: str, name: str, nodes: list[dict], refused: list[ChildRefusal] | None = None
@@ -314,7 +332,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         try:
             await rt.ready.wait()
             while True:
-                nodes = rt.caches.nodes.values()
+                nodes = rt.caches.nodes.snapshot()
                 try:
                     d = await rt.reconcile_in_worker(namespace, name, nodes)
                     if d is None:  # deleted (or being deleted): nothing left to do
@@ -353,7 +371,8 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         await asyncio.gather(*loops, return_exceptions=True)
         rt.progress.close()
         rt.watches.stop()
-        rt.workers.shutdown(wait=False, cancel_futures=True)
+        for pool in rt.workers.values():
+            pool.shutdown(wait=False, cancel_futures=True)
 
     @kopf.on.probe(id="jobs", registry=registry)
     async def jobs_probe(**_: Any) -> dict:

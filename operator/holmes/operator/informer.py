@@ -55,6 +55,7 @@ class Store:
         # object deleted at once) must not bring the object back
         self._gone: OrderedDict[str, None] = OrderedDict()
         self.version = 0  # moves on every change: views derived from the store can be kept
+        self._snapshot: tuple[int, list[dict]] = (-1, [])
 
     def label(self, obj: Mapping) -> str | None:
         if self.index_label is None:
@@ -141,6 +142,15 @@ class Store:
     def values(self) -> list[dict]:
         with self._lock:
             return list(self._objs.values())
+
+    def snapshot(self) -> list[dict]:
+        """values(), one list per version (read it, never change it): every job's reconcile
+        reads all nodes, and an unchanged list lets what is derived from it be kept
+        (state.node_index)."""
+        with self._lock:
+            if self._snapshot[0] != self.version:
+                self._snapshot = (self.version, list(self._objs.values()))
+            return self._snapshot[1]
 
     def by_label(self, ns: str, value: str) -> list[dict]:
         with self._lock:

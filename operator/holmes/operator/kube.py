@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, cast
 
 import kopf
@@ -22,7 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from holmes.contract.names import GROUP, PLURAL, VERSION
 
-from .core import child_names, queueing
+from .core import child_names, dry_run, queueing
 from .core.reconcile import ChildRefusal, Decision
 from .informer import Store
 
@@ -41,16 +42,7 @@ def _json(resp: Any) -> dict:
 
 def refusal(kind: str, name: str, e: ApiException) -> ChildRefusal:
     """An ApiException as a ChildRefusal, with the reason and message of the API's Status body."""
-    try:
-        body = json.loads(e.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    message = str(body.get("message") or e.reason or "no message")[:600]
-    return ChildRefusal(
-        kind, name, int(e.status or 0), str(body.get("reason") or e.reason or "Unknown"), message
-    )
+    return ChildRefusal.from_status(kind, name, e.status, e.reason, e.body)
 
 
 class Caches:
@@ -60,6 +52,8 @@ class Caches:
         self.jobs = Store(index_label=None)
         # every node, slimmed to what planning reads (watches.slim_node)
         self.nodes = Store(index_label=None)
+        # every namespace's labels (their Pod Security level: template.enforced_level)
+        self.namespaces = Store(index_label=None)
         self.pods = Store(index_label=child_names.LABEL_JOB)
         self.configmaps = Store(index_label=child_names.LABEL_JOB)
         self.services = Store(index_label=child_names.LABEL_JOB)
@@ -68,15 +62,19 @@ class Caches:
         self.cluster_pods = Store(index_label=None)
         self.workloads = Store(index_label=child_names.LABEL_JOB)
         self.flavors = Store(index_label=None)
+        self.workload_priority_classes = Store(index_label=None)  # Kueue's, while served
         self.priority_classes = Store(index_label=None)
         # DRA: every ResourceSlice, and every ResourceClaim slimmed to what capacity counts
         # (device_claims.slim_claim), while the API server serves them (watches.py)
         self.resource_slices = Store(index_label=None)
         self.resource_claims = Store(index_label=None)
+        # the ResourceQuotas of the served namespaces (core/quota.py: no pod a quota would refuse)
+        self.resource_quotas = Store(index_label=None)
         # Volcano: the PodGroups of Holmes jobs, while the API server serves them (watches.py)
         self.podgroups = Store(index_label=child_names.LABEL_JOB)
         # the capacity view (pipeline.HubChildren) as of (cluster_pods, pods) versions
         self.capacity_view: tuple[tuple[int, int], list[dict]] | None = None
+        self.slim_pods: dict[tuple[str, str], dict] = {}  # Holmes' own pods in it, slimmed
 
 
 class KubeIO:
@@ -121,23 +119,47 @@ class KubeIO:
                 _adopt(obj, owner)
 
         self._parallel(lambda n: self._delete_pod(ns, n), d.delete_pods)
-        refused: list[ChildRefusal] = []
-        if d.configmap is not None:
-            own(d.configmap)
-            refused += self._attempt("ConfigMap", d.configmap, self._create_or_replace_configmap, ns)[1]
-        if d.service is not None:
-            own(d.service)
-            refused += self._attempt("Service", d.service, self._create_service, ns)[1]
-        for tpl in d.claim_templates:  # named by content: one already there is the same
-            own(tpl)
-            refused += self._attempt("ResourceClaimTemplate", tpl, self._create_claim_template, ns)[1]
-        if refused:  # pods need them all: create none of them
-            return 0, refused
         for pod in d.create_pods:
             own(pod)
+        refused = self.dry_run(ns, d.create_pods)  # the API server's check, before any child
+        if refused:
+            return 0, refused
+        # The pods' prerequisites together, not one after another: each is a round trip of a few
+        # hundred ms on a busy API server, and the launch waits for them all.
+        prereqs: list[tuple[str, dict, Callable[[str, dict], Any]]] = []
+        if d.configmap is not None:
+            prereqs.append(("ConfigMap", d.configmap, self._create_or_replace_configmap))
+        if d.service is not None:
+            prereqs.append(("Service", d.service, self._create_service))
+        # claim templates are named by content: one already there is the same
+        prereqs += [("ResourceClaimTemplate", tpl, self._create_claim_template) for tpl in d.claim_templates]
+        for _, body, _ in prereqs:
+            own(body)
+        outcomes = self._parallel(lambda p: self._attempt(p[0], p[1], p[2], ns), prereqs)
+        refused = [no for _, nos in outcomes for no in nos]
+        if refused:  # pods need them all: create none of them
+            return 0, refused
         outcomes = self._parallel(lambda p: self._attempt("Pod", p, self._create_pod, ns), d.create_pods)
         created = sum(1 for made, _ in outcomes if made is True)
         return created, [no for _, no in outcomes for no in no]
+
+    def dry_run(self, ns: str, pods: list[dict]) -> list[ChildRefusal]:
+        """A server-side dry run (strict field validation) of one pod of each shape of the gang
+        (dry_run.samples): the refusals the template can fix (the Pod schema, Pod Security,
+        admission), none when the API server would take them (or cannot say on a dry run)."""
+        out = []
+        for pod in dry_run.samples(pods):
+            try:
+                self.core.create_namespaced_pod(
+                    ns, pod, dry_run="All", field_validation="Strict", _preload_content=False
+                )
+            except ApiException as e:
+                no = refusal("Pod", pod["metadata"]["name"], e)
+                if dry_run.about_template(no):
+                    out.append(replace(no, dry_run=True))
+                else:
+                    log.info("dry run of pod %s/%s not conclusive: %s", ns, no.name, no.describe())
+        return out
 
     @staticmethod
     def _attempt(kind: str, body: dict, create: Callable[[str, dict], Any], ns: str) -> tuple[Any, list]:
@@ -310,20 +332,20 @@ class KubeIO:
             _adopt(d.workload, owner)
             body = queueing.workload_as(self.kueue_version, d.workload)
             self._create_custom(*kueue, queueing.WORKLOADS, ns, body)
-        if d.workload_status is not None and d.workload is None:  # Finished, or a quota released
+        if d.workload_status is not None and d.workload is None:  # Finished, quota released, PodsReady
             name = queueing.workload_name(owner["metadata"]["name"])
+            patch: dict = {"status": d.workload_status}
+            if d.workload_version:  # the conditions list is replaced whole: not over Kueue's newer write
+                patch["metadata"] = {"resourceVersion": d.workload_version}
             try:
                 resp = self.custom.patch_namespaced_custom_object_status(
-                    *kueue,
-                    ns,
-                    queueing.WORKLOADS,
-                    name,
-                    {"status": d.workload_status},
-                    _preload_content=False,
+                    *kueue, ns, queueing.WORKLOADS, name, patch, _preload_content=False
                 )
                 self.caches.workloads.put(queueing.workload_from(_json(resp)))
             except ApiException as e:
-                if e.status != 404:
+                # 409: Kueue wrote the Workload since it was read; its watch event brings the
+                # job back with the newer one
+                if e.status not in (404, 409):
                     raise
         if d.podgroup is not None:
             _adopt(d.podgroup, owner)

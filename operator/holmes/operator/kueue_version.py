@@ -95,6 +95,13 @@ def start_informers(
         out.append(Informer("workloads", fn, selector, store, changed, namespace_ok, transform=as_v1beta2))
     fn = functools.partial(custom.list_cluster_custom_object, g, v, queueing.FLAVORS)
     out.append(Informer("resourceflavors", fn, "", caches.flavors, lambda ns, label: wake_all()))
+    # WorkloadPriorityClasses (the value of a job's kueue.x-k8s.io/priority-class), where served
+    if queueing.PRIORITY_CLASSES in {r.name for r in custom.get_api_resources(g, v).resources}:
+        fn = functools.partial(custom.list_cluster_custom_object, g, v, queueing.PRIORITY_CLASSES)
+        wpcs = caches.workload_priority_classes
+        out.append(Informer("workloadpriorityclasses", fn, "", wpcs, lambda ns, label: wake_all()))
+    else:
+        caches.workload_priority_classes.replace([])
     return [inf.start() for inf in out]
 
 
@@ -161,6 +168,7 @@ class KueueLink:
         if version is None:  # what the stopped informers held is gone with the API
             self.caches.workloads.replace([])
             self.caches.flavors.replace([])
+            self.caches.workload_priority_classes.replace([])
         self.version = version
         metrics.set_kueue_api(version)
         if version is None:

@@ -29,6 +29,13 @@ RECONCILE_SECONDS = Histogram(
     "Time of one reconcile of a HolmesJob",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 2.5, 5, 10, 30),
 )
+RECONCILE_WAIT_SECONDS = Histogram(
+    "holmes_reconcile_wait_seconds",
+    "Time a due reconcile waited for a worker, by pool (launching: jobs not launched yet; "
+    "tracking: the others)",
+    ["pool"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30),
+)
 PLANNING_SECONDS = Histogram(
     "holmes_planning_duration_seconds",
     "Time of a reconcile decision that searched for a layout (placement: its sizes, the queue "

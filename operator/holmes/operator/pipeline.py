@@ -51,6 +51,7 @@ class Children(Protocol):
     def service(self, ns: str, name: str, uid: str) -> dict | None: ...
     def capacity_view(self) -> tuple[list[dict], Callable[[str, str], Mapping | None]]: ...
     def claims(self) -> list[dict]: ...
+    def quotas(self, ns: str) -> list[dict] | None: ...
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]: ...
     def write(self, d: Decision, job: dict, pods: list[dict], nodes: list[dict]): ...
 
@@ -86,14 +87,21 @@ class HubChildren:
         if kept is not None and kept[0] == versions:
             return kept[1], layout
         pods = {_key(p): p for p in self.caches.cluster_pods.values()}
+        # Holmes' own pods slimmed once per version (their two watches deliver a change at
+        # different moments, and a launch's pods reach the shared cache last)
+        slims, self.caches.slim_pods = self.caches.slim_pods, {}
         for p in self.caches.pods.values():  # Holmes' own pods, including those just created
-            seen = pods.get(_key(p))
-            if seen is not None and _rv(seen) == _rv(p):
+            key, rv = _key(p), _rv(p)
+            seen = pods.get(key)
+            if seen is not None and _rv(seen) == rv:
                 continue  # the same version, slim already: no work per pod per reconcile
             if (p.get("status") or {}).get("phase") in capacity.ENDED:
-                pods.pop(_key(p), None)  # holds nothing (the shared cache keeps no ended pods)
+                pods.pop(key, None)  # holds nothing (the shared cache keeps no ended pods)
                 continue
-            pods[_key(p)] = capacity.slim_pod(p)
+            slim = slims.get(key)
+            if slim is None or _rv(slim) != rv:
+                slim = capacity.slim_pod(p)
+            pods[key] = self.caches.slim_pods[key] = slim
         view = list(pods.values())
         self.caches.capacity_view = (versions, view)
         return view, layout
@@ -101,6 +109,10 @@ class HubChildren:
     def claims(self) -> list[dict]:
         """The DRA ResourceClaims (slim), whose allocations hold devices (core/device_claims.py)."""
         return list(self.caches.resource_claims.values())
+
+    def quotas(self, ns: str) -> list[dict] | None:
+        """The namespace's ResourceQuotas (core/quota.py)."""
+        return [q for q in self.caches.resource_quotas.values() if q["metadata"].get("namespace") == ns]
 
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]:
         return self.io.log_tail
@@ -145,6 +157,9 @@ class MemberChildren:
 
     def claims(self) -> list[dict]:
         return []  # members' DRA objects are not watched (nor their ResourceSlices)
+
+    def quotas(self, ns: str) -> list[dict] | None:
+        return None  # members' ResourceQuotas are not watched: their API servers judge the pods
 
     def log_tail(self, job: Mapping, pods: list[dict]) -> Callable[[dict], str]:
         pod = rank0(job, pods)
@@ -192,6 +207,8 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         self.placement = commit.PlacementLock()
+        self._layouts: tuple[tuple[int, int], dict] | None = None  # the hub's, by store versions
+        self._view_keys: tuple[list[dict], frozenset] | None = None  # a capacity view's pod keys
 
     def children(self, job: dict) -> tuple[Children, dict]:
         """Where the job's children live (and the job, with the members' finalizer set first)."""
@@ -228,11 +245,14 @@ class Pipeline:
                 workload=self.caches.workloads.get(ns, queueing.workload_name(name)),
                 flavors=self.watches.flavors(),
                 priority_classes=self.watches.priority_classes(),
+                workload_priority_classes=self.watches.workload_priority_classes(),
                 podgroup=self.caches.podgroups.get(ns, queueing.podgroup_name(name)),
+                quotas=where.quotas(ns),
                 volcano=self.watches.volcano,
                 members=where.states,
+                namespace_labels=self.watches.namespace_labels(ns),
             )
-            facts = placement_facts.gather(self.cost_model, self.workloads(where))
+            facts = placement_facts.gather(self.cost_model, lambda: self.workloads(where))
             started = time.perf_counter()
             d = decide(obs, facts, self.settings, self.backoff)
             if d.placed:
@@ -256,16 +276,28 @@ class Pipeline:
         ConfigMap of each launched one, the DRA ResourceClaims."""
         creating, launching = self.placement.in_flight()  # before the caches they land in
         pods, layout = where.capacity_view()
-        have = {_key(p) for p in pods}
-        pods = pods + [capacity.slim_pod(p) for p in creating if _key(p) not in have]
-        jobs = list(self.caches.jobs.values())
-        layouts = {}
-        for j in jobs:
-            if (j.get("status") or {}).get("launched"):
-                key = (j["metadata"].get("namespace"), j["metadata"].get("name"))
-                cm = layout(*key)
-                if cm is not None:
-                    layouts[key] = cm
+        if creating:
+            kept = self._view_keys  # the same view (no pod changed since) is common in a burst
+            if kept is None or kept[0] is not pods:
+                kept = self._view_keys = (pods, frozenset(map(_key, pods)))
+            pods = pods + [capacity.slim_pod(p) for p in creating if _key(p) not in kept[1]]
+        jobs = self.caches.jobs.snapshot()
+        # every reconcile asks, running jobs' too: the hub's kept per version of the stores read
+        # (a member's ConfigMaps are in its own caches)
+        hub = isinstance(where, HubChildren)
+        versions = (self.caches.jobs.version, self.caches.configmaps.version)
+        kept = self._layouts
+        if hub and kept is not None and kept[0] == versions:
+            layouts = kept[1]
+        else:
+            layouts = {}
+            for j in jobs:
+                if (j.get("status") or {}).get("launched"):
+                    key = (j["metadata"].get("namespace"), j["metadata"].get("name"))
+                    cm = layout(*key)
+                    if cm is not None:
+                        layouts[key] = cm
+            self._layouts = (versions, layouts) if hub else None
         return capacity.Workloads(
             pods=pods, jobs=jobs, layouts=layouts, launching=launching, claims=where.claims()
         )

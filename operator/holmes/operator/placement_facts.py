@@ -4,7 +4,7 @@ on top) and each node's NIC facts under it (``NodeFacts``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from holmes.plan import CostModelConfig, NicMapping, classify_nodes, nccl_env
@@ -87,9 +87,13 @@ def builtin_cost_model(mapping: NicMapping | None = None) -> CostModelFile:
     return CostModelFile(base=CostModelConfig(nic_mapping=mapping or NicMapping()), on_state=export_state)
 
 
-def gather(cost_model: CostModelFile, workloads: Workloads = Workloads()) -> PlacementFacts:
+def gather(
+    cost_model: CostModelFile, workloads: Workloads | Callable[[], Workloads] = Workloads()
+) -> PlacementFacts:
     """The facts of one decision: the cost model re-read if its file changed, the nodes'
-    facts under it, and what the other workloads hold (``workloads``)."""
+    facts under it, and what the other workloads hold (``workloads``, or how to read them when
+    the decision places: PlacementFacts.workloads)."""
     config = cost_model.refresh()
     nodes = NodeFacts(cost_model)
-    return PlacementFacts(config, nodes.network, nodes.unusable, workloads)
+    read = workloads if callable(workloads) else lambda: workloads
+    return PlacementFacts(config, nodes.network, nodes.unusable, read)

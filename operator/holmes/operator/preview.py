@@ -17,6 +17,7 @@ from . import placement_facts
 from .core import queueing
 from .core.reconcile import Observed, RestartBackoff, decide
 from .core.render import RenderSettings
+from .core.template import ENFORCE_LABEL
 
 
 class PreviewError(ValueError):
@@ -45,6 +46,8 @@ def children(
         nodes=nodes,
         now=datetime.now(timezone.utc),
         podgroup={"status": {"phase": queueing.PG_INQUEUE}},
+        # the namespace's Pod Security level, as given (it picks the defaults Holmes fills in)
+        namespace_labels={ENFORCE_LABEL: settings.pod_security},
     )
     facts = placement_facts.gather(cost_model or placement_facts.builtin_cost_model())
     d = decide(obs, facts, settings, RestartBackoff(0))

@@ -6,7 +6,8 @@ full LIST (a partly filled cache would look like deleted pods).
   loop of the job it belongs to. Exact namespaces get one watch each; patterns ("team-*",
   "!kube-*") one cluster-wide watch, filtered here.
 - Shared clusters (core/capacity.py): every pod that has not ended (slimmed, field selector on
-  the phase) and PriorityClasses; a change wakes the jobs that have not launched yet.
+  the phase), PriorityClasses, and the served namespaces' ResourceQuotas (core/quota.py); a
+  change wakes the jobs that have not launched yet.
 - Kueue (core/queueing.py, kueue_version.py): while the API server serves kueue.x-k8s.io
   (v1beta2, else v1beta1; looked for again every 30 s), Workloads of Holmes jobs and
   ResourceFlavors are cached too.
@@ -139,6 +140,16 @@ class Watches:
                 on_object=self.node_event,
             ).start()
         )
+        self.informers.append(  # their Pod Security labels: the defaults a job's pods get
+            Informer(
+                "namespaces",
+                core.list_namespace,
+                "",
+                self.caches.namespaces,
+                lambda ns, label: None,
+                transform=slim_namespace,
+            ).start()
+        )
         self._start_shared(core, changed)
         if self.members_namespace:
             self._start_members(core)
@@ -223,6 +234,16 @@ class Watches:
             )
         if self.dra_claims:  # the devices claims hold, where the pods are read
             self._start_claims(api, capacity_changed)
+        # ResourceQuotas (core/quota.py): their status.used moves as pods come and go, which may
+        # let a job waiting for its namespace's quota start
+        self.watch(
+            "resourcequotas",
+            core.list_namespaced_resource_quota,
+            core.list_resource_quota_for_all_namespaces,
+            "",
+            self.caches.resource_quotas,
+            capacity_changed,
+        )
         sched = client.SchedulingV1Api(api)
         self.informers.append(
             Informer(
@@ -316,6 +337,21 @@ class Watches:
         """Kueue's ResourceFlavors by name (None: the Kueue API is not served)."""
         return {f["metadata"]["name"]: f for f in self.caches.flavors.values()} if self.kueue else None
 
+    def workload_priority_classes(self) -> dict[str, int] | None:
+        """Kueue's WorkloadPriorityClass values by name (None: the Kueue API is not served)."""
+        if not self.kueue:
+            return None
+        return {
+            p["metadata"]["name"]: int(p.get("value") or 0)
+            for p in self.caches.workload_priority_classes.values()
+            if isinstance(p.get("value"), int)
+        }
+
+    def namespace_labels(self, ns: str) -> dict[str, str] | None:
+        """A namespace's labels (None: not seen)."""
+        found = self.caches.namespaces.get("", ns)
+        return None if found is None else dict(found["metadata"].get("labels") or {})
+
     def priority_classes(self) -> dict[str, int]:
         return {
             p["metadata"]["name"]: int(p.get("value") or 0)
@@ -402,6 +438,21 @@ def node_fingerprint(body: Mapping) -> tuple:
         ready,
         tuple(str(t) for t in spec.get("taints") or []),
     )
+
+
+def slim_namespace(body: Mapping) -> dict:
+    """A namespace with only its name and labels."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": dict(meta.get("labels") or {}),
+        },
+    }
 
 
 def slim_node(body: Mapping) -> dict:

@@ -46,7 +46,6 @@ The GPU product is GPU Feature Discovery's label when there is one, else the DRA
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -336,11 +335,26 @@ CLASSIFY_KEY = "holmes.dev/classifyKey"
 
 
 def fixed_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The value to keep under CLASSIFY_KEY: node_key and the parts it was read from."""
-    return (node.get("metadata"), node.get("status"), node.get("spec"), node_key(node))
+    """The value to keep under CLASSIFY_KEY: node_key (hashed once) and the parts it was read from."""
+    return (node.get("metadata"), node.get("status"), node.get("spec"), _HashedKey(node_key(node)))
 
 
-def _kept_key(node: Mapping[str, Any]) -> tuple[Any, ...] | None:
+class _HashedKey(tuple[Any, ...]):
+    """A node_key that hashes once: a tuple rehashes every field on every lookup, and a
+    decision looks thousands of nodes up, several times."""
+
+    _hash: int
+
+    def __new__(cls, key: tuple[Any, ...]) -> _HashedKey:
+        made = super().__new__(cls, key)
+        made._hash = tuple.__hash__(made)
+        return made
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+def kept_key(node: Mapping[str, Any]) -> tuple[Any, ...] | None:
     fixed = node.get(CLASSIFY_KEY)
     if (
         fixed is None
@@ -354,7 +368,8 @@ def _kept_key(node: Mapping[str, Any]) -> tuple[Any, ...] | None:
 
 
 def node_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What classify_node reads of a node (but GPUS_TAKEN_KEY, which a decision's copy adds)."""
+    """What classify_node reads of a node (but GPUS_TAKEN_KEY, which a decision's copy adds), and
+    its taints, which the operator's placement reads (``kept_key`` keys its answers too)."""
     meta, status, spec = node.get("metadata") or {}, node.get("status") or {}, node.get("spec") or {}
     return (
         meta.get("name"),
@@ -363,6 +378,7 @@ def node_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
         tuple((status.get("allocatable") or {}).items()),
         tuple((c.get("type"), str(c.get("status"))) for c in status.get("conditions") or ()),
         bool(spec.get("unschedulable")),
+        tuple((t.get("key"), t.get("value"), t.get("effect")) for t in spec.get("taints") or ()),
     )
 
 
@@ -371,47 +387,56 @@ def classify_nodes(
 ) -> list[NodeNic]:
     """Classify many nodes; NodeNic entries pass through unchanged. A node seen before with the
     same fields is not classified again (see ``_Classified``)."""
-    m = mapping or NicMapping()
-    return [n if isinstance(n, NodeNic) else _CLASSIFIED.get(n, m) for n in nodes]
+    return _CLASSIFIED.get_all(nodes, mapping or NicMapping())
 
 
 class _Classified:
     """classify_node's answers by what it reads of a node. The operator plans every waiting
     job (and each job ahead of it in the queue) on every node: at 2,000 nodes classifying them
     anew on each search was most of a placement. Nodes with DRA devices joined on are not kept
-    (their slices are read too). Bounded: the oldest answers go first."""
+    (their slices are read too). Bounded: emptied when it holds ``KEPT`` answers."""
 
     KEPT = 50_000
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._answers: OrderedDict[tuple[Any, ...], NodeNic] = OrderedDict()
+        self._answers: dict[NicMapping, dict[tuple[Any, ...], NodeNic]] = {}
+        self._size = 0
 
     @staticmethod
-    def key(node: Mapping[str, Any], m: NicMapping) -> tuple[Any, ...] | None:
+    def key(node: Mapping[str, Any]) -> tuple[Any, ...] | None:
         if dra.DEVICES_KEY in node:
             return None
-        fixed = _kept_key(node)  # what the operator's node cache computed once
-        return (m, fixed if fixed is not None else node_key(node), node.get(GPUS_TAKEN_KEY))
+        fixed = kept_key(node)  # what the operator's node cache computed once
+        return (fixed if fixed is not None else node_key(node), node.get(GPUS_TAKEN_KEY))
 
-    def get(self, node: Mapping[str, Any], m: NicMapping) -> NodeNic:
-        try:
-            key = self.key(node, m)
-            hash(key)
-        except TypeError:  # a value that is no string (an odd node): classified as it is
-            key = None
-        if key is None:
-            return classify_node(node, m)
+    def get_all(self, nodes: Iterable[Mapping[str, Any] | NodeNic], m: NicMapping) -> list[NodeNic]:
+        """The answers of one mapping (hashed once per call, not per node: it has 20 fields)."""
         with self._lock:
-            hit = self._answers.get(key)
-        if hit is not None:
-            return hit
-        nic = classify_node(node, m)
-        with self._lock:
-            self._answers[key] = nic
-            while len(self._answers) > self.KEPT:
-                self._answers.popitem(last=False)
-        return nic
+            answers = self._answers.get(m)
+            if answers is None:
+                answers = self._answers[m] = {}
+        out: list[NodeNic] = []
+        for node in nodes:
+            if isinstance(node, NodeNic):
+                out.append(node)
+                continue
+            try:
+                key = self.key(node)
+                hit = None if key is None else answers.get(key)
+            except TypeError:  # a value that is no string (an odd node): classified as it is
+                key = hit = None
+            if hit is None:
+                hit = classify_node(node, m)
+                if key is not None:
+                    with self._lock:
+                        if self._size >= self.KEPT:  # bounded: start again (node versions pass)
+                            self._answers, self._size = {m: answers}, 0
+                            answers.clear()
+                        answers[key] = hit
+                        self._size += 1
+            out.append(hit)
+        return out
 
 
 _CLASSIFIED = _Classified()

@@ -27,18 +27,29 @@ FIXES = {
         "Kueue has not admitted its Workload: kubectl describe workload -n NAMESPACE, and check "
         "the ClusterQueue's quota"
     ),
+    "WaitingForQuota": (
+        "a ResourceQuota of the namespace has no room for the whole gang: kubectl describe "
+        "resourcequota QUOTA -n NAMESPACE; wait for it to free, free it, or shrink the job"
+    ),
     "WaitingForPodGroup": (
         "Volcano has not admitted its PodGroup to the queue: kubectl describe podgroup NAME -n "
         "NAMESPACE, and check the Volcano queue's capacity"
     ),
     "VolcanoNotInstalled": "install Volcano, then restart the operator (or remove schedulerName)",
     "InvalidSpec": "edit the spec as the message says: kubectl edit holmesjob NAME -n NAMESPACE",
-    "InvalidName": "recreate the job under a shorter name (pod names carry it)",
+    "InvalidName": (
+        "recreate the job under a shorter name (pod names carry it; the CRD's rules refuse such a "
+        "name at apply time unless it was installed without them)"
+    ),
     "WaitingForPodsToStop": "nothing: the previous attempt's pods are stopping",
     "WaitingForRendezvous": "nothing: rank 0's pod gets its IP, then the others start",
     "BackoffLimitExceeded": (
         "read the failed pod's log (kubectl logs POD --previous), fix the cause, then raise "
         "spec.runPolicy.backoffLimit or recreate the job"
+    ),
+    "TemplateRejected": (
+        "the API server refused a dry run of the job's pod (an unknown or invalid field, the "
+        "namespace's Pod Security level): fix spec.template as the message says"
     ),
     "ChildRejected": (
         "the API server refused a pod, ConfigMap or Service (quota, admission): fix what the message "
@@ -161,6 +172,29 @@ def status_lines(job: Mapping[str, Any], now: datetime) -> list[str]:
     if ready and ready.get("message"):
         out.append(f"  {ready.get('reason', '')}: {ready['message']}")
     return out + layout_lines(st) + progress_lines(st, now)
+
+
+def list_lines(jobs: Sequence[Mapping[str, Any]], now: datetime, all_namespaces: bool) -> list[str]:
+    """One row per job, as `kubectl get hj` prints them (with NAMESPACE under -A)."""
+    if not jobs:
+        return ["no HolmesJobs"]
+    rows = [["NAMESPACE"] * all_namespaces + ["NAME", "PHASE", "DONE%", "ETA", "AGE"]]
+    for job in jobs:
+        meta, st = job.get("metadata") or {}, job.get("status") or {}
+        p = st.get("progress") or {}
+        done = p.get("percentComplete")
+        age = ago(meta.get("creationTimestamp"), now).removesuffix(" ago")
+        rows.append(
+            [meta.get("namespace", "")] * all_namespaces
+            + [
+                meta.get("name", "?"),
+                st.get("phase") or "-",
+                _num(done, ".0f"),
+                p.get("estimatedRemaining") or "-",
+                age,
+            ]
+        )
+    return _table(rows, indent="")
 
 
 def _stalled_trainer(st: Mapping[str, Any], now: datetime) -> str:

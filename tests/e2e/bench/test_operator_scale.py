@@ -13,6 +13,7 @@ from tests.helpers.bench.bench_run import run_bench
 
 KEYS = (
     "nodes",
+    "nodesReadyS",
     "jobs",
     "launchP50S",
     "launchP99S",

@@ -78,6 +78,8 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
         assert not classify_node(cluster.get_json("node", n.name)).usable
 
     release = f"lbl-{namespace}"
+    # its own namespace, which the chart creates privileged (the release's stays restricted)
+    lns = f"{namespace}-nic"
     values = sysfs_trees.parent / "values.yaml"
     routes = sysfs_trees.parent / "route"  # every simulated host's default route: eno1
     routes.write_text(route_table("eno1"))
@@ -86,6 +88,7 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
             {
                 "labeller": {
                     "enabled": True,
+                    "namespace": {"name": lns},
                     "intervalSeconds": 1,
                     "sysfs": {"hostPath": str(sysfs_trees), "root": "/host/sys/$(NODE_NAME)"},
                     "defaultRoute": {"hostPath": str(routes)},
@@ -137,20 +140,23 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
 
         nodes = wait_for("every node to carry the labeller's record", labelled)
 
-        sa = f"system:serviceaccount:{namespace}:{release}-holmes-labeller"
+        ns_labels = cluster.get_json("namespace", lns)["metadata"]["labels"]
+        assert ns_labels["pod-security.kubernetes.io/enforce"] == "privileged"
+        assert not cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
+        sa = f"system:serviceaccount:{lns}:{release}-holmes-labeller"
         for verb, args, allowed in (
             ("patch", ["nodes"], "yes"),
             ("get", ["nodes"], "yes"),
             ("list", ["nodes"], "no"),
             ("create", ["events", "-n", "default"], "yes"),
-            ("create", ["events", "-n", namespace], "no"),
-            ("get", ["secrets", "-n", namespace], "no"),
+            ("create", ["events", "-n", lns], "no"),
+            ("get", ["secrets", "-n", lns], "no"),
         ):
             r = cluster.kubectl("auth", "can-i", verb, *args, f"--as={sa}", check=False)
             assert r.stdout.strip() == allowed, (verb, args, r.stdout, r.stderr)
-        pods = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
+        pods = cluster.get_json("pods", "-n", lns, "-l", selector)["items"]
         assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(names), "one labeller pod per node"
-        refused_outside_its_node(cluster, namespace, f"{release}-holmes-labeller", pods[0], names)
+        refused_outside_its_node(cluster, lns, f"{release}-holmes-labeller", pods[0], names)
         for n in cluster.topology.nodes:
             got = classify_node(nodes[n.name])  # default NicMapping: no kind flags
             assert got.usable and got.nic == nodes[n.name]["metadata"]["annotations"][TRUE_NIC], (n.name, got)
@@ -190,17 +196,18 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
             meta["annotations"]["holmes.dev/nic-other"] == "mlx5_0/1 (Ethernet, 100 Gb/s): not ACTIVE (DOWN)"
         )
         log = cluster.pod_log(
-            namespace, next(p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] == roce1), "labeller"
+            lns, next(p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] == roce1), "labeller"
         )
         assert f"{roce1}: roce: 1 ACTIVE port(s) on mlx5_0, 100 Gbit/s" in log, log[-2000:]
         assert "ports not ACTIVE, ignored: mlx5_0/1 (DOWN)" in log
     finally:
-        cluster.kubectl("delete", "daemonset", "-n", namespace, "-l", selector, "--wait=true", check=False)
+        cluster.kubectl("delete", "daemonset", "-n", lns, "-l", selector, "--wait=true", check=False)
         wait_for(
             "the labeller pods to be gone",
-            lambda: not cluster.get_json("pods", "-n", namespace, "-l", selector)["items"],
+            lambda: not cluster.get_json("pods", "-n", lns, "-l", selector)["items"],
             timeout=30,
         )
+        cluster.kubectl("delete", "namespace", lns, "--wait=false", check=False)
         cluster.kubectl(
             "delete",
             "clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding",

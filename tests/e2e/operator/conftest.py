@@ -16,11 +16,12 @@ def crd(cluster):
 
 @pytest.fixture
 def host_path_operator(crd, namespace, tmp_path):
-    """An operator for the tests whose trainers share a host directory (``shared_dir``): hostPath
-    volumes allowed, restarts after 1 s, progress read every second."""
+    """An operator for the tests whose trainers share a host directory (``shared_dir``): restarts
+    after 1 s, progress read every second (hostPath volumes: the test namespace enforces no Pod
+    Security level)."""
     from tests.helpers.operator.cluster_helpers import running_operator
 
-    extra = ["--allow-host-path", "--restart-backoff-seconds=1", "--progress-interval=1"]
+    extra = ["--restart-backoff-seconds=1", "--progress-interval=1"]
     yield from running_operator(crd, namespace, tmp_path, extra=extra, tail=60)
 
 

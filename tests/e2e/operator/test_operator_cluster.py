@@ -117,7 +117,7 @@ def test_pods_land_on_the_planned_nodes_with_the_nccl_env_of_their_nic(crd, name
             assert env["NCCL_IB_DISABLE"] == "1" and not any(k.startswith("rdma/") for k in limits)
         else:
             assert env["NCCL_IB_DISABLE"] == "0" and any(k.startswith("rdma/") for k in limits)
-            assert "IPC_LOCK" in pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"]
+            assert "add" not in pod["spec"]["containers"][0]["securityContext"]["capabilities"]
         # host names stay out of pods (the in-pod launcher resolves them); NCCL picks the GID
         assert not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX"} & set(env)
         assert env["HOLMES_POD_NETWORK"] == "podNetwork"
@@ -197,7 +197,7 @@ def test_a_pod_failure_restarts_the_gang_and_counts_it(crd, namespace, operator)
     assert f'holmes_restarts_total{{job_namespace="{namespace}"}} 1.0' in operator.metrics()
 
 
-def test_a_quota_that_forbids_the_gang_is_reported_and_leaves_no_partial_gang(crd, namespace, operator):
+def test_a_quota_that_forbids_the_gang_is_reported_and_creates_no_pod(crd, namespace, operator):
     quota = {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
@@ -211,22 +211,16 @@ def test_a_quota_that_forbids_the_gang_is_reported_and_leaves_no_partial_gang(cr
     )
     apply(crd, tiny_job("quota", namespace, command=SLEEP))
 
-    job = wait_reconciling(crd, namespace, "quota", "ChildCreateFailed", operator)
+    # the quota is read before creating (issue 50): no pod is created for the API server to refuse
+    job = wait_reconciling(crd, namespace, "quota", "WaitingForQuota", operator)
     msg = condition(job, "Reconciling")["message"]
-    assert "403 Forbidden" in msg and "exceeded quota" in msg, msg
-    assert job["status"]["createFailures"] >= 1 and job["status"]["restarts"] == 0
-    assert any(e["reason"] == "ChildCreateFailed" for e in events_of(crd, namespace, "quota"))
-    # the pods the quota let through are deleted again: no partial gang holds GPUs
-    wait_for(
-        "no live pod of the partial gang",
-        lambda: (
-            not [p for p in pods_of(crd, namespace, "quota") if not p["metadata"].get("deletionTimestamp")]
-            or None
-        ),
-        every=0.1,
-        timeout=10,
-        op=operator,
+    assert msg.startswith(
+        "ResourceQuota gpus: the gang's 4 pod(s) need requests.nvidia.com/gpu 4, 0 of 2 used"
     )
+    assert "more than the quota allows at all" in msg, msg
+    assert "createFailures" not in job["status"] and job["status"]["restarts"] == 0
+    assert not pods_of(crd, namespace, "quota")
+    assert "ChildCreateFailed" not in {e["reason"] for e in events_of(crd, namespace, "quota")}
     crd.kubectl("delete", "resourcequota", "gpus", "-n", namespace)
     job = wait_phase(crd, namespace, "quota", "Running", op=operator)
     assert "createFailures" not in job["status"] and condition(job, "Stalled")["status"] == "False"
@@ -493,16 +487,17 @@ def test_bad_manifests_each_get_a_clear_message_and_the_operator_keeps_serving(c
         ),
         "x" * 51: ({}, "InvalidName", "metadata.name"),
     }
-    # the CRD's CEL rules refuse what they can at apply time, naming the field; the rest is
-    # admitted and stalled by the operator, which checks all of it (a CRD without its rules)
+    # the CRD's CEL rules refuse what they can at apply time, naming the field (a name longer
+    # than its pods' hostnames leave room for, too); the rest is admitted and stalled by the
+    # operator, which checks all of it (a CRD without its rules)
     stalls = {}
     for name, (spec, reason, field) in bad.items():
         r = apply(crd, tiny_job(name, namespace, command=SLEEP, **spec), check=False)
         if r.returncode != 0:
-            assert "is invalid" in r.stderr and "spec" in r.stderr, r.stderr
+            assert "is invalid" in r.stderr and ("spec" in r.stderr or field in r.stderr), r.stderr
         else:
             stalls[name] = (spec, reason, field)
-    assert len(stalls) < len(bad) and "x" * 51 in stalls, sorted(stalls)
+    assert len(stalls) < len(bad) and "x" * 51 not in stalls, sorted(stalls)
     apply(crd, tiny_job("good", namespace, command=SLEEP))
     wait_phase(crd, namespace, "good", "Running", op=operator)
     for name, (_, reason, field) in stalls.items():

@@ -1,9 +1,11 @@
 """Shared clusters on the real local control plane: jobs placed on free capacity (disjoint GPUs,
 a queue), the template's placement rules, Kueue's admit -> run -> evict -> re-admit -> finish
-cycle played by the test as Kueue's controller, and Volcano's PodGroup. Kueue and Volcano are
-stand-in CRDs (hack/thirdparty-crds). The Kueue tests run once per stand-in (``kueue``: Kueue
-v0.19.2, which serves v1beta2 and a deprecated v1beta1, then Kueue v0.14.8, v1beta1 only), on the
-one control plane of the session: the stand-in is swapped between the two runs."""
+cycle played by the test as Kueue's controller for a Kueue before 0.15 (v1beta1 only), and
+Volcano's PodGroup. Kueue and Volcano are stand-in CRDs here (hack/thirdparty-crds): the same
+cycle in v1beta2 runs against the real Kueue in test_kueue_real.py. What stays on the stand-ins:
+speaking v1beta1 (a Kueue 0.14, which serves nothing else) and moving from v1beta1 to v1beta2
+while the operator runs (Kueue upgraded in place), which the real Kueue 0.17 (serving both) cannot
+show."""
 
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ THIRDPARTY = REPO / "hack" / "thirdparty-crds"
 KUEUE_CRDS = ("workloads.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.io")
 # the Workload version Holmes must choose -> the stand-in that serves it (see hack/thirdparty-crds)
 KUEUE_STANDINS = {"v1beta2": "kueue-v1beta2.yaml", "v1beta1": "kueue-v1beta1.yaml"}
+# v1beta2 (Kueue 0.15 on) runs against the real Kueue (test_kueue_real.py); v1beta1 only here
+STANDIN_RUNS = ["v1beta1"]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,7 @@ def install_kueue(cluster, version, upgrade=False):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
 
 
-@pytest.fixture(scope="module", params=list(KUEUE_STANDINS))
+@pytest.fixture(scope="module", params=STANDIN_RUNS)
 def kueue(request, crds):
     """The Kueue stand-in of one version, installed for every Kueue test of that version."""
     install_kueue(crds, request.param)
@@ -271,8 +275,10 @@ def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, names
             assert wl["spec"]["priorityClassSource"] == "scheduling.k8s.io/priorityclass"
             assert wl["spec"]["priorityClassName"] == priority_class
         (ps,) = wl["spec"]["podSets"]
+        # every resource its pods request: planned on the InfiniBand nodes, their RDMA device too
         assert ps["count"] == 2 and ps["template"]["spec"]["containers"][0]["resources"]["requests"] == {
-            "nvidia.com/gpu": "2"
+            "nvidia.com/gpu": "2",
+            "rdma/rdma_shared_device_a": "1",
         }
         assert wl["metadata"]["ownerReferences"][0]["kind"] == "HolmesJob"
         job = wait_phase(crds, namespace, "queued", "Suspended", op=operator)
@@ -284,6 +290,7 @@ def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, names
         wait_phase(crds, namespace, "queued", "Running", op=operator)
         pods = pods_of(crds, namespace, "queued")
         assert {p["spec"]["nodeName"] for p in pods} <= {"roce-0", "roce-1", "eth-1"}  # the flavor's nodes
+        assert all(p["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"} for p in pods)  # its labels
 
         # Kueue evicts it as v0.19's code does (kueue_standin.evict): Evicted=True, the quota still
         # reserved; Holmes stops the pods (Suspended, reason Requeued), then releases the quota

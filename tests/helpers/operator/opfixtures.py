@@ -88,15 +88,18 @@ class FakeWorld:
         self.settings = RenderSettings()
         self.backoff = backoff  # none unless a test is about it: restarts relaunch at once
         self.refuse = None  # pod -> ChildRefusal | None: what an admission step would refuse
+        self.namespace_labels: dict | None = None  # the job's namespace's labels
         # shared clusters: the Kueue Workload, ResourceFlavors (None: Kueue not installed),
         # PriorityClasses, the Volcano PodGroup
         self.workload: dict | None = None
         self.flavors: dict | None = None
         self.priority_classes: dict | None = None
+        self.workload_priority_classes: dict | None = None
         self.podgroup: dict | None = None
         self.volcano = True  # the API server serves PodGroups
         # member clusters (members.py): name -> MemberState; None: a single-cluster job
         self.members: dict | None = None
+        self.quotas: list | None = None  # the namespace's ResourceQuotas (quota.py)
 
     def step(self, seconds: float = 1.0, progress: dict | None = None, refused: list | None = None):
         self.now += timedelta(seconds=seconds)
@@ -112,9 +115,12 @@ class FakeWorld:
             workload=copy.deepcopy(self.workload),
             flavors=self.flavors,
             priority_classes=self.priority_classes,
+            workload_priority_classes=self.workload_priority_classes,
             podgroup=copy.deepcopy(self.podgroup),
             volcano=self.volcano,
             members=self.members,
+            quotas=copy.deepcopy(self.quotas),
+            namespace_labels=self.namespace_labels,
         )
         facts = placement_facts.gather(self.cost_model, self.workloads())
         d = decide(obs, facts, self.settings, self.backoff)

@@ -99,6 +99,12 @@ class NoWatches:
     def priority_classes(self) -> dict[str, int]:
         return {}
 
+    def workload_priority_classes(self) -> None:  # Kueue's, not served here
+        return None
+
+    def namespace_labels(self, ns: str) -> None:  # not known: defaults as for an unlabelled one
+        return None
+
 
 def pipeline(caches: Caches, io: WorldIO) -> Pipeline:
     return Pipeline(

@@ -27,6 +27,7 @@ OWN_TESTS = {  # script -> the test that runs its small mode
     "operator_load": "tests/e2e/bench/test_operator_load.py",
     "pipeline_schedules": "tests/integration/bench/test_pipeline_schedules_bench.py",
     "operator_scale": "tests/e2e/bench/test_operator_scale.py",
+    "placement_cpu": "tests/integration/bench/test_placement_cpu.py",
 }
 
 # script -> (small-mode arguments, a line its output must contain)

@@ -154,3 +154,15 @@ def test_command_and_args_are_expanded_separately_and_left_to_the_image_when_abs
     assert container_command(c, env) == (["torchrun", "--port=29500"], ["$(MISSING)", "$(PORT)"])
     assert container_command({"name": "t", "args": ["--help"]}, env) == (None, ["--help"])
     assert container_command({"name": "t"}, env) == (None, None)
+
+
+def test_the_runtime_gives_unlimited_memlock_within_its_own_hard_limit():
+    """Issue 50, item 5: the memlock limit RDMA needs is the runtime's (no IPC_LOCK); the node
+    agent, as a runtime, gives unlimited, or its own hard limit where it may not raise it."""
+    from localkube.ociconfig import RLIM_INFINITY, memlock_rlimit
+
+    assert memlock_rlimit(None) == {"type": "RLIMIT_MEMLOCK", "hard": RLIM_INFINITY, "soft": RLIM_INFINITY}
+    assert memlock_rlimit(-1)["hard"] == RLIM_INFINITY  # Python's RLIM_INFINITY
+    assert memlock_rlimit(8 << 20) == {"type": "RLIMIT_MEMLOCK", "hard": 8 << 20, "soft": 8 << 20}
+    assert config()["process"]["rlimits"] == [memlock_rlimit(None)]
+    assert config(memlock_hard=8 << 20)["process"]["rlimits"] == [memlock_rlimit(8 << 20)]

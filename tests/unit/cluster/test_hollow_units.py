@@ -1,12 +1,14 @@
 """Pure parts of the hollow nodes (hack/localkube/hollow_nodes.py): Holmes' own discovery reads
-their NIC kind, island and GPU type the way it reads a real cluster's labels; the pod schedule
-annotations; and the operator's request counter's naming (holmes.operator.api_count)."""
+their NIC kind, island and GPU type the way it reads a real cluster's labels; the kwok
+configuration and Stages that play their kubelets; and the operator's request counter's naming
+(holmes.operator.api_count)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
+import yaml
 
 from holmes.operator.api_count import classify
 from holmes.plan import gpus
@@ -19,7 +21,7 @@ def test_discovery_reads_every_island_as_the_labeller_and_nfd_publish_it():
     mapping = NicMapping(cluster_rdma_kinds=tuple(hn.rdma_kinds(5).items()))
     seen = Counter()
     for n in nodes:
-        body = hn.node_body(n, "2026-01-01T00:00:00Z")
+        body = hn.node_body(n)
         nic = classify_node(body, mapping)
         assert (nic.nic, nic.cluster) == (n.nic, n.cluster), n.name
         assert nic.usable and nic.gpus == 8
@@ -43,31 +45,66 @@ def test_bad_sizes_name_the_argument():
         hn.hollow_nodes(0, 1)
 
 
-def pod(**ann):
-    return {"metadata": {"annotations": {k: str(v) for k, v in ann.items()}}, "spec": {}}
+def test_nodes_are_registered_for_kwok_without_conditions():
+    """kwok manages the nodes annotated for it; its Stages report Ready (none is claimed at
+    registration), and no kubelet address is given."""
+    body = hn.node_body(hn.hollow_nodes(1, 1)[0])
+    assert body["metadata"]["annotations"][hn.KWOK_NODE] == hn.KWOK_MANAGED
+    assert "conditions" not in body["status"]
+    assert body["status"]["addresses"] == [{"type": "Hostname", "address": body["metadata"]["name"]}]
+    assert body["status"]["capacity"]["nvidia.com/gpu"] == "8"
 
 
-def test_a_pods_schedule_comes_from_its_annotations():
-    assert hn.schedule(pod(), None, 0) == hn.Schedule(None, 0)
-    assert hn.schedule(pod(), 5.0, 0) == hn.Schedule(5.0, 0)
-    assert hn.schedule(pod(**{hn.RUN_SECONDS: 3, hn.EXIT_CODE: 7}), None, 0) == hn.Schedule(3.0, 7)
-    # an end time: whatever attempt the pod belongs to, at least a second of running
-    assert hn.schedule(pod(**{hn.END_AT: 100}), None, 40) == hn.Schedule(60.0, 0)
-    assert hn.schedule(pod(**{hn.END_AT: 100}), None, 400) == hn.Schedule(1.0, 0)
-    # a value that is no number fails the pod, as a container that cannot start
-    assert hn.schedule(pod(**{hn.RUN_SECONDS: "soon"}), None, 0) == hn.Schedule(0.0, 2)
-    assert hn.schedule(pod(**{hn.RUN_SECONDS: -1}), None, 0) == hn.Schedule(0.0, 2)
+def stages(text: str) -> dict[str, dict]:
+    docs = list(yaml.safe_load_all(text))
+    assert docs[0]["kind"] == "KwokConfiguration"
+    return {d["metadata"]["name"]: d for d in docs[1:]}
 
 
-def test_finished_pods_carry_the_trainers_last_line():
-    p = {"spec": {"containers": [{"name": "trainer"}], "initContainers": [{"name": "init"}]}}
-    ok = hn.finished_status(p, "t0", "t1", 0)
-    assert ok["phase"] == "Succeeded" and "podIP" not in ok
-    term = ok["containerStatuses"][0]["state"]["terminated"]
-    assert term["exitCode"] == 0 and '"holmes": "done"' in term["message"]
-    assert ok["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
-    bad = hn.finished_status(p, "t0", "t1", 1, "127.0.0.1")
-    assert bad["phase"] == "Failed" and bad["podIP"] == "127.0.0.1"
+def test_kwok_config_carries_holmes_stages_with_the_flags_delays():
+    got = stages(hn.kwok_config(start_seconds=2.5, status_seconds=60, parallelism=6))
+    assert got["holmes-pod-running"]["spec"]["delay"] == {"durationMilliseconds": 2500}
+    assert got["holmes-node-heartbeat"]["spec"]["delay"]["durationMilliseconds"] == 60000
+    assert {d["kind"] for d in got.values()} == {"Stage"}
+    assert {d["spec"]["resourceRef"]["kind"] for d in got.values()} == {"Node", "Pod"}
+    # every annotation the Stages read is one hollow_nodes names
+    text = hn.STAGES.read_text()
+    for key in (hn.RUN_SECONDS, hn.END_AT, hn.EXIT_CODE, hn.POD_IP, hn.FAIL, hn.FINISH, hn.NOT_READY):
+        assert key in text, key
+
+
+def _requirements(stage: dict) -> dict[str, tuple[str, tuple]]:
+    return {
+        e["key"]: (e["operator"], tuple(e.get("values") or ()))
+        for e in stage["spec"]["selector"]["matchExpressions"]
+    }
+
+
+def test_stages_of_a_kind_select_disjoint_objects():
+    """kwok picks at random among the Stages that match an object: every two of a kind must
+    differ on some key, one requiring what the other excludes."""
+    got = list(stages(hn.kwok_config()).values())
+    opposite = {("Exists", "DoesNotExist"), ("In", "NotIn")}
+    for i, s in enumerate(got):
+        for t in got[i + 1 :]:
+            if s["spec"]["resourceRef"] != t["spec"]["resourceRef"]:
+                continue
+            rs, rt = _requirements(s), _requirements(t)
+            disjoint = any(
+                (rs[k][0], rt[k][0]) in opposite | {(b, a) for a, b in opposite}
+                and rs[k][1] == rt[k][1]
+                or rs[k][0] == rt[k][0] == "In"
+                and not set(rs[k][1]) & set(rt[k][1])
+                for k in set(rs) & set(rt)
+            )
+            assert disjoint, (s["metadata"]["name"], t["metadata"]["name"])
+
+
+def test_bad_kwok_settings_name_the_setting():
+    with pytest.raises(hn.HollowError, match="status seconds 0"):
+        hn.kwok_config(status_seconds=0)
+    with pytest.raises(hn.HollowError, match="parallelism: 0"):
+        hn.kwok_config(parallelism=0)
 
 
 @pytest.mark.parametrize(

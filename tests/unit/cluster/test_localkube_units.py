@@ -27,6 +27,9 @@ def test_shipped_topologies():
     paper = load_topology(TOPOLOGIES / "paper.yaml")
     assert [n.nic for n in paper.nodes].count("infiniband") == 4
     assert [n.nic for n in paper.nodes].count("roce") == 4
+    real = load_topology(TOPOLOGIES / "real-nodes.yaml")
+    assert {n.played_by for n in real.nodes} == {"kubelet"} and len({n.cluster for n in real.nodes}) == 2
+    assert {n.played_by for n in default.nodes} == {"agent"}  # the agent stays the default
     assert all(n.gpus == 8 for n in paper.nodes)
 
 

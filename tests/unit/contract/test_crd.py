@@ -13,7 +13,7 @@ CRD = Path(__file__).resolve().parents[3] / "crds" / "holmesjob.yaml"
 def schema():
     doc = yaml.safe_load(CRD.read_text())
     assert doc["apiVersion"] == "apiextensions.k8s.io/v1"
-    (v,) = doc["spec"]["versions"]
+    v = next(v for v in doc["spec"]["versions"] if v["storage"])
     return doc, v
 
 
@@ -139,6 +139,7 @@ def test_spec_fields_match_what_the_operator_parses():
             "ttlSecondsAfterFinished": 5,
             "activeDeadlineSeconds": 9,
             "waitForNodesSeconds": 0,
+            "schedulingTimeoutSeconds": 30,
             "disruptionLimit": 2,
             "priority": 10,
             "priorityClassName": "high",
@@ -159,6 +160,7 @@ def test_spec_fields_match_what_the_operator_parses():
                 "rdmaDevices": "perRail",
                 "trafficClass": 106,
                 "serviceLevel": 3,
+                "ipcLock": True,
             },
             {
                 "cluster": "west",
@@ -185,3 +187,30 @@ def test_committed_crd_is_generated_from_the_declarations():
     from crdgen.render import render
 
     assert CRD.read_text() == render(), "crds/holmesjob.yaml is stale: run `make crd` and commit the result"
+
+
+def test_v1beta1_is_served_beside_the_storage_version_with_the_same_schema():
+    """No conversion webhook while the schemas are equal: strategy None rewrites apiVersion only;
+    v1alpha1 stays the storage version (docs/api.md#api-versions)."""
+    doc, stored = schema()
+    versions = {v["name"]: v for v in doc["spec"]["versions"]}
+    assert list(versions) == ["v1alpha1", "v1beta1"] and stored["name"] == "v1alpha1"
+    assert all(v["served"] for v in versions.values())
+    assert [v["name"] for v in versions.values() if v["storage"]] == ["v1alpha1"]
+    assert doc["spec"]["conversion"] == {"strategy": "None"}
+    for key in ("schema", "subresources", "additionalPrinterColumns"):
+        assert versions["v1beta1"][key] == versions["v1alpha1"][key], key
+
+
+def test_the_name_limit_is_a_rule_at_admission():
+    """The 50 characters a pod hostname <name>-<attempt>-<rank> leaves: a CEL rule on
+    metadata.name at the root (the only place a rule may read it), not a stalled job."""
+    _, v = schema()
+    rules = v["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    assert {r["rule"] for r in rules} == {
+        "oldSelf.hasValue() || self.metadata.name.size() <= 50",
+        "oldSelf.hasValue() || self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+    }
+    # on create only: a root rule runs on every update (the status' too), and the name is immutable
+    assert all(r["optionalOldSelf"] for r in rules)
+    assert all("metadata.name" in r["message"] for r in rules)

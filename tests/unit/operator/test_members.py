@@ -12,8 +12,6 @@ from holmes.contract.layout import Layout
 from holmes.operator.core import child_names, members
 from holmes.operator.core.members import MemberState
 from holmes.operator.core.reconcile import Decision
-from holmes.operator.core.render import RenderSettings
-from holmes.operator.core.template import TemplatePolicy
 from holmes.plan import PlanError, plan
 from tests.helpers.operator.opfixtures import FakeWorld, default_nodes, manifest, with_link_layers
 
@@ -175,13 +173,8 @@ def test_an_unreachable_member_restarts_the_gang_on_the_capacity_left_and_says_s
     assert {members.member_of(p) for n, p in w.pods.items() if n.startswith("tiny-2-")} == {"east"}
 
 
-def test_host_network_needs_the_policy_and_then_puts_pods_on_the_node_network():
+def test_host_network_puts_pods_on_the_node_network():
     w = multi_world(network="hostNetwork")
-    w.step()
-    assert w.condition("Stalled")["reason"] == "PolicyViolation" and not w.pods
-    assert "--allow-host-namespaces" in w.condition("Stalled")["message"]
-    w = multi_world(network="hostNetwork")
-    w.settings = RenderSettings(policy=TemplatePolicy(allow_host_namespaces=True))
     d = w.step()
     spec = d.create_pods[0]["spec"]
     assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"

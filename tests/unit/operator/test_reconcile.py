@@ -467,6 +467,98 @@ def test_a_pending_pod_on_a_lost_node_restarts_the_gang_on_the_nodes_left(how, w
     assert lost not in Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE]).nodes
 
 
+def _unschedulable(w: FakeWorld, pod: str, message: str) -> None:
+    """The scheduler's verdict on a pod, as kube-scheduler writes it."""
+    w.pods[pod].setdefault("status", {})["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastTransitionTime": w.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+    ]
+
+
+def test_a_pod_the_scheduler_refuses_past_the_timeout_replans_without_its_node():
+    # issue 50: a pinned pod the scheduler could not bind stayed Pending for ever, the rest of
+    # the gang timed out at the rendezvous and the job failed with backoffLimit spent
+    nodes = with_link_layers(default_nodes())
+    job = manifest()
+    job["spec"]["runPolicy"] = {"backoffLimit": 0, "schedulingTimeoutSeconds": 8}
+    w = launched(FakeWorld(job, nodes))
+    planned = Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE]).nodes
+    w.set_phase("Running", *[n for n in w.pods if not n.endswith("-2")])
+    why = "0/6 nodes are available: 1 Too many pods, 5 node(s) didn't match Pod's node affinity/selector."
+    _unschedulable(w, "tiny-1-2", why)
+    d = w.step(seconds=5)
+    assert w.status["phase"] == "Pending" and w.status["restarts"] == 0 and not d.delete_pods
+    assert d.requeue_after == 3  # woken when its timeout is up
+    d = w.step(seconds=3)
+    assert w.status["phase"] == "Restarting" and w.status["restartsByReason"] == {"disruption": 1}
+    warning = next(e for e in d.events if e.reason == "PodUnschedulable")
+    assert f"node {planned[2]}: pod tiny-1-2: {why}" in warning.message
+    assert "runPolicy.schedulingTimeoutSeconds" in w.condition("Reconciling")["message"]
+    assert why in w.condition("Reconciling")["message"]
+    refused = w.status["unschedulableNodes"]
+    assert refused == {
+        planned[2]: {"message": f"pod tiny-1-2: {why}", "until": iso(w.now + timedelta(seconds=8))}
+    }
+    w.step()
+    again = Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE]).nodes
+    assert w.status["attempt"] == 2 and planned[2] not in again and len(again) == 4
+    w.set_phase("Running")
+    w.step()
+    w.set_phase("Succeeded")
+    w.step()
+    assert w.status["phase"] == "Succeeded"  # backoffLimit 0: the restart was no failure
+
+
+def test_a_job_that_cannot_plan_without_the_refused_node_waits_then_tries_it_again():
+    nodes = with_link_layers(default_nodes())
+    job = manifest(count=6)  # every node
+    job["spec"]["training"]["globalBatchSize"] = 12
+    job["spec"]["runPolicy"] = {"schedulingTimeoutSeconds": 30}
+    w = launched(FakeWorld(job, nodes))
+    planned = Layout.from_json(w.configmap["data"][child_names.LAYOUT_FILE]).nodes
+    _unschedulable(w, "tiny-1-0", "0/6 nodes are available: 1 node(s) didn't match pod anti-affinity rules.")
+    w.step(seconds=30)
+    assert w.status["phase"] == "Restarting"
+    w.step()
+    msg = w.condition("Reconciling")["message"]
+    assert (
+        w.status["phase"] == "Pending"
+        and f"left out after the scheduler refused pods there: {planned[0]}" in msg
+    )
+    assert not w.pods
+    w.step(seconds=30)  # the exclusion is over: the job plans on every node again
+    assert len(w.pods) == 6 and "unschedulableNodes" not in w.status
+
+
+def test_kueues_wait_for_pods_ready_is_the_deadline_of_a_job_kueue_admits():
+    from holmes.operator.core import queueing as q
+
+    nodes = with_link_layers(default_nodes())
+    job = manifest()
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
+    job["spec"]["runPolicy"] = {"schedulingTimeoutSeconds": 5}
+    w = FakeWorld(job, nodes)
+    w.flavors = {}
+    w.step()
+    w.workload["status"] = {
+        "admission": {"clusterQueue": "cq", "podSetAssignments": []},
+        "conditions": [
+            {"type": "QuotaReserved", "status": "True"},
+            {"type": "Admitted", "status": "True"},
+        ],
+    }
+    w.step()
+    assert w.status.get("launched") and q.queue_name(w.job)
+    _unschedulable(w, "tiny-1-0", "0/6 nodes are available: 1 Too many pods.")
+    w.step(seconds=60)
+    assert w.status["phase"] == "Pending" and w.status["restarts"] == 0  # Kueue's to evict
+
+
 def test_running_pods_on_a_node_gone_not_ready_are_left_to_kubernetes():
     nodes = with_link_layers(default_nodes())
     w = launched(FakeWorld(manifest(), nodes))
@@ -818,3 +910,28 @@ def test_a_pod_failing_while_its_node_is_not_ready_is_a_disruption():
     d = w.step()
     assert w.status["phase"] == "Restarting" and w.status["restartsByReason"] == {"disruption": 1}
     assert any(e.reason == "PodDisrupted" and f"{node} is not Ready" in e.message for e in d.events)
+
+
+def test_an_elastic_job_kueue_admits_is_ready_once_the_pods_it_launched_are():
+    """Kueue's waitForPodsReady: an elastic job launched on fewer nodes than nodes.count (one is
+    gone) says PodsReady once the pods of its attempt are ready; counting nodes.count it never
+    did, and Kueue evicted it at every timeout."""
+    nodes = with_link_layers(default_nodes())
+    nodes.pop()
+    job = _elastic(waitForNodesSeconds=60)
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
+    w = FakeWorld(job, nodes)
+    w.flavors = {}
+    w.step()
+    w.workload["status"] = {
+        "admission": {"clusterQueue": "cq", "podSetAssignments": []},
+        "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}],
+    }
+    w.step()
+    w.step(seconds=61)
+    assert len(w.pods) == 5 and w.status["size"]["current"] == 5
+    for p in w.pods.values():
+        p["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    w.step()
+    ready = next(c for c in w.workload["status"]["conditions"] if c["type"] == "PodsReady")
+    assert (ready["status"], ready["reason"]) == ("True", "Started"), ready

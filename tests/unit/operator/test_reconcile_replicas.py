@@ -153,7 +153,7 @@ def refused(mode, members=False, framework=None):
         container = {"name": "trainer", "image": "me/train:1", "command": ["python", "train.py"]}
         spec["template"] = {"spec": {"containers": [container]}}
     m = {"apiVersion": "holmes.dev/v1alpha1", "kind": "HolmesJob", "metadata": {"name": "j"}, "spec": spec}
-    return refusal(m, load_job(m), TemplatePolicy(), members, None)
+    return refusal(m, load_job(m), TemplatePolicy(), members, False)
 
 
 def test_replicas_are_refused_only_across_member_clusters_and_for_other_frameworks():
@@ -176,3 +176,20 @@ def test_replicas_under_volcano_wait_uncreated_until_their_one_podgroup_is_admit
     assert len(w.pods) == 6 and w.status["launched"]
     group = w.podgroup["metadata"]["name"]
     assert all(p["metadata"]["annotations"][queueing.ANN_GROUP] == group for p in w.pods.values())
+
+
+def test_a_queued_job_of_replicas_asks_kueue_for_each_replicas_pods_on_its_island():
+    w = world()
+    w.job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
+    w.flavors = {}
+    w.step()
+    sets = {
+        ps["name"]: (ps["count"], ps["template"]["spec"]["nodeSelector"])
+        for ps in w.workload["spec"]["podSets"]
+    }
+    assert sets == {
+        "east": (1, {"holmes.dev/cluster": "east"}),  # the Ethernet node
+        "east-2": (2, {"holmes.dev/cluster": "east"}),  # the RDMA nodes, with their device
+        "west": (1, {"holmes.dev/cluster": "west"}),
+        "west-2": (2, {"holmes.dev/cluster": "west"}),
+    }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import yaml
 
 from holmes.contract import JobSpec, Layout
+from holmes.contract.network import IslandNetwork
 from holmes.operator.core import child_names
 from holmes.operator.core.render import (
     build_configmap,
@@ -70,7 +71,10 @@ def test_pod_is_pinned_by_required_node_affinity_and_named_for_rendezvous():
     assert pod["metadata"]["labels"][child_names.LABEL_ATTEMPT] == "3"
 
 
-def test_infiniband_pod_gets_ib_env_rdma_resource_and_ipc_lock():
+def test_infiniband_pod_gets_ib_env_and_rdma_resource_but_no_ipc_lock():
+    """Issue 50, item 5: the memlock limit the verbs API needs comes from the container runtime;
+    IPC_LOCK (which Pod Security baseline refuses, and which a non-root trainer cannot use) is not
+    added by default."""
     pod, _, node = pod_for(rank_of_kind("infiniband"))
     env = env_of(pod)
     assert env["NCCL_IB_DISABLE"] == "0" and env["HOLMES_NIC"] == "infiniband"
@@ -78,7 +82,18 @@ def test_infiniband_pod_gets_ib_env_rdma_resource_and_ipc_lock():
     c = pod["spec"]["containers"][0]
     rdma = next(k for k in node["status"]["allocatable"] if k.startswith("rdma/"))
     assert c["resources"]["limits"][rdma] == 1 and c["resources"]["limits"]["nvidia.com/gpu"] == 2
-    assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_ipc_lock_only_on_the_rdma_nodes_of_an_island_that_opts_in():
+    nodes, layout, _ = planned()
+    by_kind = {FACTS.network(nodes[n]).nic: r for r, n in enumerate(layout.nodes)}
+    islands = (IslandNetwork(nic="infiniband", ipc_lock=True),)
+    for kind, want in (("infiniband", ["IPC_LOCK"]), ("roce", None), ("ethernet", None)):
+        r = by_kind[kind]
+        route = route_for(layout, r, nodes, islands=islands)
+        pod = build_pod(REF, layout, r, route=route, template=None, settings=SETTINGS)
+        assert pod["spec"]["containers"][0]["securityContext"]["capabilities"].get("add") == want, kind
 
 
 def test_roce_pod_leaves_the_gid_to_nccl():

@@ -13,7 +13,6 @@ from holmes.contract.documents import load_documents
 from holmes.operator import placement_facts
 from holmes.operator.core.render import RenderSettings
 from holmes.operator.core.routes import MULTUS_NETWORKS, RouteError, job_routes, pod_route, socket_nodes
-from holmes.operator.core.template import TemplatePolicy
 from holmes.operator.preview import PreviewError, children
 from holmes.plan import NicMapping, plan
 
@@ -37,9 +36,8 @@ def job(**spec) -> dict:
     return doc
 
 
-def pods(manifest: dict, node_list: list[dict] | None = None, cost_model=None, host: bool = False) -> dict:
-    settings = RenderSettings(policy=TemplatePolicy(allow_host_namespaces=host))
-    out = children(manifest, node_list or nodes(), settings, cost_model or COST_MODEL)
+def pods(manifest: dict, node_list: list[dict] | None = None, cost_model=None) -> dict:
+    out = children(manifest, node_list or nodes(), RenderSettings(), cost_model or COST_MODEL)
     return {
         p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
             "nodeSelectorTerms"
@@ -63,7 +61,7 @@ def test_no_route_copies_a_host_name_into_a_pod(network):
     into NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME/NCCL_IB_HCA; a pod's own namespace has neither, and
     NCCL's bootstrap and gloo died at start-up. The pod gets hints for its resolver instead."""
     islands = job()["spec"]["islands"] if network == "podNetwork" else [job()["spec"]["islands"][0]]
-    rendered = pods(job(network=network, islands=islands), host=network == "hostNetwork")
+    rendered = pods(job(network=network, islands=islands))
     assert len(rendered) == 4
     for node, pod in rendered.items():
         e = env(pod)
@@ -80,7 +78,7 @@ def test_shared_rdma_device_plugin_one_device_or_one_per_rail():
     per_rail = pods(job())
     for node in ("east-0", "east-1"):
         assert limits(per_rail[node])["rdma/rdma_shared_device_ib"] == 4  # the node's 4 compute rails
-        assert "IPC_LOCK" in per_rail[node]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"]
+        assert "add" not in per_rail[node]["spec"]["containers"][0]["securityContext"]["capabilities"]
         assert MULTUS_NETWORKS not in per_rail[node]["metadata"]["annotations"]
     one = pods(
         job(islands=[{"cluster": "west", "sriov": {"networks": ["a"], "resource": "nvidia.com/sriov_rail"}}])
@@ -106,7 +104,7 @@ def test_sriov_gets_the_multus_annotation_and_one_vf_per_network():
             pod["metadata"]["annotations"][MULTUS_NETWORKS] == "llm/rail-0,llm/rail-1,llm/rail-2,llm/rail-3"
         )
         assert limits(pod)["nvidia.com/sriov_rail"] == 4
-        assert "IPC_LOCK" in pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"]
+        assert "add" not in pod["spec"]["containers"][0]["securityContext"]["capabilities"]
         assert "hostNetwork" not in pod["spec"]
 
 
@@ -127,11 +125,10 @@ def test_an_sriov_node_without_a_network_attachment_is_refused_before_any_pod():
     assert limits(rendered["west-0"])["nvidia.com/sriov_rail"] == 2
 
 
-def test_host_network_is_the_nodes_namespace_with_rdma_devices_and_only_by_policy():
+def test_host_network_is_the_nodes_namespace_with_rdma_devices():
+    """Whether the namespace allows host namespaces is Pod Security Admission's call."""
     manifest = job(network="hostNetwork", islands=[])
-    with pytest.raises(PreviewError, match="--allow-host-namespaces"):
-        pods(manifest)
-    rendered = pods(manifest, host=True)
+    rendered = pods(manifest)
     for node, pod in rendered.items():
         assert pod["spec"]["hostNetwork"] is True and pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
         assert env(pod)["HOLMES_POD_NETWORK"] == "hostNetwork"

@@ -140,6 +140,7 @@ def test_watch_namespaces_gives_roles_per_namespace_and_flags():
         "namespaces",  # no pods: those are read in the served namespaces only
         "priorityclasses",
         "resourceflavors",
+        "workloadpriorityclasses",  # list/watch: a job's kueue.x-k8s.io/priority-class value
         "resourceslices",  # list/watch: DRA devices
         "tokenreviews",  # create: secure metrics (a scraper's token) ...
         "subjectaccessreviews",  # ... and whether its user may get /metrics
@@ -399,16 +400,10 @@ def test_the_whole_print_config_output_is_a_valid_cost_model_value(tmp_path):
 
 def test_job_policy_values_become_operator_flags():
     assert not [a for a in operator_pod(render())["containers"][0]["args"] if a.startswith("--allow")]
-    docs = render(
-        {
-            "jobPolicy.allowHostPath": "true",
-            "jobPolicy.serviceAccounts": "{trainer,reader}",
-            "jobPolicy.allowedCapabilities": "{SYS_PTRACE}",
-        }
-    )
+    docs = render({"jobPolicy.allowNodeName": "true", "jobPolicy.serviceAccounts": "{trainer,reader}"})
     args = operator_pod(docs)["containers"][0]["args"]
-    assert "--allow-host-path" in args and "--allow-service-accounts=trainer,reader" in args
-    assert "--allow-capabilities=SYS_PTRACE" in args and "--allow-privileged" not in args
+    assert "--allow-node-name" in args and "--allow-service-accounts=trainer,reader" in args
+    assert "--allow-runtime-classes" not in " ".join(args)
 
 
 # ---- issue 35: tenant RBAC, the operator pod's availability, network policy, GitOps ----------
@@ -510,16 +505,93 @@ def test_pod_disruption_budget_only_with_several_replicas():
         assert not by_kind(render(values), "PodDisruptionBudget"), values
 
 
-def test_pod_disruption_budget_api_follows_the_server():
-    """policy/v1 where served (1.21+; v1beta1 is gone from 1.25), policy/v1beta1 on older servers
-    (the 1.20 test bed); deploy/install.yaml, one render for every server, carries none."""
-    assert one(render(), "PodDisruptionBudget")["apiVersion"] == "policy/v1"
+def test_pod_disruption_budget_is_policy_v1_with_no_branch_for_older_servers():
+    """Every release the chart supports (kubeVersion >= 1.34) serves policy/v1: no dead
+    policy/v1beta1 branch (gone in 1.25), no server-version test, so deploy/install.yaml (one
+    render for every server) carries the same PodDisruptionBudget helm installs."""
     from tests.helpers.packaging.packaging_helpers import REPO
 
-    sync = (REPO / "hack" / "chart-sync.sh").read_text()
-    assert "podDisruptionBudget.enabled=false" in sync
+    assert one(render(), "PodDisruptionBudget")["apiVersion"] == "policy/v1"
+    template = (CHART / "templates" / "pdb.yaml").read_text()
+    assert "v1beta1" not in template and ".Capabilities" not in template
+    assert "podDisruptionBudget.enabled=false" not in (REPO / "hack" / "chart-sync.sh").read_text()
     installed = [d for d in yaml.safe_load_all((REPO / "deploy" / "install.yaml").read_text()) if d]
-    assert not by_kind(installed, "PodDisruptionBudget")
+    assert one(installed, "PodDisruptionBudget")["apiVersion"] == "policy/v1"
+
+
+def test_no_template_branches_on_a_server_older_than_kube_version():
+    """kubeVersion >= 1.34: a template asking for an API every supported server serves, or for a
+    version below 1.34, is dead code."""
+    for path in sorted((CHART / "templates").glob("*")):
+        text = path.read_text()
+        assert "policy/v1beta1" not in text and "semverCompare" not in text, path.name
+        assert 'Capabilities.APIVersions.Has "policy/v1"' not in text, path.name
+
+
+def labeller_docs(values: dict[str, str] | None = None, namespace: str = "holmes-system") -> list[dict]:
+    return render({"labeller.enabled": "true", **(values or {})}, namespace=namespace)
+
+
+def test_the_labeller_runs_in_a_privileged_namespace_of_its_own_by_default():
+    """Its hostPath volumes need Pod Security "privileged": in its own namespace, the release's
+    can stay restricted. Every object naming where it runs (its ServiceAccount, the bindings'
+    subjects, the admission policy's user) names that namespace."""
+    docs = labeller_docs()
+    ns = one(docs, "Namespace")
+    assert ns["metadata"]["name"] == "holmes-labeller"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    ds = one(docs, "DaemonSet")
+    sa = next(a for a in by_kind(docs, "ServiceAccount") if a["metadata"]["name"] == "holmes-labeller")
+    assert ds["metadata"]["namespace"] == sa["metadata"]["namespace"] == "holmes-labeller"
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "holmes-labeller"
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        binding = next(b for b in by_kind(docs, kind) if b["metadata"]["name"] == "holmes-labeller")
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "holmes-labeller", "namespace": "holmes-labeller"}
+        ], kind
+    policy = yaml.safe_dump(one(docs, "ValidatingAdmissionPolicy"))
+    assert "system:serviceaccount:holmes-labeller:holmes-labeller" in policy
+    assert "system:serviceaccount:holmes-system:" not in policy
+    # the operator stays in the release namespace
+    assert one(docs, "Deployment")["metadata"]["namespace"] == "holmes-system"
+
+
+@pytest.mark.parametrize(
+    ("values", "where", "created"),
+    [
+        ({"labeller.namespace.name": ""}, "holmes-system", False),  # the release's, as before 0.1.0
+        ({"labeller.namespace.name": "nic", "labeller.namespace.create": "false"}, "nic", False),
+        ({"labeller.namespace.name": "holmes-system"}, "holmes-system", False),  # never created twice
+    ],
+)
+def test_the_labellers_namespace_is_configurable(values, where, created):
+    docs = labeller_docs(values)
+    assert one(docs, "DaemonSet")["metadata"]["namespace"] == where
+    assert bool(by_kind(docs, "Namespace")) == created
+
+
+def test_the_labeller_tolerates_named_taints_only():
+    """Not every taint (it would run on control-plane and any dedicated node): the GPU
+    Operator's GPU-node taint by default, each one explicit; values.yaml says how to add more."""
+    tolerations = one(labeller_docs(), "DaemonSet")["spec"]["template"]["spec"]["tolerations"]
+    assert tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert all(t.get("key") for t in tolerations)
+    values = (CHART / "values.yaml").read_text()
+    assert "[{operator: Exists}] tolerates every taint" in values
+
+
+def test_a_bad_labeller_namespace_is_refused_by_the_schema():
+    r = helm(
+        "template",
+        "h",
+        str(CHART),
+        "--set",
+        "labeller.enabled=true",
+        "--set",
+        "labeller.namespace.name=Bad_NS",
+        check=False,
+    )
+    assert r.returncode != 0 and "/labeller/namespace/name" in r.stderr, r.stderr
 
 
 def test_lease_timings_default_to_kubernetes_own():
@@ -599,7 +671,7 @@ def test_labeller_admission_policy_with_the_labeller_unless_turned_off():
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     sa = one(docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
     assert policy["spec"]["matchConditions"][0]["expression"] == (
-        f'request.userInfo.username == "system:serviceaccount:holmes-system:{sa}"'
+        f'request.userInfo.username == "system:serviceaccount:holmes-labeller:{sa}"'
     )
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
     rules = " ".join(v["expression"] for v in policy["spec"]["validations"])

@@ -25,6 +25,8 @@ NOT_REASONS = {
     "NoSchedule", "NodeAffinity", "NodeFailures", "NodeShutdown", "NotIn", "PodGroup",
     "PodScheduled", "PriorityClass", "QuotaReserved", "ResourceClaimTemplate", "RuntimeDefault",
     "SubjectAccessReview", "TokenRequest", "TokenReview", "WorkloadPriorityClass",
+    "PodsReady", "WaitForStart", "WaitForRecovery",  # Kueue's PodsReady condition, written for it
+    "BestEffort", "NotBestEffort", "NotTerminating",  # ResourceQuota scopes (core/quota.py)
 }  # fmt: skip
 
 

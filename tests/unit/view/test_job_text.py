@@ -122,3 +122,17 @@ def test_why_flags_a_trainer_that_stopped_reporting():
     text = "\n".join(job_text.why_lines(job(**quiet), [], [], NOW))
     assert "no new iteration reported for 900s (last: iteration 120)" in text
     assert "kubectl logs j-2-0" in text and "nothing keeps it waiting" not in text
+
+
+def test_list_shows_one_row_per_job_with_the_namespace_under_all_namespaces():
+    running = {
+        "metadata": {"namespace": "lab", "name": "big", "creationTimestamp": iso(7200 + 60)},
+        "status": {"phase": "Running", "progress": {"percentComplete": 42, "estimatedRemaining": "3m"}},
+    }
+    new = {"metadata": {"namespace": "east", "name": "new", "creationTimestamp": iso(30)}}
+    head, *rows = job_text.list_lines([running, new], NOW, all_namespaces=True)
+    assert head.split() == ["NAMESPACE", "NAME", "PHASE", "DONE%", "ETA", "AGE"]
+    assert rows[0].split() == ["lab", "big", "Running", "42", "3m", "2h01m"]
+    assert rows[1].split() == ["east", "new", "-", "-", "-", "30s"]
+    assert job_text.list_lines([new], NOW, all_namespaces=False)[0].split()[0] == "NAME"
+    assert job_text.list_lines([], NOW, all_namespaces=True) == ["no HolmesJobs"]

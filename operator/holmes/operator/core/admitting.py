@@ -4,20 +4,24 @@ status and runs no pods. Pure."""
 
 from __future__ import annotations
 
-from holmes.contract import JobSpec
+from collections.abc import Collection
 
-from . import capacity, queueing
+from holmes.contract import JobSpec
+from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS
+
+from . import capacity, child_names, kueue_pod_sets, placement, queueing
 from . import conditions as cond
 from .state import (
     SUSPENDED,
     WAIT_INTERVAL,
     Decision,
     JobState,
+    current_pods,
     delete_stale,
     event,
-    live_pods,
     owned_by,
     past_leftovers,
+    placement_of,
     set_phase,
     stall,
     teardown,
@@ -30,9 +34,9 @@ def admit(st: JobState, spec: JobSpec) -> Decision | None:
     the nodes of the flavors Kueue admitted it to)."""
     if spec.run_policy.suspend:
         return _suspend(st)
-    problem = _priority_problem(st, spec)
-    if problem:
-        return stall(st, "InvalidSpec", problem)
+    refused = _priority_problem(st, spec)
+    if refused is not None:
+        return stall(st, *refused)
     held = _kueue_gate(st, spec)
     if held is not None:
         return held
@@ -55,11 +59,39 @@ def _suspend(st: JobState) -> Decision:
     return st.d
 
 
-def _priority_problem(st: JobState, spec: JobSpec) -> str:
+def raw_priority_problem(spec: JobSpec, namespace: str, allowed: Collection[str]) -> str | None:
+    """Why the job may not set runPolicy.priority, a raw number, in ``namespace`` (None: it does
+    not set one, or the operator's --raw-priority-namespaces, ``allowed``, lists the namespace).
+    Anyone who may edit a HolmesJob would otherwise jump Holmes' queue and Kueue's and preempt
+    other teams: priority comes from objects admins own."""
+    if spec.run_policy.priority is None or namespace in allowed:
+        return None
+    return (
+        f"spec.runPolicy.priority: namespace {namespace} may not set a raw priority (the operator "
+        "flag --raw-priority-namespaces, chart value rawPriorityNamespaces, lists those that "
+        "may): remove it and name a PriorityClass in spec.runPolicy.priorityClassName, or, "
+        f"for a job queued in Kueue, a WorkloadPriorityClass in the label {LABEL_KUEUE_PRIORITY_CLASS}"
+    )
+
+
+def _raw_priority(st: JobState) -> bool:
+    """The operator's policy lets this job's namespace set runPolicy.priority."""
+    return st.ns in st.settings.raw_priority_namespaces
+
+
+def _priority_problem(st: JobState, spec: JobSpec) -> tuple[str, str] | None:
+    """(reason, message) when the job's priority cannot be had: a raw runPolicy.priority its
+    namespace may not set, or a PriorityClass that does not exist."""
+    refused = raw_priority_problem(spec, st.ns, st.settings.raw_priority_namespaces)
+    if refused is not None:
+        return "PolicyViolation", refused
+    if spec.run_policy.priority is not None:
+        return None  # allowed: it wins over the class
     classes = st.obs.priority_classes
-    if classes is None or spec.run_policy.priority is not None:
-        return ""
-    return capacity.priority_of(spec, classes)[1]
+    if classes is None:
+        return None
+    problem = capacity.priority_of(spec, classes)[1]
+    return ("InvalidSpec", problem) if problem else None
 
 
 def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
@@ -71,31 +103,79 @@ def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
     if wl is not None and uid and not owned_by(wl, uid):
         wl = None  # a same-named job's leftover: garbage collected
     was = (cond.get(st.old.get("conditions"), cond.SUSPENDED) or {}).get("reason")
-    priority, unknown = capacity.priority_of(spec, st.obs.priority_classes or {})
+    priority, unknown = capacity.priority_of(spec, st.obs.priority_classes or {}, _raw_priority(st))
     rp = spec.run_policy  # the class is named when the priority is its value
     from_class = rp.priority_class_name if rp.priority is None and not unknown else None
+    shape = capacity.pod_shape(spec, st.settings.gpu_resource)
     g = queueing.gate(
         st.job,
         queue,
         spec.nodes.count,
-        capacity.pod_shape(spec, st.settings.gpu_resource),
+        shape,
         spec.template,
+        lambda: _planned_pod_sets(st, spec, shape),
+        pod_sets_inputs(st.job),
         priority,
         from_class,
         wl,
         st.obs.flavors,
         requeued=was == "Requeued",
-        active=bool(live_pods(st)),
+        # terminating pods too: they hold their GPUs (and save the checkpoint) until they are
+        # gone, and a preemptor admitted into the quota meanwhile would run beside them
+        active=any((p.get("status") or {}).get("phase") not in ("Succeeded", "Failed") for p in st.pods),
         now=st.stamp,
+        workload_priority_classes=st.obs.workload_priority_classes,
+        pods_ready=_pods_ready(st, spec) if st.status.get("launched") else None,
+        taken=queueing.taken_by_kueue(current_pods(st)),
     )
     st.d.workload, st.d.delete_workload = g.create, g.delete
     st.d.workload_status = g.release
+    if g.release is not None and wl is not None:
+        st.d.workload_version = (wl.get("metadata") or {}).get("resourceVersion")
     if g.stall is not None:
         return stall(st, *g.stall)
     if g.hold is not None:
         return _hold(st, *g.hold)
-    st.node_labels = {**st.node_labels, **(g.node_labels or {})}
+    st.flavor_labels = g.flavor_labels
     return None
+
+
+def pod_sets_inputs(job: dict) -> str:
+    """The digest of what the job's Workload pod sets are built from (the spec but its run
+    policy and training loop, whose changes leave its pods as they are): while it holds, the
+    Workload is kept without planning again."""
+    spec = dict(job.get("spec") or {})
+    spec.pop("runPolicy", None)
+    training = spec.pop("training", None) or {}
+    spec["acrossIslands"] = training.get("acrossIslands") if isinstance(training, dict) else None
+    return child_names.digest(spec)
+
+
+def _planned_pod_sets(st: JobState, spec: JobSpec, shape: capacity.PodShape) -> list[dict]:
+    """The Workload's pod sets: the pods the job's plan on the nodes it could ever use would
+    create, grouped (kueue_pod_sets.group_pods); one shape of nodes.count pods when it cannot be
+    planned there (it then waits for nodes anyway)."""
+    pods = placement.queued_pods(spec, placement_of(st))
+    if not pods:
+        return kueue_pod_sets.one_pod_set(spec.nodes.count, shape, spec.template)
+    return kueue_pod_sets.pod_sets(kueue_pod_sets.group_pods(pods), spec.template, spec.nodes.cluster_label)
+
+
+def _pods_ready(st: JobState, spec: JobSpec) -> bool:
+    """Every pod of this attempt ready (its Ready condition True) or succeeded, as Kueue counts
+    a Job's (status.ready + status.succeeded >= its pods): the pods it launched (an elastic
+    job may run on fewer nodes than nodes.count)."""
+
+    def ok(p: dict) -> bool:
+        status = p.get("status") or {}
+        if status.get("phase") == "Succeeded":
+            return True
+        ready: dict = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        return status.get("phase") == "Running" and ready.get("status") == "True"
+
+    pods = [p for p in current_pods(st) if not p["metadata"].get("deletionTimestamp")]
+    launched = (st.old.get("size") or {}).get("current") or spec.nodes.count
+    return sum(ok(p) for p in pods) >= launched
 
 
 def _hold(st: JobState, reason: str, message: str, warn: bool = False) -> Decision:

@@ -3,8 +3,8 @@ jobs waiting for capacity. Pure (no I/O): the runtime (pipeline.py) gathers pods
 layouts and jobs from its caches before deciding (``Workloads``), and places each job under one
 lock against this view.
 
-- ``PodShape``: what one pod of a job asks for (GPUs, CPU, memory) and where it may go (the
-  template's nodeSelector, required node affinity, tolerations).
+- ``PodShape``: what one pod of a job asks for (every resource, its route's RDMA devices and a
+  pod slot: ``needs``) and where it may go (nodeSelector, required node affinity, tolerations).
 - ``Ledger``: per node, what pods hold (``held``: GPUs count the same whether a pod asked for
   them as the device plugin's resource or through a DRA claim): every pod that has not ended,
   counted on its node (``spec.nodeName``, else ``status.nominatedNodeName``, else for Holmes'
@@ -14,7 +14,7 @@ lock against this view.
   for counts its GPUs through the claim, not twice). Rebuilt from the API's objects at every
   plan, so an operator restart loses nothing.
 - Placement on that view (placement.on_free_capacity): a job first plans on the nodes that
-  could ever run its pods (taints, selectors, affinity, CPU/memory): when that fails it waits for
+  could ever run its pods (taints, selectors, affinity, resources): when that fails it waits for
   nodes (``InsufficientNodes``). Then the jobs ahead of it in the queue take their share (a job
   ahead that fits takes its plan's GPUs; one that does not fit holds every free node it could
   use, so nothing behind it takes what it waits for) and it plans on what is left; when that
@@ -32,7 +32,7 @@ lock against this view.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -42,10 +42,10 @@ from holmes.plan import InsufficientNodes
 from holmes.plan.discovery import GPUS_TAKEN_KEY
 from holmes.plan.quantity import quantity_or_none as quantity  # None where a value is no quantity
 
-from . import child_names
+from . import child_names, node_selection
 from .device_claims import ClaimHold, reserved_pods
 
-CPU, MEMORY = "cpu", "memory"
+CPU, MEMORY, PODS = "cpu", "memory", "pods"
 ENDED = ("Succeeded", "Failed")
 # Taints the node lifecycle controller keeps in step with what the planner reads itself (the
 # Ready condition, cordon): judged there, so a cluster without that controller (the local one)
@@ -67,7 +67,7 @@ class WaitingForCapacity(InsufficientNodes):
 
 
 def show(resource: str, amount: float) -> str:
-    if resource == MEMORY:
+    if resource in (MEMORY, "ephemeral-storage") or resource.startswith("hugepages-"):  # bytes
         for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
             if amount >= size:
                 return f"{amount / size:.4g}{unit}"
@@ -118,16 +118,20 @@ class PodShape:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     affinity_terms: tuple = ()  # required nodeSelectorTerms (any one must match)
     tolerations: tuple = ()
-    node_labels: Mapping[str, str] = field(default_factory=dict)  # e.g. Kueue's admitted flavors
+    # Kueue's admitted flavors: a node must carry every label of one of them (queueing.flavor_node_labels)
+    flavor_labels: tuple[Mapping[str, str], ...] = ()
     gpu_resource: str = RESOURCE_GPU  # the name its GPUs are requested by
 
     def describe(self) -> str:
-        parts = [
-            f"{show(k, v)} {k}"
-            for k, v in sorted(self.requests.items())
-            if k in (self.gpu_resource, CPU, MEMORY)
-        ]
+        parts = [f"{show(k, v)} {k}" for k, v in sorted(self.requests.items()) if v]
         return ", ".join(parts) or "nothing"
+
+    def needs(self, extra: Mapping[str, float] | None = None) -> dict[str, float]:
+        """What one pod takes from its node: every resource it requests, its route's (``extra``:
+        RDMA devices, VFs; the template's win), a pod slot. GPUs are discovery's (plugin or DRA)."""
+        out = {k: v for k, v in {**(extra or {}), **self.requests}.items() if v and k != self.gpu_resource}
+        out[PODS] = 1.0
+        return out
 
 
 def pod_shape(spec: JobSpec, gpu_resource: str = RESOURCE_GPU) -> PodShape:
@@ -195,15 +199,18 @@ def _term_matches(term: Mapping, node: Mapping) -> bool:
     )
 
 
-def placement_problem(node: Mapping, shape: PodShape) -> str:
-    """Why the job's pods can never go to this node, whatever runs there ('' if they can)."""
+def placement_problem(node: Mapping, shape: PodShape, extra: Mapping[str, float] | None = None) -> str:
+    """Why the job's pods can never go to this node, whatever runs there ('' if they can): the
+    template's rules, or what a pod needs (``PodShape.needs``; ``extra``: its route's there)
+    beyond the allocatable. Reads only what discovery.kept_key covers (node_selection.PROBLEMS)."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     for k, v in shape.node_selector.items():
         if labels.get(k) != v:
             return f"template nodeSelector {k}={v} does not match"
-    for k, v in shape.node_labels.items():
-        if labels.get(k) != v:
-            return f"not in the admitted flavor ({k}={v})"
+    flavors = shape.flavor_labels
+    if flavors and not any(all(labels.get(k) == v for k, v in c.items()) for c in flavors):
+        shown = " or ".join(",".join(f"{k}={v}" for k, v in sorted(c.items())) for c in shape.flavor_labels)
+        return f"not in the flavors Kueue admitted the job to ({shown})"
     if shape.affinity_terms and not any(_term_matches(t, node) for t in shape.affinity_terms):
         return "the template's required node affinity does not match"
     for taint in (node.get("spec") or {}).get("taints") or []:
@@ -213,10 +220,13 @@ def placement_problem(node: Mapping, shape: PodShape) -> str:
             value = f"={taint['value']}" if taint.get("value") else ""
             return f"taint {taint.get('key')}{value}:{taint.get('effect')} is not tolerated by the template"
     alloc = (node.get("status") or {}).get("allocatable") or {}
-    for res in (CPU, MEMORY):
-        want = shape.requests.get(res, 0.0)
+    for res, want in sorted(shape.needs(extra).items()):
         have = quantity(alloc.get(res))
-        if want and have is not None and have < want:
+        if have is None:
+            if res in (CPU, MEMORY, PODS):
+                continue  # a node object that does not say: not judged
+            return f"the node has no {res} (allocatable), which a pod requests ({show(res, want)})"
+        if have < want:
             return f"allocatable {res} {show(res, have)} is less than the {show(res, want)} a pod requests"
     return ""
 
@@ -305,10 +315,13 @@ class Ledger:
     used: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> resource -> amount
     holders: dict[str, set[str]] = field(default_factory=dict)  # node -> jobs ("" for other pods)
 
-    def add(self, node: str, requests: Mapping[str, float], holder: str) -> None:
+    def add(self, node: str, requests: Mapping[str, float], holder: str, pods: int = 1) -> None:
+        # pods: the node's pod slots it takes (a DRA claim takes none)
         u = self.used.setdefault(node, {})
         for k, v in requests.items():
             u[k] = u.get(k, 0.0) + v
+        if pods:
+            u[PODS] = u.get(PODS, 0.0) + pods
         self.holders.setdefault(node, set()).add(holder)
 
     @classmethod
@@ -348,7 +361,7 @@ class Ledger:
             holder = next((h for uid in sorted(c.consumers) if (h := owners.get(uid))), "")
             if skip_job and holder == skip_job:
                 continue
-            led.add(c.node, {gpu_resource: float(c.gpus)}, holder)
+            led.add(c.node, {gpu_resource: float(c.gpus)}, holder, pods=0)
         for lj in launched:
             if lj.job == skip_job:
                 continue
@@ -360,31 +373,41 @@ class Ledger:
 
 
 def free_view(
-    nodes: Sequence[Mapping], shape: PodShape, led: Ledger, gpu_resource: str = RESOURCE_GPU
+    nodes: Sequence[Mapping],
+    shape: PodShape,
+    led: Ledger,
+    gpu_resource: str = RESOURCE_GPU,
+    extra: Callable[[Mapping], Mapping[str, float]] | None = None,
 ) -> tuple[list[Mapping], dict[str, str]]:
     """The nodes as the planner should see them for this job: GPUs reduced to what is free (the
     GPUs pods hold as :data:`GPUS_TAKEN_KEY`, which discovery subtracts from the device plugin's
-    or the DRA driver's count alike); nodes the job's pods cannot use left out, with why (node
-    name -> reason)."""
+    or the DRA driver's count alike); nodes the pods cannot use, or where what a pod needs is
+    not free (``PodShape.needs``; ``extra``: a node's route resources), left out, with why."""
     view: list[Mapping] = []
     out: dict[str, str] = {}
+    problem = node_selection.PROBLEMS.of(shape, placement_problem)
     for n in nodes:
         name = (n.get("metadata") or {}).get("name") or ""
-        why = placement_problem(n, shape)
+        more = extra(n) if extra is not None else {}
+        why = problem(n) if not more else placement_problem(n, shape, more)
         if why:
             out[name] = why
             continue
-        alloc = (n.get("status") or {}).get("allocatable") or {}
-        used = led.used.get(name, {})
-        short = []
-        for res in (CPU, MEMORY):
-            want, have = shape.requests.get(res, 0.0), quantity(alloc.get(res))
-            if want and have is not None and have - used.get(res, 0.0) < want:
-                short.append(f"{show(res, max(have - used.get(res, 0.0), 0))} {res} free")
-        if short:
-            out[name] = ", ".join(short)
-            continue
-        taken = math.ceil(used.get(gpu_resource, 0.0))
+        used = led.used.get(name)  # none: placement_problem compared the allocatable already
+        if used:
+            alloc = (n.get("status") or {}).get("allocatable") or {}
+            short = []
+            for res, want in sorted(shape.needs(more).items()):
+                have = quantity(alloc.get(res))
+                if have is None:
+                    continue  # not advertised: placement_problem judged it
+                free = have - used.get(res, 0.0)
+                if free + 1e-9 * max(have, 1.0) < want:
+                    short.append(f"{show(res, max(free, 0))} {res} free")
+            if short:
+                out[name] = ", ".join(short)
+                continue
+        taken = math.ceil(used.get(gpu_resource, 0.0)) if used else 0
         view.append({**n, GPUS_TAKEN_KEY: taken} if taken > 0 else n)  # a shallow copy: shared parts
     return view, out
 
@@ -435,10 +458,12 @@ def queue_order(jobs: Iterable[Waiting], running: Mapping[str, int] | None = Non
     return sorted(with_turns(jobs, running or {}), key=lambda w: w.key)
 
 
-def priority_of(spec: JobSpec, classes: Mapping[str, int]) -> tuple[int, str]:
-    """(priority, problem): runPolicy.priority, else its PriorityClass's value, else 0."""
+def priority_of(spec: JobSpec, classes: Mapping[str, int], raw_allowed: bool = False) -> tuple[int, str]:
+    """(priority, problem): runPolicy.priority where the operator's policy lets the job's
+    namespace set a raw number (``raw_allowed``; admitting.py refuses it elsewhere), else its
+    PriorityClass's value, else 0."""
     rp = spec.run_policy
-    if rp.priority is not None:
+    if rp.priority is not None and raw_allowed:
         return rp.priority, ""
     if rp.priority_class_name:
         if rp.priority_class_name not in classes:
@@ -549,11 +574,16 @@ def _planned_nodes(cm: Mapping) -> tuple[str, ...] | None:
 
 
 def shared_state(
-    me: Mapping, seen: Workloads, classes: Mapping[str, int], gpu_resource: str = RESOURCE_GPU
+    me: Mapping,
+    seen: Workloads,
+    classes: Mapping[str, int],
+    gpu_resource: str = RESOURCE_GPU,
+    raw_priority: Collection[str] = (),
 ) -> SharedState:
     """The shared view for job ``me`` from the API's objects: the pods (every pod that has not
     ended), the HolmesJobs (launched ones with their layout ConfigMap, waiting ones in queue
-    order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view."""
+    order: those ahead of ``me``). Nothing else: an operator restart rebuilds the same view.
+    ``raw_priority``: the namespaces whose jobs' runPolicy.priority counts (priority_of)."""
     launched, waiting = [], []
     me_key: str | None = None
     running: dict[str, int] = {}  # turns taken, by namespace: launched jobs (and ended ones below)
@@ -580,8 +610,9 @@ def shared_state(
             launched.append(Launched(f"{ns}/{name}", int(st.get("attempt") or 0), planned, shape))
             running[ns] = running.get(ns, 0) + 1
             continue
-        stalled = any(
-            c.get("type") == "Stalled" and c.get("status") == "True" for c in st.get("conditions") or []
+        stalled = any(  # or waiting for its namespace's quota (quota.py): no share of the queue
+            (c.get("type"), c.get("status")) == ("Stalled", "True") or c.get("reason") == "WaitingForQuota"
+            for c in st.get("conditions") or []
         )
         queued = ((meta.get("labels") or {}).get(LABEL_KUEUE_QUEUE)) is not None
         unadmitted = queued and st.get("phase") in (None, "Suspended")  # Kueue's to order
@@ -591,7 +622,11 @@ def shared_state(
             running[ns] = running.get(ns, 0) + 1
             continue
         w = Waiting(
-            f"{ns}/{name}", spec, shape, priority_of(spec, classes)[0], meta.get("creationTimestamp") or ""
+            f"{ns}/{name}",
+            spec,
+            shape,
+            priority_of(spec, classes, ns in raw_priority)[0],
+            meta.get("creationTimestamp") or "",
         )
         if meta.get("uid") == (me.get("metadata") or {}).get("uid"):
             me_key = w.job
@@ -607,24 +642,3 @@ def shared_state(
     # not waiting itself (e.g. an elastic job growing back): nobody is ahead of it
     ahead = [] if mine is None else [w for w in queue if w.key < mine]
     return SharedState(pods=list(seen.pods), launched=launched, ahead=ahead)
-
-
-def selected(nodes: Sequence[Mapping], spec: JobSpec) -> list:
-    """The nodes ``spec.nodes.selector`` matches (all of them without one), as the planner picks."""
-    sel = spec.nodes.selector
-    if sel is None:
-        return list(nodes)
-    return [n for n in nodes if sel.matches((n.get("metadata") or {}).get("labels"))]
-
-
-def without(nodes: Sequence[Mapping], names_: Mapping[str, str]) -> list:
-    return [n for n in nodes if (n.get("metadata") or {}).get("name") not in names_]
-
-
-def with_exclusions(msg: str, excluded: Mapping[str, str]) -> str:
-    if not excluded:
-        return msg
-    items = sorted(excluded.items())
-    listed = "; ".join(f"node {k}: {v}" for k, v in items[:5])
-    more = f" (and {len(items) - 5} more)" if len(items) > 5 else ""
-    return f"{msg}; the template rules out {len(items)} node(s): {listed}{more}"

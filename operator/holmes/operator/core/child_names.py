@@ -8,7 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
+
+from holmes.contract.names import JOB_NAME_PATTERN, MAX_JOB_NAME
 
 # Labels on every child (selectors and kubectl -l use these).
 LABEL_JOB = "holmes.dev/job-name"
@@ -21,7 +24,9 @@ MANAGED_BY = "holmes-operator"
 
 # Annotations recording what an attempt was launched from.
 ANN_ATTEMPT = "holmes.dev/attempt"
-ANN_SPEC_HASH = "holmes.dev/spec-hash"  # model+training+parallelism+nodes+template
+# The spec as stored at launch, runPolicy left out: equal now, nothing changed (spec_change.py
+# compares on the recorded launch spec when it differs).
+ANN_SPEC_HASH = "holmes.dev/spec-hash"
 ANN_MODEL_HASH = "holmes.dev/model-hash"  # model alone (immutable once started)
 ANN_NODE = "holmes.dev/node"
 # The GPUs a pod's DRA claim holds (it has no GPU limit): what the capacity ledger counts.
@@ -31,12 +36,12 @@ TRAINER_CONTAINER = "trainer"
 LAYOUT_MOUNT = "/etc/holmes"
 LAYOUT_FILE = "layout.json"
 JOB_FILE = "job.yaml"
+LAUNCH_SPEC_FILE = "launch-spec.json"  # the ConfigMap's record of the launch (spec_change.py)
 LAYOUT_VOLUME = "holmes-layout"
 SHM_VOLUME = "dshm"
 
 # A pod is <job>-<attempt>-<node rank> and doubles as its DNS hostname (a 63-char label).
-MAX_JOB_NAME = 50
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035 = re.compile(JOB_NAME_PATTERN)
 
 
 def pod_name(job: str, attempt: int, node_rank: int) -> str:
@@ -87,13 +92,10 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def launch_spec(spec: dict) -> dict:
-    """The part of a spec whose change means a relaunch (everything but runPolicy)."""
-    return {k: v for k, v in (spec or {}).items() if k != "runPolicy"}
-
-
-def spec_hash(spec: dict) -> str:
-    return digest(launch_spec(spec))
+def spec_hash(spec: Mapping) -> str:
+    """The stored spec but runPolicy, hashed: ANN_SPEC_HASH (its meaning kept across releases,
+    so that a job launched by an earlier operator compares equal)."""
+    return digest({k: v for k, v in (spec or {}).items() if k != "runPolicy"})
 
 
 def model_hash(spec: dict) -> str:

@@ -13,7 +13,8 @@ FAILED = "Failed"
 SUSPENDED = "Suspended"
 MEMBERS = "MembersReachable"  # jobs across member clusters only (members.py)
 REPLANNED = "Replanned"  # jobs with parallelism.replan only (replan.py)
-ALL = (READY, RECONCILING, STALLED, SUCCEEDED, FAILED, SUSPENDED, MEMBERS, REPLANNED)
+RELAUNCHED = "Relaunched"  # jobs relaunched for a spec edit only: the fields (spec_change.py)
+ALL = (READY, RECONCILING, STALLED, SUCCEEDED, FAILED, SUSPENDED, MEMBERS, REPLANNED, RELAUNCHED)
 
 
 def get(conditions: Iterable[dict] | None, type_: str) -> dict | None:

@@ -1,16 +1,21 @@
 """Why a launched attempt broke, as pure verdicts on its pods and nodes: a node lost (deleted,
-or a Pending pod's planned node that can never run it), a disruption (evicted, preempted, the
-trainer's preempted exit, a node gone NotReady under a failed pod), or what
-``runPolicy.failurePolicy`` says of the exit codes. The reconciler turns a verdict into a gang
-restart or a failure (core/reconcile.py); a disruption is never counted against backoffLimit."""
+or a Pending pod's planned node that can never run it), a pod the scheduler has left
+unschedulable on its planned node past ``runPolicy.schedulingTimeoutSeconds`` (what capacity.py
+cannot count in advance: inter-pod affinity, topology spread, volume zones, pods it cannot see),
+a disruption (evicted, preempted, the trainer's preempted exit, a node gone NotReady under a
+failed pod), or what ``runPolicy.failurePolicy`` says of the exit codes. The reconciler turns a
+verdict into a gang restart or a failure (core/reconcile.py); a disruption is never counted
+against backoffLimit."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 
 from holmes.contract.names import EXIT_PREEMPTED
 
-from .summary import container_exits, disruption_of, pod_node_rank
+from .summary import container_exits, disruption_of, parse_time, pod_node_rank
 
 Unusable = Callable[[Mapping], str]  # why a node cannot run pods ("" if it can)
 
@@ -46,6 +51,47 @@ def stuck_on_lost_node(
                 "it cannot start there"
             )
     return ""
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    """Pods the scheduler refuses on their planned nodes: ``refused``, node -> the pod and the
+    scheduler's message, for those refused ``timeout`` seconds or longer; ``next_in``: seconds
+    until the next of the others reaches it (None: no other is refused)."""
+
+    refused: Mapping[str, str] = field(default_factory=dict)
+    next_in: float | None = None
+
+
+def unschedulable(
+    pods: Iterable[Mapping], planned: list[str], now: datetime, timeout: float
+) -> Unschedulable:
+    """The scheduler's own verdict on each Pending pod (its PodScheduled condition False,
+    reason Unschedulable), timed from that condition's lastTransitionTime. A gated pod
+    (SchedulingGated) is someone else's to release, not refused."""
+    refused: dict[str, str] = {}
+    next_in: float | None = None
+    for p in pods:
+        meta, st = p.get("metadata") or {}, p.get("status") or {}
+        if st.get("phase", "Pending") != "Pending" or meta.get("deletionTimestamp"):
+            continue
+        c: Mapping = next((c for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+        if c.get("status") != "False" or c.get("reason") != "Unschedulable":
+            continue
+        rank = pod_node_rank(p)
+        if rank is None or not 0 <= rank < len(planned):
+            continue
+        try:
+            since = parse_time(c.get("lastTransitionTime")) or parse_time(meta.get("creationTimestamp"))
+        except ValueError:
+            since = None
+        waited = (now - since).total_seconds() if since else 0.0
+        if waited >= timeout:
+            node = planned[rank]
+            refused.setdefault(node, f"pod {meta.get('name')}: {c.get('message') or 'Unschedulable'}")
+        else:
+            next_in = min(next_in if next_in is not None else timeout, timeout - waited)
+    return Unschedulable(refused, next_in)
 
 
 def disruption(

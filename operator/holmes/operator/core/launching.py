@@ -6,6 +6,7 @@ launch. Pure."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from holmes.contract import JobSpec, Layout
 from holmes.plan import InsufficientNodes, PlanError
@@ -17,6 +18,7 @@ from . import (
     members,
     placement,
     queueing,
+    quota,
     render,
     replicas,
     validation,
@@ -38,8 +40,11 @@ from .state import (
     launched_layout,
     launched_replicas,
     placement_of,
+    planning_nodes,
+    refused_nodes,
     set_phase,
     size,
+    spec_changes,
     stall,
     teardown,
     until_deadline,
@@ -71,9 +76,7 @@ def launch(st: JobState, spec: JobSpec) -> Decision:
             "Volcano (then restart the operator), or remove schedulerName",
         )
     # a launch cut short is resumed with its plan, if the spec is the same
-    same_spec = cm_annotation(st, child_names.ANN_SPEC_HASH) == child_names.spec_hash(
-        st.job.get("spec") or {}
-    )
+    same_spec = cm_annotation(st, child_names.ANN_SPEC_HASH) is not None and not spec_changes(st, spec)
     if _runs_as_replicas(st, spec, same_spec):
         return _launch_replicas(st, spec, same_spec)
     layout = launched_layout(st) if same_spec else None
@@ -128,7 +131,7 @@ def _launch_pipeline(st: JobState, spec: JobSpec, layout: Layout) -> Decision:
         why = _podgroup_first(st, spec, pod_routes)
         if why is not None:
             return _wait_for_podgroup(st, spec, why)
-    ref = job_ref(st)
+    ref = job_ref(st, spec)
     claimed = [n for n, r in pod_routes.items() if r.claim is not None]
     if claimed and st.obs.members is not None:
         return stall(
@@ -140,9 +143,11 @@ def _launch_pipeline(st: JobState, spec: JobSpec, layout: Layout) -> Decision:
         )
     existing = {pod_node_rank(p) for p in current_pods(st)}
     configmap = build_configmap(ref, layout, spec, framework_launch.config_files(spec, layout))
-    _create_children(
+    over = _create_children(
         st, ref, pod_routes, configmap, _pipeline_pods(st, spec, ref, layout, pod_routes, existing)
     )
+    if over:
+        return _wait_for_quota(st, spec, over)
     nic_of = {n: net.nic for n, net in nets.items()}
     st.status["layout"] = layout_status(layout, nic_of, child_names.layout_configmap_name(st.name))
     st.status.pop("waitingSince", None)
@@ -194,8 +199,8 @@ def _runs_as_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> bool:
 def _replica_nodes(st: JobState, spec: JobSpec) -> list[Mapping]:
     """The nodes the job's pods could use (GPUs, taints, Ready). Replicas are planned on
     them as they are, not behind the jobs ahead in a queue (capacity.py plans pipelines)."""
-    shape = capacity.pod_shape(spec, st.settings.gpu_resource)
-    view, _ = capacity.free_view(st.obs.nodes, shape, capacity.Ledger(), st.settings.gpu_resource)
+    shape = replace(capacity.pod_shape(spec, st.settings.gpu_resource), flavor_labels=st.flavor_labels)
+    view, _ = capacity.free_view(planning_nodes(st), shape, capacity.Ledger(), st.settings.gpu_resource)
     return [n for n in view if not st.facts.unusable(n)]
 
 
@@ -226,7 +231,7 @@ def _launch_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> Decision:
         why = _podgroup_first(st, spec, pod_routes)
         if why is not None:
             return _wait_for_podgroup(st, spec, why)
-    ref = job_ref(st)
+    ref = job_ref(st, spec)
     existing = {pod_node_rank(p) for p in current_pods(st)}
     pods = replicas.build_pods(
         ref,
@@ -237,7 +242,9 @@ def _launch_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> Decision:
         hostname_labels={n: _hostname(st, n) for n in plan.nodes},
         skip={r for r in existing if r is not None},
     )
-    _create_children(st, ref, pod_routes, replicas.build_configmap(ref, plan, spec), pods)
+    over = _create_children(st, ref, pod_routes, replicas.build_configmap(ref, plan, spec), pods)
+    if over:
+        return _wait_for_quota(st, spec, over)
     nic_of = {n: net.nic for n, net in nets.items()}
     layout_st = layout_status(plan.layouts[0], nic_of, child_names.layout_configmap_name(st.name))
     layout_st["nodes"] = len(plan.nodes)  # the gang: every replica's pods (replica 0's shape above)
@@ -264,19 +271,30 @@ def _hostname(st: JobState, node: str) -> str | None:
 
 def _create_children(
     st: JobState, ref: JobRef, pod_routes: Mapping[str, PodRoute], configmap: dict, pods: list[dict]
-) -> None:
+) -> str:
     """The attempt's DRA claim templates, ConfigMap, Service (when missing) and pods, each pod in
-    the gang's Volcano PodGroup when it has one."""
+    the gang's Volcano PodGroup when it has one; or, when the namespace's ResourceQuotas would
+    refuse some of the pods, nothing, and why (quota.py)."""
+    over = quota.refusal(st.obs.quotas or (), pods)
+    if over:
+        return over
     st.d.claim_templates = claim_templates(
         ref.name, ref.namespace, pod_routes.values(), render.child_labels(ref)
     )
     st.d.configmap = configmap
     if st.obs.service is None:
         st.d.service = build_service(ref, st.settings)
+    for pod in pods:  # Kueue's admitted flavor: its node labels in the pod's node selector, as
+        # Kueue's job framework merges them into its jobs' pods (the pod is pinned there anyway)
+        node = st.nodes.get(pod["metadata"]["annotations"].get(child_names.ANN_NODE) or "") or {}
+        flavor = queueing.flavor_of((node.get("metadata") or {}).get("labels") or {}, st.flavor_labels)
+        if flavor:
+            pod["spec"]["nodeSelector"] = {**flavor, **(pod["spec"].get("nodeSelector") or {})}
     st.d.create_pods.extend(pods)
     if st.d.podgroup is not None:
         for pod in st.d.create_pods:
             queueing.in_group(pod, st.d.podgroup["metadata"]["name"])
+    return ""
 
 
 def _launched(st: JobState, spec: JobSpec, total: int, what: str) -> Decision:
@@ -325,6 +343,12 @@ def _terminating_pods(st: JobState) -> list[str]:
 
 
 def _wait_for_nodes(st: JobState, spec: JobSpec, why: str, reason: str = "WaitingForNodes") -> Decision:
+    refused = refused_nodes(st)
+    if refused:  # say so: the job could use them but for the scheduler's word
+        listed = "; ".join(
+            f"{n} until {v.get('until')} ({v.get('message')})" for n, v in sorted(refused.items())
+        )
+        why += f"; left out after the scheduler refused pods there: {listed}"
     st.status["pods"] = pod_counts([])
     st.status["size"] = size(spec, None)
     old = cond.get(st.old.get("conditions"), cond.RECONCILING)
@@ -332,6 +356,22 @@ def _wait_for_nodes(st: JobState, spec: JobSpec, why: str, reason: str = "Waitin
     if not announced and not (old and old.get("reason") == reason and old.get("message") == why):
         event(st, "Normal", reason, why)
     st.d.requeue_after = WAIT_INTERVAL
+    return st.d
+
+
+def _wait_for_quota(st: JobState, spec: JobSpec, why: str) -> Decision:
+    """The namespace's ResourceQuota has no room for the gang: no pod is created (none would
+    hold its node for a gang that cannot start); woken when a quota's status changes. The plan
+    is announced when it launches."""
+    st.d.events = [e for e in st.d.events if e.reason != "Planned"]
+    st.status["launched"] = False
+    st.status["pods"] = pod_counts(current_pods(st))
+    st.status["size"] = size(spec, None)
+    old = cond.get(st.old.get("conditions"), cond.RECONCILING)
+    announced = set_phase(st, PENDING, quota.WAITING_FOR_QUOTA, why)
+    if not announced and not (old and old.get("reason") == quota.WAITING_FOR_QUOTA):
+        event(st, "Normal", quota.WAITING_FOR_QUOTA, why)
+    st.d.requeue_after = until_deadline(st, spec, WAIT_INTERVAL)
     return st.d
 
 

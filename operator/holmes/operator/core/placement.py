@@ -37,7 +37,17 @@ from holmes.plan.budget import DEFAULT_UNITS
 from holmes.plan.calibrate import Calibration, assess
 from holmes.plan.measured import Measured
 
-from . import capacity, device_claims, elastic, members, replan
+from . import (
+    capacity,
+    device_claims,
+    elastic,
+    kueue_pod_sets,
+    members,
+    node_selection,
+    replan,
+    replicas,
+    routes,
+)
 from .routes import NodeNetwork
 
 # The search a job ahead in the queue may cost each job behind it (a fiftieth of a job's own
@@ -53,7 +63,14 @@ class PlacementFacts:
     cost_model: CostModelConfig  # as of this reconcile (its file re-read when changed)
     network: Callable[[Mapping], NodeNetwork]  # a node's NIC kind, RDMA resource, NCCL env
     unusable: Callable[[Mapping], str]  # why a node cannot run pods ("" if it can)
-    workloads: capacity.Workloads = field(default_factory=capacity.Workloads)
+    # what the other workloads hold and want: read by the first decision step that places
+    read_workloads: Callable[[], capacity.Workloads] = capacity.Workloads
+
+    @cached_property
+    def workloads(self) -> capacity.Workloads:
+        """Read once, and only when this decision places: a running job's reconciles (most of
+        them on a busy cluster) never do, and the read is a pass over every pod of the cluster."""
+        return self.read_workloads()
 
 
 @dataclass(frozen=True)
@@ -64,9 +81,10 @@ class Placement:
     nodes: Sequence[Mapping]  # the hub's nodes, or the members' union (members.union_nodes)
     job: Mapping  # the HolmesJob (its place in the queue)
     across_members: bool = False
-    node_labels: Mapping[str, str] = field(default_factory=dict)  # Kueue's admitted flavors
+    flavor_labels: Sequence[Mapping[str, str]] = ()  # Kueue's admitted flavors (one must hold)
     priority_classes: Mapping[str, int] = field(default_factory=dict)
     gpu_resource: str = RESOURCE_GPU
+    raw_priority_namespaces: tuple[str, ...] = ()  # capacity.priority_of
 
     @property
     def key(self) -> str:
@@ -108,23 +126,33 @@ def on_free_capacity(
     costs others a small fixed search at most."""
     budget = budget if budget is not None else Budget()
     gpu = where.gpu_resource
-    shape = replace(capacity.pod_shape(spec, gpu), node_labels=dict(where.node_labels))
-    possible, excluded = capacity.free_view(nodes, shape, capacity.Ledger(), gpu)
+    shape = job_shape(spec, where)
+    rdma = route_resources(spec, where)
+    own = node_selection.selected(nodes, spec)  # the planner takes no other: nor need the views
+    possible, excluded = capacity.free_view(own, shape, capacity.Ledger(), gpu, rdma)
     try:
         fit(possible, spec, where, budget)
-    except InsufficientNodes as e:
-        raise InsufficientNodes(capacity.with_exclusions(str(e), excluded)) from None
+    except InsufficientNodes:  # said on every node: the planner names what its selector left out
+        possible, excluded = capacity.free_view(nodes, shape, capacity.Ledger(), gpu, rdma)
+        try:
+            fit(possible, spec, where, budget)
+        except InsufficientNodes as e:
+            raise InsufficientNodes(node_selection.with_exclusions(str(e), excluded)) from None
     state = capacity.shared_state(
-        where.job, where.facts.workloads, where.priority_classes or {}, gpu_resource=gpu
+        where.job,
+        where.facts.workloads,
+        where.priority_classes or {},
+        gpu_resource=gpu,
+        raw_priority=where.raw_priority_namespaces,
     )
     led = capacity.Ledger.of(
         state.pods, state.launched, skip_job=where.key, gpu_resource=gpu, claims=where.claim_holds
     )
     blocked: dict[str, str] = {}
-    for w in state.ahead:
+    for w in node_selection.bearing_on(state.ahead, node_selection.selected_names(nodes, spec), nodes):
         # only the nodes its selector matches: it keeps none that it could never use
-        mine = capacity.selected(nodes, w.spec)
-        view, _ = capacity.free_view(capacity.without(mine, blocked), w.shape, led, gpu)
+        mine = node_selection.selected(nodes, w.spec)
+        view, _ = capacity.free_view(node_selection.without(mine, blocked), w.shape, led, gpu)
         ahead = Budget(AHEAD_UNITS)  # its two searches share one budget, as in its own placement
         try:  # it fits now: it takes what it would (one search, the common case)
             capacity.take(led, fit(view, w.spec, where, ahead).nodes, w.shape, w.job)
@@ -142,17 +170,68 @@ def on_free_capacity(
         except PlanError:
             continue  # it cannot run here at all: it holds nothing
         keep_for(w, view, blocked, where)  # it waits: what it could use now stays free for it
-    view, _ = capacity.free_view(capacity.without(nodes, blocked), shape, led, gpu)
+    view, _ = capacity.free_view(node_selection.without(own, blocked), shape, led, gpu, rdma)
     try:
         return fit(view, spec, where, budget)
     except InsufficientNodes:
         pass
     fitting = [  # named in the message: only nodes its selector lets it take
         x
-        for x in capacity.selected(view, spec)
+        for x in view  # of its own nodes already
         if free_gpus(x, where) >= spec.nodes.gpus_per_node and not where.facts.unusable(x)
     ]
     raise capacity.WaitingForCapacity(capacity.waiting_message(spec, shape, fitting, led, blocked)) from None
+
+
+def job_shape(spec: JobSpec, where: Placement) -> capacity.PodShape:
+    """One pod of the job, on the nodes of Kueue's admitted flavors only."""
+    return replace(capacity.pod_shape(spec, where.gpu_resource), flavor_labels=tuple(where.flavor_labels))
+
+
+def queued_pods(spec: JobSpec, where: Placement) -> list[kueue_pod_sets.PodGroup] | None:
+    """The pods the job would run, one PodGroup each (its island, every resource it requests
+    there), as planned on the nodes its pods could ever use whatever holds them now: what it
+    asks Kueue's quota for before it may plan on free capacity. None: it cannot be planned
+    there (it then asks for one shape, ``nodes.count`` pods)."""
+    shape = job_shape(spec, where)
+    rdma = route_resources(spec, where)
+    own = node_selection.selected(where.nodes, spec)
+    possible, _ = capacity.free_view(own, shape, capacity.Ledger(), where.gpu_resource, rdma)
+    try:
+        if spec.training.across_islands.mode == replicas.REPLICAS:
+            usable = [n for n in possible if not where.facts.unusable(n)]
+            names = replicas.plan_replicas(spec, usable, where.facts.cost_model).nodes
+        else:
+            names = fit(possible, spec, where, Budget()).nodes
+    except PlanError:
+        return None
+    by_name = {(n.get("metadata") or {}).get("name"): n for n in possible}
+    label = spec.nodes.cluster_label
+    out = []
+    for name in names:
+        node = by_name[name]
+        island = ((node.get("metadata") or {}).get("labels") or {}).get(label) or ""
+        out.append(kueue_pod_sets.PodGroup(island, {**rdma(node), **shape.requests}))
+    return out
+
+
+def route_resources(spec: JobSpec, where: Placement) -> Callable[[Mapping], Mapping[str, float]]:
+    """A node's RDMA devices or SR-IOV VFs one pod of the job requests there (its route,
+    routes.py), for capacity to count against what the node has free."""
+    notes = (spec.template.get("metadata") or {}).get("annotations") or {}
+
+    def of(node: Mapping) -> Mapping[str, float]:
+        name = (node.get("metadata") or {}).get("name") or ""
+        nic = classify_nodes([node], where.facts.cost_model.nic_mapping)[0]  # remembered per node
+        if nic.rdma_resource is None or not nic.usable:
+            return {}  # nothing to count, or a node the planner leaves out anyway
+        net = where.facts.network(node)
+        got = routes.rdma_requests(
+            net, name, network=spec.network, islands=spec.islands, template_annotations=notes
+        )
+        return {k: float(v) for k, v in got.items()}
+
+    return of
 
 
 def free_gpus(node: Mapping, where: Placement) -> int:

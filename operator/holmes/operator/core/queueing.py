@@ -1,17 +1,17 @@
 """Queueing systems a cluster may run, as pure functions (objects in, objects out):
 
 - Kueue (``kueue.x-k8s.io``): a HolmesJob labelled ``kueue.x-k8s.io/queue-name`` gets a
-  ``Workload`` with one pod set per pod shape (Holmes pods all have one shape: ``count`` pods
-  requesting the template's CPU/memory plus gpusPerNode GPUs and the RDMA resource the template
-  asks for). The job stays suspended until the Workload's ``Admitted`` condition is True; it
-  plans only on nodes carrying the node labels of the ResourceFlavors in
-  ``status.admission.podSetAssignments[].flavors``. When the job finishes, the Workload gets
-  ``Finished`` so Kueue releases the quota.
+  ``Workload`` with a PodSet per island and pod shape of the pods its plan would create
+  (kueue_pod_sets.py). The job stays suspended until the Workload's ``Admitted`` condition is
+  True; it plans only on nodes carrying, for one PodSet, the node labels of the ResourceFlavors
+  Kueue assigned it (``status.admission.podSetAssignments[].flavors``) and its nodeSelector.
+  When the job finishes, the Workload gets ``Finished`` so Kueue releases the quota.
 - Eviction (preemption, a stopped queue, node failures): Kueue's eviction only sets
   ``Evicted=True`` (``pkg/workload/evict``, v0.19.2); the quota stays reserved until the job's
   integration has stopped the job. Holmes does what Kueue's job framework does for the kinds it
   integrates (``pkg/controller/jobframework/reconciler.go``, step "handle eviction"): delete the
-  pods (the job is Suspended, reason Requeued), and once none is active, in one status patch:
+  pods (the job is Suspended, reason Requeued), and once none is left (terminating pods still
+  hold their GPUs while they save the checkpoint), in one status patch:
   ``Requeued`` (True when evicted by preemption or node failures, else False), ``QuotaReserved``
   False (reason Pending) with ``status.admission`` cleared, and ``Admitted`` False (reason
   NoReservation) (``workload.SetRequeuedCondition``, ``UnsetQuotaReservationWithCondition``,
@@ -30,20 +30,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from holmes.contract.names import LABEL_KUEUE_QUEUE
+from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS, LABEL_KUEUE_QUEUE
 
 from . import child_names
-from .capacity import CPU, MEMORY, PodShape, show
+from .capacity import CPU, MEMORY, PodShape
+from .kueue_pod_sets import ANN_POD_SETS, one_pod_set, quantity_text
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 V1BETA2, V1BETA1 = "v1beta2", "v1beta1"
 KUEUE_VERSIONS = (V1BETA2, V1BETA1)  # newest first: the first one the API server serves is used
 WORKLOADS, FLAVORS = "workloads", "resourceflavors"
-POD_SET = "workers"
+PRIORITY_CLASSES = "workloadpriorityclasses"
 
 VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
 VOLCANO_API = f"{VOLCANO_GROUP}/{VOLCANO_VERSION}"
@@ -62,30 +63,13 @@ def queue_name(job: Mapping) -> str | None:
     return ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_QUEUE) or None
 
 
+def workload_priority_class(job: Mapping) -> str | None:
+    """The WorkloadPriorityClass the job's label kueue.x-k8s.io/priority-class names."""
+    return ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_PRIORITY_CLASS) or None
+
+
 def workload_name(job: str) -> str:
     return f"holmesjob-{job}"
-
-
-def _quantity_text(resource: str, amount: float) -> str:
-    if resource in (CPU, MEMORY):
-        return show(resource, amount) if resource == CPU else str(int(amount))
-    return str(int(amount)) if amount == int(amount) else str(amount)
-
-
-def pod_sets(spec_count: int, shape: PodShape, template: Mapping | None) -> list[dict]:
-    """The Workload's pod sets: one shape, ``count`` pods."""
-    tspec = (template or {}).get("spec")
-    if not isinstance(tspec, Mapping):
-        tspec = {}
-    requests = {k: _quantity_text(k, v) for k, v in sorted(shape.requests.items()) if v}
-    pod_spec: dict[str, Any] = {
-        "containers": [{"name": child_names.TRAINER_CONTAINER, "resources": {"requests": requests}}],
-        "restartPolicy": "Never",
-    }
-    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
-        if tspec.get(key):
-            pod_spec[key] = tspec[key]
-    return [{"name": POD_SET, "count": spec_count, "template": {"spec": pod_spec}}]
 
 
 def choose_version(served: Iterable[str]) -> str | None:
@@ -98,36 +82,44 @@ def build_workload(
     job: str,
     namespace: str,
     queue: str,
-    count: int,
-    shape: PodShape,
-    template: Mapping | None,
+    pod_sets: list[dict],
     priority: int,
     priority_class: str | None = None,
+    workload_priority_class: str | None = None,
+    built_from: str | None = None,
 ) -> dict:
-    """The job's Workload (v1beta2). ``priority_class``: the job's PriorityClass, named in
-    ``spec.priorityClassRef`` as Kueue's own integrations do (``priority`` is its value)."""
+    """The job's Workload (v1beta2) asking for ``pod_sets`` (``built_from``: their inputs'
+    digest, ANN_POD_SETS). ``priority_class``: the job's PriorityClass, named in
+    ``spec.priorityClassRef`` as Kueue's own integrations do (``priority`` is its value);
+    ``workload_priority_class``: Kueue's WorkloadPriorityClass of the job's label
+    kueue.x-k8s.io/priority-class, which wins over the PriorityClass as in Kueue's
+    ``jobframework.ExtractPriority`` (``priority`` is then its value)."""
     spec: dict[str, Any] = {"queueName": queue, "priority": priority}
-    if priority_class:
+    if workload_priority_class:
+        spec["priorityClassRef"] = {
+            "group": KUEUE_GROUP,
+            "kind": "WorkloadPriorityClass",
+            "name": workload_priority_class,
+        }
+    elif priority_class:
         spec["priorityClassRef"] = {
             "group": "scheduling.k8s.io",
             "kind": "PriorityClass",
             "name": priority_class,
         }
-    spec["podSets"] = pod_sets(count, shape, template)
-    return {
-        "apiVersion": f"{KUEUE_GROUP}/{V1BETA2}",
-        "kind": "Workload",
-        "metadata": {
-            "name": workload_name(job),
-            "namespace": namespace,
-            "labels": {
-                child_names.LABEL_JOB: job,
-                child_names.LABEL_MANAGED_BY: child_names.MANAGED_BY,
-                LABEL_KUEUE_QUEUE: queue,
-            },
+    spec["podSets"] = pod_sets
+    meta: dict[str, Any] = {
+        "name": workload_name(job),
+        "namespace": namespace,
+        "labels": {
+            child_names.LABEL_JOB: job,
+            child_names.LABEL_MANAGED_BY: child_names.MANAGED_BY,
+            LABEL_KUEUE_QUEUE: queue,
         },
-        "spec": spec,
     }
+    if built_from:
+        meta["annotations"] = {ANN_POD_SETS: built_from}
+    return {"apiVersion": f"{KUEUE_GROUP}/{V1BETA2}", "kind": "Workload", "metadata": meta, "spec": spec}
 
 
 def same_pod_sets(a: Any, b: Any) -> bool:
@@ -182,18 +174,64 @@ def admission(workload: Mapping) -> tuple[str, str]:
     return PENDING, msg
 
 
-def flavor_node_labels(workload: Mapping, flavors: Mapping[str, Mapping]) -> tuple[dict, list[str]]:
-    """The node labels of the flavors Kueue assigned (all must hold), and flavors not found."""
-    labels: dict[str, str] = {}
+def flavor_node_labels(
+    workload: Mapping, flavors: Mapping[str, Mapping]
+) -> tuple[tuple[dict, ...], list[str]]:
+    """Where Kueue's admission lets the job's pods go: per PodSet, the node labels of the
+    flavors Kueue assigned it (all must hold) with the PodSet's own nodeSelector (its island),
+    as Kueue's job framework merges them into its pods' node selectors (PodSetInfo); a pod may
+    go where one of these holds. And the flavors not found."""
+    choices: list[dict] = []
     missing: list[str] = []
     adm = (workload.get("status") or {}).get("admission") or {}
+    selectors = {
+        p.get("name"): (((p.get("template") or {}).get("spec") or {}).get("nodeSelector") or {})
+        for p in (workload.get("spec") or {}).get("podSets") or []
+    }
     for psa in adm.get("podSetAssignments") or []:
+        labels = dict(selectors.get(psa.get("name")) or {})
         for flavor in sorted(set((psa.get("flavors") or {}).values())):
             if flavor not in flavors:
                 missing.append(flavor)
                 continue
             labels.update(((flavors[flavor].get("spec") or {}).get("nodeLabels")) or {})
-    return labels, missing
+        if labels not in choices:
+            choices.append(labels)
+    if {} in choices:  # a pod set that may go anywhere: so may the job
+        choices = [{}]
+    return tuple(choices), missing
+
+
+def flavor_of(node_labels: Mapping[str, str], choices: Iterable[Mapping[str, str]]) -> dict:
+    """The first of ``choices`` (flavor_node_labels) a node of ``node_labels`` carries ({}: none)."""
+    return dict(next((c for c in choices if all(node_labels.get(k) == v for k, v in c.items())), {}))
+
+
+# Kueue's pod webhook marks the pods it manages as workloads of their own (its pod integration):
+# pods of a HolmesJob it does not know as an external framework, whose queue name they inherit
+# or that a LocalQueue named "default" in their namespace defaults.
+LABEL_KUEUE_MANAGED = "kueue.x-k8s.io/managed"
+HOLMESJOB_FRAMEWORK = "HolmesJob.v1alpha1.holmes.dev"  # for integrations.externalFrameworks
+
+
+def taken_by_kueue(pods: Iterable[Mapping]) -> list[str]:
+    """The job's pods Kueue's pod integration manages as workloads of their own."""
+    return sorted(
+        p["metadata"]["name"]
+        for p in pods
+        if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_MANAGED) == "true"
+    )
+
+
+def taken_message(names: list[str]) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (
+        f"Kueue's pod integration took pod(s) {shown} for workloads of their own (label "
+        f"{LABEL_KUEUE_MANAGED}=true, gated until Kueue admits each): the job's quota would be "
+        f"counted twice and its pods wait for it. Add {HOLMESJOB_FRAMEWORK} to Kueue's "
+        "configuration, integrations.externalFrameworks (Kueue then leaves a queued HolmesJob's "
+        "pods to it), restart Kueue's manager, then delete this job's pods"
+    )
 
 
 # Evictions after which Kueue's job framework sets Requeued=True (the Workload queues again at
@@ -235,7 +273,39 @@ def release_after_eviction(workload: Mapping, now: str) -> dict | None:
     if _condition(workload, "Admitted").get("status") == "True":  # SyncAdmittedCondition
         no = {"type": "Admitted", "status": "False", "reason": "NoReservation"}
         conds = set_condition(conds, {**no, "message": "The workload has no reservation"}, now)
+    if _condition(workload, "PodsReady"):  # not admitted: generatePodsReadyCondition's WaitForStart
+        ready = {"type": "PodsReady", "status": "False", "reason": "WaitForStart"}
+        conds = set_condition(conds, {**ready, "message": PODS_READY_MESSAGES["WaitForStart"]}, now)
     return {"conditions": conds, "admission": None}
+
+
+# Kueue's waitForPodsReady: the integration says on the Workload whether its pods are ready
+# (jobframework's generatePodsReadyCondition, v0.17.1); Kueue evicts a Workload admitted for
+# longer than waitForPodsReady.timeout without PodsReady=True (and, with a recoveryTimeout, one
+# that has stayed WaitForRecovery that long).
+PODS_READY_MESSAGES = {
+    "WaitForStart": "Not all pods are ready or succeeded",
+    "WaitForRecovery": "At least one pod has failed, waiting for recovery",
+    "Started": "All pods reached readiness and the workload is running",
+    "Recovered": "All pods reached readiness and the workload is running",
+}
+
+
+def pods_ready_patch(workload: Mapping, ready: bool, now: str) -> dict | None:
+    """The admitted Workload's status patch setting PodsReady as Kueue's job framework does
+    (None: it already says so). ``ready``: every pod of the job is ready or succeeded."""
+    cur = _condition(workload, "PodsReady")
+    if ready:
+        recovering = cur.get("reason") in ("WaitForRecovery", "Recovered")
+        status, reason = "True", "Recovered" if recovering else "Started"
+    elif cur.get("status") == "True" or cur.get("reason") == "WaitForRecovery":
+        status, reason = "False", "WaitForRecovery"
+    else:
+        status, reason = "False", "WaitForStart"
+    if (cur.get("status"), cur.get("reason")) == (status, reason):
+        return None
+    new = {"type": "PodsReady", "status": status, "reason": reason, "message": PODS_READY_MESSAGES[reason]}
+    return {"conditions": set_condition((workload.get("status") or {}).get("conditions") or [], new, now)}
 
 
 def finished_conditions(workload: Mapping, ok: bool, message: str, now: str) -> list[dict] | None:
@@ -330,16 +400,17 @@ def _topology_v1beta2(ta: Mapping) -> dict:
 
 @dataclass(frozen=True)
 class Gate:
-    """Kueue's word on a job this reconcile: go on (planning only on ``node_labels``, the
-    admitted flavors' nodes), or hold it suspended (``hold``: reason, message, a Warning?), or
-    stall it (``stall``: reason, message); with the Workload to create or delete."""
+    """Kueue's word on a job this reconcile: go on (planning only on the nodes of one of
+    ``flavor_labels``, flavor_node_labels), or hold it suspended (``hold``: reason, message, a
+    Warning?), or stall it (``stall``: reason, message); with the Workload to create or delete."""
 
-    node_labels: Mapping[str, str] | None = None
+    flavor_labels: tuple[dict, ...] = ()
     hold: tuple[str, str, bool] | None = None
     stall: tuple[str, str] | None = None
     create: dict | None = None
     delete: str | None = None
-    release: dict | None = None  # the Workload's status patch giving back an evicted one's quota
+    # the Workload's status patch: giving back an evicted one's quota, or its PodsReady condition
+    release: dict | None = None
 
 
 def gate(
@@ -348,6 +419,8 @@ def gate(
     count: int,
     shape: PodShape,
     template: Mapping | None,
+    planned: Callable[[], list[dict]],
+    built_from: str,
     priority: int,
     priority_class: str | None,
     workload: Mapping | None,
@@ -355,13 +428,25 @@ def gate(
     requeued: bool,
     active: bool = False,
     now: str = "",
+    workload_priority_classes: Mapping[str, int] | None = None,
+    pods_ready: bool | None = None,
+    taken: list[str] | None = None,
 ) -> Gate:
     """A job labelled kueue.x-k8s.io/queue-name runs only while Kueue admits its Workload.
-    ``workload``: the job's own (a same-named job's leftover is None); ``flavors``: None when
-    the Kueue API is not served; ``requeued``: the job is held after an eviction;
+    ``planned``: its pod sets (pod_sets of the pods its plan would create), asked for only when
+    a Workload is made or the inputs they are built from changed (``built_from``, their digest:
+    planning is not done on every reconcile); ``count``, ``shape``, ``template``: what a
+    Workload written before the pod sets per group asked for (one_pod_set). ``workload``: the
+    job's own (a same-named job's leftover is None); ``flavors``: None when the Kueue API is not
+    served; ``requeued``: the job is held after an eviction;
     ``priority_class``: the PriorityClass the priority is the value of, named in the Workload;
-    ``active``: the job has pods running or starting that are not being deleted (an evicted
-    Workload's quota is released only once it has none); ``now``: the time conditions carry."""
+    ``active``: the job has pods that have not ended, terminating ones included (an evicted
+    Workload's quota is released only once it has none); ``now``: the time conditions carry;
+    ``workload_priority_classes``: Kueue's WorkloadPriorityClass values by name (the job's
+    label kueue.x-k8s.io/priority-class names one: the Workload's priority is its value);
+    ``pods_ready``: whether every pod of the admitted job is ready or succeeded, for the
+    Workload's PodsReady condition (None: leave it); ``taken``: the job's pods Kueue's pod
+    integration manages as its own (taken_by_kueue)."""
     if flavors is None:
         return Gate(
             stall=(
@@ -372,23 +457,40 @@ def gate(
             )
         )
     meta = job.get("metadata") or {}
-    want = build_workload(
-        meta.get("name", ""),
-        meta.get("namespace", "default"),
-        queue,
-        count,
-        shape,
-        template,
-        priority,
-        priority_class,
-    )
-    name = want["metadata"]["name"]
+    wpc = workload_priority_class(job)
+    if wpc:
+        value = (workload_priority_classes or {}).get(wpc)
+        if value is None and workload is None:
+            msg = (
+                f"label {LABEL_KUEUE_PRIORITY_CLASS}={wpc} names a WorkloadPriorityClass "
+                f"({KUEUE_GROUP}) that does not exist: create it, or remove the label (Kueue "
+                "does not admit a job whose priority class is missing either)"
+            )
+            return Gate(hold=("WaitingForAdmission", msg, True))
+        priority = priority if value is None else value
+
+    def want(pod_sets: list[dict]) -> dict:
+        return build_workload(
+            meta.get("name", ""),
+            meta.get("namespace", "default"),
+            queue,
+            pod_sets,
+            priority,
+            priority_class,
+            wpc,
+            built_from,
+        )
+
+    name = workload_name(meta.get("name", ""))
     if workload is None:
         why = f"Workload {name} created in LocalQueue {queue}: waiting for Kueue to admit it"
-        return Gate(hold=("WaitingForAdmission", why, False), create=want)
-    if not same_pod_sets(workload.get("spec", {}).get("podSets"), want["spec"]["podSets"]):
-        why = f"the job's pods changed (count or requests): re-creating Workload {name} for Kueue"
-        return Gate(hold=("WaitingForAdmission", why, False), delete=name)
+        return Gate(hold=("WaitingForAdmission", why, False), create=want(planned()))
+    have = (workload.get("spec") or {}).get("podSets")
+    was = ((workload.get("metadata") or {}).get("annotations") or {}).get(ANN_POD_SETS)
+    if was != built_from and not (was is None and same_pod_sets(have, one_pod_set(count, shape, template))):
+        if not same_pod_sets(have, planned()):  # podSets are immutable: a new Workload
+            why = f"the job's pods changed (count, requests, islands): re-creating Workload {name} for Kueue"
+            return Gate(hold=("WaitingForAdmission", why, False), delete=name)
     state, why = admission(workload)
     if state == EVICTED:
         msg = f"Workload {name} was evicted by Kueue ({why}): pods deleted; waiting to be admitted again"
@@ -397,14 +499,17 @@ def gate(
     if state == PENDING:
         reason = "Requeued" if requeued else "WaitingForAdmission"
         return Gate(hold=(reason, f"Workload {name} in LocalQueue {queue} is not admitted: {why}", False))
-    labels, missing = flavor_node_labels(workload, flavors)
+    choices, missing = flavor_node_labels(workload, flavors)
     if missing:
         msg = (
             f"Workload {name} is admitted with ResourceFlavor(s) {', '.join(missing)}, which do not "
             "exist (yet): their node labels say where the job may run"
         )
         return Gate(hold=("WaitingForAdmission", msg, False))
-    return Gate(node_labels=labels)
+    if taken:
+        return Gate(stall=("KueueManagesPods", taken_message(taken)))
+    ready = None if pods_ready is None else pods_ready_patch(workload, pods_ready, now)
+    return Gate(flavor_labels=choices, release=ready)
 
 
 # PodGroup phases (scheduling.volcano.sh/v1beta1), as Volcano's scheduler sets them at the end
@@ -475,7 +580,7 @@ def build_podgroup(
     spec: dict[str, Any] = {
         "minMember": min_member,
         "minResources": {
-            k: _quantity_text(k, v * members[k])
+            k: quantity_text(k, v * members[k])
             for k, v in sorted(shape.requests.items())
             if v and members.get(k)
         },

@@ -82,6 +82,16 @@ def decide(
     if (st.job.get("metadata") or {}).get("deletionTimestamp"):
         return st.d  # owner references clean up (across members: the finalizer, members.cleanup)
     _transition(st)
+    if st.relaunched:  # after every set_phase of the pass (each rewrites the conditions read)
+        st.status["conditions"] = cond.set_condition(
+            st.status.get("conditions"),
+            cond.RELAUNCHED,
+            True,
+            "SpecChanged",
+            st.relaunched,
+            st.stamp,
+            st.generation,
+        )
     if obs.members is not None and st.old.get("phase") not in FINISHED:
         _report_members(st, obs.members)
     return st.d

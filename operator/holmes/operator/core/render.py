@@ -6,11 +6,11 @@
 - ``build_pod``: one pod per planned node, pinned there by required node affinity on
   kubernetes.io/hostname, with rank/rendezvous env (also as torchrun's PET_* variables), its
   network route (routes.py: NCCL env of the fabric, resolver hints, GPU and RDMA resources or
-  SR-IOV VFs and Multus networks, IPC_LOCK on RDMA routes, host network), a memory-backed
-  /dev/shm and the layout mounted at /etc/holmes; secure defaults (seccomp RuntimeDefault, no
-  privilege escalation, capabilities dropped, no service-account token; at the restricted level
-  runAsNonRoot and every container hardened: template.secure_defaults) unless the template,
-  within the operator's policy (template.py), says otherwise. The user's template is respected: image,
+  SR-IOV VFs and Multus networks, IPC_LOCK only where an island opts in, host network), a
+  memory-backed /dev/shm and the layout mounted at /etc/holmes; secure defaults (seccomp
+  RuntimeDefault, no privilege escalation, capabilities dropped, no service-account token; where
+  the namespace enforces Pod Security restricted, runAsNonRoot and every container hardened:
+  template.secure_defaults) unless the template says otherwise. The user's template is respected: image,
   command/args, env (wins over ours), resources (win over ours), volumes, tolerations,
   schedulerName, labels, annotations and any other PodSpec field. For ``spec.framework`` other
   than holmes the same pass runs the user's command under Holmes' launcher (framework_launch.launch:
@@ -42,8 +42,8 @@ from holmes.contract.names import (
 
 from . import child_names
 from .framework_launch import Launch
-from .routes import CLAIM, PodRoute
-from .template import RDMA_CAPABILITIES, TemplatePolicy, harden_container, secure_defaults
+from .routes import CLAIM, IPC_LOCK, PodRoute
+from .template import PRIVILEGED, TemplatePolicy, harden_container, secure_defaults
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
@@ -60,6 +60,12 @@ class RenderSettings:
     # listen on one fixed port: with a range, each attempt gets its own pair of ports.
     port_range: tuple[int, int] | None = None
     policy: TemplatePolicy = TemplatePolicy()  # what job templates may set (template.py)
+    # Namespaces whose jobs may set runPolicy.priority, a raw number (--raw-priority-namespaces):
+    # elsewhere priority comes from objects admins own (PriorityClass, WorkloadPriorityClass).
+    raw_priority_namespaces: tuple[str, ...] = ()
+    # the Pod Security level the job's namespace enforces (template.enforced_level): set per
+    # reconcile from the namespace's label, it picks the defaults Holmes fills in
+    pod_security: str = PRIVILEGED
     # Seconds between reads of a running trainer's metrics (and so between progress patches):
     # the one periodic API write per running job; pod changes are watched, not polled.
     progress_interval: float = 10.0
@@ -102,6 +108,7 @@ class JobRef:
     attempt: int
     spec_hash: str = ""
     model_hash: str = ""
+    launch_spec: str = ""  # spec_change.launch_record of the job's own spec (not a replica's share)
 
 
 # ---- ConfigMap and Service -------------------------------------------------------------------
@@ -138,6 +145,7 @@ def build_configmap(
         "data": {
             child_names.LAYOUT_FILE: layout.to_json(indent=1),
             child_names.JOB_FILE: yaml.safe_dump(manifest, sort_keys=False),
+            **({child_names.LAUNCH_SPEC_FILE: job.launch_spec} if job.launch_spec else {}),
             **(files or {}),
         },
     }
@@ -384,7 +392,7 @@ def build_pod(
         pspec["hostNetwork"] = True
         pspec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
     pspec.setdefault("enableServiceLinks", False)
-    secure_defaults(pspec, settings.policy.level)  # no API token, seccomp; restricted: non-root...
+    secure_defaults(pspec, settings.pod_security)  # no API token, seccomp; restricted: non-root...
     if launch:  # the launcher's copy runs first (written within the restricted level already)
         init = launch.init_container
         users = [i for i in pspec.get("initContainers") or [] if i.get("name") != init["name"]]
@@ -449,13 +457,14 @@ def _trainer_container(
         mounts.append(dict(launch.mount))
     c["volumeMounts"] = mounts
 
-    # Secure defaults the template may override within the operator's policy: no privilege
-    # escalation, every capability dropped but IPC_LOCK on RDMA routes (pinned memory for
-    # ibv_reg_mr).
+    # Secure defaults the template may override: no privilege escalation, every capability
+    # dropped. IPC_LOCK only on the RDMA routes of an island that opts in (spec.islands[].ipcLock):
+    # the memlock limit ibv_reg_mr needs comes from the container runtime (docs/install.md).
     c = harden_container(c)
     caps = c["securityContext"]["capabilities"]
     add = list(caps.get("add") or [])
-    add += [cap for cap in RDMA_CAPABILITIES if route.ipc_lock and cap not in add]
+    if route.ipc_lock and IPC_LOCK not in add:
+        add.append(IPC_LOCK)
     if add:
         caps["add"] = add
 

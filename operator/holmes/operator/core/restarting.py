@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from holmes.contract import JobSpec
 
 from . import conditions as cond
+from . import dry_run
 from .state import (
     CHILD_REJECTED_RETRY,
     DISRUPTION,
@@ -25,6 +26,7 @@ from .state import (
     restarts_by_reason,
     set_phase,
     spec_changed,
+    spec_changes,
     stall,
     teardown,
     until_deadline,
@@ -109,12 +111,19 @@ def children_refused(st: JobState, spec: JobSpec, refused: list[ChildRefusal]) -
     due = st.obs.now + timedelta(seconds=CHILD_REJECTED_RETRY)
     st.status["nextAttemptTime"] = iso(due)
     st.status["pods"] = pod_counts([])
-    stall(
-        st,
-        "ChildRejected",
-        f"{why} -- fix spec.template (or ask the cluster admin); the partial gang was deleted; "
-        f"tried again when the spec changes or at {iso(due)}",
-    )
+    if first.dry_run:  # the API server's own check of the rendered pod: nothing was created
+        reason, what = (
+            "TemplateRejected",
+            (
+                f"{dry_run.message(first)} -- fix spec.template (a Pod Security level is the "
+                "namespace's: pod-security.kubernetes.io/enforce, set by the cluster admin); no pod "
+                "was created"
+            ),
+        )
+    else:
+        reason = "ChildRejected"
+        what = f"{why} -- fix spec.template (or ask the cluster admin); the partial gang was deleted"
+    stall(st, reason, f"{what}; tried again when the spec changes or at {iso(due)}")
     st.d.requeue_after = until_deadline(st, spec, CHILD_REJECTED_RETRY)
     return st.d
 
@@ -125,14 +134,10 @@ def wait_out_backoff(st: JobState, spec: JobSpec) -> Decision | None:
     if due is None:
         return None
     st.status["nextAttemptTime"] = iso(due)
-    if spec_changed(st):
+    changed = spec_changes(st, spec, metadata=True)  # no pods to keep: any edit may be the fix
+    if changed:
         st.status.pop("nextAttemptTime", None)  # the user changed the job: try it at once
-        event(
-            st,
-            "Normal",
-            "SpecChanged",
-            "the spec changed during the restart back-off: launching now (not counted as a restart)",
-        )
+        spec_changed(st, changed, "launching now, during the restart back-off")
         return None
     if st.obs.now >= due:
         st.status.pop("nextAttemptTime", None)

@@ -33,13 +33,17 @@ NIC requests select RDMA devices by CEL (``dra.net/rdma``, and the rails' HCA na
 have one). A SR-IOV island setting (``spec.islands[].sriov``) is the admin's explicit choice and
 keeps its VFs; the pod's NICs then do not come from DRA.
 
-Every route: ``IPC_LOCK`` when the pod gets an RDMA device (pinned memory for ``ibv_reg_mr``),
-the NCCL settings that are facts of the fabric (``holmes.plan.nccl``), and the hints the in-pod
+Every route: the NCCL settings that are facts of the fabric (``holmes.plan.nccl``), and the hints the in-pod
 resolver needs (``HOLMES_POD_NETWORK``, ``HOLMES_NIC``, ``HOLMES_HOST_HCAS``) instead of host
 names that a pod's namespace does not have. :func:`job_routes` adds ``NCCL_NVLS_ENABLE``, the
 node's NVLink SHARP switch (``holmes.contract.nvls.from_layout``: the decision whose memory the
 planner counted; NCCL reads it once per process, so it is in the pod's environment from the
 start, for Holmes' trainer and a framework's launcher alike; a template's value wins).
+
+``IPC_LOCK`` (pinned memory for ``ibv_reg_mr`` beyond the memlock limit) only when the pod gets an
+RDMA device on an island that opts in (``spec.islands[].ipcLock``): the limit comes from the
+container runtime (docs/install.md), and Pod Security baseline refuses the capability, so such
+an island's namespace must be privileged.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from . import child_names
 
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 SHARED, SRIOV = "shared", "sriov"  # how a node offers RDMA devices (NodeNetwork.rdma_route)
+IPC_LOCK = "IPC_LOCK"  # the capability an island may opt in to (IslandNetwork.ipc_lock)
 CLAIM = "devices"  # the name of a pod's one ResourceClaim (its spec.resourceClaims entry)
 
 
@@ -162,6 +167,43 @@ def pod_route(
     Raises RouteError for a node the settings cannot serve."""
     idx, entry = island_settings(islands, net.cluster, net.nic)
     entry = entry or IslandNetwork()
+    host = network == HOST_NETWORK
+    annotations, resources = _devices(net, node, network, idx, entry, template_annotations)
+    offer = net.dra
+    if offer is not None and entry.sriov is not None:  # the VFs are the pod's NICs
+        offer = DraOffer(offer.devices, False, offer.gpus, offer.nic_driver, offer.nic_class, offer.gpu_class)
+    claim = device_claim(offer, gpus) if offer is not None else None
+    nic_claim = claim is not None and offer is not None and offer.nics
+    rdma = net.nic in RDMA_KINDS and (bool(resources) or nic_claim)
+    env = {ENV_POD_NETWORK: HOST_NETWORK if host else POD_NETWORK, ENV_NIC: net.nic}
+    if net.hcas:
+        env[ENV_HOST_HCAS] = ",".join(net.hcas)
+    # a vendor plugin owns the island's transport: no socket tuning of NCCL's own there
+    socket = net.socket_threads if sockets and entry.net_plugin is None else None
+    env.update(
+        nccl_env(net.nic, traffic_class=entry.traffic_class, service_level=entry.service_level, socket=socket)
+    )
+    return PodRoute(
+        nic=net.nic,
+        host_network=host,
+        annotations=annotations,
+        resources=resources,
+        env=env,
+        ipc_lock=rdma and entry.ipc_lock,
+        claim=claim,
+    )
+
+
+def _devices(
+    net: NodeNetwork,
+    node: str,
+    network: str,
+    idx: int | None,
+    entry: IslandNetwork,
+    template_annotations: Mapping[str, str] | None,
+) -> tuple[dict[str, str], dict[str, int]]:
+    """The pod's network attachments (annotations) and device-plugin RDMA resources (SR-IOV
+    VFs or shared RDMA devices) on ``node``; RouteError for a node the settings cannot serve."""
     where = f"spec.islands[{idx}]" if idx is not None else "spec.islands"
     island = f"cluster={net.cluster} nic={net.nic}"
     host = network == HOST_NETWORK
@@ -192,29 +234,25 @@ def pod_route(
         pass  # the NICs come with the DRA claim below
     elif net.rdma_resource is not None:
         resources[net.rdma_resource] = _shared_devices(net, entry, where, node, island)
-    offer = net.dra
-    if offer is not None and entry.sriov is not None:  # the VFs are the pod's NICs
-        offer = DraOffer(offer.devices, False, offer.gpus, offer.nic_driver, offer.nic_class, offer.gpu_class)
-    claim = device_claim(offer, gpus) if offer is not None else None
-    nic_claim = claim is not None and offer is not None and offer.nics
-    rdma = net.nic in RDMA_KINDS and (bool(resources) or nic_claim)
-    env = {ENV_POD_NETWORK: HOST_NETWORK if host else POD_NETWORK, ENV_NIC: net.nic}
-    if net.hcas:
-        env[ENV_HOST_HCAS] = ",".join(net.hcas)
-    # a vendor plugin owns the island's transport: no socket tuning of NCCL's own there
-    socket = net.socket_threads if sockets and entry.net_plugin is None else None
-    env.update(
-        nccl_env(net.nic, traffic_class=entry.traffic_class, service_level=entry.service_level, socket=socket)
-    )
-    return PodRoute(
-        nic=net.nic,
-        host_network=host,
-        annotations=annotations,
-        resources=resources,
-        env=env,
-        ipc_lock=rdma,
-        claim=claim,
-    )
+    return annotations, resources
+
+
+def rdma_requests(
+    net: NodeNetwork,
+    node: str,
+    *,
+    network: str = POD_NETWORK,
+    islands: tuple[IslandNetwork, ...] = (),
+    template_annotations: Mapping[str, str] | None = None,
+) -> dict[str, int]:
+    """The device-plugin RDMA resources a pod of the job requests on ``node`` (capacity.py
+    counts them against the node's free VFs or devices); none where the route cannot be made
+    (the launch names the problem)."""
+    idx, entry = island_settings(islands, net.cluster, net.nic)
+    try:
+        return _devices(net, node, network, idx, entry or IslandNetwork(), template_annotations)[1]
+    except RouteError:
+        return {}
 
 
 def device_claim(offer: DraOffer, gpus: int) -> DeviceClaim | None:

@@ -5,17 +5,20 @@ attempts and teardowns, restarts by reason, the current attempt's launched plan.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from holmes.contract import JobSpec, Layout, LayoutError
 
-from . import child_names, members, placement, replicas
+from . import child_names, members, placement, replicas, spec_change
 from . import conditions as cond
 from .placement import PlacementFacts
 from .render import JobRef, RenderSettings
 from .summary import iso, parse_time, pod_attempt
+from .template import enforced_level
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
@@ -43,6 +46,19 @@ class ChildRefusal:
     code: int
     reason: str
     message: str
+    dry_run: bool = False  # refused on the dry run before the gang was created (dry_run.py)
+
+    @classmethod
+    def from_status(cls, kind: str, name: str, code: Any, reason: Any, body: Any) -> ChildRefusal:
+        """From an API error: its HTTP code and reason, and the API's Status ``body`` (JSON text)."""
+        try:
+            status = json.loads(body or "{}")
+        except (TypeError, ValueError):
+            status = {}
+        if not isinstance(status, dict):
+            status = {}
+        message = str(status.get("message") or reason or "no message")[:600]
+        return cls(kind, name, int(code or 0), str(status.get("reason") or reason or "Unknown"), message)
 
     @property
     def retryable(self) -> bool:
@@ -75,14 +91,22 @@ class Observed:
     workload: dict | None = None
     flavors: Mapping[str, dict] | None = None
     priority_classes: Mapping[str, int] | None = None
+    # Kueue's WorkloadPriorityClass values by name (None: not known)
+    workload_priority_classes: Mapping[str, int] | None = None
     # Volcano (queueing.py): the job's PodGroup as Volcano last wrote its status; whether the
     # API server serves PodGroups at all
     podgroup: dict | None = None
     volcano: bool = True
+    # the ResourceQuotas of the job's namespace, to create no pod they would refuse (quota.py);
+    # None: not read (a job across member clusters: the members' quotas judge its pods)
+    quotas: list[dict] | None = None
     # Member clusters (members.py): every registered member's state by name, for a job across
     # members (pods, ConfigMap and Service are then the members' and nodes their union, each
     # tagged with its member); None for a single-cluster job.
     members: Mapping[str, members.MemberState] | None = None
+    # the job's namespace's labels (its Pod Security level picks Holmes' defaults: render.py);
+    # None: not known (defaults as for an unlabelled namespace)
+    namespace_labels: Mapping[str, str] | None = None
 
 
 @dataclass
@@ -101,6 +125,9 @@ class Decision:
     workload: dict | None = None  # Kueue Workload to create
     delete_workload: str | None = None  # name of a Workload to delete (its pod sets changed)
     workload_status: dict | None = None  # a merge patch of the Workload's status (null removes)
+    # the resourceVersion that patch was computed from: it replaces the conditions list whole, so
+    # it must not land on a Workload Kueue changed meanwhile (None: no precondition)
+    workload_version: str | None = None
     podgroup: dict | None = None  # Volcano PodGroup to create or update
     placed: bool = False  # a layout was searched for (placement.py): timed as planning
 
@@ -158,7 +185,11 @@ class JobState:
     attempt: int  # the attempt this pass works on (teardown moves to the next)
     pods: list[dict]  # the pods this job object owns, any attempt
     nodes: dict[str, dict]  # the node index, by name
-    node_labels: dict[str, str] = field(default_factory=dict)  # Kueue's flavors: placement stays on them
+    # Kueue's admitted flavors (queueing.flavor_node_labels): placement stays on their nodes
+    flavor_labels: tuple[dict[str, str], ...] = ()
+    # condition Relaunched (True, SpecChanged, this message), set by reconcile.decide at the end of
+    # the pass (set_phase rewrites the conditions from those read): see spec_changed
+    relaunched: str = ""
 
 
 def begin(
@@ -173,7 +204,11 @@ def begin(
         facts=facts,
         # GPUs are the resource discovery counts: the cost model's nicMapping.gpuResource (its
         # file can change while the operator runs)
-        settings=replace(settings, gpu_resource=facts.cost_model.nic_mapping.gpu_resource),
+        settings=replace(
+            settings,
+            gpu_resource=facts.cost_model.nic_mapping.gpu_resource,
+            pod_security=enforced_level(obs.namespace_labels),
+        ),
         backoff=backoff,
         job=job,
         name=meta.get("name", ""),
@@ -187,8 +222,24 @@ def begin(
         # Only pods this job object owns: a job deleted and recreated under the same name must
         # not adopt the old one's pods, which the garbage collector is removing.
         pods=owned(obs.pods, meta.get("uid")),
-        nodes={n["metadata"]["name"]: n for n in obs.nodes},
+        nodes=node_index(obs.nodes),
     )
+
+
+_INDEX: tuple[Sequence[dict], dict[str, dict]] = ((), {})
+
+
+def node_index(nodes: Sequence[dict]) -> dict[str, dict]:
+    """The nodes by name, kept for the last list indexed (read it, never change it): every
+    reconcile reads the same node list until a node changes (informer.Store.snapshot), and at
+    2,000 nodes indexing it anew was a tenth of a running job's reconcile."""
+    global _INDEX
+    kept = _INDEX
+    if kept[0] is nodes and len(kept[1]) == len(nodes):
+        return kept[1]
+    index = {n["metadata"]["name"]: n for n in nodes}
+    _INDEX = (nodes, index)
+    return index
 
 
 # ---- status: phase, conditions, events ------------------------------------------------------
@@ -310,20 +361,32 @@ def past_leftovers(st: JobState) -> None:
 
 
 # ---- the current attempt's children -------------------------------------------------------------
-def job_ref(st: JobState) -> JobRef:
+def job_ref(st: JobState, parsed: JobSpec | None = None) -> JobRef:
+    """The job as rendering sees it; ``parsed`` (its spec): a launch, which records that spec."""
     spec = st.job.get("spec") or {}
-    return JobRef(st.name, st.ns, st.attempt, child_names.spec_hash(spec), child_names.model_hash(spec))
+    record = spec_change.launch_record(parsed) if parsed is not None else ""
+    return JobRef(
+        st.name, st.ns, st.attempt, child_names.spec_hash(spec), child_names.model_hash(spec), record
+    )
 
 
 def cm_annotation(st: JobState, key: str) -> str | None:
     return ((st.obs.configmap or {}).get("metadata", {}).get("annotations") or {}).get(key)
 
 
-def spec_changed(st: JobState) -> bool:
-    """The job's ConfigMap was written for another spec than the one read now (the user edited
-    it since; no ConfigMap: not changed)."""
-    launched = cm_annotation(st, child_names.ANN_SPEC_HASH)
-    return bool(launched) and launched != child_names.spec_hash(st.job.get("spec") or {})
+def spec_changed(st: JobState, fields: list[str], doing: str) -> None:
+    """The spec was edited since the launch (``fields``, spec_change.changes): the Event
+    SpecChanged and the condition Relaunched name them; ``doing``: what the operator does now."""
+    what = f"{spec_change.describe(fields)} changed"
+    event(st, "Normal", "SpecChanged", f"{what}: {doing} (not counted as a restart)")
+    st.relaunched = f"attempt {st.attempt}: {what}"
+
+
+def spec_changes(st: JobState, spec: JobSpec, metadata: bool = False) -> list[str]:
+    """The fields the plan or the pods depend on that differ from those the job's ConfigMap was
+    launched with (the user edited them since; [] also without a ConfigMap): spec_change.py.
+    ``metadata``: template.metadata too (an attempt with no pods to keep)."""
+    return spec_change.changes(st.obs.configmap, st.job.get("spec") or {}, spec, metadata)
 
 
 def launched_layout(st: JobState) -> Layout | None:
@@ -347,16 +410,44 @@ def launched_replicas(st: JobState) -> replicas.ReplicaPlan | None:
         return None
 
 
+UNSCHEDULABLE_NODES = "unschedulableNodes"  # status: planned nodes the scheduler refused
+
+
+def refused_nodes(st: JobState) -> dict[str, dict]:
+    """The planned nodes the scheduler refused a pod of this job on (tracking.py), while
+    planning still leaves them out (until their ``until``); the expired ones leave the status."""
+    kept = {}
+    for node, v in (st.status.get(UNSCHEDULABLE_NODES) or {}).items():
+        try:
+            until = parse_time((v or {}).get("until"))
+        except ValueError:
+            until = None
+        if until is not None and until > st.obs.now:
+            kept[node] = dict(v)
+    if kept:
+        st.status[UNSCHEDULABLE_NODES] = kept
+    else:
+        st.status.pop(UNSCHEDULABLE_NODES, None)
+    return kept
+
+
+def planning_nodes(st: JobState) -> list[dict]:
+    """The nodes this job plans on: all it observes but those the scheduler refused it."""
+    out = refused_nodes(st)
+    return [n for n in st.obs.nodes if n["metadata"]["name"] not in out] if out else st.obs.nodes
+
+
 def placement_of(st: JobState) -> placement.Placement:
     """This job's placement question (core/placement.py); the decision then counts as one
     that placed (its time is the operator's planning-duration metric)."""
     st.d.placed = True
     return placement.Placement(
         st.facts,
-        st.obs.nodes,
+        planning_nodes(st),
         st.job,
         across_members=st.obs.members is not None,
-        node_labels=st.node_labels,
+        flavor_labels=st.flavor_labels,
         priority_classes=st.obs.priority_classes or {},
         gpu_resource=st.settings.gpu_resource,
+        raw_priority_namespaces=st.settings.raw_priority_namespaces,
     )

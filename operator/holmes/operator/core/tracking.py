@@ -4,9 +4,22 @@ stage speeds (replan.py). A failed attempt restarts as a gang (restarting.py). P
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from holmes.contract import JobSpec
 
-from . import child_names, elastic, eta, failures, launching, placement, replan, replicas, restarting
+from . import (
+    child_names,
+    elastic,
+    eta,
+    failures,
+    launching,
+    placement,
+    queueing,
+    replan,
+    replicas,
+    restarting,
+)
 from . import conditions as cond
 from .render import build_service
 from .replicas import REPLICAS_READ
@@ -18,6 +31,7 @@ from .state import (
     RUNNING,
     SCALE_UP,
     SUCCEEDED,
+    UNSCHEDULABLE_NODES,
     Decision,
     JobState,
     cm_annotation,
@@ -29,24 +43,22 @@ from .state import (
     launched_layout,
     launched_replicas,
     placement_of,
+    refused_nodes,
     set_phase,
     spec_changed,
+    spec_changes,
     teardown,
 )
-from .summary import failure_of, merged_progress, pod_counts, waiting_reason
+from .summary import failure_of, iso, merged_progress, pod_counts, waiting_reason
 
 
 def track(st: JobState, spec: JobSpec) -> Decision:
     st.status.pop("createFailures", None)  # this attempt's children were all accepted
     delete_stale(st)
-    if cm_annotation(st, child_names.ANN_ATTEMPT) == str(st.attempt) and spec_changed(st):
+    changed = spec_changes(st, spec) if cm_annotation(st, child_names.ANN_ATTEMPT) == str(st.attempt) else []
+    if changed:
         teardown(st)
-        event(
-            st,
-            "Normal",
-            "SpecChanged",
-            "the spec changed: relaunching all pods with a new plan (not counted as a restart)",
-        )
+        spec_changed(st, changed, "relaunching all pods with a new plan")
         return launching.launch(st, spec)
 
     if st.obs.service is None:  # rendezvous needs it: put it back
@@ -60,6 +72,9 @@ def track(st: JobState, spec: JobSpec) -> Decision:
     disrupted = _disrupted(st, spec, pods, expected)
     if disrupted is not None:
         return disrupted
+    refused, next_in = _unschedulable(st, spec, pods)
+    if refused is not None:
+        return refused
     failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
     if failed:
         return _pod_failed(st, spec, failed)
@@ -85,7 +100,41 @@ def track(st: JobState, spec: JobSpec) -> Decision:
             f"pods running" + (f"; {why}" if why else ""),
         )
     st.d.requeue_after = st.settings.progress_interval
+    if next_in is not None:  # wake when a refused pod's timeout is up
+        st.d.requeue_after = min(st.d.requeue_after, max(next_in, 0.5))
     return st.d
+
+
+def _unschedulable(st: JobState, spec: JobSpec, pods: list[dict]) -> tuple[Decision | None, float | None]:
+    """A pod the scheduler has refused on its planned node for runPolicy.schedulingTimeoutSeconds:
+    give the gang's nodes back and plan again without that node (a disruption, not the job's
+    failure), as Kueue's waitForPodsReady does; a job Kueue admits has that deadline from Kueue
+    itself. Else (None, seconds until a refused pod's timeout)."""
+    kept = refused_nodes(st)
+    if queueing.queue_name(st.job) is not None:
+        return None, None
+    layout = launched_layout(st)
+    if layout is None:
+        return None, None
+    plan = launched_replicas(st)
+    timeout = spec.run_policy.scheduling_timeout_seconds
+    found = failures.unschedulable(
+        pods, list(plan.nodes if plan is not None else layout.nodes), st.obs.now, timeout
+    )
+    if not found.refused:
+        return None, found.next_in
+    until = iso(st.obs.now + timedelta(seconds=timeout))
+    st.status[UNSCHEDULABLE_NODES] = {
+        **kept,
+        **{n: {"message": m, "until": until} for n, m in found.refused.items()},
+    }
+    listed = "; ".join(f"node {n}: {m}" for n, m in sorted(found.refused.items()))
+    why = (
+        f"the scheduler left a pod unschedulable on its planned node for {timeout}s "
+        f"(runPolicy.schedulingTimeoutSeconds): {listed}; planning again without "
+        f"{', '.join(sorted(found.refused))} until {until}"
+    )
+    return restarting.gang_failure(st, spec, why, DISRUPTION, "PodUnschedulable"), None
 
 
 def _disrupted(st: JobState, spec: JobSpec, pods: list[dict], expected: int) -> Decision | None:

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 from holmes.contract import JobSpec, SpecError, load_job
 
-from . import child_names, validation
-from .state import Decision, JobState, cm_annotation, stall
+from . import child_names, spec_change, validation
+from .state import Decision, JobState, cm_annotation, spec_changes, stall
 
 
 def parse(job: Mapping) -> tuple[JobSpec | None, SpecError | None]:
@@ -32,8 +32,18 @@ def validate(st: JobState, spec: JobSpec | None, invalid: SpecError | None) -> D
         spec,
         st.settings.policy,
         st.obs.members is not None,
-        cm_annotation(st, child_names.ANN_MODEL_HASH),
+        _model_changed(st, spec),
+        st.settings.gpu_resource,
     )
     if refused is not None:
         return stall(st, *refused)
     return None
+
+
+def _model_changed(st: JobState, spec: JobSpec) -> bool:
+    """spec.model differs from the launched one, defaults applied (a CRD upgrade that adds a
+    defaulted model field changes its stored hash, not the model)."""
+    started = cm_annotation(st, child_names.ANN_MODEL_HASH)
+    if not started or started == child_names.model_hash(st.job.get("spec") or {}):
+        return False
+    return spec_change.model_changed(spec_changes(st, spec))

@@ -1,12 +1,16 @@
 """What stops a job before anything is planned: a spec Holmes cannot run as written, or one the
 operator's job policy refuses. Each refusal is (condition reason, message naming the field and
-the fix); the reconciler stalls the job with it until the spec changes."""
+the fix); the reconciler stalls the job with it until the spec changes. (What the API server
+checks itself, the Pod schema and Pod Security, it checks on a dry run of the rendered pods
+before the gang is created: kube.py, restarting.template_rejected.)"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from holmes.contract import JobSpec
+from holmes.contract.names import RESOURCE_GPU
+from holmes.contract.podtemplate import ROOT
 
 from . import child_names, queueing
 from .template import TemplatePolicy, policy_violations
@@ -14,19 +18,45 @@ from .template import TemplatePolicy, policy_violations
 FIX = " -- fix the spec with kubectl edit or apply"
 
 
+def gpu_limit_problems(spec: JobSpec, gpu_resource: str) -> list[str]:
+    """The trainer container's GPU limit or request where it is not spec.nodes.gpusPerNode: the
+    layout starts one process per planned GPU, so a pod granted other than that fails or idles
+    GPUs. (Holmes sets it itself when the template leaves it out.)"""
+    containers = ((spec.template or {}).get("spec") or {}).get("containers") or []
+    idx = next((i for i, c in enumerate(containers) if c.get("name") == child_names.TRAINER_CONTAINER), 0)
+    if not containers:
+        return []
+    want = spec.nodes.gpus_per_node
+    out = []
+    resources = containers[idx].get("resources") or {}
+    for part in ("limits", "requests"):
+        have = (resources.get(part) or {}).get(gpu_resource)
+        if have is not None and str(have) != str(want):
+            out.append(
+                f"{ROOT}.spec.containers[{idx}].resources.{part}[{gpu_resource}]: {have} disagrees with "
+                f"spec.nodes.gpusPerNode: {want} (the layout runs one process per planned GPU): remove "
+                "it (Holmes sets it) or set it to gpusPerNode"
+            )
+    return out
+
+
 def refusal(
-    job: Mapping, spec: JobSpec, policy: TemplatePolicy, across_members: bool, started_model: str | None
+    job: Mapping,
+    spec: JobSpec,
+    policy: TemplatePolicy,
+    across_members: bool,
+    model_changed: bool,
+    gpu_resource: str = RESOURCE_GPU,
 ) -> tuple[str, str] | None:
-    """The first reason the job cannot go on (None: it may). ``started_model``: the model hash
-    the job's checkpoints were written with (the launched ConfigMap's), if any."""
+    """The first reason the job cannot go on (None: it may). ``model_changed``: spec.model differs
+    from the one the job's checkpoints were written with (the launched ConfigMap's);
+    ``gpu_resource``: the GPUs' resource name (the cost model's nicMapping.gpuResource)."""
     denied = policy_violations(spec.template, policy)
-    if spec.network == "hostNetwork" and not policy.allow_host_namespaces:
-        denied.append(
-            "spec.network: hostNetwork is not allowed by the operator's job policy (allowed by the "
-            "operator flag --allow-host-namespaces, chart value jobPolicy.allowHostNamespaces: true)"
-        )
     if denied:
         return "PolicyViolation", "; ".join(denied)
+    gpus = gpu_limit_problems(spec, gpu_resource)
+    if gpus:
+        return "InvalidSpec", "; ".join(gpus) + FIX
     replicas = spec.training.across_islands.mode == "replicas"  # auto runs a pipeline here
     if replicas and spec.framework != "holmes":  # the outer step is Holmes' trainer's (outer.py)
         return (
@@ -47,7 +77,7 @@ def refusal(
             "schedulerName: volcano (a Volcano PodGroup) is not supported for a job across member "
             "clusters yet: remove spec.template.spec.schedulerName",
         )
-    if started_model and started_model != child_names.model_hash(job.get("spec") or {}):
+    if model_changed:
         return (
             "ImmutableField",
             "spec.model cannot change once the job has started (its checkpoints hold this model); "

@@ -1,0 +1,209 @@
+"""Real nodes' plans and configurations (hack/localkube/realnode.py), the topology field that asks
+for them, and the pause image's archive (hack/holmes_dev/ociarchive.py): pure, nothing started."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import ipaddress
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+import tomllib
+from holmes_dev import ociarchive
+
+from localkube import podnet, realnode
+from localkube.topology import AGENT, KUBELET, TopologyError, parse_topology
+
+SUBNET = ipaddress.IPv4Network("10.231.0.0/16")
+PLAN = realnode.NodePlan("rk-0", 40, Path("/state/nodes/rk-0"), 10250, realnode.node_subnet(SUBNET, 40))
+
+
+def test_played_by_defaults_to_the_agent_and_kubelet_nodes_are_split_off():
+    topo = parse_topology(
+        {
+            "defaults": {"playedBy": KUBELET},
+            "nodes": [
+                {"name": "a", "cluster": "east", "nic": "roce"},
+                {"name": "b", "cluster": "west", "nic": "roce", "playedBy": AGENT},
+            ],
+        }
+    )
+    assert [n.played_by for n in topo.nodes] == [KUBELET, AGENT]
+    assert topo.played_by(KUBELET).names == ["a"] and topo.played_by(AGENT).names == ["b"]
+    plain = parse_topology({"nodes": [{"name": "c", "cluster": "x", "nic": "ethernet"}]})
+    assert plain.nodes[0].played_by == AGENT
+
+
+def test_a_bad_played_by_names_the_field_and_the_choices():
+    with pytest.raises(
+        TopologyError, match=r"nodes\[0\]: playedBy must be one of \('agent', 'kubelet'\).*'kwok'"
+    ):
+        parse_topology({"nodes": [{"name": "a", "cluster": "x", "nic": "roce", "playedBy": "kwok"}]})
+
+
+def test_each_node_and_fabric_gets_its_own_slash24_and_the_node_its_gateway():
+    assert PLAN.subnet == ipaddress.IPv4Network("10.231.40.0/24")
+    assert (PLAN.gateway, PLAN.bridge, PLAN.cgroup) == ("10.231.40.1", "lkn40", "lk40-rk-0")
+    assert realnode.fabric_subnet(SUBNET, 41) == ipaddress.IPv4Network("10.232.41.0/24")
+    assert podnet.REAL_BRIDGE.match("lkn40") and podnet.REAL_BRIDGE.match("lkf7")
+    assert not podnet.REAL_BRIDGE.match("holmes-pods0") and not podnet.REAL_BRIDGE.match("lkn40x")
+
+
+def test_the_fabric_is_the_island_and_must_make_a_nad_name():
+    topo = parse_topology({"nodes": [{"name": "a", "cluster": "East", "nic": "roce"}]})
+    assert realnode.fabric_of(topo.nodes[0]) == "east-roce"
+    bad = parse_topology({"nodes": [{"name": "a", "cluster": "east_1", "nic": "roce"}]})
+    with pytest.raises(realnode.RealNodeError, match="node a: .*'east_1-roce', not a DNS label"):
+        realnode.fabric_of(bad.nodes[0])
+
+
+def test_containerd_config_is_version_3_with_what_this_sandbox_needs():
+    cfg = tomllib.loads(realnode.containerd_config(PLAN, Path("/cache/cni/bin")))
+    assert cfg["version"] == 3
+    assert (cfg["root"], cfg["state"]) == (
+        "/state/nodes/rk-0/containerd/root",
+        "/state/nodes/rk-0/containerd/state",
+    )
+    assert cfg["grpc"]["address"] == "/state/nodes/rk-0/containerd/containerd.sock"
+    runtime = cfg["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["restrict_oom_score_adj"] is True  # no CAP_SYS_RESOURCE here
+    runc = runtime["containerd"]["runtimes"]["runc"]
+    assert runc["options"] == {"SystemdCgroup": False, "Root": "/state/nodes/rk-0/runc"}
+    assert runtime["cni"]["bin_dirs"] == ["/cache/cni/bin"]
+    assert runtime["cni"]["conf_dir"] == "/state/nodes/rk-0/cni/net.d"
+    assert cfg["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == realnode.PAUSE_REF
+    assert "io.containerd.nri.v1.nri" in cfg["disabled_plugins"]  # one socket per machine
+
+
+def test_kubelet_config_is_the_nodes_own_and_touches_nothing_shared():
+    cfg = realnode.kubelet_config(PLAN, Path("/state/pki/kubelet-ca.crt"), 110)
+    assert (cfg["address"], cfg["port"], cfg["clusterDNS"]) == ("10.231.40.1", 10250, ["10.231.40.1"])
+    assert cfg["containerRuntimeEndpoint"] == "unix:///state/nodes/rk-0/containerd/containerd.sock"
+    assert (cfg["cgroupDriver"], cfg["cgroupRoot"], cfg["failCgroupV1"]) == ("cgroupfs", "/lk40-rk-0", False)
+    assert cfg["podLogsDir"] == "/state/nodes/rk-0/pod-logs"
+    assert cfg["makeIPTablesUtilChains"] is False
+    assert cfg["authentication"]["anonymous"] == {"enabled": False}
+    assert cfg["authentication"]["x509"] == {"clientCAFile": "/state/pki/kubelet-ca.crt"}
+    assert (cfg["readOnlyPort"], cfg["healthzPort"]) == (0, 0)
+
+
+def test_the_pod_network_routes_through_the_bridge_without_the_plugin_turning_on_ip_forward(tmp_path):
+    conf = realnode.bridge_conflist(PLAN, tmp_path)
+    (bridge,) = conf["plugins"]
+    assert (bridge["bridge"], bridge["isGateway"], bridge["ipMasq"]) == ("lkn40", False, False)
+    assert bridge["ipam"]["ranges"] == [
+        [{"subnet": "10.231.40.0/24", "rangeStart": "10.231.40.2", "gateway": "10.231.40.1"}]
+    ]
+    assert bridge["ipam"]["routes"] == [{"dst": "0.0.0.0/0", "gw": "10.231.40.1"}]
+    multus = realnode.multus_conf(PLAN, Path("/state/kubeconfig"), conf, Path("/cache/cni/bin"))
+    assert (multus["type"], multus["delegates"], multus["binDir"]) == ("multus", [conf], "/cache/cni/bin")
+    assert multus["kubeconfig"] == "/state/kubeconfig"
+
+
+def test_a_fabrics_attachment_is_a_bridge_of_its_own_in_the_default_namespace(tmp_path):
+    nad = realnode.network_attachment("east-roce", 41, realnode.fabric_subnet(SUBNET, 41), tmp_path)
+    assert nad["kind"] == "NetworkAttachmentDefinition" and nad["metadata"]["namespace"] == "default"
+    cfg = json.loads(nad["spec"]["config"])
+    assert (cfg["name"], cfg["type"], cfg["bridge"], cfg["isGateway"]) == (
+        "east-roce",
+        "bridge",
+        "lkf41",
+        False,
+    )
+    assert cfg["ipam"] == {
+        "type": "host-local",
+        "dataDir": str(tmp_path),
+        "ranges": [[{"subnet": "10.232.41.0/24"}]],
+    }
+
+
+def test_coredns_binds_only_the_nodes_addresses_and_no_fixed_port():
+    text = realnode.corefile(["10.231.40.1", "10.231.41.1"], Path("/state/kubeconfig"))
+    assert "bind 10.231.40.1 10.231.41.1" in text
+    assert "kubeconfig /state/kubeconfig localkube" in text and "kubernetes cluster.local" in text
+    for fixed in ("health", "ready", "prometheus", "0.0.0.0"):
+        assert fixed not in text
+
+
+def test_mountpoints_under_a_dir_come_deepest_first_with_escapes_undone():
+    info = "\n".join(
+        [
+            "22 27 0:21 / /proc rw - proc proc rw",
+            "90 27 0:50 / /state/nodes/rk-0/kubelet/pods/u/volumes/a\\040b rw - tmpfs tmpfs rw",
+            "91 27 0:51 / /state/nodes/rk-0/containerd/state/x/rootfs rw - overlay overlay rw",
+            "92 27 0:52 / /state/nodes/rk-0/containerd/state/x/rootfs/dev rw - tmpfs tmpfs rw",
+            "93 27 0:53 / /state/nodes/rk-00/other rw - tmpfs tmpfs rw",
+        ]
+    )
+    assert realnode.mountpoints_under(info, Path("/state/nodes/rk-0")) == [
+        "/state/nodes/rk-0/containerd/state/x/rootfs/dev",
+        "/state/nodes/rk-0/kubelet/pods/u/volumes/a b",
+        "/state/nodes/rk-0/containerd/state/x/rootfs",
+    ]
+
+
+def test_only_the_shims_of_our_own_containerd_sockets_are_ours():
+    procs = {
+        10: [
+            "/cache/bin/containerd-shim-runc-v2",
+            "-namespace",
+            "k8s.io",
+            "-id",
+            "a",
+            "-address",
+            "/s/ours.sock",
+        ],
+        11: [
+            "/usr/bin/containerd-shim-runc-v2",
+            "-namespace",
+            "k8s.io",
+            "-id",
+            "b",
+            "-address",
+            "/run/theirs",
+        ],
+        12: ["python", "-address", "/s/ours.sock"],
+    }
+    assert realnode.shim_pids(procs, {"/s/ours.sock"}) == [10]
+
+
+def _members(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+
+
+def test_the_pause_archive_is_an_oci_layout_named_for_ctr_and_reproducible():
+    archive = ociarchive.image_archive(b"\x7fELF...", "pause", "localhost/holmes-pause:1")
+    assert archive == ociarchive.image_archive(b"\x7fELF...", "pause", "localhost/holmes-pause:1")
+    files = _members(archive)
+    assert json.loads(files["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
+    for name, data in files.items():  # every blob is stored under its own digest
+        if name.startswith("blobs/sha256/"):
+            assert name.rsplit("/", 1)[1] == hashlib.sha256(data).hexdigest()
+    (entry,) = json.loads(files["index.json"])["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == "localhost/holmes-pause:1"
+    manifest = json.loads(files["blobs/sha256/" + entry["digest"].split(":")[1]])
+    config = json.loads(files["blobs/sha256/" + manifest["config"]["digest"].split(":")[1]])
+    assert config["config"] == {"Entrypoint": ["/pause"], "User": "65535:65535"}
+    layer = _members(files["blobs/sha256/" + manifest["layers"][0]["digest"].split(":")[1]])
+    assert layer == {"pause": b"\x7fELF..."}
+    with pytest.raises(ValueError, match="full reference with a tag"):
+        ociarchive.image_archive(b"", "pause", "holmes-pause")
+
+
+def test_an_image_store_is_in_use_while_a_containerd_locks_its_database(tmp_path):
+    import fcntl
+
+    root = tmp_path / "rk-0"
+    assert not realnode.store_in_use(root)  # never used
+    db = root / "io.containerd.metadata.v1.bolt" / "meta.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"")
+    assert not realnode.store_in_use(root)  # left by a containerd that stopped
+    with open(db) as held:  # bolt's lock, as a running containerd holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert realnode.store_in_use(root)
+    assert not realnode.store_in_use(root)
