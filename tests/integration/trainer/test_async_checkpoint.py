@@ -8,6 +8,7 @@ import threading
 import time
 
 from holmes.trainer import checkpoint
+from holmes.trainer.async_checkpoint import CHECKPOINT_NICE
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
 from tests.helpers.trainer.trainer_harness import make_layout, run_ranks, tiny_config, train_on_layout
 
@@ -166,7 +167,8 @@ def _sources(state):
 def test_the_save_is_written_by_a_checkpoint_process_of_each_rank(tmp_path):
     """Before: DCP planned and wrote on a thread of the training process (its GIL). Now one
     checkpoint process per rank, started at the first save and kept for the next, reading the
-    staging buffer from shared memory; the plans are cached from the second save on."""
+    staging buffer from shared memory; the plans are cached from the second save on. It runs
+    at a lower CPU priority than its rank (before: the same, competing with training)."""
     root = str(tmp_path / "ckpt")
     cfg = tiny_config(optimizer=ADAMW, iterations=3, checkpoint=CheckpointConfig(root, 1))
 
@@ -180,7 +182,9 @@ def test_the_save_is_written_by_a_checkpoint_process_of_each_rank(tmp_path):
         def on_iteration(trainer, record):
             proc = executor._CHECKPOINT_PROCESS
             if proc is not None:
-                seen.append((proc._save_process.pid, proc._save_process.is_alive()))
+                pid = proc._save_process.pid
+                nice = (os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, pid))
+                seen.append((pid, proc._save_process.is_alive(), nice))
             assert trainer.checkpointer.stager._flat is None or trainer.checkpointer.stager._flat.is_shared()
 
         train_on_layout(rank, cfg, layout, on_iteration)
@@ -189,8 +193,10 @@ def test_the_save_is_written_by_a_checkpoint_process_of_each_rank(tmp_path):
     out = run_ranks(2, body, cfg, LAYOUT)
     for rank in (0, 1):
         got = out[rank][1]
-        pids = {pid for pid, alive in got["seen"] if alive}
+        pids = {pid for pid, alive, _ in got["seen"] if alive}
         assert len(pids) == 1 and got["pid"] not in pids, got  # one process, not the rank's own
+        for _, _, (mine, its) in got["seen"]:
+            assert its == min(19, mine + CHECKPOINT_NICE), got
     assert checkpoint.newest_complete(root) == 3
 
 

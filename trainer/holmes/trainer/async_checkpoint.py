@@ -14,13 +14,16 @@ A save (:meth:`AsyncCheckpointer.save`, collective over the checkpoint group) ha
    of its own over all ranks, started at the first save and kept): DCP's plan exchange and the
    file writes, while the next iterations run, without holding the training process's GIL
    (on a thread, DCP's planning and writing took it from a Python-dispatched training loop).
-   The staged state reaches it as shared-memory handles (the staging buffer is allocated in
-   shared memory), not a copy; the planner caches its plans (``enable_plan_caching``), so
-   saves after the first send no plan when nothing changed. Then, on a thread of this module,
-   the **commit**: every rank reports
-   whether its write finished (gathered over the checkpoint group), and only when all did
-   does rank 0 write ``holmes.json`` (checkpoint.write_marker). A save that failed anywhere
-   leaves a directory without the marker, which nothing resumes from (checkpoint.py).
+   The staging buffer is in shared memory and reaches the checkpoint process once; a save
+   sends only where each tensor lies in it (:class:`StagedState`), and each tensor there
+   owns exactly its bytes, so DCP's writer writes it without a copy. The checkpoint process
+   runs at a lower CPU priority (``CHECKPOINT_NICE``): background work that yields to the
+   training process where they share cores. The planner caches its plans
+   (``enable_plan_caching``), so saves after the first plan nothing when nothing changed.
+   Then, on a thread of this module, the **commit**: every rank reports whether its write
+   finished (gathered over the checkpoint group), and only when all did does rank 0 write
+   ``holmes.json`` (checkpoint.write_marker). A save that failed anywhere leaves a directory
+   without the marker, which nothing resumes from (checkpoint.py).
 
 Both threads use the checkpoint group (gloo, its own long timeout) and only one save is in
 flight, so its collectives never interleave with another's; the training thread never uses
@@ -33,8 +36,10 @@ waiting in their next collective.
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,6 +55,11 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from . import checkpoint
 
 ALIGN = 512  # bytes between tensors in the staging buffer (every dtype's alignment, and more)
+_NOWHERE = object()  # no checkpoint process has the staging buffer yet
+
+# A staged state's layout in its buffer: (key, the global shape of a Chunks or None for a plain
+# tensor, [(chunk offsets or None, byte offset in the buffer, shape, dtype)]).
+Recipe = list[tuple[str, "tuple[int, ...] | None", list[tuple[Any, int, tuple[int, ...], torch.dtype]]]]
 
 
 def staging_offsets(nbytes: list[int]) -> tuple[list[int], int]:
@@ -82,6 +92,8 @@ class HostStager:
         self._flat: torch.Tensor | None = None
         self._specs: list[tuple[tuple[int, ...], torch.dtype]] = []
         self._registered = False
+        self._token = ""  # names the buffer to the checkpoint process
+        self._sent_to: Any = _NOWHERE  # the checkpoint process that has it (its pid)
 
     @property
     def should_synchronize_after_execute(self) -> bool:
@@ -92,8 +104,8 @@ class HostStager:
         """Host memory the staging buffer holds."""
         return 0 if self._flat is None else self._flat.numel()
 
-    def _buffers(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One host view per tensor, in one buffer kept while the shapes stay the same."""
+    def _buffer(self, tensors: list[torch.Tensor]) -> list[int]:
+        """Where each tensor goes in the one buffer, kept while the shapes stay the same."""
         specs = [(tuple(t.shape), t.dtype) for t in tensors]
         offsets, total = staging_offsets([t.numel() * t.element_size() for t in tensors])
         if self._flat is None or specs != self._specs:
@@ -106,45 +118,52 @@ class HostStager:
                 torch.cuda.cudart().cudaHostRegister(self._flat.data_ptr(), total, 0)
                 self._registered = True
             self._specs = specs
-        flat = self._flat
-        return [
-            flat[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-            for o, t in zip(offsets, tensors)
-        ]
+            self._token = uuid.uuid4().hex
+            self._sent_to = _NOWHERE
+        return offsets
 
-    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+    def stage(self, state: dict[str, Any]) -> StagedState:
         from torch.distributed.tensor import DTensor
 
         sources: list[torch.Tensor] = []
+        shapes: list[tuple[str, tuple[int, ...] | None, list[tuple[int, ...] | None]]] = []
         for key, value in state.items():
             if isinstance(value, checkpoint.Chunks):
+                shapes.append((key, tuple(value.shape), [tuple(o) for o, _ in value._pieces]))
                 sources += [t for _, t in value._pieces]
-            elif isinstance(value, DTensor):
+            elif isinstance(value, DTensor):  # the one chunk it is, at its offsets
+                (chunk,) = value.__create_chunk_list__()
+                shapes.append((key, tuple(value.shape), [tuple(chunk.offsets)]))
                 sources.append(value.to_local())
             elif isinstance(value, torch.Tensor):
+                shapes.append((key, None, [None]))
                 sources.append(value)
             else:
                 raise TypeError(f"checkpoint state {key}: cannot stage a {type(value).__name__}")
-        bufs = iter(self._buffers(sources))
-
-        def copy(t: torch.Tensor) -> torch.Tensor:
-            buf = next(bufs)
-            buf.copy_(t.detach(), non_blocking=self.pin)
-            return buf
-
-        out: dict[str, Any] = {}
-        for key, value in state.items():
-            if isinstance(value, checkpoint.Chunks):
-                out[key] = checkpoint.Chunks(tuple(value.shape), [(o, copy(t)) for o, t in value._pieces])
-            elif isinstance(value, DTensor):
-                (chunk,) = value.__create_chunk_list__()
-                local = copy(value.to_local())
-                out[key] = checkpoint.Chunks(tuple(value.shape), [(tuple(chunk.offsets), local)])
-            else:
-                out[key] = copy(value)
+        offsets = iter(zip(self._buffer(sources), sources))
+        recipe: Recipe = [
+            (key, size, [(o, at, tuple(t.shape), t.dtype) for o, (at, t) in zip(chunks, offsets)])
+            for key, size, chunks in shapes
+        ]
+        assert self._flat is not None
+        views = _views(self._flat, recipe)
+        for dst, src in zip(views, sources):
+            dst.copy_(src.detach(), non_blocking=self.pin)
         if self.pin and torch.cuda.is_initialized():
-            torch.cuda.current_stream().synchronize()  # the writer thread reads the buffers next
-        return out
+            torch.cuda.current_stream().synchronize()  # the writer reads the buffers next
+        return StagedState(self, recipe, _state(views, recipe))
+
+    def transfer(self) -> tuple[str, torch.Tensor | None]:
+        """What a pickled :class:`StagedState` carries besides its recipe: this buffer's token,
+        and the buffer itself (a shared-memory handle) only if the checkpoint process has not
+        received it yet, so a save sends a few kilobytes, not a handle per tensor."""
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        proc = executor._CHECKPOINT_PROCESS
+        dest = None if proc is None else proc._save_process.pid
+        send = self._flat if self._sent_to != dest else None
+        self._sent_to = dest
+        return self._token, send
 
     def synchronize_staging(self) -> None:
         """Nothing to wait for: :meth:`stage` returns staged state."""
@@ -153,6 +172,72 @@ class HostStager:
         if self._flat is not None and self._registered:
             torch.cuda.cudart().cudaHostUnregister(self._flat.data_ptr())
         self._flat, self._specs, self._registered = None, [], False
+        self._token, self._sent_to = "", _NOWHERE
+
+
+def _views(flat: torch.Tensor, recipe: Recipe) -> list[torch.Tensor]:
+    """One tensor per piece of ``recipe``, each on a storage of exactly its own bytes in
+    ``flat`` (no copy): DCP's file writer clones a tensor whose storage is larger than itself,
+    which views of the one buffer would all be."""
+    whole = flat.numpy()
+    return [
+        torch.from_numpy(whole[at : at + _nbytes(shape, dtype)]).view(dtype).view(shape)
+        for _, _, pieces in recipe
+        for _, at, shape, dtype in pieces
+    ]
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return n
+
+
+def _state(tensors: list[torch.Tensor], recipe: Recipe) -> dict[str, Any]:
+    """The state dict ``recipe`` describes, on its pieces' ``tensors`` (:func:`_views`)."""
+    views = iter(tensors)
+    out: dict[str, Any] = {}
+    for key, size, pieces in recipe:
+        if size is None:
+            out[key] = next(views)
+        else:
+            out[key] = checkpoint.Chunks(size, [(o, next(views)) for o, _, _, _ in pieces])
+    return out
+
+
+class StagedState(dict):  # type: ignore[type-arg]
+    """A staged state (:meth:`HostStager.stage`): DCP's state dict, whose tensors live in the
+    stager's buffer. Sent to the checkpoint process (pickled through its pipe), it is its
+    recipe and the buffer's token; the buffer (shared memory) goes along only the first time,
+    and the checkpoint process keeps it (:func:`_rebuild_staged`). Pickled by torch's
+    reductions instead, it would be a shared-memory handle fetched from this process and a
+    rebuilt tensor per tensor, every save, on threads of the training process."""
+
+    def __init__(self, stager: HostStager, recipe: Recipe, state: dict[str, Any]):
+        super().__init__(state)
+        self._stager, self._recipe = stager, recipe
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        token, flat = self._stager.transfer()
+        return (_rebuild_staged, (token, flat, self._recipe))
+
+
+_RECEIVED: dict[str, torch.Tensor] = {}  # in the checkpoint process: token -> staging buffer
+
+
+def _rebuild_staged(token: str, flat: torch.Tensor | None, recipe: Recipe) -> dict[str, Any]:
+    """In the checkpoint process: the staged state, on the staging buffer it keeps (a new one
+    replaces the old: a rank has one)."""
+    if flat is not None:
+        _RECEIVED.clear()
+        _RECEIVED[token] = flat
+    if token not in _RECEIVED:
+        raise checkpoint.CheckpointError(
+            f"the checkpoint process never received staging buffer {token} (it has "
+            f"{sorted(_RECEIVED) or 'none'}): a save sent it a recipe without its buffer"
+        )
+    return _state(_views(_RECEIVED[token], recipe), recipe)
 
 
 @dataclass
@@ -290,6 +375,7 @@ class AsyncCheckpointer:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+CHECKPOINT_NICE = 10  # the checkpoint process's niceness: it yields the CPU to training
 
 
 class _IgnoringStopSignals(_ProcessGroupInitInfo):
@@ -298,13 +384,15 @@ class _IgnoringStopSignals(_ProcessGroupInitInfo):
     A pod's SIGTERM reaches the whole process group (torchrun signals its workers' groups; a
     runtime may signal every process) and would kill it, losing the save on preemption
     (preempt.py) that goes through it. Python's spawn resets a blocked signal mask, and only
-    the main thread may set dispositions, hence here. It ends on request
+    the main thread may set dispositions, hence here (and its niceness, CHECKPOINT_NICE, for
+    its whole life). It ends on request
     (:func:`stop_checkpoint_process`), on its pipe's EOF when its rank dies, or by SIGKILL at
     the end of the pod's grace period."""
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
+        os.nice(CHECKPOINT_NICE)
         self.__dict__.update(state)
 
 
