@@ -12,7 +12,10 @@ waits (for its file writes, for the other rank) hands no CPU to anyone. A writer
 its time from its own rank's budget (and its GIL); the checkpoint process runs in a cgroup of
 its own with the same budget, as on a GPU node, whose host has cores the training process does
 not use, and the CPU it spends over the window is measured and printed (``writerCpuSeconds``,
-/proc), not hidden.
+/proc), not hidden. The ranks' groups take the CPU first (the highest weight, up to their
+budget: a quota alone guarantees nothing on a shared machine, whose other load then decided
+single rounds); the writers' groups compete at the default weight, as background work does (the
+checkpoint process runs niced in a pod).
 
 The checkpoint process starts once per run (a fresh interpreter, torch, a gloo group over the
 ranks): a job overlaps that with its first iterations; here each rank waits for it before
@@ -23,7 +26,8 @@ Measured on rank 0 from the end of iteration 10 to the end of iteration 30: 20 i
 the saves after iterations 10 and 20 (the one at the end, which waits for its write, is outside).
 Per round ``overhead = window(case) / window(no checkpoint, same round) - 1``; the table gives
 each case's median round and the spread (lowest, highest), and the verdict (asynchronous at most
-5% of iteration time and below synchronous) is on the median. The last line is JSON.
+5% of iteration time and below synchronous) is on the median. Each round is printed as it ends,
+every run with the machine's load average at its start. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -134,20 +138,31 @@ def main() -> None:
     a = ap.parse_args()
     model = smoke_model(MODEL) if a.smoke else MODEL
     rounds = 1 if a.smoke else a.rounds
-    limits = None
-    names = [f"ckpt{os.getpid()}-rank{r}" for r in range(D)]  # this run's own: others may run
-    names += [f"ckpt{os.getpid()}-writer{r}" for r in range(D)]  # each rank's checkpoint process
+    ranks = [f"ckpt{os.getpid()}-rank{r}" for r in range(D)]  # this run's own: others may run
+    writers = [f"ckpt{os.getpid()}-writer{r}" for r in range(D)]  # each rank's checkpoint process
+    groups: list[cpu_limit.CpuLimits] = []
     if not a.no_cpu_limit:
         try:
-            limits = cpu_limit.CpuLimits.create(dict.fromkeys(names, a.cores), sweep=False)
+            # the ranks take the CPU first, up to their budget (a quota alone guarantees nothing
+            # on a shared machine); the writers compete at the default weight, as background work
+            groups.append(
+                cpu_limit.CpuLimits.create(dict.fromkeys(ranks, a.cores), sweep=False, priority=True)
+            )
+            groups.append(cpu_limit.CpuLimits.create(dict.fromkeys(writers, a.cores), sweep=False))
         except cpu_limit.CpuLimitError as e:
+            for g in groups:
+                g.remove()
             sys.exit(f"checkpoint_overhead: {e}; or pass --no-cpu-limit")
-    dirs = [limits.dir(n) if limits else None for n in names]
+    dirs = (
+        [groups[0].dir(n) for n in ranks] + [groups[1].dir(n) for n in writers] if groups else [None] * 2 * D
+    )
     try:
         windows: dict[str, list[float]] = {c: [] for c in CASES}
+        loads: dict[str, list[float]] = {c: [] for c in CASES}  # 1-minute load average at each start
         staged, starts, writer_cpu = 0, [], []
-        for _ in range(rounds):
+        for r in range(rounds):
             for case in CASES:
+                loads[case].append(os.getloadavg()[0])
                 res = measure(model, case, dirs)
                 windows[case].append(res["window"])
                 staged = max(staged, res["stagedBytes"])
@@ -155,16 +170,27 @@ def main() -> None:
                     starts.append(res["startSeconds"])
                 if res.get("writerCpuSeconds") is not None:
                     writer_cpu.append(res["writerCpuSeconds"])
+            print(
+                f"round {r + 1}: "
+                + ", ".join(
+                    f"{c} {windows[c][-1]:.2f} s (load {loads[c][-1]:.1f})"
+                    + ("" if c == "none" else f" {windows[c][-1] / windows['none'][-1] - 1:+.1%}")
+                    for c in CASES
+                ),
+                flush=True,
+            )
     finally:
-        if limits is not None:
-            limits.remove()
+        for g in groups:
+            g.remove()
     summary = summarize(windows)
     per_iter = median(windows["none"]) / (LAST - FIRST)
     rows = [
         [c, median(windows[c]), median(windows[c]) / (LAST - FIRST), *summary.get(c, (0.0, 0.0, 0.0))]
         for c in CASES
     ]
-    budget = f"{a.cores:g} cores per rank (cgroup)" if limits else "no CPU limit"
+    budget = (
+        f"{a.cores:g} cores per rank and per writer (cgroups, the ranks first)" if groups else "no CPU limit"
+    )
     print(
         f"DP={D}, {model.layers} layers x h={model.hidden_size}, AdamW; checkpoint every {INTERVAL} "
         f"iterations; {budget}; {rounds} round(s), overhead per round against that round's no-checkpoint run"
@@ -194,8 +220,14 @@ def main() -> None:
                 "processStartSeconds": round(median(starts), 3) if starts else None,
                 # the checkpoint process's CPU over the window's two saves (rank 0), median round
                 "writerCpuSeconds": round(median(writer_cpu), 3) if writer_cpu else None,
-                "coresPerRank": a.cores if limits else None,
+                "coresPerRank": a.cores if groups else None,
                 "rounds": rounds,
+                # per round, against that round's no-checkpoint run; and each run's load average
+                "perRound": {
+                    c: [round(w / b - 1, 4) for w, b in zip(windows[c], windows["none"])] for c in CASES[1:]
+                },
+                "windows": {c: [round(w, 3) for w in windows[c]] for c in CASES},
+                "loadAverages": {c: [round(x, 2) for x in loads[c]] for c in CASES},
             }
         )
     )
