@@ -59,7 +59,7 @@ _NOWHERE = object()  # no checkpoint process has the staging buffer yet
 
 # A staged state's layout in its buffer: (key, the global shape of a Chunks or None for a plain
 # tensor, [(chunk offsets or None, byte offset in the buffer, shape, dtype)]).
-Recipe = list[tuple[str, "tuple[int, ...] | None", list[tuple[Any, int, tuple[int, ...], torch.dtype]]]]
+Recipe = list[tuple[str, tuple[int, ...] | None, list[tuple[Any, int, tuple[int, ...], torch.dtype]]]]
 
 
 def staging_offsets(nbytes: list[int]) -> tuple[list[int], int]:
@@ -206,7 +206,7 @@ def _state(tensors: list[torch.Tensor], recipe: Recipe) -> dict[str, Any]:
     return out
 
 
-class StagedState(dict):  # type: ignore[type-arg]
+class StagedState(dict[str, Any]):
     """A staged state (:meth:`HostStager.stage`): DCP's state dict, whose tensors live in the
     stager's buffer. Sent to the checkpoint process (pickled through its pipe), it is its
     recipe and the buffer's token; the buffer (shared memory) goes along only the first time,
