@@ -190,7 +190,12 @@ def test_the_save_is_written_by_a_checkpoint_process_of_each_rank(tmp_path):
         train_on_layout(rank, cfg, layout, on_iteration)
         return {"pid": os.getpid(), "seen": seen}
 
-    out = run_ranks(2, body, cfg, LAYOUT)
+    t0 = time.monotonic()
+    out = run_ranks(2, body, cfg, LAYOUT, timeout=240)
+    # each rank exits once it returns: it stops its checkpoint process first (before, a forked
+    # rank's multiprocessing exit hook sent it the SIGTERM it ignores and joined it for ever,
+    # until run_ranks killed the rank at its deadline)
+    assert time.monotonic() - t0 < 200
     for rank in (0, 1):
         got = out[rank][1]
         pids = {pid for pid, alive, _ in got["seen"] if alive}

@@ -35,7 +35,7 @@ waiting in their next collective.
 
 from __future__ import annotations
 
-import atexit
+import multiprocessing.util
 import os
 import signal
 import time
@@ -286,7 +286,9 @@ class AsyncCheckpointer:
         t0 = time.perf_counter()
         if executor._CHECKPOINT_PROCESS is None:
             executor._CHECKPOINT_PROCESS = executor._AsyncCheckpointProcess(pg_init_info=info)
-            atexit.register(stop_checkpoint_process)
+            # at exit, before multiprocessing terminates (SIGTERM, ignored) and joins its daemon
+            # children; a finalizer, not atexit: a forked multiprocessing child runs no atexit
+            multiprocessing.util.Finalize(None, stop_checkpoint_process, exitpriority=100)
         self.start_seconds = time.perf_counter() - t0
 
     def ready(self) -> None:
@@ -397,8 +399,8 @@ class _IgnoringStopSignals(_ProcessGroupInitInfo):
 
 
 def stop_checkpoint_process(timeout: float = 30.0) -> None:
-    """End this process's checkpoint process (at exit; before multiprocessing's own exit hook,
-    which would SIGTERM it, which it blocks, and join it for ever): ask it to stop, which it
+    """End this process's checkpoint process (at exit, before multiprocessing's own exit hook
+    would SIGTERM it, which it ignores, and join it for ever): ask it to stop, which it
     does between saves, then SIGKILL it if it has not within ``timeout`` seconds."""
     from torch.distributed.checkpoint import _async_process_executor as executor
 
