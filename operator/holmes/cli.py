@@ -523,6 +523,30 @@ def planned_layouts(args: argparse.Namespace) -> list[Any]:
         raise CliError(f"no layout: {e}") from None
 
 
+def topology_command(args: argparse.Namespace) -> int:
+    """``holmes topology``: the nodes classified as the operator classifies them, their islands
+    rendered for Kueue's TAS, KAI and Volcano (core/island_topology.py)."""
+    import yaml
+
+    from holmes.operator.core import island_topology as it
+    from holmes.plan import NicMapping, classify_nodes
+
+    if args.kubeconfig is None and args.nodes is None:
+        raise CliError("give --nodes NODES.yaml or --kubeconfig PATH")
+    nodes = (
+        load_nodes(args.nodes) if args.nodes else nodes_from_cluster(args.kubeconfig or None, args.context)
+    )
+    kinds = tuple(sorted(dict(k.split("=", 1) for k in args.cluster_rdma_kind or []).items()))
+    nics = classify_nodes(nodes, NicMapping(cluster_rdma_kinds=kinds))
+    labelled = [it.with_labels(n, nic) for n, nic in zip(nodes, nics) if not nic.problems]
+    for nic in nics:
+        if nic.problems:
+            print(f"# node {nic.name}: no island ({'; '.join(nic.problems)})")
+    items = [it.kueue_topology(args.name), it.kai_topology(args.name), *it.volcano_hypernodes(labelled)]
+    print(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}, sort_keys=False), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="holmes", description="Holmes: LLM training across clusters with heterogeneous NICs"
@@ -615,6 +639,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --svg: draw a running job's layout from its status (kubectl get hj NAME -o yaml)",
     )
     pl.set_defaults(func=plan_command)
+    tp = sub.add_parser(
+        "topology",
+        help="print Holmes' islands as a Kueue Topology, a KAI Topology and Volcano HyperNodes",
+        description="The levels the operator publishes as node labels (topology.holmes.dev/cluster, "
+        "topology.holmes.dev/island, kubernetes.io/hostname), as each scheduler's objects: a v1 List "
+        "(YAML) to review and apply.",
+    )
+    tp.add_argument("--nodes", help="YAML or JSON: the nodes (as holmes plan --nodes)")
+    tp.add_argument(
+        "--kubeconfig", nargs="?", const="", metavar="PATH", help="read the nodes from this cluster"
+    )
+    tp.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
+    tp.add_argument("--name", default="holmes-islands", help="the Kueue and KAI Topology's name")
+    tp.add_argument(
+        "--cluster-rdma-kind",
+        action="append",
+        metavar="CLUSTER=KIND",
+        help="the operator's flag (repeatable)",
+    )
+    tp.set_defaults(func=topology_command)
     dr = sub.add_parser(
         "dryrun",
         help="run the trainer for a Layout on fake CUDA and a fake process group, and check it",

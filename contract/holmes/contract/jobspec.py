@@ -67,8 +67,10 @@ class JobSpec:
         Rule(
             "!has(self.parallelism) || type(self.parallelism.tensor) != int || "
             "self.parallelism.tensor < 1 || "
-            "self.nodes.gpusPerNode % self.parallelism.tensor == 0",
-            "parallelism.tensor must divide nodes.gpusPerNode (tensor parallelism stays inside a node)",
+            "self.nodes.gpusPerNode % self.parallelism.tensor == 0 || "
+            "self.parallelism.tensor % self.nodes.gpusPerNode == 0",
+            "parallelism.tensor must divide nodes.gpusPerNode, or be a multiple of it: a tensor group "
+            "wider than a node spans nodes of one NVLink domain (the planner checks the domain)",
         ),
         Rule(
             "!has(self.parallelism) || type(self.parallelism.tensor) != int || "
@@ -346,10 +348,11 @@ def cross_check(job: JobSpec) -> list[str]:
     world = job.world_size
     T = p.tensor
     if isinstance(T, int):
-        if n.gpus_per_node % T:
+        if n.gpus_per_node % T and T % n.gpus_per_node:
             out.append(
-                f"spec.parallelism.tensor: {T} must divide nodes.gpusPerNode {n.gpus_per_node} "
-                f"(tensor parallelism stays inside a node)"
+                f"spec.parallelism.tensor: {T} must divide nodes.gpusPerNode {n.gpus_per_node} (a group "
+                f"inside a node) or be a multiple of it (a group over whole nodes of one NVLink domain): "
+                f"use a divisor of {n.gpus_per_node} or a multiple such as {2 * n.gpus_per_node}"
             )
         problems = tensor_parallel_problems(m, T, p.sequence_parallel)
         out += [f"spec.parallelism.tensor: {why}" for why in problems]

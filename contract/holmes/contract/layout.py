@@ -42,6 +42,13 @@ placed by the schedule (pipeline_schedules.owner: looped or V-shaped), so every 
 stays on that rank's island; ``layers`` is then the span of its chunks. A looped schedule adds
 the p2p family of boundary P-1: the wrap-around link from the last stage's ranks to the
 first's, ranks ``((P-1)*D*T + j, j)``. Documents without virtual stages stay version 2.
+
+Tensor groups across nodes (version 4, written only when ``tensor`` > ``gpusPerNode``): on
+rack-scale NVLink (GB200/GB300 NVL72) a tensor group may span ``tensor / gpusPerNode``
+consecutive nodes, and only nodes of one NVLink domain (GPU Feature Discovery's
+``nvidia.com/gpu.clique``). ``nvlinkDomains`` maps each domain to the layout's nodes in it, so
+every consumer checks the rule without the cluster (an older reader refuses the version rather
+than running a tensor group over a NIC). Version 4 may hold virtual stages too (``chunks``).
 """
 
 from __future__ import annotations
@@ -56,7 +63,8 @@ from .names import NIC_KINDS
 
 LAYOUT_VERSION = 2
 VIRTUAL_VERSION = 3  # the version of a layout with virtual stages (chunks)
-READABLE_VERSIONS = (1, 2, 3)
+NVLINK_VERSION = 4  # the version of a layout whose tensor groups span nodes of an NVLink domain
+READABLE_VERSIONS = (1, 2, 3, 4)
 NETS = ("IB", "Socket")
 
 
@@ -143,9 +151,20 @@ class Layout:
     world_net: str = "Socket"  # the world group's network (control-plane collectives)
     expert: int = 1  # expert-parallel degree (a mixture of experts); JSON "expert" when > 1
     schedule: str = "1F1B"  # the pipeline schedule the chunks are placed for (JSON pipelineSchedule)
+    # version 4: each NVLink domain (nvidia.com/gpu.clique) and the layout's nodes in it
+    nvlink_domains: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         validate(self)
+
+    @property
+    def tensor_spans_nodes(self) -> bool:
+        """Tensor groups reach over ``tensor / gpusPerNode`` nodes of one NVLink domain."""
+        return self.tensor > self.gpus_per_node
+
+    def nvlink_domain(self, node: str) -> str | None:
+        """The NVLink domain a node of the layout is in (None: not listed)."""
+        return next((d for d, ns in self.nvlink_domains if node in ns), None)
 
     # ---- derived facts -------------------------------------------------------------
     @property
@@ -241,7 +260,7 @@ class Layout:
 
     # ---- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        virtual = self.version >= VIRTUAL_VERSION
+        virtual = self.version == VIRTUAL_VERSION or self.virtual_stages > 1
         return {
             "version": self.version,
             "worldSize": self.world_size,
@@ -253,7 +272,7 @@ class Layout:
             "microBatchSize": self.micro_batch_size,
             "microBatches": self.micro_batches,
             **({"expert": self.expert} if self.expert > 1 else {}),
-            **({"pipelineSchedule": self.schedule} if virtual else {}),
+            **({"pipelineSchedule": self.schedule} if virtual or self.version == NVLINK_VERSION else {}),
             "nodes": list(self.nodes),
             "stages": [
                 {
@@ -271,6 +290,11 @@ class Layout:
                 {"kind": g.kind, "net": g.net, **({"stage": g.stage} if g.stage is not None else {})}
                 for g in self.groups
             ],
+            **(
+                {"nvlinkDomains": {d: list(ns) for d, ns in self.nvlink_domains}}
+                if self.nvlink_domains
+                else {}
+            ),
             "estimate": self.estimate,
             "explanation": list(self.explanation),
         }
@@ -320,6 +344,9 @@ class Layout:
                 world_net=str(d["worldNet"]) if version >= 2 else "Socket",
                 expert=int(d.get("expert", 1)),
                 schedule=str(d.get("pipelineSchedule", "1F1B")),
+                nvlink_domains=tuple(
+                    (str(k), tuple(str(n) for n in v)) for k, v in dict(d.get("nvlinkDomains") or {}).items()
+                ),
             )
         except KeyError as e:
             raise LayoutError(f"layout is missing the field {e.args[0]!r}") from None
@@ -352,8 +379,11 @@ def validate(layout: Layout) -> None:
     ):
         if v < 1:
             raise LayoutError(f"{name} must be >= 1, got {v}")
-    if G % T:
-        raise LayoutError(f"tensor {T} must divide gpusPerNode {G}: tensor parallelism stays inside a node")
+    if G % T and T % G:
+        raise LayoutError(
+            f"tensor {T} must divide gpusPerNode {G}, or be a multiple of it whose groups span the "
+            "nodes of one NVLink domain"
+        )
     if layout.expert < 1 or D % layout.expert:
         raise LayoutError(f"expert {layout.expert} must be >= 1 and divide data {D}")
     if len(layout.nodes) * G != P * D * T:
@@ -366,6 +396,7 @@ def validate(layout: Layout) -> None:
     if len(layout.stages) != P:
         raise LayoutError(f"{len(layout.stages)} stages listed for pipeline={P}")
     _validate_virtual(layout)
+    _validate_nvlink(layout)
     for i, s in enumerate(layout.stages):
         if s.index != i:
             raise LayoutError(f"stage {i} has index {s.index}: stages must be listed in pipeline order")
@@ -426,7 +457,7 @@ def _validate_virtual(layout: Layout) -> None:
             f"virtual stages per rank, but the stages list {v} chunks"
         )
     single = sched.kind(layout.schedule).placement == sched.SINGLE
-    if layout.version >= VIRTUAL_VERSION and single or layout.version < VIRTUAL_VERSION and v > 1:
+    if layout.version == VIRTUAL_VERSION and single or layout.version < VIRTUAL_VERSION and v > 1:
         raise LayoutError(
             f"virtual stages (chunks, pipelineSchedule) need layout version {VIRTUAL_VERSION}, and "
             f"version {VIRTUAL_VERSION} is only for them: got version {layout.version} with "
@@ -448,6 +479,44 @@ def _validate_virtual(layout: Layout) -> None:
     for i, s in enumerate(layout.stages):
         if s.chunks and s.layers != (min(a for a, _ in s.chunks), max(b for _, b in s.chunks)):
             raise LayoutError(f"stage {i} layers {list(s.layers)} must be the span of its chunks")
+
+
+def _validate_nvlink(layout: Layout) -> None:
+    """Version 4 iff tensor groups span nodes, and then each group's nodes in one listed domain."""
+    spans = layout.tensor_spans_nodes
+    if spans != (layout.version == NVLINK_VERSION):
+        raise LayoutError(
+            f"tensor groups across nodes (tensor {layout.tensor} > gpusPerNode {layout.gpus_per_node}) "
+            f"need layout version {NVLINK_VERSION}, and version {NVLINK_VERSION} is only for them: got "
+            f"version {layout.version}"
+        )
+    if not spans:
+        if layout.nvlink_domains:
+            raise LayoutError(f"nvlinkDomains belongs to a version-{NVLINK_VERSION} layout only")
+        return
+    seen: dict[str, str] = {}
+    for d, ns in layout.nvlink_domains:
+        for n in ns:
+            if n not in layout.nodes or n in seen:
+                raise LayoutError(
+                    f"nvlinkDomains[{d!r}] lists node {n!r}, which is "
+                    + ("not in nodes" if n not in layout.nodes else f"in domain {seen[n]!r} already")
+                )
+            seen[n] = d
+    span = layout.tensor // layout.gpus_per_node
+    for first in range(0, len(layout.nodes), span):
+        group = layout.nodes[first : first + span]
+        domains = {seen.get(n) for n in group}
+        if len(domains) != 1 or None in domains:
+            raise LayoutError(
+                f"the tensor group on nodes {', '.join(group)} spans "
+                + (
+                    "nodes in no NVLink domain"
+                    if None in domains
+                    else f"NVLink domains {sorted(map(str, domains))}"
+                )
+                + ": a tensor group wider than a node must lie on nodes of one domain (nvlinkDomains)"
+            )
 
 
 def layout_signature(layout: Layout) -> dict[str, Any]:

@@ -74,6 +74,11 @@ ENV_OUTER_ADDR = "HOLMES_OUTER_ADDR"
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"  # e.g. NVIDIA-H100-80GB-HBM3
 LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"  # MiB per GPU, e.g. 81559
 LABEL_GPU_COUNT = "nvidia.com/gpu.count"  # GPUs on the node
+# A node's NVLink domain on rack-scale NVLink (GB200/GB300 NVL72): "<cluster UUID>.<clique id>",
+# the same on every node whose GPUs one NVLink fabric joins (GFD reads it from NVML's fabric info).
+# It is a node label already, so it is also the NVLink-domain level of a published topology (a
+# Kueue Topology level above the hostname and below the island): no label of Holmes' own copies it
+LABEL_GPU_CLIQUE = "nvidia.com/gpu.clique"
 # A node's achieved TFLOP/s per GPU, measured (calibration sets it on a job's in-memory view of
 # its nodes when it re-plans; an admin may set it on a node known to run slower than its type).
 LABEL_MEASURED_TFLOPS = "holmes.dev/measured-tflops"

@@ -781,8 +781,10 @@ class ParallelismSpec:
     tensor: Annotated[
         Degree,
         Field(
-            "Tensor-parallel degree (Megatron-style, over a node's NVLink): a positive integer or "
-            '"auto" (the planner picks). It stays inside a node and must divide gpusPerNode, '
+            "Tensor-parallel degree (Megatron-style, over NVLink): a positive integer or "
+            '"auto" (the planner picks). It divides gpusPerNode (a group inside a node) or is a '
+            "multiple of it (a group over whole nodes of one NVLink domain, nvidia.com/gpu.clique: "
+            "GB200/GB300 NVL72; the planner refuses groups across domains), and divides "
             "attentionHeads, kvHeads, ffnHiddenSize and vocabSize (and seqLength with "
             "sequenceParallel).",
             minimum=1,

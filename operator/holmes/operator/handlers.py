@@ -46,7 +46,7 @@ from kubernetes import client
 from holmes.contract.names import GROUP, PLURAL, VERSION
 from holmes.plan.costmodel_file import CostModelFile
 
-from . import api_count, liveness, metrics
+from . import api_count, liveness, metrics, topology_labels
 from .core import members
 from .core.reconcile import ChildRefusal, Decision, RestartBackoff
 from .core.render import RenderSettings
@@ -115,6 +115,10 @@ class Runtime:
             self._kueue_in_use,
             self.member_secrets,
         )
+        # Holmes' islands published as node labels (Kueue's TAS, Volcano's HyperNodes read them)
+        if topology_labels.enabled():
+            mapping = lambda: self.cost_model.config.nic_mapping  # noqa: E731
+            self.watches.on_node = topology_labels.TopologyLabels(self.api, mapping).start().offer
         self.loop: asyncio.AbstractEventLoop | None = None  # the operator's, once it runs
         self.progress = ProgressReader(
             self.settings.metrics_port, self.settings.progress_interval, on_read=self.wake_from_thread

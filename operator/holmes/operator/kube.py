@@ -62,6 +62,9 @@ class Caches:
         self.cluster_pods = Store(index_label=None)
         self.workloads = Store(index_label=child_names.LABEL_JOB)
         self.flavors = Store(index_label=None)
+        # Kueue's queues: which ClusterQueue a job's LocalQueue feeds, and its flavors (TAS)
+        self.local_queues = Store(index_label=None)
+        self.cluster_queues = Store(index_label=None)
         self.workload_priority_classes = Store(index_label=None)  # Kueue's, while served
         self.priority_classes = Store(index_label=None)
         # DRA: every ResourceSlice, and every ResourceClaim slimmed to what capacity counts

@@ -95,8 +95,19 @@ def start_informers(
         out.append(Informer("workloads", fn, selector, store, changed, namespace_ok, transform=as_v1beta2))
     fn = functools.partial(custom.list_cluster_custom_object, g, v, queueing.FLAVORS)
     out.append(Informer("resourceflavors", fn, "", caches.flavors, lambda ns, label: wake_all()))
+    # the queues, where served (is a job's ClusterQueue's flavor one with a Topology: TAS). A
+    # change wakes no job: Kueue rewrites their status at every admission, and a job reads them
+    # when it makes its Workload (a held job is looked at again every WAIT_INTERVAL anyway)
+    served = {r.name for r in custom.get_api_resources(g, v).resources}
+    queues = ((queueing.LOCAL_QUEUES, caches.local_queues), (queueing.CLUSTER_QUEUES, caches.cluster_queues))
+    for plural, store in queues:
+        if plural in served:
+            fn = functools.partial(custom.list_cluster_custom_object, g, v, plural)
+            out.append(Informer(plural, fn, "", store, lambda ns, label: None))
+        else:
+            store.replace([])
     # WorkloadPriorityClasses (the value of a job's kueue.x-k8s.io/priority-class), where served
-    if queueing.PRIORITY_CLASSES in {r.name for r in custom.get_api_resources(g, v).resources}:
+    if queueing.PRIORITY_CLASSES in served:
         fn = functools.partial(custom.list_cluster_custom_object, g, v, queueing.PRIORITY_CLASSES)
         wpcs = caches.workload_priority_classes
         out.append(Informer("workloadpriorityclasses", fn, "", wpcs, lambda ns, label: wake_all()))
@@ -168,6 +179,8 @@ class KueueLink:
         if version is None:  # what the stopped informers held is gone with the API
             self.caches.workloads.replace([])
             self.caches.flavors.replace([])
+            self.caches.local_queues.replace([])
+            self.caches.cluster_queues.replace([])
             self.caches.workload_priority_classes.replace([])
         self.version = version
         metrics.set_kueue_api(version)

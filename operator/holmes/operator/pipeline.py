@@ -244,6 +244,7 @@ class Pipeline:
                 refused=refused,
                 workload=self.caches.workloads.get(ns, queueing.workload_name(name)),
                 flavors=self.watches.flavors(),
+                queue_topology=self.watches.queue_topology(fresh),
                 priority_classes=self.watches.priority_classes(),
                 workload_priority_classes=self.watches.workload_priority_classes(),
                 podgroup=self.caches.podgroups.get(ns, queueing.podgroup_name(name)),
@@ -277,10 +278,10 @@ class Pipeline:
         creating, launching = self.placement.in_flight()  # before the caches they land in
         pods, layout = where.capacity_view()
         if creating:
-            kept = self._view_keys  # the same view (no pod changed since) is common in a burst
-            if kept is None or kept[0] is not pods:
-                kept = self._view_keys = (pods, frozenset(map(_key, pods)))
-            pods = pods + [capacity.slim_pod(p) for p in creating if _key(p) not in kept[1]]
+            keys = self._view_keys  # the same view (no pod changed since) is common in a burst
+            if keys is None or keys[0] is not pods:
+                keys = self._view_keys = (pods, frozenset(map(_key, pods)))
+            pods = pods + [capacity.slim_pod(p) for p in creating if _key(p) not in keys[1]]
         jobs = self.caches.jobs.snapshot()
         # every reconcile asks, running jobs' too: the hub's kept per version of the stores read
         # (a member's ConfigMaps are in its own caches)

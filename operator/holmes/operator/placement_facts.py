@@ -73,6 +73,7 @@ class NodeFacts:
             socket_threads=socket_threads(socket_gbps(nic, config.fabric), config.fabric.socket_flow_gbps),
             env=nccl_env(nic),
             dra=dra,
+            nvlink_domain=nic.nvlink_domain,
         )
 
     def unusable(self, node: Mapping) -> str:

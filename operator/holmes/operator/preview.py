@@ -48,6 +48,7 @@ def children(
         podgroup={"status": {"phase": queueing.PG_INQUEUE}},
         # the namespace's Pod Security level, as given (it picks the defaults Holmes fills in)
         namespace_labels={ENFORCE_LABEL: settings.pod_security},
+        compute_domains=True,  # what the operator makes where NVIDIA's DRA driver serves them
     )
     facts = placement_facts.gather(cost_model or placement_facts.builtin_cost_model())
     d = decide(obs, facts, settings, RestartBackoff(0))
@@ -58,7 +59,7 @@ def children(
         why = "; ".join(f"{c['reason']}: {c['message']}" for c in conds) or d.status.get("phase", "no pods")
         raise PreviewError(f"the operator would create no pods now ({why})")
     first = [o for o in (d.configmap, d.service, getattr(d, "podgroup", None)) if o is not None]
-    return [*first, *d.claim_templates, *d.create_pods]
+    return [*first, *d.compute_domains, *d.claim_templates, *d.create_pods]
 
 
 def as_list(objects: list[dict]) -> dict:

@@ -40,7 +40,7 @@ from kubernetes.client.rest import ApiException
 from holmes.plan import discovery, dra
 
 from . import kueue_version
-from .core import capacity, child_names, device_claims, queueing
+from .core import capacity, child_names, device_claims, island_topology, queueing
 from .informer import Informer, next_backoff
 from .kube import Caches
 from .member_clusters import MemberRegistry
@@ -78,6 +78,8 @@ class Watches:
         self.dra = False  # ... and DRA's ResourceSlices
         self.dra_claims = False  # ... and DRA's ResourceClaims
         self.node_facts: dict[str, tuple] = {}  # node name -> node_fingerprint (node_event)
+        # told of each node that changed (topology_labels.TopologyLabels.offer), from node_event
+        self.on_node: Callable[[str, dict], None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # set by start()
 
     def discover(self, sleep: Callable[[float], None] = time.sleep) -> None:
@@ -168,6 +170,8 @@ class Watches:
             self.node_facts.pop(name, None)
         else:
             self.node_facts[name] = fp
+        if self.on_node is not None:
+            self.on_node(kind, node)
         # the first LIST wakes nobody (no job loop acts before it); a later one's changes do
         if (kind != "LISTED" or old is not None) and self.loop is not None:
             self.loop.call_soon_threadsafe(self.wake_all)
@@ -337,6 +341,16 @@ class Watches:
         """Kueue's ResourceFlavors by name (None: the Kueue API is not served)."""
         return {f["metadata"]["name"]: f for f in self.caches.flavors.values()} if self.kueue else None
 
+    def queue_topology(self, job: Mapping) -> str | None:
+        """The Topology a flavor of the job's ClusterQueue names (core.island_topology.queue_topology);
+        None: none, the job is not queued, or the Kueue API is not served."""
+        queue = queueing.queue_name(job)
+        if not self.kueue or not queue:
+            return None
+        lq = self.caches.local_queues.get(job["metadata"].get("namespace") or "", queue)
+        cqs = {c["metadata"]["name"]: c for c in self.caches.cluster_queues.values()}
+        return island_topology.queue_topology(lq, cqs, self.flavors() or {})
+
     def workload_priority_classes(self) -> dict[str, int] | None:
         """Kueue's WorkloadPriorityClass values by name (None: the Kueue API is not served)."""
         if not self.kueue:
@@ -428,11 +442,13 @@ def namespace_matches(patterns: tuple[str, ...], ns: str) -> bool:
 
 
 def node_fingerprint(body: Mapping) -> tuple:
-    """What of a node matters to planning (heartbeats change none of it)."""
+    """What of a node matters to planning (heartbeats change none of it; nor do Holmes' own
+    topology labels, written from what is here: their patch wakes no job)."""
     meta, spec, st = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     ready = next((c.get("status") for c in st.get("conditions") or [] if c.get("type") == "Ready"), None)
+    labels = meta.get("labels") or {}
     return (
-        tuple(sorted((meta.get("labels") or {}).items())),
+        tuple(sorted((k, v) for k, v in labels.items() if k not in island_topology.LABELS)),
         tuple(sorted((st.get("allocatable") or {}).items())),
         bool(spec.get("unschedulable")),
         ready,

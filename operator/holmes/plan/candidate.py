@@ -20,6 +20,12 @@ class Degrees:
     micro_batches: int
     expert: int = 1  # expert-parallel degree (a mixture of experts), divides data
 
+    def describe(self) -> str:
+        """``tensor 8 x pipeline 9 x data 2`` (``x expert E`` for a mixture of experts)."""
+        return f"tensor {self.tensor} x pipeline {self.pipeline} x data {self.data}" + (
+            f" x expert {self.expert}" if self.expert > 1 else ""
+        )
+
 
 @dataclass
 class Candidate:

@@ -108,11 +108,16 @@ class GpuProduct:
 
     peak_tflops: float
     memory_gib: float
+    # NVLink per GPU, one direction, Gbit/s (None: the config's nvlinkGbps): inside a node and,
+    # on rack-scale NVLink, across the nodes of one NVLink domain
+    nvlink_gbps: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("peak_tflops", "memory_gib"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"GpuProduct.{name} must be > 0, got {getattr(self, name)}")
+        if self.nvlink_gbps is not None and not self.nvlink_gbps > 0:
+            raise ValueError(f"GpuProduct.nvlink_gbps must be > 0, got {self.nvlink_gbps}")
 
 
 @dataclass(frozen=True)

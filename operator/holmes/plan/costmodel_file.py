@@ -188,9 +188,15 @@ def _convert(path: str, tp: Any, value: Any, default: Any) -> Any:
 
 
 def _build(cls: type[Any], doc: Mapping[str, Any], base: _Config | None, prefix: str) -> _Config:
-    """``base`` with ``doc``'s keys changed; with no base, a new record: every key required."""
+    """``base`` with ``doc``'s keys changed; with no base, a new record: every key without a
+    default required (an optional one, gpuProducts' nvlinkGbps, keeps its default)."""
     hints = _hints(cls)
     fields = {camel(f.name): f.name for f in dataclasses.fields(cls) if f.init}
+    optional = {
+        camel(f.name)
+        for f in dataclasses.fields(cls)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
     for key in doc:
         if key not in fields:
             guess = camel(key) if isinstance(key, str) and camel(key) in fields else None
@@ -203,7 +209,7 @@ def _build(cls: type[Any], doc: Mapping[str, Any], base: _Config | None, prefix:
                 + ", ".join(fields)
             )
     if base is None:
-        missing = sorted(set(fields) - set(doc))
+        missing = sorted(set(fields) - set(doc) - optional)
         if missing:
             raise CostModelError(f"{prefix[:-1]}: missing {', '.join(missing)}")
     changes = {

@@ -41,10 +41,16 @@ Either way, less the GPUs other pods hold when the operator's capacity view says
 ``holmes.operator.core.capacity.free_view``): one count whichever route offers the GPUs.
 The GPU product is GPU Feature Discovery's label when there is one, else the DRA driver's
 ``productName`` (``gpu_product``, priced by gpus.py).
+
+NVLink domain: on rack-scale NVLink (GB200/GB300 NVL72) GFD labels every node of one NVLink
+fabric ``nvidia.com/gpu.clique=<cluster UUID>.<clique id>`` (``nvlink_domain``): a tier above
+the node and below the island (topology.py), whose nodes' GPUs reach each other over NVLink. A
+value not of that form is a problem of the node, never a guess at its domain.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -89,6 +95,7 @@ class NicMapping:
     rdma_resource_prefixes: tuple[str, ...] = ("rdma/",)
     rdma_resource_names: tuple[str, ...] = ()  # e.g. an SR-IOV "nvidia.com/mlnx_sriov_rdma"
     gpu_resource: str = names.RESOURCE_GPU
+    clique_label: str = names.LABEL_GPU_CLIQUE  # the node's NVLink domain (GFD)
     # Kind for nodes that advertise RDMA but not which kind: per cluster (an admin who knows
     # "east is InfiniBand"), else one default; neither = report a problem.
     cluster_rdma_kinds: tuple[tuple[str, str], ...] = ()
@@ -137,6 +144,7 @@ class NodeNic:
     # when the template fixes them (None: Holmes' value for the node's link speed).
     net_plugin: str | None = None
     socket_fixed: tuple[int | None, int | None] = (None, None)
+    nvlink_domain: str | None = None  # GFD's nvidia.com/gpu.clique: "<cluster UUID>.<clique id>"
 
     @property
     def island(self) -> str:
@@ -282,6 +290,13 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
         )
     mems = [g.memory_gib for g in dra_gpus if g.memory_gib]
 
+    clique = labels.get(m.clique_label)
+    if clique is not None and not _CLIQUE.fullmatch(clique):
+        problems.append(
+            f"label {m.clique_label}={clique!r} is not <cluster UUID>.<clique id> as GPU Feature "
+            "Discovery writes it: fix or remove the label"
+        )
+
     ready = True
     for c in status.get("conditions") or []:
         if c.get("type") == "Ready":
@@ -304,7 +319,12 @@ def classify_node(node: Mapping[str, Any], mapping: NicMapping | None = None) ->
         ready=ready,
         schedulable=not bool(spec.get("unschedulable")),
         problems=tuple(problems),
+        nvlink_domain=clique if clique and _CLIQUE.fullmatch(clique) else None,
     )
+
+
+# GFD's clique label: the fabric's cluster UUID, a dot, the clique id (a number)
+_CLIQUE = re.compile(r"[0-9A-Za-z][-0-9A-Za-z_]*\.[0-9]+")
 
 
 def _rdma_fallback(labels: Mapping[str, str], m: NicMapping) -> str | None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from holmes.contract.layout import Layout
 from holmes.contract.names import ETHERNET
 
+from . import nvlink
 from .partition_why import partition_lines
 from .topology import boundary_crossings
 
@@ -142,6 +143,7 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
             out.append("pipeline across clusters: " + "; ".join(crossings))
     out.extend(expert_lines(layout, best, alternatives))
     out.extend(gpu_lines(best))
+    out.extend(nvlink.why_lines(layout, best, alternatives))
     out.extend(
         partition_lines(
             best.costs,
@@ -153,17 +155,10 @@ def why_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]
     if len(alternatives) > 1:
         nxt = alternatives[1]
         out.append(
-            f"chose {_degrees(best)} over {len(alternatives) - 1} other degree choice(s); next best "
-            f"{_degrees(nxt)} is {nxt.seconds / best.seconds:.3g}x slower"
+            f"chose {best.degrees.describe()} over {len(alternatives) - 1} other degree choice(s); next best "
+            f"{nxt.degrees.describe()} is {nxt.seconds / best.seconds:.3g}x slower"
         )
     return ["why:"] + [x if x.startswith(" ") else f"- {x}" for x in out]
-
-
-def _degrees(c: Candidate) -> str:
-    d = c.degrees
-    return f"tensor {d.tensor} x pipeline {d.pipeline} x data {d.data}" + (
-        f" x expert {d.expert}" if d.expert > 1 else ""
-    )
 
 
 def expert_lines(layout: Layout, best: Candidate, alternatives: Sequence[Candidate]) -> list[str]:

@@ -12,7 +12,10 @@ table (it is what the node really has).
 
 Peak figures are **dense** bf16 tensor-core TFLOP/s from NVIDIA's data sheets (the sheets print
 the 2:4-sparsity figure, twice these, first; training does not use sparsity). The cost model
-multiplies them by ``computeEfficiency`` as it did the single ``gpuPeakTflops``.
+multiplies them by ``computeEfficiency`` as it did the single ``gpuPeakTflops``. A product's
+NVLink bandwidth per GPU (one direction) is in the table only for the rack-scale parts (GB200,
+GB300: NVLink 5, 1.8 TB/s both ways), whose NVLink domain spans nodes; every other GPU takes the
+cost model's ``nvlinkGbps``, and ``gpuProducts`` may give any product its own ``nvlinkGbps``.
 
 A node without the label but with GPUs that NVIDIA's DRA driver publishes in ResourceSlices
 (discovery.py, dra.py) is looked up by their ``productName`` (``NVIDIA A100-SXM4-80GB``: words
@@ -47,6 +50,10 @@ if TYPE_CHECKING:
 
 # Dense bf16 tensor-core TFLOP/s (data-sheet figure without sparsity) and memory in GiB as sold.
 PRODUCTS: tuple[tuple[str, GpuProduct], ...] = (
+    # GB200/GB300 NVL72 (GFD: NVIDIA-GB200): 180 PFLOP/s dense bf16 per 72 GPUs, 2.5 per GPU;
+    # 186 / 288 GB HBM3e; NVLink 5 at 900 GB/s each way = 7200 Gbit/s
+    ("GB200", GpuProduct(2500.0, 186.0, 7200.0)),
+    ("GB300", GpuProduct(2500.0, 288.0, 7200.0)),
     ("B200", GpuProduct(2250.0, 180.0)),  # HGX B200: 4.5 PFLOP/s sparse
     ("H200", GpuProduct(989.4, 141.0)),  # H200 SXM: same Hopper die as H100 SXM
     ("H200-NVL", GpuProduct(835.0, 141.0)),
@@ -74,6 +81,7 @@ class NodeGpu:
     memory_gib: float
     source: str  # table | gpuProducts | gpuPeakTflops | measured
     note: str | None = None  # why the node is priced with the fallback
+    nvlink_gbps: float | None = None  # per GPU, one direction (None: the config's nvlinkGbps)
 
     @property
     def key(self) -> tuple[str, float, float]:
@@ -151,10 +159,11 @@ def node_gpu(node: NodeNic, cfg: CostModelConfig) -> NodeGpu:
     measured = _positive(labels.get(names.LABEL_MEASURED_TFLOPS))
     if not product:
         name, peak, mem, note = UNLABELLED, cfg.gpu_peak_tflops, cfg.gpu_memory_gib, None
-        source = "gpuPeakTflops"
+        source, nvlink = "gpuPeakTflops", None
     else:
         name = short_name(product)
         hit = None if "MIG" in _words(product) else lookup(product, cfg.gpu_products)
+        nvlink = hit[1].nvlink_gbps if hit else None
         if hit is None:
             why = "a MIG slice" if "MIG" in _words(product) else "not in the GPU table"
             peak, mem, source = cfg.gpu_peak_tflops, cfg.gpu_memory_gib, "gpuPeakTflops"
@@ -170,7 +179,7 @@ def node_gpu(node: NodeNic, cfg: CostModelConfig) -> NodeGpu:
         mem = mem_label
     if measured is not None:
         peak, source = measured / cfg.compute_efficiency, "measured"
-    return NodeGpu(name, peak, mem, source, note)
+    return NodeGpu(name, peak, mem, source, note, nvlink)
 
 
 @dataclass(frozen=True)
@@ -181,6 +190,7 @@ class StageGpu:
     peak_tflops: float
     memory_gib: float
     notes: tuple[str, ...] = ()
+    nvlink_gbps: float | None = None  # the slowest member's NVLink per GPU (None: the config's)
 
     @property
     def mixed(self) -> bool:
@@ -203,6 +213,9 @@ def stage_gpu_of(gpus: Sequence[NodeGpu]) -> StageGpu:
         peak_tflops=min(g.peak_tflops for g in gpus),
         memory_gib=min(g.memory_gib for g in gpus),
         notes=tuple(dict.fromkeys(g.note for g in gpus if g.note)),
+        nvlink_gbps=None
+        if any(g.nvlink_gbps is None for g in gpus)
+        else min(g.nvlink_gbps or 0 for g in gpus),
     )
 
 

@@ -4,7 +4,8 @@ Steps (all deterministic):
 
 1. Classify the nodes (:mod:`.discovery`); keep those the job's selector matches, with enough
    allocatable GPUs, Ready, not cordoned, and without classification problems.
-2. Enumerate (tensor, pipeline, data): tensor divides gpusPerNode and whatever the trainer
+2. Enumerate (tensor, pipeline, data): tensor divides gpusPerNode (or, on nodes of an NVLink
+   domain, is a multiple of it that the largest domain holds: :mod:`.nvlink`) and whatever the trainer
    splits over it (heads, KV heads, FFN width, vocabulary, the sequence with
    sequenceParallel: ``tensor_parallel_problems``); what the spec
    fixes is kept; a stage is a whole number of nodes or a whole fraction of one node; the
@@ -16,7 +17,8 @@ Steps (all deterministic):
    each island filled with whole stages, so a stage's DP groups stay on one NIC kind whenever
    island sizes allow; leftover nodes form mixed stages (sockets). Island groups are tried in
    every order (up to ``max_island_orders``; heuristic orders beyond). ``nicSelection: off``
-   is Megatron's default: nodes in name order.
+   is Megatron's default: nodes in name order. Tensor groups wider than a node take whole
+   groups' worth of nodes of one NVLink domain each, never two (:mod:`.nvlink`).
 4. Partition the layers (:mod:`.partition`) and estimate the iteration (:mod:`.costmodel`);
    keep the fastest candidate.
 """
@@ -35,12 +37,12 @@ from holmes.contract import host_memory, nvls
 from holmes.contract import pipeline_schedules as sched
 from holmes.contract.flops import ModelCost, tflops_per_gpu
 from holmes.contract.jobspec import JobSpec, SpecError, load_job, tensor_parallel_problems
-from holmes.contract.layout import VIRTUAL_VERSION, GroupFamily, Layout, Stage
+from holmes.contract.layout import LAYOUT_VERSION, NVLINK_VERSION, VIRTUAL_VERSION, GroupFamily, Layout, Stage
 from holmes.contract.network import island_settings
 from holmes.contract.spec_sections import AUTO
 
+from . import nvlink, schedule_choice
 from . import partition as parts_mod
-from . import schedule_choice
 from .budget import Budget
 from .candidate import Candidate, Degrees
 from .costmodel import (
@@ -166,14 +168,20 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def degree_candidates(job: JobSpec) -> list[Degrees]:
+def degree_candidates(job: JobSpec, domain_nodes: int = 1) -> list[Degrees]:
+    """The degrees to cost; ``domain_nodes``: the largest NVLink domain's nodes (1: none), whose
+    multiples of gpusPerNode a tensor: auto tries too."""
     m, t, p = job.model, job.training, job.parallelism
     G, N = job.nodes.gpus_per_node, job.nodes.count
     W = G * N
     tensors = (
         [p.tensor]
         if isinstance(p.tensor, int)
-        else [x for x in _divisors(G) if not tensor_parallel_problems(m, x, p.sequence_parallel)]
+        else [
+            x
+            for x in _divisors(G) + nvlink.tensor_widths(G, domain_nodes)
+            if not tensor_parallel_problems(m, x, p.sequence_parallel)
+        ]
     )
     if m.moe is not None and not p.sequence_parallel:
         tensors = [x for x in tensors if x == 1]  # MoE layers need sequence parallelism with tensor
@@ -352,6 +360,8 @@ def cost_placement(
     ``gpus``: each node's GPU by name where the caller worked them out (:func:`node_gpus`)."""
     G = job.nodes.gpus_per_node
     T, P, D = deg.tensor, deg.pipeline, deg.data
+    if T > G and (why := nvlink.group_problem(nodes, T // G)):
+        return f"tensor {T} x pipeline {P} x data {D}: {why}"
     R = D * T
     per_node = max(1, G // R)  # stages per node
     span = max(1, R // G)  # nodes per stage
@@ -379,16 +389,27 @@ def cost_placement(
     shape = Shape(
         T, D, P, job.training.micro_batch_size, deg.micro_batches, sp, E, min(R, G), *outer_shape(job)
     )
-    expert_fabric = expert_groups(stage_nodes, E * T, G, cfg)
+    ranks_on_node = min(R, G)
+    # NVLink per GPU of each stage (its GPUs' table entry, else the config's): inside a node, and
+    # among the nodes of one NVLink domain (nvlink.py)
+    nv_gbps = [g.nvlink_gbps or cfg.nvlink_gbps for g in gpus_of]
+    expert_fabric = expert_groups(
+        stage_nodes, E * T, G, cfg, [nvlink.node_gbps(ranks_on_node, x) for x in nv_gbps]
+    )
     if isinstance(expert_fabric, str):
         return f"tensor {T} x pipeline {P} x data {D} x expert {E}: {expert_fabric}"
     act = shape.micro_batch * model.seq * model.hidden * cfg.activation_bytes
-    nvlink = cfg.nvlink_gbps * GBIT
-    ranks_on_node = min(R, G)
+
+    def on_nvlink(a: int, b: int) -> float | None:
+        """Bytes/s per GPU between stages a and b where one node or one NVLink domain holds both."""
+        if stage_nodes[a] == stage_nodes[b] or merge(sets[a], sets[b]).nvlink_domain:
+            return min(nv_gbps[a], nv_gbps[b]) * GBIT
+        return None
+
     boundary = []
     for s in range(P - 1):
-        if stage_nodes[s] == stage_nodes[s + 1]:
-            boundary.append(act / T / nvlink)
+        if (nv := on_nvlink(s, s + 1)) is not None:
+            boundary.append(act / T / nv)
         else:
             pair = merge(sets[s], sets[s + 1])
             bw = group_bandwidth_gbps(pair, cfg.fabric, p2p_nets[s])
@@ -396,8 +417,9 @@ def cost_placement(
             boundary.append(ranks_on_node / T * act / (bw * GBIT) + link_latency_s(pair, cfg.fabric))
     # the wrap-around link (last stage -> first) a looped schedule adds (schedule_choice.py)
     wrap_pair = merge(sets[-1], sets[0])
-    if P < 2 or stage_nodes[0] == stage_nodes[-1]:
-        wrap_p2p = act / T / nvlink
+    wrap_nv = on_nvlink(P - 1, 0) if P > 1 else nv_gbps[0] * GBIT
+    if wrap_nv is not None:
+        wrap_p2p = act / T / wrap_nv
     else:
         wrap_p2p = ranks_on_node / T * act / (
             group_bandwidth_gbps(wrap_pair, cfg.fabric, wrap_pair.net) * GBIT
@@ -405,10 +427,11 @@ def cost_placement(
     emb_sync = 0.0
     if tied:
         nbytes = ranks_on_node * model.vocab * model.hidden / T * cfg.grad_bytes
+        nv = on_nvlink(0, P - 1)
         emb_sync = (
             nbytes / (group_bandwidth_gbps(ends, cfg.fabric, emb_net) * GBIT)
-            if stage_nodes[0] != stage_nodes[-1]
-            else nbytes / ranks_on_node / nvlink
+            if nv is None
+            else nbytes / ranks_on_node / nv
         )
     costs = []
     stage_gpus = tuple(gpus_of)
@@ -419,7 +442,13 @@ def cost_placement(
             index=s,
             first=s == 0,
             last=s == P - 1,
-            dp_gbps=None if span == 1 else group_bandwidth_gbps(sets[s], cfg.fabric),
+            dp_gbps=None
+            if span == 1
+            else (
+                nvlink.node_gbps(ranks_on_node, nv_gbps[s])
+                if sets[s].nvlink_domain
+                else group_bandwidth_gbps(sets[s], cfg.fabric)
+            ),
             p2p_in=boundary[s - 1] if s > 0 else 0.0,
             p2p_out=boundary[s] if s < P - 1 else 0.0,
             inflight=P - s,
@@ -469,12 +498,17 @@ def cost_placement(
 
 
 def expert_groups(
-    stage_nodes: Sequence[tuple[NodeNic, ...]], group_gpus: int, G: int, cfg: CostModelConfig
+    stage_nodes: Sequence[tuple[NodeNic, ...]],
+    group_gpus: int,
+    G: int,
+    cfg: CostModelConfig,
+    nvlink_node_gbps: Sequence[float] = (),
 ) -> list[float | None] | str:
     """Per stage, the fabric an expert group's all-to-all crosses: None where each group (E x T
-    consecutive ranks) sits inside one node, else the slowest group's per-node Gbit/s. A group
-    that would span islands is refused: the all-to-all moves more bytes than data parallelism,
-    so it must stay on one RDMA fabric (or one Ethernet island)."""
+    consecutive ranks) sits inside one node, else the slowest group's per-node Gbit/s: NVLink's
+    (``nvlink_node_gbps``, per stage) for a group inside one NVLink domain, else its island's. A
+    group that would span islands is refused: the all-to-all moves more bytes than data
+    parallelism, so it must stay on one RDMA fabric (or one Ethernet island)."""
     if group_gpus <= G:
         return [None] * len(stage_nodes)
     per_group = group_gpus // G
@@ -483,6 +517,11 @@ def expert_groups(
         speeds = []
         for i in range(0, len(sn), per_group):
             members = summarize(sn[i : i + per_group], cfg.fabric)
+            if members.nvlink_domain and nvlink_node_gbps:
+                speeds.append(nvlink_node_gbps[s])
+                continue
+            if members.domains != {None}:  # on NVLink-domain nodes, never across two
+                return nvlink.group_problem(sn[i : i + per_group], per_group, "expert")
             if not members.single_island:
                 names = ", ".join(n.name for n in sn[i : i + per_group][:4])
                 return f"stage {s}'s expert group on {names} would span islands"
@@ -535,10 +574,11 @@ def _nvls_bytes(
 
 
 def _priced(cfg: CostModelConfig, gpu: StageGpu) -> CostModelConfig:
-    """The config a stage's costs use: its own GPUs' peak and memory (plan/gpus.py)."""
-    if (gpu.peak_tflops, gpu.memory_gib) == (cfg.gpu_peak_tflops, cfg.gpu_memory_gib):
+    """The config a stage's costs use: its own GPUs' peak, memory and NVLink (plan/gpus.py)."""
+    nv = gpu.nvlink_gbps or cfg.nvlink_gbps
+    if (gpu.peak_tflops, gpu.memory_gib, nv) == (cfg.gpu_peak_tflops, cfg.gpu_memory_gib, cfg.nvlink_gbps):
         return cfg
-    return replace(cfg, gpu_peak_tflops=gpu.peak_tflops, gpu_memory_gib=gpu.memory_gib)
+    return replace(cfg, gpu_peak_tflops=gpu.peak_tflops, gpu_memory_gib=gpu.memory_gib, nvlink_gbps=nv)
 
 
 def search(
@@ -560,34 +600,47 @@ def search(
         budget.spend(nodes + L + P, f"{nodes} nodes x {L} layers (tensor {T} x pipeline {P} x data {D})")
 
     name_order = [tuple(sorted(usable, key=lambda n: n.name)[:N])]  # nicSelection off: Megatron's
-    arrangements: dict[int, list[tuple[NodeNic, ...]]] = {}
+    arrangements: dict[tuple[int, int], list[tuple[NodeNic, ...]]] = {}
     # what does not depend on the candidate, worked out once: each node's GPU, the islands
     gpus = node_gpus(usable, cfg)
     parts: IslandParts | None = None
     roomiest = max((gpus[n.name].memory_gib for n in usable), default=cfg.gpu_memory_gib)
-    for deg in degree_candidates(job):
+    domain_nodes = nvlink.largest_domain(usable)
+    for deg in degree_candidates(job, domain_nodes):
         too_big = memory_floor_problem(job, deg, model, cfg, roomiest)
         if too_big:
             why_not.append(too_big)
             continue
         span = max(1, deg.data * deg.tensor // G)
+        # nodes per group that must lie in one NVLink domain: a tensor group wider than a node, or
+        # on nodes of domains an expert group wider than one (elsewhere it keeps to its island)
+        per_group = max(1, deg.tensor // G, deg.expert * deg.tensor // G if domain_nodes > 1 else 1)
+        kind = "tensor" if deg.tensor > G else "expert"
         if job.parallelism.nic_selection == "off":
             orders = name_order
         else:
-            if span not in arrangements:
+            key = (span, per_group)
+            if key not in arrangements:
                 budget.spend(len(usable), f"arranging {len(usable)} nodes")
                 parts = parts if parts is not None else island_parts(usable, cfg, gpus)
-                groups = arrange_groups(usable, N, span, cfg, parts)
-                arrangements[span] = [
-                    tuple(itertools.chain.from_iterable(blk for g in order for blk in groups[g]))
-                    for order in island_orders(groups, cfg)
-                ]
+                mine = parts if per_group == 1 else nvlink.domain_parts(parts, per_group, kind == "expert")
+                if sum(len(p) for by_type in mine for p in by_type) < N:
+                    arrangements[key] = []  # too few nodes in whole groups of a domain
+                else:
+                    groups = arrange_groups(usable, N, span, cfg, mine)
+                    arrangements[key] = [
+                        tuple(itertools.chain.from_iterable(blk for g in order for blk in groups[g]))
+                        for order in island_orders(groups, cfg)
+                    ]
             # Megatron's order too: the island-aware orders keep DP on one fabric, but when the
             # pipeline's p2p dominates (a small model) name order can be faster, and a plan must
             # never be worse than the default it is compared with
-            orders = arrangements[span] + [o for o in name_order if o not in arrangements[span]]
+            orders = arrangements[key] + [o for o in name_order if o not in arrangements[key]]
         best: tuple[tuple[float, int, int, int, int], Candidate] | None = None
         for i, order in enumerate(orders):
+            if per_group > 1 and (why := nvlink.group_problem(order, per_group, kind)):
+                why_not.append(f"tensor {deg.tensor} x pipeline {deg.pipeline} x data {deg.data}: {why}")
+                continue  # another order may keep every group inside a domain
             pay(deg, len(order))
             c = cost_placement(job, deg, order, model, cfg, stage_cache, gpus=gpus)
             if isinstance(c, str):
@@ -608,6 +661,17 @@ def search(
             if cfg.activation_recompute
             else ", set training.activationRecompute: true (keeps one activation per layer)"
         )
+        domain = [w for w in why_not if "NVLink domain" in w]
+        if domain and len(domain) == len(why_not):
+            field = "expert" if all("expert group" in w for w in domain) else "tensor"
+            fits = "expert x tensor at most" if field == "expert" else "tensor a divisor of"
+            raise PlanError(
+                f"spec.parallelism.{field}: {getattr(job.parallelism, field)} puts each {field} group on "
+                "several nodes, and no order of the nodes keeps every group inside one NVLink domain: "
+                + "; ".join(domain[:2])
+                + f"; fix: make the group fit a node ({fits} gpusPerNode {G}, or auto), or run on "
+                "nodes of NVLink domains (GPU Feature Discovery's nvidia.com/gpu.clique) holding whole groups"
+            )
         spans = any("would span islands" in w for w in why_not)
         raise PlanError(
             ("no layout keeps every expert group on one island and fits in GPU memory: " if spans else "")
@@ -705,8 +769,9 @@ def with_schedule(layout: Layout, option: schedule_choice.ScheduleOption, c: Can
         virtualStages=v,
         bubbleSeconds=_round(option.bubble_seconds),
     )
+    version = NVLINK_VERSION if layout.tensor_spans_nodes else VIRTUAL_VERSION  # v4 holds chunks too
     return replace(
-        layout, stages=stages, schedule=name, version=VIRTUAL_VERSION, groups=tuple(groups), estimate=estimate
+        layout, stages=stages, schedule=name, version=version, groups=tuple(groups), estimate=estimate
     )
 
 
@@ -857,6 +922,8 @@ def _one_chunk_layout(c: Candidate, job: JobSpec, cfg: CostModelConfig) -> Layou
         estimate=estimate,
         world_net=c.world_net,
         expert=d.expert,
+        version=NVLINK_VERSION if d.tensor > G else LAYOUT_VERSION,
+        nvlink_domains=nvlink.layout_domains(c.nodes) if d.tensor > G else (),
     )
 
 

@@ -13,6 +13,11 @@ link (``NCCL_SOCKET_NTHREADS`` x ``NCCL_NSOCKS_PERTHREAD``, :func:`holmes.plan.n
 unless the job's template fixes them; NCCL's own default is one flow. An island whose job names a
 vendor net plugin (``spec.islands[].netPlugin``) runs its inside groups on that plugin's net, at
 ``plugin_efficiency`` of the node's line rate.
+
+Below the island and above the node sits the NVLink domain (rack-scale NVLink, GB200/GB300
+NVL72: ``NodeNic.nvlink_domain``, GPU Feature Discovery's clique): nodes whose GPUs reach each
+other over NVLink. A set of nodes inside one domain (:attr:`NodeSet.nvlink_domain`) moves its
+bytes over NVLink, not its NICs (plan/nvlink.py prices and places it).
 """
 
 from __future__ import annotations
@@ -153,6 +158,12 @@ class NodeSet:
     min_socket_gbps: float  # slowest host-network link among them
     socket_flows_gbps: float = math.inf  # the fewest TCP flows among them x one flow's Gbit/s
     plugins: frozenset[str | None] = frozenset({None})  # the nodes' vendor net plugins
+    domains: frozenset[str | None] = frozenset({None})  # the nodes' NVLink domains (None: none)
+
+    @property
+    def nvlink_domain(self) -> str | None:
+        """The one NVLink domain every node of the set is in, else None."""
+        return next(iter(self.domains)) if len(self.domains) == 1 else None
 
     @property
     def single_island(self) -> bool:
@@ -199,6 +210,7 @@ def summarize(nodes: Sequence[NodeNic], fabric: Fabric) -> NodeSet:
         socket_flows_gbps=min(_socket_flows(nic, gbps, fixed, fabric) for nic, gbps, fixed in links)
         * fabric.socket_flow_gbps,
         plugins=frozenset({n.net_plugin for n in nodes}),
+        domains=frozenset({n.nvlink_domain for n in nodes}),
     )
 
 
@@ -211,6 +223,7 @@ def merge(a: NodeSet, b: NodeSet) -> NodeSet:
         min(a.min_socket_gbps, b.min_socket_gbps),
         min(a.socket_flows_gbps, b.socket_flows_gbps),
         a.plugins | b.plugins,
+        a.domains | b.domains,
     )
 
 

@@ -96,7 +96,7 @@ def _legend(svg: _Svg, y: float, nets: list[str], schedule: bool) -> None:
     for net in nets:
         dash = {"stroke_dasharray": "6 4"} if slow(net) else {}
         svg.line(x, y - 4, x + 26, y - 4, net_colour(net), 3, **dash)
-        label = {"NVLink": "NVLink (tensor-parallel, in a node)"}.get(net, net)
+        label = {"NVLink": "NVLink (tensor-parallel, in a node or an NVLink domain)"}.get(net, net)
         label += " (slow link)" if slow(net) else ""
         svg.text(x + 32, y, label, 11)
         x += 44 + 6.5 * len(label)
@@ -130,16 +130,17 @@ def _node(svg: _Svg, x: float, y: float, name: str, p: Picture, stage: int) -> N
         svg.text(x + 6, y + 36, f"{G} GPUs, TP groups of {T}", 10)
         svg.raw("</g>")
         return
-    size = min(12.0, (NODE_W - 12 - 2 * (G // max(T, 1))) / G)
+    W = min(T, G)  # a tensor group's GPUs on this node (all of them when it spans nodes)
+    size = min(12.0, (NODE_W - 12 - 2 * (G // max(W, 1))) / G)
     gx = x + 6
     first = p.nodes.index(name) * G
     for g in range(G):
-        if g % T == 0 and T > 1:
-            svg.rect(gx - 1.5, y + 24.5, T * (size + 2) + 1, size + 3, "none", NET_COLOURS["NVLink"], rx="2")
+        if g % W == 0 and T > 1:
+            svg.rect(gx - 1.5, y + 24.5, W * (size + 2) + 1, size + 3, "none", NET_COLOURS["NVLink"], rx="2")
         mine = (first + g) // (p.data * p.tensor) == stage
         svg.rect(gx, y + 26, size, size, "#76b900" if mine else "#d0d0d0", "#3d6000" if mine else "#999999")
         gx += size + 2
-        if (g + 1) % T == 0 and T > 1:
+        if (g + 1) % W == 0 and T > 1:
             gx += 3
     svg.raw("</g>")
 

@@ -138,6 +138,7 @@ NEEDED = {
     ("events", "create"): "kopf.event",
     ("nodes", "list"): "the node informer",
     ("nodes", "watch"): "the node informer",
+    ("nodes", "patch"): "topology_labels.TopologyLabels (Holmes' topology labels)",
     ("customresourcedefinitions.apiextensions.k8s.io", "list"): "kopf resource scanning",
     ("customresourcedefinitions.apiextensions.k8s.io", "watch"): "kopf resource scanning",
     ("namespaces", "list"): "watches.Watches (Pod Security labels); kopf namespace observation",
@@ -146,6 +147,10 @@ NEEDED = {
     ("priorityclasses.scheduling.k8s.io", "watch"): "informer.Informer (runPolicy.priorityClassName)",
     ("resourceflavors.kueue.x-k8s.io", "list"): "informer.Informer (Kueue flavors' node labels)",
     ("resourceflavors.kueue.x-k8s.io", "watch"): "informer.Informer (Kueue flavors' node labels)",
+    ("localqueues.kueue.x-k8s.io", "list"): "informer.Informer (a job's ClusterQueue: TAS)",
+    ("localqueues.kueue.x-k8s.io", "watch"): "informer.Informer (a job's ClusterQueue: TAS)",
+    ("clusterqueues.kueue.x-k8s.io", "list"): "informer.Informer (its flavors' Topology: TAS)",
+    ("clusterqueues.kueue.x-k8s.io", "watch"): "informer.Informer (its flavors' Topology: TAS)",
     ("workloadpriorityclasses.kueue.x-k8s.io", "list"): "informer.Informer (kueue.x-k8s.io/priority-class)",
     ("workloadpriorityclasses.kueue.x-k8s.io", "watch"): "informer.Informer (kueue.x-k8s.io/priority-class)",
     ("workloads.kueue.x-k8s.io", "list"): "informer.Informer (the Workloads cache)",
@@ -175,6 +180,8 @@ CLUSTER_READS = (
     "priorityclasses",
     "resourceflavors",
     "workloadpriorityclasses",
+    "localqueues",
+    "clusterqueues",
     "resourceslices",
 )
 # Cluster-scoped creates (listed by `can-i --list` in every namespace): the secure metrics' reviews.
@@ -222,6 +229,7 @@ def test_operator_may_do_exactly_what_it_needs(env):
         k
         for k in NEEDED
         if (k[0].split(".")[0] in CLUSTER_READS and k[1] in ("list", "watch"))
+        or k == ("nodes", "patch")
         or (k[0].split(".")[0] in CLUSTER_CREATES and k[1] == "create")
     } | set(LEADER)
 

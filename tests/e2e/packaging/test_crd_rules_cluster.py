@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from holmes.contract import SpecError, load_job
+from holmes.contract import JobSpec, SpecError, load_job
 from localkube.operatorproc import install_crd
 from tests.helpers.contract.spec_helpers import minimal_spec, problems_of
 from tests.helpers.contract.spec_mutations import SEEDS, mutate, seeds
@@ -209,6 +209,19 @@ def test_an_explicit_null_is_dropped_and_defaulted_before_the_rules_run(jobs, na
     # the API server prunes a null of a field that is not nullable, then defaults it: the rule on
     # parallelism.tensor sees 1, not null
     assert refusal(jobs, namespace, job(minimal_spec(parallelism={"tensor": None}))) == []
+
+
+def test_a_tensor_group_over_whole_nodes_is_admitted_and_one_over_part_of_a_node_refused(jobs, namespace):
+    """tensor 8 on 4-GPU nodes spans two nodes of an NVLink domain (GB200 NVL72): the server admits
+    it (the planner checks the domain, which the server cannot see); tensor 6 is neither a divisor
+    nor a multiple of 4 and is refused, by the rule and the reader alike."""
+    assert refusal(jobs, namespace, job(minimal_spec(parallelism={"tensor": 8}))) == []
+    JobSpec.from_spec(minimal_spec(parallelism={"tensor": 8}))
+    spec = minimal_spec(parallelism={"tensor": 6}, model={**minimal_spec()["model"], "attentionHeads": 12})
+    spec["model"]["hiddenSize"], spec["model"]["vocabSize"] = 384, 1020
+    causes = refusal(jobs, namespace, job(spec))
+    assert any("multiple of it" in c and "NVLink domain" in c for c in causes), causes
+    assert any("multiple such as 8" in p for p in problems_of(spec)), problems_of(spec)
 
 
 def test_the_rules_never_refuse_a_spec_the_reader_accepts(jobs, namespace):

@@ -93,6 +93,7 @@ class FakeWorld:
         # PriorityClasses, the Volcano PodGroup
         self.workload: dict | None = None
         self.flavors: dict | None = None
+        self.queue_topology: str | None = None  # the Topology of the job's ClusterQueue's flavor
         self.priority_classes: dict | None = None
         self.workload_priority_classes: dict | None = None
         self.podgroup: dict | None = None
@@ -114,6 +115,7 @@ class FakeWorld:
             refused=refused or [],
             workload=copy.deepcopy(self.workload),
             flavors=self.flavors,
+            queue_topology=self.queue_topology,
             priority_classes=self.priority_classes,
             workload_priority_classes=self.workload_priority_classes,
             podgroup=copy.deepcopy(self.podgroup),

@@ -102,6 +102,9 @@ class NoWatches:
     def workload_priority_classes(self) -> None:  # Kueue's, not served here
         return None
 
+    def queue_topology(self, job: dict) -> None:  # no Kueue, no topology
+        return None
+
     def namespace_labels(self, ns: str) -> None:  # not known: defaults as for an unlabelled one
         return None
 

@@ -8,7 +8,12 @@ import yaml
 from holmes_dev.jobs import holmes_job
 
 
-def job(tmp_path: Path, *, pipeline: int, data: int, tensor: int, **training) -> str:
+def job(
+    tmp_path: Path, *, pipeline: int, data: int, tensor: int, gpus_per_node: int | None = None, **training
+) -> str:
+    """``gpus_per_node`` below data x tensor: a stage over several nodes (tensor groups over the
+    nodes of an NVLink domain when below tensor)."""
+    gpus = gpus_per_node or data * tensor
     spec = {
         "model": {
             "layers": 4,
@@ -32,7 +37,7 @@ def job(tmp_path: Path, *, pipeline: int, data: int, tensor: int, **training) ->
             "data": data,
             "sequenceParallel": tensor > 1,
         },
-        "nodes": {"count": pipeline, "gpusPerNode": data * tensor},
+        "nodes": {"count": pipeline * data * tensor // gpus, "gpusPerNode": gpus},
         "template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}},
     }
     path = tmp_path / "job.yaml"

@@ -14,7 +14,7 @@ from holmes_dev.ports import free_port
 
 from holmes.contract import ModelSpec
 from holmes.contract import pipeline_schedules as sched
-from holmes.contract.layout import LAYOUT_VERSION, VIRTUAL_VERSION, GroupFamily, Layout, Stage
+from holmes.contract.layout import LAYOUT_VERSION, NVLINK_VERSION, VIRTUAL_VERSION, GroupFamily, Layout, Stage
 from holmes.trainer.config import OptimizerConfig, TrainConfig
 from holmes.trainer.data import BatchLoader, Sharding, make_source
 from holmes.trainer.engine import Trainer, learning_rate
@@ -68,7 +68,8 @@ def make_layout(
     schedule: str = "1F1B",
 ) -> Layout:
     """``split``: layers per stage, or with virtual stages (a looped or V-shaped ``schedule``)
-    layers per virtual stage in pipeline order (pipeline x v numbers)."""
+    layers per virtual stage in pipeline order (pipeline x v numbers). ``tensor`` above
+    ``gpus_per_node``: every node in one NVLink domain, each tensor group over several nodes."""
     world = pipeline * data * tensor
     g = gpus_per_node or world
     bounds = [0]
@@ -97,18 +98,21 @@ def make_layout(
     groups += tuple(GroupFamily("p2p", "Socket", b) for b in range(pipeline if wrap else pipeline - 1))
     if embedding:
         groups += (GroupFamily("embedding", "Socket"),)
+    nodes = tuple(f"node-{i}" for i in range(world // g))
+    spans = tensor > g
     return Layout(
         tensor=tensor,
         pipeline=pipeline,
         data=data,
         gpus_per_node=g,
-        nodes=tuple(f"node-{i}" for i in range(world // g)),
+        nodes=nodes,
         stages=stages,
         groups=groups,
         micro_batch_size=micro_batch_size,
         micro_batches=micro_batches,
         schedule=schedule,
-        version=VIRTUAL_VERSION if v > 1 else LAYOUT_VERSION,
+        version=NVLINK_VERSION if spans else VIRTUAL_VERSION if v > 1 else LAYOUT_VERSION,
+        nvlink_domains=(("rack-uuid.1", nodes),) if spans else (),
     )
 
 

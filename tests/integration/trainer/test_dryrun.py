@@ -93,6 +93,29 @@ def test_p2p_communicators_are_the_layout_groups_and_their_pairs(three_stages):
         assert not [k for k in kinds if k.endswith("pair") and k != "p2p pair"], kinds
 
 
+def test_tensor_groups_over_two_nodes_of_an_nvlink_domain_pass_every_check(tmp_path):
+    """tensor 4 on 2-GPU nodes (a GB200 NVL72 layout in small): each tensor group spans two nodes
+    of one NVLink domain; every rank runs, every check passes, and the tensor collectives run on
+    groups whose ranks sit on two nodes."""
+    layout = make_layout(2, 1, [2, 2], 2, 4, gpus_per_node=2, embedding=True, tensor=4)
+    assert layout.tensor_spans_nodes and layout.version == 4
+    code, out, err = dry_run(
+        job(tmp_path, pipeline=2, data=1, tensor=4, gpus_per_node=2),
+        layout,
+        tmp_path,
+        "--ranks",
+        "all",
+        "--collectives",
+    )
+    assert out, err
+    assert out["problems"] == [] and code == 0, out["problems"]
+    assert out["sequencesMatch"] is True and [r["rank"] for r in out["ranks"]] == list(range(8))
+    tp = {tuple(g.ranks) for g in layout.process_groups("tp")}
+    assert {frozenset(r // 2 for r in g) for g in tp} == {frozenset({0, 1}), frozenset({2, 3})}
+    on_tp = [c for r in out["ranks"] for c in r["collectives"] if tuple(c["group"]) in tp]
+    assert on_tp and {"_allgather_base_", "_reduce_scatter_base_"} & {c["op"] for c in on_tp}
+
+
 def test_a_mismatched_collective_sequence_is_reported():
     """The check itself: one rank of a group issuing a different all-reduce is found."""
     from holmes.trainer.dryrun.recording import Collective, sequence_problems

@@ -149,3 +149,29 @@ def test_a_planned_tensor_parallel_layout_trains_like_one_process():
     assert {g.kind for g in layout.groups} >= {"tp", "dp", "p2p", "pp"}
     cfg = tiny_config(model=LLAMA, sequence_parallel=True, micro_batch_size=2, global_batch_size=16)
     assert_matches_reference(cfg, layout)
+
+
+def test_a_planned_layout_with_tensor_groups_over_nodes_of_an_nvlink_domain_trains_like_one_process():
+    """The small twin of examples/jobs/llama3-70b-gb200.yaml's plan: one-GPU nodes of one NVLink
+    domain (GFD's clique label), tensor 2, so each tensor group spans two nodes: the version-4
+    Layout the planner writes, whose groups the trainer forms, trains as one process does."""
+    from holmes.contract import JobSpec
+    from holmes.contract.layout import NVLINK_VERSION
+    from holmes.plan import plan
+    from tests.helpers.plan.plan_helpers import node
+
+    job = JobSpec.from_spec(
+        {
+            "model": LLAMA.to_spec(),
+            "training": {"globalBatchSize": 16, "microBatchSize": 2, "iterations": 4, "learningRate": 0.5},
+            "parallelism": {"tensor": 2, "pipeline": 2, "sequenceParallel": True},
+            "nodes": {"count": 4, "gpusPerNode": 1},
+        }
+    )
+    clique = {"nvidia.com/gpu.clique": "6f0d1c2e-8a41-4b7e-9c55-2d1e0a7b3f10.1"}
+    nodes = [node(f"gb-{i}", "infiniband", "east", gpus=1, labels=clique) for i in range(4)]
+    layout = plan(nodes, job)
+    assert (layout.tensor, layout.pipeline, layout.data, layout.version) == (2, 2, 1, NVLINK_VERSION)
+    assert [len({r // 1 for r in g.ranks}) for g in layout.process_groups("tp")] == [2, 2]
+    cfg = tiny_config(model=LLAMA, sequence_parallel=True, micro_batch_size=2, global_batch_size=16)
+    assert_matches_reference(cfg, layout)

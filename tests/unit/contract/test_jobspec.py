@@ -351,3 +351,11 @@ def test_islands_round_trip_and_their_problems_name_the_field_and_the_fix():
     assert any(
         "spec.islands[0].rdmaDevices: applies to the shared RDMA device plugin" in p for p in per_rail_sriov
     )
+
+
+def test_tensor_may_be_a_multiple_of_gpus_per_node_for_an_nvlink_domain():
+    """A tensor group over two 4-GPU nodes (GB200 NVL72) is a spec the reader takes (the planner
+    checks the NVLink domain); a degree neither dividing nor a multiple of the node says the fix."""
+    assert JobSpec.from_spec(minimal_spec(parallelism={"tensor": 8})).parallelism.tensor == 8
+    with pytest.raises(SpecError, match=r"tensor: 3 must divide nodes.gpusPerNode 4 .* multiple such as 8"):
+        JobSpec.from_spec(minimal_spec(parallelism={"tensor": 3}))

@@ -75,8 +75,8 @@ def test_version_1_layouts_are_still_read():
     d["groups"] = [g for g in d["groups"] if g["kind"] != "p2p"]
     lay = Layout.from_dict(d)
     assert lay.world_net == "Socket" and not list(lay.process_groups("p2p"))
-    d["version"] = 4
-    with pytest.raises(LayoutError, match="version 4 is not supported"):
+    d["version"] = 5
+    with pytest.raises(LayoutError, match="version 5 is not supported"):
         Layout.from_dict(d)
 
 
@@ -128,3 +128,82 @@ def test_from_json_names_missing_field_and_version():
     d["version"] = 99
     with pytest.raises(LayoutError, match="version 99"):
         Layout.from_dict(d)
+
+
+def nvl_layout(**kw) -> Layout:
+    """tensor 8 on 4-GPU nodes: each tensor group spans two nodes of one NVLink domain."""
+    args = dict(
+        tensor=8,
+        pipeline=2,
+        data=1,
+        gpus_per_node=4,
+        nodes=("a0", "a1", "b0", "b1"),
+        stages=(
+            Stage(0, (0, 5), "east/infiniband", "infiniband", "IB"),
+            Stage(1, (5, 8), "east/infiniband", "infiniband", "IB"),
+        ),
+        groups=(
+            GroupFamily("tp", "IB", 0),
+            GroupFamily("tp", "IB", 1),
+            GroupFamily("pp", "IB"),
+            GroupFamily("p2p", "IB", 0),
+        ),
+        micro_batch_size=1,
+        micro_batches=4,
+        version=4,
+        nvlink_domains=(("uuid.1", ("a0", "a1")), ("uuid.2", ("b0", "b1"))),
+    )
+    args.update(kw)
+    return Layout(**args)
+
+
+def test_tensor_groups_span_the_nodes_of_one_nvlink_domain():
+    lay = nvl_layout()
+    assert [g.ranks for g in lay.process_groups("tp")] == [tuple(range(8)), tuple(range(8, 16))]
+    assert lay.tensor_spans_nodes and lay.nvlink_domain("b1") == "uuid.2"
+    again = Layout.from_json(lay.to_json())
+    assert again.to_dict() == lay.to_dict() and again.to_dict()["nvlinkDomains"] == {
+        "uuid.1": ["a0", "a1"],
+        "uuid.2": ["b0", "b1"],
+    }
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(nvlink_domains=(("uuid.1", ("a0", "b0")), ("uuid.2", ("a1", "b1")))), "spans NVLink domains"),
+        (dict(nvlink_domains=(("uuid.1", ("a0", "a1")),)), "nodes in no NVLink domain"),
+        (dict(version=2), "need layout version 4"),
+        (dict(tensor=6, data=1, nodes=("a0", "a1", "b0")), "must divide gpusPerNode 4, or be a multiple"),
+    ],
+)
+def test_tensor_groups_across_domains_or_without_one_are_refused(change, message):
+    with pytest.raises(LayoutError, match=message):
+        nvl_layout(**change)
+
+
+def test_version_4_is_only_for_tensor_groups_across_nodes():
+    with pytest.raises(LayoutError, match="version 4 is only for them"):
+        two_stage_layout(version=4)
+
+
+def test_a_version_4_layout_may_hold_virtual_stages_too():
+    """Tensor groups across nodes and an interleaved schedule: version 4 carries the chunks and
+    the schedule, and reads back the same."""
+    lay = nvl_layout(
+        stages=(
+            Stage(0, (0, 6), "east/infiniband", "infiniband", "IB", chunks=((0, 2), (4, 6))),
+            Stage(1, (2, 8), "east/infiniband", "infiniband", "IB", chunks=((2, 4), (6, 8))),
+        ),
+        groups=(
+            GroupFamily("tp", "IB", 0),
+            GroupFamily("tp", "IB", 1),
+            GroupFamily("pp", "IB"),
+            GroupFamily("p2p", "IB", 0),
+            GroupFamily("p2p", "IB", 1),
+        ),
+        schedule="Interleaved1F1B",
+    )
+    d = lay.to_dict()
+    assert d["version"] == 4 and d["pipelineSchedule"] == "Interleaved1F1B" and d["stages"][0]["chunks"]
+    assert Layout.from_dict(d).to_dict() == d and Layout.from_dict(nvl_layout().to_dict()).virtual_stages == 1

@@ -263,6 +263,14 @@ def test_holmes_pods_already_in_the_shared_cache_are_not_slimmed_again(monkeypat
     caches.pods.put(newer)
     third, _ = HubChildren(caches, None).capacity_view()  # type: ignore[arg-type]
     assert third is not pods and calls == ["new", "new"]
+    # another pod changed (issue 46: during a launch burst, many times a second): made anew, but
+    # a pod the shared cache does not hold yet is not slimmed again at the same version
+    other = pod("other", "n2", ns="ns2")
+    other["metadata"]["resourceVersion"] = "11"
+    caches.cluster_pods.put(real(other))
+    fourth, _ = HubChildren(caches, None).capacity_view()  # type: ignore[arg-type]
+    assert fourth is not third and calls == ["new", "new"]
+    assert {p["metadata"]["name"] for p in fourth} == names | {"other"}
 
 
 # ---- several jobs on one cluster ---------------------------------------------------------------

@@ -121,7 +121,14 @@ def test_a_v1beta1_workload_reads_as_v1beta2():
         == (queueing.ADMITTED, "admitted by ClusterQueue cq")
     )
     flavors = {"west": {"spec": {"nodeLabels": {"holmes.dev/cluster": "west"}}}}
-    assert queueing.flavor_node_labels(new, flavors) == (({"holmes.dev/cluster": "west"},), [])
+    # admitted by topology: the domains Kueue picked, each with the flavor's labels
+    assert queueing.flavor_node_labels(new, flavors) == (
+        (
+            {"holmes.dev/cluster": "west", "block": "b1", "rack": "r1"},
+            {"holmes.dev/cluster": "west", "block": "b1", "rack": "r2"},
+        ),
+        [],
+    )
     # "" (no source) names no class, as Kueue converts it
     wl["spec"]["priorityClassSource"] = ""
     assert "priorityClassRef" not in queueing.workload_from(wl)["spec"]

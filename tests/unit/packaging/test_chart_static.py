@@ -141,6 +141,8 @@ def test_watch_namespaces_gives_roles_per_namespace_and_flags():
         "priorityclasses",
         "resourceflavors",
         "workloadpriorityclasses",  # list/watch: a job's kueue.x-k8s.io/priority-class value
+        "localqueues",  # list/watch: a job's ClusterQueue ...
+        "clusterqueues",  # ... and whether its flavor has a Topology (Kueue's TAS)
         "resourceslices",  # list/watch: DRA devices
         "tokenreviews",  # create: secure metrics (a scraper's token) ...
         "subjectaccessreviews",  # ... and whether its user may get /metrics
@@ -424,9 +426,9 @@ def test_namespaced_install_reads_pods_only_in_its_namespaces():
     grants = rules_granting(docs, "pods")
     assert sorted(ns for kind, ns, _ in grants) == ["team-a", "team-b"]
     assert {kind for kind, _, _ in grants} == {"Role"}
-    # nodes stay a cluster-scoped read
+    # nodes stay cluster-scoped: read, and patched with Holmes' topology labels
     nodes = [(k, r["verbs"]) for k, _, r in rules_granting(docs, "nodes")]
-    assert nodes == [("ClusterRole", ["list", "watch"])]
+    assert nodes == [("ClusterRole", ["list", "watch", "patch"])]
     # every namespace: one ClusterRole rule covers every pod, the operator's children included
     assert [(k, r["verbs"]) for k, _, r in rules_granting(render(), "pods")] == [
         ("ClusterRole", ["list", "watch", "create", "delete"])

@@ -24,9 +24,11 @@ NOT_REASONS = {
     "DoesNotExist", "ExactCount", "FailJob", "MembersReachable", "NoExecute", "NoReservation",
     "NoSchedule", "NodeAffinity", "NodeFailures", "NodeShutdown", "NotIn", "PodGroup",
     "PodScheduled", "PriorityClass", "QuotaReserved", "ResourceClaimTemplate", "RuntimeDefault",
+    "ComputeDomain",  # NVIDIA DRA driver's kind (core/compute_domains.py)
     "SubjectAccessReview", "TokenRequest", "TokenReview", "WorkloadPriorityClass",
     "PodsReady", "WaitForStart", "WaitForRecovery",  # Kueue's PodsReady condition, written for it
     "BestEffort", "NotBestEffort", "NotTerminating",  # ResourceQuota scopes (core/quota.py)
+    "HyperNode",  # Volcano's kind (core/island_topology.py)
 }  # fmt: skip
 
 

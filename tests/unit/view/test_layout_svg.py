@@ -155,3 +155,21 @@ def test_holmes_plan_svg_from_a_layout_configmap_and_from_a_status(tmp_path, cap
     assert "status.layout has no stages yet" in capsys.readouterr().err
     assert main(["plan", "--layout", str(cm)]) == 2
     assert "give --svg FILE" in capsys.readouterr().err
+
+
+def test_a_tensor_group_wider_than_a_node_is_outlined_inside_each_node():
+    """GB200 NVL72: tensor 8 on 4-GPU nodes. Each node outlines its 4 GPUs of the group, not 8
+    GPUs' width running past its GPUs."""
+    layout = planned(
+        str(ROOT / "examples/nodes/gb200-nvl72.yaml"), str(ROOT / "examples/jobs/llama3-70b-gb200.yaml")
+    )
+    assert layout.tensor == 8 and layout.gpus_per_node == 4
+    root = ET.fromstring(svg.render(picture.from_layout(layout)))
+    grey = [
+        r
+        for r in root.iter("{http://www.w3.org/2000/svg}rect")
+        if r.get("stroke") == svg.NET_COLOURS["NVLink"]
+    ]
+    gpu = next(r for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("fill") == "#76b900")
+    node_row = 4 * (float(gpu.get("width") or 0) + 2) + 1  # the node's 4 GPUs and their gaps
+    assert grey and max(float(r.get("width") or 0) for r in grey) <= node_row

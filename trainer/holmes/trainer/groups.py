@@ -68,6 +68,12 @@ def pinned_net(layout: Layout, ranks: Iterable[int], net: str) -> str | None:
     return net if len(nodes) > 1 else None
 
 
+def nvlink_domain_of(layout: Layout, ranks: Iterable[int]) -> str | None:
+    """The NVLink domain every rank's node is in (the Layout's ``nvlinkDomains``), else None."""
+    domains = {layout.nvlink_domain(layout.nodes[r // layout.gpus_per_node]) for r in ranks}
+    return domains.pop() if len(domains) == 1 else None
+
+
 LOG_KEY = "holmesGroup"  # the hook's key (holmes.launch.hook.LOG_KEY): one reader for both
 
 
@@ -81,6 +87,11 @@ def group_line(
     entry: dict[str, Any] = {"ranks": members, "kind": kind, "backend": backend, "net": pinned}
     if planned is not None and planned != net:
         entry["planned"] = planned
+    domain = nvlink_domain_of(layout, members)
+    if pinned is not None and domain is not None:
+        # a group over nodes of one NVLink domain (layout version 4): NCCL's multi-node NVLink
+        # path through the pod's IMEX channel carries it; the pinned net is NCCL's fallback
+        entry["nvlinkDomain"] = domain
     if pinned is None:
         node = layout.nodes[members[0] // layout.gpus_per_node]
         entry.update(applied=False, why=f"all ranks on node {node}: NCCL uses NVLink or shared memory")

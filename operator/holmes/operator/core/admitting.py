@@ -11,6 +11,7 @@ from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS
 
 from . import capacity, child_names, kueue_pod_sets, placement, queueing
 from . import conditions as cond
+from . import island_topology as topology_levels
 from .state import (
     SUSPENDED,
     WAIT_INTERVAL,
@@ -107,14 +108,15 @@ def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
     rp = spec.run_policy  # the class is named when the priority is its value
     from_class = rp.priority_class_name if rp.priority is None and not unknown else None
     shape = capacity.pod_shape(spec, st.settings.gpu_resource)
+    tas = st.obs.queue_topology is not None
     g = queueing.gate(
         st.job,
         queue,
         spec.nodes.count,
         shape,
         spec.template,
-        lambda: _planned_pod_sets(st, spec, shape),
-        pod_sets_inputs(st.job),
+        lambda: _planned_pod_sets(st, spec, shape, topology=tas),
+        pod_sets_inputs(st.job) + (f"+{topology_levels.LABEL_ISLAND}" if tas else ""),
         priority,
         from_class,
         wl,
@@ -151,14 +153,19 @@ def pod_sets_inputs(job: dict) -> str:
     return child_names.digest(spec)
 
 
-def _planned_pod_sets(st: JobState, spec: JobSpec, shape: capacity.PodShape) -> list[dict]:
+def _planned_pod_sets(
+    st: JobState, spec: JobSpec, shape: capacity.PodShape, topology: bool = False
+) -> list[dict]:
     """The Workload's pod sets: the pods the job's plan on the nodes it could ever use would
     create, grouped (kueue_pod_sets.group_pods); one shape of nodes.count pods when it cannot be
-    planned there (it then waits for nodes anyway)."""
-    pods = placement.queued_pods(spec, placement_of(st))
+    planned there (it then waits for nodes anyway). ``topology``: the job's ClusterQueue has a
+    flavor with a Topology (Kueue's TAS): grouped by Holmes' island level, each PodSet requiring
+    one island (kueue_pod_sets.pod_sets)."""
+    pods = placement.queued_pods(spec, placement_of(st), topology)
     if not pods:
         return kueue_pod_sets.one_pod_set(spec.nodes.count, shape, spec.template)
-    return kueue_pod_sets.pod_sets(kueue_pod_sets.group_pods(pods), spec.template, spec.nodes.cluster_label)
+    label = topology_levels.LABEL_ISLAND if topology else spec.nodes.cluster_label
+    return kueue_pod_sets.pod_sets(kueue_pod_sets.group_pods(pods), spec.template, label, topology)
 
 
 def _pods_ready(st: JobState, spec: JobSpec) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import child_names
+from . import child_names, island_topology
 from .capacity import CPU, MEMORY, PodShape, show
 
 POD_SET = "workers"  # the PodSet of a job whose pods are one group
@@ -30,11 +30,13 @@ ANN_POD_SETS = "holmes.dev/pod-sets-of"  # the digest of what the Workload's pod
 class PodGroup:
     """Pods of the job alike for Kueue: on nodes of one cluster (``island``, the value of the
     job's island label: "" unknown) asking for the same ``requests`` (one pod's, every resource:
-    the template's, the GPUs, its route's RDMA devices or VFs)."""
+    the template's, the GPUs, its route's RDMA devices or VFs). Under Kueue's TAS ``island`` is
+    the value of Holmes' island level and ``cluster`` of its cluster level (island_topology)."""
 
     island: str
     requests: Mapping[str, float]
     count: int = 1
+    cluster: str = ""
 
     @property
     def key(self) -> tuple:
@@ -53,7 +55,9 @@ def _merged(groups: Iterable[PodGroup], key: Callable[[PodGroup], Any]) -> list[
         reqs = {
             r: max(have.requests.get(r, 0.0), g.requests.get(r, 0.0)) for r in {*have.requests, *g.requests}
         }
-        out[key(g)] = PodGroup(have.island if have.island == g.island else "", reqs, have.count + g.count)
+        island = have.island if have.island == g.island else ""
+        cluster = have.cluster if have.cluster == g.cluster else ""
+        out[key(g)] = PodGroup(island, reqs, have.count + g.count, cluster)
     return sorted(out.values(), key=lambda g: g.key)
 
 
@@ -94,10 +98,18 @@ def pod_set_names(groups: list[PodGroup]) -> list[str]:
     return names
 
 
-def pod_sets(groups: list[PodGroup], template: Mapping | None, island_label: str) -> list[dict]:
+def pod_sets(
+    groups: list[PodGroup], template: Mapping | None, island_label: str, topology: bool = False
+) -> list[dict]:
     """The Workload's pod sets, one per group (group_pods): ``count`` pods asking for its
     requests, with the template's placement rules. With several groups each PodSet selects its
-    island's nodes (``island_label``), so the flavor Kueue assigns it is one its pods can use."""
+    island's nodes (``island_label``), so the flavor Kueue assigns it is one its pods can use.
+    ``topology``: the job's flavor has a Topology (Kueue's TAS) and each group's island is the
+    value of Holmes' island level (island_topology.LABEL_ISLAND = ``island_label``): every
+    PodSet with an island selects it and requires one domain of that level, so Kueue admits it
+    on nodes it picks inside the island Holmes sized the stage for; and selects its cluster
+    (island_topology.LABEL_CLUSTER), the flavors' node label: Kueue matches a PodSet to a
+    flavor by the flavors' label keys only, and checks the topology after it chose one."""
     tspec = (template or {}).get("spec")
     if not isinstance(tspec, Mapping):
         tspec = {}
@@ -111,9 +123,17 @@ def pod_sets(groups: list[PodGroup], template: Mapping | None, island_label: str
         for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
             if tspec.get(key):
                 pod_spec[key] = tspec[key]
-        if len(groups) > 1 and g.island:
+        if (len(groups) > 1 or topology) and g.island:
             pod_spec["nodeSelector"] = {**(tspec.get("nodeSelector") or {}), island_label: g.island}
-        out.append({"name": name, "count": g.count, "template": {"spec": pod_spec}})
+        if topology and g.cluster:
+            pod_spec["nodeSelector"] = {
+                **(pod_spec.get("nodeSelector") or {}),
+                island_topology.LABEL_CLUSTER: g.cluster,
+            }
+        ps: dict[str, Any] = {"name": name, "count": g.count, "template": {"spec": pod_spec}}
+        if topology and g.island:
+            ps["topologyRequest"] = {"required": island_label}
+        out.append(ps)
     return out
 
 

@@ -5,6 +5,7 @@ launch. Pure."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -14,7 +15,9 @@ from holmes.plan import InsufficientNodes, PlanError
 from . import (
     capacity,
     child_names,
+    compute_domains,
     framework_launch,
+    island_topology,
     members,
     placement,
     queueing,
@@ -25,7 +28,7 @@ from . import (
 )
 from . import conditions as cond
 from .render import HOSTNAME_LABEL, JobRef, build_configmap, build_pod, build_service
-from .routes import PodRoute, RouteError, claim_templates, job_routes
+from .routes import PodRoute, RouteError, claim_templates, job_routes, with_compute_domains
 from .state import (
     PENDING,
     RESTARTING,
@@ -141,6 +144,12 @@ def _launch_pipeline(st: JobState, spec: JobSpec, layout: Layout) -> Decision:
             "which Holmes requests only for jobs on the hub's own nodes, not across member clusters"
             f"{validation.FIX}",
         )
+    domains = (  # the IMEX channels of the job's NVLink domains (not across member clusters)
+        compute_domains.job_domains(ref.name, layout, {n: nets[n].nvlink_domain for n in layout.nodes})
+        if st.obs.compute_domains and st.obs.members is None
+        else []
+    )
+    pod_routes = with_compute_domains(pod_routes, domains, nets)
     existing = {pod_node_rank(p) for p in current_pods(st)}
     configmap = build_configmap(ref, layout, spec, framework_launch.config_files(spec, layout))
     over = _create_children(
@@ -148,6 +157,7 @@ def _launch_pipeline(st: JobState, spec: JobSpec, layout: Layout) -> Decision:
     )
     if over:
         return _wait_for_quota(st, spec, over)
+    st.d.compute_domains = compute_domains.objects(domains, ref.namespace, render.child_labels(ref))
     nic_of = {n: net.nic for n, net in nets.items()}
     st.status["layout"] = layout_status(layout, nic_of, child_names.layout_configmap_name(st.name))
     st.status.pop("waitingSince", None)
@@ -227,6 +237,8 @@ def _launch_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> Decision:
             pod_routes.update(job_routes(spec, lay, {n: nets[n] for n in lay.nodes}))
     except RouteError as e:
         return stall(st, "InvalidSpec", f"{e}{validation.FIX}")
+    # replicas claim no IMEX channel: NCCL's multi-node NVLink off on NVLink-domain nodes
+    pod_routes = with_compute_domains(pod_routes, [], nets)
     if queueing.volcano_group(spec.template):  # every replica's pods: one gang, admitted first
         why = _podgroup_first(st, spec, pod_routes)
         if why is not None:
@@ -290,11 +302,29 @@ def _create_children(
         flavor = queueing.flavor_of((node.get("metadata") or {}).get("labels") or {}, st.flavor_labels)
         if flavor:
             pod["spec"]["nodeSelector"] = {**flavor, **(pod["spec"].get("nodeSelector") or {})}
+        if HOSTNAME_LABEL in flavor:  # admitted by topology: the node is Kueue's pick
+            template = (st.job.get("spec") or {}).get("template") or {}
+            _as_tas_pod(pod, template, queueing.workload_name(st.name))
     st.d.create_pods.extend(pods)
     if st.d.podgroup is not None:
         for pod in st.d.create_pods:
             queueing.in_group(pod, st.d.podgroup["metadata"]["name"])
     return ""
+
+
+def _as_tas_pod(pod: dict, template: Mapping, workload: str) -> None:
+    """A pod of a Workload Kueue admitted by topology, as Kueue's TAS expects its pods: the
+    node selector of its domain (set by the caller) and not Holmes' own pin to the node (the
+    template's node affinity as written), the PodSet's required level and its Workload named
+    (so Kueue counts the pod as the Workload's usage, not as usage beside it)."""
+    affinity = copy.deepcopy(((template.get("spec") or {}).get("affinity")) or {})
+    if affinity:
+        pod["spec"]["affinity"] = affinity
+    else:
+        pod["spec"].pop("affinity", None)
+    ann = pod["metadata"].setdefault("annotations", {})
+    ann[island_topology.ANN_REQUIRED_TOPOLOGY] = island_topology.LABEL_ISLAND
+    ann[island_topology.ANN_WORKLOAD] = workload
 
 
 def _launched(st: JobState, spec: JobSpec, total: int, what: str) -> Decision:

@@ -48,6 +48,7 @@ from . import (
     replicas,
     routes,
 )
+from .island_topology import island_of, label_value
 from .routes import NodeNetwork
 
 # The search a job ahead in the queue may cost each job behind it (a fiftieth of a job's own
@@ -188,11 +189,14 @@ def job_shape(spec: JobSpec, where: Placement) -> capacity.PodShape:
     return replace(capacity.pod_shape(spec, where.gpu_resource), flavor_labels=tuple(where.flavor_labels))
 
 
-def queued_pods(spec: JobSpec, where: Placement) -> list[kueue_pod_sets.PodGroup] | None:
+def queued_pods(
+    spec: JobSpec, where: Placement, topology: bool = False
+) -> list[kueue_pod_sets.PodGroup] | None:
     """The pods the job would run, one PodGroup each (its island, every resource it requests
     there), as planned on the nodes its pods could ever use whatever holds them now: what it
     asks Kueue's quota for before it may plan on free capacity. None: it cannot be planned
-    there (it then asks for one shape, ``nodes.count`` pods)."""
+    there (it then asks for one shape, ``nodes.count`` pods). ``topology``: the island is the
+    value of Holmes' island level (core/island_topology.py), else of the job's cluster label."""
     shape = job_shape(spec, where)
     rdma = route_resources(spec, where)
     own = node_selection.selected(where.nodes, spec)
@@ -210,8 +214,13 @@ def queued_pods(spec: JobSpec, where: Placement) -> list[kueue_pod_sets.PodGroup
     out = []
     for name in names:
         node = by_name[name]
-        island = ((node.get("metadata") or {}).get("labels") or {}).get(label) or ""
-        out.append(kueue_pod_sets.PodGroup(island, {**rdma(node), **shape.requests}))
+        cluster = ""
+        if topology:
+            nic = classify_nodes([node], where.facts.cost_model.nic_mapping)[0]
+            island, cluster = island_of(nic), label_value(nic.cluster)
+        else:
+            island = ((node.get("metadata") or {}).get("labels") or {}).get(label) or ""
+        out.append(kueue_pod_sets.PodGroup(island, {**rdma(node), **shape.requests}, cluster=cluster))
     return out
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS, LABEL_KUEUE_QUEUE
 
-from . import child_names
+from . import child_names, island_topology
 from .capacity import CPU, MEMORY, PodShape
 from .kueue_pod_sets import ANN_POD_SETS, one_pod_set, quantity_text
 
@@ -44,6 +44,7 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 V1BETA2, V1BETA1 = "v1beta2", "v1beta1"
 KUEUE_VERSIONS = (V1BETA2, V1BETA1)  # newest first: the first one the API server serves is used
 WORKLOADS, FLAVORS = "workloads", "resourceflavors"
+LOCAL_QUEUES, CLUSTER_QUEUES = "localqueues", "clusterqueues"
 PRIORITY_CLASSES = "workloadpriorityclasses"
 
 VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
@@ -133,8 +134,9 @@ def same_pod_sets(a: Any, b: Any) -> bool:
                 {k: str(v) for k, v in ((c.get("resources") or {}).get("requests") or {}).items()}
                 for c in spec.get("containers") or []
             ]
+            tas = (p.get("topologyRequest") or {}).get("required")
             out.append(
-                (p.get("name"), p.get("count"), reqs, spec.get("nodeSelector"), spec.get("tolerations"))
+                (p.get("name"), p.get("count"), reqs, spec.get("nodeSelector"), spec.get("tolerations"), tas)
             )
         return out
 
@@ -195,8 +197,13 @@ def flavor_node_labels(
                 missing.append(flavor)
                 continue
             labels.update(((flavors[flavor].get("spec") or {}).get("nodeLabels")) or {})
-        if labels not in choices:
-            choices.append(labels)
+        # admitted by topology (TAS): only the domains Kueue picked (with a Topology down to
+        # kubernetes.io/hostname, its nodes), their labels in the pods' node selectors as
+        # Kueue's topology ungater writes them
+        domains = island_topology.domains(psa.get("topologyAssignment"))
+        for want in [{**labels, **d} for d, _ in domains] if domains else [labels]:
+            if want not in choices:
+                choices.append(want)
     if {} in choices:  # a pod set that may go anywhere: so may the job
         choices = [{}]
     return tuple(choices), missing

@@ -40,7 +40,7 @@ from holmes.contract.names import (
     RESOURCE_GPU,
 )
 
-from . import child_names
+from . import child_names, compute_domains
 from .framework_launch import Launch
 from .routes import CLAIM, IPC_LOCK, PodRoute
 from .template import PRIVILEGED, TemplatePolicy, harden_container, secure_defaults
@@ -388,6 +388,10 @@ def build_pod(
         pspec["resourceClaims"] = [c for c in pspec.get("resourceClaims") or [] if c.get("name") != CLAIM] + [
             {"name": CLAIM, "resourceClaimTemplateName": route.claim_template_name(job.name)}
         ]
+    if route.nvlink_channel is not None:  # the IMEX channel of the job's ComputeDomain
+        pspec["resourceClaims"] = [
+            c for c in pspec.get("resourceClaims") or [] if c.get("name") != compute_domains.CLAIM
+        ] + [{"name": compute_domains.CLAIM, "resourceClaimTemplateName": route.nvlink_channel}]
     if route.host_network:  # the node's own interfaces; cluster DNS still resolves
         pspec["hostNetwork"] = True
         pspec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
@@ -441,9 +445,12 @@ def _trainer_container(
         limits.setdefault(settings.gpu_resource, gpus)
     for name, quantity in route.resources.items():  # RDMA devices or SR-IOV VFs
         limits.setdefault(name, quantity)
-    if route.claim is not None:
-        resources["claims"] = [c for c in resources.get("claims") or [] if c.get("name") != CLAIM] + [
-            {"name": CLAIM}
+    claims = ([CLAIM] if route.claim is not None else []) + (
+        [compute_domains.CLAIM] if route.nvlink_channel is not None else []
+    )
+    if claims:
+        resources["claims"] = [c for c in resources.get("claims") or [] if c.get("name") not in claims] + [
+            {"name": name} for name in claims
         ]
     c["resources"] = resources
 

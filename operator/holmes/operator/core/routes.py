@@ -33,6 +33,10 @@ NIC requests select RDMA devices by CEL (``dra.net/rdma``, and the rails' HCA na
 have one). A SR-IOV island setting (``spec.islands[].sriov``) is the admin's explicit choice and
 keeps its VFs; the pod's NICs then do not come from DRA.
 
+A node in an NVLink domain (GB200/GB300 NVL72) whose domain holds more of the job's nodes gets the
+IMEX channel of the job's ComputeDomain there, and NCCL's multi-node NVLink switches
+(:func:`with_compute_domains`, compute_domains.py).
+
 Every route: the NCCL settings that are facts of the fabric (``holmes.plan.nccl``), and the hints the in-pod
 resolver needs (``HOLMES_POD_NETWORK``, ``HOLMES_NIC``, ``HOLMES_HOST_HCAS``) instead of host
 names that a pod's namespace does not have. :func:`job_routes` adds ``NCCL_NVLS_ENABLE``, the
@@ -68,6 +72,7 @@ from holmes.plan.dra import PCIE_ROOT, NodeDevices
 from holmes.plan.nccl import nccl_env
 
 from . import child_names
+from . import compute_domains as cd
 
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 SHARED, SRIOV = "shared", "sriov"  # how a node offers RDMA devices (NodeNetwork.rdma_route)
@@ -93,6 +98,7 @@ class NodeNetwork:
     # the NCCL environment of the node's kind alone (what a pod gets with no job settings)
     env: Mapping[str, str] = field(default_factory=dict)
     dra: DraOffer | None = None  # its devices in ResourceSlices, when NICs or GPUs come from DRA
+    nvlink_domain: str | None = None  # GFD's nvidia.com/gpu.clique (rack-scale NVLink)
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,9 @@ class PodRoute:
     env: Mapping[str, str] = field(default_factory=dict)
     ipc_lock: bool = False
     claim: DeviceClaim | None = None  # DRA devices (spec.resourceClaims), None: device plugins
+    # the IMEX channel's ResourceClaimTemplate of the job's ComputeDomain on the node's NVLink
+    # domain (compute_domains.py), None: no channel
+    nvlink_channel: str | None = None
 
     def claim_template_name(self, job: str) -> str | None:
         """The pod's ResourceClaimTemplate (the job's child), None without DRA devices."""
@@ -354,4 +363,17 @@ def job_routes(
             gpus=layout.gpus_per_node,
         )
         out[node] = replace(route, env={**route.env, **nvls_decision.node_env(rank)})
+    return out
+
+
+def with_compute_domains(
+    routes: Mapping[str, PodRoute], domains: Iterable[cd.JobDomain], nets: Mapping[str, NodeNetwork]
+) -> dict[str, PodRoute]:
+    """``routes`` with each node of a job's ComputeDomain given its IMEX channel, and every
+    node's NCCL multi-node NVLink switches (compute_domains.pod_env)."""
+    channel = {n: d.channel_template for d in domains for n in d.nodes}
+    out = {}
+    for node, route in routes.items():
+        env = cd.pod_env(node in channel, bool(nets[node].nvlink_domain))
+        out[node] = replace(route, env={**route.env, **env}, nvlink_channel=channel.get(node))
     return out

@@ -93,10 +93,19 @@ class Observed:
     priority_classes: Mapping[str, int] | None = None
     # Kueue's WorkloadPriorityClass values by name (None: not known)
     workload_priority_classes: Mapping[str, int] | None = None
+    # the Topology a flavor of the job's ClusterQueue names (its LocalQueue's, by the label
+    # kueue.x-k8s.io/queue-name): Kueue's TAS admits the job (None: no topology, or not known)
+    queue_topology: str | None = None
     # Volcano (queueing.py): the job's PodGroup as Volcano last wrote its status; whether the
     # API server serves PodGroups at all
     podgroup: dict | None = None
     volcano: bool = True
+    # NVIDIA's DRA driver's ComputeDomains (compute_domains.py): made for the job's NVLink domains,
+    # their IMEX channels claimed by its pods. False: not made (the operator's apply does not
+    # create them yet: kube.py's owner adds Decision.compute_domains to its prerequisites, with
+    # the check that the API server serves computedomains.resource.nvidia.com); holmes plan
+    # --pods renders them
+    compute_domains: bool = False
     # the ResourceQuotas of the job's namespace, to create no pod they would refuse (quota.py);
     # None: not read (a job across member clusters: the members' quotas judge its pods)
     quotas: list[dict] | None = None
@@ -118,6 +127,7 @@ class Decision:
     claim_templates: list[dict] = field(
         default_factory=list
     )  # DRA ResourceClaimTemplates: create when missing
+    compute_domains: list[dict] = field(default_factory=list)  # ComputeDomains: create when missing
     create_pods: list[dict] = field(default_factory=list)
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
