@@ -137,6 +137,12 @@ def openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
+def self_signed(cn: str, key: Path, crt: Path) -> None:
+    """A self-signed certificate for ten years, with a new RSA key."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj", f"/CN={cn}",
+            "-keyout", str(key), "-out", str(crt))  # fmt: skip
+
+
 class ControlPlane:
     def __init__(self, state_dir: str | Path):
         self.dir = Path(state_dir).resolve()
@@ -251,21 +257,7 @@ class ControlPlane:
                 capture_output=True,
             )
         if not (pki / "kubelet.key").exists():  # the node agent's log server (kubectl logs)
-            openssl(
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "3650",
-                "-subj",
-                "/CN=localkube-kubelet",
-                "-keyout",
-                str(pki / "kubelet.key"),
-                "-out",
-                str(pki / "kubelet.crt"),
-            )
+            self_signed("localkube-kubelet", pki / "kubelet.key", pki / "kubelet.crt")
         if real:
             self._kubelet_pki(pki)
         try:
@@ -513,21 +505,7 @@ class ControlPlane:
             return
 
         ca, key = str(pki / "kubelet-ca.crt"), str(pki / "kubelet-ca.key")
-        openssl(
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "3650",
-            "-subj",
-            "/CN=localkube-kubelet-ca",
-            "-keyout",
-            key,
-            "-out",
-            ca,
-        )
+        self_signed("localkube-kubelet-ca", Path(key), Path(ca))
         openssl(
             "req",
             "-new",
