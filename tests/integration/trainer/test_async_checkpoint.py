@@ -244,3 +244,63 @@ def _running(pid: int) -> bool:
         return open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][0] not in "ZX"
     except (FileNotFoundError, IndexError):
         return False
+
+
+def test_a_rank_whose_checkpoint_process_dies_stops_at_once(tmp_path):
+    """A rank's checkpoint process killed (the OOM killer, a kill) while a save is written:
+    gloo tells only its neighbours in the save's ring, so the other checkpoint processes wait
+    for peers that have left it, and before, the dead process's rank waited for them in the
+    exchange of outcomes: with four ranks the job stood still until the run's deadline (the
+    fault soak's killed trainer hit a checkpoint process and its job hung). Now that rank stops
+    at once, naming the cause, so that the job restarts from its newest complete checkpoint;
+    the other ranks, stuck as they would be until the operator deletes their pods, are ended
+    here once it has failed."""
+    root = str(tmp_path / "ckpt")
+    failed = tmp_path / "rank3-failed"
+    layout = make_layout(1, 4, [4], 2, 2)
+    cfg = tiny_config(optimizer=ADAMW, iterations=6, checkpoint=CheckpointConfig(root, 1))
+
+    def body(rank, cfg, layout):
+        import signal
+
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        def on_iteration(trainer, record):
+            proc = executor._CHECKPOINT_PROCESS
+            if proc is None:  # started in the background: the first save waits for it
+                return
+            (tmp_path / f"pid{rank}").write_text(str(proc._save_process.pid))
+            if rank == 3 and trainer.iteration == 2:
+                (tmp_path / "killed").write_text(str(time.monotonic()))
+                os.kill(proc._save_process.pid, signal.SIGKILL)
+
+        if rank != 3:  # stuck in a save, as the dead process's peers are: ended here
+
+            def end_when_rank3_failed():
+                while not failed.exists():
+                    time.sleep(0.1)
+                os._exit(3)
+
+            threading.Thread(target=end_when_rank3_failed, daemon=True).start()
+        try:
+            train_on_layout(rank, cfg, layout, on_iteration)
+        except Exception:
+            if rank == 3:
+                failed.write_text(str(time.monotonic()))
+            raise
+        return "finished"
+
+    try:
+        out = run_ranks(4, body, cfg, layout, allow_exit=True, timeout=120)
+    finally:
+        for rank in range(4):  # the survivors' are stuck in their gloo group: never left behind
+            pid_file = tmp_path / f"pid{rank}"
+            if pid_file.exists() and _running(int(pid_file.read_text())):
+                os.kill(int(pid_file.read_text()), 9)
+    status, text = out[3]
+    assert status == "error" and "CheckpointError" in text, out
+    assert "checkpoint process" in text and "was killed by SIGKILL" in text, text
+    assert "restarts from its newest complete checkpoint" in text, text
+    assert float(failed.read_text()) - float((tmp_path / "killed").read_text()) < 30, out
+    for rank in range(3):  # each either stuck (ended here) or told of the failure by gloo
+        assert out[rank] == ("exit", 3) or out[rank][0] == "error", out

@@ -328,6 +328,17 @@ class AsyncCheckpointer:
         try:
             upload.result()
         except BaseException as e:  # reported to every rank below, raised on the training thread
+            died = self._checkpoint_process_death()
+            if died is not None:
+                # The other ranks' checkpoint processes wait for this one in their gloo group
+                # (until its 30-minute timeout) and so would this rank in the exchange below:
+                # this rank stops now, and the job restarts from its newest complete checkpoint.
+                raise checkpoint.CheckpointError(
+                    f"rank {self.rank}: its checkpoint process {died} while checkpoint {path} was "
+                    "being written; the rank stops so that the job restarts from its newest "
+                    "complete checkpoint. If it was the kernel's OOM killer, give the pods more "
+                    "memory (the dry run reports host memory per node)"
+                ) from e
             errors = _causes(e, self.rank)
         outcomes: list[Any] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(outcomes, errors, group=self.group)
@@ -343,6 +354,26 @@ class AsyncCheckpointer:
             checkpoint.write_marker(path, iteration, meta)
         dist.barrier(group=self.group)  # no rank reports the save done before the marker exists
         return Saved(iteration, path, staged, time.perf_counter() - t0)
+
+    def _checkpoint_process_death(self) -> str | None:
+        """How this rank's checkpoint process ended, if it has (a save's failure is then this
+        rank's alone: DCP reports a failure inside a save to every rank, a dead process to none)."""
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        proc = executor._CHECKPOINT_PROCESS
+        if self.writer != AsyncCheckpointerType.PROCESS or proc is None:
+            return None
+        # its pipe closes a moment before it can be reaped: a failure read as EOF waits for that
+        proc._save_process.join(timeout=1.0)
+        if proc._save_process.is_alive():
+            return None
+        code, pid = proc._save_process.exitcode, proc._save_process.pid
+        if code is not None and code < 0:
+            try:
+                return f"(pid {pid}) was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"(pid {pid}) was killed by signal {-code}"
+        return f"(pid {pid}) exited with code {code}"
 
     def poll(self) -> Saved | None:
         """The in-flight save if it committed meanwhile (not collective: a failure waits for
