@@ -292,7 +292,8 @@ def trainer_pids(ns: str, pod: str, checkpointer: bool = False) -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if (b"spawn_main" in cmd) if checkpointer else (b"holmes.trainer" in cmd and b"multiprocessing" not in cmd):
+        spawned = b"multiprocessing" in cmd
+        if (spawned and b"spawn_main" in cmd) if checkpointer else (b"holmes.trainer" in cmd and not spawned):
             out.append(pid)
     return out
 
