@@ -249,16 +249,17 @@ def _running(pid: int) -> bool:
 def test_a_rank_whose_checkpoint_process_dies_stops_at_once(tmp_path):
     """A rank's checkpoint process killed (the OOM killer, a kill) while a save is written:
     gloo tells only its neighbours in the save's ring, so the other checkpoint processes wait
-    for peers that have left it, and before, the dead process's rank waited for them in the
-    exchange of outcomes: with four ranks the job stood still until the run's deadline (the
-    fault soak's killed trainer hit a checkpoint process and its job hung). Now that rank stops
-    at once, naming the cause, so that the job restarts from its newest complete checkpoint;
-    the other ranks, stuck as they would be until the operator deletes their pods, are ended
-    here once it has failed."""
+    for peers that have left it (until gloo's 30-minute timeout), and before, the dead
+    process's rank waited for them in the exchange of outcomes: with four ranks the job stood
+    still until the run's deadline (the fault soak's killed trainer hit a checkpoint process and
+    its job hung). Now that rank stops at once, not at its next save (whatever it trained
+    meanwhile would be lost), naming the cause, so that the job restarts from its newest
+    complete checkpoint; the other ranks, stuck as they would be until the operator deletes
+    their pods, are ended here once it has failed."""
     root = str(tmp_path / "ckpt")
     failed = tmp_path / "rank3-failed"
     layout = make_layout(1, 4, [4], 2, 2)
-    cfg = tiny_config(optimizer=ADAMW, iterations=6, checkpoint=CheckpointConfig(root, 1))
+    cfg = tiny_config(optimizer=ADAMW, iterations=9, checkpoint=CheckpointConfig(root, 3))
 
     def body(rank, cfg, layout):
         import signal
@@ -270,7 +271,8 @@ def test_a_rank_whose_checkpoint_process_dies_stops_at_once(tmp_path):
             if proc is None:  # started in the background: the first save waits for it
                 return
             (tmp_path / f"pid{rank}").write_text(str(proc._save_process.pid))
-            if rank == 3 and trainer.iteration == 2:
+            (tmp_path / f"iteration{rank}").write_text(str(trainer.iteration))
+            if rank == 3 and trainer.iteration == 4:
                 (tmp_path / "killed").write_text(str(time.monotonic()))
                 os.kill(proc._save_process.pid, signal.SIGKILL)
 
@@ -302,5 +304,6 @@ def test_a_rank_whose_checkpoint_process_dies_stops_at_once(tmp_path):
     assert "checkpoint process" in text and "was killed by SIGKILL" in text, text
     assert "restarts from its newest complete checkpoint" in text, text
     assert float(failed.read_text()) - float((tmp_path / "killed").read_text()) < 30, out
+    assert int((tmp_path / "iteration3").read_text()) < 6, "rank 3 trained on to its next save"
     for rank in range(3):  # each either stuck (ended here) or told of the failure by gloo
         assert out[rank] == ("exit", 3) or out[rank][0] == "error", out

@@ -333,11 +333,8 @@ class AsyncCheckpointer:
                 # The other ranks' checkpoint processes wait for this one in their gloo group
                 # (until its 30-minute timeout) and so would this rank in the exchange below:
                 # this rank stops now, and the job restarts from its newest complete checkpoint.
-                raise checkpoint.CheckpointError(
-                    f"rank {self.rank}: its checkpoint process {died} while checkpoint {path} was "
-                    "being written; the rank stops so that the job restarts from its newest "
-                    "complete checkpoint. If it was the kernel's OOM killer, give the pods more "
-                    "memory (the dry run reports host memory per node)"
+                raise CheckpointProcessDied(
+                    self.rank, died, f"while checkpoint {path} was being written"
                 ) from e
             errors = _causes(e, self.rank)
         outcomes: list[Any] = [None] * dist.get_world_size(self.group)
@@ -355,16 +352,18 @@ class AsyncCheckpointer:
         dist.barrier(group=self.group)  # no rank reports the save done before the marker exists
         return Saved(iteration, path, staged, time.perf_counter() - t0)
 
-    def _checkpoint_process_death(self) -> str | None:
+    def _checkpoint_process_death(self, settle: float = 1.0) -> str | None:
         """How this rank's checkpoint process ended, if it has (a save's failure is then this
-        rank's alone: DCP reports a failure inside a save to every rank, a dead process to none)."""
+        rank's alone: DCP reports a failure inside a save to every rank, a dead process to none).
+        ``settle``: its pipe closes a moment before it can be reaped, so a save that failed on
+        its EOF waits that long for it."""
         from torch.distributed.checkpoint import _async_process_executor as executor
 
         proc = executor._CHECKPOINT_PROCESS
         if self.writer != AsyncCheckpointerType.PROCESS or proc is None:
             return None
-        # its pipe closes a moment before it can be reaped: a failure read as EOF waits for that
-        proc._save_process.join(timeout=1.0)
+        if settle:
+            proc._save_process.join(timeout=settle)
         if proc._save_process.is_alive():
             return None
         code, pid = proc._save_process.exitcode, proc._save_process.pid
@@ -377,11 +376,17 @@ class AsyncCheckpointer:
 
     def poll(self) -> Saved | None:
         """The in-flight save if it committed meanwhile (not collective: a failure waits for
-        :meth:`wait`)."""
-        p = self._pending
-        if p is None or not p.done() or p.exception() is not None:
-            return None
-        return self._collect()
+        :meth:`wait`). Raises :class:`CheckpointProcessDied` at once, not at the next save: the
+        iterations trained meanwhile would all be lost."""
+        p, saved = self._pending, None
+        if p is not None and p.done():
+            if p.exception() is None or isinstance(p.exception(), CheckpointProcessDied):
+                saved = self._collect()
+        if self._pending is None and self._started is not None and self._started.done():
+            died = self._checkpoint_process_death(settle=0)  # idle: is it still there?
+            if died is not None:
+                raise CheckpointProcessDied(self.rank, died, "between saves")
+        return saved
 
     def wait(self) -> Saved | None:
         """Block until the in-flight save (if any) is committed; raise its failure here."""
@@ -405,6 +410,20 @@ class AsyncCheckpointer:
         finally:
             self._commit.shutdown(wait=True)
             self.stager.close()
+
+
+class CheckpointProcessDied(checkpoint.CheckpointError):
+    """This rank's checkpoint process is gone (the OOM killer, a kill). Its peers in the save's
+    gloo ring wait for it (gloo tells only its neighbours) and this rank would wait for them in
+    the exchange of outcomes: the rank stops instead, and the job restarts from its newest
+    complete checkpoint as after a crash."""
+
+    def __init__(self, rank: int, how: str, when: str):
+        super().__init__(
+            f"rank {rank}: its checkpoint process {how} {when}; the rank stops so that the job "
+            "restarts from its newest complete checkpoint. If it was the kernel's OOM killer, "
+            "give the pods more memory (the dry run reports host memory per node)"
+        )
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
