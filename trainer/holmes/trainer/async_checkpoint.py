@@ -275,7 +275,7 @@ class AsyncCheckpointer:
         self.start_seconds: float | None = None  # the checkpoint process's start, once it is up
         self._started: Future[None] | None = None
         if writer == "process":
-            self._started = self._commit.submit(self._start_process, start_process_info(group))
+            self._started = _starter().submit(self._start_process, start_process_info(group))
 
     def _start_process(self, info: Any) -> None:
         """Spawn the checkpoint process while training goes on (its start, a fresh interpreter
@@ -382,10 +382,11 @@ class AsyncCheckpointer:
         if p is not None and p.done():
             if p.exception() is None or isinstance(p.exception(), CheckpointProcessDied):
                 saved = self._collect()
-        if self._pending is None and self._started is not None and self._started.done():
-            died = self._checkpoint_process_death(settle=0)  # idle: is it still there?
+        if self._started is not None and self._started.done():
+            died = self._checkpoint_process_death(settle=0)  # is it still there?
             if died is not None:
-                raise CheckpointProcessDied(self.rank, died, "between saves")
+                when = "between saves" if self._pending is None else "while a checkpoint was being written"
+                raise CheckpointProcessDied(self.rank, died, when)
         return saved
 
     def wait(self) -> Saved | None:
@@ -426,6 +427,27 @@ class CheckpointProcessDied(checkpoint.CheckpointError):
         )
 
 
+_STARTER: ThreadPoolExecutor | None = None
+
+
+def _starter() -> ThreadPoolExecutor:
+    """The thread that starts the checkpoint process, one per process and kept until it
+    exits: the process dies with the thread that started it (:func:`_die_with_parent`), so
+    not a checkpointer's own thread, which ends with it while a later one (a second Trainer
+    in one process) reuses the process."""
+    global _STARTER
+    if _STARTER is None:
+        _STARTER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="holmes-checkpoint-start")
+    return _STARTER
+
+
+def _forget_starter() -> None:
+    global _STARTER
+    _STARTER = None  # a forked child has none of its parent's threads
+
+
+os.register_at_fork(after_in_child=_forget_starter)
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 CHECKPOINT_NICE = 10  # the checkpoint process's niceness: it yields the CPU to training
 
@@ -437,15 +459,35 @@ class _IgnoringStopSignals(_ProcessGroupInitInfo):
     runtime may signal every process) and would kill it, losing the save on preemption
     (preempt.py) that goes through it. Python's spawn resets a blocked signal mask, and only
     the main thread may set dispositions, hence here (and its niceness, CHECKPOINT_NICE, for
-    its whole life). It ends on request
-    (:func:`stop_checkpoint_process`), on its pipe's EOF when its rank dies, or by SIGKILL at
-    the end of the pod's grace period."""
+    its whole life). It ends on request (:func:`stop_checkpoint_process`), and by SIGKILL
+    when its rank's process ends (the kernel's parent-death signal): its pipe's EOF is read
+    only between saves, so a rank that left while it started or wrote left it waiting in its
+    gloo group for half an hour, holding the rank's stdout and stderr open (a launcher's
+    reader, a test's, waited as long)."""
+
+    def __init__(self, group: Any):
+        super().__init__(group)
+        self.rank_pid = os.getpid()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # first: the rank may be gone already (then its pid is no longer this one's parent)
+        _die_with_parent()
+        if os.getppid() != state["rank_pid"]:
+            os._exit(0)
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         os.nice(CHECKPOINT_NICE)
         self.__dict__.update(state)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the thread that started it ends (prctl PR_SET_PDEATHSIG):
+    :func:`_starter`'s, which lives as long as the rank's process."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def stop_checkpoint_process(timeout: float = 30.0) -> None:
