@@ -310,7 +310,7 @@ def test_a_rank_whose_checkpoint_process_dies_stops_at_once(tmp_path):
                 os.kill(p, 9)
     assert len(pids) == 4 and not left, f"checkpoint processes left behind: {left}"
     status, text = out[3]
-    assert status == "error" and "CheckpointError" in text, out
+    assert status == "error" and "CheckpointProcessDied" in text, out
     assert "checkpoint process" in text and "was killed by SIGKILL" in text, text
     assert "restarts from its newest complete checkpoint" in text, text
     assert float(failed.read_text()) - float((tmp_path / "killed").read_text()) < 30, out

@@ -355,24 +355,28 @@ class AsyncCheckpointer:
     def _checkpoint_process_death(self, settle: float = 1.0) -> str | None:
         """How this rank's checkpoint process ended, if it has (a save's failure is then this
         rank's alone: DCP reports a failure inside a save to every rank, a dead process to none).
-        ``settle``: its pipe closes a moment before it can be reaped, so a save that failed on
-        its EOF waits that long for it."""
+        ``settle``: how long to wait for its exit (a save that failed on its pipe's EOF)."""
         from torch.distributed.checkpoint import _async_process_executor as executor
 
         proc = executor._CHECKPOINT_PROCESS
         if self.writer != AsyncCheckpointerType.PROCESS or proc is None:
             return None
-        if settle:
-            proc._save_process.join(timeout=settle)
-        if proc._save_process.is_alive():
-            return None
-        code, pid = proc._save_process.exitcode, proc._save_process.pid
-        if code is not None and code < 0:
+        sp = proc._save_process
+        deadline = time.monotonic() + settle
+        while _exists(sp.pid) and sp.is_alive():
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+        sp.join(timeout=1.0)  # gone: reaped for its exit code (by whichever thread asked first)
+        code = sp.exitcode
+        if code is None:
+            return f"(pid {sp.pid}) ended"
+        if code < 0:
             try:
-                return f"(pid {pid}) was killed by {signal.Signals(-code).name}"
+                return f"(pid {sp.pid}) was killed by {signal.Signals(-code).name}"
             except ValueError:
-                return f"(pid {pid}) was killed by signal {-code}"
-        return f"(pid {pid}) exited with code {code}"
+                return f"(pid {sp.pid}) was killed by signal {-code}"
+        return f"(pid {sp.pid}) exited with code {code}"
 
     def poll(self) -> Saved | None:
         """The in-flight save if it committed meanwhile (not collective: a failure waits for
@@ -411,6 +415,17 @@ class AsyncCheckpointer:
         finally:
             self._commit.shutdown(wait=True)
             self.stager.close()
+
+
+def _exists(pid: int) -> bool:
+    """Whether ``pid`` still runs: not a zombie, not reaped. Neither its reaping (waitpid
+    answers only the first of two threads that ask; the other reads it as alive) nor its
+    sentinel pipe (held open by a process that inherited it) says so reliably."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][:1] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 class CheckpointProcessDied(checkpoint.CheckpointError):
