@@ -4,6 +4,8 @@ First the job runs undisturbed (the reference); then the same job runs again whi
 injected, one at a time, each at a random moment once the job has recovered from the last:
 
     kill-trainer   kill -9 one trainer process (a crash: counts against backoffLimit)
+    kill-checkpointer  kill -9 one rank's checkpoint process (what the OOM killer would pick):
+                   its rank stops, and the job restarts as after a crash
     delete-pod     kubectl delete pod (graceful: the trainer may save, then exits 83)
     drain-node     cordon + drain a node of the job (eviction); uncordoned once the job recovered
     delete-node    a node's machine goes dark, then its Node is deleted; back once recovered
@@ -51,7 +53,7 @@ from localkube.__main__ import set_power  # noqa: E402
 from localkube.controlplane import ControlPlane, binary  # noqa: E402
 from localkube.operatorproc import OperatorProcess, install_crd  # noqa: E402
 
-KINDS = ("kill-trainer", "delete-pod", "drain-node", "delete-node", "kill-operator")
+KINDS = ("kill-trainer", "kill-checkpointer", "delete-pod", "drain-node", "delete-node", "kill-operator")
 CHECKPOINT_INTERVAL = 10
 # Checkpoints are saved asynchronously (training.checkpoint.asynchronous, the default): the one
 # started at iteration N counts only once every rank has written it, an iteration or two later, so
@@ -278,13 +280,22 @@ def pod_processes(ns: str, pod_prefix: str) -> list[tuple[int, list[bytes], str]
     return out
 
 
-def trainer_pids(ns: str, pod: str) -> list[int]:
-    """The pod's trainer workers: torchrun gives only them a LOCAL_RANK."""
-    return [
-        pid
-        for pid, env, name in pod_processes(ns, pod)
-        if name == pod and any(e.startswith(b"LOCAL_RANK=") for e in env)
-    ]
+def trainer_pids(ns: str, pod: str, checkpointer: bool = False) -> list[int]:
+    """The pod's trainer workers (torchrun gives only them a LOCAL_RANK), or with
+    ``checkpointer`` their checkpoint processes (spawned by a worker: its environment, and
+    multiprocessing's command line; before, a killed "trainer" was one of those at random)."""
+    out = []
+    for pid, env, name in pod_processes(ns, pod):
+        if name != pod or not any(e.startswith(b"LOCAL_RANK=") for e in env):
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        spawned = b"multiprocessing" in cmd
+        if (spawned and b"spawn_main" in cmd) if checkpointer else (b"holmes.trainer" in cmd and not spawned):
+            out.append(pid)
+    return out
 
 
 class Faults:
@@ -316,6 +327,12 @@ class Faults:
                 raise RuntimeError(f"no trainer process found for pod {name}")
             os.kill(self.rng.choice(pids), signal.SIGKILL)
             return f"kill -9 a trainer of {name}"
+        if kind == "kill-checkpointer":
+            pids = trainer_pids(self.ns, name, checkpointer=True)
+            if not pids:
+                raise RuntimeError(f"no checkpoint process found for pod {name} (asynchronous saves off?)")
+            os.kill(self.rng.choice(pids), signal.SIGKILL)
+            return f"kill -9 a checkpoint process of {name}"
         if kind == "delete-pod":
             self.c.kubectl("delete", "pod", name, "-n", self.ns, "--wait=false")
             return f"delete pod {name}"
@@ -495,7 +512,7 @@ def report(ref: Result, soak: Result, iterations: int, left: list[str]) -> bool:
     for f in soak.faults:
         by[f["kind"]].append(f)
     print()
-    print(f"{'fault':<14}{'count':>6}{'recover s (mean/max)':>24}{'iterations lost (mean/max)':>30}")
+    print(f"{'fault':<18}{'count':>6}{'recover s (mean/max)':>24}{'iterations lost (mean/max)':>30}")
     for kind in KINDS:
         fs = by.get(kind)
         if not fs:
@@ -503,7 +520,7 @@ def report(ref: Result, soak: Result, iterations: int, left: list[str]) -> bool:
         rec = [f["recoverSeconds"] for f in fs]
         lost = [f["iterationsLost"] for f in fs]
         print(
-            f"{kind:<14}{len(fs):>6}{sum(rec) / len(rec):>15.1f} / {max(rec):<6.1f}"
+            f"{kind:<18}{len(fs):>6}{sum(rec) / len(rec):>15.1f} / {max(rec):<6.1f}"
             f"{sum(lost) / len(lost):>20.1f} / {max(lost):<6d}"
         )
     total = trained(soak.rank0)

@@ -9,7 +9,9 @@ Per rank (one process per GPU):
   exactly what the rank writes, its share of the stage's weights (1/D of them, on the
   parameters' dtype) and its optimizer shard (:data:`SHARD_STATE_BYTES` per parameter, more
   with a replica's outer state), in one buffer pinned by registering it with CUDA (no
-  power-of-two rounding). It counts against the pod's memory cgroup like any host memory.
+  power-of-two rounding), and the checkpoint process that writes it
+  (:data:`WRITER_PROCESS_BYTES`, a model). It counts against the pod's memory cgroup like any
+  host memory.
 
 Per node: the ranks it runs, in rank order (stage s holds ranks [s*D*T, (s+1)*D*T)). Pure.
 """
@@ -20,6 +22,9 @@ import math
 from collections.abc import Sequence
 
 PROCESS_BYTES = 4 * 2**30  # per rank: a model of the process's own host memory
+# per rank with asynchronous checkpoints: its checkpoint process (an interpreter with torch and
+# a gloo group; the staging buffer it reads is shared, counted once); a model, not measured
+WRITER_PROCESS_BYTES = 1 * 2**30
 SHARD_STATE_BYTES = 12  # per optimizer shard parameter: fp32 master, exp_avg, exp_avg_sq
 
 
@@ -32,8 +37,9 @@ def staging_bytes(
 
 
 def rank_bytes(staging: float) -> float:
-    """A rank's host memory: the process and its staging buffer (0 without asynchronous saves)."""
-    return PROCESS_BYTES + staging
+    """A rank's host memory: the process, and with asynchronous saves (``staging`` > 0) its
+    staging buffer and its checkpoint process."""
+    return PROCESS_BYTES + (staging + WRITER_PROCESS_BYTES if staging else 0.0)
 
 
 def per_node(per_stage_rank: Sequence[float], ranks_per_stage: int, gpus_per_node: int) -> list[float]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from holmes.trainer import checkpoint
+from holmes.trainer.async_checkpoint import CHECKPOINT_NICE
 from holmes.trainer.config import CheckpointConfig, OptimizerConfig
 from tests.helpers.trainer.trainer_harness import make_layout, run_ranks, tiny_config, train_on_layout
 
@@ -160,3 +162,158 @@ def _sources(state):
         else:
             out.append(v)
     return out
+
+
+def test_the_save_is_written_by_a_checkpoint_process_of_each_rank(tmp_path):
+    """Before: DCP planned and wrote on a thread of the training process (its GIL). Now one
+    checkpoint process per rank, started at the first save and kept for the next, reading the
+    staging buffer from shared memory; the plans are cached from the second save on. It runs
+    at a lower CPU priority than its rank (before: the same, competing with training)."""
+    root = str(tmp_path / "ckpt")
+    cfg = tiny_config(optimizer=ADAMW, iterations=3, checkpoint=CheckpointConfig(root, 1))
+
+    def body(rank, cfg, layout):
+        import os
+
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        seen = []
+
+        def on_iteration(trainer, record):
+            proc = executor._CHECKPOINT_PROCESS
+            if proc is not None:
+                pid = proc._save_process.pid
+                nice = (os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, pid))
+                seen.append((pid, proc._save_process.is_alive(), nice))
+            assert trainer.checkpointer.stager._flat is None or trainer.checkpointer.stager._flat.is_shared()
+
+        train_on_layout(rank, cfg, layout, on_iteration)
+        return {"pid": os.getpid(), "seen": seen}
+
+    t0 = time.monotonic()
+    out = run_ranks(2, body, cfg, LAYOUT, timeout=240)
+    # each rank exits once it returns: it stops its checkpoint process first (before, a forked
+    # rank's multiprocessing exit hook sent it the SIGTERM it ignores and joined it for ever,
+    # until run_ranks killed the rank at its deadline)
+    assert time.monotonic() - t0 < 200
+    for rank in (0, 1):
+        got = out[rank][1]
+        pids = {pid for pid, alive, _ in got["seen"] if alive}
+        assert len(pids) == 1 and got["pid"] not in pids, got  # one process, not the rank's own
+        for _, _, (mine, its) in got["seen"]:
+            assert its == min(19, mine + CHECKPOINT_NICE), got
+    assert checkpoint.newest_complete(root) == 3
+
+
+def test_the_checkpoint_process_outlives_the_pods_stop_signal_and_ends_with_its_rank(tmp_path):
+    """A pod's SIGTERM reaches every process of the group (torchrun signals its workers'
+    groups): before, it killed the checkpoint process, so the save on preemption was lost (the
+    fault soak's deleted pod lost 13 iterations). The checkpoint process blocks it; it is
+    stopped by its rank at exit, never left behind."""
+    root = str(tmp_path / "ckpt")
+    cfg = tiny_config(optimizer=ADAMW, iterations=3, checkpoint=CheckpointConfig(root, 1))
+
+    def body(rank, cfg, layout):
+        import signal
+
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        pids = []
+
+        def on_iteration(trainer, record):
+            proc = executor._CHECKPOINT_PROCESS
+            if proc is not None and not pids:
+                pids.append(proc._save_process.pid)
+                os.kill(pids[0], signal.SIGTERM)  # what killpg does to it
+
+        train_on_layout(rank, cfg, layout, on_iteration)
+        return {"pid": pids[0]}
+
+    out = run_ranks(2, body, cfg, LAYOUT)
+    assert checkpoint.newest_complete(root) == 3  # every save after the signal committed
+    for rank in (0, 1):  # these ranks end with os._exit (no atexit): the pipe's EOF ends it
+        pid = out[rank][1]["pid"]
+        deadline = time.monotonic() + 60
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _running(pid), f"rank {rank}'s checkpoint process {pid} outlived its rank"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][0] not in "ZX"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_a_rank_whose_checkpoint_process_dies_stops_at_once(tmp_path):
+    """A rank's checkpoint process killed (the OOM killer, a kill) while a save is written:
+    gloo tells only its neighbours in the save's ring, so the other checkpoint processes wait
+    for peers that have left it (until gloo's 30-minute timeout), and before, the dead
+    process's rank waited for them in the exchange of outcomes: with four ranks the job stood
+    still until the run's deadline (the fault soak's killed trainer hit a checkpoint process and
+    its job hung). Now that rank stops at once, not at its next save (whatever it trained
+    meanwhile would be lost), naming the cause, so that the job restarts from its newest
+    complete checkpoint; the other ranks, stuck as they would be until the operator deletes
+    their pods, are ended here once it has failed."""
+    root = str(tmp_path / "ckpt")
+    failed = tmp_path / "rank3-failed"
+    layout = make_layout(1, 4, [4], 2, 2)
+    cfg = tiny_config(optimizer=ADAMW, iterations=9, checkpoint=CheckpointConfig(root, 3))
+
+    def body(rank, cfg, layout):
+        import signal
+
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        def on_iteration(trainer, record):
+            proc = executor._CHECKPOINT_PROCESS
+            if proc is None:  # started in the background: the first save waits for it
+                return
+            (tmp_path / f"pid{rank}").write_text(str(proc._save_process.pid))
+            (tmp_path / f"iteration{rank}").write_text(str(trainer.iteration))
+            if rank == 3 and trainer.iteration == 4:
+                (tmp_path / "killed").write_text(str(time.monotonic()))
+                os.kill(proc._save_process.pid, signal.SIGKILL)
+                while _running(proc._save_process.pid):  # dead before this iteration's poll
+                    time.sleep(0.01)
+
+        if rank != 3:  # stuck in a save, as the dead process's peers are: ended here
+
+            def end_when_rank3_failed():
+                while not failed.exists():
+                    time.sleep(0.1)
+                os._exit(3)
+
+            threading.Thread(target=end_when_rank3_failed, daemon=True).start()
+        try:
+            train_on_layout(rank, cfg, layout, on_iteration)
+        except Exception:
+            if rank == 3:
+                failed.write_text(str(time.monotonic()))
+            raise
+        return "finished"
+
+    pids = []
+    try:
+        out = run_ranks(4, body, cfg, layout, allow_exit=True, timeout=120)
+        pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(4) if (tmp_path / f"pid{r}").exists()]
+        deadline = time.monotonic() + 10
+        while any(map(_running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # the survivors' checkpoint processes, stuck in their gloo group, went with their ranks
+        # (before, they stayed for gloo's 30 minutes, holding their rank's stdout and stderr)
+        left = [p for p in pids if _running(p)]
+    finally:
+        for p in pids:
+            if _running(p):
+                os.kill(p, 9)
+    assert len(pids) == 4 and not left, f"checkpoint processes left behind: {left}"
+    status, text = out[3]
+    assert status == "error" and "CheckpointProcessDied" in text, out
+    assert "checkpoint process" in text and "was killed by SIGKILL" in text, text
+    assert "restarts from its newest complete checkpoint" in text, text
+    assert float(failed.read_text()) - float((tmp_path / "killed").read_text()) < 30, out
+    assert int((tmp_path / "iteration3").read_text()) == 4, "rank 3 trained on after its process died"
+    for rank in range(3):  # each either stuck (ended here) or told of the failure by gloo
+        assert out[rank] == ("exit", 3) or out[rank][0] == "error", out

@@ -513,7 +513,8 @@ def rank_host_bytes(cfg: TrainConfig, trainer: engine_mod.Trainer) -> dict[str, 
     if cfg.checkpoint.asynchronous:
         share = (trainer.info.dp_index, trainer.layout.data)
         staging = checkpoint.staging_size(trainer.module, trainer.opt, trainer.tp, share)
-    return {"process": host_memory.PROCESS_BYTES, "checkpointStaging": staging}
+    writer = host_memory.WRITER_PROCESS_BYTES if staging else 0
+    return {"process": host_memory.PROCESS_BYTES, "checkpointStaging": staging, "checkpointProcess": writer}
 
 
 def rank_nvls(cfg: TrainConfig, layout: Layout, stage: int) -> nvls.NvlsChoice:
