@@ -15,9 +15,10 @@ The job is elastic (nodes.minCount below count), so losing a node shrinks it at 
 back after its next checkpoint. Reported per fault kind: time to recover (the fault -> the next
 iteration trained after it) and iterations lost (trained before the fault, trained again after
 it); overall goodput (iterations that count / iterations trained). Checked: the job Succeeds, its
-final loss is within 1e-3 of the reference, no fault loses more iterations than the checkpoint
-interval (plus the window of an asynchronous save in flight), no two live pods of one rank, no two
-attempts' pods alive at once, nothing left behind.
+final loss is within 1e-3 of the reference, every attempt resumes after the newest checkpoint
+that had committed, no fault loses more iterations than the checkpoint interval and the save in
+flight (MOST_LOST), no two live pods of one rank, no two attempts' pods alive at once, nothing
+left behind.
 
     .venv/bin/python bench/fault_soak.py                       # private cluster, 10 faults
     .venv/bin/python bench/fault_soak.py --faults 3 --kinds delete-pod,delete-node,kill-trainer
@@ -56,10 +57,13 @@ from localkube.operatorproc import OperatorProcess, install_crd  # noqa: E402
 KINDS = ("kill-trainer", "kill-checkpointer", "delete-pod", "drain-node", "delete-node", "kill-operator")
 CHECKPOINT_INTERVAL = 10
 # Checkpoints are saved asynchronously (training.checkpoint.asynchronous, the default): the one
-# started at iteration N counts only once every rank has written it, an iteration or two later, so
-# a crash in that window resumes from the one before. The bound allows that window, no more.
-ASYNC_SAVE_WINDOW = 2
-MOST_LOST = CHECKPOINT_INTERVAL + ASYNC_SAVE_WINDOW
+# started at iteration N counts only once every rank has written it, and a crash before that
+# resumes from the one before. Two checks: the next attempt resumes from the newest checkpoint
+# that had committed (nothing written is lost), and, since one save at most is in flight (the
+# next waits for it), a fault loses less than two intervals. How long a save takes is the
+# machine's: a checkpoint process starved of CPU (2 shared cores, niced) wrote one in 6+
+# iterations, where a fixed "interval + 2" bound failed a correct run.
+MOST_LOST = 2 * CHECKPOINT_INTERVAL - 1
 LOSS_TOLERANCE = 1e-3
 POD_MARKER = "LOCALKUBE_POD"
 
@@ -146,6 +150,7 @@ class Timeline:
     """What a poller saw: (time, iteration) as rank 0 of each attempt logged it, and violations."""
 
     iterations: list[tuple[float, int, int]] = field(default_factory=list)  # (t, attempt, iteration)
+    commits: list[tuple[float, int, int]] = field(default_factory=list)  # checkpoints committed
     problems: list[str] = field(default_factory=list)
     seen: set = field(default_factory=set)
 
@@ -197,9 +202,17 @@ class Watcher(threading.Thread):
                     continue
                 attempt = int(lab["holmes.dev/attempt"])
                 for rec in self.c.log_lines(self.ns, p["metadata"]["name"]):
-                    if rec.get("holmes") == "iteration" and (attempt, rec["iteration"]) not in self.t.seen:
-                        self.t.seen.add((attempt, rec["iteration"]))
-                        self.t.iterations.append((time.monotonic(), attempt, rec["iteration"]))
+                    kind = rec.get("holmes")
+                    key = (kind, attempt, rec.get("iteration"))
+                    if kind in ("iteration", "checkpoint") and key not in self.t.seen:
+                        self.t.seen.add(key)
+                        into = self.t.iterations if kind == "iteration" else self.t.commits
+                        into.append((time.monotonic(), attempt, rec["iteration"]))
+
+    def committed(self, up_to_attempt: int) -> int:
+        """The newest checkpoint rank 0 saw committed in an attempt up to ``up_to_attempt``."""
+        with self.lock:
+            return max((it for _, a, it in self.t.commits if a <= up_to_attempt), default=0)
 
     def last(self) -> tuple[float, int, int] | None:
         with self.lock:
@@ -452,6 +465,8 @@ def run_job(
                     "recoverSeconds": round(nxt[0] - at, 1),
                     "iterationsLost": lost,
                     "resumedAt": nxt[2],
+                    # the newest checkpoint committed before the next attempt: it resumes after it
+                    "committedBefore": w.committed(before[1]) if nxt[1] != before[1] else None,
                     "attempt": nxt[1],
                 }
             )
@@ -544,8 +559,13 @@ def report(ref: Result, soak: Result, iterations: int, left: list[str]) -> bool:
     for f in soak.faults:
         if f["iterationsLost"] > MOST_LOST:
             problems.append(
-                f"{f['what']} lost {f['iterationsLost']} iterations (> {CHECKPOINT_INTERVAL} + "
-                f"{ASYNC_SAVE_WINDOW} while a save is in flight)"
+                f"{f['what']} lost {f['iterationsLost']} iterations (> {MOST_LOST}: an interval and "
+                "the save in flight)"
+            )
+        if f.get("committedBefore") is not None and f["resumedAt"] <= f["committedBefore"]:
+            problems.append(
+                f"after {f['what']} the job resumed at iteration {f['resumedAt']}, but checkpoint "
+                f"{f['committedBefore']} had committed"
             )
     for p in problems:
         print(f"!! {p}")
