@@ -36,7 +36,8 @@ SLICE = "jobset-webhook-service-localkube"
 CRD = "jobsets.jobset.x-k8s.io"
 # JobSet v0.12's cert rotator waits for tls.crt in this fixed directory (pkg/util/cert: a
 # constant, not the configured webhook.certDir, where its webhook server reads the certificate):
-# it only checks that the file exists, so the clusters of one host may share it.
+# it only checks that the file exists, so the clusters of one host may share it, emptied before
+# each start (then filled after certDir).
 ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 WEBHOOK_CONFIGS = (
     "mutatingwebhookconfiguration/jobset-mutating-webhook-configuration",
@@ -157,6 +158,10 @@ class JobSet:
         self.cert_dir.mkdir(parents=True, exist_ok=True)
         for f in self.cert_dir.iterdir():
             f.unlink()
+        # another cluster's certificate there (a JobSet started earlier on this host) would let
+        # the rotator through before this certDir has one: JobSet then exits, reading it
+        for f in ROTATOR_CERT_DIR.glob("*"):
+            f.unlink(missing_ok=True)
         host = host_address()
         for tries in range(3, 0, -1):
             try:
