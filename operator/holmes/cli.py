@@ -530,6 +530,7 @@ def topology_command(args: argparse.Namespace) -> int:
 
     from holmes.operator.core import island_topology as it
     from holmes.plan import NicMapping, classify_nodes
+    from holmes.plan.topology import switch_levels
 
     if args.kubeconfig is None and args.nodes is None:
         raise CliError("give --nodes NODES.yaml or --kubeconfig PATH")
@@ -542,7 +543,12 @@ def topology_command(args: argparse.Namespace) -> int:
     for nic in nics:
         if nic.problems:
             print(f"# node {nic.name}: no island ({'; '.join(nic.problems)})")
-    items = [it.kueue_topology(args.name), it.kai_topology(args.name), *it.volcano_hypernodes(labelled)]
+    switches = switch_levels(n.labels for n in nics if not n.problems)
+    items = [
+        it.kueue_topology(args.name, switches=switches),
+        it.kai_topology(args.name, switches=switches),
+        *it.volcano_hypernodes(labelled),
+    ]
     print(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}, sort_keys=False), end="")
     return 0
 

@@ -18,13 +18,19 @@ Below the island and above the node sits the NVLink domain (rack-scale NVLink, G
 NVL72: ``NodeNic.nvlink_domain``, GPU Feature Discovery's clique): nodes whose GPUs reach each
 other over NVLink. A set of nodes inside one domain (:attr:`NodeSet.nvlink_domain`) moves its
 bytes over NVLink, not its NICs (plan/nvlink.py prices and places it).
+
+Inside an island, nodes under one switch talk with fewer hops: where NVIDIA Topograph labels the
+nodes with their switches (:data:`TOPOGRAPH_LABELS`), an island lists its nodes switch by switch
+(:func:`switch_path`), so the blocks the planner cuts from it (a stage, a data-parallel group)
+sit under as few leaf switches as the island allows.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from holmes.contract.names import ETHERNET, INFINIBAND, RDMA_KINDS, ROCE
@@ -40,7 +46,7 @@ class Island:
     name: str  # "cluster/kind"
     cluster: str
     nic: str
-    nodes: tuple[NodeNic, ...]  # sorted by name
+    nodes: tuple[NodeNic, ...]  # switch by switch (switch_path), then by name
 
     @property
     def gbps(self) -> float:
@@ -137,12 +143,34 @@ class Fabric:
         return min(self.links_among(clusters), key=lambda k: (k.gbps, -k.latency_ms, k.name), default=None)
 
 
+# NVIDIA Topograph's switch labels, widest tier first. Which ones a cluster carries depends on
+# Topograph's version: block/spine/datacenter (0.1), leaf/spine/core (later 0.x), and from 1.0
+# the tiers fabric.topograph.run/tier-N, tier 0 the switch nearest the node.
+TOPOGRAPH_LABELS = tuple(
+    f"network.topology.nvidia.com/{t}" for t in ("datacenter", "core", "spine", "block", "leaf")
+)
+_FABRIC_TIER = re.compile(r"^fabric\.topograph\.run/tier-(\d+)$")
+
+
+def switch_levels(labels: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
+    """The Topograph switch label keys any of these nodes' labels carry, widest tier first."""
+    keys = {k for ls in labels for k in ls}
+    tiers = {int(m[1]): k for k in keys if (m := _FABRIC_TIER.match(k))}
+    return (*(k for k in TOPOGRAPH_LABELS if k in keys), *(tiers[t] for t in sorted(tiers, reverse=True)))
+
+
+def switch_path(nic: NodeNic, levels: Sequence[str]) -> tuple[str, ...]:
+    """The node's switches at ``levels`` (widest first; "" where it carries no such label)."""
+    return tuple(nic.labels.get(k, "") for k in levels)
+
+
 def islands_of(nodes: Iterable[NodeNic]) -> list[Island]:
     groups: dict[tuple[str, str], list[NodeNic]] = {}
     for n in nodes:
         groups.setdefault((n.cluster, n.nic), []).append(n)
+    levels = switch_levels(n.labels for ns in groups.values() for n in ns)
     return [
-        Island(f"{c}/{k}", c, k, tuple(sorted(ns, key=lambda n: n.name)))
+        Island(f"{c}/{k}", c, k, tuple(sorted(ns, key=lambda n: (switch_path(n, levels), n.name))))
         for (c, k), ns in sorted(groups.items())
     ]
 

@@ -8,6 +8,8 @@ them from its own classification of each node, discovery.classify_node):
                                       the NIC mapping's default cluster)
 ``topology.holmes.dev/island``        cluster x NIC kind (x GPU type, where GFD or the DRA
                                       driver names it): ``east.infiniband.H100-80GB-HBM3``
+(Topograph's switch labels)           where NVIDIA Topograph labels the nodes (leaf/spine, or
+                                      ``fabric.topograph.run/tier-N``): read, not written
 ``kubernetes.io/hostname``            the node (the kubelet's own label)
 ====================================  ============================================================
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from holmes.contract import names
 from holmes.plan.discovery import NodeNic
@@ -31,7 +33,6 @@ from holmes.plan.gpus import short_name
 LABEL_CLUSTER = "topology.holmes.dev/cluster"
 LABEL_ISLAND = "topology.holmes.dev/island"
 HOSTNAME = "kubernetes.io/hostname"
-LEVELS = (LABEL_CLUSTER, LABEL_ISLAND, HOSTNAME)  # widest first, as Kueue lists a Topology's
 LABELS = (LABEL_CLUSTER, LABEL_ISLAND)  # the ones Holmes writes (the kubelet writes hostname)
 TOPOLOGY = "holmes-islands"  # the Kueue Topology's name (a ResourceFlavor's spec.topologyName)
 
@@ -82,18 +83,25 @@ def label_patch(current: Mapping[str, str], want: Mapping[str, str]) -> dict[str
     return patch or None
 
 
-def kueue_topology(name: str = TOPOLOGY, version: str = "v1beta2") -> dict:
+def levels(switches: Sequence[str] = ()) -> tuple[str, ...]:
+    """Holmes' levels with Topograph's switch levels (plan.topology.switch_levels, widest
+    first) between the island and the node: Kueue's TAS then packs a PodSet under as few
+    switches of its island as fit, and the island requirement still holds."""
+    return (LABEL_CLUSTER, LABEL_ISLAND, *switches, HOSTNAME)
+
+
+def kueue_topology(name: str = TOPOLOGY, version: str = "v1beta2", switches: Sequence[str] = ()) -> dict:
     """Kueue's Topology of Holmes' levels (kueue.x-k8s.io, v1beta2 on Kueue 0.15+; v1beta1
     before): a ResourceFlavor names it in ``spec.topologyName``."""
     return {
         "apiVersion": f"kueue.x-k8s.io/{version}",
         "kind": "Topology",
         "metadata": {"name": name},
-        "spec": {"levels": [{"nodeLabel": level} for level in LEVELS]},
+        "spec": {"levels": [{"nodeLabel": level} for level in levels(switches)]},
     }
 
 
-def kai_topology(name: str = TOPOLOGY) -> dict:
+def kai_topology(name: str = TOPOLOGY, switches: Sequence[str] = ()) -> dict:
     """NVIDIA KAI Scheduler's Topology (kai.scheduler/v1alpha1) of the same levels: a workload
     names it (annotation kai.scheduler/topology) and asks for a level
     (kai.scheduler/topology-required-placement: topology.holmes.dev/island)."""
@@ -101,7 +109,7 @@ def kai_topology(name: str = TOPOLOGY) -> dict:
         "apiVersion": "kai.scheduler/v1alpha1",
         "kind": "Topology",
         "metadata": {"name": name},
-        "spec": {"levels": [{"nodeLabel": level} for level in LEVELS]},
+        "spec": {"levels": [{"nodeLabel": level} for level in levels(switches)]},
     }
 
 
