@@ -109,17 +109,40 @@ def test_under_tas_each_pod_set_selects_and_requires_its_island():
         topology.LABEL_ISLAND: "east.infiniband",
         topology.LABEL_CLUSTER: "east",
     }
-    # more groups than Kueue takes, merged across islands of one cluster: the cluster is kept,
-    # no island to require
+    # more groups than Kueue takes, merged across islands of one cluster: the cluster is kept
+    # and required (Kueue keeps the merged PodSet inside one cluster)
     merged = kueue_pod_sets._merged(groups[:1] + [PodGroup("east.roce", {}, cluster="east")], lambda g: "")
     (m,) = kueue_pod_sets.pod_sets(merged, {}, topology.LABEL_ISLAND, topology=True)
-    assert "topologyRequest" not in m
+    assert m["topologyRequest"] == {"required": topology.LABEL_CLUSTER}
     assert m["template"]["spec"]["nodeSelector"] == {topology.LABEL_CLUSTER: "east"}
+    # across clusters: nothing to require
+    (x,) = kueue_pod_sets._merged(merged + [PodGroup("west.roce", {}, cluster="west")], lambda g: "")
+    assert "topologyRequest" not in kueue_pod_sets.pod_sets([x], {}, topology.LABEL_ISLAND, topology=True)[0]
     # without TAS: as before, no topology request (a flavor without a Topology refuses one)
     plain = kueue_pod_sets.pod_sets(groups, {}, "holmes.dev/cluster")
     assert all("topologyRequest" not in p for p in plain)
     # a Workload of pod sets without the request is not the one wanted under TAS
     assert not queueing.same_pod_sets(plain, kueue_pod_sets.pod_sets(groups, {}, "holmes.dev/cluster", True))
+
+
+def test_more_islands_than_kueues_eight_pod_sets_merge_per_cluster_each_inside_its_cluster():
+    # 12 stages on 12 islands of two clusters: one PodSet per cluster, each requiring one
+    # cluster (before: one PodSet of every pod with no topology request, free to span both)
+    pods = [
+        PodGroup(f"{c}.island{i}", {"nvidia.com/gpu": 8.0}, cluster=c)
+        for c in ("east", "west")
+        for i in range(6)
+    ]
+    groups = kueue_pod_sets.group_pods(pods)
+    sets = kueue_pod_sets.pod_sets(groups, {}, topology.LABEL_ISLAND, topology=True)
+    assert [(p["name"], p["count"], p["topologyRequest"]) for p in sets] == [
+        ("east", 6, {"required": topology.LABEL_CLUSTER}),
+        ("west", 6, {"required": topology.LABEL_CLUSTER}),
+    ]
+    assert [p["template"]["spec"]["nodeSelector"] for p in sets] == [
+        {topology.LABEL_CLUSTER: "east"},
+        {topology.LABEL_CLUSTER: "west"},
+    ]
 
 
 def test_the_queues_topology_is_the_one_its_cluster_queues_flavor_names():

@@ -64,11 +64,12 @@ def _merged(groups: Iterable[PodGroup], key: Callable[[PodGroup], Any]) -> list[
 def group_pods(pods: Iterable[PodGroup]) -> list[PodGroup]:
     """The job's pods (a PodGroup each) as at most MAX_POD_SETS groups: pods of one island and
     the same requests together; more groups than Kueue takes: each island's merged (each
-    resource at the most one of them asks); still more (more islands than that): one group of
-    every pod, with no island."""
+    resource at the most one of them asks); more islands than that: each cluster's (under TAS,
+    where a group knows its cluster: the PodSet then requires one cluster); still more: one
+    group of every pod, with no island."""
     pods = list(pods)
     groups: list[PodGroup] = []
-    for key in (lambda g: g.key, lambda g: g.island, lambda g: ""):
+    for key in (lambda g: g.key, lambda g: g.island, lambda g: g.cluster, lambda g: ""):
         groups = _merged(pods, key)
         if len(groups) <= MAX_POD_SETS:
             break
@@ -89,7 +90,7 @@ def pod_set_names(groups: list[PodGroup]) -> list[str]:
         return [POD_SET]
     names: list[str] = []
     for g in groups:
-        base = _dns_label(g.island) or POD_SET
+        base = _dns_label(g.island) or _dns_label(g.cluster) or POD_SET
         name, n = base, 1
         while name in names:
             n += 1
@@ -106,7 +107,8 @@ def pod_sets(
     island's nodes (``island_label``), so the flavor Kueue assigns it is one its pods can use.
     ``topology``: the job's flavor has a Topology (Kueue's TAS) and each group's island is the
     value of Holmes' island level (island_topology.LABEL_ISLAND = ``island_label``): every
-    PodSet with an island selects it and requires one domain of that level, so Kueue admits it
+    PodSet with an island selects it and requires one domain of that level (one merged across
+    a cluster's islands requires the cluster level), so Kueue admits it
     on nodes it picks inside the island Holmes sized the stage for; and selects its cluster
     (island_topology.LABEL_CLUSTER), the flavors' node label: Kueue matches a PodSet to a
     flavor by the flavors' label keys only, and checks the topology after it chose one."""
@@ -131,8 +133,9 @@ def pod_sets(
                 island_topology.LABEL_CLUSTER: g.cluster,
             }
         ps: dict[str, Any] = {"name": name, "count": g.count, "template": {"spec": pod_spec}}
-        if topology and g.island:
-            ps["topologyRequest"] = {"required": island_label}
+        if topology and (g.island or g.cluster):
+            # a group merged across islands (more than Kueue's 8 PodSets) stays in one cluster
+            ps["topologyRequest"] = {"required": island_label if g.island else island_topology.LABEL_CLUSTER}
         out.append(ps)
     return out
 
