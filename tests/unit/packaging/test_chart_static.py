@@ -696,7 +696,7 @@ def test_labeller_admission_policy_with_the_labeller_unless_turned_off():
 
 def test_configmap_policy_with_every_namespace_unless_turned_off():
     """watch.allNamespaces: the operator's ConfigMap writes limited to its HolmesJobs' (RBAC
-    cannot name them; tests/e2e/packaging/test_chart_cluster.py runs it on the API server)."""
+    cannot name them; tests/e2e/packaging/test_cluster_wide_rbac_cluster.py runs it on the API server)."""
     docs = render()
     (policy,) = [
         p for p in by_kind(docs, "ValidatingAdmissionPolicy") if p["metadata"]["name"] == "holmes-configmaps"
