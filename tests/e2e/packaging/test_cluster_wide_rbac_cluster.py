@@ -6,18 +6,26 @@ no image: the rights are the server's to grant or refuse):
   included (templates/configmap-policy.yaml: RBAC cannot name them);
 - a tenant's own token (bound to <fullname>-edit) reads no pod logs in kube-system, nor does the
   operator's (pods/log is never granted cluster-wide);
-- `kubectl delete all --all` leaves HolmesJobs (they are not in the category "all").
+- `kubectl delete all --all` leaves HolmesJobs (they are not in the category "all");
+- the operator's secure metrics (run as a host process, --metrics-secure) are refused without a
+  token or with one the API server does not accept (401), refused to one not bound to
+  <fullname>-metrics-reader (403), served to one that is (200): the server's own TokenReview
+  and SubjectAccessReview decide. (The chart-installed operator pod's 401s:
+  tests/e2e/packaging/test_chart_cluster.py.)
 """
 
 from __future__ import annotations
 
+import ssl
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
 import yaml
 
 from holmes.operator.core import child_names
-from localkube.operatorproc import install_crd
+from localkube.operatorproc import OperatorProcess, install_crd
 from tests.helpers import polling
 from tests.helpers.packaging.chart_release import tiny_job
 from tests.helpers.packaging.packaging_helpers import CHART, helm
@@ -157,3 +165,49 @@ def test_kubectl_delete_all_leaves_holmesjobs(cluster, crd, namespace):
     out = cluster.kubectl("delete", "all", "--all", "-n", namespace).stdout
     assert 'service "swept" deleted' in out and "holmesjob" not in out, out
     assert [j["metadata"]["name"] for j in cluster.get_json("holmes", "-n", namespace)["items"]] == ["kept"]
+
+
+def https_status(url: str, token: str | None = None) -> int | None:
+    """The HTTP status of a GET over TLS, the (self-signed) certificate not verified."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def test_secure_metrics_answer_as_the_api_servers_reviews_decide(cluster, crd, namespace, release, tmp_path):
+    scraper, nobody = "scraper-" + uuid.uuid4().hex[:6], "nobody-" + uuid.uuid4().hex[:6]
+    for sa in (scraper, nobody):
+        cluster.kubectl("create", "serviceaccount", sa, "-n", namespace)
+    reader = f"{release}-metrics-reader"  # the chart's ClusterRole: get on /metrics
+    cluster.kubectl(
+        "create",
+        "clusterrolebinding",
+        scraper,
+        f"--clusterrole={reader}",
+        f"--serviceaccount={namespace}:{scraper}",
+    )
+    op = OperatorProcess(
+        cluster.kubeconfig, [namespace], tmp_path / "operator.log", extra=["--metrics-secure"]
+    )
+    try:
+        op.start()
+        url = f"https://127.0.0.1:{op.metrics_port}/metrics"
+        assert polling.wait_for("the metrics server", lambda: https_status(url), 60, 0.5) == 401
+        assert https_status(url, "not-a-token") == 401
+        token = cluster.kubectl("create", "token", scraper, "-n", namespace).stdout.strip()
+        # RBAC reaches the authorizer's cache a moment after the binding
+        assert polling.wait_for(
+            "metrics served to the scraper", lambda: https_status(url, token) == 200 or None, 30, 0.5
+        )
+        denied = cluster.kubectl("create", "token", nobody, "-n", namespace).stdout.strip()
+        assert https_status(url, denied) == 403
+    finally:
+        op.stop()
+        cluster.kubectl("delete", "clusterrolebinding", scraper, check=False)
