@@ -3,7 +3,8 @@ real API server with the chart's RBAC and admission policy applied as rendered (
 no image: the rights are the server's to grant or refuse):
 
 - the operator's service account writes a HolmesJob's ConfigMap and no other, kube-system's
-  included (templates/configmap-policy.yaml: RBAC cannot name them);
+  included (templates/configmap-policy.yaml: RBAC cannot name them), and the operator itself,
+  run with that account's token, makes its job's layout ConfigMap under the policy;
 - a tenant's own token (bound to <fullname>-edit) reads no pod logs in kube-system, nor does the
   operator's (pods/log is never granted cluster-wide);
 - `kubectl delete all --all` leaves HolmesJobs (they are not in the category "all");
@@ -16,10 +17,12 @@ no image: the rights are the server's to grant or refuse):
 
 from __future__ import annotations
 
+import json
 import ssl
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -211,3 +214,47 @@ def test_secure_metrics_answer_as_the_api_servers_reviews_decide(cluster, crd, n
     finally:
         op.stop()
         cluster.kubectl("delete", "clusterrolebinding", scraper, check=False)
+
+
+def test_the_operator_as_its_service_account_creates_its_jobs_configmap_under_the_policy(
+    cluster, crd, namespace, release, tmp_path
+):
+    """The operator itself (a host process) with the release's service-account token, its RBAC
+    and the ConfigMap policy: the layout ConfigMap it makes for a job is one the policy lets it
+    write (labelled and owned as the policy asks)."""
+    # the policy in force first (refusing an unowned ConfigMap), so that it judges the operator's
+    probe = configmap("not-a-jobs", namespace)
+    as_operator = f"--as=system:serviceaccount:{namespace}:{release}"
+    polling.wait_for(
+        "the policy in force",
+        lambda: (
+            DENIED_WRITE in cluster.kubectl(as_operator, "create", "-f", "-", input=probe, check=False).stderr
+        ),
+        60,
+        0.5,
+    )
+    cluster.kubectl("create", "serviceaccount", release, "-n", namespace)
+    token = cluster.kubectl("create", "token", release, "-n", namespace, "--duration=1h").stdout.strip()
+    cfg = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    cfg["users"] = [{"name": "operator", "user": {"token": token}}]
+    for ctx in cfg["contexts"]:
+        ctx["context"]["user"] = "operator"
+    kc = tmp_path / "operator.kubeconfig"
+    kc.write_text(yaml.safe_dump(cfg))
+    op = OperatorProcess(str(kc), [namespace], tmp_path / "operator.log")
+    try:
+        op.start()
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(tiny_job("real")))
+        cm = polling.wait_for(
+            "the operator's layout ConfigMap",
+            lambda: (lambda r: r.returncode == 0 and json.loads(r.stdout))(
+                cluster.kubectl("get", "configmap", "real-layout", "-n", namespace, "-o", "json", check=False)
+            ),
+            120,
+            1.0,
+        )
+        assert cm["metadata"]["ownerReferences"][0]["kind"] == "HolmesJob"
+        assert "denied request" not in op.tail(400), op.tail()
+    finally:
+        op.stop()
+        cluster.kubectl("delete", "holmesjob", "real", "-n", namespace, "--wait=false", check=False)
