@@ -41,6 +41,12 @@ REAL_NODES = $(if $(shell grep -lE 'playedBy: *kubelet' $(TOPOLOGY) 2>/dev/null)
 # kubectl and helm only (the unit tier's chart and kustomize checks): no control plane.
 clients:
 	@bash hack/build-k8s.sh clients
+# The published OpenAPI v3 schemas of every Kubernetes release the chart supports (1.34 - 1.37,
+# hack/k8s_openapi.py: from each release's k8s.io/kubernetes module, once, ~18 MB of zip each),
+# which the unit tier checks every rendered object against (test_chart_k8s_schemas.py).
+.PHONY: k8s-openapi
+k8s-openapi:
+	@$(PYTHON) hack/k8s_openapi.py
 
 # The real Kueue (hack/build-kueue.sh: sigs.k8s.io/kueue's manager built from its module, its
 # own config/default rendered), cached beside the control plane. `make kueue-up` (after
@@ -74,7 +80,7 @@ images:
 	@bash hack/build-images.sh
 
 # Every tier (tests/conftest.py): lint, then tests/unit, tests/integration and tests/e2e in one run.
-test: venv k8s kueue jobset images lint
+test: venv k8s k8s-openapi kueue jobset images lint
 	$(PY) -m pytest
 
 # The tiers one at a time (tests/conftest.py says what goes where).
@@ -85,7 +91,7 @@ test: venv k8s kueue jobset images lint
 #     ranks, network namespaces; the image tests need `make images`.
 #   e2e: against the local control plane (`make k8s`), the images' tests on it too.
 .PHONY: unit integration e2e
-unit: venv clients
+unit: venv clients k8s-openapi
 	$(PY) -m pytest tests/unit -q
 integration: venv images
 	$(PY) -m pytest tests/integration -q

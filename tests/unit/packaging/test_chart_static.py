@@ -47,6 +47,8 @@ def test_defaults_two_replicas_with_a_leader_lease_and_the_pieces():
             "ClusterRole",  # holmes-view, aggregated into view
             "ClusterRole",  # holmes-metrics-reader, for the scrapers of the secure metrics
             "ClusterRole",  # holmes-pod-logs, bound per namespace by its owner (not cluster-wide)
+            "ValidatingAdmissionPolicy",  # holmes-configmaps: its ConfigMap writes, its jobs' only
+            "ValidatingAdmissionPolicyBinding",
             "Service",
             "Deployment",
             "PodDisruptionBudget",
@@ -66,7 +68,13 @@ def test_defaults_two_replicas_with_a_leader_lease_and_the_pieces():
     assert {v for r in lease_rules for v in r["verbs"]} == {"create", "get", "update"}
     assert [r.get("resourceNames") for r in lease_rules if "get" in r["verbs"]] == [[dep["metadata"]["name"]]]
     for d in docs:
-        if d["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
+        if d["kind"] not in (
+            "CustomResourceDefinition",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ):
             assert d["metadata"]["namespace"] == "holmes-system", d["kind"]
     # selector labels of the Service select the operator pod
     svc = one(docs, "Service")
@@ -551,7 +559,7 @@ def test_the_labeller_runs_in_a_privileged_namespace_of_its_own_by_default():
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "holmes-labeller", "namespace": "holmes-labeller"}
         ], kind
-    policy = yaml.safe_dump(one(docs, "ValidatingAdmissionPolicy"))
+    (policy,) = [yaml.safe_dump(p) for p in labeller_policies(docs, "ValidatingAdmissionPolicy")]
     assert "system:serviceaccount:holmes-labeller:holmes-labeller" in policy
     assert "system:serviceaccount:holmes-system:" not in policy
     # the operator stays in the release namespace
@@ -664,12 +672,16 @@ def test_crd_keeps_argo_cd_from_pruning_or_deleting_it():
     assert crd["metadata"]["annotations"]["argocd.argoproj.io/sync-options"] == "Prune=false,Delete=false"
 
 
+def labeller_policies(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in by_kind(docs, kind) if d["metadata"]["name"] == "holmes-labeller"]
+
+
 def test_labeller_admission_policy_with_the_labeller_unless_turned_off():
     off = render({"labeller.enabled": "true", "labeller.admissionPolicy": "false"})
-    assert not by_kind(off, "ValidatingAdmissionPolicy")
+    assert not labeller_policies(off, "ValidatingAdmissionPolicy")
     docs = render({"labeller.enabled": "true"})
-    policy = one(docs, "ValidatingAdmissionPolicy")
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    (policy,) = labeller_policies(docs, "ValidatingAdmissionPolicy")
+    (binding,) = labeller_policies(docs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     sa = one(docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
     assert policy["spec"]["matchConditions"][0]["expression"] == (
@@ -679,4 +691,45 @@ def test_labeller_admission_policy_with_the_labeller_unless_turned_off():
     rules = " ".join(v["expression"] for v in policy["spec"]["validations"])
     assert "variables.nodeName" in rules and "holmes.dev/" in rules and "object.spec" in rules
     assert "authentication.kubernetes.io/node-name" in policy["spec"]["variables"][0]["expression"]
-    assert not by_kind(render(), "ValidatingAdmissionPolicy")  # no labeller, no policy
+    assert not labeller_policies(render(), "ValidatingAdmissionPolicy")  # no labeller, no policy
+
+
+def test_configmap_policy_with_every_namespace_unless_turned_off():
+    """watch.allNamespaces: the operator's ConfigMap writes limited to its HolmesJobs' (RBAC
+    cannot name them; tests/e2e/packaging/test_cluster_wide_rbac_cluster.py runs it on the API server)."""
+    docs = render()
+    (policy,) = [
+        p for p in by_kind(docs, "ValidatingAdmissionPolicy") if p["metadata"]["name"] == "holmes-configmaps"
+    ]
+    (binding,) = [
+        b
+        for b in by_kind(docs, "ValidatingAdmissionPolicyBinding")
+        if b["metadata"]["name"] == "holmes-configmaps"
+    ]
+    assert binding["spec"] == {"policyName": "holmes-configmaps", "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["configmaps"] and rule["operations"] == ["CREATE", "UPDATE", "DELETE"]
+    assert policy["spec"]["matchConditions"][0]["expression"] == (
+        'request.userInfo.username == "system:serviceaccount:holmes-system:holmes"'
+    )
+    owned = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    for var, obj in (("oldOwned", "oldObject"), ("newOwned", "object")):
+        assert owned[var].startswith(f"{obj} != null && ")
+        for part in ("'holmes-operator'", "'holmes.dev/job-name'", "r.kind == 'HolmesJob'", "'holmes.dev/'"):
+            assert part in owned[var], (var, part)
+        assert "%s" not in owned[var] and ("oldObject" in owned[var]) == (obj == "oldObject")
+    # the operator's own ConfigMap, as it renders it, is what the policy calls owned
+    from holmes.operator.core import child_names
+
+    assert (
+        f"'{child_names.LABEL_MANAGED_BY}'" in owned["newOwned"]
+        and f"'{child_names.MANAGED_BY}'" in owned["newOwned"]
+    )
+    assert f"'{child_names.LABEL_JOB}'" in owned["newOwned"]
+    mine = render({"serviceAccount.create": "false", "serviceAccount.name": "mine"})
+    assert "system:serviceaccount:holmes-system:mine" in yaml.safe_dump(
+        one(mine, "ValidatingAdmissionPolicy")
+    )
+    for values in ({"rbac.configMapPolicy": "false"}, {"watch.allNamespaces": "false"}):
+        assert not by_kind(render(values), "ValidatingAdmissionPolicy"), values
