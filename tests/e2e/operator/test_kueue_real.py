@@ -407,10 +407,13 @@ def test_with_kueues_default_integrations_the_job_says_how_to_configure_kueue(
 # ---- pod sets per island, flavors per island, waitForPodsReady's timeout -------------------------
 
 
-def island_objects(namespace: str, order=("east", "west"), east_cpu: str = "16") -> list[dict]:
-    """A flavor per island (its nodes' holmes.dev/cluster label) and a ClusterQueue over both, in
-    ``order`` (Kueue tries them so): 4 GPUs and 16 CPUs each (east ``east_cpu``), each island's
-    RDMA device only in its own flavor; the namespace's LocalQueue ``islands``."""
+def island_objects(
+    namespace: str, order=("east", "west"), east_cpu: str = "16", west: dict | None = None
+) -> list[dict]:
+    """A flavor per island (its nodes' holmes.dev/cluster label; ``west``: more of west's
+    spec) and a ClusterQueue over both, in ``order`` (Kueue tries them so): 4 GPUs and 16 CPUs
+    each (east ``east_cpu``), each island's RDMA device only in its own flavor; the
+    namespace's LocalQueue ``islands``."""
     flavor = {
         i: {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
@@ -420,6 +423,7 @@ def island_objects(namespace: str, order=("east", "west"), east_cpu: str = "16")
         }
         for i in ("east", "west")
     }
+    flavor["west"]["spec"].update(west or {})
 
     def quota(i: str) -> dict:
         rdma = dict(zip(RDMA, ("8", "0") if i == "east" else ("0", "8")))
@@ -578,6 +582,55 @@ def test_a_job_runs_only_on_the_nodes_of_the_flavor_kueue_admitted_it_to(
     (pod,) = pods_of(cluster, namespace, "either")
     assert pod["spec"]["nodeName"] == "eth-1", pod["spec"]["nodeName"]
     assert pod["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"}, pod["spec"].get("nodeSelector")
+
+
+WEST = ("roce-0", "roce-1", "eth-1")
+
+
+@pytest.fixture
+def tainted_west(cluster, namespace):
+    """West's nodes tainted holmes.dev/reserved=<namespace>:NoSchedule for the test."""
+    taint = f"holmes.dev/reserved={namespace}:NoSchedule"
+    cluster.kubectl("taint", "nodes", *WEST, taint, "--overwrite")
+    yield {"key": "holmes.dev/reserved", "value": namespace, "effect": "NoSchedule"}
+    cluster.kubectl("taint", "nodes", *WEST, f"{taint}-", check=False)
+
+
+def test_a_flavors_tolerations_let_the_job_onto_its_tainted_nodes(
+    cluster, islands, tainted_west, operator, namespace
+):
+    """West's nodes are tainted; west's flavor says so (nodeTaints) and tolerates the taint
+    (tolerations), the template does not. Kueue admits the job on west (first in the
+    ClusterQueue): the job runs on a west node, the flavor's toleration appended to its pod's
+    tolerations and its node labels in the node selector, as Kueue's job framework does for
+    its own kinds. Before, Holmes planned with the template's tolerations only: west's nodes
+    were ruled out and the admitted job waited for nodes."""
+    toleration = {**tainted_west, "operator": "Equal"}
+    islands(order=("west", "east"), west={"nodeTaints": [tainted_west], "tolerations": [toleration]})
+    job = tiny_job("tolerated", namespace, count=1, gpus=1, command=["sleep", "1"])
+    # the Ethernet nodes (no RDMA device to count): planned in the queue on east's, the untainted
+    job["spec"]["template"]["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["eth-0", "eth-1"]}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    apply(cluster, in_queue(job, "islands"))
+    wait_phase(cluster, namespace, "tolerated", "Succeeded", timeout=90, op=operator)
+    wl = workload(cluster, namespace, "tolerated")
+    (psa,) = wl["status"]["admission"]["podSetAssignments"]
+    assert set(psa["flavors"].values()) == {f"west-{namespace}"}, psa
+    (pod,) = pods_of(cluster, namespace, "tolerated")
+    assert pod["spec"]["nodeName"] == "eth-1", pod["spec"]["nodeName"]
+    assert pod["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"}, pod["spec"].get("nodeSelector")
+    assert toleration in pod["spec"]["tolerations"], pod["spec"]["tolerations"]
 
 
 def test_kueue_evicts_a_job_whose_pods_are_not_ready_in_time_and_it_runs_later(

@@ -12,7 +12,7 @@ import pytest
 from holmes.contract import load_job
 from holmes.contract.names import LABEL_KUEUE_QUEUE
 from holmes.operator import placement_facts
-from holmes.operator.core import capacity, child_names, kueue_pod_sets, node_selection, queueing
+from holmes.operator.core import capacity, child_names, kueue_pod_sets, node_selection, queueing, tolerations
 from holmes.operator.core.capacity import Ledger, WaitingForCapacity, Workloads, free_view, pod_shape
 from holmes.operator.core.placement import Placement, on_free_capacity
 from holmes.operator.core.render import RenderSettings
@@ -765,6 +765,119 @@ def test_an_admitted_flavor_confines_the_pods_of_its_pod_set():
     placed = {p["metadata"]["annotations"][child_names.ANN_NODE] for p in w.pods.values()}
     assert placed <= {"roce-0", "roce-1", "eth-1"} and len(placed) == 2
     assert all(p["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"} for p in w.pods.values())
+
+
+RESERVED = {"key": "holmes.dev/reserved", "value": "ml", "effect": "NoSchedule"}
+TOLERATE_RESERVED = {"key": "holmes.dev/reserved", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+
+
+def test_an_admitted_flavors_tolerations_let_its_pods_onto_its_tainted_nodes():
+    """West's nodes carry a taint the template does not tolerate; the west flavor tolerates it
+    (spec.tolerations; its nodeTaints say so to Kueue). Admitted on west, the job plans on
+    west's tainted nodes and its pods get the flavor's tolerations appended to their own, with
+    its node labels, as Kueue's job framework merges both into its pods (pkg/podset
+    FromAssignment, Merge). It waited on them before: the template's tolerations alone ruled
+    them out. On the east flavor (no tolerations) a tainted east stays ruled out, saying so."""
+    ns = nodes()
+    for n in ns:
+        if n["metadata"]["labels"]["holmes.dev/cluster"] == "west":
+            n["spec"]["taints"] = [dict(RESERVED)]
+    own = {"key": "team", "operator": "Exists"}
+    w = FakeWorld(kueue_job(count=2, template=template(tolerations=[own])), nodes=ns)
+    w.flavors = island_flavors()
+    w.flavors["west"]["spec"].update(nodeTaints=[dict(RESERVED)], tolerations=[dict(TOLERATE_RESERVED)])
+    w.step()
+    admit_each(w, lambda ps: "west")
+    w.step()
+    assert w.status["launched"] and len(w.pods) == 2, w.status.get("conditions")
+    for p in w.pods.values():
+        assert p["metadata"]["annotations"][child_names.ANN_NODE] in {"roce-0", "roce-1", "eth-1"}
+        assert p["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"}
+        assert p["spec"]["tolerations"] == [own, TOLERATE_RESERVED], p["spec"]["tolerations"]
+    # the east flavor tolerates nothing: east's tainted nodes stay out, the message says why
+    for n in ns:
+        n["spec"]["taints"] = [dict(RESERVED)]
+    shape = capacity.PodShape(
+        {"nvidia.com/gpu": 2.0},
+        flavor_labels=({"holmes.dev/cluster": "east"}, {"holmes.dev/cluster": "west"}),
+        flavor_tolerations=((), (TOLERATE_RESERVED,)),
+    )
+    east = next(n for n in ns if n["metadata"]["name"] == "ib-0")
+    west = next(n for n in ns if n["metadata"]["name"] == "roce-0")
+    assert capacity.placement_problem(east, shape) == (
+        "taint holmes.dev/reserved=ml:NoSchedule is not tolerated by the template nor by the "
+        "admitted flavors' tolerations"
+    )
+    assert capacity.placement_problem(west, shape) == ""
+    assert tolerations.flavor_choice(west, (), shape.flavor_labels, shape.flavor_tolerations) == 1
+
+
+def test_the_flavor_choices_carry_each_flavors_tolerations():
+    wl = {
+        "spec": {
+            "podSets": [{"name": "a", "template": {"spec": {}}}, {"name": "b", "template": {"spec": {}}}]
+        },
+        "status": {
+            "admission": {
+                "podSetAssignments": [
+                    {"name": "a", "flavors": {"nvidia.com/gpu": "plain"}},
+                    {"name": "b", "flavors": {"nvidia.com/gpu": "tainted", "cpu": "plain"}},
+                ]
+            }
+        },
+    }
+    flavors = {
+        "plain": {"spec": {}},
+        "tainted": {"spec": {"nodeLabels": {"pool": "t"}, "tolerations": [TOLERATE_RESERVED]}},
+    }
+    choices, missing = queueing.flavor_choices(wl, flavors)
+    assert not missing
+    assert choices == (({}, ()), ({"pool": "t"}, (TOLERATE_RESERVED,)))  # not collapsed into "anywhere"
+    assert queueing.flavor_node_labels(wl, flavors) == (({}, {"pool": "t"}), [])
+
+
+def test_a_launch_holds_to_the_split_kueue_admitted():
+    """Kueue reserves quota per PodSet and flavor. 4 pods of 2 GPUs (more than an island holds):
+    planned 2 on east and 2 on west, admitted so. With roce-0 busy at launch, the plan on free
+    capacity puts 3 on east: it would run on east quota Kueue did not reserve, so the job waits
+    (it launched so before), its Workload kept; once roce-0 is free it launches 2 and 2. When
+    the plan its pod sets came from changes (a node gone), the Workload is made again for
+    Kueue from the plan now."""
+    w = FakeWorld(kueue_job(count=4), nodes=nodes())
+    w.flavors = island_flavors()
+    w.step()
+    sets = {ps["name"]: ps["count"] for ps in w.workload["spec"]["podSets"]}
+    assert sets == {"east": 2, "west": 2}, sets
+    admit_each(w, lambda ps: ps["template"]["spec"]["nodeSelector"]["holmes.dev/cluster"])
+    busy = Workloads(pods=[pod("x0", "roce-0", gpus=2)])
+    w.workloads = lambda: busy
+    d = w.step()
+    assert not w.pods and d.delete_workload is None, [p["metadata"]["annotations"] for p in w.pods.values()]
+    c = w.condition("Reconciling")
+    assert c["reason"] == "WaitingForCapacity", c
+    assert c["message"].startswith(
+        "the plan on free capacity puts 1 pod(s) (on node(s) eth-0) outside the pod sets Kueue "
+        "admitted (east: 2 pod(s) on holmes.dev/cluster=east; west: 2 pod(s) on holmes.dev/cluster=west)"
+    ), c["message"]
+    assert c["message"].endswith("waiting for the nodes of the admitted split"), c["message"]
+    assert "Planned" not in w.reasons()
+    w.workloads = Workloads
+    w.step()
+    placed = [p["metadata"]["annotations"][child_names.ANN_NODE] for p in w.pods.values()]
+    assert w.status["launched"] and len(placed) == 4, placed
+    assert sorted(n in ("ib-0", "ib-1", "eth-0") for n in placed) == [False, False, True, True], placed
+    # the plan the pod sets came from changed: roce-0 is gone
+    w2 = FakeWorld(kueue_job(count=4), nodes=nodes())
+    w2.flavors = island_flavors()
+    w2.step()
+    admit_each(w2, lambda ps: ps["template"]["spec"]["nodeSelector"]["holmes.dev/cluster"])
+    w2.nodes = [n for n in w2.nodes if n["metadata"]["name"] != "roce-0"]
+    d = w2.step()
+    assert not w2.pods and d.delete_workload == "holmesjob-k"
+    assert "re-creating Workload holmesjob-k for Kueue" in w2.condition("Reconciling")["message"]
+    w2.step()
+    sets = {ps["name"]: ps["count"] for ps in w2.workload["spec"]["podSets"]}
+    assert sets == {"east": 1, "east-2": 2, "west": 1}, sets  # eth-0's pod asks no RDMA device
 
 
 def test_pod_groups_merge_into_kueues_eight_pod_sets_never_asking_for_less():

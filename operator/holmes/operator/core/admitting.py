@@ -115,7 +115,7 @@ def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
         spec.nodes.count,
         shape,
         spec.template,
-        lambda: _planned_pod_sets(st, spec, shape, topology=tas),
+        lambda: planned_pod_sets(st, spec, shape, topology=tas),
         pod_sets_inputs(st.job) + (f"+{topology_levels.LABEL_ISLAND}" if tas else ""),
         priority,
         from_class,
@@ -138,7 +138,7 @@ def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
         return stall(st, *g.stall)
     if g.hold is not None:
         return _hold(st, *g.hold)
-    st.flavor_labels = g.flavor_labels
+    st.flavor_labels, st.flavor_tolerations = g.flavor_labels, g.flavor_tolerations
     return None
 
 
@@ -153,7 +153,7 @@ def pod_sets_inputs(job: dict) -> str:
     return child_names.digest(spec)
 
 
-def _planned_pod_sets(
+def planned_pod_sets(
     st: JobState, spec: JobSpec, shape: capacity.PodShape, topology: bool = False
 ) -> list[dict]:
     """The Workload's pod sets: the pods the job's plan on the nodes it could ever use would

@@ -44,17 +44,10 @@ from holmes.plan.quantity import quantity_or_none as quantity  # None where a va
 
 from . import child_names, managed_by, node_selection
 from .device_claims import ClaimHold, reserved_pods
+from .tolerations import flavor_choice, untolerated
 
 CPU, MEMORY, PODS = "cpu", "memory", "pods"
 ENDED = ("Succeeded", "Failed")
-# Taints the node lifecycle controller keeps in step with what the planner reads itself (the
-# Ready condition, cordon): judged there, so a cluster without that controller (the local one)
-# is not blocked by a stale one.
-CONDITION_TAINTS = (
-    "node.kubernetes.io/not-ready",
-    "node.kubernetes.io/unreachable",
-    "node.kubernetes.io/unschedulable",
-)
 
 
 class WaitingForCapacity(InsufficientNodes):
@@ -120,6 +113,8 @@ class PodShape:
     tolerations: tuple = ()
     # Kueue's admitted flavors: a node must carry every label of one of them (queueing.flavor_node_labels)
     flavor_labels: tuple[Mapping[str, str], ...] = ()
+    # each flavor_labels' tolerations, which Kueue's job framework appends to the pods' own
+    flavor_tolerations: tuple[tuple[Mapping, ...], ...] = ()
     gpu_resource: str = RESOURCE_GPU  # the name its GPUs are requested by
 
     def describe(self) -> str:
@@ -152,18 +147,6 @@ def pod_shape(spec: JobSpec, gpu_resource: str = RESOURCE_GPU) -> PodShape:
     sel = _map(tspec.get("nodeSelector"))
     tol = tuple(t for t in tspec.get("tolerations") or () if isinstance(t, Mapping))
     return PodShape(req, dict(sel), terms, tol, gpu_resource=gpu_resource)
-
-
-def _tolerates(tolerations: Iterable[Mapping], taint: Mapping) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists":
-            if not t.get("key") or t.get("key") == taint.get("key"):
-                return True
-        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
-            return True
-    return False
 
 
 def _expression_matches(expr: Mapping, labels: Mapping[str, str]) -> bool:
@@ -213,12 +196,11 @@ def placement_problem(node: Mapping, shape: PodShape, extra: Mapping[str, float]
         return f"not in the flavors Kueue admitted the job to ({shown})"
     if shape.affinity_terms and not any(_term_matches(t, node) for t in shape.affinity_terms):
         return "the template's required node affinity does not match"
-    for taint in (node.get("spec") or {}).get("taints") or []:
-        if taint.get("key") in CONDITION_TAINTS:
-            continue  # the planner judges these by the Ready condition and spec.unschedulable
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(shape.tolerations, taint):
-            value = f"={taint['value']}" if taint.get("value") else ""
-            return f"taint {taint.get('key')}{value}:{taint.get('effect')} is not tolerated by the template"
+    if flavor_choice(node, shape.tolerations, shape.flavor_labels, shape.flavor_tolerations) is None:
+        taint = untolerated(node, shape.tolerations)
+        value = f"={taint['value']}" if taint.get("value") else ""
+        by = "the template" + (" nor by the admitted flavors' tolerations" if flavors else "")
+        return f"taint {taint.get('key')}{value}:{taint.get('effect')} is not tolerated by {by}"
     alloc = (node.get("status") or {}).get("allocatable") or {}
     for res, want in sorted(shape.needs(extra).items()):
         have = quantity(alloc.get(res))

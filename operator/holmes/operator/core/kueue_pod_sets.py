@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import child_names, island_topology
-from .capacity import CPU, MEMORY, PodShape, show
+from .capacity import CPU, MEMORY, PodShape, pod_requests, show
 
 POD_SET = "workers"  # the PodSet of a job whose pods are one group
 
@@ -144,3 +144,63 @@ def one_pod_set(count: int, shape: PodShape, template: Mapping | None) -> list[d
     """The pod sets of a job whose pods are not planned yet (nor can be): one shape, ``count``
     pods (and what Workloads written before the pod sets per group ask for)."""
     return pod_sets([PodGroup("", dict(shape.requests), count)], template, "")
+
+
+def outside_admission(
+    workload: Mapping,
+    flavors: Mapping[str, Mapping],
+    pods: Iterable[tuple[str, Mapping, Mapping[str, float]]],
+) -> str:
+    """Why launching ``pods`` (each: its node's name and labels, what one pod asks there) would
+    use quota Kueue did not reserve ('' when it would not). Kueue admitted the Workload per
+    PodSet: ``count`` pods asking the PodSet's requests on the flavors it assigned, and counts
+    its quota so. A pod is within the admission when a PodSet with room left has the node (the
+    PodSet's node selector and its flavors' node labels) and asks at least what the pod asks
+    of each resource the PodSet names; a plan at launch that splits the pods across islands
+    otherwise than the pod sets were built from (free capacity differs from the nodes the pod
+    sets were planned on) is not. Fewer pods than admitted (an elastic job's smaller size) are
+    within it. A device resource the PodSet does not name (a one-PodSet job, whose flavor Kueue
+    chose, on nodes of another NIC than planned) is not held against it: the pod sets were
+    planned before the flavor was known, and planning them again would give the same."""
+    adm = (workload.get("status") or {}).get("admission") or {}
+    count_of = {a.get("name"): a.get("count") for a in adm.get("podSetAssignments") or []}
+    flavors_of = {
+        a.get("name"): set((a.get("flavors") or {}).values()) for a in adm.get("podSetAssignments") or []
+    }
+    rooms: list[list] = []  # [name, labels, requests, room left, count admitted]
+    for ps in (workload.get("spec") or {}).get("podSets") or []:
+        name, spec = ps.get("name"), (ps.get("template") or {}).get("spec") or {}
+        labels = dict(spec.get("nodeSelector") or {})
+        for f in sorted(flavors_of.get(name) or ()):
+            labels.update(((flavors.get(f) or {}).get("spec") or {}).get("nodeLabels") or {})
+        count = count_of.get(name)
+        n = int(ps.get("count") or 0 if count is None else count)
+        rooms.append([name, labels, pod_requests(spec), n, n])
+    # the tightest PodSet first (fewest resources), so a plain pod leaves a richer PodSet to a
+    # pod that needs it
+    rooms.sort(key=lambda r: (len([v for v in r[2].values() if v]), r[0] or ""))
+    outside: list[str] = []
+    for node, on, asks in sorted(pods, key=lambda p: -len([v for v in p[2].values() if v])):
+        for room in rooms:
+            if (
+                room[3] > 0
+                and all(on.get(k) == v for k, v in room[1].items())
+                and all(room[2][k] >= v for k, v in asks.items() if v and k in room[2])
+            ):
+                room[3] -= 1
+                break
+        else:
+            outside.append(node)
+    if not outside:
+        return ""
+    admitted = "; ".join(
+        f"{r[0]}: {r[4]} pod(s)"
+        + (f" on {','.join(f'{k}={v}' for k, v in sorted(r[1].items()))}" if r[1] else "")
+        for r in sorted(rooms, key=lambda r: r[0] or "")
+    )
+    shown = ", ".join(sorted(set(outside))[:5])
+    return (
+        f"the plan on free capacity puts {len(outside)} pod(s) (on node(s) {shown}) outside the pod "
+        f"sets Kueue admitted ({admitted}): Kueue reserved quota per PodSet and flavor, and "
+        "launching them would use quota it did not reserve"
+    )

@@ -6,24 +6,27 @@ launch. Pure."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from holmes.contract import JobSpec, Layout
 from holmes.plan import InsufficientNodes, PlanError
 
 from . import (
+    admitting,
     capacity,
     child_names,
     compute_domains,
     framework_launch,
     island_topology,
+    kueue_pod_sets,
     members,
     placement,
     queueing,
     quota,
     render,
     replicas,
+    tolerations,
     validation,
 )
 from . import conditions as cond
@@ -141,6 +144,9 @@ def _launch_pipeline(st: JobState, spec: JobSpec, layout: Layout) -> Decision:
     mismatch = framework_launch.plan_conflicts(spec, layout)  # spec.framework: the user's arguments
     if mismatch:
         return stall(st, "InvalidSpec", "; ".join(mismatch))
+    held = _outside_admission(st, spec, layout.nodes)
+    if held is not None:
+        return held
     nets = {n: st.facts.network(st.nodes[n]) for n in layout.nodes}
     try:  # every node's route first: a node the network settings cannot serve gets nothing
         pod_routes = job_routes(spec, layout, nets)
@@ -230,7 +236,11 @@ def _replica_model(st: JobState):
 def _replica_nodes(st: JobState, spec: JobSpec) -> list[Mapping]:
     """The nodes the job's pods could use (GPUs, taints, Ready). Replicas are planned on
     them as they are, not behind the jobs ahead in a queue (capacity.py plans pipelines)."""
-    shape = replace(capacity.pod_shape(spec, st.settings.gpu_resource), flavor_labels=st.flavor_labels)
+    shape = replace(
+        capacity.pod_shape(spec, st.settings.gpu_resource),
+        flavor_labels=st.flavor_labels,
+        flavor_tolerations=st.flavor_tolerations,
+    )
     view, _ = capacity.free_view(planning_nodes(st), shape, capacity.Ledger(), st.settings.gpu_resource)
     return [n for n in view if not st.facts.unusable(n)]
 
@@ -251,6 +261,9 @@ def _launch_replicas(st: JobState, spec: JobSpec, same_spec: bool) -> Decision:
     elif any(n not in st.nodes for n in plan.nodes):
         teardown(st)  # a planned node vanished: plan again
         return launch(st, spec)
+    held = _outside_admission(st, spec, plan.nodes)
+    if held is not None:
+        return held
     nets = {n: st.facts.network(st.nodes[n]) for n in plan.nodes}
     pod_routes = {}
     try:  # each replica's routes inside its own island(s)
@@ -298,6 +311,42 @@ def _replicas_message(plan: replicas.ReplicaPlan) -> str:
 
 
 # ---- what a pipeline and replicas share ----------------------------------------------------------
+def _outside_admission(st: JobState, spec: JobSpec, nodes: Sequence[str]) -> Decision | None:
+    """A launch held to the split Kueue admitted (None: the pods on ``nodes`` are within it,
+    kueue_pod_sets.outside_admission). Kueue reserved quota per PodSet and flavor, so a plan
+    at launch that splits the pods otherwise would run on quota nobody reserved: the job waits
+    for the admitted split's nodes. When the plan its pod sets come from has itself changed
+    (nodes came or went), the Workload is stale: deleted, and made again for Kueue from the
+    plan now (as Kueue's job framework re-creates a Workload its job no longer matches)."""
+    wl = st.obs.workload
+    if wl is None or not st.flavor_labels or not queueing.queue_name(st.job):
+        return None
+    shape = capacity.pod_shape(spec, st.settings.gpu_resource)
+    rdma = placement.route_resources(spec, placement_of(st))
+    pods = [
+        (n, (st.nodes[n].get("metadata") or {}).get("labels") or {}, {**rdma(st.nodes[n]), **shape.requests})
+        for n in nodes
+    ]
+    why = kueue_pod_sets.outside_admission(wl, st.obs.flavors or {}, pods)
+    if not why:
+        return None
+    name = queueing.workload_name(st.name)
+    tas = st.obs.queue_topology is not None
+    admitted = st.flavor_labels, st.flavor_tolerations
+    st.flavor_labels, st.flavor_tolerations = (), ()  # the pod sets as the gate would make them now
+    try:
+        now = admitting.planned_pod_sets(st, spec, shape, tas)
+    finally:
+        st.flavor_labels, st.flavor_tolerations = admitted
+    st.d.events = [e for e in st.d.events if e.reason != "Planned"]  # announced when it launches
+    if not queueing.same_pod_sets((wl.get("spec") or {}).get("podSets"), now):
+        st.d.delete_workload = name
+        why += f"; the plan its pod sets come from changed: re-creating Workload {name} for Kueue"
+    else:
+        why += "; waiting for the nodes of the admitted split"
+    return _wait_for_nodes(st, spec, why, "WaitingForCapacity")
+
+
 def _hostname(st: JobState, node: str) -> str | None:
     return (st.nodes[node]["metadata"].get("labels") or {}).get(HOSTNAME_LABEL)
 
@@ -317,12 +366,16 @@ def _create_children(
     st.d.configmap = configmap
     if st.obs.service is None:
         st.d.service = build_service(ref, st.settings)
-    for pod in pods:  # Kueue's admitted flavor: its node labels in the pod's node selector, as
-        # Kueue's job framework merges them into its jobs' pods (the pod is pinned there anyway)
+    for pod in pods:  # Kueue's admitted flavor: its node labels in the pod's node selector and
+        # its tolerations appended, as Kueue's job framework merges them into its jobs' pods
+        # (pkg/podset Merge; the pod is pinned to its node anyway)
         node = st.nodes.get(pod["metadata"]["annotations"].get(child_names.ANN_NODE) or "") or {}
-        flavor = queueing.flavor_of((node.get("metadata") or {}).get("labels") or {}, st.flavor_labels)
+        own = list(pod["spec"].get("tolerations") or [])
+        flavor, extra = _flavor_for(st, node, own)
         if flavor:
             pod["spec"]["nodeSelector"] = {**flavor, **(pod["spec"].get("nodeSelector") or {})}
+        if extra:
+            pod["spec"]["tolerations"] = own + [dict(t) for t in extra if t not in own]
         if HOSTNAME_LABEL in flavor:  # admitted by topology: the node is Kueue's pick
             template = (st.job.get("spec") or {}).get("template") or {}
             _as_tas_pod(pod, template, queueing.workload_name(st.name))
@@ -331,6 +384,18 @@ def _create_children(
         for pod in st.d.create_pods:
             queueing.in_group(pod, st.d.podgroup["metadata"]["name"])
     return ""
+
+
+def _flavor_for(st: JobState, node: Mapping, own: list) -> tuple[dict, tuple]:
+    """The node labels and tolerations of the admitted flavor a pod of tolerations ``own`` runs
+    under on ``node`` (tolerations.flavor_choice: the first whose tolerations tolerate it)."""
+    if not st.flavor_labels:
+        return {}, ()
+    choice = tolerations.flavor_choice(node, own, st.flavor_labels, st.flavor_tolerations)
+    if choice is None or choice < 0:  # placement checked the node: the labels still say which
+        return queueing.flavor_of((node.get("metadata") or {}).get("labels") or {}, st.flavor_labels), ()
+    extra = st.flavor_tolerations[choice] if choice < len(st.flavor_tolerations) else ()
+    return dict(st.flavor_labels[choice]), tuple(extra)
 
 
 def _as_tas_pod(pod: dict, template: Mapping, workload: str) -> None:

@@ -84,6 +84,7 @@ class Placement:
     job: Mapping  # the HolmesJob (its place in the queue)
     across_members: bool = False
     flavor_labels: Sequence[Mapping[str, str]] = ()  # Kueue's admitted flavors (one must hold)
+    flavor_tolerations: Sequence[tuple] = ()  # each flavor_labels' tolerations (its pods get them)
     priority_classes: Mapping[str, int] = field(default_factory=dict)
     gpu_resource: str = RESOURCE_GPU
     raw_priority_namespaces: tuple[str, ...] = ()  # capacity.priority_of
@@ -197,7 +198,11 @@ def on_free_capacity(
 
 def job_shape(spec: JobSpec, where: Placement) -> capacity.PodShape:
     """One pod of the job, on the nodes of Kueue's admitted flavors only."""
-    return replace(capacity.pod_shape(spec, where.gpu_resource), flavor_labels=tuple(where.flavor_labels))
+    return replace(
+        capacity.pod_shape(spec, where.gpu_resource),
+        flavor_labels=tuple(where.flavor_labels),
+        flavor_tolerations=tuple(where.flavor_tolerations),
+    )
 
 
 def queued_pods(

@@ -176,14 +176,16 @@ def admission(workload: Mapping) -> tuple[str, str]:
     return PENDING, msg
 
 
-def flavor_node_labels(
+def flavor_choices(
     workload: Mapping, flavors: Mapping[str, Mapping]
-) -> tuple[tuple[dict, ...], list[str]]:
+) -> tuple[tuple[tuple[dict, tuple[dict, ...]], ...], list[str]]:
     """Where Kueue's admission lets the job's pods go: per PodSet, the node labels of the
     flavors Kueue assigned it (all must hold) with the PodSet's own nodeSelector (its island),
-    as Kueue's job framework merges them into its pods' node selectors (PodSetInfo); a pod may
-    go where one of these holds. And the flavors not found."""
-    choices: list[dict] = []
+    and the flavors' ``tolerations``, as Kueue's job framework merges them into its pods
+    (pkg/podset FromAssignment: node labels into the nodeSelector, tolerations appended); a pod
+    may go where one choice's labels hold and its taints are tolerated with that choice's
+    tolerations. And the flavors not found."""
+    choices: list[tuple[dict, tuple[dict, ...]]] = []
     missing: list[str] = []
     adm = (workload.get("status") or {}).get("admission") or {}
     selectors = {
@@ -192,21 +194,32 @@ def flavor_node_labels(
     }
     for psa in adm.get("podSetAssignments") or []:
         labels = dict(selectors.get(psa.get("name")) or {})
+        tolerations: list[dict] = []
         for flavor in sorted(set((psa.get("flavors") or {}).values())):
             if flavor not in flavors:
                 missing.append(flavor)
                 continue
-            labels.update(((flavors[flavor].get("spec") or {}).get("nodeLabels")) or {})
+            fspec = flavors[flavor].get("spec") or {}
+            labels.update(fspec.get("nodeLabels") or {})
+            tolerations += [dict(t) for t in fspec.get("tolerations") or [] if t not in tolerations]
         # admitted by topology (TAS): only the domains Kueue picked (with a Topology down to
         # kubernetes.io/hostname, its nodes), their labels in the pods' node selectors as
         # Kueue's topology ungater writes them
         domains = island_topology.domains(psa.get("topologyAssignment"))
         for want in [{**labels, **d} for d, _ in domains] if domains else [labels]:
-            if want not in choices:
-                choices.append(want)
-    if {} in choices:  # a pod set that may go anywhere: so may the job
-        choices = [{}]
+            if (want, tuple(tolerations)) not in choices:
+                choices.append((want, tuple(tolerations)))
+    if ({}, ()) in choices and not any(tol for _, tol in choices):  # a pod set may go anywhere
+        choices = [({}, ())]
     return tuple(choices), missing
+
+
+def flavor_node_labels(
+    workload: Mapping, flavors: Mapping[str, Mapping]
+) -> tuple[tuple[dict, ...], list[str]]:
+    """flavor_choices' node labels only."""
+    choices, missing = flavor_choices(workload, flavors)
+    return tuple(labels for labels, _ in choices), missing
 
 
 def flavor_of(node_labels: Mapping[str, str], choices: Iterable[Mapping[str, str]]) -> dict:
@@ -412,6 +425,7 @@ class Gate:
     Warning?), or stall it (``stall``: reason, message); with the Workload to create or delete."""
 
     flavor_labels: tuple[dict, ...] = ()
+    flavor_tolerations: tuple[tuple[dict, ...], ...] = ()  # each choice's (flavor_choices)
     hold: tuple[str, str, bool] | None = None
     stall: tuple[str, str] | None = None
     create: dict | None = None
@@ -506,7 +520,7 @@ def gate(
     if state == PENDING:
         reason = "Requeued" if requeued else "WaitingForAdmission"
         return Gate(hold=(reason, f"Workload {name} in LocalQueue {queue} is not admitted: {why}", False))
-    choices, missing = flavor_node_labels(workload, flavors)
+    choices, missing = flavor_choices(workload, flavors)
     if missing:
         msg = (
             f"Workload {name} is admitted with ResourceFlavor(s) {', '.join(missing)}, which do not "
@@ -516,7 +530,11 @@ def gate(
     if taken:
         return Gate(stall=("KueueManagesPods", taken_message(taken)))
     ready = None if pods_ready is None else pods_ready_patch(workload, pods_ready, now)
-    return Gate(flavor_labels=choices, release=ready)
+    return Gate(
+        flavor_labels=tuple(labels for labels, _ in choices),
+        flavor_tolerations=tuple(tol for _, tol in choices),
+        release=ready,
+    )
 
 
 # PodGroup phases (scheduling.volcano.sh/v1beta1), as Volcano's scheduler sets them at the end

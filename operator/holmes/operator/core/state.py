@@ -196,6 +196,7 @@ class JobState:
     nodes: dict[str, dict]  # the node index, by name
     # Kueue's admitted flavors (queueing.flavor_node_labels): placement stays on their nodes
     flavor_labels: tuple[dict[str, str], ...] = ()
+    flavor_tolerations: tuple[tuple[dict, ...], ...] = ()  # each flavor_labels' tolerations
     # condition Relaunched (True, SpecChanged, this message), set by reconcile.decide at the end of
     # the pass (set_phase rewrites the conditions from those read): see spec_changed
     relaunched: str = ""
@@ -456,6 +457,7 @@ def placement_of(st: JobState) -> placement.Placement:
         st.job,
         across_members=st.obs.members is not None,
         flavor_labels=st.flavor_labels,
+        flavor_tolerations=st.flavor_tolerations,
         priority_classes=st.obs.priority_classes or {},
         gpu_resource=st.settings.gpu_resource,
         raw_priority_namespaces=st.settings.raw_priority_namespaces,
