@@ -1,5 +1,5 @@
 """A controller manager run as a host process of a local cluster, its webhooks reached by the API
-server: what :mod:`localkube.kueue` and :mod:`localkube.jobset` share.
+server: what :mod:`localkube.kueue`, :mod:`localkube.jobset` and :mod:`localkube.kftrainer` share.
 
 A project's own rendered manifests are applied server-side without its Deployment; the manager
 runs with a configuration file of ours (leader election and metrics off, ports picked free, the
@@ -78,14 +78,16 @@ def install_objects(text: str) -> tuple[list[dict], list[dict]]:
     return crds, rest
 
 
-def manifests_path(piece: str, binary_name: str, what: str, build: str) -> Path:
+def manifests_path(piece: str, binary_name: str, what: str, build: str, up: str = "") -> Path:
     """The rendered manifests hack/build-*.sh cached for ``piece`` (``<piece>-manifests`` in
-    bin/.versions), or a ClusterError saying how to build them."""
+    bin/.versions), or a ClusterError saying how to build them (``make <up>``, by default
+    ``<piece>-up``, runs the build)."""
     version = built_version(f"{piece}-manifests")
     path = CACHE / piece / str(version) / "manifests.yaml"
     if not version or not path.exists() or not built_version(binary_name):
         raise ClusterError(
-            f"{what} is not built in {CACHE}: run `bash hack/{build}` (or `make {piece}-up`, which runs it)"
+            f"{what} is not built in {CACHE}: run `bash hack/{build}` "
+            f"(or `make {up or piece + '-up'}`, which runs it)"
         )
     return path
 
@@ -101,6 +103,8 @@ class HostController:
     slice_name = ""  # the hand-made EndpointSlice
     webhook_configs: tuple[str, ...] = ()
     extra_cert_dirs: tuple[Path, ...] = ()  # where else the certificate must be (JobSet's rotator)
+    # the webhook Service port's name: the API server picks the slice's port by it (None: unnamed)
+    slice_port_name: str | None = None
 
     def __init__(self, cp: ControlPlane):
         self.cp = cp
@@ -159,10 +163,13 @@ class HostController:
             return ""
 
     # ---- install and start -------------------------------------------------------------------
-    def install(self, manifests: Path, log, what: str) -> None:
-        """Apply the rendered manifests: the CRDs, once established the rest."""
+    def install(self, manifests: Path, log, what: str, later: frozenset[str] = frozenset()) -> list[dict]:
+        """Apply the rendered manifests: the CRDs, once established the rest, but for the objects
+        of the kinds ``later`` (objects its own webhooks admit: applied once it runs), returned."""
         crds, rest = install_objects(manifests.read_text())
-        log(f"installing {what}: {len(crds)} CRDs, {len(rest)} other objects")
+        held = [o for o in rest if o.get("kind") in later]
+        rest = [o for o in rest if o.get("kind") not in later]
+        log(f"installing {what}: {len(crds)} CRDs, {len(rest) + len(held)} other objects")
         self._apply(crds)
         names = [c["metadata"]["name"] for c in crds]
         # polled: `kubectl wait` fails outright on a CRD created so recently it has no status yet
@@ -170,6 +177,7 @@ class HostController:
             f"{self.title}'s CRDs to be established", lambda: self._established(names), 60, started=False
         )
         self._apply(rest)
+        return held
 
     def start(self, manager: str, log, timeout: float) -> None:
         """Start the manager (cert dirs emptied first); a port taken before it bound it: again on
@@ -223,7 +231,7 @@ class HostController:
         )
 
     def _endpoint_slice(self, host: str, port: int) -> None:
-        """The webhook Service's endpoint: this host's process. Unnamed port, as the Service's."""
+        """The webhook Service's endpoint: this host's process; its port named as the Service's."""
         eps = {
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
@@ -237,7 +245,13 @@ class HostController:
             },
             "addressType": "IPv4",
             "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
-            "ports": [{"port": port, "protocol": "TCP"}],
+            "ports": [
+                {
+                    "port": port,
+                    "protocol": "TCP",
+                    **({"name": self.slice_port_name} if self.slice_port_name else {}),
+                }
+            ],
         }
         self._apply([eps])
 
@@ -284,6 +298,35 @@ class HostController:
         self._wait(
             f"{self.title}'s cert rotator to write Secret {self.namespace}/{self.secret}", copied, timeout
         )
+
+    def delete_crds(self, crds: list[str], timeout: float = 120) -> None:
+        """Delete CRDs with every object of their kinds, taking off the finalizers the stopped
+        manager would have removed (a runtime's resource-in-use, a Workload's)."""
+        names = [f"crd/{c}" for c in crds]
+        self.kubectl("delete", *names, "--ignore-not-found", "--wait=false", check=False)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            left = self.kubectl("get", *names, "-o", "name", "--ignore-not-found", check=False).stdout.split()
+            if not left:
+                return
+            for crd in left:
+                resource = crd.split("/", 1)[1]
+                r = self.kubectl("get", resource, "-A", "-o", "json", check=False)
+                for o in json.loads(r.stdout).get("items", []) if r.returncode == 0 else []:
+                    if o["metadata"].get("finalizers"):
+                        ns = o["metadata"].get("namespace")
+                        self.kubectl(
+                            "patch",
+                            resource,
+                            o["metadata"]["name"],
+                            *(["-n", ns] if ns else []),
+                            "--type=merge",
+                            "-p",
+                            '{"metadata":{"finalizers":null}}',
+                            check=False,
+                        )
+            time.sleep(1)
+        raise ClusterError(f"{self.title}'s CRDs still there {timeout:.0f}s after their deletion: {left}")
 
     # ---- stop ----------------------------------------------------------------------------
     def down(self, log=print, grace: float = 10.0, keep_webhooks: bool = False) -> None:
