@@ -73,6 +73,18 @@ jobset-up: venv jobset
 jobset-down:
 	@if [ -x $(PY) ]; then $(LOCALKUBE) jobset-down; fi
 
+# The real Kubeflow Trainer v2 controller (hack/build-kftrainer.sh: github.com/kubeflow/trainer/v2's
+# cmd/trainer-controller-manager built from its module, its own manifests/ rendered with the default
+# ClusterTrainingRuntimes), installed and run as JobSet is (hack/localkube/kftrainer.py). It needs
+# JobSet: `make trainer-up` starts it first (idempotent, both).
+.PHONY: trainer trainer-up trainer-down
+trainer:
+	@bash hack/build-kftrainer.sh
+trainer-up: jobset-up trainer
+	@$(LOCALKUBE) trainer-up
+trainer-down:
+	@if [ -x $(PY) ]; then $(LOCALKUBE) trainer-down; fi
+
 # The two images of the Dockerfile (hack/build-images.sh), built into the local containers storage
 # (`podman images`) on a Debian base; rebuilt only when what goes into them changes.
 .PHONY: images
@@ -80,7 +92,7 @@ images:
 	@bash hack/build-images.sh
 
 # Every tier (tests/conftest.py): lint, then tests/unit, tests/integration and tests/e2e in one run.
-test: venv k8s k8s-openapi kueue jobset images lint
+test: venv k8s k8s-openapi kueue jobset trainer images lint
 	$(PY) -m pytest
 
 # The tiers one at a time (tests/conftest.py says what goes where).
@@ -95,7 +107,7 @@ unit: venv clients k8s-openapi
 	$(PY) -m pytest tests/unit -q
 integration: venv images
 	$(PY) -m pytest tests/integration -q
-e2e: venv k8s kueue jobset images
+e2e: venv k8s kueue jobset trainer images
 	$(PY) -m pytest tests/e2e -q
 # The tests on real kubelet nodes (marker real_nodes): not in `make test` until their cold build
 # fits its budget (docs/local-cluster.md, Real nodes).

@@ -18,22 +18,15 @@ GO_MIN_MINOR=26   # sigs.k8s.io/jobset v0.12's go.mod says `go 1.26.0`
 MANIFESTS="$CACHE/jobset/$JOBSET_VERSION/manifests.yaml"
 
 LIB_TAG=build-jobset
-# say, die, run_with_progress, have, have_bin, record, module_dir, go_module_build
+# say, die, have, have_bin, record, module_dir, go_module_build, render_kustomize
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 [[ "$JOBSET_VERSION" =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] \
   || die "HOLMES_JOBSET_VERSION=$JOBSET_VERSION: give a release as vMAJOR.MINOR.PATCH (e.g. v0.12.0)"
 
-render_manifests() {  # kubectl kustomize of the module's config/default (copied: the cache is read-only)
-  local src=$1
-  [[ -x "$BIN/kubectl" ]] || die "$BIN/kubectl is missing: run \`make clients\` (or hack/build-k8s.sh) first"
-  [[ -d "$src/config/default" ]] || die "$MODULE@$JOBSET_VERSION in $src has no config/default: has the module changed form?"
-  rm -rf "$WORK/config" && cp -r "$src/config" "$WORK/config" && chmod -R u+w "$WORK/config"
-  mkdir -p "$(dirname "$MANIFESTS")"
-  "$BIN/kubectl" kustomize "$WORK/config/default" > "$MANIFESTS.tmp" \
-    || die "kubectl kustomize of JobSet $JOBSET_VERSION's config/default failed"
-  grep -q '^kind: CustomResourceDefinition' "$MANIFESTS.tmp" || die "JobSet's config/default rendered no CRD"
-  mv "$MANIFESTS.tmp" "$MANIFESTS" && record jobset-manifests "$JOBSET_VERSION"
+render_manifests() {  # kubectl kustomize of the module's config/default
+  render_kustomize "JobSet $JOBSET_VERSION" "$1" config/default "$MANIFESTS"
+  record jobset-manifests "$JOBSET_VERSION"
 }
 
 main() {

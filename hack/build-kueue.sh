@@ -17,7 +17,7 @@ GO_MIN_MINOR=25   # sigs.k8s.io/kueue v0.17's go.mod says `go 1.25.0`
 MANIFESTS="$CACHE/kueue/$KUEUE_VERSION/manifests.yaml"
 
 LIB_TAG=build-kueue
-# say, die, apt_get, run_with_progress
+# say, die, run_with_progress, have, have_bin, record, go_tool, go_env, go_build_cache_mb, render_kustomize
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 [[ "$KUEUE_VERSION" =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] \
@@ -27,30 +27,6 @@ mkdir -p "$BIN"
 # One build at a time per cache (test runs of several checkouts share it): the others wait.
 exec 9>"$CACHE/.build-kueue.lock"
 command -v flock >/dev/null && flock 9
-VERSIONS="$BIN/.versions"   # lines "<binary> <version>" (shared with hack/build-k8s.sh)
-built_version() { [[ -f "$VERSIONS" ]] && awk -v b="$1" '$1 == b { print $2 }' "$VERSIONS" || true; }
-record() {  # record NAME VERSION
-  local tmp="$VERSIONS.tmp.$$"
-  { [[ -f "$VERSIONS" ]] && awk -v b="$1" '$1 != b' "$VERSIONS"; echo "$1 $2"; } > "$tmp"
-  mv "$tmp" "$VERSIONS"
-}
-
-go_tool() {
-  local go; go=$(command -v go || true)
-  [[ -n "$go" ]] || die "Go is not on PATH: Kueue $KUEUE_VERSION builds from its Go module with Go 1.$GO_MIN_MINOR or newer"
-  local minor; minor=$("$go" env GOVERSION | sed -nE 's/^go1\.([0-9]+).*/\1/p')
-  [[ -n "$minor" && "$minor" -ge $GO_MIN_MINOR ]] \
-    || die "$("$go" version) is too old: Kueue $KUEUE_VERSION needs Go 1.$GO_MIN_MINOR or newer"
-  echo "$go"
-}
-
-go_env() {
-  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$WORK/go-build" GOFLAGS="-mod=mod -trimpath -buildvcs=false" \
-         CGO_ENABLED=0 GOTOOLCHAIN=local
-}
-
-go_build_cache_mb() { echo "build cache $(du -sm "$GOCACHE" 2>/dev/null | cut -f1) MB"; }
-
 module_dir() {  # the module's (read-only) directory in the module cache, downloading it if needed
   local go=$1 dir
   dir=$(cd "$WORK" && "$go" mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | sed -nE 's/^\s*"Dir": "(.*)",?$/\1/p') \
@@ -77,22 +53,16 @@ build_manager() {
   install -m 0755 "$WORK/kueue" "$BIN/kueue" && record kueue "$KUEUE_VERSION"
 }
 
-render_manifests() {  # kubectl kustomize of the module's config/default (copied: the cache is read-only)
-  local src=$1
-  [[ -x "$BIN/kubectl" ]] || die "$BIN/kubectl is missing: run \`make clients\` (or hack/build-k8s.sh) first"
-  rm -rf "$WORK/config" && cp -r "$src/config" "$WORK/config" && chmod -R u+w "$WORK/config"
-  mkdir -p "$(dirname "$MANIFESTS")"
-  "$BIN/kubectl" kustomize "$WORK/config/default" > "$MANIFESTS.tmp" \
-    || die "kubectl kustomize of Kueue $KUEUE_VERSION's config/default failed"
-  grep -q '^kind: CustomResourceDefinition' "$MANIFESTS.tmp" || die "Kueue's config/default rendered no CRDs"
-  mv "$MANIFESTS.tmp" "$MANIFESTS" && record kueue-manifests "$KUEUE_VERSION"
+render_manifests() {  # kubectl kustomize of the module's config/default
+  render_kustomize "Kueue $KUEUE_VERSION" "$1" config/default "$MANIFESTS"
+  record kueue-manifests "$KUEUE_VERSION"
 }
 
 main() {
   [[ -z "${1:-}" ]] || die "unknown argument $1: build-kueue.sh takes none (HOLMES_KUEUE_VERSION picks the release)"
   local need_bin=1 need_manifests=1
-  [[ -x "$BIN/kueue" && "$(built_version kueue)" == "$KUEUE_VERSION" ]] && need_bin=0
-  [[ -f "$MANIFESTS" && "$(built_version kueue-manifests)" == "$KUEUE_VERSION" ]] && need_manifests=0
+  have_bin kueue "$KUEUE_VERSION" && need_bin=0
+  [[ -f "$MANIFESTS" ]] && have kueue-manifests "$KUEUE_VERSION" && need_manifests=0
   if ((need_bin || need_manifests)); then
     local go; go=$(go_tool); go_env
     mkdir -p "$WORK"

@@ -1,4 +1,4 @@
-# Helpers shared by hack/build-k8s.sh and hack/build-images.sh (sourced, not run).
+# Helpers shared by the hack/build-*.sh scripts (sourced, not run).
 # The sourcing script sets LIB_TAG first: its name in the progress and error lines.
 
 say() { printf '>> [%s] %s\n' "${LIB_TAG:?set LIB_TAG before sourcing hack/lib.sh}" "$*" >&2; }
@@ -85,4 +85,22 @@ go_module_build() {
   run_with_progress "$name" "$CACHE/build-$name.log" 30 go_build_cache_mb \
     bash -c 'cd "$1" && go build -tags "$2" -ldflags "$3" -o "$4/" "${@:5}"' _ "$mod" "$tags" "$ldflags" "$WORK/out" "$@"
   say "  $name: built in $((SECONDS - start))s"
+}
+
+# render_kustomize WHAT SRC SUBDIR OUT [EDIT]: `kubectl kustomize` of SUBDIR of a module's
+# directory SRC into OUT (a project's own manifests, as its release renders them). SUBDIR's top
+# folder is copied into $WORK first (the module cache is read-only); EDIT, a command, runs in
+# $WORK on the copy before the render (SUBDIR may be a kustomization it writes). Dies unless the
+# rendering holds a CRD.
+render_kustomize() {
+  local what=$1 src=$2 sub=$3 out=$4 edit=${5:-} top=${3%%/*}
+  [[ -x "$BIN/kubectl" ]] || die "$BIN/kubectl is missing: run \`make clients\` (or hack/build-k8s.sh) first"
+  [[ -d "$src/$top" ]] || die "$what in $src has no $top: has the module changed form?"
+  rm -rf "${WORK:?}/$top" && cp -r "$src/$top" "$WORK/$top" && chmod -R u+w "$WORK/$top"
+  [[ -z "$edit" ]] || (cd "$WORK" && $edit) || die "preparing $what's $top for kustomize failed"
+  [[ -d "$WORK/$sub" ]] || die "$what in $src has no $sub: has the module changed form?"
+  mkdir -p "$(dirname "$out")"
+  "$BIN/kubectl" kustomize "$WORK/$sub" > "$out.tmp" || die "kubectl kustomize of $what's $sub failed"
+  grep -q '^kind: CustomResourceDefinition' "$out.tmp" || die "$what's $sub rendered no CRD"
+  mv "$out.tmp" "$out"
 }

@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("kueue-down", help="stop Kueue and remove its webhook configurations")
     sub.add_parser("jobset-up", help="start (or keep) the real JobSet controller on the running cluster")
     sub.add_parser("jobset-down", help="stop JobSet and remove its webhook configurations")
+    sub.add_parser(
+        "trainer-up",
+        help="start (or keep) the real Kubeflow Trainer controller on the running cluster (JobSet first)",
+    )
+    sub.add_parser("trainer-down", help="stop Kubeflow Trainer and remove its webhook configurations")
     power = sub.add_parser("power", help="switch a simulated node's machine off (its pods die) or on")
     power.add_argument("state", choices=("on", "off"))
     power.add_argument("node")
@@ -134,6 +139,16 @@ def main(argv: list[str] | None = None) -> int:
             from .jobset import JobSet
 
             JobSet(cp).down(log=lambda m: print(f">> {m}", flush=True))
+        elif a.cmd == "trainer-up":
+            from .kftrainer import KFTrainer
+
+            st = KFTrainer(cp).up(log=lambda m: print(f">> {m}", flush=True))
+            log = cp.dir / "logs" / "kftrainer.log"
+            print(f">> kubeflow trainer {st['version']}: webhook {st['webhook']}; log {log}")
+        elif a.cmd == "trainer-down":
+            from .kftrainer import KFTrainer
+
+            KFTrainer(cp).down(log=lambda m: print(f">> {m}", flush=True))
         elif a.cmd == "down":
             cp.down(log=lambda m: print(f">> {m}", flush=True))
         elif a.cmd == "multicluster-up":

@@ -560,8 +560,8 @@ class ControlPlane:
 
     # ---- stop ----------------------------------------------------------------------------
     def down(self, log=print, grace: float = 10.0) -> None:
-        """Stop the recorded processes: add-ons (Kueue, JobSet: kueue.py, jobset.py) first, then
-        the node agent (it stops its pods), etcd last."""
+        """Stop the recorded processes: add-ons (Kueue, JobSet, Kubeflow Trainer: kueue.py, jobset.py,
+        kftrainer.py) first, then the node agent (it stops its pods), etcd last."""
         st = self.state()
         if st.get("realNodes"):  # kubelets, containerds, CoreDNS, and what they leave
             from .realnode import stop as stop_real_nodes
@@ -586,6 +586,7 @@ class ControlPlane:
             st["pids"] = {}
             st.pop("kueue", None)
             st.pop("jobset", None)
+            st.pop("kftrainer", None)
             self._save(st)
 
 

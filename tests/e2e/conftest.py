@@ -50,6 +50,15 @@ Fixtures
     JobSet's CRD deleted. On a reused cluster whose JobSet ``make jobset-up`` started, that one is
     used and kept.
 
+``real_trainer`` (module scope)
+    The real Kubeflow Trainer v2 controller (``github.com/kubeflow/trainer/v2``, built by
+    hack/build-kftrainer.sh) on the ``cluster``, with its default ClusterTrainingRuntimes
+    (torch-distributed, ...), installed and run as ``hack/localkube/kftrainer.py`` says; asks for
+    ``real_jobset`` (Trainer renders each TrainJob into a JobSet). Yields the
+    ``localkube.kftrainer.KFTrainer``; at the end of the module the manager is stopped and
+    Trainer's CRDs deleted. On a reused cluster whose Trainer ``make trainer-up`` started, that one
+    is used and kept.
+
 ``namespace`` (function scope)
     A fresh namespace name (``t-<random>``) whose ``default`` service account and its token exist
     (so pods can be created at once); deleted after the test, without waiting.
@@ -242,6 +251,22 @@ def real_jobset(cluster):
         yield js
     finally:
         js.uninstall()
+
+
+@pytest.fixture(scope="module")
+def real_trainer(cluster, real_jobset):
+    from localkube.controlplane import ControlPlane
+    from localkube.kftrainer import KFTrainer
+
+    tr = KFTrainer(ControlPlane(cluster.state_dir))
+    if tr.running():
+        yield tr  # `make trainer-up`'s: left as it is
+        return
+    tr.up(log=lambda m: print(f"[kftrainer] {m}", file=sys.stderr))
+    try:
+        yield tr
+    finally:
+        tr.uninstall()
 
 
 @pytest.fixture

@@ -21,6 +21,9 @@ from tests.helpers.packaging.packaging_helpers import CHART, render
 # Groups that are no Kubernetes API: checked against their own published schemas elsewhere.
 OTHER_GROUPS = {
     "monitoring.coreos.com": "tests/unit/packaging/test_monitoring.py (prometheus-operator's CRDs)",
+    # Kubeflow Trainer's CRD: applied to the real API server serving it by
+    # tests/e2e/operator/test_trainjob_cluster.py (its content: test_trainjob_runtime_chart.py)
+    "trainer.kubeflow.org": "tests/e2e/operator/test_trainjob_cluster.py (Kubeflow Trainer's CRDs)",
 }
 MONITORING = {
     "metrics.serviceMonitor.enabled": "true",
@@ -47,6 +50,7 @@ COMBINATIONS: dict[str, dict[str, str]] = {
         "trainer.portRange": "30000-30999",
         "bindAddress": "::",
         "costModel.nvlinkGbps": "900",
+        "trainjob.runtime.enabled": "true",
     },
     "namespaced, defaults turned": {
         "watch.allNamespaces": "false",
@@ -115,8 +119,12 @@ def test_every_kind_of_every_combination_is_checked():
     """Nothing is skipped silently: every group the chart renders is Kubernetes' or named above."""
     kinds = {(d["apiVersion"], d["kind"]) for c in COMBINATIONS for d in rendered(c)}
     skipped = {k for k in kinds if k[0].rpartition("/")[0] in OTHER_GROUPS}
-    assert {k for k in skipped if k[0].startswith("monitoring.coreos.com/")} == skipped
-    assert {k for _, k in skipped} == {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    assert {k for _, k in skipped} == {
+        "ServiceMonitor",
+        "PodMonitor",
+        "PrometheusRule",
+        "ClusterTrainingRuntime",
+    }
     # the templates' kinds, all rendered by some combination
     templated = set(
         re.findall(
