@@ -10,8 +10,8 @@ import pytest
 from holmes.launch import __main__ as launcher
 from holmes.launch import jobset
 from holmes.operator.core import jobset_plan as jp
-from tests.unit.operator.test_jobset_plan import jobset as labelled
-from tests.unit.operator.test_jobset_plan import plan
+from tests.helpers.operator.jobset_plans import jobset as labelled
+from tests.helpers.operator.jobset_plans import plan
 
 
 def write_plan(tmp_path, **ann: str):
