@@ -65,11 +65,7 @@ class JobSetPlans:
         self.jobsets = Store(index_label=None)
         self.pods = Store(index_label=jp.JS_NAME)
         self.woken = asyncio.Event()
-        self.started = False
         self._said: dict[tuple[str, str], str] = {}
-
-    def wake(self, *_: Any) -> None:
-        self.woken.set()
 
     def start(self, ready: asyncio.Event, leading: asyncio.Event | None) -> None:
         self.tasks.append(asyncio.create_task(self.run(ready, leading), name="holmes labelled JobSets"))
@@ -77,7 +73,7 @@ class JobSetPlans:
     async def run(self, ready: asyncio.Event, leading: asyncio.Event | None) -> None:
         """Until cancelled: discover, start the informers, then a pass on every change."""
         loop = asyncio.get_running_loop()
-        while not await asyncio.to_thread(until_answered, lambda: serves_jobsets(self.api), time.sleep):
+        while not await asyncio.to_thread(self.served):
             await asyncio.sleep(DISCOVER_SECONDS)
         log.info("JobSets served: labelled ones (%s=%s) are planned", jp.LABEL_PLAN, jp.PLAN_ENABLED)
 
@@ -87,16 +83,25 @@ class JobSetPlans:
         self._start(changed)
         await ready.wait()
         while True:
+            self.woken.clear()  # before the pass: a change during it brings the next one at once
             if leading is None or leading.is_set():
                 try:
                     await asyncio.to_thread(self.pass_once)
                 except Exception:  # one bad pass must not end the loop: the next one retries
                     log.exception("JobSet planning pass failed")
-            self.woken.clear()
             try:
                 await asyncio.wait_for(self.woken.wait(), PASS_SECONDS)
             except asyncio.TimeoutError:
                 pass
+
+    def served(self) -> bool:
+        """Whether JobSets are served; an answer the discovery cannot get (403: the chart's
+        rules not applied yet) counts as not yet, logged, asked again later."""
+        try:
+            return until_answered(lambda: serves_jobsets(self.api), time.sleep)
+        except ApiException as e:
+            log.warning("cannot discover JobSets (%s): asking again in %.0fs", e.reason, DISCOVER_SECONDS)
+            return False
 
     def _start(self, changed: Callable[..., None]) -> None:
         core = client.CoreV1Api(client.ApiClient(self.api.configuration))
@@ -117,7 +122,6 @@ class JobSetPlans:
             self.pods,
             changed,
         )
-        self.started = True
 
     # ---- one pass (a worker thread) ------------------------------------------------------
     def pass_once(self) -> None:
@@ -188,7 +192,7 @@ class JobSetPlans:
         (log.warning if kind == "Warning" else log.info)(
             "JobSet %s/%s: %s: %s", key[0], key[1], reason, message, extra={"reason": reason}
         )
-        now = datetime.now(timezone.utc)
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
             "metadata": {"generateName": meta["name"] + ".", "namespace": meta["namespace"]},
             "involvedObject": {
@@ -202,8 +206,8 @@ class JobSetPlans:
             "reason": reason,
             "message": message[:1000],
             "source": {"component": "holmes-operator"},
-            "firstTimestamp": now.isoformat(),
-            "lastTimestamp": now.isoformat(),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
             "count": 1,
         }
         try:

@@ -94,3 +94,13 @@ def test_a_plan_whose_node_went_away_is_not_remade_under_running_pods(core):
     gone = jp.read_plan(core.configmaps["js-holmes-plan"])["pods"]["js-w-1-1"]["node"]
     planner().plan_one(js, ps, [n for n in NODES if n["metadata"]["name"] != gone])
     assert core.calls == []
+
+
+def test_discovery_refused_counts_as_not_served_yet(monkeypatch):
+    def forbidden(api):
+        raise ApiException(status=403, reason="Forbidden")
+
+    monkeypatch.setattr(jobset_watch, "serves_jobsets", forbidden)
+    assert planner().served() is False
+    monkeypatch.setattr(jobset_watch, "serves_jobsets", lambda api: True)
+    assert planner().served() is True
