@@ -150,3 +150,10 @@ def test_a_restarted_jobsets_pods_keep_the_plan_while_its_nodes_stay_usable():
 def test_processes_per_pod_are_its_gpus():
     x = pod(0, 0, containers=[{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}])
     assert jp.pod_gpus(x) == 8 and jp.pod_gpus(pod(0, 0)) == 1
+
+
+def test_pods_asking_for_different_gpu_counts_are_refused():
+    ps = pods()
+    ps[0]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "2"}}
+    with pytest.raises(jp.PlanRefused, match="same GPU limit"):
+        plan(jobset(), ps)

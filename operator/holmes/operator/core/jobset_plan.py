@@ -385,7 +385,14 @@ def make_plan(
             "spec.network.enableDNSHostnames at its default (true)",
         )
     namespace = meta.get("namespace", "default")
-    lay = layout(P, D, pod_gpus(pods[0]), stages, layers)
+    gpus = {pod_gpus(p) for p in pods}
+    if len(gpus) > 1:
+        raise PlanRefused(
+            INVALID,
+            f"the pods ask for {sorted(gpus)} {RESOURCE_GPU}: torchrun runs one process count on every "
+            "node; give every replicatedJob's container the same GPU limit",
+        )
+    lay = layout(P, D, gpus.pop(), stages, layers)
     entries: dict[str, dict[str, Any]] = {}
     for rank, s in enumerate(slots):
         stage = rank // D
