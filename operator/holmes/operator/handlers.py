@@ -46,7 +46,7 @@ from kubernetes import client
 from holmes.contract.names import GROUP, PLURAL, VERSION
 from holmes.plan.costmodel_file import CostModelFile
 
-from . import api_count, liveness, metrics, topology_labels
+from . import api_count, jobset_watch, liveness, metrics, topology_labels
 from .core import managed_by, members
 from .core.reconcile import ChildRefusal, Decision, RestartBackoff
 from .core.render import RenderSettings
@@ -136,6 +136,7 @@ class Runtime:
             self.progress,
             self._say_once,
         )
+        self.jobset_plans = jobset_watch.JobSetPlans(self.api, self.caches, self.watches, self.cost_model)
         # Set once the caches are filled and (with leader election) this replica leads.
         self.ready = asyncio.Event()
         self.leading: asyncio.Event | None = None  # the leader elector's, when there is one
@@ -371,10 +372,11 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         await asyncio.to_thread(rt.watches.discover)
         rt.watches.start()
         rt.readying = asyncio.create_task(rt.become_ready(), name="holmes caches and lease")
+        rt.jobset_plans.start(rt.ready, rt.leading)
 
     @kopf.on.cleanup(registry=registry, id="stop_loops")
     async def stop_loops(**_: Any) -> None:
-        loops = list(rt.loops.values())
+        loops = list(rt.loops.values()) + rt.jobset_plans.tasks
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)

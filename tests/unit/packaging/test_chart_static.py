@@ -439,7 +439,7 @@ def test_namespaced_install_reads_pods_only_in_its_namespaces():
     assert nodes == [("ClusterRole", ["list", "watch", "patch"])]
     # every namespace: one ClusterRole rule covers every pod, the operator's children included
     assert [(k, r["verbs"]) for k, _, r in rules_granting(render(), "pods")] == [
-        ("ClusterRole", ["list", "watch", "create", "delete"])
+        ("ClusterRole", ["list", "watch", "create", "delete", "patch"])
     ]
 
 

@@ -15,6 +15,9 @@ Holmes' layout (the operator writes this command for ``spec.framework`` other th
    HCAs, ports, GID index: ``holmes.trainer.fabric.rdma_problems``, copied beside this launcher),
    per ``HOLMES_FABRIC_CHECK`` (fail: exit 3 | warn: one JSON line | off). They run on GPUs, or
    anywhere ``HOLMES_FABRIC_ROOT`` names a directory holding sys/ and dev/.
+0. In a pod of a JobSet labelled ``holmes.dev/plan: enabled`` (``$HOLMES_PLAN``, or a mounted
+   /etc/holmes/plan.json and no NODE_RANK): the rank env and the node's NCCL env from the pod's
+   entry in Holmes' plan (jobset.py), not from the operator.
 5. ``exec`` torchrun with a static rendezvous: ``--node-rank`` is the Layout's (``NODE_RANK``),
    not the hostname order torchrun's c10d rendezvous would choose, so stage s is the block of
    nodes the planner put on one island. torchrun's exit code is the pod's.
@@ -29,7 +32,7 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
-from . import podnet, shared
+from . import jobset, podnet, shared
 from .islands import Islands
 
 RDMA_KINDS = ("infiniband", "roce")
@@ -154,7 +157,10 @@ def main(argv: list[str] | None = None, env: MutableMapping[str, str] | None = N
         argv = argv[1:]
     env = os.environ if env is None else env
     try:
-        run_env, notes = worker_env(env)
+        planned = dict(env)  # a labelled JobSet's pod: its rank env from Holmes' plan (jobset.py)
+        plan_notes = jobset.from_plan(planned)
+        run_env, notes = worker_env(planned)
+        notes = plan_notes + notes
         for note in notes:
             print(f"holmes.launch: {note}", file=sys.stderr, flush=True)
         warning = check_hook(run_env)
@@ -173,6 +179,9 @@ def main(argv: list[str] | None = None, env: MutableMapping[str, str] | None = N
     except LaunchError as e:
         print(f"holmes.launch: {e}", file=sys.stderr, flush=True)
         return e.code
+    except jobset.PlanMissing as e:
+        print(f"holmes.launch: {e}", file=sys.stderr, flush=True)
+        return 2
     print("holmes.launch: " + json.dumps({"exec": cmd[1:]}), file=sys.stderr, flush=True)
     os.execvpe(cmd[0], cmd, run_env)
     return 0  # not reached

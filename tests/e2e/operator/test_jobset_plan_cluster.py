@@ -1,0 +1,179 @@
+"""Issue 53's labelled JobSet on the real JobSet controller (``real_jobset``) and the testbed's
+islands (hack/topologies/default.yaml: east's 2 InfiniBand nodes, west's 2 RoCE nodes, an
+Ethernet node in each): nothing plays JobSet's or Holmes' part.
+
+- A JobSet without the label runs as it would without Holmes: no plan, no node selector added,
+  Completed, under a running operator.
+- The operator stopped, a JobSet labelled ``holmes.dev/plan: enabled`` (pipeline 2 x data 2,
+  four pods gated by their template, the launcher's init container and the plan volume as
+  docs/jobset.md says) is applied: its pods wait at the gate and say who removes it. The operator
+  restarted picks them up: the plan ConfigMap is written, each pod is pinned so every stage's
+  pods are on one island, ranks stage by stage; the JobSet reaches Completed running a plain torchrun
+  program (``init_process_group()`` without a backend) whose groups log their network: every
+  data-parallel group on its island's IB, the world on sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from holmes.operator.core import jobset_plan as jp
+from localkube.operatorproc import OperatorProcess, install_crd
+from tests.helpers.frameworks.cluster_jobs import PROGRAMS, json_lines
+from tests.helpers.operator.cluster_helpers import apply, wait_for
+from tests.helpers.operator.tas_helpers import ISLANDS
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(os.geteuid() != 0, reason="pod network namespaces need root"),
+]
+
+LAUNCH = "/holmes-launch"
+
+
+def jobset(ns: str, name: str, labelled: bool) -> dict:
+    """2 Jobs x 2 pods (Indexed); labelled, the trainer runs plain_groups.py under the launcher
+    (unlabelled there is no rendezvous for it: a one-line program stands in)."""
+    program = [sys.executable, str(PROGRAMS / "plain_groups.py")]
+    if not labelled:
+        program = [sys.executable, "-c", "print('plain')"]
+    pod: dict = {
+        "metadata": {"annotations": {}},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "registry.example/torch:test",
+                    "command": program,
+                    "resources": {"requests": {"cpu": "100m"}},
+                }
+            ],
+        },
+    }
+    meta: dict = {"name": name, "namespace": ns}
+    if labelled:
+        meta["labels"] = {jp.LABEL_PLAN: jp.PLAN_ENABLED}
+        meta["annotations"] = {jp.ANN_PIPELINE: "2", jp.ANN_DATA: "2"}
+        spec = pod["spec"]
+        pod["metadata"]["annotations"][jp.ANN_GATED_BY] = "Holmes operator: it removes the gate once planned"
+        spec["schedulingGates"] = [{"name": jp.GATE}]
+        spec["initContainers"] = [
+            {
+                "name": "holmes-launch",
+                "image": "registry.example/holmes-trainer:test",
+                "command": ["python", "-m", "holmes.launch.install", LAUNCH],
+                "volumeMounts": [{"name": "holmes-launch", "mountPath": LAUNCH}],
+            }
+        ]
+        c = spec["containers"][0]
+        c["command"] = [sys.executable, f"{LAUNCH}/launch.py", "--", *program]
+        c["env"] = [{"name": "HOLMES_PLAN", "value": "/etc/holmes/plan.json"}]
+        c["volumeMounts"] = [
+            {"name": "holmes-launch", "mountPath": LAUNCH},
+            {"name": "holmes-plan", "mountPath": "/etc/holmes", "readOnly": True},
+        ]
+        spec["volumes"] = [
+            {"name": "holmes-launch", "emptyDir": {}},
+            {"name": "holmes-plan", "configMap": {"name": jp.plan_name(name), "optional": True}},
+        ]
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": meta,
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "w",
+                    "replicas": 2,
+                    "template": {
+                        "spec": {"parallelism": 2, "completions": 2, "backoffLimit": 0, "template": pod}
+                    },
+                }
+            ]
+        },
+    }
+
+
+def pods_of(cluster, ns, name) -> list[dict]:
+    return cluster.get_json("pods", "-n", ns, "-l", f"{jp.JS_NAME}={name}")["items"]
+
+
+def completed(cluster, ns, name):
+    js = cluster.get_json("jobsets.jobset.x-k8s.io", name, "-n", ns)
+    conds = {c["type"]: c for c in (js.get("status") or {}).get("conditions") or []}
+    failed = conds.get("Failed", {})
+    assert failed.get("status") != "True", failed
+    return js if conds.get("Completed", {}).get("status") == "True" else None
+
+
+def test_a_labelled_jobset_is_planned_by_island_and_the_unlabelled_one_runs_as_before(
+    cluster, real_jobset, namespace, tmp_path
+):
+    install_crd(cluster)
+    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    try:
+        # unlabelled: Holmes leaves it alone (no plan, no node selector), JobSet runs it
+        apply(cluster, jobset(namespace, "plain", labelled=False))
+        wait_for("the plain JobSet Completed", lambda: completed(cluster, namespace, "plain"), 90, 1, op)
+        plain = pods_of(cluster, namespace, "plain")
+        assert len(plain) == 4 and {p["status"]["phase"] for p in plain} == {"Succeeded"}
+        assert all("kubernetes.io/hostname" not in (p["spec"].get("nodeSelector") or {}) for p in plain)
+        r = cluster.kubectl("get", "configmap", jp.plan_name("plain"), "-n", namespace, check=False)
+        assert r.returncode != 0  # Holmes made no plan for it
+        op.stop()
+
+        # the operator stopped: the labelled JobSet's pods wait at the gate and say who removes it
+        apply(cluster, jobset(namespace, "planned", labelled=True))
+
+        def gated():
+            ps = pods_of(cluster, namespace, "planned")
+            return ps if len(ps) == 4 and all(jp.gated(p) for p in ps) else None
+
+        for p in wait_for("the four pods gated", gated, timeout=60):
+            assert p["metadata"]["annotations"][jp.ANN_GATED_BY].startswith("Holmes operator")
+            cond = next(c for c in p["status"]["conditions"] if c["type"] == "PodScheduled")
+            assert cond["reason"] == "SchedulingGated", cond
+            assert not p["spec"].get("nodeName")
+
+        op.start()  # restarted: it finds the gated pods
+        wait_for(
+            "the labelled JobSet Completed", lambda: completed(cluster, namespace, "planned"), 180, 1, op
+        )
+    finally:
+        op.stop()
+        print(op.tail(60))
+
+    cm = cluster.get_json("configmap", jp.plan_name("planned"), "-n", namespace)
+    assert cm["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
+    doc = jp.read_plan(cm)
+    assert (doc["pipeline"], doc["data"], doc["layersPerStage"]) == (2, 2, None)
+    pods = pods_of(cluster, namespace, "planned")
+    stage_islands: dict[int, set[str]] = {}
+    for p in pods:
+        entry = doc["pods"][p["spec"]["hostname"]]
+        node = p["spec"]["nodeName"]
+        assert node == entry["node"] == p["spec"]["nodeSelector"]["kubernetes.io/hostname"], p["spec"]
+        assert not p["spec"].get("schedulingGates")
+        stage_islands.setdefault(entry["stage"], set()).add(ISLANDS[node])
+        labels = p["metadata"]["labels"]
+        index = (int(labels[jp.JS_GLOBAL_INDEX]), int(labels[jp.COMPLETION_INDEX]))
+        assert entry["nodeRank"] == index[0] * 2 + index[1]  # the JobSet's order, stage by stage
+    assert sorted(len(s) for s in stage_islands.values()) == [1, 1], stage_islands
+    assert {i for s in stage_islands.values() for i in s} == {"east.infiniband", "west.roce"}
+
+    groups = []
+    for p in pods:
+        log = cluster.pod_log(namespace, p["metadata"]["name"], "trainer")
+        assert json_lines(log, "plainTorchrun"), log[-3000:]
+        groups += json_lines(log, "holmesGroup")
+    nets = {tuple(g["ranks"]): g["net"] for g in groups}
+    assert nets[(0, 1)] == nets[(2, 3)] == "IB", groups  # each stage's DP group: its island's IB
+    assert nets.get((0, 1, 2, 3), "Socket") == "Socket", groups  # the world spans both islands
+    cluster.kubectl(
+        "delete", "jobsets.jobset.x-k8s.io", "--all", "-n", namespace, "--timeout=60s", check=False
+    )
