@@ -139,6 +139,7 @@ class JobSetPlans:
         usable = {n["metadata"]["name"] for n in nodes if not self.facts.unusable(n)}
         cm = _get_configmap(core, ns, jp.plan_name(name))
         doc = jp.read_plan(cm) if cm is not None else None
+        layout_json = ((cm or {}).get("data") or {}).get(jp.LAYOUT_FILE, "{}")
         if doc is None or not jp.plan_matches(doc, pods, usable):
             if any(not jp.gated(p) for p in pods):
                 return  # part of the gang runs on the old plan: the JobSet's restart brings new pods
@@ -149,7 +150,7 @@ class JobSetPlans:
                 return
             body = jp.configmap(js, plan)
             _write_configmap(core, ns, body, cm)
-            doc = jp.read_plan(body)
+            doc, layout_json = jp.read_plan(body), body["data"][jp.LAYOUT_FILE]
             self.say(
                 js,
                 "Normal",
@@ -163,7 +164,8 @@ class JobSetPlans:
             if not jp.gated(p):
                 continue
             host = jp.slot(p).hostname
-            patch = jp.ungate_patch(p, jp.node_label(nodes, entries[host]["node"]))
+            notes = jp.pod_annotations(doc, host, layout_json)
+            patch = jp.ungate_patch(p, jp.node_label(nodes, entries[host]["node"]), notes)
             try:
                 out = core.patch_namespaced_pod(p["metadata"]["name"], ns, patch)
             except ApiException as e:

@@ -138,6 +138,33 @@ def test_the_patch_removes_only_the_gate_and_adds_a_node_selector():
     ]
 
 
+def test_the_patch_gives_the_pod_its_own_entry_and_the_layout_as_annotations():
+    # a TrainJob's runtime cannot name the JobSet's ConfigMap: its downwardAPI volume shows
+    # these two annotations as plan.json and layout.json, which the launcher reads the same way
+    js = jobset(**{jp.ANN_DATA: "2"})
+    cm = jp.configmap(js, plan(js))
+    doc = jp.read_plan(cm)
+    notes = jp.pod_annotations(doc, "js-w-0-1", cm["data"][jp.LAYOUT_FILE])
+    own = json.loads(notes[jp.ANN_PLAN])
+    assert own["pods"] == {"js-w-0-1": doc["pods"]["js-w-0-1"]}
+    assert {k: v for k, v in own.items() if k != "pods"} == {k: v for k, v in doc.items() if k != "pods"}
+    assert json.loads(notes[jp.ANN_LAYOUT]) == json.loads(cm["data"][jp.LAYOUT_FILE])
+    x = pod(0, 1)
+    x["metadata"]["annotations"] = {"a": "b"}
+    assert jp.ungate_patch(x, "a-1", notes)[1:3] == [
+        {"op": "add", "path": "/metadata/annotations/holmes.dev~1layout", "value": notes[jp.ANN_LAYOUT]},
+        {"op": "add", "path": "/metadata/annotations/holmes.dev~1plan", "value": notes[jp.ANN_PLAN]},
+    ]
+    x["metadata"]["annotations"] = {}
+    assert jp.ungate_patch(x, "a-1", notes)[1] == {
+        "op": "add",
+        "path": "/metadata/annotations",
+        "value": notes,
+    }
+    # a Layout too large for the pod's annotations is left to the ConfigMap
+    assert jp.pod_annotations(doc, "js-w-0-1", json.dumps({"x": "y" * jp.MAX_ANNOTATED})) == {}
+
+
 def test_a_restarted_jobsets_pods_keep_the_plan_while_its_nodes_stay_usable():
     js = jobset(**{jp.ANN_DATA: "2"})
     doc = jp.read_plan(jp.configmap(js, plan(js)))

@@ -44,6 +44,14 @@ def test_the_runtime_carries_the_label_the_gate_and_the_launcher():
     assert node["command"] == ["python", "/holmes-launch/launch.py", "--"] and "args" not in node
     assert {"name": "HOLMES_PLAN", "value": "/etc/holmes/plan.json"} in node["env"]
     assert ps["volumes"][0] == {"name": "holmes-launch", "emptyDir": {}}
+    # the plan: the pod's own annotations the operator writes as it ungates it (a runtime
+    # cannot name each JobSet's ConfigMap)
+    assert {"name": "holmes-plan", "mountPath": "/etc/holmes", "readOnly": True} in node["volumeMounts"]
+    items = ps["volumes"][1]["downwardAPI"]["items"]
+    assert {i["path"]: i["fieldRef"]["fieldPath"] for i in items} == {
+        "plan.json": "metadata.annotations['holmes.dev/plan']",
+        "layout.json": "metadata.annotations['holmes.dev/layout']",
+    }
 
 
 def test_the_name_is_a_value():

@@ -1,6 +1,8 @@
 """The launcher's JobSet mode: in a pod of a JobSet labelled ``holmes.dev/plan: enabled``
 nobody sets the rank env a HolmesJob's pods get; the pod reads its entry from Holmes' plan
-instead (ConfigMap ``<jobset>-holmes-plan`` mounted at /etc/holmes, docs/jobset.md).
+instead (ConfigMap ``<jobset>-holmes-plan`` mounted at /etc/holmes, or, where the template
+cannot name it (a TrainJob's runtime), a downwardAPI volume of the two annotations the operator
+writes on the pod as it ungates it: docs/jobset.md).
 
 The entry is keyed by the pod's hostname (the JobSet sets ``spec.hostname``; the container sees
 it as HOSTNAME). The pod starts only after Holmes wrote the plan and ungated it, but a ConfigMap
@@ -66,7 +68,8 @@ def wait_entry(
         if clock() >= end:
             raise PlanMissing(
                 f"{why}; waited {timeout:.0f} s. Is the JobSet labelled holmes.dev/plan: enabled, the "
-                f"ConfigMap <jobset>-holmes-plan mounted at {path.parent}, and the Holmes operator running?"
+                f"ConfigMap <jobset>-holmes-plan (or a downwardAPI volume of the pod's holmes.dev/plan and "
+                f"holmes.dev/layout annotations) mounted at {path.parent}, and the Holmes operator running?"
             )
         sleep(2.0)
 

@@ -48,6 +48,14 @@ ANN_GATED_BY = "holmes.dev/gated-by"
 PLAN_SUFFIX = "-holmes-plan"
 PLAN_FILE = "plan.json"
 LAYOUT_FILE = "layout.json"
+# The pod's own entry and the Layout as annotations written with the ungating patch, for a pod
+# whose template cannot name the per-JobSet ConfigMap (a TrainJob's ClusterTrainingRuntime is the
+# same for every job): a downwardAPI volume of the two shows them as plan.json and layout.json.
+ANN_PLAN = "holmes.dev/plan"
+ANN_LAYOUT = "holmes.dev/layout"
+# What the two may take of the pod's 256 KiB of annotations (the API server's limit); a larger
+# Layout is left to the ConfigMap.
+MAX_ANNOTATED = 200_000
 DEFAULT_MASTER_PORT = 29500
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 RESOURCE_GPU = "nvidia.com/gpu"
@@ -456,18 +464,40 @@ def read_plan(cm: Mapping[str, Any]) -> dict[str, Any]:
     return dict(json.loads((cm.get("data") or {})[PLAN_FILE]))
 
 
-def ungate_patch(pod: Mapping[str, Any], node_label: str) -> list[dict[str, Any]]:
-    """The pod's JSON patch: the gate removed, its node selected by hostname label (a gated pod
-    may only gain node selectors and affinity terms). The resourceVersion test makes a patch of
-    a pod changed meanwhile fail (409) instead of undoing the change; JSON patch, not a strategic
-    merge, whose list merge by name would keep the gate."""
+def pod_annotations(doc: Mapping[str, Any], host: str, layout_json: str) -> dict[str, str]:
+    """The plan as the pod with ``host`` reads it from a downwardAPI volume: plan.json with its
+    own entry only, and the Layout, compact; {} when they would not fit (MAX_ANNOTATED)."""
+    own = json.dumps({**doc, "pods": {host: doc["pods"][host]}}, separators=(",", ":"), sort_keys=True)
+    layout = json.dumps(json.loads(layout_json), separators=(",", ":"), sort_keys=True)
+    if len(own) + len(layout) > MAX_ANNOTATED:
+        return {}
+    return {ANN_PLAN: own, ANN_LAYOUT: layout}
+
+
+def ungate_patch(
+    pod: Mapping[str, Any], node_label: str, annotations: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The pod's JSON patch: ``annotations`` added (pod_annotations), the gate removed, its node
+    selected by hostname label (a gated pod may only gain node selectors and affinity terms).
+    The resourceVersion test makes a patch of a pod changed meanwhile fail (409) instead of
+    undoing the change; JSON patch, not a strategic merge, whose list merge by name would keep
+    the gate."""
+    notes: list[dict[str, Any]] = []
+    if annotations:
+        if (pod.get("metadata") or {}).get("annotations"):
+            notes = [
+                {"op": "add", "path": "/metadata/annotations/" + _pointer(k), "value": v}
+                for k, v in sorted(annotations.items())
+            ]
+        else:
+            notes = [{"op": "add", "path": "/metadata/annotations", "value": dict(annotations)}]
     spec = pod.get("spec") or {}
     gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != GATE]
     selector = spec.get("nodeSelector")
     pin = (
         {
             "op": "add",
-            "path": "/spec/nodeSelector/" + HOSTNAME_LABEL.replace("~", "~0").replace("/", "~1"),
+            "path": "/spec/nodeSelector/" + _pointer(HOSTNAME_LABEL),
             "value": node_label,
         }
         if selector
@@ -475,11 +505,17 @@ def ungate_patch(pod: Mapping[str, Any], node_label: str) -> list[dict[str, Any]
     )
     return [
         {"op": "test", "path": "/metadata/resourceVersion", "value": pod["metadata"]["resourceVersion"]},
+        *notes,
         pin,
         {"op": "replace", "path": "/spec/schedulingGates", "value": gates}
         if gates
         else {"op": "remove", "path": "/spec/schedulingGates"},
     ]
+
+
+def _pointer(key: str) -> str:
+    """A map key as a JSON pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def node_label(nodes: Sequence[Mapping[str, Any]], name: str) -> str:
