@@ -20,6 +20,7 @@ from . import (
     island_topology,
     members,
     placement,
+    prebuilt,
     queueing,
     quota,
     render,
@@ -325,7 +326,7 @@ def _create_children(
             pod["spec"]["nodeSelector"] = {**flavor, **(pod["spec"].get("nodeSelector") or {})}
         if HOSTNAME_LABEL in flavor:  # admitted by topology: the node is Kueue's pick
             template = (st.job.get("spec") or {}).get("template") or {}
-            _as_tas_pod(pod, template, queueing.workload_name(st.name))
+            _as_tas_pod(pod, template, prebuilt.job_workload_name(st.job))
     st.d.create_pods.extend(pods)
     if st.d.podgroup is not None:
         for pod in st.d.create_pods:
