@@ -114,9 +114,12 @@ def configuration(
     health_port: int,
     integrations: dict | None = None,
     pods_ready_timeout: str = PODS_READY_TIMEOUT,
+    multikueue: bool = False,
 ) -> dict:
-    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for the host process."""
-    return {
+    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for the host process; with
+    ``multikueue`` a MultiKueue manager that dispatches HolmesJobs (its generic adapter for
+    outside kinds, feature gate MultiKueueAdaptersForCustomJobs, on by default since v0.15)."""
+    cfg = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -139,6 +142,9 @@ def configuration(
         "integrations": INTEGRATIONS if integrations is None else integrations,
         "featureGates": {"TopologyAwareScheduling": True, "VisibilityOnDemand": False},
     }
+    if multikueue:
+        cfg["multiKueue"] = {"externalFrameworks": [{"name": HOLMESJOB}]}
+    return cfg
 
 
 def install_objects(text: str) -> tuple[list[dict], list[dict]]:
@@ -222,6 +228,7 @@ class Kueue:
         timeout: float = 180,
         integrations: dict | None = None,
         pods_ready_timeout: str | None = None,
+        multikueue: bool = False,
     ) -> dict:
         """Install and start Kueue (kept when it runs with the same ``integrations``, None for
         INTEGRATIONS, and waitForPodsReady timeout, None for PODS_READY_TIMEOUT: a test may
@@ -232,9 +239,14 @@ class Kueue:
             raise ClusterError(f"the cluster of {self.cp.dir} is not running: `make cluster-up` first")
         kueue_bin = binary("kueue")
         manifests = manifests_path()
-        wanted = {"integrations": integrations, "podsReadyTimeout": pods_ready_timeout}
+        wanted = {
+            "integrations": integrations,
+            "podsReadyTimeout": pods_ready_timeout,
+            "multikueue": multikueue,
+        }
         running = self.running()
-        if running and all(self._state().get(k) == v for k, v in wanted.items()):
+        have = {"multikueue": False, **self._state()}  # a state written before the option: off
+        if running and all(have.get(k) == v for k, v in wanted.items()):
             log(f"kueue {built_version('kueue')} already running (pid {self.pid()})")
             return self._state()
         # the same Kueue running (its manifests applied, its webhooks answering) restarts with
@@ -252,7 +264,7 @@ class Kueue:
         host = host_address()
         for tries in range(3, 0, -1):
             try:
-                self._start(kueue_bin, host, integrations, pods_ready_timeout, log, timeout)
+                self._start(kueue_bin, host, integrations, pods_ready_timeout, log, timeout, multikueue)
                 break
             except ClusterError as e:
                 self.down(log=lambda *_: None, keep_webhooks=True)
@@ -282,10 +294,19 @@ class Kueue:
         self._apply(rest)
 
     def _start(
-        self, kueue_bin: str, host: str, integrations: dict, pods_ready_timeout: str, log, timeout: float
+        self,
+        kueue_bin: str,
+        host: str,
+        integrations: dict,
+        pods_ready_timeout: str,
+        log,
+        timeout: float,
+        multikueue: bool = False,
     ) -> None:
         webhook_port, health_port = pick_port(host), pick_port("127.0.0.1")
-        cfg = configuration(self.cert_dir, host, webhook_port, health_port, integrations, pods_ready_timeout)
+        cfg = configuration(
+            self.cert_dir, host, webhook_port, health_port, integrations, pods_ready_timeout, multikueue
+        )
         self.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
         self._endpoint_slice(host, webhook_port)
 
@@ -297,6 +318,7 @@ class Kueue:
             "config": str(self.config),
             "integrations": integrations,
             "podsReadyTimeout": pods_ready_timeout,
+            "multikueue": multikueue,
         }
         self.cp._save(st)
         log(f"starting kueue (webhook on {host}:{webhook_port}, health on 127.0.0.1:{health_port})")

@@ -5,8 +5,7 @@ dispatches (owned by the job, one PodSet of nodes.count pods; no pods, no Config
 one ManagedElsewhere Event) while one without it, in the same LocalQueue, gets its Workload and
 runs. The decisions themselves: tests/unit/operator/test_managed_by.py, test_multikueue.py.
 
-Not here: a second cluster's MultiKueue dispatching the job (docs/topology.md#multikueue says what
-that needs and what stays unproven)."""
+A real MultiKueue dispatching the job to a second cluster: test_multikueue_cluster.py."""
 
 from __future__ import annotations
 
