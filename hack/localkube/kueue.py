@@ -71,9 +71,12 @@ def configuration(
     health_port: int,
     integrations: dict | None = None,
     pods_ready_timeout: str = PODS_READY_TIMEOUT,
+    multikueue: bool = False,
 ) -> dict:
-    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for the host process."""
-    return {
+    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for the host process; with
+    ``multikueue`` a MultiKueue manager that dispatches HolmesJobs (its generic adapter for
+    outside kinds, feature gate MultiKueueAdaptersForCustomJobs, on by default since v0.15)."""
+    cfg = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -96,6 +99,9 @@ def configuration(
         "integrations": INTEGRATIONS if integrations is None else integrations,
         "featureGates": {"TopologyAwareScheduling": True, "VisibilityOnDemand": False},
     }
+    if multikueue:
+        cfg["multiKueue"] = {"externalFrameworks": [{"name": HOLMESJOB}]}
+    return cfg
 
 
 def default_integrations() -> dict:
@@ -121,10 +127,17 @@ class Kueue(HostController):
     # what the next start runs with (up() sets them)
     integrations: dict = INTEGRATIONS
     pods_ready_timeout: str = PODS_READY_TIMEOUT
+    multikueue: bool = False
 
     def configuration(self, webhook_host: str, webhook_port: int, health_port: int) -> dict:
         return configuration(
-            self.cert_dir, webhook_host, webhook_port, health_port, self.integrations, self.pods_ready_timeout
+            self.cert_dir,
+            webhook_host,
+            webhook_port,
+            health_port,
+            self.integrations,
+            self.pods_ready_timeout,
+            self.multikueue,
         )
 
     def probe(self) -> dict:
@@ -140,6 +153,7 @@ class Kueue(HostController):
             "config": str(self.config),
             "integrations": self.integrations,
             "podsReadyTimeout": self.pods_ready_timeout,
+            "multikueue": self.multikueue,
         }
 
     # ---- start ---------------------------------------------------------------------------
@@ -149,6 +163,7 @@ class Kueue(HostController):
         timeout: float = 180,
         integrations: dict | None = None,
         pods_ready_timeout: str | None = None,
+        multikueue: bool = False,
     ) -> dict:
         """Install and start Kueue (kept when it runs with the same ``integrations``, None for
         INTEGRATIONS, and waitForPodsReady timeout, None for PODS_READY_TIMEOUT: a test may
@@ -159,9 +174,14 @@ class Kueue(HostController):
             raise ClusterError(f"the cluster of {self.cp.dir} is not running: `make cluster-up` first")
         kueue_bin = binary("kueue")
         manifests = manifests_path()
-        wanted = {"integrations": integrations, "podsReadyTimeout": pods_ready_timeout}
+        wanted = {
+            "integrations": integrations,
+            "podsReadyTimeout": pods_ready_timeout,
+            "multikueue": multikueue,
+        }
         running = self.running()
-        if running and all(self._state().get(k) == v for k, v in wanted.items()):
+        have = {"multikueue": False, **self._state()}  # a state written before the option: off
+        if running and all(have.get(k) == v for k, v in wanted.items()):
             log(f"kueue {built_version('kueue')} already running (pid {self.pid()})")
             return self._state()
         # the same Kueue running (its manifests applied, its webhooks answering) restarts with
@@ -173,6 +193,7 @@ class Kueue(HostController):
         if not installed:
             self.install(manifests, log, f"Kueue {built_version('kueue-manifests')}")
         self.integrations, self.pods_ready_timeout = integrations, pods_ready_timeout
+        self.multikueue = multikueue
         self.start(kueue_bin, log, timeout)
         log(f"kueue up in {time.monotonic() - t0:.1f}s (log {self.log_path})")
         return self._state()

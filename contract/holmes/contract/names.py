@@ -60,6 +60,9 @@ MANAGED_BY_PATTERN = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-A-Za-z0-9_.~/]+$"
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 # Kueue's WorkloadPriorityClass of a job (it wins over the pods' PriorityClass, as in Kueue)
 LABEL_KUEUE_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
+# The Workload a job uses instead of one of its own: MultiKueue labels the copy it creates on a
+# worker cluster with the Workload it made there (Kueue's constants.PrebuiltWorkloadLabel)
+LABEL_KUEUE_PREBUILT_WORKLOAD = "kueue.x-k8s.io/prebuilt-workload-name"
 
 # How a job's pods reach each other (spec.network): their own network namespace or the node's.
 POD_NETWORK, HOST_NETWORK = "podNetwork", "hostNetwork"

@@ -47,7 +47,7 @@ from holmes.contract.names import GROUP, PLURAL, VERSION
 from holmes.plan.costmodel_file import CostModelFile
 
 from . import api_count, jobset_watch, liveness, metrics, topology_labels
-from .core import managed_by, members
+from .core import dispatching, managed_by, members
 from .core.reconcile import ChildRefusal, Decision, RestartBackoff
 from .core.render import RenderSettings
 from .kube import Caches, KubeIO
@@ -229,12 +229,12 @@ class Runtime:
                 return self.clean_members(job)
             return None  # ownerReferences clean up
         other = managed_by.elsewhere(job)
-        if other:  # another controller runs it (MultiKueue): nothing of ours, said once
-            if ("managedBy", ns, name) not in self._said:
-                self._said[("managedBy", ns, name)] = other
-                kind, reason, message = managed_by.left_alone(other)
-                kopf.event(job, type=kind, reason=reason, message=message)
-            return None
+        if other:  # another controller runs it: nothing of ours but the Workload MultiKueue dispatches
+            d = self.pipeline.dispatch(job) if dispatching.dispatched(job) else None  # woken by its changes
+            for kind, reason, message in dispatching.said(other, d):  # each once
+                if self._say_once(("managedBy" if kind == "Normal" else "dispatch", ns, name), message):
+                    kopf.event(job, type=kind, reason=reason, message=message[:1000])
+            return d
         d, job, old, created, refusals = self.pipeline.run(job, nodes, refused or [])
         self._after(job, old, d, created, started)
         if refusals:  # decide again at once, knowing what the API server refused
@@ -316,7 +316,8 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
         if type == "DELETED":
             rt.caches.jobs.remove(body)
             rt.progress.forget(key)
-            rt._said.pop(("managedBy", *key), None)
+            for said in ("managedBy", "dispatch"):
+                rt._said.pop((said, *key), None)
             rt.unlaunched.discard(key)
             rt.wake_waiting()
             task = rt.loops.pop(key, None)
@@ -376,8 +377,7 @@ def register(rt: Runtime, registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.cleanup(registry=registry, id="stop_loops")
     async def stop_loops(**_: Any) -> None:
-        loops = list(rt.loops.values()) + rt.jobset_plans.tasks
-        for task in loops:
+        for task in (loops := list(rt.loops.values()) + rt.jobset_plans.tasks):
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         rt.progress.close()

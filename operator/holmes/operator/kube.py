@@ -23,7 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from holmes.contract.names import GROUP, PLURAL, VERSION
 
-from .core import child_names, compute_domains, dry_run, queueing
+from .core import child_names, compute_domains, dry_run, prebuilt, queueing
 from .core.reconcile import ChildRefusal, Decision
 from .informer import Store
 
@@ -350,8 +350,17 @@ class KubeIO:
             _adopt(d.workload, owner)
             body = queueing.workload_as(self.kueue_version, d.workload)
             self._create_custom(*kueue, queueing.WORKLOADS, ns, body)
+        name = prebuilt.job_workload_name(owner)
+        if d.adopt_workload is not None:  # a prebuilt Workload (MultiKueue's): the job its controller
+            try:
+                resp = self.custom.patch_namespaced_custom_object(
+                    *kueue, ns, queueing.WORKLOADS, name, d.adopt_workload, _preload_content=False
+                )
+                self.caches.workloads.put(queueing.workload_from(_json(resp)))
+            except ApiException as e:
+                if e.status not in (404, 409):  # gone, or written since it was read: next pass
+                    raise
         if d.workload_status is not None and d.workload is None:  # Finished, quota released, PodsReady
-            name = queueing.workload_name(owner["metadata"]["name"])
             patch: dict = {"status": d.workload_status}
             if d.workload_version:  # the conditions list is replaced whole: not over Kueue's newer write
                 patch["metadata"] = {"resourceVersion": d.workload_version}

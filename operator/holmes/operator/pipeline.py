@@ -28,7 +28,7 @@ from holmes.plan import dra
 from holmes.plan.costmodel_file import CostModelFile
 
 from . import commit, metrics, placement_facts
-from .core import capacity, child_names, members, queueing
+from .core import capacity, child_names, dispatching, members, prebuilt, queueing
 from .core.reconcile import ChildRefusal, Decision, Observed, RestartBackoff, decide
 from .core.render import RenderSettings
 from .core.summary import pod_attempt
@@ -242,7 +242,7 @@ class Pipeline:
                 now=datetime.now(timezone.utc),
                 progress=found,
                 refused=refused,
-                workload=self.caches.workloads.get(ns, queueing.workload_name(name)),
+                workload=self.caches.workloads.get(ns, prebuilt.job_workload_name(fresh)),
                 flavors=self.watches.flavors(),
                 queue_topology=self.watches.queue_topology(fresh),
                 priority_classes=self.watches.priority_classes(),
@@ -271,6 +271,27 @@ class Pipeline:
         key = f"{ns}/{name}"
         d, (job, _), (created, refusals) = self.placement.decide_and_write(key, observe_and_decide, write)
         return d, job, job.get("status") or {}, created, refusals
+
+    def dispatch(self, job: dict) -> Decision:
+        """A job MultiKueue dispatches from this cluster (core/dispatching.py): its Workload's
+        writes only; the Decision's Events are the caller's to send."""
+        ns = job["metadata"]["namespace"]
+        obs = Observed(
+            job=job,
+            pods=[],
+            configmap=None,
+            service=None,
+            nodes=[],
+            now=datetime.now(timezone.utc),
+            workload=self.caches.workloads.get(ns, prebuilt.job_workload_name(job)),
+            flavors=self.watches.flavors(),
+            priority_classes=self.watches.priority_classes(),
+            workload_priority_classes=self.watches.workload_priority_classes(),
+        )
+        gpu = self.cost_model.refresh().nic_mapping.gpu_resource
+        d = dispatching.dispatch(obs, frozenset(self.settings.raw_priority_namespaces), gpu)
+        self.io.apply_queueing(d, job)
+        return d
 
     def workloads(self, where: Children) -> capacity.Workloads:
         """What the other workloads hold and want, from the caches: every pod that may hold

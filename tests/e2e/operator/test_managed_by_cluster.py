@@ -1,11 +1,11 @@
 """spec.managedBy on the real API server and the real Kueue (issue 51): the CRD's rules refuse a
 malformed value and any change of it at apply time; a HolmesJob that MultiKueue manages
-(``kueue.x-k8s.io/multikueue``) is left alone by this cluster's operator (no Workload, no pods,
-no ConfigMap, no status; one ManagedElsewhere Event) while one without it, in the same
-LocalQueue, gets its Workload and runs. The decision itself: tests/unit/operator/test_managed_by.py.
+(``kueue.x-k8s.io/multikueue``) gets from this cluster's operator only the Workload MultiKueue
+dispatches (owned by the job, one PodSet of nodes.count pods; no pods, no ConfigMap, no status;
+one ManagedElsewhere Event) while one without it, in the same LocalQueue, gets its Workload and
+runs. The decisions themselves: tests/unit/operator/test_managed_by.py, test_multikueue.py.
 
-Not here: a second cluster's MultiKueue dispatching the job (docs/topology.md#multikueue says what
-that needs and what stays unproven)."""
+A real MultiKueue dispatching the job to a second cluster: test_multikueue_cluster.py."""
 
 from __future__ import annotations
 
@@ -91,9 +91,10 @@ def operator(crd, real_kueue, namespace, tmp_path):
 def test_a_job_multikueue_manages_is_left_alone_while_its_neighbour_runs(
     cluster, queues, operator, namespace
 ):
-    """Both jobs in one LocalQueue with room for both: the remote one (applied first) gets no
-    Workload, pods, ConfigMap or status, only the Event that says who runs it; the local one is
-    admitted by Kueue and its pods run."""
+    """Both jobs in one LocalQueue with room for both: the remote one (applied first) gets its
+    Workload for MultiKueue to dispatch (this cluster's Kueue has no MultiKueue check: it admits
+    it, and still no pod runs here) and no pods, ConfigMap or status, and the Event that says
+    who runs it; the local one is admitted by Kueue and its pods run."""
     apply(cluster, queued(managed(tiny_job("remote", namespace, count=2, command=SLEEP))))
     apply(cluster, queued(tiny_job("local", namespace, count=2, command=SLEEP)))
     wait_for("local's Workload", lambda: workload(cluster, namespace, "local"), op=operator)
@@ -105,7 +106,11 @@ def test_a_job_multikueue_manages_is_left_alone_while_its_neighbour_runs(
     )
     assert len(ev) == 1 and ev[0].get("count") in (None, 1), ev
     assert ev[0]["message"].startswith(f"spec.managedBy is {MANAGED_BY_MULTIKUEUE}: Kueue's MultiKueue")
-    assert workload(cluster, namespace, "remote") is None
+    wl = workload(cluster, namespace, "remote")
+    assert wl is not None, "no Workload for MultiKueue to dispatch"
+    (owner,) = [r for r in wl["metadata"].get("ownerReferences") or [] if r.get("controller")]
+    assert (owner["kind"], owner["name"]) == ("HolmesJob", "remote")
+    assert [p["count"] for p in wl["spec"]["podSets"]] == [2]
     assert pods_of(cluster, namespace, "remote") == []
     assert "status" not in get_job(cluster, namespace, "remote")
     cms = cluster.get_json("configmaps", "-n", namespace, "-l", "holmes.dev/job-name=remote")["items"]

@@ -134,6 +134,11 @@ class FakeWorld:
         if d.workload is not None and self.workload is None:
             self.workload = copy.deepcopy(d.workload)
             self.workload["metadata"]["ownerReferences"] = [{"uid": self.job["metadata"]["uid"]}]
+        if d.adopt_workload is not None and self.workload is not None:  # a metadata merge patch
+            meta = self.workload["metadata"]
+            patch = d.adopt_workload["metadata"]
+            meta["ownerReferences"] = copy.deepcopy(patch["ownerReferences"])
+            meta["labels"] = {**(meta.get("labels") or {}), **patch["labels"]}
         if d.workload_status is not None and self.workload is not None:  # a merge patch
             status = self.workload.setdefault("status", {})
             for k, v in d.workload_status.items():

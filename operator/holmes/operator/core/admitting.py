@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from holmes.contract import JobSpec
-from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS
+from holmes.contract.names import LABEL_KUEUE_PREBUILT_WORKLOAD, LABEL_KUEUE_PRIORITY_CLASS
 
-from . import capacity, child_names, kueue_pod_sets, placement, queueing
+from . import capacity, child_names, kueue_pod_sets, placement, prebuilt, queueing
 from . import conditions as cond
 from . import island_topology as topology_levels
 from .state import (
@@ -101,8 +101,19 @@ def _kueue_gate(st: JobState, spec: JobSpec) -> Decision | None:
     if not queue:
         return None
     wl, uid = st.obs.workload, st.job["metadata"].get("uid")
+    made = prebuilt.prebuilt_workload(st.job)  # MultiKueue's, on a worker cluster
     if wl is not None and uid and not owned_by(wl, uid):
-        wl = None  # a same-named job's leftover: garbage collected
+        if not made:
+            wl = None  # a same-named job's leftover: garbage collected
+        elif prebuilt.controller_uid(wl) is None:  # MultiKueue's, made for this job: take it
+            st.d.adopt_workload = prebuilt.adopt_patch(wl, st.job)
+        else:  # Kueue's jobframework ignores such a Workload too
+            msg = (
+                f"Workload {made} (label {LABEL_KUEUE_PREBUILT_WORKLOAD}) is controlled by "
+                "another object: this job cannot use it; delete the job (MultiKueue creates its "
+                "copy again with a Workload of its own)"
+            )
+            return _hold(st, "WaitingForAdmission", msg, warn=True)
     was = (cond.get(st.old.get("conditions"), cond.SUSPENDED) or {}).get("reason")
     priority, unknown = capacity.priority_of(spec, st.obs.priority_classes or {}, _raw_priority(st))
     rp = spec.run_policy  # the class is named when the priority is its value

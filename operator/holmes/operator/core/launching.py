@@ -22,6 +22,7 @@ from . import (
     kueue_pod_sets,
     members,
     placement,
+    prebuilt,
     queueing,
     quota,
     render,
@@ -378,7 +379,7 @@ def _create_children(
             pod["spec"]["tolerations"] = own + [dict(t) for t in extra if t not in own]
         if HOSTNAME_LABEL in flavor:  # admitted by topology: the node is Kueue's pick
             template = (st.job.get("spec") or {}).get("template") or {}
-            _as_tas_pod(pod, template, queueing.workload_name(st.name))
+            _as_tas_pod(pod, template, prebuilt.job_workload_name(st.job))
     st.d.create_pods.extend(pods)
     if st.d.podgroup is not None:
         for pod in st.d.create_pods:

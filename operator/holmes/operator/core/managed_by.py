@@ -4,9 +4,10 @@ controller skips a Job whose managedBy is not its own. Kueue's MultiKueue
 copy on a worker cluster (managedBy removed, so the worker's Holmes runs it) and copies that
 copy's whole status back into this one (Kueue v0.17.1
 pkg/controller/admissionchecks/multikueue/externalframeworks/adapter.go). A status write of this
-cluster's operator would fight that copy, and a pod, ConfigMap or Workload of its own would run or
-queue the job twice; so the operator writes nothing, says once who runs the job (an Event:
-``kubectl describe``), and does not count the job in its own capacity queue. Pure."""
+cluster's operator would fight that copy, and a pod or ConfigMap of its own would run the job
+twice; so the operator writes none, says once who runs the job (an Event: ``kubectl describe``),
+and does not count the job in its own capacity queue. The one thing it makes is, for a job in a
+LocalQueue that MultiKueue runs, the Kueue Workload MultiKueue dispatches (dispatching.py). Pure."""
 
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ def left_alone(manager: str) -> tuple[str, str, str]:
         if manager == MANAGED_BY_MULTIKUEUE
         else "that controller runs it"
     )
+    what = "no pods, ConfigMap or Kueue Workload"
+    if manager == MANAGED_BY_MULTIKUEUE:
+        what = "no pods or ConfigMap (only, in a LocalQueue, the Kueue Workload MultiKueue dispatches)"
     return (
         "Normal",
         REASON,
-        f"spec.managedBy is {manager}: {does}; this operator creates no pods, ConfigMap or Kueue "
-        "Workload for it and writes no status",
+        f"spec.managedBy is {manager}: {does}; this operator creates {what} for it and writes no status",
     )

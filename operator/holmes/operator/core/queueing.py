@@ -22,6 +22,7 @@
   ``v1beta1`` (Kueue 0.6 to 0.14; deprecated since 0.16). Decisions read and build ``v1beta2``
   objects only; ``workload_as`` / ``workload_from`` translate at the API boundary (the fields
   Holmes uses that v1beta2 renamed or moved).
+- MultiKueue: a job on a worker cluster uses the Workload MultiKueue made for it (prebuilt.py).
 - Volcano (``scheduling.volcano.sh/v1beta1``): a job whose template sets
   ``schedulerName: volcano`` gets a ``PodGroup`` with ``minMember`` = the gang; its pods carry
   the annotation ``scheduling.k8s.io/group-name`` and are created once Volcano admitted the
@@ -34,11 +35,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from holmes.contract.names import LABEL_KUEUE_PRIORITY_CLASS, LABEL_KUEUE_QUEUE
+from holmes.contract.names import (
+    LABEL_KUEUE_PREBUILT_WORKLOAD,
+    LABEL_KUEUE_PRIORITY_CLASS,
+    LABEL_KUEUE_QUEUE,
+)
 
 from . import child_names, island_topology
 from .capacity import CPU, MEMORY, PodShape
 from .kueue_pod_sets import ANN_POD_SETS, one_pod_set, quantity_text
+from .prebuilt import job_workload_name, prebuilt_workload, workload_name
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 V1BETA2, V1BETA1 = "v1beta2", "v1beta1"
@@ -67,10 +73,6 @@ def queue_name(job: Mapping) -> str | None:
 def workload_priority_class(job: Mapping) -> str | None:
     """The WorkloadPriorityClass the job's label kueue.x-k8s.io/priority-class names."""
     return ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_PRIORITY_CLASS) or None
-
-
-def workload_name(job: str) -> str:
-    return f"holmesjob-{job}"
 
 
 def choose_version(served: Iterable[str]) -> str | None:
@@ -467,7 +469,9 @@ def gate(
     label kueue.x-k8s.io/priority-class names one: the Workload's priority is its value);
     ``pods_ready``: whether every pod of the admitted job is ready or succeeded, for the
     Workload's PodsReady condition (None: leave it); ``taken``: the job's pods Kueue's pod
-    integration manages as its own (taken_by_kueue)."""
+    integration manages as its own (taken_by_kueue). A job with a prebuilt Workload
+    (prebuilt_workload: MultiKueue's, on a worker cluster) waits for it, and neither creates
+    nor re-creates one: its PodSets are the manager's."""
     if flavors is None:
         return Gate(
             stall=(
@@ -502,16 +506,26 @@ def gate(
             built_from,
         )
 
-    name = workload_name(meta.get("name", ""))
+    name = job_workload_name(job)
+    prebuilt = prebuilt_workload(job) is not None
+    if workload is None and prebuilt:
+        why = (
+            f"Workload {name} (label {LABEL_KUEUE_PREBUILT_WORKLOAD}: made by Kueue's MultiKueue) "
+            "does not exist yet: waiting for it (this operator creates none for the job)"
+        )
+        return Gate(hold=("WaitingForAdmission", why, False))
     if workload is None:
         why = f"Workload {name} created in LocalQueue {queue}: waiting for Kueue to admit it"
         return Gate(hold=("WaitingForAdmission", why, False), create=want(planned()))
     have = (workload.get("spec") or {}).get("podSets")
     was = ((workload.get("metadata") or {}).get("annotations") or {}).get(ANN_POD_SETS)
-    if was != built_from and not (was is None and same_pod_sets(have, one_pod_set(count, shape, template))):
-        if not same_pod_sets(have, planned()):  # podSets are immutable: a new Workload
-            why = f"the job's pods changed (count, requests, islands): re-creating Workload {name} for Kueue"
-            return Gate(hold=("WaitingForAdmission", why, False), delete=name)
+    changed = was != built_from and not (
+        was is None and same_pod_sets(have, one_pod_set(count, shape, template))
+    )
+    # a prebuilt Workload keeps the manager's PodSets: MultiKueue deletes a copy whose spec drifted
+    if changed and not prebuilt and not same_pod_sets(have, planned()):  # immutable: a new Workload
+        why = f"the job's pods changed (count, requests, islands): re-creating Workload {name} for Kueue"
+        return Gate(hold=("WaitingForAdmission", why, False), delete=name)
     state, why = admission(workload)
     if state == EVICTED:
         msg = f"Workload {name} was evicted by Kueue ({why}): pods deleted; waiting to be admitted again"

@@ -137,6 +137,8 @@ class Decision:
     # the resourceVersion that patch was computed from: it replaces the conditions list whole, so
     # it must not land on a Workload Kueue changed meanwhile (None: no precondition)
     workload_version: str | None = None
+    # a merge patch of the metadata of a prebuilt Workload (MultiKueue's) the job takes ownership of
+    adopt_workload: dict | None = None
     podgroup: dict | None = None  # Volcano PodGroup to create or update
     placed: bool = False  # a layout was searched for (placement.py): timed as planning
 
