@@ -20,7 +20,10 @@ import json
 import pytest
 from holmes_dev import images
 
+from holmes.operator.core import jobset_plan as jp
+from localkube.operatorproc import OperatorProcess, install_crd
 from tests.helpers.operator.cluster_helpers import apply, wait_for
+from tests.helpers.operator.tas_helpers import ISLANDS
 from tests.helpers.packaging.packaging_helpers import render
 
 pytestmark = pytest.mark.timeout(420)
@@ -196,3 +199,88 @@ def test_a_trainjob_on_holmes_runtime_renders_a_planned_jobset_whose_pods_wait_f
     )
     assert pod["status"]["phase"] == "Pending", pod["status"]
     cluster.kubectl("delete", TRAINJOB, "planned", "-n", namespace, "--timeout=60s")
+
+
+def test_a_trainjob_on_holmes_runtime_runs_on_holmes_plan_to_complete(
+    cluster, holmes_runtime, namespace, tmp_path
+):
+    """The whole path with the operator running: a 2-node TrainJob on holmes-torchrun, pipeline
+    2 x data 1, its script (from a ConfigMap the user mounts by a runtime patch) calling
+    ``init_process_group()`` without a backend. The operator plans the JobSet Trainer renders,
+    pins the two pods onto two islands (a stage each) and writes each pod's plan entry into the
+    annotations the runtime's downwardAPI volume shows; the launcher runs torchrun at the plan's
+    ranks; the TrainJob is Complete. Failed before the runtime had a plan volume (its pods
+    waited for a plan.json that was never there)."""
+    install_crd(cluster)
+    apply(
+        cluster,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "train-script", "namespace": namespace},
+            "data": {"train.py": PROGRAM},
+        },
+    )
+    pod_patch = {
+        "spec": {
+            "volumes": [{"name": "script", "configMap": {"name": "train-script"}}],
+            "containers": [{"name": "node", "volumeMounts": [{"name": "script", "mountPath": "/workspace"}]}],
+        }
+    }
+    patch = {
+        "manager": "example.com/user",
+        "trainingRuntimeSpec": {
+            "template": {
+                "metadata": {"annotations": {"holmes.dev/pipeline": "2", "holmes.dev/data": "1"}},
+                "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": pod_patch}}}]},
+            }
+        },
+    }
+    name = "holmes-pair"
+    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    try:
+        apply(
+            cluster,
+            trainjob(
+                namespace,
+                name,
+                "holmes-torchrun",
+                {"numNodes": 2, "args": ["python", "/workspace/train.py"]},
+                [patch],
+            ),
+        )
+
+        seen: dict[str, str] = {}  # each pod's last status and log: a failed JobSet's pods go
+
+        def complete():
+            for p in pods_of(cluster, namespace, name):
+                if p["status"].get("phase") in ("Running", "Succeeded", "Failed"):
+                    log = cluster.pod_log(namespace, p["metadata"]["name"], "node")
+                    seen[p["metadata"]["name"]] = json.dumps(p["status"])[-1500:] + "\n" + log[-2500:]
+            tj = cluster.get_json(TRAINJOB, name, "-n", namespace)
+            conds = conditions(tj)
+            assert conds.get("Failed", {}).get("status") != "True", (tj.get("status"), seen)
+            return tj if conds.get("Complete", {}).get("status") == "True" else None
+
+        wait_for("the TrainJob Complete on Holmes' plan", complete, 240, 1, op)
+    finally:
+        op.stop()
+        print(op.tail(40))
+
+    doc = jp.read_plan(cluster.get_json("configmap", jp.plan_name(name), "-n", namespace))
+    assert (doc["pipeline"], doc["data"]) == (2, 1), doc
+    islands = set()
+    for p in pods_of(cluster, namespace, name):
+        host = p["spec"]["hostname"]
+        entry = doc["pods"][host]
+        assert p["status"]["phase"] == "Succeeded", p["status"]
+        assert p["spec"]["nodeName"] == entry["node"] == p["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+        own = json.loads(p["metadata"]["annotations"][jp.ANN_PLAN])  # what the pod read as plan.json
+        assert own["pods"] == {host: entry}, own
+        assert ISLANDS[entry["node"]] == entry["island"].replace("/", "."), entry  # its stage's island
+        islands.add(ISLANDS[entry["node"]])
+        log = cluster.pod_log(namespace, p["metadata"]["name"], "node")
+        rank = entry["nodeRank"]
+        assert f"rank {rank}/2 allreduce 3 backend " in log, log[-3000:]
+    # both stages fit the fastest island (east's InfiniBand): the planner keeps them there
+    assert islands == {"east.infiniband"}, islands
