@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from pathlib import Path
 
 import pytest
-from holmes_dev.jobs import holmes_job, tiny_job
+from holmes_dev.jobs import tiny_job
 
 from tests.helpers.operator.cluster_helpers import (
     SLEEP,
@@ -35,12 +33,19 @@ from tests.helpers.operator.cluster_helpers import (
     wait_for,
     wait_phase,
 )
-from tests.helpers.operator.kueue_real import GPU, RDMA, kueue_objects, queued, workload
+from tests.helpers.operator.kueue_real import (
+    GPU,
+    RDMA,
+    GpuWatch,
+    kueue_objects,
+    queued,
+    training_job,
+    workload,
+)
 
 pytestmark = pytest.mark.timeout(420)
 
 EAST = ("ib-0", "ib-1", "eth-0")
-SLOWDOWN = Path(__file__).resolve().parent / "slowdown"
 
 
 @pytest.fixture
@@ -83,39 +88,6 @@ def reserved_gpus(cluster, cq) -> int:
         for r in f.get("resources") or []
         if r["name"] == GPU
     )
-
-
-class GpuWatch:
-    """Polls the namespace's pods: the most GPUs ever held at once by pods that run (bound to a
-    node and not ended, terminating ones included: they hold their GPUs until they are gone)."""
-
-    def __init__(self, cluster, ns):
-        self.cluster, self.ns, self.most, self.samples = cluster, ns, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self):
-        while not self._stop.is_set():
-            r = self.cluster.kubectl("get", "pods", "-n", self.ns, "-o", "json", check=False)
-            if r.returncode == 0:
-                held = 0
-                for p in json.loads(r.stdout)["items"]:
-                    if p["spec"].get("nodeName") and p.get("status", {}).get("phase") not in (
-                        "Succeeded",
-                        "Failed",
-                    ):
-                        for c in p["spec"]["containers"]:
-                            held += int((c.get("resources") or {}).get("limits", {}).get(GPU, 0))
-                self.most, self.samples = max(self.most, held), self.samples + 1
-            self._stop.wait(0.3)
 
 
 def test_a_queued_job_is_admitted_within_quota_counted_once_and_the_next_waits(
@@ -241,48 +213,6 @@ def test_a_raw_priority_gets_no_workload_and_preempts_nothing(cluster, queues, o
     waiting = wait_phase(cluster, namespace, "greedy", "Suspended", op=operator)
     assert condition(waiting, "Suspended")["reason"] == "WaitingForAdmission"
     assert {p["metadata"]["uid"] for p in pods_of(cluster, namespace, "low")} == before
-
-
-def training_job(namespace: str, name: str, shared: Path, iterations: int) -> dict:
-    """The tiny model trained for real on 2 nodes x 1 GPU, a little slowed (every block sleeps
-    0.1 s) so that it is still training when it is preempted; it checkpoints only on its stop."""
-    spec = {
-        "model": {"layers": 2, "hiddenSize": 32, "attentionHeads": 4, "seqLength": 16, "vocabSize": 64},
-        "training": {
-            "globalBatchSize": 2,
-            "microBatchSize": 1,
-            "iterations": iterations,
-            "learningRate": 1.0e-3,
-            "data": {"synthetic": {}},
-            "checkpoint": {"path": "/ckpt", "intervalIterations": 1000},
-        },
-        "nodes": {"count": 2, "gpusPerNode": 1},
-        # no re-plan from the slowed stages' measured speed: the one stop here is Kueue's
-        "parallelism": {"replan": {"enabled": False}},
-        "runPolicy": {"backoffLimit": 0},
-        "template": {
-            "spec": {
-                "terminationGracePeriodSeconds": 30,
-                "containers": [
-                    {
-                        "name": "trainer",
-                        "args": ["--metrics-file", f"/ckpt/{name}.jsonl"],
-                        "env": [
-                            {"name": "PYTHONPATH", "value": str(SLOWDOWN)},
-                            {"name": "HOLMES_TEST_SLOW_NODES", "value": ",".join(NODES)},
-                            {"name": "HOLMES_TEST_SLOW_SECONDS", "value": "0.1"},
-                        ],
-                        "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
-                    }
-                ],
-                "volumes": [{"name": "ckpt", "hostPath": {"path": str(shared)}}],
-            }
-        },
-    }
-    return holmes_job(name, spec, namespace)
-
-
-NODES = ("ib-0", "ib-1", "eth-0", "roce-0", "roce-1", "eth-1")
 
 
 def test_a_higher_priority_job_preempts_the_preempted_resumes_from_its_checkpoint(

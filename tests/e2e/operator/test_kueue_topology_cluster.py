@@ -8,7 +8,9 @@ v0.17.1, the ``real_kueue`` fixture, TopologyAwareScheduling on). Nothing here p
   each PodSet inside one island (a topology assignment per PodSet), and its pods run on the
   nodes Kueue picked;
 - a plain batch/v1 Job that asks for Holmes' island level (kueue.x-k8s.io/podset-required-topology)
-  lands inside one island, and one no island can hold is not admitted though the quota fits.
+  lands inside one island, and one no island can hold is not admitted though the quota fits;
+- a HolmesJob preempted on the TAS queue by a higher WorkloadPriorityClass is stopped, its quota
+  released, requeued, and resumes from its checkpoint inside one island.
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ import pytest
 from holmes_dev.jobs import tiny_job
 
 from holmes.operator.core import island_topology as topo
-from tests.helpers.operator.cluster_helpers import apply, pods_of, running_operator, wait_for, wait_phase
+from tests.helpers.operator.cluster_helpers import (
+    apply,
+    condition,
+    pods_of,
+    running_operator,
+    wait_for,
+    wait_phase,
+)
+from tests.helpers.operator.kueue_real import GpuWatch, training_job
+from tests.helpers.operator.kueue_real import kueue_objects as real_objects
 from tests.helpers.operator.tas_helpers import (
     GPU,
     ISLAND,
@@ -30,7 +41,7 @@ from tests.helpers.operator.tas_helpers import (
     published,
 )
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture
@@ -201,3 +212,97 @@ def test_a_plain_job_asking_for_holmes_island_level_lands_inside_one_island(
         for p in cluster.get_json("pods", "-n", namespace, "-l", "job-name=three")["items"]
         if p["spec"].get("nodeName")
     ]
+
+
+def test_a_preempted_job_under_tas_is_stopped_released_requeued_and_resumes_inside_one_island(
+    cluster, real_kueue, operator, namespace, tmp_path
+):
+    """Preemption under TAS (issue 51's "a preempted HolmesJob is stopped, released, requeued and
+    later resumes", on a topology-aware queue): 4 GPUs in the TAS ClusterQueue (east's flavor),
+    lower priorities preempted within it. ``low`` trains on 2 whole nodes (2 GPUs each: with
+    fewer per pod Kueue's TAS may put both pods on one node, and Holmes plans one pod per node)
+    of one island; ``high``
+    preempts it: Kueue evicts low's Workload, the operator stops its pods (the trainers
+    checkpoint on SIGTERM) and releases the quota, Kueue requeues it; high runs to Succeeded;
+    Kueue admits low again with a new topology assignment and it resumes from its checkpoint to
+    Succeeded. Each admission's pods inside one island; never more GPUs in running pods than
+    the quota."""
+    objs = kueue_objects(namespace)
+    cq = next(o for o in objs if o["kind"] == "ClusterQueue")
+    cq["spec"]["preemption"] = {"withinClusterQueue": "LowerPriority"}
+    for f in cq["spec"]["resourceGroups"][0]["flavors"]:
+        for r in f["resources"]:
+            if r["name"] == GPU:
+                r["nominalQuota"] = "4" if f["name"].startswith("east") else "0"
+    priorities = [o for o in real_objects(namespace, 4) if o["kind"] == "WorkloadPriorityClass"]
+    cluster.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs + priorities})
+    )
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+
+    def in_queue(job: dict, priority: str) -> dict:
+        job["metadata"]["labels"] = {
+            "kueue.x-k8s.io/queue-name": "tas",
+            "kueue.x-k8s.io/priority-class": priority,
+        }
+        return job
+
+    def islands_of_running() -> set[str] | None:
+        pods = [p for p in pods_of(cluster, namespace, "low") if p["status"].get("phase") == "Running"]
+        return {ISLANDS[p["spec"]["nodeName"]] for p in pods} if len(pods) == 2 else None
+
+    try:
+        wait_for("the operator's island labels", lambda: published(cluster), timeout=60, op=operator)
+        with GpuWatch(cluster, namespace) as gpus:
+            apply(cluster, in_queue(training_job(namespace, "low", shared, iterations=40, gpus=2), "low"))
+            metrics = shared / "low.jsonl"
+
+            def training():
+                lines = metrics.read_text().splitlines() if metrics.exists() else []
+                its = [x for x in map(json.loads, lines) if x.get("holmes") == "iteration"]
+                return its if len(its) >= 2 else None
+
+            wait_for("low training", training, timeout=180, op=operator)
+            first = islands_of_running()
+            assert first is not None and len(first) == 1, first  # TAS kept it inside one island
+            apply(
+                cluster,
+                in_queue(tiny_job("high", namespace, count=2, gpus=2, command=["sleep", "3"]), "high"),
+            )
+
+            def evicted():
+                ev = wl_condition(workload(cluster, namespace, "holmesjob-low"), "Evicted")
+                return ev if ev.get("status") == "True" else None
+
+            assert (
+                wait_for("low's Workload evicted", evicted, timeout=60, op=operator)["reason"] == "Preempted"
+            )
+            job = wait_phase(cluster, namespace, "low", "Suspended", timeout=60, op=operator)
+            assert condition(job, "Suspended")["reason"] == "Requeued"
+            wait_phase(cluster, namespace, "high", "Succeeded", timeout=180, op=operator)
+            again = wait_for("low running again", islands_of_running, timeout=180, op=operator)
+            assert len(again) == 1, again
+            wl = workload(cluster, namespace, "holmesjob-low")
+            (psa,) = wl["status"]["admission"]["podSetAssignments"]
+            assert {ISLANDS[h] for h in assigned_hosts(psa)} == again  # where Kueue's TAS put it
+            done = wait_phase(cluster, namespace, "low", "Succeeded", timeout=300, op=operator)
+        assert done["status"]["restarts"] == 0  # a requeue is not a failure
+        assert gpus.samples > 10 and gpus.most <= 4, f"{gpus.most} GPUs held at once by running pods; quota 4"
+        lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+        preempted = next(x for x in lines if x["holmes"] == "preempted")
+        resume = next(x for x in lines if x["holmes"] == "resume")
+        assert preempted["saved"] and resume["iteration"] == preempted["iteration"], (preempted, resume)
+        assert {x["iteration"] for x in lines if x["holmes"] == "iteration"} == set(range(1, 41))
+    finally:
+        cluster.kubectl(
+            "delete", "holmesjob", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False
+        )
+        delete_kueue_objects(cluster, namespace, objs)
+
+
+def wl_condition(wl: dict | None, type_: str) -> dict:
+    return next(
+        (c for c in ((wl or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_), {}
+    )
