@@ -25,7 +25,6 @@ away its webhook configurations (every Job create would otherwise fail while it 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -202,28 +201,4 @@ class Kueue(HostController):
         """Stop Kueue and delete its CRDs, with every object of its kinds (the finalizers Kueue
         would have removed, such as a Workload's resource-in-use, taken off by hand)."""
         self.down(log=lambda *_: None)
-        crds = [f"crd/{c}" for c in kueue_crds()]
-        self.kubectl("delete", *crds, "--ignore-not-found", "--wait=false", check=False)
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            left = self.kubectl("get", *crds, "-o", "name", "--ignore-not-found", check=False).stdout.split()
-            if not left:
-                return
-            for crd in left:
-                resource = crd.split("/", 1)[1]
-                r = self.kubectl("get", resource, "-A", "-o", "json", check=False)
-                for o in json.loads(r.stdout).get("items", []) if r.returncode == 0 else []:
-                    if o["metadata"].get("finalizers"):
-                        ns = o["metadata"].get("namespace")
-                        self.kubectl(
-                            "patch",
-                            resource,
-                            o["metadata"]["name"],
-                            *(["-n", ns] if ns else []),
-                            "--type=merge",
-                            "-p",
-                            '{"metadata":{"finalizers":null}}',
-                            check=False,
-                        )
-            time.sleep(1)
-        raise ClusterError(f"Kueue's CRDs still there {timeout:.0f}s after their deletion: {left}")
+        self.delete_crds(kueue_crds(), timeout)
