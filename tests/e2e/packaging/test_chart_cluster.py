@@ -159,6 +159,10 @@ NEEDED = {
     ("workloads.kueue.x-k8s.io", "watch"): "informer.Informer (the Workloads cache)",
     ("workloads.kueue.x-k8s.io", "create"): "kube.KubeIO.apply_queueing",
     ("workloads.kueue.x-k8s.io", "delete"): "kube.KubeIO.apply_queueing (the job's pods changed)",
+    (
+        "workloads.kueue.x-k8s.io",
+        "patch",
+    ): "kube.KubeIO.apply_queueing (adopting MultiKueue's prebuilt Workload)",
     ("workloads.kueue.x-k8s.io/status", "patch"): "kube.KubeIO.apply_queueing (Finished)",
     ("podgroups.scheduling.volcano.sh", "list"): "informer.Informer (the PodGroups' phase, watches.py)",
     ("podgroups.scheduling.volcano.sh", "watch"): "informer.Informer (the PodGroups' phase, watches.py)",
