@@ -37,6 +37,7 @@ from tests.helpers.operator.kueue_real import (
     GPU,
     RDMA,
     GpuWatch,
+    iterations_logged,
     kueue_objects,
     queued,
     training_job,
@@ -246,12 +247,7 @@ def test_a_higher_priority_job_preempts_the_preempted_resumes_from_its_checkpoin
         apply(cluster, queued(training_job(namespace, "low", shared, iterations=40), "low"))
         metrics = shared / "low.jsonl"
 
-        def training():
-            lines = metrics.read_text().splitlines() if metrics.exists() else []
-            its = [x for x in map(json.loads, lines) if x.get("holmes") == "iteration"]
-            return its if len(its) >= 2 else None
-
-        wait_for("low training", training, timeout=180, op=operator)
+        wait_for("low training", iterations_logged(metrics), timeout=180, op=operator)
         apply(cluster, queued(tiny_job("high", namespace, count=2, gpus=1, command=["sleep", "3"]), "high"))
 
         # Kueue evicts low (Preempted); the operator stops it and releases the quota
@@ -491,6 +487,22 @@ def test_a_job_runs_only_on_the_nodes_of_the_flavor_kueue_admitted_it_to(
     in its node selector, as Kueue's job framework puts them into its jobs' pods."""
     islands(order=("west", "east"))
     job = tiny_job("either", namespace, count=1, gpus=1, command=["sleep", "1"])
+    on_ethernet_nodes(job)
+    apply(cluster, in_queue(job, "islands"))
+    wait_phase(cluster, namespace, "either", "Succeeded", timeout=120, op=operator)
+    wl = workload(cluster, namespace, "either")
+    (ps,) = wl["spec"]["podSets"]
+    assert ps["name"] == "workers" and not ps["template"]["spec"].get("nodeSelector"), ps
+    (pod,) = pods_of(cluster, namespace, "either")
+    assert pod["spec"]["nodeName"] == "eth-1", pod["spec"]["nodeName"]
+    assert pod["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"}, pod["spec"].get("nodeSelector")
+
+
+WEST = ("roce-0", "roce-1", "eth-1")
+
+
+def on_ethernet_nodes(job: dict) -> None:
+    """Keep the job's pods to the two Ethernet nodes (no RDMA device to count), one per cluster."""
     job["spec"]["template"]["spec"]["affinity"] = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -504,17 +516,6 @@ def test_a_job_runs_only_on_the_nodes_of_the_flavor_kueue_admitted_it_to(
             }
         }
     }
-    apply(cluster, in_queue(job, "islands"))
-    wait_phase(cluster, namespace, "either", "Succeeded", timeout=120, op=operator)
-    wl = workload(cluster, namespace, "either")
-    (ps,) = wl["spec"]["podSets"]
-    assert ps["name"] == "workers" and not ps["template"]["spec"].get("nodeSelector"), ps
-    (pod,) = pods_of(cluster, namespace, "either")
-    assert pod["spec"]["nodeName"] == "eth-1", pod["spec"]["nodeName"]
-    assert pod["spec"]["nodeSelector"] == {"holmes.dev/cluster": "west"}, pod["spec"].get("nodeSelector")
-
-
-WEST = ("roce-0", "roce-1", "eth-1")
 
 
 @pytest.fixture
@@ -539,19 +540,7 @@ def test_a_flavors_tolerations_let_the_job_onto_its_tainted_nodes(
     islands(order=("west", "east"), west={"nodeTaints": [tainted_west], "tolerations": [toleration]})
     job = tiny_job("tolerated", namespace, count=1, gpus=1, command=["sleep", "1"])
     # the Ethernet nodes (no RDMA device to count): planned in the queue on east's, the untainted
-    job["spec"]["template"]["spec"]["affinity"] = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["eth-0", "eth-1"]}
-                        ]
-                    }
-                ]
-            }
-        }
-    }
+    on_ethernet_nodes(job)
     apply(cluster, in_queue(job, "islands"))
     wait_phase(cluster, namespace, "tolerated", "Succeeded", timeout=90, op=operator)
     wl = workload(cluster, namespace, "tolerated")

@@ -29,7 +29,7 @@ from tests.helpers.operator.cluster_helpers import (
     wait_for,
     wait_phase,
 )
-from tests.helpers.operator.kueue_real import GpuWatch, training_job
+from tests.helpers.operator.kueue_real import GpuWatch, iterations_logged, training_job
 from tests.helpers.operator.kueue_real import kueue_objects as real_objects
 from tests.helpers.operator.tas_helpers import (
     GPU,
@@ -259,12 +259,7 @@ def test_a_preempted_job_under_tas_is_stopped_released_requeued_and_resumes_insi
             apply(cluster, in_queue(training_job(namespace, "low", shared, iterations=40, gpus=2), "low"))
             metrics = shared / "low.jsonl"
 
-            def training():
-                lines = metrics.read_text().splitlines() if metrics.exists() else []
-                its = [x for x in map(json.loads, lines) if x.get("holmes") == "iteration"]
-                return its if len(its) >= 2 else None
-
-            wait_for("low training", training, timeout=180, op=operator)
+            wait_for("low training", iterations_logged(metrics), timeout=180, op=operator)
             first = islands_of_running()
             assert first is not None and len(first) == 1, first  # TAS kept it inside one island
             apply(

@@ -160,3 +160,14 @@ def training_job(namespace: str, name: str, shared: Path, iterations: int, gpus:
         },
     }
     return holmes_job(name, spec, namespace)
+
+
+def iterations_logged(metrics: Path, at_least: int = 2):
+    """A wait_for check: the training job's iteration lines once it has logged ``at_least``."""
+
+    def check():
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        its = [x for x in map(json.loads, lines) if x.get("holmes") == "iteration"]
+        return its if len(its) >= at_least else None
+
+    return check
