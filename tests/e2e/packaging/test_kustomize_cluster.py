@@ -14,8 +14,8 @@ def test_apply_k_deploy_server_dry_run(cluster):
     if created:  # namespaced objects can only be dry-run into a namespace that exists
         cluster.kubectl("create", "namespace", ns)
     try:
-        # deploy/ carries the CRD's CEL rules, a field the 1.20 kubectl refuses (the server drops it)
-        out = cluster.kubectl("apply", "-k", str(DEPLOY), "--dry-run=server", "--validate=false").stdout
+        # validated by the server (kubectl's default --validate=strict): an unknown field fails
+        out = cluster.kubectl("apply", "-k", str(DEPLOY), "--dry-run=server").stdout
     finally:
         if created:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -14,7 +14,7 @@ from tests.helpers.packaging.packaging_helpers import CHART, DEPLOY, GITOPS, REP
 
 
 def kubectls() -> list[str]:
-    """Both kubectls we have: the cluster's exact-match 1.20 (old embedded kustomize) and any newer one."""
+    """Both kubectls we have: the one built with the cluster (its release's kustomize) and any on PATH."""
     out = [str(cache_bin() / "kubectl")] if (cache_bin() / "kubectl").exists() else []
     if shutil.which("kubectl"):
         out.append(shutil.which("kubectl"))
