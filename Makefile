@@ -115,6 +115,14 @@ e2e: venv k8s kueue jobset trainer images
 e2e-real-nodes: venv k8s node images
 	HOLMES_REAL_NODES=1 $(PY) -m pytest -m real_nodes tests/e2e -q
 
+# The compatibility tier (marker compat) on the oldest release the chart supports (its
+# kubeVersion): that release's control plane and kubectl, built into the cache beside the default's.
+COMPAT_K8S_VERSION ?= v1.34.4
+.PHONY: compat
+compat: venv k8s images
+	HOLMES_K8S_VERSION=$(COMPAT_K8S_VERSION) bash hack/build-k8s.sh
+	HOLMES_K8S_VERSION=$(COMPAT_K8S_VERSION) $(PY) -m pytest -m compat tests/e2e -q
+
 # ruff: lint and format check; mypy: types (strict on contract/ and plan/); lint-imports: the
 # layers' import contracts. Config in pyproject.toml; `make fmt` applies ruff's fixes.
 .PHONY: lint fmt

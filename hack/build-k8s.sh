@@ -23,12 +23,21 @@ BIN="$CACHE/bin"
 # this run's scratch (module dirs, Go's build cache, outputs): its own, so that two builds sharing
 # the cache (two checkouts) never remove each other's; removed when the script exits
 WORK="$CACHE/work.$$"
-K8S_VERSION="${HOLMES_K8S_VERSION:-v1.37.2}"   # the release the tests run on (docs/install.md)
+DEFAULT_K8S_VERSION=v1.37.2   # the release the tests run on (docs/install.md)
+K8S_VERSION="${HOLMES_K8S_VERSION:-$DEFAULT_K8S_VERSION}"
 ETCD_VERSION="v3.6.16"
 HELM_VERSION="v3.22.0"
 KREW_VERSION="v0.4.3"   # tests/unit/packaging/test_krew.py installs the plugin with it
 KWOK_VERSION="v0.8.0"   # hack/localkube/hollow.py runs it with the Stages of hack/localkube/kwok-stages.yaml
 K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+RELEASE_ONLY=""
+if [[ "$K8S_VERSION" != "$DEFAULT_K8S_VERSION" ]]; then
+  # another release (the compatibility tier, `make compat`): its control plane and kubectl in a
+  # directory of their own, beside the default's; etcd, helm, kwok and krew stay the default's
+  BIN="$CACHE/releases/$K8S_VERSION"
+  K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  RELEASE_ONLY=1
+fi
 GO_MIN_MINOR=26   # k8s.io/kubernetes v1.37's go.mod says `go 1.26.0`
 
 LIB_TAG=build-k8s
@@ -105,7 +114,8 @@ build_kube() {  # build_kube CMD... (the ones missing)
   ((n > 20)) || die "found only $n staging modules in $gomod: has kubernetes' go.mod changed form?"
   local pkgs=() c
   for c in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
-  (cd "$mod" && "$go" get "${pkgs[@]}" >"$WORK/go-get.log" 2>&1) \
+  # at the release asked for: a bare `go get PKG` would upgrade k8s.io/kubernetes to the newest
+  (cd "$mod" && "$go" get "${pkgs[@]/%/@$K8S_VERSION}" >"$WORK/go-get.log" 2>&1) \
     || { tail -20 "$WORK/go-get.log" >&2; die "resolving the kubernetes modules failed; log: $WORK/go-get.log"; }
   local minor; minor=$(echo "$K8S_VERSION" | cut -d. -f2)
   local ldflags="-s -w" p
@@ -205,6 +215,7 @@ main() {
   local need; need=$(missing_kube "${K8S_CMDS[@]}")
   # shellcheck disable=SC2086
   [[ -z "$need" ]] || build_kube $need
+  [[ -z "$RELEASE_ONLY" ]] || { finish; return; }
   build_etcd
   build_helm
   build_krew

@@ -46,6 +46,12 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "compat: the compatibility tier: also run by `make compat` on the oldest release the chart "
+        "supports (its kubeVersion; HOLMES_K8S_VERSION, docs/install.md), besides `make test` on "
+        "the default release",
+    )
+    config.addinivalue_line(
+        "markers",
         "real_nodes: runs on nodes of the real kubelet on containerd (hack/localkube/realnode.py); "
         "`make e2e-real-nodes` builds what they need (`make node`) and runs them. Left out of "
         "`make test` (skipped, saying so) while their cold build (~30 min on 2 cores: containerd, "

@@ -29,7 +29,16 @@ from pathlib import Path
 import yaml
 from holmes_dev.kubectl import run_kubectl
 
-from .controlplane import CACHE_BIN, ClusterError, ControlPlane, binary, mentions, pid_alive, stop_pid
+from .controlplane import (
+    CACHE_BIN,
+    ClusterError,
+    ControlPlane,
+    binary,
+    built_version,
+    mentions,
+    pid_alive,
+    stop_pid,
+)
 
 CACHE = CACHE_BIN.parent
 MANAGED_BY = "localkube.holmes.dev"
@@ -43,15 +52,6 @@ def pick_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def built_version(name: str) -> str | None:
-    """The release a hack/build-*.sh script recorded for ``name`` in bin/.versions (None: not built)."""
-    try:
-        lines = (CACHE_BIN / ".versions").read_text().splitlines()
-    except OSError:
-        return None
-    return next((ln.split()[1] for ln in lines if len(ln.split()) == 2 and ln.split()[0] == name), None)
 
 
 def host_address() -> str:

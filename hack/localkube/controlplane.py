@@ -36,6 +36,11 @@ from . import container, imagepolicy, podnet
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_BIN = Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache" / "holmes")) / "bin"
+# HOLMES_K8S_VERSION names another release than the one built into bin/ (the compatibility tier,
+# `make compat`): its control plane and kubectl come from releases/<version>/, which
+# `HOLMES_K8S_VERSION=<version> hack/build-k8s.sh` builds; etcd and the rest stay the default's.
+K8S_VERSION = os.environ.get("HOLMES_K8S_VERSION", "")
+RELEASE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 # Port blocks: base+0 etcd client, base+1 etcd peer, base+2 apiserver, base+3 node agent's log server.
 PORT_RANGE = (26400, 29990)
@@ -47,8 +52,26 @@ class ClusterError(RuntimeError):
     """The cluster could not be started or used; the message says what to do."""
 
 
+def built_version(name: str) -> str | None:
+    """The release a hack/build-*.sh script recorded for ``name`` in bin/.versions (None: not built)."""
+    try:
+        lines = (CACHE_BIN / ".versions").read_text().splitlines()
+    except OSError:
+        return None
+    return next((ln.split()[1] for ln in lines if len(ln.split()) == 2 and ln.split()[0] == name), None)
+
+
 def binary(name: str) -> str:
     p = CACHE_BIN / name
+    if K8S_VERSION and name in RELEASE_BINARIES and built_version(name) != K8S_VERSION:
+        p = CACHE_BIN.parent / "releases" / K8S_VERSION / name
+        if not os.access(p, os.X_OK):
+            raise ClusterError(
+                f"{p} is missing: HOLMES_K8S_VERSION={K8S_VERSION} asks for another release than the "
+                f"one built; build it with `HOLMES_K8S_VERSION={K8S_VERSION} bash hack/build-k8s.sh` "
+                f"(`make compat` does)"
+            )
+        return str(p)
     if not os.access(p, os.X_OK):
         raise ClusterError(
             f"{p} is missing: build the control plane first with `bash hack/build-k8s.sh` "

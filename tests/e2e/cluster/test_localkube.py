@@ -6,7 +6,20 @@ import json
 import os
 import time
 
+import pytest
+
 from tests.helpers.cluster.pods import apply, pod
+
+
+@pytest.mark.compat
+def test_the_server_and_kubectl_are_the_release_asked_for(cluster):
+    """`make test` runs the release built into bin/; `make compat` the oldest the chart supports."""
+    from localkube.controlplane import K8S_VERSION, built_version
+
+    want = K8S_VERSION or built_version("kube-apiserver")
+    versions = json.loads(cluster.kubectl("version", "-o", "json").stdout)
+    assert versions["serverVersion"]["gitVersion"] == want, versions
+    assert versions["clientVersion"]["gitVersion"] == want, versions
 
 
 def test_nodes_carry_the_topology(cluster):

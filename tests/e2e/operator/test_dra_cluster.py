@@ -18,7 +18,7 @@ from localkube.operatorproc import OperatorProcess, api_node, install_crd
 from tests.helpers.operator.cluster_helpers import SLEEP, apply, condition, get_job, pods_of, wait_for
 from tests.helpers.plan.dra_helpers import aligned_slices
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.compat]
 TAINT = {"key": "holmes.dev/dra-test", "value": "1", "effect": "NoSchedule"}
 
 

@@ -54,6 +54,7 @@ def env_of(pod):
 # ---- the API ------------------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_crd_installs_and_kubectl_explain_teaches_the_fields(crd):
     # The API server publishes a new CRD's OpenAPI schema a few seconds after it is Established.
     out = wait_for(
@@ -91,6 +92,7 @@ def test_the_schema_rejects_what_it_can(crd, namespace):
 # ---- placement, env, status ---------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_pods_land_on_the_planned_nodes_with_the_nccl_env_of_their_nic(crd, namespace, operator):
     apply(
         crd,
@@ -144,6 +146,7 @@ def test_pods_land_on_the_planned_nodes_with_the_nccl_env_of_their_nic(crd, name
     assert any(r.get("reason") == "Launched" and r.get("attempt") == 1 for r in mine), records[-5:]
 
 
+@pytest.mark.compat
 def test_trainer_pods_run_for_real_and_the_job_succeeds_with_progress(crd, namespace, operator):
     apply(crd, tiny_job("train", namespace, count=4, iterations=6))
     job = wait_phase(crd, namespace, "train", "Succeeded", timeout=180, op=operator)

@@ -89,6 +89,7 @@ def token_subject(token: str) -> str:
     return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["sub"]
 
 
+@pytest.mark.compat
 def test_chart_operator_runs_from_its_image_and_trains_a_job_on_the_trainer_image(env, cluster):
     env.install()
     pod = operator_pod(env)

@@ -22,6 +22,8 @@ from tests.helpers.contract.spec_helpers import minimal_spec, problems_of
 from tests.helpers.contract.spec_mutations import SEEDS, mutate, seeds
 from tests.helpers.packaging.packaging_helpers import CHART, CRDS, helm
 
+pytestmark = pytest.mark.compat
+
 RULES = "x-kubernetes-validations"
 WHERE = ("holmes.dev", "v1alpha1")
 
