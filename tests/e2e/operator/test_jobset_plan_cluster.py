@@ -17,6 +17,11 @@ Ethernet node in each): nothing plays JobSet's or Holmes' part.
   admits it to a flavor of west's nodes, and Holmes plans it there (without Kueue it would take
   east's InfiniBand island, the larger name first), leaving Kueue's node selector in place; the
   JobSet Completes and its status annotation says Planned.
+- Under the real Kueue's Topology Aware Scheduling over Holmes' islands (tas_helpers): a labelled
+  JobSet of two replicatedJobs (one per stage, each requiring the island level, each pod a whole
+  node's 2 GPUs) carries Kueue's gate and Holmes' gate; Kueue's ungater removes its own and pins
+  each pod's node, Holmes then keeps those nodes, numbers the ranks stage by stage (stage 0 on
+  one island, stage 1 on the other) and removes only its own gate; the JobSet Completes.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from holmes.operator.core import jobset_status
 from localkube.operatorproc import OperatorProcess, install_crd
 from tests.helpers.frameworks.cluster_jobs import PROGRAMS, json_lines
 from tests.helpers.operator.cluster_helpers import apply, wait_for
-from tests.helpers.operator.tas_helpers import ISLANDS
+from tests.helpers.operator.tas_helpers import ISLANDS, delete_kueue_objects, published
+from tests.helpers.operator.tas_helpers import kueue_objects as tas_objects
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -291,3 +297,88 @@ def test_a_queued_labelled_jobset_waits_for_kueue_and_is_planned_inside_the_admi
             "--wait=false",
             check=False,
         )
+
+
+def tas_jobset(ns: str, name: str) -> dict:
+    """Two replicatedJobs s0, s1 of 2 pods (2 GPUs each: a node each), each PodSet requiring
+    Holmes' island level, in the TAS LocalQueue; gated by Holmes; the pods print their plan."""
+    rjobs = []
+    for rj in ("s0", "s1"):
+        pod = {
+            "metadata": {
+                "annotations": {
+                    jp.ANN_GATED_BY: "Holmes operator: it removes the gate once planned",
+                    "kueue.x-k8s.io/podset-required-topology": "topology.holmes.dev/island",
+                }
+            },
+            "spec": {
+                "automountServiceAccountToken": False,
+                "restartPolicy": "Never",
+                "schedulingGates": [{"name": jp.GATE}],
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": "registry.example/torch:test",
+                        "command": ["sh", "-c", "cat /etc/holmes/plan.json >/dev/null && echo planned"],
+                        "resources": {
+                            "requests": {"cpu": "100m", "nvidia.com/gpu": "2"},
+                            "limits": {"nvidia.com/gpu": "2"},
+                        },
+                        "volumeMounts": [
+                            {"name": "holmes-plan", "mountPath": "/etc/holmes", "readOnly": True}
+                        ],
+                    }
+                ],
+                "volumes": [
+                    {"name": "holmes-plan", "configMap": {"name": jp.plan_name(name), "optional": True}}
+                ],
+            },
+        }
+        spec = {"parallelism": 2, "completions": 2, "backoffLimit": 0, "template": pod}
+        rjobs.append({"name": rj, "replicas": 1, "template": {"spec": spec}})
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {jp.LABEL_PLAN: jp.PLAN_ENABLED, LABEL_KUEUE_QUEUE: "tas"},
+            "annotations": {jp.ANN_PIPELINE: "2", jp.ANN_DATA: "2"},
+        },
+        "spec": {"replicatedJobs": rjobs},
+    }
+
+
+def test_under_tas_kueue_picks_each_pods_node_and_holmes_numbers_the_stages_by_island(
+    cluster, real_jobset, real_kueue, namespace, tmp_path
+):
+    install_crd(cluster)
+    objs = tas_objects(namespace)
+    apply(cluster, {"apiVersion": "v1", "kind": "List", "items": objs})
+    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    try:
+        wait_for("the operator's island labels on every node", lambda: published(cluster), 60, 0.5, op)
+        apply(cluster, tas_jobset(namespace, "tas"))
+        wait_for("the TAS JobSet Completed", lambda: completed(cluster, namespace, "tas"), 240, 1, op)
+    finally:
+        op.stop()
+        print(op.tail(60))
+    doc = jp.read_plan(cluster.get_json("configmap", jp.plan_name("tas"), "-n", namespace))
+    assert (doc["pipeline"], doc["data"], doc["nprocPerNode"]) == (2, 2, 2)
+    pods = pods_of(cluster, namespace, "tas")
+    stage_islands: dict[int, set[str]] = {}
+    for p in pods:
+        entry = doc["pods"][p["spec"]["hostname"]]
+        node = p["spec"]["nodeName"]
+        assert node == entry["node"] == p["spec"]["nodeSelector"]["kubernetes.io/hostname"], p["spec"]
+        assert not p["spec"].get("schedulingGates") and p["status"]["phase"] == "Succeeded"
+        stage_islands.setdefault(entry["stage"], set()).add(ISLANDS[node])
+        assert entry["stage"] == int(p["metadata"]["labels"][jp.JS_GLOBAL_INDEX])  # s0 is stage 0
+    assert sorted(len(s) for s in stage_islands.values()) == [1, 1], stage_islands
+    assert {i for s in stage_islands.values() for i in s} == {"east.infiniband", "west.roce"}
+    st = plan_status(cluster, namespace, "tas")
+    assert (st["state"], st["reason"]) == ("Planned", "PlanWritten"), st
+    cluster.kubectl(
+        "delete", "jobsets.jobset.x-k8s.io", "--all", "-n", namespace, "--timeout=60s", check=False
+    )
+    delete_kueue_objects(cluster, namespace, objs)
