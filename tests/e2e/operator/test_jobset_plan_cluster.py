@@ -43,7 +43,7 @@ from tests.helpers.operator.tas_helpers import ISLANDS, delete_kueue_objects, pu
 from tests.helpers.operator.tas_helpers import kueue_objects as tas_objects
 
 pytestmark = [
-    pytest.mark.timeout(300),
+    pytest.mark.timeout(420),
     pytest.mark.skipif(os.geteuid() != 0, reason="pod network namespaces need root"),
 ]
 
