@@ -140,3 +140,30 @@ def test_gated_pods_of_a_queued_jobset_are_not_ungated_before_its_admission(core
     ]
     planner().plan_one(js, pods(), NODES)
     assert [k for k, _ in core.calls] == ["annotate", "event"] and "configmap" not in str(core.calls)
+
+
+def test_an_admitted_queued_jobset_is_planned_on_its_flavors_nodes(core):
+    js = jobset(replicas=1)
+    js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "user-queue"
+    psa = {"name": "w", "count": 2, "flavors": {"cpu": "west"}}
+    core.workloads = [
+        {
+            "metadata": {"name": "jobset-js", "labels": {"kueue.x-k8s.io/job-uid": "u-1"}},
+            "spec": {"podSets": [{"name": "w", "count": 2, "template": {"spec": {}}}]},
+            "status": {
+                "conditions": [
+                    {"type": "QuotaReserved", "status": "True"},
+                    {"type": "Admitted", "status": "True"},
+                ],
+                "admission": {"clusterQueue": "cq", "podSetAssignments": [psa]},
+            },
+        }
+    ]
+    p = planner()
+    p.caches.flavors.put({"metadata": {"name": "west"}, "spec": {"nodeLabels": {"holmes.dev/cluster": "b"}}})
+    ps = pods(1, 2)
+    for x in ps:
+        x["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] = "w"
+    p.plan_one(js, ps, NODES)
+    doc = jp.read_plan(core.configmaps["js-holmes-plan"])
+    assert {e["node"] for e in doc["pods"].values()} == {"b-0", "b-1"}  # not east's IB island
