@@ -14,8 +14,13 @@ A change wakes one loop that, only while this replica leads and its caches are f
 3. ungates each gated pod with a node selector (a JSON merge patch carrying the pod's
    resourceVersion: a pod changed meanwhile is retried on the next pass).
 
+A JobSet queued in Kueue (label kueue.x-k8s.io/queue-name) is planned only once its Workload
+(read per pass, by Kueue's label of the JobSet's uid) is admitted and Kueue's topology gate is
+off every pod, on the nodes the admission allows (core/jobset_kueue.py says why).
+
 Idempotent: a restarted (or newly leading) operator finds the gated pods and the ConfigMap and
-carries on. Refusals are Events on the JobSet (once per reason and message).
+carries on. Refusals are Events on the JobSet (once per reason and message); the state is also
+the JobSet's annotation holmes.dev/plan-status (core/jobset_status.py).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from kubernetes.client.rest import ApiException
 
 from holmes.plan.costmodel_file import CostModelFile
 
+from .core import jobset_kueue as jk
 from .core import jobset_plan as jp
+from .core import jobset_status, queueing
 from .informer import Store
 from .kube import Caches
 from .placement_facts import NodeFacts
@@ -129,7 +136,14 @@ class JobSetPlans:
         for js in self.jobsets.snapshot():
             meta = js["metadata"]
             pods = [p for p in self.pods.by_label(meta["namespace"], meta["name"]) if _alive(p)]
-            if jp.opted_in(js) and any(jp.gated(p) for p in pods) and jp.all_pods_exist(js, pods):
+            if not jp.opted_in(js):
+                continue
+            if jk.queue(js) and (js.get("spec") or {}).get("suspend"):  # Kueue's until admitted
+                why = self.admission(js, pods)
+                if isinstance(why, str):
+                    self.say(js, "Normal", jk.WAITING_FOR_ADMISSION, why)
+                continue
+            if any(jp.gated(p) for p in pods) and jp.all_pods_exist(js, pods):
                 self.plan_one(js, pods, nodes)
 
     def plan_one(self, js: dict, pods: list[dict], nodes: list[dict]) -> None:
@@ -140,11 +154,15 @@ class JobSetPlans:
         cm = _get_configmap(core, ns, jp.plan_name(name))
         doc = jp.read_plan(cm) if cm is not None else None
         layout_json = ((cm or {}).get("data") or {}).get(jp.LAYOUT_FILE, "{}")
-        if doc is None or not jp.plan_matches(doc, pods, usable):
+        if doc is None or not jp.plan_matches(doc, pods, usable, nodes):
             if any(not jp.gated(p) for p in pods):
                 return  # part of the gang runs on the old plan: the JobSet's restart brings new pods
+            admitted = self.admission(js, pods) if jk.queue(js) else None
+            if isinstance(admitted, str):
+                self.say(js, "Normal", jk.WAITING_FOR_ADMISSION, admitted)
+                return
             try:
-                plan = jp.make_plan(js, pods, nodes, self.facts.network, self.facts.unusable)
+                plan = jp.make_plan(js, pods, nodes, self.facts.network, self.facts.unusable, admitted)
             except jp.PlanRefused as e:
                 self.say(js, "Warning", e.reason, e.message)
                 return
@@ -184,10 +202,53 @@ class JobSetPlans:
                 entries[host]["nodeRank"],
             )
 
+    def admission(self, js: dict, pods: list[dict]) -> jk.Admitted | str:
+        """Kueue's admission of a queued JobSet, or why Holmes waits for it."""
+        flavors = {f["metadata"]["name"]: f for f in self.caches.flavors.snapshot()}
+        return jk.admission(js, self._workloads(js), flavors, pods)
+
+    def _workloads(self, js: dict) -> list[dict] | None:
+        """The JobSet's Workloads (Kueue labels them with its uid), as v1beta2; None: Kueue's
+        API is not served."""
+        custom = client.CustomObjectsApi(self.api)
+        for version in queueing.KUEUE_VERSIONS:
+            try:
+                out = custom.list_namespaced_custom_object(
+                    queueing.KUEUE_GROUP,
+                    version,
+                    js["metadata"]["namespace"],
+                    queueing.WORKLOADS,
+                    label_selector=jk.workload_selector(js),
+                )
+            except ApiException as e:
+                if e.status == 404:
+                    continue
+                raise
+            return [queueing.workload_from(w) for w in out.get("items") or []]
+        return None
+
+    def mark(self, js: dict, reason: str, message: str) -> None:
+        """The JobSet's annotation holmes.dev/plan-status, where it changed."""
+        meta = js["metadata"]
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        patch = jobset_status.status_patch(js, reason, message, now)
+        if patch is None:
+            return
+        try:
+            out = client.CustomObjectsApi(self.api).patch_namespaced_custom_object(
+                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], patch
+            )
+        except ApiException as e:  # gone, or not allowed: the Event still says it
+            log.warning("cannot annotate JobSet %s/%s: %s", meta["namespace"], meta["name"], e.reason)
+            return
+        if isinstance(out, dict):
+            self.jobsets.put(out)  # read-your-writes: the next pass sees the annotation
+
     def say(self, js: dict, kind: str, reason: str, message: str) -> None:
-        """An Event on the JobSet, once per reason and message."""
+        """An Event on the JobSet, once per reason and message, and its plan status."""
         meta = js["metadata"]
         key = (meta["namespace"], meta["name"])
+        self.mark(js, reason, message)
         if self._said.get(key) == reason + message:
             return
         self._said[key] = reason + message

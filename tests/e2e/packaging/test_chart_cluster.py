@@ -170,6 +170,7 @@ NEEDED = {
     ("podgroups.scheduling.volcano.sh", "patch"): "kube.KubeIO.apply_queueing (a new gang size)",
     ("jobsets.jobset.x-k8s.io", "list"): "informer.Informer (labelled JobSets, jobset_watch.py)",
     ("jobsets.jobset.x-k8s.io", "watch"): "informer.Informer (labelled JobSets, jobset_watch.py)",
+    ("jobsets.jobset.x-k8s.io", "patch"): "jobset_watch.JobSetPlans.mark (holmes.dev/plan-status)",
     ("resourceslices.resource.k8s.io", "list"): "informer.Informer (DRA devices, watches.py)",
     ("resourceslices.resource.k8s.io", "watch"): "informer.Informer (DRA devices, watches.py)",
     ("resourceclaimtemplates.resource.k8s.io", "create"): "kube.KubeIO._create_claim_template",

@@ -69,5 +69,7 @@ def pods(jobs: int = 2, per: int = 2) -> list[dict]:
     return [pod(j, i) for j in reversed(range(jobs)) for i in range(per)]  # any order in
 
 
-def plan(js: dict, ps: list[dict] | None = None, nodes: list[dict] = NODES) -> jp.Plan:
-    return jp.make_plan(js, pods() if ps is None else ps, nodes, FACTS.network, FACTS.unusable)
+def plan(
+    js: dict, ps: list[dict] | None = None, nodes: list[dict] = NODES, admitted: object = None
+) -> jp.Plan:
+    return jp.make_plan(js, pods() if ps is None else ps, nodes, FACTS.network, FACTS.unusable, admitted)  # type: ignore[arg-type]

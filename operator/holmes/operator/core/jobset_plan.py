@@ -32,6 +32,8 @@ from typing import Any
 from holmes.contract import Layout
 from holmes.contract.layout import GroupFamily, Stage
 
+from . import tolerations as taints
+from .jobset_kueue import LABEL_REPLICATED_JOB, Admitted
 from .render import TORCH_NCCL_ENV
 from .routes import NodeNetwork
 
@@ -105,6 +107,8 @@ class PodSlot:
     order: tuple[int, int]  # (job-global-index, completion index): the JobSet's rank order
     gated: bool
     node_selector: Mapping[str, str]
+    replicated_job: str = ""  # its Kueue PodSet
+    tolerations: tuple[Mapping[str, Any], ...] = ()
 
 
 def slot(pod: Mapping[str, Any]) -> PodSlot:
@@ -125,6 +129,8 @@ def slot(pod: Mapping[str, Any]) -> PodSlot:
         order=(index(JS_GLOBAL_INDEX), index(COMPLETION_INDEX)),
         gated=gated(pod),
         node_selector=dict(spec.get("nodeSelector") or {}),
+        replicated_job=str(labels.get(LABEL_REPLICATED_JOB, "")),
+        tolerations=tuple(spec.get("tolerations") or ()),
     )
 
 
@@ -200,17 +206,15 @@ class Island:
 def islands(
     nodes: Sequence[Mapping[str, Any]],
     network: Callable[[Mapping], NodeNetwork],
-    unusable: Callable[[Mapping], str],
-    selector: Mapping[str, str],
+    keep: Callable[[Mapping], bool],
 ) -> list[Island]:
-    """The usable nodes matching the pods' own node selector, grouped by cluster and NIC kind;
-    largest island first."""
+    """The nodes ``keep`` keeps (a pod of the JobSet may go there), grouped by cluster and NIC
+    kind; largest island first."""
     by: dict[str, list[str]] = {}
     kinds: dict[str, str] = {}
     for node in nodes:
         meta = node.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        if unusable(node) or any(labels.get(k) != v for k, v in selector.items()):
+        if not keep(node):
             continue
         net = network(node)
         name = f"{net.cluster}/{net.nic}"
@@ -220,19 +224,38 @@ def islands(
     return sorted(found, key=lambda i: (-len(i.nodes), i.name))
 
 
-def fit(P: int, D: int, isl: Sequence[Island]) -> list[tuple[Island, tuple[str, ...]]] | None:
+def fit(
+    P: int, D: int, isl: Sequence[Island], allowed: Sequence[frozenset[str]] | None = None
+) -> list[tuple[Island, tuple[str, ...]]] | None:
     """P stages of D nodes, each stage inside one island (consecutive stages on the same
-    island where they fit, so stage boundaries stay on RDMA); None when they do not fit."""
+    island where they fit, so stage boundaries stay on RDMA); None when they do not fit.
+    ``allowed``: per pod in rank order, the nodes it may go to (its node selector, taints it
+    tolerates, Kueue's admission); pod r takes the stage's r-th node."""
     out: list[tuple[Island, tuple[str, ...]]] = []
-    for i in isl:
-        for k in range(len(i.nodes) // D):
-            if len(out) == P:
-                return out
-            out.append((i, i.nodes[k * D : (k + 1) * D]))
-    return out if len(out) == P else None
+    used: set[str] = set()
+    for s in range(P):
+        for i in isl:  # the first island with room: the previous stage's until it is full
+            pick: list[str] = []
+            for r in range(s * D, (s + 1) * D):
+                ok = allowed[r] if allowed is not None else None
+                n = next(
+                    (n for n in i.nodes if n not in used and n not in pick and (ok is None or n in ok)), None
+                )
+                if n is None:
+                    break
+                pick.append(n)
+            if len(pick) == D:
+                out.append((i, tuple(pick)))
+                used.update(pick)
+                break
+        else:
+            return None
+    return out
 
 
-def degrees(ann: Mapping[str, str], pods: int, isl: Sequence[Island]) -> tuple[int, int]:
+def degrees(
+    ann: Mapping[str, str], pods: int, isl: Sequence[Island], allowed: Sequence[frozenset[str]] | None = None
+) -> tuple[int, int]:
     """(P, D) from the annotations and the pod count; ``auto`` takes the widest data degree
     whose stages each fit on one island."""
     P, D = _degree(ann, ANN_PIPELINE), _degree(ann, ANN_DATA)
@@ -253,7 +276,7 @@ def degrees(ann: Mapping[str, str], pods: int, isl: Sequence[Island]) -> tuple[i
             )
         return (fixed, pods // fixed) if P is not None else (pods // fixed, fixed)
     for d in sorted((d for d in range(1, pods + 1) if pods % d == 0), reverse=True):
-        if fit(pods // d, d, isl) is not None:
+        if fit(pods // d, d, isl, allowed) is not None:
             return pods // d, d
     return pods, 1  # fit() below says why it cannot be placed
 
@@ -348,8 +371,11 @@ def make_plan(
     nodes: Sequence[Mapping[str, Any]],
     network: Callable[[Mapping], NodeNetwork],
     unusable: Callable[[Mapping], str],
+    admitted: Admitted | None = None,
 ) -> Plan:
-    """The plan for the JobSet once all its pods exist, or PlanRefused naming the fix."""
+    """The plan for the JobSet once all its pods exist, or PlanRefused naming the fix.
+    ``admitted``: Kueue's admission of a queued JobSet (jobset_kueue.admission): each pod only
+    on nodes its PodSet was admitted to."""
     meta = jobset.get("metadata") or {}
     ann = meta.get("annotations") or {}
     want = expected_pods(jobset)
@@ -358,27 +384,30 @@ def make_plan(
         raise PlanRefused(INVALID, f"{len(slots)} of the JobSet's {want} pods exist: waiting for the rest")
     if len({s.order for s in slots}) != len(slots):
         raise PlanRefused(INVALID, "two pods share a job-global-index and completion index: use Indexed Jobs")
-    selector: dict[str, str] = {}
     for s in slots:
-        for k, v in s.node_selector.items():
-            if k == HOSTNAME_LABEL:
-                raise PlanRefused(
-                    INVALID,
-                    f"pod {s.name} already selects node {v} ({HOSTNAME_LABEL}): Holmes picks the node; "
-                    "remove it from the template",
-                )
-            selector[k] = v
-    isl = islands(nodes, network, unusable, selector)
+        # Kueue's topology ungater writes the hostname of a domain it picked (TAS): Holmes
+        # plans inside it; anyone else's pin leaves Holmes nothing to pick
+        pin = s.node_selector.get(HOSTNAME_LABEL)
+        if pin is not None and not (admitted is not None and admitted.topology):
+            raise PlanRefused(
+                INVALID,
+                f"pod {s.name} already selects node {pin} ({HOSTNAME_LABEL}): Holmes picks the node; "
+                "remove it from the template",
+            )
+    allowed, left_out = allowed_nodes(slots, nodes, unusable, admitted)
+    every = frozenset().union(*allowed)
+    isl = islands(nodes, network, lambda n: n["metadata"]["name"] in every)
     by_name = {n["metadata"]["name"]: n for n in nodes}
-    P, D = degrees(ann, len(slots), isl)
+    P, D = degrees(ann, len(slots), isl, allowed)
     layers = model_layers(ann)
-    stages = fit(P, D, isl)
+    stages = fit(P, D, isl, allowed)
     if stages is None:
         sizes = ", ".join(f"{i.name}: {len(i.nodes)}" for i in isl) or "none"
+        where = f" inside Kueue's admission (Workload {admitted.workload})" if admitted else ""
         raise PlanRefused(
             WAITING_FOR_NODES,
-            f"{P} stages of {D} nodes each need islands of {D} usable nodes for every stage; the "
-            f"islands have {sizes}: add nodes, or lower {ANN_DATA} (or set it to auto)",
+            f"{P} stages of {D} nodes each need islands of {D} usable nodes for every stage{where}; the "
+            f"islands have {sizes}{left_out}: add nodes, or lower {ANN_DATA} (or set it to auto)",
         )
     port_raw = str(ann.get(ANN_MASTER_PORT, DEFAULT_MASTER_PORT))
     if not port_raw.isdigit() or not 0 < int(port_raw) < 65536:
@@ -419,6 +448,40 @@ def make_plan(
         master_port=int(port_raw),
         layers_left_to_program=layers is None,
     )
+
+
+def allowed_nodes(
+    slots: Sequence[PodSlot],
+    nodes: Sequence[Mapping[str, Any]],
+    unusable: Callable[[Mapping], str],
+    admitted: Admitted | None,
+) -> tuple[list[frozenset[str]], str]:
+    """Per pod, the usable nodes it may go to: its own node selector holds there, and its
+    tolerations (with, under Kueue, its admitted flavor's) tolerate the node's taints, as the
+    scheduler would judge; under Kueue only nodes of its PodSet's admission. And a note naming
+    the nodes left out for a taint alone ('' when none)."""
+    out: list[frozenset[str]] = []
+    tainted: dict[str, str] = {}
+    for s in slots:
+        ok = set()
+        for node in nodes:
+            name = node["metadata"]["name"]
+            labels = node["metadata"].get("labels") or {}
+            if unusable(node) or any(labels.get(k) != v for k, v in s.node_selector.items()):
+                continue
+            if admitted is not None:
+                if admitted.allows(s.replicated_job, node, s.tolerations):
+                    ok.add(name)
+                continue
+            taint = taints.untolerated(node, s.tolerations)
+            if taint:
+                tainted[name] = f"{taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+                continue
+            ok.add(name)
+        out.append(frozenset(ok))
+    shown = [f"{n} ({t})" for n, t in sorted(tainted.items()) if not any(n in a for a in out)]
+    note = f" (left out, a taint the pods do not tolerate: {', '.join(shown)})" if shown else ""
+    return out, note
 
 
 def node_env(net: NodeNetwork) -> dict[str, str]:
@@ -526,9 +589,24 @@ def node_label(nodes: Sequence[Mapping[str, Any]], name: str) -> str:
     return name
 
 
-def plan_matches(doc: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], usable: set[str]) -> bool:
-    """An existing plan still serves these pods: it names every pod's hostname and its nodes
-    are still usable (a JobSet restart's new pods keep their hostnames and the plan)."""
+def plan_matches(
+    doc: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    usable: set[str],
+    nodes: Sequence[Mapping[str, Any]] = (),
+) -> bool:
+    """An existing plan still serves these pods: it names every pod's hostname, its nodes are
+    still usable (a JobSet restart's new pods keep their hostnames and the plan), and each pod's
+    own node selector holds on its planned node (``nodes`` given: a JobSet Kueue admitted again
+    to another flavor or domain has pods whose new selectors the old plan may not meet)."""
     entries = doc.get("pods") or {}
     hosts = {slot(p).hostname for p in pods}
-    return hosts == set(entries) and all(e["node"] in usable for e in entries.values())
+    if hosts != set(entries) or not all(e["node"] in usable for e in entries.values()):
+        return False
+    labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes}
+    for p in pods if nodes else ():
+        s = slot(p)
+        on = labels.get(entries[s.hostname]["node"], {})
+        if any(on.get(k) != v for k, v in s.node_selector.items()):
+            return False
+    return True
