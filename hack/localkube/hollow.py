@@ -46,6 +46,14 @@ LEASE_NS = "kube-node-lease"
 
 
 # ---- registration ----------------------------------------------------------------------------
+def api_client(kubeconfig: str, pool: int = 20) -> client.ApiClient:
+    """A client for ``kubeconfig`` with room for register's parallel requests."""
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool
+    return client.ApiClient(cfg)
+
+
 def register(core: client.CoreV1Api, nodes: list[SimNode], workers: int = 16) -> None:
     """Create (or refresh the labels of) each Node and lift the not-ready taint."""
 
@@ -129,11 +137,11 @@ def set_not_ready(core: client.CoreV1Api, node: str, not_ready: bool) -> int:
 
 
 # ---- kwok --------------------------------------------------------------------------------------
-def kwok_command(kubeconfig: str, config_file: str, lease_seconds: float) -> list[str]:
+def kwok_command(kubeconfig: str, config_file: str, lease_seconds: float, kwok: str = "") -> list[str]:
     """kwok managing the nodes annotated for it, with Holmes' Stages; the Lease's duration is 4
     renewal periods, as the kubelet's (40 s for a 10 s renewal)."""
     return [
-        binary("kwok"),
+        kwok or binary("kwok"),
         f"--kubeconfig={kubeconfig}",
         f"--config={config_file}",
         "--manage-all-nodes=false",
@@ -168,13 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             kwok_bin = binary("kwok")
         except ClusterError as e:
             ap.error(str(e))
-    cfg = client.Configuration()
     try:
-        config.load_kube_config(config_file=a.kubeconfig, client_configuration=cfg)
+        api = api_client(a.kubeconfig)
     except (OSError, config.ConfigException) as e:
         ap.error(f"--kubeconfig {a.kubeconfig}: {e}")
-    cfg.connection_pool_maxsize = 20
-    api = client.ApiClient(cfg)
     if a.unregister:
         unregister(api, [n.name for n in nodes])
         return 0
