@@ -5,7 +5,8 @@ Ready with the topology's labels, annotations, taints and resources, one kwok pr
 all; a HolmesJob's pods land on them and end as their ``hollow.holmes.dev/*`` annotations say,
 while a pod on an agent node runs as a process; ``down`` leaves no kwok process.
 
-Its own cluster (not the session's ``cluster``: another topology)."""
+Churn through the API does what the benches rely on (hollow.py: a pod failed or finished, a node
+not ready and back). Its own cluster (not the session's ``cluster``: another topology)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -72,6 +74,18 @@ class Mixed:
         return out
 
 
+@pytest.fixture
+def ns(mixed):
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    mixed.kubectl("create", "namespace", name)
+    wait_for(
+        "the default service account",
+        lambda: mixed.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+    )
+    yield name
+    mixed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
 @pytest.fixture(scope="module")
 def mixed():
     c = Mixed(REPO / ".holmes" / f"pytest-kwok-{os.getpid()}")
@@ -112,12 +126,100 @@ def test_kwok_nodes_carry_the_topology_and_one_kwok_plays_them(mixed):
             )
             lease = mixed.get("lease", sim.name, "-n", "kube-node-lease")
             assert lease["spec"]["holderIdentity"] and lease["spec"]["leaseDurationSeconds"] == 8
+    renewed = mixed.get("lease", HOLLOW[0], "-n", "kube-node-lease")["spec"]["renewTime"]
+    time.sleep(3)  # leaseSeconds: 2: renewed at least once since
+    assert mixed.get("lease", HOLLOW[0], "-n", "kube-node-lease")["spec"]["renewTime"] != renewed
     st = mixed.cp.state()
     assert st["kwok"]["nodes"] == len(HOLLOW) and st["kwok"]["readyS"] > 0
     assert mixed.kwok_processes() == [st["pids"]["kwok"]]
     assert mixed.cp.running()
     nodes_out = mixed.localkube("nodes")
     assert nodes_out.returncode == 0 and "kwok-3" in nodes_out.stdout, nodes_out.stderr
+
+
+def _pod(name: str, node: str, **annotations: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "nodeSelector": {"pool": "hollow", "kubernetes.io/hostname": node},
+            "tolerations": [{"key": "pool", "operator": "Exists"}],
+            "initContainers": [{"name": "init", "image": "hollow"}],
+            "containers": [{"name": "trainer", "image": "hollow", "command": ["sleep", "infinity"]}],
+            "terminationGracePeriodSeconds": 30,
+        },
+    }
+
+
+def _wait_pod(c: Mixed, ns: str, name: str, phases=("Succeeded", "Failed"), timeout: float = 60) -> dict:
+    def phase():
+        r = c.kubectl("get", "pod", name, "-n", ns, "-o", "json", check=False)
+        p = json.loads(r.stdout) if r.returncode == 0 else {}
+        return p if p.get("status", {}).get("phase") in phases else None
+
+    return wait_for(f"pod {ns}/{name} in {phases}", phase, timeout=timeout)
+
+
+def _terminated(pod: dict) -> dict:
+    return pod["status"]["containerStatuses"][0]["state"]["terminated"]
+
+
+def _ready(c: Mixed, node: str) -> bool:
+    conds = c.get("node", node)["status"].get("conditions") or []
+    return any(x["type"] == "Ready" and x["status"] == "True" for x in conds)
+
+
+def test_pods_run_and_end_as_their_annotations_say(mixed, ns):
+    pods = {
+        "exit7": _pod("exit7", HOLLOW[0], **{hn.RUN_SECONDS: "1", hn.EXIT_CODE: "7"}),
+        "bad": _pod("bad", HOLLOW[0], **{hn.RUN_SECONDS: "soon"}),
+        "endat": _pod("endat", HOLLOW[1], **{hn.END_AT: str(int(time.time()) + 3)}),
+        "ip": _pod("ip", HOLLOW[1], **{hn.RUN_SECONDS: "0.5", hn.POD_IP: "127.0.0.1"}),
+    }
+    mixed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(pods.values()))
+    got = {n: _wait_pod(mixed, ns, n) for n in pods}
+    assert got["exit7"]["status"]["phase"] == "Failed" and _terminated(got["exit7"])["exitCode"] == 7
+    assert '"error"' in _terminated(got["exit7"])["message"]
+    assert got["bad"]["status"]["phase"] == "Failed" and _terminated(got["bad"])["exitCode"] == 2
+    assert got["endat"]["status"]["phase"] == "Succeeded" and _terminated(got["endat"])["exitCode"] == 0
+    ok = got["ip"]
+    assert ok["status"]["phase"] == "Succeeded" and ok["status"]["podIP"] == "127.0.0.1"
+    assert '"done"' in _terminated(ok)["message"]
+    assert ok["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert "podIP" not in got["exit7"]["status"]  # hollow pods have no network unless told
+
+
+def test_churn_through_the_api(mixed, ns):
+    from kubernetes import client
+
+    from localkube import hollow as hl
+
+    core = client.CoreV1Api(hl.api_client(mixed.kubeconfig))
+    pods = [_pod("failme", HOLLOW[0]), _pod("finishme", HOLLOW[1]), _pod("dark", HOLLOW[1])]
+    mixed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(pods))
+    for p in ("failme", "finishme", "dark"):
+        _wait_pod(mixed, ns, p, phases=("Running",))
+    assert hl.fail_pod(core, ns, "failme") and hl.finish_pod(core, ns, "finishme")
+    failed, done = _wait_pod(mixed, ns, "failme"), _wait_pod(mixed, ns, "finishme")
+    assert failed["status"]["phase"] == "Failed" and _terminated(failed)["exitCode"] == 1
+    assert done["status"]["phase"] == "Succeeded" and _terminated(done)["exitCode"] == 0
+    assert not hl.fail_pod(core, ns, "no-such-pod")
+
+    # a node whose runtime is down: Ready=False, and its deleted pod stays until it is back
+    assert hl.set_not_ready(core, HOLLOW[1], True) >= 1
+    wait_for(f"{HOLLOW[1]} NotReady", lambda: not _ready(mixed, HOLLOW[1]), timeout=30)
+    mixed.kubectl("delete", "pod", "dark", "-n", ns, "--wait=false")
+    time.sleep(3)
+    assert mixed.kubectl("get", "pod", "dark", "-n", ns, check=False).returncode == 0
+    hl.set_not_ready(core, HOLLOW[1], False)
+    wait_for(
+        "the node Ready again and its deleted pod gone",
+        lambda: (
+            _ready(mixed, HOLLOW[1]) and mixed.kubectl("get", "pod", "dark", "-n", ns, check=False).returncode
+        ),
+        timeout=30,
+    )
 
 
 def _job(name: str, ns: str, count: int, annotations: dict[str, str], backoff: int) -> dict:
@@ -139,14 +241,8 @@ def _job(name: str, ns: str, count: int, annotations: dict[str, str], backoff: i
     return holmes_job(name, spec, ns)
 
 
-def test_a_holmesjobs_pods_land_on_kwok_nodes_and_end_as_annotated(mixed, tmp_path):
+def test_a_holmesjobs_pods_land_on_kwok_nodes_and_end_as_annotated(mixed, ns, tmp_path):
     install_crd(mixed)
-    ns = f"t-{uuid.uuid4().hex[:8]}"
-    mixed.kubectl("create", "namespace", ns)
-    wait_for(
-        "the default service account",
-        lambda: mixed.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
-    )
     op = OperatorProcess(mixed.kubeconfig, [ns], tmp_path / "operator.log").start()
     try:
         jobs = {
