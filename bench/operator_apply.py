@@ -188,13 +188,14 @@ class Bench:
         return time.monotonic() - t0
 
 
-def start_cluster(state: Path):
+def start_cluster(state: Path, topology: Path | None = None):
+    """A local control plane in ``state`` with ``topology``'s nodes (default: the default one's)."""
     from localkube.controlplane import ControlPlane
 
     cp = ControlPlane(state)
     cp.dir.mkdir(parents=True, exist_ok=True)
     cp.up(
-        REPO / "hack" / "topologies" / "default.yaml",
+        topology or REPO / "hack" / "topologies" / "default.yaml",
         log=lambda m: print(f"[localkube] {m}", file=sys.stderr),
     )
     return cp
@@ -268,13 +269,14 @@ def print_apply(rows: list[tuple], repeats: int) -> bool:
     return ok
 
 
-def cluster_kubeconfig(name: str) -> tuple:
+def cluster_kubeconfig(name: str, topology: Path | None = None) -> tuple:
     """(the private cluster started, or None, its kubeconfig): $HOLMES_KUBECONFIG's cluster when
-    set, else a fresh local control plane under .holmes/NAME-PID (stop it with stop_cluster)."""
+    set, else a fresh local control plane with ``topology``'s nodes under .holmes/NAME-PID (stop
+    it with stop_cluster)."""
     kubeconfig = os.environ.get("HOLMES_KUBECONFIG")
     if kubeconfig:
         return None, kubeconfig
-    cp = start_cluster(REPO / ".holmes" / f"{name}-{os.getpid()}")
+    cp = start_cluster(REPO / ".holmes" / f"{name}-{os.getpid()}", topology)
     return cp, str(cp.kubeconfig)
 
 

@@ -2,16 +2,18 @@
 over a ramp, with churn, against the real local control plane (API server, etcd, scheduler,
 controller manager) and the operator as a process.
 
-Hollow nodes (hack/localkube/hollow.py) register heterogeneous Nodes (islands of InfiniBand,
-RoCE and Ethernet, labelled the labeller's way or NFD's, three GPU types); kwok, with Holmes'
-Stages, renews their Leases and reports their pods Running, then Succeeded when the bench
-finishes them, without running anything. Jobs spread over a
+The hollow nodes are a topology's ``playedBy: kwok`` nodes (hack/localkube/topology.py; the bench
+writes it from hollow_nodes.py: islands of InfiniBand, RoCE and Ethernet, labelled the labeller's
+way or NFD's, three GPU types) on a private cluster the bench starts with it: the cluster's kwok,
+with Holmes' Stages, renews their Leases and reports their pods Running, then Succeeded when the
+bench finishes them, without running anything. Jobs spread over a
 few namespaces (teams); half select any hollow node, half one island. Churn, after the ramp:
 nodes going NotReady and back, running pods failing, jobs deleted, specs edited (a relaunch),
 and a few bad specs (refused with a condition, never a crash). Then a steady window measures
 the operator's own requests per running job; then every job ends.
 
-Measured: the hollow nodes' readiness (hollow.py started -> every node Ready, ``nodesReadyS``),
+Measured: the hollow nodes' readiness (the cluster's kwok started -> every node Ready,
+``nodesReadyS``),
 launch (the bench's create call -> the API server's creationTimestamp of the last pod of its
 first attempt, + 1 s as that stamp is in whole seconds: an upper bound; ``launchSeen*``: ->
 the bench's pod watch delivering it, which adds that watch's lag on a loaded machine; bad
@@ -28,6 +30,10 @@ with Stalled=True).
 
     .venv/bin/python bench/operator_scale.py --nodes 2000 --jobs 200     # ~15 minutes
     .venv/bin/python bench/operator_scale.py --small     # the small mode make test runs
+
+With ``$HOLMES_KUBECONFIG`` the bench uses that cluster instead, which must already play its
+nodes: ``--write-topology FILE`` writes them, then ``make cluster-up TOPOLOGY=FILE`` (the same
+``--nodes``/``--islands``/``--lease-seconds``; ``nodesReadyS`` is then not measured).
 
 Last line: one JSON object.
 """
@@ -53,6 +59,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "hack")]
+import yaml  # noqa: E402
 from holmes_dev.jobs import holmes_job  # noqa: E402
 from kubernetes import client  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
@@ -465,6 +472,9 @@ def main() -> int:
         help="nodes per job, drawn evenly (a compressed ramp of many jobs on few nodes: 1,1,2,2,2,4)",
     )
     ap.add_argument("--small", action="store_true", help="make test's mode: 40 nodes, 8 jobs, short windows")
+    ap.add_argument(
+        "--write-topology", metavar="FILE", help="write the hollow nodes' topology (playedBy: kwok) and exit"
+    )
     a = ap.parse_args()
     try:
         a.sizes = tuple(int(x) for x in a.sizes.split(","))
@@ -479,42 +489,41 @@ def main() -> int:
     a.ramp = a.ramp or a.jobs / 2
     a.churn = a.churn or max(1, a.jobs // 20)
     rng = random.Random(a.seed)
+    try:
+        topology = hn.topology_doc(hn.hollow_nodes(a.nodes, a.islands), leaseSeconds=a.lease_seconds)
+    except hn.HollowError as e:
+        ap.error(str(e))
+    if a.write_topology:
+        Path(a.write_topology).write_text(yaml.safe_dump(topology, sort_keys=False))
+        return 0
 
-    cp, kubeconfig = cluster_kubeconfig("bench-scale")
+    tmp = Path(tempfile.mkdtemp(prefix="holmes-bench-scale-"))
+    (tmp / "topology.yaml").write_text(yaml.safe_dump(topology, sort_keys=False))
+    result: dict = {"nodes": a.nodes, "islands": a.islands, "jobs": a.jobs}
+    # the cluster's kwok plays the nodes (cluster-up waits until every one is Ready)
+    cp, kubeconfig = cluster_kubeconfig("bench-scale", tmp / "topology.yaml")
+    result["nodesReadyS"] = cp.state()["kwok"]["readyS"] if cp else None
     b = Bench(kubeconfig)
     core = b.core
     custom = client.CustomObjectsApi(b.api)
-    tmp = Path(tempfile.mkdtemp(prefix="holmes-bench-scale-"))
     prefix = f"scale-{os.getpid()}-"
     namespaces = [f"{prefix}{i}" for i in range(a.namespaces)]
-    hollow_cmd = [
-        sys.executable, "-m", "localkube.hollow", f"--kubeconfig={kubeconfig}", f"--nodes={a.nodes}",
-        f"--islands={a.islands}", f"--lease-seconds={a.lease_seconds}",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO / "hack"), "PYTHONUNBUFFERED": "1"}
-    hollow = op = sampler = observer = None
+    op = sampler = observer = None
     stand_in = TrainerStandIn()  # every rank-0 trainer's metrics, its iteration moving with time
-    result: dict = {"nodes": a.nodes, "islands": a.islands, "jobs": a.jobs}
     t_start = time.monotonic()
     try:
+        if not cp and ready_hollow_nodes(core) < a.nodes:
+            raise RuntimeError(
+                f"$HOLMES_KUBECONFIG's cluster has fewer than {a.nodes} Ready hollow nodes: start it with "
+                f"`bench/operator_scale.py --write-topology FILE` (the same options), then "
+                f"`make cluster-up TOPOLOGY=FILE`"
+            )
+        log(f"{a.nodes} hollow nodes Ready {result['nodesReadyS']}s after the cluster's kwok started")
         try:
             b.install_crd()
         except subprocess.CalledProcessError:  # `kubectl wait` before the CRD is listed: once more
             time.sleep(5)
             b.install_crd()
-        hollow_log = open(tmp / "hollow.log", "ab")
-        t_nodes = time.monotonic()
-        hollow = subprocess.Popen(hollow_cmd, stdout=hollow_log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-
-        def nodes_ready() -> bool:
-            if hollow.poll() is not None:  # kwok refused its Stages, no kwok binary, ...
-                tail = (tmp / "hollow.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"hollow.py exited with {hollow.returncode}:\n{tail}")
-            return ready_hollow_nodes(core) >= a.nodes
-
-        wait_for(f"{a.nodes} hollow nodes Ready", nodes_ready, 600, 1.0, True)
-        result["nodesReadyS"] = round(time.monotonic() - t_nodes, 1)
-        log(f"{a.nodes} hollow nodes Ready {result['nodesReadyS']}s after hollow.py started")
         kinds = [f"--cluster-rdma-kind={c}={k}" for c, k in hn.rdma_kinds(a.islands).items()]
         op = OperatorProcess(
             kubeconfig,
@@ -708,10 +717,8 @@ def main() -> int:
             except ApiException as e:
                 if e.status != 404:
                     log(f"cleanup {ns}: {e.reason}")
-        if hollow:
-            hollow.terminate()
-            hollow.wait(30)
-            subprocess.run([*hollow_cmd, "--unregister"], env=env, cwd=REPO, check=False, capture_output=True)
+        if cp and (cp.dir / "logs" / "kwok.log").exists():  # kept with the operator's log
+            shutil.copy(cp.dir / "logs" / "kwok.log", tmp / "kwok.log")
         stop_cluster(cp)
         if observer:  # each launch as the bench saw it, to join with the operator's log
             (tmp / "launches.json").write_text(json.dumps(observer.trace))

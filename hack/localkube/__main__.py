@@ -66,13 +66,18 @@ def show_nodes(cp: ControlPlane) -> int:
 def set_power(cp: ControlPlane, node: str, on: bool) -> None:
     """Write the node agent's powered-off list (read every POWER_POLL_S)."""
     from .agent import POWERED_OFF
-    from .topology import load_topology
+    from .topology import AGENT, load_topology
 
     if not cp.running():
         raise ClusterError("the cluster is not running: `make cluster-up` first")
-    known = load_topology(cp.state()["topology"]).names
-    if node not in known:
-        raise ClusterError(f"no node {node!r} in this cluster's topology (nodes: {', '.join(known)})")
+    topo = load_topology(cp.state()["topology"])
+    if node not in topo.names:
+        raise ClusterError(f"no node {node!r} in this cluster's topology (nodes: {', '.join(topo.names)})")
+    if topo.node(node).played_by != AGENT:
+        raise ClusterError(
+            f"{node} is played by {topo.node(node).played_by}, not the node agent: only agent nodes "
+            f"have a machine to switch off (a kwok node goes NotReady with localkube.hollow.set_not_ready)"
+        )
     f = cp.dir / POWERED_OFF
     off = set(f.read_text().split()) if f.exists() else set()
     off = off - {node} if on else off | {node}

@@ -1,10 +1,13 @@
 """Start and stop a real Kubernetes control plane on loopback (the release hack/build-k8s.sh
-builds), plus the node agent (whose pods get network namespaces of their own: podnet.py).
+builds), plus what plays the topology's nodes: the node agent (whose pods get network namespaces
+of their own: podnet.py), real kubelets (realnode.py) and one kwok process for all the hollow
+nodes (``playedBy: kwok``; hollow.py registers them).
 
 Everything lives in one state directory (``.holmes/cluster`` for ``make cluster-up``)::
 
     cluster.json        ports, pod-IP octet, topology path, recorded PIDs
     kubeconfig          admin kubeconfig (token auth, the apiserver's self-signed CA)
+    kwok.yaml           kwok's configuration and Holmes' Stages (when the topology has kwok nodes)
     pki/                apiserver cert (made by the apiserver), service-account key pair
     etcd/               etcd data
     logs/<component>.log
@@ -45,7 +48,8 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler
 # Port blocks: base+0 etcd client, base+1 etcd peer, base+2 apiserver, base+3 node agent's log server.
 PORT_RANGE = (26400, 29990)
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
-NODE_PROCESSES = ("kubelet-", "containerd-", "coredns")  # name prefixes of real nodes' processes
+# name prefixes of the processes that play nodes besides the agent: real nodes' and kwok
+NODE_PROCESSES = ("kubelet-", "containerd-", "coredns", "kwok")
 
 
 class ClusterError(RuntimeError):
@@ -188,7 +192,7 @@ class ControlPlane:
         """True when every recorded component is alive and the apiserver answers /readyz."""
         st = self.state()
         pids = st.get("pids", {})
-        nodes = [n for n in pids if n.startswith(NODE_PROCESSES)]  # real nodes' (realnode.py)
+        nodes = [n for n in pids if n.startswith(NODE_PROCESSES)]  # realnode.py's, kwok
         if not pids or not all(self._alive(pids.get(c)) for c in (*COMPONENTS, *nodes)):
             return False
         return self._ready(st)
@@ -214,9 +218,10 @@ class ControlPlane:
     def up(self, topology: str | Path, port_base: int | None = None, log=print) -> dict:
         """Start everything (idempotent: a healthy cluster with the same topology is kept)."""
         topology = str(Path(topology).resolve())
-        from .topology import KUBELET, load_topology
+        from .topology import KUBELET, KWOK, load_topology
 
-        real = bool(load_topology(topology).played_by(KUBELET).nodes)  # fail early on a bad file
+        topo = load_topology(topology)  # fail early on a bad file
+        real = bool(topo.played_by(KUBELET).nodes)
         if self.running():
             st = self.state()
             if st.get("topology") == topology:
@@ -233,6 +238,8 @@ class ControlPlane:
             except realnode.RealNodeError as e:
                 raise ClusterError(str(e)) from e
             bins.update({b: binary(b) for b in realnode.NODE_BINARIES})
+        if topo.played_by(KWOK).nodes:
+            bins["kwok"] = binary("kwok")
         for tool in ("openssl", "unshare"):
             if not shutil.which(tool):
                 raise ClusterError(
@@ -305,7 +312,7 @@ class ControlPlane:
         st["pids"][name] = p.pid
         self._save(st)
 
-    def _wait(self, what: str, st: dict, name: str, ok, timeout: float) -> None:
+    def _wait(self, what: str, st: dict, name: str, ok, timeout: float, every: float = 0.2) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if ok():
@@ -313,7 +320,7 @@ class ControlPlane:
             if not pid_alive(st["pids"].get(name)):
                 tail = (self.dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
                 raise ClusterError(f"{name} exited while starting; log tail:\n{tail}")
-            time.sleep(0.2)
+            time.sleep(every)
         raise ClusterError(
             f"timed out after {timeout:.0f}s waiting for {what}; see {self.dir / 'logs' / (name + '.log')}"
         )
@@ -418,9 +425,12 @@ class ControlPlane:
         self._spawn(
             st, "node-agent", [sys.executable, "-m", "localkube", "--state-dir", str(d), "agent"], env=env
         )
-        from .topology import KUBELET, load_topology
+        from .topology import KUBELET, KWOK, load_topology
 
         topo = load_topology(st["topology"])
+        hollow = topo.played_by(KWOK)
+        if hollow.nodes:
+            self._start_kwok(st, bins["kwok"], hollow, log)
         if topo.played_by(KUBELET).nodes:
             from .realnode import RealNodeError, RealNodes
 
@@ -444,6 +454,43 @@ class ControlPlane:
             60,
         )
         log(f"cluster up in {time.monotonic() - t0:.1f}s: {len(names)} nodes; kubeconfig {self.kubeconfig}")
+
+    def _start_kwok(self, st: dict, kwok_bin: str, hollow, log) -> None:
+        """The cluster's one kwok process (its config and Holmes' Stages in kwok.yaml, paced by
+        the topology's ``kwok`` mapping), then its nodes registered (kwok first: it takes each
+        node up as it is registered), until every one is Ready."""
+        from kubernetes import client
+
+        from . import hollow as hl
+        from . import hollow_nodes as hn
+
+        k = hollow.kwok
+        cfg = self.dir / "kwok.yaml"
+        try:
+            cfg.write_text(hn.kwok_config(k.start_seconds, k.status_seconds, k.parallelism))
+        except hn.HollowError as e:
+            raise ClusterError(f"{hollow.path}: kwok: {e}") from e
+        log(f"starting kwok for {len(hollow.nodes)} hollow nodes")
+        t0 = time.monotonic()
+        self._spawn(st, "kwok", hl.kwok_command(str(self.kubeconfig), str(cfg), k.lease_seconds, kwok_bin))
+        api = hl.api_client(str(self.kubeconfig))
+        try:
+            hl.register(client.CoreV1Api(api), list(hollow.nodes))
+        finally:
+            api.close()
+        names = set(hollow.names)
+        self._wait(
+            f"kwok to take its {len(names)} nodes Ready",
+            st,
+            "kwok",
+            lambda: names <= self._ready_nodes(),
+            60 + len(names) / 4,
+            every=0.2 if len(names) < 200 else 1.0,  # each look lists every node
+        )
+        # what the scale bench reports as its nodes' readiness (nodesReadyS)
+        st["kwok"] = {"nodes": len(names), "readyS": round(time.monotonic() - t0, 1)}
+        self._save(st)
+        log(f"{len(names)} kwok nodes Ready {st['kwok']['readyS']}s after kwok started")
 
     # ---- faults (bench/control_plane_faults.py) --------------------------------------------
     def pid(self, name: str) -> int:
@@ -610,6 +657,7 @@ class ControlPlane:
             st.pop("kueue", None)
             st.pop("jobset", None)
             st.pop("kftrainer", None)
+            st.pop("kwok", None)
             self._save(st)
 
 

@@ -1,51 +1,45 @@
-"""Hollow nodes on kwok: thousands of Nodes against the real API server, etcd, scheduler and
-controller manager, whose pods are reported Running and then Succeeded or Failed on a schedule
-without any process being started.
+"""Hollow nodes on kwok, the I/O part: thousands of Nodes against the real API server, etcd,
+scheduler and controller manager, whose pods are reported Running and then Succeeded or Failed
+on a schedule without any process being started.
 
-    PYTHONPATH=hack .venv/bin/python -m localkube.hollow --kubeconfig K --nodes 2000 --islands 8
-
-Holmes registers the Nodes (hollow_nodes.py: islands of InfiniBand, RoCE and Ethernet, labelled
-the labeller's way or NFD's, RDMA device-plugin resources, GPU Feature Discovery's labels, the
-HOLLOW taint), annotated ``kwok.x-k8s.io/node=fake``; kwok (``sigs.k8s.io/kwok``, built by
-hack/build-k8s.sh into the binaries' cache) does what their kubelets would: it holds and renews
-each node's Lease in ``kube-node-lease`` (every ``--lease-seconds``) and plays Holmes' Stages
-(``kwok-stages.yaml``): a node Ready, its status rewritten every ``--status-seconds``; a bound pod
-Running after ``--start-seconds``, then Succeeded or Failed as its annotations say; a deleted
-pod deleted for good. Registration lifts the not-ready taint the TaintNodesByCondition admission
-puts on new nodes (the node lifecycle controller that would lift it is off in the local
-control plane).
+A topology's ``playedBy: kwok`` nodes (topology.py) are these: ``make cluster-up`` (controlplane.py)
+starts the cluster's one kwok process (``kwok_command``; ``sigs.k8s.io/kwok``, built by
+hack/build-k8s.sh into the binaries' cache) and registers them (``register``: hollow_nodes.node_body,
+annotated ``kwok.x-k8s.io/node=fake``). kwok does what their kubelets would: it holds and renews
+each node's Lease in ``kube-node-lease`` and plays Holmes' Stages (``kwok-stages.yaml``): a node
+Ready, its status rewritten every ``statusSeconds``; a bound pod Running after ``startSeconds``,
+then Succeeded or Failed as its annotations say; a deleted pod deleted for good. Registration
+lifts the not-ready taint the TaintNodesByCondition admission puts on new nodes (the node
+lifecycle controller that would lift it is off in the local control plane).
 
 Churn from outside goes through the API (the functions below, which the benches call): a pod
-annotated to fail or to finish, a node (and its pods) annotated not ready. This process runs
-kwok until SIGTERM/SIGINT, then stops it; ``--unregister`` deletes the Nodes and their Leases.
+annotated to fail or to finish, a node (and its pods) annotated not ready.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from . import hollow_nodes as hn
-from .controlplane import ClusterError, binary
+from .controlplane import binary
 from .topology import SimNode
 
-log = logging.getLogger("localkube.hollow")
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-LEASE_NS = "kube-node-lease"
 
 
 # ---- registration ----------------------------------------------------------------------------
+def api_client(kubeconfig: str, pool: int = 20) -> client.ApiClient:
+    """A client for ``kubeconfig`` with room for register's parallel requests."""
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool
+    return client.ApiClient(cfg)
+
+
 def register(core: client.CoreV1Api, nodes: list[SimNode], workers: int = 16) -> None:
     """Create (or refresh the labels of) each Node and lift the not-ready taint."""
 
@@ -65,25 +59,6 @@ def register(core: client.CoreV1Api, nodes: list[SimNode], workers: int = 16) ->
 
     with ThreadPoolExecutor(workers) as ex:
         list(ex.map(one, nodes))
-
-
-def unregister(api: client.ApiClient, names: list[str], workers: int = 16) -> None:
-    """Delete the hollow Nodes and their Leases (their pods are the caller's to delete)."""
-    core, leases = client.CoreV1Api(api), client.CoordinationV1Api(api)
-
-    def quiet(fn, *args) -> None:
-        try:
-            fn(*args, _preload_content=False)
-        except ApiException as e:
-            if e.status != 404:
-                log.warning("%s %s: %s %s", fn.__name__, args[0], e.status, e.reason)
-
-    def one(name: str) -> None:
-        quiet(core.delete_node, name)
-        quiet(leases.delete_namespaced_lease, name, LEASE_NS)
-
-    with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(one, names))
 
 
 # ---- churn (through the API; kwok's Stages act on it) -----------------------------------------
@@ -129,84 +104,14 @@ def set_not_ready(core: client.CoreV1Api, node: str, not_ready: bool) -> int:
 
 
 # ---- kwok --------------------------------------------------------------------------------------
-def kwok_command(kubeconfig: str, config_file: str, lease_seconds: float) -> list[str]:
+def kwok_command(kubeconfig: str, config_file: str, lease_seconds: float, kwok: str = "") -> list[str]:
     """kwok managing the nodes annotated for it, with Holmes' Stages; the Lease's duration is 4
     renewal periods, as the kubelet's (40 s for a 10 s renewal)."""
     return [
-        binary("kwok"),
+        kwok or binary("kwok"),
         f"--kubeconfig={kubeconfig}",
         f"--config={config_file}",
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={hn.KWOK_NODE}={hn.KWOK_MANAGED}",
         f"--node-lease-duration-seconds={max(1, round(4 * lease_seconds))}",
     ]
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m localkube.hollow", description=__doc__.splitlines()[0])
-    ap.add_argument("--kubeconfig", required=True)
-    ap.add_argument("--nodes", type=int, required=True)
-    ap.add_argument("--islands", type=int, default=4)
-    ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--lease-seconds", type=float, default=10.0, help="Lease renewal period per node")
-    ap.add_argument("--status-seconds", type=float, default=300.0, help="Node status period per node")
-    ap.add_argument("--start-seconds", type=float, default=1.0, help="bound -> Running")
-    ap.add_argument("--workers", type=int, default=8, help="kwok's parallel stage players")
-    ap.add_argument("--unregister", action="store_true", help="delete the nodes and leases, then exit")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if a.lease_seconds <= 0:
-        ap.error("--lease-seconds must be > 0")
-    try:
-        nodes = hn.hollow_nodes(a.nodes, a.islands, a.gpus)
-        cfg_text = hn.kwok_config(a.start_seconds, a.status_seconds, a.workers)
-    except hn.HollowError as e:
-        ap.error(str(e))
-    kwok_bin = ""
-    if not a.unregister:
-        try:
-            kwok_bin = binary("kwok")
-        except ClusterError as e:
-            ap.error(str(e))
-    cfg = client.Configuration()
-    try:
-        config.load_kube_config(config_file=a.kubeconfig, client_configuration=cfg)
-    except (OSError, config.ConfigException) as e:
-        ap.error(f"--kubeconfig {a.kubeconfig}: {e}")
-    cfg.connection_pool_maxsize = 20
-    api = client.ApiClient(cfg)
-    if a.unregister:
-        unregister(api, [n.name for n in nodes])
-        return 0
-    with tempfile.TemporaryDirectory(prefix="holmes-kwok-") as tmp:
-        cfg_file = Path(tmp) / "kwok.yaml"
-        cfg_file.write_text(cfg_text)
-        # kwok first: it takes each node up as it is registered (registering first, then starting
-        # kwok, left 500 nodes waiting for the last one's registration)
-        proc = subprocess.Popen(
-            kwok_command(a.kubeconfig, str(cfg_file), a.lease_seconds), stdin=subprocess.DEVNULL
-        )
-
-        def stop(*_: object) -> None:
-            if proc.poll() is None:
-                proc.terminate()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        try:
-            t0 = time.monotonic()
-            register(client.CoreV1Api(api), nodes)
-            log.info(
-                "registered %d hollow nodes in %.1fs for %s", len(nodes), time.monotonic() - t0, kwok_bin
-            )
-            rc = proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    log.info("kwok exited with %s", rc)
-    return 0 if rc in (0, -signal.SIGTERM, -signal.SIGINT) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import yaml
 
-from .topology import SimNode
+from .topology import KWOK, SimNode
 
 HOLLOW = "localkube.holmes.dev/hollow"  # label and taint key of every hollow node
+HOLLOW_TAINT = {"key": HOLLOW, "value": "true", "effect": "NoSchedule"}
 RUN_SECONDS = "hollow.holmes.dev/run-seconds"
 END_AT = "hollow.holmes.dev/end-at"  # Unix time: every attempt's pods end then (at least 1 s on)
 EXIT_CODE = "hollow.holmes.dev/exit-code"
@@ -108,6 +109,8 @@ def hollow_nodes(nodes: int, island_count: int, gpus: int = 8) -> list[SimNode]:
                 pods="110",
                 advertise=i.advertise,
                 rdma_resource=i.rdma_resource,
+                played_by=KWOK,
+                taints=(HOLLOW_TAINT,),
                 extra_labels={
                     HOLLOW: "true",
                     "nvidia.com/gpu.product": i.gpu_product,
@@ -119,13 +122,33 @@ def hollow_nodes(nodes: int, island_count: int, gpus: int = 8) -> list[SimNode]:
     return out
 
 
+def topology_doc(nodes: list[SimNode], **kwok: float) -> dict:
+    """A topology document (topology.py's format) of these nodes, each ``playedBy: kwok``, for
+    ``make cluster-up TOPOLOGY=...`` or ControlPlane.up; ``kwok``: its top-level kwok mapping
+    (leaseSeconds, statusSeconds, startSeconds, parallelism)."""
+    out = []
+    for n in nodes:
+        d: dict = {"name": n.name, "cluster": n.cluster, "nic": n.nic, "gbps": n.gbps, "gpus": n.gpus,
+                   "cpu": n.cpu, "memory": n.memory, "pods": n.pods, "advertise": n.advertise,
+                   "playedBy": KWOK}  # fmt: skip
+        if n.rdma_resource:
+            d["rdmaResource"] = n.rdma_resource
+        if n.extra_labels:
+            d["labels"] = dict(n.extra_labels)
+        if n.extra_annotations:
+            d["annotations"] = dict(n.extra_annotations)
+        if n.taints:
+            d["taints"] = [dict(t) for t in n.taints]
+        out.append(d)
+    return {"kwok": kwok, "nodes": out} if kwok else {"nodes": out}
+
+
 def node_body(n: SimNode) -> dict:
-    """The Node registered for kwok: annotated for it, tainted HOLLOW, no conditions (kwok's
-    Stages report them), no kubelet endpoint (logs of hollow pods are not served), not the
-    local agent's loopback address."""
+    """The Node registered for kwok (a topology's ``playedBy: kwok`` node): annotated for it,
+    its own taints, no conditions (kwok's Stages report them), no kubelet endpoint (logs of
+    hollow pods are not served), not the local agent's loopback address."""
     body = n.node_object()
     body["metadata"]["annotations"] = {**(body["metadata"].get("annotations") or {}), KWOK_NODE: KWOK_MANAGED}
-    body["spec"] = {"taints": [{"key": HOLLOW, "value": "true", "effect": "NoSchedule"}]}
     st = body["status"]
     st["addresses"] = [{"type": "Hostname", "address": n.name}]
     st["nodeInfo"].update(
@@ -137,9 +160,9 @@ def node_body(n: SimNode) -> dict:
 def kwok_config(
     start_seconds: float = 1.0, status_seconds: float = 300.0, parallelism: int = 8, stages: Path = STAGES
 ) -> str:
-    """kwok's ``--config``: its options and Holmes' Stages, with the delays these flags set (a
-    pod runs ``start_seconds`` after it is bound; a node's status is rewritten every
-    ``status_seconds``, its Lease being the heartbeat)."""
+    """kwok's ``--config``: its options and Holmes' Stages, with the delays the topology's ``kwok``
+    mapping sets (a pod runs ``start_seconds`` after it is bound; a node's status is rewritten
+    every ``status_seconds``, its Lease being the heartbeat)."""
     if start_seconds < 0 or status_seconds <= 0:
         raise HollowError(
             f"start seconds {start_seconds} must be >= 0 and status seconds {status_seconds} > 0"

@@ -38,7 +38,14 @@ def split_topology(path: str | Path) -> dict[str, dict]:
     load_topology(path)  # validates
     parts: dict[str, dict] = {}
     for node in doc["nodes"]:
-        part = parts.setdefault(str(node["cluster"]), {"defaults": doc.get("defaults") or {}, "nodes": []})
+        part = parts.setdefault(
+            str(node["cluster"]),
+            {
+                "defaults": doc.get("defaults") or {},
+                "nodes": [],
+                **({"kwok": doc["kwok"]} if "kwok" in doc else {}),
+            },
+        )
         part["nodes"].append(node)
     if len(parts) < 2:
         raise ClusterError(

@@ -629,8 +629,9 @@ class RealNodes:
 
     def _register(self, plan: NodePlan, node: SimNode, timeout: float = 120) -> None:
         """Once the kubelet registered its Node: the topology's labels and annotations, its GPUs
-        and RDMA resource as extended resources, and (Ready) the not-ready taint lifted, which
-        the node lifecycle controller would do (it is off: the agent's nodes beat by hand)."""
+        and RDMA resource as extended resources, and (Ready) the topology's taints with the
+        not-ready taint lifted, which the node lifecycle controller would do (it is off: the
+        agent's nodes beat by hand)."""
         name = f"kubelet-{plan.name}"
         self._poll(f"{name} to register", name, lambda: self._node(plan.name) is not None, timeout)
         meta = {"metadata": {"labels": node.labels, "annotations": node.annotations}}
@@ -650,6 +651,8 @@ class RealNodes:
         self._poll(f"{plan.name} to be Ready", name, ready, timeout)
         taints = (self._node(plan.name) or {}).get("spec", {}).get("taints") or []
         kept = [t for t in taints if not t["key"].startswith("node.kubernetes.io/not-ready")]
+        have = {(t["key"], t["effect"]) for t in kept}
+        kept += [dict(t) for t in node.taints if (t["key"], t["effect"]) not in have]  # the topology's
         if kept != taints:
             self._kubectl(
                 "patch",

@@ -1,4 +1,5 @@
-"""Topology files: which simulated GPU nodes the node agent registers (pure, no Kubernetes I/O).
+"""Topology files: which simulated GPU nodes a local cluster has and who plays each (pure, no
+Kubernetes I/O).
 
 A topology YAML looks like::
 
@@ -11,14 +12,28 @@ A topology YAML looks like::
         advertise: holmes             # which label scheme the node carries (see below)
         rdmaResource: rdma/rdma_shared_device_a   # optional device-plugin resource
         labels: {pool: llm}           # optional extra labels
-        playedBy: agent               # who runs its pods: agent (default) | kubelet
+        annotations: {team: a}        # optional extra annotations
+        taints: [{key: pool, value: llm, effect: NoSchedule}]   # optional
+        playedBy: agent               # who runs its pods: agent (default) | kubelet | kwok
+    kwok: {leaseSeconds: 10, statusSeconds: 300, startSeconds: 1, parallelism: 8}   # optional
 
-``playedBy`` says what plays the node:
+``playedBy`` says what plays the node (a topology may mix them):
   - ``agent``: Holmes' node agent (hack/localkube/agent.py) registers it and runs its pods;
   - ``kubelet``: a real kubelet on its own containerd, with CNI, Multus and CoreDNS
     (hack/localkube/realnode.py; ``make node`` builds them). It reports the host's CPU and
     memory, so ``cpu`` and ``memory`` do not apply; ``gpus`` and ``rdmaResource`` become
     extended resources of its status.
+  - ``kwok``: a hollow node: registered with its labels, annotations, taints and resources
+    (``cpu``, ``memory``, ``pods``, ``gpus``, ``rdmaResource``) and played by the cluster's one
+    kwok process (``sigs.k8s.io/kwok``, built by hack/build-k8s.sh) with Holmes' Stages
+    (kwok-stages.yaml): kwok renews its Lease, reports it Ready, and its pods Running without
+    any process, then ending as their ``hollow.holmes.dev/*`` annotations say (hollow_nodes.py
+    names them). The top-level ``kwok`` mapping sets that process's pace: the Lease renewal
+    period (``leaseSeconds``; the Lease lasts four of them, as a kubelet's), how often a node's
+    status is rewritten (``statusSeconds``), bound to Running (``startSeconds``) and kwok's
+    parallel stage players (``parallelism``).
+
+``taints`` apply to every node (a real kubelet's Node gets them once it registered).
 
 ``advertise`` selects what a real cluster would show for that node:
   - ``holmes``: Holmes' own labels holmes.dev/nic, holmes.dev/nic-gbps, holmes.dev/cluster
@@ -41,8 +56,11 @@ SCHEMES = ("holmes", "nfd", "none")
 TRUE_NIC_ANNOTATION = "localkube.holmes.dev/true-nic"
 CLUSTER_LABEL = "holmes.dev/cluster"
 NFD = "feature.node.kubernetes.io/"
-AGENT, KUBELET = "agent", "kubelet"
-PLAYERS = (AGENT, KUBELET)
+AGENT, KUBELET, KWOK = "agent", "kubelet", "kwok"
+PLAYERS = (AGENT, KUBELET, KWOK)
+_PLAYED_BY = "agent: Holmes' node agent; kubelet: a real kubelet on containerd; kwok: a hollow node"
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_TOP_KEYS = {"defaults", "nodes", "kwok"}
 _DEFAULTS = {
     "gpus": 8,
     "cpu": "64",
@@ -65,11 +83,30 @@ _NODE_KEYS = {
     "labels",
     "annotations",
     "playedBy",
+    "taints",
 }
 
 
 class TopologyError(ValueError):
     """A topology file that cannot be used; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class KwokSettings:
+    """The pace of the cluster's kwok process (the top-level ``kwok`` mapping)."""
+
+    lease_seconds: float = 10.0  # a kubelet's Lease renewal period
+    status_seconds: float = 300.0  # a kubelet's nodeStatusReportFrequency
+    start_seconds: float = 1.0
+    parallelism: int = 8
+
+
+_KWOK_KEYS = {
+    "leaseSeconds": "lease_seconds",
+    "statusSeconds": "status_seconds",
+    "startSeconds": "start_seconds",
+    "parallelism": "parallelism",
+}
 
 
 @dataclass(frozen=True)
@@ -87,6 +124,7 @@ class SimNode:
     extra_labels: dict = field(default_factory=dict)
     extra_annotations: dict = field(default_factory=dict)
     played_by: str = AGENT
+    taints: tuple = ()  # of v1 Taint mappings (key, value, effect)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -134,7 +172,7 @@ class SimNode:
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": self.name, "labels": self.labels, "annotations": self.annotations},
-            "spec": {},
+            "spec": {"taints": [dict(t) for t in self.taints]} if self.taints else {},
             "status": {
                 "capacity": self.allocatable,
                 "allocatable": self.allocatable,
@@ -162,6 +200,7 @@ class SimNode:
 class Topology:
     path: str
     nodes: tuple[SimNode, ...]
+    kwok: KwokSettings = KwokSettings()
 
     def node(self, name: str) -> SimNode:
         for n in self.nodes:
@@ -177,13 +216,16 @@ class Topology:
         return [n for n in self.nodes if n.nic == nic]
 
     def played_by(self, player: str) -> Topology:
-        """The nodes ``player`` (agent or kubelet) plays."""
-        return Topology(path=self.path, nodes=tuple(n for n in self.nodes if n.played_by == player))
+        """The nodes ``player`` (agent, kubelet or kwok) plays."""
+        return Topology(self.path, tuple(n for n in self.nodes if n.played_by == player), self.kwok)
 
 
 def parse_topology(doc: object, path: str = "<topology>") -> Topology:
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list) or not doc["nodes"]:
         raise TopologyError(f"{path}: expected a mapping with a non-empty 'nodes' list")
+    unknown = set(doc) - _TOP_KEYS
+    if unknown:
+        raise TopologyError(f"{path}: unknown top-level keys {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
     defaults = {**_DEFAULTS, **(doc.get("defaults") or {})}
     nodes, seen = [], set()
     for i, raw in enumerate(doc["nodes"]):
@@ -207,8 +249,7 @@ def parse_topology(doc: object, path: str = "<topology>") -> Topology:
             raise TopologyError(f"{where}: advertise must be one of {SCHEMES}, got {d['advertise']!r}")
         if d["playedBy"] not in PLAYERS:
             raise TopologyError(
-                f"{where}: playedBy must be one of {PLAYERS} (agent: the node agent; kubelet: a real "
-                f"kubelet on containerd), got {d['playedBy']!r}"
+                f"{where}: playedBy must be one of {PLAYERS} ({_PLAYED_BY}), got {d['playedBy']!r}"
             )
         try:
             int(d["pods"])
@@ -239,9 +280,59 @@ def parse_topology(doc: object, path: str = "<topology>") -> Topology:
                 extra_labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
                 extra_annotations={str(k): str(v) for k, v in (d.get("annotations") or {}).items()},
                 played_by=d["playedBy"],
+                taints=_taints(d.get("taints"), where),
             )
         )
-    return Topology(path=path, nodes=tuple(nodes))
+    return Topology(path=path, nodes=tuple(nodes), kwok=_kwok(doc.get("kwok"), path))
+
+
+def _taints(raw: object, where: str) -> tuple:
+    if raw is None:
+        return ()
+    fix = "a list of {key, value (optional), effect} mappings, e.g. [{key: pool, effect: NoSchedule}]"
+    if not isinstance(raw, list):
+        raise TopologyError(f"{where}: taints must be {fix}; got {raw!r}")
+    out = []
+    for j, t in enumerate(raw):
+        at = f"{where}: taints[{j}]"
+        if not isinstance(t, dict) or not t.get("key") or set(t) - {"key", "value", "effect"}:
+            raise TopologyError(
+                f"{at}: expected a mapping with key, optional value, effect (only); got {t!r}"
+            )
+        if t.get("effect") not in TAINT_EFFECTS:
+            raise TopologyError(f"{at}: effect must be one of {TAINT_EFFECTS}, got {t.get('effect')!r}")
+        out.append(
+            {
+                "key": str(t["key"]),
+                **({"value": str(t["value"])} if "value" in t else {}),
+                "effect": t["effect"],
+            }
+        )
+    return tuple(out)
+
+
+def _kwok(raw: object, path: str) -> KwokSettings:
+    if raw is None:
+        return KwokSettings()
+    where = f"{path}: kwok"
+    if not isinstance(raw, dict) or set(raw) - set(_KWOK_KEYS):
+        raise TopologyError(f"{where}: expected a mapping with keys among {sorted(_KWOK_KEYS)}; got {raw!r}")
+    vals = {}
+    for key, attr in _KWOK_KEYS.items():
+        if key not in raw:
+            continue
+        v = raw[key]
+        whole = key == "parallelism"
+        ok = isinstance(v, int) if whole else isinstance(v, (int, float))
+        if isinstance(v, bool) or not ok or v < (1 if whole else 0) or (key != "startSeconds" and v == 0):
+            want = (
+                "a whole number >= 1"
+                if whole
+                else ("seconds >= 0" if key == "startSeconds" else "seconds > 0")
+            )
+            raise TopologyError(f"{where}.{key} must be {want}, got {v!r}")
+        vals[attr] = int(v) if whole else float(v)
+    return KwokSettings(**vals)
 
 
 def load_topology(path: str | Path) -> Topology:
@@ -249,7 +340,8 @@ def load_topology(path: str | Path) -> Topology:
     if not p.is_file():
         raise TopologyError(f"topology file not found: {p}")
     try:
-        doc = yaml.safe_load(p.read_text())
+        # libyaml's loader when there: a bench's topology of 2,000 hollow nodes parses in a second
+        doc = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
         raise TopologyError(f"{p}: not valid YAML: {e}") from None
     return parse_topology(doc, str(p))

@@ -122,3 +122,16 @@ def test_bad_kwok_settings_name_the_setting():
 )  # fmt: skip
 def test_the_operators_requests_are_named_as_the_api_server_names_them(method, url, query, want):
     assert classify(method, url, query) == want
+
+
+def test_the_bench_topology_is_the_hollow_nodes_played_by_kwok():
+    """bench/operator_scale.py's cluster: hollow_nodes as a topology file, read back unchanged."""
+    from localkube.topology import KWOK, KwokSettings, parse_topology
+
+    nodes = hn.hollow_nodes(10, 5)
+    doc = yaml.safe_load(yaml.safe_dump(hn.topology_doc(nodes, leaseSeconds=2.5)))
+    topo = parse_topology(doc)
+    assert topo.nodes == tuple(nodes) and {n.played_by for n in topo.nodes} == {KWOK}
+    assert topo.kwok == KwokSettings(lease_seconds=2.5)
+    assert [hn.node_body(n) for n in topo.nodes] == [hn.node_body(n) for n in nodes]
+    assert "kwok" not in hn.topology_doc(nodes)

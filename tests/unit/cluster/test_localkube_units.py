@@ -31,6 +31,9 @@ def test_shipped_topologies():
     assert {n.played_by for n in real.nodes} == {"kubelet"} and len({n.cluster for n in real.nodes}) == 2
     assert {n.played_by for n in default.nodes} == {"agent"}  # the agent stays the default
     assert all(n.gpus == 8 for n in paper.nodes)
+    mixed = load_topology(TOPOLOGIES / "mixed.yaml")
+    assert [n.played_by for n in mixed.nodes] == ["agent"] * 2 + ["kwok"] * 4
+    assert all(n.taints and n.gpus == 8 for n in mixed.played_by("kwok").nodes)
 
 
 def test_the_example_node_list_is_what_the_agent_registers():
@@ -77,11 +80,101 @@ def test_label_schemes():
             {"nodes": [{"name": "a", "cluster": "x", "nic": "ethernet", "rdmaResource": "rdma/x"}]},
             "cannot advertise RDMA",
         ),
+        (
+            {"nodes": [{"name": "a", "cluster": "x", "nic": "roce", "playedBy": "kwk"}]},
+            r"nodes\[0\]: playedBy must be one of \('agent', 'kubelet', 'kwok'\) .*a hollow node.*'kwk'",
+        ),
+        (
+            {"nodes": [{"name": "a", "cluster": "x", "nic": "roce", "taints": "pool"}]},
+            r"nodes\[0\]: taints must be a list of \{key, value \(optional\), effect\} mappings, e\.g\.",
+        ),
+        (
+            {
+                "nodes": [
+                    {"name": "a", "cluster": "x", "nic": "roce", "taints": [{"key": "p", "effect": "No"}]}
+                ]
+            },
+            r"nodes\[0\]: taints\[0\]: effect must be one of \('NoSchedule', 'PreferNoSchedule', 'NoEx",
+        ),
+        (
+            {"nodes": [{"name": "a", "cluster": "x", "nic": "roce", "taints": [{"effect": "NoSchedule"}]}]},
+            r"taints\[0\]: expected a mapping with key",
+        ),
+        (
+            {"nodes": [{"name": "a", "cluster": "x", "nic": "roce"}], "kwok": {"leaseSeconds": 0}},
+            r"kwok\.leaseSeconds must be seconds > 0, got 0",
+        ),
+        (
+            {"nodes": [{"name": "a", "cluster": "x", "nic": "roce"}], "kwok": {"parallelism": 1.5}},
+            r"kwok\.parallelism must be a whole number >= 1",
+        ),
+        (
+            {"nodes": [{"name": "a", "cluster": "x", "nic": "roce"}], "kwok": {"lease": 2}},
+            r"kwok: expected a mapping with keys among \['leaseSeconds', 'parallelism', ",
+        ),
+        (
+            {"nodes": [{"name": "a", "cluster": "x", "nic": "roce"}], "kwk": {}},
+            r"unknown top-level keys \['kwk'\]; allowed: \['defaults', 'kwok', 'nodes'\]",
+        ),
     ],
 )
 def test_bad_topologies_say_what_to_fix(doc, fragment):
     with pytest.raises(TopologyError, match=fragment):
         parse_topology(doc)
+
+
+def test_a_mixed_topology_says_who_plays_each_node():
+    """agent, kubelet and kwok nodes in one file; kwok nodes carry their labels, annotations,
+    taints and resources into the Node kwok plays, with the kwok annotation it manages by."""
+    from localkube import hollow_nodes as hn
+    from localkube.topology import AGENT, KUBELET, KWOK, KwokSettings
+
+    taint = {"key": "pool", "value": "hollow", "effect": "NoSchedule"}
+    t = parse_topology(
+        {
+            "defaults": {"gpus": 4, "cpu": "96", "memory": "1Ti"},
+            "kwok": {"leaseSeconds": 2, "startSeconds": 0.2, "statusSeconds": 60, "parallelism": 4},
+            "nodes": [
+                {"name": "a", "cluster": "x", "nic": "roce"},
+                {"name": "k", "cluster": "x", "nic": "roce", "playedBy": "kubelet"},
+                {
+                    "name": "h",
+                    "cluster": "y",
+                    "nic": "infiniband",
+                    "playedBy": "kwok",
+                    "rdmaResource": "rdma/hca",
+                    "labels": {"pool": "hollow"},
+                    "annotations": {"team": "a"},
+                    "taints": [taint, {"key": "spot", "effect": "PreferNoSchedule"}],
+                },
+            ],
+        }
+    )
+    assert [n.names for n in (t.played_by(AGENT), t.played_by(KUBELET), t.played_by(KWOK))] == [
+        ["a"],
+        ["k"],
+        ["h"],
+    ]
+    assert t.kwok == KwokSettings(lease_seconds=2.0, status_seconds=60.0, start_seconds=0.2, parallelism=4)
+    assert t.played_by(KWOK).kwok == t.kwok
+    assert t.node("a").node_object()["spec"] == {}
+    body = hn.node_body(t.node("h"))
+    assert body["metadata"]["labels"]["pool"] == "hollow" and body["metadata"]["labels"]["holmes.dev/nic"]
+    assert body["metadata"]["annotations"] == {
+        "localkube.holmes.dev/true-nic": "infiniband",
+        "team": "a",
+        hn.KWOK_NODE: hn.KWOK_MANAGED,
+    }
+    assert body["spec"]["taints"] == [taint, {"key": "spot", "effect": "PreferNoSchedule"}]
+    alloc = body["status"]["allocatable"]
+    assert (alloc["cpu"], alloc["memory"], alloc["nvidia.com/gpu"], alloc["rdma/hca"]) == (
+        "96",
+        "1Ti",
+        "4",
+        "1k",
+    )
+    assert "conditions" not in body["status"]
+    assert parse_topology({"nodes": [{"name": "a", "cluster": "x", "nic": "roce"}]}).kwok == KwokSettings()
 
 
 POD = {

@@ -39,9 +39,9 @@ def test_played_by_defaults_to_the_agent_and_kubelet_nodes_are_split_off():
 
 def test_a_bad_played_by_names_the_field_and_the_choices():
     with pytest.raises(
-        TopologyError, match=r"nodes\[0\]: playedBy must be one of \('agent', 'kubelet'\).*'kwok'"
+        TopologyError, match=r"nodes\[0\]: playedBy must be one of \('agent', 'kubelet', 'kwok'\).*'hollow'"
     ):
-        parse_topology({"nodes": [{"name": "a", "cluster": "x", "nic": "roce", "playedBy": "kwok"}]})
+        parse_topology({"nodes": [{"name": "a", "cluster": "x", "nic": "roce", "playedBy": "hollow"}]})
 
 
 def test_each_node_and_fabric_gets_its_own_slash24_and_the_node_its_gateway():
