@@ -138,7 +138,7 @@ class JobSetPlans:
             pods = [p for p in self.pods.by_label(meta["namespace"], meta["name"]) if _alive(p)]
             if not jp.opted_in(js):
                 continue
-            if jk.queue(js) and (js.get("spec") or {}).get("suspend"):  # Kueue's until admitted
+            if (js.get("spec") or {}).get("suspend") and self.queued(js):  # Kueue's until admitted
                 why = self.admission(js, pods)
                 if isinstance(why, str):
                     self.say(js, "Normal", jk.WAITING_FOR_ADMISSION, why)
@@ -157,7 +157,7 @@ class JobSetPlans:
         if doc is None or not jp.plan_matches(doc, pods, usable, nodes):
             if any(not jp.gated(p) for p in pods):
                 return  # part of the gang runs on the old plan: the JobSet's restart brings new pods
-            admitted = self.admission(js, pods) if jk.queue(js) else None
+            admitted = self.admission(js, pods) if self.queued(js) else None
             if isinstance(admitted, str):
                 self.say(js, "Normal", jk.WAITING_FOR_ADMISSION, admitted)
                 return
@@ -201,6 +201,11 @@ class JobSetPlans:
                 entries[host]["node"],
                 entries[host]["nodeRank"],
             )
+
+    def queued(self, js: dict) -> bool:
+        """Kueue manages the JobSet: its queue label, or a Workload of the TrainJob that owns it
+        (Kueue queues the TrainJob, whose label the JobSet does not carry)."""
+        return bool(jk.queue(js)) or (jk.trainjob(js) is not None and bool(self._workloads(js)))
 
     def admission(self, js: dict, pods: list[dict]) -> jk.Admitted | str:
         """Kueue's admission of a queued JobSet, or why Holmes waits for it."""

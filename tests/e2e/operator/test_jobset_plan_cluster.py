@@ -39,7 +39,7 @@ from holmes.operator.core import jobset_status
 from localkube.operatorproc import OperatorProcess, install_crd
 from tests.helpers.frameworks.cluster_jobs import PROGRAMS, json_lines
 from tests.helpers.operator.cluster_helpers import apply, wait_for
-from tests.helpers.operator.tas_helpers import ISLANDS, delete_kueue_objects, published
+from tests.helpers.operator.tas_helpers import ISLANDS, delete_kueue_objects, published, west_flavor_queue
 from tests.helpers.operator.tas_helpers import kueue_objects as tas_objects
 
 pytestmark = [
@@ -195,35 +195,6 @@ def test_a_labelled_jobset_is_planned_by_island_and_the_unlabelled_one_runs_as_b
     )
 
 
-def kueue_setup(ns: str) -> list[dict]:
-    """A flavor of west's nodes and a ClusterQueue of CPU for the namespace (the LocalQueue is
-    applied later by the test)."""
-    return [
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ResourceFlavor",
-            "metadata": {"name": f"west-{ns}"},
-            "spec": {"nodeLabels": {"holmes.dev/cluster": "west"}},
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ClusterQueue",
-            "metadata": {"name": f"cq-{ns}"},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu"],
-                        "flavors": [
-                            {"name": f"west-{ns}", "resources": [{"name": "cpu", "nominalQuota": "4"}]}
-                        ],
-                    }
-                ],
-            },
-        },
-    ]
-
-
 def plan_status(cluster, ns, name) -> dict:
     js = cluster.get_json("jobsets.jobset.x-k8s.io", name, "-n", ns)
     return jobset_status.current(js)
@@ -233,7 +204,7 @@ def test_a_queued_labelled_jobset_waits_for_kueue_and_is_planned_inside_the_admi
     cluster, real_jobset, real_kueue, namespace, tmp_path
 ):
     install_crd(cluster)
-    objs = kueue_setup(namespace)
+    objs = west_flavor_queue(namespace)
     apply(cluster, {"apiVersion": "v1", "kind": "List", "items": objs})
     js = jobset(namespace, "queued", labelled=True, replicas=1, pipeline="1")  # 2 pods: data 2
     js["metadata"]["labels"][LABEL_KUEUE_QUEUE] = "user-queue"

@@ -20,10 +20,13 @@ import json
 import pytest
 from holmes_dev import images
 
+from holmes.contract.names import LABEL_KUEUE_QUEUE
 from holmes.operator.core import jobset_plan as jp
+from holmes.operator.core import jobset_status
+from localkube.kueue import INTEGRATIONS
 from localkube.operatorproc import OperatorProcess, install_crd
 from tests.helpers.operator.cluster_helpers import apply, wait_for
-from tests.helpers.operator.tas_helpers import ISLANDS
+from tests.helpers.operator.tas_helpers import ISLANDS, delete_kueue_objects, west_flavor_queue
 from tests.helpers.packaging.packaging_helpers import render
 
 pytestmark = pytest.mark.timeout(420)
@@ -201,17 +204,10 @@ def test_a_trainjob_on_holmes_runtime_renders_a_planned_jobset_whose_pods_wait_f
     cluster.kubectl("delete", TRAINJOB, "planned", "-n", namespace, "--timeout=60s")
 
 
-def test_a_trainjob_on_holmes_runtime_runs_on_holmes_plan_to_complete(
-    cluster, holmes_runtime, namespace, tmp_path
-):
-    """The whole path with the operator running: a 2-node TrainJob on holmes-torchrun, pipeline
-    2 x data 1, its script (from a ConfigMap the user mounts by a runtime patch) calling
-    ``init_process_group()`` without a backend. The operator plans the JobSet Trainer renders,
-    pins the two pods onto two islands (a stage each) and writes each pod's plan entry into the
-    annotations the runtime's downwardAPI volume shows; the launcher runs torchrun at the plan's
-    ranks; the TrainJob is Complete. Failed before the runtime had a plan volume (its pods
-    waited for a plan.json that was never there)."""
-    install_crd(cluster)
+def holmes_trainjob(cluster, namespace: str, name: str, pipeline: int, data: int) -> dict:
+    """A TrainJob on holmes-torchrun of pipeline x data nodes running PROGRAM, its script from a
+    ConfigMap (applied here) that the user mounts by a runtime patch, its degrees the patch's
+    annotations."""
     apply(
         cluster,
         {
@@ -227,42 +223,54 @@ def test_a_trainjob_on_holmes_runtime_runs_on_holmes_plan_to_complete(
             "containers": [{"name": "node", "volumeMounts": [{"name": "script", "mountPath": "/workspace"}]}],
         }
     }
+    degrees = {"holmes.dev/pipeline": str(pipeline), "holmes.dev/data": str(data)}
     patch = {
         "manager": "example.com/user",
         "trainingRuntimeSpec": {
             "template": {
-                "metadata": {"annotations": {"holmes.dev/pipeline": "2", "holmes.dev/data": "1"}},
+                "metadata": {"annotations": degrees},
                 "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": pod_patch}}}]},
             }
         },
     }
+    trainer = {"numNodes": pipeline * data, "args": ["python", "/workspace/train.py"]}
+    return trainjob(namespace, name, "holmes-torchrun", trainer, [patch])
+
+
+def completion(cluster, namespace: str, name: str):
+    """A wait_for check: the TrainJob once Complete; a Failed one fails with its pods' last
+    status and log (a failed JobSet's pods go)."""
+    seen: dict[str, str] = {}
+
+    def complete():
+        for p in pods_of(cluster, namespace, name):
+            if p["status"].get("phase") in ("Running", "Succeeded", "Failed"):
+                log = cluster.pod_log(namespace, p["metadata"]["name"], "node")
+                seen[p["metadata"]["name"]] = json.dumps(p["status"])[-1500:] + "\n" + log[-2500:]
+        tj = cluster.get_json(TRAINJOB, name, "-n", namespace)
+        conds = conditions(tj)
+        assert conds.get("Failed", {}).get("status") != "True", (tj.get("status"), seen)
+        return tj if conds.get("Complete", {}).get("status") == "True" else None
+
+    return complete
+
+
+def test_a_trainjob_on_holmes_runtime_runs_on_holmes_plan_to_complete(
+    cluster, holmes_runtime, namespace, tmp_path
+):
+    """The whole path with the operator running: a 2-node TrainJob on holmes-torchrun, pipeline
+    2 x data 1, its script (from a ConfigMap the user mounts by a runtime patch) calling
+    ``init_process_group()`` without a backend. The operator plans the JobSet Trainer renders,
+    pins the two pods onto two islands (a stage each) and writes each pod's plan entry into the
+    annotations the runtime's downwardAPI volume shows; the launcher runs torchrun at the plan's
+    ranks; the TrainJob is Complete. Failed before the runtime had a plan volume (its pods
+    waited for a plan.json that was never there)."""
+    install_crd(cluster)
     name = "holmes-pair"
     op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
     try:
-        apply(
-            cluster,
-            trainjob(
-                namespace,
-                name,
-                "holmes-torchrun",
-                {"numNodes": 2, "args": ["python", "/workspace/train.py"]},
-                [patch],
-            ),
-        )
-
-        seen: dict[str, str] = {}  # each pod's last status and log: a failed JobSet's pods go
-
-        def complete():
-            for p in pods_of(cluster, namespace, name):
-                if p["status"].get("phase") in ("Running", "Succeeded", "Failed"):
-                    log = cluster.pod_log(namespace, p["metadata"]["name"], "node")
-                    seen[p["metadata"]["name"]] = json.dumps(p["status"])[-1500:] + "\n" + log[-2500:]
-            tj = cluster.get_json(TRAINJOB, name, "-n", namespace)
-            conds = conditions(tj)
-            assert conds.get("Failed", {}).get("status") != "True", (tj.get("status"), seen)
-            return tj if conds.get("Complete", {}).get("status") == "True" else None
-
-        wait_for("the TrainJob Complete on Holmes' plan", complete, 240, 1, op)
+        apply(cluster, holmes_trainjob(cluster, namespace, name, pipeline=2, data=1))
+        wait_for("the TrainJob Complete on Holmes' plan", completion(cluster, namespace, name), 240, 1, op)
     finally:
         op.stop()
         print(op.tail(40))
@@ -284,3 +292,61 @@ def test_a_trainjob_on_holmes_runtime_runs_on_holmes_plan_to_complete(
         assert f"rank {rank}/2 allreduce 3 backend " in log, log[-3000:]
     # both stages fit the fastest island (east's InfiniBand): the planner keeps them there
     assert islands == {"east.infiniband"}, islands
+
+
+# Kueue's TrainJob integration (pkg/controller/jobs/trainjob), on beside its defaults here
+TRAINJOB_INTEGRATIONS = {
+    **INTEGRATIONS,
+    "frameworks": [*INTEGRATIONS["frameworks"], "trainer.kubeflow.org/trainjob"],
+}
+
+
+def test_a_queued_trainjob_on_holmes_runtime_is_planned_inside_kueues_admission(
+    cluster, holmes_runtime, real_kueue, namespace, tmp_path
+):
+    """Kueue queues the TrainJob and labels its Workload with the TrainJob's uid, not the
+    JobSet's; Holmes finds that Workload through the JobSet's owner, waits for its admission and
+    plans inside the admitted flavor (west's nodes; without Kueue it would pick east's
+    InfiniBand). Before, Holmes looked for a Workload of the JobSet's own uid and waited for ever
+    ("Kueue has made no Workload for this JobSet yet")."""
+    real_kueue.up(log=lambda m: print(f"[kueue] {m}"), integrations=TRAINJOB_INTEGRATIONS)
+    install_crd(cluster)
+    objs = west_flavor_queue(namespace)
+    lq = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": "user-queue", "namespace": namespace},
+        "spec": {"clusterQueue": f"cq-{namespace}"},
+    }
+    apply(cluster, {"apiVersion": "v1", "kind": "List", "items": [*objs, lq]})
+    name = "queued-pair"
+    tj = holmes_trainjob(cluster, namespace, name, pipeline=1, data=2)
+    tj["metadata"]["labels"] = {LABEL_KUEUE_QUEUE: "user-queue"}
+    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    try:
+        apply(cluster, tj)
+        wait_for("the queued TrainJob Complete", completion(cluster, namespace, name), 240, 1, op)
+    finally:
+        op.stop()
+        print(op.tail(60))
+    uid = cluster.get_json(TRAINJOB, name, "-n", namespace)["metadata"]["uid"]
+    (wl,) = cluster.get_json(
+        "workloads.kueue.x-k8s.io", "-n", namespace, "-l", f"kueue.x-k8s.io/job-uid={uid}"
+    )["items"]
+    flavors = [a["flavors"] for a in wl["status"]["admission"]["podSetAssignments"]]
+    assert flavors == [{"cpu": f"west-{namespace}", "memory": f"west-{namespace}"}], flavors
+    doc = jp.read_plan(cluster.get_json("configmap", jp.plan_name(name), "-n", namespace))
+    assert (doc["pipeline"], doc["data"]) == (1, 2), doc
+    pods = pods_of(cluster, namespace, name)
+    assert len(pods) == 2
+    for p in pods:
+        entry = doc["pods"][p["spec"]["hostname"]]
+        sel = p["spec"]["nodeSelector"]
+        # Kueue's flavor label (through the TrainJob's runtime patch) stays; Holmes' pin is inside it
+        assert sel["holmes.dev/cluster"] == "west" and sel["kubernetes.io/hostname"] == entry["node"], sel
+        assert p["spec"]["nodeName"] == entry["node"] and ISLANDS[entry["node"]] == "west.roce", entry
+        assert p["status"]["phase"] == "Succeeded"
+    js = cluster.get_json(JOBSET, name, "-n", namespace)
+    assert jobset_status.current(js)["state"] == "Planned", js["metadata"].get("annotations")
+    cluster.kubectl("delete", TRAINJOB, name, "-n", namespace, "--timeout=60s", check=False)
+    delete_kueue_objects(cluster, namespace, [*objs, lq])

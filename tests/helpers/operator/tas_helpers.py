@@ -66,6 +66,41 @@ def kueue_objects(namespace: str) -> list[dict]:
     ]
 
 
+def west_flavor_queue(ns: str) -> list[dict]:
+    """A flavor of west's nodes and a ClusterQueue of CPU and memory (holmes-torchrun's init
+    container asks for memory) for the namespace (the LocalQueue is applied by the test)."""
+    return [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": f"west-{ns}"},
+            "spec": {"nodeLabels": {"holmes.dev/cluster": "west"}},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": f"cq-{ns}"},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [
+                            {
+                                "name": f"west-{ns}",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "4"},
+                                    {"name": "memory", "nominalQuota": "8Gi"},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+    ]
+
+
 def delete_kueue_objects(cluster, namespace: str, objs: list[dict]) -> None:
     """Take away what :func:`kueue_objects` made (the queues first)."""
     for o in reversed(objs):

@@ -199,3 +199,33 @@ def test_a_kept_plan_must_meet_the_pods_new_selectors_after_kueue_admits_them_el
     moved = kpods(1, 2, nodeSelector={"holmes.dev/cluster": "b"})  # readmitted to another flavor
     assert jp.plan_matches(doc, moved, usable)  # without the nodes: the old check only
     assert not jp.plan_matches(doc, moved, usable, NODES)
+
+
+def trainjobs_jobset() -> dict:
+    """A TrainJob's JobSet: Trainer's controller owner reference, no queue label (Kueue queues the
+    TrainJob and labels the Workload with the TrainJob's uid)."""
+    js = jobset()
+    js["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "name": "tj",
+            "uid": "tj-1",
+            "controller": True,
+        }
+    ]
+    return js
+
+
+def test_a_trainjobs_jobset_is_kueues_through_the_workload_of_its_trainjob():
+    js, ps = trainjobs_jobset(), kpods()
+    assert jk.queue(js) is None and jk.trainjob(js)["uid"] == "tj-1"
+    assert jk.workload_selector(js) == "kueue.x-k8s.io/job-uid in (u-1,tj-1)"
+    of_trainjob = workload()
+    of_trainjob["metadata"]["labels"][jk.LABEL_JOB_UID] = "tj-1"
+    assert isinstance(jk.admission(js, [of_trainjob], flavor(), ps), jk.Admitted)
+    why = jk.admission(js, [workload(admitted=False) | {"metadata": of_trainjob["metadata"]}], flavor(), ps)
+    assert isinstance(why, str) and "TrainJob tj's LocalQueue" in why
+    # another controller's JobSet, or an owner that is not Trainer's TrainJob, is not read so
+    js["metadata"]["ownerReferences"][0]["apiVersion"] = "example.com/v1"
+    assert jk.trainjob(js) is None and jk.workload_selector(js) == "kueue.x-k8s.io/job-uid=u-1"

@@ -21,6 +21,13 @@ no pod carries Kueue's gate, and only on nodes the admission allows each pod: it
 flavors' node labels (and, under TAS, one of its topology assignment's domains) with their
 tolerations (queueing.flavor_choices, as for HolmesJobs), inside the pod's own node selector.
 Holmes never removes Kueue's gate; its own stays until Holmes pins the pod.
+
+A TrainJob's JobSet (Kubeflow Trainer's, its controller owner) is queued through its TrainJob:
+Kueue's TrainJob integration (pkg/controller/jobs/trainjob) labels the Workload with the
+TrainJob's uid (not the JobSet's), names its PodSets after the JobSet's replicatedJobs and writes
+the admission into the TrainJob's runtimePatches, which Trainer renders into the JobSet's pod
+templates. So such a JobSet is Kueue's when it carries the queue label (Trainer copies it from the
+TrainJob) or a Workload carries its TrainJob's uid, and the rule above holds for it.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from . import queueing, tolerations
 
 KUEUE_GATE = "kueue.x-k8s.io/topology"  # apis/kueue/v1beta2 TopologySchedulingGate
 LABEL_JOB_UID = "kueue.x-k8s.io/job-uid"  # pkg/controller/constants JobUIDLabel, on the Workload
+TRAINJOB_GROUP = "trainer.kubeflow.org"  # Kubeflow Trainer v2's TrainJob, a JobSet's controller owner
 LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"  # on JobSet's pods: the PodSet
 WAITING_FOR_ADMISSION = "WaitingForAdmission"
 
@@ -46,9 +54,32 @@ def queue(jobset: Mapping[str, Any]) -> str | None:
     return ((jobset.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_QUEUE) or None
 
 
+def trainjob(jobset: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference of the TrainJob whose JobSet this is (None: no TrainJob's)."""
+    for ref in (jobset.get("metadata") or {}).get("ownerReferences") or []:
+        group = str(ref.get("apiVersion", "")).split("/")[0]
+        if ref.get("controller") and ref.get("kind") == "TrainJob" and group == TRAINJOB_GROUP:
+            return ref
+    return None
+
+
+def job_uids(jobset: Mapping[str, Any]) -> list[str]:
+    """The uids Kueue may label the JobSet's Workload with: its own, and its TrainJob's."""
+    owner = trainjob(jobset)
+    own = str((jobset.get("metadata") or {}).get("uid", ""))
+    return [own] + ([str(owner.get("uid", ""))] if owner else [])
+
+
 def workload_selector(jobset: Mapping[str, Any]) -> str:
     """The label selector of the JobSet's Workload (Kueue labels it with the job's uid)."""
-    return f"{LABEL_JOB_UID}={(jobset.get('metadata') or {}).get('uid', '')}"
+    uids = job_uids(jobset)
+    return f"{LABEL_JOB_UID}={uids[0]}" if len(uids) == 1 else f"{LABEL_JOB_UID} in ({','.join(uids)})"
+
+
+def queued_where(jobset: Mapping[str, Any]) -> str:
+    """Where the JobSet waits, for messages: its LocalQueue, or its TrainJob's."""
+    q, owner = queue(jobset), trainjob(jobset)
+    return f"LocalQueue {q}" if q or not owner else f"TrainJob {owner.get('name')}'s LocalQueue"
 
 
 def kueue_gated(pod: Mapping[str, Any]) -> bool:
@@ -82,21 +113,21 @@ def admission(
     """Admitted, or why Holmes waits (a message naming what it waits for). ``workloads``: the
     Workloads labelled with the JobSet's uid (None: Kueue's API is not served); ``flavors``:
     the ResourceFlavors by name."""
-    q = queue(jobset)
+    q, where = queue(jobset), queued_where(jobset)
     if workloads is None or flavors is None:
         return (
             f"label {LABEL_KUEUE_QUEUE}={q} asks Kueue to admit this JobSet, but Kueue's API "
             f"({queueing.KUEUE_GROUP}) is not served: install Kueue, or remove the label"
         )
-    uid = (jobset.get("metadata") or {}).get("uid")
-    own = [w for w in workloads if ((w.get("metadata") or {}).get("labels") or {}).get(LABEL_JOB_UID) == uid]
+    uids = job_uids(jobset)
+    own = [w for w in workloads if ((w.get("metadata") or {}).get("labels") or {}).get(LABEL_JOB_UID) in uids]
     if not own:
-        return f"Kueue has made no Workload for this JobSet yet (LocalQueue {q}): waiting for it"
+        return f"Kueue has made no Workload for this JobSet yet ({where}): waiting for it"
     wl = max(own, key=lambda w: (w.get("metadata") or {}).get("creationTimestamp") or "")
     name = (wl.get("metadata") or {}).get("name", "")
     state, why = queueing.admission(wl)
     if state != queueing.ADMITTED:
-        return f"Workload {name} in LocalQueue {q} is not admitted: {why}"
+        return f"Workload {name} in {where} is not admitted: {why}"
     adm = (wl.get("status") or {}).get("admission") or {}
     choices: dict[str, Choices] = {}
     for psa in adm.get("podSetAssignments") or []:
