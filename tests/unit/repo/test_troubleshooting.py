@@ -29,6 +29,7 @@ NOT_REASONS = {
     "PodsReady", "WaitForStart", "WaitForRecovery",  # Kueue's PodsReady condition, written for it
     "BestEffort", "NotBestEffort", "NotTerminating",  # ResourceQuota scopes (core/quota.py)
     "HyperNode",  # Volcano's kind (core/island_topology.py)
+    "TrainJob",  # Kubeflow Trainer's kind, a JobSet's owner (core/jobset_kueue.py)
 }  # fmt: skip
 
 
