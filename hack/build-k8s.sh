@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (once) and cache the binaries of the local cluster, from the Go module proxy only:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl  (k8s.io/kubernetes)
+#   kube-proxy (real nodes' Services: hack/localkube/realnode.py)              (k8s.io/kubernetes)
 #   etcd                                                                       (go.etcd.io/etcd/server/v3)
 #   helm                                                                       (helm.sh/helm/v3)
 #   kwok       (the hollow nodes: Node and Pod lifecycles from Stages)         (sigs.k8s.io/kwok)
@@ -28,7 +29,7 @@ ETCD_VERSION="v3.6.16"
 HELM_VERSION="v3.22.0"
 KREW_VERSION="v0.4.3"   # tests/unit/packaging/test_krew.py installs the plugin with it
 KWOK_VERSION="v0.8.0"   # hack/localkube/hollow.py runs it with the Stages of hack/localkube/kwok-stages.yaml
-K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
 GO_MIN_MINOR=26   # k8s.io/kubernetes v1.37's go.mod says `go 1.26.0`
 
 LIB_TAG=build-k8s

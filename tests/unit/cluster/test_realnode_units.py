@@ -128,6 +128,19 @@ def test_coredns_binds_only_the_nodes_addresses_and_no_fixed_port():
         assert fixed not in text
 
 
+def test_kube_proxy_is_nftables_scoped_to_the_clusters_addresses_and_leaves_the_machine_alone():
+    cfg = realnode.kube_proxy_config(Path("/k"), "rk-0", SUBNET, ["10.231.40.1", "10.231.41.1"], (5001, 5002))
+    assert cfg["kind"] == "KubeProxyConfiguration" and cfg["mode"] == "nftables"
+    assert cfg["hostnameOverride"] == "rk-0" and cfg["clientConnection"]["kubeconfig"] == "/k"
+    # its servers on a node's bridge address, never 0.0.0.0 (the defaults) or fixed ports
+    assert cfg["healthzBindAddress"] == "10.231.40.1:5001" and cfg["metricsBindAddress"] == "10.231.40.1:5002"
+    # NodePorts only on the nodes' own addresses (not the machine's), pods' traffic not masqueraded
+    assert cfg["nodePortAddresses"] == ["10.231.40.1/32", "10.231.41.1/32"]
+    assert cfg["detectLocalMode"] == "ClusterCIDR" and cfg["clusterCIDR"] == "10.231.0.0/16"
+    # 0: the machine's conntrack sysctls and kube-proxy's OOM score are not set
+    assert set(cfg["conntrack"].values()) == {0, "0s"} and cfg["oomScoreAdj"] == 0
+
+
 def test_mountpoints_under_a_dir_come_deepest_first_with_escapes_undone():
     info = "\n".join(
         [
