@@ -207,13 +207,17 @@ def kubelet_config(plan: NodePlan, client_ca: Path, max_pods: int) -> dict:
             "x509": {"clientCAFile": str(client_ca)},
         },
         "authorization": {"mode": "Webhook"},
-        # a disk and memory shared with other work: never evict pods or collect images for it
+        # a disk and memory shared with other work: never evict pods or collect images for it.
+        # Absolute floors, not percentages (1% of this 252 GB disk is 2.5 GB, which other work
+        # dipped below for a moment and every pod was evicted), and a pressure condition that
+        # lifts 10 s after the dip, not the default 5 min during which no pod is admitted.
         "evictionHard": {
             "memory.available": "1Mi",
-            "nodefs.available": "1%",
+            "nodefs.available": "256Mi",
             "nodefs.inodesFree": "1%",
-            "imagefs.available": "1%",
+            "imagefs.available": "256Mi",
         },
+        "evictionPressureTransitionPeriod": "10s",
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
     }
@@ -807,10 +811,18 @@ def stop_kube_proxy(cp, st: dict, log, grace: float = 10.0) -> None:
             log(f"stopping kube-proxy (pid {pids['kube-proxy']})")
             stop_pid(pids["kube-proxy"], grace)
         pids.pop("kube-proxy", None)
-        try:
-            free = podnet._Flock(KUBE_PROXY_LOCK, block=False)
-        except BlockingIOError:
-            free = None  # another cluster's kube-proxy runs: its tables
+        free = None
+        owner = podnet.LOCK_DIR / KUBE_PROXY_LOCK
+        # ours for a moment more: the lock's descriptor also went to the `nft` runs kube-proxy
+        # started (Go closes only its own descriptors on exec), which end just after it
+        end = time.monotonic() + (10 if owner.exists() and owner.read_text() == str(cp.dir) else 0)
+        while free is None:
+            try:
+                free = podnet._Flock(KUBE_PROXY_LOCK, block=False)
+            except BlockingIOError:  # another cluster's kube-proxy runs: its tables
+                if time.monotonic() > end:
+                    break
+                time.sleep(0.2)
         if free is not None:
             with free:
                 for family, table in KUBE_PROXY_TABLES:
