@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (once) and cache the binaries of the local cluster, from the Go module proxy only:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl  (k8s.io/kubernetes)
+#   kube-proxy (real nodes' Services: hack/localkube/realnode.py)              (k8s.io/kubernetes)
 #   etcd                                                                       (go.etcd.io/etcd/server/v3)
 #   helm                                                                       (helm.sh/helm/v3)
 #   kwok       (the hollow nodes: Node and Pod lifecycles from Stages)         (sigs.k8s.io/kwok)
@@ -29,11 +30,12 @@ ETCD_VERSION="v3.6.16"
 HELM_VERSION="v3.22.0"
 KREW_VERSION="v0.4.3"   # tests/unit/packaging/test_krew.py installs the plugin with it
 KWOK_VERSION="v0.8.0"   # hack/localkube/hollow.py runs it with the Stages of hack/localkube/kwok-stages.yaml
-K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
 RELEASE_ONLY=""
 if [[ "$K8S_VERSION" != "$DEFAULT_K8S_VERSION" ]]; then
   # another release (the compatibility tier, `make compat`): its control plane and kubectl in a
-  # directory of their own, beside the default's; etcd, helm, kwok and krew stay the default's
+  # directory of their own, beside the default's; etcd, helm, kwok, krew and the nodes' pieces
+  # stay the default's
   BIN="$CACHE/releases/$K8S_VERSION"
   K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
   RELEASE_ONLY=1

@@ -126,8 +126,10 @@ class Agent:
         ip_octet: int,
         kubelet_port: int,
         host_images: tuple[str, ...] = imagepolicy.DEFAULT_HOST_IMAGES,
+        api_host: str = "127.0.0.1",
     ):
         self.dir = state_dir
+        self.api_host = api_host
         self.host_images = tuple(host_images)
         self.topology = topology
         self.nodes = set(topology.names)
@@ -463,7 +465,7 @@ class Agent:
         run.extra_ifnames = podnet.extra_interfaces(run.pod["metadata"].get("annotations"))
         run.net = self.network.add(run.uid, run.extra_ifnames)
         run.ip, run.host_ip = run.net.ip, podnet.host_address(self.network.subnet)
-        run.api = ApiForwarder(run.net.path, self.api_port)
+        run.api = ApiForwarder(run.net.path, self.api_port, self.api_host)
 
     def release_network(self, run: PodRun) -> None:
         """Stop the API relay, CNI DEL, delete the namespace (its processes are gone)."""
@@ -1008,6 +1010,7 @@ def main(state_dir: str) -> None:
         st["podIPOctet"],
         st["kubeletPort"],
         tuple(st.get("hostImages", imagepolicy.DEFAULT_HOST_IMAGES)),
+        st.get("apiserverHost") or "127.0.0.1",  # a real node's bridge address (realnode.py)
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())

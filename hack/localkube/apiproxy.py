@@ -74,8 +74,8 @@ def _relay(a: socket.socket, b: socket.socket, stop: threading.Event) -> None:
 class ApiForwarder:
     """Relays connections accepted in a pod's namespace to the API server on the host."""
 
-    def __init__(self, netns_path: str, port: int):
-        self.port = port
+    def __init__(self, netns_path: str, port: int, host: str = "127.0.0.1"):
+        self.port, self.host = port, host  # host: where the API server listens (controlplane.api_host)
         self.stop_event = threading.Event()
         self.listener = listen_in(netns_path, port)
         self.listener.settimeout(0.5)
@@ -92,7 +92,7 @@ class ApiForwarder:
                 return
             conn.settimeout(None)
             try:  # this thread was started from the host's namespace, so this dials the host
-                up = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+                up = socket.create_connection((self.host, self.port), timeout=5)
                 up.settimeout(None)
             except OSError:
                 conn.close()

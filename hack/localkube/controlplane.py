@@ -48,8 +48,15 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler
 # Port blocks: base+0 etcd client, base+1 etcd peer, base+2 apiserver, base+3 node agent's log server.
 PORT_RANGE = (26400, 29990)
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
+# the `kubernetes` Service's names, in the API server's certificate (ControlPlane._serving_cert)
+API_NAMES = (
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
 # name prefixes of the processes that play nodes besides the agent: real nodes' and kwok
-NODE_PROCESSES = ("kubelet-", "containerd-", "coredns", "kwok")
+NODE_PROCESSES = ("kubelet-", "containerd-", "coredns", "kube-proxy", "kwok")
 
 
 class ClusterError(RuntimeError):
@@ -205,7 +212,7 @@ class ControlPlane:
         ctx = ssl.create_default_context()
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
         req = urllib.request.Request(
-            f"https://127.0.0.1:{st['apiserverPort']}/readyz",
+            f"https://{api_host(st)}:{st['apiserverPort']}/readyz",
             headers={"Authorization": f"Bearer {st['token']}"},
         )
         try:
@@ -297,7 +304,9 @@ class ControlPlane:
             raise
         return st
 
-    def _spawn(self, st: dict, name: str, argv: list[str], env: dict | None = None) -> None:
+    def _spawn(
+        self, st: dict, name: str, argv: list[str], env: dict | None = None, pass_fds: tuple[int, ...] = ()
+    ) -> None:
         with open(self.dir / "logs" / f"{name}.log", "ab") as logf:
             # Own session: Ctrl-C in the terminal does not hit it; we stop it by its recorded PID.
             p = subprocess.Popen(
@@ -308,6 +317,7 @@ class ControlPlane:
                 start_new_session=True,
                 cwd=self.dir,
                 env=env,
+                pass_fds=pass_fds,
             )
         st["pids"][name] = p.pid
         self._save(st)
@@ -328,6 +338,23 @@ class ControlPlane:
     def _start_all(self, st: dict, bins: dict, log) -> None:
         d, pki, ep = self.dir, self.dir / "pki", st["etcdPort"]
         t0 = time.monotonic()
+        from .topology import KUBELET, KWOK, load_topology
+
+        topo = load_topology(st["topology"])
+        real = None
+        if topo.played_by(KUBELET).nodes:
+            from .realnode import RealNodeError, RealNodes
+
+            real = RealNodes(self, st, bins, log)
+            try:
+                # pods reach the API server through the `kubernetes` Service (kube-proxy): it
+                # listens on a real node's bridge address, which must exist before it starts
+                st["apiserverHost"] = real.claim(topo)
+            except RealNodeError as e:
+                raise ClusterError(str(e)) from e
+            self._save(st)
+            self._serving_cert(pki, st["apiserverHost"])
+        host = api_host(st)
         log(f"starting etcd on 127.0.0.1:{ep}")
         self._spawn(
             st,
@@ -357,15 +384,15 @@ class ControlPlane:
         self._wait("etcd", st, "etcd", lambda: not port_free(ep), 30)
 
         ap = st["apiserverPort"]
-        log(f"starting kube-apiserver on https://127.0.0.1:{ap}")
+        log(f"starting kube-apiserver on https://{host}:{ap}")
         self._spawn(
             st,
             "kube-apiserver",
             [
                 bins["kube-apiserver"],
                 f"--etcd-servers=http://127.0.0.1:{ep}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={host}",
+                f"--advertise-address={host}",
                 f"--secure-port={ap}",
                 f"--cert-dir={pki}",
                 f"--token-auth-file={pki / 'tokens.csv'}",
@@ -376,7 +403,9 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--api-audiences=https://kubernetes.default.svc.cluster.local",
                 "--service-cluster-ip-range=10.96.0.0/16",
-                "--endpoint-reconciler-type=none",
+                # the `kubernetes` Service's endpoint is the advertised address: a loopback one
+                # may not be an endpoint, so only a cluster with real nodes (kube-proxy) has it
+                f"--endpoint-reconciler-type={'lease' if real else 'none'}",
                 "--enable-priority-and-fairness=false",
                 "--kubelet-preferred-address-types=InternalIP",
                 # No kube-proxy here: the API server resolves a webhook's Service to its endpoints
@@ -384,6 +413,16 @@ class ControlPlane:
                 "--enable-aggregator-routing=true",
                 "--profiling=false",
                 "--v=1",
+                # ours (with 127.0.0.1 beside the bridge address) when the API server is not on
+                # loopback: the node agent's pods reach it through a relay on their 127.0.0.1
+                *(
+                    [
+                        f"--tls-cert-file={pki / 'apiserver.crt'}",
+                        f"--tls-private-key-file={pki / 'apiserver.key'}",
+                    ]
+                    if real
+                    else []
+                ),
                 # real nodes' kubelets trust this client certificate (logs, exec; realnode.py)
                 *(
                     [
@@ -425,17 +464,14 @@ class ControlPlane:
         self._spawn(
             st, "node-agent", [sys.executable, "-m", "localkube", "--state-dir", str(d), "agent"], env=env
         )
-        from .topology import KUBELET, KWOK, load_topology
-
-        topo = load_topology(st["topology"])
         hollow = topo.played_by(KWOK)
         if hollow.nodes:
             self._start_kwok(st, bins["kwok"], hollow, log)
-        if topo.played_by(KUBELET).nodes:
-            from .realnode import RealNodeError, RealNodes
+        if real is not None:
+            from .realnode import RealNodeError
 
             try:
-                RealNodes(self, st, bins, log).start(topo)
+                real.start(topo)
             except RealNodeError as e:
                 raise ClusterError(str(e)) from e
         names = set(topo.names)
@@ -605,6 +641,24 @@ class ControlPlane:
             str(pki / "kubelet-client.crt"),
         )
 
+    @staticmethod
+    def _serving_cert(pki: Path, host: str) -> None:
+        """The API server's serving certificate, made anew by a CA of its own (both in
+        ``apiserver.crt``, as the API server writes its self-signed one): valid for ``host``,
+        127.0.0.1, the `kubernetes` Service's ClusterIP and its names."""
+        san = ",".join(
+            [f"IP:{ip}" for ip in (host, "127.0.0.1", "10.96.0.1")] + [f"DNS:{n}" for n in API_NAMES]
+        )
+        ca_key, ca = pki / "apiserver-ca.key", pki / "apiserver-ca.crt"
+        self_signed("localkube-apiserver-ca", ca_key, ca)
+        openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}",
+                "-addext", f"subjectAltName={san}", "-keyout", str(pki / "apiserver.key"),
+                "-out", str(pki / "apiserver.csr"))  # fmt: skip
+        openssl("x509", "-req", "-in", str(pki / "apiserver.csr"), "-CA", str(ca), "-CAkey", str(ca_key),
+                "-CAcreateserial", "-days", "3650", "-copy_extensions", "copy",
+                "-out", str(pki / "apiserver.leaf.crt"))  # fmt: skip
+        (pki / "apiserver.crt").write_bytes((pki / "apiserver.leaf.crt").read_bytes() + ca.read_bytes())
+
     def _write_kubeconfig(self, st: dict) -> None:
         import base64
 
@@ -617,7 +671,7 @@ class ControlPlane:
                 {
                     "name": "localkube",
                     "cluster": {
-                        "server": f"https://127.0.0.1:{st['apiserverPort']}",
+                        "server": f"https://{api_host(st)}:{st['apiserverPort']}",
                         "certificate-authority-data": ca,
                     },
                 }
@@ -659,6 +713,11 @@ class ControlPlane:
             st.pop("kftrainer", None)
             st.pop("kwok", None)
             self._save(st)
+
+
+def api_host(st: dict) -> str:
+    """Where the API server listens: loopback, or a real node's bridge address (realnode.py)."""
+    return st.get("apiserverHost") or "127.0.0.1"
 
 
 def _listening_ports(st: dict, name: str) -> list[int]:

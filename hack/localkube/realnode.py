@@ -30,12 +30,20 @@ Per node (``<state>/nodes/<name>/``), what ``hack/build-node.sh`` and ``hack/bui
   GPUs and RDMA resource as extended resources in ``status.capacity`` (a PATCH, as the
   Kubernetes docs advertise extended resources; the kubelet keeps them);
 - **CoreDNS**, once per cluster, on port 53 of every real node's bridge address (the kubelets'
-  ``clusterDNS``), with its ``kubernetes`` plugin reading the admin kubeconfig.
+  ``clusterDNS``), with its ``kubernetes`` plugin reading the admin kubeconfig;
+- **kube-proxy** of the control plane's release, once per cluster (not per node: the nodes share
+  the host's network namespace, where kube-proxy's nftables table ``kube-proxy`` is one per
+  namespace), in ``nftables`` mode: Service ClusterIPs route to their pods, and pods reach the API
+  server through the ``kubernetes`` Service (the API server of a cluster with real nodes listens
+  on its first node's bridge address: :meth:`RealNodes.claim`). One per machine at a time: a lock
+  that the kube-proxy process itself holds (``/run/localkube/kube-proxy.lock``); a second cluster
+  starts without one and says so.
 
 Every process is recorded by its own PID in ``cluster.json`` (``pids``); :func:`stop` stops
-them, kills what containerd's shims left, unmounts what kubelet and containerd mounted under the
-node dirs (volumes, root filesystems, network namespaces), removes the cgroups and the bridges
-it made, and keeps each node's image store (``containerd/root``) for the next start.
+them, deletes kube-proxy's nftables tables, kills what containerd's shims left, unmounts what
+kubelet and containerd mounted under the node dirs (volumes, root filesystems, network
+namespaces), removes the cgroups and the bridges it made, and keeps each node's image store
+(``containerd/root``) for the next start.
 Pure parts (plans, configurations) come first; the commands that apply them after.
 """
 
@@ -62,7 +70,10 @@ CACHE = Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache" / "holmes"))
 CNI_BIN = CACHE / "cni" / "bin"
 NODE_CACHE = CACHE / "node"
 PAUSE_REF = "localhost/holmes-pause:1"  # hack/build-node.sh builds it
-NODE_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "coredns", "kubelet")
+NODE_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "coredns", "kubelet", "kube-proxy")
+# kube-proxy's nftables tables (pkg/proxy/nftables: one name per address family, not configurable)
+KUBE_PROXY_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
+KUBE_PROXY_LOCK = "kube-proxy.lock"  # in podnet.LOCK_DIR, held by the running kube-proxy
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap", "multus")
 NAD_NAMESPACE = "default"
 CLUSTER_DOMAIN = "cluster.local"
@@ -196,13 +207,17 @@ def kubelet_config(plan: NodePlan, client_ca: Path, max_pods: int) -> dict:
             "x509": {"clientCAFile": str(client_ca)},
         },
         "authorization": {"mode": "Webhook"},
-        # a disk and memory shared with other work: never evict pods or collect images for it
+        # a disk and memory shared with other work: never evict pods or collect images for it.
+        # Absolute floors, not percentages (1% of this 252 GB disk is 2.5 GB, which other work
+        # dipped below for a moment and every pod was evicted), and a pressure condition that
+        # lifts 10 s after the dip, not the default 5 min during which no pod is admitted.
         "evictionHard": {
             "memory.available": "1Mi",
-            "nodefs.available": "1%",
+            "nodefs.available": "256Mi",
             "nodefs.inodesFree": "1%",
-            "imagefs.available": "1%",
+            "imagefs.available": "256Mi",
         },
+        "evictionPressureTransitionPeriod": "10s",
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
     }
@@ -294,6 +309,34 @@ def corefile(addresses: list[str], kubeconfig: Path) -> str:
 """
 
 
+def kube_proxy_config(
+    kubeconfig: Path,
+    node: str,
+    cluster_cidr: ipaddress.IPv4Network,
+    addresses: list[str],
+    ports: tuple[int, int],
+) -> dict:
+    """kube-proxy's KubeProxyConfiguration (JSON, which is YAML): nftables mode, whose rules match
+    only the cluster's Service IPs (and NodePorts on ``addresses``, the nodes' bridge addresses),
+    so the machine's own traffic is untouched; its servers on the first address; the machine's
+    conntrack sysctls and its own OOM score left as they are (0 means "do not set")."""
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": node,
+        "bindAddress": addresses[0],  # its idea of the node's primary IP (it binds nothing there)
+        "healthzBindAddress": f"{addresses[0]}:{ports[0]}",
+        "metricsBindAddress": f"{addresses[0]}:{ports[1]}",
+        "mode": "nftables",
+        "detectLocalMode": "ClusterCIDR",
+        "clusterCIDR": str(cluster_cidr),  # pods' traffic to a Service is not masqueraded
+        "nodePortAddresses": [f"{a}/32" for a in addresses],
+        "oomScoreAdj": 0,  # no CAP_SYS_RESOURCE here to lower it
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+    }
+
+
 def mountpoints_under(mountinfo: str, root: Path) -> list[str]:
     """Mount points at or below ``root`` (from /proc/self/mountinfo), deepest first."""
     r = str(root)
@@ -336,10 +379,12 @@ def preflight(bin_dir: Path) -> None:
     if missing:
         raise RealNodeError(
             f"missing {', '.join(missing)}: build them with `make node` (hack/build-node.sh; "
-            "the kubelet: `make k8s`)"
+            "the kubelet and kube-proxy: `make k8s`)"
         )
     if not shutil.which("runc"):
         raise RealNodeError("`runc` not found: apt-get install runc (`make node` does)")
+    if not shutil.which("nft"):
+        raise RealNodeError("`nft` not found (kube-proxy's nftables mode runs it): apt-get install nftables")
 
 
 def _bridge_exists(name: str) -> bool:
@@ -469,22 +514,37 @@ class RealNodes:
         )
 
     # -- start -----------------------------------------------------------------------------------
-    def start(self, topology: Topology) -> None:
+    def claim(self, topology: Topology) -> str:
+        """Each real node's bridge and each fabric's, made now (before the API server, which
+        listens on the first node's bridge address: pods reach it there through the ``kubernetes``
+        Service); that address."""
         nodes = [n for n in topology.nodes if n.played_by == KUBELET]
         fabrics = sorted({fabric_of(n) for n in nodes})
         if not self.st.get("realNodes"):
-            self.st["realNodes"] = {"nodes": {}, "fabrics": {}, "bridges": [], "cgroups": []}
+            self.st["realNodes"] = {"nodes": {}, "fabrics": {}, "bridges": [], "cgroups": [], "octets": {}}
         rn = self.st["realNodes"]
+        if not rn.get("octets"):
 
-        def made(bridge: str) -> None:
-            rn["bridges"].append(bridge)
+            def made(bridge: str) -> None:
+                rn["bridges"].append(bridge)
+                self._record()
+
+            agent = {self.st["podIPOctet"]}
+            gateway = lambda o: f"{node_subnet(self.subnet, o).network_address + 1}/24"  # noqa: E731
+            octets = claim_bridges(len(nodes), gateway, agent, made)
+            fab_octets = claim_bridges(len(fabrics), lambda o: None, agent, made)
+            rn["fabrics"] = dict(zip(fabrics, fab_octets, strict=True))
+            rn["octets"] = {n.name: o for n, o in zip(nodes, octets, strict=True)}
             self._record()
+        first = rn["octets"][nodes[0].name]
+        return str(node_subnet(self.subnet, first).network_address + 1)
 
-        agent = {self.st["podIPOctet"]}
-        gateway = lambda o: f"{node_subnet(self.subnet, o).network_address + 1}/24"  # noqa: E731
-        octets = claim_bridges(len(nodes), gateway, agent, made)
-        fab_octets = claim_bridges(len(fabrics), lambda o: None, agent, made)
-        rn["fabrics"] = dict(zip(fabrics, fab_octets, strict=True))
+    # -- start -----------------------------------------------------------------------------------
+    def start(self, topology: Topology) -> None:
+        nodes = [n for n in topology.nodes if n.played_by == KUBELET]
+        self.claim(topology)
+        rn = self.st["realNodes"]
+        octets = [rn["octets"][n.name] for n in nodes]
         from holmes_dev.ports import free_port
 
         # Each node's images live in the cache, kept across clusters (an import is minutes per
@@ -519,6 +579,52 @@ class RealNodes:
         self._install_fabrics(rn["fabrics"])
         for plan, node in zip(plans, nodes, strict=True):
             self._register(plan, node)
+        self._start_kube_proxy(plans)
+
+    def _start_kube_proxy(self, plans: list[NodePlan], timeout: float = 60) -> None:
+        """kube-proxy for the cluster's Services (module docstring), unless another cluster's runs
+        on this machine; started under the guard lock so a stopping cluster never deletes the
+        tables of one starting (:func:`stop`)."""
+        from holmes_dev.ports import free_port
+
+        cfg = self.cp.dir / "kube-proxy.json"
+        addresses = [p.gateway for p in plans]
+        ports = (free_port(addresses[0]), free_port(addresses[0]))
+        config = kube_proxy_config(self.kubeconfig, plans[0].name, self.subnet, addresses, ports)
+        cfg.write_text(json.dumps(config, indent=2))
+        with podnet._Flock(KUBE_PROXY_LOCK + ".guard", block=True):
+            fd = os.open(podnet.LOCK_DIR / KUBE_PROXY_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    owner = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+                    self.st["kubeProxy"] = {"skipped": owner}
+                    self._record()
+                    self.log(
+                        f"kube-proxy not started: the cluster in {owner} runs this machine's one (its "
+                        "nftables table is one per network namespace); this cluster's Service "
+                        "ClusterIPs do not route"
+                    )
+                    return
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(self.cp.dir).encode(), 0)
+                # the lock's holder is the kube-proxy process itself: it is free when it exits
+                self.log(f"starting kube-proxy (nftables; health on {addresses[0]}:{ports[0]})")
+                self.cp._spawn(
+                    self.st, "kube-proxy", [self.bins["kube-proxy"], f"--config={cfg}"], pass_fds=(fd,)
+                )
+            finally:
+                os.close(fd)
+            self.st["kubeProxy"] = {"config": str(cfg)}
+            self._record()
+        # ready once its first sync wrote the `kubernetes` Service's ClusterIP
+        self._poll(
+            "kube-proxy's first sync (nft list set ip kube-proxy cluster-ips)",
+            "kube-proxy",
+            lambda: "10.96.0.1" in _run(["nft", "list", "set", "ip", "kube-proxy", "cluster-ips"], False),
+            timeout,
+        )
 
     def _start_containerd(self, plan: NodePlan) -> None:
         for sub in ("containerd", "cni/net.d", "cni/multus.d", "pod-logs", "kubelet", "multus"):
@@ -694,6 +800,41 @@ def _procs() -> dict[int, list[str]]:
     return out
 
 
+def stop_kube_proxy(cp, st: dict, log, grace: float = 10.0) -> None:
+    """Stop the cluster's kube-proxy and delete its nftables tables (kube-proxy leaves them when
+    it exits), under the guard lock that starting one takes; tables are deleted only while no
+    kube-proxy holds the machine's lock, so never those of another cluster's running one."""
+    from .controlplane import stop_pid
+
+    pids = st.get("pids", {})
+    if "kube-proxy" not in pids and not st.get("kubeProxy"):
+        return
+    with podnet._Flock(KUBE_PROXY_LOCK + ".guard", block=True):
+        if cp._alive(pids.get("kube-proxy")):
+            log(f"stopping kube-proxy (pid {pids['kube-proxy']})")
+            stop_pid(pids["kube-proxy"], grace)
+        pids.pop("kube-proxy", None)
+        free = None
+        owner = podnet.LOCK_DIR / KUBE_PROXY_LOCK
+        # ours for a moment more: the lock's descriptor also went to the `nft` runs kube-proxy
+        # started (Go closes only its own descriptors on exec), which end just after it
+        end = time.monotonic() + (10 if owner.exists() and owner.read_text() == str(cp.dir) else 0)
+        while free is None:
+            try:
+                free = podnet._Flock(KUBE_PROXY_LOCK, block=False)
+            except BlockingIOError:  # another cluster's kube-proxy runs: its tables
+                if time.monotonic() > end:
+                    break
+                time.sleep(0.2)
+        if free is not None:
+            with free:
+                for family, table in KUBE_PROXY_TABLES:
+                    if _run(["nft", "list", "table", family, table], check=False):
+                        _run(["nft", "delete", "table", family, table], check=False)
+    st.pop("kubeProxy", None)
+    cp._save(st)
+
+
 def stop(cp, st: dict, log, grace: float = 10.0) -> None:
     """Stop a cluster's real nodes and clean up after them (see the module docstring); safe to
     call again and after a crash (it works from what ``cluster.json`` recorded)."""
@@ -703,6 +844,7 @@ def stop(cp, st: dict, log, grace: float = 10.0) -> None:
     if not rn:
         return
     pids = st.get("pids", {})
+    stop_kube_proxy(cp, st, log, grace)
     names = [n for n in pids if n.startswith("kubelet-")] + ["coredns"]
     for name in names:
         if cp._alive(pids.get(name)):

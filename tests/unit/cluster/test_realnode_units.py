@@ -128,6 +128,19 @@ def test_coredns_binds_only_the_nodes_addresses_and_no_fixed_port():
         assert fixed not in text
 
 
+def test_kube_proxy_is_nftables_scoped_to_the_clusters_addresses_and_leaves_the_machine_alone():
+    cfg = realnode.kube_proxy_config(Path("/k"), "rk-0", SUBNET, ["10.231.40.1", "10.231.41.1"], (5001, 5002))
+    assert cfg["kind"] == "KubeProxyConfiguration" and cfg["mode"] == "nftables"
+    assert cfg["hostnameOverride"] == "rk-0" and cfg["clientConnection"]["kubeconfig"] == "/k"
+    # its servers on a node's bridge address, never 0.0.0.0 (the defaults) or fixed ports
+    assert cfg["healthzBindAddress"] == "10.231.40.1:5001" and cfg["metricsBindAddress"] == "10.231.40.1:5002"
+    # NodePorts only on the nodes' own addresses (not the machine's), pods' traffic not masqueraded
+    assert cfg["nodePortAddresses"] == ["10.231.40.1/32", "10.231.41.1/32"]
+    assert cfg["detectLocalMode"] == "ClusterCIDR" and cfg["clusterCIDR"] == "10.231.0.0/16"
+    # 0: the machine's conntrack sysctls and kube-proxy's OOM score are not set
+    assert set(cfg["conntrack"].values()) == {0, "0s"} and cfg["oomScoreAdj"] == 0
+
+
 def test_mountpoints_under_a_dir_come_deepest_first_with_escapes_undone():
     info = "\n".join(
         [
@@ -207,3 +220,58 @@ def test_an_image_store_is_in_use_while_a_containerd_locks_its_database(tmp_path
         fcntl.flock(held, fcntl.LOCK_EX)
         assert realnode.store_in_use(root)
     assert not realnode.store_in_use(root)
+
+
+class _FakeControlPlane:
+    """What RealNodes and stop_kube_proxy use of a ControlPlane: its dir, state and spawn."""
+
+    def __init__(self, d: Path):
+        self.dir, self.kubeconfig, self.spawned = d, d / "kubeconfig", []
+
+    def _save(self, st: dict) -> None:
+        pass
+
+    def _spawn(self, st: dict, name: str, argv: list[str], pass_fds: tuple[int, ...] = ()) -> None:
+        import fcntl
+        import os
+
+        # the child would hold the lock through the passed descriptor: a dup stands for it
+        self.held = os.dup(pass_fds[0])
+        fcntl.flock(self.held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        st["pids"][name] = 4242
+        self.spawned.append(argv)
+
+    def _alive(self, pid) -> bool:
+        return False
+
+
+def test_one_kube_proxy_per_machine_a_second_cluster_starts_none_and_never_deletes_its_tables(
+    tmp_path, monkeypatch
+):
+    import os
+
+    from holmes_dev import ports
+
+    monkeypatch.setattr(podnet, "LOCK_DIR", tmp_path / "locks")
+    monkeypatch.setattr(ports, "free_port", lambda host="": 5000)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(realnode, "_run", lambda argv, check=True, **kw: ran.append(argv) or "table")
+    first, second = _FakeControlPlane(tmp_path / "a"), _FakeControlPlane(tmp_path / "b")
+    sts = [{"pids": {}}, {"pids": {}}]
+    for cp, st in zip((first, second), sts, strict=True):
+        cp.dir.mkdir()
+        nodes = realnode.RealNodes(cp, st, {"kube-proxy": "/bin/kube-proxy"}, lambda m: None)
+        monkeypatch.setattr(nodes, "_poll", lambda *a: None)
+        nodes._start_kube_proxy([PLAN])
+    assert len(first.spawned) == 1 and "kube-proxy" in sts[0]["pids"]
+    assert first.spawned[0][1] == f"--config={first.dir / 'kube-proxy.json'}"
+    # the second cluster: none started, and it says whose runs
+    assert second.spawned == [] and sts[1]["kubeProxy"] == {"skipped": str(first.dir)}
+    realnode.stop_kube_proxy(second, sts[1], lambda m: None)
+    assert not [a for a in ran if a[:2] == ["nft", "delete"]]  # the first's tables are kept
+    os.close(first.held)  # the first's kube-proxy exits: its tables go at its cluster-down
+    realnode.stop_kube_proxy(first, sts[0], lambda m: None)
+    assert [a for a in ran if a[:2] == ["nft", "delete"]] == [
+        ["nft", "delete", "table", "ip", "kube-proxy"],
+        ["nft", "delete", "table", "ip6", "kube-proxy"],
+    ]
