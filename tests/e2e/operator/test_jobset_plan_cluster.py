@@ -39,7 +39,13 @@ from holmes.operator.core import jobset_status
 from localkube.operatorproc import OperatorProcess, install_crd
 from tests.helpers.frameworks.cluster_jobs import PROGRAMS, json_lines
 from tests.helpers.operator.cluster_helpers import apply, wait_for
-from tests.helpers.operator.tas_helpers import ISLANDS, delete_kueue_objects, published, west_flavor_queue
+from tests.helpers.operator.tas_helpers import (
+    ISLANDS,
+    assert_pinned_inside_west,
+    delete_kueue_objects,
+    published,
+    west_flavor_queue,
+)
 from tests.helpers.operator.tas_helpers import kueue_objects as tas_objects
 
 pytestmark = [
@@ -246,13 +252,7 @@ def test_a_queued_labelled_jobset_waits_for_kueue_and_is_planned_inside_the_admi
     assert (doc["pipeline"], doc["data"]) == (1, 2)
     pods = pods_of(cluster, namespace, "queued")
     assert len(pods) == 2
-    for p in pods:
-        entry = doc["pods"][p["spec"]["hostname"]]
-        sel = p["spec"]["nodeSelector"]
-        # Kueue's flavor label stays; Holmes' pin is inside it
-        assert sel["holmes.dev/cluster"] == "west" and sel["kubernetes.io/hostname"] == entry["node"], sel
-        assert p["spec"]["nodeName"] == entry["node"] and ISLANDS[entry["node"]] == "west.roce", entry
-        assert p["status"]["phase"] == "Succeeded"
+    assert_pinned_inside_west(pods, doc)
     st = plan_status(cluster, namespace, "queued")
     assert (st["state"], st["reason"]) == ("Planned", "PlanWritten"), st
     print("plan status:", json.dumps(st))

@@ -26,7 +26,12 @@ from holmes.operator.core import jobset_status
 from localkube.kueue import INTEGRATIONS
 from localkube.operatorproc import OperatorProcess, install_crd
 from tests.helpers.operator.cluster_helpers import apply, wait_for
-from tests.helpers.operator.tas_helpers import ISLANDS, delete_kueue_objects, west_flavor_queue
+from tests.helpers.operator.tas_helpers import (
+    ISLANDS,
+    assert_pinned_inside_west,
+    delete_kueue_objects,
+    west_flavor_queue,
+)
 from tests.helpers.packaging.packaging_helpers import render
 
 pytestmark = pytest.mark.timeout(420)
@@ -339,13 +344,7 @@ def test_a_queued_trainjob_on_holmes_runtime_is_planned_inside_kueues_admission(
     assert (doc["pipeline"], doc["data"]) == (1, 2), doc
     pods = pods_of(cluster, namespace, name)
     assert len(pods) == 2
-    for p in pods:
-        entry = doc["pods"][p["spec"]["hostname"]]
-        sel = p["spec"]["nodeSelector"]
-        # Kueue's flavor label (through the TrainJob's runtime patch) stays; Holmes' pin is inside it
-        assert sel["holmes.dev/cluster"] == "west" and sel["kubernetes.io/hostname"] == entry["node"], sel
-        assert p["spec"]["nodeName"] == entry["node"] and ISLANDS[entry["node"]] == "west.roce", entry
-        assert p["status"]["phase"] == "Succeeded"
+    assert_pinned_inside_west(pods, doc)
     js = cluster.get_json(JOBSET, name, "-n", namespace)
     assert jobset_status.current(js)["state"] == "Planned", js["metadata"].get("annotations")
     cluster.kubectl("delete", TRAINJOB, name, "-n", namespace, "--timeout=60s", check=False)

@@ -101,6 +101,17 @@ def west_flavor_queue(ns: str) -> list[dict]:
     ]
 
 
+def assert_pinned_inside_west(pods: list[dict], doc: dict) -> None:
+    """Each pod Succeeded on the node its plan entry names: Holmes' pin inside the node selector
+    Kueue's west flavor (west_flavor_queue) wrote, on west's RoCE island."""
+    for p in pods:
+        entry = doc["pods"][p["spec"]["hostname"]]
+        sel = p["spec"]["nodeSelector"]
+        assert sel["holmes.dev/cluster"] == "west" and sel["kubernetes.io/hostname"] == entry["node"], sel
+        assert p["spec"]["nodeName"] == entry["node"] and ISLANDS[entry["node"]] == "west.roce", entry
+        assert p["status"]["phase"] == "Succeeded", p["status"]
+
+
 def delete_kueue_objects(cluster, namespace: str, objs: list[dict]) -> None:
     """Take away what :func:`kueue_objects` made (the queues first)."""
     for o in reversed(objs):
