@@ -40,7 +40,12 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler
 # Port blocks: base+0 etcd client, base+1 etcd peer, base+2 apiserver, base+3 node agent's log server.
 PORT_RANGE = (26400, 29990)
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
-NODE_PROCESSES = ("kubelet-", "containerd-", "coredns")  # name prefixes of real nodes' processes
+NODE_PROCESSES = (
+    "kubelet-",
+    "containerd-",
+    "coredns",
+    "dra-plugin-",
+)  # name prefixes of real nodes' processes
 
 
 class ClusterError(RuntimeError):

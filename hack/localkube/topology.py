@@ -12,6 +12,7 @@ A topology YAML looks like::
         rdmaResource: rdma/rdma_shared_device_a   # optional device-plugin resource
         labels: {pool: llm}           # optional extra labels
         playedBy: agent               # who runs its pods: agent (default) | kubelet
+        dra: false                    # its GPUs and NICs as DRA devices (kubelet nodes only)
 
 ``playedBy`` says what plays the node:
   - ``agent``: Holmes' node agent (hack/localkube/agent.py) registers it and runs its pods;
@@ -19,6 +20,13 @@ A topology YAML looks like::
     (hack/localkube/realnode.py; ``make node`` builds them). It reports the host's CPU and
     memory, so ``cpu`` and ``memory`` do not apply; ``gpus`` and ``rdmaResource`` become
     extended resources of its status.
+
+``dra: true`` (real nodes only) makes the node's GPUs and NICs DRA devices instead: its DRA
+kubelet plugin (hack/dra-plugin, started by realnode.py) publishes them in ResourceSlices, as
+NVIDIA's GPU driver (``gpu.nvidia.com``: ``gpus`` GPUs) and DRANET (``dra.net``: eth0 and, on an
+RDMA node, one RDMA NIC per GPU on that GPU's PCIe root) would, and the node has no
+``nvidia.com/gpu`` or ``rdmaResource`` extended resource. With ``advertise: none`` Holmes then
+finds its NICs and GPUs from the slices alone, as on a cluster that runs those drivers.
 
 ``advertise`` selects what a real cluster would show for that node:
   - ``holmes``: Holmes' own labels holmes.dev/nic, holmes.dev/nic-gbps, holmes.dev/cluster
@@ -65,6 +73,7 @@ _NODE_KEYS = {
     "labels",
     "annotations",
     "playedBy",
+    "dra",
 }
 
 
@@ -87,6 +96,7 @@ class SimNode:
     extra_labels: dict = field(default_factory=dict)
     extra_annotations: dict = field(default_factory=dict)
     played_by: str = AGENT
+    dra: bool = False  # GPUs and NICs as DRA devices (realnode.dra_devices), not extended resources
 
     @property
     def labels(self) -> dict[str, str]:
@@ -122,8 +132,10 @@ class SimNode:
             "memory": self.memory,
             "pods": self.pods,
             "ephemeral-storage": "1Ti",
-            "nvidia.com/gpu": str(self.gpus),
         }
+        if self.dra:  # its GPUs and NICs are in ResourceSlices
+            return out
+        out["nvidia.com/gpu"] = str(self.gpus)
         if self.rdma_resource:
             out[self.rdma_resource] = "1k"  # what k8s-rdma-shared-dev-plugin advertises by default
         return out
@@ -224,6 +236,18 @@ def parse_topology(doc: object, path: str = "<topology>") -> Topology:
         rdma = d.get("rdmaResource")
         if rdma and d["nic"] == "ethernet":
             raise TopologyError(f"{where}: an ethernet node cannot advertise RDMA resource {rdma!r}")
+        dra = d.get("dra", False)
+        if not isinstance(dra, bool):
+            raise TopologyError(f"{where}: dra must be true or false, got {dra!r}")
+        if dra and d["playedBy"] != KUBELET:
+            raise TopologyError(
+                f"{where}: dra: true needs playedBy: kubelet (a real node's DRA kubelet plugin "
+                "prepares the devices; the node agent prepares nothing)"
+            )
+        if dra and rdma:
+            raise TopologyError(
+                f"{where}: a dra: true node offers its NICs as DRA devices: remove rdmaResource {rdma!r}"
+            )
         nodes.append(
             SimNode(
                 name=name,
@@ -239,6 +263,7 @@ def parse_topology(doc: object, path: str = "<topology>") -> Topology:
                 extra_labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
                 extra_annotations={str(k): str(v) for k, v in (d.get("annotations") or {}).items()},
                 played_by=d["playedBy"],
+                dra=dra,
             )
         )
     return Topology(path=path, nodes=tuple(nodes))
