@@ -153,7 +153,8 @@ func run(ctx context.Context, cfg config, kubeconfig, devicesFile string) error 
 				klog.ErrorS(err, "publishing devices", "driver", name)
 			}
 		}
-		klog.InfoS("registered with the kubelet", "driver", name, "node", cfg.node, "published", len(devices))
+		klog.InfoS("serving", "driver", name, "node", cfg.node, "published", len(devices))
+		go d.awaitRegistration(ctx)
 	}
 	_, err = informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
@@ -208,6 +209,18 @@ func startDriver(ctx context.Context, cfg config, client kubernetes.Interface, s
 	}
 	d.helper = helper
 	return d, nil
+}
+
+// awaitRegistration says when the kubelet has registered the driver (it calls the driver only
+// from then on: a pod it starts before fails to prepare until its next sync).
+func (d *driver) awaitRegistration(ctx context.Context) {
+	for ctx.Err() == nil {
+		if st := d.helper.RegistrationStatus(); st != nil && st.PluginRegistered {
+			klog.InfoS("registered with the kubelet", "driver", d.name, "node", d.cfg.node)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // registrarSocket is the registration socket's name in the kubelet's registry: the helper's

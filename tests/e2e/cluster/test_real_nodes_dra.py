@@ -261,6 +261,25 @@ def test_the_plugin_registers_for_a_driver_a_test_brings_and_prepares_its_claim(
                         "metadata": {"name": driver},
                         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
                     },
+                ],
+            }
+        ),
+    )
+    # the kubelet calls a driver once it registered it (a pod it starts before waits for its next
+    # sync, about a minute); a driver's own slices come after its registration, these before
+    registered = f'"registered with the kubelet" driver="{driver}" node="{node}"'
+    wait_for(
+        f"the plugin registered for {driver}", lambda: registered in c.log(f"dra-plugin-{node}"), timeout=60
+    )
+    c.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [
                     {
                         "apiVersion": "resource.k8s.io/v1",
                         "kind": "ResourceClaimTemplate",
@@ -300,7 +319,7 @@ def test_the_plugin_registers_for_a_driver_a_test_brings_and_prepares_its_claim(
             lambda: (lambda p: p if p["status"].get("phase") in ("Succeeded", "Failed") else None)(
                 c.get("pod", "widget", "-n", ns)
             ),
-            timeout=180,
+            timeout=60,
         )
         assert pod["status"]["phase"] == "Succeeded", json.dumps(pod["status"], indent=1)
         assert pod["spec"]["nodeName"] == node

@@ -39,6 +39,10 @@ class Cluster:
         """The node's directory (containerd, kubelet, CDI specs) under the cluster's state."""
         return Path(self.cp.state()["realNodes"]["nodes"][node]["dir"])
 
+    def log(self, process: str) -> str:
+        """The log of one of the cluster's processes (``dra-plugin-<node>``, ``kubelet-<node>``)."""
+        return (self.cp.dir / "logs" / f"{process}.log").read_text(errors="replace")
+
     def ctr(self, node: str, *args: str) -> str:
         """``ctr`` on the node's containerd, in the kubelet's namespace."""
         sock = self.cp.state()["realNodes"]["nodes"][node]["socket"]
