@@ -32,8 +32,9 @@ LOCALKUBE := PYTHONPATH=hack $(PY) -m localkube
 k8s:
 	@bash hack/build-k8s.sh
 # What a real node runs beside the kubelet (hack/build-node.sh): containerd, the CNI plugins,
-# Multus, CoreDNS and the pause image, cached beside the control plane. Needed by topologies with
-# `playedBy: kubelet` nodes (hack/localkube/realnode.py).
+# Multus, CoreDNS, the pause image and the testbed's DRA kubelet plugin (hack/dra-plugin), cached
+# beside the control plane. Needed by topologies with `playedBy: kubelet` nodes
+# (hack/localkube/realnode.py).
 node:
 	@bash hack/build-node.sh
 # `node` too when the topology has real nodes

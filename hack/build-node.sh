@@ -8,6 +8,8 @@
 #   bin/coredns                                            github.com/coredns/coredns
 #   node/pause.tar  the pods' sandbox image (an OCI image archive of a static program of ours that
 #                   waits for SIGTERM), imported into each node's containerd: no registry here
+#   bin/dra-plugin  the testbed's DRA kubelet plugin (hack/dra-plugin: a module of ours on
+#                   k8s.io/dynamic-resource-allocation's kubelet-plugin helper), one per real node
 # runc comes from Debian. Everything lives in ${HOLMES_CACHE:-$HOME/.cache/holmes} (bin/.versions
 # says which release each piece is; another release is rebuilt; the Go module cache go/mod is
 # kept, so a rebuild is offline). hack/localkube/realnode.py runs them.
@@ -110,6 +112,22 @@ build_pause() {  # the sandbox image: a static program of ours, packed as an OCI
   say "pause: $PAUSE_REF in $NODE/pause.tar ($(du -k "$NODE/pause.tar" | cut -f1) KiB)"
 }
 
+build_dra_plugin() {  # our own module: rebuilt whenever its sources change (their hash is its version)
+  local src="$REPO/hack/dra-plugin" v
+  v=$(cat "$src/go.mod" "$src/go.sum" "$src"/*.go | sha256sum | cut -c1-12)
+  have_bin dra-plugin "$v" && return
+  local go; go=$(go_tool); go_env
+  local start=$SECONDS mod="$WORK/dra-plugin-mod"
+  say "dra-plugin $v: hack/dra-plugin (k8s.io/dynamic-resource-allocation $(awk '$1 == "k8s.io/dynamic-resource-allocation" { print $2 }' "$src/go.mod"))"
+  rm -rf "$mod" && cp -r "$src" "$mod" && mkdir -p "$WORK/out"
+  # -mod=readonly: the committed go.sum says what is built (download only, never edit)
+  run_with_progress dra-plugin "$CACHE/build-dra-plugin.log" 30 go_build_cache_mb \
+    bash -c 'cd "$1" && GOFLAGS="-mod=readonly -trimpath -buildvcs=false" go build -ldflags "-s -w" -o "$2/dra-plugin" .' \
+    _ "$mod" "$WORK/out"
+  install -m 0755 "$WORK/out/dra-plugin" "$BIN/dra-plugin" && record dra-plugin "$v"
+  say "  dra-plugin: built in $((SECONDS - start))s"
+}
+
 main() {
   [[ -z "${1:-}" ]] || die "unknown argument $1: build-node.sh takes none"
   local start=$SECONDS
@@ -119,7 +137,8 @@ main() {
   build_multus
   build_coredns
   build_pause
-  say "node pieces ready in $((SECONDS - start))s: $(grep -E '^(containerd|cni-plugins|multus|coredns|pause) ' "$BIN/.versions" | tr '\n' ' ')"
+  build_dra_plugin
+  say "node pieces ready in $((SECONDS - start))s: $(grep -E '^(containerd|cni-plugins|multus|coredns|pause|dra-plugin) ' "$BIN/.versions" | tr '\n' ' ')"
 }
 
 main "$@"

@@ -56,7 +56,7 @@ API_NAMES = (
     "kubernetes.default.svc.cluster.local",
 )
 # name prefixes of the processes that play nodes besides the agent: real nodes' and kwok
-NODE_PROCESSES = ("kubelet-", "containerd-", "coredns", "kube-proxy", "kwok")
+NODE_PROCESSES = ("kubelet-", "containerd-", "coredns", "kube-proxy", "dra-plugin-", "kwok")
 
 
 class ClusterError(RuntimeError):

@@ -70,7 +70,15 @@ CACHE = Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache" / "holmes"))
 CNI_BIN = CACHE / "cni" / "bin"
 NODE_CACHE = CACHE / "node"
 PAUSE_REF = "localhost/holmes-pause:1"  # hack/build-node.sh builds it
-NODE_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "coredns", "kubelet", "kube-proxy")
+NODE_BINARIES = (
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "coredns",
+    "kubelet",
+    "kube-proxy",
+    "dra-plugin",
+)
 # kube-proxy's nftables tables (pkg/proxy/nftables: one name per address family, not configurable)
 KUBE_PROXY_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
 KUBE_PROXY_LOCK = "kube-proxy.lock"  # in podnet.LOCK_DIR, held by the running kube-proxy
@@ -81,6 +89,10 @@ NODE_BRIDGE, FABRIC_BRIDGE = podnet.NODE_BRIDGE, podnet.FABRIC_BRIDGE  # + octet
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CNI_VERSION = "1.0.0"
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# The DRA drivers a `dra: true` node's plugin publishes, as NVIDIA's GPU driver and DRANET name them
+GPU_DRIVER, NIC_DRIVER = "gpu.nvidia.com", "dra.net"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+DRA_GPU_PRODUCT, DRA_GPU_MEMORY = "NVIDIA A100-SXM4-80GB", "80Gi"
 
 
 class RealNodeError(RuntimeError):
@@ -132,6 +144,10 @@ class NodePlan:
     def runc_root(self) -> Path:
         return self.dir / "runc"
 
+    @property
+    def cdi_dir(self) -> Path:
+        return self.dir / "cdi"
+
 
 def node_subnet(pod_subnet: ipaddress.IPv4Network, octet: int) -> ipaddress.IPv4Network:
     return ipaddress.IPv4Network((int(pod_subnet.network_address) + (octet << 8), 24))
@@ -139,6 +155,51 @@ def node_subnet(pod_subnet: ipaddress.IPv4Network, octet: int) -> ipaddress.IPv4
 
 def fabric_subnet(pod_subnet: ipaddress.IPv4Network, octet: int) -> ipaddress.IPv4Network:
     return node_subnet(podnet.extra_subnet(pod_subnet), octet)
+
+
+def dra_devices(node: SimNode) -> dict[str, list[dict]]:
+    """The ``resource.k8s.io/v1`` devices a ``dra: true`` node's plugin publishes, per driver:
+    its GPUs (``gpu-<i>``, each on a PCIe root of its own) and DRANET's NICs (``eth0``; on an
+    RDMA node one RDMA NIC ``nic-<i>`` per GPU, HCA ``mlx5_<i>``). The NICs are numbered against
+    the GPUs' roots (``nic-0`` beside the last GPU): a pairing that ignored the roots shows.
+    Nothing for a node without ``dra``."""
+    if not node.dra:
+        return {}
+    roots = [f"pci0000:{0x10 * (1 + i):02x}" for i in range(node.gpus)]
+    gpus = [
+        {
+            "name": f"gpu-{i}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "productName": {"string": DRA_GPU_PRODUCT},
+                PCIE_ROOT: {"string": root},
+            },
+            "capacity": {"memory": {"value": DRA_GPU_MEMORY}},
+        }
+        for i, root in enumerate(roots)
+    ]
+    nics: list[dict] = [
+        {
+            "name": "eth0",
+            "attributes": {"dra.net/rdma": {"bool": False}, "dra.net/ifName": {"string": "eth0"}},
+        }
+    ]
+    if node.nic in ("infiniband", "roce"):
+        enc = "infiniband" if node.nic == "infiniband" else "ether"
+        nics += [
+            {
+                "name": f"nic-{i}",
+                "attributes": {
+                    "dra.net/rdma": {"bool": True},
+                    "dra.net/rdmaDevice": {"string": f"mlx5_{i}"},
+                    "dra.net/encapsulation": {"string": enc},
+                    "dra.net/ifName": {"string": f"{'ib' if enc == 'infiniband' else 'eth'}{i + 1}"},
+                    PCIE_ROOT: {"string": root},
+                },
+            }
+            for i, root in enumerate(reversed(roots))
+        ]
+    return {GPU_DRIVER: gpus, NIC_DRIVER: nics}
 
 
 def containerd_config(plan: NodePlan, cni_bin: Path = CNI_BIN) -> str:
@@ -157,6 +218,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   # no CAP_SYS_RESOURCE here: never ask for an oom_score_adj below our own
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
+  # the node's DRA kubelet plugin writes the specs of the devices it prepared here
+  cdi_spec_dirs = [{json.dumps(str(plan.cdi_dir))}]
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -579,6 +642,10 @@ class RealNodes:
         self._install_fabrics(rn["fabrics"])
         for plan, node in zip(plans, nodes, strict=True):
             self._register(plan, node)
+        for plan, node in zip(plans, nodes, strict=True):
+            self._start_dra_plugin(plan, node)
+        for plan, node in zip(plans, nodes, strict=True):
+            self._wait_slices(plan, node)
         self._start_kube_proxy(plans)
 
     def _start_kube_proxy(self, plans: list[NodePlan], timeout: float = 60) -> None:
@@ -627,7 +694,7 @@ class RealNodes:
         )
 
     def _start_containerd(self, plan: NodePlan) -> None:
-        for sub in ("containerd", "cni/net.d", "cni/multus.d", "pod-logs", "kubelet", "multus"):
+        for sub in ("containerd", "cni/net.d", "cni/multus.d", "pod-logs", "kubelet", "multus", "cdi"):
             (plan.dir / sub).mkdir(parents=True, exist_ok=True)
         shutil.rmtree(plan.dir / "containerd" / "state", ignore_errors=True)
         (plan.dir / "containerd.toml").write_text(containerd_config(plan))
@@ -716,6 +783,51 @@ class RealNodes:
                 f"--node-ip={plan.gateway}",
                 "--v=1",
             ],
+        )
+
+    def _start_dra_plugin(self, plan: NodePlan, node: SimNode) -> None:
+        """The node's DRA kubelet plugin (hack/dra-plugin): it publishes the node's DRA devices
+        (``dra: true``) and registers with the kubelet for every driver whose slices name the
+        node, so the kubelet has it prepare what the scheduler allocated."""
+        argv = [
+            self.bins["dra-plugin"],
+            f"--node-name={plan.name}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--kubelet-dir={plan.dir / 'kubelet'}",
+            f"--plugin-dir={plan.dir / 'dra'}",  # its sockets: short paths (a socket's is 108 bytes)
+            f"--cdi-dir={plan.cdi_dir}",
+        ]
+        if devices := dra_devices(node):
+            f = plan.dir / "dra-devices.json"
+            f.write_text(json.dumps(devices, indent=1))
+            argv.append(f"--devices={f}")
+        self.log(f"starting dra-plugin-{plan.name}" + (f" ({', '.join(devices)})" if devices else ""))
+        self.cp._spawn(self.st, f"dra-plugin-{plan.name}", argv)
+
+    def _wait_slices(self, plan: NodePlan, node: SimNode, timeout: float = 60) -> None:
+        """Until the node's slices of each driver its plugin publishes are served (the kubelet
+        deletes a node's slices when it starts: the plugin's are made again after that)."""
+        want = set(dra_devices(node))
+        if not want:
+            return
+
+        def published() -> bool:
+            out = self._kubectl(
+                "get",
+                "resourceslices",
+                f"--field-selector=spec.nodeName={plan.name}",
+                "-o",
+                "json",
+                check=False,
+            )
+            have = {s["spec"]["driver"] for s in json.loads(out or "{}").get("items", [])}
+            return want <= have
+
+        self._poll(
+            f"{plan.name}'s ResourceSlices ({', '.join(sorted(want))})",
+            f"dra-plugin-{plan.name}",
+            published,
+            timeout,
         )
 
     def _install_fabrics(self, fabrics: dict[str, int]) -> None:
@@ -845,7 +957,9 @@ def stop(cp, st: dict, log, grace: float = 10.0) -> None:
         return
     pids = st.get("pids", {})
     stop_kube_proxy(cp, st, log, grace)
-    names = [n for n in pids if n.startswith("kubelet-")] + ["coredns"]
+    # the DRA plugins first: each stops its helpers, which remove their sockets
+    names = [n for n in pids if n.startswith("dra-plugin-")]
+    names += [n for n in pids if n.startswith("kubelet-")] + ["coredns"]
     for name in names:
         if cp._alive(pids.get(name)):
             log(f"stopping {name} (pid {pids[name]})")
@@ -875,7 +989,7 @@ def stop(cp, st: dict, log, grace: float = 10.0) -> None:
                 subprocess.run(["umount", "-l", mp], capture_output=True)
         d = Path(node["dir"])
         # kept: containerd/root, the node's images, for the next start (`rm -rf` it to free the disk)
-        for sub in ("kubelet", "containerd/state", "pod-logs", "runc", "cni/ipam", "multus"):
+        for sub in ("kubelet", "containerd/state", "pod-logs", "runc", "cni/ipam", "multus", "cdi", "dra"):
             shutil.rmtree(d / sub, ignore_errors=True)
     shutil.rmtree(cp.dir / "nodes" / "fabric-ipam", ignore_errors=True)
     remove_cgroups(rn.get("cgroups", []))

@@ -15,6 +15,7 @@ A topology YAML looks like::
         annotations: {team: a}        # optional extra annotations
         taints: [{key: pool, value: llm, effect: NoSchedule}]   # optional
         playedBy: agent               # who runs its pods: agent (default) | kubelet | kwok
+        dra: false                    # its GPUs and NICs as DRA devices (kubelet nodes only)
     kwok: {leaseSeconds: 10, statusSeconds: 300, startSeconds: 1, parallelism: 8}   # optional
 
 ``playedBy`` says what plays the node (a topology may mix them):
@@ -34,6 +35,13 @@ A topology YAML looks like::
     parallel stage players (``parallelism``).
 
 ``taints`` apply to every node (a real kubelet's Node gets them once it registered).
+
+``dra: true`` (real nodes only) makes the node's GPUs and NICs DRA devices instead: its DRA
+kubelet plugin (hack/dra-plugin, started by realnode.py) publishes them in ResourceSlices, as
+NVIDIA's GPU driver (``gpu.nvidia.com``: ``gpus`` GPUs) and DRANET (``dra.net``: eth0 and, on an
+RDMA node, one RDMA NIC per GPU on that GPU's PCIe root) would, and the node has no
+``nvidia.com/gpu`` or ``rdmaResource`` extended resource. With ``advertise: none`` Holmes then
+finds its NICs and GPUs from the slices alone, as on a cluster that runs those drivers.
 
 ``advertise`` selects what a real cluster would show for that node:
   - ``holmes``: Holmes' own labels holmes.dev/nic, holmes.dev/nic-gbps, holmes.dev/cluster
@@ -84,6 +92,7 @@ _NODE_KEYS = {
     "annotations",
     "playedBy",
     "taints",
+    "dra",
 }
 
 
@@ -125,6 +134,7 @@ class SimNode:
     extra_annotations: dict = field(default_factory=dict)
     played_by: str = AGENT
     taints: tuple = ()  # of v1 Taint mappings (key, value, effect)
+    dra: bool = False  # GPUs and NICs as DRA devices (realnode.dra_devices), not extended resources
 
     @property
     def labels(self) -> dict[str, str]:
@@ -160,8 +170,10 @@ class SimNode:
             "memory": self.memory,
             "pods": self.pods,
             "ephemeral-storage": "1Ti",
-            "nvidia.com/gpu": str(self.gpus),
         }
+        if self.dra:  # its GPUs and NICs are in ResourceSlices
+            return out
+        out["nvidia.com/gpu"] = str(self.gpus)
         if self.rdma_resource:
             out[self.rdma_resource] = "1k"  # what k8s-rdma-shared-dev-plugin advertises by default
         return out
@@ -265,6 +277,18 @@ def parse_topology(doc: object, path: str = "<topology>") -> Topology:
         rdma = d.get("rdmaResource")
         if rdma and d["nic"] == "ethernet":
             raise TopologyError(f"{where}: an ethernet node cannot advertise RDMA resource {rdma!r}")
+        dra = d.get("dra", False)
+        if not isinstance(dra, bool):
+            raise TopologyError(f"{where}: dra must be true or false, got {dra!r}")
+        if dra and d["playedBy"] != KUBELET:
+            raise TopologyError(
+                f"{where}: dra: true needs playedBy: kubelet (a real node's DRA kubelet plugin "
+                "prepares the devices; the node agent prepares nothing)"
+            )
+        if dra and rdma:
+            raise TopologyError(
+                f"{where}: a dra: true node offers its NICs as DRA devices: remove rdmaResource {rdma!r}"
+            )
         nodes.append(
             SimNode(
                 name=name,
@@ -281,6 +305,7 @@ def parse_topology(doc: object, path: str = "<topology>") -> Topology:
                 extra_annotations={str(k): str(v) for k, v in (d.get("annotations") or {}).items()},
                 played_by=d["playedBy"],
                 taints=_taints(d.get("taints"), where),
+                dra=dra,
             )
         )
     return Topology(path=path, nodes=tuple(nodes), kwok=_kwok(doc.get("kwok"), path))

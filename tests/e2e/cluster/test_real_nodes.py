@@ -12,64 +12,30 @@ Its own cluster (not the session's ``cluster``: other topology); needs root, ``m
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import struct
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 import yaml
-from holmes_dev import images
 from holmes_dev.jobs import holmes_job
-from holmes_dev.kubectl import run_kubectl
 
-from localkube.controlplane import ControlPlane, binary
 from localkube.operatorproc import OperatorProcess, install_crd
 from localkube.realnode import NAD_NAMESPACE
+from tests.helpers.cluster import real_nodes
+from tests.helpers.cluster.real_nodes import REPO, TRAINER
 from tests.helpers.polling import wait_for
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.real_nodes]
-REPO = Path(__file__).resolve().parents[3]
-TRAINER = images.image_ref("trainer")
 TOPOLOGY = REPO / "hack" / "topologies" / "real-nodes.yaml"
 FABRICS = {"rk-east": "east-infiniband", "rk-west": "west-roce"}
 KUBERNETES = "kubernetes.default.svc.cluster.local"  # the API server's Service
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 
 
-class Cluster:
-    def __init__(self, cp: ControlPlane):
-        self.cp = cp
-        self.kubeconfig = str(cp.kubeconfig)
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120):
-        r = run_kubectl(binary("kubectl"), self.kubeconfig, *args, input=input, timeout=timeout)
-        if check and r.returncode:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
-        return r
-
-    def get(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
-
-
 @pytest.fixture(scope="module")
 def real_cluster():
-    if os.geteuid() != 0:
-        pytest.skip("real nodes need root")
-    if shutil.which("podman") is None or subprocess.run(["podman", "image", "exists", TRAINER]).returncode:
-        pytest.fail(f"{TRAINER} is not built: run `make images`")
-    cp = ControlPlane(REPO / ".holmes" / f"pytest-real-{os.getpid()}")
-    cp.dir.mkdir(parents=True, exist_ok=True)
-    try:
-        cp.up(TOPOLOGY, log=lambda m: print(f"[localkube] {m}", file=sys.stderr, flush=True))
-        yield Cluster(cp)
-    finally:
-        cp.down(log=lambda m: print(f"[localkube] {m}", file=sys.stderr, flush=True))
-        shutil.rmtree(cp.dir, ignore_errors=True)
+    yield from real_nodes.real_cluster(TOPOLOGY, "real")
 
 
 def dns_a(server: str, name: str) -> list[str]:

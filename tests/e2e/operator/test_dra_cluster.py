@@ -3,8 +3,9 @@ only by ResourceSlices (no Holmes label, no device-plugin resource) are planned 
 operator, which creates the job's ResourceClaimTemplate; the pods it renders claim it, the claim
 controller makes their ResourceClaims and the real scheduler allocates them, each GPU paired with
 the NIC on its PCIe root. What stays a stand-in: the nodes are API objects no kubelet runs, so
-nothing prepares the allocated devices (issue 48's real kubelets and a DRA kubelet plugin do), and
-another workload's allocation is written through the status subresource, as the scheduler does."""
+nothing prepares the allocated devices (tests/e2e/cluster/test_real_nodes_dra.py has real kubelet
+nodes and a DRA kubelet plugin prepare them), and another workload's allocation is written
+through the status subresource, as the scheduler does."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from holmes_dev.jobs import tiny_job
 
 from localkube.operatorproc import OperatorProcess, api_node, install_crd
 from tests.helpers.operator.cluster_helpers import SLEEP, apply, condition, get_job, pods_of, wait_for
-from tests.helpers.plan.dra_helpers import aligned_slices
+from tests.helpers.plan.dra_helpers import aligned_slices, device_classes
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.compat]
 TAINT = {"key": "holmes.dev/dra-test", "value": "1", "effect": "NoSchedule"}
@@ -50,20 +51,6 @@ def dra_nodes(cluster):
     cluster.kubectl("delete", "resourceclaims", "--all", "--all-namespaces", "--wait=false", check=False)
     for n in names:
         cluster.kubectl("delete", "node", n, "--wait=false", check=False)
-
-
-def device_classes() -> list[dict]:
-    """The classes the operator's claims name by default (discovery.NicMapping), selecting their
-    drivers' devices as NVIDIA's and DRANET's charts install them."""
-    return [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
-        }
-        for name, driver in (("gpu.nvidia.com", "gpu.nvidia.com"), ("dranet", "dra.net"))
-    ]
 
 
 def job(namespace: str, name: str = "dra") -> dict:

@@ -66,3 +66,17 @@ def aligned_slices(node: str, gpus: int = 8, enc: str = "infiniband") -> list[di
         rslice(node, "dra.net", nics),
         rslice(node, "gpu.nvidia.com", [gpu(i, root=roots[i], memory="80Gi") for i in range(gpus)]),
     ]
+
+
+def device_classes() -> list[dict]:
+    """The classes the operator's claims name by default (discovery.NicMapping), selecting their
+    drivers' devices as NVIDIA's and DRANET's charts install them."""
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+        }
+        for name, driver in (("gpu.nvidia.com", "gpu.nvidia.com"), ("dranet", "dra.net"))
+    ]

@@ -76,6 +76,72 @@ def test_containerd_config_is_version_3_with_what_this_sandbox_needs():
     assert runtime["cni"]["conf_dir"] == "/state/nodes/rk-0/cni/net.d"
     assert cfg["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == realnode.PAUSE_REF
     assert "io.containerd.nri.v1.nri" in cfg["disabled_plugins"]  # one socket per machine
+    assert runtime["cdi_spec_dirs"] == ["/state/nodes/rk-0/cdi"]  # the node's DRA plugin writes there
+
+
+def dra_topology(**node) -> object:
+    return parse_topology(
+        {"nodes": [{"name": "rk-0", "cluster": "east", "nic": "infiniband", "playedBy": KUBELET, **node}]}
+    )
+
+
+def test_a_dra_node_has_its_gpus_and_nics_in_slices_not_extended_resources():
+    (node,) = dra_topology(dra=True, gpus=2, advertise="none").nodes
+    assert node.dra and "nvidia.com/gpu" not in node.allocatable
+    assert not any(k.startswith("holmes.dev/nic") for k in node.labels)
+    (plain,) = dra_topology(gpus=2, rdmaResource="rdma/ib").nodes
+    assert not plain.dra and plain.allocatable["nvidia.com/gpu"] == "2" and realnode.dra_devices(plain) == {}
+    devices = realnode.dra_devices(node)
+    assert sorted(devices) == [realnode.NIC_DRIVER, realnode.GPU_DRIVER]
+    root = lambda d: d["attributes"][realnode.PCIE_ROOT]["string"]  # noqa: E731
+    gpus = {d["name"]: root(d) for d in devices[realnode.GPU_DRIVER]}
+    nics = {d["name"]: root(d) for d in devices[realnode.NIC_DRIVER] if d["name"] != "eth0"}
+    assert gpus == {"gpu-0": "pci0000:10", "gpu-1": "pci0000:20"}
+    # one NIC per root, numbered against the GPUs: pairing by name would cross the roots
+    assert nics == {"nic-0": "pci0000:20", "nic-1": "pci0000:10"}
+    (roce,) = dra_topology(dra=True, gpus=1, nic="roce").nodes
+    (nic,) = [d for d in realnode.dra_devices(roce)[realnode.NIC_DRIVER] if d["name"] != "eth0"]
+    assert nic["attributes"]["dra.net/encapsulation"] == {"string": "ether"}  # RoCE
+    (eth,) = dra_topology(dra=True, gpus=1, nic="ethernet").nodes
+    assert [d["name"] for d in realnode.dra_devices(eth)[realnode.NIC_DRIVER]] == ["eth0"]
+
+
+def test_holmes_plans_a_dra_node_from_the_slices_its_plugin_publishes():
+    """What the plugin publishes is what Holmes' discovery reads as DRANET's and NVIDIA's: the
+    node's NIC kind, its GPUs and their products, and a NIC beside each GPU."""
+    from holmes.plan import discovery, dra
+
+    (node,) = dra_topology(dra=True, gpus=2, advertise="none").nodes
+    slices = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"rk-0-{driver}"},
+            "spec": {
+                "driver": driver,
+                "nodeName": "rk-0",
+                "pool": {"name": "rk-0", "generation": 1, "resourceSliceCount": 1},
+                "devices": devices,
+            },
+        }
+        for driver, devices in realnode.dra_devices(node).items()
+    ]
+    (joined,) = dra.join([node.node_object()], slices)
+    nic = discovery.classify_node(joined)
+    assert (nic.source, nic.nic, nic.gpus, nic.gpu_source) == ("dra", "infiniband", 2, "dra"), nic
+    assert (
+        not nic.problems and nic.gpu_product == realnode.DRA_GPU_PRODUCT and nic.hcas == ("mlx5_0", "mlx5_1")
+    )
+    assert nic.devices is not None and nic.devices.aligned_pairs(2)
+
+
+def test_dra_is_for_real_nodes_and_replaces_the_rdma_resource():
+    with pytest.raises(TopologyError, match=r"nodes\[0\]: dra: true needs playedBy: kubelet"):
+        dra_topology(dra=True, playedBy=AGENT)
+    with pytest.raises(TopologyError, match=r"nodes\[0\]: a dra: true node .*remove rdmaResource 'rdma/ib'"):
+        dra_topology(dra=True, rdmaResource="rdma/ib")
+    with pytest.raises(TopologyError, match=r"nodes\[0\]: dra must be true or false, got 'yes'"):
+        dra_topology(dra="yes")
 
 
 def test_kubelet_config_is_the_nodes_own_and_touches_nothing_shared():
