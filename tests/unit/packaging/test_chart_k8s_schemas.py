@@ -102,7 +102,9 @@ def test_the_versions_checked_are_those_the_chart_supports():
     minors = [int(v.split(".")[1]) for v in VERSIONS]
     assert minors == list(range(int(m[1]), minors[-1] + 1)), "one release per minor, none skipped"
     build = (CHART.parents[1] / "hack" / "build-k8s.sh").read_text()
-    assert f'HOLMES_K8S_VERSION:-{VERSIONS[-1]}}}"' in build, "the newest checked is the one the tests run"
+    assert f"DEFAULT_K8S_VERSION={VERSIONS[-1]} " in build, "the newest checked is the one the tests run"
+    # and the oldest is the compatibility tier's (make compat)
+    assert f"COMPAT_K8S_VERSION ?= {VERSIONS[0]}\n" in (CHART.parents[1] / "Makefile").read_text()
 
 
 @pytest.mark.parametrize("combination", list(COMBINATIONS))
