@@ -36,6 +36,7 @@ k8s:
 # beside the control plane. Needed by topologies with `playedBy: kubelet` nodes
 # (hack/localkube/realnode.py).
 node:
+	@bash hack/build-k8s.sh node
 	@bash hack/build-node.sh
 # `node` too when the topology has real nodes
 REAL_NODES = $(if $(shell grep -lE 'playedBy: *kubelet' $(TOPOLOGY) 2>/dev/null),node)

@@ -6,7 +6,8 @@
 #   helm                                                                       (helm.sh/helm/v3)
 #   kwok       (the hollow nodes: Node and Pod lifecycles from Stages)         (sigs.k8s.io/kwok)
 #   krew       (installs the kubectl plugin from deploy/krew/holmes.yaml)      (sigs.k8s.io/krew)
-# `hack/build-k8s.sh clients` builds kubectl, helm and krew only (make unit).
+# `hack/build-k8s.sh clients` builds kubectl, helm and krew only (make unit); `hack/build-k8s.sh
+# node` the Kubernetes commands with kube-proxy, which only real nodes run (make node).
 # The cache lives outside the repository so a fresh clone reuses it:
 #   ${HOLMES_CACHE:-$HOME/.cache/holmes}/bin     the binaries (bin/.versions says which)
 #   ${HOLMES_CACHE:-$HOME/.cache/holmes}/go/mod  the Go module cache (kept: a rebuild is offline)
@@ -30,7 +31,10 @@ ETCD_VERSION="v3.6.16"
 HELM_VERSION="v3.22.0"
 KREW_VERSION="v0.4.3"   # tests/unit/packaging/test_krew.py installs the plugin with it
 KWOK_VERSION="v0.8.0"   # hack/localkube/hollow.py runs it with the Stages of hack/localkube/kwok-stages.yaml
-K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
+K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+# what only real nodes run besides the kubelet (`build-k8s.sh node`, which `make node` runs): not
+# built for `make test`, whose nodes are the node agent's
+NODE_CMDS=(kube-proxy)
 RELEASE_ONLY=""
 if [[ "$K8S_VERSION" != "$DEFAULT_K8S_VERSION" ]]; then
   # another release (the compatibility tier, `make compat`): its control plane and kubectl in a
@@ -212,7 +216,13 @@ clients() {
 
 main() {
   if [[ "${1:-}" == clients ]]; then clients; return; fi
-  [[ -z "${1:-}" ]] || die "unknown argument $1: none builds everything, \`clients\` kubectl, helm and krew only"
+  if [[ "${1:-}" == node ]]; then
+    local need; need=$(missing_kube "${K8S_CMDS[@]}" "${NODE_CMDS[@]}")
+    # shellcheck disable=SC2086
+    [[ -z "$need" ]] || build_kube $need
+    finish; return
+  fi
+  [[ -z "${1:-}" ]] || die "unknown argument $1: none builds everything, \`clients\` kubectl, helm and krew only, \`node\` the kubelet and kube-proxy too"
   ensure_tools
   local need; need=$(missing_kube "${K8S_CMDS[@]}")
   # shellcheck disable=SC2086

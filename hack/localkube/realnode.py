@@ -442,7 +442,7 @@ def preflight(bin_dir: Path) -> None:
     if missing:
         raise RealNodeError(
             f"missing {', '.join(missing)}: build them with `make node` (hack/build-node.sh; "
-            "the kubelet and kube-proxy: `make k8s`)"
+            "the kubelet and kube-proxy: `hack/build-k8s.sh node`, which `make node` runs)"
         )
     if not shutil.which("runc"):
         raise RealNodeError("`runc` not found: apt-get install runc (`make node` does)")
