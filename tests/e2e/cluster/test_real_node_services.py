@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,13 +21,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 from holmes_dev import images
-from holmes_dev.kubectl import run_kubectl
 
 from localkube import podnet
-from localkube.controlplane import ControlPlane, binary, pid_alive
+from localkube.controlplane import pid_alive
 from localkube.realnode import KUBE_PROXY_LOCK, KUBE_PROXY_TABLES
+from tests.helpers.cluster import real_nodes
+from tests.helpers.cluster.real_nodes import Cluster
 from tests.helpers.packaging.chart_release import Env, apply_job, job_obj, operator_pod, tiny_job
 from tests.helpers.polling import wait_for
 
@@ -38,42 +37,15 @@ OPERATOR = images.image_ref("operator")
 TOPOLOGY = REPO / "hack" / "topologies" / "real-nodes.yaml"
 
 
-class Cluster:
-    def __init__(self, cp: ControlPlane):
-        self.cp = cp
-        self.kubeconfig = str(cp.kubeconfig)
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120):
-        r = run_kubectl(binary("kubectl"), self.kubeconfig, *args, input=input, timeout=timeout)
-        if check and r.returncode:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
-        return r
-
-    def get(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
-
-    def apply(self, *objs: dict) -> None:
-        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
-
-
 def log(m: str) -> None:
     print(f"[localkube] {m}", file=sys.stderr, flush=True)
 
 
 @pytest.fixture(scope="module")
 def real_cluster():
-    if os.geteuid() != 0:
-        pytest.skip("real nodes need root")
-    if shutil.which("podman") is None or subprocess.run(["podman", "image", "exists", OPERATOR]).returncode:
+    if shutil.which("podman") and subprocess.run(["podman", "image", "exists", OPERATOR]).returncode:
         pytest.fail(f"{OPERATOR} is not built: run `make images`")
-    cp = ControlPlane(REPO / ".holmes" / f"pytest-svc-{os.getpid()}")
-    cp.dir.mkdir(parents=True, exist_ok=True)
-    try:
-        cp.up(TOPOLOGY, log=log)
-        yield Cluster(cp)
-    finally:
-        cp.down(log=log)
-        shutil.rmtree(cp.dir, ignore_errors=True)
+    yield from real_nodes.real_cluster(TOPOLOGY, "svc")
 
 
 @pytest.fixture(scope="module")
@@ -309,6 +281,8 @@ def test_cluster_down_leaves_no_rules_processes_bridges_cgroups_or_mounts(real_c
 
 
 def mentions_dir(proc: Path, d: Path) -> bool:
+    """The state dir anywhere in the command line (broader than controlplane.mentions, which
+    reads only argument values: a shell's `-c` script counts here too)."""
     try:
         return str(d).encode() in (proc / "cmdline").read_bytes()
     except OSError:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from holmes_dev import images
 from holmes_dev.kubectl import run_kubectl
 
@@ -34,6 +35,9 @@ class Cluster:
 
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def apply(self, *objs: dict) -> None:
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
 
     def node_dir(self, node: str) -> Path:
         """The node's directory (containerd, kubelet, CDI specs) under the cluster's state."""
