@@ -138,11 +138,12 @@ class JobSetPlans:
             pods = [p for p in self.pods.by_label(meta["namespace"], meta["name"]) if _alive(p)]
             if not jp.opted_in(js):
                 continue
-            if (js.get("spec") or {}).get("suspend") and self.queued(js):  # Kueue's until admitted
+            if (js.get("spec") or {}).get("suspend"):  # Kueue's until admitted, when it queues it
                 why = self.admission(js, pods)
                 if isinstance(why, str):
                     self.say(js, "Normal", jk.WAITING_FOR_ADMISSION, why)
-                continue
+                if why is not None:
+                    continue
             if any(jp.gated(p) for p in pods) and jp.all_pods_exist(js, pods):
                 self.plan_one(js, pods, nodes)
 
@@ -157,7 +158,7 @@ class JobSetPlans:
         if doc is None or not jp.plan_matches(doc, pods, usable, nodes):
             if any(not jp.gated(p) for p in pods):
                 return  # part of the gang runs on the old plan: the JobSet's restart brings new pods
-            admitted = self.admission(js, pods) if self.queued(js) else None
+            admitted = self.admission(js, pods)
             if isinstance(admitted, str):
                 self.say(js, "Normal", jk.WAITING_FOR_ADMISSION, admitted)
                 return
@@ -202,15 +203,17 @@ class JobSetPlans:
                 entries[host]["nodeRank"],
             )
 
-    def queued(self, js: dict) -> bool:
-        """Kueue manages the JobSet: its queue label, or a Workload of the TrainJob that owns it
-        (Kueue queues the TrainJob, whose label the JobSet does not carry)."""
-        return bool(jk.queue(js)) or (jk.trainjob(js) is not None and bool(self._workloads(js)))
-
-    def admission(self, js: dict, pods: list[dict]) -> jk.Admitted | str:
-        """Kueue's admission of a queued JobSet, or why Holmes waits for it."""
+    def admission(self, js: dict, pods: list[dict]) -> jk.Admitted | str | None:
+        """Kueue's admission of the JobSet, why Holmes waits for it, or None: Kueue does not
+        manage it. It does when the JobSet carries the queue label, or when a Workload carries
+        the uid of the TrainJob that owns it (Kueue queues the TrainJob). One Workload list."""
+        if not jk.queue(js) and jk.trainjob(js) is None:
+            return None
+        workloads = self._workloads(js)
+        if not jk.queue(js) and not workloads:
+            return None
         flavors = {f["metadata"]["name"]: f for f in self.caches.flavors.snapshot()}
-        return jk.admission(js, self._workloads(js), flavors, pods)
+        return jk.admission(js, workloads, flavors, pods)
 
     def _workloads(self, js: dict) -> list[dict] | None:
         """The JobSet's Workloads (Kueue labels them with its uid), as v1beta2; None: Kueue's
