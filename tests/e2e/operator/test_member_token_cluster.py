@@ -1,4 +1,4 @@
-"""`kubectl holmes member-kubeconfig` against the real API server (1.20): deploy/member/ makes
+"""`kubectl holmes member-kubeconfig` against the real API server: deploy/member/ makes
 no never-expiring token Secret; the TokenRequest API issues the member service account a token
 that expires when asked; the kubeconfig around it authenticates as that account, with its
 rights and no more."""
