@@ -1,13 +1,13 @@
 """Start and stop a real Kubernetes control plane on loopback (the release hack/build-k8s.sh
 builds), plus what plays the topology's nodes: the node agent (whose pods get network namespaces
 of their own: podnet.py), real kubelets (realnode.py) and one kwok process for all the hollow
-nodes (``playedBy: kwok``; hollow.py registers them).
+nodes (``playedBy: kwok``, and any a test registers later; hollow.py registers them).
 
 Everything lives in one state directory (``.holmes/cluster`` for ``make cluster-up``)::
 
     cluster.json        ports, pod-IP octet, topology path, recorded PIDs
     kubeconfig          admin kubeconfig (token auth, the apiserver's self-signed CA)
-    kwok.yaml           kwok's configuration and Holmes' Stages (when the topology has kwok nodes)
+    kwok.yaml           kwok's configuration and Holmes' Stages
     pki/                apiserver cert (made by the apiserver), service-account key pair
     etcd/               etcd data
     logs/<component>.log
@@ -225,7 +225,7 @@ class ControlPlane:
     def up(self, topology: str | Path, port_base: int | None = None, log=print) -> dict:
         """Start everything (idempotent: a healthy cluster with the same topology is kept)."""
         topology = str(Path(topology).resolve())
-        from .topology import KUBELET, KWOK, load_topology
+        from .topology import KUBELET, load_topology
 
         topo = load_topology(topology)  # fail early on a bad file
         real = bool(topo.played_by(KUBELET).nodes)
@@ -245,8 +245,7 @@ class ControlPlane:
             except realnode.RealNodeError as e:
                 raise ClusterError(str(e)) from e
             bins.update({b: binary(b) for b in realnode.NODE_BINARIES})
-        if topo.played_by(KWOK).nodes:
-            bins["kwok"] = binary("kwok")
+        bins["kwok"] = binary("kwok")
         for tool in ("openssl", "unshare"):
             if not shutil.which(tool):
                 raise ClusterError(
@@ -464,9 +463,7 @@ class ControlPlane:
         self._spawn(
             st, "node-agent", [sys.executable, "-m", "localkube", "--state-dir", str(d), "agent"], env=env
         )
-        hollow = topo.played_by(KWOK)
-        if hollow.nodes:
-            self._start_kwok(st, bins["kwok"], hollow, log)
+        self._start_kwok(st, bins["kwok"], topo.played_by(KWOK), log)
         if real is not None:
             from .realnode import RealNodeError
 
@@ -494,7 +491,9 @@ class ControlPlane:
     def _start_kwok(self, st: dict, kwok_bin: str, hollow, log) -> None:
         """The cluster's one kwok process (its config and Holmes' Stages in kwok.yaml, paced by
         the topology's ``kwok`` mapping), then its nodes registered (kwok first: it takes each
-        node up as it is registered), until every one is Ready."""
+        node up as it is registered), until every one is Ready. Started with none too: a node
+        registered later for it (hollow.register) is played as a topology's, so a test that only
+        needs nodes gets ones that heartbeat and report their pods as kubelets do."""
         from kubernetes import client
 
         from . import hollow as hl
@@ -511,7 +510,7 @@ class ControlPlane:
         self._spawn(st, "kwok", hl.kwok_command(str(self.kubeconfig), str(cfg), k.lease_seconds, kwok_bin))
         api = hl.api_client(str(self.kubeconfig))
         try:
-            hl.register(client.CoreV1Api(api), list(hollow.nodes))
+            hl.register(client.CoreV1Api(api), [hn.node_body(n) for n in hollow.nodes])
         finally:
             api.close()
         names = set(hollow.names)

@@ -26,7 +26,6 @@ from kubernetes.client.rest import ApiException
 
 from . import hollow_nodes as hn
 from .controlplane import binary
-from .topology import SimNode
 
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
@@ -40,25 +39,30 @@ def api_client(kubeconfig: str, pool: int = 20) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
-def register(core: client.CoreV1Api, nodes: list[SimNode], workers: int = 16) -> None:
-    """Create (or refresh the labels of) each Node and lift the not-ready taint."""
+def register(core: client.CoreV1Api, bodies: list[dict], workers: int = 16) -> None:
+    """Create (or refresh the labels of) each Node for kwok to play (``node_body``'s, or a test's
+    own annotated ``KWOK_NODE``) and lift the not-ready taint."""
 
-    def one(n: SimNode) -> None:
-        body = hn.node_body(n)
+    def one(body: dict) -> None:
+        name = body["metadata"]["name"]
+        if (body["metadata"].get("annotations") or {}).get(hn.KWOK_NODE) != hn.KWOK_MANAGED:
+            raise ValueError(
+                f"node {name}: not annotated {hn.KWOK_NODE}={hn.KWOK_MANAGED}: kwok would not play it"
+            )
         try:
             got = json.loads(core.create_node(body, _preload_content=False).data)
         except ApiException as e:
             if e.status != 409:
                 raise
             meta = {"labels": body["metadata"]["labels"], "annotations": body["metadata"]["annotations"]}
-            got = json.loads(core.patch_node(n.name, {"metadata": meta}, _preload_content=False).data)
+            got = json.loads(core.patch_node(name, {"metadata": meta}, _preload_content=False).data)
         taints = (got.get("spec") or {}).get("taints") or []
         kept = [t for t in taints if t["key"] not in NOT_READY_TAINTS]
         if kept != taints:
-            core.patch_node(n.name, {"spec": {"taints": kept}}, _preload_content=False)
+            core.patch_node(name, {"spec": {"taints": kept}}, _preload_content=False)
 
     with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(one, nodes))
+        list(ex.map(one, bodies))
 
 
 # ---- churn (through the API; kwok's Stages act on it) -----------------------------------------

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from holmes_dev.ports import free_port
 
+from .hollow_nodes import KWOK_MANAGED, KWOK_NODE
+
 REPO = Path(__file__).resolve().parents[2]  # hack/localkube/this.py -> the repository
 CRD = REPO / "crds" / "holmesjob.yaml"
 # The default topology advertises some RDMA nodes through NFD labels only, which cannot tell
@@ -29,30 +31,31 @@ FAKE_KINDS = (("infiniband", "fake-a", 200), ("roce", "fake-b", 200), ("ethernet
 
 
 def api_node(name: str, labels: dict[str, str], allocatable: dict[str, str], taint: dict[str, str]) -> dict:
-    """A Node registered through the API only: it exists and is Ready, but no agent runs its
-    pods. ``taint`` keeps pods that do not tolerate it off the node."""
+    """A hollow Node for ``hollow.register``: the cluster's kwok renews its Lease, reports it
+    Ready and its bound pods Running, and runs nothing. ``taint`` keeps pods that do not
+    tolerate it off the node."""
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, **labels},
+            "annotations": {KWOK_NODE: KWOK_MANAGED},
+        },
         "spec": {"taints": [taint]},
         "status": {
             "capacity": allocatable,
             "allocatable": allocatable,
+            # Ready from the start, as a kubelet registers; kwok keeps it so from then on
             "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "Fake",
-                    "message": "registered through the API; no agent runs its pods",
-                }
+                {"type": "Ready", "status": "True", "reason": "Registered", "message": "played by kwok"}
             ],
         },
     }
 
 
 def fake_gpu_node(i: int) -> dict:
-    """An 8-GPU API-only node (for measuring and crashing the operator at scale). Tainted, and
+    """An 8-GPU hollow node (for measuring and crashing the operator at scale). Tainted, and
     labelled holmes.dev/fake=1 so jobs select it explicitly."""
     nic, cluster, gbps = FAKE_KINDS[i % 3]
     alloc = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}

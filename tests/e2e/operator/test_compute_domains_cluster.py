@@ -8,8 +8,8 @@ ResourceClaimTemplate; where they are not, that job is refused with the fix.
 What stays a stand-in: the ComputeDomain CRD (hack/thirdparty-crds/nvidia-computedomain-v1beta1.yaml,
 written from the driver's API types: its module cannot be fetched here), and no driver runs
 behind it, so nothing makes the channel's ResourceClaimTemplate: the test records what the real
-kube-controller-manager and scheduler do with a pod whose template is missing. The nodes are API
-objects no kubelet runs (GPU Feature Discovery's clique label written by the test)."""
+kube-controller-manager and scheduler do with a pod whose template is missing. The nodes are
+hollow, played by the cluster's kwok (GPU Feature Discovery's clique label written by the test)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,15 @@ import pytest
 from holmes_dev.jobs import TINY_MODEL, tiny_job
 
 from localkube.operatorproc import OperatorProcess, api_node
-from tests.helpers.operator.cluster_helpers import SLEEP, apply, condition, get_job, pods_of, wait_for
+from tests.helpers.operator.cluster_helpers import (
+    SLEEP,
+    apply,
+    condition,
+    get_job,
+    pods_of,
+    register_hollow,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[3]
@@ -51,14 +59,8 @@ def nvl_node(name: str, clique: str) -> dict:
 def nvl_nodes(cluster):
     """Two NVLink domains of two trays each."""
     names = [f"nvl-{d}-{i}" for d in range(2) for i in range(2)]
-    for n in names:
-        apply(cluster, nvl_node(n, CLIQUES[int(n.split("-")[1])]))
-        # the API server taints a new node not-ready; this test bed runs no node lifecycle controller
-        wait_for(
-            f"{n}'s not-ready taint",
-            lambda n=n: "node.kubernetes.io/not-ready" in json.dumps(cluster.get_json("node", n)["spec"]),
-        )
-        cluster.kubectl("taint", "node", n, "node.kubernetes.io/not-ready:NoSchedule-")
+    # registered for kwok, their not-ready taint lifted as a kubelet's first Ready status would
+    register_hollow(cluster, [nvl_node(n, CLIQUES[int(n.split("-")[1])]) for n in names])
     yield names
     for n in names:
         cluster.kubectl("delete", "node", n, "--wait=false", check=False)

@@ -2,21 +2,28 @@
 only by ResourceSlices (no Holmes label, no device-plugin resource) are planned by the running
 operator, which creates the job's ResourceClaimTemplate; the pods it renders claim it, the claim
 controller makes their ResourceClaims and the real scheduler allocates them, each GPU paired with
-the NIC on its PCIe root. What stays a stand-in: the nodes are API objects no kubelet runs, so
-nothing prepares the allocated devices (tests/e2e/cluster/test_real_nodes_dra.py has real kubelet
-nodes and a DRA kubelet plugin prepare them), and another workload's allocation is written
+the NIC on its PCIe root. What stays a stand-in: the nodes are hollow (the cluster's kwok plays
+them: Leases, Ready, pods reported Running, no process), so nothing prepares the allocated
+devices (tests/e2e/cluster/test_real_nodes_dra.py has real kubelet nodes and a DRA kubelet
+plugin prepare them), and another workload's allocation is written
 through the status subresource, as the scheduler does."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import yaml
 from holmes_dev.jobs import tiny_job
 
 from localkube.operatorproc import OperatorProcess, api_node, install_crd
-from tests.helpers.operator.cluster_helpers import SLEEP, apply, condition, get_job, pods_of, wait_for
+from tests.helpers.operator.cluster_helpers import (
+    SLEEP,
+    apply,
+    condition,
+    get_job,
+    pods_of,
+    register_hollow,
+    wait_for,
+)
 from tests.helpers.plan.dra_helpers import aligned_slices, device_classes
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.compat]
@@ -35,15 +42,8 @@ def dra_nodes(cluster):
     for c in device_classes():
         apply(cluster, c)
     names = ["dra-node-0", "dra-node-1"]
+    register_hollow(cluster, [slice_node(n) for n in names])  # not-ready taint lifted
     for n in names:
-        apply(cluster, slice_node(n))
-        # the API server taints a new node not-ready (TaintNodesByCondition); a kubelet's first
-        # Ready status has the node lifecycle controller lift it, which this test bed does not run
-        wait_for(
-            f"{n}'s not-ready taint",
-            lambda n=n: "node.kubernetes.io/not-ready" in json.dumps(cluster.get_json("node", n)["spec"]),
-        )
-        cluster.kubectl("taint", "node", n, "node.kubernetes.io/not-ready:NoSchedule-")
         for s in aligned_slices(n, gpus=2):
             apply(cluster, s)
     yield names

@@ -21,6 +21,7 @@ from tests.helpers.operator.cluster_helpers import (
     events_of,
     get_job,
     pods_of,
+    register_hollow,
     running_operator,
     wait_for,
     wait_phase,
@@ -381,15 +382,14 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(crd, namespace, tmp
 
 @pytest.fixture
 def fake_nodes(crd):
-    """64 extra 8-GPU nodes that exist only in the API (no agent runs their pods)."""
+    """64 extra 8-GPU hollow nodes, played by the cluster's kwok."""
     from concurrent.futures import ThreadPoolExecutor
 
     from kubernetes import client
 
     core = client.CoreV1Api(crd.api_client())
     nodes = [fake_gpu_node(i) for i in range(64)]
-    with ThreadPoolExecutor(8) as ex:
-        list(ex.map(lambda n: core.create_node(n, _preload_content=False), nodes))
+    register_hollow(crd, nodes)
     yield core
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda n: core.delete_node(n["metadata"]["name"], _preload_content=False), nodes))
@@ -441,7 +441,7 @@ def test_operator_killed_while_creating_a_large_job_leaves_no_duplicates(
         pods = pods_of(crd, namespace, "big")
     finally:
         op.stop()
-        # No kubelet confirms deletion on the fake nodes: remove the pods outright.
+        # at once: the test's end need not wait for 64 graceful deletions
         fake_nodes.delete_collection_namespaced_pod(namespace, grace_period_seconds=0, _preload_content=False)
     assert sorted(p["metadata"]["name"] for p in pods) == sorted(f"big-1-{r}" for r in range(64))
     assert all(p["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"] for p in pods)

@@ -1,13 +1,12 @@
 """A huge job and a small one submitted together on the real local control plane: the small
 job's launch (create -> all its pods created) is not held by the huge job's plan and launch
-(commit.py: plans run outside the placement lock, and so do the pod writes). Nodes are
-registered through the API only (operator_apply's fake GPU nodes: creation is what is timed)."""
+(commit.py: plans run outside the placement lock, and so do the pod writes). The nodes are
+hollow, played by the cluster's kwok (creation is what is timed)."""
 
 from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from holmes_dev.jobs import holmes_job
@@ -16,6 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from holmes.contract.names import GROUP, PLURAL, VERSION
 from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd
+from tests.helpers.operator.cluster_helpers import register_hollow
 
 pytestmark = pytest.mark.timeout(400)
 POOL = "holmes.dev/pool"
@@ -73,16 +73,14 @@ def test_a_huge_jobs_plan_and_launch_do_not_hold_a_small_jobs_launch(cluster, na
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     names = []
 
-    def register(i: int, pool: str) -> None:
-        node = fake_gpu_node(i)
-        node["metadata"]["labels"][POOL] = pool
+    nodes = [fake_gpu_node(FIRST + i) for i in range(HUGE_NODES + 2)]
+    for i, node in enumerate(nodes):
+        node["metadata"]["labels"][POOL] = "a" if i < HUGE_NODES else "b"
         names.append(node["metadata"]["name"])
-        core.create_node(node, _preload_content=False)
 
     op = None
     try:
-        with ThreadPoolExecutor(16) as ex:
-            list(ex.map(lambda i: register(FIRST + i, "a" if i < HUGE_NODES else "b"), range(HUGE_NODES + 2)))
+        register_hollow(cluster, nodes)
         op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
         create = lambda m: custom.create_namespaced_custom_object(  # noqa: E731
             GROUP, VERSION, namespace, PLURAL, m, _preload_content=False

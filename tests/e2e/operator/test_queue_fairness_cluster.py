@@ -1,12 +1,11 @@
 """Queue fairness between namespaces on the real local control plane: where capacity runs one job
 at a time, one namespace's five jobs do not go before another namespace's one (it arrives while
-the first runs and runs second). Two nodes registered through the API only; the test plays their
-kubelet (pods Succeeded)."""
+the first runs and runs second). Two hollow nodes played by the cluster's kwok; the test tells each
+pod to end (exit 0) as a finished trainer would."""
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from holmes_dev.jobs import holmes_job, tiny_training
@@ -14,8 +13,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from holmes.contract.names import GROUP, PLURAL, VERSION
+from localkube import hollow
+from localkube import hollow_nodes as hn
 from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd
-from tests.helpers.operator.cluster_helpers import wait_for
+from tests.helpers.operator.cluster_helpers import register_hollow, wait_for
 
 pytestmark = pytest.mark.timeout(400)
 POOL = "holmes.dev/pool"
@@ -55,31 +56,15 @@ def live_jobs(core, ns: str) -> list[str]:
 
 
 def succeed_pods(core, ns: str) -> list[str]:
-    """Play the kubelet: every pod of ``ns`` not ended yet exits 0; the jobs they belong to."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    """Every pod of ``ns`` not ended nor told to yet ends with exit 0 (kwok plays it: the
+    annotation its Stages read); the jobs they belong to."""
     jobs = set()
     for p in json.loads(core.list_namespaced_pod(ns, _preload_content=False).data)["items"]:
-        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        told = hn.FINISH in (p["metadata"].get("annotations") or {})
+        if told or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         jobs.add(p["metadata"]["labels"]["holmes.dev/job-name"])
-        term = {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}
-        status = {
-            "phase": "Succeeded",
-            "containerStatuses": [
-                {
-                    "name": c["name"],
-                    "ready": False,
-                    "restartCount": 0,
-                    "image": "x",
-                    "imageID": "",
-                    "state": {"terminated": term},
-                }
-                for c in p["spec"]["containers"]
-            ],
-        }
-        core.patch_namespaced_pod_status(
-            p["metadata"]["name"], ns, {"status": status}, _preload_content=False
-        )
+        hollow.finish_pod(core, ns, p["metadata"]["name"])
     return sorted(jobs)
 
 
@@ -99,11 +84,11 @@ def test_one_namespaces_five_jobs_do_not_starve_anothers_one(cluster, namespace,
     names = []
     op = None
     try:
-        for i in (FIRST, FIRST + 1):
-            node = fake_gpu_node(i)
+        nodes = [fake_gpu_node(i) for i in (FIRST, FIRST + 1)]
+        for node in nodes:
             node["metadata"]["labels"][POOL] = "fair"
             names.append(node["metadata"]["name"])
-            core.create_node(node, _preload_content=False)
+        register_hollow(cluster, nodes)
         for i in range(5):  # the crowded namespace first: its jobs are all older
             custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job(f"a{i}", namespace))
         op = OperatorProcess(cluster.kubeconfig, [namespace, other], tmp_path / "operator.log").start()

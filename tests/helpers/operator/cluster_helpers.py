@@ -19,6 +19,20 @@ def apply(cluster, obj, check=True):
     return cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj), check=check)
 
 
+def register_hollow(cluster, nodes: list[dict]) -> None:
+    """Register Nodes for the cluster's kwok to play (operatorproc.api_node's): Ready, their
+    Leases renewed, their pods reported Running without any process."""
+    from kubernetes import client
+
+    from localkube import hollow
+
+    api = cluster.api_client()
+    try:
+        hollow.register(client.CoreV1Api(api), nodes)
+    finally:
+        api.close()
+
+
 def get_job(cluster, ns, name):
     r = cluster.kubectl("get", "holmesjob", name, "-n", ns, "-o", "json", check=False)
     return json.loads(r.stdout) if r.returncode == 0 else None
