@@ -5,7 +5,8 @@ Fixtures
 ``cluster`` (session scope)
     A running local control plane (kube-apiserver/controller-manager/scheduler of the release
     hack/build-k8s.sh builds, v1.37, + etcd) with the node agent simulating the nodes of
-    ``hack/topologies/default.yaml``. Started on
+    ``hack/topologies/default.yaml``, and kwok playing any hollow node a test registers
+    (``tests/helpers/operator/cluster_helpers.register_hollow``). Started on
     first use in a private state dir (``.holmes/pytest-<pid>``, own ports) and stopped at the end
     of the session. Set ``HOLMES_KUBECONFIG=path`` to reuse a running cluster instead (e.g. after
     ``make cluster-up``: ``HOLMES_KUBECONFIG=.holmes/kubeconfig``); it is then left running.
