@@ -230,8 +230,8 @@ class Agent:
                     },
                 )
             self.core.patch_node_status(n.name, {"status": body["status"]})
-            # The TaintNodesByCondition admission taints new nodes not-ready; the node lifecycle
-            # controller, which would lift it, is off (heartbeats come from us), so lift it here.
+            # The TaintNodesByCondition admission taints new nodes not-ready: lifted at once (the
+            # node lifecycle controller would, on its next pass).
             node = json.loads(self.core.read_node(n.name, _preload_content=False).data)
             taints = node["spec"].get("taints") or []
             kept = [t for t in taints if t["key"] not in NOT_READY_TAINTS]

@@ -445,9 +445,10 @@ class ControlPlane:
                 bins["kube-controller-manager"],
                 *common,
                 "--secure-port=0",
-                # No node-lifecycle controller: the agent's heartbeats keep nodes Ready, and a paused
-                # agent should not get pods evicted.
-                "--controllers=*,-nodelifecycle,-csrsigning,-csrapproving,-csrcleaner,-bootstrapsigner,-tokencleaner",
+                # The node lifecycle controller runs, as on any cluster: a node whose heartbeats
+                # stop (the agent's status, a kubelet's or kwok's Lease) goes Unknown, is tainted
+                # unreachable and its pods evicted once they stop tolerating it.
+                "--controllers=*,-csrsigning,-csrapproving,-csrcleaner,-bootstrapsigner,-tokencleaner",
                 "--use-service-account-credentials=true",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'apiserver.crt'}",

@@ -9,8 +9,8 @@ annotated ``kwok.x-k8s.io/node=fake``). kwok does what their kubelets would: it 
 each node's Lease in ``kube-node-lease`` and plays Holmes' Stages (``kwok-stages.yaml``): a node
 Ready, its status rewritten every ``statusSeconds``; a bound pod Running after ``startSeconds``,
 then Succeeded or Failed as its annotations say; a deleted pod deleted for good. Registration
-lifts the not-ready taint the TaintNodesByCondition admission puts on new nodes (the node
-lifecycle controller that would lift it is off in the local control plane).
+lifts the not-ready taint the TaintNodesByCondition admission puts on new nodes at once (the
+node lifecycle controller would, on its next pass).
 
 Churn from outside goes through the API (the functions below, which the benches call): a pod
 annotated to fail or to finish, a node (and its pods) annotated not ready.

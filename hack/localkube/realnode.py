@@ -848,8 +848,7 @@ class RealNodes:
     def _register(self, plan: NodePlan, node: SimNode, timeout: float = 120) -> None:
         """Once the kubelet registered its Node: the topology's labels and annotations, its GPUs
         and RDMA resource as extended resources, and (Ready) the topology's taints with the
-        not-ready taint lifted, which the node lifecycle controller would do (it is off: the
-        agent's nodes beat by hand)."""
+        not-ready taint lifted at once (the node lifecycle controller would, on its next pass)."""
         name = f"kubelet-{plan.name}"
         self._poll(f"{name} to register", name, lambda: self._node(plan.name) is not None, timeout)
         meta = {"metadata": {"labels": node.labels, "annotations": node.annotations}}
