@@ -67,22 +67,29 @@ def image_archive(program: bytes, name: str, ref: str) -> bytes:
             "layers": [_descriptor(LAYER, layer)],
         }
     )
+    return layout(ref, manifest, MANIFEST, [layer, config])
+
+
+def layout(ref: str, manifest: bytes, manifest_type: str, blobs: list[bytes]) -> bytes:
+    """The archive of the image ``manifest`` named ``ref``, with ``blobs`` (its config and the
+    layers the importer is to read: `ctr images import` reads no layer the manifest names but the
+    archive lacks, and unpacks none whose snapshot it has)."""
     index = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
         "manifests": [
             {
-                **_descriptor(MANIFEST, manifest),
+                **_descriptor(manifest_type, manifest),
                 "annotations": {IMAGE_NAME: ref, REF_NAME: ref.rsplit(":", 1)[1]},
             }
         ],
     }
-    blobs = {f"blobs/sha256/{hashlib.sha256(b).hexdigest()}": (b, 0o644) for b in (layer, config, manifest)}
+    files = {f"blobs/sha256/{hashlib.sha256(b).hexdigest()}": (b, 0o644) for b in [*blobs, manifest]}
     return _tar(
         {
             "oci-layout": (_json({"imageLayoutVersion": "1.0.0"}), 0o644),
             "index.json": (_json(index), 0o644),
-            **blobs,
+            **files,
         }
     )
 

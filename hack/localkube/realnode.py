@@ -7,8 +7,18 @@ Per node (``<state>/nodes/<name>/``), what ``hack/build-node.sh`` and ``hack/bui
   CAP_SYS_RESOURCE, so ``restrict_oom_score_adj`` (else runc fails every sandbox: "can't get final
   child's PID from pipe"); cgroupfs; the pods' network namespaces under its state dir;
   ``localhost/holmes-pause`` (ours, from the cache) as the pinned sandbox image, and the project's
-  images imported from the local containers storage (``podman save --format oci-archive``, once
-  per image id, into the cache; ``ctr images import`` per node, skipped when the node has it);
+  images from the local containers storage. Images go once per image id into one **seed**
+  store in the cache (``node/seed``, a containerd root): each layer podman's overlay driver holds
+  unpacked becomes the committed snapshot of its chain ID from hard links to podman's files, and
+  an archive of the stored manifest and config, without layers, is imported (the unpack finds
+  every snapshot); where podman's storage is not that (another driver or filesystem, a link
+  refused), ``podman save --format docker-archive`` streamed into ``ctr images import``. Each
+  node's root (``containerd/root`` of its dir) is a copy of the seed's made at start: its
+  metadata databases copied, its content blobs and overlayfs snapshots hard links to the seed's
+  (a node's containerd keeps its own metadata, so it collects only its own). All of these files
+  are immutable (a blob is named by its digest; an image layer, podman's or a committed
+  snapshot, is only ever a read-only lower layer), and each store removes only its own links.
+  Seconds, and a few MB per node;
 - its **kubelet** of the control plane's release: own ``--root-dir``, port, ``podLogsDir`` (the
   default /var/log/pods is garbage-collected by every kubelet on the machine), ``cgroupRoot``
   ``/lk<octet>-<name>`` made beforehand in every cgroup hierarchy (cpuset's cpus and mems copied),
@@ -42,8 +52,8 @@ Per node (``<state>/nodes/<name>/``), what ``hack/build-node.sh`` and ``hack/bui
 Every process is recorded by its own PID in ``cluster.json`` (``pids``); :func:`stop` stops
 them, deletes kube-proxy's nftables tables, kills what containerd's shims left, unmounts what
 kubelet and containerd mounted under the node dirs (volumes, root filesystems, network
-namespaces), removes the cgroups and the bridges it made, and keeps each node's image store
-(``containerd/root``) for the next start.
+namespaces), removes the cgroups and the bridges it made, and each node's copy of the seed (the
+seed stays in the cache for the next start).
 Pure parts (plans, configurations) come first; the commands that apply them after.
 """
 
@@ -69,6 +79,22 @@ from .topology import KUBELET, SimNode, Topology
 CACHE = Path(os.environ.get("HOLMES_CACHE", Path.home() / ".cache" / "holmes"))
 CNI_BIN = CACHE / "cni" / "bin"
 NODE_CACHE = CACHE / "node"
+SEED = NODE_CACHE / "seed"  # the containerd root every node's is copied from (its images: seed.json)
+# What a node's copy shares with the seed by hard links: immutable once written. The rest (the
+# metadata databases, small) is copied; the introspection UUID is each containerd's own.
+SEED_LINKED = ("io.containerd.content.v1.content/blobs", "io.containerd.snapshotter.v1.overlayfs/snapshots")
+# cp -a --link from podman's overlay driver home, seen without the bind mount of itself that
+# containers/storage puts there (link(2) refuses to link across two mounts of one filesystem)
+LINK_FROM_STORAGE = [
+    *("unshare", "--mount", "--propagation", "private", "sh", "-c"),
+    'while mountpoint -q "$1"; do umount -l "$1" || exit 1; done; shift; exec cp -a --link -t "$@"',
+    "sh",
+]
+SEED_SKIPPED = (
+    "io.containerd.grpc.v1.introspection/uuid",
+    "tmpmounts",
+    "io.containerd.content.v1.content/ingest",
+)
 PAUSE_REF = "localhost/holmes-pause:1"  # hack/build-node.sh builds it
 NODE_BINARIES = (
     "containerd",
@@ -118,11 +144,10 @@ class NodePlan:
     dir: Path
     kubelet_port: int
     subnet: ipaddress.IPv4Network  # the node's /24 of the pod subnet
-    store: Path | None = None  # containerd's root (its images), when not the node dir's own
 
     @property
     def root(self) -> Path:
-        return self.store or self.dir / "containerd" / "root"
+        return self.dir / "containerd" / "root"
 
     @property
     def gateway(self) -> str:
@@ -241,6 +266,19 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   disable_tcp_service = true
   stream_server_address = {json.dumps(plan.gateway)}
   stream_server_port = "0"
+"""
+
+
+def seed_config(root: Path, state: Path) -> str:
+    """The configuration of the containerd that imports into the seed: no CRI (nothing runs
+    there); ``ctr``'s default snapshotter, overlayfs, is the nodes'."""
+    return f"""version = 3
+root = {json.dumps(str(root))}
+state = {json.dumps(str(state))}
+disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"]
+
+[grpc]
+  address = {json.dumps(str(state / "containerd.sock"))}
 """
 
 
@@ -516,25 +554,9 @@ def remove_cgroups(dirs: list[str]) -> None:
                 pass
 
 
-def store_in_use(root: Path) -> bool:
-    """Whether a running containerd holds ``root`` (its metadata database is flocked)."""
-    db = root / "io.containerd.metadata.v1.bolt" / "meta.db"
-    try:
-        fd = os.open(db, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def image_archive(ref: str, log) -> Path | None:
-    """The OCI archive of a local image (``podman save``, once per image id, into the cache);
-    None when the local containers storage lacks it."""
+def image_id(ref: str, log) -> str | None:
+    """The local containers storage's id of an image; None (said) when podman or the image is
+    missing."""
     if not shutil.which("podman"):
         return None
     r = subprocess.run(
@@ -543,20 +565,89 @@ def image_archive(ref: str, log) -> Path | None:
     if r.returncode:
         log(f"{ref} is not in the local containers storage (`make images`): its pods will not start")
         return None
-    image_id = r.stdout.strip()
-    d = NODE_CACHE / "images"
-    d.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^a-z0-9]+", "-", ref.rsplit(":", 1)[0].lower())
-    out = d / f"{stem}-{image_id[:16]}.tar"
-    if not out.exists():
-        t0 = time.monotonic()
-        for old in d.glob(f"{stem}-*.tar"):
-            old.unlink()
-        tmp = out.with_suffix(f".part{os.getpid()}")  # several checkouts share the cache
-        _run(["podman", "save", "--quiet", "--format", "oci-archive", "-o", str(tmp), ref])
-        tmp.rename(out)
-        log(f"saved {ref} as {out} in {time.monotonic() - t0:.0f}s")
+    return r.stdout.strip()
+
+
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """The OCI chain ID of each layer (bottom first): the name of its committed snapshot."""
+    import hashlib
+
+    out = [diff_ids[0]] if diff_ids else []
+    for d in diff_ids[1:]:
+        out.append("sha256:" + hashlib.sha256(f"{out[-1]} {d}".encode()).hexdigest())
     return out
+
+
+@dataclass(frozen=True)
+class StoredImage:
+    """An image as the local containers storage (podman's overlay driver) holds it: its manifest
+    and config as stored (the config's digest is the image id), each layer unpacked."""
+
+    manifest: bytes
+    config: bytes
+    diff_ids: list[str]
+    dirs: list[Path]  # each layer's files, bottom first, in overlayfs' format (as containerd's)
+
+
+def stored_image(ref: str) -> StoredImage | None:
+    """``ref`` read from podman's storage, when its driver is overlay and what it stores checks
+    out (the config's digest is the id, one directory per layer); else None."""
+    import base64
+    import hashlib
+
+    r = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{json .}}", ref], capture_output=True, text=True
+    )
+    if r.returncode:
+        return None
+    info = json.loads(r.stdout)
+    info = info[0] if isinstance(info, list) else info
+    driver = info.get("GraphDriver") or {}
+    if driver.get("Name") != "overlay":
+        return None
+    data = driver.get("Data") or {}
+    if not data.get("UpperDir"):
+        return None
+    dirs = [Path(d) for d in reversed((data.get("LowerDir") or "").split(":")) if d] + [
+        Path(data["UpperDir"])
+    ]
+    diff_ids = (info.get("RootFS") or {}).get("Layers") or []
+    image_dir = dirs[-1].parent.parent.parent / "overlay-images" / info["Id"]
+    key = "=" + base64.b64encode(f"sha256:{info['Id']}".encode()).decode()
+    try:
+        manifest, config = (image_dir / "manifest").read_bytes(), (image_dir / key).read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(config).hexdigest() != info["Id"] or len(diff_ids) != len(dirs):
+        return None
+    if not all(d.is_dir() for d in dirs):
+        return None
+    return StoredImage(manifest, config, diff_ids, dirs)
+
+
+def file_digest(path: Path) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def clone_store(seed: Path, root: Path) -> None:
+    """A node's containerd root made from the seed's (module docstring): ``SEED_LINKED`` hard
+    links, ``SEED_SKIPPED`` left out, the rest copied (metadata, modes, xattrs: overlayfs' opaque
+    directories are marked by one). The seed must not change meanwhile (its lock)."""
+    if root.exists():
+        if mounted := mountpoints_under(Path("/proc/self/mountinfo").read_text(), root):
+            raise RealNodeError(f"{root} still has mounts ({mounted[0]}...): `make cluster-down` first")
+        shutil.rmtree(root)
+    leave = {seed / p for p in SEED_LINKED + SEED_SKIPPED}
+    shutil.copytree(
+        seed, root, symlinks=True, ignore=lambda d, names: [n for n in names if Path(d, n) in leave]
+    )
+    for part in SEED_LINKED:
+        if (seed / part).exists():
+            (root / part).parent.mkdir(parents=True, exist_ok=True)
+            _run(["cp", "-a", "--link", str(seed / part), str(root / part)])
 
 
 class RealNodes:
@@ -610,32 +701,30 @@ class RealNodes:
         octets = [rn["octets"][n.name] for n in nodes]
         from holmes_dev.ports import free_port
 
-        # Each node's images live in the cache, kept across clusters (an import is minutes per
-        # node for the trainer image), unless another running cluster's node of that name holds
-        # them: that node gets a store of its own. Chosen, and containerd started on it, under
-        # one lock, so two clusters starting at once never pick the same.
-        stores = NODE_CACHE / "stores"
-        stores.mkdir(parents=True, exist_ok=True)
-        with open(stores / ".lock", "w") as lock:
+        plans = []
+        for node, octet in zip(nodes, octets, strict=True):
+            plan = NodePlan(
+                node.name,
+                octet,
+                self.cp.dir / "nodes" / node.name,
+                free_port(),
+                node_subnet(self.subnet, octet),
+            )
+            rn["nodes"][node.name] = {"octet": octet, "dir": str(plan.dir), "socket": str(plan.socket)}
+            rn["cgroups"] += make_cgroups(plan.cgroup)
+            self._record()
+            plans.append(plan)
+        # the seed brought up to date and copied under one lock: several checkouts share it
+        NODE_CACHE.mkdir(parents=True, exist_ok=True)
+        with open(NODE_CACHE / "seed.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            plans = []
-            for node, octet in zip(nodes, octets, strict=True):
-                shared = stores / node.name
-                plan = NodePlan(
-                    node.name,
-                    octet,
-                    self.cp.dir / "nodes" / node.name,
-                    free_port(),
-                    node_subnet(self.subnet, octet),
-                    None if store_in_use(shared) else shared,
-                )
-                rn["nodes"][node.name] = {"octet": octet, "dir": str(plan.dir), "socket": str(plan.socket)}
-                rn["cgroups"] += make_cgroups(plan.cgroup)
-                self._record()
-                plans.append(plan)
-            for plan in plans:
-                self._start_containerd(plan)
-        self._import_images(plans)
+            self._seed_images()
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(max_workers=len(plans) or 1) as pool:  # waits on the disk
+                list(pool.map(lambda plan: clone_store(SEED, plan.root), plans))
+            self.log(f"copied the seed's images to {len(plans)} node(s) in {time.monotonic() - t0:.1f}s")
+        for plan in plans:
+            self._start_containerd(plan)
         self._start_coredns(plans)
         for plan, node in zip(plans, nodes, strict=True):
             self._start_kubelet(plan, int(node.pods))
@@ -724,38 +813,140 @@ class RealNodes:
             raise RealNodeError(f"ctr {' '.join(args)} on {plan.name}: {(r.stderr or r.stdout).strip()}")
         return r.returncode == 0 and r.stdout
 
-    def _import_images(self, plans: list[NodePlan]) -> None:
-        """The pause image and the project's images, into every node's containerd (in parallel;
-        a node that has an image already is skipped)."""
+    def _seed_images(self) -> None:
+        """The pause image and the project's images into the seed (module docstring), each
+        imported once per image id, by a containerd of its own started for that."""
         from holmes_dev import images
 
-        archives = {PAUSE_REF: NODE_CACHE / "pause.tar"}
+        wanted = {PAUSE_REF: file_digest(NODE_CACHE / "pause.tar")}
         for target in images.TARGETS:
             ref = images.image_ref(target)
-            if (a := image_archive(ref, self.log)) is not None:
-                archives[ref] = a
-
-        def one(plan: NodePlan) -> None:
-            have = str(self._ctr(plan, "images", "ls", "-q"))
-            marker = plan.root.with_name(plan.root.name + ".imported.json")
-            done = json.loads(marker.read_text()) if marker.exists() else {}
-            for ref, archive in archives.items():
-                if ref in have.split() and done.get(ref) == archive.name:
-                    continue
+            if (got := image_id(ref, self.log)) is not None:
+                wanted[ref] = got
+        record = NODE_CACHE / "seed.json"
+        have = json.loads(record.read_text()) if (SEED / "io.containerd.metadata.v1.bolt").exists() else {}
+        todo = [ref for ref, key in wanted.items() if have.get(ref) != key]
+        if not todo:
+            return
+        state = NODE_CACHE / "seed-state"
+        shutil.rmtree(state, ignore_errors=True)
+        state.mkdir(parents=True)
+        (state / "containerd.toml").write_text(seed_config(SEED, state))
+        ctr = [self.bins["ctr"], "--address", str(state / "containerd.sock"), "-n", "k8s.io"]
+        log = open(state / "containerd.log", "w")
+        proc = subprocess.Popen(
+            [self.bins["containerd"], "--config", str(state / "containerd.toml")], stdout=log, stderr=log
+        )
+        try:
+            end = time.monotonic() + 60
+            while subprocess.run([*ctr, "version"], capture_output=True).returncode:
+                if proc.poll() is not None or time.monotonic() > end:
+                    raise RealNodeError(
+                        f"the seed's containerd did not start: see {state / 'containerd.log'}"
+                    )
+                time.sleep(0.2)
+            for ref in todo:
                 t0 = time.monotonic()
-                # --local: read here, unpacked at once; the layers' blobs then go (the snapshots
-                # hold them). --base-name: the archive's name whether it gives the full
-                # reference or only the tag (podman's oci-archive)
-                base = ref.rsplit(":", 1)[0]
-                args = ["images", "import", "--local", "--discard-unpacked-layers", "--base-name", base]
-                self._ctr(plan, *args, str(archive), timeout=1800)
-                done[ref] = archive.name
-                marker.write_text(json.dumps(done))
-                self.log(f"imported {ref} into {plan.name}'s containerd in {time.monotonic() - t0:.0f}s")
+                # --local: unpacked at once, then the layers' blobs go (the snapshots hold them)
+                imp = [*ctr, "images", "import", "--local", "--discard-unpacked-layers"]
+                if ref == PAUSE_REF:  # an OCI archive naming only the tag: --base-name
+                    _run(
+                        [*imp, "--base-name", ref.rsplit(":", 1)[0], str(NODE_CACHE / "pause.tar")],
+                        timeout=600,
+                    )
+                elif (stored := stored_image(ref)) is not None and self._seed_from_storage(ctr, ref, stored):
+                    pass
+                else:  # streamed: no archive on disk, its layers uncompressed (no gzip either way)
+                    save = subprocess.Popen(
+                        ["podman", "save", "--quiet", "--format", "docker-archive", ref],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                    )
+                    r = subprocess.run(
+                        [*imp, "-"], stdin=save.stdout, capture_output=True, text=True, timeout=1800
+                    )
+                    save.stdout.close()
+                    err = save.stderr.read().decode(errors="replace")
+                    if save.wait() or r.returncode:
+                        raise RealNodeError(
+                            f"importing {ref} into the seed: {(err or r.stderr or r.stdout).strip()}"
+                        )
+                if ref not in _run([*ctr, "images", "ls", "-q"]).split():
+                    raise RealNodeError(f"importing {ref} into the seed left no image of that name")
+                have[ref] = wanted[ref]
+                record.write_text(json.dumps(have))
+                self.log(f"imported {ref} into the seed in {time.monotonic() - t0:.0f}s")
+            # what the replaced images held alone goes now: removing a tag with --sync collects
+            gc = PAUSE_REF.rsplit(":", 1)[0] + ":gc"
+            _run([*ctr, "images", "tag", "--force", PAUSE_REF, gc])
+            _run([*ctr, "images", "rm", "--sync", gc], timeout=600)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        shutil.rmtree(state, ignore_errors=True)
 
-        with ThreadPoolExecutor(max_workers=len(plans) or 1) as pool:
-            for f in [pool.submit(one, p) for p in plans]:
-                f.result()
+    def _seed_from_storage(self, ctr: list[str], ref: str, image: StoredImage) -> bool:
+        """``ref`` into the seed without an archive: each layer the seed lacks is committed as
+        the snapshot of its chain ID from hard links to podman's files (immutable too), then the
+        manifest and config imported (an archive without layers: the unpack finds every
+        snapshot). False, the seed unchanged, when podman's files are on another filesystem than
+        the seed's or a link is refused."""
+        from holmes_dev import ociarchive
+
+        if any(d.stat().st_dev != SEED.stat().st_dev for d in image.dirs):
+            return False
+        home = image.dirs[-1].parent.parent  # the overlay driver's
+        have = set(_run([*ctr, "snapshots", "ls"]).split())
+        parent, made = "", []
+        for chain, src in zip(chain_ids(image.diff_ids), image.dirs, strict=True):
+            if chain not in have:
+                key = f"holmes-seed-{os.getpid()}-{chain}"
+                prepare = [*ctr, "snapshots", "prepare", "--mounts", key, *([parent] if parent else [])]
+                mounts = json.loads(_run(prepare))
+                try:
+                    # the new snapshot's own directory: the upper one, or the bind mount's source
+                    opts = [o for m in mounts for o in m.get("Options") or []]
+                    upper = [o.split("=", 1)[1] for o in opts if o.startswith("upperdir=")]
+                    fs = Path(upper[0] if upper else mounts[0]["Source"])
+                    # what the layer holds, not its root's mode (containerd's, as its unpack leaves it)
+                    entries = sorted(str(e) for e in src.iterdir())
+                    r = subprocess.run(
+                        [*LINK_FROM_STORAGE, str(home), str(fs), *entries], capture_output=True, text=True
+                    )
+                    if entries and r.returncode:
+                        why = (r.stderr.strip().splitlines() or ["?"])[-1]
+                        self.log(f"{ref}: podman's files not linked ({why}): saved and imported instead")
+                        _run([*ctr, "snapshots", "delete", key], check=False)
+                        self._ungc(ctr, made)
+                        return False
+                    if not src.is_dir():  # podman removed the layer meanwhile: the copy may lack files
+                        raise RealNodeError(f"{src} went while it was copied: start again")
+                    _run([*ctr, "snapshots", "commit", chain, key])  # a GC root until imported
+                    made.append(chain)
+                except BaseException:
+                    _run([*ctr, "snapshots", "delete", key], check=False)
+                    raise
+            parent = chain
+        manifest = json.loads(image.manifest)
+        archive = ociarchive.layout(ref, image.manifest, manifest["mediaType"], [image.config])
+        imp = [*ctr, "images", "import", "--local", "--base-name", ref.rsplit(":", 1)[0], "-"]
+        r = subprocess.run(imp, input=archive, capture_output=True, timeout=600)
+        if r.returncode:
+            raise RealNodeError(
+                f"importing {ref}'s manifest into the seed: {r.stderr.decode(errors='replace')}"
+            )
+        self._ungc(ctr, made)  # the image holds them now: collected with it
+        return True
+
+    @staticmethod
+    def _ungc(ctr: list[str], chains: list[str]) -> None:
+        for chain in chains:
+            _run([*ctr, "snapshots", "label", chain, "containerd.io/gc.root="])
 
     def _start_coredns(self, plans: list[NodePlan]) -> None:
         d = self.cp.dir / "coredns"
@@ -987,8 +1178,8 @@ def stop(cp, st: dict, log, grace: float = 10.0) -> None:
             if subprocess.run(["umount", mp], capture_output=True).returncode:
                 subprocess.run(["umount", "-l", mp], capture_output=True)
         d = Path(node["dir"])
-        # kept: containerd/root, the node's images, for the next start (`rm -rf` it to free the disk)
-        for sub in ("kubelet", "containerd/state", "pod-logs", "runc", "cni/ipam", "multus", "cdi", "dra"):
+        # containerd/root too: the node's copy of the seed (its links; the seed keeps the images)
+        for sub in ("kubelet", "containerd", "pod-logs", "runc", "cni/ipam", "multus", "cdi", "dra"):
             shutil.rmtree(d / sub, ignore_errors=True)
     shutil.rmtree(cp.dir / "nodes" / "fabric-ipam", ignore_errors=True)
     remove_cgroups(rn.get("cgroups", []))

@@ -1,13 +1,13 @@
 """Real nodes (issue 48): two nodes of a topology played by the real kubelet on containerd
 (``playedBy: kubelet``, hack/localkube/realnode.py), each on its own NIC fabric. The operator's
-trainer pods run in containers from the trainer image imported into each node's containerd, get
+trainer pods run in containers from the trainer image in each node's containerd, get
 ``net1`` from their fabric's NetworkAttachmentDefinition through Multus (as the operator renders
 for SR-IOV islands, as on a cluster with the NVIDIA Network Operator), resolve the rendezvous name
 through CoreDNS, and the job reaches Succeeded.
 
 Its own cluster (not the session's ``cluster``: other topology); needs root, ``make node`` and
-``make images``. The trainer image's import into each node's containerd dominates its time
-(docs/local-cluster.md gives the figures)."""
+``make images``. A new trainer image's import (once, into the seed store every node's is copied
+from) dominates its time (docs/local-cluster.md gives the figures)."""
 
 from __future__ import annotations
 

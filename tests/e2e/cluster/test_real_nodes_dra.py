@@ -10,8 +10,8 @@ init container prints what it got (its log); the trainer container's own environ
 from its containerd. A second test brings a driver of its own: the plugin registers for it when
 its slice appears.
 
-Its own cluster; needs root, ``make node`` and ``make images`` (the trainer image: the node
-names are real-nodes.yaml's, so their image stores are shared with test_real_nodes.py)."""
+Its own cluster; needs root, ``make node`` and ``make images`` (the trainer image: every real
+node's images are copies of one seed store, shared with test_real_nodes.py)."""
 
 from __future__ import annotations
 

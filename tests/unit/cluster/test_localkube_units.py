@@ -32,7 +32,7 @@ def test_shipped_topologies():
     assert {n.played_by for n in default.nodes} == {"agent"}  # the agent stays the default
     dra = load_topology(TOPOLOGIES / "real-nodes-dra.yaml")
     assert all(n.dra and n.played_by == "kubelet" and n.advertise == "none" for n in dra.nodes)
-    assert [n.name for n in dra.nodes] == [n.name for n in real.nodes]  # their image stores are shared
+    assert [n.name for n in dra.nodes] == [n.name for n in real.nodes]  # the same nodes, with DRA
     assert all(n.gpus == 8 for n in paper.nodes)
     mixed = load_topology(TOPOLOGIES / "mixed.yaml")
     assert [n.played_by for n in mixed.nodes] == ["agent"] * 2 + ["kwok"] * 4

@@ -273,19 +273,62 @@ def test_the_pause_archive_is_an_oci_layout_named_for_ctr_and_reproducible():
         ociarchive.image_archive(b"", "pause", "holmes-pause")
 
 
-def test_an_image_store_is_in_use_while_a_containerd_locks_its_database(tmp_path):
-    import fcntl
+def test_a_nodes_store_links_the_seeds_immutable_parts_and_copies_the_rest(tmp_path):
+    import os
 
-    root = tmp_path / "rk-0"
-    assert not realnode.store_in_use(root)  # never used
-    db = root / "io.containerd.metadata.v1.bolt" / "meta.db"
-    db.parent.mkdir(parents=True)
-    db.write_bytes(b"")
-    assert not realnode.store_in_use(root)  # left by a containerd that stopped
-    with open(db) as held:  # bolt's lock, as a running containerd holds it
-        fcntl.flock(held, fcntl.LOCK_EX)
-        assert realnode.store_in_use(root)
-    assert not realnode.store_in_use(root)
+    seed, root = tmp_path / "seed", tmp_path / "node" / "containerd" / "root"
+    files = {
+        "io.containerd.content.v1.content/blobs/sha256/ab": b"manifest",
+        "io.containerd.snapshotter.v1.overlayfs/snapshots/1/fs/bin/sh": b"ELF",
+        "io.containerd.snapshotter.v1.overlayfs/metadata.db": b"snapshots",
+        "io.containerd.metadata.v1.bolt/meta.db": b"images",
+        "io.containerd.grpc.v1.introspection/uuid": b"the seed's",
+    }
+    for name, data in files.items():
+        (seed / name).parent.mkdir(parents=True, exist_ok=True)
+        (seed / name).write_bytes(data)
+    (seed / "io.containerd.snapshotter.v1.overlayfs/snapshots/1/fs/lib").symlink_to("usr/lib")
+    (seed / "io.containerd.snapshotter.v1.overlayfs/snapshots/1/work").mkdir()
+    (root / "stale").mkdir(parents=True)  # the last cluster's copy is replaced
+    realnode.clone_store(seed, root)
+    inode = lambda p: os.lstat(p).st_ino  # noqa: E731
+    for name in list(files)[:2]:  # the same files: no bytes per node
+        assert inode(root / name) == inode(seed / name)
+    for name in list(files)[2:4]:  # each containerd writes its own databases
+        assert (root / name).read_bytes() == files[name] and inode(root / name) != inode(seed / name)
+    assert not (root / "io.containerd.grpc.v1.introspection/uuid").exists() and not (root / "stale").exists()
+    assert os.readlink(root / "io.containerd.snapshotter.v1.overlayfs/snapshots/1/fs/lib") == "usr/lib"
+    assert (root / "io.containerd.snapshotter.v1.overlayfs/snapshots/1/work").is_dir()
+
+
+def test_a_layers_snapshot_is_named_by_its_chain_id_as_the_oci_image_spec_defines():
+    a, b, c = (f"sha256:{x * 64}" for x in "abc")
+    ab = "sha256:" + hashlib.sha256(f"{a} {b}".encode()).hexdigest()
+    assert realnode.chain_ids([a, b, c]) == [
+        a,
+        ab,
+        "sha256:" + hashlib.sha256(f"{ab} {c}".encode()).hexdigest(),
+    ]
+    assert realnode.chain_ids([]) == []
+
+
+def test_a_stored_images_archive_holds_its_manifest_and_config_named_for_ctr_and_no_layer():
+    config, manifest = b'{"rootfs":{}}', b'{"schemaVersion":2}'
+    files = _members(ociarchive.layout("localhost/holmes-trainer:0.1.0", manifest, "application/x", [config]))
+    index = json.loads(files["index.json"])["manifests"][0]
+    assert (
+        index["digest"] == "sha256:" + hashlib.sha256(manifest).hexdigest()
+        and index["mediaType"] == "application/x"
+    )
+    assert index["annotations"][ociarchive.IMAGE_NAME] == "localhost/holmes-trainer:0.1.0"
+    blobs = {n for n in files if n.startswith("blobs/")}
+    assert blobs == {f"blobs/sha256/{hashlib.sha256(b).hexdigest()}" for b in (config, manifest)}
+
+
+def test_the_seeds_containerd_runs_no_cri_on_its_own_socket():
+    cfg = tomllib.loads(realnode.seed_config(Path("/c/node/seed"), Path("/c/node/seed-state")))
+    assert cfg["root"] == "/c/node/seed" and cfg["grpc"]["address"] == "/c/node/seed-state/containerd.sock"
+    assert {"io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"} <= set(cfg["disabled_plugins"])
 
 
 class _FakeControlPlane:
