@@ -149,8 +149,10 @@ class Bench:
         raise TimeoutError(f"{n} pods not created in {timeout}s in {ns}")
 
     def cleanup_ns(self, ns: str, wait: float = 0) -> None:
-        """Delete ``ns``; its pods go as on any cluster (their nodes' kwok confirms each deletion).
-        With ``wait``, up to that many seconds until none is left (the nodes free again)."""
+        """Delete ``ns`` and its pods, gracefully: their nodes' kwok confirms each deletion, as a
+        kubelet would (the pods first: the namespace controller gets to them only later). With
+        ``wait``, up to that many seconds until none is left (the nodes free again)."""
+        self.core.delete_collection_namespaced_pod(ns, _preload_content=False)
         self.core.delete_namespace(ns, _preload_content=False)
         end = time.monotonic() + wait
         while time.monotonic() < end and self.count_pods(ns, ""):

@@ -1,5 +1,5 @@
 """The short version of bench/operator_load.py: 2 steady jobs on 4 hollow nodes (``playedBy:
-kwok``) of a private cluster the bench starts with them, 15 s windows, a 5 s progress interval.
+kwok``; the hollow_bench_cluster fixture's), 15 s windows, a 5 s progress interval.
 The operator's requests per running job must come out near one status patch per progress
 interval (0.2/s): an operator that polled or patched on every pass would show several times
 that."""
@@ -11,15 +11,14 @@ import re
 from tests.helpers.bench.bench_run import run_bench
 
 
-def test_steady_jobs_cost_one_patch_per_progress_interval():
+def test_steady_jobs_cost_one_patch_per_progress_interval(hollow_bench_cluster):
     proc = run_bench(
         "operator_load",
         "--jobs=2",
         "--window=15",
         "--progress-interval=5",
         "--apply-nodes=0",
-        # not the session's cluster: the bench's own, whose kwok plays its nodes
-        env={"HOLMES_KUBECONFIG": ""},
+        env={"HOLMES_KUBECONFIG": hollow_bench_cluster},
         timeout=600,
     )
     out = proc.stdout + proc.stderr
