@@ -231,6 +231,12 @@ def main() -> int:
     cp, kubeconfig = hollow_cluster("bench-load", topology, tmp, "operator_load")
     print(f"{len(topology['nodes'])} hollow nodes Ready after {time.monotonic() - t:.1f}s", file=sys.stderr)
     b = Bench(kubeconfig)
+    paired = json.loads(b.core.list_node(label_selector=SLOT, _preload_content=False).data)["items"]
+    if len(paired) < nodes:  # $HOLMES_KUBECONFIG's cluster, its topology written for other options
+        raise RuntimeError(
+            f"{len(paired)} nodes labelled {SLOT}, fewer than --jobs x --nodes-per-job = {nodes}: write "
+            "the topology with these options (--write-topology FILE) and start the cluster with it"
+        )
     stand_in = TrainerStandIn()
     op = None
     ns = f"load-{os.getpid()}"
