@@ -2,17 +2,18 @@
 its control plane fails under them; checks that nothing is lost, doubled or left behind.
 
 A private local cluster (etcd, kube-apiserver, controller manager, scheduler, the node agent's
-simulated GPU nodes) and two operator replicas with --leader-elect. Workload jobs (2 nodes,
-trainer ``sleep``, exit 0) keep coming, so some launch and some finish during every fault. One
-fault at a time; after each, a probe job on API-only nodes (no agent runs their pods) must get
-all its pods: the fault's recovery time is from the fault's end to that (the leader's lease
+simulated GPU nodes of the default topology, and 50 hollow nodes, ``playedBy: kwok``, whose
+kubelets are the cluster's kwok) and two operator replicas with --leader-elect. Workload jobs
+(2 nodes, trainer ``sleep``, exit 0) keep coming on the agent's nodes, so some launch and some
+finish during every fault. One fault at a time; after each, a probe job on the hollow nodes must
+get all its pods: the fault's recovery time is from the fault's end to that (the leader's lease
 takeover included where the leader died).
 
     apiserver-restart      kube-apiserver SIGTERM, started again
     apiserver-crash        kube-apiserver SIGKILL, started again
     etcd-stall             etcd SIGSTOP for --stall seconds, then SIGCONT
     etcd-restart           etcd SIGKILL, started again on the same data
-    kill-mid-launch        SIGKILL the leader while a 48-pod job's pods are being created
+    kill-mid-launch        SIGKILL the leader while a 48-pod job's pods (hollow nodes) are being created
                            (some created, others not); the other replica finishes the launch
     kill-mid-status-write  SIGKILL the leader as a 48-pod job's last pod is being created, before
                            its status says launched (``hit`` says whether the window was caught)
@@ -60,6 +61,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "hack"), str(REPO / "bench")]  # the localkube harness, bench helpers
 
+import yaml  # noqa: E402
 from holmes_dev.jobs import holmes_job, tiny_job  # noqa: E402
 from holmes_dev.kubectl import run_kubectl  # noqa: E402
 from kubernetes import client, config  # noqa: E402
@@ -67,8 +69,9 @@ from kubernetes import watch as kwatch  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from holmes.contract.names import GROUP, PLURAL, VERSION  # noqa: E402
+from localkube import hollow_nodes as hn  # noqa: E402
 from localkube.controlplane import ControlPlane, binary  # noqa: E402
-from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd  # noqa: E402
+from localkube.operatorproc import OperatorProcess, install_crd  # noqa: E402
 
 LABEL_JOB, LABEL_ATTEMPT, LABEL_RANK = "holmes.dev/job-name", "holmes.dev/attempt", "holmes.dev/node-rank"
 ENDED = ("Succeeded", "Failed")
@@ -94,8 +97,8 @@ FULL = (
     "kill-mid-launch",
     "etcd-stall",
 )
-WIDE = 48  # pods of the job an operator is killed under (API-only nodes)
-FAKE_NODES = WIDE + 2  # the wide job's and the probes'
+WIDE = 48  # pods of the job an operator is killed under (hollow nodes)
+HOLLOW_NODES = WIDE + 2  # the wide job's and the probes'
 LEASE = (
     "--leader-elect-lease-duration=4",
     "--leader-elect-renew-deadline=3",
@@ -259,16 +262,10 @@ class World:
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, job, _request_timeout=10)
 
     def delete(self, name: str) -> None:
-        """Delete a job and force its pods away (no agent runs pods on API-only nodes)."""
+        """Delete a job; its pods go as on any cluster (kwok confirms the hollow pods' deletion)."""
         self.custom.delete_namespaced_custom_object(
             GROUP, VERSION, self.ns, PLURAL, name, _request_timeout=10
         )
-        for p in self.pods(name):
-            try:
-                self.core.delete_namespaced_pod(p["metadata"]["name"], self.ns, grace_period_seconds=0)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
 
     def pods(self, job: str) -> list[dict]:
         r = self.core.list_namespaced_pod(
@@ -304,8 +301,8 @@ def workload_job(name: str, ns: str, seconds: int) -> dict:
     )
 
 
-def fake_job(name: str, ns: str, count: int) -> dict:
-    """A job on the API-only nodes: its pods are created and never run."""
+def hollow_job(name: str, ns: str, count: int) -> dict:
+    """A job on the hollow nodes: kwok reports its pods Running until they are deleted."""
     return holmes_job(
         name,
         {
@@ -319,8 +316,8 @@ def fake_job(name: str, ns: str, count: int) -> dict:
             "nodes": {"count": count, "gpusPerNode": 8},
             "template": {
                 "spec": {
-                    "nodeSelector": {"holmes.dev/fake": "1"},
-                    "tolerations": [{"key": "holmes.dev/fake", "operator": "Exists"}],
+                    "nodeSelector": {hn.HOLLOW: "true"},
+                    "tolerations": [{"key": hn.HOLLOW, "operator": "Exists"}],
                     "containers": [{"name": "trainer", "command": ["sleep", "3600"]}],
                 }
             },
@@ -429,10 +426,10 @@ class Bench:
         self.workload.append(name)
 
     def probe(self, label: str) -> float:
-        """Seconds until a new 2-pod job on the API-only nodes has its pods; then it is deleted."""
+        """Seconds until a new 2-pod job on the hollow nodes has its pods; then it is deleted."""
         name = f"probe-{label}"
         t0 = time.monotonic()
-        wait_until(f"{name} created", lambda: self.w.create(fake_job(name, self.w.ns, 2)) or True, 120)
+        wait_until(f"{name} created", lambda: self.w.create(hollow_job(name, self.w.ns, 2)) or True, 120)
         wait_until(f"{name}'s pods", lambda: len(self.w.pods(name)) == 2, 180)
         took = time.monotonic() - t0
         self.w.delete(name)
@@ -502,7 +499,7 @@ class Bench:
         selector = f"{LABEL_JOB}={name}"
         listed = core.list_namespaced_pod(self.w.ns, label_selector=selector, _preload_content=False)
         rv = json.loads(listed.data)["metadata"]["resourceVersion"]
-        self.w.create(fake_job(name, self.w.ns, WIDE))
+        self.w.create(hollow_job(name, self.w.ns, WIDE))
         seen: set[str] = set()
         stream = kwatch.Watch()
         for ev in stream.stream(
@@ -613,13 +610,14 @@ def member_cutoff(seconds: float, job_seconds: int, tmp: Path, judge: Judge) -> 
     return f, left
 
 
-def register_fake_nodes(w: World, n: int) -> None:
-    for i in range(n):
-        try:
-            w.core.create_node(fake_gpu_node(9000 + i), _preload_content=False)
-        except ApiException as e:
-            if e.status != 409:
-                raise
+def topology(path: Path) -> Path:
+    """The default topology's nodes (the node agent's: the workload) and HOLLOW_NODES hollow ones
+    (kwok's: the probes and the wide job), written to ``path``."""
+    doc = yaml.safe_load((REPO / "hack" / "topologies" / "default.yaml").read_text())
+    hollow = hn.topology_doc(hn.hollow_nodes(HOLLOW_NODES, 2))  # IB and RoCE, the labeller's labels
+    doc["nodes"] += hollow["nodes"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
 
 
 def main() -> int:
@@ -648,10 +646,7 @@ def main() -> int:
     problems: list[str] = []
     left: list[str] = []
     try:
-        cp.up(
-            REPO / "hack" / "topologies" / "default.yaml",
-            log=lambda m: print(f"[localkube] {m}", file=sys.stderr),
-        )
+        cp.up(topology(tmp / "topology.yaml"), log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
         w = World(str(cp.kubeconfig), ns)
 
         class _Kubectl:  # what install_crd needs
@@ -668,7 +663,6 @@ def main() -> int:
             lambda: w.core.read_namespaced_service_account("default", ns),
             30,
         )
-        register_fake_nodes(w, FAKE_NODES)
         ops = Operators(str(cp.kubeconfig), ns, tmp)
         ops.start()
         b = Bench(cp, w, ops, judge, a)

@@ -3,13 +3,19 @@ jobs of 8, 64, 256 and 1,024 nodes, against the real local control plane; and th
 memory. Target for 1,024 nodes: <= 10 s and <= 1.3x creating the same pods directly (exit 1 if
 missed).
 
-Extra GPU nodes (8 GPUs each, InfiniBand / RoCE / Ethernet in three clusters) are registered
-through the API only: they exist and are Ready, but no agent runs their pods (creation is what
-is measured). Side by side, the floor: the same pod objects created directly with the same
-client parallelism, so the ratio shows what planning + reconciling adds.
+The GPU nodes (8 GPUs each, three islands: InfiniBand and RoCE labelled the labeller's way,
+InfiniBand labelled NFD's) are hollow nodes, a topology's ``playedBy: kwok`` nodes
+(hack/localkube/hollow_nodes.py) on the private cluster the bench starts with them: the
+cluster's kwok heartbeats them and reports their pods Running, as kubelets would, without running
+anything (creation is what is measured). Side by side, the floor: the same pod objects created
+directly with the same client parallelism, so the ratio shows what planning + reconciling adds.
 
     .venv/bin/python bench/operator_apply.py                 # starts a private local cluster
-    HOLMES_KUBECONFIG=.holmes/kubeconfig .venv/bin/python bench/operator_apply.py --sizes 8,64
+    .venv/bin/python bench/operator_apply.py --sizes 8,64
+
+With ``$HOLMES_KUBECONFIG`` the bench uses that cluster instead, which must already play its
+nodes: ``--write-topology FILE`` writes them (the same ``--sizes``), then ``make cluster-up
+TOPOLOGY=FILE``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,7 +40,10 @@ from holmes_dev.kubectl import run_kubectl  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-from localkube.operatorproc import OperatorProcess, fake_gpu_node, install_crd  # noqa: E402
+from localkube import hollow_nodes as hn  # noqa: E402
+from localkube.operatorproc import OperatorProcess, install_crd  # noqa: E402
+
+ISLANDS = 3  # of the bench's hollow nodes (hollow_nodes.ISLAND_KINDS: IB, RoCE, IB through NFD)
 
 
 def job(name: str, ns: str, nodes: int) -> dict:
@@ -57,11 +67,11 @@ def job(name: str, ns: str, nodes: int) -> dict:
             "nodes": {
                 "count": nodes,
                 "gpusPerNode": 8,
-                "selector": {"matchLabels": {"holmes.dev/fake": "1"}},
+                "selector": {"matchLabels": {hn.HOLLOW: "true"}},
             },
             "template": {
                 "spec": {
-                    "tolerations": [{"key": "holmes.dev/fake", "operator": "Exists"}],
+                    "tolerations": [{"key": hn.HOLLOW, "operator": "Exists"}],
                     "containers": [{"name": "trainer", "command": ["sleep", "3600"]}],
                 }
             },
@@ -106,43 +116,6 @@ class Bench:
 
         install_crd(_Cluster())
 
-    def register_nodes(self, n: int, labels: Callable[[int], dict] = lambda i: {}) -> None:
-        """Bench nodes 0..n-1 (fake_gpu_node), with extra labels per index."""
-
-        def make(i):
-            node = fake_gpu_node(i)
-            node["metadata"]["labels"].update(labels(i))
-            try:
-                self.core.create_node(node, _preload_content=False)
-            except ApiException as e:
-                if e.status != 409:
-                    raise
-
-        with ThreadPoolExecutor(16) as ex:
-            list(ex.map(make, range(n)))
-
-    def remove_nodes(self, n: int) -> None:
-        try:
-            with ThreadPoolExecutor(16) as ex:
-                list(
-                    ex.map(
-                        lambda i: self._ignore_404(
-                            self.core.delete_node, fake_gpu_node(i)["metadata"]["name"]
-                        ),
-                        range(n),
-                    )
-                )
-        except Exception as e:  # noqa: BLE001 (a bench's cleanup reports and goes on)
-            print(f"node cleanup: {e}", file=sys.stderr)
-
-    @staticmethod
-    def _ignore_404(fn, *a):
-        try:
-            fn(*a, _preload_content=False)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-
     def create_namespace(self, ns: str) -> None:
         """A namespace whose default service account exists (pods are refused before)."""
         self.kubectl("create", "namespace", ns)
@@ -175,10 +148,15 @@ class Bench:
             time.sleep(0.02)
         raise TimeoutError(f"{n} pods not created in {timeout}s in {ns}")
 
-    def cleanup_ns(self, ns: str) -> None:
-        # Bench nodes have no kubelet to confirm graceful deletion: force the pods away.
-        self.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _preload_content=False)
+    def cleanup_ns(self, ns: str, wait: float = 0) -> None:
+        """Delete ``ns`` and its pods, gracefully: their nodes' kwok confirms each deletion, as a
+        kubelet would (the pods first: the namespace controller gets to them only later). With
+        ``wait``, up to that many seconds until none is left (the nodes free again)."""
+        self.core.delete_collection_namespaced_pod(ns, _preload_content=False)
         self.core.delete_namespace(ns, _preload_content=False)
+        end = time.monotonic() + wait
+        while time.monotonic() < end and self.count_pods(ns, ""):
+            time.sleep(0.2)
 
     def floor(self, ns: str, pods: list[dict]) -> float:
         """The same pods created directly, 16 in flight (the operator's parallelism)."""
@@ -186,6 +164,56 @@ class Bench:
         with ThreadPoolExecutor(16) as ex:
             list(ex.map(lambda p: self.core.create_namespaced_pod(ns, p, _preload_content=False), pods))
         return time.monotonic() - t0
+
+
+def bench_nodes(
+    n: int, labels: Callable[[int], dict] = lambda i: {}, lease_seconds: float = 10.0, islands: int = ISLANDS
+) -> dict:
+    """The topology (playedBy: kwok) of the bench's ``n`` hollow nodes, node i with ``labels(i)``
+    added: what the private cluster starts with, or ``--write-topology`` writes."""
+    nodes = hn.hollow_nodes(n, min(islands, n))
+    nodes = [replace(x, extra_labels={**x.extra_labels, **labels(i)}) for i, x in enumerate(nodes)]
+    return hn.topology_doc(nodes, leaseSeconds=lease_seconds)
+
+
+def rdma_kind_flags(islands: int = ISLANDS) -> list[str]:
+    """The operator's --cluster-rdma-kind for the islands advertised through NFD only."""
+    return [f"--cluster-rdma-kind={c}={k}" for c, k in hn.rdma_kinds(islands).items()]
+
+
+def ready_hollow_nodes(core: client.CoreV1Api) -> int:
+    items = json.loads(core.list_node(label_selector=f"{hn.HOLLOW}=true", _preload_content=False).data)[
+        "items"
+    ]
+    return sum(
+        1
+        for n in items
+        if not any(t["key"].startswith("node.kubernetes.io/") for t in n["spec"].get("taints") or [])
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])
+    )
+
+
+def hollow_cluster(name: str, topology: dict, tmp: Path, script: str) -> tuple:
+    """(the private cluster started with ``topology``'s hollow nodes, or None, its kubeconfig), as
+    cluster_kubeconfig; $HOLMES_KUBECONFIG's cluster must already play them (``script``: the
+    bench that says how)."""
+    path = tmp / "topology.yaml"
+    path.write_text(yaml.safe_dump(topology, sort_keys=False))
+    cp, kubeconfig = cluster_kubeconfig(name, path)
+    want = len(topology["nodes"])
+    if not cp:
+        api = api_client(kubeconfig)
+        try:
+            have = ready_hollow_nodes(client.CoreV1Api(api))
+        finally:
+            api.close()
+        if have < want:
+            raise RuntimeError(
+                f"$HOLMES_KUBECONFIG's cluster has {have} Ready hollow nodes, fewer than {want}: start "
+                f"it with `bench/{script}.py --write-topology FILE` (the same options), then "
+                "`make cluster-up TOPOLOGY=FILE`, or unset HOLMES_KUBECONFIG for a private cluster"
+            )
+    return cp, kubeconfig
 
 
 def start_cluster(state: Path, topology: Path | None = None):
@@ -218,7 +246,7 @@ def measure_apply(b: Bench, op: OperatorProcess, sizes: list[int], repeats: int)
                     ns, label_selector="holmes.dev/job-name=j", _preload_content=False
                 ).data
             )["items"]
-            b.cleanup_ns(ns)
+            b.cleanup_ns(ns, wait=300)  # the floor's pods get the nodes back
             fns = f"floor-{n}-{rep}-{os.getpid()}"
             b.create_namespace(fns)
             bare = [
@@ -231,7 +259,7 @@ def measure_apply(b: Bench, op: OperatorProcess, sizes: list[int], repeats: int)
                 for p in pods
             ]
             t_floor = b.floor(fns, bare)
-            b.cleanup_ns(fns)
+            b.cleanup_ns(fns, wait=300)
             rows.append((n, rep, t_pods, t_floor, rss))
             print(
                 f"  {n:>4} nodes  rep {rep}: {t_pods:6.2f}s apply->all pods, floor {t_floor:6.2f}s, "
@@ -247,7 +275,7 @@ TARGET_NODES, TARGET_SECONDS, TARGET_RATIO = 1024, 10.0, 1.3
 
 def print_apply(rows: list[tuple], repeats: int) -> bool:
     """The table; False when a 1,024-node row misses its targets."""
-    print(f"\nHolmesJob apply -> all pods created (local v1.20 control plane, 2 cores; best of {repeats})")
+    print(f"\nHolmesJob apply -> all pods created (local control plane, 2 cores; best of {repeats})")
     print(
         f"{'nodes':>6} {'operator s':>11} {'direct create s':>16} {'ratio':>7} {'pods/s':>8} "
         f"{'operator RSS MiB':>17}"
@@ -292,25 +320,36 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,64,256,1024")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--lease-seconds", type=float, default=10.0, help="the hollow nodes' Lease renewal")
+    ap.add_argument(
+        "--write-topology", metavar="FILE", help="write the hollow nodes' topology (playedBy: kwok) and exit"
+    )
     a = ap.parse_args()
-    sizes = [int(s) for s in a.sizes.split(",")]
-    cp, kubeconfig = cluster_kubeconfig("bench-operator")
-    b = Bench(kubeconfig)
+    try:
+        sizes = [int(s) for s in a.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes {a.sizes!r}: expected whole numbers of nodes separated by commas")
+    if not sizes or min(sizes) < 1:
+        ap.error(f"--sizes {a.sizes!r}: every size must be at least 1 node")
+    topology = bench_nodes(max(sizes), lease_seconds=a.lease_seconds)
+    if a.write_topology:
+        Path(a.write_topology).write_text(yaml.safe_dump(topology, sort_keys=False))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="holmes-bench-"))
+    t = time.monotonic()
+    cp, kubeconfig = hollow_cluster("bench-operator", topology, tmp, "operator_apply")
+    print(f"{max(sizes)} hollow bench nodes Ready after {time.monotonic() - t:.1f}s", file=sys.stderr)
+    b = Bench(kubeconfig)
     op = None
     try:
         b.install_crd()
-        t = time.monotonic()
-        b.register_nodes(max(sizes))
-        print(f"registered {max(sizes)} bench nodes in {time.monotonic() - t:.1f}s", file=sys.stderr)
-        op = OperatorProcess(kubeconfig, None, tmp / "operator.log").start()
+        op = OperatorProcess(kubeconfig, None, tmp / "operator.log", extra=rdma_kind_flags()).start()
         time.sleep(2)  # let the node index fill
         rss0 = op.rss_bytes()
         rows = measure_apply(b, op, sizes, a.repeats)
     finally:
         if op:
             op.stop()
-        b.remove_nodes(max(sizes))
         stop_cluster(cp)
     ok = print_apply(rows, a.repeats)
     print(f"operator RSS before the first job: {rss0 / 2**20:.0f} MiB")

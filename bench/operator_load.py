@@ -1,10 +1,11 @@
 """Operator benchmark: the API load of steady running HolmesJobs, and the operator's CPU and
 memory, against the real local control plane; then apply -> all pods of a 1,024-node job.
 
-Part 1. N jobs (default 50) of 2 nodes each run on bench nodes registered through the API only
-(operator_apply.fake_gpu_node, one pair of nodes per job so that every job is placed). No agent
-runs their pods: this bench plays the kubelet once per pod (status Running, podIP 127.0.0.1)
-and serves one Prometheus endpoint on loopback that stands for every rank-0 trainer, its
+Part 1. N jobs (default 50) of 2 nodes each run on hollow nodes (operator_apply.bench_nodes: a
+topology's ``playedBy: kwok`` nodes on the private cluster the bench starts with them, one pair
+of nodes per job so that every job is placed). The cluster's kwok plays their kubelets: it
+reports each pod Running with the IP its annotation names (127.0.0.1) without running it; the
+bench serves one Prometheus endpoint on loopback that stands for every rank-0 trainer, its
 iteration counter moving with time, so each job's progress changes between reads. (Loopback
 pod IPs are invalid in Endpoints: the bench drops the jobs' Service selectors, see
 ``unselect_services``.) Then it reads
@@ -12,10 +13,15 @@ the API server's own counter (apiserver_request_total) over a window, before the
 they run, with the same operator, and reports requests per second per running job (target
 <= 0.1), broken down by verb and resource, and the operator's CPU and memory.
 
-Part 2 (--apply-nodes, default 1024; 0 skips): operator_apply's measure for that size.
+Part 2 (--apply-nodes, default 1024; 0 skips): operator_apply's measure for that size (the
+cluster's hollow nodes are as many as the larger part needs).
 
     .venv/bin/python bench/operator_load.py                 # starts a private local cluster
     .venv/bin/python bench/operator_load.py --jobs 10 --window 30 --apply-nodes 0   # quicker
+
+With ``$HOLMES_KUBECONFIG`` the bench uses that cluster instead, which must already play its
+nodes: ``--write-topology FILE`` writes them (the same ``--jobs``, ``--nodes-per-job`` and
+``--apply-nodes``), then ``make cluster-up TOPOLOGY=FILE``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -38,18 +43,22 @@ import yaml  # noqa: E402
 from operator_apply import (  # noqa: E402
     Bench,
     OperatorProcess,
-    cluster_kubeconfig,
+    bench_nodes,
+    hollow_cluster,
     job,
     measure_apply,
     print_apply,
+    rdma_kind_flags,
     stop_cluster,
 )
+
+from localkube import hollow_nodes as hn  # noqa: E402
 
 TARGET_PER_JOB = 0.1  # API requests per second per steady running job
 # The (verb, resource) requests the operator makes per job (its RBAC, docs/api.md); the target
 # is judged on these. Its LISTs and WATCHes are per operator, not per job (one watch per kind,
-# listed again only when a watch expires), and the control plane's background (node
-# heartbeats, the node agent's polling) is not the operator's: both are in the "all" column.
+# listed again only when a watch expires), and the control plane's background (the hollow
+# nodes' Leases and statuses, kwok's pod status writes) is not the operator's: both are in the "all" column.
 PER_JOB_CALLS = {
     ("PATCH", "holmesjobs"),
     ("DELETE", "holmesjobs"),
@@ -73,10 +82,9 @@ def load_job(name: str, ns: str, slot: int, nodes: int) -> dict:
     spec["model"].update(layers=8, hiddenSize=512, attentionHeads=8, seqLength=512, vocabSize=32000)
     spec["training"].update(globalBatchSize=64, iterations=10**9)
     spec["nodes"]["selector"]["matchLabels"][SLOT] = str(slot)
-    pod = spec["template"]["spec"]
-    # put on nodes created through the API; no node controller lifts it here
-    pod["tolerations"].append({"key": "node.kubernetes.io/not-ready", "operator": "Exists"})
-    pod["containers"][0]["command"] = ["sleep", "infinity"]
+    # kwok reports the pod Running on the address the trainer stand-in listens on
+    spec["template"]["metadata"] = {"annotations": {hn.POD_IP: "127.0.0.1"}}
+    spec["template"]["spec"]["containers"][0]["command"] = ["sleep", "infinity"]
     return j
 
 
@@ -111,45 +119,17 @@ class TrainerStandIn:
         self.server.server_close()
 
 
-def play_kubelet(b: Bench, ns: str, expected: int, timeout: float = 600) -> None:
-    """Mark every bound pod of ``ns`` Running on 127.0.0.1, until ``expected`` pods are."""
-    done: set[str] = set()
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+def wait_pods_running(b: Bench, ns: str, expected: int, timeout: float = 600) -> None:
+    """Until ``expected`` pods of ``ns`` are Running (kwok reports them so once bound)."""
     end = time.monotonic() + timeout
-    while len(done) < expected:
-        if time.monotonic() > end:
-            raise TimeoutError(f"{len(done)}/{expected} pods bound and running in {timeout}s")
+    running = 0
+    while time.monotonic() < end:
         pods = json.loads(b.core.list_namespaced_pod(ns, _preload_content=False).data)["items"]
-        todo = [p for p in pods if p["spec"].get("nodeName") and p["metadata"]["uid"] not in done]
-
-        def run(p):
-            names = [c["name"] for c in p["spec"]["containers"]]
-            status = {
-                "phase": "Running",
-                "podIP": "127.0.0.1",
-                "hostIP": "127.0.0.1",
-                "startTime": now,
-                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
-                "containerStatuses": [
-                    {
-                        "name": n,
-                        "ready": True,
-                        "restartCount": 0,
-                        "image": "bench",
-                        "imageID": "",
-                        "state": {"running": {"startedAt": now}},
-                    }
-                    for n in names
-                ],
-            }
-            b.core.patch_namespaced_pod_status(
-                p["metadata"]["name"], ns, {"status": status}, _preload_content=False
-            )
-            return p["metadata"]["uid"]
-
-        with ThreadPoolExecutor(8) as ex:
-            done.update(ex.map(run, todo))
+        running = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
+        if running >= expected:
+            return
         time.sleep(0.5)
+    raise TimeoutError(f"{running}/{expected} pods running in {timeout}s")
 
 
 def unselect_services(b: Bench, ns: str) -> None:
@@ -199,9 +179,10 @@ def measure_window(b: Bench, op: OperatorProcess | None, seconds: float) -> dict
 
 
 def settle(b: Bench, op: OperatorProcess, quiet: float, most: float = 300.0) -> None:
-    """Wait until the control plane is back near ``quiet``: registering many nodes sets its
-    controllers off for minutes (the TTL controller patches every node at 10/s), which must
-    count neither in the baseline nor against an apply."""
+    """Wait until the control plane is back near ``quiet``: many nodes new to it set its
+    controllers off for minutes (the TTL controller patches every node at 10/s), and the jobs'
+    deletion ends in a burst of pod deletions; neither may count in the baseline nor against an
+    apply."""
     end = time.monotonic() + most
     while time.monotonic() < end:
         rate = measure_window(b, op, 10.0)["rate"]
@@ -234,25 +215,44 @@ def main() -> int:
     ap.add_argument("--progress-interval", type=float, default=10.0, help="the operator's flag")
     ap.add_argument("--apply-nodes", type=int, default=1024, help="part 2's job size (0 skips)")
     ap.add_argument("--repeats", type=int, default=2, help="part 2's runs (the best counts)")
+    ap.add_argument("--lease-seconds", type=float, default=10.0, help="the hollow nodes' Lease renewal")
+    ap.add_argument(
+        "--write-topology", metavar="FILE", help="write the hollow nodes' topology (playedBy: kwok) and exit"
+    )
     a = ap.parse_args()
     nodes = a.jobs * a.nodes_per_job
-    cp, kubeconfig = cluster_kubeconfig("bench-load")
-    b = Bench(kubeconfig)
+    slots = lambda i: {SLOT: str(i // a.nodes_per_job)} if i < nodes else {}  # noqa: E731
+    topology = bench_nodes(max(nodes, a.apply_nodes), slots, a.lease_seconds)
+    if a.write_topology:
+        Path(a.write_topology).write_text(yaml.safe_dump(topology, sort_keys=False))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="holmes-bench-load-"))
+    t = time.monotonic()
+    cp, kubeconfig = hollow_cluster("bench-load", topology, tmp, "operator_load")
+    print(f"{len(topology['nodes'])} hollow nodes Ready after {time.monotonic() - t:.1f}s", file=sys.stderr)
+    b = Bench(kubeconfig)
+    paired = json.loads(b.core.list_node(label_selector=SLOT, _preload_content=False).data)["items"]
+    if len(paired) < nodes:  # $HOLMES_KUBECONFIG's cluster, its topology written for other options
+        raise RuntimeError(
+            f"{len(paired)} nodes labelled {SLOT}, fewer than --jobs x --nodes-per-job = {nodes}: write "
+            "the topology with these options (--write-topology FILE) and start the cluster with it"
+        )
     stand_in = TrainerStandIn()
     op = None
-    registered = nodes
     ns = f"load-{os.getpid()}"
     ok = True
     try:
         b.install_crd()
-        quiet = measure_window(b, None, 10.0)["rate"]  # the control plane alone, no bench node yet
-        b.register_nodes(nodes, labels=lambda i: {SLOT: str(i // a.nodes_per_job)})
+        quiet = measure_window(b, None, 10.0)["rate"]  # the control plane and its nodes, no operator
         op = OperatorProcess(
             kubeconfig,
             None,
             tmp / "operator.log",
-            extra=[f"--trainer-metrics-port={stand_in.port}", f"--progress-interval={a.progress_interval}"],
+            extra=[
+                *rdma_kind_flags(),
+                f"--trainer-metrics-port={stand_in.port}",
+                f"--progress-interval={a.progress_interval}",
+            ],
             port_range=None,
         ).start()
         b.create_namespace(ns)
@@ -264,7 +264,7 @@ def main() -> int:
             yaml.safe_dump(load_job(f"job-{i:03d}", ns, i, a.nodes_per_job)) for i in range(a.jobs)
         )
         b.kubectl("apply", "-f", "-", input=docs)
-        play_kubelet(b, ns, nodes)
+        wait_pods_running(b, ns, nodes)
         unselect_services(b, ns)
         wait_all_running(b, ns, a.jobs)
         print(f"{a.jobs} jobs running with progress after {time.monotonic() - t0:.0f}s", file=sys.stderr)
@@ -298,10 +298,8 @@ def main() -> int:
         )
         ok = per_job <= TARGET_PER_JOB
         b.kubectl("delete", "holmesjobs", "--all", "-n", ns, "--wait=false")
-        b.cleanup_ns(ns)
+        b.cleanup_ns(ns, wait=300)
         if a.apply_nodes:
-            registered = max(nodes, a.apply_nodes)
-            b.register_nodes(registered)
             settle(b, op, quiet)
             rows = measure_apply(b, op, [a.apply_nodes], a.repeats)
             ok = print_apply(rows, a.repeats) and ok
@@ -309,7 +307,6 @@ def main() -> int:
         stand_in.stop()
         if op:
             op.stop()
-        b.remove_nodes(registered)
         stop_cluster(cp)
     return 0 if ok else 1
 

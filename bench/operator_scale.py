@@ -64,7 +64,7 @@ from holmes_dev.jobs import holmes_job  # noqa: E402
 from kubernetes import client  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 from kubernetes.watch.watch import iter_resp_lines  # noqa: E402
-from operator_apply import Bench, OperatorProcess, cluster_kubeconfig, stop_cluster  # noqa: E402
+from operator_apply import Bench, OperatorProcess, hollow_cluster, stop_cluster  # noqa: E402
 from operator_load import TrainerStandIn  # noqa: E402
 
 from localkube import hollow_nodes as hn  # noqa: E402
@@ -439,18 +439,6 @@ def wait_for(what: str, ok, timeout: float, every: float = 1.0, fatal: bool = Fa
     return False
 
 
-def ready_hollow_nodes(core: client.CoreV1Api) -> int:
-    items = json.loads(core.list_node(label_selector=f"{hn.HOLLOW}=true", _preload_content=False).data)[
-        "items"
-    ]
-    return sum(
-        1
-        for n in items
-        if not any(t["key"].startswith("node.kubernetes.io/") for t in n["spec"].get("taints") or [])
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])
-    )
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2000)
@@ -498,10 +486,9 @@ def main() -> int:
         return 0
 
     tmp = Path(tempfile.mkdtemp(prefix="holmes-bench-scale-"))
-    (tmp / "topology.yaml").write_text(yaml.safe_dump(topology, sort_keys=False))
     result: dict = {"nodes": a.nodes, "islands": a.islands, "jobs": a.jobs}
     # the cluster's kwok plays the nodes (cluster-up waits until every one is Ready)
-    cp, kubeconfig = cluster_kubeconfig("bench-scale", tmp / "topology.yaml")
+    cp, kubeconfig = hollow_cluster("bench-scale", topology, tmp, "operator_scale")
     result["nodesReadyS"] = cp.state()["kwok"]["readyS"] if cp else None
     b = Bench(kubeconfig)
     core = b.core
@@ -512,12 +499,6 @@ def main() -> int:
     stand_in = TrainerStandIn()  # every rank-0 trainer's metrics, its iteration moving with time
     t_start = time.monotonic()
     try:
-        if not cp and ready_hollow_nodes(core) < a.nodes:
-            raise RuntimeError(
-                f"$HOLMES_KUBECONFIG's cluster has fewer than {a.nodes} Ready hollow nodes: start it with "
-                f"`bench/operator_scale.py --write-topology FILE` (the same options), then "
-                f"`make cluster-up TOPOLOGY=FILE`"
-            )
         log(f"{a.nodes} hollow nodes Ready {result['nodesReadyS']}s after the cluster's kwok started")
         try:
             b.install_crd()

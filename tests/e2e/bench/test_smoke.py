@@ -11,9 +11,9 @@ from tests.helpers.bench.bench_run import run_bench
 
 
 @pytest.mark.timeout(600)
-def test_operator_apply_small_mode(cluster):
+def test_operator_apply_small_mode(hollow_bench_cluster):  # its 8 hollow nodes (playedBy: kwok)
     p = run_bench(
-        "operator_apply", "--sizes", "8", "--repeats", "1", env={"HOLMES_KUBECONFIG": cluster.kubeconfig}
+        "operator_apply", "--sizes", "8", "--repeats", "1", env={"HOLMES_KUBECONFIG": hollow_bench_cluster}
     )
     out = p.stdout + p.stderr[-3000:]
     assert p.returncode == 0, out
