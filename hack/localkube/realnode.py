@@ -824,7 +824,11 @@ class RealNodes:
             if (got := image_id(ref, self.log)) is not None:
                 wanted[ref] = got
         record = NODE_CACHE / "seed.json"
-        have = json.loads(record.read_text()) if (SEED / "io.containerd.metadata.v1.bolt").exists() else {}
+        have = (
+            json.loads(record.read_text())
+            if record.exists() and (SEED / "io.containerd.metadata.v1.bolt").exists()
+            else {}
+        )
         todo = [ref for ref, key in wanted.items() if have.get(ref) != key]
         if not todo:
             return
@@ -881,12 +885,10 @@ class RealNodes:
             _run([*ctr, "images", "tag", "--force", PAUSE_REF, gc])
             _run([*ctr, "images", "rm", "--sync", gc], timeout=600)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            from .controlplane import stop_pid
+
+            stop_pid(proc.pid, 30)
+            proc.wait()
             log.close()
         shutil.rmtree(state, ignore_errors=True)
 
