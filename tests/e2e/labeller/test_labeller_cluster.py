@@ -7,7 +7,7 @@
    of ib-0/roce-0 stay as they were; the host route table the chart mounts moves roce-1's socket
    interface off its RoCE rail's netdev; a port going down is followed. Every node's labels and
    annotations are restored exactly afterwards (the session's other tests share these nodes).
-2. ``python -m holmes.labeller --once`` on an API-only node of its own: compute rails that
+2. ``python -m holmes.labeller --once`` on a kwok-played node of its own: compute rails that
    disagree (annotation + Warning Event), then the admin's rail selector annotation answering it,
    and the exit codes for a missing node and a service account without rights.
 """
@@ -26,8 +26,10 @@ import yaml
 
 from holmes.labeller.labels import RECORD_ANNOTATION
 from holmes.plan import classify_node
+from localkube.operatorproc import api_node as api_node_body
 from tests.helpers import polling
 from tests.helpers.labeller.fakesysfs import FakeSysfs, gpu_server, node_tree, roce_node, route_table
+from tests.helpers.operator.cluster_helpers import register_hollow
 from tests.helpers.packaging.packaging_helpers import CHART, helm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
@@ -92,8 +94,8 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
                     "intervalSeconds": 1,
                     "sysfs": {"hostPath": str(sysfs_trees), "root": "/host/sys/$(NODE_NAME)"},
                     "defaultRoute": {"hostPath": str(routes)},
-                    # only the simulated nodes: an API-only node another test left behind
-                    # has no agent to run a pod
+                    # only the topology's nodes: a hollow node (kwok) runs no process, so a
+                    # labeller pod there would read no sysfs
                     "affinity": {
                         "nodeAffinity": {
                             "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -245,17 +247,14 @@ def labeller(cluster, *args: str, kubeconfig: str | None = None) -> subprocess.C
 
 @pytest.fixture
 def api_node(cluster):
-    """An API-only Node of this test's own (no pods run there): NFD labels, an admin's gbps."""
+    """A Node of this test's own, played by the cluster's kwok (heartbeated, Ready, running no
+    process): NFD labels, an admin's gbps. Tainted so that no other test's pod lands there."""
     name = f"lbl-{uuid.uuid4().hex[:6]}"
-    body = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {"kubernetes.io/hostname": name, **NFD, "holmes.dev/nic-gbps": "800", "team": "a"},
-        },
-    }
-    cluster.kubectl("create", "-f", "-", input=json.dumps(body))
+    labels = {**NFD, "holmes.dev/nic-gbps": "800", "team": "a"}
+    taint = {"key": "holmes.dev/labeller-test", "value": "true", "effect": "NoSchedule"}
+    register_hollow(
+        cluster, [api_node_body(name, labels, {"cpu": "8", "memory": "32Gi", "pods": "10"}, taint)]
+    )
     yield name
     cluster.kubectl("delete", "node", name, "--wait=false", check=False)
     cluster.kubectl(
