@@ -250,10 +250,15 @@ def cluster():
     cp.dir.mkdir(parents=True, exist_ok=True)
     topo_path = e2e_topology()
     topo = load_topology(topo_path)
+    trainer_image = os.environ.get("HOLMES_TRAINER_IMAGE")
     if topo.played_by("kubelet").nodes:
-        from tests.helpers.cluster.real_nodes import require_real_nodes
+        from tests.helpers.cluster.real_nodes import TRAINER, require_real_nodes
 
         require_real_nodes()
+        # A real node runs only images in its containerd: every operator the tests start (they
+        # inherit the environment) names the built trainer image, as the chart's values do, not
+        # the default holmes-trainer:latest that the node agent runs as a host process.
+        os.environ.setdefault("HOLMES_TRAINER_IMAGE", TRAINER)
     try:
         cp.up(topo_path, log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
         yield LocalCluster(str(cp.kubeconfig), topo, cp.dir)
@@ -262,6 +267,8 @@ def cluster():
         import shutil
 
         shutil.rmtree(cp.dir, ignore_errors=True)
+        if trainer_image is None:
+            os.environ.pop("HOLMES_TRAINER_IMAGE", None)
 
 
 @pytest.fixture(scope="session")
