@@ -116,6 +116,13 @@ e2e: venv k8s kueue jobset trainer images
 .PHONY: e2e-real-nodes
 e2e-real-nodes: venv k8s node images
 	HOLMES_REAL_NODES=1 $(PY) -m pytest -m real_nodes tests/e2e -q
+# The e2e tier with the session cluster's six nodes played by the real kubelet
+# (hack/topologies/default-real.yaml; the module map in docs/local-cluster.md, Real nodes):
+# `make e2e-on-real-nodes E2E="tests/e2e/operator/test_operator_cluster.py ..."` for some modules.
+E2E ?= tests/e2e
+.PHONY: e2e-on-real-nodes
+e2e-on-real-nodes: venv k8s kueue jobset trainer node images
+	HOLMES_E2E_TOPOLOGY=hack/topologies/default-real.yaml $(PY) -m pytest -m "not real_nodes" $(E2E) -q
 
 # The compatibility tier (marker compat) on the oldest release the chart supports (its
 # kubeVersion): that release's control plane and kubectl, built into the cache beside the default's.

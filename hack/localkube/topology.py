@@ -232,6 +232,25 @@ class Topology:
         return Topology(self.path, tuple(n for n in self.nodes if n.played_by == player), self.kwok)
 
 
+def differences_but_players(base: Topology, other: Topology) -> list[str]:
+    """What makes ``other`` more than ``base`` with its nodes played differently: each node
+    missing, added, or changed in anything but ``playedBy`` (empty when they are the same nodes)."""
+    from dataclasses import replace
+
+    a = {n.name: replace(n, played_by=AGENT) for n in base.nodes}
+    b = {n.name: replace(n, played_by=AGENT) for n in other.nodes}
+    out = [f"node {name} missing" for name in a if name not in b]
+    out += [f"node {name} added" for name in b if name not in a]
+    out += [
+        f"node {name} differs: {b[name]} instead of {a[name]}"
+        for name in a
+        if name in b and a[name] != b[name]
+    ]
+    if [n.name for n in base.nodes] != [n.name for n in other.nodes] and not out:
+        out.append(f"nodes in another order: {other.names} instead of {base.names}")
+    return out
+
+
 def parse_topology(doc: object, path: str = "<topology>") -> Topology:
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list) or not doc["nodes"]:
         raise TopologyError(f"{path}: expected a mapping with a non-empty 'nodes' list")

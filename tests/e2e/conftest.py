@@ -6,7 +6,10 @@ Fixtures
     A running local control plane (kube-apiserver/controller-manager/scheduler of the release
     hack/build-k8s.sh builds, v1.37, + etcd) with the node agent simulating the nodes of
     ``hack/topologies/default.yaml``, and kwok playing any hollow node a test registers
-    (``tests/helpers/operator/cluster_helpers.register_hollow``). Started on
+    (``tests/helpers/operator/cluster_helpers.register_hollow``).
+    ``HOLMES_E2E_TOPOLOGY=hack/topologies/default-real.yaml`` (``make e2e-on-real-nodes``) has
+    the same six nodes played by the real kubelet on containerd instead (needs root, ``make
+    node`` and the images; one such cluster per machine: kube-proxy). Started on
     first use in a private state dir (``.holmes/pytest-<pid>``, own ports) and stopped at the end
     of the session. Set ``HOLMES_KUBECONFIG=path`` to reuse a running cluster instead (e.g. after
     ``make cluster-up``: ``HOLMES_KUBECONFIG=.holmes/kubeconfig``); it is then left running.
@@ -24,6 +27,9 @@ Fixtures
       appended after a ``==== localkube:`` header line; the file is
       ``<state_dir>/pods/<namespace>/<pod>/<container>.log``. ``kubectl logs [--previous]`` works
       too (the node agent serves the kubelet's log endpoint) and shows the current start only.
+      On a real node it is ``kubectl logs --previous`` (after a restart) then ``kubectl logs``.
+    - ``real_nodes``: whether any node is a real kubelet.
+    - ``power(node, on)``: switch an agent's node off or on (not a real node's).
     - ``wait_pod(namespace, name, phases=("Succeeded","Failed"), timeout=60)`` -> the pod as a dict
       once its ``status.phase`` is in ``phases`` (``AssertionError`` with the pod's status on time-out).
 
@@ -109,11 +115,37 @@ class LocalCluster:
 
         return config.new_client_from_config(self.kubeconfig)
 
+    @property
+    def real_nodes(self) -> bool:
+        """Whether any node is a real kubelet (``playedBy: kubelet``, HOLMES_E2E_TOPOLOGY)."""
+        from localkube.topology import KUBELET
+
+        return bool(self.topology.played_by(KUBELET).nodes)
+
     def pod_log(self, namespace: str, pod: str, container: str) -> str:
+        if self.real_nodes:
+            r = self.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
+            obj = json.loads(r.stdout) if r.returncode == 0 else {}
+            if obj.get("spec", {}).get("nodeName") in self.topology.played_by("kubelet").names:
+                return self._kubelet_log(namespace, obj, container)
         if self.state_dir is None:
             raise RuntimeError("pod logs are only reachable for a cluster this session started")
         p = self.state_dir / "pods" / namespace / pod / f"{container}.log"
         return p.read_text(errors="replace") if p.exists() else ""
+
+    def _kubelet_log(self, namespace: str, pod: dict, container: str) -> str:
+        """A real kubelet keeps a container's current start and the one before it: both, oldest
+        first (an empty string before the container ever started)."""
+        st = pod.get("status", {})
+        statuses = st.get("initContainerStatuses", []) + st.get("containerStatuses", [])
+        restarts = next((c.get("restartCount", 0) for c in statuses if c["name"] == container), 0)
+        name = pod["metadata"]["name"]
+        out = ""
+        for prev in (["--previous"] if restarts else []) + [None]:
+            args = ["logs", name, "-n", namespace, "-c", container] + ([prev] if prev else [])
+            r = self.kubectl(*args, check=False)
+            out += r.stdout if r.returncode == 0 else ""
+        return out
 
     def power(self, node: str, on: bool) -> None:
         """Switch a simulated node's machine off (its pods' processes die, no heartbeats, a
@@ -123,6 +155,11 @@ class LocalCluster:
 
         if self.state_dir is None:
             raise RuntimeError("nodes can only be switched off in a cluster this session started")
+        if node in self.topology.played_by("kubelet").names:
+            raise RuntimeError(
+                f"{node} is a real kubelet (playedBy: kubelet): only the node agent's nodes can be "
+                "switched off; run this test without HOLMES_E2E_TOPOLOGY"
+            )
         set_power(ControlPlane(self.state_dir), node, on)
 
     def get_json(self, *args: str) -> dict:
@@ -160,6 +197,38 @@ def _reap_abandoned_clusters() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+DEFAULT_TOPOLOGY = REPO / "hack" / "topologies" / "default.yaml"
+E2E_TOPOLOGY_FIX = (
+    "set it to hack/topologies/default-real.yaml (the default topology's nodes played by the real "
+    "kubelet: `make e2e-on-real-nodes`) or unset it (default.yaml, the node agent)"
+)
+
+
+def e2e_topology() -> Path:
+    """The topology the session's ``cluster`` runs: hack/topologies/default.yaml, or the file
+    HOLMES_E2E_TOPOLOGY names (relative to the repository), which must have the same nodes
+    (names, islands, NICs, labels, resources) played by someone else: the tests rely on them."""
+    from localkube.topology import TopologyError, differences_but_players, load_topology
+
+    raw = os.environ.get("HOLMES_E2E_TOPOLOGY", "").strip()
+    if not raw:
+        return DEFAULT_TOPOLOGY
+    path = Path(raw) if Path(raw).is_absolute() else REPO / raw
+    if not path.is_file():
+        pytest.fail(f"HOLMES_E2E_TOPOLOGY={raw}: no such file; {E2E_TOPOLOGY_FIX}", pytrace=False)
+    try:
+        diff = differences_but_players(load_topology(DEFAULT_TOPOLOGY), load_topology(path))
+    except TopologyError as e:
+        pytest.fail(f"HOLMES_E2E_TOPOLOGY={raw}: {e}", pytrace=False)
+    if diff:
+        pytest.fail(
+            f"HOLMES_E2E_TOPOLOGY={raw}: the e2e tests need default.yaml's nodes, only their "
+            f"playedBy may differ: {'; '.join(diff)}; {E2E_TOPOLOGY_FIX}",
+            pytrace=False,
+        )
+    return path
+
+
 @pytest.fixture(scope="session")
 def cluster():
     from localkube.controlplane import ControlPlane
@@ -179,15 +248,27 @@ def cluster():
     _reap_abandoned_clusters()
     cp = ControlPlane(REPO / ".holmes" / f"pytest-{os.getpid()}")
     cp.dir.mkdir(parents=True, exist_ok=True)
-    topo_path = REPO / "hack" / "topologies" / "default.yaml"
+    topo_path = e2e_topology()
+    topo = load_topology(topo_path)
+    trainer_image = os.environ.get("HOLMES_TRAINER_IMAGE")
+    if topo.played_by("kubelet").nodes:
+        from tests.helpers.cluster.real_nodes import TRAINER, require_real_nodes
+
+        require_real_nodes()
+        # A real node runs only images in its containerd: every operator the tests start (they
+        # inherit the environment) names the built trainer image, as the chart's values do, not
+        # the default holmes-trainer:latest that the node agent runs as a host process.
+        os.environ.setdefault("HOLMES_TRAINER_IMAGE", TRAINER)
     try:
         cp.up(topo_path, log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
-        yield LocalCluster(str(cp.kubeconfig), load_topology(topo_path), cp.dir)
+        yield LocalCluster(str(cp.kubeconfig), topo, cp.dir)
     finally:
         cp.down(log=lambda m: None)
         import shutil
 
         shutil.rmtree(cp.dir, ignore_errors=True)
+        if trainer_image is None:
+            os.environ.pop("HOLMES_TRAINER_IMAGE", None)
 
 
 @pytest.fixture(scope="session")

@@ -60,13 +60,18 @@ class Cluster:
         return r.stdout
 
 
-def real_cluster(topology: Path, tag: str) -> Iterator[Cluster]:
-    """For a module-scoped fixture: the cluster of ``topology``, needing root and the trainer
-    image; every process it recorded is gone once it is down."""
+def require_real_nodes() -> None:
+    """Skip where real nodes cannot run (not root); fail, naming the fix, without the trainer image."""
     if os.geteuid() != 0:
         pytest.skip("real nodes need root")
     if shutil.which("podman") is None or subprocess.run(["podman", "image", "exists", TRAINER]).returncode:
         pytest.fail(f"{TRAINER} is not built: run `make images`")
+
+
+def real_cluster(topology: Path, tag: str) -> Iterator[Cluster]:
+    """For a module-scoped fixture: the cluster of ``topology``, needing root and the trainer
+    image; every process it recorded is gone once it is down."""
+    require_real_nodes()
     cp = ControlPlane(REPO / ".holmes" / f"pytest-{tag}-{os.getpid()}")
     cp.dir.mkdir(parents=True, exist_ok=True)
     pids: dict[str, int] = {}

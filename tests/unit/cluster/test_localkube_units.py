@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from localkube import podspec as ps
-from localkube.topology import TopologyError, load_topology, parse_topology
+from localkube.topology import TopologyError, differences_but_players, load_topology, parse_topology
 
 TOPOLOGIES = Path(__file__).resolve().parents[3] / "hack" / "topologies"
 
@@ -37,6 +37,17 @@ def test_shipped_topologies():
     mixed = load_topology(TOPOLOGIES / "mixed.yaml")
     assert [n.played_by for n in mixed.nodes] == ["agent"] * 2 + ["kwok"] * 4
     assert all(n.taints and n.gpus == 8 for n in mixed.played_by("kwok").nodes)
+
+
+def test_default_real_is_the_default_topology_on_real_kubelets():
+    """HOLMES_E2E_TOPOLOGY's file (make e2e-on-real-nodes) must not drift from default.yaml."""
+    default = load_topology(TOPOLOGIES / "default.yaml")
+    real = load_topology(TOPOLOGIES / "default-real.yaml")
+    assert differences_but_players(default, real) == []
+    assert {n.played_by for n in real.nodes} == {"kubelet"}
+    moved = parse_topology({"nodes": [{"name": "ib-1", "cluster": "west", "nic": "infiniband"}]})
+    diff = differences_but_players(default, moved)
+    assert "node ib-0 missing" in diff and any(d.startswith("node ib-1 differs") for d in diff)
 
 
 def test_the_example_node_list_is_what_the_agent_registers():
