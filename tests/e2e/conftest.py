@@ -116,17 +116,22 @@ class LocalCluster:
         return config.new_client_from_config(self.kubeconfig)
 
     @property
-    def real_nodes(self) -> bool:
-        """Whether any node is a real kubelet (``playedBy: kubelet``, HOLMES_E2E_TOPOLOGY)."""
+    def real_node_names(self) -> list[str]:
+        """The nodes the real kubelet plays (``playedBy: kubelet``, HOLMES_E2E_TOPOLOGY)."""
         from localkube.topology import KUBELET
 
-        return bool(self.topology.played_by(KUBELET).nodes)
+        return list(self.topology.played_by(KUBELET).names)
+
+    @property
+    def real_nodes(self) -> bool:
+        """Whether any node is a real kubelet."""
+        return bool(self.real_node_names)
 
     def pod_log(self, namespace: str, pod: str, container: str) -> str:
         if self.real_nodes:
             r = self.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
             obj = json.loads(r.stdout) if r.returncode == 0 else {}
-            if obj.get("spec", {}).get("nodeName") in self.topology.played_by("kubelet").names:
+            if obj.get("spec", {}).get("nodeName") in self.real_node_names:
                 return self._kubelet_log(namespace, obj, container)
         if self.state_dir is None:
             raise RuntimeError("pod logs are only reachable for a cluster this session started")
@@ -155,7 +160,7 @@ class LocalCluster:
 
         if self.state_dir is None:
             raise RuntimeError("nodes can only be switched off in a cluster this session started")
-        if node in self.topology.played_by("kubelet").names:
+        if node in self.real_node_names:
             raise RuntimeError(
                 f"{node} is a real kubelet (playedBy: kubelet): only the node agent's nodes can be "
                 "switched off; run this test without HOLMES_E2E_TOPOLOGY"
