@@ -368,6 +368,11 @@ class AsyncCheckpointer:
                 return None
             time.sleep(0.01)
         sp.join(timeout=1.0)  # gone: reaped for its exit code (by whichever thread asked first)
+        # a thread that reaped it first sets the code a moment after its waitpid; this one's
+        # waitpid then fails (ECHILD) and reads None until it does (seen under load)
+        end = time.monotonic() + 2.0
+        while sp.exitcode is None and time.monotonic() < end:
+            time.sleep(0.01)
         code = sp.exitcode
         if code is None:
             return f"(pid {sp.pid}) ended"
