@@ -10,9 +10,10 @@ Fixtures
     ``HOLMES_E2E_TOPOLOGY=hack/topologies/default-real.yaml`` (``make e2e-on-real-nodes``) has
     the same six nodes played by the real kubelet on containerd instead (needs root, ``make
     node`` and the images; one such cluster per machine: kube-proxy). Started on
-    first use in a private state dir (``.holmes/pytest-<pid>``, own ports) and stopped at the end
-    of the session. Set ``HOLMES_KUBECONFIG=path`` to reuse a running cluster instead (e.g. after
-    ``make cluster-up``: ``HOLMES_KUBECONFIG=.holmes/kubeconfig``); it is then left running.
+    first use in a private state dir (``.holmes/pytest-<pid>``, own ports) and stopped after
+    the last test asking for it (tests/helpers/cluster/early_stop.py). Set
+    ``HOLMES_KUBECONFIG=path`` to reuse a running cluster instead (e.g. after ``make
+    cluster-up``: ``HOLMES_KUBECONFIG=.holmes/kubeconfig``); it is then left running.
     Attributes and methods:
 
     - ``kubeconfig``: path (str) of an admin kubeconfig.
@@ -37,7 +38,7 @@ Fixtures
     Two local control planes, each with its node agent: the default topology split by cluster
     (``east``: ib-0, ib-1, eth-0; ``west``: roce-0, roce-1, eth-1), pod IPs distinct per cluster
     (``hack/localkube/multicluster.py``). ``east`` doubles as the hub. Started on first use in
-    ``.holmes/pytest-multi-<pid>`` and stopped at the end of the session. Yields the
+    ``.holmes/pytest-multi-<pid>`` and stopped after the last test asking for it. Yields the
     ``MultiCluster`` (``members``, ``hub``, ``kubeconfig(member)``, ``kubectl(member, *args)``,
     ``register(namespace)``, ``ensure_namespace(ns)``, ``plane(member)``: its ``ControlPlane``).
 
@@ -45,16 +46,19 @@ Fixtures
     The real Kueue (``sigs.k8s.io/kueue``, built by hack/build-kueue.sh) on the ``cluster``: its
     own CRDs, RBAC and webhooks installed, its manager running as a host process configured as
     ``hack/localkube/kueue.py`` says (HolmesJob an external framework, no ``pod`` integration,
-    ``waitForPodsReady``, TAS). Yields the ``localkube.kueue.Kueue``. At the end of the module
-    the manager is stopped and Kueue's CRDs deleted (with every object of its kinds), so tests of
-    the stand-in CRDs (hack/thirdparty-crds) can follow on the same cluster. On a reused cluster
+    ``waitForPodsReady``, TAS); started again with that configuration at each module's start
+    if the module before changed it. Yields the ``localkube.kueue.Kueue``. The modules asking
+    for ``real_kueue``, ``real_jobset`` or ``real_trainer`` run one after another, those with
+    JobSet first, and share them; after the last, the managers are stopped and their CRDs
+    deleted (with every object of their kinds), so tests of the stand-in CRDs
+    (hack/thirdparty-crds) can follow on the same cluster. On a reused cluster
     (``HOLMES_KUBECONFIG``) whose Kueue ``make kueue-up`` started, that one is used and kept.
 
 ``real_jobset`` (module scope)
     The real JobSet controller (``sigs.k8s.io/jobset``, built by hack/build-jobset.sh) on the
     ``cluster``, installed and run as ``hack/localkube/jobset.py`` says. Ask for it before
     ``real_kueue`` (Kueue sets up its JobSet integration at start when JobSet's CRD is served).
-    Yields the ``localkube.jobset.JobSet``; at the end of the module the manager is stopped and
+    Yields the ``localkube.jobset.JobSet``; shared as ``real_kueue`` says, then stopped and
     JobSet's CRD deleted. On a reused cluster whose JobSet ``make jobset-up`` started, that one is
     used and kept.
 
@@ -63,8 +67,8 @@ Fixtures
     hack/build-kftrainer.sh) on the ``cluster``, with its default ClusterTrainingRuntimes
     (torch-distributed, ...), installed and run as ``hack/localkube/kftrainer.py`` says; asks for
     ``real_jobset`` (Trainer renders each TrainJob into a JobSet). Yields the
-    ``localkube.kftrainer.KFTrainer``; at the end of the module the manager is stopped and
-    Trainer's CRDs deleted. On a reused cluster whose Trainer ``make trainer-up`` started, that one
+    ``localkube.kftrainer.KFTrainer``; shared as ``real_kueue`` says, then stopped and Trainer's
+    CRDs deleted. On a reused cluster whose Trainer ``make trainer-up`` started, that one
     is used and kept.
 
 ``namespace`` (function scope)
@@ -79,6 +83,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -87,6 +92,8 @@ from pathlib import Path
 
 import pytest
 from holmes_dev.kubectl import run_kubectl
+
+from tests.helpers.cluster.early_stop import stop_after_last_user, stop_unneeded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -264,16 +271,19 @@ def cluster():
         # inherit the environment) names the built trainer image, as the chart's values do, not
         # the default holmes-trainer:latest that the node agent runs as a host process.
         os.environ.setdefault("HOLMES_TRAINER_IMAGE", TRAINER)
+
+    def stop():
+        cp.down(log=lambda m: None)
+        shutil.rmtree(cp.dir, ignore_errors=True)
+        if trainer_image is None:
+            os.environ.pop("HOLMES_TRAINER_IMAGE", None)
+
+    stop = stop_after_last_user("cluster", stop)
     try:
         cp.up(topo_path, log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
         yield LocalCluster(str(cp.kubeconfig), topo, cp.dir)
     finally:
-        cp.down(log=lambda m: None)
-        import shutil
-
-        shutil.rmtree(cp.dir, ignore_errors=True)
-        if trainer_image is None:
-            os.environ.pop("HOLMES_TRAINER_IMAGE", None)
+        stop()
 
 
 @pytest.fixture(scope="session")
@@ -282,6 +292,12 @@ def member_clusters():
 
     _reap_abandoned_clusters()
     mc = MultiCluster(REPO / ".holmes" / f"pytest-multi-{os.getpid()}")
+
+    def stop():
+        mc.down(log=lambda m: None)
+        shutil.rmtree(mc.root, ignore_errors=True)
+
+    stop = stop_after_last_user("member_clusters", stop)
     try:
         mc.up(
             REPO / "hack" / "topologies" / "default.yaml",
@@ -289,72 +305,129 @@ def member_clusters():
         )
         yield mc
     finally:
-        mc.down(log=lambda m: None)
-        import shutil
+        stop()
 
-        shutil.rmtree(mc.root, ignore_errors=True)
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Once a test's fixtures are torn down, stop the session clusters no later test asks for
+    (tests/helpers/cluster/early_stop.py says why)."""
+    yield
+    stop_unneeded(item, item.session.items)
 
 
 KUEUE_STANDIN_CRDS = ("workloads.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.io")
+# The controllers a module installs for itself (real_jobset, real_kueue, real_trainer): the
+# modules asking for any of them run one after another (pytest_collection_modifyitems), those
+# with JobSet first (Kueue sets up its JobSet integration at start), and share what the first
+# installed; the last of the run uninstalls them. Before, each of six modules installed and
+# uninstalled Kueue (and four JobSet): about 20 s each time on a loaded machine.
+SHARED_CONTROLLERS = ("real_jobset", "real_kueue", "real_trainer")
+
+
+def _shared_controller_rank(item) -> int | None:
+    """Where a module asking for a shared controller goes in the run: those with JobSet (0)
+    before those with Kueue only (1); None: it asks for none."""
+    names = set(item.fixturenames)
+    if not names & set(SHARED_CONTROLLERS):
+        return None
+    return 0 if names & {"real_jobset", "real_trainer"} else 1
+
+
+def pytest_collection_modifyitems(config, items):
+    """Put the modules that ask for a shared controller together, where the first of them was."""
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    ranks = {
+        path: min((r for i in its if (r := _shared_controller_rank(i)) is not None), default=None)
+        for path, its in modules.items()
+    }
+    sharing = sorted((p for p in modules if ranks[p] is not None), key=lambda p: ranks[p])
+    if len(sharing) < 2:
+        return
+    ordered = []
+    for path in modules:
+        if ranks[path] is None:
+            ordered.append(path)
+        elif path == next(p for p in modules if ranks[p] is not None):
+            ordered.extend(sharing)
+    items[:] = [i for path in ordered for i in modules[path]]
+
+
+def _next_module_shares(request) -> bool:
+    """Whether the module run after this one asks for a shared controller."""
+    items = request.session.items
+    mine = [n for n, i in enumerate(items) if i.path == request.node.path]
+    nxt = mine[-1] + 1 if mine else len(items)
+    return nxt < len(items) and _shared_controller_rank(items[nxt]) is not None
+
+
+_INSTALLED: dict = {}  # fixture name -> the controller this session installed and keeps for now
+
+
+def _shared(request, cluster, name: str, make, start):
+    """The body of a shared controller's fixture (see SHARED_CONTROLLERS): one `make X-up`
+    started is used and kept; else this session's, installed by the first module asking."""
+    from localkube.controlplane import ControlPlane
+
+    if cluster.state_dir is None:
+        pytest.skip(f"{name} needs a cluster this session started, or one `make cluster-up` started")
+    ctl = make(ControlPlane(cluster.state_dir))
+    if ctl.running() and name not in _INSTALLED:
+        yield ctl  # `make ...-up`'s: left as it is
+        return
+    start(ctl)  # kept as it runs when its configuration is the default; a module may change it
+    _INSTALLED[name] = ctl
+    try:
+        yield ctl
+    finally:
+        if not _next_module_shares(request):  # the last of the run: every shared one goes
+            for ctl in reversed([_INSTALLED.pop(n) for n in list(_INSTALLED)]):
+                ctl.uninstall()
 
 
 @pytest.fixture(scope="module")
-def real_kueue(cluster):
-    from localkube.controlplane import ControlPlane
+def real_kueue(request, cluster):
     from localkube.kueue import Kueue
 
-    if cluster.state_dir is None:
-        pytest.skip("the real Kueue needs a cluster this session started, or one `make cluster-up` started")
-    kq = Kueue(ControlPlane(cluster.state_dir))
-    if kq.running():
-        yield kq  # `make kueue-up`'s: left as it is
-        return
-    # the stand-in CRDs (hack/thirdparty-crds) are not Kueue's: take them away first
-    for crd in KUEUE_STANDIN_CRDS:
-        r = cluster.kubectl(
-            "get", "crd", crd, "-o", "jsonpath={.metadata.labels.app\\.kubernetes\\.io/name}", check=False
-        )
-        if r.returncode == 0 and r.stdout.strip() != "kueue":
-            cluster.kubectl("delete", "crd", crd, "--wait=true", "--timeout=60s")
-    kq.up(log=lambda m: print(f"[kueue] {m}", file=sys.stderr))
-    try:
-        yield kq
-    finally:
-        kq.uninstall()
+    def start(kq):
+        # the stand-in CRDs (hack/thirdparty-crds) are not Kueue's: take them away first
+        for crd in KUEUE_STANDIN_CRDS:
+            r = cluster.kubectl(
+                "get", "crd", crd, "-o", "jsonpath={.metadata.labels.app\\.kubernetes\\.io/name}", check=False
+            )
+            if r.returncode == 0 and r.stdout.strip() != "kueue":
+                cluster.kubectl("delete", "crd", crd, "--wait=true", "--timeout=60s")
+        kq.up(log=lambda m: print(f"[kueue] {m}", file=sys.stderr))
+
+    yield from _shared(request, cluster, "real_kueue", Kueue, start)
 
 
 @pytest.fixture(scope="module")
-def real_jobset(cluster):
-    from localkube.controlplane import ControlPlane
+def real_jobset(request, cluster):
     from localkube.jobset import JobSet
 
-    if cluster.state_dir is None:
-        pytest.skip("the real JobSet needs a cluster this session started, or one `make cluster-up` started")
-    js = JobSet(ControlPlane(cluster.state_dir))
-    if js.running():
-        yield js  # `make jobset-up`'s: left as it is
-        return
-    js.up(log=lambda m: print(f"[jobset] {m}", file=sys.stderr))
-    try:
-        yield js
-    finally:
-        js.uninstall()
+    yield from _shared(
+        request,
+        cluster,
+        "real_jobset",
+        JobSet,
+        lambda js: js.up(log=lambda m: print(f"[jobset] {m}", file=sys.stderr)),
+    )
 
 
 @pytest.fixture(scope="module")
-def real_trainer(cluster, real_jobset):
-    from localkube.controlplane import ControlPlane
+def real_trainer(request, cluster, real_jobset):
     from localkube.kftrainer import KFTrainer
 
-    tr = KFTrainer(ControlPlane(cluster.state_dir))
-    if tr.running():
-        yield tr  # `make trainer-up`'s: left as it is
-        return
-    tr.up(log=lambda m: print(f"[kftrainer] {m}", file=sys.stderr))
-    try:
-        yield tr
-    finally:
-        tr.uninstall()
+    yield from _shared(
+        request,
+        cluster,
+        "real_trainer",
+        KFTrainer,
+        lambda tr: tr.up(log=lambda m: print(f"[kftrainer] {m}", file=sys.stderr)),
+    )
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@
     --apply-nodes=8 --write-topology FILE`` writes them (8 nodes, the first 4 with a pair's
     label): one cluster start for both benches, each given it as ``$HOLMES_KUBECONFIG``. Not the
     session's ``cluster``, whose nodes are the default topology's. Yields its kubeconfig (str);
-    stopped at the end of the session.
+    stopped after the last test asking for it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.helpers.bench.bench_run import run_bench
+from tests.helpers.cluster.early_stop import stop_after_last_user
 
 
 @pytest.fixture(scope="session")
@@ -31,9 +32,14 @@ def hollow_bench_cluster(tmp_path_factory):
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     cp = ControlPlane(REPO / ".holmes" / f"pytest-hollow-{os.getpid()}")
     cp.dir.mkdir(parents=True, exist_ok=True)
+
+    def stop():
+        cp.down(log=lambda m: None)
+        shutil.rmtree(cp.dir, ignore_errors=True)
+
+    stop = stop_after_last_user("hollow_bench_cluster", stop)
     try:
         cp.up(topology, log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
         yield str(cp.kubeconfig)
     finally:
-        cp.down(log=lambda m: None)
-        shutil.rmtree(cp.dir, ignore_errors=True)
+        stop()
