@@ -1,23 +1,54 @@
 """``framework: megatron`` on the local control plane: a three-island plan (an InfiniBand, a RoCE
 and an Ethernet stage, uneven layers), pods created by the operator, the user's command run by
 Holmes' launcher under torchrun, Megatron's own ``initialize_model_parallel`` building the groups
-from the appended arguments (megatron-core 0.16.1, gloo on CPU)."""
+from the appended arguments (megatron-core 0.16.1, gloo on CPU).
+
+One job serves the module: a mixture of experts (tensor 2, expert 2). megatron-core builds its
+dense groups (dp, tp, pp, embd) from a rank generator with expert parallelism 1, apart from the
+expert generator, so the MoE job's dense groups are the ones a dense job of the same shape forms
+(and the Layout's dp/tp/pp families do not depend on ``expert``): both tests' claims are checked
+on the same 12 real Megatron ranks, which costs one job's processes instead of two."""
 
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
+from tests.helpers import polling
 from tests.helpers.frameworks.cluster_jobs import framework_job, island_net, json_lines, run_job
 
 pytestmark = pytest.mark.timeout(480)
 
 
-def test_megatron_forms_holmes_groups_on_their_networks(one_site, namespace, tmp_path):
+@pytest.fixture(scope="module")
+def moe(one_site, tmp_path_factory):
+    """The MoE job run once, in a namespace of its own; (cluster, seconds, Layout, logs)."""
     cluster = one_site
-    job = framework_job("mg", namespace, "megatron", "megatron_groups.py", gpus=2, tensor=2)
-    _, seconds, layout, logs = run_job(cluster, namespace, tmp_path, job)
+    ns = f"t-mg-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        polling.wait_for(
+            "the default service account",
+            lambda: cluster.kubectl(
+                "get", "sa", "default", "-n", ns, "-o", "jsonpath={.metadata.name}", check=False
+            ).stdout.strip(),
+            30,
+            0.2,
+        )
+        job = framework_job(
+            "moe", ns, "megatron", "megatron_groups.py", gpus=2, tensor=2, expert=2, sequenceParallel=True
+        )  # megatron-core's MoE layer needs sequence parallelism with tensor 2
+        job["spec"]["model"]["moe"] = {"experts": 4, "expertsPerToken": 2}
+        _, seconds, layout, logs = run_job(cluster, ns, tmp_path_factory.mktemp("moe"), job)
+        yield cluster, seconds, layout, logs
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_megatron_forms_holmes_groups_on_their_networks(moe):
+    cluster, seconds, layout, logs = moe
     nic = {n.name: n.nic for n in cluster.topology.nodes}
     G = layout.gpus_per_node
     node_nic = [nic[n] for n in layout.nodes]
@@ -77,16 +108,11 @@ def test_megatron_forms_holmes_groups_on_their_networks(one_site, namespace, tmp
 EXPERT_GROUPS = ("ep", "ep_tp", "tp_ep_mp", "tp_ep_pp", "ep_dp")  # megatron-core 0.16.1's
 
 
-def test_megatron_forms_its_expert_groups_on_their_islands(one_site, namespace, tmp_path):
+def test_megatron_forms_its_expert_groups_on_their_islands(moe):
     """A mixture of experts: megatron-core forms its expert groups from the appended
     ``--expert-model-parallel-size``; the hook logs each with its island's net, and the
     communicator file names each with the same net where the group leaves its node."""
-    cluster = one_site
-    job = framework_job(
-        "moe", namespace, "megatron", "megatron_groups.py", gpus=2, tensor=2, expert=2, sequenceParallel=True
-    )  # megatron-core's MoE layer needs sequence parallelism with tensor 2
-    job["spec"]["model"]["moe"] = {"experts": 4, "expertsPerToken": 2}
-    _, seconds, layout, logs = run_job(cluster, namespace, tmp_path, job)
+    cluster, seconds, layout, logs = moe
     nic = {n.name: n.nic for n in cluster.topology.nodes}
     G = layout.gpus_per_node
     assert layout.expert == 2 and sorted(s.nic for s in layout.stages) == ["ethernet", "infiniband", "roce"]
