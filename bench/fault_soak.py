@@ -1,6 +1,8 @@
 """Fault soak: a checkpointing HolmesJob on the local cluster while faults strike at random times.
 
-First the job runs undisturbed (the reference); then the same job runs again while faults are
+First the job runs undisturbed (the reference; with --reference process in one trainer process
+on this machine instead of the job's pods: the same loss, since the trainer matches a
+single-process run under any layout); then the same job runs again while faults are
 injected, one at a time, each at a random moment once the job has recovered from the last:
 
     kill-trainer   kill -9 one trainer process (a crash: counts against backoffLimit)
@@ -495,6 +497,42 @@ def run_job(
     )
 
 
+def run_reference_process(name: str, ns: str, ckpt: Path, iterations: int, timeout: float) -> Result:
+    """The reference as one trainer process (torchrun, one rank, the whole model on it) instead of
+    the job's six pods: the trainer trains the same numbers under any layout (its tests check
+    every layout against a single-process loop), so the loss to match is the same, without five
+    more processes importing torch and the pods' scheduling."""
+    import yaml
+    from holmes_dev.ports import free_port
+    from trainer_common import layout
+
+    t0 = time.monotonic()
+    job = job_manifest(name, ns, ckpt, iterations)
+    t, layers = job["spec"]["training"], job["spec"]["model"]["layers"]
+    mb = t["microBatchSize"]
+    one = layout(1, 1, [layers], mb, t["globalBatchSize"] // mb)  # pipeline 1, data 1: one rank
+    (ckpt / "job.yaml").write_text(yaml.safe_dump(job))
+    (ckpt / "layout.json").write_text(one.to_json())
+    metrics = ckpt / "metrics.jsonl"
+    cmd = [
+        sys.executable, "-m", "holmes.trainer.run", "--nnodes=1", "--nproc-per-node=1", "--node-rank=0",
+        "--rdzv-backend=static", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+        "-m", "holmes.trainer", "--job", str(ckpt / "job.yaml"), "--layout", str(ckpt / "layout.json"),
+        "--metrics-file", str(metrics), "--checkpoint-dir", str(ckpt / "checkpoints"),
+    ]  # fmt: skip
+    # one thread, as a pod's process on its share of the cores: the same math, no threads spinning
+    env = {**os.environ, "HOLMES_BACKEND": "gloo", "HOLMES_DTYPE": "float32", "HOLMES_TERMINATION_LOG": ""}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    text = metrics.read_text() if metrics.exists() else ""
+    lines = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
+    done = next((r for r in reversed(lines) if r.get("holmes") == "done"), None)
+    if p.returncode or done is None:
+        raise RuntimeError(f"the one-process reference exited {p.returncode}: {p.stderr[-2000:]}")
+    status = {"phase": "Succeeded", "oneProcess": True}
+    return Result(done.get("loss"), status, {1: lines}, [], [], time.monotonic() - t0)
+
+
 def leftovers(c: Cluster, ns: str, job: str, final_attempt: int) -> list[str]:
     """Pods of earlier attempts still there, and pod processes of the namespace still alive."""
     out = [
@@ -550,6 +588,7 @@ def report(ref: Result, soak: Result, iterations: int, left: list[str]) -> bool:
         f"final loss {soak.loss} vs undisturbed {ref.loss} "
         f"(|diff| {abs((soak.loss or 0) - (ref.loss or 0)):.2e}); "
         f"wall {soak.seconds:.0f}s vs {ref.seconds:.0f}s"
+        + (" (the reference in one process, not on pods)" if ref.status.get("oneProcess") else "")
     )
     problems = list(soak.problems) + left
     if st.get("phase") != "Succeeded":
@@ -580,6 +619,13 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=0, help="default: enough for the faults")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds for the soak run")
+    ap.add_argument(
+        "--reference",
+        choices=("pods", "process"),
+        default="pods",
+        help="where the undisturbed run trains: the job's six pods, or one trainer process on this "
+        "machine (same loss: the trainer matches a single-process run under any layout; faster)",
+    )
     ap.add_argument("--state-dir", help="the cluster's state dir (default: next to HOLMES_KUBECONFIG)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
@@ -606,9 +652,13 @@ def main() -> int:
         wait_until("the default service account", lambda: c.get("serviceaccount", "default", "-n", ns), 30)
         op = OperatorProcess(kubeconfig, [ns], tmp / "operator.log", extra=["--restart-backoff-seconds=1"])
         op.start()
-        print(f">> undisturbed reference run: {iterations} iterations", flush=True)
         (tmp / "ref").mkdir()
-        ref = run_job(c, ns, "reference", tmp / "ref", iterations, a.timeout)
+        if a.reference == "process":
+            print(f">> undisturbed reference run: {iterations} iterations in one trainer process", flush=True)
+            ref = run_reference_process("reference", ns, tmp / "ref", iterations, a.timeout)
+        else:
+            print(f">> undisturbed reference run: {iterations} iterations on the job's pods", flush=True)
+            ref = run_job(c, ns, "reference", tmp / "ref", iterations, a.timeout)
         print(f"   {ref.status.get('phase')} in {ref.seconds:.0f}s, final loss {ref.loss}", flush=True)
         print(f">> soak run: {len(order)} faults ({', '.join(order)})", flush=True)
         (tmp / "soak").mkdir()

@@ -1,10 +1,12 @@
 """The short version of bench/fault_soak.py on the test cluster: 3 faults (a pod deleted, a
 node's machine gone and its Node deleted, a trainer killed) against an undisturbed run of the same
-job. The bench itself checks the job Succeeds with the undisturbed run's final loss (1e-3), every
-attempt resumes after the newest checkpoint that had committed, no fault loses more than a
-checkpoint interval and the save in flight (its MOST_LOST; this test checks both too), and no
-duplicate or leftover pods; here the job must also have shrunk when its node went and grown back
-to six nodes after it returned."""
+job, trained in one process (--reference process: the trainer trains the same numbers under any
+layout, tests/integration/trainer/test_trainer_parity.py; six more pods would only cost the time
+of importing torch in each). The bench itself checks the job Succeeds with the undisturbed run's
+final loss (1e-3), every attempt resumes after the newest checkpoint that had committed, no fault
+loses more than a checkpoint interval and the save in flight (its MOST_LOST; this test checks both
+too), and no duplicate or leftover pods; here the job must also have shrunk when its node went and
+grown back to six nodes after it returned."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ def test_three_faults_cost_at_most_a_checkpoint_interval_each_and_the_loss_is_un
         "--faults=3",
         "--iterations=90",  # the default 140 runs twice (reference, soak); 90 leaves 23 per fault
         "--kinds=delete-pod,delete-node,kill-trainer",
+        "--reference=process",  # see the module docstring
         f"--state-dir={cluster.state_dir}",
         f"--json={out_json}",
         "--timeout=600",
