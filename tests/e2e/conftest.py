@@ -31,6 +31,8 @@ Fixtures
       On a real node it is ``kubectl logs --previous`` (after a restart) then ``kubectl logs``.
     - ``real_nodes``: whether any node is a real kubelet.
     - ``power(node, on)``: switch an agent's node off or on (not a real node's).
+    - ``new_namespace(prefix="t")`` -> the name of a fresh namespace whose default service
+      account exists (what the ``namespace`` fixture yields; for a module's own namespace).
     - ``wait_pod(namespace, name, phases=("Succeeded","Failed"), timeout=60)`` -> the pod as a dict
       once its ``status.phase`` is in ``phases`` (``AssertionError`` with the pod's status on time-out).
 
@@ -176,6 +178,21 @@ class LocalCluster:
 
     def get_json(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def new_namespace(self, prefix: str = "t") -> str:
+        """A fresh namespace ``<prefix>-<random>`` whose default service account exists: pods
+        are refused until it does (their token is requested per pod, TokenRequest)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.kubectl("create", "namespace", name)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            r = self.kubectl(
+                "get", "serviceaccount", "default", "-n", name, "-o", "jsonpath={.metadata.name}", check=False
+            )
+            if r.returncode == 0 and r.stdout.strip():
+                return name
+            time.sleep(0.2)
+        raise AssertionError(f"namespace {name}: its default service account never appeared")
 
     def wait_pod(
         self, namespace: str, name: str, phases=("Succeeded", "Failed"), timeout: float = 60
@@ -432,19 +449,6 @@ def real_trainer(request, cluster, real_jobset):
 
 @pytest.fixture
 def namespace(cluster):
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    # Pods are refused until the namespace's default service account exists (its token is
-    # requested per pod: TokenRequest, as 1.24 and later do).
-    end = time.monotonic() + 30
-    while time.monotonic() < end:
-        r = cluster.kubectl(
-            "get", "serviceaccount", "default", "-n", name, "-o", "jsonpath={.metadata.name}", check=False
-        )
-        if r.returncode == 0 and r.stdout.strip():
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"namespace {name}: its default service account never appeared")
+    name = cluster.new_namespace()
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

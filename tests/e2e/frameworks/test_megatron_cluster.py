@@ -12,11 +12,9 @@ on the same 12 real Megatron ranks, which costs one job's processes instead of t
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 
-from tests.helpers import polling
 from tests.helpers.frameworks.cluster_jobs import framework_job, island_net, json_lines, run_job
 
 pytestmark = pytest.mark.timeout(480)
@@ -26,17 +24,8 @@ pytestmark = pytest.mark.timeout(480)
 def moe(one_site, tmp_path_factory):
     """The MoE job run once, in a namespace of its own; (cluster, seconds, Layout, logs)."""
     cluster = one_site
-    ns = f"t-mg-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", ns)
+    ns = cluster.new_namespace("t-mg")
     try:
-        polling.wait_for(
-            "the default service account",
-            lambda: cluster.kubectl(
-                "get", "sa", "default", "-n", ns, "-o", "jsonpath={.metadata.name}", check=False
-            ).stdout.strip(),
-            30,
-            0.2,
-        )
         job = framework_job(
             "moe", ns, "megatron", "megatron_groups.py", gpus=2, tensor=2, expert=2, sequenceParallel=True
         )  # megatron-core's MoE layer needs sequence parallelism with tensor 2

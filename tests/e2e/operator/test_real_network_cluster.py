@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 
 import pytest
 import yaml
@@ -116,16 +115,7 @@ def labelled(cluster, tmp_path_factory):
 @pytest.fixture(scope="module")
 def netns(cluster):
     """A namespace for this module's jobs, with its default service account."""
-    name = f"t-net-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    polling.wait_for(
-        "the default service account",
-        lambda: cluster.kubectl(
-            "get", "sa", "default", "-n", name, "-o", "jsonpath={.metadata.name}", check=False
-        ).stdout.strip(),
-        30,
-        0.2,
-    )
+    name = cluster.new_namespace("t-net")
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
