@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from holmes_dev.follow import follow_job, say  # hack/ is this script's folder, first on sys.path
-from holmes_dev.kubectl import run_kubectl
+from holmes_dev.kubectl import run_kubectl, wait_established
 from holmes_dev.ports import free_port
 
 
@@ -37,6 +37,11 @@ class Kubectl:
     def json(self, *args: str) -> dict | None:
         out = self("get", *args, "-o", "json", check=False)
         return json.loads(out) if out.strip() else None
+
+    def wait_established(self, crd: str) -> None:
+        problem = wait_established(self.binary, self.kubeconfig, crd)
+        if problem:
+            raise SystemExit(problem)
 
 
 def show_layout(status: dict, layout_json: dict | None) -> None:
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     say(">> installing the HolmesJob CRD")
     k("apply", "-f", a.crd)
-    k("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+    k.wait_established("holmesjobs.holmes.dev")
     if k.json("namespace", ns) is None:
         k("create", "namespace", ns)
     k("delete", "holmesjob", name, "-n", ns, "--ignore-not-found", "--wait=true", "--timeout=60s")

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"   member {m}: nodes {nodes}")
     say(">> installing the HolmesJob CRD in the hub; namespace holmes-demo in every member")
     hub("apply", "-f", str(CRD))
-    hub("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+    hub.wait_established("holmesjobs.holmes.dev")
     mc.register(MEMBERS_NAMESPACE)
     mc.ensure_namespace(ns)
     hub("delete", "holmesjob", name, "-n", ns, "--ignore-not-found", "--wait=true", "--timeout=60s")
