@@ -363,11 +363,11 @@ def pytest_collection_modifyitems(config, items):
     sharing = sorted((p for p in modules if ranks[p] is not None), key=lambda p: ranks[p])
     if len(sharing) < 2:
         return
-    ordered = []
+    first, ordered = next(p for p in modules if ranks[p] is not None), []
     for path in modules:
         if ranks[path] is None:
             ordered.append(path)
-        elif path == next(p for p in modules if ranks[p] is not None):
+        elif path == first:
             ordered.extend(sharing)
     items[:] = [i for path in ordered for i in modules[path]]
 
@@ -383,9 +383,11 @@ def _next_module_shares(request) -> bool:
 _INSTALLED: dict = {}  # fixture name -> the controller this session installed and keeps for now
 
 
-def _shared(request, cluster, name: str, make, start):
+def _shared(request, cluster, name: str, make, start=None):
     """The body of a shared controller's fixture (see SHARED_CONTROLLERS): one `make X-up`
-    started is used and kept; else this session's, installed by the first module asking."""
+    started is used and kept; else this session's, installed by the first module asking and
+    started (``start``, default its ``up()``) at each module's start: kept as it runs when its
+    configuration is the default, which a module may have changed."""
     from localkube.controlplane import ControlPlane
 
     if cluster.state_dir is None:
@@ -394,14 +396,15 @@ def _shared(request, cluster, name: str, make, start):
     if ctl.running() and name not in _INSTALLED:
         yield ctl  # `make ...-up`'s: left as it is
         return
-    start(ctl)  # kept as it runs when its configuration is the default; a module may change it
+    tag = name.removeprefix("real_")
+    (start or (lambda c: c.up(log=lambda m: print(f"[{tag}] {m}", file=sys.stderr))))(ctl)
     _INSTALLED[name] = ctl
     try:
         yield ctl
     finally:
         if not _next_module_shares(request):  # the last of the run: every shared one goes
-            for ctl in reversed([_INSTALLED.pop(n) for n in list(_INSTALLED)]):
-                ctl.uninstall()
+            for installed in reversed([_INSTALLED.pop(n) for n in list(_INSTALLED)]):
+                installed.uninstall()
 
 
 @pytest.fixture(scope="module")
@@ -425,26 +428,14 @@ def real_kueue(request, cluster):
 def real_jobset(request, cluster):
     from localkube.jobset import JobSet
 
-    yield from _shared(
-        request,
-        cluster,
-        "real_jobset",
-        JobSet,
-        lambda js: js.up(log=lambda m: print(f"[jobset] {m}", file=sys.stderr)),
-    )
+    yield from _shared(request, cluster, "real_jobset", JobSet)
 
 
 @pytest.fixture(scope="module")
 def real_trainer(request, cluster, real_jobset):
     from localkube.kftrainer import KFTrainer
 
-    yield from _shared(
-        request,
-        cluster,
-        "real_trainer",
-        KFTrainer,
-        lambda tr: tr.up(log=lambda m: print(f"[kftrainer] {m}", file=sys.stderr)),
-    )
+    yield from _shared(request, cluster, "real_trainer", KFTrainer)
 
 
 @pytest.fixture
