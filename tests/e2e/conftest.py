@@ -136,6 +136,14 @@ class LocalCluster:
         """Whether any node is a real kubelet."""
         return bool(self.real_node_names)
 
+    @property
+    def trainer_image(self) -> str:
+        """An image every node runs, with a shell: the one the operators the tests start name
+        (the built trainer image on real nodes; on the node agent the default, a host process)."""
+        from holmes.operator.core.render import RenderSettings
+
+        return os.environ.get("HOLMES_TRAINER_IMAGE") or RenderSettings.image
+
     def pod_log(self, namespace: str, pod: str, container: str) -> str:
         if self.real_nodes:
             r = self.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)

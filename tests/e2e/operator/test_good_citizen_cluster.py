@@ -20,10 +20,12 @@ import pytest
 from holmes_dev.jobs import tiny_job
 
 from tests.helpers.operator.cluster_helpers import (
+    HOLD,
     apply,
     condition,
     events_of,
     get_job,
+    hold,
     pods_of,
     running_operator,
     wait_for,
@@ -149,17 +151,17 @@ def gpu_quota(namespace, hard):
     }
 
 
-def test_a_gang_over_quota_creates_no_pod_and_starts_when_the_quota_frees(crd, namespace, operator, tmp_path):
+def test_a_gang_over_quota_creates_no_pod_and_starts_when_the_quota_frees(
+    crd, namespace, operator, shared_dir
+):
     apply(crd, gpu_quota(namespace, 3))
     wait_for(
         "the quota controller to sync the quota",
         lambda: crd.get_json("resourcequota", "team-gpus", "-n", namespace).get("status", {}).get("hard"),
         timeout=30,
     )
-    go = tmp_path / "go"  # the first job runs until this file exists
-    first = tiny_job(
-        "first", namespace, count=1, gpus=2, command=["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.2; done"]
-    )
+    first = tiny_job("first", namespace, count=1, gpus=2, command=HOLD)
+    go = hold(first, shared_dir)  # the first job runs until this file exists
     apply(crd, first)
     wait_phase(crd, namespace, "first", "Running", timeout=90, op=operator)
     apply(crd, tiny_job("second", namespace, count=2, gpus=1, command=["sh", "-c", "sleep 1"]))

@@ -24,10 +24,12 @@ import pytest
 from holmes_dev.jobs import tiny_job
 
 from tests.helpers.operator.cluster_helpers import (
+    HOLD,
     SLEEP,
     apply,
     condition,
     get_job,
+    hold,
     pods_of,
     running_operator,
     wait_for,
@@ -92,15 +94,15 @@ def reserved_gpus(cluster, cq) -> int:
 
 
 def test_a_queued_job_is_admitted_within_quota_counted_once_and_the_next_waits(
-    cluster, queues, operator, namespace, tmp_path
+    cluster, queues, operator, namespace, shared_dir
 ):
     """Two 4-GPU jobs (2 pods x 2 GPUs) in a LocalQueue whose ClusterQueue holds 4 GPUs: Kueue
     admits the first, whose quota is counted once (its Workload is the job's only one: Kueue's
     pod integration makes none per pod); the second waits with Kueue's own message until the
     first ends and its Workload is Finished."""
-    go = tmp_path / "go"  # the first job's pods run until this file exists
-    hold = ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.2; done"]
-    apply(cluster, queued(tiny_job("first", namespace, count=2, gpus=2, command=hold)))
+    first = tiny_job("first", namespace, count=2, gpus=2, command=HOLD)
+    go = hold(first, shared_dir)  # the first job's pods run until this file exists
+    apply(cluster, queued(first))
     wait_phase(cluster, namespace, "first", "Running", timeout=120, op=operator)
     time.sleep(1.0)
     apply(cluster, queued(tiny_job("second", namespace, count=2, gpus=2, command=["sleep", "1"])))
@@ -553,21 +555,20 @@ def test_a_flavors_tolerations_let_the_job_onto_its_tainted_nodes(
 
 
 def test_kueue_evicts_a_job_whose_pods_are_not_ready_in_time_and_it_runs_later(
-    cluster, real_kueue, queues, operator, namespace, tmp_path
+    cluster, real_kueue, queues, operator, namespace, shared_dir
 ):
     """Kueue's waitForPodsReady, its timeout made short (15 s) for this test: a job whose pod
     waits in its init container past it is evicted by Kueue (PodsReadyTimeout); the operator
     stops its pod and releases the quota, the Workload requeued as Kueue's job framework writes
     it (Requeued False, PodsReadyTimeout, until Kueue's back-off ends); Kueue admits it again
     and, its pods now able to start, it runs to Succeeded."""
-    go = tmp_path / "go"
     real_kueue.up(pods_ready_timeout="15s", log=lambda m: None)
     try:
         job = tiny_job("slow", namespace, count=1, gpus=1, command=["sleep", "1"])
-        hold = ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.2; done"]
-        job["spec"]["template"]["spec"]["initContainers"] = [
-            {"name": "hold", "image": "busybox", "command": hold}
-        ]
+        # an image every node has
+        init = {"name": "hold", "image": cluster.trainer_image, "command": HOLD}
+        job["spec"]["template"]["spec"]["initContainers"] = [init]
+        go = hold(job, shared_dir)
         apply(cluster, queued(job))
 
         def evicted():

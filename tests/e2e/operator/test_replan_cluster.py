@@ -13,12 +13,19 @@ import pytest
 from holmes_dev.jobs import holmes_job
 
 from holmes.trainer.config import TrainConfig
-from tests.helpers.operator.cluster_helpers import apply, condition, events_of, get_job, wait_for, wait_phase
+from tests.helpers.operator.cluster_helpers import (
+    apply,
+    condition,
+    events_of,
+    get_job,
+    slow_trainers,
+    wait_for,
+    wait_phase,
+)
 from tests.helpers.trainer.trainer_harness import reference
 
 pytestmark = pytest.mark.timeout(420)
 
-SLOWDOWN = Path(__file__).resolve().parent / "slowdown"
 ITERATIONS = 20
 SLOW_NODE = "roce-0"
 # 0.3 s of sleep before each of its blocks' forwards makes roce-0 several times slower than ib-0
@@ -56,11 +63,6 @@ def manifest(ns: str, shared: Path) -> dict:
                     {
                         "name": "trainer",
                         "args": ["--metrics-file", "/ckpt/metrics.jsonl"],
-                        "env": [
-                            {"name": "PYTHONPATH", "value": str(SLOWDOWN)},
-                            {"name": "HOLMES_TEST_SLOW_NODES", "value": SLOW_NODE},
-                            {"name": "HOLMES_TEST_SLOW_SECONDS", "value": "0.3"},
-                        ],
                         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
                     }
                 ],
@@ -68,6 +70,7 @@ def manifest(ns: str, shared: Path) -> dict:
             }
         },
     }
+    slow_trainers(spec["template"]["spec"], [SLOW_NODE], 0.3)
     return holmes_job("adapt", spec, ns)
 
 

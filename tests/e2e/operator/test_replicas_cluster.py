@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from holmes_dev.jobs import holmes_job
 
-from tests.helpers.operator.cluster_helpers import apply, pods_of, wait_for, wait_phase
+from tests.helpers.operator.cluster_helpers import apply, pods_of, slow_trainers, wait_for, wait_phase
 
 pytestmark = pytest.mark.timeout(480)
 
-SLOWDOWN = Path(__file__).resolve().parent / "slowdown"
 ITERATIONS, INNER, INTERVAL = 32, 4, 8
 ISLANDS = {"east": "ib-0", "west": "roce-0"}
 
@@ -53,11 +52,6 @@ def manifest(ns: str, shared: Path, grace: int = 30) -> dict:
                         "name": "trainer",
                         # the node agent expands $(VAR) as the kubelet does: one file per replica
                         "args": ["--metrics-file", "/ckpt/metrics-$(HOLMES_REPLICA).jsonl"],
-                        "env": [  # slow enough that the deletion lands mid-run
-                            {"name": "PYTHONPATH", "value": str(SLOWDOWN)},
-                            {"name": "HOLMES_TEST_SLOW_NODES", "value": ",".join(ISLANDS.values())},
-                            {"name": "HOLMES_TEST_SLOW_SECONDS", "value": "0.1"},
-                        ],
                         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
                     }
                 ],
@@ -65,6 +59,7 @@ def manifest(ns: str, shared: Path, grace: int = 30) -> dict:
             }
         },
     }
+    slow_trainers(spec["template"]["spec"], list(ISLANDS.values()), 0.1)  # the deletion lands mid-run
     return holmes_job("diloco", spec, ns)
 
 

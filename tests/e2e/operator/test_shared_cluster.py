@@ -20,9 +20,11 @@ from holmes.operator.core import queueing
 from localkube.operatorproc import REPO, OperatorProcess, install_crd
 from tests.helpers.operator import kueue_standin
 from tests.helpers.operator.cluster_helpers import (
+    HOLD,
     apply,
     condition,
     get_job,
+    hold,
     pods_of,
     running_operator,
     wait_for,
@@ -248,16 +250,17 @@ def priority_class(crds):
     crds.kubectl("delete", "priorityclass", "holmes-test-high", check=False)
 
 
-def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, namespace, operator, tmp_path):
+def test_kueue_admit_run_evict_readmit_finish(crds, kueue, priority_class, namespace, operator, shared_dir):
     """Holmes speaks the version the stand-in serves newest; Kueue (played here, its status
     writes as v0.19's code makes them: kueue_standin) admits and evicts the Workload in that
     version; Holmes stops the job and releases the quota; Kueue re-admits it; the job's end marks
     it Finished."""
     flavor = f"west-{namespace}"
     crds.kubectl("apply", "-f", "-", input=json.dumps(flavor_of(kueue, flavor)))
-    go = tmp_path / "go"  # the pods run until this file exists
+    job = queued_job(namespace, "queued", HOLD)
+    go = hold(job, shared_dir)  # the pods run until this file exists
     try:
-        apply(crds, queued_job(namespace, "queued", ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.2; done"]))
+        apply(crds, job)
         wl = wait_for(
             "the Workload", lambda: get_workload(crds, kueue, namespace, "holmesjob-queued"), op=operator
         )

@@ -13,6 +13,43 @@ from localkube.operatorproc import OperatorProcess
 from tests.helpers import polling
 
 SLEEP = ["sh", "-c", "sleep 600"]
+HOLD_MOUNT = "/holmes-hold"
+# a container command that waits until hold()'s file exists
+HOLD = ["sh", "-c", f"while [ ! -e {HOLD_MOUNT}/go ]; do sleep 0.2; done"]
+
+
+def hold(job: dict, directory: Path) -> Path:
+    """Mount ``directory`` (one every pod's user can read: the ``shared_dir`` fixture) at
+    HOLD_MOUNT in each container of the job's pods and return the file that ends HOLD: a
+    container on a real kubelet node sees only its volumes, not the test's files."""
+    pod = job["spec"].setdefault("template", {}).setdefault("spec", {})
+    pod["volumes"] = [*pod.get("volumes", []), {"name": "holmes-hold", "hostPath": {"path": str(directory)}}]
+    for c in pod.get("initContainers", []) + pod.get("containers", []):
+        c["volumeMounts"] = [*c.get("volumeMounts", []), {"name": "holmes-hold", "mountPath": HOLD_MOUNT}]
+    return directory / "go"
+
+
+SLOWDOWN = Path(__file__).resolve().parents[2] / "e2e" / "operator" / "slowdown"
+SLOWDOWN_MOUNT = "/holmes-slowdown"
+
+
+def slow_trainers(pod: dict, nodes: list[str], seconds: float) -> None:
+    """Make the trainer processes on ``nodes`` slower for real (``slowdown/sitecustomize.py`` on
+    the trainer container's PYTHONPATH): the folder reaches the container as a read-only
+    hostPath volume, since a container on a real kubelet node sees only its volumes."""
+    pod["volumes"] = [
+        *pod.get("volumes", []),
+        {"name": "holmes-slowdown", "hostPath": {"path": str(SLOWDOWN)}},
+    ]
+    (c,) = (c for c in pod["containers"] if c["name"] == "trainer")
+    c["env"] = [
+        *c.get("env", []),
+        {"name": "PYTHONPATH", "value": SLOWDOWN_MOUNT},
+        {"name": "HOLMES_TEST_SLOW_NODES", "value": ",".join(nodes)},
+        {"name": "HOLMES_TEST_SLOW_SECONDS", "value": str(seconds)},
+    ]
+    mount = {"name": "holmes-slowdown", "mountPath": SLOWDOWN_MOUNT, "readOnly": True}
+    c["volumeMounts"] = [*c.get("volumeMounts", []), mount]
 
 
 def apply(cluster, obj, check=True):

@@ -10,11 +10,12 @@ from pathlib import Path
 
 from holmes_dev.jobs import holmes_job
 
+from tests.helpers.operator.cluster_helpers import slow_trainers
+
 GPU = "nvidia.com/gpu"
 # the RDMA device each island's RDMA nodes offer (hack/topologies/default.yaml): east's, west's
 RDMA = ("rdma/rdma_shared_device_a", "rdma/rdma_shared_device_b")
 # a sitecustomize that slows the trainer's blocks on the nodes named in its env
-SLOWDOWN = Path(__file__).resolve().parents[2] / "e2e" / "operator" / "slowdown"
 NODES = ("ib-0", "ib-1", "eth-0", "roce-0", "roce-1", "eth-1")
 
 
@@ -147,11 +148,6 @@ def training_job(namespace: str, name: str, shared: Path, iterations: int, gpus:
                     {
                         "name": "trainer",
                         "args": ["--metrics-file", f"/ckpt/{name}.jsonl"],
-                        "env": [
-                            {"name": "PYTHONPATH", "value": str(SLOWDOWN)},
-                            {"name": "HOLMES_TEST_SLOW_NODES", "value": ",".join(NODES)},
-                            {"name": "HOLMES_TEST_SLOW_SECONDS", "value": "0.1"},
-                        ],
                         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
                     }
                 ],
@@ -159,6 +155,7 @@ def training_job(namespace: str, name: str, shared: Path, iterations: int, gpus:
             }
         },
     }
+    slow_trainers(spec["template"]["spec"], list(NODES), 0.1)
     return holmes_job(name, spec, namespace)
 
 
