@@ -32,3 +32,11 @@ def wait_established(kubectl: str, kubeconfig: str, crd: str, timeout: float = 6
             seen = r.stderr.strip() or r.stdout.strip() or "no condition yet"
             return f"crd/{crd} not Established after {timeout:.0f}s: {seen}"
         time.sleep(0.2)
+
+
+def require_established(kubectl: str, kubeconfig: str, *crds: str, timeout: float = 60) -> None:
+    """wait_established for each CRD; RuntimeError saying what was last seen if one is not."""
+    for crd in crds:
+        problem = wait_established(kubectl, kubeconfig, crd, timeout)
+        if problem is not None:
+            raise RuntimeError(problem)

@@ -13,8 +13,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from holmes_dev.kubectl import require_established
 from holmes_dev.ports import free_port
 
+from .controlplane import binary
 from .hollow_nodes import KWOK_MANAGED, KWOK_NODE
 
 REPO = Path(__file__).resolve().parents[2]  # hack/localkube/this.py -> the repository
@@ -76,23 +78,10 @@ CRD_NAME = "holmesjobs.holmes.dev"
 
 
 def install_crd(cluster) -> None:
+    """Apply the HolmesJob CRD on ``cluster`` (any helper with ``kubectl()`` and ``kubeconfig``)
+    and wait until it is served."""
     cluster.kubectl("apply", "-f", str(CRD))  # with its CEL rules: the server runs them
-    # kubectl wait fails at once ("status.conditions accessor error") on a CRD whose status the
-    # API server has not written yet: asked again until it has, within the same minute. The
-    # clusters' kubectl helpers differ: some raise on a failure, some return it (CompletedProcess)
-    end = time.monotonic() + 60
-    while True:
-        try:
-            r = cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
-        except Exception as e:  # each helper's own error: its message is read
-            err = f"{e} {getattr(e, 'stderr', '') or ''}"
-        else:
-            if getattr(r, "returncode", 0) == 0:
-                return
-            err = str(getattr(r, "stderr", ""))
-        if "accessor error" not in err or time.monotonic() > end:
-            raise AssertionError(f"the HolmesJob CRD is not Established:\n{err}")
-        time.sleep(0.5)
+    require_established(binary("kubectl"), str(cluster.kubeconfig), CRD_NAME)
 
 
 class OperatorProcess:

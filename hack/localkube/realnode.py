@@ -73,6 +73,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from holmes_dev.kubectl import require_established
+
 from . import podnet
 from .topology import KUBELET, SimNode, Topology
 
@@ -1025,9 +1027,12 @@ class RealNodes:
 
     def _install_fabrics(self, fabrics: dict[str, int]) -> None:
         self._kubectl("apply", "--server-side", "-f", str(NODE_CACHE / "nad-crd.yaml"))
-        self._kubectl(
-            "wait", "--for=condition=Established", "crd/network-attachment-definitions.k8s.cni.cncf.io"
-        )
+        try:
+            require_established(
+                self.bins["kubectl"], str(self.kubeconfig), "network-attachment-definitions.k8s.cni.cncf.io"
+            )
+        except RuntimeError as e:
+            raise RealNodeError(str(e)) from None
         data = self.cp.dir / "nodes" / "fabric-ipam"
         nads = [
             network_attachment(name, o, fabric_subnet(self.subnet, o), data / name)

@@ -12,9 +12,11 @@ import uuid
 import pytest
 import yaml
 from holmes_dev.jobs import tiny_job, tiny_training
+from holmes_dev.kubectl import require_established
 
+from localkube.controlplane import binary
 from localkube.multicluster import MEMBERS_NAMESPACE
-from localkube.operatorproc import CRD, OperatorProcess
+from localkube.operatorproc import CRD, CRD_NAME, OperatorProcess
 from tests.helpers import polling
 
 pytestmark = pytest.mark.timeout(420)
@@ -26,7 +28,7 @@ SLEEP = ["sh", "-c", "sleep 600"]
 def hub(member_clusters):
     mc = member_clusters
     mc.kubectl(mc.hub, "apply", "-f", str(CRD))
-    mc.kubectl(mc.hub, "wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+    require_established(binary("kubectl"), str(mc.kubeconfig(mc.hub)), CRD_NAME)
     mc.register(MEMBERS_NAMESPACE)
     return mc
 

@@ -14,9 +14,11 @@ import time
 
 import pytest
 from holmes_dev.jobs import tiny_job
+from holmes_dev.kubectl import require_established
 from kubernetes import client
 
 from holmes.operator.core import queueing
+from localkube.controlplane import binary
 from localkube.operatorproc import REPO, OperatorProcess, install_crd
 from tests.helpers.operator import kueue_standin
 from tests.helpers.operator.cluster_helpers import (
@@ -46,9 +48,7 @@ STANDIN_RUNS = ["v1beta1"]
 def crds(cluster):
     install_crd(cluster)
     cluster.kubectl("apply", "-f", str(THIRDPARTY / "volcano-v1beta1.yaml"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/podgroups.scheduling.volcano.sh", "--timeout=60s"
-    )
+    require_established(binary("kubectl"), cluster.kubeconfig, "podgroups.scheduling.volcano.sh")
     return cluster
 
 
@@ -62,8 +62,7 @@ def install_kueue(cluster, version, upgrade=False):
     if not upgrade:
         remove_kueue(cluster)
     cluster.kubectl("apply", "-f", str(THIRDPARTY / KUEUE_STANDINS[version]))
-    for crd in KUEUE_CRDS:
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    require_established(binary("kubectl"), cluster.kubeconfig, *KUEUE_CRDS)
 
 
 @pytest.fixture(scope="module", params=STANDIN_RUNS)

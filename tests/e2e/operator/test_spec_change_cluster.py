@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 from holmes_dev.jobs import tiny_job
+from holmes_dev.kubectl import require_established
 
-from localkube.operatorproc import CRD, OperatorProcess, install_crd
+from localkube.controlplane import binary
+from localkube.operatorproc import CRD, CRD_NAME, OperatorProcess, install_crd
 from tests.helpers.operator.cluster_helpers import (
     SLEEP,
     condition,
@@ -77,7 +79,7 @@ def test_a_chart_upgrade_and_a_policy_label_leave_a_running_job_alone(crd, names
     prev = previous_release(tmp_path)
     cluster = crd
     cluster.kubectl("apply", "-f", "-", input=crd_without_the_expert_default(prev / CRD.relative_to(REPO)))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/holmesjobs.holmes.dev", "--timeout=60s")
+    require_established(binary("kubectl"), cluster.kubeconfig, CRD_NAME)
     old = OperatorProcess(
         cluster.kubeconfig,
         [namespace],
