@@ -26,7 +26,9 @@ left behind.
     .venv/bin/python bench/fault_soak.py --faults 3 --kinds delete-pod,delete-node,kill-trainer
     HOLMES_KUBECONFIG=.holmes/pytest-123/kubeconfig .venv/bin/python bench/fault_soak.py ...
 
-Exit 0 when every check holds, 1 otherwise. Needs root (the node agent) and the built cluster.
+Exit 0 when every check holds, 1 otherwise. Needs root (the node agent's or the real kubelet
+nodes' processes are killed) and the built cluster. On real nodes (HOLMES_E2E_TOPOLOGY) a
+machine going dark is its kubelet, containerd and pods killed (localkube's ``power``).
 """
 
 from __future__ import annotations
@@ -96,7 +98,12 @@ def job_manifest(name: str, ns: str, ckpt: Path, iterations: int) -> dict:
                 "spec": {
                     "terminationGracePeriodSeconds": 20,
                     "containers": [
-                        {"name": "trainer", "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}
+                        {
+                            "name": "trainer",
+                            # rank 0's metric lines, a file per attempt (metric_lines)
+                            "args": ["--metrics-file", "/ckpt/metrics-$(HOLMES_ATTEMPT).jsonl"],
+                            "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
+                        }
                     ],
                     "volumes": [{"name": "ckpt", "hostPath": {"path": str(ckpt)}}],
                 }
@@ -124,24 +131,13 @@ class Cluster:
     def pods(self, ns: str, job: str) -> list[dict]:
         return (self.get("pods", "-n", ns, "-l", f"holmes.dev/job-name={job}") or {}).get("items", [])
 
-    def log_lines(self, ns: str, pod: str) -> list[dict]:
-        """The trainer's JSON metric lines of one pod (the node agent keeps its log as a file)."""
-        f = self.state_dir / "pods" / ns / pod / "trainer.log"
-        out = []
-        try:
-            text = f.read_text(errors="replace")
-        except OSError:
-            return out
-        for line in text.splitlines():
-            if line.startswith('{"holmes"'):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
-
     def power(self, node: str, on: bool) -> None:
         set_power(ControlPlane(self.state_dir), node, on)
+
+    def real_node_cgroups(self) -> list[str]:
+        """The cgroup names of the cluster's real nodes (the kubelets' cgroupRoot), if any."""
+        st = ControlPlane(self.state_dir).state().get("realNodes") or {}
+        return [f"lk{octet}-{name}" for name, octet in (st.get("octets") or {}).items()]
 
 
 # ---- watching the job ---------------------------------------------------------------------------
@@ -158,9 +154,9 @@ class Timeline:
 
 
 class Watcher(threading.Thread):
-    def __init__(self, c: Cluster, ns: str, job: str, every: float = 0.3):
+    def __init__(self, c: Cluster, ns: str, job: str, ckpt: Path, every: float = 0.3):
         super().__init__(daemon=True)
-        self.c, self.ns, self.job, self.every = c, ns, job, every
+        self.c, self.ns, self.job, self.ckpt, self.every = c, ns, job, ckpt, every
         self.t = Timeline()
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -198,12 +194,8 @@ class Watcher(threading.Thread):
             if len(running) > 1:
                 self.t.problems.append(f"pods of attempts {sorted(running)} running at once")
             del attempts
-            for p in pods:
-                lab = p["metadata"]["labels"]
-                if lab.get("holmes.dev/node-rank") != "0":
-                    continue
-                attempt = int(lab["holmes.dev/attempt"])
-                for rec in self.c.log_lines(self.ns, p["metadata"]["name"]):
+            for attempt in sorted({int(p["metadata"]["labels"]["holmes.dev/attempt"]) for p in pods}):
+                for rec in metric_lines(self.ckpt, attempt):
                     kind = rec.get("holmes")
                     key = (kind, attempt, rec.get("iteration"))
                     if kind in ("iteration", "checkpoint") and key not in self.t.seen:
@@ -277,30 +269,53 @@ def wait_until(what: str, fn, timeout: float, every: float = 0.5):
 # ---- faults -------------------------------------------------------------------------------------
 
 
-def pod_processes(ns: str, pod_prefix: str) -> list[tuple[int, list[bytes], str]]:
-    """(pid, environment entries, pod name) of the processes the node agent runs for pods whose name starts
-    with ``pod_prefix`` (it marks each with LOCALKUBE_POD=<state dir>:<namespace>/<pod>)."""
+def metric_lines(ckpt: Path, attempt: int) -> list[dict]:
+    """Rank 0's JSON metric lines of one attempt (job_manifest's --metrics-file)."""
+    out = []
+    try:
+        text = (ckpt / f"metrics-{attempt}.jsonl").read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line being written
+            pass
+    return out
+
+
+def pod_processes(c: Cluster, ns: str, pod_prefix: str) -> list[tuple[int, list[bytes], str]]:
+    """(pid, environment entries, pod name) of the processes of pods whose name starts with
+    ``pod_prefix``: those the node agent runs (it marks each with LOCALKUBE_POD=<state
+    dir>:<namespace>/<pod>) and those in the pods' cgroups on the cluster's real nodes (the
+    namespace is this bench's own; HOSTNAME is the pod's name, which is its hostname)."""
+    real = c.real_node_cgroups()
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             env = (d / "environ").read_bytes().split(b"\0")
+            cgroup = (d / "cgroup").read_text() if real else ""
         except OSError:
             continue
         mark = next((e for e in env if e.startswith(f"{POD_MARKER}=".encode())), None)
         where = mark.decode(errors="replace").rsplit(":", 1)[-1] if mark else ""
         if where.startswith(f"{ns}/{pod_prefix}"):
             out.append((int(d.name), env, where.split("/", 1)[1]))
+        elif real and any(f":/{g}/kubepods/" in cgroup for g in real):
+            host = next((e[9:].decode() for e in env if e.startswith(b"HOSTNAME=")), "")
+            if host.startswith(pod_prefix):
+                out.append((int(d.name), env, host))
     return out
 
 
-def trainer_pids(ns: str, pod: str, checkpointer: bool = False) -> list[int]:
+def trainer_pids(c: Cluster, ns: str, pod: str, checkpointer: bool = False) -> list[int]:
     """The pod's trainer workers (torchrun gives only them a LOCAL_RANK), or with
     ``checkpointer`` their checkpoint processes (spawned by a worker: its environment, and
     multiprocessing's command line; before, a killed "trainer" was one of those at random)."""
     out = []
-    for pid, env, name in pod_processes(ns, pod):
+    for pid, env, name in pod_processes(c, ns, pod):
         if name != pod or not any(e.startswith(b"LOCAL_RANK=") for e in env):
             continue
         try:
@@ -337,13 +352,13 @@ class Faults:
         victim = self.rng.choice(pods)
         name, node = victim["metadata"]["name"], victim["spec"]["nodeName"]
         if kind == "kill-trainer":
-            pids = trainer_pids(self.ns, name)
+            pids = trainer_pids(self.c, self.ns, name)
             if not pids:
                 raise RuntimeError(f"no trainer process found for pod {name}")
             os.kill(self.rng.choice(pids), signal.SIGKILL)
             return f"kill -9 a trainer of {name}"
         if kind == "kill-checkpointer":
-            pids = trainer_pids(self.ns, name, checkpointer=True)
+            pids = trainer_pids(self.c, self.ns, name, checkpointer=True)
             if not pids:
                 raise RuntimeError(f"no checkpoint process found for pod {name} (asynchronous saves off?)")
             os.kill(self.rng.choice(pids), signal.SIGKILL)
@@ -405,8 +420,8 @@ def apply(c: Cluster, obj: dict) -> None:
     c.kubectl("apply", "-f", "-", input=json.dumps(obj))
 
 
-def rank0_lines(c: Cluster, ns: str, job: str, attempts: int) -> dict[int, list[dict]]:
-    return {a: c.log_lines(ns, f"{job}-{a}-0") for a in range(1, attempts + 1)}
+def rank0_lines(ckpt: Path, attempts: int) -> dict[int, list[dict]]:
+    return {a: metric_lines(ckpt, a) for a in range(1, attempts + 1)}
 
 
 def run_job(
@@ -422,7 +437,7 @@ def run_job(
 ) -> Result:
     t0 = time.monotonic()
     apply(c, job_manifest(name, ns, ckpt, iterations))
-    w = Watcher(c, ns, name)
+    w = Watcher(c, ns, name, ckpt)
     w.start()
     done: list[dict] = []
     inject = Faults(c, ns, name, op, rng or random.Random(0)) if faults else None
@@ -490,7 +505,7 @@ def run_job(
     return Result(
         loss=(st.get("progress") or {}).get("loss"),
         status=st,
-        rank0=rank0_lines(c, ns, name, int(st.get("attempt") or 1)),
+        rank0=rank0_lines(ckpt, int(st.get("attempt") or 1)),
         faults=done,
         problems=w.t.problems,
         seconds=time.monotonic() - t0,
@@ -540,7 +555,7 @@ def leftovers(c: Cluster, ns: str, job: str, final_attempt: int) -> list[str]:
         for p in c.pods(ns, job)
         if p["metadata"]["labels"]["holmes.dev/attempt"] != str(final_attempt)
     ]
-    out += [f"process {pid} of pod {name} still alive" for pid, _, name in pod_processes(ns, f"{job}-")]
+    out += [f"process {pid} of pod {name} still alive" for pid, _, name in pod_processes(c, ns, f"{job}-")]
     return out
 
 

@@ -63,20 +63,31 @@ def show_nodes(cp: ControlPlane) -> int:
     return 0
 
 
-def set_power(cp: ControlPlane, node: str, on: bool) -> None:
-    """Write the node agent's powered-off list (read every POWER_POLL_S)."""
+def set_power(cp: ControlPlane, node: str, on: bool, log=lambda m: None) -> None:
+    """Switch a node's machine off or on: a real node's processes (RealNodes.power), or the node
+    agent's powered-off list (read every POWER_POLL_S)."""
     from .agent import POWERED_OFF
-    from .topology import AGENT, load_topology
+    from .topology import AGENT, KUBELET, load_topology
 
     if not cp.running():
         raise ClusterError("the cluster is not running: `make cluster-up` first")
     topo = load_topology(cp.state()["topology"])
     if node not in topo.names:
         raise ClusterError(f"no node {node!r} in this cluster's topology (nodes: {', '.join(topo.names)})")
+    if topo.node(node).played_by == KUBELET:
+        from .controlplane import binary
+        from .realnode import NODE_BINARIES, RealNodeError, RealNodes
+
+        bins = {b: binary(b) for b in (*NODE_BINARIES, "kubectl")}
+        try:
+            RealNodes(cp, cp.state(), bins, log).power(topo.node(node), on)
+        except RealNodeError as e:
+            raise ClusterError(str(e)) from e
+        return
     if topo.node(node).played_by != AGENT:
         raise ClusterError(
-            f"{node} is played by {topo.node(node).played_by}, not the node agent: only agent nodes "
-            f"have a machine to switch off (a kwok node goes NotReady with localkube.hollow.set_not_ready)"
+            f"{node} is played by {topo.node(node).played_by}, which has no machine to switch off "
+            f"(a kwok node goes NotReady with localkube.hollow.set_not_ready)"
         )
     f = cp.dir / POWERED_OFF
     off = set(f.read_text().split()) if f.exists() else set()
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         help="start (or keep) the real Kubeflow Trainer controller on the running cluster (JobSet first)",
     )
     sub.add_parser("trainer-down", help="stop Kubeflow Trainer and remove its webhook configurations")
-    power = sub.add_parser("power", help="switch a simulated node's machine off (its pods die) or on")
+    power = sub.add_parser("power", help="switch a node's machine off (its pods die) or on")
     power.add_argument("state", choices=("on", "off"))
     power.add_argument("node")
     a = ap.parse_args(argv)
@@ -179,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ClusterError("the cluster is not running: `make cluster-up` first")
             return show_nodes(cp)
         elif a.cmd == "power":
-            set_power(cp, a.node, a.state == "on")
+            set_power(cp, a.node, a.state == "on", log=lambda m: print(f">> {m}", flush=True))
         elif a.cmd == "agent":
             from .agent import main as agent_main
 

@@ -464,6 +464,20 @@ def shim_pids(procs: dict[int, list[str]], sockets: set[str]) -> list[int]:
     return sorted(out)
 
 
+def cgroup_pids(top: Path, part: str | None = None) -> list[int]:
+    """The processes in the cgroup tree ``top`` of one hierarchy; with ``part``, only those in a
+    cgroup below a directory of that name (a pod's: ``pod<uid>``, as the cgroupfs driver names it)."""
+    out = []
+    for d, _, _ in os.walk(top):
+        if part is not None and part not in Path(d).relative_to(top).parts:
+            continue
+        try:
+            out += [int(x) for x in (Path(d) / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            pass
+    return sorted(set(out))
+
+
 # ---- applying it ---------------------------------------------------------------------------------
 def _run(argv: list[str], check: bool = True, timeout: float | None = None, **kw) -> str:
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
@@ -712,7 +726,12 @@ class RealNodes:
                 free_port(),
                 node_subnet(self.subnet, octet),
             )
-            rn["nodes"][node.name] = {"octet": octet, "dir": str(plan.dir), "socket": str(plan.socket)}
+            rn["nodes"][node.name] = {
+                "octet": octet,
+                "dir": str(plan.dir),
+                "socket": str(plan.socket),
+                "subnet": str(plan.subnet),
+            }
             rn["cgroups"] += make_cgroups(plan.cgroup)
             self._record()
             plans.append(plan)
@@ -738,6 +757,57 @@ class RealNodes:
         for plan, node in zip(plans, nodes, strict=True):
             self._wait_slices(plan, node)
         self._start_kube_proxy(plans)
+
+    def power(self, node: SimNode, on: bool) -> None:
+        """Switch a real node's machine off: its kubelet, DRA plugin, containerd, shims and every
+        process of its pods killed at once (SIGKILL, as a power cut), its Node left to go
+        NotReady (or to whoever deletes it); or on again: containerd, the kubelet (which
+        registers the Node anew if it was deleted) and the DRA plugin started, and waited for."""
+        from holmes_dev.ports import free_port
+
+        rec = self.st["realNodes"]["nodes"][node.name]
+        rn, pids = self.st["realNodes"], self.st["pids"]
+        off = set(rn.get("off", []))
+        if not on:
+            for name in (f"dra-plugin-{node.name}", f"kubelet-{node.name}", f"containerd-{node.name}"):
+                if self.cp._alive(pids.get(name)):
+                    os.kill(pids[name], signal.SIGKILL)
+                pids.pop(name, None)
+            top = CGROUP_ROOT / "pids" / f"lk{rec['octet']}-{node.name}"
+            for _ in range(50):  # a dying process's children: until none is left
+                victims = shim_pids(_procs(), {rec["socket"]}) + cgroup_pids(top)
+                if not victims:
+                    break
+                for pid in victims:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                time.sleep(0.1)
+            rn["off"] = sorted(off | {node.name})
+            self._record()
+            self.log(f"{node.name}: switched off")
+            return
+        if node.name not in off:
+            return
+        subnet = (
+            ipaddress.ip_network(rec["subnet"]) if "subnet" in rec else node_subnet(self.subnet, rec["octet"])
+        )
+        plan = NodePlan(node.name, rec["octet"], Path(rec["dir"]), free_port(), subnet)
+        # what the killed containers left mounted (root filesystems, network namespaces): a new
+        # containerd starts from an empty state dir
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+        for mp in mountpoints_under(mountinfo, plan.dir / "containerd" / "state"):
+            if subprocess.run(["umount", mp], capture_output=True).returncode:
+                subprocess.run(["umount", "-l", mp], capture_output=True)
+        self._start_containerd(plan)
+        self._start_kubelet(plan, int(node.pods))
+        self._register(plan, node)
+        self._start_dra_plugin(plan, node)
+        self._wait_slices(plan, node)
+        rn["off"] = sorted(off - {node.name})
+        self._record()
+        self.log(f"{node.name}: switched on")
 
     def _start_kube_proxy(self, plans: list[NodePlan], timeout: float = 60) -> None:
         """kube-proxy for the cluster's Services (module docstring), unless another cluster's runs

@@ -170,18 +170,13 @@ class LocalCluster:
         return out
 
     def power(self, node: str, on: bool) -> None:
-        """Switch a simulated node's machine off (its pods' processes die, no heartbeats, a
-        deleted Node stays away) or on again (the node agent registers it anew)."""
+        """Switch a node's machine off (its pods' processes die, no heartbeats, a deleted Node
+        stays away) or on again (its kubelet, or the node agent, registers it anew)."""
         from localkube.__main__ import set_power
         from localkube.controlplane import ControlPlane
 
         if self.state_dir is None:
             raise RuntimeError("nodes can only be switched off in a cluster this session started")
-        if node in self.real_node_names:
-            raise RuntimeError(
-                f"{node} is a real kubelet (playedBy: kubelet): only the node agent's nodes can be "
-                "switched off; run this test without HOLMES_E2E_TOPOLOGY"
-            )
         set_power(ControlPlane(self.state_dir), node, on)
 
     def get_json(self, *args: str) -> dict:

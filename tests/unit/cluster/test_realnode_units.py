@@ -384,3 +384,23 @@ def test_one_kube_proxy_per_machine_a_second_cluster_starts_none_and_never_delet
         ["nft", "delete", "table", "ip", "kube-proxy"],
         ["nft", "delete", "table", "ip6", "kube-proxy"],
     ]
+
+
+def test_a_pods_processes_are_those_in_its_cgroup_below_the_node(tmp_path):
+    """cgroup_pids: every cgroup.procs of the tree, or only below a pod<uid> directory (a power
+    cut kills the first)."""
+    node = tmp_path / "lk16-ib-0"
+    files = {
+        node / "cgroup.procs": "",
+        node / "kubepods" / "besteffort" / "podA" / "c1" / "cgroup.procs": "11\n12\n",
+        node / "kubepods" / "besteffort" / "podA" / "cgroup.procs": "10\n",
+        node / "kubepods" / "burstable" / "podB" / "c2" / "cgroup.procs": "21\n",
+        node / "kubepods" / "burstable" / "podAB" / "cgroup.procs": "31\n",
+    }
+    for f, text in files.items():
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    assert realnode.cgroup_pids(node) == [10, 11, 12, 21, 31]
+    assert realnode.cgroup_pids(node, "podA") == [10, 11, 12]
+    assert realnode.cgroup_pids(node, "podC") == []
+    assert realnode.cgroup_pids(tmp_path / "gone") == []
