@@ -32,10 +32,12 @@ pytestmark = pytest.mark.timeout(420)
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 
 
-def jobset(namespace: str, name: str, replicas: int, gpus: int = 0, annotations: dict | None = None) -> dict:
+def jobset(
+    namespace: str, name: str, replicas: int, image: str, gpus: int = 0, annotations: dict | None = None
+) -> dict:
     """A JobSet of one replicated job ``workers``: ``replicas`` Jobs of one pod each (1 CPU,
-    ``gpus`` GPUs) that sleeps a second. No completion mode, restart policy or network: JobSet's
-    webhook defaults them."""
+    ``gpus`` GPUs) that sleeps a second in ``image`` (one every node has). No completion mode,
+    restart policy or network: JobSet's webhook defaults them."""
     res: dict = {"requests": {"cpu": "1"}}
     if gpus:
         res = {"requests": {"cpu": "1", GPU: str(gpus)}, "limits": {GPU: str(gpus)}}
@@ -43,7 +45,7 @@ def jobset(namespace: str, name: str, replicas: int, gpus: int = 0, annotations:
         "metadata": {"annotations": annotations or {}},
         "spec": {
             "automountServiceAccountToken": False,
-            "containers": [{"name": "c", "image": "x", "command": ["sleep", "1"], "resources": res}],
+            "containers": [{"name": "c", "image": image, "command": ["sleep", "1"], "resources": res}],
         },
     }
     return {
@@ -80,7 +82,7 @@ def jobset_pods(cluster, ns, name) -> list[dict]:
 def test_a_jobset_runs_to_completion_on_the_real_jobset_controller(cluster, real_jobset, namespace):
     """A JobSet of 2 replicas: defaulted by JobSet's webhook (Indexed Jobs, DNS hostnames), a
     Job per replica, both pods Succeeded on the nodes, the JobSet Completed."""
-    apply(cluster, jobset(namespace, "pair", 2))
+    apply(cluster, jobset(namespace, "pair", 2, cluster.trainer_image))
     js = get_jobset(cluster, namespace, "pair")
     assert js["spec"]["replicatedJobs"][0]["template"]["spec"]["completionMode"] == "Indexed"
     assert js["spec"]["network"]["enableDNSHostnames"] is True
@@ -126,7 +128,14 @@ def test_a_jobset_asking_for_holmes_island_level_lands_inside_one_island(cluster
     inside one island (east's or west's RDMA nodes: no Ethernet island holds 4 GPUs), and both
     pods run on the nodes assigned, the JobSet Completed."""
     wait_for("the operator's island labels on every node", lambda: published(cluster), timeout=60, op=tas)
-    js = jobset(namespace, "tas-pair", 2, gpus=2, annotations={topo.ANN_REQUIRED_TOPOLOGY: ISLAND})
+    js = jobset(
+        namespace,
+        "tas-pair",
+        2,
+        cluster.trainer_image,
+        gpus=2,
+        annotations={topo.ANN_REQUIRED_TOPOLOGY: ISLAND},
+    )
     js["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "tas"}
     # the object as admitted (Kueue's webhook suspends it): a read after it may already find it
     # admitted and unsuspended by Kueue (it was, once in a full run)
