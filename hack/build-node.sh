@@ -14,7 +14,8 @@
 # runc comes from Debian. Everything lives in ${HOLMES_CACHE:-$HOME/.cache/holmes} (bin/.versions
 # says which release each piece is, for our modules a hash of their sources; another is rebuilt;
 # the Go module cache go/mod is kept, so a rebuild is offline, and so is Go's build cache go/build,
-# shared with hack/build-k8s.sh). hack/localkube/realnode.py runs them.
+# shared with hack/build-k8s.sh). hack/localkube/realnode.py runs them. From a cold build cache
+# after `make k8s`: 559 s on the 2 shared cores at load 3-12 (docs/local-cluster.md#real-nodes).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
