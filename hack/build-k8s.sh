@@ -22,8 +22,9 @@ set -euo pipefail
 
 CACHE="${HOLMES_CACHE:-$HOME/.cache/holmes}"
 BIN="$CACHE/bin"
-# this run's scratch (module dirs, Go's build cache, outputs): its own, so that two builds sharing
-# the cache (two checkouts) never remove each other's; removed when the script exits
+# this run's scratch (module dirs, outputs): its own, so that two builds sharing the cache (two
+# checkouts) never remove each other's; removed when the script exits. Go's build cache is not in
+# it: $CACHE/go/build is kept and shared (hack/lib.sh go_env)
 WORK="$CACHE/work.$$"
 DEFAULT_K8S_VERSION=v1.37.2   # the release the tests run on (docs/install.md)
 K8S_VERSION="${HOLMES_K8S_VERSION:-$DEFAULT_K8S_VERSION}"
@@ -47,19 +48,12 @@ fi
 GO_MIN_MINOR=26   # k8s.io/kubernetes v1.37's go.mod says `go 1.26.0`
 
 LIB_TAG=build-k8s
-# say, die, apt_get, run_with_progress
+# say, die, apt_get, run_with_progress, have_bin, record, go_tool, go_env, go_build_cache_mb
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 mkdir -p "$BIN" "$WORK"
 trap 'rm -rf "$WORK"' EXIT
-VERSIONS="$BIN/.versions"   # lines "<binary> <version>"
-built_version() { [[ -f "$VERSIONS" ]] && awk -v b="$1" '$1 == b { print $2 }' "$VERSIONS" || true; }
-have() { [[ -x "$BIN/$1" && "$(built_version "$1")" == "$2" ]]; }
-record() {  # record BINARY VERSION
-  local tmp="$VERSIONS.tmp"
-  { [[ -f "$VERSIONS" ]] && awk -v b="$1" '$1 != b' "$VERSIONS"; echo "$1 $2"; } > "$tmp"
-  mv "$tmp" "$VERSIONS"
-}
+VERSIONS="$BIN/.versions"   # lines "<binary> <version>" (hack/lib.sh have_bin, record)
 
 ensure_tools() {  # host tools the steps below (and the node agent) need
   local missing=()
@@ -74,22 +68,6 @@ ensure_tools() {  # host tools the steps below (and the node agent) need
     apt_get install -y -qq "${missing[@]}" >/dev/null || die "could not apt-get install ${missing[*]}"
   fi
 }
-
-go_tool() {  # checks the machine's Go; prints its path
-  local go; go=$(command -v go || true)
-  [[ -n "$go" ]] || die "Go is not on PATH: Kubernetes $K8S_VERSION builds from its Go modules with Go 1.$GO_MIN_MINOR or newer (install Go, or put its bin/ on PATH)"
-  local minor; minor=$("$go" env GOVERSION | sed -nE 's/^go1\.([0-9]+).*/\1/p')
-  [[ -n "$minor" && "$minor" -ge $GO_MIN_MINOR ]] \
-    || die "$("$go" version) is too old: Kubernetes $K8S_VERSION needs Go 1.$GO_MIN_MINOR or newer"
-  echo "$go"
-}
-
-go_env() {  # the environment every go command below runs with
-  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$WORK/go-build" GOFLAGS="-mod=mod -trimpath -buildvcs=false" \
-         CGO_ENABLED=0 GOTOOLCHAIN=local
-}
-
-go_build_cache_mb() { echo "build cache $(du -sm "$GOCACHE" 2>/dev/null | cut -f1) MB"; }
 
 build_with_progress() {  # build_with_progress WHAT LOG CMD...
   local what=$1 log=$2 start=$SECONDS; shift 2
@@ -128,7 +106,7 @@ build_kube() {  # build_kube CMD... (the ones missing)
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
-  say "compiling ${*} $K8S_VERSION with $("$go" version | cut -d' ' -f3) (about 7 min on 2 cores from a cold cache)"
+  say "compiling ${*} $K8S_VERSION with $("$go" version | cut -d' ' -f3) (from a cold build cache about 7 min on 2 idle cores, 33 at load 14; what $GOCACHE has is reused)"
   mkdir -p "$WORK/out"
   build_with_progress "kubernetes" "$CACHE/build-k8s.log" \
     bash -c 'cd "$1" && shift && go build -ldflags "$1" -o "$2/" "${@:3}"' _ "$mod" "$ldflags" "$WORK/out" "${pkgs[@]}"
@@ -139,7 +117,7 @@ build_kube() {  # build_kube CMD... (the ones missing)
 }
 
 build_etcd() {
-  have etcd "$ETCD_VERSION" && return
+  have_bin etcd "$ETCD_VERSION" && return
   local go; go=$(go_tool); go_env
   local mod="$WORK/etcd-mod"
   rm -rf "$mod" && mkdir -p "$mod"
@@ -153,7 +131,7 @@ build_etcd() {
 }
 
 build_helm() {  # helm from its module; its offline default Kubernetes version is the one built here
-  have helm "$HELM_VERSION" && return
+  have_bin helm "$HELM_VERSION" && return
   local go; go=$(go_tool); go_env
   local mod="$WORK/helm-mod" minor; minor=$(echo "$K8S_VERSION" | cut -d. -f2)
   rm -rf "$mod" && mkdir -p "$mod"
@@ -171,7 +149,7 @@ build_helm() {  # helm from its module; its offline default Kubernetes version i
 }
 
 build_kwok() {  # kwok's controller (cmd/kwok, not kwokctl): the hollow nodes' kubelet stand-in
-  have kwok "$KWOK_VERSION" && return
+  have_bin kwok "$KWOK_VERSION" && return
   local go; go=$(go_tool); go_env
   local mod="$WORK/kwok-mod"
   rm -rf "$mod" && mkdir -p "$mod"
@@ -186,7 +164,7 @@ build_kwok() {  # kwok's controller (cmd/kwok, not kwokctl): the hollow nodes' k
 }
 
 build_krew() {  # krew's go.mod has no replace directives: `go install` builds it as it is
-  have krew "$KREW_VERSION" && return
+  have_bin krew "$KREW_VERSION" && return
   local go; go=$(go_tool); go_env
   say "krew $KREW_VERSION: sigs.k8s.io/krew/cmd/krew"
   build_with_progress "krew" "$CACHE/build-krew.log" \
@@ -196,10 +174,10 @@ build_krew() {  # krew's go.mod has no replace directives: `go install` builds i
 
 missing_kube() {  # the Kubernetes commands (of those named) not built at K8S_VERSION
   local c
-  for c in "$@"; do have "$c" "$K8S_VERSION" || echo "$c"; done
+  for c in "$@"; do have_bin "$c" "$K8S_VERSION" || echo "$c"; done
 }
 
-finish() {  # the build cache and the module dirs are only needed while building
+finish() {  # the module dirs and outputs are only needed while building
   rm -rf "$WORK"
   say "binaries ready in $BIN: $(tr '\n' ' ' < "$VERSIONS")"
 }

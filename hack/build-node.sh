@@ -5,14 +5,17 @@
 #   cni/bin/bridge, host-local, loopback, portmap          github.com/containernetworking/plugins
 #   cni/bin/multus  (the thin plugin)                      gopkg.in/k8snetworkplumbingwg/multus-cni.v4
 #   node/nad-crd.yaml  the NetworkAttachmentDefinition CRD, from that module's deployments/
-#   bin/coredns                                            github.com/coredns/coredns
+#   bin/coredns     hack/coredns: a module of ours, CoreDNS's coremain with the plugins a
+#                   cluster's DNS uses (github.com/coredns/coredns's own main links all 54)
 #   node/pause.tar  the pods' sandbox image (an OCI image archive of a static program of ours that
 #                   waits for SIGTERM), imported into each node's containerd: no registry here
 #   bin/dra-plugin  the testbed's DRA kubelet plugin (hack/dra-plugin: a module of ours on
 #                   k8s.io/dynamic-resource-allocation's kubelet-plugin helper), one per real node
 # runc comes from Debian. Everything lives in ${HOLMES_CACHE:-$HOME/.cache/holmes} (bin/.versions
-# says which release each piece is; another release is rebuilt; the Go module cache go/mod is
-# kept, so a rebuild is offline). hack/localkube/realnode.py runs them.
+# says which release each piece is, for our modules a hash of their sources; another is rebuilt;
+# the Go module cache go/mod is kept, so a rebuild is offline, and so is Go's build cache go/build,
+# shared with hack/build-k8s.sh). hack/localkube/realnode.py runs them. From a cold build cache
+# after `make k8s`: 559 s on the 2 shared cores at load 3-12 (docs/local-cluster.md#real-nodes).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +27,6 @@ WORK="$CACHE/work-node.$$"
 CONTAINERD_VERSION="v2.4.2"
 CNI_VERSION="v1.10.0"
 MULTUS_VERSION="v4.2.3"
-COREDNS_VERSION="v1.13.1"
 PAUSE_VERSION="1"   # our own program: bump when hack/localkube/pause.go changes
 PAUSE_REF="localhost/holmes-pause:$PAUSE_VERSION"   # hack/localkube/realnode.py names it too
 GO_MIN_MINOR=26   # containerd v2.4.2 and the CNI plugins v1.10.0 say `go 1.26.x`
@@ -91,10 +93,14 @@ crd_document() {  # the YAML document of FILE that is a CustomResourceDefinition
        /^kind: CustomResourceDefinition/ { crd = 1 } END { if (crd) printf "%s", buf }' "$1"
 }
 
-build_coredns() {
-  local v=$COREDNS_VERSION m=github.com/coredns/coredns
+build_coredns() {  # our module hack/coredns: rebuilt whenever its sources change
+  local src="$REPO/hack/coredns" m=github.com/coredns/coredns release v
+  release=$(awk -v m="$m" '($1 == m) { print $2 } ($1 == "require" && $2 == m) { print $3 }' "$src/go.mod")
+  [[ -n "$release" ]] || die "$src/go.mod requires no $m"
+  v="$release-$(own_module_hash "$src")"   # e.g. v1.13.1-0123456789ab
   have_bin coredns "$v" && return
-  go_module_build coredns "$m" "$v" "-s -w -X $m/coremain.GitCommit=$v" "" "$m"
+  say "coredns $v: hack/coredns ($m $release, $(grep -c '"github.com/coredns/coredns/plugin/' "$src/main.go") plugins)"
+  own_module_build coredns "$src" "-s -w -X $m/coremain.GitCommit=$release"
   install -m 0755 "$WORK/out/coredns" "$BIN/coredns" && record coredns "$v"
 }
 
@@ -112,20 +118,27 @@ build_pause() {  # the sandbox image: a static program of ours, packed as an OCI
   say "pause: $PAUSE_REF in $NODE/pause.tar ($(du -k "$NODE/pause.tar" | cut -f1) KiB)"
 }
 
-build_dra_plugin() {  # our own module: rebuilt whenever its sources change (their hash is its version)
-  local src="$REPO/hack/dra-plugin" v
-  v=$(cat "$src/go.mod" "$src/go.sum" "$src"/*.go | sha256sum | cut -c1-12)
-  have_bin dra-plugin "$v" && return
+# A module of ours under hack/ (go.mod, go.sum, *.go): its version is a hash of its sources.
+own_module_hash() { cat "$1/go.mod" "$1/go.sum" "$1"/*.go | sha256sum | cut -c1-12; }
+
+own_module_build() {  # own_module_build NAME SRC LDFLAGS: SRC's main package into $WORK/out/NAME
+  local name=$1 src=$2 ldflags=$3 mod="$WORK/$1-mod" start=$SECONDS
   local go; go=$(go_tool); go_env
-  local start=$SECONDS mod="$WORK/dra-plugin-mod"
-  say "dra-plugin $v: hack/dra-plugin (k8s.io/dynamic-resource-allocation $(awk '$1 == "k8s.io/dynamic-resource-allocation" { print $2 }' "$src/go.mod"))"
   rm -rf "$mod" && cp -r "$src" "$mod" && mkdir -p "$WORK/out"
   # -mod=readonly: the committed go.sum says what is built (download only, never edit)
-  run_with_progress dra-plugin "$CACHE/build-dra-plugin.log" 30 go_build_cache_mb \
-    bash -c 'cd "$1" && GOFLAGS="-mod=readonly -trimpath -buildvcs=false" go build -ldflags "-s -w" -o "$2/dra-plugin" .' \
-    _ "$mod" "$WORK/out"
+  run_with_progress "$name" "$CACHE/build-$name.log" 30 go_build_cache_mb \
+    bash -c 'cd "$1" && GOFLAGS="-mod=readonly -trimpath -buildvcs=false" go build -ldflags "$2" -o "$3/$4" .' \
+    _ "$mod" "$ldflags" "$WORK/out" "$name"
+  say "  $name: built in $((SECONDS - start))s"
+}
+
+build_dra_plugin() {  # our own module: rebuilt whenever its sources change (their hash is its version)
+  local src="$REPO/hack/dra-plugin" v
+  v=$(own_module_hash "$src")
+  have_bin dra-plugin "$v" && return
+  say "dra-plugin $v: hack/dra-plugin (k8s.io/dynamic-resource-allocation $(awk '$1 == "k8s.io/dynamic-resource-allocation" { print $2 }' "$src/go.mod"))"
+  own_module_build dra-plugin "$src" "-s -w"
   install -m 0755 "$WORK/out/dra-plugin" "$BIN/dra-plugin" && record dra-plugin "$v"
-  say "  dra-plugin: built in $((SECONDS - start))s"
 }
 
 main() {

@@ -33,7 +33,7 @@ run_with_progress() {  # run_with_progress WHAT LOG EVERY PROGRESS CMD...
   wait "$pid" || { tail -30 "$log" >&2; die "$what failed; full log: $log"; }
 }
 
-# ---- for the scripts that build Go programs from their modules (hack/build-node.sh) -------------
+# ---- for the scripts that build Go programs from their modules (hack/build-*.sh) ----------------
 # They set CACHE, BIN, WORK (this run's scratch) and GO_MIN_MINOR first.
 # $BIN/.versions: lines "<piece> <version>"; a piece is rebuilt when it names another version.
 built_version() { [[ -f "$BIN/.versions" ]] && awk -v b="$1" '$1 == b { print $2 }' "$BIN/.versions" || true; }
@@ -47,14 +47,19 @@ record() {  # record PIECE VERSION
 
 go_tool() {  # the machine's Go, checked against GO_MIN_MINOR; prints its path
   local go; go=$(command -v go || true)
-  [[ -n "$go" ]] || die "Go is not on PATH: these programs build from their Go modules with Go 1.$GO_MIN_MINOR or newer"
+  [[ -n "$go" ]] || die "Go is not on PATH: these programs build from their Go modules with Go 1.$GO_MIN_MINOR or newer (install Go, or put its bin/ on PATH)"
   local minor; minor=$("$go" env GOVERSION | sed -nE 's/^go1\.([0-9]+).*/\1/p')
   [[ -n "$minor" && "$minor" -ge $GO_MIN_MINOR ]] || die "$("$go" version) is too old: need Go 1.$GO_MIN_MINOR or newer"
   echo "$go"
 }
 
-go_env() {  # the environment every go command runs with: static binaries, the module cache kept
-  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$WORK/go-build" GOFLAGS="-mod=mod -trimpath -buildvcs=false" \
+# The environment every go command runs with: static binaries; the module cache and the build
+# cache kept in $CACHE and shared by all of hack/'s builds. Go's build cache is safe for concurrent
+# use and trims itself (entries unused for 5 days), and a package compiled for one program is
+# reused by the next: kube-proxy after the control plane, Multus and the DRA plugin after
+# Kubernetes' client libraries.
+go_env() {
+  export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOFLAGS="-mod=mod -trimpath -buildvcs=false" \
          CGO_ENABLED=0 GOTOOLCHAIN=local
 }
 

@@ -194,6 +194,21 @@ def test_coredns_binds_only_the_nodes_addresses_and_no_fixed_port():
         assert fixed not in text
 
 
+def test_the_corefile_uses_only_plugins_the_built_coredns_has():
+    """bin/coredns is hack/coredns, CoreDNS with a chosen set of plugins (hack/build-node.sh): a
+    directive of another plugin would fail at start ("unknown directive")."""
+    text = realnode.corefile(["10.231.40.1"], Path("/state/kubeconfig"))
+    directives, depth = set(), 0
+    for line in text.splitlines():
+        if depth == 1 and line.strip() not in ("", "}"):
+            directives.add(line.split()[0])
+        depth += line.count("{") - line.count("}")
+    assert directives == {"bind", "errors", "kubernetes"}
+    main = (Path(realnode.__file__).parents[1] / "coredns" / "main.go").read_text()
+    for d in directives:
+        assert f'"github.com/coredns/coredns/plugin/{d}"' in main, f"hack/coredns/main.go lacks {d}"
+
+
 def test_kube_proxy_is_nftables_scoped_to_the_clusters_addresses_and_leaves_the_machine_alone():
     cfg = realnode.kube_proxy_config(Path("/k"), "rk-0", SUBNET, ["10.231.40.1", "10.231.41.1"], (5001, 5002))
     assert cfg["kind"] == "KubeProxyConfiguration" and cfg["mode"] == "nftables"
