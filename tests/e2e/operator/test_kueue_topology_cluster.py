@@ -121,9 +121,9 @@ def test_a_holmesjob_is_admitted_by_topology_each_pod_set_inside_one_island(
         assert ann[topo.ANN_REQUIRED_TOPOLOGY] == ISLAND and ann[topo.ANN_WORKLOAD] == "holmesjob-wide"
 
 
-def batch_job(namespace: str, name: str, pods: int) -> dict:
+def batch_job(namespace: str, name: str, pods: int, image: str) -> dict:
     """A plain Job of ``pods`` pods x 2 GPUs in the TAS LocalQueue, asking Kueue for one domain
-    of Holmes' island level, as any workload may."""
+    of Holmes' island level, as any workload may; ``image`` one every node has."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -141,7 +141,7 @@ def batch_job(namespace: str, name: str, pods: int) -> dict:
                     "containers": [
                         {
                             "name": "c",
-                            "image": "x",
+                            "image": image,
                             "command": ["sleep", "2"],
                             "resources": {"requests": {"cpu": "1", GPU: "2"}, "limits": {GPU: "2"}},
                         }
@@ -172,7 +172,7 @@ def test_a_plain_job_asking_for_holmes_island_level_lands_inside_one_island(
     wait_for(
         "the operator's island labels on every node", lambda: published(cluster), timeout=60, op=operator
     )
-    apply(cluster, batch_job(namespace, "pair", 2))
+    apply(cluster, batch_job(namespace, "pair", 2, cluster.trainer_image))
 
     def done():
         j = cluster.get_json("jobs.batch", "pair", "-n", namespace)
@@ -191,7 +191,7 @@ def test_a_plain_job_asking_for_holmes_island_level_lands_inside_one_island(
         nodes
     )
 
-    apply(cluster, batch_job(namespace, "three", 3))
+    apply(cluster, batch_job(namespace, "three", 3, cluster.trainer_image))
 
     def refused():
         w = job_workload(cluster, namespace, "three")

@@ -183,7 +183,8 @@ def test_compliant_jobs_run_rdma_in_baseline_with_the_runtimes_memlock(cluster, 
         count=1,
         template={
             "spec": {
-                "initContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]}],
+                # an image every node has
+                "initContainers": [{"name": "fetch", "image": cluster.trainer_image, "command": ["true"]}],
                 "containers": [{"name": "trainer", "command": SLEEP}],  # the agent runs one per pod
             }
         },
