@@ -63,14 +63,13 @@ sys.path[:0] = [str(REPO / "hack"), str(REPO / "bench")]  # the localkube harnes
 
 import yaml  # noqa: E402
 from holmes_dev.jobs import holmes_job, tiny_job  # noqa: E402
-from holmes_dev.kubectl import run_kubectl  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes import watch as kwatch  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from holmes.contract.names import GROUP, PLURAL, VERSION  # noqa: E402
 from localkube import hollow_nodes as hn  # noqa: E402
-from localkube.controlplane import ControlPlane, binary  # noqa: E402
+from localkube.controlplane import ControlPlane  # noqa: E402
 from localkube.operatorproc import OperatorProcess, install_crd  # noqa: E402
 
 LABEL_JOB, LABEL_ATTEMPT, LABEL_RANK = "holmes.dev/job-name", "holmes.dev/attempt", "holmes.dev/node-rank"
@@ -539,11 +538,9 @@ def member_cutoff(seconds: float, job_seconds: int, tmp: Path, judge: Judge) -> 
         hub = World(str(mc.kubeconfig(mc.hub)), ns)
         west = World(str(mc.kubeconfig("west")), ns)
 
-        class _Hub:
-            def kubectl(self, *args, **kw):
-                mc.kubectl(mc.hub, *args)
-
-        wait_until("the HolmesJob CRD on the hub", lambda: install_crd(_Hub()) or True, 120, every=2)
+        wait_until(
+            "the HolmesJob CRD on the hub", lambda: install_crd(mc.kubeconfig(mc.hub)) or True, 120, every=2
+        )
         mc.register(MEMBERS_NAMESPACE)
         mc.ensure_namespace(ns)
         op = OperatorProcess(
@@ -649,14 +646,7 @@ def main() -> int:
         cp.up(topology(tmp / "topology.yaml"), log=lambda m: print(f"[localkube] {m}", file=sys.stderr))
         w = World(str(cp.kubeconfig), ns)
 
-        class _Kubectl:  # what install_crd needs
-            def kubectl(self, *args, **kw):
-                r = run_kubectl(binary("kubectl"), str(cp.kubeconfig), *args)
-                if r.returncode:
-                    raise RuntimeError(f"kubectl {' '.join(args)}: {r.stderr.strip()}")
-
-        # a loaded machine may not have registered the CRD's API when `kubectl wait` first asks
-        wait_until("the HolmesJob CRD established", lambda: install_crd(_Kubectl()) or True, 120, every=2)
+        wait_until("the HolmesJob CRD established", lambda: install_crd(cp.kubeconfig) or True, 120, every=2)
         w.core.create_namespace({"metadata": {"name": ns}})
         wait_until(
             "the namespace's default service account",

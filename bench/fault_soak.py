@@ -662,7 +662,7 @@ def main() -> int:
     ns = f"soak-{os.getpid()}"
     op = None
     try:
-        install_crd(c)
+        install_crd(c.kubeconfig)
         c.kubectl("create", "namespace", ns)
         wait_until("the default service account", lambda: c.get("serviceaccount", "default", "-n", ns), 30)
         op = OperatorProcess(kubeconfig, [ns], tmp / "operator.log", extra=["--restart-backoff-seconds=1"])

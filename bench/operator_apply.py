@@ -108,13 +108,7 @@ class Bench:
         return r.stdout
 
     def install_crd(self) -> None:
-        bench = self
-
-        class _Cluster:  # what install_crd needs
-            def kubectl(self, *args, **kw):
-                return bench.kubectl(*args)
-
-        install_crd(_Cluster())
+        install_crd(self.kubeconfig)
 
     def create_namespace(self, ns: str) -> None:
         """A namespace whose default service account exists (pods are refused before)."""

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from holmes_dev.kubectl import require_established
+from holmes_dev.kubectl import require_established, run_kubectl
 from holmes_dev.ports import free_port
 
 from .controlplane import binary
@@ -77,11 +77,14 @@ def fake_gpu_node(i: int) -> dict:
 CRD_NAME = "holmesjobs.holmes.dev"
 
 
-def install_crd(cluster) -> None:
-    """Apply the HolmesJob CRD on ``cluster`` (any helper with ``kubectl()`` and ``kubeconfig``)
-    and wait until it is served."""
-    cluster.kubectl("apply", "-f", str(CRD))  # with its CEL rules: the server runs them
-    require_established(binary("kubectl"), str(cluster.kubeconfig), CRD_NAME)
+def install_crd(kubeconfig: str | Path) -> None:
+    """Apply the HolmesJob CRD (with its CEL rules: the server runs them) on the cluster of
+    ``kubeconfig`` and wait until it is served; RuntimeError saying why if it is not."""
+    kubectl = binary("kubectl")
+    r = run_kubectl(kubectl, str(kubeconfig), "apply", "-f", str(CRD))
+    if r.returncode:
+        raise RuntimeError(f"kubectl apply -f {CRD} failed: {r.stderr.strip()}")
+    require_established(kubectl, str(kubeconfig), CRD_NAME)
 
 
 class OperatorProcess:

@@ -242,7 +242,7 @@ def _job(name: str, ns: str, count: int, annotations: dict[str, str], backoff: i
 
 
 def test_a_holmesjobs_pods_land_on_kwok_nodes_and_end_as_annotated(mixed, ns, tmp_path):
-    install_crd(mixed)
+    install_crd(mixed.kubeconfig)
     op = OperatorProcess(mixed.kubeconfig, [ns], tmp_path / "operator.log").start()
     try:
         jobs = {

@@ -83,7 +83,7 @@ def test_real_kubelet_nodes_run_a_holmesjob_from_the_trainer_image_on_their_fabr
     nads = c.get("network-attachment-definitions", "-n", NAD_NAMESPACE)["items"]
     assert sorted(d["metadata"]["name"] for d in nads) == sorted(FABRICS.values())
 
-    install_crd(c)
+    install_crd(c.kubeconfig)
     ns = f"t-{uuid.uuid4().hex[:8]}"
     c.kubectl("create", "namespace", ns)
     wait_for(

@@ -114,7 +114,7 @@ def test_a_holmesjob_on_dra_real_nodes_gets_gpus_paired_with_nics_prepared_and_s
         assert not cdi_specs(c, node)
     for dc in device_classes():
         c.kubectl("apply", "-f", "-", input=json.dumps(dc))
-    install_crd(c)
+    install_crd(c.kubeconfig)
     op = OperatorProcess(
         c.kubeconfig, [ns], tmp_path / "operator.log", extra=[f"--trainer-image={TRAINER}"]
     ).start()

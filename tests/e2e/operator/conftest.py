@@ -10,7 +10,7 @@ def crd(cluster):
     """The local cluster with the HolmesJob CRD installed."""
     from localkube.operatorproc import install_crd
 
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     return cluster
 
 

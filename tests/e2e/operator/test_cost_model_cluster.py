@@ -46,7 +46,7 @@ def stages(layout: dict) -> list:
 
 
 def test_the_operator_plans_with_its_cost_model_file_and_picks_up_edits(cluster, namespace, tmp_path):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     f = tmp_path / "costmodel.yaml"
     f.write_text(yaml.safe_dump({"fabric": {"crossClusterGbps": 1}}))
     op = OperatorProcess(

@@ -38,7 +38,7 @@ def slice_node(name: str) -> dict:
 
 @pytest.fixture
 def dra_nodes(cluster):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     for c in device_classes():
         apply(cluster, c)
     names = ["dra-node-0", "dra-node-1"]

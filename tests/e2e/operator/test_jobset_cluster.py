@@ -101,7 +101,7 @@ def tas(cluster, real_jobset, real_kueue, namespace, tmp_path):
     operator running to publish each node's island (JobSet before Kueue: see real_jobset)."""
     from localkube.operatorproc import install_crd
 
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     objs = kueue_objects(namespace)
     cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
     for op in running_operator(cluster, namespace, tmp_path, extra=["--progress-interval=1"], tail=60):

@@ -136,7 +136,7 @@ def completed(cluster, ns, name):
 def test_a_labelled_jobset_is_planned_by_island_and_the_unlabelled_one_runs_as_before(
     cluster, real_jobset, namespace, tmp_path
 ):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
     try:
         # unlabelled: Holmes leaves it alone (no plan, no node selector), JobSet runs it
@@ -209,7 +209,7 @@ def plan_status(cluster, ns, name) -> dict:
 def test_a_queued_labelled_jobset_waits_for_kueue_and_is_planned_inside_the_admitted_flavor(
     cluster, real_jobset, real_kueue, namespace, tmp_path
 ):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     objs = west_flavor_queue(namespace)
     apply(cluster, {"apiVersion": "v1", "kind": "List", "items": objs})
     js = jobset(namespace, "queued", labelled=True, replicas=1, pipeline="1")  # 2 pods: data 2
@@ -323,7 +323,7 @@ def tas_jobset(ns: str, name: str) -> dict:
 def test_under_tas_kueue_picks_each_pods_node_and_holmes_numbers_the_stages_by_island(
     cluster, real_jobset, real_kueue, namespace, tmp_path
 ):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     objs = tas_objects(namespace)
     apply(cluster, {"apiVersion": "v1", "kind": "List", "items": objs})
     op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()

@@ -70,7 +70,7 @@ def queues(cluster, real_kueue, namespace):
 def operator(cluster, real_kueue, namespace, tmp_path):
     from localkube.operatorproc import install_crd
 
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     extra = ["--restart-backoff-seconds=1", "--progress-interval=1"]
     yield from running_operator(cluster, namespace, tmp_path, extra=extra, tail=80)
 

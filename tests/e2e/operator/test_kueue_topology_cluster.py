@@ -48,7 +48,7 @@ pytestmark = pytest.mark.timeout(600)
 def operator(cluster, real_kueue, namespace, tmp_path):
     from localkube.operatorproc import install_crd
 
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     yield from running_operator(cluster, namespace, tmp_path, extra=["--progress-interval=1"], tail=120)
 
 

@@ -68,7 +68,7 @@ def wait_pods(core, ns: str, name: str, n: int, t0: float, timeout: float = 180)
 
 
 def test_a_huge_jobs_plan_and_launch_do_not_hold_a_small_jobs_launch(cluster, namespace, tmp_path):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     api = cluster.api_client()
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     names = []

@@ -43,7 +43,7 @@ IB_NODES = {
 @pytest.fixture(scope="module")
 def levels(cluster, tmp_path_factory):
     """{level: namespace enforcing it} and the operator serving them."""
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     out = {}
     for level in (BASELINE, RESTRICTED):
         ns = f"t-{level[:4]}-{uuid.uuid4().hex[:6]}"

@@ -69,7 +69,7 @@ def succeed_pods(core, ns: str) -> list[str]:
 
 
 def test_one_namespaces_five_jobs_do_not_starve_anothers_one(cluster, namespace, tmp_path):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     api = cluster.api_client()
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     other = f"{namespace}-b"

@@ -122,7 +122,7 @@ def netns(cluster):
 
 @pytest.fixture(scope="module")
 def operator(cluster, netns, labelled, tmp_path_factory):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     op = OperatorProcess(cluster.kubeconfig, [netns], log, extra=[]).start()
     yield op

@@ -46,7 +46,7 @@ STANDIN_RUNS = ["v1beta1"]
 
 @pytest.fixture(scope="module")
 def crds(cluster):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     cluster.kubectl("apply", "-f", str(THIRDPARTY / "volcano-v1beta1.yaml"))
     require_established(binary("kubectl"), cluster.kubeconfig, "podgroups.scheduling.volcano.sh")
     return cluster

@@ -101,7 +101,7 @@ def test_a_chart_upgrade_and_a_policy_label_leave_a_running_job_alone(crd, names
         assert "launch-spec.json" not in cm["data"]  # written by the previous release indeed
 
         # the chart upgrade: the new CRD, then the new operator
-        install_crd(cluster)
+        install_crd(cluster.kubeconfig)
         wait_for(  # the API server reads the stored job through the new schema
             "the new default in the stored job",
             lambda: (
@@ -150,4 +150,4 @@ def test_a_chart_upgrade_and_a_policy_label_leave_a_running_job_alone(crd, names
             new.stop()
             print(new.tail(80))
         print(old.tail(40))
-        install_crd(cluster)  # the current CRD for the tests after this one
+        install_crd(cluster.kubeconfig)  # the current CRD for the tests after this one

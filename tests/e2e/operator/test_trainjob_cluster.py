@@ -270,7 +270,7 @@ def test_a_trainjob_on_holmes_runtime_runs_on_holmes_plan_to_complete(
     annotations the runtime's downwardAPI volume shows; the launcher runs torchrun at the plan's
     ranks; the TrainJob is Complete. Failed before the runtime had a plan volume (its pods
     waited for a plan.json that was never there)."""
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     name = "holmes-pair"
     op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
     try:
@@ -315,7 +315,7 @@ def test_a_queued_trainjob_on_holmes_runtime_is_planned_inside_kueues_admission(
     InfiniBand). Before, Holmes looked for a Workload of the JobSet's own uid and waited for ever
     ("Kueue has made no Workload for this JobSet yet")."""
     real_kueue.up(log=lambda m: print(f"[kueue] {m}"), integrations=TRAINJOB_INTEGRATIONS)
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     objs = west_flavor_queue(namespace)
     lq = {
         "apiVersion": "kueue.x-k8s.io/v1beta2",

@@ -13,7 +13,7 @@ def test_the_operator_waits_until_the_api_server_serves_holmesjobs(cluster):
     from holmes.operator.__main__ import crd_served
     from localkube.operatorproc import install_crd
 
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     assert crd_served(cluster.api_client()) is True
     # a starting API server (connection refused, then no CRDs served yet) is asked again:
     # kopf resolved the HolmesJob resource once, at start-up, and an operator started too early

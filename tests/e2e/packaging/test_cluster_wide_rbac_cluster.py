@@ -39,7 +39,7 @@ DENIED_WRITE = "may write only a HolmesJob's ConfigMap"
 
 @pytest.fixture(scope="module")
 def crd(cluster):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
 
 
 @pytest.fixture

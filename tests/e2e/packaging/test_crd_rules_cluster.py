@@ -30,7 +30,7 @@ WHERE = ("holmes.dev", "v1alpha1")
 
 @pytest.fixture(scope="module")
 def jobs(cluster):
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     return client.CustomObjectsApi(cluster.api_client())
 
 

@@ -50,7 +50,7 @@ def framework_job(name: str, ns: str, framework: str, program: str, gpus: int, *
 def run_job(cluster, namespace: str, tmp_path: Path, manifest: dict, timeout: float = 420):
     """Apply the job under a fresh operator, wait for it to finish; (phase, seconds, Layout,
     {node rank: trainer log})."""
-    install_crd(cluster)
+    install_crd(cluster.kubeconfig)
     name = manifest["metadata"]["name"]
     op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
     try:
