@@ -69,9 +69,12 @@ def set_power(cp: ControlPlane, node: str, on: bool, log=lambda m: None) -> None
     from .agent import POWERED_OFF
     from .topology import AGENT, KUBELET, load_topology
 
-    if not cp.running():
+    # the API server answering is enough: a switched-off node's processes are gone (and with its
+    # Node deleted, kube-proxy's, until it is switched on again)
+    st = cp.state()
+    if not st or not cp._ready(st):
         raise ClusterError("the cluster is not running: `make cluster-up` first")
-    topo = load_topology(cp.state()["topology"])
+    topo = load_topology(st["topology"])
     if node not in topo.names:
         raise ClusterError(f"no node {node!r} in this cluster's topology (nodes: {', '.join(topo.names)})")
     if topo.node(node).played_by == KUBELET:

@@ -790,10 +790,7 @@ class RealNodes:
             return
         if node.name not in off:
             return
-        subnet = (
-            ipaddress.ip_network(rec["subnet"]) if "subnet" in rec else node_subnet(self.subnet, rec["octet"])
-        )
-        plan = NodePlan(node.name, rec["octet"], Path(rec["dir"]), free_port(), subnet)
+        plan = self._plan(node.name, free_port())
         # what the killed containers left mounted (root filesystems, network namespaces): a new
         # containerd starts from an empty state dir
         mountinfo = Path("/proc/self/mountinfo").read_text()
@@ -805,9 +802,22 @@ class RealNodes:
         self._register(plan, node)
         self._start_dra_plugin(plan, node)
         self._wait_slices(plan, node)
+        if self.st.get("kubeProxy", {}).get("config") and not self.cp._alive(pids.get("kube-proxy")):
+            # the cluster's one kube-proxy runs as its first node's and exits once that Node is
+            # deleted: started again with the node back
+            self._start_kube_proxy([self._plan(name, 0) for name in rn["nodes"]])
         rn["off"] = sorted(off - {node.name})
         self._record()
         self.log(f"{node.name}: switched on")
+
+    def _plan(self, name: str, kubelet_port: int) -> NodePlan:
+        """A started node's plan, from what ``start`` recorded (HOLMES_POD_SUBNET may differ in
+        this process: its subnet as recorded)."""
+        rec = self.st["realNodes"]["nodes"][name]
+        subnet = (
+            ipaddress.ip_network(rec["subnet"]) if "subnet" in rec else node_subnet(self.subnet, rec["octet"])
+        )
+        return NodePlan(name, rec["octet"], Path(rec["dir"]), kubelet_port, subnet)
 
     def _start_kube_proxy(self, plans: list[NodePlan], timeout: float = 60) -> None:
         """kube-proxy for the cluster's Services (module docstring), unless another cluster's runs
