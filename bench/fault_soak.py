@@ -269,6 +269,13 @@ def wait_until(what: str, fn, timeout: float, every: float = 0.5):
 # ---- faults -------------------------------------------------------------------------------------
 
 
+def shared_dir(path: Path) -> None:
+    """A job's checkpoint directory, which its trainers write as whatever user the pod runs as
+    (a real node's containers as the image's non-root user)."""
+    path.mkdir()
+    path.chmod(0o777)
+
+
 def metric_lines(ckpt: Path, attempt: int) -> list[dict]:
     """Rank 0's JSON metric lines of one attempt (job_manifest's --metrics-file)."""
     out = []
@@ -667,7 +674,7 @@ def main() -> int:
         wait_until("the default service account", lambda: c.get("serviceaccount", "default", "-n", ns), 30)
         op = OperatorProcess(kubeconfig, [ns], tmp / "operator.log", extra=["--restart-backoff-seconds=1"])
         op.start()
-        (tmp / "ref").mkdir()
+        shared_dir(tmp / "ref")
         if a.reference == "process":
             print(f">> undisturbed reference run: {iterations} iterations in one trainer process", flush=True)
             ref = run_reference_process("reference", ns, tmp / "ref", iterations, a.timeout)
@@ -676,7 +683,7 @@ def main() -> int:
             ref = run_job(c, ns, "reference", tmp / "ref", iterations, a.timeout)
         print(f"   {ref.status.get('phase')} in {ref.seconds:.0f}s, final loss {ref.loss}", flush=True)
         print(f">> soak run: {len(order)} faults ({', '.join(order)})", flush=True)
-        (tmp / "soak").mkdir()
+        shared_dir(tmp / "soak")
         soak = run_job(c, ns, "soak", tmp / "soak", iterations, a.timeout, order, op, rng)
         left = leftovers(c, ns, "soak", int(soak.status.get("attempt") or 1))
         ok = report(ref, soak, iterations, left)
