@@ -136,8 +136,10 @@ class Cluster:
 
     def real_node_cgroups(self) -> list[str]:
         """The cgroup names of the cluster's real nodes (the kubelets' cgroupRoot), if any."""
+        from localkube.realnode import node_cgroup
+
         st = ControlPlane(self.state_dir).state().get("realNodes") or {}
-        return [f"lk{octet}-{name}" for name, octet in (st.get("octets") or {}).items()]
+        return [node_cgroup(octet, name) for name, octet in (st.get("octets") or {}).items()]
 
 
 # ---- watching the job ---------------------------------------------------------------------------

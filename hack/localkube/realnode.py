@@ -165,7 +165,7 @@ class NodePlan:
 
     @property
     def cgroup(self) -> str:
-        return f"lk{self.octet}-{self.name}"
+        return node_cgroup(self.octet, self.name)
 
     @property
     def runc_root(self) -> Path:
@@ -174,6 +174,11 @@ class NodePlan:
     @property
     def cdi_dir(self) -> Path:
         return self.dir / "cdi"
+
+
+def node_cgroup(octet: int, name: str) -> str:
+    """A real node's cgroup (in every hierarchy): its kubelet's cgroupRoot."""
+    return f"lk{octet}-{name}"
 
 
 def node_subnet(pod_subnet: ipaddress.IPv4Network, octet: int) -> ipaddress.IPv4Network:
@@ -773,7 +778,7 @@ class RealNodes:
                 if self.cp._alive(pids.get(name)):
                     os.kill(pids[name], signal.SIGKILL)
                 pids.pop(name, None)
-            top = CGROUP_ROOT / "pids" / f"lk{rec['octet']}-{node.name}"
+            top = CGROUP_ROOT / "pids" / node_cgroup(rec["octet"], node.name)
             for _ in range(50):  # a dying process's children: until none is left
                 victims = shim_pids(_procs(), {rec["socket"]}) + cgroup_pids(top)
                 if not victims:
