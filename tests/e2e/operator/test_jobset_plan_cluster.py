@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import pytest
@@ -37,7 +36,7 @@ from holmes.contract.names import LABEL_KUEUE_QUEUE
 from holmes.operator.core import jobset_plan as jp
 from holmes.operator.core import jobset_status
 from localkube.operatorproc import OperatorProcess, install_crd
-from tests.helpers.frameworks.cluster_jobs import PROGRAMS, json_lines
+from tests.helpers.frameworks.cluster_jobs import PROGRAMS_MOUNT, json_lines, mount_programs
 from tests.helpers.operator.cluster_helpers import apply, wait_for
 from tests.helpers.operator.tas_helpers import (
     ISLANDS,
@@ -56,12 +55,13 @@ pytestmark = [
 LAUNCH = "/holmes-launch"
 
 
-def jobset(ns: str, name: str, labelled: bool, replicas: int = 2, pipeline: str = "2") -> dict:
-    """2 Jobs x 2 pods (Indexed); labelled, the trainer runs plain_groups.py under the launcher
-    (unlabelled there is no rendezvous for it: a one-line program stands in)."""
-    program = [sys.executable, str(PROGRAMS / "plain_groups.py")]
+def jobset(ns: str, name: str, image: str, labelled: bool, replicas: int = 2, pipeline: str = "2") -> dict:
+    """2 Jobs x 2 pods (Indexed) of ``image`` (one with torch and Holmes' launcher: the trainer
+    image); labelled, the trainer runs plain_groups.py (a volume) under the launcher (unlabelled
+    there is no rendezvous for it: a one-line program stands in)."""
+    program = ["python", f"{PROGRAMS_MOUNT}/plain_groups.py"]
     if not labelled:
-        program = [sys.executable, "-c", "print('plain')"]
+        program = ["python", "-c", "print('plain')"]
     pod: dict = {
         "metadata": {"annotations": {}},
         "spec": {
@@ -70,7 +70,7 @@ def jobset(ns: str, name: str, labelled: bool, replicas: int = 2, pipeline: str 
             "containers": [
                 {
                     "name": "trainer",
-                    "image": "registry.example/torch:test",
+                    "image": image,
                     "command": program,
                     "resources": {"requests": {"cpu": "100m"}},
                 }
@@ -87,13 +87,13 @@ def jobset(ns: str, name: str, labelled: bool, replicas: int = 2, pipeline: str 
         spec["initContainers"] = [
             {
                 "name": "holmes-launch",
-                "image": "registry.example/holmes-trainer:test",
+                "image": image,
                 "command": ["python", "-m", "holmes.launch.install", LAUNCH],
                 "volumeMounts": [{"name": "holmes-launch", "mountPath": LAUNCH}],
             }
         ]
         c = spec["containers"][0]
-        c["command"] = [sys.executable, f"{LAUNCH}/launch.py", "--", *program]
+        c["command"] = ["python", f"{LAUNCH}/launch.py", "--", *program]
         c["env"] = [{"name": "HOLMES_PLAN", "value": "/etc/holmes/plan.json"}]
         c["volumeMounts"] = [
             {"name": "holmes-launch", "mountPath": LAUNCH},
@@ -103,6 +103,7 @@ def jobset(ns: str, name: str, labelled: bool, replicas: int = 2, pipeline: str 
             {"name": "holmes-launch", "emptyDir": {}},
             {"name": "holmes-plan", "configMap": {"name": jp.plan_name(name), "optional": True}},
         ]
+        mount_programs(spec)
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
@@ -140,7 +141,7 @@ def test_a_labelled_jobset_is_planned_by_island_and_the_unlabelled_one_runs_as_b
     op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
     try:
         # unlabelled: Holmes leaves it alone (no plan, no node selector), JobSet runs it
-        apply(cluster, jobset(namespace, "plain", labelled=False))
+        apply(cluster, jobset(namespace, "plain", cluster.trainer_image, labelled=False))
         wait_for("the plain JobSet Completed", lambda: completed(cluster, namespace, "plain"), 90, 1, op)
         plain = pods_of(cluster, namespace, "plain")
         assert len(plain) == 4 and {p["status"]["phase"] for p in plain} == {"Succeeded"}
@@ -150,7 +151,7 @@ def test_a_labelled_jobset_is_planned_by_island_and_the_unlabelled_one_runs_as_b
         op.stop()
 
         # the operator stopped: the labelled JobSet's pods wait at the gate and say who removes it
-        apply(cluster, jobset(namespace, "planned", labelled=True))
+        apply(cluster, jobset(namespace, "planned", cluster.trainer_image, labelled=True))
 
         def gated():
             ps = pods_of(cluster, namespace, "planned")
@@ -212,7 +213,8 @@ def test_a_queued_labelled_jobset_waits_for_kueue_and_is_planned_inside_the_admi
     install_crd(cluster.kubeconfig)
     objs = west_flavor_queue(namespace)
     apply(cluster, {"apiVersion": "v1", "kind": "List", "items": objs})
-    js = jobset(namespace, "queued", labelled=True, replicas=1, pipeline="1")  # 2 pods: data 2
+    # 2 pods: data 2
+    js = jobset(namespace, "queued", cluster.trainer_image, labelled=True, replicas=1, pipeline="1")
     js["metadata"]["labels"][LABEL_KUEUE_QUEUE] = "user-queue"
     op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
     try:
@@ -270,7 +272,7 @@ def test_a_queued_labelled_jobset_waits_for_kueue_and_is_planned_inside_the_admi
         )
 
 
-def tas_jobset(ns: str, name: str) -> dict:
+def tas_jobset(ns: str, name: str, image: str) -> dict:
     """Two replicatedJobs s0, s1 of 2 pods (2 GPUs each: a node each), each PodSet requiring
     Holmes' island level, in the TAS LocalQueue; gated by Holmes; the pods print their plan."""
     rjobs = []
@@ -289,7 +291,7 @@ def tas_jobset(ns: str, name: str) -> dict:
                 "containers": [
                     {
                         "name": "trainer",
-                        "image": "registry.example/torch:test",
+                        "image": image,
                         "command": ["sh", "-c", "cat /etc/holmes/plan.json >/dev/null && echo planned"],
                         "resources": {
                             "requests": {"cpu": "100m", "nvidia.com/gpu": "2"},
@@ -329,7 +331,7 @@ def test_under_tas_kueue_picks_each_pods_node_and_holmes_numbers_the_stages_by_i
     op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
     try:
         wait_for("the operator's island labels on every node", lambda: published(cluster), 60, 0.5, op)
-        apply(cluster, tas_jobset(namespace, "tas"))
+        apply(cluster, tas_jobset(namespace, "tas", cluster.trainer_image))
         wait_for("the TAS JobSet Completed", lambda: completed(cluster, namespace, "tas"), 240, 1, op)
     finally:
         op.stop()

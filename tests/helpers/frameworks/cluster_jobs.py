@@ -16,7 +16,20 @@ from localkube.operatorproc import OperatorProcess, install_crd
 from tests.helpers import polling
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
+PROGRAMS_MOUNT = "/holmes-programs"
 LINK_LAYER = {"infiniband": "InfiniBand", "roce": "Ethernet"}
+
+
+def mount_programs(pod: dict) -> str:
+    """Mount PROGRAMS read-only at PROGRAMS_MOUNT in each container of ``pod`` (a pod spec) and
+    return the mount: the user's program is in no image, so it reaches the pods as a user's would,
+    a volume (a container on a real kubelet node sees only its volumes, not the test's files)."""
+    volume = {"name": "holmes-programs", "hostPath": {"path": str(PROGRAMS)}}
+    pod["volumes"] = [*pod.get("volumes", []), volume]
+    mount = {"name": "holmes-programs", "mountPath": PROGRAMS_MOUNT, "readOnly": True}
+    for c in pod.get("initContainers", []) + pod.get("containers", []):
+        c["volumeMounts"] = [*c.get("volumeMounts", []), mount]
+    return PROGRAMS_MOUNT
 
 
 def framework_job(name: str, ns: str, framework: str, program: str, gpus: int, **parallelism) -> dict:
