@@ -93,13 +93,19 @@ def test_trainer_image_imports_torch_and_the_trainer_as_its_user(tmp_path):
     assert (uid, cwd) == ("65532", "/home/holmes") and version.startswith("2.13.0"), out
 
 
+# Everything on stdout, the refused write's error too: `runc run` copies the container's stdout and
+# stderr through two pipes, one goroutine each, so lines of the two streams can come out of order.
 SCRIPT = """
 import os, socket
 print(open("/data/in").read(), end="")
 print(os.environ["GREETING"], os.environ["HOSTNAME"], socket.gethostname(), os.getuid())
 print(*sorted(os.listdir("/sys/class/net")), sep="\\n")
 open("/scratch/out", "w").write("x\\n")
-open("/data/x", "w").write("y\\n")
+try:
+    open("/data/x", "w").write("y\\n")
+except OSError as e:
+    print(e)
+    raise SystemExit(1)
 """
 
 
