@@ -134,8 +134,8 @@ def engine_job(name: str, ns: str, count: int = 6, **spec) -> dict:
     return tiny_job(name, ns, count=count, gpus=1, iterations=2, run_policy={"backoffLimit": 0}, **spec)
 
 
-def torchrun_job(name: str, ns: str, **spec) -> dict:
-    job = framework_job(name, ns, "torchrun", "plain_groups.py", gpus=1)
+def torchrun_job(cluster, name: str, ns: str, **spec) -> dict:
+    job = framework_job(name, ns, "torchrun", cluster.framework_image("torchrun"), "plain_groups.py", gpus=1)
     job["spec"].update(spec)
     return job
 
@@ -259,7 +259,7 @@ def route_jobs(cluster, operator, ns, network: str, ifname: str) -> None:
         ns,
         [
             engine_job(f"eng-{network.lower()}", ns, **extra),
-            torchrun_job(f"tr-{network.lower()}", ns, **extra),
+            torchrun_job(cluster, f"tr-{network.lower()}", ns, **extra),
         ],
     )
     print(f"{network}: both jobs finished in {time.monotonic() - started:.0f} s")

@@ -4,7 +4,6 @@ pods printed: shared by the per-framework cluster tests."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -16,10 +15,16 @@ from localkube.operatorproc import OperatorProcess, install_crd
 from tests.helpers import polling
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
+# where the pods see PROGRAMS: a container on a real kubelet node sees only its volumes
+PROGRAMS_MOUNT = "/holmes-programs"
 LINK_LAYER = {"infiniband": "InfiniBand", "roce": "Ethernet"}
 
 
-def framework_job(name: str, ns: str, framework: str, program: str, gpus: int, **parallelism) -> dict:
+def framework_job(
+    name: str, ns: str, framework: str, image: str, program: str, gpus: int, **parallelism
+) -> dict:
+    """A HolmesJob of ``framework`` whose pods run ``image`` (``cluster.framework_image``) with
+    the command ``python <PROGRAMS_MOUNT>/<program>``, PROGRAMS a read-only hostPath volume."""
     spec = {
         "framework": framework,
         "model": {"layers": 8, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
@@ -34,13 +39,19 @@ def framework_job(name: str, ns: str, framework: str, program: str, gpus: int, *
         "runPolicy": {"backoffLimit": 0},
         "template": {
             "spec": {
+                "volumes": [
+                    {"name": "holmes-programs", "hostPath": {"path": str(PROGRAMS), "type": "Directory"}}
+                ],
                 "containers": [
                     {
                         "name": "trainer",
-                        "image": f"registry.example/{framework}:test",
-                        "command": [sys.executable, str(PROGRAMS / program)],
+                        "image": image,
+                        "command": ["python", f"{PROGRAMS_MOUNT}/{program}"],
+                        "volumeMounts": [
+                            {"name": "holmes-programs", "mountPath": PROGRAMS_MOUNT, "readOnly": True}
+                        ],
                     }
-                ]
+                ],
             }
         },
     }
