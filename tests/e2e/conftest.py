@@ -159,7 +159,7 @@ class LocalCluster:
         require_image(
             FRAMEWORKS,
             "make frameworks-image",
-            " (real nodes take the images built when the cluster starts: start it again after)",
+            " before the tests (real nodes take the images the storage holds when their cluster starts)",
         )
         return FRAMEWORKS
 
