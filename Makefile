@@ -93,6 +93,14 @@ trainer-down:
 images:
 	@bash hack/build-images.sh
 
+# The framework tests' image, "the user's framework image" (hack/build-frameworks-image.sh,
+# tests/images/frameworks.Containerfile): the trainer image plus megatron-core, torchtitan and
+# DeepSpeed at the test extra's pins, for tests/e2e/frameworks on real nodes. A test fixture:
+# `make e2e-on-real-nodes` builds it, `make images` and `make test` do not.
+.PHONY: frameworks-image
+frameworks-image: images
+	@bash hack/build-frameworks-image.sh
+
 # Every tier (tests/conftest.py): lint, then tests/unit, tests/integration and tests/e2e in one run.
 test: venv k8s k8s-openapi kueue jobset trainer images lint
 	$(PY) -m pytest
@@ -119,9 +127,10 @@ e2e-real-nodes: venv k8s node images
 # The e2e tier with the session cluster's six nodes played by the real kubelet
 # (hack/topologies/default-real.yaml; the module map in docs/local-cluster.md, Real nodes):
 # `make e2e-on-real-nodes E2E="tests/e2e/operator/test_operator_cluster.py ..."` for some modules.
+# (frameworks-image: the framework tests' pods run it there; real nodes get it at their start.)
 E2E ?= tests/e2e
 .PHONY: e2e-on-real-nodes
-e2e-on-real-nodes: venv k8s kueue jobset trainer node images
+e2e-on-real-nodes: venv k8s kueue jobset trainer node images frameworks-image
 	HOLMES_E2E_TOPOLOGY=hack/topologies/default-real.yaml $(PY) -m pytest -m "not real_nodes" $(E2E) -q
 
 # The compatibility tier (marker compat) on the oldest release the chart supports (its

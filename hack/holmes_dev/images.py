@@ -9,6 +9,13 @@ Standard library only: build-images.sh runs it with the host's python3, before a
     python -m holmes_dev.images requirements    # the distributions' dependencies
     python -m holmes_dev.images ref operator    # localhost/holmes-operator:<version>
     python -m holmes_dev.images names           # BASE_REF=... and the label keys, for the shell
+    python -m holmes_dev.images test-ref frameworks          # localhost/holmes-test-frameworks:<version>
+    python -m holmes_dev.images framework-requirements       # the test extra's framework pins
+
+Test images (``TEST_IMAGES``) are fixtures of the tests, not the product's: each a Containerfile
+under tests/images/ on top of a project image, built by its own make target (never by ``make
+images`` or ``make test``). Real nodes (hack/localkube/realnode.py) get the project's images and
+whichever test images the local containers storage holds.
 """
 
 from __future__ import annotations
@@ -30,6 +37,13 @@ INPUTS_LABEL = "dev.holmes.inputs"
 RECIPE_LABEL = "dev.holmes.base-recipe"
 
 
+# The tests' own images: name -> the Containerfile that builds it.
+TEST_IMAGES = {"frameworks": "tests/images/frameworks.Containerfile"}
+# What the frameworks image adds to the trainer image: the external frameworks the launcher's
+# tests run (spec.framework), at the pins of the root pyproject's test extra.
+FRAMEWORKS = ("megatron-core", "torchtitan", "deepspeed")
+
+
 def version(repo: Path = REPO) -> str:
     return tomllib.loads((repo / "pyproject.toml").read_text())["project"]["version"]
 
@@ -40,6 +54,26 @@ def image_ref(target: str, repo: Path = REPO) -> str:
     if target not in TARGETS:
         raise ValueError(f"target {target!r}: the Dockerfile's image targets are {', '.join(TARGETS)}")
     return f"localhost/holmes-{target}:{version(repo)}"
+
+
+def test_image_ref(name: str, repo: Path = REPO) -> str:
+    """The local name of one of the tests' images (``TEST_IMAGES``)."""
+    if name not in TEST_IMAGES:
+        raise ValueError(f"test image {name!r}: the tests' images are {', '.join(TEST_IMAGES)}")
+    return f"localhost/holmes-test-{name}:{version(repo)}"
+
+
+def framework_requirements(repo: Path = REPO) -> list[str]:
+    """The root pyproject's test-extra requirements of ``FRAMEWORKS``, as written there (the pins
+    the unit tier runs them at), so the image runs what the venv does."""
+    extra = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    found = {re.split(r"[\s<>=!~;\[(@]", r, maxsplit=1)[0].lower(): r for r in extra}
+    missing = [f for f in FRAMEWORKS if f not in found]
+    if missing:
+        raise ValueError(
+            f"pyproject.toml's test extra names no {', '.join(missing)}: the frameworks image needs each"
+        )
+    return [found[f] for f in FRAMEWORKS]
 
 
 # ---- .dockerignore ------------------------------------------------------------------------------
@@ -166,7 +200,10 @@ def requirements(repo: Path = REPO) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python -m holmes_dev.images digest | apt-packages | requirements | ref TARGET | names"
+    usage = (
+        "usage: python -m holmes_dev.images digest | apt-packages | requirements | ref TARGET | names"
+        " | test-ref NAME | framework-requirements"
+    )
     if argv == ["names"]:
         print(f"BASE_REF={BASE_REF}\nRECIPE_LABEL={RECIPE_LABEL}\nINPUTS_LABEL={INPUTS_LABEL}")
     elif argv == ["digest"]:
@@ -175,12 +212,14 @@ def main(argv: list[str]) -> int:
         print("\n".join(apt_packages((REPO / "Dockerfile").read_text())))
     elif argv == ["requirements"]:
         print("\n".join(requirements()))
-    elif len(argv) == 2 and argv[0] == "ref":
+    elif len(argv) == 2 and argv[0] in ("ref", "test-ref"):
         try:
-            print(image_ref(argv[1]))
+            print(image_ref(argv[1]) if argv[0] == "ref" else test_image_ref(argv[1]))
         except ValueError as e:
             print(e, file=sys.stderr)
             return 2
+    elif argv == ["framework-requirements"]:
+        print("\n".join(framework_requirements()))
     else:
         print(usage, file=sys.stderr)
         return 2

@@ -7,7 +7,8 @@ Per node (``<state>/nodes/<name>/``), what ``hack/build-node.sh`` and ``hack/bui
   CAP_SYS_RESOURCE, so ``restrict_oom_score_adj`` (else runc fails every sandbox: "can't get final
   child's PID from pipe"); cgroupfs; the pods' network namespaces under its state dir;
   ``localhost/holmes-pause`` (ours, from the cache) as the pinned sandbox image, and the project's
-  images from the local containers storage. Images go once per image id into one **seed**
+  images (and the tests' images built, ``make frameworks-image``) from the local containers
+  storage. Images go once per image id into one **seed**
   store in the cache (``node/seed``, a containerd root): each layer podman's overlay driver holds
   unpacked becomes the committed snapshot of its chain ID from hard links to podman's files, and
   an archive of the stored manifest and config, without layers, is imported (the unpack finds
@@ -901,14 +902,19 @@ class RealNodes:
         return r.returncode == 0 and r.stdout
 
     def _seed_images(self) -> None:
-        """The pause image and the project's images into the seed (module docstring), each
-        imported once per image id, by a containerd of its own started for that."""
+        """The pause image, the project's images and the tests' images the local containers
+        storage holds into the seed (module docstring), each imported once per image id, by a
+        containerd of its own started for that. A project image missing is said (its pods will
+        not start); a test image (``holmes_dev.images.TEST_IMAGES``, e.g. ``make
+        frameworks-image``) is built only for the tests that need it, so one missing is not:
+        those tests fail naming its make target."""
         from holmes_dev import images
 
         wanted = {PAUSE_REF: file_digest(NODE_CACHE / "pause.tar")}
-        for target in images.TARGETS:
-            ref = images.image_ref(target)
-            if (got := image_id(ref, self.log)) is not None:
+        refs = [(images.image_ref(t), self.log) for t in images.TARGETS]
+        refs += [(images.test_image_ref(name), lambda m: None) for name in images.TEST_IMAGES]
+        for ref, log in refs:
+            if (got := image_id(ref, log)) is not None:
                 wanted[ref] = got
         record = NODE_CACHE / "seed.json"
         have = (

@@ -30,6 +30,8 @@ Fixtures
       too (the node agent serves the kubelet's log endpoint) and shows the current start only.
       On a real node it is ``kubectl logs --previous`` (after a restart) then ``kubectl logs``.
     - ``real_nodes``: whether any node is a real kubelet.
+    - ``trainer_image``: an image every node runs, with a shell; ``framework_image(framework)``:
+      the image of a framework test's pods (the built frameworks image on real nodes).
     - ``power(node, on)``: switch an agent's node off or on (not a real node's).
     - ``new_namespace(prefix="t")`` -> the name of a fresh namespace whose default service
       account exists (what the ``namespace`` fixture yields; for a module's own namespace).
@@ -143,6 +145,23 @@ class LocalCluster:
         from holmes.operator.core.render import RenderSettings
 
         return os.environ.get("HOLMES_TRAINER_IMAGE") or RenderSettings.image
+
+    def framework_image(self, framework: str) -> str:
+        """The image of a framework test's pods (``spec.framework``; tests/e2e/frameworks), whose
+        command is ``python <a program on a hostPath volume>``: on real nodes the user's framework
+        image, the trainer image plus megatron-core, torchtitan and DeepSpeed (``make
+        frameworks-image``; the test fails naming it when it is missing); on the node agent
+        ``registry.example/<framework>:test``, a host process of the venv, which has them."""
+        if not self.real_nodes:
+            return f"registry.example/{framework}:test"
+        from tests.helpers.cluster.real_nodes import FRAMEWORKS, require_image
+
+        require_image(
+            FRAMEWORKS,
+            "make frameworks-image",
+            " before the tests (real nodes take the images the storage holds when their cluster starts)",
+        )
+        return FRAMEWORKS
 
     def pod_log(self, namespace: str, pod: str, container: str) -> str:
         if self.real_nodes:

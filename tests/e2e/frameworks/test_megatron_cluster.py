@@ -27,7 +27,15 @@ def moe(one_site, tmp_path_factory):
     ns = cluster.new_namespace("t-mg")
     try:
         job = framework_job(
-            "moe", ns, "megatron", "megatron_groups.py", gpus=2, tensor=2, expert=2, sequenceParallel=True
+            "moe",
+            ns,
+            "megatron",
+            cluster.framework_image("megatron"),
+            "megatron_groups.py",
+            gpus=2,
+            tensor=2,
+            expert=2,
+            sequenceParallel=True,
         )  # megatron-core's MoE layer needs sequence parallelism with tensor 2
         job["spec"]["model"]["moe"] = {"experts": 4, "expertsPerToken": 2}
         _, seconds, layout, logs = run_job(cluster, ns, tmp_path_factory.mktemp("moe"), job)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(480)
 def run_framework(cluster, namespace, tmp_path, name: str, framework: str, program: str):
     """Run the job; (seconds, Layout, node -> NIC, rank -> the program's report, ranks -> the
     hook's group line, layers per stage), every rank having reported."""
-    job = framework_job(name, namespace, framework, program, gpus=1)
+    job = framework_job(name, namespace, framework, cluster.framework_image(framework), program, gpus=1)
     _, seconds, layout, logs = run_job(cluster, namespace, tmp_path, job)
     nic = {n.name: n.nic for n in cluster.topology.nodes}
     ranks = {m["rank"]: m for text in logs.values() for m in json_lines(text, framework)}

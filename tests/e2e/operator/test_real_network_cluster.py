@@ -28,6 +28,7 @@ from holmes.contract import Layout
 from holmes.labeller.labels import RECORD_ANNOTATION, desired_labels, plan_patch
 from holmes.labeller.sysfs import read_sysfs
 from localkube.operatorproc import OperatorProcess, install_crd
+from localkube.podnet import pod_subnet
 from tests.helpers import polling
 from tests.helpers.frameworks.cluster_jobs import framework_job, island_net, json_lines
 from tests.helpers.labeller.fakesysfs import FakeSysfs
@@ -134,8 +135,8 @@ def engine_job(name: str, ns: str, count: int = 6, **spec) -> dict:
     return tiny_job(name, ns, count=count, gpus=1, iterations=2, run_policy={"backoffLimit": 0}, **spec)
 
 
-def torchrun_job(name: str, ns: str, **spec) -> dict:
-    job = framework_job(name, ns, "torchrun", "plain_groups.py", gpus=1)
+def torchrun_job(cluster, name: str, ns: str, **spec) -> dict:
+    job = framework_job(name, ns, "torchrun", cluster.framework_image("torchrun"), "plain_groups.py", gpus=1)
     job["spec"].update(spec)
     return job
 
@@ -259,7 +260,7 @@ def route_jobs(cluster, operator, ns, network: str, ifname: str) -> None:
         ns,
         [
             engine_job(f"eng-{network.lower()}", ns, **extra),
-            torchrun_job(f"tr-{network.lower()}", ns, **extra),
+            torchrun_job(cluster, f"tr-{network.lower()}", ns, **extra),
         ],
     )
     print(f"{network}: both jobs finished in {time.monotonic() - started:.0f} s")
@@ -291,11 +292,14 @@ def test_a_host_name_forced_through_the_template_stops_the_pod_naming_the_variab
         }
     }
     result = run_jobs(cluster, operator, netns, [engine_job("forced", netns, count=2, template=template)])
+    pod_net = ".".join(str(pod_subnet().network_address).split(".")[:2]) + "."  # HOLMES_POD_SUBNET's
     res = result["forced"]
     assert res["phase"] == "Failed"
     for pod, log in res["pods"].values():
         term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
         assert term["exitCode"] == 2, term
         assert f"NCCL_SOCKET_IFNAME={FRONT_END} (set in the pod template) matches no interface" in log, log
-        assert "the pod has " in log and "eth0 (10.244." in log and "(Holmes resolves eth0 here)" in log, log
+        assert "the pod has " in log and f"eth0 ({pod_net}" in log and "(Holmes resolves eth0 here)" in log, (
+            log
+        )
         assert "Unable to find address" not in log and "Traceback" not in log

@@ -20,6 +20,7 @@ from localkube.controlplane import ControlPlane, binary, mentions, pid_alive
 
 REPO = Path(__file__).resolve().parents[3]
 TRAINER = images.image_ref("trainer")
+FRAMEWORKS = images.test_image_ref("frameworks")  # the framework tests' (`make frameworks-image`)
 
 
 class Cluster:
@@ -64,8 +65,14 @@ def require_real_nodes() -> None:
     """Skip where real nodes cannot run (not root); fail, naming the fix, without the trainer image."""
     if os.geteuid() != 0:
         pytest.skip("real nodes need root")
-    if shutil.which("podman") is None or subprocess.run(["podman", "image", "exists", TRAINER]).returncode:
-        pytest.fail(f"{TRAINER} is not built: run `make images`")
+    require_image(TRAINER, "make images")
+
+
+def require_image(ref: str, fix: str, why: str = "") -> None:
+    """Fail, naming the command that builds it, when ``ref`` is not in the local containers
+    storage (where real nodes take their images from)."""
+    if shutil.which("podman") is None or subprocess.run(["podman", "image", "exists", ref]).returncode:
+        pytest.fail(f"{ref} is not built: run `{fix}`{why}")
 
 
 def real_cluster(topology: Path, tag: str) -> Iterator[Cluster]:

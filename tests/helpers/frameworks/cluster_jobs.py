@@ -4,7 +4,6 @@ pods printed: shared by the per-framework cluster tests."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ def mount_programs(pod: dict) -> str:
     """Mount PROGRAMS read-only at PROGRAMS_MOUNT in each container of ``pod`` (a pod spec) and
     return the mount: the user's program is in no image, so it reaches the pods as a user's would,
     a volume (a container on a real kubelet node sees only its volumes, not the test's files)."""
-    volume = {"name": "holmes-programs", "hostPath": {"path": str(PROGRAMS)}}
+    volume = {"name": "holmes-programs", "hostPath": {"path": str(PROGRAMS), "type": "Directory"}}
     pod["volumes"] = [*pod.get("volumes", []), volume]
     mount = {"name": "holmes-programs", "mountPath": PROGRAMS_MOUNT, "readOnly": True}
     for c in pod.get("initContainers", []) + pod.get("containers", []):
@@ -32,7 +31,11 @@ def mount_programs(pod: dict) -> str:
     return PROGRAMS_MOUNT
 
 
-def framework_job(name: str, ns: str, framework: str, program: str, gpus: int, **parallelism) -> dict:
+def framework_job(
+    name: str, ns: str, framework: str, image: str, program: str, gpus: int, **parallelism
+) -> dict:
+    """A HolmesJob of ``framework`` whose pods run ``image`` (``cluster.framework_image``) with
+    the command ``python <PROGRAMS_MOUNT>/<program>``, PROGRAMS a read-only hostPath volume."""
     spec = {
         "framework": framework,
         "model": {"layers": 8, "hiddenSize": 64, "attentionHeads": 4, "seqLength": 32, "vocabSize": 128},
@@ -48,15 +51,12 @@ def framework_job(name: str, ns: str, framework: str, program: str, gpus: int, *
         "template": {
             "spec": {
                 "containers": [
-                    {
-                        "name": "trainer",
-                        "image": f"registry.example/{framework}:test",
-                        "command": [sys.executable, str(PROGRAMS / program)],
-                    }
-                ]
+                    {"name": "trainer", "image": image, "command": ["python", f"{PROGRAMS_MOUNT}/{program}"]}
+                ],
             }
         },
     }
+    mount_programs(spec["template"]["spec"])
     return holmes_job(name, spec, ns)
 
 

@@ -114,3 +114,19 @@ def test_wheelhouse_requirements_are_the_distributions_dependencies_once():
     for d in images.distributions().values():
         assert {r for r in d["dependencies"] if not r.startswith("holmes-train")} <= set(reqs), d["name"]
     assert any(r.startswith("torch==") for r in reqs) and any(r.startswith("kopf==") for r in reqs)
+
+
+def test_frameworks_image_installs_the_test_extras_pins():
+    """The tests' frameworks image (hack/build-frameworks-image.sh) runs the frameworks at the
+    versions the venv does: the root pyproject's test-extra pins, one per framework."""
+    reqs = images.framework_requirements(REPO)
+    assert [r.split("==")[0] for r in reqs] == list(images.FRAMEWORKS)
+    assert all(r.count("==") == 1 for r in reqs), reqs
+
+
+def test_test_images_name_their_containerfile_and_refuse_an_unknown_name():
+    for name, containerfile in images.TEST_IMAGES.items():
+        assert (REPO / containerfile).is_file(), containerfile
+        assert images.test_image_ref(name, REPO) == f"localhost/holmes-test-{name}:{images.version(REPO)}"
+    with pytest.raises(ValueError, match="the tests' images are frameworks"):
+        images.test_image_ref("megatron")
