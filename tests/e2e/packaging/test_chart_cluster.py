@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def env(cluster):
-    yield from Env(cluster.kubeconfig).provisioned()
+    yield from Env(cluster.kubeconfig, built_images=cluster.real_nodes).provisioned()
 
 
 # ---- install -------------------------------------------------------------------------------

@@ -38,23 +38,9 @@ def local_image_id(ref: str) -> str:
     return proc.stdout.strip()
 
 
-class ImageEnv(Env):
-    """The chart test's release, with both images taken from the local containers storage."""
-
-    def values(self) -> list[str]:
-        operator, trainer = (images.image_ref(t).rsplit(":", 1)[0] for t in ("operator", "trainer"))
-        return [
-            *super().values(),
-            "--set",
-            f"image.repository={operator}",
-            "--set",
-            f"trainer.image.repository={trainer}",
-        ]
-
-
 @pytest.fixture(scope="module")
 def env(cluster):
-    yield from ImageEnv(cluster.kubeconfig).provisioned()
+    yield from Env(cluster.kubeconfig, built_images=True).provisioned()
 
 
 def container_process(status: dict) -> tuple[dict, Path]:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
+from holmes_dev import images
 from holmes_dev.jobs import holmes_job
 from holmes_dev.ports import free_port
 
@@ -20,10 +21,14 @@ CRD_NAME = "holmesjobs.holmes.dev"
 
 
 class Env:
-    """kubectl/helm bound to the test cluster's kubeconfig, and the module's names."""
+    """kubectl/helm bound to the test cluster's kubeconfig, and the module's names. With
+    ``built_images`` the release runs the images ``make images`` built (localhost/holmes-*), not
+    the chart's default names, which only the node agent runs (as host processes): a real node
+    would try to pull them."""
 
-    def __init__(self, kubeconfig: Path):
+    def __init__(self, kubeconfig: Path, built_images: bool = False):
         self.kubeconfig = str(kubeconfig)
+        self.built_images = built_images
         suffix = uuid.uuid4().hex[:6]
         self.release = f"hpkg-{suffix}"
         self.release_ns = f"hpkg-sys-{suffix}"
@@ -62,7 +67,12 @@ class Env:
         )
 
     def values(self) -> list[str]:
+        built = []
+        if self.built_images:
+            operator, trainer = (images.image_ref(t).rsplit(":", 1)[0] for t in ("operator", "trainer"))
+            built = ["--set", f"image.repository={operator}", "--set", f"trainer.image.repository={trainer}"]
         return [
+            *built,
             "--set",
             "watch.allNamespaces=false",
             "--set",
