@@ -57,6 +57,12 @@ def pytest_configure(config):
         "`make test` (skipped, saying so) while their cold build (~30 min on 2 cores: containerd, "
         "Multus, CoreDNS) and the trainer image's import per node do not fit its budget",
     )
+    config.addinivalue_line(
+        "markers",
+        "node_agent: proves the node agent itself (hack/localkube: its host processes, container "
+        "runner, pod network, log files, power switch); skipped, saying so, where the session "
+        "cluster's nodes are real kubelets (HOLMES_E2E_TOPOLOGY), which have none of it",
+    )
 
 
 def torch_is_a_cuda_build() -> bool:

@@ -374,7 +374,16 @@ def _shared_controller_rank(item) -> int | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Put the modules that ask for a shared controller together, where the first of them was."""
+    """Skip the node agent's own tests on real nodes; put the modules that ask for a shared
+    controller together, where the first of them was."""
+    agent_tests = [i for i in items if i.get_closest_marker("node_agent")]
+    if agent_tests and os.environ.get("HOLMES_E2E_TOPOLOGY", "").strip():
+        from localkube.topology import KUBELET, load_topology
+
+        if load_topology(e2e_topology()).played_by(KUBELET).nodes:
+            skip = pytest.mark.skip(reason="the node agent's own behaviour; these nodes are real kubelets")
+            for item in agent_tests:
+                item.add_marker(skip)
     modules: dict = {}
     for item in items:
         modules.setdefault(item.path, []).append(item)

@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers.cluster.pods import apply, pod
 
+pytestmark = pytest.mark.node_agent
+
 
 @pytest.mark.compat
 def test_the_server_and_kubectl_are_the_release_asked_for(cluster):

@@ -20,7 +20,7 @@ from localkube.imagepolicy import HOST_IMAGE_ID
 from tests.helpers.cluster.pods import apply, pod
 from tests.helpers.polling import wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.node_agent]
 OPERATOR = images.image_ref("operator")
 
 # Runs in the operator image as its user: what the pod sees of its spec, and the API server

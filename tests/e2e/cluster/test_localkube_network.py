@@ -10,8 +10,12 @@ import os
 import socket
 import time
 
+import pytest
+
 from localkube import podnet
 from tests.helpers.cluster.pods import apply, pod
+
+pytestmark = pytest.mark.node_agent
 
 # Prints the pod's interfaces and eth0's IPv4 address (SIOCGIFADDR), then waits to be deleted.
 PROBE = """

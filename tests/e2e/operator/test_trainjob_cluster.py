@@ -87,7 +87,13 @@ def env_of(container: dict) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
 
 
-@pytest.mark.parametrize("from_image", [False, True], ids=["host-process", "trainer-image"])
+@pytest.mark.parametrize(
+    "from_image",
+    [
+        pytest.param(False, id="host-process", marks=pytest.mark.node_agent),
+        pytest.param(True, id="trainer-image"),
+    ],
+)
 def test_a_trainjob_on_trainers_torch_runtime_runs_torchrun_to_complete(
     cluster, real_trainer, namespace, from_image
 ):

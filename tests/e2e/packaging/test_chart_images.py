@@ -24,7 +24,7 @@ from holmes.operator.core import child_names
 from tests.helpers.packaging.chart_release import Env, apply_job, job_obj, operator_pod, tiny_job
 from tests.helpers.polling import wait_for
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.node_agent]  # runc's state: the agent's runner
 # /var/run/secrets/..., where Debian's /var/run is a link to /run: read from the host through
 # /proc/PID/root, an absolute link would resolve against the host's root, so follow it here.
 SA_DIR = Path("var/run/secrets/kubernetes.io/serviceaccount")  # where the kubelet mounts it
