@@ -16,8 +16,10 @@ HCAs, so the IB ports and GIDs NCCL would use stay unproven here: the pods say s
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -250,7 +252,21 @@ def check_torchrun(result: dict, nic_of: dict[str, str]) -> None:
         assert m["worldSum"] == W * (W + 1) / 2
 
 
-def route_jobs(cluster, operator, ns, network: str, ifname: str) -> None:
+def host_ifname_holding(address: str) -> str:
+    """The host's interface holding ``address`` (its own address, else a network of its that
+    contains it: the agent's 127.x node addresses are lo's 127.0.0.0/8)."""
+    ip = ipaddress.ip_address(address)
+    links = json.loads(subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, check=True).stdout)
+    nets = [(a["local"], a["prefixlen"], link["ifname"]) for link in links for a in link.get("addr_info", [])]
+    exact = [name for local, _, name in nets if ipaddress.ip_address(local) == ip]
+    wide = [name for local, n, name in nets if ip in ipaddress.ip_network(f"{local}/{n}", strict=False)]
+    assert exact or wide, f"no interface of this host holds {address}: {nets}"
+    return (exact or wide)[0]
+
+
+def route_jobs(cluster, operator, ns, network: str, ifname: str | None) -> None:
+    """Both jobs on ``network``; each pod resolved ``ifname`` (None: the host's interface holding
+    the job's rank 0 address, hostNetwork's rendezvous)."""
     nic_of = {n.name: n.nic for n in cluster.topology.nodes}
     extra = {} if network == "podNetwork" else {"network": network}
     started = time.monotonic()
@@ -267,7 +283,8 @@ def route_jobs(cluster, operator, ns, network: str, ifname: str) -> None:
     for name, result in results.items():
         tails = "\n".join(log[-3000:] for _, log in result["pods"].values())
         assert result["phase"] == "Succeeded", f"{name}: {result['phase']}\n{tails}\n{operator.tail(40)}"
-        check_resolved(result, nic_of, network, ifname)
+        rank0 = result["pods"][0][0]["status"]["podIP"]
+        check_resolved(result, nic_of, network, ifname or host_ifname_holding(rank0))
     eng, tr = results.values()
     check_engine(eng, nic_of)
     check_torchrun(tr, nic_of)
@@ -278,7 +295,10 @@ def test_pod_network_jobs_resolve_the_pods_own_interface(cluster, operator, netn
 
 
 def test_host_network_jobs_resolve_the_interface_that_reaches_the_rendezvous(cluster, operator, netns):
-    route_jobs(cluster, operator, netns, "hostNetwork", "lo")  # the testbed's node IPs are 127.x
+    # Every node of this testbed shares the host's network namespace: the rendezvous (rank 0's
+    # node address) is a local address, reached through the interface holding it, which is lo
+    # for the agent's 127.x nodes and the node's bridge for a real node.
+    route_jobs(cluster, operator, netns, "hostNetwork", None)
 
 
 def test_a_host_name_forced_through_the_template_stops_the_pod_naming_the_variable(
