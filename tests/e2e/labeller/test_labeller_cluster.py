@@ -30,6 +30,7 @@ from localkube.operatorproc import api_node as api_node_body
 from tests.helpers import polling
 from tests.helpers.labeller.fakesysfs import FakeSysfs, gpu_server, node_tree, roce_node, route_table
 from tests.helpers.operator.cluster_helpers import register_hollow
+from tests.helpers.packaging.chart_release import built_repositories
 from tests.helpers.packaging.packaging_helpers import CHART, helm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
@@ -85,9 +86,13 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
     values = sysfs_trees.parent / "values.yaml"
     routes = sysfs_trees.parent / "route"  # every simulated host's default route: eno1
     routes.write_text(route_table("eno1"))
+    # a real node runs only images in its containerd: the built operator image, not the chart's
+    # default name (a host process of the node agent)
+    image = {"image": {"repository": built_repositories()[0]}} if cluster.real_nodes else {}
     values.write_text(
         yaml.safe_dump(
             {
+                **image,
                 "labeller": {
                     "enabled": True,
                     "namespace": {"name": lns},
@@ -113,7 +118,7 @@ def test_daemonset_labels_nfd_only_nodes_from_their_sysfs(cluster, namespace, sy
                             }
                         }
                     },
-                }
+                },
             }
         )
     )

@@ -20,6 +20,13 @@ from tests.helpers.polling import wait_for
 CRD_NAME = "holmesjobs.holmes.dev"
 
 
+def built_repositories() -> tuple[str, str]:
+    """The repositories of the operator and trainer images ``make images`` built (the chart's
+    ``image.repository`` and ``trainer.image.repository``; their tag is the chart's appVersion)."""
+    operator, trainer = (images.image_ref(t).rsplit(":", 1)[0] for t in ("operator", "trainer"))
+    return operator, trainer
+
+
 class Env:
     """kubectl/helm bound to the test cluster's kubeconfig, and the module's names. With
     ``built_images`` the release runs the images ``make images`` built (localhost/holmes-*), not
@@ -69,7 +76,7 @@ class Env:
     def values(self) -> list[str]:
         built = []
         if self.built_images:
-            operator, trainer = (images.image_ref(t).rsplit(":", 1)[0] for t in ("operator", "trainer"))
+            operator, trainer = built_repositories()
             built = ["--set", f"image.repository={operator}", "--set", f"trainer.image.repository={trainer}"]
         return [
             *built,
