@@ -14,8 +14,9 @@ from tests.helpers import polling
 
 SLEEP = ["sh", "-c", "sleep 600"]
 HOLD_MOUNT = "/holmes-hold"
-# a container command that waits until hold()'s file exists
-HOLD = ["sh", "-c", f"while [ ! -e {HOLD_MOUNT}/go ]; do sleep 0.2; done"]
+# a container command that waits until hold()'s file exists; it stops on SIGTERM (a shell as a
+# container's PID 1 ignores it without a trap: the kubelet would wait out the 30 s grace period)
+HOLD = ["sh", "-c", f"trap 'exit 143' TERM; while [ ! -e {HOLD_MOUNT}/go ]; do sleep 0.2; done"]
 
 
 def hold(job: dict, directory: Path) -> Path:
