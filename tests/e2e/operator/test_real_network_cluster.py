@@ -315,7 +315,18 @@ def test_a_host_name_forced_through_the_template_stops_the_pod_naming_the_variab
     pod_net = ".".join(str(pod_subnet().network_address).split(".")[:2]) + "."  # HOLMES_POD_SUBNET's
     res = result["forced"]
     assert res["phase"] == "Failed"
-    for pod, log in res["pods"].values():
+    assert res["pods"], "no pod of the failed job is left to show why"
+
+    def settled():
+        """The pods the operator keeps (the one whose failure failed the job), each stopped; the
+        others gone: a real kubelet takes a while over both."""
+        pods = cluster.get_json("pods", "-n", netns, "-l", "holmes.dev/job-name=forced")["items"]
+        states = [(p.get("status", {}).get("containerStatuses") or [{}])[0].get("state", {}) for p in pods]
+        gone = not any(p["metadata"].get("deletionTimestamp") for p in pods)
+        return pods if pods and gone and all("terminated" in st for st in states) else None
+
+    for pod in polling.wait_for("the failed job's pods to settle", settled, 60, 1):
+        log = cluster.pod_log(netns, pod["metadata"]["name"], "trainer")
         term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
         assert term["exitCode"] == 2, term
         assert f"NCCL_SOCKET_IFNAME={FRONT_END} (set in the pod template) matches no interface" in log, log
