@@ -54,8 +54,8 @@ def pytest_configure(config):
         "markers",
         "real_nodes: runs on nodes of the real kubelet on containerd (hack/localkube/realnode.py); "
         "`make e2e-real-nodes` builds what they need (`make node`) and runs them. Left out of "
-        "`make test` (skipped, saying so) while their cold build (~30 min on 2 cores: containerd, "
-        "Multus, CoreDNS) and the trainer image's import per node do not fit its budget",
+        "`make test` (skipped, saying so) while their cold build (about 10 min on 2 cores after "
+        "`make k8s`: containerd, Multus, CoreDNS, the DRA plugin) does not fit its budget",
     )
     config.addinivalue_line(
         "markers",
