@@ -13,22 +13,17 @@ from holmes_dev.jobs import holmes_job
 from holmes.contract import Layout
 from localkube.operatorproc import OperatorProcess, install_crd
 from tests.helpers import polling
+from tests.helpers.operator.cluster_helpers import host_volume
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 PROGRAMS_MOUNT = "/holmes-programs"
 LINK_LAYER = {"infiniband": "InfiniBand", "roce": "Ethernet"}
 
 
-def mount_programs(pod: dict) -> str:
-    """Mount PROGRAMS read-only at PROGRAMS_MOUNT in each container of ``pod`` (a pod spec) and
-    return the mount: the user's program is in no image, so it reaches the pods as a user's would,
-    a volume (a container on a real kubelet node sees only its volumes, not the test's files)."""
-    volume = {"name": "holmes-programs", "hostPath": {"path": str(PROGRAMS), "type": "Directory"}}
-    pod["volumes"] = [*pod.get("volumes", []), volume]
-    mount = {"name": "holmes-programs", "mountPath": PROGRAMS_MOUNT, "readOnly": True}
-    for c in pod.get("initContainers", []) + pod.get("containers", []):
-        c["volumeMounts"] = [*c.get("volumeMounts", []), mount]
-    return PROGRAMS_MOUNT
+def mount_programs(pod: dict) -> None:
+    """Mount PROGRAMS read-only at PROGRAMS_MOUNT in each container of ``pod`` (a pod spec): the
+    user's program is in no image, so it reaches the pods as a user's would, a volume."""
+    host_volume(pod, "holmes-programs", {"path": str(PROGRAMS), "type": "Directory"}, PROGRAMS_MOUNT, True)
 
 
 def framework_job(

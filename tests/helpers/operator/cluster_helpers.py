@@ -24,10 +24,21 @@ def hold(job: dict, directory: Path) -> Path:
     HOLD_MOUNT in each container of the job's pods and return the file that ends HOLD: a
     container on a real kubelet node sees only its volumes, not the test's files."""
     pod = job["spec"].setdefault("template", {}).setdefault("spec", {})
-    pod["volumes"] = [*pod.get("volumes", []), {"name": "holmes-hold", "hostPath": {"path": str(directory)}}]
-    for c in pod.get("initContainers", []) + pod.get("containers", []):
-        c["volumeMounts"] = [*c.get("volumeMounts", []), {"name": "holmes-hold", "mountPath": HOLD_MOUNT}]
+    host_volume(pod, "holmes-hold", {"path": str(directory)}, HOLD_MOUNT)
     return directory / "go"
+
+
+def host_volume(
+    pod: dict, name: str, host_path: dict, mount: str, read_only: bool = False, only=None
+) -> None:
+    """Add the ``hostPath`` volume ``name`` to ``pod`` (a pod spec) and mount it at ``mount`` in
+    each of its containers, init containers too (or in the one named ``only``): a container on a
+    real kubelet node sees only its volumes, not the test's files."""
+    pod["volumes"] = [*pod.get("volumes", []), {"name": name, "hostPath": host_path}]
+    entry = {"name": name, "mountPath": mount, **({"readOnly": True} if read_only else {})}
+    for c in pod.get("initContainers", []) + pod.get("containers", []):
+        if only is None or c["name"] == only:
+            c["volumeMounts"] = [*c.get("volumeMounts", []), entry]
 
 
 SLOWDOWN = Path(__file__).resolve().parents[2] / "e2e" / "operator" / "slowdown"
@@ -38,10 +49,6 @@ def slow_trainers(pod: dict, nodes: list[str], seconds: float) -> None:
     """Make the trainer processes on ``nodes`` slower for real (``slowdown/sitecustomize.py`` on
     the trainer container's PYTHONPATH): the folder reaches the container as a read-only
     hostPath volume, since a container on a real kubelet node sees only its volumes."""
-    pod["volumes"] = [
-        *pod.get("volumes", []),
-        {"name": "holmes-slowdown", "hostPath": {"path": str(SLOWDOWN)}},
-    ]
     (c,) = (c for c in pod["containers"] if c["name"] == "trainer")
     c["env"] = [
         *c.get("env", []),
@@ -49,8 +56,9 @@ def slow_trainers(pod: dict, nodes: list[str], seconds: float) -> None:
         {"name": "HOLMES_TEST_SLOW_NODES", "value": ",".join(nodes)},
         {"name": "HOLMES_TEST_SLOW_SECONDS", "value": str(seconds)},
     ]
-    mount = {"name": "holmes-slowdown", "mountPath": SLOWDOWN_MOUNT, "readOnly": True}
-    c["volumeMounts"] = [*c.get("volumeMounts", []), mount]
+    host_volume(
+        pod, "holmes-slowdown", {"path": str(SLOWDOWN)}, SLOWDOWN_MOUNT, read_only=True, only="trainer"
+    )
 
 
 def apply(cluster, obj, check=True):
